@@ -1,0 +1,50 @@
+"""Multi-head self-attention with sinusoidal positional encoding, as the chapter builds it."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnbench.positional import SinusoidalPositionalEncoding
+
+
+class SelfAttentionLayer(nn.Module):
+    """X + P, then softmax(Q K^T / sqrt(d/h)) V over h heads, with bias-free W_q, W_k, W_v, W_o.
+
+    ``fused=False`` materialises the (n x n) attention weights explicitly (the textbook layer);
+    ``fused=True`` computes the same function with ``scaled_dot_product_attention``, whose fused
+    kernels need not hold the n x n matrix.
+    """
+
+    def __init__(self, d: int, heads: int = 4, *, fused: bool = False) -> None:
+        super().__init__()
+        if d % heads:
+            raise ValueError(f"d={d} is not divisible by heads={heads}")
+        self.d, self.heads, self.fused = d, heads, fused
+        self.pos = SinusoidalPositionalEncoding(d)
+        self.W_q = nn.Linear(d, d, bias=False)
+        self.W_k = nn.Linear(d, d, bias=False)
+        self.W_v = nn.Linear(d, d, bias=False)
+        self.W_o = nn.Linear(d, d, bias=False)
+
+    def _split(self, t: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B, h, n, d/h)
+        B, n, _ = t.shape
+        return t.view(B, n, self.heads, self.d // self.heads).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
+        B, n, d = x.shape
+        x = self.pos(x)  # (B, n, d)
+        q = self._split(self.W_q(x))  # (B, h, n, hs)
+        k = self._split(self.W_k(x))  # (B, h, n, hs)
+        v = self._split(self.W_v(x))  # (B, h, n, hs)
+        if self.fused:
+            y = F.scaled_dot_product_attention(q, k, v)  # (B, h, n, hs)
+        else:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)  # (B, h, n, n)
+            weights = torch.softmax(scores, dim=-1)  # (B, h, n, n)
+            y = weights @ v  # (B, h, n, hs)
+        y = y.transpose(1, 2).reshape(B, n, d)  # (B, n, d)
+        return self.W_o(y)  # (B, n, d)

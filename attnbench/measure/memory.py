@@ -1,0 +1,60 @@
+"""Peak memory of one call: bytes allocated above the pre-call baseline.
+
+CUDA reads the caching allocator's peak statistics.  CPU replays the profiler's allocator events
+(every allocation and free the call makes, fused kernels' scratch buffers included) and takes the
+highest running total; RSS would miss memory freed and reused inside the call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+def peak_bytes(fn: Callable[[], object], device: str) -> int | None:
+    """Peak bytes above baseline allocated by one call of ``fn`` on ``device``.
+
+    Returns None where the device exposes no allocator statistics (mps).
+    """
+    if device.startswith("cuda"):
+        return _cuda_peak(fn, torch.device(device))
+    if device == "cpu":
+        return _cpu_peak(fn)
+    return None
+
+
+def _cuda_peak(fn: Callable[[], object], device: torch.device) -> int:
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    baseline = torch.cuda.memory_allocated(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    del out
+    return int(peak - baseline)
+
+
+def _cpu_peak(fn: Callable[[], object]) -> int:
+    # Kineto logs two lines per profiling session to stderr, which would break progress output.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "10")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+        del out
+    deltas = [
+        (event.start_ns(), event.nbytes())
+        for event in prof.profiler.kineto_results.events()
+        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU
+    ]
+    return peak_of_deltas(delta for _, delta in sorted(deltas, key=lambda e: e[0]))
+
+
+def peak_of_deltas(deltas: Iterable[int]) -> int:
+    """Highest running total of allocation deltas (bytes; frees are negative), never below 0."""
+    running = peak = 0
+    for delta in deltas:
+        running += delta
+        peak = max(peak, running)
+    return peak

@@ -1,0 +1,124 @@
+"""Wall-clock timing with warm-up, device synchronisation and adaptive repetition.
+
+The clock and the synchronisation are plain callables so that tests can drive the logic with a
+deterministic fake clock.  Raw samples are kept; statistics are derived from them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+Clock = Callable[[], float]  # returns seconds
+
+
+def _no_sync() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class TimingStats:
+    """Per-call times of one case: each sample is a block of ``calls_per_sample`` calls, divided."""
+
+    samples_s: tuple[float, ...]
+    calls_per_sample: int
+    total_s: float  # seconds spent inside timed blocks (sum of block durations)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.samples_s)
+
+    @property
+    def iqr_s(self) -> float:
+        return iqr(self.samples_s)
+
+    @property
+    def rel_iqr(self) -> float:
+        """IQR / median; torch.utils.benchmark warns above 0.1."""
+        median = self.median_s
+        return self.iqr_s / median if median > 0 else math.inf
+
+    @property
+    def count(self) -> int:
+        return len(self.samples_s)
+
+
+def iqr(samples: tuple[float, ...] | list[float]) -> float:
+    """Interquartile range (linear interpolation, as numpy's default)."""
+    if len(samples) < 2:
+        return 0.0
+    q1, q3 = np.percentile(samples, [25, 75])
+    return float(q3 - q1)
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    """When to stop repeating.
+
+    A block is made long enough (``min_block_s``) that the timer's own overhead vanishes.
+    Sampling stops once there are ``min_samples`` and the spread is small (IQR/median at most
+    ``target_rel_iqr``), or once ``budget_s`` of timed time is spent (never before
+    ``min_samples``), or at ``max_samples``.
+    """
+
+    warmup_calls: int = 2
+    min_block_s: float = 1e-3
+    min_samples: int = 10
+    max_samples: int = 10_000
+    target_rel_iqr: float = 0.02
+    budget_s: float = 0.25
+
+
+DEFAULT_POLICY = TimingPolicy()
+
+
+def time_call(
+    fn: Callable[[], object],
+    policy: TimingPolicy = DEFAULT_POLICY,
+    *,
+    clock: Clock = time.perf_counter,
+    sync: Callable[[], None] = _no_sync,
+) -> TimingStats:
+    """Time ``fn`` (one layer call) and return per-call samples.
+
+    ``sync`` waits for queued device work (``torch.cuda.synchronize`` on CUDA); it runs before a
+    block starts and before its end is read, so asynchronous kernels are inside the measurement.
+    """
+
+    def timed_block(calls: int) -> float:
+        sync()
+        start = clock()
+        for _ in range(calls):
+            fn()
+        sync()
+        return clock() - start
+
+    for _ in range(policy.warmup_calls):
+        fn()
+    sync()
+
+    # Calibrate the block size from one call, then grow it until a block is long enough.
+    calls = 1
+    probe = timed_block(calls)
+    while probe < policy.min_block_s and probe * 2 < policy.budget_s:
+        calls = max(calls * 2, math.ceil(calls * policy.min_block_s / max(probe, 1e-9)))
+        probe = timed_block(calls)
+
+    samples: list[float] = [probe / calls]
+    total = probe
+    while len(samples) < policy.max_samples:
+        if len(samples) >= policy.min_samples:
+            if total >= policy.budget_s:
+                break
+            median = statistics.median(samples)
+            if median > 0 and iqr(samples) / median <= policy.target_rel_iqr:
+                break
+        elapsed = timed_block(calls)
+        total += elapsed
+        samples.append(elapsed / calls)
+    return TimingStats(samples_s=tuple(samples), calls_per_sample=calls, total_s=total)

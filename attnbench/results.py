@@ -1,0 +1,349 @@
+"""Results on disk: a tidy table, the raw samples, and the run record.
+
+A results folder holds
+- ``results.csv``: one row per case (``RESULT_COLUMNS``), appended as each case finishes;
+- ``samples.csv``: every raw timing sample, long format (case_id, sample, time_s);
+- ``run.json``: schema version, configuration, environment, start and end time.
+Rows are appended with one write, flushed and fsynced, so a crash keeps every finished case.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from attnbench import __version__
+from attnbench.errors import AttnbenchError
+from attnbench.measure.flops import flops_agree
+from attnbench.measure.timing import TimingStats
+from attnbench.spec import Case
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = "results.csv"
+SAMPLES_FILE = "samples.csv"
+RUN_FILE = "run.json"
+
+CASE_COLUMNS = ["case_id", "layer", "n", "d", "k", "heads", "batch", "dtype", "device", "mode"]
+METRIC_COLUMNS = [
+    "threads",
+    "status",  # ok | failed | oom
+    "time_s",  # median seconds per call
+    "time_iqr_s",  # interquartile range of the samples, seconds
+    "samples",  # number of timing samples
+    "calls_per_sample",  # calls per timed block (each sample is a block's mean)
+    "time_total_s",  # seconds spent inside timed calls for this case
+    "peak_bytes",  # peak bytes allocated above the pre-call baseline, one call
+    "flops",  # FLOPs counted from the real call
+    "flops_analytic",  # FLOPs from attnbench.theory
+    "flops_check",  # ok | mismatch (counted vs analytic beyond 1%)
+    "flops_per_s",  # counted FLOPs / median time
+    "wall_s",  # wall seconds for the whole case, measurement overheads included
+    "error",  # first line of the error, when status is not ok
+]
+# Filled by later measurements (sequential steps, path length); loaders accept their absence.
+OPTIONAL_COLUMNS = ["seq_steps", "seq_steps_method", "path_len", "path_len_method"]
+RESULT_COLUMNS = CASE_COLUMNS + METRIC_COLUMNS
+SAMPLE_COLUMNS = ["case_id", "sample", "time_s"]
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """Everything measured for one case; ``timing`` keeps the raw samples."""
+
+    case: Case
+    status: str
+    threads: int
+    timing: TimingStats | None = None
+    peak_bytes: int | None = None
+    flops: int | None = None
+    flops_analytic: float | None = None
+    wall_s: float | None = None
+    error: str = ""
+
+    @property
+    def flops_per_s(self) -> float | None:
+        if self.timing is None or self.flops is None or self.timing.median_s <= 0:
+            return None
+        return self.flops / self.timing.median_s
+
+    @property
+    def flops_check(self) -> str:
+        if self.flops is None or self.flops_analytic is None:
+            return ""
+        return "ok" if flops_agree(self.flops, self.flops_analytic) else "mismatch"
+
+    def to_row(self) -> dict[str, Any]:
+        c, t = self.case, self.timing
+        return {
+            "case_id": c.case_id,
+            "layer": c.layer,
+            "n": c.n,
+            "d": c.d,
+            "k": c.k,
+            "heads": c.heads,
+            "batch": c.batch,
+            "dtype": c.dtype,
+            "device": c.device,
+            "mode": c.mode,
+            "threads": self.threads,
+            "status": self.status,
+            "time_s": t.median_s if t else None,
+            "time_iqr_s": t.iqr_s if t else None,
+            "samples": t.count if t else None,
+            "calls_per_sample": t.calls_per_sample if t else None,
+            "time_total_s": t.total_s if t else None,
+            "peak_bytes": self.peak_bytes,
+            "flops": self.flops,
+            "flops_analytic": self.flops_analytic,
+            "flops_check": self.flops_check,
+            "flops_per_s": self.flops_per_s,
+            "wall_s": self.wall_s,
+            "error": self.error,
+        }
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON through a temporary file and a rename, so readers never see half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _csv_line(values: Sequence[Any]) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(
+        ["" if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in values]
+    )
+    return buf.getvalue()
+
+
+class ResultsWriter:
+    """Creates a results folder and appends each finished case to it at once."""
+
+    def __init__(self, out_dir: Path, config: Mapping[str, Any], environment: Mapping[str, Any]):
+        self.out_dir = prepare_out_dir(out_dir)
+        self.meta: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "tool": "attnbench",
+            "attnbench_version": __version__,
+            "config": dict(config),
+            "environment": dict(environment),
+            "start_time": _now(),
+            "end_time": None,
+            "cases_total": None,
+        }
+        write_json_atomic(self.out_dir / RUN_FILE, self.meta)
+        self._append(RESULTS_FILE, _csv_line(RESULT_COLUMNS))
+        self._append(SAMPLES_FILE, _csv_line(SAMPLE_COLUMNS))
+
+    def _append(self, name: str, text: str) -> None:
+        with open(self.out_dir / name, "a", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def set_total(self, total: int) -> None:
+        self.meta["cases_total"] = total
+        write_json_atomic(self.out_dir / RUN_FILE, self.meta)
+
+    def append(self, result: CaseResult) -> None:
+        """Persist one case: its samples first, then its row (a row always has its samples)."""
+        row = result.to_row()
+        if result.timing is not None:
+            lines = [
+                _csv_line([row["case_id"], i, s]) for i, s in enumerate(result.timing.samples_s)
+            ]
+            self._append(SAMPLES_FILE, "".join(lines))
+        self._append(RESULTS_FILE, _csv_line([row[c] for c in RESULT_COLUMNS]))
+
+    def finish(self) -> None:
+        self.meta["end_time"] = _now()
+        write_json_atomic(self.out_dir / RUN_FILE, self.meta)
+
+
+def prepare_out_dir(out_dir: Path) -> Path:
+    """Create ``out_dir`` (and parents) and check it can take a new run without losing one."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise AttnbenchError(f"--out {str(out_dir)!r} is a file, not a folder")
+    if (out_dir / RESULTS_FILE).exists() or (out_dir / RUN_FILE).exists():  # never overwrite
+        raise AttnbenchError(
+            f"--out {str(out_dir)!r} already holds a run; choose a new folder "
+            "(results are never overwritten)"
+        )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise AttnbenchError(
+            f"--out {str(out_dir)!r} is not writable: {exc.strerror or exc}"
+        ) from None
+    return out_dir
+
+
+def default_out_dir(root: Path = Path("results")) -> Path:
+    """A new folder under ``results/`` named from the local time (suffixed if taken)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    candidate = root / stamp
+    i = 1
+    while candidate.exists():
+        candidate = root / f"{stamp}-{i}"
+        i += 1
+    return candidate
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class RunResults:
+    """A loaded results folder."""
+
+    path: Path
+    frame: pd.DataFrame  # one row per case, RESULT_COLUMNS
+    samples: pd.DataFrame  # raw samples, SAMPLE_COLUMNS
+    meta: dict[str, Any]  # run.json
+
+    def samples_for(self, case_id: str) -> list[float]:
+        return self.samples.loc[self.samples["case_id"] == case_id, "time_s"].tolist()
+
+
+_INT_COLUMNS = ["n", "d", "k", "heads", "batch", "threads", "samples", "calls_per_sample"]
+
+
+def load_results(path: Path | str) -> RunResults:
+    """Load a results folder written by ``attnbench sweep``; clear errors for anything else."""
+    path = Path(path)
+    if not path.is_dir():
+        raise AttnbenchError(f"{str(path)!r} is not a folder")
+    run_file = path / RUN_FILE
+    if not run_file.is_file() or not (path / RESULTS_FILE).is_file():
+        raise AttnbenchError(
+            f"{str(path)!r} is not an attnbench results folder (no {RUN_FILE} / {RESULTS_FILE})"
+        )
+    try:
+        meta = json.loads(run_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise AttnbenchError(f"{str(run_file)!r} is unreadable or corrupt: {exc}") from None
+    version = meta.get("schema_version") if isinstance(meta, dict) else None
+    if version != SCHEMA_VERSION:
+        raise AttnbenchError(
+            f"{str(path)!r} has results schema version {version!r}; this attnbench reads "
+            f"version {SCHEMA_VERSION}"
+        )
+    try:
+        frame = pd.read_csv(path / RESULTS_FILE, keep_default_na=True)
+        samples_path = path / SAMPLES_FILE
+        samples = (
+            pd.read_csv(samples_path)
+            if samples_path.is_file()
+            else pd.DataFrame(columns=SAMPLE_COLUMNS)
+        )
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise AttnbenchError(f"results in {str(path)!r} are corrupt: {exc}") from None
+    missing = [c for c in RESULT_COLUMNS if c not in frame.columns]
+    if missing:
+        raise AttnbenchError(
+            f"{str(path / RESULTS_FILE)!r} lacks column(s) {', '.join(missing)}; "
+            "is it truncated or from another tool?"
+        )
+    for col in _INT_COLUMNS:
+        frame[col] = frame[col].astype("Int64")
+    frame["error"] = frame["error"].fillna("")
+    frame["flops_check"] = frame["flops_check"].fillna("")
+    return RunResults(path=path, frame=frame, samples=samples, meta=meta)
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_info(where: Path) -> dict[str, Any]:
+    """Commit and dirty flag of the git checkout holding ``where`` (None outside one)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=5
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"git_commit": None, "git_dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit.strip(), "git_dirty": bool(status and status.strip())}
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    if device == "mps":
+        return f"Apple MPS ({platform.machine()})"
+    return _cpu_model()
+
+
+def environment(device: str = "cpu") -> dict[str, Any]:
+    """What a reader needs to trust or reproduce a run: versions, hardware, threads, commit.
+
+    The git commit is that of the checkout attnbench runs from (the layers measured live there).
+    """
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "attnbench_version": __version__,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": device,
+        "device_name": device_name(device),
+        "cuda_version": torch.version.cuda,
+        "cudnn_version": cudnn,
+        "cuda_device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        **_git_info(Path(__file__).resolve().parent),
+    }

@@ -1,0 +1,325 @@
+"""What to measure: frozen case and grid specs, their parsing and validation.
+
+Everything the user types passes through here and comes out either as a valid ``Grid`` or as an
+``AttnbenchError`` whose one-line message names the problem and what is accepted.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnbench.errors import AttnbenchError
+from attnbench.layers import LAYERS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+MODES = ("forward", "train")
+DEVICE_CHOICES = "cpu, cuda, cuda:N, mps, auto"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement: a layer at one (n, d) with everything that changes its cost.
+
+    ``k`` and ``heads`` are None for layers that do not take them, so a case names only what
+    matters to it.
+    """
+
+    layer: str
+    n: int
+    d: int
+    k: int | None
+    heads: int | None
+    batch: int
+    dtype: str
+    device: str
+    mode: str
+
+    @property
+    def case_id(self) -> str:
+        parts = [self.layer, f"n={self.n}", f"d={self.d}"]
+        if self.k is not None:
+            parts.append(f"k={self.k}")
+        if self.heads is not None:
+            parts.append(f"h={self.heads}")
+        parts += [f"b={self.batch}", self.dtype, self.device, self.mode]
+        return "/".join(parts)
+
+    def label(self) -> str:
+        """Short human label for progress lines."""
+        extra = f" k={self.k}" if self.k is not None else ""
+        extra += f" h={self.heads}" if self.heads is not None else ""
+        return f"{self.layer} n={self.n} d={self.d}{extra}"
+
+
+DEFAULT_LAYERS = tuple(LAYERS)
+DEFAULT_NS = (64, 128, 256, 512, 1024)
+DEFAULT_DS = (64, 128)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A sweep: the cross product of layers, n and d at fixed k, heads, batch, dtype, device."""
+
+    layers: tuple[str, ...] = DEFAULT_LAYERS
+    ns: tuple[int, ...] = DEFAULT_NS
+    ds: tuple[int, ...] = DEFAULT_DS
+    k: int = 3
+    heads: int = 4
+    batch: int = 1
+    dtype: str = "float32"
+    device: str = "auto"
+    mode: str = "forward"
+    threads: int | None = None  # CPU threads; None keeps torch's default (and records it)
+    time_budget_s: float = 0.25  # timing budget per case, seconds
+    seed: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def cases(self) -> list[Case]:
+        """Cases ordered layer, d, then n ascending (so a larger n always comes later)."""
+        out = []
+        for layer in self.layers:
+            opts = LAYERS[layer].options
+            for d in self.ds:
+                for n in self.ns:
+                    out.append(
+                        Case(
+                            layer=layer,
+                            n=n,
+                            d=d,
+                            k=self.k if "k" in opts else None,
+                            heads=self.heads if "heads" in opts else None,
+                            batch=self.batch,
+                            dtype=self.dtype,
+                            device=self.device,
+                            mode=self.mode,
+                        )
+                    )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("extra")
+        for key in ("layers", "ns", "ds"):
+            out[key] = list(out[key])
+        return out
+
+
+# ----------------------------------------------------------------------------- parsing
+
+_RANGE = re.compile(r"^\s*(\d+)\s*\.\.\s*(\d+)\s*$")
+
+
+def parse_int_list(text: str | int | Iterable[int], name: str) -> tuple[int, ...]:
+    """Parse ``"64,128,256"`` or the doubling range ``"64..4096"`` (64, 128, ..., 4096).
+
+    A range keeps start * 2^i while it does not exceed the end.  Values must be >= 1.
+    """
+    if isinstance(text, bool):
+        raise AttnbenchError(f"--{name}: expected integers, got {text!r}")
+    if isinstance(text, int):
+        values: list[int] = [text]
+    elif isinstance(text, str):
+        text = text.strip()
+        match = _RANGE.match(text)
+        if match:
+            start, end = int(match.group(1)), int(match.group(2))
+            if start < 1:
+                raise AttnbenchError(f"--{name}: range start must be >= 1, got {start}")
+            if end < start:
+                raise AttnbenchError(
+                    f"--{name}: range {text!r} runs backwards; write START..END with START <= END"
+                )
+            values = []
+            v = start
+            while v <= end:
+                values.append(v)
+                v *= 2
+        else:
+            items = [t.strip() for t in text.split(",")]
+            if not text or any(not re.fullmatch(r"-?\d+", t) for t in items):
+                raise AttnbenchError(
+                    f"--{name}: cannot read {text!r}; use a list like 64,128,256 "
+                    "or a doubling range like 64..4096"
+                )
+            values = [int(t) for t in items]
+    else:
+        values = list(text)
+        if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise AttnbenchError(f"--{name}: expected a list of integers, got {text!r}")
+    for v in values:
+        if v < 1:
+            raise AttnbenchError(f"--{name}: values must be >= 1, got {v}")
+    return tuple(sorted(set(values)))
+
+
+def parse_layers(text: str | Iterable[str]) -> tuple[str, ...]:
+    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    if not items or any(not t for t in items):
+        raise AttnbenchError(f"--layers: cannot read {text!r}; accepted: {', '.join(LAYERS)}")
+    for item in items:
+        if item not in LAYERS:
+            raise AttnbenchError(f"unknown layer {item!r}; accepted: {', '.join(LAYERS)}")
+    return tuple(dict.fromkeys(items))
+
+
+# ----------------------------------------------------------------------------- devices
+
+
+def resolve_device(name: str) -> str:
+    """Turn ``auto`` / ``cuda`` / ``cuda:N`` / ``mps`` / ``cpu`` into an available device string."""
+    name = name.strip().lower()
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda:0"
+        if _mps_available():
+            return "mps"
+        return "cpu"
+    if name == "cpu":
+        return "cpu"
+    if name == "mps":
+        if not _mps_available():
+            raise AttnbenchError("device 'mps' is not available on this machine; try cpu or auto")
+        return "mps"
+    match = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if match:
+        if not torch.cuda.is_available():
+            raise AttnbenchError(
+                f"device {name!r} is not available: this torch build or machine has no CUDA GPU; "
+                "try cpu or auto"
+            )
+        index = int(match.group(1) or 0)
+        count = torch.cuda.device_count()
+        if index >= count:
+            raise AttnbenchError(
+                f"device {name!r} does not exist: this machine has {count} CUDA device(s), "
+                f"cuda:0..cuda:{count - 1}"
+            )
+        return f"cuda:{index}"
+    raise AttnbenchError(f"unknown device {name!r}; accepted: {DEVICE_CHOICES}")
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend and backend.is_available())
+
+
+def check_dtype(dtype: str, device: str) -> None:
+    """Refuse a dtype the device cannot compute in."""
+    if dtype not in DTYPES:
+        raise AttnbenchError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+    if dtype == "bfloat16" and device.startswith("cuda"):
+        index = torch.device(device).index or 0
+        with torch.cuda.device(index):
+            if not torch.cuda.is_bf16_supported():
+                raise AttnbenchError(
+                    f"dtype bfloat16 is not supported on {device}; accepted there: float32, float16"
+                )
+    if dtype == "bfloat16" and device == "mps":
+        try:
+            torch.ones(1, dtype=torch.bfloat16, device="mps")
+        except (RuntimeError, TypeError) as exc:
+            raise AttnbenchError(
+                "dtype bfloat16 is not supported on mps here; accepted there: float32, float16"
+            ) from exc
+
+
+# ----------------------------------------------------------------------------- grid building
+
+CONFIG_KEYS = (
+    "layers",
+    "n",
+    "d",
+    "k",
+    "heads",
+    "batch",
+    "dtype",
+    "device",
+    "mode",
+    "threads",
+    "time_budget",
+    "seed",
+    "out",
+)
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """Read a TOML sweep config holding the same keys as the command-line options."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise AttnbenchError(f"config file {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise AttnbenchError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise AttnbenchError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:
+        raise AttnbenchError(
+            f"config file {str(path)!r} has unknown key(s) {', '.join(unknown)}; "
+            f"accepted: {', '.join(CONFIG_KEYS)}"
+        )
+    return data
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AttnbenchError(f"--{name}: expected an integer, got {value!r}")
+    if value < 1:
+        raise AttnbenchError(f"--{name} must be >= 1, got {value}")
+    return value
+
+
+def build_grid(options: Mapping[str, Any]) -> Grid:
+    """Make a validated ``Grid`` from option values (CLI or config keys; None means default).
+
+    The device is resolved (``auto`` becomes what is there) and checked to exist; the dtype is
+    checked against it.
+    """
+    opts = {k: v for k, v in options.items() if v is not None}
+    base = Grid()
+    grid = replace(
+        base,
+        layers=parse_layers(opts["layers"]) if "layers" in opts else base.layers,
+        ns=parse_int_list(opts["n"], "n") if "n" in opts else base.ns,
+        ds=parse_int_list(opts["d"], "d") if "d" in opts else base.ds,
+        k=_positive_int(opts.get("k", base.k), "k"),
+        heads=_positive_int(opts.get("heads", base.heads), "heads"),
+        batch=_positive_int(opts.get("batch", base.batch), "batch"),
+        threads=_positive_int(opts["threads"], "threads") if "threads" in opts else None,
+        seed=int(opts.get("seed", base.seed)),
+    )
+    mode = str(opts.get("mode", base.mode))
+    if mode not in MODES:
+        raise AttnbenchError(f"unknown mode {mode!r}; accepted: {', '.join(MODES)}")
+    budget = opts.get("time_budget", base.time_budget_s)
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
+        raise AttnbenchError(f"--time-budget must be a positive number of seconds, got {budget!r}")
+    dtype = str(opts.get("dtype", base.dtype))
+    if dtype not in DTYPES:
+        raise AttnbenchError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+    if any("heads" in LAYERS[name].options for name in grid.layers):
+        bad = [d for d in grid.ds if d % grid.heads]
+        if bad:
+            raise AttnbenchError(
+                f"d={bad[0]} is not divisible by heads={grid.heads}; attention needs d % heads == 0"
+            )
+    device = resolve_device(str(opts.get("device", base.device)))
+    check_dtype(dtype, device)
+    return replace(grid, mode=mode, time_budget_s=float(budget), dtype=dtype, device=device)

@@ -1,0 +1,40 @@
+"""Human-readable figures for tables and progress lines (pure functions)."""
+
+from __future__ import annotations
+
+import math
+
+
+def _missing(value: float | None) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def fmt_seconds(value: float | None) -> str:
+    if _missing(value):
+        return "-"
+    assert value is not None
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value / 1e-9:.3g} ns"
+
+
+def fmt_bytes(value: float | None) -> str:
+    if _missing(value):
+        return "-"
+    assert value is not None
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{int(value)} B"
+
+
+def fmt_count(value: float | None, unit: str = "") -> str:
+    """Decimal prefixes: 1.5e9 -> '1.5 G' + unit."""
+    if _missing(value):
+        return "-"
+    assert value is not None
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}".rstrip()
