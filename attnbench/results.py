@@ -263,7 +263,8 @@ def load_results(path: Path | str) -> RunResults:
             f"version {SCHEMA_VERSION}"
         )
     try:
-        frame = pd.read_csv(path / RESULTS_FILE, keep_default_na=True)
+        text = {c: str for c in ("case_id", "layer", "dtype", "device", "mode", "status")}
+        frame = pd.read_csv(path / RESULTS_FILE, dtype={**text, "error": str, "flops_check": str})
         samples_path = path / SAMPLES_FILE
         samples = (
             pd.read_csv(samples_path)

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbench import build_layer
+from attnbench.measure import memory
+from attnbench.measure.memory import peak_bytes, peak_of_deltas
+
+
+def test_peak_of_deltas_is_highest_running_total() -> None:
+    assert peak_of_deltas([100, 50, -100, 20, -70]) == 150
+    assert peak_of_deltas([-10, 5]) == 0
+    assert peak_of_deltas([]) == 0
+
+
+def test_cpu_peak_counts_memory_freed_inside_the_call() -> None:
+    """RSS-style 'after minus before' sees nothing here; allocator events see the 4 MiB."""
+
+    def fn() -> None:
+        tmp = torch.ones(1024, 1024)  # 4 MiB, freed before returning
+        tmp.sum()
+        del tmp
+
+    assert 4 * 2**20 <= peak_bytes(fn, "cpu") < 5 * 2**20
+
+
+def _attention_peak(name: str, n: int, d: int = 32, heads: int = 4) -> int:
+    layer = build_layer(name, d, heads=heads)
+    x = torch.randn(1, n, d)
+    with torch.no_grad():
+        layer(x)  # positional table built outside the measurement
+        return peak_bytes(lambda: layer(x), "cpu")
+
+
+def test_cpu_peak_of_attention_matches_the_n_by_n_weights_it_materialises() -> None:
+    n, heads = 512, 4
+    weights_bytes = heads * n * n * 4  # one (1, h, n, n) float32 matrix
+    peak = _attention_peak("attention", n, heads=heads)
+    # scores, scaled scores and softmax weights: two n x n matrices are alive at once
+    assert 2 * weights_bytes <= peak <= 3 * weights_bytes
+
+
+def test_cpu_peak_of_attention_grows_quadratically_in_n() -> None:
+    ratio = _attention_peak("attention", 512) / _attention_peak("attention", 256)
+    assert 3.5 < ratio < 4.5
+
+
+def test_fused_attention_does_not_hold_the_n_by_n_matrix() -> None:
+    explicit = _attention_peak("attention", 512)
+    fused = _attention_peak("attention-sdpa", 512)
+    assert 0 < fused < explicit / 4
+
+
+def test_cuda_peak_reads_allocator_stats_above_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    state = {"allocated": 1000, "peak": 1000}
+
+    def fake_fn() -> None:
+        calls.append("fn")
+        state["peak"] = 1000 + 4096
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    monkeypatch.setattr(
+        torch.cuda,
+        "reset_peak_memory_stats",
+        lambda device=None: (calls.append("reset"), state.update(peak=state["allocated"])),
+    )
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: state["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: state["peak"])
+    assert memory.peak_bytes(fake_fn, "cuda:0") == 4096
+    assert calls == ["sync", "reset", "fn", "sync"]
+
+
+def test_devices_without_allocator_stats_report_none() -> None:
+    assert peak_bytes(lambda: None, "mps") is None

@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnbench.errors import AttnbenchError
+from attnbench.measure.timing import TimingStats
+from attnbench.results import (
+    RESULT_COLUMNS,
+    CaseResult,
+    ResultsWriter,
+    environment,
+    load_results,
+    prepare_out_dir,
+)
+from attnbench.spec import Case
+
+CASE = Case("attention", 64, 16, None, 4, 1, "float32", "cpu", "forward")
+
+
+def _write(tmp_path: Path) -> Path:
+    writer = ResultsWriter(tmp_path / "run", config={"layers": ["attention"]}, environment={})
+    writer.set_total(2)
+    ok = CaseResult(
+        case=CASE,
+        status="ok",
+        threads=2,
+        timing=TimingStats(samples_s=(1e-3, 2e-3, 4e-3), calls_per_sample=2, total_s=0.014),
+        peak_bytes=12345,
+        flops=1000,
+        flops_analytic=1000.0,
+        wall_s=0.5,
+    )
+    failed = CaseResult(
+        case=Case("conv", 64, 16, 3, None, 1, "float32", "cpu", "forward"),
+        status="failed",
+        threads=2,
+        error="RuntimeError: boom, with a comma",
+    )
+    writer.append(ok)
+    writer.append(failed)
+    writer.finish()
+    return writer.out_dir
+
+
+def test_round_trip_keeps_values_and_raw_samples(tmp_path: Path) -> None:
+    run = load_results(_write(tmp_path))
+    frame = run.frame
+    assert list(frame.columns) == RESULT_COLUMNS
+    row = frame.iloc[0]
+    assert row["case_id"] == CASE.case_id
+    assert row["time_s"] == pytest.approx(2e-3)
+    assert row["samples"] == 3 and row["calls_per_sample"] == 2
+    assert row["peak_bytes"] == 12345
+    assert row["flops_per_s"] == pytest.approx(1000 / 2e-3)
+    assert row["flops_check"] == "ok"
+    assert pd.isna(row["k"]) and row["heads"] == 4
+    assert run.samples_for(CASE.case_id) == [1e-3, 2e-3, 4e-3]
+    failed = frame.iloc[1]
+    assert failed["status"] == "failed" and failed["error"] == "RuntimeError: boom, with a comma"
+    assert pd.isna(failed["time_s"])
+    assert run.meta["end_time"] is not None and run.meta["cases_total"] == 2
+
+
+def test_rows_are_on_disk_before_the_run_finishes(tmp_path: Path) -> None:
+    writer = ResultsWriter(tmp_path / "run", config={}, environment={})
+    writer.append(CaseResult(case=CASE, status="failed", threads=1, error="x"))
+    # no finish(): as after a crash
+    run = load_results(tmp_path / "run")
+    assert len(run.frame) == 1 and run.meta["end_time"] is None
+
+
+def test_existing_run_is_never_overwritten(tmp_path: Path) -> None:
+    out = _write(tmp_path)
+    with pytest.raises(AttnbenchError, match="already holds a run"):
+        prepare_out_dir(out)
+
+
+def test_out_under_a_file_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(AttnbenchError, match="is a file"):
+        prepare_out_dir(blocker)
+    with pytest.raises(AttnbenchError, match="not writable"):
+        prepare_out_dir(blocker / "sub")
+
+
+@pytest.mark.parametrize("damage", ["no_dir", "not_results", "bad_json", "schema", "columns"])
+def test_loader_refuses_what_is_not_a_valid_results_folder(tmp_path: Path, damage: str) -> None:
+    out = _write(tmp_path)
+    if damage == "no_dir":
+        out = tmp_path / "nowhere"
+        message = "is not a folder"
+    elif damage == "not_results":
+        out = tmp_path / "empty"
+        out.mkdir()
+        message = "is not an attnbench results folder"
+    elif damage == "bad_json":
+        (out / "run.json").write_text("{ truncated")
+        message = "unreadable or corrupt"
+    elif damage == "schema":
+        meta = json.loads((out / "run.json").read_text())
+        meta["schema_version"] = 99
+        (out / "run.json").write_text(json.dumps(meta))
+        message = "schema version 99"
+    else:
+        (out / "results.csv").write_text("case_id,layer\nx,conv\n")
+        message = "lacks column"
+    with pytest.raises(AttnbenchError, match=message):
+        load_results(out)
+
+
+def test_environment_records_what_a_reader_needs() -> None:
+    env = environment("cpu")
+    for key in (
+        "attnbench_version",
+        "torch_version",
+        "device_name",
+        "cpu_model",
+        "torch_threads",
+        "cuda_version",
+        "cudnn_version",
+        "git_commit",
+        "git_dirty",
+    ):
+        assert key in env
+    assert env["device"] == "cpu" and env["torch_threads"] >= 1

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from attnbench.layers import LAYERS, LayerInfo
+from attnbench.runner import ProgressEvent, device_sync, measure_case, run_sweep
+from attnbench.spec import Case, Grid, build_grid
+from attnbench.theory import THEORY, LayerTheory
+
+
+def test_every_case_is_written_before_the_next_starts(tiny_grid: Grid, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    seen: list[tuple[str, int, int]] = []
+
+    def progress(event: ProgressEvent) -> None:
+        rows = len(pd.read_csv(out / "results.csv"))
+        seen.append((event.kind, event.index, rows))
+
+    run = run_sweep(tiny_grid, out, progress=progress)
+    total = len(tiny_grid.cases())
+    assert len(run.frame) == total
+    for kind, index, rows in seen:
+        assert rows == (index + 1 if kind == "done" else index)
+    assert (run.frame["status"] == "ok").all()
+    assert set(run.frame["case_id"]) == {c.case_id for c in tiny_grid.cases()}
+
+
+def test_results_hold_measured_values(tiny_run) -> None:  # type: ignore[no-untyped-def]
+    frame = tiny_run.frame
+    assert (frame["time_s"] > 0).all()
+    assert (frame["samples"] >= 10).all()
+    assert (frame["peak_bytes"] > 0).all()
+    assert (frame["flops_check"] == "ok").all()
+    assert (frame["flops_per_s"] == frame["flops"] / frame["time_s"]).all()
+    for row in frame.itertuples():
+        assert len(tiny_run.samples_for(row.case_id)) == row.samples
+    config = tiny_run.meta["config"]
+    assert config["ns"] == [16, 32] and config["device"] == "cpu"
+    assert tiny_run.meta["environment"]["torch_version"] == torch.__version__
+
+
+def test_a_failing_case_is_recorded_and_the_sweep_goes_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    class Broken(torch.nn.Module):
+        def __init__(self, d: int) -> None:
+            super().__init__()
+            self.d = d
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[1] > 16:
+                raise RuntimeError("cannot allocate memory\nsecond line")
+            return x
+
+    monkeypatch.setitem(LAYERS, "broken", LayerInfo("broken", Broken, (), "test"))
+    monkeypatch.setitem(THEORY, "broken", LayerTheory("O(1)", lambda b, n, d, k: 0, "0"))
+    grid = build_grid({"layers": "conv", "n": "16,32", "d": "8", "device": "cpu"})
+    grid = Grid(**{**grid.__dict__, "layers": ("broken", "conv"), "time_budget_s": 0.005})
+    run = run_sweep(grid, tmp_path / "run")
+    status = dict(zip(run.frame["case_id"], run.frame["status"], strict=True))
+    assert status["broken/n=16/d=8/b=1/float32/cpu/forward"] == "ok"
+    assert status["broken/n=32/d=8/b=1/float32/cpu/forward"] == "failed"
+    assert run.frame.loc[run.frame["status"] == "failed", "error"].iloc[0] == (
+        "RuntimeError: cannot allocate memory"
+    )
+    assert (run.frame[run.frame["layer"] == "conv"]["status"] == "ok").all()
+
+
+def test_train_mode_measures_forward_and_backward(tmp_path: Path) -> None:
+    case = Case("conv", 32, 8, 3, None, 1, "float32", "cpu", "train")
+    result = measure_case(case)
+    forward = measure_case(Case("conv", 32, 8, 3, None, 1, "float32", "cpu", "forward"))
+    assert result.status == "ok"
+    assert result.flops == 3 * forward.flops  # type: ignore[operator]
+
+
+def test_threads_option_is_applied_and_recorded(tmp_path: Path) -> None:
+    before = torch.get_num_threads()
+    try:
+        grid = build_grid(
+            {
+                "layers": "conv",
+                "n": "8",
+                "d": "8",
+                "device": "cpu",
+                "threads": 1,
+                "time_budget": 0.005,
+            }
+        )
+        run = run_sweep(grid, tmp_path / "run")
+        assert run.frame["threads"].tolist() == [1]
+        assert run.meta["config"]["threads"] == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_half_precision_cases_run_on_cpu(tmp_path: Path) -> None:
+    for dtype in ("bfloat16", "float16"):
+        case = Case("attention", 16, 8, None, 2, 1, dtype, "cpu", "forward")
+        assert measure_case(case).status == "ok"
+
+
+def test_cuda_sync_calls_torch_cuda_synchronize(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[object] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: seen.append(device))
+    device_sync("cuda:1")()
+    assert seen == [torch.device("cuda:1")]
+    device_sync("cpu")()
+    assert len(seen) == 1

@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnbench.errors import AttnbenchError
+from attnbench.spec import (
+    Grid,
+    build_grid,
+    load_config,
+    parse_int_list,
+    parse_layers,
+    resolve_device,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("64", (64,)),
+        ("128,64,64", (64, 128)),
+        (" 64 , 128 ", (64, 128)),
+        ("64..512", (64, 128, 256, 512)),
+        ("64..1000", (64, 128, 256, 512)),
+        ("3..3", (3,)),
+        (7, (7,)),
+        ([256, 64], (64, 256)),
+    ],
+)
+def test_parse_int_list(text: object, expected: tuple[int, ...]) -> None:
+    assert parse_int_list(text, "n") == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("64..", "cannot read '64..'"),
+        ("a,b", "cannot read 'a,b'"),
+        ("", "cannot read ''"),
+        ("64,,128", "cannot read"),
+        ("4096..64", "runs backwards"),
+        ("0..8", "range start must be >= 1"),
+        ("0,8", "values must be >= 1"),
+        ("-4", "values must be >= 1"),
+        ("1.5", "cannot read"),
+        ([], "expected a list of integers"),
+        (True, "expected integers"),
+    ],
+)
+def test_parse_int_list_rejects_malformed_input(text: object, message: str) -> None:
+    with pytest.raises(AttnbenchError, match=message):
+        parse_int_list(text, "n")  # type: ignore[arg-type]
+
+
+@given(st.integers(1, 10_000), st.integers(0, 20))
+def test_range_doubles_from_start_and_stays_within_end(start: int, extra: int) -> None:
+    end = start * 2**extra + extra  # not always a power-of-two multiple
+    values = parse_int_list(f"{start}..{end}", "n")
+    assert values[0] == start
+    assert values[-1] <= end < values[-1] * 2
+    assert all(b == 2 * a for a, b in itertools.pairwise(values))
+
+
+@given(st.lists(st.integers(1, 10**6), min_size=1, max_size=20))
+def test_list_parsing_is_sorted_unique(values: list[int]) -> None:
+    assert parse_int_list(",".join(map(str, values)), "d") == tuple(sorted(set(values)))
+
+
+@given(st.text(max_size=12))
+def test_parser_never_fails_with_anything_but_a_domain_error(text: str) -> None:
+    try:
+        values = parse_int_list(text, "n")
+    except AttnbenchError as exc:
+        assert "\n" not in exc.message
+    else:
+        assert values and all(v >= 1 for v in values)
+
+
+def test_parse_layers() -> None:
+    assert parse_layers("conv, rnn,conv") == ("conv", "rnn")
+    with pytest.raises(AttnbenchError, match="unknown layer 'cnn'; accepted: conv, rnn"):
+        parse_layers("conv,cnn")
+    with pytest.raises(AttnbenchError, match="cannot read"):
+        parse_layers("conv,")
+
+
+def test_cases_order_and_ids() -> None:
+    grid = build_grid({"layers": "conv,attention", "n": "8,16", "d": "8", "device": "cpu"})
+    cases = grid.cases()
+    assert [(c.layer, c.n) for c in cases] == [
+        ("conv", 8),
+        ("conv", 16),
+        ("attention", 8),
+        ("attention", 16),
+    ]
+    assert cases[0].k == 3 and cases[0].heads is None
+    assert cases[2].k is None and cases[2].heads == 4
+    assert cases[0].case_id == "conv/n=8/d=8/k=3/b=1/float32/cpu/forward"
+    assert cases[2].case_id == "attention/n=8/d=8/h=4/b=1/float32/cpu/forward"
+    assert len({c.case_id for c in cases}) == len(cases)
+
+
+def test_default_grid_covers_every_layer() -> None:
+    grid = build_grid({"device": "cpu"})
+    assert grid == Grid(device="cpu")
+    assert len(grid.cases()) == 6 * 5 * 2
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"layers": "foo"}, "unknown layer 'foo'"),
+        ({"d": "30"}, "d=30 is not divisible by heads=4"),
+        ({"n": "0"}, "values must be >= 1"),
+        ({"k": 0}, "--k must be >= 1"),
+        ({"heads": 0}, "--heads must be >= 1"),
+        ({"batch": 0}, "--batch must be >= 1"),
+        ({"threads": 0}, "--threads must be >= 1"),
+        ({"dtype": "float64"}, "unknown dtype 'float64'; accepted: float32, float16, bfloat16"),
+        ({"mode": "eval"}, "unknown mode 'eval'; accepted: forward, train"),
+        ({"device": "tpu"}, "unknown device 'tpu'; accepted: cpu, cuda, cuda:N, mps, auto"),
+        ({"time_budget": 0}, "--time-budget must be a positive"),
+        ({"batch": "2"}, "expected an integer"),
+    ],
+)
+def test_build_grid_rejects_bad_options(options: dict, message: str) -> None:
+    with pytest.raises(AttnbenchError, match=message):
+        build_grid({"device": "cpu", **options})
+
+
+def test_d_need_not_divide_by_heads_without_attention() -> None:
+    assert build_grid({"layers": "conv,rnn", "d": "30", "device": "cpu"}).ds == (30,)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_refused_where_absent() -> None:
+    with pytest.raises(AttnbenchError, match="'cuda:1' is not available"):
+        resolve_device("cuda:1")
+
+
+def test_cuda_index_checked_against_device_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda") == "cuda:0"
+    assert resolve_device("CUDA:1") == "cuda:1"
+    assert resolve_device("auto") == "cuda:0"
+    with pytest.raises(AttnbenchError, match="has 2 CUDA device"):
+        resolve_device("cuda:2")
+
+
+def test_config_file_and_unknown_keys(tmp_path: Path) -> None:
+    good = tmp_path / "sweep.toml"
+    good.write_text('layers = ["conv", "rnn"]\nn = "8..32"\nd = [8]\nbatch = 2\n')
+    grid = build_grid({**load_config(good), "device": "cpu"})
+    assert grid.layers == ("conv", "rnn") and grid.ns == (8, 16, 32) and grid.batch == 2
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('layerz = "conv"\n')
+    with pytest.raises(AttnbenchError, match="unknown key\\(s\\) layerz; accepted: layers"):
+        load_config(bad)
+    broken = tmp_path / "broken.toml"
+    broken.write_text("n = [\n")
+    with pytest.raises(AttnbenchError, match="not valid TOML"):
+        load_config(broken)
+    with pytest.raises(AttnbenchError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")

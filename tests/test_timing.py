@@ -1,0 +1,114 @@
+"""Timing logic on a deterministic fake clock: no real time is measured here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import pytest
+
+from attnbench.measure.timing import TimingPolicy, TimingStats, iqr, time_call
+
+
+class FakeLayer:
+    """A call that advances a fake clock by the next scripted duration."""
+
+    def __init__(self, durations: Iterable[float]) -> None:
+        self.now = 0.0
+        self.calls = 0
+        self._durations: Iterator[float] = iter(durations)
+        self.log: list[str] = []
+
+    def clock(self) -> float:
+        self.log.append("clock")
+        return self.now
+
+    def sync(self) -> None:
+        self.log.append("sync")
+
+    def __call__(self) -> None:
+        self.calls += 1
+        self.log.append("call")
+        self.now += next(self._durations)
+
+
+def constant(value: float) -> Iterator[float]:
+    while True:
+        yield value
+
+
+def test_steady_calls_stop_at_min_samples_with_exact_statistics() -> None:
+    fake = FakeLayer(constant(2e-3))
+    stats = time_call(fake, TimingPolicy(warmup_calls=2, min_samples=10), clock=fake.clock)
+    assert stats.count == 10
+    assert stats.calls_per_sample == 1
+    assert stats.median_s == pytest.approx(2e-3)
+    assert stats.iqr_s == pytest.approx(0.0)
+    assert stats.total_s == pytest.approx(10 * 2e-3)
+    assert fake.calls == 2 + 10  # warm-up calls are not samples
+
+
+def test_slow_warmup_is_excluded_from_samples() -> None:
+    fake = FakeLayer([1.0, 0.5, *[3e-3] * 100])
+    stats = time_call(fake, TimingPolicy(warmup_calls=2, min_samples=10), clock=fake.clock)
+    assert max(stats.samples_s) == pytest.approx(3e-3)
+
+
+def test_noisy_calls_repeat_until_the_budget_is_spent() -> None:
+    def alternating() -> Iterator[float]:
+        while True:
+            yield 1e-3
+            yield 3e-3
+
+    fake = FakeLayer(alternating())
+    policy = TimingPolicy(warmup_calls=0, min_samples=10, budget_s=0.1, target_rel_iqr=0.02)
+    stats = time_call(fake, policy, clock=fake.clock)
+    assert stats.rel_iqr > 0.02
+    assert 0.1 <= stats.total_s < 0.1 + 3e-3 * 2
+    assert stats.count == pytest.approx(0.1 / 2e-3, abs=2)
+
+
+def test_fast_calls_are_grouped_into_blocks_of_at_least_min_block() -> None:
+    fake = FakeLayer(constant(10e-6))
+    stats = time_call(fake, TimingPolicy(warmup_calls=0, min_block_s=1e-3), clock=fake.clock)
+    assert stats.calls_per_sample >= 100
+    assert stats.median_s == pytest.approx(10e-6)
+    assert all(s == pytest.approx(10e-6) for s in stats.samples_s)
+
+
+def test_max_samples_caps_the_loop() -> None:
+    fake = FakeLayer(1e-3 if i % 2 else 5e-3 for i in range(10_000))
+    policy = TimingPolicy(warmup_calls=0, min_samples=3, max_samples=7, budget_s=100)
+    assert time_call(fake, policy, clock=fake.clock).count == 7
+
+
+def test_slow_call_still_gets_min_samples_past_the_budget() -> None:
+    fake = FakeLayer(constant(0.5))
+    policy = TimingPolicy(warmup_calls=1, min_samples=4, budget_s=0.25, target_rel_iqr=0.0)
+    stats = time_call(fake, policy, clock=fake.clock)
+    assert stats.count == 4
+    assert stats.calls_per_sample == 1
+
+
+def test_device_is_synchronised_around_every_block() -> None:
+    fake = FakeLayer(constant(2e-3))
+    time_call(fake, TimingPolicy(warmup_calls=1, min_samples=3), clock=fake.clock, sync=fake.sync)
+    log = fake.log
+    # warm-up, then each block: sync, clock, call(s), sync, clock
+    assert log[:2] == ["call", "sync"]
+    blocks = log[2:]
+    assert blocks[:5] == ["sync", "clock", "call", "sync", "clock"]
+    assert blocks.count("clock") == 2 * blocks.count("call")
+    for i, event in enumerate(blocks):
+        if event == "clock" and i + 1 < len(blocks) and blocks[i + 1] == "call":
+            assert blocks[i - 1] == "sync"  # a block never starts with work still queued
+
+
+def test_stats_derive_from_raw_samples() -> None:
+    samples = (1.0, 2.0, 3.0, 4.0, 10.0)
+    stats = TimingStats(samples_s=samples, calls_per_sample=1, total_s=20.0)
+    assert stats.median_s == 3.0
+    q1, q3 = np.percentile(samples, [25, 75])
+    assert stats.iqr_s == pytest.approx(q3 - q1)
+    assert stats.rel_iqr == pytest.approx((q3 - q1) / 3.0)
+    assert iqr([5.0]) == 0.0
