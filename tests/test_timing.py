@@ -39,13 +39,22 @@ def constant(value: float) -> Iterator[float]:
 
 def test_steady_calls_stop_at_min_samples_with_exact_statistics() -> None:
     fake = FakeLayer(constant(2e-3))
-    stats = time_call(fake, TimingPolicy(warmup_calls=2, min_samples=10), clock=fake.clock)
+    policy = TimingPolicy(warmup_calls=2, min_samples=10, min_time_s=0.0)
+    stats = time_call(fake, policy, clock=fake.clock)
     assert stats.count == 10
     assert stats.calls_per_sample == 1
     assert stats.median_s == pytest.approx(2e-3)
     assert stats.iqr_s == pytest.approx(0.0)
     assert stats.total_s == pytest.approx(10 * 2e-3)
     assert fake.calls == 2 + 10  # warm-up calls are not samples
+
+
+def test_a_stable_case_is_still_timed_for_min_time() -> None:
+    fake = FakeLayer(constant(2e-3))
+    policy = TimingPolicy(warmup_calls=0, min_samples=10, min_time_s=0.05, budget_s=1.0)
+    stats = time_call(fake, policy, clock=fake.clock)
+    assert stats.count == 25  # 25 x 2 ms reaches 0.05 s, then the zero spread stops it
+    assert stats.total_s == pytest.approx(0.05)
 
 
 def test_slow_warmup_is_excluded_from_samples() -> None:

@@ -61,9 +61,9 @@ class TimingPolicy:
     """When to stop repeating.
 
     A block is made long enough (``min_block_s``) that the timer's own overhead vanishes.
-    Sampling stops once there are ``min_samples`` and the spread is small (IQR/median at most
-    ``target_rel_iqr``), or once ``budget_s`` of timed time is spent (never before
-    ``min_samples``), or at ``max_samples``.
+    Sampling stops, never before ``min_samples`` samples, once ``budget_s`` of timed time is
+    spent, or earlier once the spread is small (IQR/median at most ``target_rel_iqr``) after at
+    least ``min_time_s`` (as torch.utils.benchmark's adaptive_autorange), or at ``max_samples``.
     """
 
     warmup_calls: int = 2
@@ -71,6 +71,7 @@ class TimingPolicy:
     min_samples: int = 10
     max_samples: int = 10_000
     target_rel_iqr: float = 0.02
+    min_time_s: float = 0.1
     budget_s: float = 0.25
 
 
@@ -116,7 +117,8 @@ def time_call(
             if total >= policy.budget_s:
                 break
             median = statistics.median(samples)
-            if median > 0 and iqr(samples) / median <= policy.target_rel_iqr:
+            stable = median > 0 and iqr(samples) / median <= policy.target_rel_iqr
+            if stable and total >= min(policy.min_time_s, policy.budget_s):
                 break
         elapsed = timed_block(calls)
         total += elapsed
