@@ -25,6 +25,7 @@ from rich.table import Table
 from attnbench import __version__
 from attnbench.errors import AttnbenchError
 from attnbench.layers import LAYERS
+from attnbench.measure.timing import NOISY_REL_IQR
 from attnbench.results import RunResults, default_out_dir, environment, prepare_out_dir
 from attnbench.runner import ProgressEvent, run_sweep
 from attnbench.spec import DEVICE_CHOICES, DTYPES, MODES, build_grid, load_config, resolve_device
@@ -39,7 +40,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-err = Console(stderr=True, highlight=False)
+def _stderr_console() -> Console:
+    """Stderr console; off a terminal (CI logs, pipes) it is wide enough not to wrap tables."""
+    console = Console(stderr=True, highlight=False)
+    return console if console.is_terminal else Console(stderr=True, highlight=False, width=120)
+
+
+err = _stderr_console()
 
 
 def _fail(exc: AttnbenchError) -> typer.Exit:
@@ -140,17 +147,20 @@ def _summary_tables(run: RunResults, console: Console) -> None:
             ("FLOP/s", "right"),
             ("check", "left"),
         ]:
-            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+            table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
         for row in group.sort_values(["d", "n"]).itertuples():
             if row.status != "ok":
                 table.add_row(str(row.n), str(row.d), f"[red]{row.status}[/]", *[""] * 6)
                 continue
             check = "ok" if row.flops_check == "ok" else f"[yellow]{row.flops_check}[/]"
+            spread = fmt_seconds(row.time_iqr_s)
+            if row.time_iqr_s > NOISY_REL_IQR * row.time_s:
+                spread = f"[yellow]{spread} ![/]"
             table.add_row(
                 str(row.n),
                 str(row.d),
                 fmt_seconds(row.time_s),
-                fmt_seconds(row.time_iqr_s),
+                spread,
                 str(row.samples),
                 fmt_bytes(row.peak_bytes),
                 fmt_count(row.flops),
@@ -161,6 +171,13 @@ def _summary_tables(run: RunResults, console: Console) -> None:
     counts = frame["status"].value_counts().to_dict()
     summary = ", ".join(f"{v} {k}" for k, v in counts.items())
     console.print(f"{len(frame)} cases: {summary}")
+    noisy = frame[frame["time_iqr_s"] > NOISY_REL_IQR * frame["time_s"]]
+    if len(noisy):
+        console.print(
+            f"[yellow]note:[/] {len(noisy)} case(s) marked ! have IQR/median above "
+            f"{NOISY_REL_IQR:.0%}: the machine was busy or the budget short; "
+            "a larger --time-budget gives more samples"
+        )
     mismatched = frame[frame["flops_check"] == "mismatch"]
     if len(mismatched):
         console.print(

@@ -99,3 +99,24 @@ def test_help_explains_the_commands() -> None:
     assert result.exit_code == 0
     for option in ("--layers", "--n", "--d", "--dtype", "--device", "--config", "--json"):
         assert option in result.stdout
+
+
+def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # type: ignore[no-untyped-def]
+    import io
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from attnbench.cli import _summary_tables
+
+    frame = tiny_run.frame.copy()
+    frame.loc[0, "time_iqr_s"] = frame.loc[0, "time_s"] * 0.5
+    frame.loc[1, "flops_check"] = "mismatch"
+    buf = io.StringIO()
+    _summary_tables(replace(tiny_run, frame=frame), Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "1 case(s) marked ! have IQR/median above 10%" in text
+    assert (
+        f"counted FLOPs differ from the analytic formula by more than 1% in 1 case(s) "
+        f"({frame.loc[1, 'layer']})" in text
+    )

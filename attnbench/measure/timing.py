@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 Clock = Callable[[], float]  # returns seconds
+NOISY_REL_IQR = 0.1  # IQR/median above this marks a noisy measurement (as torch.utils.benchmark)
 
 
 def _no_sync() -> None:
