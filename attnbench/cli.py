@@ -40,6 +40,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
 def _stderr_console() -> Console:
     """Stderr console; off a terminal (CI logs, pipes) it is wide enough not to wrap tables."""
     console = Console(stderr=True, highlight=False)

@@ -224,12 +224,14 @@ def check_dtype(dtype: str, device: str) -> None:
     if dtype not in DTYPES:
         raise AttnbenchError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
     if dtype == "bfloat16" and device.startswith("cuda"):
-        index = torch.device(device).index or 0
-        with torch.cuda.device(index):
-            if not torch.cuda.is_bf16_supported():
-                raise AttnbenchError(
-                    f"dtype bfloat16 is not supported on {device}; accepted there: float32, float16"
-                )
+        # Native bfloat16 arithmetic starts with compute capability 8.0 (Ampere); older GPUs only
+        # emulate it, which would time the emulation, not the layer.
+        major, minor = torch.cuda.get_device_capability(torch.device(device).index or 0)
+        if major < 8:
+            raise AttnbenchError(
+                f"dtype bfloat16 is not supported natively on {device} (compute capability "
+                f"{major}.{minor} < 8.0); accepted there: float32, float16"
+            )
     if dtype == "bfloat16" and device == "mps":
         try:
             torch.ones(1, dtype=torch.bfloat16, device="mps")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from attnbench.layers import LAYERS, LayerInfo
+from attnbench.results import RunResults
 from attnbench.runner import ProgressEvent, device_sync, measure_case, run_sweep
 from attnbench.spec import Case, Grid, build_grid
 from attnbench.theory import THEORY, LayerTheory
@@ -29,7 +30,7 @@ def test_every_case_is_written_before_the_next_starts(tiny_grid: Grid, tmp_path:
     assert set(run.frame["case_id"]) == {c.case_id for c in tiny_grid.cases()}
 
 
-def test_results_hold_measured_values(tiny_run) -> None:  # type: ignore[no-untyped-def]
+def test_results_hold_measured_values(tiny_run: RunResults) -> None:
     frame = tiny_run.frame
     assert (frame["time_s"] > 0).all()
     assert (frame["samples"] >= 10).all()

@@ -153,6 +153,18 @@ def test_cuda_index_checked_against_device_count(monkeypatch: pytest.MonkeyPatch
         resolve_device("cuda:2")
 
 
+def test_bfloat16_needs_native_support_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnbench.spec import check_dtype
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (7, 5))
+    with pytest.raises(AttnbenchError, match=r"compute capability 7.5 < 8.0\); accepted there"):
+        check_dtype("bfloat16", "cuda:0")
+    check_dtype("float16", "cuda:0")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    check_dtype("bfloat16", "cuda:0")
+    check_dtype("bfloat16", "cpu")
+
+
 def test_config_file_and_unknown_keys(tmp_path: Path) -> None:
     good = tmp_path / "sweep.toml"
     good.write_text('layers = ["conv", "rnn"]\nn = "8..32"\nd = [8]\nbatch = 2\n')
