@@ -250,6 +250,7 @@ def sweep(
     quiet: Annotated[bool, typer.Option(help="No progress or tables on stderr.")] = False,
 ) -> None:
     """Measure time, peak memory and FLOPs of each layer over the n x d grid."""
+    out_dir: Path | None = None
     try:
         values: dict[str, Any] = load_config(config) if config is not None else {}
         given = {
@@ -281,7 +282,7 @@ def sweep(
     except AttnbenchError as exc:
         raise _fail(exc) from None
     except KeyboardInterrupt:
-        err.print("[bold red]interrupted:[/] every finished case is already on disk")
+        err.print(f"[bold red]interrupted:[/] every finished case is in {out_dir}")
         raise typer.Exit(130) from None
     if not quiet:
         _summary_tables(run, err)
