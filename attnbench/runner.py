@@ -61,7 +61,8 @@ def make_input(case: Case, seed: int) -> torch.Tensor:
 
 def make_step(case: Case, seed: int) -> Callable[[], torch.Tensor]:
     """One measured call: forward, or forward + backward (input and weight gradients)."""
-    layer = build_layer(case.layer, case.d, seed=seed, k=case.k or 3, heads=case.heads or 4)
+    options = {name: v for name, v in (("k", case.k), ("heads", case.heads)) if v is not None}
+    layer = build_layer(case.layer, case.d, seed=seed, **options)
     layer = layer.to(device=case.device, dtype=DTYPES[case.dtype])
     x = make_input(case, seed)  # (B, n, d)
     if case.mode == "forward":

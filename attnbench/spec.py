@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,6 @@ class Grid:
     threads: int | None = None  # CPU threads; None keeps torch's default (and records it)
     time_budget_s: float = 0.25  # timing budget per case, seconds
     seed: int = 0
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def cases(self) -> list[Case]:
         """Cases ordered layer, d, then n ascending (so a larger n always comes later)."""
@@ -114,7 +113,6 @@ class Grid:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out.pop("extra")
         for key in ("layers", "ns", "ds"):
             out[key] = list(out[key])
         return out
