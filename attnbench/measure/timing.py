@@ -68,7 +68,7 @@ class TimingPolicy:
     """
 
     warmup_calls: int = 2
-    min_block_s: float = 1e-3
+    min_block_s: float = 10e-3
     min_samples: int = 10
     max_samples: int = 10_000
     target_rel_iqr: float = 0.02
