@@ -25,7 +25,7 @@ from rich.table import Table
 from attnbench import __version__
 from attnbench.errors import AttnbenchError
 from attnbench.layers import LAYERS
-from attnbench.measure.timing import NOISY_REL_IQR
+from attnbench.measure.timing import NOISY_REL_IQR, is_noisy
 from attnbench.results import RunResults, default_out_dir, environment, prepare_out_dir
 from attnbench.runner import ProgressEvent, run_sweep
 from attnbench.spec import DEVICE_CHOICES, DTYPES, MODES, build_grid, load_config, resolve_device
@@ -155,7 +155,7 @@ def _summary_tables(run: RunResults, console: Console) -> None:
                 continue
             check = "ok" if row.flops_check == "ok" else f"[yellow]{row.flops_check}[/]"
             spread = fmt_seconds(row.time_iqr_s)
-            if row.time_iqr_s > NOISY_REL_IQR * row.time_s:
+            if is_noisy(row.time_s, row.time_iqr_s):
                 spread = f"[yellow]{spread} ![/]"
             table.add_row(
                 str(row.n),
@@ -172,7 +172,7 @@ def _summary_tables(run: RunResults, console: Console) -> None:
     counts = frame["status"].value_counts().to_dict()
     summary = ", ".join(f"{v} {k}" for k, v in counts.items())
     console.print(f"{len(frame)} cases: {summary}")
-    noisy = frame[frame["time_iqr_s"] > NOISY_REL_IQR * frame["time_s"]]
+    noisy = frame[is_noisy(frame["time_s"], frame["time_iqr_s"])]
     if len(noisy):
         console.print(
             f"[yellow]note:[/] {len(noisy)} case(s) marked ! have IQR/median above "

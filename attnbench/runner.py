@@ -54,6 +54,7 @@ def device_sync(device: str) -> Callable[[], None]:
 
 def make_input(case: Case, seed: int) -> torch.Tensor:
     """The seeded (batch, n, d) input every layer of a case gets."""
+    # seed + 1: the input must not be the same random stream as the layer's weights.
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(case.batch, case.n, case.d, generator=gen)  # (B, n, d)
     return x.to(device=case.device, dtype=DTYPES[case.dtype])

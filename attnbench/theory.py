@@ -28,14 +28,17 @@ def _attention(b: int, n: int, d: int, k: int) -> float:
     return 8 * b * n * d * d + 4 * b * n * n * d
 
 
+# The fused layer computes the same function, so it shares the same theory.
+_ATTENTION = LayerTheory("O(n^2 d)", _attention, "8·b·n·d² + 4·b·n²·d")
+
 THEORY: dict[str, LayerTheory] = {
     "conv": LayerTheory("O(k n d^2)", lambda b, n, d, k: 2 * b * n * k * d * d, "2·b·n·k·d²"),
     # One d x d product for the input and one for the hidden state, per gate.
     "rnn": LayerTheory("O(n d^2)", lambda b, n, d, k: 4 * b * n * d * d, "4·b·n·d²"),
     "gru": LayerTheory("O(n d^2)", lambda b, n, d, k: 12 * b * n * d * d, "12·b·n·d²"),
     "lstm": LayerTheory("O(n d^2)", lambda b, n, d, k: 16 * b * n * d * d, "16·b·n·d²"),
-    "attention": LayerTheory("O(n^2 d)", _attention, "8·b·n·d² + 4·b·n²·d"),
-    "attention-sdpa": LayerTheory("O(n^2 d)", _attention, "8·b·n·d² + 4·b·n²·d"),
+    "attention": _ATTENTION,
+    "attention-sdpa": _ATTENTION,
 }
 
 # A backward pass computes two products (input gradient and weight gradient) for each forward

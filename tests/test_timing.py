@@ -147,3 +147,12 @@ def test_default_blocks_last_at_least_10_ms() -> None:
     stats = time_call(fake, TimingPolicy(warmup_calls=0), clock=fake.clock)
     assert stats.calls_per_sample * 0.4e-3 >= 10e-3
     assert stats.median_s == pytest.approx(0.4e-3)
+
+
+def test_noisy_rule_on_floats_and_columns() -> None:
+    import pandas as pd
+
+    from attnbench.measure.timing import is_noisy
+
+    assert is_noisy(1.0, 0.11) and not is_noisy(1.0, 0.1)
+    assert is_noisy(pd.Series([1.0, 1.0]), pd.Series([0.5, 0.01])).tolist() == [True, False]

@@ -11,11 +11,17 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 Clock = Callable[[], float]  # returns seconds
 NOISY_REL_IQR = 0.1  # IQR/median above this marks a noisy measurement (as torch.utils.benchmark)
+
+
+def is_noisy(time_s: Any, iqr_s: Any) -> Any:
+    """IQR above ``NOISY_REL_IQR`` of the median; works on floats and on pandas columns alike."""
+    return iqr_s > NOISY_REL_IQR * time_s
 
 
 def _no_sync() -> None:
