@@ -6,10 +6,11 @@ Everything the user types passes through here and comes out either as a valid ``
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 
 from attnbench.errors import AttnbenchError
 from attnbench.layers import LAYERS
+from attnbench.theory import analytic_flops
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -88,6 +90,7 @@ class Grid:
     threads: int | None = None  # CPU threads; None keeps torch's default (and records it)
     time_budget_s: float = 0.25  # timing budget per case, seconds
     seed: int = 0
+    max_case_s: float | None = None  # a first call slower than this is a timeout; None: no limit
 
     def cases(self) -> list[Case]:
         """Cases ordered layer, d, then n ascending (so a larger n always comes later)."""
@@ -116,6 +119,38 @@ class Grid:
         for key in ("layers", "ns", "ds"):
             out[key] = list(out[key])
         return out
+
+    def to_options(self) -> dict[str, Any]:
+        """The grid as ``build_grid`` options (the CLI and config key names)."""
+        return {
+            "layers": list(self.layers),
+            "n": list(self.ns),
+            "d": list(self.ds),
+            "k": self.k,
+            "heads": self.heads,
+            "batch": self.batch,
+            "dtype": self.dtype,
+            "device": self.device,
+            "mode": self.mode,
+            "threads": self.threads,
+            "time_budget": self.time_budget_s,
+            "seed": self.seed,
+            "max_case_seconds": self.max_case_s,
+        }
+
+
+def grid_from_config(config: Mapping[str, Any]) -> Grid:
+    """Rebuild (and re-validate) the grid a results folder recorded with ``Grid.to_dict``."""
+    if not isinstance(config, Mapping):
+        raise AttnbenchError("the recorded configuration is not a table of options")
+    names = {"ns": "n", "ds": "d", "time_budget_s": "time_budget", "max_case_s": "max_case_seconds"}
+    unknown = sorted(set(config) - {f.name for f in fields(Grid)})
+    if unknown:
+        raise AttnbenchError(
+            f"the recorded configuration has unknown key(s) {', '.join(unknown)}; "
+            "was it written by a newer attnbench?"
+        )
+    return build_grid({names.get(key, key): value for key, value in config.items()})
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -156,10 +191,14 @@ def parse_int_list(text: str | int | Iterable[int], name: str) -> tuple[int, ...
                     "or a doubling range like 64..4096"
                 )
             values = [int(t) for t in items]
-    else:
+    elif isinstance(text, list | tuple):
         values = list(text)
         if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             raise AttnbenchError(f"--{name}: expected a list of integers, got {text!r}")
+    else:
+        raise AttnbenchError(
+            f"--{name}: expected a list like 64,128 or a range like 64..4096, got {text!r}"
+        )
     for v in values:
         if v < 1:
             raise AttnbenchError(f"--{name}: values must be >= 1, got {v}")
@@ -167,7 +206,12 @@ def parse_int_list(text: str | int | Iterable[int], name: str) -> tuple[int, ...
 
 
 def parse_layers(text: str | Iterable[str]) -> tuple[str, ...]:
-    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    if isinstance(text, str):
+        items = [t.strip() for t in text.split(",")]
+    elif isinstance(text, list | tuple) and all(isinstance(t, str) for t in text):
+        items = [t.strip() for t in text]
+    else:
+        raise AttnbenchError(f"--layers: expected layer names, got {text!r}")
     if not items or any(not t for t in items):
         raise AttnbenchError(f"--layers: cannot read {text!r}; accepted: {', '.join(LAYERS)}")
     for item in items:
@@ -254,6 +298,7 @@ CONFIG_KEYS = (
     "threads",
     "time_budget",
     "seed",
+    "max_case_seconds",
     "out",
 )
 
@@ -286,6 +331,18 @@ def _positive_int(value: Any, name: str) -> int:
     return value
 
 
+def _seed(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise AttnbenchError(f"--seed: expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _positive_seconds(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise AttnbenchError(f"--{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
 def build_grid(options: Mapping[str, Any]) -> Grid:
     """Make a validated ``Grid`` from option values (CLI or config keys; None means default).
 
@@ -303,14 +360,17 @@ def build_grid(options: Mapping[str, Any]) -> Grid:
         heads=_positive_int(opts.get("heads", base.heads), "heads"),
         batch=_positive_int(opts.get("batch", base.batch), "batch"),
         threads=_positive_int(opts["threads"], "threads") if "threads" in opts else None,
-        seed=int(opts.get("seed", base.seed)),
+        seed=_seed(opts.get("seed", base.seed)),
+        max_case_s=(
+            _positive_seconds(opts["max_case_seconds"], "max-case-seconds")
+            if "max_case_seconds" in opts
+            else None
+        ),
     )
     mode = str(opts.get("mode", base.mode))
     if mode not in MODES:
         raise AttnbenchError(f"unknown mode {mode!r}; accepted: {', '.join(MODES)}")
-    budget = opts.get("time_budget", base.time_budget_s)
-    if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
-        raise AttnbenchError(f"--time-budget must be a positive number of seconds, got {budget!r}")
+    budget = _positive_seconds(opts.get("time_budget", base.time_budget_s), "time-budget")
     dtype = str(opts.get("dtype", base.dtype))
     if dtype not in DTYPES:
         raise AttnbenchError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
@@ -320,6 +380,53 @@ def build_grid(options: Mapping[str, Any]) -> Grid:
             raise AttnbenchError(
                 f"d={bad[0]} is not divisible by heads={grid.heads}; attention needs d % heads == 0"
             )
+    if any("k" in LAYERS[name].options for name in grid.layers) and grid.k > min(grid.ns):
+        raise AttnbenchError(
+            f"--k {grid.k} is larger than n={min(grid.ns)}; a kernel must fit in the sequence "
+            f"(use k <= the smallest n)"
+        )
     device = resolve_device(str(opts.get("device", base.device)))
     check_dtype(dtype, device)
-    return replace(grid, mode=mode, time_budget_s=float(budget), dtype=dtype, device=device)
+    return replace(grid, mode=mode, time_budget_s=budget, dtype=dtype, device=device)
+
+
+# ----------------------------------------------------------------------------- size guard
+
+# Rough throughputs, used only to warn before an absurd sweep starts; never reported as measured.
+_ASSUMED_FLOP_PER_S = {"cpu": 2e10, "cuda": 2e13, "mps": 2e12}
+MAX_CASES = 2000  # more cases than this need --yes
+MAX_ESTIMATED_S = 3600.0  # a longer estimated sweep needs --yes
+
+
+def estimate_seconds(grid: Grid) -> float:
+    """A rough lower estimate of a sweep's duration from the analytic FLOPs of each case.
+
+    Per case: about four untimed calls (first call, FLOP count, memory profile, warm-up) plus
+    the timing, which lasts the time budget or at least eleven calls.
+    """
+    rate = _ASSUMED_FLOP_PER_S[grid.device.split(":")[0]]
+    total = 0.0
+    for case in grid.cases():
+        flops = analytic_flops(
+            case.layer, batch=case.batch, n=case.n, d=case.d, k=case.k or 0, mode=case.mode
+        )
+        call = flops / rate
+        if grid.max_case_s is not None and call > grid.max_case_s:
+            total += grid.max_case_s  # it would stop as a timeout after its first call
+            continue
+        total += 0.05 + 4 * call + max(grid.time_budget_s, 11 * call)
+    return total
+
+
+def size_warning(grid: Grid) -> str | None:
+    """Why this grid is too large to start without confirmation, or None when it is not."""
+    cases = len(grid.cases())
+    seconds = estimate_seconds(grid)
+    if cases <= MAX_CASES and seconds <= MAX_ESTIMATED_S:
+        return None
+    hours = seconds / 3600
+    return (
+        f"this sweep has {cases} cases and would take at least about {hours:.1f} h on "
+        f"{grid.device}; pass --yes to run it anyway, or narrow --n / --d / --layers "
+        f"(limits without --yes: {MAX_CASES} cases, {MAX_ESTIMATED_S / 3600:.0f} h)"
+    )

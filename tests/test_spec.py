@@ -10,12 +10,16 @@ from hypothesis import strategies as st
 
 from attnbench.errors import AttnbenchError
 from attnbench.spec import (
+    CONFIG_KEYS,
     Grid,
     build_grid,
+    estimate_seconds,
+    grid_from_config,
     load_config,
     parse_int_list,
     parse_layers,
     resolve_device,
+    size_warning,
 )
 
 
@@ -181,3 +185,38 @@ def test_config_file_and_unknown_keys(tmp_path: Path) -> None:
         load_config(broken)
     with pytest.raises(AttnbenchError, match="does not exist"):
         load_config(tmp_path / "missing.toml")
+
+
+_CONFIG_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.lists(st.integers(-2, 70), max_size=3),
+    st.lists(st.text(max_size=5), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=1),
+)
+
+
+@given(st.dictionaries(st.sampled_from(sorted(set(CONFIG_KEYS) - {"out"})), _CONFIG_VALUES))
+def test_any_config_gives_a_grid_or_a_one_line_domain_error(options: dict[str, object]) -> None:
+    try:
+        grid = build_grid({**options, "device": "cpu"} if "device" not in options else options)
+    except AttnbenchError as exc:
+        assert exc.message and "\n" not in exc.message
+    else:
+        assert grid.cases() and all(c.n >= 1 and c.d >= 1 for c in grid.cases())
+        assert grid_from_config(grid.to_dict()) == grid  # what run.json records rebuilds it
+
+
+def test_estimate_grows_with_the_grid_and_is_bounded_by_the_case_limit() -> None:
+    small = build_grid({"device": "cpu"})
+    large = build_grid({"device": "cpu", "n": "64..16384"})
+    assert 0 < estimate_seconds(small) < estimate_seconds(large)
+    assert size_warning(small) is None
+    limited = build_grid({"device": "cpu", "n": "64..16384", "max_case_seconds": 1})
+    assert estimate_seconds(limited) < estimate_seconds(large)
+    huge = build_grid({"device": "cpu", "n": "4..16", "d": ",".join(map(str, range(4, 2100, 4)))})
+    assert len(huge.cases()) > 2000
+    assert "pass --yes" in (size_warning(huge) or "")
