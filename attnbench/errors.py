@@ -13,3 +13,17 @@ class AttnbenchError(Exception):
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
+
+
+class SweepInterrupted(AttnbenchError):
+    """A sweep stopped by SIGINT or SIGTERM: every finished case is on disk in ``out_dir``."""
+
+    def __init__(self, out_dir: str, done: int, total: int, signal_name: str) -> None:
+        super().__init__(
+            f"{signal_name}: stopped with {done} of {total} cases in {out_dir}; "
+            f"finish it with: attnbench sweep --resume {out_dir}",
+            exit_code=130,
+        )
+        self.out_dir = out_dir
+        self.done = done
+        self.total = total

@@ -4,7 +4,9 @@ A results folder holds
 - ``results.csv``: one row per case (``RESULT_COLUMNS``), appended as each case finishes;
 - ``samples.csv``: every raw timing sample, long format (case_id, sample, time_s);
 - ``run.json``: schema version, configuration, environment, start and end time.
-Rows are appended with one write, flushed and fsynced, so a crash keeps every finished case.
+Rows are appended with one write, flushed and fsynced, so a crash keeps every finished case;
+``run.json`` is replaced atomically (temporary file and rename). A kill in the middle of an append
+can leave at most one torn last line, which readers drop and ``ResultsWriter.reopen`` repairs.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ RUN_FILE = "run.json"
 CASE_COLUMNS = ["case_id", "layer", "n", "d", "k", "heads", "batch", "dtype", "device", "mode"]
 METRIC_COLUMNS = [
     "threads",
-    "status",  # ok | failed | oom
+    "status",  # ok | oom | timeout | skipped | failed (see STATUSES)
     "time_s",  # median seconds per call
     "time_iqr_s",  # interquartile range of the samples, seconds
     "samples",  # number of timing samples
@@ -59,6 +61,16 @@ METRIC_COLUMNS = [
 OPTIONAL_COLUMNS = ["seq_steps", "seq_steps_method", "path_len", "path_len_method"]
 RESULT_COLUMNS = CASE_COLUMNS + METRIC_COLUMNS
 SAMPLE_COLUMNS = ["case_id", "sample", "time_s"]
+
+STATUSES = {
+    "ok": "measured",
+    "oom": "ran out of memory",
+    "timeout": "one call took longer than --max-case-seconds",
+    "skipped": "not run: a smaller case of the same layer ran out of memory or time",
+    "failed": "raised an error (see the error column)",
+}
+# What a process killed inside a case leaves behind; ``resume`` records that case with this error.
+DIED_ERROR = "the process died while measuring this case (killed, or out of memory?)"
 
 
 @dataclass(frozen=True)
@@ -148,11 +160,22 @@ def _csv_line(values: Sequence[Any]) -> str:
 
 
 class ResultsWriter:
-    """Creates a results folder and appends each finished case to it at once."""
+    """Creates (or reopens) a results folder and appends each finished case to it at once.
 
-    def __init__(self, out_dir: Path, config: Mapping[str, Any], environment: Mapping[str, Any]):
-        self.out_dir = prepare_out_dir(out_dir)
-        self.meta: dict[str, Any] = {
+    ``run.json`` says whether the run is ``running``, ``complete`` or ``interrupted``, and which
+    case was being measured, so that a resumed run knows a case the process died in.
+    """
+
+    def __init__(self, out_dir: Path, meta: dict[str, Any]) -> None:
+        self.out_dir = out_dir
+        self.meta = meta
+
+    @classmethod
+    def create(
+        cls, out_dir: Path, config: Mapping[str, Any], environment: Mapping[str, Any]
+    ) -> ResultsWriter:
+        out_dir = prepare_out_dir(out_dir)
+        meta: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "tool": "attnbench",
             "attnbench_version": __version__,
@@ -160,11 +183,37 @@ class ResultsWriter:
             "environment": dict(environment),
             "start_time": _now(),
             "end_time": None,
+            "status": "running",
+            "pid": os.getpid(),
+            "current_case": None,
             "cases_total": None,
+            "resumes": [],
         }
+        writer = cls(out_dir, meta)
+        writer._save_meta()
+        writer._append(RESULTS_FILE, _csv_line(RESULT_COLUMNS))
+        writer._append(SAMPLES_FILE, _csv_line(SAMPLE_COLUMNS))
+        return writer
+
+    @classmethod
+    def reopen(cls, out_dir: Path, resume: Mapping[str, Any]) -> ResultsWriter:
+        """Reopen a run to add its missing cases; ``resume`` (time, changes) goes into run.json.
+
+        Repairs first: a torn last line is cut and samples of a case without a row (the process
+        died between the two appends) are dropped, each file replaced atomically.
+        """
+        run = load_results(out_dir)  # refuses what is not a results folder
+        _rewrite_csv(out_dir / RESULTS_FILE, RESULT_COLUMNS, run.frame_text_rows)
+        _rewrite_csv(out_dir / SAMPLES_FILE, SAMPLE_COLUMNS, run.samples_text_rows)
+        meta = dict(run.meta)
+        meta["resumes"] = [*meta.get("resumes", []), dict(resume)]
+        meta.update(status="running", pid=os.getpid(), end_time=None)
+        writer = cls(Path(out_dir), meta)
+        writer._save_meta()
+        return writer
+
+    def _save_meta(self) -> None:
         write_json_atomic(self.out_dir / RUN_FILE, self.meta)
-        self._append(RESULTS_FILE, _csv_line(RESULT_COLUMNS))
-        self._append(SAMPLES_FILE, _csv_line(SAMPLE_COLUMNS))
 
     def _append(self, name: str, text: str) -> None:
         with open(self.out_dir / name, "a", encoding="utf-8") as fh:
@@ -174,7 +223,12 @@ class ResultsWriter:
 
     def set_total(self, total: int) -> None:
         self.meta["cases_total"] = total
-        write_json_atomic(self.out_dir / RUN_FILE, self.meta)
+        self._save_meta()
+
+    def begin(self, case: Case) -> None:
+        """Record the case about to be measured (what a resumed run learns if we die in it)."""
+        self.meta["current_case"] = case.case_id
+        self._save_meta()
 
     def append(self, result: CaseResult) -> None:
         """Persist one case: its samples first, then its row (a row always has its samples)."""
@@ -186,9 +240,27 @@ class ResultsWriter:
             self._append(SAMPLES_FILE, "".join(lines))
         self._append(RESULTS_FILE, _csv_line([row[c] for c in RESULT_COLUMNS]))
 
-    def finish(self) -> None:
-        self.meta["end_time"] = _now()
-        write_json_atomic(self.out_dir / RUN_FILE, self.meta)
+    def finish(self, status: str = "complete") -> None:
+        """Close the run as ``complete`` or ``interrupted``."""
+        self.meta.update(status=status, end_time=_now(), current_case=None)
+        self._save_meta()
+
+
+def _rewrite_csv(path: Path, header: Sequence[str], rows: Sequence[str]) -> None:
+    """Replace ``path`` by ``header`` + ``rows`` (complete CSV lines) through a rename."""
+    text = _csv_line(header) + "".join(rows)
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def prepare_out_dir(out_dir: Path) -> Path:
@@ -198,8 +270,8 @@ def prepare_out_dir(out_dir: Path) -> Path:
         raise AttnbenchError(f"--out {str(out_dir)!r} is a file, not a folder")
     if (out_dir / RESULTS_FILE).exists() or (out_dir / RUN_FILE).exists():  # never overwrite
         raise AttnbenchError(
-            f"--out {str(out_dir)!r} already holds a run; choose a new folder "
-            "(results are never overwritten)"
+            f"--out {str(out_dir)!r} already holds a run; choose a new folder, or finish that "
+            f"run with --resume {str(out_dir)!r} (results are never overwritten)"
         )
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -234,16 +306,85 @@ class RunResults:
     frame: pd.DataFrame  # one row per case, RESULT_COLUMNS
     samples: pd.DataFrame  # raw samples, SAMPLE_COLUMNS
     meta: dict[str, Any]  # run.json
+    warnings: tuple[str, ...] = ()  # what was repaired on reading (a torn line, orphan samples)
+    frame_text_rows: tuple[str, ...] = ()  # the complete CSV lines behind ``frame``
+    samples_text_rows: tuple[str, ...] = ()  # the complete CSV lines behind ``samples``
 
     def samples_for(self, case_id: str) -> list[float]:
         return self.samples.loc[self.samples["case_id"] == case_id, "time_s"].tolist()
 
+    @property
+    def measured(self) -> pd.DataFrame:
+        """The rows with measurements (status ``ok``): what charts, fits and comparisons use."""
+        return self.frame[self.frame["status"] == "ok"]
+
+    @property
+    def status(self) -> str:
+        """``complete``, ``interrupted``, or ``running`` (also what a killed run leaves)."""
+        status = self.meta.get("status")
+        if status in ("complete", "interrupted", "running"):
+            return str(status)
+        return "complete" if self.meta.get("end_time") else "running"
+
+    def counts(self) -> dict[str, int]:
+        """Cases per status, every status named (zeros included), in ``STATUSES`` order."""
+        found = self.frame["status"].value_counts().to_dict()
+        return {status: int(found.get(status, 0)) for status in STATUSES}
+
 
 _INT_COLUMNS = ["n", "d", "k", "heads", "batch", "threads", "samples", "calls_per_sample"]
+_FLOAT_COLUMNS = [
+    "time_s",
+    "time_iqr_s",
+    "time_total_s",
+    "peak_bytes",
+    "flops",
+    "flops_analytic",
+    "flops_per_s",
+    "wall_s",
+]
+_TEXT_COLUMNS = ["case_id", "layer", "dtype", "device", "mode", "status", "error", "flops_check"]
+
+
+def _complete_lines(path: Path) -> tuple[str, list[str], bool]:
+    """Header and complete data lines of an appended CSV; True when a torn last line was cut."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    torn = bool(lines) and not lines[-1].endswith("\n")
+    if torn:
+        lines = lines[:-1]
+    if not lines:
+        return "", [], torn
+    return lines[0], lines[1:], torn
+
+
+def _read_csv(
+    path: Path, columns: Sequence[str], what: str
+) -> tuple[pd.DataFrame, list[str], bool]:
+    header, rows, torn = _complete_lines(path)
+    if not header:
+        return pd.DataFrame(columns=list(columns)), [], torn
+    found = next(csv.reader([header]))
+    missing = [c for c in columns if c not in found]
+    if missing:
+        raise AttnbenchError(
+            f"{str(path)!r} lacks column(s) {', '.join(missing)}; is it truncated or from "
+            f"another tool?"
+        )
+    frame = pd.read_csv(io.StringIO(header + "".join(rows)), dtype=str, keep_default_na=False)
+    if len(frame) != len(rows):
+        raise AttnbenchError(
+            f"{what} {str(path)!r} is corrupt: {len(rows)} lines but {len(frame)} records"
+        )
+    return frame, rows, torn
 
 
 def load_results(path: Path | str) -> RunResults:
-    """Load a results folder written by ``attnbench sweep``; clear errors for anything else."""
+    """Load a results folder written by ``attnbench sweep``; clear errors for anything else.
+
+    A torn last line (a kill in the middle of an append) is dropped with a warning, and so are
+    samples whose case has no row: every complete case is kept.
+    """
     path = Path(path)
     if not path.is_dir():
         raise AttnbenchError(f"{str(path)!r} is not a folder")
@@ -253,37 +394,73 @@ def load_results(path: Path | str) -> RunResults:
             f"{str(path)!r} is not an attnbench results folder (no {RUN_FILE} / {RESULTS_FILE})"
         )
     try:
-        meta = json.loads(run_file.read_text())
+        meta = json.loads(run_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise AttnbenchError(f"{str(run_file)!r} is unreadable or corrupt: {exc}") from None
-    version = meta.get("schema_version") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or meta.get("tool", "attnbench") != "attnbench":
+        raise AttnbenchError(f"{str(run_file)!r} is not an attnbench run record")
+    version = meta.get("schema_version")
     if version != SCHEMA_VERSION:
         raise AttnbenchError(
             f"{str(path)!r} has results schema version {version!r}; this attnbench reads "
             f"version {SCHEMA_VERSION}"
         )
+    warnings: list[str] = []
     try:
-        text = {c: str for c in ("case_id", "layer", "dtype", "device", "mode", "status")}
-        frame = pd.read_csv(path / RESULTS_FILE, dtype={**text, "error": str, "flops_check": str})
+        frame, rows, torn = _read_csv(path / RESULTS_FILE, RESULT_COLUMNS, "results file")
+        if torn:
+            warnings.append(f"dropped a torn last line of {RESULTS_FILE} (an interrupted write)")
         samples_path = path / SAMPLES_FILE
-        samples = (
-            pd.read_csv(samples_path)
-            if samples_path.is_file()
-            else pd.DataFrame(columns=SAMPLE_COLUMNS)
-        )
-    except (OSError, ValueError, pd.errors.ParserError) as exc:
-        raise AttnbenchError(f"results in {str(path)!r} are corrupt: {exc}") from None
-    missing = [c for c in RESULT_COLUMNS if c not in frame.columns]
-    if missing:
+        if samples_path.is_file():
+            samples, sample_rows, torn = _read_csv(samples_path, SAMPLE_COLUMNS, "samples file")
+            if torn:
+                warnings.append(f"dropped a torn last line of {SAMPLES_FILE}")
+        else:
+            samples, sample_rows = pd.DataFrame(columns=SAMPLE_COLUMNS), []
+        frame = _typed_results(frame)
+        samples["sample"] = pd.to_numeric(samples["sample"]).astype("int64")
+        samples["time_s"] = pd.to_numeric(samples["time_s"]).astype("float64")
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, pd.errors.ParserError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise AttnbenchError(f"results in {str(path)!r} are corrupt: {message}") from None
+    unknown = sorted(set(frame["status"]) - set(STATUSES))
+    if unknown:
         raise AttnbenchError(
-            f"{str(path / RESULTS_FILE)!r} lacks column(s) {', '.join(missing)}; "
-            "is it truncated or from another tool?"
+            f"results in {str(path)!r} are corrupt: unknown status {unknown[0]!r} "
+            f"(accepted: {', '.join(STATUSES)})"
         )
+    if frame["case_id"].duplicated().any():
+        dup = frame.loc[frame["case_id"].duplicated(), "case_id"].iloc[0]
+        raise AttnbenchError(f"results in {str(path)!r} are corrupt: case {dup!r} appears twice")
+    keep = samples["case_id"].isin(set(frame["case_id"])).to_numpy()
+    if not keep.all():
+        warnings.append(f"ignored {int((~keep).sum())} sample(s) of a case that never finished")
+        samples = samples[keep].reset_index(drop=True)
+        sample_rows = [r for r, k in zip(sample_rows, keep, strict=True) if k]
+    return RunResults(
+        path=path,
+        frame=frame,
+        samples=samples,
+        meta=meta,
+        warnings=tuple(warnings),
+        frame_text_rows=tuple(rows),
+        samples_text_rows=tuple(sample_rows),
+    )
+
+
+def _typed_results(frame: pd.DataFrame) -> pd.DataFrame:
+    """Typed columns from the all-text read: nullable integers, floats and plain strings."""
+    frame = frame.copy()
     for col in _INT_COLUMNS:
-        frame[col] = frame[col].astype("Int64")
-    frame["error"] = frame["error"].fillna("")
-    frame["flops_check"] = frame["flops_check"].fillna("")
-    return RunResults(path=path, frame=frame, samples=samples, meta=meta)
+        values = pd.to_numeric(frame[col].where(frame[col] != ""))
+        if not values.dropna().eq(values.dropna().round()).all():
+            raise ValueError(f"column {col!r} holds a non-integer")
+        frame[col] = values.astype("Int64")
+    for col in _FLOAT_COLUMNS:
+        frame[col] = pd.to_numeric(frame[col].where(frame[col] != "")).astype("float64")
+    for col in _TEXT_COLUMNS:
+        frame[col] = frame[col].astype(str)
+    return frame
 
 
 # ----------------------------------------------------------------------------- environment

@@ -1,22 +1,34 @@
 """Runs a grid case by case, writing each finished case at once.
 
-Progress is reported through a plain callback, so the core knows nothing of terminals.
+Progress is reported through a plain callback, so the core knows nothing of terminals.  A sweep
+survives its own cases: out-of-memory and over-long cases are recorded and the larger cases of
+that layer skipped; SIGINT / SIGTERM stop it after the current case; ``resume_sweep`` finishes it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
+import signal
+import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from types import FrameType
+from typing import Any, Literal
 
+import pandas as pd
 import torch
 
+from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import build_layer
 from attnbench.measure import TimingPolicy, count_flops, peak_bytes, time_call
 from attnbench.measure.timing import DEFAULT_POLICY, Clock
 from attnbench.results import (
+    DIED_ERROR,
     CaseResult,
     ResultsWriter,
     RunResults,
@@ -24,19 +36,22 @@ from attnbench.results import (
     environment,
     load_results,
 )
-from attnbench.spec import DTYPES, Case, Grid
+from attnbench.spec import DTYPES, Case, Grid, build_grid, grid_from_config
 from attnbench.theory import analytic_flops
+from attnbench.units import fmt_seconds
 
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    """``start`` before a case runs, ``done`` after it is written (with its result)."""
+    """``start`` before a case runs, ``done`` after it is written (with its result),
+    ``stopping`` when a signal asked the sweep to stop after ``case``."""
 
-    kind: Literal["start", "done"]
+    kind: Literal["start", "done", "stopping"]
     index: int  # 0-based position in the grid
     total: int
     case: Case
     result: CaseResult | None = None
+    completed: int = 0  # cases of the grid with a row on disk (earlier runs of a resume included)
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
@@ -87,28 +102,70 @@ def make_step(case: Case, seed: int) -> Callable[[], torch.Tensor]:
     return train
 
 
+# How allocation failures read when they are not torch.OutOfMemoryError: the CPU allocator's
+# RuntimeError ("DefaultCPUAllocator: can't allocate memory"), MPS, and oneDNN scratchpads.
+_OOM_TEXT = (
+    "out of memory",
+    "can't allocate memory",
+    "cannot allocate memory",
+    "not enough memory",
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure, on any device."""
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT)
+
+
+def release_memory(device: str) -> None:
+    """Give memory held by a failed case back, so the next case starts clean."""
+    gc.collect()  # the failed call's tensors may sit in reference cycles through its traceback
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    elif device == "mps":
+        torch.mps.empty_cache()
+
+
 def measure_case(
     case: Case,
     *,
     seed: int = 0,
     policy: TimingPolicy = DEFAULT_POLICY,
     clock: Clock = time.perf_counter,
+    max_case_s: float | None = None,
 ) -> CaseResult:
-    """Measure one case: FLOPs (counted), peak memory (one call), then time (many calls)."""
+    """Measure one case: FLOPs (counted), peak memory (one call), then time (many calls).
+
+    A first call slower than ``max_case_s`` ends the case as ``timeout`` before the many timed
+    calls; an allocation failure ends it as ``oom``; any other error as ``failed``.
+    """
     start = clock()
     threads = torch.get_num_threads()
     sync = device_sync(case.device)
     try:
         step = make_step(case, seed)
+        sync()
+        first_start = clock()
         step()  # first call: lazy initialisation (positional table, kernels) stays unmeasured
         sync()
+        first = clock() - first_start
+        if max_case_s is not None and first > max_case_s:
+            return CaseResult(
+                case=case,
+                status="timeout",
+                threads=threads,
+                wall_s=clock() - start,
+                error=f"one call took {fmt_seconds(first)}, over --max-case-seconds "
+                f"{fmt_seconds(max_case_s)}",
+            )
         flops = count_flops(step)
         peak = peak_bytes(step, case.device)
         timing = time_call(step, policy, clock=clock, sync=sync)
-    except torch.OutOfMemoryError as exc:
-        return _failed(case, "oom", exc, threads, clock() - start)
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
-        return _failed(case, "failed", exc, threads, clock() - start)
+        status = "oom" if is_out_of_memory(exc) else "failed"
+        return _failed(case, status, exc, threads, clock() - start)
     analytic = analytic_flops(
         case.layer, batch=case.batch, n=case.n, d=case.d, k=case.k or 0, mode=case.mode
     )
@@ -143,6 +200,80 @@ def prime_instruments() -> None:
     peak_bytes(lambda: a @ a, "cpu")
 
 
+class _GracefulStop:
+    """SIGINT / SIGTERM: the first asks the sweep to stop after the current case, a second one
+    stops it at once (KeyboardInterrupt).  Signals that arrive while a case is being written are
+    held until the write is done, so a stop never tears a file."""
+
+    def __init__(self, on_request: Callable[[str], None] | None = None) -> None:
+        self.on_request = on_request
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+        self._writing = False
+        self._held = False
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def __enter__(self) -> _GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signal_name is None:
+            self.signal_name = signal.Signals(signum).name
+            if self.on_request is not None:
+                self.on_request(self.signal_name)
+        elif self._writing:
+            self._held = True
+        else:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        self._writing = True
+        try:
+            yield
+        finally:
+            self._writing = False
+        if self._held:
+            raise KeyboardInterrupt
+
+
+def _blocking(status: str, error: str) -> bool:
+    """Whether a case with this outcome means larger cases of its layer would fail too."""
+    return status in ("oom", "timeout") or error == DIED_ERROR
+
+
+@dataclass(frozen=True)
+class _Block:
+    layer: str
+    n: int
+    d: int
+    why: str
+
+    def covers(self, case: Case) -> bool:
+        """A case at least as long and as wide, of the same layer, would fail the same way."""
+        return case.layer == self.layer and case.n >= self.n and case.d >= self.d
+
+
+def _block(layer: str, n: int, d: int, status: str) -> _Block:
+    why = {"oom": "ran out of memory", "timeout": "ran out of time"}.get(status, "crashed")
+    return _Block(layer, int(n), int(d), f"{layer} n={n} d={d} {why}")
+
+
+def _prepare(grid: Grid) -> None:
+    if grid.threads is not None:
+        torch.set_num_threads(grid.threads)
+
+
 def run_sweep(
     grid: Grid,
     out_dir: Path | str | None = None,
@@ -154,25 +285,197 @@ def run_sweep(
     """Measure every case of ``grid`` into ``out_dir`` (default: a new folder under results/).
 
     Each case is on disk before the next starts, so an interruption keeps what was measured.
+    Raises ``SweepInterrupted`` (exit code 130) after SIGINT / SIGTERM.
     """
-    if grid.threads is not None:
-        torch.set_num_threads(grid.threads)
-    # The first call, the FLOP count and the memory profile precede timing: one more warm-up does.
-    policy = policy or TimingPolicy(budget_s=grid.time_budget_s, warmup_calls=1)
-    prime_instruments()
-    writer = ResultsWriter(
+    _prepare(grid)
+    writer = ResultsWriter.create(
         Path(out_dir) if out_dir is not None else default_out_dir(),
         config=grid.to_dict(),
         environment=environment(grid.device),
     )
+    return _sweep(writer, grid, None, progress=progress, clock=clock, policy=policy)
+
+
+# What must match for a resumed run to be comparable with its first part.
+RESUME_ENVIRONMENT_KEYS = (
+    "attnbench_version",
+    "torch_version",
+    "python_version",
+    "hostname",
+    "cpu_model",
+    "device_name",
+    "torch_threads",
+    "cuda_version",
+    "cudnn_version",
+    "git_commit",
+)
+
+
+def _changes(before: Mapping[str, Any], after: Mapping[str, Any], keys: Any) -> dict[str, Any]:
+    return {
+        key: [before.get(key), after.get(key)] for key in keys if before.get(key) != after.get(key)
+    }
+
+
+def _still_running(meta: Mapping[str, Any]) -> int | None:
+    """The pid of a live process on this host that may still be writing the run, if any."""
+    pid = meta.get("pid")
+    host = meta.get("environment", {}).get("hostname")
+    if meta.get("status") != "running" or not isinstance(pid, int) or pid == os.getpid():
+        return None
+    if host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid
+
+
+def resume_sweep(
+    out_dir: Path | str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    force: bool = False,
+    progress: ProgressCallback | None = None,
+    clock: Clock = time.perf_counter,
+    policy: TimingPolicy | None = None,
+) -> RunResults:
+    """Measure the cases of a results folder that are not in it yet, with its recorded grid.
+
+    ``overrides`` (build_grid options) or a changed environment are refused unless ``force``;
+    forced changes are recorded in run.json under ``resumes``.  A case the previous process
+    died in is recorded as failed (it may be what killed it) and blocks its larger cases.
+    """
+    out_dir = Path(out_dir)
+    run = load_results(out_dir)
+    pid = _still_running(run.meta)
+    if pid is not None and not force:
+        raise AttnbenchError(
+            f"--resume {str(out_dir)!r}: process {pid} on this machine may still be writing "
+            "this run; stop it first (or pass --force if that process is something else)"
+        )
+    try:
+        recorded = grid_from_config(run.meta.get("config", {}))
+    except AttnbenchError as exc:
+        raise AttnbenchError(
+            f"--resume {str(out_dir)!r}: cannot rebuild the recorded sweep: {exc.message}"
+        ) from None
+    grid = build_grid({**recorded.to_options(), **overrides}) if overrides else recorded
+    _prepare(grid)
+    now_env = environment(grid.device)
+    config_changes = _changes(recorded.to_dict(), grid.to_dict(), grid.to_dict())
+    env_changes = _changes(run.meta.get("environment", {}), now_env, RESUME_ENVIRONMENT_KEYS)
+    if (config_changes or env_changes) and not force:
+        listed = ", ".join(
+            f"{key} {old!r} -> {new!r}"
+            for key, (old, new) in {**config_changes, **env_changes}.items()
+        )
+        what = "configuration" if config_changes else "environment"
+        raise AttnbenchError(
+            f"--resume {str(out_dir)!r}: the {what} differs from the recorded run ({listed}); "
+            "pass --force to resume anyway (the changes are recorded in run.json)"
+        )
+    writer = ResultsWriter.reopen(
+        out_dir,
+        {
+            "time": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds"),
+            "forced": bool(force and (config_changes or env_changes or pid)),
+            "config_changes": config_changes,
+            "environment_changes": env_changes,
+            "environment": now_env,
+        },
+    )
+    if config_changes:
+        writer.meta["config"] = grid.to_dict()
+    died = run.meta.get("current_case") if run.status == "running" else None
+    return _sweep(writer, grid, run, died=died, progress=progress, clock=clock, policy=policy)
+
+
+def _sweep(
+    writer: ResultsWriter,
+    grid: Grid,
+    previous: RunResults | None,
+    *,
+    died: str | None = None,
+    progress: ProgressCallback | None,
+    clock: Clock,
+    policy: TimingPolicy | None,
+) -> RunResults:
+    # The first call, the FLOP count and the memory profile precede timing: one more warm-up does.
+    policy = policy or TimingPolicy(budget_s=grid.time_budget_s, warmup_calls=1)
     cases = grid.cases()
     writer.set_total(len(cases))
-    for index, case in enumerate(cases):
-        if progress:
-            progress(ProgressEvent("start", index, len(cases), case))
-        result = measure_case(case, seed=grid.seed, policy=policy, clock=clock)
-        writer.append(result)
-        if progress:
-            progress(ProgressEvent("done", index, len(cases), case, result))
-    writer.finish()
+    done: set[str] = set()
+    blocks: list[_Block] = []
+    if previous is not None:
+        for row in previous.frame.itertuples():
+            done.add(row.case_id)
+            if _blocking(row.status, row.error):
+                blocks.append(_block(row.layer, row.n, row.d, row.status))
+    completed = sum(case.case_id in done for case in cases)
+
+    def notify(kind: Any, index: int, case: Case, result: CaseResult | None = None) -> None:
+        if progress is not None:
+            progress(ProgressEvent(kind, index, len(cases), case, result, completed))
+
+    current: dict[str, Any] = {}
+
+    def on_stop(_: str) -> None:
+        if current:
+            notify("stopping", current["index"], current["case"])
+
+    with _GracefulStop(on_stop) as stop:
+        try:
+            prime_instruments()
+            for index, case in enumerate(cases):
+                if case.case_id in done:
+                    continue
+                if stop.requested:
+                    break
+                current.update(index=index, case=case)
+                notify("start", index, case)
+                result = _run_one(case, grid, blocks, writer, died, policy, clock)
+                if _blocking(result.status, result.error):
+                    blocks.append(_block(case.layer, case.n, case.d, result.status))
+                with stop.writing():
+                    writer.append(result)
+                completed += 1
+                notify("done", index, case, result)
+        except KeyboardInterrupt:
+            stop.signal_name = stop.signal_name or "SIGINT"
+        if stop.requested:
+            writer.finish("interrupted")
+            raise SweepInterrupted(
+                str(writer.out_dir), completed, len(cases), str(stop.signal_name)
+            )
+    writer.finish("complete")
     return load_results(writer.out_dir)
+
+
+def _run_one(
+    case: Case,
+    grid: Grid,
+    blocks: list[_Block],
+    writer: ResultsWriter,
+    died: str | None,
+    policy: TimingPolicy,
+    clock: Clock,
+) -> CaseResult:
+    threads = torch.get_num_threads()
+    if case.case_id == died:
+        return CaseResult(case=case, status="failed", threads=threads, error=DIED_ERROR)
+    for block in blocks:
+        if block.covers(case):
+            return CaseResult(
+                case=case, status="skipped", threads=threads, error=f"after {block.why}"
+            )
+    writer.begin(case)
+    result = measure_case(
+        case, seed=grid.seed, policy=policy, clock=clock, max_case_s=grid.max_case_s
+    )
+    if result.status != "ok":
+        release_memory(case.device)
+    return result

@@ -22,7 +22,9 @@ CASE = Case("attention", 64, 16, None, 4, 1, "float32", "cpu", "forward")
 
 
 def _write(tmp_path: Path) -> Path:
-    writer = ResultsWriter(tmp_path / "run", config={"layers": ["attention"]}, environment={})
+    writer = ResultsWriter.create(
+        tmp_path / "run", config={"layers": ["attention"]}, environment={}
+    )
     writer.set_total(2)
     ok = CaseResult(
         case=CASE,
@@ -66,11 +68,11 @@ def test_round_trip_keeps_values_and_raw_samples(tmp_path: Path) -> None:
 
 
 def test_rows_are_on_disk_before_the_run_finishes(tmp_path: Path) -> None:
-    writer = ResultsWriter(tmp_path / "run", config={}, environment={})
+    writer = ResultsWriter.create(tmp_path / "run", config={}, environment={})
     writer.append(CaseResult(case=CASE, status="failed", threads=1, error="x"))
     # no finish(): as after a crash
     run = load_results(tmp_path / "run")
-    assert len(run.frame) == 1 and run.meta["end_time"] is None
+    assert len(run.frame) == 1 and run.meta["end_time"] is None and run.status == "running"
 
 
 def test_existing_run_is_never_overwritten(tmp_path: Path) -> None:

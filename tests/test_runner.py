@@ -55,7 +55,7 @@ def test_a_failing_case_is_recorded_and_the_sweep_goes_on(
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             if x.shape[1] > 16:
-                raise RuntimeError("cannot allocate memory\nsecond line")
+                raise ValueError("shapes do not fit\nsecond line")
             return x
 
     monkeypatch.setitem(LAYERS, "broken", LayerInfo("broken", Broken, (), "test"))
@@ -67,7 +67,7 @@ def test_a_failing_case_is_recorded_and_the_sweep_goes_on(
     assert status["broken/n=16/d=8/b=1/float32/cpu/forward"] == "ok"
     assert status["broken/n=32/d=8/b=1/float32/cpu/forward"] == "failed"
     assert run.frame.loc[run.frame["status"] == "failed", "error"].iloc[0] == (
-        "RuntimeError: cannot allocate memory"
+        "ValueError: shapes do not fit"
     )
     assert (run.frame[run.frame["layer"] == "conv"]["status"] == "ok").all()
 

@@ -1,0 +1,400 @@
+"""Robust sweeps: out-of-memory, timeouts, skips, signals, resume and damaged files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnbench import runner as runner_module
+from attnbench.errors import AttnbenchError, SweepInterrupted
+from attnbench.layers import LAYERS, LayerInfo
+from attnbench.results import (
+    DIED_ERROR,
+    RESULTS_FILE,
+    RUN_FILE,
+    SAMPLES_FILE,
+    CaseResult,
+    ResultsWriter,
+    environment,
+    load_results,
+)
+from attnbench.runner import (
+    ProgressEvent,
+    is_out_of_memory,
+    release_memory,
+    resume_sweep,
+    run_sweep,
+)
+from attnbench.spec import Grid, build_grid
+from attnbench.theory import THEORY, LayerTheory
+
+
+def _grid(layers: str = "conv,rnn", n: str = "8,16,32", d: str = "8", **extra: object) -> Grid:
+    return build_grid(
+        {"layers": layers, "n": n, "d": d, "device": "cpu", "time_budget": 0.002, **extra}
+    )
+
+
+def _ids(grid: Grid) -> list[str]:
+    return [case.case_id for case in grid.cases()]
+
+
+# ----------------------------------------------------------------------------- fake layers
+
+
+def _register(monkeypatch: pytest.MonkeyPatch, name: str, module: type[torch.nn.Module]) -> None:
+    monkeypatch.setitem(LAYERS, name, LayerInfo(name, module, (), "test layer"))
+    monkeypatch.setitem(THEORY, name, LayerTheory("O(1)", lambda b, n, d, k: 0, "0"))
+
+
+OOM_ERRORS: dict[str, Callable[[], BaseException]] = {
+    "cuda": lambda: torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 64.00 GiB (GPU 0; 79.1 GiB total capacity)"
+    ),
+    "cpu": lambda: RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)"
+    ),
+    "python": lambda: MemoryError(),
+}
+
+
+def _hungry(limit: int, kind: str) -> type[torch.nn.Module]:
+    """A layer that runs out of memory once n * d exceeds ``limit``."""
+
+    class Hungry(torch.nn.Module):
+        def __init__(self, d: int) -> None:
+            super().__init__()
+            self.d = d
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B, n, d)
+            if x.shape[1] * x.shape[2] > limit:
+                raise OOM_ERRORS[kind]()
+            return x * 2
+
+    return Hungry
+
+
+@pytest.mark.parametrize("kind", sorted(OOM_ERRORS))
+def test_oom_is_recorded_larger_cases_skipped_and_memory_released(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kind: str
+) -> None:
+    _register(monkeypatch, "hungry", _hungry(16 * 8, kind))
+    released: list[str] = []
+    monkeypatch.setattr(runner_module, "release_memory", released.append)
+    grid = build_grid(
+        {"layers": "conv", "n": "8..64", "d": "8,16", "device": "cpu", "time_budget": 0.002}
+    )
+    grid = Grid(**{**grid.__dict__, "layers": ("hungry", "conv")})
+    run = run_sweep(grid, tmp_path / "run")
+    status = {(r.layer, r.n, r.d): r.status for r in run.frame.itertuples()}
+    assert status[("hungry", 8, 8)] == "ok" and status[("hungry", 16, 8)] == "ok"
+    assert status[("hungry", 32, 8)] == "oom"
+    # Larger n at the same d, and larger n at a larger d, would fail too: skipped, not run.
+    assert status[("hungry", 64, 8)] == "skipped"
+    assert status[("hungry", 8, 16)] == "ok"  # smaller n at a larger d still runs
+    assert status[("hungry", 16, 16)] == "oom"
+    assert status[("hungry", 32, 16)] == "skipped" and status[("hungry", 64, 16)] == "skipped"
+    assert all(s == "ok" for (layer, _, _), s in status.items() if layer == "conv")
+    assert released == ["cpu", "cpu"]  # once after each out-of-memory case
+    skipped = run.frame[run.frame["status"] == "skipped"]
+    assert skipped["error"].str.startswith("after hungry n=").all()
+    assert skipped["time_s"].isna().all()
+    assert run.counts() == {"ok": 11, "oom": 2, "timeout": 0, "skipped": 3, "failed": 0}
+    assert len(run.measured) == 11 and run.status == "complete"
+
+
+def test_out_of_memory_is_recognised_on_every_device() -> None:
+    for make in OOM_ERRORS.values():
+        assert is_out_of_memory(make())
+    assert is_out_of_memory(RuntimeError("MPS backend out of memory (MPS allocated: 1 GB)"))
+    assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not is_out_of_memory(ValueError("out of range"))
+
+
+def test_release_memory_empties_the_cuda_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    release_memory("cuda:0")
+    release_memory("cpu")
+    assert calls == ["empty"]
+
+
+class FakeClock:
+    """Deterministic time that layers advance as they 'run'."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_slow_first_call_is_a_timeout_and_larger_cases_are_skipped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+
+    class Slow(torch.nn.Module):
+        def __init__(self, d: int) -> None:
+            super().__init__()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            clock.now += x.shape[1] * 0.01  # 10 ms per position
+            return x
+
+    _register(monkeypatch, "slow", Slow)
+    grid = build_grid(
+        {"layers": "conv", "n": "8..64", "d": "8", "device": "cpu", "max_case_seconds": 0.25}
+    )
+    grid = Grid(**{**grid.__dict__, "layers": ("slow",), "time_budget_s": 1.0})
+    run = run_sweep(grid, tmp_path / "run", clock=clock)
+    status = dict(zip(run.frame["n"], run.frame["status"], strict=True))
+    assert status == {8: "ok", 16: "ok", 32: "timeout", 64: "skipped"}
+    timeout = run.frame[run.frame["status"] == "timeout"].iloc[0]
+    assert "over --max-case-seconds" in timeout["error"] and "320 ms" in timeout["error"]
+    ok = run.frame[run.frame["n"] == 16].iloc[0]
+    assert ok["time_s"] == pytest.approx(0.16)  # the fake clock is what was timed
+    assert run.meta["config"]["max_case_s"] == 0.25
+
+
+# ----------------------------------------------------------------------------- signals and resume
+
+
+def _signal_after(done: int, *signals: int) -> Callable[[ProgressEvent], None]:
+    """A progress callback that sends ``signals`` to this process after ``done`` cases."""
+
+    def progress(event: ProgressEvent) -> None:
+        if event.kind == "done" and event.completed == done:
+            for sig in signals:
+                os.kill(os.getpid(), sig)
+
+    return progress
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_after_the_current_case_and_resume_finishes(
+    tmp_path: Path, sig: int
+) -> None:
+    grid = _grid()
+    out = tmp_path / "run"
+    with pytest.raises(SweepInterrupted) as info:
+        run_sweep(grid, out, progress=_signal_after(2, sig))
+    assert info.value.exit_code == 130
+    assert f"attnbench sweep --resume {out}" in info.value.message
+    stopped = load_results(out)
+    assert stopped.status == "interrupted" and len(stopped.frame) == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+    events: list[ProgressEvent] = []
+    run = resume_sweep(out, progress=events.append)
+    assert list(run.frame["case_id"]) == _ids(grid)  # exactly the uninterrupted sweep's cases
+    assert (run.frame["status"] == "ok").all() and run.status == "complete"
+    assert [e.completed for e in events if e.kind == "done"] == [3, 4, 5, 6]
+    for row in run.frame.itertuples():
+        assert len(run.samples_for(row.case_id)) == row.samples
+    assert len(run.meta["resumes"]) == 1 and not run.meta["resumes"][0]["forced"]
+
+
+def test_a_second_signal_stops_at_once_and_the_torn_case_is_measured_again(
+    tmp_path: Path,
+) -> None:
+    grid = _grid()
+    out = tmp_path / "run"
+    seen: list[str] = []
+
+    def progress(event: ProgressEvent) -> None:
+        seen.append(event.kind)
+        if event.kind == "start" and event.completed == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # asks to stop after this case ...
+            os.kill(os.getpid(), signal.SIGINT)  # ... and now: the case is abandoned
+
+    with pytest.raises(SweepInterrupted):
+        run_sweep(grid, out, progress=progress)
+    assert "stopping" in seen
+    stopped = load_results(out)
+    assert len(stopped.frame) == 1 and stopped.status == "interrupted"
+    run = resume_sweep(out)
+    assert list(run.frame["case_id"]) == _ids(grid)
+
+
+def test_resume_refuses_changes_unless_forced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(SweepInterrupted):
+        run_sweep(_grid(), out, progress=_signal_after(1, signal.SIGINT))
+    with pytest.raises(AttnbenchError, match=r"configuration differs .*ns \[8, 16, 32\] -> \[8"):
+        resume_sweep(out, {"n": "8,16"})
+    real = environment
+
+    def other_torch(device: str = "cpu") -> dict[str, object]:
+        return {**real(device), "torch_version": "9.9.9"}
+
+    monkeypatch.setattr(runner_module, "environment", other_torch)
+    with pytest.raises(AttnbenchError, match=r"environment differs .*torch_version"):
+        resume_sweep(out)
+    run = resume_sweep(out, {"n": "8,16"}, force=True)
+    assert list(run.frame["case_id"]) == _ids(_grid(n="8,16"))  # the forced grid
+    resume = run.meta["resumes"][0]
+    assert resume["forced"] and resume["environment_changes"]["torch_version"][1] == "9.9.9"
+    assert run.meta["config"]["ns"] == [8, 16]
+
+
+def test_resuming_a_complete_run_measures_nothing(tiny_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_run.path, copy)
+    before = (copy / RESULTS_FILE).read_text()
+    run = resume_sweep(copy)
+    assert (copy / RESULTS_FILE).read_text() == before and run.status == "complete"
+
+
+@pytest.fixture
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _killed_run(out: Path, grid: Grid, pid: int, done: int, died_in: int | None) -> None:
+    """What a process killed with SIGKILL leaves: ``done`` rows, status running."""
+    writer = ResultsWriter.create(out, grid.to_dict(), environment("cpu"))
+    writer.set_total(len(grid.cases()))
+    for case in grid.cases()[:done]:
+        writer.append(CaseResult(case=case, status="failed", threads=1, error="x"))
+    if died_in is not None:
+        writer.begin(grid.cases()[died_in])
+    meta = json.loads((out / RUN_FILE).read_text())
+    meta["pid"] = pid
+    (out / RUN_FILE).write_text(json.dumps(meta))
+
+
+def test_the_case_a_killed_process_died_in_is_failed_and_blocks_larger_ones(
+    tmp_path: Path, dead_pid: int
+) -> None:
+    grid = _grid(layers="conv", n="8..64")
+    out = tmp_path / "run"
+    _killed_run(out, grid, dead_pid, done=1, died_in=1)
+    run = resume_sweep(out)
+    assert list(run.frame["status"]) == ["failed", "failed", "skipped", "skipped"]
+    assert run.frame["error"].iloc[1] == DIED_ERROR
+    assert run.frame["error"].iloc[2] == "after conv n=16 d=8 crashed"
+
+
+def test_a_run_still_being_written_is_not_resumed(tmp_path: Path) -> None:
+    grid = _grid(layers="conv")
+    out = tmp_path / "run"
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _killed_run(out, grid, alive.pid, done=1, died_in=None)
+        with pytest.raises(AttnbenchError, match=f"process {alive.pid} .* may still be writing"):
+            resume_sweep(out)
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_torn_writes_are_dropped_on_reading_and_repaired_on_resume(
+    tmp_path: Path, dead_pid: int
+) -> None:
+    grid = _grid(layers="conv", n="8,16,32")
+    out = tmp_path / "run"
+    writer = ResultsWriter.create(out, grid.to_dict(), environment("cpu"))
+    first = run_sweep(grid, tmp_path / "reference").frame  # real rows to copy from
+    del writer
+    lines = (tmp_path / "reference" / RESULTS_FILE).read_text().splitlines(keepends=True)
+    samples = (tmp_path / "reference" / SAMPLES_FILE).read_text().splitlines(keepends=True)
+    first_id = first["case_id"].iloc[0]
+    second_id = first["case_id"].iloc[1]
+    mine = [line for line in samples[1:] if line.startswith(first_id + ",")]
+    orphans = [line for line in samples[1:] if line.startswith(second_id + ",")]
+    # A row, then the samples of a case whose row never came, then half a sample line.
+    (out / RESULTS_FILE).write_text(lines[0] + lines[1] + lines[2][:25])
+    (out / SAMPLES_FILE).write_text(samples[0] + "".join(mine + orphans) + orphans[0][:10])
+    meta = json.loads((out / RUN_FILE).read_text())
+    meta["pid"] = dead_pid
+    (out / RUN_FILE).write_text(json.dumps(meta))
+
+    loaded = load_results(out)
+    assert list(loaded.frame["case_id"]) == [first_id]
+    assert len(loaded.samples) == len(mine)
+    assert len(loaded.warnings) == 3  # torn results line, torn samples line, orphan samples
+
+    run = resume_sweep(out)
+    assert list(run.frame["case_id"]) == _ids(grid) and run.warnings == ()
+    for row in run.frame.itertuples():
+        assert len(run.samples_for(row.case_id)) == row.samples
+    text = (out / RESULTS_FILE).read_text()
+    assert text.endswith("\n") and text.count("\n") == 4
+
+
+# ----------------------------------------------------------------------------- damaged files
+
+DAMAGE: dict[str, tuple[str, str, str]] = {
+    # name: (file, new content, expected message)
+    "run_json_truncated": (RUN_FILE, '{"schema_version": 1, "con', "unreadable or corrupt"),
+    "run_json_not_object": (RUN_FILE, "[1, 2]", "not an attnbench run record"),
+    "run_json_other_tool": (RUN_FILE, '{"tool": "asv"}', "not an attnbench run record"),
+    "run_json_schema": (RUN_FILE, '{"schema_version": 2}', "schema version 2"),
+    "results_columns": (RESULTS_FILE, "case_id,layer\nx,conv\n", "lacks column"),
+    "results_binary": (RESULTS_FILE, "\udcff\udcfe\x00garbage", "corrupt"),
+    "samples_columns": (SAMPLES_FILE, "case,when\n", "lacks column"),
+}
+
+
+@pytest.fixture
+def saved_run(tiny_run, tmp_path: Path) -> Iterator[Path]:  # type: ignore[no-untyped-def]
+    import shutil
+
+    copy = tmp_path / "saved"
+    shutil.copytree(tiny_run.path, copy)
+    yield copy
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_every_damaged_file_gives_a_clear_error(saved_run: Path, damage: str) -> None:
+    name, content, message = DAMAGE[damage]
+    (saved_run / name).write_bytes(content.encode("utf-8", "surrogateescape"))
+    with pytest.raises(AttnbenchError, match=message):
+        load_results(saved_run)
+
+
+@pytest.mark.parametrize(
+    ("file", "column", "value", "message"),
+    [
+        (RESULTS_FILE, "status", "exploded", "unknown status 'exploded'"),
+        (RESULTS_FILE, "n", "sixteen", "corrupt"),
+        (RESULTS_FILE, "n", "16.5", "non-integer"),
+        (RESULTS_FILE, "time_s", "fast", "corrupt"),
+        (SAMPLES_FILE, "time_s", "1e-3s", "corrupt"),
+    ],
+)
+def test_a_corrupted_value_gives_a_clear_error(
+    saved_run: Path, file: str, column: str, value: str, message: str
+) -> None:
+    import csv
+
+    path = saved_run / file
+    rows = list(csv.reader(path.read_text().splitlines()))
+    rows[1][rows[0].index(column)] = value
+    path.write_text("".join(",".join(row) + "\n" for row in rows))
+    with pytest.raises(AttnbenchError, match=message):
+        load_results(saved_run)
+
+
+def test_a_duplicated_case_is_corruption(saved_run: Path) -> None:
+    path = saved_run / RESULTS_FILE
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join([*lines, lines[1]]))
+    with pytest.raises(AttnbenchError, match="appears twice"):
+        load_results(saved_run)
