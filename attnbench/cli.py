@@ -23,12 +23,28 @@ from rich.progress import (
 from rich.table import Table
 
 from attnbench import __version__
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import LAYERS
 from attnbench.measure.timing import NOISY_REL_IQR, is_noisy
-from attnbench.results import RunResults, default_out_dir, environment, prepare_out_dir
-from attnbench.runner import ProgressEvent, run_sweep
-from attnbench.spec import DEVICE_CHOICES, DTYPES, MODES, build_grid, load_config, resolve_device
+from attnbench.results import (
+    STATUSES,
+    RunResults,
+    default_out_dir,
+    environment,
+    load_results,
+    prepare_out_dir,
+)
+from attnbench.runner import ProgressEvent, resume_sweep, run_sweep
+from attnbench.spec import (
+    DEVICE_CHOICES,
+    DTYPES,
+    MODES,
+    build_grid,
+    estimate_seconds,
+    load_config,
+    resolve_device,
+    size_warning,
+)
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 app = typer.Typer(
@@ -51,7 +67,10 @@ err = _stderr_console()
 
 
 def _fail(exc: AttnbenchError) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc.message}", soft_wrap=True)
+    if isinstance(exc, SweepInterrupted):
+        err.print(f"[bold yellow]interrupted:[/] {exc.message}", soft_wrap=True)
+    else:
+        err.print(f"[bold red]error:[/] {exc.message}", soft_wrap=True)
     return typer.Exit(exc.exit_code)
 
 
@@ -104,20 +123,28 @@ class SweepProgress:
             self.bar.__exit__(None, None, None)
 
     def __call__(self, event: ProgressEvent) -> None:
+        if event.kind == "stopping":
+            # Printed even with --quiet: the user pressed Ctrl-C and is waiting for an answer.
+            self.console.print(
+                f"[yellow]stopping after {event.case.label()} "
+                "(every finished case is kept; press Ctrl-C again to stop at once)[/]",
+                soft_wrap=True,
+            )
+            return
         if self.bar is not None:
             if self.task is None:
-                self.task = self.bar.add_task("sweep", total=event.total)
+                self.task = self.bar.add_task("sweep", total=event.total, completed=event.completed)
             if event.kind == "start":
                 self.bar.update(self.task, description=event.case.label())
             else:
-                self.bar.update(self.task, completed=event.index + 1)
+                self.bar.update(self.task, completed=event.completed)
         elif event.kind == "done" and not self.quiet:
             self.console.print(_case_line(event), soft_wrap=True)
 
 
 def _case_line(event: ProgressEvent) -> str:
     width = len(str(event.total))
-    head = f"[{event.index + 1:>{width}}/{event.total}] {event.case.label()}"
+    head = f"[{event.completed:>{width}}/{event.total}] {event.case.label()}"
     result = event.result
     if result is None or result.status != "ok" or result.timing is None:
         status = result.status.upper() if result else "FAILED"
@@ -133,7 +160,7 @@ def _case_line(event: ProgressEvent) -> str:
 # ----------------------------------------------------------------------------- summary
 
 
-def _summary_tables(run: RunResults, console: Console) -> None:
+def _summary_tables(run: RunResults, console: Console, *, verb: str = "written to") -> None:
     frame = run.frame
     for layer, group in frame.groupby("layer", sort=False):
         table = Table(title=f"{layer}", title_justify="left", title_style="bold")
@@ -149,9 +176,13 @@ def _summary_tables(run: RunResults, console: Console) -> None:
             ("check", "left"),
         ]:
             table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        problems: list[str] = []
         for row in group.sort_values(["d", "n"]).itertuples():
             if row.status != "ok":
-                table.add_row(str(row.n), str(row.d), f"[red]{row.status}[/]", *[""] * 6)
+                color = "yellow" if row.status == "skipped" else "red"
+                table.add_row(str(row.n), str(row.d), f"[{color}]{row.status}[/]", *[""] * 6)
+                if row.status != "skipped":  # a skipped case's reason is the case above it
+                    problems.append(f"  n={row.n} d={row.d} {row.status}: {row.error}")
                 continue
             check = "ok" if row.flops_check == "ok" else f"[yellow]{row.flops_check}[/]"
             spread = fmt_seconds(row.time_iqr_s)
@@ -169,9 +200,21 @@ def _summary_tables(run: RunResults, console: Console) -> None:
                 check,
             )
         console.print(table)
-    counts = frame["status"].value_counts().to_dict()
-    summary = ", ".join(f"{v} {k}" for k, v in counts.items())
-    console.print(f"{len(frame)} cases: {summary}")
+        for line in problems:
+            console.print(line, soft_wrap=True, markup=False)
+    counts = run.counts()
+    summary = ", ".join(
+        f"{count} {'measured' if status == 'ok' else status}" for status, count in counts.items()
+    )
+    total = run.meta.get("cases_total") or len(frame)
+    console.print(f"{len(frame)} of {total} cases: {summary}")
+    unmeasured = len(frame) - counts["ok"]
+    if unmeasured:
+        console.print(
+            f"[yellow]note:[/] {unmeasured} case(s) have no measurements "
+            f"({', '.join(f'{s}: {STATUSES[s]}' for s in STATUSES if s != 'ok' and counts[s])}); "
+            "tables of figures, fits and charts leave them out"
+        )
     noisy = frame[is_noisy(frame["time_s"], frame["time_iqr_s"])]
     if len(noisy):
         console.print(
@@ -186,7 +229,15 @@ def _summary_tables(run: RunResults, console: Console) -> None:
             f"{len(mismatched)} case(s) ({', '.join(sorted(set(mismatched['layer'])))}); "
             "see the flops and flops_analytic columns"
         )
-    console.print(f"results written to [bold]{run.path}[/] (results.csv, samples.csv, run.json)")
+    for warning in run.warnings:
+        console.print(f"[yellow]note:[/] {warning}")
+    console.print(f"results {verb} [bold]{run.path}[/] (results.csv, samples.csv, run.json)")
+    if run.status != "complete":
+        console.print(
+            f"[yellow]this run is unfinished ({run.status}):[/] finish it with "
+            f"attnbench sweep --resume {run.path}",
+            soft_wrap=True,
+        )
 
 
 # ----------------------------------------------------------------------------- commands
@@ -236,6 +287,13 @@ def sweep(
     seed: Annotated[
         int | None, typer.Option(help="Seed for weights and inputs. Default: 0.")
     ] = None,
+    max_case_seconds: Annotated[
+        float | None,
+        typer.Option(
+            help="A case whose single call takes longer is recorded as timeout and the larger "
+            "cases of its layer are skipped. Default: no limit."
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Results folder. Default: results/<timestamp>."),
@@ -244,13 +302,38 @@ def sweep(
         Path | None,
         typer.Option(help="TOML file with the same keys (layers, n, d, ...); options override it."),
     ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="Finish an interrupted run in this folder: measure only its missing cases, "
+            "with its recorded configuration.",
+            show_default=False,
+        ),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="With --resume: go on although options or the environment changed "
+            "(the changes are recorded in run.json)."
+        ),
+    ] = False,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes", "-y", help="Start a very large sweep (over 2000 cases or about an hour)."
+        ),
+    ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the results as JSON on stdout.")
     ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress or tables on stderr.")] = False,
 ) -> None:
-    """Measure time, peak memory and FLOPs of each layer over the n x d grid."""
-    out_dir: Path | None = None
+    """Measure time, peak memory and FLOPs of each layer over the n x d grid.
+
+    Every finished case is written at once. Cases that run out of memory or time are recorded
+    (oom, timeout) and the larger cases of their layer skipped. Ctrl-C or SIGTERM stops after
+    the current case and exits 130; --resume DIR finishes the run.
+    """
     try:
         values: dict[str, Any] = load_config(config) if config is not None else {}
         given = {
@@ -266,29 +349,93 @@ def sweep(
             "threads": threads,
             "time_budget": time_budget,
             "seed": seed,
+            "max_case_seconds": max_case_seconds,
             "out": str(out) if out is not None else None,
         }
         values.update({key: v for key, v in given.items() if v is not None})
-        grid = build_grid(values)
-        out_dir = prepare_out_dir(Path(values["out"]) if values.get("out") else default_out_dir())
-        total = len(grid.cases())
-        if not quiet:
-            err.print(
-                f"attnbench {__version__}: {total} cases on {grid.device} ({grid.dtype}, "
-                f"{grid.mode}, batch {grid.batch}) -> {out_dir}"
-            )
         with SweepProgress(err, quiet=quiet) as progress:
-            run = run_sweep(grid, out_dir, progress=progress)
+            if resume is not None:
+                run = _resume(resume, values, force=force, quiet=quiet, progress=progress)
+            else:
+                if force:
+                    raise AttnbenchError("--force applies only with --resume DIR")
+                run = _new_sweep(values, yes=yes, quiet=quiet, progress=progress)
     except AttnbenchError as exc:
         raise _fail(exc) from None
-    except KeyboardInterrupt:
-        err.print(f"[bold red]interrupted:[/] every finished case is in {out_dir}")
+    except KeyboardInterrupt:  # before the first case started: nothing was measured yet
+        err.print("[bold yellow]interrupted:[/] before any case was measured")
         raise typer.Exit(130) from None
     if not quiet:
         _summary_tables(run, err)
     if as_json:
         records = json.loads(run.frame.to_json(orient="records"))
         typer.echo(json.dumps({"path": str(run.path), "results": records}, indent=2))
+
+
+def _new_sweep(
+    values: dict[str, Any], *, yes: bool, quiet: bool, progress: SweepProgress
+) -> RunResults:
+    grid = build_grid(values)
+    warning = size_warning(grid)
+    if warning and not yes:
+        raise AttnbenchError(warning)
+    out_dir = prepare_out_dir(Path(values["out"]) if values.get("out") else default_out_dir())
+    if not quiet:
+        err.print(
+            f"attnbench {__version__}: {len(grid.cases())} cases on {grid.device} ({grid.dtype}, "
+            f"{grid.mode}, batch {grid.batch}), {_duration(estimate_seconds(grid))} or more "
+            f"-> {out_dir}",
+            soft_wrap=True,
+        )
+    return run_sweep(grid, out_dir, progress=progress)
+
+
+def _resume(
+    folder: Path, values: dict[str, Any], *, force: bool, quiet: bool, progress: SweepProgress
+) -> RunResults:
+    if "out" in values:
+        raise AttnbenchError("--resume continues a run in its own folder; leave out --out")
+    before = load_results(folder)
+    if not quiet:
+        total = before.meta.get("cases_total") or "?"
+        err.print(
+            f"attnbench {__version__}: resuming {folder} ({before.status}, "
+            f"{len(before.frame)} of {total} cases on disk)",
+            soft_wrap=True,
+        )
+        for warning in before.warnings:
+            err.print(f"[yellow]note:[/] {warning} (repaired)")
+    return resume_sweep(folder, values or None, force=force, progress=progress)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under a second"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+@app.command()
+def show(
+    folder: Annotated[Path, typer.Argument(help="A results folder written by attnbench sweep.")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the results as JSON on stdout.")
+    ] = False,
+) -> None:
+    """Print the tables of a saved run (finished or not), with its case counts."""
+    try:
+        run = load_results(folder)
+    except AttnbenchError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        records = json.loads(run.frame.to_json(orient="records"))
+        payload = {"path": str(run.path), "status": run.status, "results": records}
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    _summary_tables(run, err, verb="in")
 
 
 @app.command()

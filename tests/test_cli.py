@@ -59,6 +59,19 @@ def test_config_file_with_options_overriding_it(tmp_path: Path) -> None:
         (["--batch", "0"], "--batch must be >= 1"),
         (["--mode", "eval"], "unknown mode 'eval'"),
         (["--config", "/nonexistent/sweep.toml"], "does not exist"),
+        (["--config", "/"], "cannot read config file '/'"),
+        (["--k", "0"], "--k must be >= 1"),
+        (["--heads", "0"], "--heads must be >= 1"),
+        (["--layers", "conv", "--n", "4,8", "--k", "5"], "--k 5 is larger than n=4"),
+        (["--layers", ""], "--layers: cannot read ''"),
+        (["--n", "64..8,"], "--n: cannot read"),
+        (["--seed", "-1"], "--seed: expected an integer >= 0"),
+        (["--time-budget", "0"], "--time-budget must be a positive number"),
+        (["--max-case-seconds", "-2"], "--max-case-seconds must be a positive number"),
+        (["--n", "64..1048576", "--d", "64..4096"], "pass --yes to run it anyway"),
+        (["--force"], "--force applies only with --resume"),
+        (["--resume", "/nonexistent/run"], "'/nonexistent/run' is not a folder"),
+        (["--resume", "/"], "is not an attnbench results folder"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
@@ -121,4 +134,117 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     assert (
         f"counted FLOPs differ from the analytic formula by more than 1% in 1 case(s) "
         f"({frame.loc[1, 'layer']})" in text
+    )
+
+
+def test_config_with_wrong_types_or_unknown_keys_is_one_line(tmp_path: Path) -> None:
+    for text, message in [
+        ("layers = 5\n", "--layers: expected layer names, got 5"),
+        ("n = 64.5\n", "--n: expected a list like 64,128"),
+        ('k = "3"\n', "--k: expected an integer, got '3'"),
+        ("seed = 1.5\n", "--seed: expected an integer >= 0"),
+        ("windows = 3\n", "unknown key(s) windows; accepted: layers"),
+        ("n = [64\n", "is not valid TOML"),
+    ]:
+        config = tmp_path / "sweep.toml"
+        config.write_text(text)
+        result = runner.invoke(app, ["sweep", "--config", str(config)])
+        assert result.exit_code == 2, text
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and message in lines[0], (text, result.stderr)
+
+
+def test_yes_lets_a_large_sweep_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnbench.cli as cli
+
+    started: list[int] = []
+
+    def fake_run(grid, out_dir, progress):  # type: ignore[no-untyped-def]
+        started.append(len(grid.cases()))
+        raise AttnbenchError("stop here")
+
+    from attnbench.errors import AttnbenchError
+
+    monkeypatch.setattr(cli, "run_sweep", fake_run)
+    big = ["--n", "64..1048576", "--d", "64..4096", "--device", "cpu", "--out", str(tmp_path / "r")]
+    refused = runner.invoke(app, ["sweep", *big])
+    assert refused.exit_code == 2 and "would take at least about" in refused.stderr
+    assert started == []
+    accepted = runner.invoke(app, ["sweep", *big, "--yes"])
+    assert "stop here" in accepted.stderr and started == [15 * 7 * 6]
+
+
+def test_resume_through_the_cli(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    first = runner.invoke(
+        app, ["sweep", *TINY, "--layers", "conv", "--n", "8,16", "--out", str(out)]
+    )
+    assert first.exit_code == 0
+    # Drop the last case, as if the sweep had been stopped before it.
+    csv = out / "results.csv"
+    csv.write_text("".join(csv.read_text().splitlines(keepends=True)[:-1]))
+    changed = runner.invoke(app, ["sweep", "--resume", str(out), "--n", "8,16,32"])
+    assert changed.exit_code == 2 and "pass --force" in changed.stderr
+    with_out = runner.invoke(app, ["sweep", "--resume", str(out), "--out", str(tmp_path / "x")])
+    assert with_out.exit_code == 2 and "leave out --out" in with_out.stderr
+    resumed = runner.invoke(app, ["sweep", "--resume", str(out), "--json"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming" in resumed.stderr and "1 of 2 cases on disk" in resumed.stderr
+    assert [r["n"] for r in json.loads(resumed.stdout)["results"]] == [8, 16]
+    assert "2 of 2 cases: 2 measured, 0 oom, 0 timeout, 0 skipped, 0 failed" in resumed.stderr
+
+
+def test_oom_cases_are_counted_and_the_exit_code_stays_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from attnbench.layers import LAYERS, LayerInfo
+    from attnbench.theory import THEORY, LayerTheory
+
+    class Hungry(torch.nn.Module):
+        def __init__(self, d: int) -> None:
+            super().__init__()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[1] > 8:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return x
+
+    monkeypatch.setitem(LAYERS, "hungry", LayerInfo("hungry", Hungry, (), "test"))
+    monkeypatch.setitem(THEORY, "hungry", LayerTheory("O(1)", lambda b, n, d, k: 0, "0"))
+    out = tmp_path / "run"
+    args = ["--layers", "hungry", "--n", "8..32", "--d", "8", "--device", "cpu"]
+    result = runner.invoke(app, ["sweep", *args, "--time-budget", "0.002", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "[2/3] hungry n=16 d=8  OOM: OutOfMemoryError: CUDA out of memory" in result.stderr
+    assert "[3/3] hungry n=32 d=8  SKIPPED: after hungry n=16 d=8 ran out of memory" in (
+        result.stderr
+    )
+    assert "3 of 3 cases: 1 measured, 1 oom, 0 timeout, 1 skipped, 0 failed" in result.stderr
+    assert "2 case(s) have no measurements" in result.stderr
+
+
+def test_show_prints_a_saved_run_and_refuses_what_is_not_one(tiny_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    shown = runner.invoke(app, ["show", str(tiny_run.path)])
+    assert shown.exit_code == 0
+    assert f"results in {tiny_run.path}" in shown.stderr.replace("\n", "")
+    assert f"{len(tiny_run.frame)} of {len(tiny_run.frame)} cases" in shown.stderr
+    as_json = runner.invoke(app, ["show", str(tiny_run.path), "--json"])
+    assert json.loads(as_json.stdout)["status"] == "complete"
+    for folder, message in [
+        (tmp_path / "missing", "is not a folder"),
+        (tmp_path, "is not an attnbench results folder"),
+    ]:
+        result = runner.invoke(app, ["show", str(folder)])
+        assert result.exit_code == 2 and message in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    broken = tmp_path / "broken"
+    import shutil
+
+    shutil.copytree(tiny_run.path, broken)
+    (broken / "run.json").write_text('{"schema_version": 0}')
+    result = runner.invoke(app, ["show", str(broken)])
+    assert result.exit_code == 2 and "schema version 0; this attnbench reads version 1" in (
+        result.stderr
     )
