@@ -254,7 +254,7 @@ def sweep(
         typer.Option(
             "--n",
             help="Sequence lengths: a list 64,128 or a doubling range 64..4096. "
-            "[default: 64..1024]",
+            "Default: 64..1024.",
         ),
     ] = None,
     d: Annotated[
