@@ -138,11 +138,15 @@ def _now() -> str:
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Write JSON through a temporary file and a rename, so readers never see half a file."""
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` through a synced temporary file and a rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, default=str)
-            fh.write("\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -249,18 +253,8 @@ class ResultsWriter:
 def _rewrite_csv(path: Path, header: Sequence[str], rows: Sequence[str]) -> None:
     """Replace ``path`` by ``header`` + ``rows`` (complete CSV lines) through a rename."""
     text = _csv_line(header) + "".join(rows)
-    if path.is_file() and path.read_text(encoding="utf-8") == text:
-        return
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        write_text_atomic(path, text)
 
 
 def prepare_out_dir(out_dir: Path) -> Path:
