@@ -253,8 +253,7 @@ def sweep(
         str | None,
         typer.Option(
             "--n",
-            help="Sequence lengths: a list 64,128 or a doubling range 64..4096. "
-            "Default: 64..1024.",
+            help="Sequence lengths: a list 64,128 or a doubling range 64..4096. Default: 64..1024.",
         ),
     ] = None,
     d: Annotated[

@@ -77,8 +77,7 @@ def make_input(case: Case, seed: int) -> torch.Tensor:
 
 def make_step(case: Case, seed: int) -> Callable[[], torch.Tensor]:
     """One measured call: forward, or forward + backward (input and weight gradients)."""
-    options = {name: v for name, v in (("k", case.k), ("heads", case.heads)) if v is not None}
-    layer = build_layer(case.layer, case.d, seed=seed, **options)
+    layer = build_layer(case.layer, case.d, seed=seed, **case.layer_options())
     layer = layer.to(device=case.device, dtype=DTYPES[case.dtype])
     x = make_input(case, seed)  # (B, n, d)
     if case.mode == "forward":
@@ -167,7 +166,13 @@ def measure_case(
         status = "oom" if is_out_of_memory(exc) else "failed"
         return _failed(case, status, exc, threads, clock() - start)
     analytic = analytic_flops(
-        case.layer, batch=case.batch, n=case.n, d=case.d, k=case.k or 0, mode=case.mode
+        case.layer,
+        batch=case.batch,
+        n=case.n,
+        d=case.d,
+        k=case.k or 0,
+        window=case.window or 0,
+        mode=case.mode,
     )
     return CaseResult(
         case=case,

@@ -38,8 +38,8 @@ DEVICE_CHOICES = "cpu, cuda, cuda:N, mps, auto"
 class Case:
     """One measurement: a layer at one (n, d) with everything that changes its cost.
 
-    ``k`` and ``heads`` are None for layers that do not take them, so a case names only what
-    matters to it.
+    ``k``, ``heads`` and ``window`` are None for layers that do not take them, so a case names
+    only what matters to it.
     """
 
     layer: str
@@ -51,6 +51,13 @@ class Case:
     dtype: str
     device: str
     mode: str
+    window: int | None = None
+
+    def layer_options(self) -> dict[str, int]:
+        """The options ``build_layer`` takes for this case (the length too, for layers built
+        for one)."""
+        given = {"k": self.k, "heads": self.heads, "window": self.window}
+        return {"n": self.n, **{key: v for key, v in given.items() if v is not None}}
 
     @property
     def case_id(self) -> str:
@@ -59,6 +66,8 @@ class Case:
             parts.append(f"k={self.k}")
         if self.heads is not None:
             parts.append(f"h={self.heads}")
+        if self.window is not None:
+            parts.append(f"r={self.window}")
         parts += [f"b={self.batch}", self.dtype, self.device, self.mode]
         return "/".join(parts)
 
@@ -66,6 +75,7 @@ class Case:
         """Short human label for progress lines."""
         extra = f" k={self.k}" if self.k is not None else ""
         extra += f" h={self.heads}" if self.heads is not None else ""
+        extra += f" r={self.window}" if self.window is not None else ""
         return f"{self.layer} n={self.n} d={self.d}{extra}"
 
 
@@ -83,6 +93,7 @@ class Grid:
     ds: tuple[int, ...] = DEFAULT_DS
     k: int = 3
     heads: int = 4
+    window: int = 16  # restricted attention: neighbours on each side
     batch: int = 1
     dtype: str = "float32"
     device: str = "auto"
@@ -110,6 +121,7 @@ class Grid:
                             dtype=self.dtype,
                             device=self.device,
                             mode=self.mode,
+                            window=self.window if "window" in opts else None,
                         )
                     )
         return out
@@ -128,6 +140,7 @@ class Grid:
             "d": list(self.ds),
             "k": self.k,
             "heads": self.heads,
+            "window": self.window,
             "batch": self.batch,
             "dtype": self.dtype,
             "device": self.device,
@@ -291,6 +304,7 @@ CONFIG_KEYS = (
     "d",
     "k",
     "heads",
+    "window",
     "batch",
     "dtype",
     "device",
@@ -358,6 +372,7 @@ def build_grid(options: Mapping[str, Any]) -> Grid:
         ds=parse_int_list(opts["d"], "d") if "d" in opts else base.ds,
         k=_positive_int(opts.get("k", base.k), "k"),
         heads=_positive_int(opts.get("heads", base.heads), "heads"),
+        window=_positive_int(opts.get("window", base.window), "window"),
         batch=_positive_int(opts.get("batch", base.batch), "batch"),
         threads=_positive_int(opts["threads"], "threads") if "threads" in opts else None,
         seed=_seed(opts.get("seed", base.seed)),
@@ -385,6 +400,15 @@ def build_grid(options: Mapping[str, Any]) -> Grid:
             f"--k {grid.k} is larger than n={min(grid.ns)}; a kernel must fit in the sequence "
             f"(use k <= the smallest n)"
         )
+    if "conv-dilated" in grid.layers and (grid.k < 3 or grid.k % 2 == 0):
+        raise AttnbenchError(
+            f"--k {grid.k}: conv-dilated needs an odd k >= 3 (a centred stack covers n)"
+        )
+    if any("window" in LAYERS[name].options for name in grid.layers) and grid.window > min(grid.ns):
+        raise AttnbenchError(
+            f"--window {grid.window} is larger than n={min(grid.ns)}; restricted attention needs "
+            "r <= the smallest n (r >= n is full attention)"
+        )
     device = resolve_device(str(opts.get("device", base.device)))
     check_dtype(dtype, device)
     return replace(grid, mode=mode, time_budget_s=budget, dtype=dtype, device=device)
@@ -408,7 +432,13 @@ def estimate_seconds(grid: Grid) -> float:
     total = 0.0
     for case in grid.cases():
         flops = analytic_flops(
-            case.layer, batch=case.batch, n=case.n, d=case.d, k=case.k or 0, mode=case.mode
+            case.layer,
+            batch=case.batch,
+            n=case.n,
+            d=case.d,
+            k=case.k or 0,
+            window=case.window or 0,
+            mode=case.mode,
         )
         call = flops / rate
         if grid.max_case_s is not None and call > grid.max_case_s:

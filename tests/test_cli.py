@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from attnbench import __version__
 from attnbench.cli import app
+from attnbench.layers import LAYERS
 
 runner = CliRunner()
 TINY = ["--n", "16", "--d", "8", "--heads", "2", "--device", "cpu", "--time-budget", "0.005"]
@@ -171,7 +172,7 @@ def test_yes_lets_a_large_sweep_start(tmp_path: Path, monkeypatch: pytest.Monkey
     assert refused.exit_code == 2 and "would take at least about" in refused.stderr
     assert started == []
     accepted = runner.invoke(app, ["sweep", *big, "--yes"])
-    assert "stop here" in accepted.stderr and started == [15 * 7 * 6]
+    assert "stop here" in accepted.stderr and started == [15 * 7 * len(LAYERS)]
 
 
 def test_resume_through_the_cli(tmp_path: Path) -> None:
@@ -212,7 +213,7 @@ def test_oom_cases_are_counted_and_the_exit_code_stays_0(
             return x
 
     monkeypatch.setitem(LAYERS, "hungry", LayerInfo("hungry", Hungry, (), "test"))
-    monkeypatch.setitem(THEORY, "hungry", LayerTheory("O(1)", lambda b, n, d, k: 0, "0"))
+    monkeypatch.setitem(THEORY, "hungry", LayerTheory("O(1)", lambda b, n, d, k, r: 0, "0"))
     out = tmp_path / "run"
     args = ["--layers", "hungry", "--n", "8..32", "--d", "8", "--device", "cpu"]
     result = runner.invoke(app, ["sweep", *args, "--time-budget", "0.002", "--out", str(out)])

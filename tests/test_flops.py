@@ -7,18 +7,25 @@ from torch.utils.flop_counter import FlopCounterMode
 from attnbench import layer_names
 from attnbench.measure.flops import count_flops, flops_agree
 from attnbench.runner import make_step
-from attnbench.spec import Case
+from attnbench.spec import Case, build_grid
 from attnbench.theory import TRAIN_FLOP_FACTOR, analytic_flops
 
 
 def _case(layer: str, mode: str = "forward", n: int = 24, d: int = 16, k: int = 3) -> Case:
-    opts = {"k": k if layer == "conv" else None, "heads": 4 if "attention" in layer else None}
-    return Case(layer=layer, n=n, d=d, batch=2, dtype="float32", device="cpu", mode=mode, **opts)
+    options = {"layers": layer, "n": [n], "d": [d], "k": k, "heads": 4, "window": 5}
+    grid = build_grid({**options, "batch": 2, "device": "cpu", "mode": mode})
+    return grid.cases()[0]
 
 
 def _analytic(case: Case) -> float:
     return analytic_flops(
-        case.layer, batch=case.batch, n=case.n, d=case.d, k=case.k or 0, mode=case.mode
+        case.layer,
+        batch=case.batch,
+        n=case.n,
+        d=case.d,
+        k=case.k or 0,
+        window=case.window or 0,
+        mode=case.mode,
     )
 
 

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnbench.errors import AttnbenchError
+from attnbench.layers import LAYERS
 from attnbench.spec import (
     CONFIG_KEYS,
     Grid,
@@ -87,7 +88,7 @@ def test_parser_never_fails_with_anything_but_a_domain_error(text: str) -> None:
 
 def test_parse_layers() -> None:
     assert parse_layers("conv, rnn,conv") == ("conv", "rnn")
-    with pytest.raises(AttnbenchError, match="unknown layer 'cnn'; accepted: conv, rnn"):
+    with pytest.raises(AttnbenchError, match="unknown layer 'cnn'; accepted: conv, conv-dilated, rnn"):
         parse_layers("conv,cnn")
     with pytest.raises(AttnbenchError, match="cannot read"):
         parse_layers("conv,")
@@ -112,7 +113,7 @@ def test_cases_order_and_ids() -> None:
 def test_default_grid_covers_every_layer() -> None:
     grid = build_grid({"device": "cpu"})
     assert grid == Grid(device="cpu")
-    assert len(grid.cases()) == 6 * 5 * 2
+    assert len(grid.cases()) == len(LAYERS) * 5 * 2
 
 
 @pytest.mark.parametrize(
@@ -217,6 +218,6 @@ def test_estimate_grows_with_the_grid_and_is_bounded_by_the_case_limit() -> None
     assert size_warning(small) is None
     limited = build_grid({"device": "cpu", "n": "64..16384", "max_case_seconds": 1})
     assert estimate_seconds(limited) < estimate_seconds(large)
-    huge = build_grid({"device": "cpu", "n": "4..16", "d": ",".join(map(str, range(4, 2100, 4)))})
+    huge = build_grid({"device": "cpu", "n": "16..64", "d": ",".join(map(str, range(4, 2100, 4)))})
     assert len(huge.cases()) > 2000
     assert "pass --yes" in (size_warning(huge) or "")

@@ -48,3 +48,6 @@ class SelfAttentionLayer(nn.Module):
             y = weights @ v  # (B, h, n, hs)
         y = y.transpose(1, 2).reshape(B, n, d)  # (B, n, d)
         return self.W_o(y)  # (B, n, d)
+
+    def mixing_stages(self) -> list[nn.Module]:
+        return [self]

@@ -1,0 +1,57 @@
+"""Restricted (local) self-attention: each token attends to r neighbours on each side, O(r n d).
+
+The cost is really O(r n d): queries are cut into blocks of r, and each block attends to the
+3r keys around it (its own block and one on either side), so no n x n matrix is ever formed.
+Positions further than r apart are masked inside those 3r-wide windows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from attnbench.layers.attention import SelfAttentionLayer
+
+
+class LocalAttentionLayer(SelfAttentionLayer):
+    """The same projections and encoding as ``SelfAttentionLayer``; attention within |i - j| <= r.
+
+    With r >= n - 1 it computes exactly the full layer's function (same seeded weights).
+    """
+
+    def __init__(self, d: int, heads: int = 4, window: int = 16) -> None:
+        super().__init__(d, heads)
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+
+    def _band(self, n: int, blocks: int, device: torch.device) -> torch.Tensor:
+        """(blocks, r, 3r) bool: query blk*r + a may see key blk*r - r + c."""
+        r = self.window
+        a = torch.arange(r, device=device).view(1, r, 1)
+        c = torch.arange(3 * r, device=device).view(1, 1, 3 * r)
+        blk = torch.arange(blocks, device=device).view(blocks, 1, 1)
+        key = blk * r - r + c  # (blocks, 1, 3r)
+        return ((c - a - r).abs() <= r) & (key >= 0) & (key < n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
+        B, n, d = x.shape
+        r, hs = self.window, d // self.heads
+        blocks = math.ceil(n / r)
+        pad = blocks * r - n
+        x = self.pos(x)  # (B, n, d)
+        q = self._split(self.W_q(x))  # (B, h, n, hs)
+        k = self._split(self.W_k(x))  # (B, h, n, hs)
+        v = self._split(self.W_v(x))  # (B, h, n, hs)
+        q = F.pad(q, (0, 0, 0, pad)).unflatten(2, (blocks, r))  # (B, h, blocks, r, hs)
+        k = F.pad(k, (0, 0, r, pad + r)).unfold(2, 3 * r, r)  # (B, h, blocks, hs, 3r)
+        v = F.pad(v, (0, 0, r, pad + r)).unfold(2, 3 * r, r)  # (B, h, blocks, hs, 3r)
+        scores = q @ k / math.sqrt(hs)  # (B, h, blocks, r, 3r)
+        scores = scores.masked_fill(~self._band(n, blocks, x.device), float("-inf"))
+        weights = torch.softmax(scores, dim=-1)  # (B, h, blocks, r, 3r)
+        y = weights @ v.transpose(-2, -1)  # (B, h, blocks, r, hs)
+        y = y.flatten(2, 3)[:, :, :n]  # (B, h, n, hs)
+        y = y.transpose(1, 2).reshape(B, n, d)  # (B, n, d)
+        return self.W_o(y)  # (B, n, d)
