@@ -45,6 +45,9 @@ from attnbench.spec import (
     resolve_device,
     size_warning,
 )
+from attnbench.table import COLUMNS as TABLE_COLUMNS
+from attnbench.table import HEADERS as TABLE_HEADERS
+from attnbench.table import comparison_table, fit_notes, load_for_table, to_markdown
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 app = typer.Typer(
@@ -435,6 +438,46 @@ def show(
         typer.echo(json.dumps(payload, indent=2))
         return
     _summary_tables(run, err, verb="in")
+
+
+@app.command()
+def table(
+    folder: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A results folder. Default: the newest under results/.", show_default=False
+        ),
+    ] = None,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print a Markdown table on stdout (for a README).")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the table and exponents as JSON on stdout.")
+    ] = False,
+) -> None:
+    """The chapter's comparison table: each layer's theoretical orders beside the growth
+    measured in a run (log-log exponents in n, and in d for compute)."""
+    try:
+        run = load_for_table(folder)
+        rows = comparison_table(run)
+    except AttnbenchError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        typer.echo(rows.to_json(orient="records", indent=2))
+        return
+    if markdown:
+        typer.echo(to_markdown(rows), nl=False)
+        return
+    out = Console(highlight=False)
+    out = out if out.is_terminal else Console(highlight=False, width=120)
+    grid = Table(title=f"comparison table, measured in {run.path}", title_justify="left")
+    for header in TABLE_HEADERS:
+        grid.add_column(header, no_wrap=True)
+    for row in rows[TABLE_COLUMNS].itertuples(index=False):
+        grid.add_row(*[str(v) for v in row])
+    out.print(grid)
+    for note in fit_notes(rows, run):
+        out.print(f"  {note}", soft_wrap=True)
 
 
 @app.command()

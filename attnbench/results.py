@@ -40,7 +40,19 @@ RESULTS_FILE = "results.csv"
 SAMPLES_FILE = "samples.csv"
 RUN_FILE = "run.json"
 
-CASE_COLUMNS = ["case_id", "layer", "n", "d", "k", "heads", "batch", "dtype", "device", "mode"]
+CASE_COLUMNS = [
+    "case_id",
+    "layer",
+    "n",
+    "d",
+    "k",
+    "heads",
+    "window",
+    "batch",
+    "dtype",
+    "device",
+    "mode",
+]
 METRIC_COLUMNS = [
     "threads",
     "status",  # ok | oom | timeout | skipped | failed (see STATUSES)
@@ -57,9 +69,15 @@ METRIC_COLUMNS = [
     "wall_s",  # wall seconds for the whole case, measurement overheads included
     "error",  # first line of the error, when status is not ok
 ]
-# Filled by later measurements (sequential steps, path length); loaders accept their absence.
-OPTIONAL_COLUMNS = ["seq_steps", "seq_steps_method", "path_len", "path_len_method"]
-RESULT_COLUMNS = CASE_COLUMNS + METRIC_COLUMNS
+STRUCTURE_COLUMNS = [
+    "seq_steps",  # longest chain of dependent ops in one forward call (traced)
+    "seq_steps_method",  # how: "traced" (fused RNN kernels disabled)
+    "path_len",  # maximum path length in position-mixing steps
+    "path_len_method",  # "measured" (Jacobian pattern at n), or "extended: <law>", or "none: ..."
+]
+RESULT_COLUMNS = CASE_COLUMNS + METRIC_COLUMNS + STRUCTURE_COLUMNS
+# Added after the first release: folders written before them still load, with these empty.
+OPTIONAL_COLUMNS = ["window", *STRUCTURE_COLUMNS]
 SAMPLE_COLUMNS = ["case_id", "sample", "time_s"]
 
 STATUSES = {
@@ -84,6 +102,10 @@ class CaseResult:
     peak_bytes: int | None = None
     flops: int | None = None
     flops_analytic: float | None = None
+    seq_steps: int | None = None
+    seq_steps_method: str = ""
+    path_len: int | None = None
+    path_len_method: str = ""
     wall_s: float | None = None
     error: str = ""
 
@@ -108,6 +130,7 @@ class CaseResult:
             "d": c.d,
             "k": c.k,
             "heads": c.heads,
+            "window": c.window,
             "batch": c.batch,
             "dtype": c.dtype,
             "device": c.device,
@@ -126,6 +149,10 @@ class CaseResult:
             "flops_per_s": self.flops_per_s,
             "wall_s": self.wall_s,
             "error": self.error,
+            "seq_steps": self.seq_steps,
+            "seq_steps_method": self.seq_steps_method,
+            "path_len": self.path_len,
+            "path_len_method": self.path_len_method,
         }
 
 
@@ -207,7 +234,13 @@ class ResultsWriter:
         died between the two appends) are dropped, each file replaced atomically.
         """
         run = load_results(out_dir)  # refuses what is not a results folder
-        _rewrite_csv(out_dir / RESULTS_FILE, RESULT_COLUMNS, run.frame_text_rows)
+        # Rows are rewritten from the typed table, so a folder from before a column was added
+        # gains it (empty) and keeps one header for old and new rows.
+        rows = [
+            _csv_line([None if pd.isna(v) else v for v in row])
+            for row in run.frame[RESULT_COLUMNS].itertuples(index=False)
+        ]
+        _rewrite_csv(out_dir / RESULTS_FILE, RESULT_COLUMNS, rows)
         _rewrite_csv(out_dir / SAMPLES_FILE, SAMPLE_COLUMNS, run.samples_text_rows)
         meta = dict(run.meta)
         meta["resumes"] = [*meta.get("resumes", []), dict(resume)]
@@ -301,7 +334,6 @@ class RunResults:
     samples: pd.DataFrame  # raw samples, SAMPLE_COLUMNS
     meta: dict[str, Any]  # run.json
     warnings: tuple[str, ...] = ()  # what was repaired on reading (a torn line, orphan samples)
-    frame_text_rows: tuple[str, ...] = ()  # the complete CSV lines behind ``frame``
     samples_text_rows: tuple[str, ...] = ()  # the complete CSV lines behind ``samples``
 
     def samples_for(self, case_id: str) -> list[float]:
@@ -326,18 +358,41 @@ class RunResults:
         return {status: int(found.get(status, 0)) for status in STATUSES}
 
 
-_INT_COLUMNS = ["n", "d", "k", "heads", "batch", "threads", "samples", "calls_per_sample"]
+_INT_COLUMNS = [
+    "n",
+    "d",
+    "k",
+    "heads",
+    "window",
+    "batch",
+    "threads",
+    "samples",
+    "calls_per_sample",
+    "peak_bytes",
+    "flops",
+    "seq_steps",
+    "path_len",
+]
 _FLOAT_COLUMNS = [
     "time_s",
     "time_iqr_s",
     "time_total_s",
-    "peak_bytes",
-    "flops",
     "flops_analytic",
     "flops_per_s",
     "wall_s",
 ]
-_TEXT_COLUMNS = ["case_id", "layer", "dtype", "device", "mode", "status", "error", "flops_check"]
+_TEXT_COLUMNS = [
+    "case_id",
+    "layer",
+    "dtype",
+    "device",
+    "mode",
+    "status",
+    "error",
+    "flops_check",
+    "seq_steps_method",
+    "path_len_method",
+]
 
 
 def _complete_lines(path: Path) -> tuple[str, list[str], bool]:
@@ -401,7 +456,8 @@ def load_results(path: Path | str) -> RunResults:
         )
     warnings: list[str] = []
     try:
-        frame, rows, torn = _read_csv(path / RESULTS_FILE, RESULT_COLUMNS, "results file")
+        required = [c for c in RESULT_COLUMNS if c not in OPTIONAL_COLUMNS]
+        frame, _, torn = _read_csv(path / RESULTS_FILE, required, "results file")
         if torn:
             warnings.append(f"dropped a torn last line of {RESULTS_FILE} (an interrupted write)")
         samples_path = path / SAMPLES_FILE
@@ -437,7 +493,6 @@ def load_results(path: Path | str) -> RunResults:
         samples=samples,
         meta=meta,
         warnings=tuple(warnings),
-        frame_text_rows=tuple(rows),
         samples_text_rows=tuple(sample_rows),
     )
 
@@ -445,6 +500,10 @@ def load_results(path: Path | str) -> RunResults:
 def _typed_results(frame: pd.DataFrame) -> pd.DataFrame:
     """Typed columns from the all-text read: nullable integers, floats and plain strings."""
     frame = frame.copy()
+    for col in OPTIONAL_COLUMNS:
+        if col not in frame.columns:
+            frame[col] = ""
+    frame = frame[RESULT_COLUMNS]
     for col in _INT_COLUMNS:
         values = pd.to_numeric(frame[col].where(frame[col] != ""))
         if not values.dropna().eq(values.dropna().round()).all():

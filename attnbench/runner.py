@@ -22,10 +22,12 @@ from typing import Any, Literal
 
 import pandas as pd
 import torch
+from torch import nn
 
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import build_layer
 from attnbench.measure import TimingPolicy, count_flops, peak_bytes, time_call
+from attnbench.measure.structure import SEQ_METHOD, path_length, sequential_steps
 from attnbench.measure.timing import DEFAULT_POLICY, Clock
 from attnbench.results import (
     DIED_ERROR,
@@ -75,7 +77,24 @@ def make_input(case: Case, seed: int) -> torch.Tensor:
     return x.to(device=case.device, dtype=DTYPES[case.dtype])
 
 
-def make_step(case: Case, seed: int) -> Callable[[], torch.Tensor]:
+@dataclass(frozen=True)
+class Step:
+    """One measured call of a case's layer on its input (calling it runs the call)."""
+
+    layer: nn.Module
+    x: torch.Tensor  # (B, n, d)
+    call: Callable[[], torch.Tensor]
+
+    def __call__(self) -> torch.Tensor:
+        return self.call()
+
+    def forward(self) -> torch.Tensor:
+        """A plain forward call (what ``seq_steps`` describes, in either mode)."""
+        with torch.no_grad():
+            return self.layer(self.x)
+
+
+def make_step(case: Case, seed: int) -> Step:
     """One measured call: forward, or forward + backward (input and weight gradients)."""
     layer = build_layer(case.layer, case.d, seed=seed, **case.layer_options())
     layer = layer.to(device=case.device, dtype=DTYPES[case.dtype])
@@ -86,19 +105,30 @@ def make_step(case: Case, seed: int) -> Callable[[], torch.Tensor]:
             with torch.no_grad():
                 return layer(x)
 
-        return forward
+        return Step(layer, x, forward)
 
-    x.requires_grad_(True)
+    x_train = x.clone().requires_grad_(True)
     grad_out = torch.randn_like(x)  # (B, n, d)
 
     def train() -> torch.Tensor:
         layer.zero_grad(set_to_none=True)
-        x.grad = None
-        out = layer(x)
+        x_train.grad = None
+        out = layer(x_train)
         out.backward(grad_out)
         return out
 
-    return train
+    return Step(layer, x, train)
+
+
+def layer_builder(case: Case, seed: int) -> Callable[[int], nn.Module]:
+    """Builds the case's layer for any length n (for path-length probes); carries a cache key."""
+    options = case.layer_options()
+
+    def build(n: int) -> nn.Module:
+        return build_layer(case.layer, case.d, seed=seed, **{**options, "n": n})
+
+    build.cache_key = (case.layer, case.k, case.heads, case.window, seed)  # type: ignore[attr-defined]
+    return build
 
 
 # How allocation failures read when they are not torch.OutOfMemoryError: the CPU allocator's
@@ -159,6 +189,10 @@ def measure_case(
                 error=f"one call took {fmt_seconds(first)}, over --max-case-seconds "
                 f"{fmt_seconds(max_case_s)}",
             )
+        seq_steps = sequential_steps(step.forward)
+        path = path_length(
+            layer_builder(case, seed), case.n, case.d, scale=max(case.k or 0, case.window or 0)
+        )
         flops = count_flops(step)
         peak = peak_bytes(step, case.device)
         timing = time_call(step, policy, clock=clock, sync=sync)
@@ -181,7 +215,11 @@ def measure_case(
         timing=timing,
         peak_bytes=peak,
         flops=flops,
-        flops_analytic=analytic,
+        flops_analytic=float(analytic),
+        seq_steps=seq_steps,
+        seq_steps_method=SEQ_METHOD,
+        path_len=path.value,
+        path_len_method=path.method,
         wall_s=clock() - start,
     )
 

@@ -400,9 +400,9 @@ def build_grid(options: Mapping[str, Any]) -> Grid:
             f"--k {grid.k} is larger than n={min(grid.ns)}; a kernel must fit in the sequence "
             f"(use k <= the smallest n)"
         )
-    if "conv-dilated" in grid.layers and (grid.k < 3 or grid.k % 2 == 0):
+    if "conv-dilated" in grid.layers and grid.k < 2:
         raise AttnbenchError(
-            f"--k {grid.k}: conv-dilated needs an odd k >= 3 (a centred stack covers n)"
+            f"--k {grid.k}: conv-dilated needs k >= 2 (dilations k^i must grow to cover n)"
         )
     if any("window" in LAYERS[name].options for name in grid.layers) and grid.window > min(grid.ns):
         raise AttnbenchError(

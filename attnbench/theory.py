@@ -62,7 +62,7 @@ THEORY: dict[str, LayerTheory] = {
     "conv-dilated": LayerTheory(
         "O(k n d^2 log_k n)",
         _dilated,
-        "L·2·b·n·k·d², L = ⌈log_k(2n−1)⌉ layers",
+        "L·2·b·n·k·d², L = ⌈log_k n⌉ layers",
         sequential="O(log_k n)",
         path="O(log_k n)",
         row="convolutional (dilated)",

@@ -35,7 +35,7 @@ LAYERS: dict[str, LayerInfo] = {
             "conv-dilated",
             DilatedConvLayer,
             ("k", "n"),
-            "stack of Conv1d with dilation 1, k, k^2, ... deep enough to cover n (odd k)",
+            "causal Conv1d stack, dilation 1, k, k^2, ..., deep enough to cover n",
         ),
         LayerInfo("rnn", partial(RecurrentLayer, "rnn"), (), "Elman RNN (tanh), hidden d"),
         LayerInfo("gru", partial(RecurrentLayer, "gru"), (), "GRU, hidden d"),
@@ -88,8 +88,8 @@ def build_layer(name: str, d: int, *, seed: int = 0, **options: int) -> nn.Modul
             raise AttnbenchError(f"{opt} must be >= 1, got {value}")
     if "heads" in kwargs and d % kwargs["heads"]:
         raise AttnbenchError(f"d={d} is not divisible by heads={kwargs['heads']}")
-    if name == "conv-dilated" and (kwargs["k"] < 3 or kwargs["k"] % 2 == 0):
-        raise AttnbenchError(f"conv-dilated needs an odd k >= 3, got k={kwargs['k']}")
+    if name == "conv-dilated" and kwargs["k"] < 2:
+        raise AttnbenchError(f"conv-dilated needs k >= 2, got k={kwargs['k']}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         layer = info.build(d=d, **kwargs)

@@ -1,7 +1,8 @@
 """Convolutions over the sequence: one layer mixes k neighbouring tokens, O(k n d^2).
 
-``ConvLayer`` is the table's single convolution. ``DilatedConvLayer`` stacks convolutions with
-dilation 1, k, k^2, ... until every output sees every input, the table's O(log_k n) path.
+``ConvLayer`` is the table's single convolution. ``DilatedConvLayer`` stacks causal convolutions
+with dilation 1, k, k^2, ... until every output sees every earlier input: the table's O(log_k n)
+path.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -32,30 +34,47 @@ class ConvLayer(nn.Module):
 
 
 def dilated_depth(n: int, k: int) -> int:
-    """Fewest layers L with k^L >= 2n - 1: then the centred receptive field (k^L - 1) / 2 reaches
-    n - 1 positions either way, so every output depends on every input."""
+    """Fewest layers L with k^L >= n: then the causal receptive field k^L spans the sequence, so
+    every output depends on every input at or before it."""
     if k < 2:
         raise ValueError(f"a dilated stack needs k >= 2, got {k}")
     depth, span = 1, k
-    while span < 2 * n - 1:
+    while span < n:
         depth, span = depth + 1, span * k
     return depth
 
 
-class DilatedConvLayer(nn.Module):
-    """``dilated_depth(n, k)`` 'same'-padded convolutions with dilation k^0, k^1, ..., k^(L-1).
+class CausalConv(nn.Module):
+    """``nn.Conv1d(d, d, k, dilation)`` seeing positions t, t - dilation, ..., t - (k-1) dilation.
 
-    The depth is part of the architecture: a stack built for n covers n.  Odd k keeps each
-    layer centred (even k would make the stack see only one side).
+    Left padding only: a route through a stack of these only moves forward in the sequence, so
+    it never leaves it (with centred padding, a route would have to step outside to reach far).
+    """
+
+    def __init__(self, d: int, k: int, dilation: int) -> None:
+        super().__init__()
+        self.left = (k - 1) * dilation
+        self.conv = nn.Conv1d(d, d, k, dilation=dilation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
+        y = F.pad(x.transpose(1, 2), (self.left, 0))  # (B, d, left + n)
+        return self.conv(y).transpose(1, 2)  # (B, n, d)
+
+
+class DilatedConvLayer(nn.Module):
+    """``dilated_depth(n, k)`` causal convolutions with dilation k^0, k^1, ..., k^(L-1)
+    (WaveNet's stack): every output depends on every earlier input through exactly L layers.
+
+    The depth is part of the architecture: a stack built for n covers n.
     """
 
     def __init__(self, d: int, k: int = 3, *, n: int) -> None:
         super().__init__()
-        if k < 3 or k % 2 == 0:
-            raise ValueError(f"conv-dilated needs an odd k >= 3, got {k}")
+        if k < 2:
+            raise ValueError(f"conv-dilated needs k >= 2, got {k}")
         self.k = k
         self.stages = nn.ModuleList(
-            ConvLayer(d, k, dilation=k**i) for i in range(dilated_depth(n, k))
+            CausalConv(d, k, dilation=k**i) for i in range(dilated_depth(n, k))
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)

@@ -1,0 +1,296 @@
+"""Sequential steps and maximum path length, measured from what the layer really computes.
+
+``seq_steps``: the longest chain of dependent aten ops in one forward call, traced at the
+dispatcher.  View and metadata ops (``transpose``, ``view``, ``detach``...) do not count, nor do
+ops that read no tensor (creating constants).  Fused recurrent kernels (oneDNN LSTM on CPU, cuDNN
+RNNs on CUDA) would hide the recurrence in one op, so the trace runs with those backends
+disabled: the same layer then runs its loop step by step, and the count describes the algorithm,
+not the kernel.
+
+``path_len``: the largest, over input position j and output position i with y_i depending on
+x_j, of the fewest position-mixing steps on a route from x_j to y_i.  It is computed from the
+layer's **dependency pattern** D (D[i, j]: y_i depends on x_j), read from the non-zeros of the
+real layer's Jacobian in float64 (one batched backward pass per length):
+- a recurrent layer passes the dependency through one recurrence step per position, so a route
+  from x_j to y_i takes i - j + 1 steps;
+- any other layer is applied again (stacked) until y_i depends on x_j: the route takes that many
+  applications times the layer's position-mixing stages (1, or the depth of a dilated stack, each
+  stage counted only if its own pattern mixes positions).
+Above ``PATH_MEASURE_MAX`` the pattern is measured at the probe lengths only; where it has the same
+band shape at every probe, the value is extended by that shape and marked ``extended``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakTensorKeyDictionary
+
+PATH_MEASURE_MAX = 64  # measure the dependency pattern directly up to this length
+
+
+def probe_lengths(scale: int = 0) -> tuple[int, ...]:
+    """Three lengths, doubling, at which a band shape is checked before it is extended.
+
+    They start at 16, or at the first power of two above the layer's own reach (``scale``:
+    kernel or window), so a band narrower than the sequence shows as such at every probe.
+    """
+    start = 16
+    while start <= scale + 1:
+        start *= 2
+    return (start, 2 * start, 4 * start)
+
+
+SEQ_METHOD = "traced"  # longest chain of dependent aten ops, fused RNN kernels disabled
+PATH_MEASURED = "measured"  # Jacobian pattern at this n
+PATH_EXTENDED = "extended"  # band shape proven at PATH_PROBES, extended to this n
+
+
+def _unfused() -> ExitStack:
+    """A context with oneDNN and cuDNN off, so recurrent layers run their loop as aten ops."""
+    stack = ExitStack()
+    # The mkldnn flags context re-applies a TF32 setting that warns on CPU-only builds.
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore", UserWarning)
+    stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+    stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+    return stack
+
+
+# ----------------------------------------------------------------------------- sequential steps
+
+
+def _is_view(func: Any) -> bool:
+    """An op whose every output aliases an input without writing it: a view, not a computation."""
+    returns = func._schema.returns
+    return bool(returns) and all(
+        r.alias_info is not None and not r.alias_info.is_write for r in returns
+    )
+
+
+class _ChainTracer(TorchDispatchMode):
+    """Gives every tensor the length of the longest op chain that produced it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if inputs:
+            base = max(self.depth.get(t, 0) for t in inputs)
+            depth = base if _is_view(func) else base + 1
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.depth[t] = depth
+        return out
+
+
+def sequential_steps(fn: Callable[[], torch.Tensor]) -> int:
+    """Length of the longest chain of dependent ops behind ``fn()``'s output (one forward call)."""
+    tracer = _ChainTracer()
+    with _unfused(), torch.no_grad(), tracer:
+        out = fn()
+    return int(tracer.depth.get(out, 0))
+
+
+# ----------------------------------------------------------------------------- path length
+
+
+def dependency_pattern(module: nn.Module, n: int, d: int, *, seed: int = 0) -> np.ndarray:
+    """(n, n) bool: ``D[i, j]`` is True when output position i depends on input position j.
+
+    Read from the Jacobian of a float64 copy of ``module``: one backward pass per output
+    position, batched, each with a random cotangent on that position only.  float64 keeps the
+    influence of early tokens on late ones representable in long recurrences.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    module = _float64_copy(module)
+    x = torch.randn(1, n, d, generator=gen, dtype=torch.float64).requires_grad_(True)  # (1, n, d)
+    with _unfused():
+        y = module(x)  # (1, n, d)
+        eye = torch.eye(n, dtype=torch.float64)  # (n, n)
+        probe = torch.randn(n, 1, n, d, generator=gen, dtype=torch.float64)  # (n_out, 1, n, d)
+        probe = probe * eye[:, None, :, None]  # cotangent of output i on position i only
+        (grad,) = torch.autograd.grad(y, x, probe, is_grads_batched=True)  # (n_out, 1, n_in, d)
+    return (grad[:, 0].abs().amax(dim=-1) > 0).numpy()
+
+
+def _float64_copy(module: nn.Module) -> nn.Module:
+    return copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
+
+
+def is_recurrent(module: nn.Module) -> bool:
+    return any(isinstance(m, nn.RNNBase) for m in module.modules())
+
+
+def _stages(module: nn.Module) -> list[nn.Module]:
+    stages = getattr(module, "mixing_stages", None)
+    return list(stages()) if callable(stages) else [module]
+
+
+def _applications(pattern: np.ndarray) -> int:
+    """Fewest stacked applications after which each reachable (i, j) is reached, maximised."""
+    step = pattern.astype(np.int64)
+    reach = pattern.copy()
+    dist = np.where(reach, 1, 0)
+    apps = 1
+    while True:
+        grown = (step @ reach.astype(np.int64)) > 0
+        new = grown & ~reach
+        if not new.any():
+            return int(dist.max())
+        apps += 1
+        dist[new] = apps
+        reach = grown
+
+
+def _mixes(module: nn.Module, n: int, d: int) -> bool:
+    """Whether one stage makes any output depend on another position."""
+    pattern = dependency_pattern(module, n, d)
+    return bool((pattern & ~np.eye(n, dtype=bool)).any())
+
+
+def path_from_pattern(module: nn.Module, pattern: np.ndarray, d: int) -> int:
+    """Maximum path length of ``module`` given its measured pattern at n = len(pattern)."""
+    n = len(pattern)
+    if is_recurrent(module):
+        i, j = np.nonzero(pattern)
+        return int((np.abs(i - j) + 1).max())
+    stages = _stages(module)
+    mixing = stages if len(stages) == 1 else [s for s in stages if _mixes(s, n, d)]
+    return _applications(pattern) * max(len(mixing), 1)
+
+
+@dataclass(frozen=True)
+class Band:
+    """A dependency pattern D[i, j] = (i - left <= j <= i + right), clipped to the sequence.
+
+    ``left`` / ``right`` are None when they reach the whole sequence at every length.
+    """
+
+    left: int | None
+    right: int | None
+
+    def at(self, n: int) -> tuple[int, int]:
+        full = n - 1
+        return (
+            full if self.left is None else min(self.left, full),
+            full if self.right is None else min(self.right, full),
+        )
+
+    def pattern(self, n: int) -> np.ndarray:
+        left, right = self.at(n)
+        offset = np.arange(n)[None, :] - np.arange(n)[:, None]  # j - i
+        return (offset >= -left) & (offset <= right)
+
+    def describe(self) -> str:
+        side = {None: "all"}
+        return (
+            f"band j-i in [-{side.get(self.left, self.left)}, {side.get(self.right, self.right)}]"
+        )
+
+
+def band_of(patterns: dict[int, np.ndarray]) -> Band | None:
+    """The one band shape that every measured pattern has exactly, or None."""
+    reaches: list[tuple[int, int, int]] = []
+    for n, pattern in patterns.items():
+        i, j = np.nonzero(pattern)
+        left, right = int(max((i - j).max(), 0)), int(max((j - i).max(), 0))
+        if not np.array_equal(pattern, Band(left, right).pattern(n)):
+            return None
+        reaches.append((n, left, right))
+
+    def law(values: list[tuple[int, int]]) -> int | bool | None:
+        if all(v == n - 1 for n, v in values):
+            return None  # the whole sequence, at every length
+        reach = max(v for _, v in values)
+        if reach < values[-1][0] - 1 and all(v == min(reach, n - 1) for n, v in values):
+            return reach  # the same reach wherever the sequence is long enough to show it
+        return False
+
+    left = law([(n, lft) for n, lft, _ in reaches])
+    right = law([(n, rgt) for n, _, rgt in reaches])
+    if left is False or right is False:
+        return None
+    return Band(left, right)  # type: ignore[arg-type]
+
+
+def _band_path(band: Band, n: int, recurrent: bool, stages: int) -> int:
+    left, right = band.at(n)
+    if n == 1:
+        return 1
+    if recurrent:
+        return max(left, right) + 1
+    apps = (
+        max(math.ceil((n - 1) / reach) for reach in (left, right) if reach > 0)
+        if (left or right)
+        else 1
+    )
+    return apps * stages
+
+
+@dataclass(frozen=True)
+class PathLength:
+    value: int | None
+    method: str  # "measured", "extended: <law>", or "none: <why>"
+
+
+def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int = 0) -> PathLength:
+    """Maximum path length of the layer ``build(n)`` (a builder, since depth may depend on n).
+
+    ``scale`` (the layer's kernel or window) only chooses the probe lengths.
+    """
+    probes = probe_lengths(scale)
+    if n <= PATH_MEASURE_MAX or n in probes:
+        module = build(n)
+        return PathLength(
+            path_from_pattern(module, dependency_pattern(module, n, d), d), "measured"
+        )
+    band, probe_paths = _probe(build, d, tuple(probes))
+    if band is None:
+        return PathLength(None, "none: the pattern has no single band shape at the probes")
+    module = build(n)
+    recurrent = is_recurrent(module)
+    stages = len(_stages(module))
+    # The band law must reproduce every probe's measured path before it is trusted at n.
+    for p, measured in probe_paths.items():
+        if _band_path(band, p, recurrent, len(_stages(build(p)))) != measured:
+            return PathLength(None, "none: the band law does not reproduce the probes")
+    value = _band_path(band, n, recurrent, stages)
+    span = f"n={probes[0]}..{probes[-1]}"
+    return PathLength(value, f"extended: {band.describe()} at {span}, {stages} stage(s) at n={n}")
+
+
+_PROBE_CACHE: dict[Any, tuple[Band | None, dict[int, int]]] = {}
+
+
+def _probe(
+    build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...]
+) -> tuple[Band | None, dict[int, int]]:
+    key = (getattr(build, "cache_key", None), d, probes)
+    if key[0] is not None and key in _PROBE_CACHE:
+        return _PROBE_CACHE[key]
+    patterns: dict[int, np.ndarray] = {}
+    paths: dict[int, int] = {}
+    for p in probes:
+        module = build(p)
+        patterns[p] = dependency_pattern(module, p, d)
+        paths[p] = path_from_pattern(module, patterns[p], d)
+    result = (band_of(patterns), paths)
+    if key[0] is not None:
+        _PROBE_CACHE[key] = result
+    return result

@@ -1,0 +1,150 @@
+"""The chapter's comparison table, with the measured growth beside each theoretical order.
+
+For each layer: computational complexity (time against n at fixed d, and against d at fixed n),
+sequential operations (``seq_steps`` against n) and maximum path length (``path_len`` against
+n), each as a fitted log-log exponent from the rows that were measured (status ok).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnbench.errors import AttnbenchError
+from attnbench.fits import Exponent, loglog_exponent, upper_half
+from attnbench.results import RUN_FILE, RunResults, load_results
+from attnbench.theory import THEORY
+
+COLUMNS = [
+    "layer",
+    "compute (theory)",
+    "compute (measured)",
+    "sequential ops (theory)",
+    "sequential ops (measured)",
+    "max path length (theory)",
+    "max path length (measured)",
+]
+
+
+def _label(exp: Exponent | None, var: str) -> str:
+    return "–" if exp is None else exp.label(var)
+
+
+def _fixed_at(group: pd.DataFrame, by: str, over: str) -> int | None:
+    """The largest value of ``by`` at which ``over`` takes at least two values."""
+    counts = group.groupby(by)[over].nunique()
+    usable = counts[counts >= 2]
+    return int(usable.index.max()) if len(usable) else None
+
+
+def comparison_table(run: RunResults) -> pd.DataFrame:
+    """One row per layer: theory orders, measured exponents, and the ranges they were fitted on."""
+    measured = run.measured
+    rows: list[dict[str, Any]] = []
+    for layer in dict.fromkeys(run.frame["layer"]):
+        theory = THEORY.get(layer)
+        group = measured[measured["layer"] == layer]
+        d_fix = _fixed_at(group, "d", "n")
+        n_fix = _fixed_at(group, "n", "d")
+        time_n = time_d = seq_n = path_n = None
+        ns: list[int] = []
+        if d_fix is not None:
+            at_d = group[group["d"] == d_fix]
+            ns = upper_half(at_d["n"].tolist())
+            upper = at_d[at_d["n"].isin(ns)]
+            time_n = loglog_exponent(upper["n"].tolist(), upper["time_s"].tolist())
+            seq_n = loglog_exponent(at_d["n"].tolist(), at_d["seq_steps"].astype(float).tolist())
+            with_path = at_d.dropna(subset=["path_len"])
+            path_n = loglog_exponent(
+                with_path["n"].tolist(), with_path["path_len"].astype(float).tolist()
+            )
+        if n_fix is not None:
+            at_n = group[group["n"] == n_fix]
+            time_d = loglog_exponent(at_n["d"].tolist(), at_n["time_s"].tolist())
+        compute = _label(time_n, "n") + ("" if time_d is None else " " + time_d.label("d"))
+        rows.append(
+            {
+                "layer": layer,
+                "compute (theory)": theory.complexity if theory else "?",
+                "compute (measured)": compute,
+                "sequential ops (theory)": theory.sequential if theory else "?",
+                "sequential ops (measured)": _label(seq_n, "n"),
+                "max path length (theory)": theory.path if theory else "?",
+                "max path length (measured)": _label(path_n, "n"),
+                "time_exponent_n": time_n.slope if time_n else None,
+                "time_exponent_n_ci95": [time_n.low, time_n.high] if time_n else None,
+                "time_exponent_d": time_d.slope if time_d else None,
+                "seq_steps_exponent_n": seq_n.slope if seq_n else None,
+                "path_len_exponent_n": path_n.slope if path_n else None,
+                "time_fit_n": [ns[0], ns[-1]] if ns else None,
+                "time_fit_d_at": d_fix,
+                "time_d_fit_n_at": n_fix,
+                "measured_cases": len(group),
+                "left_out_cases": int((run.frame["layer"] == layer).sum()) - len(group),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+# Headers as the chapter's table has them, each theory column followed by its measurement.
+HEADERS = [
+    "layer",
+    "complexity",
+    "measured",
+    "sequential ops",
+    "measured",
+    "max path length",
+    "measured",
+]
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """The table as GitHub Markdown (the seven display columns)."""
+    lines = [
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    for row in table[COLUMNS].itertuples(index=False):
+        lines.append("| " + " | ".join(str(v) for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
+    """What the exponents were fitted on, and what was left out."""
+    notes = []
+    for row in table.itertuples(index=False):
+        parts = []
+        if row.time_fit_n:
+            parts.append(
+                f"time ~ n fitted at n={row.time_fit_n[0]}..{row.time_fit_n[1]}, "
+                f"d={row.time_fit_d_at}"
+            )
+        if row.time_d_fit_n_at is not None:
+            parts.append(f"time ~ d at n={row.time_d_fit_n_at}")
+        if row.left_out_cases:
+            parts.append(f"{row.left_out_cases} unmeasured case(s) left out")
+        notes.append(f"{row.layer}: " + "; ".join(parts or ["too few measured cases to fit"]))
+    extended = run.measured["path_len_method"].str.startswith("extended").sum()
+    if extended:
+        notes.append(
+            f"path_len of {extended} case(s) is extended from a band law proven at probe "
+            "lengths (see the path_len_method column)"
+        )
+    return notes
+
+
+def latest_results(root: Path = Path("results")) -> Path:
+    """The most recently started results folder under ``root``."""
+    candidates = [p.parent for p in root.glob(f"*/{RUN_FILE}")] if root.is_dir() else []
+    if not candidates:
+        raise AttnbenchError(
+            f"no results folder under {str(root)!r}; run attnbench sweep first, or name a "
+            "results folder"
+        )
+    return max(candidates, key=lambda p: (p / RUN_FILE).stat().st_mtime)
+
+
+def load_for_table(path: Path | None) -> RunResults:
+    return load_results(path if path is not None else latest_results())
