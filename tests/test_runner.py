@@ -113,3 +113,14 @@ def test_cuda_sync_calls_torch_cuda_synchronize(monkeypatch: pytest.MonkeyPatch)
     assert seen == [torch.device("cuda:1")]
     device_sync("cpu")()
     assert len(seen) == 1
+
+
+def test_every_case_has_measured_steps_and_path_with_their_method(tiny_run: RunResults) -> None:
+    frame = tiny_run.frame
+    assert (frame["seq_steps"] >= 1).all() and (frame["seq_steps_method"] == "traced").all()
+    assert (frame["path_len"] >= 1).all() and (frame["path_len_method"] == "measured").all()
+    by = frame.set_index(["layer", "n"])
+    assert by.loc[("rnn", 32), "path_len"] == 32 and by.loc[("attention", 32), "path_len"] == 1
+    assert by.loc[("rnn", 32), "seq_steps"] > by.loc[("rnn", 16), "seq_steps"]
+    assert by.loc[("attention", 32), "seq_steps"] == by.loc[("attention", 16), "seq_steps"]
+    assert by.loc[("attention-local", 32), "window"] == 16

@@ -88,7 +88,9 @@ def test_parser_never_fails_with_anything_but_a_domain_error(text: str) -> None:
 
 def test_parse_layers() -> None:
     assert parse_layers("conv, rnn,conv") == ("conv", "rnn")
-    with pytest.raises(AttnbenchError, match="unknown layer 'cnn'; accepted: conv, conv-dilated, rnn"):
+    with pytest.raises(
+        AttnbenchError, match="unknown layer 'cnn'; accepted: conv, conv-dilated, rnn"
+    ):
         parse_layers("conv,cnn")
     with pytest.raises(AttnbenchError, match="cannot read"):
         parse_layers("conv,")

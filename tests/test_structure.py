@@ -1,0 +1,183 @@
+"""Sequential steps and maximum path length follow the table's laws, measured from the layers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from attnbench import build_layer
+from attnbench.layers.conv import dilated_depth
+from attnbench.measure.structure import (
+    PATH_MEASURE_MAX,
+    _ChainTracer,
+    dependency_pattern,
+    path_from_pattern,
+    path_length,
+    sequential_steps,
+)
+
+D = 8
+
+
+def _builder(name: str, **options: int):  # type: ignore[no-untyped-def]
+    def build(n: int) -> nn.Module:
+        return build_layer(name, D, n=n, heads=2, **options)
+
+    build.cache_key = (name, tuple(sorted(options.items())))  # type: ignore[attr-defined]
+    return build
+
+
+def _seq(name: str, n: int, **options: int) -> int:
+    layer = _builder(name, **options)(n)
+    x = torch.randn(1, n, D)
+    with torch.no_grad():
+        layer(x)  # lazy set-up (the positional table) stays out, as in a sweep
+    return sequential_steps(lambda: layer(x))
+
+
+def _path(name: str, n: int, **options: int) -> int | None:
+    scale = max(options.get("k", 0), options.get("window", 0))
+    return path_length(_builder(name, **options), n, D, scale=scale).value
+
+
+# ----------------------------------------------------------------------------- sequential steps
+
+
+@pytest.mark.parametrize("name", ["rnn", "gru", "lstm"])
+def test_recurrent_steps_grow_linearly_in_n(name: str) -> None:
+    steps = {n: _seq(name, n) for n in (8, 16, 32, 64)}
+    per_step = (steps[16] - steps[8]) / 8
+    assert per_step >= 1
+    for n in (32, 64):  # exactly affine: the same ops per recurrence step
+        assert steps[n] == steps[8] + per_step * (n - 8)
+    assert steps[64] / steps[32] == pytest.approx(2, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("conv", {"k": 3}),
+        ("attention", {}),
+        ("attention-sdpa", {}),
+        ("attention-local", {"window": 4}),
+    ],
+)
+def test_parallel_layers_take_the_same_steps_at_every_n(name: str, options: dict) -> None:
+    steps = {_seq(name, n, **options) for n in (8, 64, 256)}
+    assert len(steps) == 1, steps
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_dilated_stack_steps_follow_its_depth(k: int) -> None:
+    per_layer = {_seq("conv-dilated", n, k=k) / dilated_depth(n, k) for n in (8, 64, 512)}
+    assert len(per_layer) == 1  # a fixed number of ops per layer, L = ceil(log_k n) layers
+    assert _seq("conv-dilated", 512, k=k) > _seq("conv-dilated", 8, k=k)
+
+
+def test_fused_lstm_counts_the_same_steps_as_an_unfused_loop() -> None:
+    lstm = nn.LSTM(D, D, batch_first=True)
+    cell = nn.LSTMCell(D, D)
+    with torch.no_grad():
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(cell, name).copy_(getattr(lstm, f"{name}_l0"))
+
+    def unrolled(x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B, n, d)
+        h = c = torch.zeros(x.shape[0], D)
+        out = []
+        for t in range(x.shape[1]):
+            h, c = cell(x[:, t], (h, c))
+            out.append(h)
+        return torch.stack(out, 1)
+
+    for n in (8, 32):
+        x = torch.randn(1, n, D)
+        fused = sequential_steps(lambda x=x: lstm(x)[0])
+        assert fused == sequential_steps(lambda x=x: unrolled(x))
+        naive = _ChainTracer()  # the same trace with the fused kernel left on sees one op
+        with torch.no_grad(), naive:
+            out = lstm(x)[0]
+        assert naive.depth.get(out) == 1 < fused
+
+
+# ----------------------------------------------------------------------------- path length
+
+
+@pytest.mark.parametrize("n", [1, 8, 33])
+@pytest.mark.parametrize("k", [3, 5, 7])
+def test_conv_path_is_exactly_ceil_n_minus_1_over_half_kernel(n: int, k: int) -> None:
+    assert _path("conv", n, k=k) == max(1, math.ceil((n - 1) / ((k - 1) // 2)))
+
+
+@pytest.mark.parametrize("n", [8, 17, 40])
+@pytest.mark.parametrize("window", [2, 4])
+def test_local_attention_path_is_ceil_n_minus_1_over_r(n: int, window: int) -> None:
+    assert _path("attention-local", n, window=window) == math.ceil((n - 1) / window)
+
+
+@pytest.mark.parametrize("name", ["rnn", "gru", "lstm"])
+def test_recurrent_path_is_n(name: str) -> None:
+    assert [_path(name, n) for n in (1, 8, 40)] == [1, 8, 40]
+
+
+@pytest.mark.parametrize("name", ["attention", "attention-sdpa"])
+def test_attention_path_is_one(name: str) -> None:
+    assert [_path(name, n) for n in (2, 16, 48)] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_dilated_path_is_its_depth_log_k_n(k: int) -> None:
+    for n in (4, 9, 27, 64):
+        assert _path("conv-dilated", n, k=k) == math.ceil(math.log(n) / math.log(k) - 1e-9)
+
+
+def test_the_pattern_is_what_the_layer_computes() -> None:
+    conv = build_layer("conv", D, k=3)
+    pattern = dependency_pattern(conv, 6, D)
+    offsets = np.subtract.outer(np.arange(6), np.arange(6))
+    assert np.array_equal(pattern, np.abs(offsets) <= 1)
+    rnn = build_layer("rnn", D)
+    assert np.array_equal(dependency_pattern(rnn, 6, D), offsets >= 0)  # causal, all earlier
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("conv", {"k": 3}),
+        ("conv", {"k": 5}),
+        ("attention-local", {"window": 4}),
+        ("conv-dilated", {"k": 3}),
+        ("lstm", {}),
+        ("attention", {}),
+    ],
+)
+def test_extended_values_equal_a_direct_measurement(name: str, options: dict) -> None:
+    n = 2 * PATH_MEASURE_MAX + 3  # beyond direct measurement, and not a probe length
+    result = path_length(_builder(name, **options), n, D, scale=max(options.values(), default=0))
+    assert result.method.startswith("extended")
+    layer = _builder(name, **options)(n)
+    assert result.value == path_from_pattern(layer, dependency_pattern(layer, n, D), D)
+
+
+class GlobalToken(nn.Module):
+    """Every output sees position 0 and its neighbours: no band, so nothing may be extended."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(d, d, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B, n, d)
+        return self.conv(x.transpose(1, 2)).transpose(1, 2) + x[:, :1]
+
+
+def test_no_law_no_extension() -> None:
+    def build(n: int) -> nn.Module:
+        torch.manual_seed(0)
+        return GlobalToken(D)
+
+    assert path_length(build, 40, D).method == "measured"
+    far = path_length(build, 200, D)
+    assert far.value is None and far.method.startswith("none")

@@ -1,0 +1,104 @@
+"""Fitted exponents and the comparison table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.fits import loglog_exponent, upper_half
+from attnbench.results import RESULT_COLUMNS, RunResults
+from attnbench.table import comparison_table, fit_notes, to_markdown
+
+runner = CliRunner()
+
+
+def test_exponent_recovers_a_noisy_power_law_and_its_interval_covers_the_truth() -> None:
+    rng = np.random.default_rng(0)
+    n = np.array([64, 128, 256, 512, 1024, 2048] * 3, dtype=float)
+    y = 3e-9 * n**2 * rng.lognormal(0, 0.05, size=len(n))
+    fit = loglog_exponent(n, y)
+    assert fit is not None and fit.points == 18
+    assert fit.slope == pytest.approx(2, abs=0.05)
+    assert fit.low < 2 < fit.high and fit.high - fit.low < 0.2
+
+
+def test_exponent_needs_two_sizes_and_skips_what_cannot_be_logged() -> None:
+    assert loglog_exponent([64, 64], [1.0, 2.0]) is None
+    two = loglog_exponent([64, 128, 256], [1.0, 2.0, 0.0])
+    assert two is not None and two.slope == pytest.approx(1) and np.isnan(two.low)
+    assert upper_half([8, 16, 32, 64, 128, 256]) == [64, 128, 256]
+    assert upper_half([8, 16]) == [8, 16]
+
+
+def _synthetic_run() -> RunResults:
+    """Exact laws: attention time n^2 d, rnn time n d^2; steps and paths as the table says."""
+    rows = []
+    for layer in ("attention", "rnn"):
+        for d in (32, 64):
+            for n in (64, 128, 256, 512):
+                time = 1e-9 * (n * n * d if layer == "attention" else n * d * d)
+                rows.append(
+                    {
+                        "case_id": f"{layer}/n={n}/d={d}",
+                        "layer": layer,
+                        "n": n,
+                        "d": d,
+                        "status": "ok",
+                        "time_s": time,
+                        "seq_steps": 7 if layer == "attention" else 3 * n + 2,
+                        "path_len": 1 if layer == "attention" else n,
+                        "path_len_method": "measured",
+                    }
+                )
+    rows.append({"case_id": "rnn/n=1024/d=64", "layer": "rnn", "n": 1024, "d": 64, "status": "oom"})
+    frame = pd.DataFrame(rows).reindex(columns=RESULT_COLUMNS)
+    frame["path_len_method"] = frame["path_len_method"].fillna("")
+    return RunResults(Path("synthetic"), frame, pd.DataFrame(), {})
+
+
+def test_the_table_puts_measured_exponents_beside_the_theory() -> None:
+    run = _synthetic_run()
+    table = comparison_table(run).set_index("layer")
+    attention, rnn = table.loc["attention"], table.loc["rnn"]
+    assert attention["compute (theory)"] == "O(n^2 d)"
+    assert attention["compute (measured)"] == "n^2.00 d^1.00"
+    assert attention["sequential ops (measured)"] == "n^0.00"
+    assert attention["max path length (measured)"] == "n^0.00"
+    assert rnn["compute (measured)"] == "n^1.00 d^2.00"
+    assert rnn["sequential ops (theory)"] == "O(n)"
+    assert rnn["max path length (measured)"] == "n^1.00"
+    assert rnn["left_out_cases"] == 1  # the oom case is not fitted, and the notes say so
+    assert list(rnn["time_fit_n"]) == [128, 512]
+    markdown = to_markdown(comparison_table(run))
+    assert markdown.splitlines()[0] == (
+        "| layer | complexity | measured | sequential ops | measured | max path length | measured |"
+    )
+    assert "| rnn | O(n d^2) | n^1.00 d^2.00 | O(n) | n^1.00 | O(n) | n^1.00 |" in markdown
+    assert any(
+        "1 unmeasured case(s) left out" in note for note in fit_notes(table.reset_index(), run)
+    )
+
+
+def test_table_command(tiny_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    result = runner.invoke(app, ["table", str(tiny_run.path), "--markdown"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("| layer | complexity |") and len(lines) == 2 + 8
+    assert "| attention | O(n^2 d) |" in result.stdout
+    as_json = json.loads(runner.invoke(app, ["table", str(tiny_run.path), "--json"]).stdout)
+    assert {row["layer"] for row in as_json} == set(tiny_run.frame["layer"])
+    monkeypatch.chdir(tmp_path)
+    none = runner.invoke(app, ["table"])
+    assert none.exit_code == 2 and "no results folder under 'results'" in none.stderr
+    (tmp_path / "results").mkdir()
+    import shutil
+
+    shutil.copytree(tiny_run.path, tmp_path / "results" / "latest")
+    latest = runner.invoke(app, ["table"])
+    assert latest.exit_code == 0 and "comparison table" in latest.stdout
