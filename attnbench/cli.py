@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
+import pandas as pd
 import typer
 from rich.console import Console
 from rich.progress import (
@@ -156,8 +157,13 @@ def _case_line(event: ProgressEvent) -> str:
     return (
         f"{head}  {fmt_seconds(t.median_s)} ± {fmt_seconds(t.iqr_s)} ({t.count} samples)  "
         f"peak {fmt_bytes(result.peak_bytes)}  {fmt_count(result.flops, 'FLOP')}  "
-        f"{fmt_count(result.flops_per_s, 'FLOP/s')}"
+        f"{fmt_count(result.flops_per_s, 'FLOP/s')}  steps {_int_or_dash(result.seq_steps)}  "
+        f"path {_int_or_dash(result.path_len)}"
     )
+
+
+def _int_or_dash(value: Any) -> str:
+    return "-" if value is None or pd.isna(value) else str(int(value))
 
 
 # ----------------------------------------------------------------------------- summary
@@ -177,13 +183,15 @@ def _summary_tables(run: RunResults, console: Console, *, verb: str = "written t
             ("FLOPs", "right"),
             ("FLOP/s", "right"),
             ("check", "left"),
+            ("steps", "right"),
+            ("path", "right"),
         ]:
             table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
         problems: list[str] = []
         for row in group.sort_values(["d", "n"]).itertuples():
             if row.status != "ok":
                 color = "yellow" if row.status == "skipped" else "red"
-                table.add_row(str(row.n), str(row.d), f"[{color}]{row.status}[/]", *[""] * 6)
+                table.add_row(str(row.n), str(row.d), f"[{color}]{row.status}[/]", *[""] * 8)
                 if row.status != "skipped":  # a skipped case's reason is the case above it
                     problems.append(f"  n={row.n} d={row.d} {row.status}: {row.error}")
                 continue
@@ -201,6 +209,9 @@ def _summary_tables(run: RunResults, console: Console, *, verb: str = "written t
                 fmt_count(row.flops),
                 fmt_count(row.flops_per_s),
                 check,
+                _int_or_dash(row.seq_steps),
+                _int_or_dash(row.path_len)
+                + ("*" if str(row.path_len_method).startswith("extended") else ""),
             )
         console.print(table)
         for line in problems:
@@ -224,6 +235,10 @@ def _summary_tables(run: RunResults, console: Console, *, verb: str = "written t
             f"[yellow]note:[/] {len(noisy)} case(s) marked ! have IQR/median above "
             f"{NOISY_REL_IQR:.0%}: the machine was busy or the budget short; "
             "a larger --time-budget gives more samples"
+        )
+    if frame["path_len_method"].str.startswith("extended").any():
+        console.print(
+            "[dim]path*: extended from a band law proven at probe lengths (see path_len_method)[/]"
         )
     mismatched = frame[frame["flops_check"] == "mismatch"]
     if len(mismatched):
@@ -266,6 +281,12 @@ def sweep(
     k: Annotated[int | None, typer.Option("--k", help="Conv kernel size. Default: 3.")] = None,
     heads: Annotated[
         int | None, typer.Option(help="Attention heads; d must divide by it. Default: 4.")
+    ] = None,
+    window: Annotated[
+        int | None,
+        typer.Option(
+            help="attention-local: neighbours r on each side (r <= the smallest n). Default: 16."
+        ),
     ] = None,
     batch: Annotated[int | None, typer.Option(help="Batch size. Default: 1.")] = None,
     dtype: Annotated[
@@ -344,6 +365,7 @@ def sweep(
             "d": d,
             "k": k,
             "heads": heads,
+            "window": window,
             "batch": batch,
             "dtype": dtype,
             "device": device,
