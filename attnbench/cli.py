@@ -351,7 +351,7 @@ def sweep(
     ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress or tables on stderr.")] = False,
 ) -> None:
-    """Measure time, peak memory and FLOPs of each layer over the n x d grid.
+    """Measure time, peak memory, FLOPs, sequential steps and path length over the n x d grid.
 
     Every finished case is written at once. Cases that run out of memory or time are recorded
     (oom, timeout) and the larger cases of their layer skipped. Ctrl-C or SIGTERM stops after
