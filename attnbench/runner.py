@@ -39,7 +39,6 @@ from attnbench.results import (
     load_results,
 )
 from attnbench.spec import DTYPES, Case, Grid, build_grid, grid_from_config
-from attnbench.theory import analytic_flops
 from attnbench.units import fmt_seconds
 
 
@@ -199,15 +198,6 @@ def measure_case(
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
         status = "oom" if is_out_of_memory(exc) else "failed"
         return _failed(case, status, exc, threads, clock() - start)
-    analytic = analytic_flops(
-        case.layer,
-        batch=case.batch,
-        n=case.n,
-        d=case.d,
-        k=case.k or 0,
-        window=case.window or 0,
-        mode=case.mode,
-    )
     return CaseResult(
         case=case,
         status="ok",
@@ -215,7 +205,7 @@ def measure_case(
         timing=timing,
         peak_bytes=peak,
         flops=flops,
-        flops_analytic=float(analytic),
+        flops_analytic=float(case.analytic_flops()),
         seq_steps=seq_steps,
         seq_steps_method=SEQ_METHOD,
         path_len=path.value,

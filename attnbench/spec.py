@@ -53,6 +53,18 @@ class Case:
     mode: str
     window: int | None = None
 
+    def analytic_flops(self) -> float:
+        """FLOPs of one call from the formula table in ``attnbench.theory``."""
+        return analytic_flops(
+            self.layer,
+            batch=self.batch,
+            n=self.n,
+            d=self.d,
+            k=self.k or 0,
+            window=self.window or 0,
+            mode=self.mode,
+        )
+
     def layer_options(self) -> dict[str, int]:
         """The options ``build_layer`` takes for this case (the length too, for layers built
         for one)."""
@@ -431,16 +443,7 @@ def estimate_seconds(grid: Grid) -> float:
     rate = _ASSUMED_FLOP_PER_S[grid.device.split(":")[0]]
     total = 0.0
     for case in grid.cases():
-        flops = analytic_flops(
-            case.layer,
-            batch=case.batch,
-            n=case.n,
-            d=case.d,
-            k=case.k or 0,
-            window=case.window or 0,
-            mode=case.mode,
-        )
-        call = flops / rate
+        call = case.analytic_flops() / rate
         if grid.max_case_s is not None and call > grid.max_case_s:
             total += grid.max_case_s  # it would stop as a timeout after its first call
             continue

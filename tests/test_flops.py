@@ -8,7 +8,7 @@ from attnbench import layer_names
 from attnbench.measure.flops import count_flops, flops_agree
 from attnbench.runner import make_step
 from attnbench.spec import Case, build_grid
-from attnbench.theory import TRAIN_FLOP_FACTOR, analytic_flops
+from attnbench.theory import TRAIN_FLOP_FACTOR
 
 
 def _case(layer: str, mode: str = "forward", n: int = 24, d: int = 16, k: int = 3) -> Case:
@@ -18,15 +18,7 @@ def _case(layer: str, mode: str = "forward", n: int = 24, d: int = 16, k: int = 
 
 
 def _analytic(case: Case) -> float:
-    return analytic_flops(
-        case.layer,
-        batch=case.batch,
-        n=case.n,
-        d=case.d,
-        k=case.k or 0,
-        window=case.window or 0,
-        mode=case.mode,
-    )
+    return case.analytic_flops()
 
 
 @pytest.mark.parametrize("layer", layer_names())
