@@ -392,8 +392,12 @@ def sweep(
     if not quiet:
         _summary_tables(run, err)
     if as_json:
-        records = json.loads(run.frame.to_json(orient="records"))
-        typer.echo(json.dumps({"path": str(run.path), "results": records}, indent=2))
+        typer.echo(json.dumps({"path": str(run.path), "results": _records(run)}, indent=2))
+
+
+def _records(run: RunResults) -> list[dict[str, Any]]:
+    """One JSON object per case (pandas turns NaN and NA into null)."""
+    return json.loads(run.frame.to_json(orient="records"))
 
 
 def _new_sweep(
@@ -455,8 +459,7 @@ def show(
     except AttnbenchError as exc:
         raise _fail(exc) from None
     if as_json:
-        records = json.loads(run.frame.to_json(orient="records"))
-        payload = {"path": str(run.path), "status": run.status, "results": records}
+        payload = {"path": str(run.path), "status": run.status, "results": _records(run)}
         typer.echo(json.dumps(payload, indent=2))
         return
     _summary_tables(run, err, verb="in")

@@ -159,7 +159,8 @@ class CaseResult:
 # ----------------------------------------------------------------------------- writing
 
 
-def _now() -> str:
+def now_iso() -> str:
+    """Local time with its UTC offset, to the second: how run.json records every time."""
     return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
@@ -212,7 +213,7 @@ class ResultsWriter:
             "attnbench_version": __version__,
             "config": dict(config),
             "environment": dict(environment),
-            "start_time": _now(),
+            "start_time": now_iso(),
             "end_time": None,
             "status": "running",
             "pid": os.getpid(),
@@ -279,7 +280,7 @@ class ResultsWriter:
 
     def finish(self, status: str = "complete") -> None:
         """Close the run as ``complete`` or ``interrupted``."""
-        self.meta.update(status=status, end_time=_now(), current_case=None)
+        self.meta.update(status=status, end_time=now_iso(), current_case=None)
         self._save_meta()
 
 

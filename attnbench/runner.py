@@ -20,7 +20,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-import pandas as pd
 import torch
 from torch import nn
 
@@ -37,6 +36,7 @@ from attnbench.results import (
     default_out_dir,
     environment,
     load_results,
+    now_iso,
 )
 from attnbench.spec import DTYPES, Case, Grid, build_grid, grid_from_config
 from attnbench.units import fmt_seconds
@@ -359,11 +359,11 @@ def _still_running(meta: Mapping[str, Any]) -> int | None:
     if host != socket.gethostname():
         return None
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return None
     except PermissionError:
-        return pid
+        pass  # it exists, under another user
     return pid
 
 
@@ -414,7 +414,7 @@ def resume_sweep(
     writer = ResultsWriter.reopen(
         out_dir,
         {
-            "time": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds"),
+            "time": now_iso(),
             "forced": bool(force and (config_changes or env_changes or pid)),
             "config_changes": config_changes,
             "environment_changes": env_changes,

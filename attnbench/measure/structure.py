@@ -52,9 +52,11 @@ def probe_lengths(scale: int = 0) -> tuple[int, ...]:
     return (start, 2 * start, 4 * start)
 
 
+# How each value was obtained, as the results' *_method columns say it.
 SEQ_METHOD = "traced"  # longest chain of dependent aten ops, fused RNN kernels disabled
 PATH_MEASURED = "measured"  # Jacobian pattern at this n
-PATH_EXTENDED = "extended"  # band shape proven at PATH_PROBES, extended to this n
+PATH_EXTENDED = "extended"  # band shape proven at the probe lengths, extended to this n
+PATH_NONE = "none"  # above PATH_MEASURE_MAX with no law proven: no value
 
 
 def _unfused() -> ExitStack:
@@ -258,21 +260,22 @@ def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int
     if n <= PATH_MEASURE_MAX or n in probes:
         module = build(n)
         return PathLength(
-            path_from_pattern(module, dependency_pattern(module, n, d), d), "measured"
+            path_from_pattern(module, dependency_pattern(module, n, d), d), PATH_MEASURED
         )
     band, probe_paths = _probe(build, d, tuple(probes))
     if band is None:
-        return PathLength(None, "none: the pattern has no single band shape at the probes")
+        return PathLength(None, f"{PATH_NONE}: the pattern has no single band shape at the probes")
     module = build(n)
     recurrent = is_recurrent(module)
     stages = len(_stages(module))
     # The band law must reproduce every probe's measured path before it is trusted at n.
     for p, measured in probe_paths.items():
         if _band_path(band, p, recurrent, len(_stages(build(p)))) != measured:
-            return PathLength(None, "none: the band law does not reproduce the probes")
+            return PathLength(None, f"{PATH_NONE}: the band law does not reproduce the probes")
     value = _band_path(band, n, recurrent, stages)
     span = f"n={probes[0]}..{probes[-1]}"
-    return PathLength(value, f"extended: {band.describe()} at {span}, {stages} stage(s) at n={n}")
+    law = f"{band.describe()} at {span}, {stages} stage(s) at n={n}"
+    return PathLength(value, f"{PATH_EXTENDED}: {law}")
 
 
 _PROBE_CACHE: dict[Any, tuple[Band | None, dict[int, int]]] = {}
