@@ -53,8 +53,9 @@ from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 app = typer.Typer(
     name="attnbench",
-    help="Measure the complexity table of self-attention: time, memory and FLOPs of conv, "
-    "RNN and self-attention layers over a grid of sequence lengths n and widths d.",
+    help="Measure the complexity table of self-attention: time, memory, FLOPs, sequential "
+    "steps and path length of conv, recurrent and (restricted) self-attention layers over a "
+    "grid of sequence lengths n and widths d.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -480,8 +481,10 @@ def table(
         bool, typer.Option("--json", help="Print the table and exponents as JSON on stdout.")
     ] = False,
 ) -> None:
-    """The chapter's comparison table: each layer's theoretical orders beside the growth
-    measured in a run (log-log exponents in n, and in d for compute)."""
+    """The chapter's comparison table, theory beside the growth measured in a run.
+
+    Measured growth is a log-log exponent in n (and in d for compute), fitted on ok cases.
+    """
     try:
         run = load_for_table(folder)
         rows = comparison_table(run)
