@@ -17,74 +17,110 @@ from dataclasses import dataclass
 
 from attnbench.layers.conv import dilated_depth
 
-FlopFormula = Callable[[int, int, int, int, int], float]  # (b, n, d, k, r) -> forward FLOPs
+SizeFn = Callable[[int, int, int, int, int], float]  # (b, n, d, k, r) -> a size such as b·n·d²
+OrderFn = Callable[[int, int, int], float]  # (n, k, r) -> steps, up to a constant
+
+
+@dataclass(frozen=True)
+class Term:
+    """One term of a cost formula: ``flops`` FLOPs per unit of ``size``, e.g. 4 · b·n²·d."""
+
+    flops: float
+    name: str  # the size, as written in the formula: "b·n²·d"
+    size: SizeFn
 
 
 @dataclass(frozen=True)
 class LayerTheory:
-    """Theoretical cost of one layer (forward pass), as the chapter's table states it."""
+    """Theoretical cost of one layer (forward pass), as the chapter's table states it.
+
+    The FLOP formula is the sum of its terms; the cost-model fits use the same terms as their
+    columns, so a formula is written once for both.
+    """
 
     complexity: str  # computational complexity, e.g. "O(k n d^2)"
-    flops: FlopFormula
-    formula: str  # human-readable form of ``flops``
+    terms: tuple[Term, ...]
     sequential: str = "O(1)"  # sequential operations
     path: str = "O(1)"  # maximum path length
     row: str = ""  # the table row it belongs to
+    sequential_law: OrderFn = lambda n, k, r: 1.0
+    path_law: OrderFn = lambda n, k, r: 1.0
+
+    def flops(self, b: int, n: int, d: int, k: int, r: int) -> float:
+        """Forward FLOPs of one call."""
+        return float(sum(t.flops * t.size(b, n, d, k, r) for t in self.terms))
+
+    @property
+    def formula(self) -> str:
+        """The FLOP formula, human-readable: "8·b·n·d² + 4·b·n²·d"."""
+        return " + ".join(f"{t.flops:g}·{t.name}" for t in self.terms) or "0"
+
+    @property
+    def model(self) -> str:
+        """The cost model fitted to time: one coefficient per term, plus a constant."""
+        names = "abcdefg"
+        return " + ".join(f"{names[i]}·{t.name}" for i, t in enumerate(self.terms)) + " + c"
 
 
-def _attention(b: int, n: int, d: int, k: int, r: int) -> float:
-    # Four d x d projections (Q, K, V, O): 4 * 2*b*n*d^2.  QK^T and AV: 2 * 2*b*n^2*d.
-    return 8 * b * n * d * d + 4 * b * n * n * d
+def _log(n: int, k: int) -> float:
+    return float(dilated_depth(n, k))
 
 
-def _local_attention(b: int, n: int, d: int, k: int, r: int) -> float:
-    # Projections as above; each block of r queries meets 3r keys: QK^T and AV are
-    # 2 * 2*b*(blocks*r)*(3r)*d, blocks = ceil(n / r).
-    return 8 * b * n * d * d + 12 * b * math.ceil(n / r) * r * r * d
+# Sizes shared between layers: the same name is the same column in every cost model.
+_PROJECTIONS = Term(8, "b·n·d²", lambda b, n, d, k, r: b * n * d * d)  # Q, K, V, O: 4·2·b·n·d²
+_SCORES = Term(4, "b·n²·d", lambda b, n, d, k, r: b * n * n * d)  # QKᵀ and AV: 2·2·b·n²·d
 
 
-def _dilated(b: int, n: int, d: int, k: int, r: int) -> float:
-    return dilated_depth(n, k) * 2 * b * n * k * d * d
+def _recurrent(flops: int) -> LayerTheory:
+    # One d x d product for the input and one for the hidden state, per gate: 2·2·gates·b·n·d².
+    return LayerTheory(
+        "O(n d^2)",
+        (Term(flops, "b·n·d²", lambda b, n, d, k, r: b * n * d * d),),
+        sequential="O(n)",
+        path="O(n)",
+        row="recurrent",
+        sequential_law=lambda n, k, r: float(n),
+        path_law=lambda n, k, r: float(n),
+    )
+
+
+def _local_scores(b: int, n: int, d: int, k: int, r: int) -> float:
+    return b * math.ceil(n / r) * r * r * d
 
 
 # The fused layer computes the same function, so it shares the same theory.
-_ATTENTION = LayerTheory("O(n^2 d)", _attention, "8·b·n·d² + 4·b·n²·d", row="self-attention")
-_RECURRENT = {"sequential": "O(n)", "path": "O(n)", "row": "recurrent"}
+_ATTENTION = LayerTheory("O(n^2 d)", (_PROJECTIONS, _SCORES), row="self-attention")
 
 THEORY: dict[str, LayerTheory] = {
     "conv": LayerTheory(
         "O(k n d^2)",
-        lambda b, n, d, k, r: 2 * b * n * k * d * d,
-        "2·b·n·k·d²",
+        (Term(2, "b·n·k·d²", lambda b, n, d, k, r: b * n * k * d * d),),
         path="O(n/k)",
         row="convolutional",
+        path_law=lambda n, k, r: n / k,
     ),
     "conv-dilated": LayerTheory(
         "O(k n d^2 log_k n)",
-        _dilated,
-        "L·2·b·n·k·d², L = ⌈log_k n⌉ layers",
+        # L = ⌈log_k n⌉ stacked convolutions, each 2·b·n·k·d².
+        (Term(2, "L·b·n·k·d²", lambda b, n, d, k, r: _log(n, k) * b * n * k * d * d),),
         sequential="O(log_k n)",
         path="O(log_k n)",
         row="convolutional (dilated)",
+        sequential_law=lambda n, k, r: _log(n, k),
+        path_law=lambda n, k, r: _log(n, k),
     ),
-    # One d x d product for the input and one for the hidden state, per gate.
-    "rnn": LayerTheory(
-        "O(n d^2)", lambda b, n, d, k, r: 4 * b * n * d * d, "4·b·n·d²", **_RECURRENT
-    ),
-    "gru": LayerTheory(
-        "O(n d^2)", lambda b, n, d, k, r: 12 * b * n * d * d, "12·b·n·d²", **_RECURRENT
-    ),
-    "lstm": LayerTheory(
-        "O(n d^2)", lambda b, n, d, k, r: 16 * b * n * d * d, "16·b·n·d²", **_RECURRENT
-    ),
+    "rnn": _recurrent(4),
+    "gru": _recurrent(12),
+    "lstm": _recurrent(16),
     "attention": _ATTENTION,
     "attention-sdpa": _ATTENTION,
     "attention-local": LayerTheory(
         "O(r n d)",
-        _local_attention,
-        "8·b·n·d² + 12·b·⌈n/r⌉·r²·d",
+        # Each block of r queries meets 3r keys: QKᵀ and AV are 2·2·b·(⌈n/r⌉·r)·(3r)·d.
+        (_PROJECTIONS, Term(12, "b·⌈n/r⌉·r²·d", _local_scores)),
         path="O(n/r)",
         row="restricted self-attention",
+        path_law=lambda n, k, r: n / r,
     ),
 }
 

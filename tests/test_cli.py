@@ -213,7 +213,7 @@ def test_oom_cases_are_counted_and_the_exit_code_stays_0(
             return x
 
     monkeypatch.setitem(LAYERS, "hungry", LayerInfo("hungry", Hungry, (), "test"))
-    monkeypatch.setitem(THEORY, "hungry", LayerTheory("O(1)", lambda b, n, d, k, r: 0, "0"))
+    monkeypatch.setitem(THEORY, "hungry", LayerTheory("O(1)", ()))
     out = tmp_path / "run"
     args = ["--layers", "hungry", "--n", "8..32", "--d", "8", "--device", "cpu"]
     result = runner.invoke(app, ["sweep", *args, "--time-budget", "0.002", "--out", str(out)])

@@ -59,7 +59,7 @@ def test_a_failing_case_is_recorded_and_the_sweep_goes_on(
             return x
 
     monkeypatch.setitem(LAYERS, "broken", LayerInfo("broken", Broken, (), "test"))
-    monkeypatch.setitem(THEORY, "broken", LayerTheory("O(1)", lambda b, n, d, k, r: 0, "0"))
+    monkeypatch.setitem(THEORY, "broken", LayerTheory("O(1)", ()))
     grid = build_grid({"layers": "conv", "n": "16,32", "d": "8", "device": "cpu"})
     grid = Grid(**{**grid.__dict__, "layers": ("broken", "conv"), "time_budget_s": 0.005})
     run = run_sweep(grid, tmp_path / "run")
