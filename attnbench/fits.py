@@ -1,4 +1,12 @@
-"""Growth laws fitted to measurements: log-log exponents with confidence intervals (scipy).
+"""Theory against measurements: exponents, cost models and crossovers (scipy).
+
+Three views, each a tidy table:
+- ``exponent_table``: log-log exponents of every metric in n and in d, with 95% intervals,
+  beside the theory's own exponent over the same points;
+- ``model_fits`` / ``model_table``: each formula of the table fitted to time by non-negative
+  least squares (a·n²·d + b·n·d² + c), its relative RMS, and which formula fits a layer best;
+- ``crossover_table``: the n at which attention becomes slower than an RNN or a convolution,
+  measured and predicted.
 
 A measured exponent says how a metric grows: time ~ n^a at fixed d means a ~ 2 for attention
 and a ~ 1 for an RNN.  Small sizes are dominated by fixed overheads, so time is fitted over the
@@ -8,11 +16,17 @@ upper part of the range only (``upper_half``); exact counts (steps, path length)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from scipy import stats
+import pandas as pd
+from scipy import optimize, stats
+
+from attnbench.layers import DEFAULTS
+from attnbench.results import RunResults
+from attnbench.theory import THEORY, LayerTheory, Term
 
 
 @dataclass(frozen=True)
@@ -41,6 +55,8 @@ def loglog_exponent(x: Sequence[float], y: Sequence[float]) -> Exponent | None:
         return None
     lx = np.log([a for a, _ in pairs])
     ly = np.log([b for _, b in pairs])
+    if np.ptp(ly) == 0:  # a constant: slope exactly 0 (linregress would give nan bounds)
+        return Exponent(0.0, 0.0, 0.0, len(pairs), xs[0], xs[-1])
     fit = stats.linregress(lx, ly)
     if len(pairs) > 2:
         t = stats.t.ppf(0.975, len(pairs) - 2)
@@ -55,3 +71,436 @@ def upper_half(values: Sequence[int], minimum: int = 3) -> list[int]:
     distinct = sorted(set(values))
     keep = max(minimum, math.ceil(len(distinct) / 2))
     return distinct[-keep:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Exponents of every metric, beside the theory's exponent over the same points.
+
+# Metrics fitted, and whether their small sizes carry fixed overheads (fit the upper part only).
+METRICS: dict[str, bool] = {
+    "time_s": True,
+    "peak_bytes": True,
+    "flops": False,
+    "seq_steps": False,
+    "path_len": False,
+}
+EXPONENT_COLUMNS = [
+    "layer",
+    "metric",
+    "along",  # "n" (at fixed d) or "d" (at fixed n)
+    "fixed",  # the value of the other size
+    "exponent",
+    "ci_low",
+    "ci_high",
+    "theory",  # the theory's log-log slope over the same points (nan: no theory for the metric)
+    "agrees",  # theory within the 95% interval, or within EXACT_TOLERANCE of the exponent
+    "points",
+    "range_from",
+    "range_to",
+    "range_rule",  # how the sizes were chosen
+]
+
+
+def fit_frame(run: RunResults) -> pd.DataFrame:
+    """The run's measured rows, with k and window filled in where a layer has none.
+
+    A rival model needs them to be evaluated on any layer's sizes (the conv model on an RNN's
+    cases, say); the run's own options are used, so the coefficients read in its units.
+    """
+    config = run.meta.get("config", {})
+    fill = {
+        "k": int(config.get("k") or DEFAULTS["k"]),
+        "window": int(config.get("window") or DEFAULTS["window"]),
+    }
+    frame = run.measured.copy()
+    for column, value in fill.items():
+        frame[column] = frame[column].fillna(value).astype(int)
+    for column in ("n", "d", "batch"):
+        frame[column] = frame[column].astype(int)
+    return frame
+
+
+def _law(metric: str, theory: LayerTheory) -> Callable[[pd.Series], float] | None:
+    """The theory's value of ``metric`` for one case row, up to a constant; None if it has none."""
+    if metric in ("time_s", "flops"):
+        return lambda c: theory.flops(c.batch, c.n, c.d, c.k, c.window)
+    if metric == "seq_steps":
+        return lambda c: theory.sequential_law(c.n, c.k, c.window)
+    if metric == "path_len":
+        return lambda c: theory.path_law(c.n, c.k, c.window)
+    return None
+
+
+def _numeric(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    values = pd.to_numeric(frame[column], errors="coerce")
+    return frame.assign(**{column: values}).dropna(subset=[column])
+
+
+# A fixed overhead "dominates" a case while it is more than this share of the case's time.
+OVERHEAD_SHARE = 0.5
+MIN_FIT_POINTS = 3
+
+
+def fit_sizes(line: pd.DataFrame, along: str, metric: str, overhead: float | None) -> list[int]:
+    """The sizes to fit an exponent on, per ``range_rule``.
+
+    With a fitted constant overhead (seconds), the sizes whose median time is at least twice it;
+    without one, the upper half. Either way at least ``MIN_FIT_POINTS`` sizes, the largest.
+    """
+    sizes = sorted(set(line[along]))
+    if overhead is None:
+        return upper_half(sizes, MIN_FIT_POINTS)
+    slowest = line.groupby(along)[metric].min()
+    keep = [s for s in sizes if overhead <= OVERHEAD_SHARE * slowest[s]]
+    return keep if len(keep) >= MIN_FIT_POINTS else sizes[-MIN_FIT_POINTS:]
+
+
+def range_rule(metric: str, overhead: float | None) -> str:
+    if not METRICS[metric]:
+        return "all sizes (exact count)"
+    if overhead is None:
+        return "upper half of sizes"
+    return f"sizes where the fitted overhead {overhead * 1e6:.0f} µs is under half the time"
+
+
+def exponent_table(
+    measured: pd.DataFrame, fits: Mapping[str, list[ModelFit]] | None = None
+) -> pd.DataFrame:
+    """Log-log exponents of each metric along n (for each d) and along d (for each n).
+
+    Exact counts use every size. Time uses the sizes where the layer's own fitted cost model
+    says the constant overhead is under half the time (``fits``; upper half without them), and
+    peak memory the upper half. ``theory`` is the slope of the theory's law over the same
+    points, so a mixed formula such as 8·n·d² + 4·n²·d is judged on the range it was measured.
+    """
+    rows: list[dict[str, Any]] = []
+    for layer, group in measured.groupby("layer", sort=False):
+        theory = THEORY.get(str(layer))
+        own = own_fit(fits, str(layer)) if fits else None
+        for metric, overheads in METRICS.items():
+            if metric not in group:
+                continue
+            values = _numeric(group, metric)
+            law = _law(metric, theory) if theory else None
+            overhead = own.constant if own is not None and metric == "time_s" else None
+            for along, other in (("n", "d"), ("d", "n")):
+                for fixed, line in values.groupby(other):
+                    if line[along].nunique() < 2:
+                        continue
+                    if overheads:
+                        line = line[line[along].isin(fit_sizes(line, along, metric, overhead))]
+                    fit = loglog_exponent(line[along].tolist(), line[metric].astype(float).tolist())
+                    if fit is None:
+                        continue
+                    slope = math.nan
+                    if law is not None:
+                        expected = [law(c) for c in line.itertuples(index=False)]
+                        theory_fit = loglog_exponent(line[along].tolist(), expected)
+                        slope = theory_fit.slope if theory_fit else math.nan
+                    rows.append(
+                        {
+                            "layer": layer,
+                            "metric": metric,
+                            "along": along,
+                            "fixed": int(fixed),
+                            "exponent": fit.slope,
+                            "ci_low": fit.low,
+                            "ci_high": fit.high,
+                            "theory": slope,
+                            "agrees": agrees(fit, slope),
+                            "points": fit.points,
+                            "range_from": int(fit.x_min),
+                            "range_to": int(fit.x_max),
+                            "range_rule": range_rule(metric, overhead),
+                        }
+                    )
+    return pd.DataFrame(rows, columns=EXPONENT_COLUMNS)
+
+
+# Exact counts carry lower-order terms (an RNN's 3n + 2 steps), which make a tiny interval miss
+# the order's exponent; within this distance the order still holds.
+EXACT_TOLERANCE = 0.05
+
+
+def agrees(fit: Exponent, theory: float) -> bool | None:
+    """Whether the theory's exponent lies in the 95% interval (or within EXACT_TOLERANCE)."""
+    if math.isnan(theory):
+        return None
+    if abs(fit.slope - theory) <= EXACT_TOLERANCE:
+        return True
+    if math.isnan(fit.low):
+        return None
+    return bool(fit.low <= theory <= fit.high)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost models: time ≈ Σ a_i · size_i + c, fitted with non-negative least squares.
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """One family of the formula table, as a model of time: its terms plus a constant."""
+
+    name: str  # the table row: "self-attention"
+    terms: tuple[Term, ...]
+    layers: tuple[str, ...]  # the layers whose own model this is
+
+    @property
+    def formula(self) -> str:
+        """Greek coefficients, since the sizes use b for batch: "α·b·n·d² + β·b·n²·d + γ"."""
+        letters = "αβδεζ"
+        parts = [f"{letters[i]}·{t.name}" for i, t in enumerate(self.terms)]
+        return " + ".join([*parts, "γ"])
+
+
+def cost_models() -> tuple[CostModel, ...]:
+    """The distinct models of the formula table (layers with the same terms share one)."""
+    models: dict[tuple[str, ...], CostModel] = {}
+    for layer, theory in THEORY.items():
+        key = tuple(t.name for t in theory.terms)
+        if not key:
+            continue
+        if key in models:
+            old = models[key]
+            models[key] = CostModel(old.name, old.terms, (*old.layers, layer))
+        else:
+            models[key] = CostModel(theory.row or layer, theory.terms, (layer,))
+    return tuple(models.values())
+
+
+@dataclass(frozen=True)
+class ModelFit:
+    """A cost model fitted to one layer's medians over all its measured sizes."""
+
+    model: CostModel
+    coefficients: tuple[float, ...]  # seconds per unit of each term's size
+    constant: float  # seconds
+    rms: float  # RMS of the residuals divided by the mean time, as google-benchmark reports it
+    aicc: float  # corrected Akaike criterion on the relative residuals (lower is better)
+    points: int
+
+    def predict(self, sizes: np.ndarray) -> np.ndarray:
+        """Time for rows of term sizes, shape (points, terms)."""
+        return sizes @ np.array(self.coefficients) + self.constant
+
+    def flops_per_s(self) -> tuple[float, ...]:
+        """Each term's implied throughput: its FLOPs per unit of size over its coefficient."""
+        return tuple(
+            t.flops / a if a > 0 else math.inf
+            for t, a in zip(self.model.terms, self.coefficients, strict=True)
+        )
+
+
+def term_sizes(frame: pd.DataFrame, terms: Sequence[Term]) -> np.ndarray:
+    """The design matrix: each case's size for each term, shape (cases, terms)."""
+    return np.array(
+        [
+            [t.size(c.batch, c.n, c.d, c.k, c.window) for t in terms]
+            for c in frame.itertuples(index=False)
+        ],
+        dtype=float,
+    ).reshape(len(frame), len(terms))
+
+
+def fit_cost_model(
+    frame: pd.DataFrame, model: CostModel, metric: str = "time_s"
+) -> ModelFit | None:
+    """Non-negative least squares on relative errors; None with too few points for the model.
+
+    Times span orders of magnitude, so each row is divided by its measured time (as
+    google-benchmark minimises relative error); columns are scaled to one before NNLS.
+    """
+    values = _numeric(frame, metric)
+    y = values[metric].to_numpy(dtype=float)
+    params = len(model.terms) + 1
+    if len(y) < params + 2 or (y <= 0).any():
+        return None
+    design = np.column_stack([term_sizes(values, model.terms), np.ones(len(y))])  # (N, p)
+    weighted = design / y[:, None]
+    scale = np.abs(weighted).max(axis=0)
+    scale[scale == 0] = 1.0
+    solution, _ = optimize.nnls(weighted / scale, np.ones(len(y)))
+    coef = solution / scale
+    fitted = design @ coef
+    rms = math.sqrt(float(np.mean((y - fitted) ** 2))) / float(np.mean(y))
+    rss = max(float(np.sum(((y - fitted) / y) ** 2)), 1e-300)
+    n = len(y)
+    aicc = n * math.log(rss / n) + 2 * params + 2 * params * (params + 1) / (n - params - 1)
+    return ModelFit(model, tuple(float(a) for a in coef[:-1]), float(coef[-1]), rms, aicc, n)
+
+
+MODEL_COLUMNS = [
+    "layer",
+    "model",
+    "formula",
+    "own",  # the layer's own model
+    "best",  # lowest AICc among the models fitted to this layer
+    "rms",
+    "aicc",
+    "coefficients",  # {term: seconds per unit}
+    "constant_s",
+    "gflops_per_s",  # {term: implied GFLOP/s}
+    "points",
+]
+
+
+def model_fits(measured: pd.DataFrame, metric: str = "time_s") -> dict[str, list[ModelFit]]:
+    """Every model of the table fitted to every layer, best first (ties go to the own model)."""
+    fits: dict[str, list[ModelFit]] = {}
+    for layer, group in measured.groupby("layer", sort=False):
+        found = [f for m in cost_models() if (f := fit_cost_model(group, m, metric)) is not None]
+        found.sort(key=lambda f: (round(f.aicc, 6), str(layer) not in f.model.layers))
+        if found:
+            fits[str(layer)] = found
+    return fits
+
+
+def model_table(fits: Mapping[str, list[ModelFit]]) -> pd.DataFrame:
+    """One row per (layer, model): coefficients, relative RMS, AICc, and which fits best."""
+    rows = []
+    for layer, found in fits.items():
+        for rank, f in enumerate(found):
+            rows.append(
+                {
+                    "layer": layer,
+                    "model": f.model.name,
+                    "formula": f.model.formula,
+                    "own": layer in f.model.layers,
+                    "best": rank == 0,
+                    "rms": f.rms,
+                    "aicc": f.aicc,
+                    "coefficients": {
+                        t.name: a for t, a in zip(f.model.terms, f.coefficients, strict=True)
+                    },
+                    "constant_s": f.constant,
+                    "gflops_per_s": {
+                        t.name: g / 1e9 for t, g in zip(f.model.terms, f.flops_per_s(), strict=True)
+                    },
+                    "points": f.points,
+                }
+            )
+    return pd.DataFrame(rows, columns=MODEL_COLUMNS)
+
+
+def own_fit(fits: Mapping[str, list[ModelFit]], layer: str) -> ModelFit | None:
+    """The layer's own model among its fits."""
+    return next((f for f in fits.get(layer, []) if layer in f.model.layers), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Crossovers: the n at which attention becomes more expensive than a recurrent or conv layer.
+
+CROSSOVER_COLUMNS = [
+    "d",
+    "layer",
+    "versus",
+    "measured_n",  # interpolated in log-log between the sweep's sizes (nan: not inside the range)
+    "measured",  # the same, in words: "≈ 362", "below 64", "above 1024"
+    "theory_flops_n",  # where the full FLOP formulas cross (0: from n = 1 on; nan: never)
+    "theory_flops",
+    "theory_order_n",  # where the chapter's orders cross: n²·d = n·d² gives n = d
+    "theory_order",
+]
+
+QUADRATIC = "b·n²·d"  # the term that makes a layer's cost quadratic in n
+
+
+def quadratic_layers(layers: Sequence[str]) -> list[str]:
+    return [x for x in layers if x in THEORY and QUADRATIC in (t.name for t in THEORY[x].terms)]
+
+
+def rival_layers(layers: Sequence[str]) -> list[str]:
+    """Recurrent and convolutional layers: the ones attention is set against in the chapter."""
+    rows = ("recurrent", "convolutional", "convolutional (dilated)")
+    return [x for x in layers if x in THEORY and THEORY[x].row in rows]
+
+
+def measured_crossover(ns: Sequence[float], ratio: Sequence[float]) -> float:
+    """The n where ``ratio`` (attention time / rival time) last rises through 1, log-log.
+
+    -inf when attention is already slower at the smallest n, inf when it is faster throughout.
+    """
+    logs = np.log(np.asarray(ratio, dtype=float))
+    if (logs >= 0).all():
+        return -math.inf
+    if (logs < 0).all():
+        return math.inf
+    last = max(i for i in range(1, len(logs)) if logs[i - 1] < 0 <= logs[i])
+    x0, x1 = math.log(ns[last - 1]), math.log(ns[last])
+    y0, y1 = logs[last - 1], logs[last]
+    return math.exp(x0 + (x1 - x0) * (0 - y0) / (y1 - y0))
+
+
+def formula_crossover(cost: Callable[[float], float], upper: float = 2.0**40) -> float:
+    """The smallest n ≥ 1 where ``cost(n)`` (attention minus rival) turns positive; nan if never.
+
+    0 when it is positive from n = 1 on.
+    """
+    grid = np.geomspace(1, upper, 481)
+    values = np.array([cost(n) for n in grid])
+    if values[0] > 0:
+        return 0.0
+    above = np.nonzero(values > 0)[0]
+    if not len(above):
+        return math.nan
+    i = int(above[0])
+    return float(optimize.brentq(cost, grid[i - 1], grid[i], xtol=1e-9, rtol=1e-12))
+
+
+def _predicted(n: float) -> str:
+    if n == 0:
+        return "every n"
+    return "never" if math.isnan(n) else f"≈ {n:.0f}"
+
+
+def _describe(n: float, ns: Sequence[int]) -> str:
+    if n == -math.inf:
+        return f"below {min(ns)}"
+    if n == math.inf:
+        return f"above {max(ns)}"
+    return f"≈ {n:.0f}"
+
+
+def crossover_table(measured: pd.DataFrame) -> pd.DataFrame:
+    """For each d and each (attention, rival) pair: measured and predicted crossover n."""
+    layers = list(dict.fromkeys(measured["layer"]))
+    rows = []
+    for d, at_d in measured.groupby("d"):
+        medians = at_d.pivot_table(index="n", columns="layer", values="time_s")
+        for layer in quadratic_layers(layers):
+            for rival in rival_layers(layers):
+                if layer not in medians or rival not in medians:
+                    continue
+                both = medians[[layer, rival]].dropna()
+                sample = at_d[at_d["layer"] == layer].iloc[0]
+                other = at_d[at_d["layer"] == rival].iloc[0]
+                b, d_ = int(sample.batch), int(d)
+
+                def flops_gap(n: float, s=sample, o=other, b=b, d_=d_) -> float:
+                    mine = THEORY[s.layer].flops(b, n, d_, int(s.k), int(s.window))
+                    return mine - THEORY[o.layer].flops(b, n, d_, int(o.k), int(o.window))
+
+                def order_gap(n: float, s=sample, o=other, b=b, d_=d_) -> float:
+                    mine = THEORY[s.layer].order(b, n, d_, int(s.k), int(s.window))
+                    return mine - THEORY[o.layer].order(b, n, d_, int(o.k), int(o.window))
+
+                found = math.nan
+                words = "no common n"
+                if len(both) >= 2:
+                    ns = both.index.tolist()
+                    found = measured_crossover(ns, (both[layer] / both[rival]).tolist())
+                    words = _describe(found, ns)
+                rows.append(
+                    {
+                        "d": d_,
+                        "layer": layer,
+                        "versus": rival,
+                        "measured_n": found if math.isfinite(found) else math.nan,
+                        "measured": words,
+                        "theory_flops_n": (by_flops := formula_crossover(flops_gap)),
+                        "theory_flops": _predicted(by_flops),
+                        "theory_order_n": (by_order := formula_crossover(order_gap)),
+                        "theory_order": _predicted(by_order),
+                    }
+                )
+    return pd.DataFrame(rows, columns=CROSSOVER_COLUMNS)

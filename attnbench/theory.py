@@ -43,6 +43,8 @@ class LayerTheory:
     sequential: str = "O(1)"  # sequential operations
     path: str = "O(1)"  # maximum path length
     row: str = ""  # the table row it belongs to
+    # The chapter's order as a size (leading term, constant 1): n²·d for attention.
+    order: SizeFn = lambda b, n, d, k, r: 0.0
     sequential_law: OrderFn = lambda n, k, r: 1.0
     path_law: OrderFn = lambda n, k, r: 1.0
 
@@ -79,6 +81,7 @@ def _recurrent(flops: int) -> LayerTheory:
         sequential="O(n)",
         path="O(n)",
         row="recurrent",
+        order=lambda b, n, d, k, r: n * d * d,
         sequential_law=lambda n, k, r: float(n),
         path_law=lambda n, k, r: float(n),
     )
@@ -89,7 +92,12 @@ def _local_scores(b: int, n: int, d: int, k: int, r: int) -> float:
 
 
 # The fused layer computes the same function, so it shares the same theory.
-_ATTENTION = LayerTheory("O(n^2 d)", (_PROJECTIONS, _SCORES), row="self-attention")
+_ATTENTION = LayerTheory(
+    "O(n^2 d)",
+    (_PROJECTIONS, _SCORES),
+    row="self-attention",
+    order=lambda b, n, d, k, r: n * n * d,
+)
 
 THEORY: dict[str, LayerTheory] = {
     "conv": LayerTheory(
@@ -97,6 +105,7 @@ THEORY: dict[str, LayerTheory] = {
         (Term(2, "b·n·k·d²", lambda b, n, d, k, r: b * n * k * d * d),),
         path="O(n/k)",
         row="convolutional",
+        order=lambda b, n, d, k, r: k * n * d * d,
         path_law=lambda n, k, r: n / k,
     ),
     "conv-dilated": LayerTheory(
@@ -106,6 +115,7 @@ THEORY: dict[str, LayerTheory] = {
         sequential="O(log_k n)",
         path="O(log_k n)",
         row="convolutional (dilated)",
+        order=lambda b, n, d, k, r: k * n * d * d * _log(n, k),
         sequential_law=lambda n, k, r: _log(n, k),
         path_law=lambda n, k, r: _log(n, k),
     ),
@@ -120,6 +130,7 @@ THEORY: dict[str, LayerTheory] = {
         (_PROJECTIONS, Term(12, "b·⌈n/r⌉·r²·d", _local_scores)),
         path="O(n/r)",
         row="restricted self-attention",
+        order=lambda b, n, d, k, r: r * n * d,
         path_law=lambda n, k, r: n / r,
     ),
 }

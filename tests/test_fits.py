@@ -1,0 +1,215 @@
+"""Fits recover known exponents, coefficients, models and crossovers from synthetic data."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnbench import fits
+from attnbench.fits import (
+    cost_models,
+    crossover_table,
+    exponent_table,
+    fit_cost_model,
+    fit_frame,
+    formula_crossover,
+    loglog_exponent,
+    measured_crossover,
+    model_fits,
+    model_table,
+)
+from attnbench.results import RunResults
+from attnbench.theory import THEORY
+
+NS = (64, 128, 256, 512, 1024, 2048)
+DS = (32, 64, 128, 256)
+
+
+def synthetic(layer: str, time, *, noise: float = 0.02, seed: int = 0) -> pd.DataFrame:
+    """Measured-like rows whose median time is ``time(n, d)`` times lognormal noise."""
+    rng = np.random.default_rng(seed)
+    rows = [
+        {"layer": layer, "n": n, "d": d, "k": 3, "window": 16, "batch": 1} for n in NS for d in DS
+    ]
+    frame = pd.DataFrame(rows)
+    truth = np.array([time(r.n, r.d) for r in frame.itertuples()])
+    frame["time_s"] = truth * np.exp(rng.normal(0, noise, len(frame)))
+    frame["flops"] = [
+        THEORY[layer].flops(1, r.n, r.d, 3, 16) if layer in THEORY else 0.0
+        for r in frame.itertuples()
+    ]
+    return frame
+
+
+def model_named(name: str) -> fits.CostModel:
+    return next(m for m in cost_models() if m.name == name)
+
+
+def test_exponent_recovers_slope_and_interval_covers_truth():
+    # 200 noisy lines of slope 1.7: the 95% interval should cover 1.7 about 95% of the time.
+    rng = np.random.default_rng(1)
+    x = np.array([64, 128, 256, 512, 1024, 2048], dtype=float)
+    covered, slopes = 0, []
+    for _ in range(200):
+        y = 3e-9 * x**1.7 * np.exp(rng.normal(0, 0.1, len(x)))
+        fit = loglog_exponent(x.tolist(), y.tolist())
+        slopes.append(fit.slope)
+        covered += fit.low <= 1.7 <= fit.high
+    assert abs(np.mean(slopes) - 1.7) < 0.02
+    assert 0.88 <= covered / 200 <= 0.99
+
+
+def test_constant_metric_has_zero_exponent_and_zero_width():
+    fit = loglog_exponent([64, 128, 256], [13.0, 13.0, 13.0])
+    assert (fit.slope, fit.low, fit.high) == (0.0, 0.0, 0.0)
+
+
+def test_cost_model_recovers_attention_coefficients_under_noise():
+    a, b, c = 2e-11, 5e-13, 1e-4  # seconds per n·d², per n²·d, and overhead
+    frame = synthetic("attention", lambda n, d: a * n * d * d + b * n * n * d + c)
+    fit = fit_cost_model(frame, model_named("self-attention"))
+    assert fit.coefficients == pytest.approx((a, b), rel=0.1)
+    assert fit.constant == pytest.approx(c, rel=0.2)
+    assert fit.rms < 0.05
+    assert fit.points == len(NS) * len(DS)
+
+
+def test_cost_model_on_counted_flops_gives_the_formula_exactly():
+    # FLOPs are exact: the fit must return the formula's own constants, 8 and 4, and no offset.
+    frame = synthetic("attention", lambda n, d: 1.0, noise=0)
+    fit = fit_cost_model(frame, model_named("self-attention"), metric="flops")
+    assert fit.coefficients == pytest.approx((8, 4), rel=1e-6)
+    assert fit.constant == pytest.approx(0, abs=1e-3)
+    assert fit.rms < 1e-9
+
+
+def test_coefficients_are_never_negative():
+    # A time that falls with d would need a negative n·d² coefficient; NNLS pins it at zero.
+    frame = synthetic("attention", lambda n, d: 1e-9 * n * n / d + 1e-5)
+    fit = fit_cost_model(frame, model_named("self-attention"))
+    assert min(fit.coefficients) >= 0 and fit.constant >= 0
+
+
+def test_too_few_points_give_no_fit():
+    frame = synthetic("attention", lambda n, d: 1e-9 * n * n * d).head(3)
+    assert fit_cost_model(frame, model_named("self-attention")) is None
+
+
+@pytest.mark.parametrize(
+    ("layer", "time", "expected"),
+    [
+        ("attention", lambda n, d: 2e-11 * n * d * d + 5e-13 * n * n * d + 1e-4, "self-attention"),
+        ("rnn", lambda n, d: 3e-10 * n * d * d + 2e-4, "recurrent"),
+        ("conv", lambda n, d: 1e-11 * 3 * n * d * d + 5e-5, "convolutional"),
+        (
+            "attention-local",
+            lambda n, d: 2e-11 * n * d * d + 1e-9 * n * 16 * d + 1e-4,
+            "restricted self-attention",
+        ),
+    ],
+)
+def test_model_choice_picks_the_model_that_generated_the_data(layer, time, expected):
+    frame = synthetic(layer, time, noise=0.03, seed=7)
+    best = model_fits(frame)[layer][0]
+    assert best.model.name == expected
+
+
+def test_model_choice_prefers_the_smaller_model_when_the_extra_term_is_not_there():
+    # Pure n·d² data: the attention model nests it, but must not win on its spare term.
+    frame = synthetic("rnn", lambda n, d: 3e-10 * n * d * d + 2e-4, noise=0.03, seed=3)
+    names = [f.model.name for f in model_fits(frame)["rnn"]]
+    assert names.index("recurrent") < names.index("self-attention")
+
+
+def test_model_table_marks_own_and_best_and_reports_throughput():
+    frame = synthetic("attention", lambda n, d: 2e-11 * n * d * d + 5e-13 * n * n * d + 1e-4)
+    table = model_table(model_fits(frame))
+    own = table[table["own"]].iloc[0]
+    assert own["model"] == "self-attention" and own["best"]
+    assert table["best"].sum() == 1
+    # 8 FLOPs per n·d² unit at 2e-11 s per unit: 400 GFLOP/s.
+    assert own["gflops_per_s"]["b·n·d²"] == pytest.approx(8 / 2e-11 / 1e9, rel=0.1)
+    assert own["formula"] == "α·b·n·d² + β·b·n²·d + γ"
+
+
+def test_rival_models_share_a_name_per_table_row():
+    names = [m.name for m in cost_models()]
+    assert len(names) == len(set(names))
+    assert set(model_named("recurrent").layers) == {"rnn", "gru", "lstm"}
+    assert set(model_named("self-attention").layers) == {"attention", "attention-sdpa"}
+
+
+def test_exponent_table_uses_overhead_rule_and_compares_with_theory():
+    frame = synthetic("attention", lambda n, d: 5e-13 * n * n * d + 1e-3, noise=0.01)
+    table = exponent_table(frame, model_fits(frame))
+    row = table[(table.metric == "time_s") & (table.along == "n") & (table.fixed == 256)].iloc[0]
+    # With 1 ms overhead, n·n·256·5e-13 s ≥ 2 ms needs n ≥ 4000: too few sizes, so the top 3.
+    assert (row.range_from, row.range_to, row.points) == (512, 2048, 3)
+    assert "overhead" in row.range_rule
+    flops = table[(table.metric == "flops") & (table.along == "n") & (table.fixed == 32)].iloc[0]
+    assert flops.exponent == pytest.approx(flops.theory)
+    assert flops.agrees and flops.range_from == 64
+
+
+def test_exponent_agreement_tolerates_lower_order_terms_of_exact_counts():
+    # An RNN traces 3n + 2 steps: slope 0.997 with a tiny interval, still O(n).
+    n = [64, 128, 256, 512, 1024]
+    fit = loglog_exponent(n, [3 * x + 2 for x in n])
+    assert not fit.low <= 1.0 <= fit.high
+    assert fits.agrees(fit, 1.0)
+    assert not fits.agrees(loglog_exponent(n, [x**1.5 for x in n]), 1.0)
+
+
+def test_measured_crossover_interpolates_in_log_log():
+    # Ratio 0.5 at n=256 and 2 at n=1024: it crosses 1 at n=512 exactly.
+    assert measured_crossover([256, 1024], [0.5, 2.0]) == pytest.approx(512)
+    assert measured_crossover([64, 128], [1.5, 3.0]) == -math.inf
+    assert measured_crossover([64, 128], [0.1, 0.2]) == math.inf
+    # Noise that dips and rises again: the last rise is the crossover.
+    rises = 256 * 2 ** (np.log(1 / 0.8) / np.log(4))  # from 0.8 at 256 to 3.2 at 512
+    assert measured_crossover([64, 128, 256, 512], [1.1, 0.9, 0.8, 3.2]) == pytest.approx(rises)
+
+
+def test_formula_crossovers_match_the_algebra():
+    d = 64
+    attention, lstm, rnn = THEORY["attention"], THEORY["lstm"], THEORY["rnn"]
+    # 8nd² + 4n²d = 16nd²  ->  n = 2d.
+    gap = lambda n: attention.flops(1, n, d, 0, 0) - lstm.flops(1, n, d, 0, 0)  # noqa: E731
+    assert formula_crossover(gap) == pytest.approx(2 * d)
+    # The chapter's orders: n²d = nd²  ->  n = d.
+    order = lambda n: attention.order(1, n, d, 0, 0) - rnn.order(1, n, d, 0, 0)  # noqa: E731
+    assert formula_crossover(order) == pytest.approx(d)
+    # Attention's projections alone outweigh a plain RNN: more FLOPs at every n.
+    flops = lambda n: attention.flops(1, n, d, 0, 0) - rnn.flops(1, n, d, 0, 0)  # noqa: E731
+    assert formula_crossover(flops) == 0
+    assert math.isnan(formula_crossover(lambda n: -1.0))
+
+
+def test_crossover_table_measured_and_predicted_side_by_side():
+    att = synthetic("attention", lambda n, d: 1e-9 * n * n * d / 64, noise=0)
+    rnn = synthetic("rnn", lambda n, d: 1e-9 * n * 512 * d / 64, noise=0)
+    table = crossover_table(pd.concat([att, rnn]))
+    assert len(table) == len(DS)
+    row = table[table.d == 64].iloc[0]
+    assert (row.layer, row.versus) == ("attention", "rnn")
+    assert row.measured_n == pytest.approx(512)  # n² = 512 n
+    assert row.measured == "≈ 512"
+    assert row.theory_order_n == pytest.approx(64) and row.theory_flops == "every n"
+
+
+def test_fit_frame_fills_options_from_the_run(tiny_run: RunResults):
+    frame = fit_frame(tiny_run)
+    assert frame["k"].notna().all() and frame["window"].notna().all()
+    assert set(frame["window"]) == {16}
+    assert len(frame) == len(tiny_run.measured)
+
+
+def test_exponents_of_the_tiny_run_follow_the_table(tiny_run: RunResults):
+    table = exponent_table(fit_frame(tiny_run))
+    steps = table[(table.metric == "seq_steps") & (table.along == "n")].set_index("layer")
+    assert steps.loc["rnn", "exponent"] == pytest.approx(1, abs=0.05)
+    assert steps.loc["attention", "exponent"] == 0
+    assert steps["agrees"].all()
