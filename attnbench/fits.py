@@ -26,7 +26,7 @@ from scipy import optimize, stats
 
 from attnbench.layers import DEFAULTS
 from attnbench.results import RunResults
-from attnbench.theory import THEORY, LayerTheory, Term
+from attnbench.theory import THEORY, Term
 
 
 @dataclass(frozen=True)
@@ -120,15 +120,25 @@ def fit_frame(run: RunResults) -> pd.DataFrame:
     return frame
 
 
-def _law(metric: str, theory: LayerTheory) -> Callable[[pd.Series], float] | None:
-    """The theory's value of ``metric`` for one case row, up to a constant; None if it has none."""
-    if metric in ("time_s", "flops"):
-        return lambda c: theory.flops(c.batch, c.n, c.d, c.k, c.window)
-    if metric == "seq_steps":
-        return lambda c: theory.sequential_law(c.n, c.k, c.window)
-    if metric == "path_len":
-        return lambda c: theory.path_law(c.n, c.k, c.window)
-    return None
+def theory_values(frame: pd.DataFrame, metric: str) -> pd.Series | None:
+    """The theory's value of ``metric`` for each case row, up to a constant; None without one."""
+    if metric not in ("time_s", "flops", "seq_steps", "path_len"):
+        return None
+    values = []
+    for layer, b, n, d, k, r in zip(
+        frame["layer"], frame["batch"], frame["n"], frame["d"], frame["k"], frame["window"],
+        strict=True,
+    ):  # fmt: skip
+        theory = THEORY.get(layer)
+        if theory is None:
+            values.append(math.nan)
+        elif metric == "seq_steps":
+            values.append(theory.sequential_law(n, k, r))
+        elif metric == "path_len":
+            values.append(theory.path_law(n, k, r))
+        else:
+            values.append(theory.flops(b, n, d, k, r))
+    return pd.Series(values, index=frame.index, dtype=float)
 
 
 def _numeric(frame: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -175,13 +185,12 @@ def exponent_table(
     """
     rows: list[dict[str, Any]] = []
     for layer, group in measured.groupby("layer", sort=False):
-        theory = THEORY.get(str(layer))
         own = own_fit(fits, str(layer)) if fits else None
         for metric, overheads in METRICS.items():
             if metric not in group:
                 continue
             values = _numeric(group, metric)
-            law = _law(metric, theory) if theory else None
+            law = theory_values(values, metric)
             overhead = own.constant if own is not None and metric == "time_s" else None
             for along, other in (("n", "d"), ("d", "n")):
                 for fixed, line in values.groupby(other):
@@ -194,7 +203,7 @@ def exponent_table(
                         continue
                     slope = math.nan
                     if law is not None:
-                        expected = [law(c) for c in line.itertuples(index=False)]
+                        expected = law.loc[line.index].tolist()
                         theory_fit = loglog_exponent(line[along].tolist(), expected)
                         slope = theory_fit.slope if theory_fit else math.nan
                     rows.append(
@@ -293,13 +302,9 @@ class ModelFit:
 
 def term_sizes(frame: pd.DataFrame, terms: Sequence[Term]) -> np.ndarray:
     """The design matrix: each case's size for each term, shape (cases, terms)."""
-    return np.array(
-        [
-            [t.size(c.batch, c.n, c.d, c.k, c.window) for t in terms]
-            for c in frame.itertuples(index=False)
-        ],
-        dtype=float,
-    ).reshape(len(frame), len(terms))
+    cases = zip(frame["batch"], frame["n"], frame["d"], frame["k"], frame["window"], strict=True)
+    rows = [[t.size(b, n, d, k, r) for t in terms] for b, n, d, k, r in cases]
+    return np.array(rows, dtype=float).reshape(len(frame), len(terms))
 
 
 def fit_cost_model(
@@ -418,14 +423,18 @@ def rival_layers(layers: Sequence[str]) -> list[str]:
 def measured_crossover(ns: Sequence[float], ratio: Sequence[float]) -> float:
     """The n where ``ratio`` (attention time / rival time) last rises through 1, log-log.
 
-    -inf when attention is already slower at the smallest n, inf when it is faster throughout.
+    -inf when attention is already slower at the smallest n; inf when it is faster throughout,
+    or faster again at the largest n.
     """
     logs = np.log(np.asarray(ratio, dtype=float))
     if (logs >= 0).all():
         return -math.inf
     if (logs < 0).all():
         return math.inf
-    last = max(i for i in range(1, len(logs)) if logs[i - 1] < 0 <= logs[i])
+    rises = [i for i in range(1, len(logs)) if logs[i - 1] < 0 <= logs[i]]
+    if not rises or logs[-1] < 0:
+        return math.inf
+    last = rises[-1]
     x0, x1 = math.log(ns[last - 1]), math.log(ns[last])
     y0, y1 = logs[last - 1], logs[last]
     return math.exp(x0 + (x1 - x0) * (0 - y0) / (y1 - y0))
@@ -472,17 +481,17 @@ def crossover_table(measured: pd.DataFrame) -> pd.DataFrame:
                 if layer not in medians or rival not in medians:
                     continue
                 both = medians[[layer, rival]].dropna()
-                sample = at_d[at_d["layer"] == layer].iloc[0]
-                other = at_d[at_d["layer"] == rival].iloc[0]
-                b, d_ = int(sample.batch), int(d)
+                mine = at_d[at_d["layer"] == layer].iloc[0]
+                theirs = at_d[at_d["layer"] == rival].iloc[0]
+                a, o = THEORY[layer], THEORY[rival]
+                b, d_ = int(mine.batch), int(d)
+                ka, ra, ko, ro = int(mine.k), int(mine.window), int(theirs.k), int(theirs.window)
 
-                def flops_gap(n: float, s=sample, o=other, b=b, d_=d_) -> float:
-                    mine = THEORY[s.layer].flops(b, n, d_, int(s.k), int(s.window))
-                    return mine - THEORY[o.layer].flops(b, n, d_, int(o.k), int(o.window))
+                def flops_gap(n: float, a=a, o=o, b=b, d_=d_, k=(ka, ko), r=(ra, ro)) -> float:
+                    return a.flops(b, n, d_, k[0], r[0]) - o.flops(b, n, d_, k[1], r[1])
 
-                def order_gap(n: float, s=sample, o=other, b=b, d_=d_) -> float:
-                    mine = THEORY[s.layer].order(b, n, d_, int(s.k), int(s.window))
-                    return mine - THEORY[o.layer].order(b, n, d_, int(o.k), int(o.window))
+                def order_gap(n: float, a=a, o=o, b=b, d_=d_, k=(ka, ko), r=(ra, ro)) -> float:
+                    return a.order(b, n, d_, k[0], r[0]) - o.order(b, n, d_, k[1], r[1])
 
                 found = math.nan
                 words = "no common n"
@@ -504,3 +513,39 @@ def crossover_table(measured: pd.DataFrame) -> pd.DataFrame:
                     }
                 )
     return pd.DataFrame(rows, columns=CROSSOVER_COLUMNS)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything fitted from one run, computed once for the charts, the report and the CLI."""
+
+    frame: pd.DataFrame  # measured rows, options filled (fit_frame)
+    fits: dict[str, list[ModelFit]]  # per layer, best first
+    exponents: pd.DataFrame  # EXPONENT_COLUMNS
+    models: pd.DataFrame  # MODEL_COLUMNS
+    crossovers: pd.DataFrame  # CROSSOVER_COLUMNS
+
+    def exponent(self, layer: str, metric: str, along: str, fixed: int) -> pd.Series | None:
+        e = self.exponents
+        hit = e[(e.layer == layer) & (e.metric == metric) & (e.along == along) & (e.fixed == fixed)]
+        return None if hit.empty else hit.iloc[0]
+
+
+def analyse(run: RunResults, layers: Sequence[str] | None = None) -> Analysis:
+    """Fit a run's measured cases (optionally only some layers)."""
+    frame = fit_frame(run)
+    if layers:
+        frame = frame[frame["layer"].isin(layers)]
+    found = model_fits(frame)
+    return Analysis(
+        frame=frame,
+        fits=found,
+        exponents=exponent_table(frame, found),
+        models=model_table(found),
+        crossovers=crossover_table(frame)
+        if len(frame)
+        else pd.DataFrame(columns=CROSSOVER_COLUMNS),
+    )

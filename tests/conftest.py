@@ -21,3 +21,19 @@ def tiny_grid() -> Grid:
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> RunResults:
     """One real tiny sweep shared by the tests that only read results."""
     return run_sweep(_tiny_grid(), tmp_path_factory.mktemp("run") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def wide_run(tmp_path_factory: pytest.TempPathFactory) -> RunResults:
+    """Three lengths and two widths of conv, rnn and attention: enough for every fit and chart."""
+    grid = build_grid(
+        {
+            "layers": "conv,rnn,attention",
+            "n": "16,32,64",
+            "d": "8,16",
+            "device": "cpu",
+            "time_budget": 0.005,
+            "heads": 2,
+        }
+    )
+    return run_sweep(grid, tmp_path_factory.mktemp("run") / "wide")

@@ -168,6 +168,7 @@ def test_measured_crossover_interpolates_in_log_log():
     assert measured_crossover([256, 1024], [0.5, 2.0]) == pytest.approx(512)
     assert measured_crossover([64, 128], [1.5, 3.0]) == -math.inf
     assert measured_crossover([64, 128], [0.1, 0.2]) == math.inf
+    assert measured_crossover([64, 128, 256], [1.2, 0.9, 0.8]) == math.inf  # faster at the end
     # Noise that dips and rises again: the last rise is the crossover.
     rises = 256 * 2 ** (np.log(1 / 0.8) / np.log(4))  # from 0.8 at 256 to 3.2 at 512
     assert measured_crossover([64, 128, 256, 512], [1.1, 0.9, 0.8, 3.2]) == pytest.approx(rises)

@@ -1,0 +1,338 @@
+"""Comparison charts as matplotlib ``Figure`` objects (headless: no pyplot, no global state).
+
+Every chart reads one ``Analysis`` (the measured rows and their fits), so what a chart draws is
+what the report's tables say. Axes are log-log, base 2 for sizes; measured medians carry their
+interquartile band from the raw samples, and theory is drawn dashed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib import rc_context
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from attnbench.errors import AttnbenchError
+from attnbench.fits import Analysis, quadratic_layers, rival_layers, term_sizes
+from attnbench.layers import layer_names
+from attnbench.results import RunResults
+from attnbench.theory import THEORY
+
+CHARTS_DIR = "charts"
+FORMATS = ("png", "svg", "pdf")
+DEFAULT_FORMATS = ("png", "svg")
+
+# name -> what the chart shows (also the --metric choices and the file stems)
+CHARTS: dict[str, str] = {
+    "time": "time per call against n, one panel per d, with the fitted cost model",
+    "time-d": "time per call against d, one panel per n, with the fitted cost model",
+    "memory": "peak memory above baseline against n, one panel per d",
+    "flops": "counted FLOPs against n, one panel per d, with the analytic formula",
+    "seq_steps": "traced sequential steps against n, with the theory's order",
+    "path_len": "maximum path length against n, with the theory's order",
+    "normalized": "time divided by the analytic FLOPs against n: flat where the theory holds",
+    "crossover": "attention time over RNN and conv time against n/d, with the line 1",
+}
+
+_MARKERS = "osD^v<>Px*"
+_PANEL_W, _PANEL_H = 5.0, 4.0
+MAX_PANELS = 4
+
+
+def layer_style(layer: str) -> dict[str, object]:
+    """The same colour and marker for a layer in every chart."""
+    names = layer_names()
+    i = names.index(layer) if layer in names else len(names) + abs(hash(layer)) % 10
+    return {"color": f"C{i % 10}", "marker": _MARKERS[i % len(_MARKERS)]}
+
+
+def _power_of_two(x: float, _pos: int) -> str:
+    return f"{x:g}" if x < 1 or x != round(x) else f"{int(x)}"
+
+
+def _log_axes(ax: Axes, xlabel: str, ylabel: str, *, base_x: int = 2) -> None:
+    ax.set_xscale("log", base=base_x)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(_power_of_two))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _panels(count: int, title: str) -> tuple[Figure, list[Axes]]:
+    cols = min(count, 2)
+    rows = -(-count // cols)
+    fig = Figure(figsize=(_PANEL_W * cols, _PANEL_H * rows + 0.4), layout="constrained")
+    axes = [fig.add_subplot(rows, cols, i + 1) for i in range(count)]
+    fig.suptitle(title)
+    return fig, axes
+
+
+def _last(values: Iterable[int], limit: int = MAX_PANELS) -> list[int]:
+    """The largest ``limit`` distinct values, ascending (panels for the biggest sizes)."""
+    return sorted(set(values))[-limit:]
+
+
+def quartiles(run: RunResults) -> pd.DataFrame:
+    """Per case: the first and third quartile of its raw samples (seconds)."""
+    if run.samples.empty:
+        return pd.DataFrame(columns=["q1", "q3"])
+    grouped = run.samples.groupby("case_id")["time_s"]
+    return pd.DataFrame({"q1": grouped.quantile(0.25), "q3": grouped.quantile(0.75)})
+
+
+def _exponent_label(analysis: Analysis, layer: str, metric: str, along: str, fixed: int) -> str:
+    row = analysis.exponent(layer, metric, along, fixed)
+    if row is None:
+        return layer
+    power = f"${along}^{{{row.exponent:.2f}}}$"
+    if np.isnan(row.ci_low) or row.ci_low == row.ci_high:
+        return f"{layer}  {power}"
+    return f"{layer}  {power}  [{row.ci_low:.2f}, {row.ci_high:.2f}]"
+
+
+def _model_line(analysis: Analysis, layer: str, line: pd.DataFrame, along: str) -> tuple:
+    """The layer's own fitted cost model on a dense grid along ``along`` (others held)."""
+    fit = next((f for f in analysis.fits.get(layer, []) if layer in f.model.layers), None)
+    if fit is None:
+        return None, None
+    lo, hi = line[along].min(), line[along].max()
+    dense = np.geomspace(lo, hi, 48)
+    template = line.iloc[[0] * len(dense)].copy()
+    template[along] = dense
+    return dense, fit.predict(term_sizes(template, fit.model.terms))
+
+
+def _legend(ax: Axes) -> None:
+    """Below the panel, so that it never hides a series."""
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(
+            fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False
+        )
+
+
+def _time_chart(
+    analysis: Analysis, q: pd.DataFrame, along: str, other: str, title: str
+) -> Figure | None:
+    frame = analysis.frame
+    fixed_values = [v for v in _last(frame[other]) if frame[frame[other] == v][along].nunique() > 1]
+    if not fixed_values:
+        return None
+    fig, axes = _panels(len(fixed_values), title)
+    for ax, fixed in zip(axes, fixed_values, strict=True):
+        at = frame[frame[other] == fixed]
+        for layer, line in at.groupby("layer", sort=False):
+            line = line.sort_values(along)
+            style = layer_style(str(layer))
+            label = _exponent_label(analysis, str(layer), "time_s", along, int(fixed))
+            ax.plot(line[along], line["time_s"], label=label, linestyle="-", lw=1.2, **style)
+            band = q.reindex(line["case_id"])
+            ax.fill_between(
+                line[along], band["q1"].to_numpy(), band["q3"].to_numpy(),
+                color=style["color"], alpha=0.18, lw=0,
+            )  # fmt: skip
+            xs, ys = _model_line(analysis, str(layer), line, along)
+            if xs is not None:
+                ax.plot(xs, ys, linestyle="--", lw=1, color=style["color"])
+        size = "sequence length n" if along == "n" else "width d"
+        _log_axes(ax, size, "time per call [s]")
+        ax.set_title(f"{other} = {fixed}   (dashed: fitted cost model)", fontsize=9)
+        _legend(ax)
+    return fig
+
+
+def _metric_chart(
+    analysis: Analysis,
+    metric: str,
+    ylabel: str,
+    title: str,
+    *,
+    theory: Callable[[pd.Series], float] | None = None,
+    theory_note: str = "",
+    per_d: bool = True,
+    scale_theory: bool = False,
+) -> Figure | None:
+    """A metric against n, one panel per d (or one panel at the largest d)."""
+    frame = analysis.frame.copy()
+    frame[metric] = pd.to_numeric(frame[metric], errors="coerce")
+    frame = frame.dropna(subset=[metric])
+    ds = [d for d in _last(frame["d"]) if frame[frame["d"] == d]["n"].nunique() > 1]
+    if not ds:
+        return None
+    ds = ds if per_d else ds[-1:]
+    fig, axes = _panels(len(ds), title)
+    for ax, d in zip(axes, ds, strict=True):
+        at = frame[frame["d"] == d]
+        for layer, line in at.groupby("layer", sort=False):
+            line = line.sort_values("n")
+            style = layer_style(str(layer))
+            label = _exponent_label(analysis, str(layer), metric, "n", int(d))
+            ax.plot(line["n"], line[metric], label=label, lw=1.2, **style)
+            if theory is not None and str(layer) in THEORY:
+                expected = np.array([theory(c) for c in line.itertuples(index=False)])
+                if scale_theory and expected[-1] > 0:
+                    expected = expected * line[metric].iloc[-1] / expected[-1]
+                ax.plot(line["n"], expected, linestyle="--", lw=1, color=style["color"])
+        _log_axes(ax, "sequence length n", ylabel)
+        ax.set_title(
+            f"d = {d}" + (f"   (dashed: {theory_note})" if theory_note else ""), fontsize=9
+        )
+        _legend(ax)
+    return fig
+
+
+def _normalized_chart(analysis: Analysis) -> Figure | None:
+    frame = analysis.frame.copy()
+    frame["per_flop"] = frame["time_s"] / pd.to_numeric(frame["flops_analytic"], errors="coerce")
+    frame = frame.replace([np.inf], np.nan).dropna(subset=["per_flop"])
+    ds = [d for d in _last(frame["d"]) if frame[frame["d"] == d]["n"].nunique() > 1]
+    if not ds:
+        return None
+    fig, axes = _panels(len(ds), "Time divided by the analytic FLOPs: flat where the theory holds")
+    for ax, d in zip(axes, ds, strict=True):
+        for layer, line in frame[frame["d"] == d].groupby("layer", sort=False):
+            line = line.sort_values("n")
+            ax.plot(line["n"], line["per_flop"] * 1e12, label=str(layer), lw=1.2,
+                    **layer_style(str(layer)))  # fmt: skip
+        _log_axes(ax, "sequence length n", "time / analytic FLOPs [ps per FLOP]")
+        ax.set_title(f"d = {d}", fontsize=9)
+        _legend(ax)
+    return fig
+
+
+def _crossover_chart(analysis: Analysis) -> Figure | None:
+    frame = analysis.frame
+    layers = list(dict.fromkeys(frame["layer"]))
+    attention, rivals = quadratic_layers(layers), rival_layers(layers)
+    if not attention or not rivals:
+        return None
+    fig, axes = _panels(len(attention), "When attention becomes slower: time ratio against n/d")
+    ds = sorted(set(frame["d"]))
+    styles = ["-", "--", ":", "-."]
+    drew = False
+    for ax, layer in zip(axes, attention, strict=True):
+        for di, d in enumerate(ds):
+            medians = frame[frame["d"] == d].pivot_table(
+                index="n", columns="layer", values="time_s"
+            )
+            for rival in rivals:
+                if layer not in medians or rival not in medians:
+                    continue
+                both = medians[[layer, rival]].dropna()
+                if len(both) < 2:
+                    continue
+                ratio = both[layer] / both[rival]
+                style = layer_style(rival)
+                ax.plot(
+                    both.index / d, ratio, linestyle=styles[di % len(styles)], lw=1.2,
+                    color=style["color"], marker=style["marker"], markersize=4,
+                    label=f"/ {rival}, d = {d}",
+                )  # fmt: skip
+                drew = True
+        ax.axhline(1.0, color="black", lw=1)
+        ax.axvline(1.0, color="grey", lw=1, linestyle=":")
+        ax.text(1.0, 0.02, " n = d (chapter: n²d = nd²)", transform=ax.get_xaxis_transform(),
+                fontsize=7, color="grey")  # fmt: skip
+        _log_axes(ax, "n / d", f"{layer} time / rival time")
+        ax.set_title(f"{layer}: above 1, attention is slower", fontsize=9)
+        _legend(ax)
+    return fig if drew else None
+
+
+def build_charts(
+    run: RunResults,
+    analysis: Analysis,
+    names: Sequence[str] | None = None,
+) -> dict[str, Figure]:
+    """The requested charts (all by default) that the run has data for, by name."""
+    q = quartiles(run)
+    builders: dict[str, Callable[[], Figure | None]] = {
+        "time": lambda: _time_chart(analysis, q, "n", "d", "Time per call against sequence length"),
+        "time-d": lambda: _time_chart(analysis, q, "d", "n", "Time per call against width"),
+        "memory": lambda: _metric_chart(
+            analysis, "peak_bytes", "peak memory above baseline [bytes]",
+            "Peak memory of one call against sequence length",
+        ),
+        "flops": lambda: _metric_chart(
+            analysis, "flops", "FLOPs per call (counted)", "FLOPs against sequence length",
+            theory=lambda c: THEORY[c.layer].flops(c.batch, c.n, c.d, c.k, c.window),
+            theory_note="analytic formula",
+        ),
+        "seq_steps": lambda: _metric_chart(
+            analysis, "seq_steps", "sequential steps (traced)",
+            "Sequential operations against sequence length",
+            theory=lambda c: THEORY[c.layer].sequential_law(c.n, c.k, c.window),
+            theory_note="theory's order, through the last point", per_d=False, scale_theory=True,
+        ),
+        "path_len": lambda: _metric_chart(
+            analysis, "path_len", "maximum path length (steps)",
+            "Maximum path length against sequence length",
+            theory=lambda c: THEORY[c.layer].path_law(c.n, c.k, c.window),
+            theory_note="theory's order, through the last point", per_d=False, scale_theory=True,
+        ),
+        "normalized": lambda: _normalized_chart(analysis),
+        "crossover": lambda: _crossover_chart(analysis),
+    }  # fmt: skip
+    figures = {}
+    for name in names or CHARTS:
+        figure = builders[name]()
+        if figure is not None:
+            figures[name] = figure
+    return figures
+
+
+def save_charts(
+    figures: dict[str, Figure], out_dir: Path, formats: Sequence[str] = DEFAULT_FORMATS
+) -> list[Path]:
+    """Write each figure in each format as ``out_dir/<name>.<format>``; the paths written."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AttnbenchError(f"cannot create {str(out_dir)!r}: {exc.strerror}") from exc
+    written = []
+    for name, figure in figures.items():
+        for fmt in formats:
+            path = out_dir / f"{name}.{fmt}"
+            with rc_context({"svg.hashsalt": "attnbench"}):  # stable SVG element ids
+                figure.savefig(path, dpi=110, metadata=_metadata(fmt))
+            written.append(path)
+    return written
+
+
+def _metadata(fmt: str) -> dict[str, str | None]:
+    # No creation date or software version in the files, so re-plotting the same results
+    # gives the same bytes (and committed charts do not churn).
+    if fmt == "svg":
+        return {"Date": None, "Creator": None}
+    if fmt == "pdf":
+        return {"CreationDate": None, "Creator": None, "Producer": None}
+    return {"Software": None}
+
+
+def parse_charts(text: str | None) -> list[str]:
+    """``--metric`` values: a comma list of CHARTS names; all of them when empty."""
+    if not text:
+        return list(CHARTS)
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in CHARTS]
+    if unknown or not names:
+        raise AttnbenchError(
+            f"unknown chart {', '.join(unknown) or repr(text)}; choose from {', '.join(CHARTS)}"
+        )
+    return names
+
+
+def parse_formats(text: str) -> list[str]:
+    names = [x.strip().lower() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in FORMATS]
+    if unknown or not names:
+        raise AttnbenchError(
+            f"unknown format {', '.join(unknown) or repr(text)}; choose from {', '.join(FORMATS)}"
+        )
+    return names

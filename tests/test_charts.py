@@ -1,0 +1,167 @@
+"""Each chart builds from a small real run and draws the series it should (artists, not pixels)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+
+from attnbench import charts
+from attnbench.charts import CHARTS, build_charts, parse_charts, parse_formats, save_charts
+from attnbench.errors import AttnbenchError
+from attnbench.fits import analyse
+from attnbench.results import RunResults
+from attnbench.theory import THEORY
+
+LAYERS = ["conv", "rnn", "attention"]
+
+
+@pytest.fixture(scope="module")
+def figures(wide_run: RunResults) -> dict[str, Figure]:
+    return build_charts(wide_run, analyse(wide_run))
+
+
+def solid(ax):
+    """The measured series (dashed lines are theory, "_" labels are unnamed)."""
+    lines = ax.get_lines()
+    return [x for x in lines if x.get_linestyle() == "-" and not x.get_label().startswith("_")]
+
+
+def colour(layer):
+    return charts.layer_style(layer)["color"]
+
+
+def dashed(ax):
+    return [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+
+
+def test_every_chart_is_built_for_a_full_run(figures):
+    assert list(figures) == list(CHARTS)
+    assert all(isinstance(f, Figure) for f in figures.values())
+
+
+def test_time_chart_has_a_panel_per_d_with_medians_bands_and_models(figures, wide_run):
+    fig = figures["time"]
+    axes = fig.get_axes()
+    assert [ax.get_title().split()[2] for ax in axes] == ["8", "16"]
+    for ax, d in zip(axes, (8, 16), strict=True):
+        assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+        assert ax.get_yscale() == "log"
+        assert "[s]" in ax.get_ylabel() and "n" in ax.get_xlabel()
+        lines = {line.get_label().split()[0]: line for line in solid(ax)}
+        assert set(lines) == set(LAYERS)
+        measured = wide_run.measured
+        for layer, line in lines.items():
+            rows = measured[(measured.layer == layer) & (measured.d == d)].sort_values("n")
+            assert list(line.get_xdata()) == rows["n"].tolist()
+            assert np.allclose(line.get_ydata(), rows["time_s"])
+            assert "$n^{" in line.get_label()  # the fitted exponent is in the legend
+        bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        assert len(bands) == len(LAYERS)  # one IQR band per layer
+        assert len(dashed(ax)) == len(LAYERS)  # one fitted cost model per layer
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert len(legend) == len(LAYERS)
+
+
+def test_iqr_band_is_the_samples_quartiles(figures, wide_run):
+    ax = figures["time"].get_axes()[0]
+    q = charts.quartiles(wide_run)
+    band = next(c for c in ax.collections if isinstance(c, PolyCollection))
+    measured = wide_run.measured
+    rows = measured[(measured.layer == "conv") & (measured.d == 8)].sort_values("n")
+    ys = band.get_paths()[0].vertices[:, 1]
+    expected = q.loc[rows["case_id"]]
+    assert np.isclose(ys, expected["q1"].min()).any()
+    assert np.isclose(ys, expected["q3"].max()).any()
+
+
+def test_model_line_follows_the_fitted_cost_model(figures, wide_run):
+    analysis = analyse(wide_run)
+    ax = figures["time"].get_axes()[1]  # d = 16
+    fit = next(f for f in analysis.fits["attention"] if "attention" in f.model.layers)
+    line = next(x for x in dashed(ax) if x.get_color() == colour("attention"))
+    n, y = line.get_xdata()[-1], line.get_ydata()[-1]
+    assert n == 64
+    assert y == pytest.approx(
+        fit.coefficients[0] * 64 * 256 + fit.coefficients[1] * 64 * 64 * 16 + fit.constant
+    )
+
+
+def test_flops_chart_draws_the_analytic_formula(figures, wide_run):
+    ax = figures["flops"].get_axes()[0]
+    line = next(x for x in dashed(ax) if x.get_color() == colour("attention"))
+    assert list(line.get_ydata()) == [
+        THEORY["attention"].flops(1, n, 8, 0, 0) for n in (16, 32, 64)
+    ]
+
+
+def test_structure_charts_are_one_panel_with_the_counts(figures, wide_run):
+    ax = figures["seq_steps"].get_axes()
+    assert len(ax) == 1
+    rnn = next(x for x in solid(ax[0]) if x.get_label().startswith("rnn"))
+    rows = wide_run.measured[(wide_run.measured.layer == "rnn") & (wide_run.measured.d == 16)]
+    assert list(rnn.get_ydata()) == rows.sort_values("n")["seq_steps"].tolist()
+    path = figures["path_len"].get_axes()[0]
+    attention = next(x for x in solid(path) if x.get_label().startswith("attention"))
+    assert set(attention.get_ydata()) == {1}
+
+
+def test_normalized_chart_divides_time_by_the_analytic_flops(figures, wide_run):
+    ax = figures["normalized"].get_axes()[0]
+    conv = next(x for x in solid(ax) if x.get_label() == "conv")
+    rows = wide_run.measured[(wide_run.measured.layer == "conv") & (wide_run.measured.d == 8)]
+    rows = rows.sort_values("n")
+    assert np.allclose(conv.get_ydata(), rows["time_s"] / rows["flops_analytic"] * 1e12)
+
+
+def test_crossover_chart_plots_ratios_against_n_over_d_with_the_line_one(figures, wide_run):
+    (ax,) = figures["crossover"].get_axes()
+    ratios = [x for x in ax.get_lines() if x.get_label().startswith("/")]
+    labels = sorted(x.get_label() for x in ratios)
+    assert labels == ["/ conv, d = 16", "/ conv, d = 8", "/ rnn, d = 16", "/ rnn, d = 8"]
+    ones = [x for x in ax.get_lines() if list(x.get_ydata()) == [1, 1]]
+    assert ones, "the line y = 1 is missing"
+    rnn8 = next(x for x in ratios if x.get_label() == "/ rnn, d = 8")
+    assert list(rnn8.get_xdata()) == [2, 4, 8]  # n / d
+    m = wide_run.measured[wide_run.measured.d == 8].pivot_table(
+        index="n", columns="layer", values="time_s"
+    )
+    assert np.allclose(rnn8.get_ydata(), m["attention"] / m["rnn"])
+
+
+def test_layers_and_chart_selection(wide_run):
+    analysis = analyse(wide_run, layers=["rnn"])
+    figures = build_charts(wide_run, analysis, ["time", "crossover"])
+    assert list(figures) == ["time"]  # no attention layer: no crossover chart
+    labels = [x.get_label() for x in solid(figures["time"].get_axes()[0])]
+    assert [x.split()[0] for x in labels] == ["rnn"]
+
+
+def test_a_run_with_one_length_has_no_charts_against_n(tiny_run: RunResults):
+    # The tiny run has one d and two n: charts against n exist, against d do not.
+    figures = build_charts(tiny_run, analyse(tiny_run))
+    assert "time" in figures and "time-d" not in figures
+
+
+def test_save_writes_each_format_and_is_reproducible(wide_run, tmp_path):
+    def plot(out):
+        figures = build_charts(wide_run, analyse(wide_run), ["time"])
+        return save_charts(figures, tmp_path / out, ["png", "svg"])
+
+    paths = plot("charts")
+    assert [p.name for p in paths] == ["time.png", "time.svg"]
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"<svg" in paths[1].read_bytes()[:2000]
+    again = plot("again")  # the same results plotted again give the same bytes
+    assert [p.read_bytes() for p in paths] == [p.read_bytes() for p in again]
+
+
+def test_parse_options():
+    assert parse_charts(None) == list(CHARTS)
+    assert parse_charts("time, memory") == ["time", "memory"]
+    with pytest.raises(AttnbenchError, match="unknown chart speed"):
+        parse_charts("time,speed")
+    assert parse_formats("PNG,svg") == ["png", "svg"]
+    with pytest.raises(AttnbenchError, match="unknown format gif"):
+        parse_formats("gif")
