@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from attnbench.errors import AttnbenchError
-from attnbench.fits import Analysis, quadratic_layers, rival_layers, term_sizes
+from attnbench.fits import Analysis, analyse, quadratic_layers, rival_layers, term_sizes
 from attnbench.layers import layer_names
 from attnbench.results import RunResults
 from attnbench.theory import THEORY
@@ -336,3 +336,39 @@ def parse_formats(text: str) -> list[str]:
             f"unknown format {', '.join(unknown) or repr(text)}; choose from {', '.join(FORMATS)}"
         )
     return names
+
+
+def select_layers(run: RunResults, text: str | None) -> list[str] | None:
+    """``--layers`` for a saved run: names it measured; None (all) when empty."""
+    if not text:
+        return None
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    present = list(dict.fromkeys(run.frame["layer"]))
+    missing = [x for x in names if x not in present]
+    if missing or not names:
+        raise AttnbenchError(
+            f"layer {', '.join(missing) or repr(text)} is not in {run.path}; "
+            f"it has {', '.join(present)}"
+        )
+    return names
+
+
+def plot_run(
+    run: RunResults,
+    *,
+    names: Sequence[str] | None = None,
+    layers: Sequence[str] | None = None,
+    formats: Sequence[str] = DEFAULT_FORMATS,
+    out_dir: Path | None = None,
+    analysis: Analysis | None = None,
+) -> list[Path]:
+    """Draw and save a run's charts (into ``<run>/charts`` by default); the files written."""
+    if run.measured.empty:
+        raise AttnbenchError(f"{run.path} has no measured cases to plot")
+    analysis = analysis or analyse(run, layers)
+    figures = build_charts(run, analysis, names)
+    if not figures:
+        raise AttnbenchError(
+            f"nothing to plot in {run.path}: each chart needs a layer measured at two sizes or more"
+        )
+    return save_charts(figures, out_dir or run.path / CHARTS_DIR, formats)

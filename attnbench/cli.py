@@ -24,9 +24,20 @@ from rich.progress import (
 from rich.table import Table
 
 from attnbench import __version__
+from attnbench.charts import (
+    CHARTS,
+    DEFAULT_FORMATS,
+    FORMATS,
+    parse_charts,
+    parse_formats,
+    plot_run,
+    select_layers,
+)
 from attnbench.errors import AttnbenchError, SweepInterrupted
+from attnbench.fits import analyse
 from attnbench.layers import LAYERS
 from attnbench.measure.timing import NOISY_REL_IQR, is_noisy
+from attnbench.report import fit_tables, write_report
 from attnbench.results import (
     STATUSES,
     RunResults,
@@ -351,6 +362,13 @@ def sweep(
         bool, typer.Option("--json", help="Print the results as JSON on stdout.")
     ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress or tables on stderr.")] = False,
+    charts: Annotated[
+        bool,
+        typer.Option(
+            "--charts/--no-charts",
+            help="Draw the charts into <results>/charts when the sweep completes (PNG, SVG).",
+        ),
+    ] = True,
 ) -> None:
     """Measure time, peak memory, FLOPs, sequential steps and path length over the n x d grid.
 
@@ -392,8 +410,28 @@ def sweep(
         raise typer.Exit(130) from None
     if not quiet:
         _summary_tables(run, err)
+    drawn = _charts_after_sweep(run, quiet=quiet) if charts else []
     if as_json:
-        typer.echo(json.dumps({"path": str(run.path), "results": _records(run)}, indent=2))
+        payload = {"path": str(run.path), "results": _records(run), "charts": drawn}
+        typer.echo(json.dumps(payload, indent=2))
+
+
+def _charts_after_sweep(run: RunResults, *, quiet: bool) -> list[str]:
+    """Charts of a finished sweep; a failure here is reported, and the results stay saved."""
+    if run.measured.empty:
+        return []
+    try:
+        paths = plot_run(run)
+    except Exception as exc:
+        err.print(
+            f"[yellow]warning:[/] charts were not drawn ({exc}); the results are saved, "
+            f"try: attnbench plot {run.path}",
+            soft_wrap=True,
+        )
+        return []
+    if not quiet:
+        err.print(f"charts: {len(paths)} files in {paths[0].parent}", soft_wrap=True)
+    return [str(p) for p in paths]
 
 
 def _records(run: RunResults) -> list[dict[str, Any]]:
@@ -506,6 +544,144 @@ def table(
     out.print(grid)
     for note in fit_notes(rows, run):
         out.print(f"  {note}", soft_wrap=True)
+
+
+@app.command()
+def plot(
+    folder: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A results folder. Default: the newest under results/.", show_default=False
+        ),
+    ] = None,
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            help="Charts to draw, comma-separated: "
+            + "; ".join(f"{name}: {what}" for name, what in CHARTS.items())
+            + ". Default: all that the run has data for.",
+            show_default=False,
+        ),
+    ] = None,
+    layers: Annotated[
+        str | None,
+        typer.Option(help="Only these layers, comma-separated. Default: all in the run."),
+    ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help=f"Comma-separated: {', '.join(FORMATS)}.")
+    ] = ",".join(DEFAULT_FORMATS),
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder for the chart files. Default: <results>/charts."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the written paths as JSON on stdout.")
+    ] = False,
+) -> None:
+    """Draw a run's comparison charts (log-log, theory dashed) as PNG and SVG files."""
+    try:
+        names = parse_charts(metric)
+        formats = parse_formats(fmt)
+        run = load_for_table(folder)
+        paths = plot_run(
+            run, names=names, layers=select_layers(run, layers), formats=formats, out_dir=out
+        )
+    except AttnbenchError as exc:
+        raise _fail(exc) from None
+    drawn = sorted({p.stem for p in paths})
+    left = [x for x in names if x not in drawn]
+    if as_json:
+        typer.echo(json.dumps({"charts": [str(p) for p in paths], "not_drawn": left}, indent=2))
+        return
+    for path in paths:
+        err.print(str(path), soft_wrap=True)
+    if left:
+        err.print(
+            f"[yellow]not drawn:[/] {', '.join(left)} (the run has no data for them: "
+            "a line needs two sizes)",
+            soft_wrap=True,
+        )
+
+
+@app.command()
+def fit(
+    folder: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A results folder. Default: the newest under results/.", show_default=False
+        ),
+    ] = None,
+    layers: Annotated[
+        str | None,
+        typer.Option(help="Only these layers, comma-separated. Default: all in the run."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print exponents, models and crossovers as JSON.")
+    ] = False,
+) -> None:
+    """Fit the theory to a run: exponents with 95% intervals, cost models, crossovers."""
+    try:
+        run = load_for_table(folder)
+        analysis = analyse(run, select_layers(run, layers))
+    except AttnbenchError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        payload = {
+            "path": str(run.path),
+            "exponents": json.loads(analysis.exponents.to_json(orient="records")),
+            "models": json.loads(analysis.models.to_json(orient="records")),
+            "crossovers": json.loads(analysis.crossovers.to_json(orient="records")),
+        }
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    out = Console(highlight=False)
+    out = out if out.is_terminal else Console(highlight=False, width=140)
+    for title, frame in fit_tables(analysis).items():
+        grid = Table(title=title, title_justify="left")
+        for column in frame.columns:
+            grid.add_column(column)
+        for row in frame.itertuples(index=False):
+            grid.add_row(*[str(v) for v in row])
+        out.print(grid)
+
+
+@app.command()
+def report(
+    folder: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A results folder. Default: the newest under results/.", show_default=False
+        ),
+    ] = None,
+    as_html: Annotated[
+        bool, typer.Option("--html", help="Also write report.html beside report.md.")
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Report file. Default: <results>/report.md."),
+    ] = None,
+    charts: Annotated[
+        bool,
+        typer.Option("--charts/--no-charts", help="Draw the charts first and embed them."),
+    ] = True,
+) -> None:
+    """Write a Markdown report of a run: environment, comparison table, fits, crossovers, charts.
+
+    Commit it next to the results: the charts are linked relative to it.
+    """
+    try:
+        run = load_for_table(folder)
+        analysis = analyse(run)
+        paths = plot_run(run, analysis=analysis) if charts and not run.measured.empty else []
+        if out is not None and out.parent != Path():
+            out.parent.mkdir(parents=True, exist_ok=True)
+        written = write_report(run, analysis, paths, out=out, html_too=as_html)
+    except AttnbenchError as exc:
+        raise _fail(exc) from None
+    except OSError as exc:
+        raise _fail(AttnbenchError(f"cannot write the report: {exc}")) from None
+    for path in written:
+        err.print(str(path), soft_wrap=True)
 
 
 @app.command()

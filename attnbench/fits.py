@@ -111,11 +111,12 @@ def fit_frame(run: RunResults) -> pd.DataFrame:
     fill = {
         "k": int(config.get("k") or DEFAULTS["k"]),
         "window": int(config.get("window") or DEFAULTS["window"]),
+        "batch": int(config.get("batch") or 1),
     }
     frame = run.measured.copy()
     for column, value in fill.items():
         frame[column] = frame[column].fillna(value).astype(int)
-    for column in ("n", "d", "batch"):
+    for column in ("n", "d"):
         frame[column] = frame[column].astype(int)
     return frame
 

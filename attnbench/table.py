@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.fits import Exponent, loglog_exponent, upper_half
+from attnbench.fits import Analysis, analyse
 from attnbench.results import RUN_FILE, RunResults, load_results
 from attnbench.theory import THEORY
 
@@ -28,8 +28,12 @@ COLUMNS = [
 ]
 
 
-def _label(exp: Exponent | None, var: str) -> str:
-    return "–" if exp is None else exp.label(var)
+def _label(row: pd.Series | None, var: str) -> str:
+    return "–" if row is None else f"{var}^{row.exponent:.2f}"
+
+
+def _value(row: pd.Series | None, column: str) -> Any:
+    return None if row is None else row[column]
 
 
 def _fixed_at(group: pd.DataFrame, by: str, over: str) -> int | None:
@@ -39,8 +43,13 @@ def _fixed_at(group: pd.DataFrame, by: str, over: str) -> int | None:
     return int(usable.index.max()) if len(usable) else None
 
 
-def comparison_table(run: RunResults) -> pd.DataFrame:
-    """One row per layer: theory orders, measured exponents, and the ranges they were fitted on."""
+def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.DataFrame:
+    """One row per layer: theory orders, measured exponents, and the ranges they were fitted on.
+
+    The exponents are the fits module's (``exponent_table``): time in n at the largest d, and
+    in d at the largest n, on the sizes where overhead no longer dominates.
+    """
+    analysis = analysis or analyse(run)
     measured = run.measured
     rows: list[dict[str, Any]] = []
     for layer in dict.fromkeys(run.frame["layer"]):
@@ -49,21 +58,13 @@ def comparison_table(run: RunResults) -> pd.DataFrame:
         d_fix = _fixed_at(group, "d", "n")
         n_fix = _fixed_at(group, "n", "d")
         time_n = time_d = seq_n = path_n = None
-        ns: list[int] = []
         if d_fix is not None:
-            at_d = group[group["d"] == d_fix]
-            ns = upper_half(at_d["n"].tolist())
-            upper = at_d[at_d["n"].isin(ns)]
-            time_n = loglog_exponent(upper["n"].tolist(), upper["time_s"].tolist())
-            seq_n = loglog_exponent(at_d["n"].tolist(), at_d["seq_steps"].astype(float).tolist())
-            with_path = at_d.dropna(subset=["path_len"])
-            path_n = loglog_exponent(
-                with_path["n"].tolist(), with_path["path_len"].astype(float).tolist()
-            )
+            time_n = analysis.exponent(layer, "time_s", "n", d_fix)
+            seq_n = analysis.exponent(layer, "seq_steps", "n", d_fix)
+            path_n = analysis.exponent(layer, "path_len", "n", d_fix)
         if n_fix is not None:
-            at_n = group[group["n"] == n_fix]
-            time_d = loglog_exponent(at_n["d"].tolist(), at_n["time_s"].tolist())
-        compute = _label(time_n, "n") + ("" if time_d is None else " " + time_d.label("d"))
+            time_d = analysis.exponent(layer, "time_s", "d", n_fix)
+        compute = _label(time_n, "n") + ("" if time_d is None else " " + _label(time_d, "d"))
         rows.append(
             {
                 "layer": layer,
@@ -73,12 +74,14 @@ def comparison_table(run: RunResults) -> pd.DataFrame:
                 "sequential ops (measured)": _label(seq_n, "n"),
                 "max path length (theory)": theory.path if theory else "?",
                 "max path length (measured)": _label(path_n, "n"),
-                "time_exponent_n": time_n.slope if time_n else None,
-                "time_exponent_n_ci95": [time_n.low, time_n.high] if time_n else None,
-                "time_exponent_d": time_d.slope if time_d else None,
-                "seq_steps_exponent_n": seq_n.slope if seq_n else None,
-                "path_len_exponent_n": path_n.slope if path_n else None,
-                "time_fit_n": [ns[0], ns[-1]] if ns else None,
+                "time_exponent_n": _value(time_n, "exponent"),
+                "time_exponent_n_ci95": None if time_n is None else [time_n.ci_low, time_n.ci_high],
+                "time_exponent_d": _value(time_d, "exponent"),
+                "seq_steps_exponent_n": _value(seq_n, "exponent"),
+                "path_len_exponent_n": _value(path_n, "exponent"),
+                "time_fit_n": None
+                if time_n is None
+                else [int(time_n.range_from), int(time_n.range_to)],
                 "time_fit_d_at": d_fix,
                 "time_d_fit_n_at": n_fix,
                 "measured_cases": len(group),

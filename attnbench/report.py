@@ -1,0 +1,278 @@
+"""A run's report: environment, comparison table, fits, crossovers and charts, in one file.
+
+The report is a list of blocks (headings, paragraphs, tables, images) rendered to Markdown, and
+to HTML from the same blocks, so the two never disagree. Chart images are linked relative to
+the report, which sits in the results folder: commit the folder and the report renders on a
+forge as it does locally.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.fits import Analysis
+from attnbench.results import RunResults, write_text_atomic
+from attnbench.table import COLUMNS as TABLE_COLUMNS
+from attnbench.table import HEADERS, comparison_table, fit_notes
+
+REPORT_FILE = "report.md"
+HTML_FILE = "report.html"
+
+METRIC_NAMES = {
+    "time_s": "time",
+    "peak_bytes": "peak memory",
+    "flops": "FLOPs",
+    "seq_steps": "sequential steps",
+    "path_len": "path length",
+}
+
+
+def _num(x: float, digits: int = 2) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _interval(row: pd.Series) -> str:
+    if math.isnan(row.ci_low):
+        return _num(row.exponent)
+    if row.ci_low == row.ci_high:
+        return f"{row.exponent:.2f} (exact)"
+    return f"{row.exponent:.2f} [{row.ci_low:.2f}, {row.ci_high:.2f}]"
+
+
+def _agrees(value: object) -> str:
+    return {True: "yes", False: "no"}.get(value, "–")  # type: ignore[call-overload]
+
+
+def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
+    """Exponents along ``along`` at each layer's largest fixed size (every size is in --json)."""
+    e = analysis.exponents[analysis.exponents["along"] == along]
+    if e.empty:
+        return pd.DataFrame()
+    e = e[e["fixed"] == e.groupby("layer")["fixed"].transform("max")]
+    other = "d" if along == "n" else "n"
+    return pd.DataFrame(
+        {
+            "layer": e["layer"],
+            "metric": e["metric"].map(METRIC_NAMES),
+            f"at {other}": e["fixed"],
+            "exponent [95% CI]": [_interval(r) for r in e.itertuples(index=False)],
+            "theory": e["theory"].map(_num),
+            "agrees": e["agrees"].map(_agrees),
+            f"fitted on {along}": [
+                f"{a}..{b}" for a, b in zip(e.range_from, e.range_to, strict=True)
+            ],
+        }
+    )
+
+
+def _coefficients(row: pd.Series) -> str:
+    parts = [
+        f"{letter}={value:.3g} s ({row.gflops_per_s[term]:.3g} GFLOP/s)"
+        if value > 0
+        else f"{letter}=0 (no time seen for {term})"
+        for letter, (term, value) in zip("αβδεζ", row.coefficients.items(), strict=False)
+    ]
+    return ", ".join([*parts, f"γ={row.constant_s * 1e6:.0f} µs"])
+
+
+def model_display(analysis: Analysis) -> pd.DataFrame:
+    """Per layer: its own model's fit, and the model that fits best."""
+    m = analysis.models
+    rows = []
+    for layer, group in m.groupby("layer", sort=False):
+        own = group[group["own"]]
+        best = group[group["best"]].iloc[0]
+        if own.empty:
+            continue
+        own = own.iloc[0]
+        rows.append(
+            {
+                "layer": layer,
+                "own model": own.formula,
+                "coefficients": _coefficients(own),
+                "rel. RMS": f"{own.rms:.1%}",
+                "best model": "own" if own.best else f"{best.model}: {best.formula}",
+                "best rel. RMS": f"{best.rms:.1%}",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def crossover_display(analysis: Analysis) -> pd.DataFrame:
+    c = analysis.crossovers
+    if c.empty:
+        return pd.DataFrame()
+    return pd.DataFrame(
+        {
+            "d": c["d"],
+            "attention": c["layer"],
+            "versus": c["versus"],
+            "measured n": c["measured"],
+            "theory: FLOP formulas": c["theory_flops"],
+            "theory: orders (n²d vs nd², knd²)": c["theory_order"],
+        }
+    )
+
+
+def fit_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
+    """The fit tables for people (the CLI's ``fit`` and the report), titled, non-empty only."""
+    tables = {
+        "Growth in n (log-log exponent at the largest d)": exponent_display(analysis, "n"),
+        "Growth in d (log-log exponent at the largest n)": exponent_display(analysis, "d"),
+        "Cost models of time (NNLS; relative RMS as google-benchmark reports it)": model_display(
+            analysis
+        ),
+        "Crossovers: the n above which attention is slower": crossover_display(analysis),
+    }
+    return {title: t for title, t in tables.items() if not t.empty}
+
+
+# ----------------------------------------------------------------------------- blocks
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str  # "h1", "h2", "p", "table", "img", "list"
+    text: str = ""
+    table: pd.DataFrame | None = None
+    items: tuple[str, ...] = ()
+
+
+def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: Path) -> list[Block]:
+    counts = ", ".join(f"{v} {k}" for k, v in run.counts().items() if v)
+    config = run.meta.get("config", {})
+    env = run.meta.get("environment", {})
+    blocks = [
+        Block("h1", f"attnbench report: {run.path.name}"),
+        Block(
+            "p",
+            f"{len(run.frame)} cases ({counts}), run {run.status}, started "
+            f"{run.meta.get('start_time', '?')}. Layers {', '.join(config.get('layers', []))}; "
+            f"n = {config.get('ns')}, d = {config.get('ds')}, batch {config.get('batch')}, "
+            f"{config.get('dtype')}, {config.get('mode')} on {config.get('device')}.",
+        ),
+        Block("h2", "Environment"),
+        Block(
+            "table",
+            table=pd.DataFrame(
+                {"key": list(env), "value": ["–" if v is None else str(v) for v in env.values()]}
+            ),
+        ),
+    ]
+    table = comparison_table(run)
+    shown = table[TABLE_COLUMNS].copy()
+    shown.columns = HEADERS
+    blocks += [
+        Block("h2", "Comparison table"),
+        Block(
+            "p",
+            "The chapter's table, each theoretical order beside the log-log exponent measured "
+            "in this run (time at fixed d and at fixed n; traced steps; Jacobian path length).",
+        ),
+        Block("table", table=shown),
+        Block("list", items=tuple(fit_notes(table, run))),
+    ]
+    for title, frame in fit_tables(analysis).items():
+        blocks += [Block("h2", title), Block("table", table=frame)]
+    blocks.append(
+        Block(
+            "p",
+            "Exponents of time are fitted where the layer's fitted constant overhead is under "
+            "half the time (at least the three largest sizes); exact counts on every size. "
+            "'theory' is the slope of the theory's own formula over the same sizes; 'agrees' "
+            "means it lies in the 95% interval or within 0.05. Models are ranked by AICc on "
+            "relative residuals, so a model does not win on a spare term; with a fixed k, the "
+            "convolutional and recurrent models are the same curve.",
+        )
+    )
+    if charts:
+        blocks.append(Block("h2", "Charts"))
+        for path in charts:
+            blocks.append(Block("img", os.path.relpath(path, base)))
+    return blocks
+
+
+def _cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(blocks: Sequence[Block]) -> str:
+    out: list[str] = []
+    for b in blocks:
+        if b.kind == "h1":
+            out.append(f"# {b.text}\n")
+        elif b.kind == "h2":
+            out.append(f"## {b.text}\n")
+        elif b.kind == "p":
+            out.append(f"{b.text}\n")
+        elif b.kind == "list":
+            out.append("".join(f"- {item}\n" for item in b.items))
+        elif b.kind == "img":
+            out.append(f"![{Path(b.text).stem}]({b.text})\n")
+        elif b.kind == "table" and b.table is not None:
+            t = b.table
+            lines = ["| " + " | ".join(_cell(c) for c in t.columns) + " |"]
+            lines.append("|" + "---|" * len(t.columns))
+            for row in t.itertuples(index=False):
+                lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+            out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+_STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:70rem;margin:2rem auto;padding:0 1rem}"
+    "table{border-collapse:collapse;margin:1rem 0;font-size:.9rem}"
+    "td,th{border:1px solid #ccc;padding:.25rem .5rem;text-align:left}"
+    "img{max-width:100%;margin:1rem 0}"
+)
+
+
+def to_html(blocks: Sequence[Block]) -> str:
+    e = html.escape
+    title = next((b.text for b in blocks if b.kind == "h1"), "attnbench report")
+    out = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
+        f"<style>{_STYLE}</style></head><body>"
+    ]
+    for b in blocks:
+        if b.kind in ("h1", "h2", "p"):
+            out.append(f"<{b.kind}>{e(b.text)}</{b.kind}>")
+        elif b.kind == "list":
+            out.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in b.items) + "</ul>")
+        elif b.kind == "img":
+            out.append(f"<img src='{e(b.text)}' alt='{e(Path(b.text).stem)}'>")
+        elif b.kind == "table" and b.table is not None:
+            out.append(b.table.to_html(index=False, border=0, escape=True))
+    out.append("</body></html>\n")
+    return "\n".join(out)
+
+
+def write_report(
+    run: RunResults,
+    analysis: Analysis,
+    charts: Sequence[Path],
+    *,
+    out: Path | None = None,
+    html_too: bool = False,
+) -> list[Path]:
+    """Write ``report.md`` (and ``report.html``) into the results folder; the paths written.
+
+    Only the PNG charts are embedded (one image per chart; the SVGs sit beside them).
+    """
+    path = out or run.path / REPORT_FILE
+    images = [p for p in charts if p.suffix == ".png"] or list(charts)
+    blocks = _blocks(run, analysis, images, path.parent)
+    write_text_atomic(path, to_markdown(blocks))
+    written = [path]
+    if html_too:
+        page = path.with_suffix(".html")
+        write_text_atomic(page, to_html(blocks))
+        written.append(page)
+    return written
