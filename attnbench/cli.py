@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pandas as pd
+import torch
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -30,13 +32,16 @@ from attnbench.charts import (
     FORMATS,
     parse_charts,
     parse_formats,
+    pe_figures,
     plot_run,
+    save_charts,
     select_layers,
 )
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.fits import analyse
 from attnbench.layers import LAYERS
 from attnbench.measure.timing import NOISY_REL_IQR, is_noisy
+from attnbench.positional import relative_shift_error
 from attnbench.report import fit_tables, write_report
 from attnbench.results import (
     STATUSES,
@@ -54,6 +59,7 @@ from attnbench.spec import (
     build_grid,
     estimate_seconds,
     load_config,
+    parse_columns,
     resolve_device,
     size_warning,
 )
@@ -637,11 +643,11 @@ def fit(
     out = Console(highlight=False)
     out = out if out.is_terminal else Console(highlight=False, width=140)
     for title, frame in fit_tables(analysis).items():
-        grid = Table(title=title, title_justify="left")
+        grid = Table(title=escape(title), title_justify="left")
         for column in frame.columns:
-            grid.add_column(column)
+            grid.add_column(escape(column))
         for row in frame.itertuples(index=False):
-            grid.add_row(*[str(v) for v in row])
+            grid.add_row(*[escape(str(v)) for v in row])
         out.print(grid)
 
 
@@ -681,6 +687,57 @@ def report(
     except OSError as exc:
         raise _fail(AttnbenchError(f"cannot write the report: {exc}")) from None
     for path in written:
+        err.print(str(path), soft_wrap=True)
+
+
+@app.command()
+def pe(
+    n: Annotated[int, typer.Option("--n", help="Positions (rows of P).")] = 60,
+    d: Annotated[int, typer.Option("--d", help="Encoding width (columns of P).")] = 32,
+    columns: Annotated[
+        str, typer.Option(help="Columns to plot against position, as a range or list.")
+    ] = "6..9",
+    out: Annotated[Path, typer.Option(help="Folder for the figures.")] = Path("results/pe"),
+    fmt: Annotated[
+        str, typer.Option("--format", help=f"Comma-separated: {', '.join(FORMATS)}.")
+    ] = ",".join(DEFAULT_FORMATS),
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the check and the written paths as JSON.")
+    ] = False,
+) -> None:
+    """The chapter's positional-encoding figures, and a check of its relative-position property.
+
+    For every offset δ = 1..n, a fixed 2x2 rotation maps (p[i,2j], p[i,2j+1]) to
+    (p[i+δ,2j], p[i+δ,2j+1]) for all i and j; the largest error is printed (float rounding).
+    """
+    try:
+        if n < 1 or d < 2:
+            raise AttnbenchError(f"--n must be at least 1 and --d at least 2 (got {n}, {d})")
+        cols = parse_columns(columns)
+        if max(cols) >= d:
+            raise AttnbenchError(f"--columns go up to {max(cols)}, but P has columns 0..{d - 1}")
+        formats = parse_formats(fmt)
+        errors = {
+            "float64": relative_shift_error(n, d, dtype=torch.float64),
+            "float32": relative_shift_error(n, d, dtype=torch.float32),
+        }
+        paths = save_charts(pe_figures(n, d, cols), out, formats)
+    except AttnbenchError as exc:
+        raise _fail(exc) from None
+    check = (
+        f"largest |R(δ)·p[i] - p[i+δ]| over i < {n}, j < {d // 2}, δ = 1..{n}: "
+        f"{errors['float64']:.1e} in float64, {errors['float32']:.1e} in float32"
+    )
+    if as_json:
+        payload = {"n": n, "d": d, "relative_shift_error": errors, "files": [str(p) for p in paths]}
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    out_console = Console(highlight=False)
+    out_console.print("binary counting, lowest bit fastest (the columns of P are its smooth form):")
+    for i in range(8):
+        out_console.print(f"  {i} in binary is {i:>03b}")
+    out_console.print(check, soft_wrap=True, markup=False)
+    for path in paths:
         err.print(str(path), soft_wrap=True)
 
 

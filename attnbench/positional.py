@@ -55,3 +55,31 @@ class SinusoidalPositionalEncoding(nn.Module):
         if n > self.P.shape[0]:
             self.P = sinusoidal_table(n, self.d, dtype=self.P.dtype, device=self.P.device)
         return x + self.P[:n]  # (B, n, d)
+
+
+def relative_shift_error(
+    n: int, d: int, deltas: range | None = None, *, dtype: torch.dtype = torch.float64
+) -> float:
+    """Largest |R(δ) p[i] - p[i+δ]| over positions i < n, column pairs j and offsets δ.
+
+    The chapter's relative-position property says it is zero: the 2x2 rotation of each pair
+    depends on δ only. Measured on this package's own table, in ``dtype`` (offsets 1..n by
+    default), so a wrong frequency or a swapped sine shows up as an error of order one.
+    """
+    deltas = deltas if deltas is not None else range(1, n + 1)
+    half = d // 2
+    table = sinusoidal_table(n + max(deltas) + 1, d, dtype=dtype)  # (n + δmax + 1, d)
+    pairs = table[:n, : 2 * half].reshape(n, half, 2)  # (n, d//2, 2)
+    worst = 0.0
+    for delta in deltas:
+        rot = shift_rotation(delta, d).to(dtype)  # (d//2, 2, 2)
+        shifted = torch.einsum("jab,ijb->ija", rot, pairs)  # (n, d//2, 2)
+        target = table[delta : n + delta, : 2 * half].reshape(n, half, 2)  # (n, d//2, 2)
+        worst = max(worst, (shifted - target).abs().max().item())
+    return worst
+
+
+def binary_digits(n: int, bits: int) -> torch.Tensor:
+    """Bits of 0..n-1, lowest first: shape (n, bits). The chapter's analogy for the columns."""
+    i = torch.arange(n).unsqueeze(1)  # (n, 1)
+    return ((i >> torch.arange(bits)) & 1).to(torch.float32)  # (n, bits)

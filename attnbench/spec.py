@@ -463,3 +463,21 @@ def size_warning(grid: Grid) -> str | None:
         f"{grid.device}; pass --yes to run it anyway, or narrow --n / --d / --layers "
         f"(limits without --yes: {MAX_CASES} cases, {MAX_ESTIMATED_S / 3600:.0f} h)"
     )
+
+
+def parse_columns(text: str) -> tuple[int, ...]:
+    """``--columns`` of ``attnbench pe``: "6..9" (every column from 6 to 9) or "0,2,4"."""
+    text = text.strip()
+    try:
+        if ".." in text:
+            first, last = (int(x) for x in text.split("..", 1))
+            values = tuple(range(first, last + 1))
+        else:
+            values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise AttnbenchError(
+            f"--columns: expected a range such as 6..9 or a list such as 0,2,4, got {text!r}"
+        ) from None
+    if not values or min(values) < 0:
+        raise AttnbenchError(f"--columns: expected columns 0 or more, got {text!r}")
+    return values

@@ -1,0 +1,177 @@
+"""plot, fit, report and pe through the CLI, and the charts drawn at the end of a sweep."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.results import RunResults, load_results
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def wide(wide_run: RunResults, tmp_path: Path) -> Path:
+    """A private copy of the wide run, so that written charts do not leak between tests."""
+    return Path(shutil.copytree(wide_run.path, tmp_path / "wide"))
+
+
+def test_plot_writes_the_chosen_charts_and_formats(wide: Path):
+    result = runner.invoke(
+        app, ["plot", str(wide), "--metric", "time,crossover", "--format", "png"]
+    )
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (wide / "charts").iterdir()) == ["crossover.png", "time.png"]
+    assert str(wide / "charts" / "time.png") in result.stderr
+
+
+def test_plot_all_charts_as_json_into_another_folder(wide: Path, tmp_path: Path):
+    out = tmp_path / "figures"
+    result = runner.invoke(app, ["plot", str(wide), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert len(payload["charts"]) == 16 and payload["not_drawn"] == []
+    assert {Path(p).suffix for p in payload["charts"]} == {".png", ".svg"}
+    assert all(Path(p).parent == out for p in payload["charts"])
+
+
+def test_plot_says_which_charts_had_no_data(wide: Path):
+    result = runner.invoke(
+        app, ["plot", str(wide), "--layers", "rnn", "--metric", "time,crossover"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "not drawn: crossover" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--metric", "speed"], "unknown chart speed"),
+        (["--format", "gif"], "unknown format gif"),
+        (["--layers", "lstm"], "layer lstm is not in"),
+    ],
+)
+def test_plot_bad_options_are_one_line_errors(wide: Path, args, message):
+    result = runner.invoke(app, ["plot", str(wide), *args])
+    assert result.exit_code == 2
+    assert message in result.stderr and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_plot_refuses_a_folder_that_is_not_a_run(tmp_path: Path):
+    result = runner.invoke(app, ["plot", str(tmp_path)])
+    assert result.exit_code == 2 and "error:" in result.stderr
+
+
+def test_plot_of_a_run_without_measurements(wide: Path):
+    # Every case marked oom: nothing is left to plot.
+    frame = pd.read_csv(wide / "results.csv", keep_default_na=False)
+    frame["status"] = "oom"
+    frame.to_csv(wide / "results.csv", index=False)
+    result = runner.invoke(app, ["plot", str(wide)])
+    assert result.exit_code == 2 and "no measured cases to plot" in result.stderr
+
+
+def test_fit_prints_tables_and_json(wide: Path):
+    result = runner.invoke(app, ["fit", str(wide)])
+    assert result.exit_code == 0, result.output
+    for title in ("Growth in n", "Cost models of time", "Crossovers"):
+        assert title in result.stdout
+    payload = json.loads(runner.invoke(app, ["fit", str(wide), "--json"]).stdout)
+    assert {"exponents", "models", "crossovers"} <= set(payload)
+    best = [m for m in payload["models"] if m["best"]]
+    assert {m["layer"] for m in best} == {"conv", "rnn", "attention"}
+    rnn_steps = [
+        e for e in payload["exponents"]
+        if (e["layer"], e["metric"], e["along"]) == ("rnn", "seq_steps", "n")
+    ]  # fmt: skip
+    assert rnn_steps and all(abs(e["exponent"] - 1) < 0.1 for e in rnn_steps)
+
+
+def test_report_writes_markdown_and_html_with_the_charts(wide: Path):
+    result = runner.invoke(app, ["report", str(wide), "--html"])
+    assert result.exit_code == 0, result.output
+    text = (wide / "report.md").read_text()
+    for heading in ("## Environment", "## Comparison table", "## Growth in n", "## Cost models",
+                    "## Crossovers", "## Charts"):  # fmt: skip
+        assert heading in text
+    assert "![time](charts/time.png)" in text
+    assert (wide / "charts" / "time.png").exists()
+    assert "| attention | O(n^2 d) |" in text
+    page = (wide / "report.html").read_text()
+    assert page.startswith("<!doctype html>") and "<img src='charts/time.png'" in page
+    assert "<table" in page
+
+
+def test_report_without_charts(wide: Path, tmp_path: Path):
+    out = tmp_path / "elsewhere" / "r.md"
+    result = runner.invoke(app, ["report", str(wide), "--no-charts", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "## Charts" not in out.read_text() and not (wide / "charts").exists()
+
+
+def test_pe_prints_the_check_and_writes_the_figures(tmp_path: Path):
+    result = runner.invoke(app, ["pe", "--out", str(tmp_path), "--format", "png", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["relative_shift_error"]["float64"] < 1e-12
+    assert payload["relative_shift_error"]["float32"] < 1e-5
+    assert sorted(Path(p).name for p in payload["files"]) == [
+        "pe-binary.png", "pe-columns.png", "pe-heatmap.png"
+    ]  # fmt: skip
+    text = runner.invoke(app, ["pe", "--out", str(tmp_path), "--format", "png"])
+    assert "7 in binary is 111" in text.stdout
+    assert "p[i+δ]" in text.stdout  # printed literally, not eaten as markup
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--d", "1"], "--d at least 2"),
+        (["--columns", "6..40"], "P has columns 0..31"),
+        (["--columns", "six"], "--columns: expected a range"),
+    ],
+)
+def test_pe_bad_input(tmp_path: Path, args, message):
+    result = runner.invoke(app, ["pe", "--out", str(tmp_path), *args])
+    assert result.exit_code == 2 and message in result.stderr
+
+
+SWEEP = ["sweep", "--layers", "conv,attention", "--n", "16,32", "--d", "8", "--heads", "2",
+         "--time-budget", "0.005", "--device", "cpu", "--quiet"]  # fmt: skip
+
+
+def test_sweep_draws_its_charts_when_it_completes(tmp_path: Path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, [*SWEEP, "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    charts = json.loads(result.stdout)["charts"]
+    assert str(out / "charts" / "time.png") in charts
+    assert (out / "charts" / "time.svg").exists()
+
+
+def test_sweep_no_charts(tmp_path: Path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, [*SWEEP, "--out", str(out), "--no-charts"])
+    assert result.exit_code == 0 and not (out / "charts").exists()
+
+
+def test_a_chart_failure_keeps_the_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import attnbench.cli as cli
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no fonts")
+
+    monkeypatch.setattr(cli, "plot_run", broken)
+    out = tmp_path / "run"
+    result = runner.invoke(app, [*SWEEP[:-1], "--out", str(out)])
+    assert result.exit_code == 0
+    assert "charts were not drawn (no fonts)" in result.stderr
+    assert f"attnbench plot {out}" in result.stderr
+    assert len(load_results(out).measured) == 4
