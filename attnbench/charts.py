@@ -317,6 +317,15 @@ def _metadata(fmt: str) -> dict[str, str | None]:
     return {"Software": None}
 
 
+def existing_charts(folder: Path) -> list[Path]:
+    """Chart files already in ``folder``, in CHARTS order (for a report that does not redraw)."""
+    if not folder.is_dir():
+        return []
+    order = {name: i for i, name in enumerate(CHARTS)}
+    found = [p for p in folder.iterdir() if p.stem in order and p.suffix[1:] in FORMATS]
+    return sorted(found, key=lambda p: (order[p.stem], p.suffix))
+
+
 def parse_charts(text: str | None) -> list[str]:
     """``--metric`` values: a comma list of CHARTS names; all of them when empty."""
     if not text:

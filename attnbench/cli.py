@@ -28,8 +28,10 @@ from rich.table import Table
 from attnbench import __version__
 from attnbench.charts import (
     CHARTS,
+    CHARTS_DIR,
     DEFAULT_FORMATS,
     FORMATS,
+    existing_charts,
     parse_charts,
     parse_formats,
     pe_figures,
@@ -668,7 +670,10 @@ def report(
     ] = None,
     charts: Annotated[
         bool,
-        typer.Option("--charts/--no-charts", help="Draw the charts first and embed them."),
+        typer.Option(
+            "--charts/--no-charts",
+            help="Draw the charts first and embed them; --no-charts embeds those already drawn.",
+        ),
     ] = True,
 ) -> None:
     """Write a Markdown report of a run: environment, comparison table, fits, crossovers, charts.
@@ -678,7 +683,10 @@ def report(
     try:
         run = load_for_table(folder)
         analysis = analyse(run)
-        paths = plot_run(run, analysis=analysis) if charts and not run.measured.empty else []
+        if charts and not run.measured.empty:
+            paths = plot_run(run, analysis=analysis)
+        else:  # embed the charts already drawn, if any
+            paths = existing_charts(run.path / CHARTS_DIR)
         if out is not None and out.parent != Path():
             out.parent.mkdir(parents=True, exist_ok=True)
         written = write_report(run, analysis, paths, out=out, html_too=as_html)

@@ -93,7 +93,7 @@ EXPONENT_COLUMNS = [
     "ci_low",
     "ci_high",
     "theory",  # the theory's log-log slope over the same points (nan: no theory for the metric)
-    "agrees",  # theory within the 95% interval, or within EXACT_TOLERANCE of the exponent
+    "agrees",  # theory in the 95% interval (or within EXACT_TOLERANCE); None: cannot tell
     "points",
     "range_from",
     "range_to",
@@ -230,15 +230,21 @@ def exponent_table(
 # Exact counts carry lower-order terms (an RNN's 3n + 2 steps), which make a tiny interval miss
 # the order's exponent; within this distance the order still holds.
 EXACT_TOLERANCE = 0.05
+# An interval this wide cannot tell n from n² apart: such a fit is reported, but not judged.
+INCONCLUSIVE_WIDTH = 1.0
 
 
 def agrees(fit: Exponent, theory: float) -> bool | None:
-    """Whether the theory's exponent lies in the 95% interval (or within EXACT_TOLERANCE)."""
+    """Whether the theory's exponent lies in the 95% interval (or within EXACT_TOLERANCE).
+
+    None when there is nothing to judge: no theory, no interval, or an interval wider than
+    ``INCONCLUSIVE_WIDTH`` (it would "agree" with almost any law).
+    """
     if math.isnan(theory):
         return None
     if abs(fit.slope - theory) <= EXACT_TOLERANCE:
         return True
-    if math.isnan(fit.low):
+    if math.isnan(fit.low) or fit.high - fit.low > INCONCLUSIVE_WIDTH:
         return None
     return bool(fit.low <= theory <= fit.high)
 

@@ -46,8 +46,12 @@ def _interval(row: pd.Series) -> str:
     return f"{row.exponent:.2f} [{row.ci_low:.2f}, {row.ci_high:.2f}]"
 
 
-def _agrees(value: object) -> str:
-    return {True: "yes", False: "no"}.get(value, "–")  # type: ignore[call-overload]
+def _agrees(value: object, theory: float) -> str:
+    if value is True:
+        return "yes"
+    if value is False:
+        return "no"
+    return "–" if math.isnan(theory) else "can't tell"
 
 
 def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
@@ -64,7 +68,7 @@ def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
             f"at {other}": e["fixed"],
             "exponent [95% CI]": [_interval(r) for r in e.itertuples(index=False)],
             "theory": e["theory"].map(_num),
-            "agrees": e["agrees"].map(_agrees),
+            "agrees": [_agrees(a, t) for a, t in zip(e["agrees"], e["theory"], strict=True)],
             f"fitted on {along}": [
                 f"{a}..{b}" for a, b in zip(e.range_from, e.range_to, strict=True)
             ],
@@ -187,7 +191,8 @@ def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: P
             "Exponents of time are fitted where the layer's fitted constant overhead is under "
             "half the time (at least the three largest sizes); exact counts on every size. "
             "'theory' is the slope of the theory's own formula over the same sizes; 'agrees' "
-            "means it lies in the 95% interval or within 0.05. Models are ranked by AICc on "
+            "means it lies in the 95% interval or within 0.05, and 'can't tell' that the "
+            "interval is wider than 1 (two or three noisy sizes). Models are ranked by AICc on "
             "relative residuals, so a model does not win on a spare term; with a fixed k, the "
             "convolutional and recurrent models are the same curve.",
         )

@@ -109,6 +109,14 @@ def test_report_writes_markdown_and_html_with_the_charts(wide: Path):
     assert "<table" in page
 
 
+def test_report_no_charts_embeds_those_already_drawn(wide: Path):
+    runner.invoke(app, ["plot", str(wide), "--metric", "memory", "--format", "svg"])
+    result = runner.invoke(app, ["report", str(wide), "--no-charts"])
+    assert result.exit_code == 0, result.output
+    text = (wide / "report.md").read_text()
+    assert "![memory](charts/memory.svg)" in text and "time.png" not in text
+
+
 def test_report_without_charts(wide: Path, tmp_path: Path):
     out = tmp_path / "elsewhere" / "r.md"
     result = runner.invoke(app, ["report", str(wide), "--no-charts", "--out", str(out)])

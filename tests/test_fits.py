@@ -163,6 +163,13 @@ def test_exponent_agreement_tolerates_lower_order_terms_of_exact_counts():
     assert not fits.agrees(loglog_exponent(n, [x**1.5 for x in n]), 1.0)
 
 
+def test_an_interval_too_wide_to_judge_is_not_called_agreement():
+    wide = fits.Exponent(0.3, -2.0, 2.6, 3, 64, 256)
+    assert fits.agrees(wide, 2.0) is None  # inside, but it would be inside for n or n² too
+    assert fits.agrees(fits.Exponent(1.9, 1.7, 2.1, 6, 64, 2048), 2.0) is True
+    assert fits.agrees(fits.Exponent(1.2, 1.0, 1.4, 6, 64, 2048), 2.0) is False
+
+
 def test_measured_crossover_interpolates_in_log_log():
     # Ratio 0.5 at n=256 and 2 at n=1024: it crosses 1 at n=512 exactly.
     assert measured_crossover([256, 1024], [0.5, 2.0]) == pytest.approx(512)

@@ -53,3 +53,32 @@ def test_module_adds_the_table_and_grows_on_demand() -> None:
     assert pe.P.shape == (12, 6)
     pe(torch.zeros(1, 3, 6))  # shorter input reuses the table
     assert pe.P.shape == (12, 6)
+
+
+def test_relative_shift_error_is_rounding_for_the_real_table() -> None:
+    from attnbench.positional import relative_shift_error
+
+    assert relative_shift_error(60, 32) < 1e-13
+    assert relative_shift_error(60, 33, range(1, 5)) < 1e-13  # odd d: the last sine has no pair
+    assert 1e-9 < relative_shift_error(60, 32, dtype=torch.float32) < 1e-5
+
+
+def test_relative_shift_error_sees_a_broken_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With sine and cosine swapped, the rotations of the real table no longer map row i to i+δ.
+    import attnbench.positional as positional
+
+    real = positional.sinusoidal_table
+
+    def swapped(n: int, d: int, **kw: object) -> torch.Tensor:
+        return real(n, d, **kw)[:, torch.arange(d) ^ 1] if d % 2 == 0 else real(n, d, **kw)
+
+    monkeypatch.setattr(positional, "sinusoidal_table", swapped)
+    assert positional.relative_shift_error(60, 32) > 0.1
+
+
+def test_binary_digits_lowest_bit_first() -> None:
+    from attnbench.positional import binary_digits
+
+    bits = binary_digits(8, 3)
+    assert bits[5].tolist() == [1, 0, 1]  # 5 = 101
+    assert bits[:, 0].tolist() == [0, 1, 0, 1, 0, 1, 0, 1]  # the lowest bit flips every step
