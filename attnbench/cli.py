@@ -89,6 +89,18 @@ def _stderr_console() -> Console:
 
 err = _stderr_console()
 
+# Arguments shared by the commands that read a saved run.
+SavedRun = Annotated[
+    Path | None,
+    typer.Argument(
+        help="A results folder. Default: the newest under results/.", show_default=False
+    ),
+]
+RunLayers = Annotated[
+    str | None,
+    typer.Option(help="Only these layers, comma-separated. Default: all in the run."),
+]
+
 
 def _fail(exc: AttnbenchError) -> typer.Exit:
     if isinstance(exc, SweepInterrupted):
@@ -514,12 +526,7 @@ def show(
 
 @app.command()
 def table(
-    folder: Annotated[
-        Path | None,
-        typer.Argument(
-            help="A results folder. Default: the newest under results/.", show_default=False
-        ),
-    ] = None,
+    folder: SavedRun = None,
     markdown: Annotated[
         bool, typer.Option("--markdown", help="Print a Markdown table on stdout (for a README).")
     ] = False,
@@ -556,12 +563,7 @@ def table(
 
 @app.command()
 def plot(
-    folder: Annotated[
-        Path | None,
-        typer.Argument(
-            help="A results folder. Default: the newest under results/.", show_default=False
-        ),
-    ] = None,
+    folder: SavedRun = None,
     metric: Annotated[
         str | None,
         typer.Option(
@@ -571,10 +573,7 @@ def plot(
             show_default=False,
         ),
     ] = None,
-    layers: Annotated[
-        str | None,
-        typer.Option(help="Only these layers, comma-separated. Default: all in the run."),
-    ] = None,
+    layers: RunLayers = None,
     fmt: Annotated[
         str, typer.Option("--format", help=f"Comma-separated: {', '.join(FORMATS)}.")
     ] = ",".join(DEFAULT_FORMATS),
@@ -613,16 +612,8 @@ def plot(
 
 @app.command()
 def fit(
-    folder: Annotated[
-        Path | None,
-        typer.Argument(
-            help="A results folder. Default: the newest under results/.", show_default=False
-        ),
-    ] = None,
-    layers: Annotated[
-        str | None,
-        typer.Option(help="Only these layers, comma-separated. Default: all in the run."),
-    ] = None,
+    folder: SavedRun = None,
+    layers: RunLayers = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print exponents, models and crossovers as JSON.")
     ] = False,
@@ -655,12 +646,7 @@ def fit(
 
 @app.command()
 def report(
-    folder: Annotated[
-        Path | None,
-        typer.Argument(
-            help="A results folder. Default: the newest under results/.", show_default=False
-        ),
-    ] = None,
+    folder: SavedRun = None,
     as_html: Annotated[
         bool, typer.Option("--html", help="Also write report.html beside report.md.")
     ] = False,
