@@ -9,8 +9,9 @@ Three views, each a tidy table:
   measured and predicted.
 
 A measured exponent says how a metric grows: time ~ n^a at fixed d means a ~ 2 for attention
-and a ~ 1 for an RNN.  Small sizes are dominated by fixed overheads, so time is fitted over the
-upper part of the range only (``upper_half``); exact counts (steps, path length) over all of it.
+and a ~ 1 for an RNN.  Small sizes are dominated by fixed overheads, so time is fitted only where
+the layer's fitted constant is under half the time (``fit_sizes``), peak memory on the upper
+half of the sizes, and exact counts (FLOPs, steps, path length) on all of them.
 """
 
 from __future__ import annotations
