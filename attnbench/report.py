@@ -170,7 +170,7 @@ def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: P
             ),
         ),
     ]
-    table = comparison_table(run)
+    table = comparison_table(run, analysis)
     shown = table[TABLE_COLUMNS].copy()
     shown.columns = HEADERS
     blocks += [
