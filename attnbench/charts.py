@@ -7,6 +7,7 @@ interquartile band from the raw samples, and theory is drawn dashed.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -19,7 +20,15 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from attnbench.errors import AttnbenchError
-from attnbench.fits import Analysis, analyse, quadratic_layers, rival_layers, term_sizes
+from attnbench.fits import (
+    Analysis,
+    analyse,
+    own_fit,
+    quadratic_layers,
+    rival_layers,
+    term_sizes,
+    time_ratios,
+)
 from attnbench.layers import layer_names
 from attnbench.positional import binary_digits, sinusoidal_table
 from attnbench.results import RunResults
@@ -49,7 +58,8 @@ MAX_PANELS = 4
 def layer_style(layer: str) -> dict[str, object]:
     """The same colour and marker for a layer in every chart."""
     names = layer_names()
-    i = names.index(layer) if layer in names else len(names) + abs(hash(layer)) % 10
+    # zlib.crc32, not hash(): the same colour in every process, so re-plotting is reproducible.
+    i = names.index(layer) if layer in names else len(names) + zlib.crc32(layer.encode()) % 10
     return {"color": f"C{i % 10}", "marker": _MARKERS[i % len(_MARKERS)]}
 
 
@@ -100,7 +110,7 @@ def _exponent_label(analysis: Analysis, layer: str, metric: str, along: str, fix
 
 def _model_line(analysis: Analysis, layer: str, line: pd.DataFrame, along: str) -> tuple:
     """The layer's own fitted cost model on a dense grid along ``along`` (others held)."""
-    fit = next((f for f in analysis.fits.get(layer, []) if layer in f.model.layers), None)
+    fit = own_fit(analysis.fits, layer)
     if fit is None:
         return None, None
     lo, hi = line[along].min(), line[along].max()
@@ -215,28 +225,20 @@ def _crossover_chart(analysis: Analysis) -> Figure | None:
     if not attention or not rivals:
         return None
     fig, axes = _panels(len(attention), "When attention becomes slower: time ratio against n/d")
-    ds = sorted(set(frame["d"]))
-    styles = ["-", "--", ":", "-."]
+    ratios = time_ratios(frame)
+    styles = dict(zip(sorted({d for d, _, _ in ratios}), ["-", "--", ":", "-."] * 8, strict=False))
     drew = False
     for ax, layer in zip(axes, attention, strict=True):
-        for di, d in enumerate(ds):
-            medians = frame[frame["d"] == d].pivot_table(
-                index="n", columns="layer", values="time_s"
-            )
-            for rival in rivals:
-                if layer not in medians or rival not in medians:
-                    continue
-                both = medians[[layer, rival]].dropna()
-                if len(both) < 2:
-                    continue
-                ratio = both[layer] / both[rival]
-                style = layer_style(rival)
-                ax.plot(
-                    both.index / d, ratio, linestyle=styles[di % len(styles)], lw=1.2,
-                    color=style["color"], marker=style["marker"], markersize=4,
-                    label=f"/ {rival}, d = {d}",
-                )  # fmt: skip
-                drew = True
+        for (d, mine, rival), ratio in ratios.items():
+            if mine != layer or len(ratio) < 2:
+                continue
+            style = layer_style(rival)
+            ax.plot(
+                ratio.index / d, ratio, linestyle=styles[d], lw=1.2,
+                color=style["color"], marker=style["marker"], markersize=4,
+                label=f"/ {rival}, d = {d}",
+            )  # fmt: skip
+            drew = True
         ax.axhline(1.0, color="black", lw=1)
         ax.axvline(1.0, color="grey", lw=1, linestyle=":")
         ax.text(1.0, 0.02, " n = d (chapter: n²d = nd²)", transform=ax.get_xaxis_transform(),

@@ -478,48 +478,59 @@ def _describe(n: float, ns: Sequence[int]) -> str:
     return f"≈ {n:.0f}"
 
 
-def crossover_table(measured: pd.DataFrame) -> pd.DataFrame:
-    """For each d and each (attention, rival) pair: measured and predicted crossover n."""
+def time_ratios(measured: pd.DataFrame) -> dict[tuple[int, str, str], pd.Series]:
+    """Attention's median time over each rival's, per d, indexed by the n both measured.
+
+    Keyed by (d, attention layer, rival); the crossover table and chart both read these.
+    """
     layers = list(dict.fromkeys(measured["layer"]))
-    rows = []
+    ratios = {}
     for d, at_d in measured.groupby("d"):
         medians = at_d.pivot_table(index="n", columns="layer", values="time_s")
         for layer in quadratic_layers(layers):
             for rival in rival_layers(layers):
-                if layer not in medians or rival not in medians:
-                    continue
-                both = medians[[layer, rival]].dropna()
-                mine = at_d[at_d["layer"] == layer].iloc[0]
-                theirs = at_d[at_d["layer"] == rival].iloc[0]
-                a, o = THEORY[layer], THEORY[rival]
-                b, d_ = int(mine.batch), int(d)
-                ka, ra, ko, ro = int(mine.k), int(mine.window), int(theirs.k), int(theirs.window)
+                if layer in medians and rival in medians:
+                    both = medians[[layer, rival]].dropna()
+                    ratios[(int(d), layer, rival)] = both[layer] / both[rival]
+    return ratios
 
-                def flops_gap(n: float, a=a, o=o, b=b, d_=d_, k=(ka, ko), r=(ra, ro)) -> float:
-                    return a.flops(b, n, d_, k[0], r[0]) - o.flops(b, n, d_, k[1], r[1])
 
-                def order_gap(n: float, a=a, o=o, b=b, d_=d_, k=(ka, ko), r=(ra, ro)) -> float:
-                    return a.order(b, n, d_, k[0], r[0]) - o.order(b, n, d_, k[1], r[1])
+def crossover_table(measured: pd.DataFrame) -> pd.DataFrame:
+    """For each d and each (attention, rival) pair: measured and predicted crossover n."""
+    rows = []
+    for (d, layer, rival), ratio in time_ratios(measured).items():
+        at_d = measured[measured["d"] == d]
+        mine = at_d[at_d["layer"] == layer].iloc[0]
+        theirs = at_d[at_d["layer"] == rival].iloc[0]
+        a, o = THEORY[layer], THEORY[rival]
+        b, d_ = int(mine.batch), int(d)
+        ka, ra, ko, ro = int(mine.k), int(mine.window), int(theirs.k), int(theirs.window)
 
-                found = math.nan
-                words = "no common n"
-                if len(both) >= 2:
-                    ns = both.index.tolist()
-                    found = measured_crossover(ns, (both[layer] / both[rival]).tolist())
-                    words = _describe(found, ns)
-                rows.append(
-                    {
-                        "d": d_,
-                        "layer": layer,
-                        "versus": rival,
-                        "measured_n": found if math.isfinite(found) else math.nan,
-                        "measured": words,
-                        "theory_flops_n": (by_flops := formula_crossover(flops_gap)),
-                        "theory_flops": _predicted(by_flops),
-                        "theory_order_n": (by_order := formula_crossover(order_gap)),
-                        "theory_order": _predicted(by_order),
-                    }
-                )
+        def flops_gap(n: float, a=a, o=o, b=b, d_=d_, k=(ka, ko), r=(ra, ro)) -> float:
+            return a.flops(b, n, d_, k[0], r[0]) - o.flops(b, n, d_, k[1], r[1])
+
+        def order_gap(n: float, a=a, o=o, b=b, d_=d_, k=(ka, ko), r=(ra, ro)) -> float:
+            return a.order(b, n, d_, k[0], r[0]) - o.order(b, n, d_, k[1], r[1])
+
+        found = math.nan
+        words = "no common n"
+        if len(ratio) >= 2:
+            ns = ratio.index.tolist()
+            found = measured_crossover(ns, ratio.tolist())
+            words = _describe(found, ns)
+        rows.append(
+            {
+                "d": d_,
+                "layer": layer,
+                "versus": rival,
+                "measured_n": found if math.isfinite(found) else math.nan,
+                "measured": words,
+                "theory_flops_n": (by_flops := formula_crossover(flops_gap)),
+                "theory_flops": _predicted(by_flops),
+                "theory_order_n": (by_order := formula_crossover(order_gap)),
+                "theory_order": _predicted(by_order),
+            }
+        )
     return pd.DataFrame(rows, columns=CROSSOVER_COLUMNS)
 
 

@@ -57,12 +57,6 @@ class LayerTheory:
         """The FLOP formula, human-readable: "8·b·n·d² + 4·b·n²·d"."""
         return " + ".join(f"{t.flops:g}·{t.name}" for t in self.terms) or "0"
 
-    @property
-    def model(self) -> str:
-        """The cost model fitted to time: one coefficient per term, plus a constant."""
-        names = "abcdefg"
-        return " + ".join(f"{names[i]}·{t.name}" for i, t in enumerate(self.terms)) + " + c"
-
 
 def _log(n: int, k: int) -> float:
     return float(dilated_depth(n, k))
