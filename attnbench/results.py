@@ -3,6 +3,8 @@
 A results folder holds
 - ``results.csv``: one row per case (``RESULT_COLUMNS``), appended as each case finishes;
 - ``samples.csv``: every raw timing sample, long format (case_id, sample, time_s);
+- ``calibration.csv``: the calibration GEMM's samples, timed before each measured case
+  (point, before_case, sample, time_s); what ``compare --normalize`` divides by;
 - ``run.json``: schema version, configuration, environment, start and end time.
 Rows are appended with one write, flushed and fsynced, so a crash keeps every finished case;
 ``run.json`` is replaced atomically (temporary file and rename). A kill in the middle of an append
@@ -21,7 +23,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from attnbench.spec import Case
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.csv"
 SAMPLES_FILE = "samples.csv"
+CALIBRATION_FILE = "calibration.csv"
 RUN_FILE = "run.json"
 
 CASE_COLUMNS = [
@@ -79,6 +82,7 @@ RESULT_COLUMNS = CASE_COLUMNS + METRIC_COLUMNS + STRUCTURE_COLUMNS
 # Added after the first release: folders written before them still load, with these empty.
 OPTIONAL_COLUMNS = ["window", *STRUCTURE_COLUMNS]
 SAMPLE_COLUMNS = ["case_id", "sample", "time_s"]
+CALIBRATION_COLUMNS = ["point", "before_case", "sample", "time_s"]
 
 STATUSES = {
     "ok": "measured",
@@ -198,9 +202,10 @@ class ResultsWriter:
     case was being measured, so that a resumed run knows a case the process died in.
     """
 
-    def __init__(self, out_dir: Path, meta: dict[str, Any]) -> None:
+    def __init__(self, out_dir: Path, meta: dict[str, Any], points: int = 0) -> None:
         self.out_dir = out_dir
         self.meta = meta
+        self.points = points  # calibration points written so far
 
     @classmethod
     def create(
@@ -225,6 +230,7 @@ class ResultsWriter:
         writer._save_meta()
         writer._append(RESULTS_FILE, _csv_line(RESULT_COLUMNS))
         writer._append(SAMPLES_FILE, _csv_line(SAMPLE_COLUMNS))
+        writer._append(CALIBRATION_FILE, _csv_line(CALIBRATION_COLUMNS))
         return writer
 
     @classmethod
@@ -243,10 +249,13 @@ class ResultsWriter:
         ]
         _rewrite_csv(out_dir / RESULTS_FILE, RESULT_COLUMNS, rows)
         _rewrite_csv(out_dir / SAMPLES_FILE, SAMPLE_COLUMNS, run.samples_text_rows)
+        # A folder from before calibration gains the file; the resumed cases then have points.
+        _rewrite_csv(out_dir / CALIBRATION_FILE, CALIBRATION_COLUMNS, run.calibration_text_rows)
         meta = dict(run.meta)
         meta["resumes"] = [*meta.get("resumes", []), dict(resume)]
         meta.update(status="running", pid=os.getpid(), end_time=None)
-        writer = cls(Path(out_dir), meta)
+        points = int(run.calibration["point"].max()) + 1 if len(run.calibration) else 0
+        writer = cls(Path(out_dir), meta, points)
         writer._save_meta()
         return writer
 
@@ -268,9 +277,22 @@ class ResultsWriter:
         self.meta["current_case"] = case.case_id
         self._save_meta()
 
-    def append(self, result: CaseResult) -> None:
-        """Persist one case: its samples first, then its row (a row always has its samples)."""
+    def set_calibration(self, description: Mapping[str, Any]) -> None:
+        """Record which calibration kernel the run times (compared before normalising)."""
+        self.meta["calibration"] = dict(description)
+        self._save_meta()
+
+    def append(self, result: CaseResult, calibration: TimingStats | None = None) -> None:
+        """Persist one case: the calibration point taken before it, its samples, then its row
+        (a row always has its samples)."""
         row = result.to_row()
+        if calibration is not None:
+            lines = [
+                _csv_line([self.points, row["case_id"], i, s])
+                for i, s in enumerate(calibration.samples_s)
+            ]
+            self._append(CALIBRATION_FILE, "".join(lines))
+            self.points += 1
         if result.timing is not None:
             lines = [
                 _csv_line([row["case_id"], i, s]) for i, s in enumerate(result.timing.samples_s)
@@ -336,6 +358,18 @@ class RunResults:
     meta: dict[str, Any]  # run.json
     warnings: tuple[str, ...] = ()  # what was repaired on reading (a torn line, orphan samples)
     samples_text_rows: tuple[str, ...] = ()  # the complete CSV lines behind ``samples``
+    # The calibration GEMM's samples, CALIBRATION_COLUMNS (empty for runs made before it).
+    calibration: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=CALIBRATION_COLUMNS)
+    )
+    calibration_text_rows: tuple[str, ...] = ()
+
+    @property
+    def calibration_s(self) -> float | None:
+        """Median seconds of one calibration GEMM over the whole run; None without samples."""
+        if self.calibration.empty:
+            return None
+        return float(self.calibration["time_s"].median())
 
     def samples_for(self, case_id: str) -> list[float]:
         return self.samples.loc[self.samples["case_id"] == case_id, "time_s"].tolist()
@@ -468,9 +502,20 @@ def load_results(path: Path | str) -> RunResults:
                 warnings.append(f"dropped a torn last line of {SAMPLES_FILE}")
         else:
             samples, sample_rows = pd.DataFrame(columns=SAMPLE_COLUMNS), []
+        calibration_path = path / CALIBRATION_FILE
+        if calibration_path.is_file():
+            calibration, calibration_rows, torn = _read_csv(
+                calibration_path, CALIBRATION_COLUMNS, "calibration file"
+            )
+            if torn:
+                warnings.append(f"dropped a torn last line of {CALIBRATION_FILE}")
+        else:
+            calibration, calibration_rows = pd.DataFrame(columns=CALIBRATION_COLUMNS), []
         frame = _typed_results(frame)
-        samples["sample"] = pd.to_numeric(samples["sample"]).astype("int64")
-        samples["time_s"] = pd.to_numeric(samples["time_s"]).astype("float64")
+        for table in (samples, calibration):
+            table["sample"] = pd.to_numeric(table["sample"]).astype("int64")
+            table["time_s"] = pd.to_numeric(table["time_s"]).astype("float64")
+        calibration["point"] = pd.to_numeric(calibration["point"]).astype("int64")
     except (OSError, UnicodeDecodeError, ValueError, TypeError, pd.errors.ParserError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise AttnbenchError(f"results in {str(path)!r} are corrupt: {message}") from None
@@ -495,6 +540,8 @@ def load_results(path: Path | str) -> RunResults:
         meta=meta,
         warnings=tuple(warnings),
         samples_text_rows=tuple(sample_rows),
+        calibration=calibration,
+        calibration_text_rows=tuple(calibration_rows),
     )
 
 

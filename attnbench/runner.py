@@ -26,8 +26,9 @@ from torch import nn
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import build_layer
 from attnbench.measure import TimingPolicy, count_flops, peak_bytes, time_call
+from attnbench.measure.calibration import DEFAULT_CALIBRATION, Calibration
 from attnbench.measure.structure import SEQ_METHOD, path_length, sequential_steps
-from attnbench.measure.timing import DEFAULT_POLICY, Clock
+from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingStats
 from attnbench.results import (
     DIED_ERROR,
     CaseResult,
@@ -314,10 +315,12 @@ def run_sweep(
     progress: ProgressCallback | None = None,
     clock: Clock = time.perf_counter,
     policy: TimingPolicy | None = None,
+    calibration: Calibration | None = DEFAULT_CALIBRATION,
 ) -> RunResults:
     """Measure every case of ``grid`` into ``out_dir`` (default: a new folder under results/).
 
     Each case is on disk before the next starts, so an interruption keeps what was measured.
+    ``calibration`` (None: off) is timed before every measured case.
     Raises ``SweepInterrupted`` (exit code 130) after SIGINT / SIGTERM.
     """
     _prepare(grid)
@@ -326,7 +329,9 @@ def run_sweep(
         config=grid.to_dict(),
         environment=environment(grid.device),
     )
-    return _sweep(writer, grid, None, progress=progress, clock=clock, policy=policy)
+    return _sweep(
+        writer, grid, None, progress=progress, clock=clock, policy=policy, calibration=calibration
+    )
 
 
 # What must match for a resumed run to be comparable with its first part.
@@ -375,6 +380,7 @@ def resume_sweep(
     progress: ProgressCallback | None = None,
     clock: Clock = time.perf_counter,
     policy: TimingPolicy | None = None,
+    calibration: Calibration | None = DEFAULT_CALIBRATION,
 ) -> RunResults:
     """Measure the cases of a results folder that are not in it yet, with its recorded grid.
 
@@ -424,7 +430,16 @@ def resume_sweep(
     if config_changes:
         writer.meta["config"] = grid.to_dict()
     died = run.meta.get("current_case") if run.status == "running" else None
-    return _sweep(writer, grid, run, died=died, progress=progress, clock=clock, policy=policy)
+    return _sweep(
+        writer,
+        grid,
+        run,
+        died=died,
+        progress=progress,
+        clock=clock,
+        policy=policy,
+        calibration=calibration,
+    )
 
 
 def _sweep(
@@ -436,6 +451,7 @@ def _sweep(
     progress: ProgressCallback | None,
     clock: Clock,
     policy: TimingPolicy | None,
+    calibration: Calibration | None,
 ) -> RunResults:
     # The first call, the FLOP count and the memory profile precede timing: one more warm-up does.
     policy = policy or TimingPolicy(budget_s=grid.time_budget_s, warmup_calls=1)
@@ -460,6 +476,11 @@ def _sweep(
         if current:
             notify("stopping", current["index"], current["case"])
 
+    calibrate = None
+    if calibration is not None:
+        calibrate = calibration.timer(grid.device, device_sync(grid.device), clock)
+        writer.set_calibration(calibration.describe())
+
     with _GracefulStop(on_stop) as stop:
         try:
             prime_instruments()
@@ -470,11 +491,11 @@ def _sweep(
                     break
                 current.update(index=index, case=case)
                 notify("start", index, case)
-                result = _run_one(case, grid, blocks, writer, died, policy, clock)
+                result, point = _run_one(case, grid, blocks, writer, died, policy, clock, calibrate)
                 if _blocking(result.status, result.error):
                     blocks.append(_block(case.layer, case.n, case.d, result.status))
                 with stop.writing():
-                    writer.append(result)
+                    writer.append(result, point)
                 completed += 1
                 notify("done", index, case, result)
         except KeyboardInterrupt:
@@ -496,19 +517,28 @@ def _run_one(
     died: str | None,
     policy: TimingPolicy,
     clock: Clock,
-) -> CaseResult:
+    calibrate: Callable[[], TimingStats] | None,
+) -> tuple[CaseResult, TimingStats | None]:
+    """One case's result, and the calibration point timed just before it (if it was run)."""
     threads = torch.get_num_threads()
     if case.case_id == died:
-        return CaseResult(case=case, status="failed", threads=threads, error=DIED_ERROR)
+        return CaseResult(case=case, status="failed", threads=threads, error=DIED_ERROR), None
     for block in blocks:
         if block.covers(case):
-            return CaseResult(
+            skipped = CaseResult(
                 case=case, status="skipped", threads=threads, error=f"after {block.why}"
             )
+            return skipped, None
     writer.begin(case)
+    point = None
+    if calibrate is not None:
+        try:
+            point = calibrate()
+        except Exception:  # a machine too busy or full to time the GEMM still measures the case
+            point = None
     result = measure_case(
         case, seed=grid.seed, policy=policy, clock=clock, max_case_s=grid.max_case_s
     )
     if result.status != "ok":
         release_memory(case.device)
-    return result
+    return result, point

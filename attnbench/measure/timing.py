@@ -71,6 +71,8 @@ class TimingPolicy:
     Sampling stops, never before ``min_samples`` samples, once ``budget_s`` of timed time is
     spent, or earlier once the spread is small (IQR/median at most ``target_rel_iqr``) after at
     least ``min_time_s`` (as torch.utils.benchmark's adaptive_autorange), or at ``max_samples``.
+    A block never holds more than ``max_block_calls`` calls (a clock that reads 0 for a fast call
+    would otherwise grow it without end).
     """
 
     warmup_calls: int = 2
@@ -80,6 +82,7 @@ class TimingPolicy:
     target_rel_iqr: float = 0.02
     min_time_s: float = 0.1
     budget_s: float = 0.25
+    max_block_calls: int = 1_000_000
 
 
 DEFAULT_POLICY = TimingPolicy()
@@ -113,8 +116,13 @@ def time_call(
     # Calibrate the block size from one call, then grow it until a block is long enough.
     calls = 1
     probe = timed_block(calls)
-    while probe < policy.min_block_s and probe * 2 < policy.budget_s:
+    while (
+        probe < policy.min_block_s
+        and probe * 2 < policy.budget_s
+        and calls < policy.max_block_calls
+    ):
         calls = max(calls * 2, math.ceil(calls * policy.min_block_s / max(probe, 1e-9)))
+        calls = min(calls, policy.max_block_calls)
         probe = timed_block(calls)
 
     samples: list[float] = [probe / calls]

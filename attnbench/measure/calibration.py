@@ -1,0 +1,64 @@
+"""The calibration kernel: a fixed GEMM timed between the cases of a sweep.
+
+Its time measures the machine rather than any layer, so dividing a case's time by it
+(``attnbench compare --normalize``) lets a baseline taken on one runner be compared on another.
+It is timed before every measured case, so it sees the same conditions as the cases do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attnbench.measure.timing import Clock, TimingPolicy, TimingStats, time_call
+
+# A few short blocks: about 15 ms per case on a 2-core CPU, a few percent of a sweep.
+CALIBRATION_POLICY = TimingPolicy(
+    warmup_calls=1,
+    min_block_s=2e-3,
+    min_samples=5,
+    max_samples=20,
+    target_rel_iqr=1.0,
+    min_time_s=0.0,
+    budget_s=0.01,
+    max_block_calls=256,
+)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A square float32 matrix product of side ``size``; ``describe()`` goes into run.json, and
+    two runs are normalised against each other only when their descriptions match."""
+
+    size: int = 512
+    policy: TimingPolicy = field(default=CALIBRATION_POLICY)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kernel": "matmul",
+            "m": self.size,
+            "n": self.size,
+            "k": self.size,
+            "dtype": "float32",
+            "flops": 2 * self.size**3,
+        }
+
+    def timer(
+        self, device: str, sync: Callable[[], None], clock: Clock = time.perf_counter
+    ) -> Callable[[], TimingStats]:
+        """A function that times one calibration point on ``device`` (operands made once)."""
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(self.size, self.size, generator=gen).to(device)  # (s, s)
+        b = torch.randn(self.size, self.size, generator=gen).to(device)  # (s, s)
+
+        def gemm() -> torch.Tensor:
+            return a @ b  # (s, s)
+
+        return lambda: time_call(gemm, self.policy, clock=clock, sync=sync)
+
+
+DEFAULT_CALIBRATION = Calibration()

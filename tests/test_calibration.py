@@ -1,0 +1,104 @@
+"""The calibration GEMM: timed before every measured case, kept on disk, read back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnbench.measure.calibration import CALIBRATION_POLICY, Calibration
+from attnbench.measure.timing import TimingPolicy, time_call
+from attnbench.results import CALIBRATION_FILE, RunResults, load_results
+from attnbench.runner import resume_sweep, run_sweep
+from attnbench.spec import build_grid
+
+
+class StepClock:
+    """A clock that moves only when the calibration kernel runs (``step`` seconds per call)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_calibration_kernel_is_timed_with_the_injected_clock() -> None:
+    clock = StepClock()
+    calibration = Calibration(size=8)
+    timer = calibration.timer("cpu", lambda: None, clock)
+    # The clock never moves: the block stops growing at max_block_calls instead of forever.
+    stats = timer()
+    assert stats.calls_per_sample == CALIBRATION_POLICY.max_block_calls
+    assert stats.count == CALIBRATION_POLICY.max_samples  # a zero time never looks stable
+    assert set(stats.samples_s) == {0.0}
+
+
+def test_a_block_never_exceeds_max_block_calls() -> None:
+    calls = []
+    stats = time_call(
+        lambda: calls.append(1),
+        TimingPolicy(warmup_calls=0, min_samples=3, max_samples=5, max_block_calls=16),
+        clock=lambda: 0.0,
+    )
+    assert stats.calls_per_sample == 16
+    assert len(calls) == 1 + 16 + 4 * 16  # a first probe, a capped one (sample 1), 4 more
+
+
+def test_calibration_is_described_for_comparisons() -> None:
+    assert Calibration(size=256).describe() == {
+        "kernel": "matmul",
+        "m": 256,
+        "n": 256,
+        "k": 256,
+        "dtype": "float32",
+        "flops": 2 * 256**3,
+    }
+
+
+def test_a_sweep_times_the_calibration_before_each_measured_case(tiny_run: RunResults) -> None:
+    cal = tiny_run.calibration
+    measured = tiny_run.frame.loc[tiny_run.frame["status"] == "ok", "case_id"]
+    points = cal.groupby("point")["before_case"].first()
+    assert list(points) == list(measured)  # one point per measured case, in order
+    assert (cal.groupby("point").size() >= CALIBRATION_POLICY.min_samples).all()
+    assert (cal["time_s"] > 0).all()
+    assert tiny_run.calibration_s == pytest.approx(cal["time_s"].median())
+    assert tiny_run.meta["calibration"]["kernel"] == "matmul"
+
+
+def test_calibration_can_be_turned_off_and_old_runs_still_load(tmp_path: Path) -> None:
+    grid = build_grid({"layers": "conv", "n": "8", "d": "4", "device": "cpu", "time_budget": 0.001})
+    run = run_sweep(grid, tmp_path / "off", calibration=None)
+    assert run.calibration.empty and run.calibration_s is None
+    assert "calibration" not in run.meta
+    (tmp_path / "off" / CALIBRATION_FILE).unlink()  # a folder from before calibration existed
+    old = load_results(tmp_path / "off")
+    assert old.calibration.empty and list(old.calibration.columns) == [
+        "point",
+        "before_case",
+        "sample",
+        "time_s",
+    ]
+
+
+def test_a_resumed_run_numbers_its_calibration_points_on(tmp_path: Path) -> None:
+    grid = build_grid(
+        {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "time_budget": 0.001}
+    )
+    out = tmp_path / "run"
+    calibration = Calibration(size=16)
+    run_sweep(grid, out, calibration=calibration)
+    # Cut the last case (row, samples and calibration), as if the run had stopped before it.
+    run = load_results(out)
+    last = run.frame["case_id"].iloc[-1]
+    for name, column in (("results.csv", "case_id"), ("calibration.csv", "before_case")):
+        frame = pd.read_csv(out / name)
+        frame[frame[column] != last].to_csv(out / name, index=False)
+    samples = pd.read_csv(out / "samples.csv")
+    samples[samples["case_id"] != last].to_csv(out / "samples.csv", index=False)
+    resumed = resume_sweep(out, calibration=calibration)
+    points = resumed.calibration.groupby("point")["before_case"].first()
+    assert list(points.index) == [0, 1]
+    assert list(points) == list(resumed.frame["case_id"])
