@@ -39,6 +39,9 @@ from attnbench.charts import (
     save_charts,
     select_layers,
 )
+from attnbench.ci import append_step_summary, display_table, github_action_benchmark, to_json
+from attnbench.ci import to_markdown as comparison_markdown
+from attnbench.compare import GATES, Comparison, Thresholds, compare_runs, parse_fraction
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.fits import analyse
 from attnbench.layers import LAYERS
@@ -52,6 +55,7 @@ from attnbench.results import (
     environment,
     load_results,
     prepare_out_dir,
+    write_text_atomic,
 )
 from attnbench.runner import ProgressEvent, resume_sweep, run_sweep
 from attnbench.spec import (
@@ -100,6 +104,66 @@ RunLayers = Annotated[
     str | None,
     typer.Option(help="Only these layers, comma-separated. Default: all in the run."),
 ]
+
+
+# Options shared by `compare` and `sweep --baseline`.
+MaxSlowdown = Annotated[
+    str,
+    typer.Option(
+        help="Allowed time growth before a case can regress: a percentage (10%) or fraction.",
+    ),
+]
+Alpha = Annotated[
+    float,
+    typer.Option(help="Significance level of the one-sided Mann-Whitney U test on the samples."),
+]
+MinSamples = Annotated[
+    int, typer.Option(help="Fewest timing samples a side for a time verdict (else: too few).")
+]
+MemoryTolerance = Annotated[
+    str,
+    typer.Option(help="Allowed peak-memory growth (same device only). Default: none at all."),
+]
+Normalize = Annotated[
+    bool,
+    typer.Option(
+        help="Judge times divided by each run's calibration GEMM, so runs on different "
+        "machines compare (both ratios are shown either way).",
+    ),
+]
+FailOn = Annotated[
+    str,
+    typer.Option(
+        help="What fails (exit 1): all; deterministic (FLOPs, steps, path, memory); time; "
+        "none (report only). A case that stops measuring fails all but none.",
+    ),
+]
+Markdown = Annotated[
+    bool,
+    typer.Option(
+        "--markdown",
+        help="Print the comparison as Markdown on stdout, and append it to "
+        "$GITHUB_STEP_SUMMARY when that variable is set.",
+    ),
+]
+
+
+def _thresholds(
+    max_slowdown: str, alpha: float, min_samples: int, memory_tolerance: str, normalize: bool
+) -> Thresholds:
+    return Thresholds(
+        max_slowdown=parse_fraction(max_slowdown, "--max-slowdown"),
+        alpha=alpha,
+        min_samples=min_samples,
+        memory_tolerance=parse_fraction(memory_tolerance, "--memory-tolerance"),
+        normalize=normalize,
+    )
+
+
+def _check_gate(gate: str) -> str:
+    if gate not in GATES:
+        raise AttnbenchError(f"--fail-on {gate!r}: accepted: {', '.join(GATES)}")
+    return gate
 
 
 def _fail(exc: AttnbenchError) -> typer.Exit:
@@ -389,14 +453,38 @@ def sweep(
             help="Draw the charts into <results>/charts when the sweep completes (PNG, SVG).",
         ),
     ] = True,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="Compare with this earlier run when the sweep completes (as attnbench compare); "
+            "exit 1 on a regression.",
+            show_default=False,
+        ),
+    ] = None,
+    max_slowdown: MaxSlowdown = "10%",
+    alpha: Alpha = 0.01,
+    min_samples: MinSamples = 5,
+    memory_tolerance: MemoryTolerance = "0%",
+    normalize: Normalize = False,
+    fail_on: FailOn = "all",
+    markdown: Markdown = False,
 ) -> None:
     """Measure time, peak memory, FLOPs, sequential steps and path length over the n x d grid.
 
     Every finished case is written at once. Cases that run out of memory or time are recorded
     (oom, timeout) and the larger cases of their layer skipped. Ctrl-C or SIGTERM stops after
-    the current case and exits 130; --resume DIR finishes the run.
+    the current case and exits 130; --resume DIR finishes the run. With --baseline DIR the run
+    is compared with DIR when it completes, and the exit code is compare's (0, 1 on regression).
     """
     try:
+        thresholds = _thresholds(max_slowdown, alpha, min_samples, memory_tolerance, normalize)
+        _check_gate(fail_on)
+        if markdown and baseline is None:
+            raise AttnbenchError("--markdown prints the comparison: it needs --baseline DIR")
+        if markdown and as_json:
+            raise AttnbenchError("--markdown and --json both print on stdout: choose one")
+        # Checked before measuring: a mistyped baseline must not cost a whole sweep.
+        base_run = load_results(baseline) if baseline is not None else None
         values: dict[str, Any] = load_config(config) if config is not None else {}
         given = {
             "layers": layers,
@@ -431,9 +519,24 @@ def sweep(
     if not quiet:
         _summary_tables(run, err)
     drawn = _charts_after_sweep(run, quiet=quiet) if charts else []
+    comparison = None
+    if base_run is not None:
+        try:
+            comparison = compare_runs(base_run, run, thresholds)
+        except AttnbenchError as exc:
+            err.print(f"the results are saved in {run.path}", soft_wrap=True)
+            raise _fail(exc) from None
+        if not quiet:
+            _print_comparison(comparison, fail_on)
+        if markdown:
+            _emit_markdown(comparison, fail_on)
     if as_json:
-        payload = {"path": str(run.path), "results": _records(run), "charts": drawn}
+        payload: dict[str, Any] = {"path": str(run.path), "results": _records(run), "charts": drawn}
+        if comparison is not None:
+            payload["comparison"] = to_json(comparison, fail_on)
         typer.echo(json.dumps(payload, indent=2))
+    if comparison is not None and comparison.failed(fail_on):
+        raise typer.Exit(1)
 
 
 def _charts_after_sweep(run: RunResults, *, quiet: bool) -> list[str]:
@@ -503,6 +606,136 @@ def _duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+COMPARE_FORMATS = ("table", "markdown", "json", "github-action-benchmark")
+
+
+def _print_comparison(comparison: Comparison, gate: str) -> None:
+    """The comparison on stderr: warnings, the table, and the verdict line."""
+    for warning in comparison.warnings:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+    frame = display_table(comparison)
+    grid = Table(
+        title=f"{escape(str(comparison.baseline.path))} -> {escape(str(comparison.current.path))}"
+        f" ({comparison.judged_on} times)",
+        title_justify="left",
+    )
+    for column in frame.columns:
+        justify = "left" if column in ("layer", "time", "exact") else "right"
+        grid.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for row in frame.itertuples(index=False):
+        cells = [escape(str(v)) for v in row]
+        verdict = str(row.time)
+        if verdict.startswith("REGRESSION"):
+            cells[-2] = f"[bold red]{cells[-2]}[/]"
+        elif verdict == "improvement":
+            cells[-2] = f"[green]{cells[-2]}[/]"
+        if "!" in str(row.exact):
+            cells[-1] = f"[bold red]{cells[-1]}[/]"
+        grid.add_row(*cells)
+    err.print(grid)
+    for label, cases in (
+        ("only in the baseline", comparison.only_baseline),
+        ("only in the current run", comparison.only_current),
+    ):
+        for case_id in cases:
+            err.print(f"  {label}: {escape(case_id)}", soft_wrap=True)
+    found = comparison.regressions(gate)
+    if found:
+        err.print(f"[bold red]{len(found)} regression(s)[/] (--fail-on {gate}):")
+        for line in found:
+            err.print(f"  {escape(line)}", soft_wrap=True)
+    else:
+        err.print(f"[green]no regression[/] (--fail-on {gate})")
+
+
+def _emit_markdown(comparison: Comparison, gate: str, output: Path | None = None) -> None:
+    text = comparison_markdown(comparison, gate)
+    _write_or_echo(text, output)
+    try:
+        written = append_step_summary(text)
+    except OSError as exc:
+        err.print(f"[yellow]warning:[/] the job summary was not written: {exc}", soft_wrap=True)
+        return
+    if written is not None:
+        err.print(f"appended to the job summary {written}", soft_wrap=True)
+
+
+def _write_or_echo(text: str, output: Path | None) -> None:
+    if output is None:
+        typer.echo(text, nl=not text.endswith("\n"))
+        return
+    try:
+        if output.parent != Path():
+            output.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(output, text)
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write --output {str(output)!r}: {exc}") from None
+    err.print(f"wrote {output}", soft_wrap=True)
+
+
+@app.command()
+def compare(
+    baseline: Annotated[Path, typer.Argument(help="The earlier results folder (the reference).")],
+    current: Annotated[Path, typer.Argument(help="The results folder to judge.")],
+    max_slowdown: MaxSlowdown = "10%",
+    alpha: Alpha = 0.01,
+    min_samples: MinSamples = 5,
+    memory_tolerance: MemoryTolerance = "0%",
+    normalize: Normalize = False,
+    fail_on: FailOn = "all",
+    markdown: Markdown = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the verdicts as JSON on stdout.")
+    ] = False,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="What to print on stdout: table (nothing: the table goes to stderr), markdown, "
+            "json, or github-action-benchmark (its customSmallerIsBetter list).",
+        ),
+    ] = "table",
+    output: Annotated[
+        Path | None,
+        typer.Option(help="Write the --format output to this file instead of stdout."),
+    ] = None,
+    quiet: Annotated[bool, typer.Option(help="No table on stderr.")] = False,
+) -> None:
+    """Judge CURRENT against BASELINE: exit 0 when nothing regressed, 1 when something did.
+
+    Time regresses when the median ratio exceeds --max-slowdown and a one-sided Mann-Whitney U
+    test over the raw samples gives p < --alpha; FLOPs, sequential steps, path length and peak
+    memory (same device) regress on any increase. Cases on one side only are listed.
+    """
+    try:
+        thresholds = _thresholds(max_slowdown, alpha, min_samples, memory_tolerance, normalize)
+        _check_gate(fail_on)
+        chosen = {fmt} - {"table"}
+        chosen |= {"markdown"} if markdown else set()
+        chosen |= {"json"} if as_json else set()
+        if len(chosen) > 1:
+            raise AttnbenchError(f"choose one output: {', '.join(sorted(chosen))}")
+        out_format = chosen.pop() if chosen else "table"
+        if out_format not in COMPARE_FORMATS:
+            raise AttnbenchError(f"--format {fmt!r}: accepted: {', '.join(COMPARE_FORMATS)}")
+        if output is not None and out_format == "table":
+            raise AttnbenchError("--output needs --markdown, --json or --format (not table)")
+        comparison = compare_runs(load_results(baseline), load_results(current), thresholds)
+        if not quiet:
+            _print_comparison(comparison, fail_on)
+        if out_format == "markdown":
+            _emit_markdown(comparison, fail_on, output)
+        elif out_format == "json":
+            _write_or_echo(json.dumps(to_json(comparison, fail_on), indent=2) + "\n", output)
+        elif out_format == "github-action-benchmark":
+            entries = github_action_benchmark(comparison)
+            _write_or_echo(json.dumps(entries, indent=2) + "\n", output)
+    except AttnbenchError as exc:
+        raise _fail(exc) from None
+    if comparison.failed(fail_on):
+        raise typer.Exit(1)
 
 
 @app.command()

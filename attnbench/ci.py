@@ -1,0 +1,323 @@
+"""A comparison's outputs for people and for CI: display table, Markdown, JSON verdicts, the
+github-action-benchmark list, and the GitHub job summary.
+
+Every output is built from one ``Comparison``, so the terminal, the job summary and the JSON
+never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnbench.compare import (
+    NOT_COMPARED,
+    REGRESSION,
+    UNCHANGED,
+    Comparison,
+    TimeVerdict,
+)
+from attnbench.report import Block
+from attnbench.report import to_markdown as blocks_to_markdown
+from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
+
+JSON_SCHEMA_ID = "attnbench-compare/1"
+STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
+SHORT_METRIC = {"flops": "FLOPs", "seq_steps": "steps", "path_len": "path", "peak_bytes": "peak"}
+
+
+def schema(name: str) -> dict[str, Any]:
+    """A JSON Schema shipped with the package: ``compare`` or ``github-action-benchmark``."""
+    text = resources.files("attnbench").joinpath(f"schemas/{name}.schema.json").read_text()
+    return json.loads(text)
+
+
+def _ratio(x: float) -> str:
+    return "–" if x is None or math.isnan(x) else f"{x:.3f}"
+
+
+def _p(x: float) -> str:
+    return "–" if x is None or math.isnan(x) else f"{x:.2g}"
+
+
+def _amount(metric: str, value: float) -> str:
+    return fmt_bytes(value) if metric == "peak_bytes" else fmt_count(value)
+
+
+def count_changes(comparison: Comparison, case_id: str) -> str:
+    """The exact metrics of one case in a few words: "same", or what moved and by how much."""
+    rows = comparison.counts[comparison.counts["case_id"] == case_id]
+    moved = []
+    for r in rows.itertuples():
+        if r.verdict in (UNCHANGED, NOT_COMPARED):
+            continue
+        sign = "+" if r.new > r.base else ""
+        mark = "!" if r.verdict == REGRESSION else ""
+        moved.append(
+            f"{mark}{SHORT_METRIC[r.metric]} {_amount(r.metric, r.base)} -> "
+            f"{_amount(r.metric, r.new)} ({sign}{r.change:.1%})"
+        )
+    if moved:
+        return "; ".join(moved)
+    if (rows["verdict"] == NOT_COMPARED).all():
+        return "–"
+    return "same"
+
+
+def _case_verdict(row: Any) -> str:
+    if row.status_verdict == REGRESSION:
+        return f"REGRESSION ({row.status_base} -> {row.status_new})"
+    if row.status_base != "ok" or row.status_new != "ok":
+        return f"not compared ({row.status_base} -> {row.status_new})"
+    return "REGRESSION" if row.verdict == REGRESSION else row.verdict
+
+
+def display_table(comparison: Comparison) -> pd.DataFrame:
+    """One row of strings per shared case, then the OVERALL row: what people read."""
+    normalized = bool(comparison.calibration)
+    rows = []
+    for r in comparison.times.itertuples():
+        row = {
+            "layer": r.layer,
+            "n": str(r.n),
+            "d": str(r.d),
+            "baseline": fmt_seconds(r.time_base_s),
+            "current": fmt_seconds(r.time_new_s),
+            "ratio": _ratio(r.ratio),
+        }
+        if normalized:
+            row["norm. ratio"] = _ratio(r.ratio_normalized)
+        row.update(
+            p=_p(r.p_value), time=_case_verdict(r), exact=count_changes(comparison, r.case_id)
+        )
+        rows.append(row)
+    overall: Mapping[str, TimeVerdict] = comparison.overall
+    judged = comparison.overall_verdict
+    last = {
+        "layer": "OVERALL",
+        "n": "",
+        "d": "",
+        "baseline": "",
+        "current": f"geomean of {int((comparison.times['verdict'] != NOT_COMPARED).sum())}",
+        "ratio": _ratio(overall["raw"].ratio),
+    }
+    if normalized:
+        last["norm. ratio"] = _ratio(overall["normalized"].ratio)
+    verdict = "REGRESSION" if judged.verdict == REGRESSION else judged.verdict
+    last.update(p=_p(judged.p_value), time=verdict, exact="")
+    rows.append(last)
+    return pd.DataFrame(rows)
+
+
+def headline(comparison: Comparison, gate: str) -> str:
+    found = comparison.regressions(gate)
+    cases = len(comparison.times)
+    if not found:
+        return f"no regression in {cases} shared cases"
+    return f"{len(found)} regression(s) in {cases} shared cases"
+
+
+def method_note(comparison: Comparison) -> str:
+    t = comparison.thresholds
+    basis = (
+        "times divided by each run's calibration GEMM (--normalize)" if t.normalize else "raw times"
+    )
+    note = (
+        f"A time regression needs a median ratio above {1 + t.max_slowdown:.2f} and a one-sided "
+        f"Mann-Whitney U test over the raw samples with p < {t.alpha:g} (at least "
+        f"{t.min_samples} samples a side); OVERALL is the geometric mean of the ratios, tested "
+        f"with a one-sided Wilcoxon signed-rank test. Judged on {basis}. FLOPs, steps and path "
+        "length fail on any increase"
+    )
+    note += (
+        f", peak memory on growth above {t.memory_tolerance:.1%}."
+        if t.memory_tolerance
+        else ", and peak memory on any increase (same device only)."
+    )
+    if comparison.calibration:
+        c = comparison.calibration
+        note += (
+            f" Calibration GEMM: {fmt_seconds(c['base_s'])} in the baseline, "
+            f"{fmt_seconds(c['new_s'])} now (x{c['ratio']:.3f}); the normalised ratio divides "
+            "by it."
+        )
+    return note
+
+
+def _run_line(label: str, run: Any) -> str:
+    env = run.meta.get("environment", {})
+    commit = (env.get("git_commit") or "")[:10] or "no commit"
+    dirty = " (dirty)" if env.get("git_dirty") else ""
+    return (
+        f"{label}: `{run.path}`, {run.meta.get('start_time', '?')}, {commit}{dirty}, "
+        f"{env.get('device_name', '?')}, torch {env.get('torch_version', '?')}"
+    )
+
+
+def blocks(comparison: Comparison, gate: str = "all") -> list[Block]:
+    """The comparison as report blocks (heading, runs, method, warnings, table, lists)."""
+    out = [
+        Block("h2", f"attnbench compare: {headline(comparison, gate)}"),
+        Block(
+            "list",
+            items=(
+                _run_line("baseline", comparison.baseline),
+                _run_line("current", comparison.current),
+            ),
+        ),
+        Block("p", method_note(comparison)),
+    ]
+    if comparison.warnings:
+        out.append(Block("list", items=tuple(f"warning: {w}" for w in comparison.warnings)))
+    out.append(Block("table", table=display_table(comparison)))
+    found = comparison.regressions(gate)
+    if found:
+        out += [Block("p", f"Regressions (--fail-on {gate}):"), Block("list", items=tuple(found))]
+    for label, cases in (
+        ("Only in the baseline", comparison.only_baseline),
+        ("Only in the current run", comparison.only_current),
+    ):
+        if cases:
+            out += [Block("p", f"{label} ({len(cases)}):"), Block("list", items=cases)]
+    return out
+
+
+def to_markdown(comparison: Comparison, gate: str = "all") -> str:
+    return blocks_to_markdown(blocks(comparison, gate))
+
+
+def _num(value: Any) -> Any:
+    """JSON numbers: NaN and NA become null, numpy scalars plain Python."""
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return None
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def _verdict_json(v: TimeVerdict) -> dict[str, Any]:
+    return {"ratio": _num(v.ratio), "p_value": _num(v.p_value), "verdict": v.verdict}
+
+
+def to_json(comparison: Comparison, gate: str = "all") -> dict[str, Any]:
+    """Machine-readable verdicts; validated against ``schema("compare")`` in the tests."""
+    counts = comparison.counts
+    cases = []
+    for r in comparison.times.to_dict(orient="records"):
+        mine = counts[counts["case_id"] == r["case_id"]]
+        cases.append(
+            {
+                **{key: _num(value) for key, value in r.items()},
+                "metrics": {
+                    m.metric: {
+                        "base": _num(m.base),
+                        "new": _num(m.new),
+                        "change": _num(m.change),
+                        "verdict": m.verdict,
+                    }
+                    for m in mine.itertuples()
+                },
+            }
+        )
+    t = comparison.thresholds
+    found = comparison.regressions(gate)
+    return {
+        "schema": JSON_SCHEMA_ID,
+        "baseline": {"path": str(comparison.baseline.path), **_side(comparison.baseline)},
+        "current": {"path": str(comparison.current.path), **_side(comparison.current)},
+        "thresholds": {
+            "max_slowdown": t.max_slowdown,
+            "alpha": t.alpha,
+            "min_samples": t.min_samples,
+            "memory_tolerance": t.memory_tolerance,
+            "normalize": t.normalize,
+        },
+        "judged_on": comparison.judged_on,
+        "calibration": dict(comparison.calibration) or None,
+        "warnings": list(comparison.warnings),
+        "cases": cases,
+        "overall": {key: _verdict_json(v) for key, v in comparison.overall.items()},
+        "only_baseline": list(comparison.only_baseline),
+        "only_current": list(comparison.only_current),
+        "gate": gate,
+        "regressions": found,
+        "failed": bool(found),
+    }
+
+
+def _side(run: Any) -> dict[str, Any]:
+    env = run.meta.get("environment", {})
+    return {
+        "start_time": run.meta.get("start_time"),
+        "git_commit": env.get("git_commit"),
+        "device_name": env.get("device_name"),
+        "torch_version": env.get("torch_version"),
+    }
+
+
+def github_action_benchmark(comparison: Comparison) -> list[dict[str, Any]]:
+    """The current run in the ``customSmallerIsBetter`` format of github-action-benchmark:
+    per measured case its median time (ms), its time in calibration GEMMs when the run has
+    them, and its peak memory (bytes); the baseline's figures and the verdict go in ``extra``."""
+    run = comparison.current
+    judged = comparison.times.set_index("case_id")
+    calibration_s = run.calibration_s
+    entries: list[dict[str, Any]] = []
+    for r in run.measured.itertuples():
+        extra = f"{r.samples} samples"
+        if r.case_id in judged.index:
+            j = judged.loc[r.case_id]
+            extra = (
+                f"baseline {fmt_seconds(j['time_base_s'])}, ratio {_ratio(j['ratio'])}, "
+                f"p {_p(j['p_value'])}: {j['verdict']}; {extra}"
+            )
+        entries.append(
+            {
+                "name": f"{r.case_id} time",
+                "unit": "ms",
+                "value": float(r.time_s) * 1e3,
+                "range": f"IQR {float(r.time_iqr_s) * 1e3:.4g}",
+                "extra": extra,
+            }
+        )
+        if calibration_s:
+            entries.append(
+                {
+                    "name": f"{r.case_id} time in calibration GEMMs",
+                    "unit": "GEMM",
+                    "value": float(r.time_s) / calibration_s,
+                    "range": f"IQR {float(r.time_iqr_s) / calibration_s:.4g}",
+                    "extra": f"calibration GEMM {fmt_seconds(calibration_s)} in this run",
+                }
+            )
+        if not pd.isna(r.peak_bytes):
+            entries.append(
+                {
+                    "name": f"{r.case_id} peak memory",
+                    "unit": "bytes",
+                    "value": int(r.peak_bytes),
+                    "range": "exact",
+                    "extra": f"{fmt_bytes(r.peak_bytes)} above the pre-call baseline",
+                }
+            )
+    return entries
+
+
+def append_step_summary(markdown: str, environ: Mapping[str, str] | None = None) -> Path | None:
+    """Append to the file named by ``$GITHUB_STEP_SUMMARY`` (GitHub's job summary); nothing
+    when the variable is unset or empty. Returns the file written."""
+    environ = os.environ if environ is None else environ
+    target = environ.get(STEP_SUMMARY_ENV, "")
+    if not target:
+        return None
+    path = Path(target)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(markdown.rstrip("\n") + "\n\n")
+    return path

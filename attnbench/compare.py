@@ -1,0 +1,377 @@
+"""Baseline against current: statistics and verdicts per case, and one overall verdict.
+
+A shared CI runner swings timings by 2x between jobs, so one ratio is no verdict. A time
+regression here needs both a median ratio above the allowed slowdown and a one-sided
+Mann-Whitney U test on the raw samples (scipy) below ``alpha``; the overall row is the
+geometric mean of the ratios, tested across cases with a one-sided Wilcoxon signed-rank test.
+Deterministic metrics (FLOPs, sequential steps, path length, and peak memory on the same
+device) are compared exactly: any increase is a regression. ``normalize`` divides every time by
+its run's calibration GEMM, so a baseline from one machine stays comparable on another.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from math import comb
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from attnbench.errors import AttnbenchError
+from attnbench.results import RunResults
+
+# Verdicts, worst first: what a case, a metric or the overall row can be judged.
+REGRESSION = "regression"
+IMPROVEMENT = "improvement"
+UNCHANGED = "unchanged"
+NOT_SIGNIFICANT = "not significant"  # past the threshold, but the samples could be noise
+TOO_FEW = "too few samples"  # no test at this alpha can be significant with so few
+NOT_COMPARED = "not compared"  # missing on a side, not measured, or another device
+VERDICTS = (REGRESSION, NOT_SIGNIFICANT, TOO_FEW, UNCHANGED, IMPROVEMENT, NOT_COMPARED)
+
+# The metrics that do not vary between runs of the same code on the same device and dtype.
+COUNT_METRICS = {
+    "flops": "FLOPs",
+    "seq_steps": "sequential steps",
+    "path_len": "path length",
+    "peak_bytes": "peak memory",
+}
+# What must match for a comparison to mean what it says; differences are warned about.
+ENVIRONMENT_KEYS = {
+    "device_name": "device",
+    "torch_version": "torch",
+    "cuda_version": "CUDA",
+    "cudnn_version": "cuDNN",
+    "torch_threads": "threads",
+}
+CONFIG_KEYS = {"device": "device", "dtype": "dtype", "mode": "mode", "batch": "batch"}
+# Which verdicts make a comparison fail, by --fail-on.
+GATES = ("all", "deterministic", "time", "none")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a difference counts: the allowed slowdown (a fraction), the test's alpha, the
+    fewest samples per side, the allowed peak-memory growth, and whether to normalise."""
+
+    max_slowdown: float = 0.10
+    alpha: float = 0.01
+    min_samples: int = 5
+    memory_tolerance: float = 0.0
+    normalize: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise AttnbenchError(f"--alpha must lie between 0 and 1, got {self.alpha}")
+        if self.max_slowdown < 0 or self.memory_tolerance < 0:
+            raise AttnbenchError("--max-slowdown and --memory-tolerance cannot be negative")
+        if self.min_samples < 2:
+            raise AttnbenchError(f"--min-samples must be at least 2, got {self.min_samples}")
+
+
+def parse_fraction(text: str | float, name: str) -> float:
+    """``10%`` or ``0.1`` as 0.1; anything else is a one-line error naming the option."""
+    raw = str(text).strip()
+    try:
+        if raw.endswith("%"):
+            value = float(raw[:-1]) / 100
+        else:
+            value = float(raw)
+            if value >= 1:
+                raise ValueError
+    except ValueError:
+        raise AttnbenchError(
+            f"{name} {raw!r}: write a percentage such as 10% (or a fraction such as 0.1)"
+        ) from None
+    if not math.isfinite(value) or value < 0:
+        raise AttnbenchError(f"{name} {raw!r} must be a percentage of at least 0%")
+    return value
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class TimeVerdict:
+    """One case's time: median ratio current / baseline, the one-sided p-value in the
+    direction the median moved (NaN when untested), and the verdict."""
+
+    ratio: float
+    p_value: float
+    verdict: str
+
+
+def smallest_p(n_base: int, n_new: int) -> float:
+    """The smallest one-sided p-value a Mann-Whitney U test can give with these sample sizes."""
+    return 1 / comb(n_base + n_new, n_base)
+
+
+def judge_time(
+    base: Sequence[float], new: Sequence[float], thresholds: Thresholds = Thresholds()
+) -> TimeVerdict:
+    """Regression when the median is more than ``max_slowdown`` slower *and* the samples are
+    slower with p < alpha; improvement symmetrically; "too few samples" when no outcome of the
+    test could reach alpha."""
+    base_a = np.asarray(base, dtype=float)
+    new_a = np.asarray(new, dtype=float)
+    if base_a.size == 0 or new_a.size == 0:
+        return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
+    base_median = float(np.median(base_a))
+    ratio = float(np.median(new_a)) / base_median if base_median > 0 else math.inf
+    few = (
+        min(base_a.size, new_a.size) < thresholds.min_samples
+        or smallest_p(base_a.size, new_a.size) >= thresholds.alpha
+    )
+    if few:
+        return TimeVerdict(ratio, math.nan, TOO_FEW)
+    slower = ratio >= 1
+    p = float(stats.mannwhitneyu(new_a, base_a, alternative="greater" if slower else "less").pvalue)
+    limit = 1 + thresholds.max_slowdown
+    significant = p < thresholds.alpha
+    if slower and ratio > limit:
+        return TimeVerdict(ratio, p, REGRESSION if significant else NOT_SIGNIFICANT)
+    if not slower and ratio < 1 / limit and significant:
+        return TimeVerdict(ratio, p, IMPROVEMENT)
+    return TimeVerdict(ratio, p, UNCHANGED)
+
+
+def judge_overall(ratios: Sequence[float], thresholds: Thresholds = Thresholds()) -> TimeVerdict:
+    """The geometric mean of the cases' ratios, tested across cases: a one-sided Wilcoxon
+    signed-rank test on the log ratios says whether the cases moved together."""
+    logs = np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float))
+    if logs.size == 0:
+        return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
+    geomean = float(np.exp(logs.mean()))
+    if 0.5**logs.size >= thresholds.alpha:  # the smallest p of the exact test
+        return TimeVerdict(geomean, math.nan, TOO_FEW)
+    slower = geomean >= 1
+    if not np.any(logs):
+        return TimeVerdict(geomean, 1.0, UNCHANGED)
+    p = float(stats.wilcoxon(logs, alternative="greater" if slower else "less").pvalue)
+    limit = 1 + thresholds.max_slowdown
+    significant = p < thresholds.alpha
+    if slower and geomean > limit:
+        return TimeVerdict(geomean, p, REGRESSION if significant else NOT_SIGNIFICANT)
+    if not slower and geomean < 1 / limit and significant:
+        return TimeVerdict(geomean, p, IMPROVEMENT)
+    return TimeVerdict(geomean, p, UNCHANGED)
+
+
+def judge_count(base: Any, new: Any, tolerance: float = 0.0) -> str:
+    """An exact metric: any increase beyond ``tolerance`` (a fraction) is a regression."""
+    if base is None or new is None or pd.isna(base) or pd.isna(new):
+        return NOT_COMPARED
+    if new > base * (1 + tolerance):
+        return REGRESSION
+    if new < base * (1 - tolerance):
+        return IMPROVEMENT
+    return UNCHANGED
+
+
+# ----------------------------------------------------------------------------- comparison
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Everything ``attnbench compare`` reports, as tidy tables.
+
+    ``times``: one row per case in both runs (statuses, medians, ratios, p-value, verdict);
+    ``counts``: one row per case and exact metric (long format); ``overall``: the raw and, when
+    both runs have calibration, the normalised geometric-mean rows.
+    """
+
+    baseline: RunResults
+    current: RunResults
+    thresholds: Thresholds
+    times: pd.DataFrame
+    counts: pd.DataFrame
+    overall: dict[str, TimeVerdict]
+    only_baseline: tuple[str, ...] = ()
+    only_current: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    calibration: dict[str, float] = field(default_factory=dict)  # base_s, new_s, ratio
+
+    @property
+    def judged_on(self) -> str:
+        """Which times the verdicts judge: ``normalized`` or ``raw``."""
+        return "normalized" if self.thresholds.normalize else "raw"
+
+    @property
+    def overall_verdict(self) -> TimeVerdict:
+        return self.overall[self.judged_on]
+
+    def regressions(self, gate: str = "all") -> list[str]:
+        """One line per regression that ``gate`` fails on (see ``GATES``)."""
+        if gate not in GATES:
+            raise AttnbenchError(f"--fail-on {gate!r}: accepted: {', '.join(GATES)}")
+        if gate == "none":
+            return []
+        found: list[str] = []
+        status = self.times[self.times["status_verdict"] == REGRESSION]
+        found += [
+            f"{r.case_id}: {r.status_base} -> {r.status_new}" for r in status.itertuples()
+        ]  # a case that breaks fails every gate
+        if gate in ("all", "time"):
+            slow = self.times[self.times["verdict"] == REGRESSION]
+            found += [
+                f"{r.case_id}: time x{r.ratio_judged:.3f} (p = {r.p_value:.2g})"
+                for r in slow.itertuples()
+            ]
+            overall = self.overall_verdict
+            if overall.verdict == REGRESSION:
+                found.append(
+                    f"OVERALL: geometric mean x{overall.ratio:.3f} (p = {overall.p_value:.2g})"
+                )
+        if gate in ("all", "deterministic"):
+            heavier = self.counts[self.counts["verdict"] == REGRESSION]
+            found += [
+                f"{r.case_id}: {COUNT_METRICS[r.metric]} {r.base:.0f} -> {r.new:.0f}"
+                for r in heavier.itertuples()
+            ]
+        return found
+
+    def failed(self, gate: str = "all") -> bool:
+        return bool(self.regressions(gate))
+
+
+def _environment_warnings(base: RunResults, new: RunResults) -> list[str]:
+    warnings = []
+    for source, keys in (("config", CONFIG_KEYS), ("environment", ENVIRONMENT_KEYS)):
+        before: Mapping[str, Any] = base.meta.get(source, {})
+        after: Mapping[str, Any] = new.meta.get(source, {})
+        for key, label in keys.items():
+            if before.get(key) != after.get(key):
+                warnings.append(
+                    f"{label} differs: {before.get(key)!r} in the baseline, "
+                    f"{after.get(key)!r} in the current run"
+                )
+    return warnings
+
+
+def _calibration(base: RunResults, new: RunResults, normalize: bool) -> dict[str, float]:
+    base_s, new_s = base.calibration_s, new.calibration_s
+    same_kernel = base.meta.get("calibration") == new.meta.get("calibration")
+    if normalize:
+        for run, value in ((base, base_s), (new, new_s)):
+            if value is None:
+                raise AttnbenchError(
+                    f"--normalize: {str(run.path)!r} has no calibration samples (a run made "
+                    "before attnbench timed them); re-run it, or compare without --normalize"
+                )
+        if not same_kernel:
+            raise AttnbenchError(
+                "--normalize: the two runs timed different calibration kernels "
+                f"({base.meta.get('calibration')} and {new.meta.get('calibration')})"
+            )
+    if base_s is None or new_s is None or not same_kernel:
+        return {}
+    return {"base_s": base_s, "new_s": new_s, "ratio": new_s / base_s}
+
+
+def compare_runs(
+    baseline: RunResults, current: RunResults, thresholds: Thresholds = Thresholds()
+) -> Comparison:
+    """Judge every case the two runs share; list the cases only one of them has."""
+    calibration = _calibration(baseline, current, thresholds.normalize)
+    base = baseline.frame.set_index("case_id")
+    new = current.frame.set_index("case_id")
+    shared = [c for c in base.index if c in new.index]
+    only_baseline = tuple(c for c in base.index if c not in new.index)
+    only_current = tuple(c for c in new.index if c not in base.index)
+    if not shared:
+        raise AttnbenchError(
+            f"{str(baseline.path)!r} and {str(current.path)!r} have no case in common "
+            f"(e.g. {base.index[0] if len(base) else '-'} against "
+            f"{new.index[0] if len(new) else '-'}); compare runs of the same grid, dtype and "
+            "device"
+        )
+    warnings = _environment_warnings(baseline, current)
+    same_device = baseline.meta.get("environment", {}).get("device_name") == current.meta.get(
+        "environment", {}
+    ).get("device_name")
+    if not same_device:
+        warnings.append("peak memory is compared only between runs on the same device")
+    if only_baseline or only_current:
+        warnings.append(
+            f"{len(only_baseline)} case(s) only in the baseline and {len(only_current)} only "
+            "in the current run are listed, not judged"
+        )
+    scale_base = 1 / calibration["base_s"] if thresholds.normalize else 1.0
+    scale_new = 1 / calibration["new_s"] if thresholds.normalize else 1.0
+
+    time_rows: list[dict[str, Any]] = []
+    count_rows: list[dict[str, Any]] = []
+    for case_id in shared:
+        b, n = base.loc[case_id], new.loc[case_id]
+        row: dict[str, Any] = {
+            "case_id": case_id,
+            "layer": b["layer"],
+            "n": int(b["n"]),
+            "d": int(b["d"]),
+            "status_base": b["status"],
+            "status_new": n["status"],
+            "status_verdict": UNCHANGED,
+        }
+        both_ok = b["status"] == "ok" and n["status"] == "ok"
+        if b["status"] == "ok" and n["status"] != "ok":
+            row["status_verdict"] = REGRESSION  # it measured before; now it fails or is skipped
+        elif b["status"] != "ok" and n["status"] == "ok":
+            row["status_verdict"] = IMPROVEMENT
+        base_samples = baseline.samples_for(case_id) if both_ok else []
+        new_samples = current.samples_for(case_id) if both_ok else []
+        judged = judge_time(
+            [s * scale_base for s in base_samples], [s * scale_new for s in new_samples], thresholds
+        )
+        raw_ratio = n["time_s"] / b["time_s"] if both_ok else math.nan
+        norm_ratio = raw_ratio / calibration["ratio"] if calibration else math.nan
+        row.update(
+            time_base_s=b["time_s"] if both_ok else math.nan,
+            time_new_s=n["time_s"] if both_ok else math.nan,
+            samples_base=len(base_samples),
+            samples_new=len(new_samples),
+            ratio=raw_ratio,
+            ratio_normalized=norm_ratio,
+            ratio_judged=judged.ratio,
+            p_value=judged.p_value,
+            verdict=judged.verdict,
+        )
+        time_rows.append(row)
+        for metric in COUNT_METRICS:
+            comparable = both_ok and (metric != "peak_bytes" or same_device)
+            tolerance = thresholds.memory_tolerance if metric == "peak_bytes" else 0.0
+            base_v = float(b[metric]) if comparable and not pd.isna(b[metric]) else math.nan
+            new_v = float(n[metric]) if comparable and not pd.isna(n[metric]) else math.nan
+            count_rows.append(
+                {
+                    "case_id": case_id,
+                    "layer": b["layer"],
+                    "n": int(b["n"]),
+                    "d": int(b["d"]),
+                    "metric": metric,
+                    "base": base_v,
+                    "new": new_v,
+                    "change": new_v / base_v - 1 if base_v else math.nan,
+                    "verdict": judge_count(base_v, new_v, tolerance),
+                }
+            )
+    times = pd.DataFrame(time_rows)
+    ok = times[times["verdict"] != NOT_COMPARED]
+    overall = {"raw": judge_overall(ok["ratio"].tolist(), thresholds)}
+    if calibration:
+        overall["normalized"] = judge_overall(ok["ratio_normalized"].tolist(), thresholds)
+    return Comparison(
+        baseline=baseline,
+        current=current,
+        thresholds=thresholds,
+        times=times,
+        counts=pd.DataFrame(count_rows),
+        overall=overall,
+        only_baseline=only_baseline,
+        only_current=only_current,
+        warnings=tuple(warnings),
+        calibration=calibration,
+    )
