@@ -131,8 +131,9 @@ def method_note(comparison: Comparison) -> str:
     )
     note = (
         f"A time regression needs a median ratio above {1 + t.max_slowdown:.2f} and a one-sided "
-        f"Mann-Whitney U test over the raw samples with p < {t.alpha:g} (at least "
-        f"{t.min_samples} samples a side); OVERALL is the geometric mean of the ratios, tested "
+        f"Mann-Whitney U test with p < {t.alpha:g}, over the medians of the timing rounds where "
+        f"both runs have enough rounds (5 a side at p < 0.01), else over the raw samples (at "
+        f"least {t.min_samples} a side); OVERALL is the geometric mean of the ratios, tested "
         f"with a one-sided Wilcoxon signed-rank test. Judged on {basis}. FLOPs, steps and path "
         "length fail on any increase"
     )

@@ -233,18 +233,27 @@ class SweepProgress:
             return
         if self.bar is not None:
             if self.task is None:
-                self.task = self.bar.add_task("sweep", total=event.total, completed=event.completed)
+                total = event.total * event.rounds  # one unit per case and timing round
+                self.task = self.bar.add_task("sweep", total=total, completed=event.units_done)
             if event.kind == "start":
-                self.bar.update(self.task, description=event.case.label())
+                prefix = f"round {event.round}/{event.rounds} " if event.rounds > 1 else ""
+                self.bar.update(self.task, description=prefix + event.case.label())
             else:
-                self.bar.update(self.task, completed=event.completed)
+                self.bar.update(self.task, completed=event.units_done)
         elif event.kind == "done" and not self.quiet:
-            self.console.print(_case_line(event), soft_wrap=True)
+            self.console.print(_case_line(event), soft_wrap=True, markup=False)
 
 
 def _case_line(event: ProgressEvent) -> str:
     width = len(str(event.total))
-    head = f"[{event.completed:>{width}}/{event.total}] {event.case.label()}"
+    if event.round > 1:  # a later timing round: only times are new
+        head = f"[round {event.round}/{event.rounds}] {event.case.label()}"
+        t = event.timing
+        if t is None:
+            return f"{head}  failed this round (left out)"
+        return f"{head}  {fmt_seconds(t.median_s)} ± {fmt_seconds(t.iqr_s)} ({t.count} samples)"
+    rounds = f"round 1/{event.rounds}, " if event.rounds > 1 else ""
+    head = f"[{rounds}{event.completed:>{width}}/{event.total}] {event.case.label()}"
     result = event.result
     if result is None or result.status != "ok" or result.timing is None:
         status = result.status.upper() if result else "FAILED"
@@ -406,6 +415,14 @@ def sweep(
     seed: Annotated[
         int | None, typer.Option(help="Seed for weights and inputs. Default: 0.")
     ] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option(
+            help="Time every case in this many rounds spread over the sweep (sharing "
+            "--time-budget), so its samples see the machine at several moments; compare "
+            "tests the rounds against each other. 5 or more for CI. Default: 1.",
+        ),
+    ] = None,
     max_case_seconds: Annotated[
         float | None,
         typer.Option(
@@ -500,6 +517,7 @@ def sweep(
             "threads": threads,
             "time_budget": time_budget,
             "seed": seed,
+            "rounds": rounds,
             "max_case_seconds": max_case_seconds,
             "out": str(out) if out is not None else None,
         }

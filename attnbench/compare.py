@@ -120,13 +120,40 @@ def judge_time(
     new_a = np.asarray(new, dtype=float)
     if base_a.size == 0 or new_a.size == 0:
         return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
-    base_median = float(np.median(base_a))
-    ratio = float(np.median(new_a)) / base_median if base_median > 0 else math.inf
-    few = (
-        min(base_a.size, new_a.size) < thresholds.min_samples
-        or smallest_p(base_a.size, new_a.size) >= thresholds.alpha
-    )
-    if few:
+    if min(base_a.size, new_a.size) < thresholds.min_samples:
+        return TimeVerdict(_median_ratio(base_a, new_a), math.nan, TOO_FEW)
+    return _judge(_median_ratio(base_a, new_a), base_a, new_a, thresholds)
+
+
+def judge_rounds(
+    base: Sequence[Sequence[float]],
+    new: Sequence[Sequence[float]],
+    thresholds: Thresholds = Thresholds(),
+) -> tuple[TimeVerdict, str]:
+    """A case timed in rounds: the test compares the rounds' medians (``"rounds"``), each an
+    independent look at the machine, when both runs have enough rounds for the test to reach
+    alpha; otherwise all samples (``"samples"``). The ratio is of the medians of all samples."""
+    if min(len(base), len(new)) >= 2 and smallest_p(len(base), len(new)) < thresholds.alpha:
+        flat_base = np.concatenate([np.asarray(r, dtype=float) for r in base])
+        flat_new = np.concatenate([np.asarray(r, dtype=float) for r in new])
+        base_units = np.array([np.median(r) for r in base])
+        new_units = np.array([np.median(r) for r in new])
+        ratio = _median_ratio(flat_base, flat_new)
+        return _judge(ratio, base_units, new_units, thresholds), "rounds"
+    flat = [[s for r in side for s in r] for side in (base, new)]
+    return judge_time(flat[0], flat[1], thresholds), "samples"
+
+
+def _median_ratio(base: np.ndarray, new: np.ndarray) -> float:
+    base_median = float(np.median(base))
+    return float(np.median(new)) / base_median if base_median > 0 else math.inf
+
+
+def _judge(
+    ratio: float, base_a: np.ndarray, new_a: np.ndarray, thresholds: Thresholds
+) -> TimeVerdict:
+    """The verdict from a ratio and the units the one-sided test compares."""
+    if smallest_p(base_a.size, new_a.size) >= thresholds.alpha:
         return TimeVerdict(ratio, math.nan, TOO_FEW)
     slower = ratio >= 1
     p = float(stats.mannwhitneyu(new_a, base_a, alternative="greater" if slower else "less").pvalue)
@@ -295,6 +322,15 @@ def compare_runs(
     ).get("device_name")
     if not same_device:
         warnings.append("peak memory is compared only between runs on the same device")
+    single = [
+        name for name, run in (("baseline", baseline), ("current", current)) if run.rounds == 1
+    ]
+    if single:
+        warnings.append(
+            f"the {' and the '.join(single)} run{'s' if len(single) > 1 else ''} timed each case "
+            "in one round: samples taken back to back cannot show the machine's slower moments, "
+            "so a busy moment can pass for a regression; sweep with --rounds 5 or more for CI"
+        )
     if only_baseline or only_current:
         warnings.append(
             f"{len(only_baseline)} case(s) only in the baseline and {len(only_current)} only "
@@ -321,18 +357,23 @@ def compare_runs(
             row["status_verdict"] = REGRESSION  # it measured before; now it fails or is skipped
         elif b["status"] != "ok" and n["status"] == "ok":
             row["status_verdict"] = IMPROVEMENT
-        base_samples = baseline.samples_for(case_id) if both_ok else []
-        new_samples = current.samples_for(case_id) if both_ok else []
-        judged = judge_time(
-            [s * scale_base for s in base_samples], [s * scale_new for s in new_samples], thresholds
+        base_rounds = baseline.rounds_for(case_id) if both_ok else []
+        new_rounds = current.rounds_for(case_id) if both_ok else []
+        judged, unit = judge_rounds(
+            [[s * scale_base for s in r] for r in base_rounds],
+            [[s * scale_new for s in r] for r in new_rounds],
+            thresholds,
         )
         raw_ratio = n["time_s"] / b["time_s"] if both_ok else math.nan
         norm_ratio = raw_ratio / calibration["ratio"] if calibration else math.nan
         row.update(
             time_base_s=b["time_s"] if both_ok else math.nan,
             time_new_s=n["time_s"] if both_ok else math.nan,
-            samples_base=len(base_samples),
-            samples_new=len(new_samples),
+            samples_base=sum(len(r) for r in base_rounds),
+            samples_new=sum(len(r) for r in new_rounds),
+            rounds_base=len(base_rounds),
+            rounds_new=len(new_rounds),
+            unit=unit if both_ok else "",
             ratio=raw_ratio,
             ratio_normalized=norm_ratio,
             ratio_judged=judged.ratio,

@@ -2,7 +2,9 @@
 
 A results folder holds
 - ``results.csv``: one row per case (``RESULT_COLUMNS``), appended as each case finishes;
-- ``samples.csv``: every raw timing sample, long format (case_id, sample, time_s);
+- ``samples.csv``: every raw timing sample, long format (case_id, sample, time_s, round); a
+  sweep with several timing rounds appends each later round's samples as it goes, and the
+  statistics in the loaded table (time_s, time_iqr_s, samples) are derived from all of them;
 - ``calibration.csv``: the calibration GEMM's samples, timed before each measured case
   (point, before_case, sample, time_s); what ``compare --normalize`` divides by;
 - ``run.json``: schema version, configuration, environment, start and end time.
@@ -81,7 +83,7 @@ STRUCTURE_COLUMNS = [
 RESULT_COLUMNS = CASE_COLUMNS + METRIC_COLUMNS + STRUCTURE_COLUMNS
 # Added after the first release: folders written before them still load, with these empty.
 OPTIONAL_COLUMNS = ["window", *STRUCTURE_COLUMNS]
-SAMPLE_COLUMNS = ["case_id", "sample", "time_s"]
+SAMPLE_COLUMNS = ["case_id", "sample", "time_s", "round"]
 CALIBRATION_COLUMNS = ["point", "before_case", "sample", "time_s"]
 
 STATUSES = {
@@ -248,7 +250,11 @@ class ResultsWriter:
             for row in run.frame[RESULT_COLUMNS].itertuples(index=False)
         ]
         _rewrite_csv(out_dir / RESULTS_FILE, RESULT_COLUMNS, rows)
-        _rewrite_csv(out_dir / SAMPLES_FILE, SAMPLE_COLUMNS, run.samples_text_rows)
+        # Samples too, so a folder from before the round column gains it.
+        samples = [
+            _csv_line(list(row)) for row in run.samples[SAMPLE_COLUMNS].itertuples(index=False)
+        ]
+        _rewrite_csv(out_dir / SAMPLES_FILE, SAMPLE_COLUMNS, samples)
         # A folder from before calibration gains the file; the resumed cases then have points.
         _rewrite_csv(out_dir / CALIBRATION_FILE, CALIBRATION_COLUMNS, run.calibration_text_rows)
         meta = dict(run.meta)
@@ -272,9 +278,10 @@ class ResultsWriter:
         self.meta["cases_total"] = total
         self._save_meta()
 
-    def begin(self, case: Case) -> None:
-        """Record the case about to be measured (what a resumed run learns if we die in it)."""
-        self.meta["current_case"] = case.case_id
+    def begin(self, case: Case | None) -> None:
+        """Record the case about to be measured (what a resumed run learns if we die in it);
+        None once only later timing rounds are left (those add no row)."""
+        self.meta["current_case"] = case.case_id if case is not None else None
         self._save_meta()
 
     def set_calibration(self, description: Mapping[str, Any]) -> None:
@@ -286,19 +293,36 @@ class ResultsWriter:
         """Persist one case: the calibration point taken before it, its samples, then its row
         (a row always has its samples)."""
         row = result.to_row()
-        if calibration is not None:
-            lines = [
-                _csv_line([self.points, row["case_id"], i, s])
-                for i, s in enumerate(calibration.samples_s)
-            ]
-            self._append(CALIBRATION_FILE, "".join(lines))
-            self.points += 1
+        self._append_calibration(row["case_id"], calibration)
         if result.timing is not None:
-            lines = [
-                _csv_line([row["case_id"], i, s]) for i, s in enumerate(result.timing.samples_s)
-            ]
-            self._append(SAMPLES_FILE, "".join(lines))
+            self._append_samples(row["case_id"], 1, 0, result.timing)
         self._append(RESULTS_FILE, _csv_line([row[c] for c in RESULT_COLUMNS]))
+
+    def append_round(
+        self,
+        case_id: str,
+        round_: int,
+        first_sample: int,
+        timing: TimingStats,
+        calibration: TimingStats | None = None,
+    ) -> None:
+        """Persist a later timing round of a case already on disk: its calibration point and
+        its samples, numbered on from ``first_sample``."""
+        self._append_calibration(case_id, calibration)
+        self._append_samples(case_id, round_, first_sample, timing)
+
+    def _append_calibration(self, case_id: str, calibration: TimingStats | None) -> None:
+        if calibration is None:
+            return
+        lines = [
+            _csv_line([self.points, case_id, i, s]) for i, s in enumerate(calibration.samples_s)
+        ]
+        self._append(CALIBRATION_FILE, "".join(lines))
+        self.points += 1
+
+    def _append_samples(self, case_id: str, round_: int, first: int, timing: TimingStats) -> None:
+        lines = [_csv_line([case_id, first + i, s, round_]) for i, s in enumerate(timing.samples_s)]
+        self._append(SAMPLES_FILE, "".join(lines))
 
     def finish(self, status: str = "complete") -> None:
         """Close the run as ``complete`` or ``interrupted``."""
@@ -372,7 +396,18 @@ class RunResults:
         return float(self.calibration["time_s"].median())
 
     def samples_for(self, case_id: str) -> list[float]:
+        """Every timing sample of a case, all rounds, in seconds per call."""
         return self.samples.loc[self.samples["case_id"] == case_id, "time_s"].tolist()
+
+    def rounds_for(self, case_id: str) -> list[list[float]]:
+        """A case's samples grouped by timing round, first round first."""
+        mine = self.samples[self.samples["case_id"] == case_id]
+        return [group["time_s"].tolist() for _, group in mine.groupby("round", sort=True)]
+
+    @property
+    def rounds(self) -> int:
+        """How many timing rounds the run's cases have (1 for a run without rounds)."""
+        return int(self.samples["round"].max()) if len(self.samples) else 1
 
     @property
     def measured(self) -> pd.DataFrame:
@@ -497,9 +532,11 @@ def load_results(path: Path | str) -> RunResults:
             warnings.append(f"dropped a torn last line of {RESULTS_FILE} (an interrupted write)")
         samples_path = path / SAMPLES_FILE
         if samples_path.is_file():
-            samples, sample_rows, torn = _read_csv(samples_path, SAMPLE_COLUMNS, "samples file")
+            samples, sample_rows, torn = _read_csv(samples_path, SAMPLE_COLUMNS[:3], "samples file")
             if torn:
                 warnings.append(f"dropped a torn last line of {SAMPLES_FILE}")
+            if "round" not in samples.columns:  # written before timing rounds existed
+                samples["round"] = "1"
         else:
             samples, sample_rows = pd.DataFrame(columns=SAMPLE_COLUMNS), []
         calibration_path = path / CALIBRATION_FILE
@@ -516,6 +553,8 @@ def load_results(path: Path | str) -> RunResults:
             table["sample"] = pd.to_numeric(table["sample"]).astype("int64")
             table["time_s"] = pd.to_numeric(table["time_s"]).astype("float64")
         calibration["point"] = pd.to_numeric(calibration["point"]).astype("int64")
+        samples["round"] = pd.to_numeric(samples["round"]).astype("int64")
+        samples = samples[SAMPLE_COLUMNS]
     except (OSError, UnicodeDecodeError, ValueError, TypeError, pd.errors.ParserError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise AttnbenchError(f"results in {str(path)!r} are corrupt: {message}") from None
@@ -533,6 +572,8 @@ def load_results(path: Path | str) -> RunResults:
         warnings.append(f"ignored {int((~keep).sum())} sample(s) of a case that never finished")
         samples = samples[keep].reset_index(drop=True)
         sample_rows = [r for r, k in zip(sample_rows, keep, strict=True) if k]
+    if len(samples) and samples["round"].max() > 1:
+        frame = _with_round_statistics(frame, samples)
     return RunResults(
         path=path,
         frame=frame,
@@ -543,6 +584,23 @@ def load_results(path: Path | str) -> RunResults:
         calibration=calibration,
         calibration_text_rows=tuple(calibration_rows),
     )
+
+
+def _with_round_statistics(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """Median, IQR and count over every round's samples (a row was written after round 1)."""
+    grouped = samples.groupby("case_id")["time_s"]
+    q1, q3 = grouped.quantile(0.25), grouped.quantile(0.75)  # linear, as timing.iqr
+    stats = pd.DataFrame({"median": grouped.median(), "iqr": q3 - q1, "count": grouped.size()})
+    frame = frame.copy()
+    has = frame["case_id"].isin(stats.index) & (frame["status"] == "ok")
+    ids = frame.loc[has, "case_id"]
+    frame.loc[has, "time_s"] = stats.loc[ids, "median"].to_numpy()
+    frame.loc[has, "time_iqr_s"] = stats.loc[ids, "iqr"].to_numpy()
+    frame.loc[has, "samples"] = stats.loc[ids, "count"].to_numpy()
+    frame.loc[has, "flops_per_s"] = (
+        frame.loc[has, "flops"].astype("float64") / frame.loc[has, "time_s"]
+    ).to_numpy()
+    return frame
 
 
 def _typed_results(frame: pd.DataFrame) -> pd.DataFrame:

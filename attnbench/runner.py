@@ -46,7 +46,8 @@ from attnbench.units import fmt_seconds
 @dataclass(frozen=True)
 class ProgressEvent:
     """``start`` before a case runs, ``done`` after it is written (with its result),
-    ``stopping`` when a signal asked the sweep to stop after ``case``."""
+    ``stopping`` when a signal asked the sweep to stop after ``case``.  In rounds after the
+    first, ``round`` > 1 and ``timing`` holds that round's samples (no ``result``)."""
 
     kind: Literal["start", "done", "stopping"]
     index: int  # 0-based position in the grid
@@ -54,6 +55,10 @@ class ProgressEvent:
     case: Case
     result: CaseResult | None = None
     completed: int = 0  # cases of the grid with a row on disk (earlier runs of a resume included)
+    round: int = 1
+    rounds: int = 1
+    units_done: int = 0  # (case, round) pairs finished, out of total * rounds
+    timing: TimingStats | None = None
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
@@ -224,6 +229,22 @@ def _failed(case: Case, status: str, exc: BaseException, threads: int, wall: flo
         wall_s=wall,
         error=f"{type(exc).__name__}: {message}"[:300],
     )
+
+
+def retime_case(
+    case: Case, *, seed: int, policy: TimingPolicy, clock: Clock = time.perf_counter
+) -> TimingStats | None:
+    """Another timing round of a case measured before: a fresh layer, one untimed call, then
+    the timed calls. None when it fails this time (the round is left out, the case kept)."""
+    sync = device_sync(case.device)
+    try:
+        step = make_step(case, seed)
+        step()  # (B, n, d): lazy initialisation stays unmeasured, as in the first round
+        sync()
+        return time_call(step, policy, clock=clock, sync=sync)
+    except Exception:
+        release_memory(case.device)
+        return None
 
 
 def prime_instruments() -> None:
@@ -454,21 +475,63 @@ def _sweep(
     calibration: Calibration | None,
 ) -> RunResults:
     # The first call, the FLOP count and the memory profile precede timing: one more warm-up does.
-    policy = policy or TimingPolicy(budget_s=grid.time_budget_s, warmup_calls=1)
+    # The time budget is shared by the rounds.
+    policy = policy or TimingPolicy(budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1)
     cases = grid.cases()
     writer.set_total(len(cases))
     done: set[str] = set()
+    ok: set[str] = set()
+    rounds_done: dict[str, set[int]] = {}  # case_id -> rounds with samples on disk
+    next_sample: dict[str, int] = {}
     blocks: list[_Block] = []
     if previous is not None:
         for row in previous.frame.itertuples():
             done.add(row.case_id)
+            if row.status == "ok":
+                ok.add(row.case_id)
             if _blocking(row.status, row.error):
                 blocks.append(_block(row.layer, row.n, row.d, row.status))
+        for case_id, group in previous.samples.groupby("case_id"):
+            rounds_done[str(case_id)] = set(group["round"].tolist())
+            next_sample[str(case_id)] = int(group["sample"].max()) + 1
     completed = sum(case.case_id in done for case in cases)
+    units = {"done": 0}
 
-    def notify(kind: Any, index: int, case: Case, result: CaseResult | None = None) -> None:
+    def count_units() -> int:
+        """(case, round) pairs done: a case that did not measure has nothing left to do."""
+        total = 0
+        for case in cases:
+            if case.case_id in ok:
+                total += len(rounds_done.get(case.case_id, set()) & set(range(1, grid.rounds + 1)))
+            elif case.case_id in done:
+                total += grid.rounds
+        return total
+
+    units["done"] = count_units()
+
+    def notify(
+        kind: Any,
+        index: int,
+        case: Case,
+        result: CaseResult | None = None,
+        round_: int = 1,
+        timing: TimingStats | None = None,
+    ) -> None:
         if progress is not None:
-            progress(ProgressEvent(kind, index, len(cases), case, result, completed))
+            progress(
+                ProgressEvent(
+                    kind,
+                    index,
+                    len(cases),
+                    case,
+                    result,
+                    completed,
+                    round_,
+                    grid.rounds,
+                    units["done"],
+                    timing,
+                )
+            )
 
     current: dict[str, Any] = {}
 
@@ -497,7 +560,43 @@ def _sweep(
                 with stop.writing():
                     writer.append(result, point)
                 completed += 1
+                done.add(case.case_id)
+                if result.status == "ok" and result.timing is not None:
+                    ok.add(case.case_id)
+                    rounds_done[case.case_id] = {1}
+                    next_sample[case.case_id] = result.timing.count
+                units["done"] = count_units()
                 notify("done", index, case, result)
+            # Later rounds: every measured case timed again, in grid order, round after round,
+            # so each round of a case lies at another moment of the sweep.
+            for round_ in range(2, grid.rounds + 1):
+                if stop.requested:
+                    break
+                writer.begin(None)
+                for index, case in enumerate(cases):
+                    if case.case_id not in ok or round_ in rounds_done.setdefault(
+                        case.case_id, set()
+                    ):
+                        continue
+                    if stop.requested:
+                        break
+                    current.update(index=index, case=case)
+                    notify("start", index, case, round_=round_)
+                    point = _calibration_point(calibrate)
+                    timing = retime_case(case, seed=grid.seed, policy=policy, clock=clock)
+                    if timing is not None:
+                        with stop.writing():
+                            writer.append_round(
+                                case.case_id,
+                                round_,
+                                next_sample.get(case.case_id, 0),
+                                timing,
+                                point,
+                            )
+                        next_sample[case.case_id] = next_sample.get(case.case_id, 0) + timing.count
+                    rounds_done[case.case_id].add(round_)  # a failed round is not retried
+                    units["done"] = count_units()
+                    notify("done", index, case, round_=round_, timing=timing)
         except KeyboardInterrupt:
             stop.signal_name = stop.signal_name or "SIGINT"
         if stop.requested:
@@ -507,6 +606,16 @@ def _sweep(
             )
     writer.finish("complete")
     return load_results(writer.out_dir)
+
+
+def _calibration_point(calibrate: Callable[[], TimingStats] | None) -> TimingStats | None:
+    """One calibration point, or None (off, or the GEMM failed: the case is measured anyway)."""
+    if calibrate is None:
+        return None
+    try:
+        return calibrate()
+    except Exception:
+        return None
 
 
 def _run_one(
@@ -530,12 +639,7 @@ def _run_one(
             )
             return skipped, None
     writer.begin(case)
-    point = None
-    if calibrate is not None:
-        try:
-            point = calibrate()
-        except Exception:  # a machine too busy or full to time the GEMM still measures the case
-            point = None
+    point = _calibration_point(calibrate)
     result = measure_case(
         case, seed=grid.seed, policy=policy, clock=clock, max_case_s=grid.max_case_s
     )

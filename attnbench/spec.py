@@ -114,6 +114,9 @@ class Grid:
     time_budget_s: float = 0.25  # timing budget per case, seconds
     seed: int = 0
     max_case_s: float | None = None  # a first call slower than this is a timeout; None: no limit
+    # Timing rounds: each case is timed once per round, the rounds spread over the whole sweep,
+    # so its samples see the machine at several moments (what compare tests across runs).
+    rounds: int = 1
 
     def cases(self) -> list[Case]:
         """Cases ordered layer, d, then n ascending (so a larger n always comes later)."""
@@ -161,6 +164,7 @@ class Grid:
             "time_budget": self.time_budget_s,
             "seed": self.seed,
             "max_case_seconds": self.max_case_s,
+            "rounds": self.rounds,
         }
 
 
@@ -325,6 +329,7 @@ CONFIG_KEYS = (
     "time_budget",
     "seed",
     "max_case_seconds",
+    "rounds",
     "out",
 )
 
@@ -388,6 +393,7 @@ def build_grid(options: Mapping[str, Any]) -> Grid:
         batch=_positive_int(opts.get("batch", base.batch), "batch"),
         threads=_positive_int(opts["threads"], "threads") if "threads" in opts else None,
         seed=_seed(opts.get("seed", base.seed)),
+        rounds=_positive_int(opts.get("rounds", base.rounds), "rounds"),
         max_case_s=(
             _positive_seconds(opts["max_case_seconds"], "max-case-seconds")
             if "max_case_seconds" in opts
@@ -438,7 +444,8 @@ def estimate_seconds(grid: Grid) -> float:
     """A rough lower estimate of a sweep's duration from the analytic FLOPs of each case.
 
     Per case: about four untimed calls (first call, FLOP count, memory profile, warm-up) plus
-    the timing, which lasts the time budget or at least eleven calls.
+    the timing, which lasts the time budget or at least eleven calls; each further round adds a
+    rebuild, two untimed calls and at least 0.1 s of timing.
     """
     rate = _ASSUMED_FLOP_PER_S[grid.device.split(":")[0]]
     total = 0.0
@@ -448,6 +455,7 @@ def estimate_seconds(grid: Grid) -> float:
             total += grid.max_case_s  # it would stop as a timeout after its first call
             continue
         total += 0.05 + 4 * call + max(grid.time_budget_s, 11 * call)
+        total += (grid.rounds - 1) * (0.02 + 2 * call + max(0.1, 11 * call))
     return total
 
 

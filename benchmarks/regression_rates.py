@@ -1,0 +1,169 @@
+"""A/A and A/B experiments for `attnbench compare`: false-positive and detection rates.
+
+Each repetition runs four real sweeps back to back, each in its own process as in CI:
+  A1, A2     the same sweep twice (A/A: any regression reported is a false positive);
+  slowed     one layer made slower by a known fraction (benchmarks/slowed_cli.py), against A2;
+  threads    the same sweep with --threads 1 (A runs with torch's default), against A2.
+It prints per-experiment rates, raw and normalised, and the exit codes `attnbench compare` gave.
+
+    python benchmarks/regression_rates.py [--reps 5] [--slow-layer attention --slowdown 0.25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from attnbench.compare import REGRESSION, Comparison, Thresholds, compare_runs
+from attnbench.results import load_results
+
+HERE = Path(__file__).resolve().parent
+
+
+def sweep(out: Path, args: argparse.Namespace, *extra: str, slowed: bool = False) -> float:
+    prefix = [str(HERE / "slowed_cli.py"), args.slow_layer, str(args.slowdown)] if slowed else []
+    command = [sys.executable, *(prefix or ["-m", "attnbench"]), "sweep", "--quiet"]
+    command += ["--no-charts", "--layers", args.layers, "--n", args.n, "--d", args.d]
+    command += ["--time-budget", str(args.time_budget), "--rounds", str(args.rounds)]
+    command += ["--out", str(out), *extra]
+    start = time.perf_counter()
+    subprocess.run(command, check=True)
+    return time.perf_counter() - start
+
+
+def cli_exit(base: Path, new: Path, max_slowdown: str) -> int:
+    command = [sys.executable, "-m", "attnbench", "compare", str(base), str(new), "--quiet"]
+    return subprocess.run([*command, "--max-slowdown", max_slowdown]).returncode
+
+
+def flagged(c: Comparison, layer: str | None = None, *, among: bool = True) -> tuple[int, int]:
+    """(regressions, cases) over the cases of ``layer`` (among) or of the other layers."""
+    t = c.times if layer is None else c.times[(c.times["layer"] == layer) == among]
+    return int((t["verdict"] == REGRESSION).sum()), len(t)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--layers", default="conv,rnn,attention,attention-sdpa")
+    parser.add_argument("--n", default="64..512")
+    parser.add_argument("--d", default="64")
+    parser.add_argument("--time-budget", type=float, default=0.5)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--slow-layer", default="attention")
+    parser.add_argument("--slowdown", type=float, default=0.25)
+    parser.add_argument("--max-slowdown", default="10%")
+    parser.add_argument("--keep", type=Path, help="keep the runs in this folder")
+    args = parser.parse_args()
+    limit = float(args.max_slowdown.rstrip("%")) / 100
+    raw, norm = Thresholds(max_slowdown=limit), Thresholds(max_slowdown=limit, normalize=True)
+    tmp = tempfile.TemporaryDirectory()
+    root = args.keep or Path(tmp.name)
+    record: dict[str, list] = {"aa": [], "slowed": [], "threads": []}
+    walls = []
+    for rep in range(args.reps):
+        folder = root / f"rep{rep}"
+        a1, a2, slow, threads = (folder / x for x in ("A1", "A2", "slowed", "threads"))
+        walls.append(sweep(a1, args))
+        sweep(a2, args)
+        sweep(slow, args, slowed=True)
+        sweep(threads, args, "--threads", "1")
+        runs = {p: load_results(p) for p in (a1, a2, slow, threads)}
+        for name, base, new in (("aa", a1, a2), ("slowed", a2, slow), ("threads", a2, threads)):
+            c_raw = compare_runs(runs[base], runs[new], raw)
+            c_norm = compare_runs(runs[base], runs[new], norm)
+            code = cli_exit(base, new, args.max_slowdown) if name != "threads" else None
+            entry = {
+                "exit": code,
+                "raw_any": c_raw.failed("time"),
+                "norm_any": c_norm.failed("time"),
+                "ratios": c_raw.times["ratio"].round(4).tolist(),
+                "norm_ratios": c_raw.times["ratio_normalized"].round(4).tolist(),
+                "layers": c_raw.times["layer"].tolist(),
+                "n": c_raw.times["n"].tolist(),
+                "calibration_ratio": c_raw.calibration.get("ratio"),
+            }
+            if name == "slowed":
+                entry["raw_hit"] = flagged(c_raw, args.slow_layer)
+                entry["norm_hit"] = flagged(c_norm, args.slow_layer)
+                entry["raw_fp"] = flagged(c_raw, args.slow_layer, among=False)
+                entry["norm_fp"] = flagged(c_norm, args.slow_layer, among=False)
+            else:
+                entry["raw_flagged"] = flagged(c_raw)
+                entry["norm_flagged"] = flagged(c_norm)
+            record[name].append(entry)
+        aa = record["aa"][-1]
+        print(
+            f"rep {rep}: A/A exit {aa['exit']} ({aa['raw_flagged'][0]} flagged raw, "
+            f"{aa['norm_flagged'][0]} normalised); slowed exit {record['slowed'][-1]['exit']} "
+            f"({record['slowed'][-1]['raw_hit'][0]}/{record['slowed'][-1]['raw_hit'][1]} hit); "
+            f"threads {record['threads'][-1]['raw_flagged'][0]} flagged",
+            flush=True,
+        )
+    summarise(record, args, walls)
+    if args.keep:
+        (args.keep / "rates.json").write_text(json.dumps(record, indent=1))
+
+
+def _rate(pairs: list[tuple[int, int]]) -> str:
+    hits, total = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    return f"{hits}/{total} = {hits / max(total, 1):.1%}"
+
+
+def summarise(record: dict[str, list], args: argparse.Namespace, walls: list[float]) -> None:
+    reps = len(record["aa"])
+    print(
+        f"\n{reps} repetitions; grid {args.layers} n={args.n} d={args.d}, budget "
+        f"{args.time_budget} s/case; one sweep {np.median(walls):.1f} s (median wall)"
+    )
+    print(f"threshold: ratio > 1 + {args.max_slowdown} and Mann-Whitney p < 0.01")
+    aa = record["aa"]
+    ratios = np.array([r for e in aa for r in e["ratios"]])
+    print("\nA/A (same sweep twice):")
+    print(f"  runs failing (exit 1): {sum(e['exit'] == 1 for e in aa)}/{reps}")
+    print(
+        f"  cases flagged, raw: {_rate([e['raw_flagged'] for e in aa])}; normalised: "
+        f"{_rate([e['norm_flagged'] for e in aa])}"
+    )
+    print(
+        f"  |ratio - 1|: median {np.median(np.abs(ratios - 1)):.1%}, 95th percentile "
+        f"{np.percentile(np.abs(ratios - 1), 95):.1%}, max {np.max(np.abs(ratios - 1)):.1%}"
+    )
+    cal = [e["calibration_ratio"] for e in aa if e["calibration_ratio"]]
+    if cal:
+        print(f"  calibration GEMM ratio between the two runs: {min(cal):.3f}..{max(cal):.3f}")
+    sl = record["slowed"]
+    print(f"\nA/B ({args.slow_layer} made {args.slowdown:.0%} slower):")
+    print(f"  runs failing (exit 1): {sum(e['exit'] == 1 for e in sl)}/{reps}")
+    print(
+        f"  {args.slow_layer} cases detected, raw: {_rate([e['raw_hit'] for e in sl])}; "
+        f"normalised: {_rate([e['norm_hit'] for e in sl])}"
+    )
+    print(f"  other cases flagged (false positives), raw: {_rate([e['raw_fp'] for e in sl])}")
+    slowed = [
+        r
+        for e in sl
+        for r, layer in zip(e["ratios"], e["layers"], strict=True)
+        if layer == args.slow_layer
+    ]
+    print(f"  measured ratio of the slowed cases: median {np.median(slowed):.3f}")
+    th = record["threads"]
+    print("\nA/B (--threads 1 against the default):")
+    print(f"  cases flagged, raw: {_rate([e['raw_flagged'] for e in th])}")
+    by_layer: dict[str, list[float]] = {}
+    for e in th:
+        for r, layer, n in zip(e["ratios"], e["layers"], e["n"], strict=True):
+            by_layer.setdefault(f"{layer} n={n}", []).append(r)
+    for key, values in by_layer.items():
+        print(f"    {key:<24} ratio median {np.median(values):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Synthetic results folders, written by the real writer, for the compare tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnbench.measure.calibration import Calibration
+from attnbench.measure.timing import TimingStats
+from attnbench.results import CaseResult, ResultsWriter, RunResults, load_results
+from attnbench.spec import Case
+
+ENV = {
+    "device_name": "Test CPU 9000",
+    "torch_version": "2.13.0+cpu",
+    "cuda_version": None,
+    "cudnn_version": None,
+    "torch_threads": 2,
+    "git_commit": "0" * 40,
+}
+CONFIG = {"device": "cpu", "dtype": "float32", "mode": "forward", "batch": 1}
+
+
+def noisy(median: float, count: int = 20, spread: float = 0.02, seed: int = 0) -> list[float]:
+    """Samples around ``median`` with a relative spread, as a quiet machine gives."""
+    rng = np.random.default_rng(seed)
+    return list(median * (1 + spread * rng.standard_normal(count)))
+
+
+def case(layer: str = "conv", n: int = 64, d: int = 16) -> Case:
+    return Case(layer, n, d, 3 if layer == "conv" else None, None, 1, "float32", "cpu", "forward")
+
+
+def make_run(
+    path: Path,
+    cases: dict[tuple[str, int], dict[str, Any]],
+    *,
+    env: dict[str, Any] | None = None,
+    calibration_s: float | None = 1e-3,
+    rounds: int = 5,
+) -> RunResults:
+    """A results folder written by the real writer from synthetic measurements.
+
+    ``cases`` maps (layer, n) to overrides: samples, status, flops, peak, steps, path. The
+    samples are split into ``rounds`` timing rounds, written as a sweep writes them.
+    """
+    writer = ResultsWriter.create(path, CONFIG, {**ENV, **(env or {})})
+    if calibration_s is not None:
+        writer.set_calibration(Calibration().describe())
+    for i, ((layer, n), spec) in enumerate(cases.items()):
+        status = spec.get("status", "ok")
+        samples = spec.get("samples", noisy(1e-3, seed=i))
+        chunks = [list(c) for c in np.array_split(np.asarray(samples), rounds)]
+        first = chunks[0]
+        timing = TimingStats(tuple(first), 1, sum(first)) if status == "ok" else None
+        point = None
+        if calibration_s is not None and status == "ok":
+            point = TimingStats(tuple(noisy(calibration_s, 5, seed=100 + i)), 1, 5 * calibration_s)
+        ok = status == "ok"
+        writer.append(
+            CaseResult(
+                case=case(layer, n),
+                status=status,
+                threads=2,
+                timing=timing,
+                peak_bytes=spec.get("peak", 4096) if ok else None,
+                flops=spec.get("flops", 1000 * n) if ok else None,
+                flops_analytic=float(spec.get("flops", 1000 * n)) if ok else None,
+                seq_steps=spec.get("steps", 1) if ok else None,
+                path_len=spec.get("path", n // 2) if ok else None,
+                error="" if ok else "RuntimeError: out of memory",
+            ),
+            point,
+        )
+        if status == "ok":
+            done = len(first)
+            for r, chunk in enumerate(chunks[1:], start=2):
+                writer.append_round(
+                    case(layer, n).case_id, r, done, TimingStats(tuple(chunk), 1, 0)
+                )
+                done += len(chunk)
+    writer.finish()
+    return load_results(path)
+
+
+def cases_grid(**overrides: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    cases: dict[tuple[str, int], dict[str, Any]] = {
+        (layer, n): {} for layer in ("conv", "rnn") for n in (32, 64, 128, 256)
+    }
+    for key, spec in overrides.items():
+        layer, n = key.split("_")
+        cases[(layer, int(n))] = spec
+    return cases

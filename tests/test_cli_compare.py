@@ -1,0 +1,311 @@
+"""`attnbench compare` and `sweep --baseline` through the CLI: exit codes, formats, job summary."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jsonschema
+import pandas as pd
+import pytest
+import torch
+from synthetic import cases_grid, make_run, noisy
+from typer.testing import CliRunner
+
+from attnbench.ci import (
+    STEP_SUMMARY_ENV,
+    append_step_summary,
+    github_action_benchmark,
+    schema,
+    to_json,
+)
+from attnbench.cli import app
+from attnbench.compare import REGRESSION, compare_runs
+from attnbench.layers import LAYERS, LayerInfo
+from attnbench.results import RunResults, load_results
+from attnbench.runner import run_sweep
+from attnbench.spec import build_grid
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A baseline, an identical run, and a run with one slower case and one heavier case."""
+    base = make_run(tmp_path / "base", cases_grid()).path
+    same = make_run(tmp_path / "same", cases_grid()).path
+    worse = make_run(
+        tmp_path / "worse",
+        cases_grid(rnn_128={"samples": noisy(1.5e-3, seed=9)}, conv_64={"flops": 128_000}),
+    ).path
+    return base, same, worse
+
+
+@pytest.fixture(autouse=True)
+def no_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests run inside GitHub Actions too: start every test without the summary variable."""
+    monkeypatch.delenv(STEP_SUMMARY_ENV, raising=False)
+
+
+def test_exit_0_when_nothing_regressed(pair: tuple[Path, Path, Path]) -> None:
+    base, same, _ = pair
+    result = runner.invoke(app, ["compare", str(base), str(same)])
+    assert result.exit_code == 0, result.output
+    assert "no regression" in result.stderr and "OVERALL" in result.stderr
+    assert result.stdout == ""  # the table is human output: stderr
+
+
+def test_exit_1_on_a_regression_with_each_named(pair: tuple[Path, Path, Path]) -> None:
+    base, _, worse = pair
+    result = runner.invoke(app, ["compare", str(base), str(worse)])
+    assert result.exit_code == 1
+    assert "2 regression(s)" in result.stderr
+    assert "rnn/n=128" in result.stderr and "FLOPs 64000 -> 128000" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("gate", "code"), [("time", 1), ("deterministic", 1), ("none", 0), ("all", 1)]
+)
+def test_fail_on_chooses_what_fails(pair: tuple[Path, Path, Path], gate: str, code: int) -> None:
+    base, _, worse = pair
+    result = runner.invoke(app, ["compare", str(base), str(worse), "--fail-on", gate])
+    assert result.exit_code == code, result.output
+
+
+def test_a_generous_threshold_lets_the_slowdown_pass(pair: tuple[Path, Path, Path]) -> None:
+    base, _, worse = pair
+    args = ["compare", str(base), str(worse), "--fail-on", "time", "--max-slowdown", "60%"]
+    assert runner.invoke(app, args).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-slowdown", "lots"], "--max-slowdown 'lots'"),
+        (["--alpha", "2"], "--alpha must lie between 0 and 1"),
+        (["--fail-on", "sometimes"], "--fail-on 'sometimes'"),
+        (["--format", "xml"], "--format 'xml'"),
+        (["--json", "--markdown"], "choose one output"),
+        (["--output", "x.md"], "--output needs"),
+        (["--normalize"], "no calibration samples"),
+    ],
+)
+def test_usage_errors_exit_2_in_one_line(
+    tmp_path: Path, pair: tuple[Path, Path, Path], args: list[str], message: str
+) -> None:
+    base, same, _ = pair
+    if "--normalize" in args:
+        same = make_run(tmp_path / "uncalibrated", cases_grid(), calibration_s=None).path
+    result = runner.invoke(app, ["compare", str(base), str(same), *args])
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+
+
+def test_a_folder_that_is_not_a_run_exits_2(pair: tuple[Path, Path, Path], tmp_path: Path):
+    result = runner.invoke(app, ["compare", str(pair[0]), str(tmp_path)])
+    assert result.exit_code == 2 and "not an attnbench results folder" in result.stderr
+
+
+def test_json_verdicts_follow_their_schema(pair: tuple[Path, Path, Path]) -> None:
+    base, _, worse = pair
+    result = runner.invoke(app, ["compare", str(base), str(worse), "--json", "--quiet"])
+    assert result.exit_code == 1
+    payload = json.loads(result.stdout)
+    jsonschema.validate(payload, schema("compare"))
+    assert payload["failed"] is True and len(payload["regressions"]) == 2
+    rnn = next(c for c in payload["cases"] if c["case_id"].startswith("rnn/n=128"))
+    assert rnn["verdict"] == REGRESSION and rnn["p_value"] < 0.01
+    conv = next(c for c in payload["cases"] if c["case_id"].startswith("conv/n=64/"))
+    assert conv["metrics"]["flops"] == {
+        "base": 64000.0,
+        "new": 128000.0,
+        "change": 1.0,
+        "verdict": REGRESSION,
+    }
+
+
+def test_the_schema_rejects_a_broken_payload(pair: tuple[Path, Path, Path]) -> None:
+    base, same, _ = pair
+    payload = to_json(compare_runs(load_results(base), load_results(same)))
+    payload["cases"][0]["verdict"] = "fine"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(payload, schema("compare"))
+
+
+def test_github_action_benchmark_list(pair: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    base, _, worse = pair
+    out = tmp_path / "bench" / "out.json"
+    result = runner.invoke(
+        app,
+        [
+            "compare",
+            str(base),
+            str(worse),
+            "--format",
+            "github-action-benchmark",
+            "--output",
+            str(out),
+            "--fail-on",
+            "none",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    entries = json.loads(out.read_text())
+    jsonschema.validate(entries, schema("github-action-benchmark"))
+    run = load_results(worse)
+    assert len(entries) == 3 * len(run.measured)  # time, time in GEMMs, peak memory
+    rnn = run.frame.set_index("case_id").loc["rnn/n=128/d=16/b=1/float32/cpu/forward"]
+    entry = next(e for e in entries if e["name"] == f"{rnn.name} time")
+    assert entry["unit"] == "ms" and entry["value"] == pytest.approx(rnn["time_s"] * 1e3)
+    assert "regression" in entry["extra"]
+    gemm = next(e for e in entries if e["name"] == f"{rnn.name} time in calibration GEMMs")
+    assert gemm["value"] == pytest.approx(rnn["time_s"] / run.calibration_s)
+
+
+def test_the_benchmark_list_skips_what_a_run_lacks(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "a", cases_grid(), calibration_s=None)
+    new = make_run(tmp_path / "b", cases_grid(conv_32={"status": "oom"}), calibration_s=None)
+    entries = github_action_benchmark(compare_runs(base, new))
+    assert len(entries) == 2 * 7  # no calibration entries; the oom case has none
+    assert all(e["unit"] in ("ms", "bytes") for e in entries)
+
+
+def test_markdown_goes_to_stdout_and_to_the_job_summary_only_when_set(
+    pair: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base, _, worse = pair
+    result = runner.invoke(app, ["compare", str(base), str(worse), "--markdown", "--quiet"])
+    assert result.exit_code == 1
+    assert result.stdout.startswith("## attnbench compare: 2 regression(s)")
+    assert "| layer | n | d | baseline | current | ratio | norm. ratio | p | time | exact |" in (
+        result.stdout
+    )
+    assert "| OVERALL |" in result.stdout
+    summary = tmp_path / "summary.md"
+    assert not summary.exists()
+    monkeypatch.setenv(STEP_SUMMARY_ENV, str(summary))
+    runner.invoke(app, ["compare", str(base), str(worse), "--markdown", "--quiet"])
+    runner.invoke(app, ["compare", str(base), str(worse), "--markdown", "--quiet"])
+    text = summary.read_text()
+    assert text.count("## attnbench compare") == 2  # appended, as GitHub expects
+    runner.invoke(app, ["compare", str(base), str(worse), "--json", "--quiet"])
+    assert summary.read_text() == text  # only --markdown writes the summary
+
+
+def test_append_step_summary_needs_the_variable(tmp_path: Path) -> None:
+    assert append_step_summary("x", {}) is None
+    assert append_step_summary("x", {STEP_SUMMARY_ENV: ""}) is None
+    target = tmp_path / "s.md"
+    assert append_step_summary("# hi", {STEP_SUMMARY_ENV: str(target)}) == target
+    assert target.read_text() == "# hi\n\n"
+
+
+def test_one_side_only_cases_and_warnings_are_printed(tmp_path: Path) -> None:
+    grid = cases_grid()
+    base = make_run(tmp_path / "a", grid)
+    more = make_run(tmp_path / "b", {**grid, ("rnn", 512): {}}, env={"torch_version": "2.12.0+cpu"})
+    result = runner.invoke(app, ["compare", str(base.path), str(more.path), "--markdown"])
+    assert result.exit_code == 0, result.output
+    assert "only in the current run: rnn/n=512" in result.stderr
+    assert "warning: torch differs" in result.stderr
+    assert "Only in the current run (1):" in result.stdout
+
+
+# ----------------------------------------------------------------------------- sweep --baseline
+
+TINY = ["--layers", "conv,rnn", "--n", "8,16", "--d", "4", "--device", "cpu"]
+TINY += ["--time-budget", "0.002", "--no-charts", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def tiny_baseline(tmp_path_factory: pytest.TempPathFactory) -> RunResults:
+    grid = build_grid(
+        {"layers": "conv,rnn", "n": "8,16", "d": "4", "device": "cpu", "time_budget": 0.002}
+    )
+    return run_sweep(grid, tmp_path_factory.mktemp("baseline") / "run")
+
+
+def test_sweep_with_baseline_compares_when_done(tiny_baseline: RunResults, tmp_path: Path):
+    out = tmp_path / "current"
+    result = runner.invoke(
+        app,
+        [
+            *("sweep", *TINY, "--out", str(out), "--baseline", str(tiny_baseline.path)),
+            *("--json", "--fail-on", "deterministic"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    jsonschema.validate(payload["comparison"], schema("compare"))
+    assert len(payload["comparison"]["cases"]) == 4
+    assert {c["metrics"]["flops"]["verdict"] for c in payload["comparison"]["cases"]} == {
+        "unchanged"
+    }
+
+
+def test_sweep_with_baseline_exits_1_when_the_layer_got_heavier(
+    tiny_baseline: RunResults, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real conv layer, made to compute twice: counted FLOPs double and compare says so."""
+    conv = LAYERS["conv"]
+
+    class Twice(torch.nn.Module):
+        def __init__(self, **kwargs: int) -> None:
+            super().__init__()
+            self.inner = conv.build(**kwargs)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(self.inner(x))  # (B, n, d)
+
+    monkeypatch.setitem(LAYERS, "conv", LayerInfo("conv", Twice, conv.options, "twice"))
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv(STEP_SUMMARY_ENV, str(summary))
+    out = tmp_path / "current"
+    result = runner.invoke(
+        app,
+        [
+            *("sweep", *TINY, "--out", str(out), "--baseline", str(tiny_baseline.path)),
+            *("--fail-on", "deterministic", "--markdown"),
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    assert "conv/n=8/d=4/k=3/b=1/float32/cpu/forward: FLOPs" in result.stdout
+    assert summary.read_text().startswith("## attnbench compare: ")
+    assert len(load_results(out).frame) == 4  # the results stay on disk
+
+
+def test_a_bad_baseline_fails_before_measuring(tmp_path: Path) -> None:
+    out = tmp_path / "never"
+    result = runner.invoke(app, ["sweep", *TINY, "--out", str(out), "--baseline", str(tmp_path)])
+    assert result.exit_code == 2 and "not an attnbench results folder" in result.stderr
+    assert not out.exists()
+    bad = runner.invoke(app, ["sweep", *TINY, "--out", str(out), "--markdown"])
+    assert bad.exit_code == 2 and "--markdown prints the comparison" in bad.stderr
+
+
+def test_sweep_keeps_its_results_when_nothing_matches_the_baseline(
+    tiny_baseline: RunResults, tmp_path: Path
+) -> None:
+    out = tmp_path / "other"
+    args = ["sweep", "--layers", "attention", "--n", "8", "--d", "4", "--heads", "2"]
+    args += ["--device", "cpu", "--time-budget", "0.002", "--no-charts", "--quiet"]
+    result = runner.invoke(app, [*args, "--out", str(out), "--baseline", str(tiny_baseline.path)])
+    assert result.exit_code == 2 and "no case in common" in result.stderr
+    assert f"the results are saved in {out}" in result.stderr
+    assert len(load_results(out).frame) == 1
+
+
+def test_the_comparison_table_reads_the_committed_reference() -> None:
+    """The CI reference under results/ loads and compares with itself without a regression."""
+    reference = Path(__file__).resolve().parents[1] / "results" / "ci-reference"
+    run = load_results(reference)
+    c = compare_runs(run, run)
+    assert not c.failed() and len(c.times) == len(run.frame)
+    assert pd.notna(run.calibration_s)
+
+
+def test_copying_a_run_keeps_it_comparable(tiny_baseline: RunResults, tmp_path: Path) -> None:
+    copy = Path(shutil.copytree(tiny_baseline.path, tmp_path / "copy"))
+    assert runner.invoke(app, ["compare", str(tiny_baseline.path), str(copy)]).exit_code == 0

@@ -1,0 +1,269 @@
+"""Verdicts of `attnbench compare` on synthetic samples, and the runs they are read from."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from synthetic import case, cases_grid, make_run, noisy
+
+from attnbench.compare import (
+    IMPROVEMENT,
+    NOT_COMPARED,
+    NOT_SIGNIFICANT,
+    REGRESSION,
+    TOO_FEW,
+    UNCHANGED,
+    Thresholds,
+    compare_runs,
+    judge_count,
+    judge_overall,
+    judge_rounds,
+    judge_time,
+    parse_fraction,
+    smallest_p,
+)
+from attnbench.errors import AttnbenchError
+
+# ----------------------------------------------------------------------------- time verdicts
+
+
+def test_a_clear_slowdown_is_a_regression() -> None:
+    v = judge_time(noisy(1.0, seed=1), noisy(1.3, seed=2))
+    assert v.verdict == REGRESSION
+    assert v.ratio == pytest.approx(1.3, rel=0.03)
+    assert v.p_value < 1e-6
+
+
+def test_a_clear_speed_up_is_an_improvement() -> None:
+    v = judge_time(noisy(1.0, seed=1), noisy(0.7, seed=2))
+    assert v.verdict == IMPROVEMENT
+    assert v.p_value < 1e-6
+
+
+def test_noise_alone_is_rarely_a_regression() -> None:
+    """Same distribution, 10% spread, 400 draws: independent samples pass for a regression at
+    most as often as alpha allows (1%), and at 2% spread never (the ratio rule holds them)."""
+    verdicts = [
+        judge_time(noisy(1.0, spread=0.1, seed=s), noisy(1.0, spread=0.1, seed=1000 + s)).verdict
+        for s in range(400)
+    ]
+    assert verdicts.count(REGRESSION) <= 0.015 * 400
+    assert verdicts.count(IMPROVEMENT) <= 0.015 * 400
+    quiet = [judge_time(noisy(1.0, seed=s), noisy(1.0, seed=1000 + s)).verdict for s in range(400)]
+    assert REGRESSION not in quiet and IMPROVEMENT not in quiet
+
+
+def test_a_big_ratio_from_overlapping_samples_is_not_significant() -> None:
+    base = [1.0, 1.0, 1.0, 3.0, 3.0, 3.0]
+    new = [1.0, 1.0, 3.0, 3.0, 3.0, 3.0]  # median 3.0 against 2.0, the same values
+    v = judge_time(base, new)
+    assert v.ratio == pytest.approx(1.5)
+    assert v.verdict == NOT_SIGNIFICANT and v.p_value > 0.01
+
+
+def test_a_small_significant_slowdown_below_the_threshold_is_unchanged() -> None:
+    v = judge_time(noisy(1.0, spread=0.001, seed=1), noisy(1.05, spread=0.001, seed=2))
+    assert v.p_value < 1e-6 and v.verdict == UNCHANGED
+    assert (
+        judge_time(
+            noisy(1.0, spread=0.001, seed=1),
+            noisy(1.05, spread=0.001, seed=2),
+            Thresholds(max_slowdown=0.02),
+        ).verdict
+        == REGRESSION
+    )
+
+
+def test_too_few_samples_get_no_verdict_even_when_twice_as_slow() -> None:
+    v = judge_time([1.0, 1.0, 1.0], [2.0, 2.0, 2.0])
+    assert v.verdict == TOO_FEW and math.isnan(v.p_value) and v.ratio == 2.0
+    # Five a side can reach p = 1/252 < 0.01; four a side cannot (1/70).
+    assert smallest_p(5, 5) == pytest.approx(1 / 252)
+    assert judge_time([1.0] * 5, [2.0] * 5).verdict == REGRESSION
+    assert judge_time([1.0] * 4, [2.0] * 4, Thresholds(min_samples=2)).verdict == TOO_FEW
+
+
+def test_rounds_are_the_test_unit_when_there_are_enough() -> None:
+    """One slow round in five is a busy moment, not a regression; five slow rounds are one."""
+    base = [noisy(1.0, 10, seed=r) for r in range(5)]
+    one_slow = [noisy(1.0, 10, seed=10 + r) for r in range(4)] + [noisy(1.8, 10, seed=20)]
+    verdict, unit = judge_rounds(base, one_slow)
+    assert unit == "rounds" and verdict.verdict == UNCHANGED
+    # Pooled as plain samples, the same data is "significant": why rounds are the unit.
+    flat = judge_time([s for r in base for s in r], [s for r in one_slow for s in r])
+    assert flat.p_value < 0.01
+    all_slow = [noisy(1.3, 10, seed=30 + r) for r in range(5)]
+    verdict, unit = judge_rounds(base, all_slow)
+    assert unit == "rounds" and verdict.verdict == REGRESSION
+    assert verdict.p_value == pytest.approx(1 / 252)  # every round slower: the smallest p
+    assert verdict.ratio == pytest.approx(1.3, rel=0.03)
+
+
+def test_too_few_rounds_fall_back_to_the_samples() -> None:
+    base = [noisy(1.0, 10, seed=r) for r in range(3)]
+    new = [noisy(1.3, 10, seed=10 + r) for r in range(3)]
+    verdict, unit = judge_rounds(base, new)  # 3 against 3: the smallest p is 1/20
+    assert unit == "samples" and verdict.verdict == REGRESSION
+
+
+def test_missing_samples_are_not_compared() -> None:
+    assert judge_time([], [1.0] * 10).verdict == NOT_COMPARED
+
+
+def test_exact_metrics_fail_on_any_increase() -> None:
+    assert judge_count(100, 101) == REGRESSION
+    assert judge_count(100, 99) == IMPROVEMENT
+    assert judge_count(100, 100) == UNCHANGED
+    assert judge_count(100, float("nan")) == NOT_COMPARED
+    assert judge_count(100, 101, tolerance=0.02) == UNCHANGED
+
+
+def test_overall_is_the_geometric_mean_tested_across_cases() -> None:
+    v = judge_overall([1.2] * 5 + [1.3] * 5)
+    assert v.ratio == pytest.approx(math.sqrt(1.2 * 1.3))
+    assert v.verdict == REGRESSION and v.p_value < 0.01
+    mixed = judge_overall([1.3, 0.77] * 6)
+    assert mixed.ratio == pytest.approx(1.0, abs=0.01) and mixed.verdict == UNCHANGED
+    assert judge_overall([1.5] * 6).verdict == TOO_FEW  # 0.5**6 > 0.01: no test can decide
+    assert judge_overall([0.8] * 8).verdict == IMPROVEMENT
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("10%", 0.10), ("0.1", 0.1), ("150%", 1.5), ("0%", 0.0)]
+)
+def test_fractions_parse_from_percentages(text: str, value: float) -> None:
+    assert parse_fraction(text, "--max-slowdown") == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["3", "ten", "-5%", "nan%"])
+def test_bad_fractions_are_one_line_errors(text: str) -> None:
+    with pytest.raises(AttnbenchError, match="--max-slowdown"):
+        parse_fraction(text, "--max-slowdown")
+
+
+def test_thresholds_refuse_nonsense() -> None:
+    with pytest.raises(AttnbenchError, match="alpha"):
+        Thresholds(alpha=1.5)
+    with pytest.raises(AttnbenchError, match="min-samples"):
+        Thresholds(min_samples=1)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def test_identical_runs_pass_every_gate(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "a", cases_grid())
+    c = compare_runs(base, make_run(tmp_path / "b", cases_grid()))
+    assert set(c.times["verdict"]) == {UNCHANGED}
+    assert set(c.counts["verdict"]) == {UNCHANGED}
+    assert not c.failed("all") and c.regressions() == []
+    assert c.overall_verdict.verdict == UNCHANGED and c.warnings == ()
+
+
+def test_a_slower_case_fails_the_time_gate_only(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "a", cases_grid())
+    new = make_run(tmp_path / "b", cases_grid(rnn_128={"samples": noisy(1.5e-3, seed=9)}))
+    c = compare_runs(base, new)
+    row = c.times.set_index("case_id").loc[case("rnn", 128).case_id]
+    assert row["verdict"] == REGRESSION and row["ratio"] == pytest.approx(1.5, rel=0.03)
+    assert c.failed("time") and c.failed("all")
+    assert not c.failed("deterministic") and not c.failed("none")
+    assert c.regressions("time")[0].startswith("rnn/n=128/d=16")
+
+
+def test_more_flops_steps_or_memory_fail_the_deterministic_gate(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "a", cases_grid())
+    new = make_run(
+        tmp_path / "b",
+        cases_grid(conv_64={"flops": 128_000}, rnn_32={"steps": 2}, conv_256={"peak": 4097}),
+    )
+    c = compare_runs(base, new)
+    bad = c.counts[c.counts["verdict"] == REGRESSION]
+    assert sorted(zip(bad["layer"], bad["n"], bad["metric"], strict=True)) == [
+        ("conv", 64, "flops"),
+        ("conv", 256, "peak_bytes"),
+        ("rnn", 32, "seq_steps"),
+    ]
+    assert c.failed("deterministic") and not c.failed("time")
+    assert len(c.regressions("deterministic")) == 3
+    # A tolerance on memory lets one byte through, never the FLOPs.
+    loose = compare_runs(base, new, Thresholds(memory_tolerance=0.01))
+    assert len(loose.regressions("deterministic")) == 2
+
+
+def test_a_case_that_stops_measuring_fails_every_gate(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "a", cases_grid())
+    new = make_run(tmp_path / "b", cases_grid(conv_256={"status": "oom"}))
+    c = compare_runs(base, new)
+    row = c.times.set_index("case_id").loc[case("conv", 256).case_id]
+    assert row["status_verdict"] == REGRESSION and row["verdict"] == NOT_COMPARED
+    for gate in ("all", "time", "deterministic"):
+        assert c.regressions(gate) == [f"{case('conv', 256).case_id}: ok -> oom"]
+    assert not c.failed("none")
+    # And the reverse (it measures now) is an improvement, not a failure.
+    assert not compare_runs(new, base).failed()
+
+
+def test_cases_on_one_side_only_are_listed_not_dropped(tmp_path: Path) -> None:
+    grid = cases_grid()
+    fewer = {k: v for k, v in grid.items() if k != ("rnn", 256)}
+    more = {**grid, ("attention", 64): {}}
+    c = compare_runs(make_run(tmp_path / "a", grid), make_run(tmp_path / "b", more))
+    assert c.only_current == (case("attention", 64).case_id,) and c.only_baseline == ()
+    c = compare_runs(make_run(tmp_path / "c", grid), make_run(tmp_path / "d", fewer))
+    assert c.only_baseline == (case("rnn", 256).case_id,)
+    assert any("only in the baseline" in w for w in c.warnings)
+    assert len(c.times) == 7
+
+
+def test_runs_with_no_case_in_common_are_an_error(tmp_path: Path) -> None:
+    a = make_run(tmp_path / "a", {("conv", 32): {}})
+    b = make_run(tmp_path / "b", {("rnn", 32): {}})
+    with pytest.raises(AttnbenchError, match="no case in common"):
+        compare_runs(a, b)
+
+
+def test_a_mismatched_environment_is_warned_and_memory_left_alone(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "a", cases_grid())
+    new = make_run(
+        tmp_path / "b",
+        cases_grid(conv_64={"peak": 10**6}),
+        env={"device_name": "Other CPU", "torch_version": "2.12.0+cpu"},
+    )
+    c = compare_runs(base, new)
+    text = " ".join(c.warnings)
+    assert "device differs: 'Test CPU 9000'" in text and "torch differs" in text
+    assert "peak memory is compared only between runs on the same device" in text
+    peak = c.counts[c.counts["metric"] == "peak_bytes"]
+    assert set(peak["verdict"]) == {NOT_COMPARED}
+    assert not c.failed()
+
+
+def test_normalize_divides_by_each_runs_calibration(tmp_path: Path) -> None:
+    """A machine twice as slow: every case and the GEMM take twice as long."""
+    base = make_run(tmp_path / "a", cases_grid(), calibration_s=1e-3)
+    slow_grid = {key: {"samples": noisy(2e-3, seed=50 + i)} for i, key in enumerate(cases_grid())}
+    new = make_run(tmp_path / "b", slow_grid, calibration_s=2e-3)
+    raw = compare_runs(base, new)
+    assert raw.failed("time") and raw.overall["raw"].verdict == REGRESSION
+    assert raw.calibration["ratio"] == pytest.approx(2.0, rel=0.02)
+    assert raw.times["ratio_normalized"].between(0.95, 1.05).all()  # shown even when not judged
+    judged = compare_runs(base, new, Thresholds(normalize=True))
+    assert not judged.failed() and judged.judged_on == "normalized"
+    assert judged.overall_verdict.ratio == pytest.approx(1.0, abs=0.03)
+
+
+def test_normalize_needs_calibration_on_both_sides(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "a", cases_grid(), calibration_s=None)
+    new = make_run(tmp_path / "b", cases_grid())
+    assert compare_runs(base, new).calibration == {}
+    with pytest.raises(AttnbenchError, match="no calibration samples"):
+        compare_runs(base, new, Thresholds(normalize=True))
+
+
+def test_an_unknown_gate_is_an_error(tmp_path: Path) -> None:
+    c = compare_runs(make_run(tmp_path / "a", cases_grid()), make_run(tmp_path / "b", cases_grid()))
+    with pytest.raises(AttnbenchError, match="--fail-on 'sometimes'"):
+        c.regressions("sometimes")

@@ -1,0 +1,133 @@
+"""Timing rounds: every measured case timed again, spread over the sweep, kept on disk."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.errors import AttnbenchError, SweepInterrupted
+from attnbench.measure.calibration import Calibration
+from attnbench.measure.timing import iqr
+from attnbench.results import RunResults, load_results
+from attnbench.runner import ProgressEvent, resume_sweep, run_sweep
+from attnbench.spec import build_grid, estimate_seconds
+
+SMALL_GEMM = Calibration(size=16)
+
+
+def _grid(rounds: int = 3, **extra: object):
+    options = {"layers": "conv,rnn", "n": "8,16", "d": "4", "device": "cpu"}
+    return build_grid({**options, "time_budget": 0.003, "rounds": rounds, **extra})
+
+
+@pytest.fixture(scope="module")
+def three_rounds(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunResults, list]:
+    events: list[ProgressEvent] = []
+    run = run_sweep(
+        _grid(),
+        tmp_path_factory.mktemp("r") / "run",
+        progress=events.append,
+        calibration=SMALL_GEMM,
+    )
+    return run, events
+
+
+def test_every_measured_case_has_every_round(three_rounds: tuple[RunResults, list]) -> None:
+    run, _ = three_rounds
+    per_round = run.samples.groupby(["case_id", "round"]).size()
+    assert set(per_round.index.get_level_values("round")) == {1, 2, 3}
+    assert len(per_round) == 4 * 3 and run.rounds == 3
+    for case_id in run.frame["case_id"]:
+        mine = run.samples[run.samples["case_id"] == case_id]
+        assert list(mine["sample"]) == list(range(len(mine)))  # numbered on across rounds
+        assert [len(r) for r in run.rounds_for(case_id)] == list(mine.groupby("round").size())
+
+
+def test_statistics_come_from_all_rounds(three_rounds: tuple[RunResults, list]) -> None:
+    run, _ = three_rounds
+    row = run.frame.iloc[0]
+    samples = run.samples_for(row["case_id"])
+    assert row["samples"] == len(samples)
+    assert row["time_s"] == pytest.approx(pd.Series(samples).median())
+    assert row["time_iqr_s"] == pytest.approx(iqr(samples))
+    assert row["flops_per_s"] == pytest.approx(row["flops"] / row["time_s"])
+    # What the writer put in results.csv is round 1 alone.
+    on_disk = pd.read_csv(run.path / "results.csv").iloc[0]
+    assert on_disk["samples"] == len(run.rounds_for(row["case_id"])[0])
+
+
+def test_rounds_run_in_grid_order_after_the_first(three_rounds: tuple[RunResults, list]) -> None:
+    run, events = three_rounds
+    done = [(e.round, e.case.label()) for e in events if e.kind == "done"]
+    labels = [e.case.label() for e in events if e.kind == "done" and e.round == 1]
+    assert done == [(r, label) for r in (1, 2, 3) for label in labels]
+    assert events[-1].units_done == 4 * 3 and events[-1].rounds == 3
+    later = [e for e in events if e.kind == "done" and e.round > 1]
+    assert all(e.timing is not None and e.result is None for e in later)
+    # A calibration point before every case and every round.
+    assert run.calibration["point"].nunique() == 4 * 3
+
+
+def test_a_case_that_did_not_measure_is_not_timed_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import attnbench.runner as runner_module
+
+    real = runner_module.measure_case
+
+    def oom_for_rnn(case, **kwargs):  # type: ignore[no-untyped-def]
+        if case.layer == "rnn" and case.n == 16:
+            raise_oom = runner_module.CaseResult(case=case, status="oom", threads=1, error="oom")
+            return raise_oom
+        return real(case, **kwargs)
+
+    monkeypatch.setattr(runner_module, "measure_case", oom_for_rnn)
+    run = run_sweep(_grid(), tmp_path / "run", calibration=None)
+    rounds = run.samples.groupby("case_id")["round"].nunique()
+    assert "rnn/n=16/d=4/b=1/float32/cpu/forward" not in rounds.index
+    assert set(rounds) == {3}
+
+
+def test_an_interrupted_round_is_finished_by_resume(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+
+    def stop_in_round_two(event: ProgressEvent) -> None:
+        if event.kind == "done" and event.round == 2 and event.index == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(SweepInterrupted):
+        run_sweep(_grid(), out, progress=stop_in_round_two, calibration=None)
+    stopped = load_results(out)
+    assert len(stopped.frame) == 4  # every row was written in round 1
+    assert sorted(stopped.samples.groupby("round")["case_id"].nunique()) == [2, 4]
+    resumed = resume_sweep(out, calibration=None)
+    per_round = resumed.samples.groupby("round")["case_id"].nunique()
+    assert dict(per_round) == {1: 4, 2: 4, 3: 4}
+    assert not resumed.samples.duplicated(["case_id", "sample"]).any()
+    assert resumed.status == "complete"
+
+
+def test_rounds_are_validated_and_cost_time() -> None:
+    with pytest.raises(AttnbenchError, match="--rounds must be >= 1"):
+        _grid(rounds=0)
+    assert estimate_seconds(_grid(rounds=5)) > estimate_seconds(_grid(rounds=1))
+    assert _grid(rounds=5).to_options()["rounds"] == 5
+
+
+def test_the_cli_takes_rounds_and_prints_each_round(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app,
+        ["sweep", "--layers", "conv", "--n", "8", "--d", "4", "--device", "cpu"]
+        + ["--time-budget", "0.002", "--rounds", "2", "--out", str(out), "--no-charts"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "[round 1/2, 1/1] conv n=8 d=4 k=3" in result.stderr
+    assert "[round 2/2] conv n=8 d=4 k=3" in result.stderr
+    assert load_results(out).meta["config"]["rounds"] == 2
