@@ -7,6 +7,7 @@ Each repetition runs four real sweeps back to back, each in its own process as i
 It prints per-experiment rates, raw and normalised, and the exit codes `attnbench compare` gave.
 
     python benchmarks/regression_rates.py [--reps 5] [--slow-layer attention --slowdown 0.25]
+    python benchmarks/regression_rates.py --analyse DIR   # the rates at other thresholds
 """
 
 from __future__ import annotations
@@ -61,7 +62,11 @@ def main() -> None:
     parser.add_argument("--slowdown", type=float, default=0.25)
     parser.add_argument("--max-slowdown", default="10%")
     parser.add_argument("--keep", type=Path, help="keep the runs in this folder")
+    parser.add_argument("--analyse", type=Path, help="only judge the runs kept in this folder")
     args = parser.parse_args()
+    if args.analyse:
+        threshold_table(args.analyse, args.slow_layer)
+        return
     limit = float(args.max_slowdown.rstrip("%")) / 100
     raw, norm = Thresholds(max_slowdown=limit), Thresholds(max_slowdown=limit, normalize=True)
     tmp = tempfile.TemporaryDirectory()
@@ -163,6 +168,37 @@ def summarise(record: dict[str, list], args: argparse.Namespace, walls: list[flo
             by_layer.setdefault(f"{layer} n={n}", []).append(r)
     for key, values in by_layer.items():
         print(f"    {key:<24} ratio median {np.median(values):.2f}")
+
+
+THRESHOLDS = (0.10, 0.25, 0.50, 1.00)
+
+
+def threshold_table(root: Path, slow_layer: str) -> None:
+    """Runs failing (any time regression) and cases flagged at several --max-slowdown values,
+    from the runs a --keep folder holds: the trade-off between false positives and detection."""
+    reps = sorted(p for p in root.iterdir() if p.is_dir())
+    runs = {(rep.name, x): load_results(rep / x) for rep in reps for x in ("A1", "A2", "slowed")}
+    threads = {
+        rep.name: load_results(rep / "threads") for rep in reps if (rep / "threads").is_dir()
+    }
+    print(f"{len(reps)} repetitions in {root}")
+    print(
+        f"{'max-slowdown':>12} {'basis':>10} {'A/A runs failing':>17} {'A/A cases':>12} "
+        f"{'slowed cases':>13} {'threads-1 cases':>16}"
+    )
+    for limit in THRESHOLDS:
+        for normalize in (False, True):
+            t = Thresholds(max_slowdown=limit, normalize=normalize)
+            aa = [compare_runs(runs[(r.name, "A1")], runs[(r.name, "A2")], t) for r in reps]
+            sl = [compare_runs(runs[(r.name, "A2")], runs[(r.name, "slowed")], t) for r in reps]
+            th = [compare_runs(runs[(r.name, "A2")], threads[r.name], t) for r in reps]
+            print(
+                f"{limit:>12.0%} {'normalised' if normalize else 'raw':>10} "
+                f"{sum(c.failed('time') for c in aa):>12}/{len(aa):<4} "
+                f"{_rate([flagged(c) for c in aa]):>12} "
+                f"{_rate([flagged(c, slow_layer) for c in sl]):>13} "
+                f"{_rate([flagged(c) for c in th]):>16}"
+            )
 
 
 if __name__ == "__main__":

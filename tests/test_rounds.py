@@ -124,8 +124,10 @@ def test_the_cli_takes_rounds_and_prints_each_round(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = CliRunner().invoke(
         app,
-        ["sweep", "--layers", "conv", "--n", "8", "--d", "4", "--device", "cpu"]
-        + ["--time-budget", "0.002", "--rounds", "2", "--out", str(out), "--no-charts"],
+        [
+            *("sweep", "--layers", "conv", "--n", "8", "--d", "4", "--device", "cpu"),
+            *("--time-budget", "0.002", "--rounds", "2", "--out", str(out), "--no-charts"),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "[round 1/2, 1/1] conv n=8 d=4 k=3" in result.stderr
