@@ -157,6 +157,12 @@ def _judge(
         return TimeVerdict(ratio, math.nan, TOO_FEW)
     slower = ratio >= 1
     p = float(stats.mannwhitneyu(new_a, base_a, alternative="greater" if slower else "less").pvalue)
+    return _verdict(ratio, p, thresholds)
+
+
+def _verdict(ratio: float, p: float, thresholds: Thresholds) -> TimeVerdict:
+    """Past the threshold in the direction the one-sided p-value tested, and significant."""
+    slower = ratio >= 1
     limit = 1 + thresholds.max_slowdown
     significant = p < thresholds.alpha
     if slower and ratio > limit:
@@ -179,13 +185,7 @@ def judge_overall(ratios: Sequence[float], thresholds: Thresholds = Thresholds()
     if not np.any(logs):
         return TimeVerdict(geomean, 1.0, UNCHANGED)
     p = float(stats.wilcoxon(logs, alternative="greater" if slower else "less").pvalue)
-    limit = 1 + thresholds.max_slowdown
-    significant = p < thresholds.alpha
-    if slower and geomean > limit:
-        return TimeVerdict(geomean, p, REGRESSION if significant else NOT_SIGNIFICANT)
-    if not slower and geomean < 1 / limit and significant:
-        return TimeVerdict(geomean, p, IMPROVEMENT)
-    return TimeVerdict(geomean, p, UNCHANGED)
+    return _verdict(geomean, p, thresholds)
 
 
 def judge_count(base: Any, new: Any, tolerance: float = 0.0) -> str:
