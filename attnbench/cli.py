@@ -41,7 +41,7 @@ from attnbench.charts import (
 )
 from attnbench.ci import append_step_summary, display_table, github_action_benchmark, to_json
 from attnbench.ci import to_markdown as comparison_markdown
-from attnbench.compare import GATES, Comparison, Thresholds, compare_runs, parse_fraction
+from attnbench.compare import Comparison, Thresholds, check_gate, compare_runs, parse_fraction
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.fits import analyse
 from attnbench.layers import LAYERS
@@ -158,12 +158,6 @@ def _thresholds(
         memory_tolerance=parse_fraction(memory_tolerance, "--memory-tolerance"),
         normalize=normalize,
     )
-
-
-def _check_gate(gate: str) -> str:
-    if gate not in GATES:
-        raise AttnbenchError(f"--fail-on {gate!r}: accepted: {', '.join(GATES)}")
-    return gate
 
 
 def _fail(exc: AttnbenchError) -> typer.Exit:
@@ -495,7 +489,7 @@ def sweep(
     """
     try:
         thresholds = _thresholds(max_slowdown, alpha, min_samples, memory_tolerance, normalize)
-        _check_gate(fail_on)
+        check_gate(fail_on)
         if markdown and baseline is None:
             raise AttnbenchError("--markdown prints the comparison: it needs --baseline DIR")
         if markdown and as_json:
@@ -729,7 +723,7 @@ def compare(
     """
     try:
         thresholds = _thresholds(max_slowdown, alpha, min_samples, memory_tolerance, normalize)
-        _check_gate(fail_on)
+        check_gate(fail_on)
         chosen = {fmt} - {"table"}
         chosen |= {"markdown"} if markdown else set()
         chosen |= {"json"} if as_json else set()

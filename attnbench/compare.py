@@ -53,6 +53,13 @@ CONFIG_KEYS = {"device": "device", "dtype": "dtype", "mode": "mode", "batch": "b
 GATES = ("all", "deterministic", "time", "none")
 
 
+def check_gate(gate: str) -> str:
+    """``gate`` when it is one of ``GATES``; a one-line error naming them otherwise."""
+    if gate not in GATES:
+        raise AttnbenchError(f"--fail-on {gate!r}: accepted: {', '.join(GATES)}")
+    return gate
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """When a difference counts: the allowed slowdown (a fraction), the test's alpha, the
@@ -233,9 +240,7 @@ class Comparison:
 
     def regressions(self, gate: str = "all") -> list[str]:
         """One line per regression that ``gate`` fails on (see ``GATES``)."""
-        if gate not in GATES:
-            raise AttnbenchError(f"--fail-on {gate!r}: accepted: {', '.join(GATES)}")
-        if gate == "none":
+        if check_gate(gate) == "none":
             return []
         found: list[str] = []
         status = self.times[self.times["status_verdict"] == REGRESSION]

@@ -36,7 +36,7 @@ import torch
 from attnbench import __version__
 from attnbench.errors import AttnbenchError
 from attnbench.measure.flops import flops_agree
-from attnbench.measure.timing import TimingStats
+from attnbench.measure.timing import TimingStats, iqr
 from attnbench.spec import Case
 
 SCHEMA_VERSION = 1
@@ -243,20 +243,18 @@ class ResultsWriter:
         died between the two appends) are dropped, each file replaced atomically.
         """
         run = load_results(out_dir)  # refuses what is not a results folder
-        # Rows are rewritten from the typed table, so a folder from before a column was added
-        # gains it (empty) and keeps one header for old and new rows.
-        rows = [
-            _csv_line([None if pd.isna(v) else v for v in row])
-            for row in run.frame[RESULT_COLUMNS].itertuples(index=False)
-        ]
-        _rewrite_csv(out_dir / RESULTS_FILE, RESULT_COLUMNS, rows)
-        # Samples too, so a folder from before the round column gains it.
-        samples = [
-            _csv_line(list(row)) for row in run.samples[SAMPLE_COLUMNS].itertuples(index=False)
-        ]
-        _rewrite_csv(out_dir / SAMPLES_FILE, SAMPLE_COLUMNS, samples)
-        # A folder from before calibration gains the file; the resumed cases then have points.
-        _rewrite_csv(out_dir / CALIBRATION_FILE, CALIBRATION_COLUMNS, run.calibration_text_rows)
+        # Every file is rewritten from its typed table, so a folder from before a column (or the
+        # calibration file) was added gains it and keeps one header for old and new rows.
+        for name, table, columns in (
+            (RESULTS_FILE, run.frame, RESULT_COLUMNS),
+            (SAMPLES_FILE, run.samples, SAMPLE_COLUMNS),
+            (CALIBRATION_FILE, run.calibration, CALIBRATION_COLUMNS),
+        ):
+            rows = [
+                _csv_line([None if pd.isna(v) else v for v in row])
+                for row in table[columns].itertuples(index=False)
+            ]
+            _rewrite_csv(out_dir / name, columns, rows)
         meta = dict(run.meta)
         meta["resumes"] = [*meta.get("resumes", []), dict(resume)]
         meta.update(status="running", pid=os.getpid(), end_time=None)
@@ -381,12 +379,10 @@ class RunResults:
     samples: pd.DataFrame  # raw samples, SAMPLE_COLUMNS
     meta: dict[str, Any]  # run.json
     warnings: tuple[str, ...] = ()  # what was repaired on reading (a torn line, orphan samples)
-    samples_text_rows: tuple[str, ...] = ()  # the complete CSV lines behind ``samples``
     # The calibration GEMM's samples, CALIBRATION_COLUMNS (empty for runs made before it).
     calibration: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=CALIBRATION_COLUMNS)
     )
-    calibration_text_rows: tuple[str, ...] = ()
 
     @property
     def calibration_s(self) -> float | None:
@@ -477,12 +473,11 @@ def _complete_lines(path: Path) -> tuple[str, list[str], bool]:
     return lines[0], lines[1:], torn
 
 
-def _read_csv(
-    path: Path, columns: Sequence[str], what: str
-) -> tuple[pd.DataFrame, list[str], bool]:
+def _read_csv(path: Path, columns: Sequence[str], what: str) -> tuple[pd.DataFrame, bool]:
+    """The complete records of an appended CSV, as text, and whether a torn line was cut."""
     header, rows, torn = _complete_lines(path)
     if not header:
-        return pd.DataFrame(columns=list(columns)), [], torn
+        return pd.DataFrame(columns=list(columns)), torn
     found = next(csv.reader([header]))
     missing = [c for c in columns if c not in found]
     if missing:
@@ -495,7 +490,7 @@ def _read_csv(
         raise AttnbenchError(
             f"{what} {str(path)!r} is corrupt: {len(rows)} lines but {len(frame)} records"
         )
-    return frame, rows, torn
+    return frame, torn
 
 
 def load_results(path: Path | str) -> RunResults:
@@ -527,27 +522,25 @@ def load_results(path: Path | str) -> RunResults:
     warnings: list[str] = []
     try:
         required = [c for c in RESULT_COLUMNS if c not in OPTIONAL_COLUMNS]
-        frame, _, torn = _read_csv(path / RESULTS_FILE, required, "results file")
+        frame, torn = _read_csv(path / RESULTS_FILE, required, "results file")
         if torn:
             warnings.append(f"dropped a torn last line of {RESULTS_FILE} (an interrupted write)")
         samples_path = path / SAMPLES_FILE
         if samples_path.is_file():
-            samples, sample_rows, torn = _read_csv(samples_path, SAMPLE_COLUMNS[:3], "samples file")
+            samples, torn = _read_csv(samples_path, SAMPLE_COLUMNS[:3], "samples file")
             if torn:
                 warnings.append(f"dropped a torn last line of {SAMPLES_FILE}")
             if "round" not in samples.columns:  # written before timing rounds existed
                 samples["round"] = "1"
         else:
-            samples, sample_rows = pd.DataFrame(columns=SAMPLE_COLUMNS), []
+            samples = pd.DataFrame(columns=SAMPLE_COLUMNS)
         calibration_path = path / CALIBRATION_FILE
         if calibration_path.is_file():
-            calibration, calibration_rows, torn = _read_csv(
-                calibration_path, CALIBRATION_COLUMNS, "calibration file"
-            )
+            calibration, torn = _read_csv(calibration_path, CALIBRATION_COLUMNS, "calibration file")
             if torn:
                 warnings.append(f"dropped a torn last line of {CALIBRATION_FILE}")
         else:
-            calibration, calibration_rows = pd.DataFrame(columns=CALIBRATION_COLUMNS), []
+            calibration = pd.DataFrame(columns=CALIBRATION_COLUMNS)
         frame = _typed_results(frame)
         for table in (samples, calibration):
             table["sample"] = pd.to_numeric(table["sample"]).astype("int64")
@@ -571,7 +564,6 @@ def load_results(path: Path | str) -> RunResults:
     if not keep.all():
         warnings.append(f"ignored {int((~keep).sum())} sample(s) of a case that never finished")
         samples = samples[keep].reset_index(drop=True)
-        sample_rows = [r for r, k in zip(sample_rows, keep, strict=True) if k]
     if len(samples) and samples["round"].max() > 1:
         frame = _with_round_statistics(frame, samples)
     return RunResults(
@@ -580,17 +572,13 @@ def load_results(path: Path | str) -> RunResults:
         samples=samples,
         meta=meta,
         warnings=tuple(warnings),
-        samples_text_rows=tuple(sample_rows),
         calibration=calibration,
-        calibration_text_rows=tuple(calibration_rows),
     )
 
 
 def _with_round_statistics(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     """Median, IQR and count over every round's samples (a row was written after round 1)."""
-    grouped = samples.groupby("case_id")["time_s"]
-    q1, q3 = grouped.quantile(0.25), grouped.quantile(0.75)  # linear, as timing.iqr
-    stats = pd.DataFrame({"median": grouped.median(), "iqr": q3 - q1, "count": grouped.size()})
+    stats = samples.groupby("case_id")["time_s"].agg(median="median", iqr=iqr, count="size")
     frame = frame.copy()
     has = frame["case_id"].isin(stats.index) & (frame["status"] == "ok")
     ids = frame.loc[has, "case_id"]

@@ -495,7 +495,6 @@ def _sweep(
             rounds_done[str(case_id)] = set(group["round"].tolist())
             next_sample[str(case_id)] = int(group["sample"].max()) + 1
     completed = sum(case.case_id in done for case in cases)
-    units = {"done": 0}
 
     def count_units() -> int:
         """(case, round) pairs done: a case that did not measure has nothing left to do."""
@@ -506,8 +505,6 @@ def _sweep(
             elif case.case_id in done:
                 total += grid.rounds
         return total
-
-    units["done"] = count_units()
 
     def notify(
         kind: Any,
@@ -528,7 +525,7 @@ def _sweep(
                     completed,
                     round_,
                     grid.rounds,
-                    units["done"],
+                    count_units(),
                     timing,
                 )
             )
@@ -565,7 +562,6 @@ def _sweep(
                     ok.add(case.case_id)
                     rounds_done[case.case_id] = {1}
                     next_sample[case.case_id] = result.timing.count
-                units["done"] = count_units()
                 notify("done", index, case, result)
             # Later rounds: every measured case timed again, in grid order, round after round,
             # so each round of a case lies at another moment of the sweep.
@@ -595,7 +591,6 @@ def _sweep(
                             )
                         next_sample[case.case_id] = next_sample.get(case.case_id, 0) + timing.count
                     rounds_done[case.case_id].add(round_)  # a failed round is not retried
-                    units["done"] = count_units()
                     notify("done", index, case, round_=round_, timing=timing)
         except KeyboardInterrupt:
             stop.signal_name = stop.signal_name or "SIGINT"

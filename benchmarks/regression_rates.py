@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnbench.compare import REGRESSION, Comparison, Thresholds, compare_runs
+from attnbench.compare import REGRESSION, Comparison, Thresholds, compare_runs, parse_fraction
 from attnbench.results import load_results
 
 HERE = Path(__file__).resolve().parent
@@ -67,7 +67,7 @@ def main() -> None:
     if args.analyse:
         threshold_table(args.analyse, args.slow_layer)
         return
-    limit = float(args.max_slowdown.rstrip("%")) / 100
+    limit = parse_fraction(args.max_slowdown, "--max-slowdown")
     raw, norm = Thresholds(max_slowdown=limit), Thresholds(max_slowdown=limit, normalize=True)
     tmp = tempfile.TemporaryDirectory()
     root = args.keep or Path(tmp.name)
