@@ -5,6 +5,7 @@ Human output (progress, tables, messages) goes to stderr; ``--json`` writes to s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -43,6 +44,7 @@ from attnbench.ci import append_step_summary, display_table, github_action_bench
 from attnbench.ci import to_markdown as comparison_markdown
 from attnbench.compare import Comparison, Thresholds, check_gate, compare_runs, parse_fraction
 from attnbench.errors import AttnbenchError, SweepInterrupted
+from attnbench.execute import EXECUTORS, Executor, make_executor
 from attnbench.fits import analyse
 from attnbench.layers import LAYERS
 from attnbench.measure.timing import NOISY_REL_IQR, is_noisy
@@ -190,9 +192,10 @@ def root(
 class SweepProgress:
     """A live bar in a terminal; one plain line per finished case elsewhere (CI logs)."""
 
-    def __init__(self, console: Console, quiet: bool = False) -> None:
+    def __init__(self, console: Console, quiet: bool = False, *, where: bool = False) -> None:
         self.console = console
         self.quiet = quiet
+        self.where = where  # name the worker of each case (cases run on several)
         self.live = console.is_terminal and not quiet
         self.bar: Progress | None = None
         self.task: Any = None
@@ -219,9 +222,20 @@ class SweepProgress:
     def __call__(self, event: ProgressEvent) -> None:
         if event.kind == "stopping":
             # Printed even with --quiet: the user pressed Ctrl-C and is waiting for an answer.
+            what = (
+                event.case.label() if event.running <= 1 else f"the {event.running} running cases"
+            )
             self.console.print(
-                f"[yellow]stopping after {event.case.label()} "
+                f"[yellow]stopping after {escape(what)} "
                 "(every finished case is kept; press Ctrl-C again to stop at once)[/]",
+                soft_wrap=True,
+            )
+            return
+        if event.kind == "retry":
+            where = f" on {event.where.node} {event.where.device_id}" if event.where else ""
+            self.console.print(
+                f"[yellow]the worker{escape(where)} died in {escape(event.case.label())} "
+                f"({escape(event.error)}); running it once more[/]",
                 soft_wrap=True,
             )
             return
@@ -231,14 +245,26 @@ class SweepProgress:
                 self.task = self.bar.add_task("sweep", total=total, completed=event.units_done)
             if event.kind == "start":
                 prefix = f"round {event.round}/{event.rounds} " if event.rounds > 1 else ""
+                if event.running > 1:
+                    prefix = f"{event.running} running, latest: {prefix}"
                 self.bar.update(self.task, description=prefix + event.case.label())
             else:
                 self.bar.update(self.task, completed=event.units_done)
         elif event.kind == "done" and not self.quiet:
-            self.console.print(_case_line(event), soft_wrap=True, markup=False)
+            self.console.print(_case_line(event, where=self.where), soft_wrap=True, markup=False)
 
 
-def _case_line(event: ProgressEvent) -> str:
+def _case_line(event: ProgressEvent, *, where: bool = False) -> str:
+    line = _case_text(event)
+    result = event.result
+    if where and result is not None and result.node:
+        return f"{line}  on {result.node} {result.device_id}"
+    if where and event.where is not None:
+        return f"{line}  on {event.where.node} {event.where.device_id}"
+    return line
+
+
+def _case_text(event: ProgressEvent) -> str:
     width = len(str(event.total))
     if event.round > 1:  # a later timing round: only times are new
         head = f"[round {event.round}/{event.rounds}] {event.case.label()}"
@@ -359,6 +385,12 @@ def _summary_tables(run: RunResults, console: Console, *, verb: str = "written t
 
 # ----------------------------------------------------------------------------- commands
 
+EXECUTOR_HELP = (
+    f"Where cases run: {' or '.join(EXECUTORS)}. serial: one after the other in this process. "
+    'ray: on the workers of a Ray cluster (pip install "attnbench[ray]"), one case per GPU, '
+    "or per --threads CPUs, at a time."
+)
+
 
 @app.command()
 def sweep(
@@ -472,6 +504,30 @@ def sweep(
             show_default=False,
         ),
     ] = None,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help=EXECUTOR_HELP,
+            envvar="ATTNBENCH_EXECUTOR",
+        ),
+    ] = "serial",
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="With --executor ray: the cluster, as ray.init takes it (auto: the one "
+            "`ray start` made here; ray://host:10001). Default: a new local Ray instance, "
+            "or $RAY_ADDRESS.",
+            show_default=False,
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="With --executor ray: run at most this many cases at once. Default: as many as "
+            "the cluster has GPUs (--device cuda) or CPUs / --threads.",
+            show_default=False,
+        ),
+    ] = None,
     max_slowdown: MaxSlowdown = "10%",
     alpha: Alpha = 0.01,
     min_samples: MinSamples = 5,
@@ -516,13 +572,17 @@ def sweep(
             "out": str(out) if out is not None else None,
         }
         values.update({key: v for key, v in given.items() if v is not None})
-        with SweepProgress(err, quiet=quiet) as progress:
+        if force and resume is None:
+            raise AttnbenchError("--force applies only with --resume DIR")
+        runs_on = make_executor(executor, address=address, workers=workers)
+        with (
+            contextlib.closing(runs_on),
+            SweepProgress(err, quiet=quiet, where=not runs_on.in_process) as progress,
+        ):
             if resume is not None:
-                run = _resume(resume, values, force=force, quiet=quiet, progress=progress)
+                run = _resume(resume, values, runs_on, force=force, quiet=quiet, progress=progress)
             else:
-                if force:
-                    raise AttnbenchError("--force applies only with --resume DIR")
-                run = _new_sweep(values, yes=yes, quiet=quiet, progress=progress)
+                run = _new_sweep(values, runs_on, yes=yes, quiet=quiet, progress=progress)
     except AttnbenchError as exc:
         raise _fail(exc) from None
     except KeyboardInterrupt:  # before the first case started: nothing was measured yet
@@ -575,25 +635,47 @@ def _records(run: RunResults) -> list[dict[str, Any]]:
 
 
 def _new_sweep(
-    values: dict[str, Any], *, yes: bool, quiet: bool, progress: SweepProgress
+    values: dict[str, Any], executor: Executor, *, yes: bool, quiet: bool, progress: SweepProgress
 ) -> RunResults:
-    grid = build_grid(values)
+    grid = build_grid(values, executor.resolve_device)
     warning = size_warning(grid)
     if warning and not yes:
         raise AttnbenchError(warning)
     out_dir = prepare_out_dir(Path(values["out"]) if values.get("out") else default_out_dir())
+    cluster = executor.start(grid)
     if not quiet:
+        estimate = estimate_seconds(grid) / max(1, executor.workers)
         err.print(
             f"attnbench {__version__}: {len(grid.cases())} cases on {grid.device} ({grid.dtype}, "
-            f"{grid.mode}, batch {grid.batch}), {_duration(estimate_seconds(grid))} or more "
-            f"-> {out_dir}",
+            f"{grid.mode}, batch {grid.batch}){_workers_text(cluster)}, "
+            f"{_duration(estimate)} or more -> {out_dir}",
             soft_wrap=True,
         )
-    return run_sweep(grid, out_dir, progress=progress)
+    return run_sweep(grid, out_dir, progress=progress, executor=executor)
+
+
+def _workers_text(cluster: dict[str, Any]) -> str:
+    """ ", through Ray on 4 workers (2 nodes: NVIDIA H100 ...)"; nothing for a serial sweep."""
+    if cluster.get("executor") == "serial":
+        return ""
+    workers = cluster.get("workers", [])
+    nodes = sorted({w["node"] for w in workers})
+    devices = sorted({w["device_name"] for w in workers})
+    failed = len(cluster.get("workers_failed", []))
+    return (
+        f", through {cluster.get('executor')} on {len(workers)} worker(s) ({len(nodes)} node(s): "
+        f"{', '.join(devices)}{f'; {failed} failed to start' if failed else ''})"
+    )
 
 
 def _resume(
-    folder: Path, values: dict[str, Any], *, force: bool, quiet: bool, progress: SweepProgress
+    folder: Path,
+    values: dict[str, Any],
+    executor: Executor,
+    *,
+    force: bool,
+    quiet: bool,
+    progress: SweepProgress,
 ) -> RunResults:
     if "out" in values:
         raise AttnbenchError("--resume continues a run in its own folder; leave out --out")
@@ -607,7 +689,7 @@ def _resume(
         )
         for warning in before.warnings:
             err.print(f"[yellow]note:[/] {warning} (repaired)")
-    return resume_sweep(folder, values or None, force=force, progress=progress)
+    return resume_sweep(folder, values or None, force=force, progress=progress, executor=executor)
 
 
 def _duration(seconds: float) -> str:

@@ -80,9 +80,14 @@ STRUCTURE_COLUMNS = [
     "path_len",  # maximum path length in position-mixing steps
     "path_len_method",  # "measured" (Jacobian pattern at n), or "extended: <law>", or "none: ..."
 ]
-RESULT_COLUMNS = CASE_COLUMNS + METRIC_COLUMNS + STRUCTURE_COLUMNS
+PLACEMENT_COLUMNS = [
+    "node",  # host name of the machine the case ran on
+    "device_id",  # the device there: cuda:<physical index> or cpu
+    "device_name",  # its model (GPU name, or CPU model): what charts and compare group by
+]
+RESULT_COLUMNS = CASE_COLUMNS + METRIC_COLUMNS + STRUCTURE_COLUMNS + PLACEMENT_COLUMNS
 # Added after the first release: folders written before them still load, with these empty.
-OPTIONAL_COLUMNS = ["window", *STRUCTURE_COLUMNS]
+OPTIONAL_COLUMNS = ["window", *STRUCTURE_COLUMNS, *PLACEMENT_COLUMNS]
 SAMPLE_COLUMNS = ["case_id", "sample", "time_s", "round"]
 CALIBRATION_COLUMNS = ["point", "before_case", "sample", "time_s"]
 
@@ -95,6 +100,8 @@ STATUSES = {
 }
 # What a process killed inside a case leaves behind; ``resume`` records that case with this error.
 DIED_ERROR = "the process died while measuring this case (killed, or out of memory?)"
+# How a case whose worker died on both tries is recorded (the reason follows).
+WORKER_DIED_ERROR = "the worker died while measuring this case, twice"
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,9 @@ class CaseResult:
     path_len_method: str = ""
     wall_s: float | None = None
     error: str = ""
+    node: str = ""
+    device_id: str = ""
+    device_name: str = ""
 
     @property
     def flops_per_s(self) -> float | None:
@@ -159,6 +169,9 @@ class CaseResult:
             "seq_steps_method": self.seq_steps_method,
             "path_len": self.path_len,
             "path_len_method": self.path_len_method,
+            "node": self.node,
+            "device_id": self.device_id,
+            "device_name": self.device_name,
         }
 
 
@@ -280,6 +293,11 @@ class ResultsWriter:
         """Record the case about to be measured (what a resumed run learns if we die in it);
         None once only later timing rounds are left (those add no row)."""
         self.meta["current_case"] = case.case_id if case is not None else None
+        self._save_meta()
+
+    def set_cluster(self, cluster: Mapping[str, Any]) -> None:
+        """Record the executor, nodes and workers that run the cases."""
+        self.meta["cluster"] = dict(cluster)
         self._save_meta()
 
     def set_calibration(self, description: Mapping[str, Any]) -> None:
@@ -458,6 +476,7 @@ _TEXT_COLUMNS = [
     "flops_check",
     "seq_steps_method",
     "path_len_method",
+    *PLACEMENT_COLUMNS,
 ]
 
 

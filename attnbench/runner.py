@@ -1,55 +1,65 @@
-"""Runs a grid case by case, writing each finished case at once.
+"""Runs a grid through an executor, writing each finished case at once.
 
 Progress is reported through a plain callback, so the core knows nothing of terminals.  A sweep
 survives its own cases: out-of-memory and over-long cases are recorded and the larger cases of
-that layer skipped; SIGINT / SIGTERM stop it after the current case; ``resume_sweep`` finishes it.
+that layer skipped; a worker that dies loses only its job, which is run once more elsewhere;
+SIGINT / SIGTERM stop it after the running cases; ``resume_sweep`` finishes it.  Which executor
+ran a case is known only to ``attnbench.execute``: the runner hands out jobs and writes results.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
+import heapq
 import os
 import signal
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
 import torch
-from torch import nn
 
 from attnbench.errors import AttnbenchError, SweepInterrupted
-from attnbench.layers import build_layer
-from attnbench.measure import TimingPolicy, count_flops, peak_bytes, time_call
+from attnbench.execute import Executor, Job, JobDone, Placement, SerialExecutor
+from attnbench.measure import TimingPolicy
 from attnbench.measure.calibration import DEFAULT_CALIBRATION, Calibration
-from attnbench.measure.structure import SEQ_METHOD, path_length, sequential_steps
-from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingStats
+from attnbench.measure.case import (  # noqa: F401  (re-exported: the runner's public names)
+    device_sync,
+    is_out_of_memory,
+    make_step,
+    measure_case,
+    prime_instruments,
+    release_memory,
+    retime_case,
+)
+from attnbench.measure.timing import Clock, TimingStats
 from attnbench.results import (
     DIED_ERROR,
+    WORKER_DIED_ERROR,
     CaseResult,
     ResultsWriter,
     RunResults,
     default_out_dir,
-    environment,
     load_results,
     now_iso,
 )
-from attnbench.spec import DTYPES, Case, Grid, build_grid, grid_from_config
-from attnbench.units import fmt_seconds
+from attnbench.spec import Case, Grid, build_grid, grid_from_config
 
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    """``start`` before a case runs, ``done`` after it is written (with its result),
-    ``stopping`` when a signal asked the sweep to stop after ``case``.  In rounds after the
-    first, ``round`` > 1 and ``timing`` holds that round's samples (no ``result``)."""
+    """``start`` when a case is handed to a worker, ``done`` after it is written (with its
+    result), ``retry`` when its worker died and it is run again (``error`` says why),
+    ``stopping`` when a signal asked the sweep to stop after the ``running`` cases.  In rounds
+    after the first, ``round`` > 1 and ``timing`` holds that round's samples (no ``result``)."""
 
-    kind: Literal["start", "done", "stopping"]
+    kind: Literal["start", "done", "retry", "stopping"]
     index: int  # 0-based position in the grid
     total: int
     case: Case
@@ -59,200 +69,12 @@ class ProgressEvent:
     rounds: int = 1
     units_done: int = 0  # (case, round) pairs finished, out of total * rounds
     timing: TimingStats | None = None
+    where: Placement | None = None  # the worker that ran it (done, retry)
+    running: int = 0  # jobs running when the event was sent
+    error: str = ""
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
-
-
-def device_sync(device: str) -> Callable[[], None]:
-    """A function that waits for the device's queued work (a no-op on the CPU)."""
-    if device.startswith("cuda"):
-        dev = torch.device(device)
-        return lambda: torch.cuda.synchronize(dev)
-    if device == "mps":
-        return torch.mps.synchronize
-    return lambda: None
-
-
-def make_input(case: Case, seed: int) -> torch.Tensor:
-    """The seeded (batch, n, d) input every layer of a case gets."""
-    # seed + 1: the input must not be the same random stream as the layer's weights.
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(case.batch, case.n, case.d, generator=gen)  # (B, n, d)
-    return x.to(device=case.device, dtype=DTYPES[case.dtype])
-
-
-@dataclass(frozen=True)
-class Step:
-    """One measured call of a case's layer on its input (calling it runs the call)."""
-
-    layer: nn.Module
-    x: torch.Tensor  # (B, n, d)
-    call: Callable[[], torch.Tensor]
-
-    def __call__(self) -> torch.Tensor:
-        return self.call()
-
-    def forward(self) -> torch.Tensor:
-        """A plain forward call (what ``seq_steps`` describes, in either mode)."""
-        with torch.no_grad():
-            return self.layer(self.x)
-
-
-def make_step(case: Case, seed: int) -> Step:
-    """One measured call: forward, or forward + backward (input and weight gradients)."""
-    layer = build_layer(case.layer, case.d, seed=seed, **case.layer_options())
-    layer = layer.to(device=case.device, dtype=DTYPES[case.dtype])
-    x = make_input(case, seed)  # (B, n, d)
-    if case.mode == "forward":
-
-        def forward() -> torch.Tensor:
-            with torch.no_grad():
-                return layer(x)
-
-        return Step(layer, x, forward)
-
-    x_train = x.clone().requires_grad_(True)
-    grad_out = torch.randn_like(x)  # (B, n, d)
-
-    def train() -> torch.Tensor:
-        layer.zero_grad(set_to_none=True)
-        x_train.grad = None
-        out = layer(x_train)
-        out.backward(grad_out)
-        return out
-
-    return Step(layer, x, train)
-
-
-def layer_builder(case: Case, seed: int) -> Callable[[int], nn.Module]:
-    """Builds the case's layer for any length n (for path-length probes); carries a cache key."""
-    options = case.layer_options()
-
-    def build(n: int) -> nn.Module:
-        return build_layer(case.layer, case.d, seed=seed, **{**options, "n": n})
-
-    build.cache_key = (case.layer, case.k, case.heads, case.window, seed)  # type: ignore[attr-defined]
-    return build
-
-
-# How allocation failures read when they are not torch.OutOfMemoryError: the CPU allocator's
-# RuntimeError ("DefaultCPUAllocator: can't allocate memory"), MPS, and oneDNN scratchpads.
-_OOM_TEXT = (
-    "out of memory",
-    "can't allocate memory",
-    "cannot allocate memory",
-    "not enough memory",
-)
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is an allocation failure, on any device."""
-    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT)
-
-
-def release_memory(device: str) -> None:
-    """Give memory held by a failed case back, so the next case starts clean."""
-    gc.collect()  # the failed call's tensors may sit in reference cycles through its traceback
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    elif device == "mps":
-        torch.mps.empty_cache()
-
-
-def measure_case(
-    case: Case,
-    *,
-    seed: int = 0,
-    policy: TimingPolicy = DEFAULT_POLICY,
-    clock: Clock = time.perf_counter,
-    max_case_s: float | None = None,
-) -> CaseResult:
-    """Measure one case: FLOPs (counted), peak memory (one call), then time (many calls).
-
-    A first call slower than ``max_case_s`` ends the case as ``timeout`` before the many timed
-    calls; an allocation failure ends it as ``oom``; any other error as ``failed``.
-    """
-    start = clock()
-    threads = torch.get_num_threads()
-    sync = device_sync(case.device)
-    try:
-        step = make_step(case, seed)
-        sync()
-        first_start = clock()
-        step()  # first call: lazy initialisation (positional table, kernels) stays unmeasured
-        sync()
-        first = clock() - first_start
-        if max_case_s is not None and first > max_case_s:
-            return CaseResult(
-                case=case,
-                status="timeout",
-                threads=threads,
-                wall_s=clock() - start,
-                error=f"one call took {fmt_seconds(first)}, over --max-case-seconds "
-                f"{fmt_seconds(max_case_s)}",
-            )
-        seq_steps = sequential_steps(step.forward)
-        path = path_length(
-            layer_builder(case, seed), case.n, case.d, scale=max(case.k or 0, case.window or 0)
-        )
-        flops = count_flops(step)
-        peak = peak_bytes(step, case.device)
-        timing = time_call(step, policy, clock=clock, sync=sync)
-    except Exception as exc:  # a case that breaks is recorded; the sweep goes on
-        status = "oom" if is_out_of_memory(exc) else "failed"
-        return _failed(case, status, exc, threads, clock() - start)
-    return CaseResult(
-        case=case,
-        status="ok",
-        threads=threads,
-        timing=timing,
-        peak_bytes=peak,
-        flops=flops,
-        flops_analytic=float(case.analytic_flops()),
-        seq_steps=seq_steps,
-        seq_steps_method=SEQ_METHOD,
-        path_len=path.value,
-        path_len_method=path.method,
-        wall_s=clock() - start,
-    )
-
-
-def _failed(case: Case, status: str, exc: BaseException, threads: int, wall: float) -> CaseResult:
-    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return CaseResult(
-        case=case,
-        status=status,
-        threads=threads,
-        wall_s=wall,
-        error=f"{type(exc).__name__}: {message}"[:300],
-    )
-
-
-def retime_case(
-    case: Case, *, seed: int, policy: TimingPolicy, clock: Clock = time.perf_counter
-) -> TimingStats | None:
-    """Another timing round of a case measured before: a fresh layer, one untimed call, then
-    the timed calls. None when it fails this time (the round is left out, the case kept)."""
-    sync = device_sync(case.device)
-    try:
-        step = make_step(case, seed)
-        step()  # (B, n, d): lazy initialisation stays unmeasured, as in the first round
-        sync()
-        return time_call(step, policy, clock=clock, sync=sync)
-    except Exception:
-        release_memory(case.device)
-        return None
-
-
-def prime_instruments() -> None:
-    """Pay the dispatch-mode and profiler start-up (about a second, once per process) up front,
-    so it is not charged to the first case's wall time."""
-    a = torch.ones(4, 4)
-    count_flops(lambda: a @ a)
-    peak_bytes(lambda: a @ a, "cpu")
 
 
 class _GracefulStop:
@@ -304,7 +126,9 @@ class _GracefulStop:
 
 def _blocking(status: str, error: str) -> bool:
     """Whether a case with this outcome means larger cases of its layer would fail too."""
-    return status in ("oom", "timeout") or error == DIED_ERROR
+    return (
+        status in ("oom", "timeout") or error == DIED_ERROR or error.startswith(WORKER_DIED_ERROR)
+    )
 
 
 @dataclass(frozen=True)
@@ -337,22 +161,47 @@ def run_sweep(
     clock: Clock = time.perf_counter,
     policy: TimingPolicy | None = None,
     calibration: Calibration | None = DEFAULT_CALIBRATION,
+    executor: Executor | None = None,
 ) -> RunResults:
     """Measure every case of ``grid`` into ``out_dir`` (default: a new folder under results/).
 
-    Each case is on disk before the next starts, so an interruption keeps what was measured.
-    ``calibration`` (None: off) is timed before every measured case.
+    Each case is on disk as soon as it finishes, so an interruption keeps what was measured.
+    ``calibration`` (None: off) is timed before every measured case, on its worker.
+    ``executor`` (default: serial, in this process, timed with ``clock``) runs the cases; the
+    grid's device must have been resolved by it (``build_grid(options, executor.resolve_device)``).
     Raises ``SweepInterrupted`` (exit code 130) after SIGINT / SIGTERM.
     """
-    _prepare(grid)
-    writer = ResultsWriter.create(
-        Path(out_dir) if out_dir is not None else default_out_dir(),
-        config=grid.to_dict(),
-        environment=environment(grid.device),
-    )
-    return _sweep(
-        writer, grid, None, progress=progress, clock=clock, policy=policy, calibration=calibration
-    )
+    with _executor(executor, clock) as runs_on:
+        _prepare(grid)
+        cluster = runs_on.start(grid)
+        writer = ResultsWriter.create(
+            Path(out_dir) if out_dir is not None else default_out_dir(),
+            config=grid.to_dict(),
+            environment=runs_on.environment(grid.device),
+        )
+        writer.set_cluster(cluster)
+        return _sweep(
+            writer,
+            grid,
+            None,
+            progress=progress,
+            policy=policy,
+            calibration=calibration,
+            executor=runs_on,
+        )
+
+
+@contextlib.contextmanager
+def _executor(executor: Executor | None, clock: Clock) -> Iterator[Executor]:
+    """The given executor (its caller closes it), or a serial one closed here."""
+    if executor is not None:
+        yield executor
+        return
+    serial = SerialExecutor(clock)
+    try:
+        yield serial
+    finally:
+        serial.close()
 
 
 # What must match for a resumed run to be comparable with its first part.
@@ -402,6 +251,7 @@ def resume_sweep(
     clock: Clock = time.perf_counter,
     policy: TimingPolicy | None = None,
     calibration: Calibration | None = DEFAULT_CALIBRATION,
+    executor: Executor | None = None,
 ) -> RunResults:
     """Measure the cases of a results folder that are not in it yet, with its recorded grid.
 
@@ -417,50 +267,239 @@ def resume_sweep(
             f"--resume {str(out_dir)!r}: process {pid} on this machine may still be writing "
             "this run; stop it first (or pass --force if that process is something else)"
         )
-    try:
-        recorded = grid_from_config(run.meta.get("config", {}))
-    except AttnbenchError as exc:
-        raise AttnbenchError(
-            f"--resume {str(out_dir)!r}: cannot rebuild the recorded sweep: {exc.message}"
-        ) from None
-    grid = build_grid({**recorded.to_options(), **overrides}) if overrides else recorded
-    _prepare(grid)
-    now_env = environment(grid.device)
-    config_changes = _changes(recorded.to_dict(), grid.to_dict(), grid.to_dict())
-    env_changes = _changes(run.meta.get("environment", {}), now_env, RESUME_ENVIRONMENT_KEYS)
-    if (config_changes or env_changes) and not force:
-        listed = ", ".join(
-            f"{key} {old!r} -> {new!r}"
-            for key, (old, new) in {**config_changes, **env_changes}.items()
+    with _executor(executor, clock) as runs_on:
+        try:
+            recorded = grid_from_config(run.meta.get("config", {}), runs_on.resolve_device)
+        except AttnbenchError as exc:
+            raise AttnbenchError(
+                f"--resume {str(out_dir)!r}: cannot rebuild the recorded sweep: {exc.message}"
+            ) from None
+        grid = (
+            build_grid({**recorded.to_options(), **overrides}, runs_on.resolve_device)
+            if overrides
+            else recorded
         )
-        what = "configuration" if config_changes else "environment"
-        raise AttnbenchError(
-            f"--resume {str(out_dir)!r}: the {what} differs from the recorded run ({listed}); "
-            "pass --force to resume anyway (the changes are recorded in run.json)"
+        _prepare(grid)
+        cluster = runs_on.start(grid)  # the environment names the workers' devices
+        now_env = runs_on.environment(grid.device)
+        config_changes = _changes(recorded.to_dict(), grid.to_dict(), grid.to_dict())
+        env_changes = _changes(run.meta.get("environment", {}), now_env, RESUME_ENVIRONMENT_KEYS)
+        if (config_changes or env_changes) and not force:
+            listed = ", ".join(
+                f"{key} {old!r} -> {new!r}"
+                for key, (old, new) in {**config_changes, **env_changes}.items()
+            )
+            what = "configuration" if config_changes else "environment"
+            raise AttnbenchError(
+                f"--resume {str(out_dir)!r}: the {what} differs from the recorded run ({listed}); "
+                "pass --force to resume anyway (the changes are recorded in run.json)"
+            )
+        writer = ResultsWriter.reopen(
+            out_dir,
+            {
+                "time": now_iso(),
+                "forced": bool(force and (config_changes or env_changes or pid)),
+                "config_changes": config_changes,
+                "environment_changes": env_changes,
+                "environment": now_env,
+                "cluster": cluster,
+            },
         )
-    writer = ResultsWriter.reopen(
-        out_dir,
-        {
-            "time": now_iso(),
-            "forced": bool(force and (config_changes or env_changes or pid)),
-            "config_changes": config_changes,
-            "environment_changes": env_changes,
-            "environment": now_env,
-        },
-    )
-    if config_changes:
-        writer.meta["config"] = grid.to_dict()
-    died = run.meta.get("current_case") if run.status == "running" else None
-    return _sweep(
-        writer,
-        grid,
-        run,
-        died=died,
-        progress=progress,
-        clock=clock,
-        policy=policy,
-        calibration=calibration,
-    )
+        if config_changes:
+            writer.meta["config"] = grid.to_dict()
+        died = run.meta.get("current_case") if run.status == "running" else None
+        return _sweep(
+            writer,
+            grid,
+            run,
+            died=died,
+            progress=progress,
+            policy=policy,
+            calibration=calibration,
+            executor=runs_on,
+        )
+
+
+class _Queue:
+    """The sweep's state, and the jobs it hands to idle workers in order: retries first, then
+    each case's first round in grid order, then later rounds (round by round, in grid order,
+    each on the device model its first round ran on).  Cases covered by a failure of a smaller
+    one, and one the previous process died in, are written as they come up, without a worker."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        writer: ResultsWriter,
+        previous: RunResults | None,
+        *,
+        died: str | None,
+        policy: TimingPolicy,
+        calibration: Calibration | None,
+        in_process: bool,
+        notify: Callable[..., None],
+        stop: _GracefulStop,
+    ) -> None:
+        self.grid, self.writer, self.notify, self.stop = grid, writer, notify, stop
+        self.cases = grid.cases()
+        self.index = {case.case_id: i for i, case in enumerate(self.cases)}
+        self.died, self.policy, self.calibration = died, policy, calibration
+        self.in_process = in_process
+        self.done: set[str] = set()
+        self.ok: set[str] = set()
+        self.rounds_done: dict[str, set[int]] = {}  # case_id -> rounds finished (or failed)
+        self.next_sample: dict[str, int] = {}
+        self.device_of: dict[str, str] = {}  # case_id -> device model of its first round
+        self.blocks: list[_Block] = []
+        self.running: dict[tuple[str, int], int] = {}  # (case_id, round) -> grid index
+        self.retries: deque[Job] = deque()
+        self.later: list[tuple[int, int]] = []  # heap of (round, grid index)
+        if previous is not None:
+            for row in previous.frame.itertuples():
+                self.done.add(row.case_id)
+                if row.status == "ok":
+                    self.ok.add(row.case_id)
+                    self.device_of[row.case_id] = row.device_name
+                if _blocking(row.status, row.error):
+                    self.blocks.append(_block(row.layer, row.n, row.d, row.status))
+            for case_id, group in previous.samples.groupby("case_id"):
+                self.rounds_done[str(case_id)] = set(group["round"].tolist())
+                self.next_sample[str(case_id)] = int(group["sample"].max()) + 1
+            for case_id in self.ok:
+                if case_id in self.index:
+                    self._queue_next_round(case_id)
+        self.completed = sum(case.case_id in self.done for case in self.cases)
+        self.first = deque(i for i, case in enumerate(self.cases) if case.case_id not in self.done)
+
+    def units_done(self) -> int:
+        """(case, round) pairs done: a case that did not measure has nothing left to do."""
+        total = 0
+        for case in self.cases:
+            if case.case_id in self.ok:
+                rounds = self.rounds_done.get(case.case_id, set())
+                total += len(rounds & set(range(1, self.grid.rounds + 1)))
+            elif case.case_id in self.done:
+                total += self.grid.rounds
+        return total
+
+    def _job(self, case: Case, round_: int) -> Job:
+        return Job(
+            case=case,
+            round=round_,
+            seed=self.grid.seed,
+            policy=self.policy,
+            max_case_s=self.grid.max_case_s,
+            calibration=self.calibration,
+            device_name=self.device_of.get(case.case_id) if round_ > 1 else None,
+        )
+
+    def _queue_next_round(self, case_id: str) -> None:
+        missing = set(range(2, self.grid.rounds + 1)) - self.rounds_done.get(case_id, set())
+        if missing:
+            heapq.heappush(self.later, (min(missing), self.index[case_id]))
+
+    def take(self, where: Placement) -> Job | None:
+        """The next job for a worker at ``where``, or None when there is none for it now."""
+        if self.stop.requested:
+            return None
+        job = self._next(where)
+        if job is None:
+            return None
+        self.running[(job.case.case_id, job.round)] = self.index[job.case.case_id]
+        if self.in_process:
+            # What a resumed run learns if this process dies: the case it died in.
+            if job.round == 1:
+                self.writer.begin(job.case)
+            elif self.writer.meta.get("current_case") is not None:
+                self.writer.begin(None)
+        self.notify("start", job.case, round_=job.round)
+        return job
+
+    def _next(self, where: Placement) -> Job | None:
+        for _ in range(len(self.retries)):
+            job = self.retries.popleft()
+            if job.device_name in (None, where.device_name):
+                return job
+            self.retries.append(job)
+        while self.first:
+            case = self.cases[self.first.popleft()]
+            unrun = self._unrun(case)
+            if unrun is None:
+                return self._job(case, 1)
+            self._write(unrun)  # never runs: written at once
+        passed: list[tuple[int, int]] = []
+        try:
+            while self.later:
+                round_, i = heapq.heappop(self.later)
+                case = self.cases[i]
+                if self.device_of.get(case.case_id, where.device_name) == where.device_name:
+                    return self._job(case, round_)
+                passed.append((round_, i))  # for a worker on its own device model
+        finally:
+            for item in passed:
+                heapq.heappush(self.later, item)
+        return None
+
+    def _unrun(self, case: Case) -> CaseResult | None:
+        """The row of a case that is not to be run (died in before, or blocked), else None."""
+        threads = self.grid.threads or torch.get_num_threads()
+        if case.case_id == self.died:
+            return CaseResult(case=case, status="failed", threads=threads, error=DIED_ERROR)
+        for block in self.blocks:
+            if block.covers(case):
+                return CaseResult(
+                    case=case, status="skipped", threads=threads, error=f"after {block.why}"
+                )
+        return None
+
+    def _write(self, result: CaseResult, point: TimingStats | None = None) -> None:
+        case = result.case
+        if _blocking(result.status, result.error):
+            self.blocks.append(_block(case.layer, case.n, case.d, result.status))
+        with self.stop.writing():
+            self.writer.append(result, point)
+        self.completed += 1
+        self.done.add(case.case_id)
+        if result.status == "ok" and result.timing is not None:
+            self.ok.add(case.case_id)
+            self.rounds_done[case.case_id] = {1}
+            self.next_sample[case.case_id] = result.timing.count
+            self.device_of[case.case_id] = result.device_name
+            self._queue_next_round(case.case_id)
+        self.notify("done", case, result)
+
+    def finish(self, done: JobDone) -> None:
+        """Write what a worker sends back; a job whose worker died runs once more elsewhere."""
+        job = done.job
+        case = job.case
+        self.running.pop((case.case_id, job.round), None)
+        if done.lost and job.attempt == 1:
+            self.retries.append(replace(job, attempt=2))
+            self.notify("retry", case, round_=job.round, where=done.where, error=done.lost)
+            return
+        if job.round == 1:
+            result = done.result
+            if done.lost or result is None:
+                where = done.where
+                result = CaseResult(
+                    case=case,
+                    status="failed",
+                    threads=where.threads if where else self.grid.threads or 0,
+                    error=f"{WORKER_DIED_ERROR}: {done.lost or 'no result came back'}"[:300],
+                    node=where.node if where else "",
+                    device_id=where.device_id if where else "",
+                    device_name=where.device_name if where else "",
+                )
+            self._write(result, done.point)
+            return
+        timing = None if done.lost else done.timing
+        if timing is not None:
+            first = self.next_sample.get(case.case_id, 0)
+            with self.stop.writing():
+                self.writer.append_round(case.case_id, job.round, first, timing, done.point)
+            self.next_sample[case.case_id] = first + timing.count
+        self.rounds_done.setdefault(case.case_id, set()).add(job.round)  # failed: not retried
+        self._queue_next_round(case.case_id)
+        self.notify("done", case, round_=job.round, timing=timing, where=done.where)
 
 
 def _sweep(
@@ -470,174 +509,69 @@ def _sweep(
     *,
     died: str | None = None,
     progress: ProgressCallback | None,
-    clock: Clock,
     policy: TimingPolicy | None,
     calibration: Calibration | None,
+    executor: Executor,
 ) -> RunResults:
     # The first call, the FLOP count and the memory profile precede timing: one more warm-up does.
     # The time budget is shared by the rounds.
     policy = policy or TimingPolicy(budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1)
     cases = grid.cases()
     writer.set_total(len(cases))
-    done: set[str] = set()
-    ok: set[str] = set()
-    rounds_done: dict[str, set[int]] = {}  # case_id -> rounds with samples on disk
-    next_sample: dict[str, int] = {}
-    blocks: list[_Block] = []
-    if previous is not None:
-        for row in previous.frame.itertuples():
-            done.add(row.case_id)
-            if row.status == "ok":
-                ok.add(row.case_id)
-            if _blocking(row.status, row.error):
-                blocks.append(_block(row.layer, row.n, row.d, row.status))
-        for case_id, group in previous.samples.groupby("case_id"):
-            rounds_done[str(case_id)] = set(group["round"].tolist())
-            next_sample[str(case_id)] = int(group["sample"].max()) + 1
-    completed = sum(case.case_id in done for case in cases)
+    if calibration is not None:
+        writer.set_calibration(calibration.describe())
+    last: dict[str, Any] = {}
 
-    def count_units() -> int:
-        """(case, round) pairs done: a case that did not measure has nothing left to do."""
-        total = 0
-        for case in cases:
-            if case.case_id in ok:
-                total += len(rounds_done.get(case.case_id, set()) & set(range(1, grid.rounds + 1)))
-            elif case.case_id in done:
-                total += grid.rounds
-        return total
-
-    def notify(
-        kind: Any,
-        index: int,
-        case: Case,
-        result: CaseResult | None = None,
-        round_: int = 1,
-        timing: TimingStats | None = None,
-    ) -> None:
+    def notify(kind: Any, case: Case, result: CaseResult | None = None, **more: Any) -> None:
+        last.update(case=case)
         if progress is not None:
             progress(
                 ProgressEvent(
                     kind,
-                    index,
+                    queue.index[case.case_id],
                     len(cases),
                     case,
                     result,
-                    completed,
-                    round_,
+                    queue.completed,
+                    more.pop("round_", 1),
                     grid.rounds,
-                    count_units(),
-                    timing,
+                    queue.units_done(),
+                    running=len(queue.running),
+                    **more,
                 )
             )
 
-    current: dict[str, Any] = {}
-
     def on_stop(_: str) -> None:
-        if current:
-            notify("stopping", current["index"], current["case"])
-
-    calibrate = None
-    if calibration is not None:
-        calibrate = calibration.timer(grid.device, device_sync(grid.device), clock)
-        writer.set_calibration(calibration.describe())
+        if queue.running and "case" in last:
+            notify("stopping", last["case"])
 
     with _GracefulStop(on_stop) as stop:
+        queue = _Queue(
+            grid,
+            writer,
+            previous,
+            died=died,
+            policy=policy,
+            calibration=calibration,
+            in_process=executor.in_process,
+            notify=notify,
+            stop=stop,
+        )
         try:
-            prime_instruments()
-            for index, case in enumerate(cases):
-                if case.case_id in done:
-                    continue
-                if stop.requested:
-                    break
-                current.update(index=index, case=case)
-                notify("start", index, case)
-                result, point = _run_one(case, grid, blocks, writer, died, policy, clock, calibrate)
-                if _blocking(result.status, result.error):
-                    blocks.append(_block(case.layer, case.n, case.d, result.status))
-                with stop.writing():
-                    writer.append(result, point)
-                completed += 1
-                done.add(case.case_id)
-                if result.status == "ok" and result.timing is not None:
-                    ok.add(case.case_id)
-                    rounds_done[case.case_id] = {1}
-                    next_sample[case.case_id] = result.timing.count
-                notify("done", index, case, result)
-            # Later rounds: every measured case timed again, in grid order, round after round,
-            # so each round of a case lies at another moment of the sweep.
-            for round_ in range(2, grid.rounds + 1):
-                if stop.requested:
-                    break
-                writer.begin(None)
-                for index, case in enumerate(cases):
-                    if case.case_id not in ok or round_ in rounds_done.setdefault(
-                        case.case_id, set()
-                    ):
-                        continue
-                    if stop.requested:
-                        break
-                    current.update(index=index, case=case)
-                    notify("start", index, case, round_=round_)
-                    point = _calibration_point(calibrate)
-                    timing = retime_case(case, seed=grid.seed, policy=policy, clock=clock)
-                    if timing is not None:
-                        with stop.writing():
-                            writer.append_round(
-                                case.case_id,
-                                round_,
-                                next_sample.get(case.case_id, 0),
-                                timing,
-                                point,
-                            )
-                        next_sample[case.case_id] = next_sample.get(case.case_id, 0) + timing.count
-                    rounds_done[case.case_id].add(round_)  # a failed round is not retried
-                    notify("done", index, case, round_=round_, timing=timing)
+            for done in executor.run(queue.take):
+                queue.finish(done)
         except KeyboardInterrupt:
             stop.signal_name = stop.signal_name or "SIGINT"
+        except AttnbenchError as exc:
+            writer.finish("interrupted")
+            raise AttnbenchError(
+                f"{exc.message}; the {queue.completed} finished case(s) are saved: "
+                f"attnbench sweep --resume {writer.out_dir}"
+            ) from None
         if stop.requested:
             writer.finish("interrupted")
             raise SweepInterrupted(
-                str(writer.out_dir), completed, len(cases), str(stop.signal_name)
+                str(writer.out_dir), queue.completed, len(cases), str(stop.signal_name)
             )
     writer.finish("complete")
     return load_results(writer.out_dir)
-
-
-def _calibration_point(calibrate: Callable[[], TimingStats] | None) -> TimingStats | None:
-    """One calibration point, or None (off, or the GEMM failed: the case is measured anyway)."""
-    if calibrate is None:
-        return None
-    try:
-        return calibrate()
-    except Exception:
-        return None
-
-
-def _run_one(
-    case: Case,
-    grid: Grid,
-    blocks: list[_Block],
-    writer: ResultsWriter,
-    died: str | None,
-    policy: TimingPolicy,
-    clock: Clock,
-    calibrate: Callable[[], TimingStats] | None,
-) -> tuple[CaseResult, TimingStats | None]:
-    """One case's result, and the calibration point timed just before it (if it was run)."""
-    threads = torch.get_num_threads()
-    if case.case_id == died:
-        return CaseResult(case=case, status="failed", threads=threads, error=DIED_ERROR), None
-    for block in blocks:
-        if block.covers(case):
-            skipped = CaseResult(
-                case=case, status="skipped", threads=threads, error=f"after {block.why}"
-            )
-            return skipped, None
-    writer.begin(case)
-    point = _calibration_point(calibrate)
-    result = measure_case(
-        case, seed=grid.seed, policy=policy, clock=clock, max_case_s=grid.max_case_s
-    )
-    if result.status != "ok":
-        release_memory(case.device)
-    return result, point

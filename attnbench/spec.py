@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -168,7 +168,7 @@ class Grid:
         }
 
 
-def grid_from_config(config: Mapping[str, Any]) -> Grid:
+def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None = None) -> Grid:
     """Rebuild (and re-validate) the grid a results folder recorded with ``Grid.to_dict``."""
     if not isinstance(config, Mapping):
         raise AttnbenchError("the recorded configuration is not a table of options")
@@ -179,7 +179,7 @@ def grid_from_config(config: Mapping[str, Any]) -> Grid:
             f"the recorded configuration has unknown key(s) {', '.join(unknown)}; "
             "was it written by a newer attnbench?"
         )
-    return build_grid({names.get(key, key): value for key, value in config.items()})
+    return build_grid({names.get(key, key): value for key, value in config.items()}, resolve)
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -285,6 +285,16 @@ def resolve_device(name: str) -> str:
     raise AttnbenchError(f"unknown device {name!r}; accepted: {DEVICE_CHOICES}")
 
 
+def local_device(name: str, dtype: str) -> str:
+    """A device of this machine (resolved), checked to compute in ``dtype`` natively."""
+    device = resolve_device(name)
+    check_dtype(dtype, device)
+    return device
+
+
+DeviceResolver = Callable[[str, str], str]  # (--device, --dtype) -> the device cases run on
+
+
 def _mps_available() -> bool:
     backend = getattr(torch.backends, "mps", None)
     return bool(backend and backend.is_available())
@@ -374,11 +384,11 @@ def _positive_seconds(value: Any, name: str) -> float:
     return float(value)
 
 
-def build_grid(options: Mapping[str, Any]) -> Grid:
+def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None) -> Grid:
     """Make a validated ``Grid`` from option values (CLI or config keys; None means default).
 
-    The device is resolved (``auto`` becomes what is there) and checked to exist; the dtype is
-    checked against it.
+    ``resolve`` turns the device name into the device cases run on, checked to exist with the
+    dtype: this machine's by default, an executor's workers' otherwise.
     """
     opts = {k: v for k, v in options.items() if v is not None}
     base = Grid()
@@ -427,8 +437,7 @@ def build_grid(options: Mapping[str, Any]) -> Grid:
             f"--window {grid.window} is larger than n={min(grid.ns)}; restricted attention needs "
             "r <= the smallest n (r >= n is full attention)"
         )
-    device = resolve_device(str(opts.get("device", base.device)))
-    check_dtype(dtype, device)
+    device = (resolve or local_device)(str(opts.get("device", base.device)), dtype)
     return replace(grid, mode=mode, time_budget_s=budget, dtype=dtype, device=device)
 
 

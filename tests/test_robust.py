@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnbench import runner as runner_module
+from attnbench import execute as execute_module
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import LAYERS, LayerInfo
 from attnbench.results import (
@@ -89,7 +89,7 @@ def test_oom_is_recorded_larger_cases_skipped_and_memory_released(
 ) -> None:
     _register(monkeypatch, "hungry", _hungry(16 * 8, kind))
     released: list[str] = []
-    monkeypatch.setattr(runner_module, "release_memory", released.append)
+    monkeypatch.setattr(execute_module, "release_memory", released.append)
     grid = build_grid(
         {"layers": "conv", "n": "8..64", "d": "8,16", "device": "cpu", "time_budget": 0.002}
     )
@@ -239,7 +239,7 @@ def test_resume_refuses_changes_unless_forced(
     def other_torch(device: str = "cpu") -> dict[str, object]:
         return {**real(device), "torch_version": "9.9.9"}
 
-    monkeypatch.setattr(runner_module, "environment", other_torch)
+    monkeypatch.setattr(execute_module, "environment", other_torch)
     with pytest.raises(AttnbenchError, match=r"environment differs .*torch_version"):
         resume_sweep(out)
     run = resume_sweep(out, {"n": "8,16"}, force=True)

@@ -77,6 +77,7 @@ def test_rounds_run_in_grid_order_after_the_first(three_rounds: tuple[RunResults
 def test_a_case_that_did_not_measure_is_not_timed_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    import attnbench.execute as execute_module
     import attnbench.runner as runner_module
 
     real = runner_module.measure_case
@@ -87,7 +88,7 @@ def test_a_case_that_did_not_measure_is_not_timed_again(
             return raise_oom
         return real(case, **kwargs)
 
-    monkeypatch.setattr(runner_module, "measure_case", oom_for_rnn)
+    monkeypatch.setattr(execute_module, "measure_case", oom_for_rnn)
     run = run_sweep(_grid(), tmp_path / "run", calibration=None)
     rounds = run.samples.groupby("case_id")["round"].nunique()
     assert "rnn/n=16/d=4/b=1/float32/cpu/forward" not in rounds.index

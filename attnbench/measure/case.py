@@ -1,0 +1,215 @@
+"""One case, measured: build the layer, then count, profile and time its real call.
+
+Everything here runs where the case runs (this process for a serial sweep, a worker for another
+executor), so it depends on nothing but the case, the seed and the timing policy.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnbench.layers import build_layer
+from attnbench.measure.flops import count_flops
+from attnbench.measure.memory import peak_bytes
+from attnbench.measure.structure import SEQ_METHOD, path_length, sequential_steps
+from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats, time_call
+from attnbench.results import CaseResult
+from attnbench.spec import DTYPES, Case
+from attnbench.units import fmt_seconds
+
+
+def device_sync(device: str) -> Callable[[], None]:
+    """A function that waits for the device's queued work (a no-op on the CPU)."""
+    if device.startswith("cuda"):
+        dev = torch.device(device)
+        return lambda: torch.cuda.synchronize(dev)
+    if device == "mps":
+        return torch.mps.synchronize
+    return lambda: None
+
+
+def make_input(case: Case, seed: int) -> torch.Tensor:
+    """The seeded (batch, n, d) input every layer of a case gets."""
+    # seed + 1: the input must not be the same random stream as the layer's weights.
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(case.batch, case.n, case.d, generator=gen)  # (B, n, d)
+    return x.to(device=case.device, dtype=DTYPES[case.dtype])
+
+
+@dataclass(frozen=True)
+class Step:
+    """One measured call of a case's layer on its input (calling it runs the call)."""
+
+    layer: nn.Module
+    x: torch.Tensor  # (B, n, d)
+    call: Callable[[], torch.Tensor]
+
+    def __call__(self) -> torch.Tensor:
+        return self.call()
+
+    def forward(self) -> torch.Tensor:
+        """A plain forward call (what ``seq_steps`` describes, in either mode)."""
+        with torch.no_grad():
+            return self.layer(self.x)
+
+
+def make_step(case: Case, seed: int) -> Step:
+    """One measured call: forward, or forward + backward (input and weight gradients)."""
+    layer = build_layer(case.layer, case.d, seed=seed, **case.layer_options())
+    layer = layer.to(device=case.device, dtype=DTYPES[case.dtype])
+    x = make_input(case, seed)  # (B, n, d)
+    if case.mode == "forward":
+
+        def forward() -> torch.Tensor:
+            with torch.no_grad():
+                return layer(x)
+
+        return Step(layer, x, forward)
+
+    x_train = x.clone().requires_grad_(True)
+    grad_out = torch.randn_like(x)  # (B, n, d)
+
+    def train() -> torch.Tensor:
+        layer.zero_grad(set_to_none=True)
+        x_train.grad = None
+        out = layer(x_train)
+        out.backward(grad_out)
+        return out
+
+    return Step(layer, x, train)
+
+
+def layer_builder(case: Case, seed: int) -> Callable[[int], nn.Module]:
+    """Builds the case's layer for any length n (for path-length probes); carries a cache key."""
+    options = case.layer_options()
+
+    def build(n: int) -> nn.Module:
+        return build_layer(case.layer, case.d, seed=seed, **{**options, "n": n})
+
+    build.cache_key = (case.layer, case.k, case.heads, case.window, seed)  # type: ignore[attr-defined]
+    return build
+
+
+# How allocation failures read when they are not torch.OutOfMemoryError: the CPU allocator's
+# RuntimeError ("DefaultCPUAllocator: can't allocate memory"), MPS, and oneDNN scratchpads.
+_OOM_TEXT = (
+    "out of memory",
+    "can't allocate memory",
+    "cannot allocate memory",
+    "not enough memory",
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure, on any device."""
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT)
+
+
+def release_memory(device: str) -> None:
+    """Give memory held by a failed case back, so the next case starts clean."""
+    gc.collect()  # the failed call's tensors may sit in reference cycles through its traceback
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    elif device == "mps":
+        torch.mps.empty_cache()
+
+
+def measure_case(
+    case: Case,
+    *,
+    seed: int = 0,
+    policy: TimingPolicy = DEFAULT_POLICY,
+    clock: Clock = time.perf_counter,
+    max_case_s: float | None = None,
+) -> CaseResult:
+    """Measure one case: FLOPs (counted), peak memory (one call), then time (many calls).
+
+    A first call slower than ``max_case_s`` ends the case as ``timeout`` before the many timed
+    calls; an allocation failure ends it as ``oom``; any other error as ``failed``.
+    """
+    start = clock()
+    threads = torch.get_num_threads()
+    sync = device_sync(case.device)
+    try:
+        step = make_step(case, seed)
+        sync()
+        first_start = clock()
+        step()  # first call: lazy initialisation (positional table, kernels) stays unmeasured
+        sync()
+        first = clock() - first_start
+        if max_case_s is not None and first > max_case_s:
+            return CaseResult(
+                case=case,
+                status="timeout",
+                threads=threads,
+                wall_s=clock() - start,
+                error=f"one call took {fmt_seconds(first)}, over --max-case-seconds "
+                f"{fmt_seconds(max_case_s)}",
+            )
+        seq_steps = sequential_steps(step.forward)
+        path = path_length(
+            layer_builder(case, seed), case.n, case.d, scale=max(case.k or 0, case.window or 0)
+        )
+        flops = count_flops(step)
+        peak = peak_bytes(step, case.device)
+        timing = time_call(step, policy, clock=clock, sync=sync)
+    except Exception as exc:  # a case that breaks is recorded; the sweep goes on
+        status = "oom" if is_out_of_memory(exc) else "failed"
+        return _failed(case, status, exc, threads, clock() - start)
+    return CaseResult(
+        case=case,
+        status="ok",
+        threads=threads,
+        timing=timing,
+        peak_bytes=peak,
+        flops=flops,
+        flops_analytic=float(case.analytic_flops()),
+        seq_steps=seq_steps,
+        seq_steps_method=SEQ_METHOD,
+        path_len=path.value,
+        path_len_method=path.method,
+        wall_s=clock() - start,
+    )
+
+
+def _failed(case: Case, status: str, exc: BaseException, threads: int, wall: float) -> CaseResult:
+    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return CaseResult(
+        case=case,
+        status=status,
+        threads=threads,
+        wall_s=wall,
+        error=f"{type(exc).__name__}: {message}"[:300],
+    )
+
+
+def retime_case(
+    case: Case, *, seed: int, policy: TimingPolicy, clock: Clock = time.perf_counter
+) -> TimingStats | None:
+    """Another timing round of a case measured before: a fresh layer, one untimed call, then
+    the timed calls. None when it fails this time (the round is left out, the case kept)."""
+    sync = device_sync(case.device)
+    try:
+        step = make_step(case, seed)
+        step()  # (B, n, d): lazy initialisation stays unmeasured, as in the first round
+        sync()
+        return time_call(step, policy, clock=clock, sync=sync)
+    except Exception:
+        release_memory(case.device)
+        return None
+
+
+def prime_instruments() -> None:
+    """Pay the dispatch-mode and profiler start-up (about a second, once per process) up front,
+    so it is not charged to the first case's wall time."""
+    a = torch.ones(4, 4)
+    count_flops(lambda: a @ a)
+    peak_bytes(lambda: a @ a, "cpu")

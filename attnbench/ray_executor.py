@@ -1,0 +1,317 @@
+"""The Ray executor: a sweep's cases on the workers of a Ray cluster (``--executor ray``).
+
+One long-lived actor per worker, so torch's import, the CUDA context and the profiler start-up
+are paid once per worker rather than once per case. A timed case never shares its device: a
+GPU worker holds one whole GPU (``num_gpus=1``), a CPU worker as many CPUs as it runs threads.
+A worker that dies (killed, out of memory, its node gone) loses only the job it was running; it
+is replaced, and the runner decides whether that job runs again.
+
+Importing this module imports Ray; ``attnbench.execute.make_executor`` does so only when asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from attnbench import __version__
+from attnbench.errors import AttnbenchError
+from attnbench.execute import Job, JobDone, Placement, Take, Worker
+from attnbench.results import environment
+from attnbench.spec import DEVICE_CHOICES, Grid, check_dtype
+
+try:
+    import ray
+    from ray.exceptions import RayError
+except ImportError:  # pragma: no cover - exercised by a test that hides ray
+    raise AttnbenchError(
+        '--executor ray needs Ray, which is not installed: pip install "attnbench[ray]"'
+    ) from None
+
+START_TIMEOUT_S = 120.0  # how long workers may take to start (placement, torch, CUDA)
+
+
+class RayWorker:
+    """The actor: one ``Worker`` on the device Ray gave it."""
+
+    def __init__(self, device: str, threads: int | None, dtype: str) -> None:
+        check_dtype(dtype, device)  # on the worker's own GPU, not the driver's
+        device_id = device
+        if device.startswith("cuda"):
+            ids = ray.get_gpu_ids()  # the physical GPU; the actor sees it as cuda:0
+            device_id = f"cuda:{ids[0]}" if ids else device
+        self.worker = Worker(device, threads, device_id=device_id)
+
+    def describe(self) -> dict[str, Any]:
+        return self.worker.describe()
+
+    def run(self, job: Job) -> JobDone:
+        return self.worker.run(job)
+
+
+def death_reason(exc: BaseException) -> str:
+    """One line saying why a Ray worker died or could not start."""
+    text = str(exc)
+    # The cause Ray reports last is the most specific: an exception raised in the actor's
+    # creation ("AttnbenchError: ...") or the death cause ("The actor died because ...").
+    raised = re.findall(r"^\s*(?:\w+\.)*(\w+(?:Error|Exception)): (.+)$", text, re.MULTILINE)
+    if raised and raised[-1][0] not in ("ActorDiedError", "RayActorError"):
+        kind, message = raised[-1]
+        return f"{kind}: {message.strip()}"[:240]
+    for line in text.splitlines():
+        line = line.strip()
+        if "died" in line.lower() or "killed" in line.lower() or "exit" in line.lower():
+            return line[:240]
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first}"[:240]
+
+
+class RayExecutor:
+    """Runs jobs on a Ray cluster: ``address`` as ``ray.init`` takes it ("auto" for the
+    cluster ``ray start`` made here, ``ray://host:10001`` for a remote one; None starts a local
+    instance unless Ray is already initialised in this process)."""
+
+    name = "ray"
+    in_process = False
+
+    def __init__(
+        self,
+        address: str | None = None,
+        workers: int | None = None,
+        *,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        if workers is not None and workers < 1:
+            raise AttnbenchError(f"--workers must be 1 or more, got {workers}")
+        self.address = address
+        self.max_workers = workers
+        self.start_timeout_s = start_timeout_s
+        self._owns_ray = False
+        if not ray.is_initialized():
+            try:
+                ray.init(
+                    address=address,
+                    include_dashboard=False,
+                    logging_level=logging.ERROR,
+                    log_to_driver=False,
+                )
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = f"at {address!r}" if address else "here"
+                raise AttnbenchError(
+                    f"no Ray cluster {where}: {str(exc).splitlines()[0] if str(exc) else exc}; "
+                    "start one with `ray start --head`, or leave out --address for a local one"
+                ) from None
+            self._owns_ray = True
+        self._actors: dict[Any, Placement] = {}  # live, started actors -> where they run
+        self._starting_actors: dict[Any, Any] = {}  # start reference -> actor not started yet
+        self._record: dict[str, Any] = {}
+        self._options: dict[str, Any] = {}
+        self._args: tuple[Any, ...] = ()
+
+    # -- what the cluster has
+
+    def _nodes(self) -> list[dict[str, Any]]:
+        return [node for node in ray.nodes() if node.get("Alive")]
+
+    def _gpus(self) -> int:
+        return int(ray.cluster_resources().get("GPU", 0))
+
+    def resolve_device(self, name: str, dtype: str) -> str:
+        name = name.strip().lower()
+        gpus = self._gpus()
+        if name == "auto":
+            return "cuda:0" if gpus else "cpu"
+        if name == "cpu":
+            return "cpu"
+        if name in ("cuda", "cuda:0"):
+            if not gpus:
+                cpus = int(ray.cluster_resources().get("CPU", 0))
+                raise AttnbenchError(
+                    f"--device {name}: the Ray cluster has no GPU (it has {cpus} CPUs); "
+                    "try --device cpu"
+                )
+            return "cuda:0"  # what each GPU worker sees its own GPU as
+        if re.fullmatch(r"cuda:\d+", name):
+            raise AttnbenchError(
+                f"--device {name}: with --executor ray every worker holds one GPU and sees it as "
+                "cuda:0; pass --device cuda to use all of the cluster's GPUs"
+            )
+        if name == "mps":
+            raise AttnbenchError("--executor ray runs cases on cpu or cuda, not mps")
+        raise AttnbenchError(f"unknown device {name!r}; accepted: {DEVICE_CHOICES}")
+
+    def environment(self, device: str) -> dict[str, Any]:
+        """This (driver) machine's record, with the workers' devices and threads."""
+        env = environment("cpu")
+        workers = self._record.get("workers", [])
+        names = sorted({w["device_name"] for w in workers})
+        threads = sorted({w["threads"] for w in workers})
+        env.update(
+            device=device,
+            device_name=" + ".join(names),
+            torch_threads=threads[0] if len(threads) == 1 else threads,
+            cuda_device_count=sum(w["device_id"].startswith("cuda") for w in workers),
+        )
+        return env
+
+    # -- workers
+
+    def start(self, grid: Grid) -> dict[str, Any]:
+        if self._record:
+            return self._record
+        nodes = self._nodes()
+        threads = grid.threads
+        if grid.device.startswith("cuda"):
+            count = self._gpus()
+            self._options = {"num_gpus": 1, "num_cpus": threads or 1}
+        else:
+            threads = threads or torch.get_num_threads()
+            cpus = [int(node["Resources"].get("CPU", 0)) for node in nodes]
+            count = sum(c // threads for c in cpus)
+            if count == 0:
+                raise AttnbenchError(
+                    f"--threads {threads}: no Ray node has {threads} CPUs (the largest has "
+                    f"{max(cpus, default=0)}); pass a smaller --threads"
+                )
+            self._options = {"num_cpus": threads}
+        if self.max_workers is not None:
+            count = min(count, self.max_workers)
+        self._args = (grid.device, threads, grid.dtype)
+        failures = self._await_start([self._spawn() for _ in range(count)])
+        if not self._actors:
+            raise AttnbenchError(f"no Ray worker could start: {failures[0]}")
+        versions = {p["attnbench_version"] for p in self._describe()}
+        if versions != {__version__}:
+            raise AttnbenchError(
+                f"the Ray workers run attnbench {', '.join(sorted(versions))}, this machine "
+                f"{__version__}: install the same version on every node"
+            )
+        self._record = {
+            "executor": self.name,
+            "address": self.address or "local",
+            "ray_version": ray.__version__,
+            "nodes": [
+                {
+                    "hostname": node.get("NodeManagerHostname"),
+                    "address": node.get("NodeManagerAddress"),
+                    "cpus": node["Resources"].get("CPU", 0),
+                    "gpus": node["Resources"].get("GPU", 0),
+                }
+                for node in nodes
+            ],
+            "worker_resources": self._options,
+            "workers": self._describe(),
+            "workers_failed": failures,
+        }
+        return self._record
+
+    @property
+    def workers(self) -> int:
+        return len(self._actors)
+
+    def _spawn(self) -> Any:
+        """A new actor, and the reference that resolves once it has started."""
+        actor = (
+            ray.remote(RayWorker)
+            .options(max_restarts=0, max_task_retries=0, **self._options)
+            .remote(*self._args)
+        )
+        ref = actor.describe.remote()
+        self._starting_actors[ref] = actor
+        return ref
+
+    def _describe(self) -> list[dict[str, Any]]:
+        return ray.get([actor.describe.remote() for actor in self._actors])
+
+    def _await_start(self, refs: list[Any]) -> list[str]:
+        """Wait for the actors behind ``refs`` to start; why the others did not."""
+        failures: list[str] = []
+        deadline = time.monotonic() + self.start_timeout_s
+        while refs:
+            ready, refs = ray.wait(
+                refs, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+            )
+            if not ready:
+                break
+            self._started(ready[0], failures)
+        for ref in refs:  # never placed in time: the cluster is short of resources
+            ray.kill(self._starting_actors.pop(ref), no_restart=True)
+            failures.append(f"not started within {self.start_timeout_s:.0f} s")
+        return failures
+
+    def _started(self, ref: Any, failures: list[str]) -> Any | None:
+        """Make the actor behind ``ref`` a worker; None (and why, in ``failures``) if it died."""
+        actor = self._starting_actors.pop(ref)
+        try:
+            described = ray.get(ref)
+        except RayError as exc:
+            failures.append(death_reason(exc))
+            return None
+        self._actors[actor] = Placement(
+            node=described["node"],
+            device_id=described["device_id"],
+            device_name=described["device_name"],
+            threads=described["threads"],
+        )
+        return actor
+
+    # -- running
+
+    def run(self, take: Take) -> Iterator[JobDone]:
+        idle = list(self._actors)
+        running: dict[Any, tuple[Any, Job]] = {}
+        replacing: list[Any] = []  # start references of replacement actors
+        failures: list[str] = []
+        waiting_since = time.monotonic()
+        while True:
+            for actor in list(idle):
+                job = take(self._actors[actor])
+                if job is not None:
+                    idle.remove(actor)
+                    running[actor.run.remote(job)] = (actor, job)
+            if not running and (idle or not replacing):
+                return  # nothing running, and nothing left for any worker
+            ready, _ = ray.wait([*running, *replacing], num_returns=1, timeout=1.0)
+            if not ready:
+                if not running and time.monotonic() - waiting_since > self.start_timeout_s:
+                    raise AttnbenchError(
+                        f"every Ray worker died and none could be started again within "
+                        f"{self.start_timeout_s:.0f} s ({'; '.join(failures) or 'no resources'})"
+                    )
+                continue
+            ref = ready[0]
+            if ref in replacing:
+                replacing.remove(ref)
+                actor = self._started(ref, failures)
+                if actor is not None:
+                    idle.append(actor)
+                elif not self._actors and not replacing and not running:
+                    raise AttnbenchError(f"every Ray worker died: {failures[-1]}")
+                continue
+            actor, job = running.pop(ref)
+            try:
+                done = ray.get(ref)
+            except RayError as exc:  # the worker died (or its node): replace it
+                where = self._actors.pop(actor)
+                ray.kill(actor, no_restart=True)
+                replacing.append(self._spawn())
+                waiting_since = time.monotonic()
+                yield JobDone(job, where, lost=death_reason(exc))
+                continue
+            idle.append(actor)
+            yield done
+
+    def close(self) -> None:
+        for actor in [*self._actors, *self._starting_actors.values()]:
+            with contextlib.suppress(RayError):
+                ray.kill(actor, no_restart=True)
+        self._actors.clear()
+        self._starting_actors.clear()
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
