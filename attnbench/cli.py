@@ -164,9 +164,9 @@ def _thresholds(
 
 def _fail(exc: AttnbenchError) -> typer.Exit:
     if isinstance(exc, SweepInterrupted):
-        err.print(f"[bold yellow]interrupted:[/] {exc.message}", soft_wrap=True)
+        err.print(f"[bold yellow]interrupted:[/] {escape(exc.message)}", soft_wrap=True)
     else:
-        err.print(f"[bold red]error:[/] {exc.message}", soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
     return typer.Exit(exc.exit_code)
 
 
@@ -577,6 +577,9 @@ def sweep(
         runs_on = make_executor(executor, address=address, workers=workers)
         with (
             contextlib.closing(runs_on),
+            # stdout carries --json / --markdown only: what a library prints while the sweep
+            # runs (Ray reports dead workers there) goes to stderr with the progress.
+            contextlib.redirect_stdout(sys.stderr),
             SweepProgress(err, quiet=quiet, where=not runs_on.in_process) as progress,
         ):
             if resume is not None:

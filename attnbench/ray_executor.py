@@ -266,7 +266,7 @@ class RayExecutor:
     def run(self, take: Take) -> Iterator[JobDone]:
         idle = list(self._actors)
         running: dict[Any, tuple[Any, Job]] = {}
-        replacing: list[Any] = []  # start references of replacement actors
+        replacing = list(self._starting_actors)  # replacements still starting (a resume)
         failures: list[str] = []
         waiting_since = time.monotonic()
         while True:

@@ -1,0 +1,214 @@
+"""The Ray executor on a local Ray instance (ray.init(num_cpus=2)): the same rows as a serial
+sweep, workers killed in the middle of a case, interruption and resume, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray_layers
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.errors import AttnbenchError, SweepInterrupted
+from attnbench.layers import LAYERS, LayerInfo
+from attnbench.results import RUN_FILE, WORKER_DIED_ERROR, load_results
+from attnbench.runner import ProgressEvent, resume_sweep, run_sweep
+from attnbench.spec import Grid, build_grid
+from attnbench.theory import THEORY, LayerTheory
+
+ray = pytest.importorskip("ray", reason='the Ray tests need pip install "attnbench[ray]"')
+from attnbench.ray_executor import RayExecutor, death_reason  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def marker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("marker")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray(marker_dir: Path) -> Iterator[None]:
+    """One local Ray instance with two CPUs for the module; the test layers live in its workers."""
+    ray.cloudpickle.register_pickle_by_value(ray_layers)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={
+            "worker_process_setup_hook": ray_layers.register,
+            "env_vars": {"ATTNBENCH_TEST_DIR": str(marker_dir)},
+        },
+    )
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def test_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same layers in this process, so that grids may name them."""
+    for name, module in ray_layers.TEST_LAYERS.items():
+        monkeypatch.setitem(LAYERS, name, LayerInfo(name, module, (), "test layer"))
+        monkeypatch.setitem(THEORY, name, LayerTheory("O(1)", ()))
+
+
+def _grid(executor: RayExecutor | None = None, **extra: object) -> Grid:
+    options = {"layers": "conv,rnn,attention", "n": "8,16", "d": "8", "heads": 2, "threads": 1}
+    options = {**options, "time_budget": 0.01, **extra}
+    return build_grid(options, executor.resolve_device if executor else None)
+
+
+@pytest.fixture
+def executor() -> Iterator[RayExecutor]:
+    runs_on = RayExecutor()
+    yield runs_on
+    runs_on.close()
+
+
+def test_a_ray_sweep_has_the_rows_of_a_serial_one(tmp_path: Path, executor: RayExecutor) -> None:
+    serial = run_sweep(_grid(rounds=2), tmp_path / "serial")
+    events: list[ProgressEvent] = []
+    run = run_sweep(
+        _grid(executor, rounds=2), tmp_path / "ray", executor=executor, progress=events.append
+    )
+    assert sorted(run.frame["case_id"]) == sorted(serial.frame["case_id"])
+    for column in ("status", "flops", "seq_steps", "path_len", "threads", "device_name"):
+        assert (
+            run.frame.set_index("case_id")[column].to_dict()
+            == serial.frame.set_index("case_id")[column].to_dict()
+        ), column
+    assert set(run.frame["node"]) == {socket.gethostname()}
+    assert set(run.frame["device_id"]) == {"cpu"}
+    assert set(run.samples.groupby("case_id")["round"].nunique()) == {2}
+    cluster = run.meta["cluster"]
+    assert cluster["executor"] == "ray" and cluster["worker_resources"] == {"num_cpus": 1}
+    assert len(cluster["workers"]) == 2  # two CPUs, one thread per case
+    assert len({w["pid"] for w in cluster["workers"]}) == 2
+    assert all(w["pid"] != os.getpid() for w in cluster["workers"])  # not in this process
+    assert max(e.running for e in events) == 2  # two cases at once
+    assert run.meta["current_case"] is None and run.status == "complete"
+
+
+def _kill_when_written(marker: Path, killed: list[int]) -> threading.Thread:
+    """Kill (SIGKILL) the process whose pid appears in ``marker``, from outside."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if marker.is_file() and marker.read_text():
+                pid = int(marker.read_text())
+                time.sleep(0.5)  # well inside the case
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_worker_killed_in_a_case_is_survived_and_the_case_retried(
+    tmp_path: Path, marker_dir: Path, executor: RayExecutor, test_layers: None
+) -> None:
+    killed: list[int] = []
+    watcher = _kill_when_written(marker_dir / "pid", killed)
+    events: list[ProgressEvent] = []
+    grid = _grid(executor, layers="killed-once,conv")
+    run = run_sweep(grid, tmp_path / "run", executor=executor, progress=events.append)
+    watcher.join(timeout=1)
+    assert killed, "the layer never started"
+    retries = [e for e in events if e.kind == "retry"]
+    assert len(retries) == 1 and retries[0].case.layer == "killed-once"
+    assert retries[0].error  # Ray's reason, in one line
+    assert "\n" not in retries[0].error
+    rows = run.frame.set_index("case_id")
+    assert set(rows["status"]) == {"ok"}  # the retry measured it on another worker
+    assert len(rows) == 4
+    pids = {w["pid"] for w in run.meta["cluster"]["workers"]}
+    assert killed[0] in pids  # a worker of the sweep, not this process
+
+
+def test_a_case_that_kills_every_worker_is_failed_with_the_reason(
+    tmp_path: Path, executor: RayExecutor, test_layers: None
+) -> None:
+    events: list[ProgressEvent] = []
+    grid = _grid(executor, layers="doomed,conv", n="8,16,32,64")
+    run = run_sweep(grid, tmp_path / "run", executor=executor, progress=events.append)
+    rows = run.frame.set_index("case_id")
+    doomed = rows[rows["layer"] == "doomed"]
+    assert doomed.loc["doomed/n=8/d=8/b=1/float32/cpu/forward", "status"] == "failed"
+    died = doomed[doomed["status"] == "failed"]
+    assert all(e.startswith(WORKER_DIED_ERROR) for e in died["error"])
+    assert set(doomed["status"]) <= {"failed", "skipped"}
+    assert "skipped" in set(doomed["status"])  # larger cases, after the second death
+    assert set(rows.loc[rows["layer"] == "conv", "status"]) == {"ok"}
+    assert sum(e.kind == "retry" for e in events) == len(died)  # each died once before failing
+
+
+def test_an_interrupted_ray_sweep_is_finished_by_resume(
+    tmp_path: Path, executor: RayExecutor
+) -> None:
+    out = tmp_path / "run"
+
+    def stop_after_first(event: ProgressEvent) -> None:
+        if event.kind == "done" and event.completed == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(SweepInterrupted):
+        run_sweep(_grid(executor), out, executor=executor, progress=stop_after_first)
+    stopped = load_results(out)
+    assert stopped.status == "interrupted" and 1 <= len(stopped.frame) <= 2
+    run = resume_sweep(out, executor=executor)
+    assert len(run.frame) == 6 and set(run.frame["status"]) == {"ok"}
+    assert run.meta["resumes"][0]["cluster"]["executor"] == "ray"
+
+
+def test_devices_are_checked_against_the_cluster(executor: RayExecutor) -> None:
+    assert executor.resolve_device("auto", "float32") == "cpu"
+    with pytest.raises(AttnbenchError, match="the Ray cluster has no GPU"):
+        executor.resolve_device("cuda", "float32")
+    with pytest.raises(AttnbenchError, match="pass --device cuda to use all"):
+        executor.resolve_device("cuda:1", "float32")
+    with pytest.raises(AttnbenchError, match="no Ray node has 3 CPUs"):
+        executor.start(_grid(executor, threads=3))
+
+
+def test_death_reasons_are_one_line() -> None:
+    text = (
+        "The actor died because of an error raised in its creation task, "
+        "ray::RayWorker.__init__() (pid=1, ip=1)\n  File x\n"
+        "attnbench.errors.AttnbenchError: dtype bfloat16 is not supported natively on cuda:0"
+    )
+    assert death_reason(RuntimeError(text)) == (
+        "AttnbenchError: dtype bfloat16 is not supported natively on cuda:0"
+    )
+    assert death_reason(
+        RuntimeError(
+            "The actor died unexpectedly before finishing this task.\n\tclass_name: RayWorker"
+        )
+    ) == ("The actor died unexpectedly before finishing this task.")
+
+
+def test_the_cli_runs_a_sweep_through_ray(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["sweep", "--executor", "ray", "--layers", "conv", "--n", "8,16", "--d", "8"]
+    result = CliRunner().invoke(
+        app, [*args, "--threads", "1", "--time-budget", "0.01", "--out", str(out), "--no-charts"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "through ray on 2 worker(s)" in result.output
+    assert "on " + socket.gethostname() + " cpu" in result.output  # each case names its worker
+    meta = json.loads((out / RUN_FILE).read_text())
+    assert meta["cluster"]["executor"] == "ray"
+    bad = CliRunner().invoke(app, [*args, "--device", "cuda", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "has no GPU" in bad.output
+    assert "Traceback" not in bad.output
