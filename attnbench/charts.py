@@ -7,6 +7,7 @@ interquartile band from the raw samples, and theory is drawn dashed.
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -380,13 +381,36 @@ def plot_run(
     """Draw and save a run's charts (into ``<run>/charts`` by default); the files written."""
     if run.measured.empty:
         raise AttnbenchError(f"{run.path} has no measured cases to plot")
+    out_dir = out_dir or run.path / CHARTS_DIR
+    devices = run.devices
+    if len(devices) > 1:
+        # Cases of one sweep measured on different device models (a mixed cluster): one set of
+        # charts per model, in its own folder, since times of two models are not one curve.
+        written: list[Path] = []
+        for device in devices:
+            mine = run.for_device(device)
+            figures = build_charts(mine, analyse(mine, layers), names)
+            for figure in figures.values():
+                figure.suptitle(f"{figure.get_suptitle()}\non {device}")
+            written += save_charts(figures, out_dir / device_folder(device), formats)
+        if not written:
+            raise AttnbenchError(
+                f"nothing to plot in {run.path}: no device has a layer measured "
+                "at two sizes or more"
+            )
+        return written
     analysis = analysis or analyse(run, layers)
     figures = build_charts(run, analysis, names)
     if not figures:
         raise AttnbenchError(
             f"nothing to plot in {run.path}: each chart needs a layer measured at two sizes or more"
         )
-    return save_charts(figures, out_dir or run.path / CHARTS_DIR, formats)
+    return save_charts(figures, out_dir, formats)
+
+
+def device_folder(device: str) -> str:
+    """A folder name for a device model: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
+    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "device"
 
 
 # ----------------------------------------------------------------------------- positional encoding

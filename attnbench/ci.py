@@ -84,8 +84,14 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
     normalized = bool(comparison.calibration)
     rows = []
     for r in comparison.times.itertuples():
-        row = {
-            "layer": r.layer,
+        row = {"layer": r.layer}
+        if comparison.by_device:
+            row["device"] = (
+                r.device_new
+                if r.device_new == r.device_base
+                else (f"{r.device_base} -> {r.device_new}")
+            )
+        row |= {
             "n": str(r.n),
             "d": str(r.d),
             "baseline": fmt_seconds(r.time_base_s),
@@ -100,8 +106,10 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
         rows.append(row)
     overall: Mapping[str, TimeVerdict] = comparison.overall
     judged = comparison.overall_verdict
-    last = {
-        "layer": "OVERALL",
+    last = {"layer": "OVERALL"}
+    if comparison.by_device:
+        last["device"] = ""
+    last |= {
         "n": "",
         "d": "",
         "baseline": "",

@@ -296,8 +296,12 @@ def _int_or_dash(value: Any) -> str:
 
 def _summary_tables(run: RunResults, console: Console, *, verb: str = "written to") -> None:
     frame = run.frame
-    for layer, group in frame.groupby("layer", sort=False):
-        table = Table(title=f"{layer}", title_justify="left", title_style="bold")
+    # One table per layer; per layer and device model when the cases ran on several.
+    keys = ["layer", "device_name"] if len(run.devices) > 1 else ["layer"]
+    for key, group in frame.groupby(keys, sort=False):
+        layer, *device = key if isinstance(key, tuple) else (key,)
+        title = f"{layer} on {device[0] or 'no device (not run)'}" if device else f"{layer}"
+        table = Table(title=escape(title), title_justify="left", title_style="bold")
         for col, justify in [
             ("n", "right"),
             ("d", "right"),

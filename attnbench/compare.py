@@ -230,6 +230,14 @@ class Comparison:
     calibration: dict[str, float] = field(default_factory=dict)  # base_s, new_s, ratio
 
     @property
+    def by_device(self) -> bool:
+        """Whether the runs span several device models (the table then names each case's)."""
+        if self.times.empty:
+            return False
+        names = set(self.times["device_base"]) | set(self.times["device_new"])
+        return len(names - {""}) > 1
+
+    @property
     def judged_on(self) -> str:
         """Which times the verdicts judge: ``normalized`` or ``raw``."""
         return "normalized" if self.thresholds.normalize else "raw"
@@ -304,6 +312,23 @@ def _calibration(base: RunResults, new: RunResults, normalize: bool) -> dict[str
     return {"base_s": base_s, "new_s": new_s, "ratio": new_s / base_s}
 
 
+def _scales(
+    run: RunResults, run_s: float | None, normalize: bool, by_device: bool
+) -> dict[str, float]:
+    """What to multiply a case's times by, per device model ("" for any other): 1 when not
+    normalising, else one over the median calibration GEMM (of the case's own device model,
+    when the runs span several)."""
+    if not normalize or run_s is None:
+        return {"": 1.0}
+    scales = {"": 1 / run_s}
+    if by_device:
+        for device in run.devices:
+            own = run.for_device(device).calibration_s
+            if own is not None:
+                scales[device] = 1 / own
+    return scales
+
+
 def compare_runs(
     baseline: RunResults, current: RunResults, thresholds: Thresholds = Thresholds()
 ) -> Comparison:
@@ -325,7 +350,15 @@ def compare_runs(
     same_device = baseline.meta.get("environment", {}).get("device_name") == current.meta.get(
         "environment", {}
     ).get("device_name")
-    if not same_device:
+    devices = list(dict.fromkeys([*baseline.devices, *current.devices]))
+    by_device = len(devices) > 1  # a run spread over device models (a mixed cluster)
+    if by_device:
+        warnings.append(
+            f"the runs span {len(devices)} device models ({', '.join(devices)}): each case is "
+            "compared only with the same model"
+            + (", normalised by that model's calibration" if thresholds.normalize else "")
+        )
+    elif not same_device:
         warnings.append("peak memory is compared only between runs on the same device")
     single = [
         name for name, run in (("baseline", baseline), ("current", current)) if run.rounds == 1
@@ -341,36 +374,49 @@ def compare_runs(
             f"{len(only_baseline)} case(s) only in the baseline and {len(only_current)} only "
             "in the current run are listed, not judged"
         )
-    scale_base = 1 / calibration["base_s"] if thresholds.normalize else 1.0
-    scale_new = 1 / calibration["new_s"] if thresholds.normalize else 1.0
+    scales_base = _scales(baseline, calibration.get("base_s"), thresholds.normalize, by_device)
+    scales_new = _scales(current, calibration.get("new_s"), thresholds.normalize, by_device)
+    other_model = 0
 
     time_rows: list[dict[str, Any]] = []
     count_rows: list[dict[str, Any]] = []
     for case_id in shared:
         b, n = base.loc[case_id], new.loc[case_id]
+        device_base, device_new = str(b["device_name"]), str(n["device_name"])
+        # Rows name their device model; rows of older runs do not, and the runs' do.
+        same_model = device_base == device_new if device_base and device_new else same_device
         row: dict[str, Any] = {
             "case_id": case_id,
             "layer": b["layer"],
             "n": int(b["n"]),
             "d": int(b["d"]),
+            "device_base": device_base,
+            "device_new": device_new,
             "status_base": b["status"],
             "status_new": n["status"],
             "status_verdict": UNCHANGED,
         }
         both_ok = b["status"] == "ok" and n["status"] == "ok"
+        timed = both_ok and (same_model or not by_device)
+        if both_ok and not timed:
+            other_model += 1
         if b["status"] == "ok" and n["status"] != "ok":
             row["status_verdict"] = REGRESSION  # it measured before; now it fails or is skipped
         elif b["status"] != "ok" and n["status"] == "ok":
             row["status_verdict"] = IMPROVEMENT
-        base_rounds = baseline.rounds_for(case_id) if both_ok else []
-        new_rounds = current.rounds_for(case_id) if both_ok else []
+        base_rounds = baseline.rounds_for(case_id) if timed else []
+        new_rounds = current.rounds_for(case_id) if timed else []
+        scale_base = scales_base.get(device_base, scales_base[""])
+        scale_new = scales_new.get(device_new, scales_new[""])
         judged, unit = judge_rounds(
             [[s * scale_base for s in r] for r in base_rounds],
             [[s * scale_new for s in r] for r in new_rounds],
             thresholds,
         )
         raw_ratio = n["time_s"] / b["time_s"] if both_ok else math.nan
-        norm_ratio = raw_ratio / calibration["ratio"] if calibration else math.nan
+        norm_ratio = raw_ratio * scale_new / scale_base if thresholds.normalize else math.nan
+        if not thresholds.normalize and calibration:
+            norm_ratio = raw_ratio / calibration["ratio"]
         row.update(
             time_base_s=b["time_s"] if both_ok else math.nan,
             time_new_s=n["time_s"] if both_ok else math.nan,
@@ -378,7 +424,7 @@ def compare_runs(
             samples_new=sum(len(r) for r in new_rounds),
             rounds_base=len(base_rounds),
             rounds_new=len(new_rounds),
-            unit=unit if both_ok else "",
+            unit=unit if timed else "",
             ratio=raw_ratio,
             ratio_normalized=norm_ratio,
             ratio_judged=judged.ratio,
@@ -387,7 +433,7 @@ def compare_runs(
         )
         time_rows.append(row)
         for metric in COUNT_METRICS:
-            comparable = both_ok and (metric != "peak_bytes" or same_device)
+            comparable = both_ok and (metric != "peak_bytes" or same_model)
             tolerance = thresholds.memory_tolerance if metric == "peak_bytes" else 0.0
             base_v = float(b[metric]) if comparable and not pd.isna(b[metric]) else math.nan
             new_v = float(n[metric]) if comparable and not pd.isna(n[metric]) else math.nan
@@ -404,7 +450,14 @@ def compare_runs(
                     "verdict": judge_count(base_v, new_v, tolerance),
                 }
             )
+    if other_model:
+        warnings.append(
+            f"{other_model} case(s) ran on another device model in each run: their times are "
+            "not compared"
+        )
     times = pd.DataFrame(time_rows)
+    if by_device:  # grouped by device model, grid order within each
+        times = times.sort_values("device_new", kind="stable").reset_index(drop=True)
     ok = times[times["verdict"] != NOT_COMPARED]
     overall = {"raw": judge_overall(ok["ratio"].tolist(), thresholds)}
     if calibration:

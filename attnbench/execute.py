@@ -183,6 +183,7 @@ class SerialExecutor:
         self.clock = clock
         self._worker: Worker | None = None
         self._record: dict[str, Any] = {}
+        self._threads_before = torch.get_num_threads()
 
     def resolve_device(self, name: str, dtype: str) -> str:
         return local_device(name, dtype)
@@ -192,6 +193,7 @@ class SerialExecutor:
 
     def start(self, grid: Grid) -> dict[str, Any]:
         if self._worker is None:
+            self._threads_before = torch.get_num_threads()  # --threads applies to the sweep only
             self._worker = Worker(grid.device, grid.threads, clock=self.clock)
             self._record = {
                 "executor": self.name,
@@ -211,6 +213,8 @@ class SerialExecutor:
             yield self._worker.run(job)
 
     def close(self) -> None:
+        if self._worker is not None:
+            torch.set_num_threads(self._threads_before)
         self._worker = None
 
 

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -427,6 +427,27 @@ class RunResults:
     def measured(self) -> pd.DataFrame:
         """The rows with measurements (status ``ok``): what charts, fits and comparisons use."""
         return self.frame[self.frame["status"] == "ok"]
+
+    @property
+    def devices(self) -> list[str]:
+        """The device models the measured cases ran on, in order of appearance (none for runs
+        made before rows named their device)."""
+        names = self.measured["device_name"]
+        return list(dict.fromkeys(names[names != ""]))
+
+    def for_device(self, name: str) -> RunResults:
+        """This run restricted to the cases measured on device model ``name`` (with their
+        samples and calibration points): what a chart or a fit of one device reads."""
+        frame = self.frame[self.frame["device_name"] == name].reset_index(drop=True)
+        ids = set(frame["case_id"])
+        return replace(
+            self,
+            frame=frame,
+            samples=self.samples[self.samples["case_id"].isin(ids)].reset_index(drop=True),
+            calibration=self.calibration[self.calibration["before_case"].isin(ids)].reset_index(
+                drop=True
+            ),
+        )
 
     @property
     def status(self) -> str:

@@ -148,11 +148,6 @@ def _block(layer: str, n: int, d: int, status: str) -> _Block:
     return _Block(layer, int(n), int(d), f"{layer} n={n} d={d} {why}")
 
 
-def _prepare(grid: Grid) -> None:
-    if grid.threads is not None:
-        torch.set_num_threads(grid.threads)
-
-
 def run_sweep(
     grid: Grid,
     out_dir: Path | str | None = None,
@@ -172,8 +167,7 @@ def run_sweep(
     Raises ``SweepInterrupted`` (exit code 130) after SIGINT / SIGTERM.
     """
     with _executor(executor, clock) as runs_on:
-        _prepare(grid)
-        cluster = runs_on.start(grid)
+        cluster = runs_on.start(grid)  # before the environment, which records its threads
         writer = ResultsWriter.create(
             Path(out_dir) if out_dir is not None else default_out_dir(),
             config=grid.to_dict(),
@@ -279,8 +273,7 @@ def resume_sweep(
             if overrides
             else recorded
         )
-        _prepare(grid)
-        cluster = runs_on.start(grid)  # the environment names the workers' devices
+        cluster = runs_on.start(grid)  # before the environment: the workers' devices, threads
         now_env = runs_on.environment(grid.device)
         config_changes = _changes(recorded.to_dict(), grid.to_dict(), grid.to_dict())
         env_changes = _changes(run.meta.get("environment", {}), now_env, RESUME_ENVIRONMENT_KEYS)

@@ -43,8 +43,9 @@ def make_run(
 ) -> RunResults:
     """A results folder written by the real writer from synthetic measurements.
 
-    ``cases`` maps (layer, n) to overrides: samples, status, flops, peak, steps, path. The
-    samples are split into ``rounds`` timing rounds, written as a sweep writes them.
+    ``cases`` maps (layer, n) to overrides: samples, status, flops, peak, steps, path, device
+    (the model the row names) and calibration (that case's GEMM seconds). The samples are split
+    into ``rounds`` timing rounds, written as a sweep writes them.
     """
     writer = ResultsWriter.create(path, CONFIG, {**ENV, **(env or {})})
     if calibration_s is not None:
@@ -57,7 +58,8 @@ def make_run(
         timing = TimingStats(tuple(first), 1, sum(first)) if status == "ok" else None
         point = None
         if calibration_s is not None and status == "ok":
-            point = TimingStats(tuple(noisy(calibration_s, 5, seed=100 + i)), 1, 5 * calibration_s)
+            gemm_s = spec.get("calibration", calibration_s)
+            point = TimingStats(tuple(noisy(gemm_s, 5, seed=100 + i)), 1, 5 * gemm_s)
         ok = status == "ok"
         writer.append(
             CaseResult(
@@ -71,6 +73,7 @@ def make_run(
                 seq_steps=spec.get("steps", 1) if ok else None,
                 path_len=spec.get("path", n // 2) if ok else None,
                 error="" if ok else "RuntimeError: out of memory",
+                device_name=spec.get("device", ""),
             ),
             point,
         )

@@ -165,3 +165,23 @@ def test_parse_options():
     assert parse_formats("PNG,svg") == ["png", "svg"]
     with pytest.raises(AttnbenchError, match="unknown format gif"):
         parse_formats("gif")
+
+
+def test_a_run_over_two_device_models_gets_charts_per_model(wide_run: RunResults, tmp_path):
+    """Cases of one grid on two GPU models (a mixed cluster): one set of charts per model."""
+    from dataclasses import replace
+
+    frame = wide_run.frame.copy()
+    frame["device_name"] = np.where(frame["d"] == 8, "GPU model A", "GPU model B")
+    mixed = replace(wide_run, frame=frame)
+    assert mixed.devices == ["GPU model A", "GPU model B"]
+    only_a = mixed.for_device("GPU model A")
+    assert set(only_a.frame["d"]) == {8}
+    assert set(only_a.samples["case_id"]) <= set(only_a.frame["case_id"])
+    paths = charts.plot_run(mixed, names=["time"], formats=["svg"], out_dir=tmp_path)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in paths) == [
+        "gpu-model-a/time.svg",
+        "gpu-model-b/time.svg",
+    ]
+    assert "on GPU model B" in (tmp_path / "gpu-model-b" / "time.svg").read_text()
+    assert charts.device_folder("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"

@@ -160,7 +160,7 @@ def test_yes_lets_a_large_sweep_start(tmp_path: Path, monkeypatch: pytest.Monkey
 
     started: list[int] = []
 
-    def fake_run(grid, out_dir, progress):  # type: ignore[no-untyped-def]
+    def fake_run(grid, out_dir, progress, executor):  # type: ignore[no-untyped-def]
         started.append(len(grid.cases()))
         raise AttnbenchError("stop here")
 

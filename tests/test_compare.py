@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from synthetic import case, cases_grid, make_run, noisy
 
+from attnbench.ci import display_table
 from attnbench.compare import (
     IMPROVEMENT,
     NOT_COMPARED,
@@ -267,3 +268,61 @@ def test_an_unknown_gate_is_an_error(tmp_path: Path) -> None:
     c = compare_runs(make_run(tmp_path / "a", cases_grid()), make_run(tmp_path / "b", cases_grid()))
     with pytest.raises(AttnbenchError, match="--fail-on 'sometimes'"):
         c.regressions("sometimes")
+
+
+# ----------------------------------------------------------------------------- device models
+
+
+def _two_models(slow_b: float = 1.0, gemm_b: float = 1e-3) -> dict[tuple[str, int], dict]:
+    """conv on model A, rnn on model B (as a mixed Ray cluster spreads one grid)."""
+    cases: dict[tuple[str, int], dict] = {}
+    for i, n in enumerate((32, 64, 128, 256)):
+        cases[("conv", n)] = {"device": "GPU A", "samples": noisy(1e-3, seed=i)}
+        cases[("rnn", n)] = {
+            "device": "GPU B",
+            "samples": noisy(2e-3 * slow_b, seed=10 + i),
+            "calibration": gemm_b,
+        }
+    return cases
+
+
+def test_runs_over_two_device_models_are_compared_model_by_model(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "a", _two_models())
+    new = make_run(tmp_path / "b", _two_models())
+    assert base.devices == ["GPU A", "GPU B"]
+    result = compare_runs(base, new)
+    assert result.by_device
+    assert list(result.times["device_new"]) == ["GPU A"] * 4 + ["GPU B"] * 4  # grouped
+    assert set(result.times["verdict"]) == {UNCHANGED}
+    assert any("span 2 device models" in w for w in result.warnings)
+    table = display_table(result)
+    assert list(table.columns[:3]) == ["layer", "device", "n"]
+    assert table["device"].iloc[0] == "GPU A" and table["device"].iloc[-2] == "GPU B"
+
+
+def test_a_case_on_another_model_in_each_run_is_not_compared(tmp_path: Path) -> None:
+    moved = _two_models()
+    moved[("conv", 64)] = {"device": "GPU B", "samples": noisy(3e-3, seed=1), "peak": 99999}
+    result = compare_runs(make_run(tmp_path / "a", _two_models()), make_run(tmp_path / "b", moved))
+    row = result.times.set_index("case_id").loc[case("conv", 64).case_id]
+    assert row["verdict"] == NOT_COMPARED and row["device_base"] == "GPU A"
+    assert not result.failed("all")  # 3x slower, but on another model; memory not compared
+    counts = result.counts[result.counts["case_id"] == case("conv", 64).case_id]
+    assert counts.set_index("metric").loc["peak_bytes", "verdict"] == NOT_COMPARED
+    assert any("1 case(s) ran on another device model" in w for w in result.warnings)
+    table = display_table(result)
+    moved_row = table[(table["layer"] == "conv") & (table["n"] == "64")]
+    assert list(moved_row["device"]) == ["GPU A -> GPU B"]
+
+
+def test_normalising_uses_each_models_own_calibration(tmp_path: Path) -> None:
+    """Model B's machines got twice as slow (GEMM and cases alike); model A did not."""
+    base = make_run(tmp_path / "a", _two_models())
+    new = make_run(tmp_path / "b", _two_models(slow_b=2.0, gemm_b=2e-3))
+    raw = compare_runs(base, new, Thresholds(max_slowdown=0.1))
+    assert set(raw.times.loc[raw.times["layer"] == "rnn", "verdict"]) == {REGRESSION}
+    normalized = compare_runs(base, new, Thresholds(max_slowdown=0.1, normalize=True))
+    assert set(normalized.times["verdict"]) == {UNCHANGED}
+    rnn = normalized.times[normalized.times["layer"] == "rnn"]
+    assert rnn["ratio_normalized"].between(0.9, 1.1).all()
+    assert rnn["ratio"].between(1.8, 2.2).all()

@@ -273,3 +273,13 @@ def grid_policy(grid: Grid) -> Any:
     from attnbench.measure import TimingPolicy
 
     return TimingPolicy(budget_s=grid.time_budget_s, warmup_calls=1)
+
+
+def test_a_serial_sweep_leaves_the_callers_thread_count(tmp_path: Path) -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    run = run_sweep(_grid(threads=before + 1), tmp_path / "run", calibration=None)
+    assert set(run.frame["threads"]) == {before + 1}  # the cases ran with --threads
+    assert run.meta["environment"]["torch_threads"] == before + 1
+    assert torch.get_num_threads() == before
