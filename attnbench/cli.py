@@ -658,7 +658,27 @@ def _new_sweep(
             f"{_duration(estimate)} or more -> {out_dir}",
             soft_wrap=True,
         )
+        shared = _shared_cpu_nodes(cluster, grid.device)
+        if shared:
+            err.print(
+                f"[yellow]note:[/] {escape(shared)} run several cases at once on their CPUs: "
+                "concurrent cases share memory bandwidth and caches, so their times are higher "
+                "than alone (1.4x in the median on a 2-core VM); for times to publish, pass "
+                "--threads with a node's core count (one case per node)",
+                soft_wrap=True,
+            )
     return run_sweep(grid, out_dir, progress=progress, executor=executor)
+
+
+def _shared_cpu_nodes(cluster: dict[str, Any], device: str) -> str:
+    """The nodes where several CPU workers measure at once ("" when none does)."""
+    if device != "cpu":
+        return ""
+    per_node: dict[str, int] = {}
+    for worker in cluster.get("workers", []):
+        per_node[worker["node"]] = per_node.get(worker["node"], 0) + 1
+    crowded = [f"{node} ({count} workers)" for node, count in per_node.items() if count > 1]
+    return ", ".join(crowded)
 
 
 def _workers_text(cluster: dict[str, Any]) -> str:

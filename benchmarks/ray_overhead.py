@@ -1,12 +1,12 @@
 """What the Ray executor costs against a serial sweep of the same grid, and whether it changes
 the times it measures.
 
-Runs one grid four ways in this process: serial; Ray with one worker (the executor's own
-overhead, nothing in parallel); Ray with as many one-thread workers as there are CPUs (what a
-user gets); then serial again (how much two serial runs differ on this machine, the yardstick
-for the ratios). Every case uses --threads 1 so that each worker's case has the CPU it reserved.
+Runs one grid three ways in this process, interleaved, --repeat times: serial; Ray with one
+worker (the executor's own overhead, nothing in parallel); Ray with as many one-thread workers
+as there are CPUs (what a user gets). Every case uses --threads 1, so that each worker's case
+has the CPU it reserved. A serial warm-up sweep comes first (the process's first torch calls).
 
-    python benchmarks/ray_overhead.py [--n 64..1024] [--d 64] [--layers conv,rnn,attention]
+    python benchmarks/ray_overhead.py [--n 64..1024] [--d 64] [--layers ...] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -16,35 +16,27 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import ray
 
+from attnbench.execute import Executor, SerialExecutor
 from attnbench.ray_executor import RayExecutor
-from attnbench.results import RunResults
 from attnbench.runner import run_sweep
 from attnbench.spec import build_grid
 
 
-def _sweep(options: dict[str, Any], out: Path, executor: RayExecutor | None) -> dict[str, Any]:
-    start = time.perf_counter()
-    started = 0.0
-    if executor is not None:
-        grid = build_grid(options, executor.resolve_device)
-        executor.start(grid)
-        started = time.perf_counter() - start
-    else:
-        grid = build_grid(options)
+def _sweep(options: dict[str, Any], out: Path, executor: Executor) -> dict[str, Any]:
+    """One sweep: seconds to start the workers, then seconds of the sweep itself."""
+    t0 = time.perf_counter()
+    grid = build_grid(options, executor.resolve_device)
+    executor.start(grid)
+    t1 = time.perf_counter()
     run = run_sweep(grid, out, executor=executor)
-    return {"run": run, "wall": time.perf_counter() - start, "start": started}
-
-
-def _ratios(run: RunResults, reference: RunResults) -> list[float]:
-    a = run.measured.set_index("case_id")["time_s"]
-    b = reference.measured.set_index("case_id")["time_s"]
-    shared = a.index.intersection(b.index)
-    return [float(a[c] / b[c]) for c in shared]
+    return {"run": run, "start": t1 - t0, "sweep": time.perf_counter() - t1}
 
 
 def main() -> None:
@@ -53,7 +45,7 @@ def main() -> None:
     parser.add_argument("--n", default="64..1024")
     parser.add_argument("--d", default="64")
     parser.add_argument("--time-budget", type=float, default=0.1)
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     options = {
         "layers": args.layers,
@@ -61,50 +53,62 @@ def main() -> None:
         "d": args.d,
         "threads": 1,
         "time_budget": args.time_budget,
-        "rounds": args.rounds,
     }
     cpus = os.cpu_count() or 1
-    rows: list[tuple[str, dict[str, Any]]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        rows.append(("serial", _sweep(options, Path(tmp) / "serial", None)))
-        t0 = time.perf_counter()
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
-        ray_init = time.perf_counter() - t0
-        try:
-            for workers in (1, cpus):
-                executor = RayExecutor(workers=workers)
-                try:
-                    out = Path(tmp) / f"ray{workers}"
-                    rows.append((f"ray, {workers} worker(s)", _sweep(options, out, executor)))
-                finally:
-                    executor.close()
-        finally:
-            ray.shutdown()
-        rows.append(("serial again", _sweep(options, Path(tmp) / "serial2", None)))
+    t0 = time.perf_counter()
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    ray_init = time.perf_counter() - t0
+    kinds: list[tuple[str, Callable[[], Executor]]] = [
+        ("serial", SerialExecutor),
+        ("ray, 1 worker", lambda: RayExecutor(workers=1)),
+        (f"ray, {cpus} workers", lambda: RayExecutor(workers=cpus)),
+    ]
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in kinds}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            _sweep(options, Path(tmp) / "warm-up", SerialExecutor())  # first torch calls
+            for rep in range(args.repeat):  # interleaved, so a slow minute hits every kind
+                for name, make in kinds:
+                    executor = make()
+                    try:
+                        out = Path(tmp) / f"{rep}-{name.replace(' ', '').replace(',', '-')}"
+                        found[name].append(_sweep(options, out, executor))
+                    finally:
+                        executor.close()
+    finally:
+        ray.shutdown()
 
-    serial = rows[0][1]
-    cases = len(serial["run"].frame)
+    # The reference time of a case: its median over the serial sweeps.
+    serial_times = pd.concat(
+        [r["run"].measured.set_index("case_id")["time_s"] for r in found["serial"]], axis=1
+    ).median(axis=1)
+    cases = len(serial_times)
+    serial_sweep = statistics.median(r["sweep"] for r in found["serial"])
     print(
-        f"grid: {args.layers}, n={args.n}, d={args.d}, threads 1, {cases} cases, "
-        f"budget {args.time_budget} s, {args.rounds} round(s); {cpus} CPUs; "
+        f"grid: {args.layers}, n={args.n}, d={args.d}, --threads 1, {cases} cases, budget "
+        f"{args.time_budget} s; {cpus} CPUs; {args.repeat} sweeps of each kind, interleaved; "
         f"ray.init {ray_init:.1f} s"
     )
     print(
-        f"{'executor':<20} {'wall s':>7} {'workers up s':>12} {'sweep s':>8} "
-        f"{'per case ms':>11} {'median ratio':>12} {'ratio range':>15}"
+        f"{'executor':<16} {'start s':>8} {'sweep s':>8} {'vs serial':>9} {'ms/case':>8} "
+        f"{'time ratio':>10} {'ratio p10..p90':>15}"
     )
-    for name, row in rows:
-        sweep_s = row["wall"] - row["start"]
-        ratios = _ratios(row["run"], serial["run"]) if row is not serial else [1.0]
-        overhead = (sweep_s - (serial["wall"])) / cases * 1e3 if row is not serial else 0.0
+    for name, _ in kinds:
+        runs = found[name]
+        sweep = statistics.median(r["sweep"] for r in runs)
+        start = statistics.median(r["start"] for r in runs)
+        ratios = pd.concat(
+            [r["run"].measured.set_index("case_id")["time_s"] / serial_times for r in runs]
+        )
         print(
-            f"{name:<20} {row['wall']:>7.1f} {row['start']:>12.1f} {sweep_s:>8.1f} "
-            f"{overhead:>+11.1f} {statistics.median(ratios):>12.3f} "
-            f"{min(ratios):>7.3f}..{max(ratios):<7.3f}"
+            f"{name:<16} {start:>8.2f} {sweep:>8.2f} {sweep / serial_sweep:>8.2f}x "
+            f"{(sweep - serial_sweep) / cases * 1e3:>+8.1f} {ratios.median():>10.3f} "
+            f"{ratios.quantile(0.1):>7.3f}..{ratios.quantile(0.9):<7.3f}"
         )
     print(
-        "per case ms: (sweep s - serial wall s) / cases, start-up excluded; "
-        "ratio: time_s of each case / the first serial run's"
+        "start: build the grid and start the workers (medians); sweep: the sweep itself; "
+        "ms/case: (sweep - serial sweep) / cases; time ratio: each case's median time / its "
+        "median over the serial sweeps (serial's own spread is the noise floor)"
     )
 
 
