@@ -111,7 +111,7 @@ class RayExecutor:
         self._actors: dict[Any, Placement] = {}  # live, started actors -> where they run
         self._starting_actors: dict[Any, Any] = {}  # start reference -> actor not started yet
         self._record: dict[str, Any] = {}
-        self._options: dict[str, Any] = {}
+        self.worker_resources: dict[str, Any] = {}
         self._args: tuple[Any, ...] = ()
 
     # -- what the cluster has
@@ -169,7 +169,7 @@ class RayExecutor:
         threads = grid.threads
         if grid.device.startswith("cuda"):
             count = self._gpus()
-            self._options = {"num_gpus": 1, "num_cpus": threads or 1}
+            self.worker_resources = {"num_gpus": 1, "num_cpus": threads or 1}
         else:
             threads = threads or torch.get_num_threads()
             cpus = [int(node["Resources"].get("CPU", 0)) for node in nodes]
@@ -179,7 +179,7 @@ class RayExecutor:
                     f"--threads {threads}: no Ray node has {threads} CPUs (the largest has "
                     f"{max(cpus, default=0)}); pass a smaller --threads"
                 )
-            self._options = {"num_cpus": threads}
+            self.worker_resources = {"num_cpus": threads}
         if self.max_workers is not None:
             count = min(count, self.max_workers)
         self._args = (grid.device, threads, grid.dtype)
@@ -205,7 +205,7 @@ class RayExecutor:
                 }
                 for node in nodes
             ],
-            "worker_resources": self._options,
+            "worker_resources": self.worker_resources,
             "workers": self._describe(),
             "workers_failed": failures,
         }
@@ -219,7 +219,7 @@ class RayExecutor:
         """A new actor, and the reference that resolves once it has started."""
         actor = (
             ray.remote(RayWorker)
-            .options(max_restarts=0, max_task_retries=0, **self._options)
+            .options(max_restarts=0, max_task_retries=0, **self.worker_resources)
             .remote(*self._args)
         )
         ref = actor.describe.remote()

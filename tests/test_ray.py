@@ -212,3 +212,21 @@ def test_the_cli_runs_a_sweep_through_ray(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, [*args, "--device", "cuda", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "has no GPU" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_gpu_workers_hold_one_gpu_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU path without a GPU: the cluster claims two, so two one-GPU workers are asked for;
+    Ray cannot place them here, and the sweep says so instead of waiting for ever."""
+    runs_on = RayExecutor(start_timeout_s=3)
+    try:
+        monkeypatch.setattr(runs_on, "_gpus", lambda: 2)
+        assert runs_on.resolve_device("auto", "float32") == "cuda:0"
+        grid = build_grid(
+            {"layers": "conv", "n": "8", "d": "8", "device": "cuda"}, runs_on.resolve_device
+        )
+        assert grid.device == "cuda:0"  # what each worker sees its own GPU as
+        with pytest.raises(AttnbenchError, match="no Ray worker could start: not started within"):
+            runs_on.start(grid)
+        assert runs_on.worker_resources == {"num_gpus": 1, "num_cpus": 1}
+    finally:
+        runs_on.close()
