@@ -183,10 +183,13 @@ class RayExecutor:
         if self.max_workers is not None:
             count = min(count, self.max_workers)
         self._args = (grid.device, threads, grid.dtype)
+        if count == 0:
+            raise AttnbenchError(f"the Ray cluster has no GPU for --device {grid.device}")
         failures = self._await_start([self._spawn() for _ in range(count)])
         if not self._actors:
             raise AttnbenchError(f"no Ray worker could start: {failures[0]}")
-        versions = {p["attnbench_version"] for p in self._describe()}
+        workers = self._describe()
+        versions = {w["attnbench_version"] for w in workers}
         if versions != {__version__}:
             raise AttnbenchError(
                 f"the Ray workers run attnbench {', '.join(sorted(versions))}, this machine "
@@ -206,7 +209,7 @@ class RayExecutor:
                 for node in nodes
             ],
             "worker_resources": self.worker_resources,
-            "workers": self._describe(),
+            "workers": workers,
             "workers_failed": failures,
         }
         return self._record
