@@ -86,11 +86,8 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
     for r in comparison.times.itertuples():
         row = {"layer": r.layer}
         if comparison.by_device:
-            row["device"] = (
-                r.device_new
-                if r.device_new == r.device_base
-                else (f"{r.device_base} -> {r.device_new}")
-            )
+            moved = r.device_new != r.device_base
+            row["device"] = f"{r.device_base} -> {r.device_new}" if moved else r.device_new
         row |= {
             "n": str(r.n),
             "d": str(r.d),

@@ -312,14 +312,11 @@ def _calibration(base: RunResults, new: RunResults, normalize: bool) -> dict[str
     return {"base_s": base_s, "new_s": new_s, "ratio": new_s / base_s}
 
 
-def _scales(
-    run: RunResults, run_s: float | None, normalize: bool, by_device: bool
-) -> dict[str, float]:
-    """What to multiply a case's times by, per device model ("" for any other): 1 when not
-    normalising, else one over the median calibration GEMM (of the case's own device model,
-    when the runs span several)."""
-    if not normalize or run_s is None:
-        return {"": 1.0}
+def _scales(run: RunResults, run_s: float | None, by_device: bool) -> dict[str, float]:
+    """What normalising multiplies a case's times by: one over the median calibration GEMM, per
+    device model when the runs span several ("" for the whole run); empty without calibration."""
+    if run_s is None:
+        return {}
     scales = {"": 1 / run_s}
     if by_device:
         for device in run.devices:
@@ -374,8 +371,9 @@ def compare_runs(
             f"{len(only_baseline)} case(s) only in the baseline and {len(only_current)} only "
             "in the current run are listed, not judged"
         )
-    scales_base = _scales(baseline, calibration.get("base_s"), thresholds.normalize, by_device)
-    scales_new = _scales(current, calibration.get("new_s"), thresholds.normalize, by_device)
+    # Empty when the runs cannot be normalised against each other (see _calibration).
+    scales_base = _scales(baseline, calibration.get("base_s"), by_device)
+    scales_new = _scales(current, calibration.get("new_s"), by_device)
     other_model = 0
 
     time_rows: list[dict[str, Any]] = []
@@ -406,17 +404,16 @@ def compare_runs(
             row["status_verdict"] = IMPROVEMENT
         base_rounds = baseline.rounds_for(case_id) if timed else []
         new_rounds = current.rounds_for(case_id) if timed else []
-        scale_base = scales_base.get(device_base, scales_base[""])
-        scale_new = scales_new.get(device_new, scales_new[""])
+        norm_base = scales_base.get(device_base, scales_base.get("", math.nan))
+        norm_new = scales_new.get(device_new, scales_new.get("", math.nan))
+        scale_base, scale_new = (norm_base, norm_new) if thresholds.normalize else (1.0, 1.0)
         judged, unit = judge_rounds(
             [[s * scale_base for s in r] for r in base_rounds],
             [[s * scale_new for s in r] for r in new_rounds],
             thresholds,
         )
         raw_ratio = n["time_s"] / b["time_s"] if both_ok else math.nan
-        norm_ratio = raw_ratio * scale_new / scale_base if thresholds.normalize else math.nan
-        if not thresholds.normalize and calibration:
-            norm_ratio = raw_ratio / calibration["ratio"]
+        norm_ratio = raw_ratio * norm_new / norm_base
         row.update(
             time_base_s=b["time_s"] if both_ok else math.nan,
             time_new_s=n["time_s"] if both_ok else math.nan,
