@@ -383,11 +383,9 @@ def compare_runs(
         device_base, device_new = str(b["device_name"]), str(n["device_name"])
         # Rows name their device model; rows of older runs do not, and the runs' do.
         same_model = device_base == device_new if device_base and device_new else same_device
+        ident = {"case_id": case_id, "layer": b["layer"], "n": int(b["n"]), "d": int(b["d"])}
         row: dict[str, Any] = {
-            "case_id": case_id,
-            "layer": b["layer"],
-            "n": int(b["n"]),
-            "d": int(b["d"]),
+            **ident,
             "device_base": device_base,
             "device_new": device_new,
             "status_base": b["status"],
@@ -436,10 +434,7 @@ def compare_runs(
             new_v = float(n[metric]) if comparable and not pd.isna(n[metric]) else math.nan
             count_rows.append(
                 {
-                    "case_id": case_id,
-                    "layer": b["layer"],
-                    "n": int(b["n"]),
-                    "d": int(b["d"]),
+                    **ident,
                     "metric": metric,
                     "base": base_v,
                     "new": new_v,

@@ -343,7 +343,7 @@ class _Queue:
         self.next_sample: dict[str, int] = {}
         self.device_of: dict[str, str] = {}  # case_id -> device model of its first round
         self.blocks: list[_Block] = []
-        self.running: dict[tuple[str, int], int] = {}  # (case_id, round) -> grid index
+        self.running: set[tuple[str, int]] = set()  # (case_id, round) of the jobs out
         self.retries: deque[Job] = deque()
         self.later: list[tuple[int, int]] = []  # heap of (round, grid index)
         if previous is not None:
@@ -360,8 +360,12 @@ class _Queue:
             for case_id in self.ok:
                 if case_id in self.index:
                     self._queue_next_round(case_id)
-        self.completed = sum(case.case_id in self.done for case in self.cases)
         self.first = deque(i for i, case in enumerate(self.cases) if case.case_id not in self.done)
+
+    @property
+    def completed(self) -> int:
+        """Cases of the grid with a row on disk (earlier runs of a resume included)."""
+        return sum(case.case_id in self.done for case in self.cases)
 
     def units_done(self) -> int:
         """(case, round) pairs done: a case that did not measure has nothing left to do."""
@@ -397,7 +401,7 @@ class _Queue:
         job = self._next(where)
         if job is None:
             return None
-        self.running[(job.case.case_id, job.round)] = self.index[job.case.case_id]
+        self.running.add((job.case.case_id, job.round))
         if self.in_process:
             # What a resumed run learns if this process dies: the case it died in.
             if job.round == 1:
@@ -450,7 +454,6 @@ class _Queue:
             self.blocks.append(_block(case.layer, case.n, case.d, result.status))
         with self.stop.writing():
             self.writer.append(result, point)
-        self.completed += 1
         self.done.add(case.case_id)
         if result.status == "ok" and result.timing is not None:
             self.ok.add(case.case_id)
@@ -464,7 +467,7 @@ class _Queue:
         """Write what a worker sends back; a job whose worker died runs once more elsewhere."""
         job = done.job
         case = job.case
-        self.running.pop((case.case_id, job.round), None)
+        self.running.discard((case.case_id, job.round))
         if done.lost and job.attempt == 1:
             self.retries.append(replace(job, attempt=2))
             self.notify("retry", case, round_=job.round, where=done.where, error=done.lost)
