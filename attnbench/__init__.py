@@ -1,12 +1,16 @@
-"""attnbench: measure the complexity table of self-attention against conv and RNN layers."""
+"""attnbench: measure the complexity table of self-attention against conv and RNN layers.
 
-__version__ = "0.1.0"
+The public Python API. Importing it loads the whole core (not the command line, not Ray).
+"""
 
+from attnbench._version import __version__
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import build_layer, layer_names
+from attnbench.measure.case import measure_case
 from attnbench.positional import SinusoidalPositionalEncoding, sinusoidal_table
-from attnbench.results import RunResults, load_results
-from attnbench.runner import measure_case, resume_sweep, run_sweep
+from attnbench.results.run import RunResults
+from attnbench.results.store import load_results
+from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Case, Grid, build_grid
 
 __all__ = [

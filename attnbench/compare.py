@@ -22,7 +22,11 @@ import pandas as pd
 from scipy import stats
 
 from attnbench.errors import AttnbenchError
-from attnbench.results import RunResults
+from attnbench.results.environment import compare_keys
+from attnbench.results.run import RunResults
+from attnbench.schema import EXACT_METRICS, METRIC
+from attnbench.spec import OPTIONS
+from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, check_gate
 
 # Verdicts, worst first: what a case, a metric or the overall row can be judged.
 REGRESSION = "regression"
@@ -32,72 +36,6 @@ NOT_SIGNIFICANT = "not significant"  # past the threshold, but the samples could
 TOO_FEW = "too few samples"  # no test at this alpha can be significant with so few
 NOT_COMPARED = "not compared"  # missing on a side, not measured, or another device
 VERDICTS = (REGRESSION, NOT_SIGNIFICANT, TOO_FEW, UNCHANGED, IMPROVEMENT, NOT_COMPARED)
-
-# The metrics that do not vary between runs of the same code on the same device and dtype.
-COUNT_METRICS = {
-    "flops": "FLOPs",
-    "seq_steps": "sequential steps",
-    "path_len": "path length",
-    "peak_bytes": "peak memory",
-}
-# What must match for a comparison to mean what it says; differences are warned about.
-ENVIRONMENT_KEYS = {
-    "device_name": "device",
-    "torch_version": "torch",
-    "cuda_version": "CUDA",
-    "cudnn_version": "cuDNN",
-    "torch_threads": "threads",
-}
-CONFIG_KEYS = {"device": "device", "dtype": "dtype", "mode": "mode", "batch": "batch"}
-# Which verdicts make a comparison fail, by --fail-on.
-GATES = ("all", "deterministic", "time", "none")
-
-
-def check_gate(gate: str) -> str:
-    """``gate`` when it is one of ``GATES``; a one-line error naming them otherwise."""
-    if gate not in GATES:
-        raise AttnbenchError(f"--fail-on {gate!r}: accepted: {', '.join(GATES)}")
-    return gate
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """When a difference counts: the allowed slowdown (a fraction), the test's alpha, the
-    fewest samples per side, the allowed peak-memory growth, and whether to normalise."""
-
-    max_slowdown: float = 0.10
-    alpha: float = 0.01
-    min_samples: int = 5
-    memory_tolerance: float = 0.0
-    normalize: bool = False
-
-    def __post_init__(self) -> None:
-        if not 0 < self.alpha < 1:
-            raise AttnbenchError(f"--alpha must lie between 0 and 1, got {self.alpha}")
-        if self.max_slowdown < 0 or self.memory_tolerance < 0:
-            raise AttnbenchError("--max-slowdown and --memory-tolerance cannot be negative")
-        if self.min_samples < 2:
-            raise AttnbenchError(f"--min-samples must be at least 2, got {self.min_samples}")
-
-
-def parse_fraction(text: str | float, name: str) -> float:
-    """``10%`` or ``0.1`` as 0.1; anything else is a one-line error naming the option."""
-    raw = str(text).strip()
-    try:
-        if raw.endswith("%"):
-            value = float(raw[:-1]) / 100
-        else:
-            value = float(raw)
-            if value >= 1:
-                raise ValueError
-    except ValueError:
-        raise AttnbenchError(
-            f"{name} {raw!r}: write a percentage such as 10% (or a fraction such as 0.1)"
-        ) from None
-    if not math.isfinite(value) or value < 0:
-        raise AttnbenchError(f"{name} {raw!r} must be a percentage of at least 0%")
-    return value
-
 
 # ----------------------------------------------------------------------------- verdicts
 
@@ -118,7 +56,7 @@ def smallest_p(n_base: int, n_new: int) -> float:
 
 
 def judge_time(
-    base: Sequence[float], new: Sequence[float], thresholds: Thresholds = Thresholds()
+    base: Sequence[float], new: Sequence[float], thresholds: Thresholds = DEFAULT_THRESHOLDS
 ) -> TimeVerdict:
     """Regression when the median is more than ``max_slowdown`` slower *and* the samples are
     slower with p < alpha; improvement symmetrically; "too few samples" when no outcome of the
@@ -135,7 +73,7 @@ def judge_time(
 def judge_rounds(
     base: Sequence[Sequence[float]],
     new: Sequence[Sequence[float]],
-    thresholds: Thresholds = Thresholds(),
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
 ) -> tuple[TimeVerdict, str]:
     """A case timed in rounds: the test compares the rounds' medians (``"rounds"``), each an
     independent look at the machine, when both runs have enough rounds for the test to reach
@@ -179,7 +117,9 @@ def _verdict(ratio: float, p: float, thresholds: Thresholds) -> TimeVerdict:
     return TimeVerdict(ratio, p, UNCHANGED)
 
 
-def judge_overall(ratios: Sequence[float], thresholds: Thresholds = Thresholds()) -> TimeVerdict:
+def judge_overall(
+    ratios: Sequence[float], thresholds: Thresholds = DEFAULT_THRESHOLDS
+) -> TimeVerdict:
     """The geometric mean of the cases' ratios, tested across cases: a one-sided Wilcoxon
     signed-rank test on the log ratios says whether the cases moved together."""
     logs = np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float))
@@ -269,7 +209,7 @@ class Comparison:
         if gate in ("all", "deterministic"):
             heavier = self.counts[self.counts["verdict"] == REGRESSION]
             found += [
-                f"{r.case_id}: {COUNT_METRICS[r.metric]} {r.base:.0f} -> {r.new:.0f}"
+                f"{r.case_id}: {METRIC[r.metric].display} {r.base:.0f} -> {r.new:.0f}"
                 for r in heavier.itertuples()
             ]
         return found
@@ -279,8 +219,11 @@ class Comparison:
 
 
 def _environment_warnings(base: RunResults, new: RunResults) -> list[str]:
+    """What differs between the runs that changes what the comparison means: the grid's device,
+    dtype, mode and batch (recorded by field), then the environment keys compare watches."""
+    config_keys = {o.field: o.key for o in OPTIONS if o.compare}
     warnings = []
-    for source, keys in (("config", CONFIG_KEYS), ("environment", ENVIRONMENT_KEYS)):
+    for source, keys in (("config", config_keys), ("environment", compare_keys())):
         before: Mapping[str, Any] = base.meta.get(source, {})
         after: Mapping[str, Any] = new.meta.get(source, {})
         for key, label in keys.items():
@@ -327,7 +270,7 @@ def _scales(run: RunResults, run_s: float | None, by_device: bool) -> dict[str, 
 
 
 def compare_runs(
-    baseline: RunResults, current: RunResults, thresholds: Thresholds = Thresholds()
+    baseline: RunResults, current: RunResults, thresholds: Thresholds = DEFAULT_THRESHOLDS
 ) -> Comparison:
     """Judge every case the two runs share; list the cases only one of them has."""
     calibration = _calibration(baseline, current, thresholds.normalize)
@@ -427,9 +370,10 @@ def compare_runs(
             verdict=judged.verdict,
         )
         time_rows.append(row)
-        for metric in COUNT_METRICS:
-            comparable = both_ok and (metric != "peak_bytes" or same_model)
-            tolerance = thresholds.memory_tolerance if metric == "peak_bytes" else 0.0
+        for m in EXACT_METRICS:
+            metric = m.column
+            comparable = both_ok and (not m.device_bound or same_model)
+            tolerance = thresholds.memory_tolerance if m.device_bound else 0.0
             base_v = float(b[metric]) if comparable and not pd.isna(b[metric]) else math.nan
             new_v = float(n[metric]) if comparable and not pd.isna(n[metric]) else math.nan
             count_rows.append(

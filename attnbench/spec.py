@@ -1,11 +1,14 @@
-"""What to measure: frozen case and grid specs, their parsing and validation.
+"""What to measure: frozen case and grid specs, the option table, parsing and validation.
 
 Everything the user types passes through here and comes out either as a valid ``Grid`` or as an
-``AttnbenchError`` whose one-line message names the problem and what is accepted.
+``AttnbenchError`` whose one-line message names the problem and what is accepted. ``OPTIONS`` is
+the one table of sweep options: the command line, the config file, ``Grid`` and the
+configuration a run records (run.json) are all read from it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import sys
@@ -14,8 +17,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from attnbench.devices import DEVICE_CHOICES, DTYPES, DeviceResolver, local_device
 from attnbench.errors import AttnbenchError
 from attnbench.layers import LAYERS
 from attnbench.theory import analytic_flops
@@ -25,13 +27,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
 MODES = ("forward", "train")
-DEVICE_CHOICES = "cpu, cuda, cuda:N, mps, auto"
 
 
 @dataclass(frozen=True)
@@ -83,6 +79,10 @@ class Case:
         parts += [f"b={self.batch}", self.dtype, self.device, self.mode]
         return "/".join(parts)
 
+    def columns(self) -> dict[str, Any]:
+        """The case's own columns of the results table: its id and every field."""
+        return {"case_id": self.case_id, **asdict(self)}
+
     def label(self) -> str:
         """Short human label for progress lines."""
         extra = f" k={self.k}" if self.k is not None else ""
@@ -91,18 +91,16 @@ class Case:
         return f"{self.layer} n={self.n} d={self.d}{extra}"
 
 
-DEFAULT_LAYERS = tuple(LAYERS)
-DEFAULT_NS = (64, 128, 256, 512, 1024)
-DEFAULT_DS = (64, 128)
-
-
 @dataclass(frozen=True)
 class Grid:
-    """A sweep: the cross product of layers, n and d at fixed k, heads, batch, dtype, device."""
+    """A sweep: the cross product of layers, n and d at fixed k, heads, batch, dtype, device.
 
-    layers: tuple[str, ...] = DEFAULT_LAYERS
-    ns: tuple[int, ...] = DEFAULT_NS
-    ds: tuple[int, ...] = DEFAULT_DS
+    The defaults here are the defaults of the command line and the config file (``OPTIONS``).
+    """
+
+    layers: tuple[str, ...] = tuple(LAYERS)
+    ns: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    ds: tuple[int, ...] = (64, 128)
     k: int = 3
     heads: int = 4
     window: int = 16  # restricted attention: neighbours on each side
@@ -142,44 +140,19 @@ class Grid:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        """The grid by field, as run.json records it (``grid_from_config`` reads it back)."""
         out = asdict(self)
         for key in ("layers", "ns", "ds"):
             out[key] = list(out[key])
         return out
 
     def to_options(self) -> dict[str, Any]:
-        """The grid as ``build_grid`` options (the CLI and config key names)."""
-        return {
-            "layers": list(self.layers),
-            "n": list(self.ns),
-            "d": list(self.ds),
-            "k": self.k,
-            "heads": self.heads,
-            "window": self.window,
-            "batch": self.batch,
-            "dtype": self.dtype,
-            "device": self.device,
-            "mode": self.mode,
-            "threads": self.threads,
-            "time_budget": self.time_budget_s,
-            "seed": self.seed,
-            "max_case_seconds": self.max_case_s,
-            "rounds": self.rounds,
-        }
+        """The grid as ``build_grid`` options (the command line's and config file's keys)."""
+        return {o.key: _plain(getattr(self, o.field)) for o in OPTIONS}
 
 
-def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None = None) -> Grid:
-    """Rebuild (and re-validate) the grid a results folder recorded with ``Grid.to_dict``."""
-    if not isinstance(config, Mapping):
-        raise AttnbenchError("the recorded configuration is not a table of options")
-    names = {"ns": "n", "ds": "d", "time_budget_s": "time_budget", "max_case_s": "max_case_seconds"}
-    unknown = sorted(set(config) - {f.name for f in fields(Grid)})
-    if unknown:
-        raise AttnbenchError(
-            f"the recorded configuration has unknown key(s) {', '.join(unknown)}; "
-            "was it written by a newer attnbench?"
-        )
-    return build_grid({names.get(key, key): value for key, value in config.items()}, resolve)
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -249,99 +222,119 @@ def parse_layers(text: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-# ----------------------------------------------------------------------------- devices
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AttnbenchError(f"--{name}: expected an integer, got {value!r}")
+    if value < 1:
+        raise AttnbenchError(f"--{name} must be >= 1, got {value}")
+    return value
 
 
-def resolve_device(name: str) -> str:
-    """Turn ``auto`` / ``cuda`` / ``cuda:N`` / ``mps`` / ``cpu`` into an available device string."""
-    name = name.strip().lower()
-    if name == "auto":
-        if torch.cuda.is_available():
-            return "cuda:0"
-        if _mps_available():
-            return "mps"
-        return "cpu"
-    if name == "cpu":
-        return "cpu"
-    if name == "mps":
-        if not _mps_available():
-            raise AttnbenchError("device 'mps' is not available on this machine; try cpu or auto")
-        return "mps"
-    match = re.fullmatch(r"cuda(?::(\d+))?", name)
-    if match:
-        if not torch.cuda.is_available():
-            raise AttnbenchError(
-                f"device {name!r} is not available: this torch build or machine has no CUDA GPU; "
-                "try cpu or auto"
-            )
-        index = int(match.group(1) or 0)
-        count = torch.cuda.device_count()
-        if index >= count:
-            raise AttnbenchError(
-                f"device {name!r} does not exist: this machine has {count} CUDA device(s), "
-                f"cuda:0..cuda:{count - 1}"
-            )
-        return f"cuda:{index}"
-    raise AttnbenchError(f"unknown device {name!r}; accepted: {DEVICE_CHOICES}")
+def _seed(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise AttnbenchError(f"--seed: expected an integer >= 0, got {value!r}")
+    return value
 
 
-def local_device(name: str, dtype: str) -> str:
-    """A device of this machine (resolved), checked to compute in ``dtype`` natively."""
-    device = resolve_device(name)
-    check_dtype(dtype, device)
-    return device
+def _positive_seconds(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise AttnbenchError(f"--{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
-DeviceResolver = Callable[[str, str], str]  # (--device, --dtype) -> the device cases run on
+def _choice(value: Any, name: str, accepted: Iterable[str]) -> str:
+    accepted = tuple(accepted)
+    if str(value) not in accepted:
+        raise AttnbenchError(f"unknown {name} {str(value)!r}; accepted: {', '.join(accepted)}")
+    return str(value)
 
 
-def _mps_available() -> bool:
-    backend = getattr(torch.backends, "mps", None)
-    return bool(backend and backend.is_available())
+# ----------------------------------------------------------------------------- the option table
 
 
-def check_dtype(dtype: str, device: str) -> None:
-    """Refuse a dtype the device cannot compute in."""
-    if dtype not in DTYPES:
-        raise AttnbenchError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
-    if dtype == "bfloat16" and device.startswith("cuda"):
-        # Native bfloat16 arithmetic starts with compute capability 8.0 (Ampere); older GPUs only
-        # emulate it, which would time the emulation, not the layer.
-        major, minor = torch.cuda.get_device_capability(torch.device(device).index or 0)
-        if major < 8:
-            raise AttnbenchError(
-                f"dtype bfloat16 is not supported natively on {device} (compute capability "
-                f"{major}.{minor} < 8.0); accepted there: float32, float16"
-            )
-    if dtype == "bfloat16" and device == "mps":
-        try:
-            torch.ones(1, dtype=torch.bfloat16, device="mps")
-        except (RuntimeError, TypeError) as exc:
-            raise AttnbenchError(
-                "dtype bfloat16 is not supported on mps here; accepted there: float32, float16"
-            ) from exc
+@dataclass(frozen=True)
+class Option:
+    """One sweep option: its key (in the config file, in ``build_grid`` and as the command
+    line's ``--key``), the ``Grid`` field it sets, and how a typed or written value becomes that
+    field. Its default is the ``Grid`` field's."""
+
+    key: str
+    field: str
+    kind: type  # what the command line reads before ``parse``: str, int or float
+    parse: Callable[[Any], Any]
+    help: str
+    default_text: str = ""  # how the help names the default ("": the Grid default, written)
+    envvar: str | None = None
+    compare: bool = False  # two runs that differ in it compare something else: compare warns
+
+    @property
+    def default(self) -> Any:
+        return next(f.default for f in fields(Grid) if f.name == self.field)
+
+    @property
+    def full_help(self) -> str:
+        shown = self.default_text or _describe(self.default)
+        return f"{self.help} Default: {shown}."
 
 
-# ----------------------------------------------------------------------------- grid building
+def _describe(value: Any) -> str:
+    """A default as the user would type it: a doubling tuple as a range, a tuple as a list."""
+    if isinstance(value, tuple):
+        doubling = len(value) > 2 and all(b == 2 * a for a, b in itertools.pairwise(value))
+        return f"{value[0]}..{value[-1]}" if doubling else ",".join(map(str, value))
+    return str(value)
 
-CONFIG_KEYS = (
-    "layers",
-    "n",
-    "d",
-    "k",
-    "heads",
-    "window",
-    "batch",
-    "dtype",
-    "device",
-    "mode",
-    "threads",
-    "time_budget",
-    "seed",
-    "max_case_seconds",
-    "rounds",
-    "out",
-)
+
+OPTIONS: tuple[Option, ...] = (
+    Option("layers", "layers", str, parse_layers,
+           f"Comma-separated layers: {', '.join(LAYERS)}.", default_text="all"),
+    Option("n", "ns", str, lambda v: parse_int_list(v, "n"),
+           "Sequence lengths: a list 64,128 or a doubling range 64..4096."),
+    Option("d", "ds", str, lambda v: parse_int_list(v, "d"), "Widths, as --n."),
+    Option("k", "k", int, lambda v: _positive_int(v, "k"), "Conv kernel size."),
+    Option("heads", "heads", int, lambda v: _positive_int(v, "heads"),
+           "Attention heads; d must divide by it."),
+    Option("window", "window", int, lambda v: _positive_int(v, "window"),
+           "attention-local: neighbours r on each side (r <= the smallest n)."),
+    Option("batch", "batch", int, lambda v: _positive_int(v, "batch"), "Batch size.",
+           compare=True),
+    Option("dtype", "dtype", str, lambda v: _choice(v, "dtype", DTYPES), f"{', '.join(DTYPES)}.",
+           compare=True),
+    Option("device", "device", str, str, f"{DEVICE_CHOICES}.", envvar="ATTNBENCH_DEVICE",
+           compare=True),
+    Option("mode", "mode", str, lambda v: _choice(v, "mode", MODES),
+           f"{' or '.join(MODES)} (forward + backward).", compare=True),
+    Option("threads", "threads", int, lambda v: _positive_int(v, "threads"),
+           "CPU threads for torch (recorded).", default_text="torch's"),
+    Option("time_budget", "time_budget_s", float, lambda v: _positive_seconds(v, "time-budget"),
+           "Seconds of timed calls per case before sampling stops."),
+    Option("seed", "seed", int, _seed, "Seed for weights and inputs."),
+    Option("max_case_seconds", "max_case_s", float,
+           lambda v: _positive_seconds(v, "max-case-seconds"),
+           "A case whose single call takes longer is recorded as timeout and the larger cases "
+           "of its layer are skipped.", default_text="no limit"),
+    Option("rounds", "rounds", int, lambda v: _positive_int(v, "rounds"),
+           "Time every case in this many rounds spread over the sweep (sharing --time-budget), "
+           "so its samples see the machine at several moments; compare tests the rounds against "
+           "each other. 5 or more for CI."),
+)  # fmt: skip
+OPTION = {o.key: o for o in OPTIONS}
+# Keys a config file may hold: the sweep options, and where the results go.
+CONFIG_KEYS = (*OPTION, "out")
+
+
+def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None = None) -> Grid:
+    """Rebuild (and re-validate) the grid a results folder recorded with ``Grid.to_dict``."""
+    if not isinstance(config, Mapping):
+        raise AttnbenchError("the recorded configuration is not a table of options")
+    by_field = {o.field: o.key for o in OPTIONS}
+    unknown = sorted(set(config) - set(by_field))
+    if unknown:
+        raise AttnbenchError(
+            f"the recorded configuration has unknown key(s) {', '.join(unknown)}; "
+            "was it written by a newer attnbench?"
+        )
+    return build_grid({by_field[key]: value for key, value in config.items()}, resolve)
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -364,66 +357,22 @@ def load_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise AttnbenchError(f"--{name}: expected an integer, got {value!r}")
-    if value < 1:
-        raise AttnbenchError(f"--{name} must be >= 1, got {value}")
-    return value
-
-
-def _seed(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise AttnbenchError(f"--seed: expected an integer >= 0, got {value!r}")
-    return value
-
-
-def _positive_seconds(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise AttnbenchError(f"--{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
 def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None) -> Grid:
-    """Make a validated ``Grid`` from option values (CLI or config keys; None means default).
+    """Make a validated ``Grid`` from option values (``OPTIONS`` keys; None means default).
 
     ``resolve`` turns the device name into the device cases run on, checked to exist with the
     dtype: this machine's by default, an executor's workers' otherwise.
     """
-    opts = {k: v for k, v in options.items() if v is not None}
-    base = Grid()
-    grid = replace(
-        base,
-        layers=parse_layers(opts["layers"]) if "layers" in opts else base.layers,
-        ns=parse_int_list(opts["n"], "n") if "n" in opts else base.ns,
-        ds=parse_int_list(opts["d"], "d") if "d" in opts else base.ds,
-        k=_positive_int(opts.get("k", base.k), "k"),
-        heads=_positive_int(opts.get("heads", base.heads), "heads"),
-        window=_positive_int(opts.get("window", base.window), "window"),
-        batch=_positive_int(opts.get("batch", base.batch), "batch"),
-        threads=_positive_int(opts["threads"], "threads") if "threads" in opts else None,
-        seed=_seed(opts.get("seed", base.seed)),
-        rounds=_positive_int(opts.get("rounds", base.rounds), "rounds"),
-        max_case_s=(
-            _positive_seconds(opts["max_case_seconds"], "max-case-seconds")
-            if "max_case_seconds" in opts
-            else None
-        ),
-    )
-    mode = str(opts.get("mode", base.mode))
-    if mode not in MODES:
-        raise AttnbenchError(f"unknown mode {mode!r}; accepted: {', '.join(MODES)}")
-    budget = _positive_seconds(opts.get("time_budget", base.time_budget_s), "time-budget")
-    dtype = str(opts.get("dtype", base.dtype))
-    if dtype not in DTYPES:
-        raise AttnbenchError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
-    if any("heads" in LAYERS[name].options for name in grid.layers):
+    given = {key: v for key, v in options.items() if v is not None and key in OPTION}
+    grid = replace(Grid(), **{OPTION[key].field: OPTION[key].parse(v) for key, v in given.items()})
+    takes = {option for name in grid.layers for option in LAYERS[name].options}
+    if "heads" in takes:
         bad = [d for d in grid.ds if d % grid.heads]
         if bad:
             raise AttnbenchError(
                 f"d={bad[0]} is not divisible by heads={grid.heads}; attention needs d % heads == 0"
             )
-    if any("k" in LAYERS[name].options for name in grid.layers) and grid.k > min(grid.ns):
+    if "k" in takes and grid.k > min(grid.ns):
         raise AttnbenchError(
             f"--k {grid.k} is larger than n={min(grid.ns)}; a kernel must fit in the sequence "
             f"(use k <= the smallest n)"
@@ -432,13 +381,12 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
         raise AttnbenchError(
             f"--k {grid.k}: conv-dilated needs k >= 2 (dilations k^i must grow to cover n)"
         )
-    if any("window" in LAYERS[name].options for name in grid.layers) and grid.window > min(grid.ns):
+    if "window" in takes and grid.window > min(grid.ns):
         raise AttnbenchError(
             f"--window {grid.window} is larger than n={min(grid.ns)}; restricted attention needs "
             "r <= the smallest n (r >= n is full attention)"
         )
-    device = (resolve or local_device)(str(opts.get("device", base.device)), dtype)
-    return replace(grid, mode=mode, time_budget_s=budget, dtype=dtype, device=device)
+    return replace(grid, device=(resolve or local_device)(grid.device, grid.dtype))
 
 
 # ----------------------------------------------------------------------------- size guard

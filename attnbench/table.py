@@ -7,14 +7,12 @@ n), each as a fitted log-log exponent from the rows that were measured (status o
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from attnbench.errors import AttnbenchError
 from attnbench.fits import Analysis, analyse
-from attnbench.results import RUN_FILE, RunResults, load_results
+from attnbench.results.run import RunResults
 from attnbench.theory import THEORY
 
 COLUMNS = [
@@ -103,15 +101,11 @@ HEADERS = [
 ]
 
 
-def to_markdown(table: pd.DataFrame) -> str:
-    """The table as GitHub Markdown (the seven display columns)."""
-    lines = [
-        "| " + " | ".join(HEADERS) + " |",
-        "|" + "---|" * len(COLUMNS),
-    ]
-    for row in table[COLUMNS].itertuples(index=False):
-        lines.append("| " + " | ".join(str(v) for v in row) + " |")
-    return "\n".join(lines) + "\n"
+def display(table: pd.DataFrame) -> pd.DataFrame:
+    """The seven columns people read, under the chapter's headers (Markdown, report, terminal)."""
+    shown = table[COLUMNS].copy()
+    shown.columns = HEADERS
+    return shown
 
 
 def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
@@ -136,18 +130,3 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             "lengths (see the path_len_method column)"
         )
     return notes
-
-
-def latest_results(root: Path = Path("results")) -> Path:
-    """The most recently started results folder under ``root``."""
-    candidates = [p.parent for p in root.glob(f"*/{RUN_FILE}")] if root.is_dir() else []
-    if not candidates:
-        raise AttnbenchError(
-            f"no results folder under {str(root)!r}; run attnbench sweep first, or name a "
-            "results folder"
-        )
-    return max(candidates, key=lambda p: (p / RUN_FILE).stat().st_mtime)
-
-
-def load_for_table(path: Path | None) -> RunResults:
-    return load_results(path if path is not None else latest_results())

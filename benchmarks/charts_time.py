@@ -11,10 +11,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnbench.charts import build_charts, save_charts
 from attnbench.fits import analyse
-from attnbench.report import write_report
-from attnbench.results import load_results
+from attnbench.render.charts import build_charts, save_charts
+from attnbench.render.report import write_report
+from attnbench.results.store import load_results
 
 
 def main(folder: str = "results/cpu-wide", rounds: int = 3) -> None:

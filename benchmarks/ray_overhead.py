@@ -23,9 +23,10 @@ from typing import Any
 import pandas as pd
 import ray
 
-from attnbench.execute import Executor, SerialExecutor
-from attnbench.ray_executor import RayExecutor
-from attnbench.runner import run_sweep
+from attnbench.run.executors.base import Executor
+from attnbench.run.executors.ray import RayExecutor
+from attnbench.run.executors.serial import SerialExecutor
+from attnbench.run.sweep import run_sweep
 from attnbench.spec import build_grid
 
 

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from attnbench.compare import REGRESSION, Comparison, Thresholds, compare_runs, parse_fraction
-from attnbench.results import load_results
+from attnbench.compare import REGRESSION, Comparison, compare_runs
+from attnbench.results.store import load_results
+from attnbench.thresholds import Thresholds, parse_fraction
 
 HERE = Path(__file__).resolve().parent
 

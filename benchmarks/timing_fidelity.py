@@ -20,7 +20,7 @@ import torch
 import torch.utils.benchmark as tb
 
 from attnbench.measure import TimingPolicy, time_call
-from attnbench.runner import make_step
+from attnbench.measure.case import make_step
 from attnbench.spec import Case
 
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from attnbench.results import RunResults
-from attnbench.runner import run_sweep
+from attnbench.results.run import RunResults
+from attnbench.run.sweep import run_sweep
 from attnbench.spec import Grid, build_grid
 
 

@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 
 from attnbench.measure.calibration import Calibration
+from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingStats
-from attnbench.results import CaseResult, ResultsWriter, RunResults, load_results
+from attnbench.results.run import RunResults
+from attnbench.results.store import ResultsWriter, load_results
 from attnbench.spec import Case
 
 ENV = {
@@ -49,7 +51,7 @@ def make_run(
     """
     writer = ResultsWriter.create(path, CONFIG, {**ENV, **(env or {})})
     if calibration_s is not None:
-        writer.set_calibration(Calibration().describe())
+        writer.update(calibration=Calibration().describe())
     for i, ((layer, n), spec) in enumerate(cases.items()):
         status = spec.get("status", "ok")
         samples = spec.get("samples", noisy(1e-3, seed=i))

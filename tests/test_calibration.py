@@ -9,8 +9,10 @@ import pytest
 
 from attnbench.measure.calibration import CALIBRATION_POLICY, Calibration
 from attnbench.measure.timing import TimingPolicy, time_call
-from attnbench.results import CALIBRATION_FILE, RunResults, load_results
-from attnbench.runner import resume_sweep, run_sweep
+from attnbench.results.files import CALIBRATION_FILE
+from attnbench.results.run import RunResults
+from attnbench.results.store import load_results
+from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import build_grid
 
 

@@ -7,11 +7,11 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
-from attnbench import charts
-from attnbench.charts import CHARTS, build_charts, parse_charts, parse_formats, save_charts
 from attnbench.errors import AttnbenchError
 from attnbench.fits import analyse
-from attnbench.results import RunResults
+from attnbench.render import charts
+from attnbench.render.charts import CHARTS, build_charts, parse_charts, parse_formats, save_charts
+from attnbench.results.run import RunResults
 from attnbench.theory import THEORY
 
 LAYERS = ["conv", "rnn", "attention"]

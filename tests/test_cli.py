@@ -121,7 +121,7 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
 
     from rich.console import Console
 
-    from attnbench.cli import _summary_tables
+    from attnbench.cli.render import summary_notes, summary_tables
 
     frame = tiny_run.frame.copy()
     frame["time_iqr_s"] = 0.0  # a real tiny run may be noisy itself: pin every row first
@@ -129,7 +129,9 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     frame.loc[0, "time_iqr_s"] = frame.loc[0, "time_s"] * 0.5
     frame.loc[1, "flops_check"] = "mismatch"
     buf = io.StringIO()
-    _summary_tables(replace(tiny_run, frame=frame), Console(file=buf, width=200))
+    console = Console(file=buf, width=200)
+    summary_tables(replace(tiny_run, frame=frame), console)
+    summary_notes(replace(tiny_run, frame=frame), console)
     text = buf.getvalue()
     assert "1 case(s) marked ! have IQR/median above 10%" in text
     assert (
@@ -156,21 +158,20 @@ def test_config_with_wrong_types_or_unknown_keys_is_one_line(tmp_path: Path) -> 
 
 
 def test_yes_lets_a_large_sweep_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import attnbench.cli as cli
+    from attnbench.errors import AttnbenchError
+    from attnbench.run.executors.serial import SerialExecutor
 
     started: list[int] = []
 
-    def fake_run(grid, out_dir, progress, executor):  # type: ignore[no-untyped-def]
+    def fake_start(self, grid):  # type: ignore[no-untyped-def]
         started.append(len(grid.cases()))
         raise AttnbenchError("stop here")
 
-    from attnbench.errors import AttnbenchError
-
-    monkeypatch.setattr(cli, "run_sweep", fake_run)
+    monkeypatch.setattr(SerialExecutor, "start", fake_start)
     big = ["--n", "64..1048576", "--d", "64..4096", "--device", "cpu", "--out", str(tmp_path / "r")]
     refused = runner.invoke(app, ["sweep", *big])
     assert refused.exit_code == 2 and "would take at least about" in refused.stderr
-    assert started == []
+    assert started == []  # refused before any worker started
     accepted = runner.invoke(app, ["sweep", *big, "--yes"])
     assert "stop here" in accepted.stderr and started == [15 * 7 * len(LAYERS)]
 
@@ -222,7 +223,8 @@ def test_oom_cases_are_counted_and_the_exit_code_stays_0(
     assert "[3/3] hungry n=32 d=8  SKIPPED: after hungry n=16 d=8 ran out of memory" in (
         result.stderr
     )
-    assert "3 of 3 cases: 1 measured, 1 oom, 0 timeout, 1 skipped, 0 failed" in result.stderr
+    # The summary is the command's product (stdout); notes go to stderr with the progress.
+    assert "3 of 3 cases: 1 measured, 1 oom, 0 timeout, 1 skipped, 0 failed" in result.stdout
     assert "2 case(s) have no measurements" in result.stderr
 
 
@@ -230,7 +232,7 @@ def test_show_prints_a_saved_run_and_refuses_what_is_not_one(tiny_run, tmp_path:
     shown = runner.invoke(app, ["show", str(tiny_run.path)])
     assert shown.exit_code == 0
     assert f"results in {tiny_run.path}" in shown.stderr.replace("\n", "")
-    assert f"{len(tiny_run.frame)} of {len(tiny_run.frame)} cases" in shown.stderr
+    assert f"{len(tiny_run.frame)} of {len(tiny_run.frame)} cases" in shown.stdout
     as_json = runner.invoke(app, ["show", str(tiny_run.path), "--json"])
     assert json.loads(as_json.stdout)["status"] == "complete"
     for folder, message in [

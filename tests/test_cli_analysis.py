@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.results import RunResults, load_results
+from attnbench.results.run import RunResults
+from attnbench.results.store import load_results
 
 runner = CliRunner()
 
@@ -171,7 +172,7 @@ def test_sweep_no_charts(tmp_path: Path):
 
 
 def test_a_chart_failure_keeps_the_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import attnbench.cli as cli
+    import attnbench.cli.sweeping as cli
 
     def broken(*args, **kwargs):
         raise RuntimeError("no fonts")

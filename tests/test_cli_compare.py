@@ -11,18 +11,19 @@ import torch
 from synthetic import cases_grid, make_run, noisy
 from typer.testing import CliRunner
 
-from attnbench.ci import (
+from attnbench.cli import app
+from attnbench.compare import REGRESSION, compare_runs
+from attnbench.layers import LAYERS, LayerInfo
+from attnbench.render.verdicts import (
     STEP_SUMMARY_ENV,
     append_step_summary,
     github_action_benchmark,
     schema,
     to_json,
 )
-from attnbench.cli import app
-from attnbench.compare import REGRESSION, compare_runs
-from attnbench.layers import LAYERS, LayerInfo
-from attnbench.results import RunResults, load_results
-from attnbench.runner import run_sweep
+from attnbench.results.run import RunResults
+from attnbench.results.store import load_results
+from attnbench.run.sweep import run_sweep
 from attnbench.spec import build_grid
 
 runner = CliRunner()
@@ -50,16 +51,16 @@ def test_exit_0_when_nothing_regressed(pair: tuple[Path, Path, Path]) -> None:
     base, same, _ = pair
     result = runner.invoke(app, ["compare", str(base), str(same)])
     assert result.exit_code == 0, result.output
-    assert "no regression" in result.stderr and "OVERALL" in result.stderr
-    assert result.stdout == ""  # the table is human output: stderr
+    assert "no regression" in result.stdout and "OVERALL" in result.stdout  # the product
+    assert result.stderr == ""  # no warning: same grid, same environment, five rounds
 
 
 def test_exit_1_on_a_regression_with_each_named(pair: tuple[Path, Path, Path]) -> None:
     base, _, worse = pair
     result = runner.invoke(app, ["compare", str(base), str(worse)])
     assert result.exit_code == 1
-    assert "2 regression(s)" in result.stderr
-    assert "rnn/n=128" in result.stderr and "FLOPs 64000 -> 128000" in result.stderr
+    assert "2 regression(s)" in result.stdout
+    assert "rnn/n=128" in result.stdout and "FLOPs 64000 -> 128000" in result.stdout
 
 
 @pytest.mark.parametrize(

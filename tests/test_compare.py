@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from synthetic import case, cases_grid, make_run, noisy
 
-from attnbench.ci import display_table
 from attnbench.compare import (
     IMPROVEMENT,
     NOT_COMPARED,
@@ -16,16 +15,16 @@ from attnbench.compare import (
     REGRESSION,
     TOO_FEW,
     UNCHANGED,
-    Thresholds,
     compare_runs,
     judge_count,
     judge_overall,
     judge_rounds,
     judge_time,
-    parse_fraction,
     smallest_p,
 )
 from attnbench.errors import AttnbenchError
+from attnbench.render.verdicts import display_table
+from attnbench.thresholds import Thresholds, parse_fraction
 
 # ----------------------------------------------------------------------------- time verdicts
 

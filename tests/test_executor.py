@@ -15,10 +15,16 @@ from typing import Any
 import pytest
 
 from attnbench.errors import AttnbenchError, SweepInterrupted
-from attnbench.execute import Job, JobDone, Placement, SerialExecutor, Take, Worker, make_executor
 from attnbench.measure.calibration import Calibration
-from attnbench.results import RUN_FILE, WORKER_DIED_ERROR, load_results
-from attnbench.runner import ProgressEvent, resume_sweep, run_sweep
+from attnbench.results.files import RUN_FILE
+from attnbench.results.store import load_results
+from attnbench.run.events import ProgressEvent
+from attnbench.run.executors import make_executor
+from attnbench.run.executors.base import Job, JobDone, Placement, Take
+from attnbench.run.executors.serial import SerialExecutor
+from attnbench.run.executors.worker import Worker
+from attnbench.run.queue import WORKER_DIED_ERROR
+from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid
 
 SMALL_GEMM = Calibration(size=16)
@@ -228,13 +234,13 @@ def test_serial_is_the_default_and_ray_is_imported_only_when_asked() -> None:
         make_executor("serial", address="auto")
     with pytest.raises(AttnbenchError, match="unknown executor 'dask'"):
         make_executor("dask")
-    code = "import sys, attnbench.cli, attnbench.runner; print('ray' in sys.modules)"
+    code = "import sys, attnbench.cli, attnbench.run.sweep; print('ray' in sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert loaded.stdout.strip() == "False"  # the CLI and the core load without importing Ray
 
 
 def test_a_missing_ray_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "attnbench.ray_executor", raising=False)
+    monkeypatch.delitem(sys.modules, "attnbench.run.executors.ray", raising=False)
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(AttnbenchError, match=r'pip install "attnbench\[ray\]"'):
         make_executor("ray")
@@ -245,7 +251,7 @@ def test_the_cli_says_how_to_install_ray(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
     from attnbench.cli import app
 
-    monkeypatch.delitem(sys.modules, "attnbench.ray_executor", raising=False)
+    monkeypatch.delitem(sys.modules, "attnbench.run.executors.ray", raising=False)
     monkeypatch.setitem(sys.modules, "ray", None)
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["sweep", "--executor", "ray", "--out", str(out)])

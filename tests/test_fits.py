@@ -21,7 +21,7 @@ from attnbench.fits import (
     model_fits,
     model_table,
 )
-from attnbench.results import RunResults
+from attnbench.results.run import RunResults
 from attnbench.theory import THEORY
 
 NS = (64, 128, 256, 512, 1024, 2048)

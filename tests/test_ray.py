@@ -19,13 +19,16 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import LAYERS, LayerInfo
-from attnbench.results import RUN_FILE, WORKER_DIED_ERROR, load_results
-from attnbench.runner import ProgressEvent, resume_sweep, run_sweep
+from attnbench.results.files import RUN_FILE
+from attnbench.results.store import load_results
+from attnbench.run.events import ProgressEvent
+from attnbench.run.queue import WORKER_DIED_ERROR
+from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid
 from attnbench.theory import THEORY, LayerTheory
 
 ray = pytest.importorskip("ray", reason='the Ray tests need pip install "attnbench[ray]"')
-from attnbench.ray_executor import RayExecutor, death_reason  # noqa: E402
+from attnbench.run.executors.ray import RayExecutor, death_reason  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -7,15 +7,12 @@ import pandas as pd
 import pytest
 
 from attnbench.errors import AttnbenchError
+from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingStats
-from attnbench.results import (
-    RESULT_COLUMNS,
-    CaseResult,
-    ResultsWriter,
-    environment,
-    load_results,
-    prepare_out_dir,
-)
+from attnbench.results.environment import environment
+from attnbench.results.files import prepare_out_dir
+from attnbench.results.store import ResultsWriter, load_results
+from attnbench.schema import RESULT_COLUMNS
 from attnbench.spec import Case
 
 CASE = Case("attention", 64, 16, None, 4, 1, "float32", "cpu", "forward")
@@ -25,7 +22,7 @@ def _write(tmp_path: Path) -> Path:
     writer = ResultsWriter.create(
         tmp_path / "run", config={"layers": ["attention"]}, environment={}
     )
-    writer.set_total(2)
+    writer.update(cases_total=2)
     ok = CaseResult(
         case=CASE,
         status="ok",

@@ -13,26 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnbench import execute as execute_module
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import LAYERS, LayerInfo
-from attnbench.results import (
-    DIED_ERROR,
-    RESULTS_FILE,
-    RUN_FILE,
-    SAMPLES_FILE,
-    CaseResult,
-    ResultsWriter,
-    environment,
-    load_results,
-)
-from attnbench.runner import (
-    ProgressEvent,
-    is_out_of_memory,
-    release_memory,
-    resume_sweep,
-    run_sweep,
-)
+from attnbench.measure.case import is_out_of_memory, release_memory
+from attnbench.measure.record import CaseResult
+from attnbench.results.environment import environment
+from attnbench.results.files import RESULTS_FILE, RUN_FILE, SAMPLES_FILE
+from attnbench.results.store import ResultsWriter, load_results
+from attnbench.run.events import ProgressEvent
+from attnbench.run.executors import serial as serial_module
+from attnbench.run.executors import worker as worker_module
+from attnbench.run.queue import DIED_ERROR
+from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid
 from attnbench.theory import THEORY, LayerTheory
 
@@ -89,7 +81,7 @@ def test_oom_is_recorded_larger_cases_skipped_and_memory_released(
 ) -> None:
     _register(monkeypatch, "hungry", _hungry(16 * 8, kind))
     released: list[str] = []
-    monkeypatch.setattr(execute_module, "release_memory", released.append)
+    monkeypatch.setattr(worker_module, "release_memory", released.append)
     grid = build_grid(
         {"layers": "conv", "n": "8..64", "d": "8,16", "device": "cpu", "time_budget": 0.002}
     )
@@ -240,7 +232,7 @@ def test_resume_refuses_changes_unless_forced(
     def other_torch(device: str = "cpu") -> dict[str, object]:
         return {**real(device), "torch_version": "9.9.9"}
 
-    monkeypatch.setattr(execute_module, "environment", other_torch)
+    monkeypatch.setattr(serial_module, "environment", other_torch)
     with pytest.raises(AttnbenchError, match=r"environment differs .*torch_version"):
         resume_sweep(out)
     run = resume_sweep(out, {"n": "8,16"}, force=True)
@@ -270,7 +262,7 @@ def dead_pid() -> int:
 def _killed_run(out: Path, grid: Grid, pid: int, done: int, died_in: int | None) -> None:
     """What a process killed with SIGKILL leaves: ``done`` rows, status running."""
     writer = ResultsWriter.create(out, grid.to_dict(), environment("cpu"))
-    writer.set_total(len(grid.cases()))
+    writer.update(cases_total=len(grid.cases()))
     for case in grid.cases()[:done]:
         writer.append(CaseResult(case=case, status="failed", threads=1, error="x"))
     if died_in is not None:

@@ -14,8 +14,10 @@ from attnbench.cli import app
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.timing import iqr
-from attnbench.results import RunResults, load_results
-from attnbench.runner import ProgressEvent, resume_sweep, run_sweep
+from attnbench.results.run import RunResults
+from attnbench.results.store import load_results
+from attnbench.run.events import ProgressEvent
+from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import build_grid, estimate_seconds
 
 SMALL_GEMM = Calibration(size=16)
@@ -77,18 +79,18 @@ def test_rounds_run_in_grid_order_after_the_first(three_rounds: tuple[RunResults
 def test_a_case_that_did_not_measure_is_not_timed_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import attnbench.execute as execute_module
-    import attnbench.runner as runner_module
+    import attnbench.run.executors.worker as worker_module
+    from attnbench.measure.record import CaseResult
 
-    real = runner_module.measure_case
+    real = worker_module.measure_case
 
     def oom_for_rnn(case, **kwargs):  # type: ignore[no-untyped-def]
         if case.layer == "rnn" and case.n == 16:
-            raise_oom = runner_module.CaseResult(case=case, status="oom", threads=1, error="oom")
+            raise_oom = CaseResult(case=case, status="oom", threads=1, error="oom")
             return raise_oom
         return real(case, **kwargs)
 
-    monkeypatch.setattr(execute_module, "measure_case", oom_for_rnn)
+    monkeypatch.setattr(worker_module, "measure_case", oom_for_rnn)
     run = run_sweep(_grid(), tmp_path / "run", calibration=None)
     rounds = run.samples.groupby("case_id")["round"].nunique()
     assert "rnn/n=16/d=4/b=1/float32/cpu/forward" not in rounds.index

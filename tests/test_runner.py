@@ -7,9 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
+from attnbench.devices import device_sync
 from attnbench.layers import LAYERS, LayerInfo
-from attnbench.results import RunResults
-from attnbench.runner import ProgressEvent, device_sync, measure_case, run_sweep
+from attnbench.measure.case import measure_case
+from attnbench.results.run import RunResults
+from attnbench.run.events import ProgressEvent
+from attnbench.run.sweep import run_sweep
 from attnbench.spec import Case, Grid, build_grid
 from attnbench.theory import THEORY, LayerTheory
 

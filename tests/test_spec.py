@@ -8,6 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attnbench.devices import check_dtype, resolve_device
 from attnbench.errors import AttnbenchError
 from attnbench.layers import LAYERS
 from attnbench.spec import (
@@ -19,7 +20,6 @@ from attnbench.spec import (
     load_config,
     parse_int_list,
     parse_layers,
-    resolve_device,
     size_warning,
 )
 
@@ -161,7 +161,6 @@ def test_cuda_index_checked_against_device_count(monkeypatch: pytest.MonkeyPatch
 
 
 def test_bfloat16_needs_native_support_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnbench.spec import check_dtype
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (7, 5))
     with pytest.raises(AttnbenchError, match=r"compute capability 7.5 < 8.0\); accepted there"):

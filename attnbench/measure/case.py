@@ -14,24 +14,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attnbench.devices import DTYPES, device_sync
 from attnbench.layers import build_layer
 from attnbench.measure.flops import count_flops
 from attnbench.measure.memory import peak_bytes
+from attnbench.measure.record import CaseResult
 from attnbench.measure.structure import SEQ_METHOD, path_length, sequential_steps
 from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats, time_call
-from attnbench.results import CaseResult
-from attnbench.spec import DTYPES, Case
+from attnbench.spec import Case
 from attnbench.units import fmt_seconds
-
-
-def device_sync(device: str) -> Callable[[], None]:
-    """A function that waits for the device's queued work (a no-op on the CPU)."""
-    if device.startswith("cuda"):
-        dev = torch.device(device)
-        return lambda: torch.cuda.synchronize(dev)
-    if device == "mps":
-        return torch.mps.synchronize
-    return lambda: None
 
 
 def make_input(case: Case, seed: int) -> torch.Tensor:

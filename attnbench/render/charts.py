@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -28,25 +27,24 @@ from attnbench.fits import (
     quadratic_layers,
     rival_layers,
     term_sizes,
+    theory_values,
     time_ratios,
 )
 from attnbench.layers import layer_names
-from attnbench.positional import binary_digits, sinusoidal_table
-from attnbench.results import RunResults
+from attnbench.results.run import RunResults
+from attnbench.schema import METRICS, Metric
 from attnbench.theory import THEORY
 
 CHARTS_DIR = "charts"
 FORMATS = ("png", "svg", "pdf")
 DEFAULT_FORMATS = ("png", "svg")
 
-# name -> what the chart shows (also the --metric choices and the file stems)
+# name -> what the chart shows (also the --metric choices and the file stems): time's two
+# charts, one per metric that the registry gives a chart, and the two drawn from time and theory.
 CHARTS: dict[str, str] = {
     "time": "time per call against n, one panel per d, with the fitted cost model",
     "time-d": "time per call against d, one panel per n, with the fitted cost model",
-    "memory": "peak memory above baseline against n, one panel per d",
-    "flops": "counted FLOPs against n, one panel per d, with the analytic formula",
-    "seq_steps": "traced sequential steps against n, with the theory's order",
-    "path_len": "maximum path length against n, with the theory's order",
+    **{m.chart.name: m.chart.description for m in METRICS if m.chart is not None},
     "normalized": "time divided by the analytic FLOPs against n: flat where the theory holds",
     "crossover": "attention time over RNN and conv time against n/d, with the line 1",
 }
@@ -160,41 +158,37 @@ def _time_chart(
     return fig
 
 
-def _metric_chart(
-    analysis: Analysis,
-    metric: str,
-    ylabel: str,
-    title: str,
-    *,
-    theory: Callable[[pd.Series], float] | None = None,
-    theory_note: str = "",
-    per_d: bool = True,
-    scale_theory: bool = False,
-) -> Figure | None:
-    """A metric against n, one panel per d (or one panel at the largest d)."""
+def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
+    """A metric against n, one panel per d (or one panel at the largest d), as its registry
+    entry's chart says; the theory's law for it dashed."""
+    chart = metric.chart
+    assert chart is not None
+    column = metric.column
     frame = analysis.frame.copy()
-    frame[metric] = pd.to_numeric(frame[metric], errors="coerce")
-    frame = frame.dropna(subset=[metric])
+    frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    frame = frame.dropna(subset=[column])
     ds = [d for d in _last(frame["d"]) if frame[frame["d"] == d]["n"].nunique() > 1]
     if not ds:
         return None
-    ds = ds if per_d else ds[-1:]
-    fig, axes = _panels(len(ds), title)
+    ds = ds if chart.per_d else ds[-1:]
+    fig, axes = _panels(len(ds), chart.title)
     for ax, d in zip(axes, ds, strict=True):
         at = frame[frame["d"] == d]
         for layer, line in at.groupby("layer", sort=False):
             line = line.sort_values("n")
             style = layer_style(str(layer))
-            label = _exponent_label(analysis, str(layer), metric, "n", int(d))
-            ax.plot(line["n"], line[metric], label=label, lw=1.2, **style)
-            if theory is not None and str(layer) in THEORY:
-                expected = np.array([theory(c) for c in line.itertuples(index=False)])
-                if scale_theory and expected[-1] > 0:
-                    expected = expected * line[metric].iloc[-1] / expected[-1]
+            label = _exponent_label(analysis, str(layer), column, "n", int(d))
+            ax.plot(line["n"], line[column], label=label, lw=1.2, **style)
+            law = theory_values(line, column) if chart.theory_note else None
+            if law is not None and str(layer) in THEORY:
+                expected = law.to_numpy()
+                if chart.scale_theory and expected[-1] > 0:
+                    expected = expected * line[column].iloc[-1] / expected[-1]
                 ax.plot(line["n"], expected, linestyle="--", lw=1, color=style["color"])
-        _log_axes(ax, "sequence length n", ylabel)
+        _log_axes(ax, "sequence length n", chart.ylabel)
         ax.set_title(
-            f"d = {d}" + (f"   (dashed: {theory_note})" if theory_note else ""), fontsize=9
+            f"d = {d}" + (f"   (dashed: {chart.theory_note})" if chart.theory_note else ""),
+            fontsize=9,
         )
         _legend(ax)
     return fig
@@ -260,30 +254,14 @@ def build_charts(
     builders: dict[str, Callable[[], Figure | None]] = {
         "time": lambda: _time_chart(analysis, q, "n", "d", "Time per call against sequence length"),
         "time-d": lambda: _time_chart(analysis, q, "d", "n", "Time per call against width"),
-        "memory": lambda: _metric_chart(
-            analysis, "peak_bytes", "peak memory above baseline [bytes]",
-            "Peak memory of one call against sequence length",
-        ),
-        "flops": lambda: _metric_chart(
-            analysis, "flops", "FLOPs per call (counted)", "FLOPs against sequence length",
-            theory=lambda c: THEORY[c.layer].flops(c.batch, c.n, c.d, c.k, c.window),
-            theory_note="analytic formula",
-        ),
-        "seq_steps": lambda: _metric_chart(
-            analysis, "seq_steps", "sequential steps (traced)",
-            "Sequential operations against sequence length",
-            theory=lambda c: THEORY[c.layer].sequential_law(c.n, c.k, c.window),
-            theory_note="theory's order, through the last point", per_d=False, scale_theory=True,
-        ),
-        "path_len": lambda: _metric_chart(
-            analysis, "path_len", "maximum path length (steps)",
-            "Maximum path length against sequence length",
-            theory=lambda c: THEORY[c.layer].path_law(c.n, c.k, c.window),
-            theory_note="theory's order, through the last point", per_d=False, scale_theory=True,
-        ),
+        **{
+            m.chart.name: (lambda m=m: _metric_chart(analysis, m))
+            for m in METRICS
+            if m.chart is not None
+        },
         "normalized": lambda: _normalized_chart(analysis),
         "crossover": lambda: _crossover_chart(analysis),
-    }  # fmt: skip
+    }
     figures = {}
     for name in names or CHARTS:
         figure = builders[name]()
@@ -411,53 +389,3 @@ def plot_run(
 def device_folder(device: str) -> str:
     """A folder name for a device model: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
     return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "device"
-
-
-# ----------------------------------------------------------------------------- positional encoding
-
-PE_CHARTS = ("pe-columns", "pe-heatmap", "pe-binary")
-
-
-def pe_figures(
-    n: int = 60, d: int = 32, columns: Sequence[int] = (6, 7, 8, 9)
-) -> dict[str, Figure]:
-    """The chapter's figures, drawn from this package's own encoding table."""
-    table = sinusoidal_table(n, d, dtype=torch.float64).numpy()  # (n, d)
-    figures: dict[str, Figure] = {}
-
-    fig = Figure(figsize=(7, 3), layout="constrained")
-    ax = fig.add_subplot()
-    for col in columns:
-        ax.plot(np.arange(n), table[:, col], label=f"column {col}", lw=1.5)
-    ax.set_xlabel("row (position i)")
-    ax.set_ylabel("p[i, column]")
-    ax.set_title(f"Sinusoidal encoding, columns {columns[0]}..{columns[-1]} (d = {d})")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(columns),
-              frameon=False)  # fmt: skip
-    ax.grid(True, alpha=0.3)
-    figures["pe-columns"] = fig
-
-    fig = Figure(figsize=(4.5, 5), layout="constrained")
-    ax = fig.add_subplot()
-    image = ax.imshow(table, cmap="Blues", aspect="auto", interpolation="nearest")
-    ax.set_xlabel("column (encoding dimension)")
-    ax.set_ylabel("row (position)")
-    ax.set_title(f"P, {n} positions x {d} columns")
-    fig.colorbar(image, ax=ax, shrink=0.8)
-    figures["pe-heatmap"] = fig
-
-    bits = max(1, (n - 1).bit_length())
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    left.imshow(binary_digits(n, bits).numpy(), cmap="Blues", aspect="auto",
-                interpolation="nearest")  # fmt: skip
-    left.set_xticks(range(bits))
-    left.set_xlabel("bit (lowest first)")
-    left.set_ylabel("number i")
-    left.set_title("bits of i: lower bits flip faster", fontsize=10)
-    right.imshow(table[:, : 2 * bits], cmap="Blues", aspect="auto", interpolation="nearest")
-    right.set_xlabel("column (encoding dimension)")
-    right.set_ylabel("row (position i)")
-    right.set_title("P: lower columns change faster", fontsize=10)
-    figures["pe-binary"] = fig
-    return figures

@@ -2,7 +2,9 @@
 github-action-benchmark list, and the GitHub job summary.
 
 Every output is built from one ``Comparison``, so the terminal, the job summary and the JSON
-never disagree.
+never disagree. ``FORMATS`` holds one renderer per output format: ``compare``, ``sweep
+--baseline`` and any later command that judges runs choose from it, so a new format is one
+function and one entry.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -24,19 +27,27 @@ from attnbench.compare import (
     Comparison,
     TimeVerdict,
 )
-from attnbench.report import Block
-from attnbench.report import to_markdown as blocks_to_markdown
+from attnbench.render.blocks import Block
+from attnbench.render.blocks import to_markdown as blocks_to_markdown
+from attnbench.schema import EXACT_METRICS, METRIC
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 JSON_SCHEMA_ID = "attnbench-compare/1"
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
-SHORT_METRIC = {"flops": "FLOPs", "seq_steps": "steps", "path_len": "path", "peak_bytes": "peak"}
 
 
 def schema(name: str) -> dict[str, Any]:
-    """A JSON Schema shipped with the package: ``compare`` or ``github-action-benchmark``."""
+    """A JSON Schema shipped with the package: ``compare`` or ``github-action-benchmark``.
+
+    The compare schema's per-case ``metrics`` object requires exactly the registry's exact
+    metrics (the shipped file lists them too; a test keeps the two equal).
+    """
     text = resources.files("attnbench").joinpath(f"schemas/{name}.schema.json").read_text()
-    return json.loads(text)
+    loaded = json.loads(text)
+    if name == "compare":
+        metrics = loaded["properties"]["cases"]["items"]["properties"]["metrics"]
+        metrics["required"] = [m.column for m in EXACT_METRICS]
+    return loaded
 
 
 def _ratio(x: float) -> str:
@@ -48,7 +59,7 @@ def _p(x: float) -> str:
 
 
 def _amount(metric: str, value: float) -> str:
-    return fmt_bytes(value) if metric == "peak_bytes" else fmt_count(value)
+    return fmt_bytes(value) if METRIC[metric].unit == "bytes" else fmt_count(value)
 
 
 def count_changes(comparison: Comparison, case_id: str) -> str:
@@ -61,7 +72,7 @@ def count_changes(comparison: Comparison, case_id: str) -> str:
         sign = "+" if r.new > r.base else ""
         mark = "!" if r.verdict == REGRESSION else ""
         moved.append(
-            f"{mark}{SHORT_METRIC[r.metric]} {_amount(r.metric, r.base)} -> "
+            f"{mark}{METRIC[r.metric].short} {_amount(r.metric, r.base)} -> "
             f"{_amount(r.metric, r.new)} ({sign}{r.change:.1%})"
         )
     if moved:
@@ -327,3 +338,33 @@ def append_step_summary(markdown: str, environ: Mapping[str, str] | None = None)
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(markdown.rstrip("\n") + "\n\n")
     return path
+
+
+@dataclass(frozen=True)
+class VerdictFormat:
+    """One way to print a comparison: its renderer, and what it is for (--format's help)."""
+
+    render: Callable[[Comparison, str], str]  # (comparison, --fail-on) -> the text
+    help: str
+    step_summary: bool = False  # also appended to GitHub's job summary, when there is one
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, indent=2) + "\n"
+
+
+FORMATS: dict[str, VerdictFormat] = {
+    "markdown": VerdictFormat(
+        to_markdown,
+        "the table as Markdown, also appended to $GITHUB_STEP_SUMMARY when that is set",
+        step_summary=True,
+    ),
+    "json": VerdictFormat(
+        lambda c, gate: _json_text(to_json(c, gate)),
+        "the verdicts as JSON (attnbench/schemas/compare.schema.json)",
+    ),
+    "github-action-benchmark": VerdictFormat(
+        lambda c, gate: _json_text(github_action_benchmark(c)),
+        "the customSmallerIsBetter list github-action-benchmark reads",
+    ),
+}

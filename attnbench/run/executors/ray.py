@@ -6,7 +6,8 @@ GPU worker holds one whole GPU (``num_gpus=1``), a CPU worker as many CPUs as it
 A worker that dies (killed, out of memory, its node gone) loses only the job it was running; it
 is replaced, and the runner decides whether that job runs again.
 
-Importing this module imports Ray; ``attnbench.execute.make_executor`` does so only when asked.
+Importing this module imports Ray; ``attnbench.run.executors.make_executor`` does so only when
+asked.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from typing import Any
 
 import torch
 
-from attnbench import __version__
+from attnbench._version import __version__
+from attnbench.devices import DEVICE_CHOICES, check_dtype
 from attnbench.errors import AttnbenchError
-from attnbench.execute import Job, JobDone, Placement, Take, Worker
-from attnbench.results import environment
-from attnbench.spec import DEVICE_CHOICES, Grid, check_dtype
+from attnbench.results.environment import environment
+from attnbench.run.executors.base import Job, JobDone, Placement, Take
+from attnbench.run.executors.worker import Worker
+from attnbench.spec import Grid
 
 try:
     import ray

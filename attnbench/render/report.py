@@ -8,30 +8,22 @@ forge as it does locally.
 
 from __future__ import annotations
 
-import html
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from attnbench.fits import Analysis
-from attnbench.results import RunResults, write_text_atomic
-from attnbench.table import COLUMNS as TABLE_COLUMNS
-from attnbench.table import HEADERS, comparison_table, fit_notes
+from attnbench.render.blocks import Block, to_html, to_markdown
+from attnbench.results.files import write_text_atomic
+from attnbench.results.run import RunResults
+from attnbench.schema import METRIC
+from attnbench.table import comparison_table, display, fit_notes
 
 REPORT_FILE = "report.md"
 HTML_FILE = "report.html"
-
-METRIC_NAMES = {
-    "time_s": "time",
-    "peak_bytes": "peak memory",
-    "flops": "FLOPs",
-    "seq_steps": "sequential steps",
-    "path_len": "path length",
-}
 
 
 def _num(x: float, digits: int = 2) -> str:
@@ -64,7 +56,7 @@ def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "layer": e["layer"],
-            "metric": e["metric"].map(METRIC_NAMES),
+            "metric": e["metric"].map(lambda column: METRIC[column].display),
             f"at {other}": e["fixed"],
             "exponent [95% CI]": [_interval(r) for r in e.itertuples(index=False)],
             "theory": e["theory"].map(_num),
@@ -141,14 +133,6 @@ def fit_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
 # ----------------------------------------------------------------------------- blocks
 
 
-@dataclass(frozen=True)
-class Block:
-    kind: str  # "h1", "h2", "p", "table", "img", "list"
-    text: str = ""
-    table: pd.DataFrame | None = None
-    items: tuple[str, ...] = ()
-
-
 def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: Path) -> list[Block]:
     counts = ", ".join(f"{v} {k}" for k, v in run.counts().items() if v)
     config = run.meta.get("config", {})
@@ -171,8 +155,6 @@ def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: P
         ),
     ]
     table = comparison_table(run, analysis)
-    shown = table[TABLE_COLUMNS].copy()
-    shown.columns = HEADERS
     blocks += [
         Block("h2", "Comparison table"),
         Block(
@@ -180,7 +162,7 @@ def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: P
             "The chapter's table, each theoretical order beside the log-log exponent measured "
             "in this run (time at fixed d and at fixed n; traced steps; Jacobian path length).",
         ),
-        Block("table", table=shown),
+        Block("table", table=display(table)),
         Block("list", items=tuple(fit_notes(table, run))),
     ]
     for title, frame in fit_tables(analysis).items():
@@ -202,61 +184,6 @@ def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: P
         for path in charts:
             blocks.append(Block("img", os.path.relpath(path, base)))
     return blocks
-
-
-def _cell(value: object) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def to_markdown(blocks: Sequence[Block]) -> str:
-    out: list[str] = []
-    for b in blocks:
-        if b.kind == "h1":
-            out.append(f"# {b.text}\n")
-        elif b.kind == "h2":
-            out.append(f"## {b.text}\n")
-        elif b.kind == "p":
-            out.append(f"{b.text}\n")
-        elif b.kind == "list":
-            out.append("".join(f"- {item}\n" for item in b.items))
-        elif b.kind == "img":
-            out.append(f"![{Path(b.text).stem}]({b.text})\n")
-        elif b.kind == "table" and b.table is not None:
-            t = b.table
-            lines = ["| " + " | ".join(_cell(c) for c in t.columns) + " |"]
-            lines.append("|" + "---|" * len(t.columns))
-            for row in t.itertuples(index=False):
-                lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
-            out.append("\n".join(lines) + "\n")
-    return "\n".join(out)
-
-
-_STYLE = (
-    "body{font-family:system-ui,sans-serif;max-width:70rem;margin:2rem auto;padding:0 1rem}"
-    "table{border-collapse:collapse;margin:1rem 0;font-size:.9rem}"
-    "td,th{border:1px solid #ccc;padding:.25rem .5rem;text-align:left}"
-    "img{max-width:100%;margin:1rem 0}"
-)
-
-
-def to_html(blocks: Sequence[Block]) -> str:
-    e = html.escape
-    title = next((b.text for b in blocks if b.kind == "h1"), "attnbench report")
-    out = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
-        f"<style>{_STYLE}</style></head><body>"
-    ]
-    for b in blocks:
-        if b.kind in ("h1", "h2", "p"):
-            out.append(f"<{b.kind}>{e(b.text)}</{b.kind}>")
-        elif b.kind == "list":
-            out.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in b.items) + "</ul>")
-        elif b.kind == "img":
-            out.append(f"<img src='{e(b.text)}' alt='{e(Path(b.text).stem)}'>")
-        elif b.kind == "table" and b.table is not None:
-            out.append(b.table.to_html(index=False, border=0, escape=True))
-    out.append("</body></html>\n")
-    return "\n".join(out)
 
 
 def write_report(

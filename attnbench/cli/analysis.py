@@ -1,0 +1,277 @@
+"""The commands that read a saved run (show, table, plot, fit, report), and pe and env.
+
+Each prints its product (a table, or with --json its JSON) on stdout, and its notes (files
+written, what was left out) on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import pandas as pd
+import torch
+import typer
+
+from attnbench.cli.options import AsJson, RunLayers, SavedRun
+from attnbench.cli.render import Streams, frame_table, summary_notes, summary_tables
+from attnbench.cli.sweeping import records
+from attnbench.devices import DEVICE_CHOICES, resolve_device
+from attnbench.errors import AttnbenchError
+from attnbench.fits import analyse
+from attnbench.positional import relative_shift_error
+from attnbench.render.blocks import markdown_table
+from attnbench.render.charts import (
+    CHARTS,
+    CHARTS_DIR,
+    DEFAULT_FORMATS,
+    FORMATS,
+    existing_charts,
+    parse_charts,
+    parse_formats,
+    plot_run,
+    save_charts,
+    select_layers,
+)
+from attnbench.render.pe import pe_figures
+from attnbench.render.report import fit_tables, write_report
+from attnbench.results.environment import environment
+from attnbench.results.files import latest_results
+from attnbench.results.run import RunResults
+from attnbench.results.store import load_results
+from attnbench.spec import parse_columns
+from attnbench.table import HEADERS, comparison_table, display, fit_notes
+
+
+def _load(folder: Path | None) -> RunResults:
+    return load_results(folder if folder is not None else latest_results())
+
+
+def _echo_json(payload: Any) -> None:
+    typer.echo(json.dumps(payload, indent=2, default=str))
+
+
+def _announce(paths: list[Path], streams: Streams) -> None:
+    for path in paths:
+        streams.err.print(str(path), soft_wrap=True)
+
+
+def show(
+    folder: Annotated[Path, typer.Argument(help="A results folder written by attnbench sweep.")],
+    as_json: AsJson = False,
+) -> None:
+    """Print the tables of a saved run (finished or not), with its case counts."""
+    run = load_results(folder)
+    if as_json:
+        _echo_json({"path": str(run.path), "status": run.status, "results": records(run)})
+        return
+    streams = Streams.make()
+    summary_tables(run, streams.out)
+    summary_notes(run, streams.err, verb="in")
+
+
+def table(
+    folder: SavedRun = None,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print a Markdown table on stdout (for a README).")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the table and exponents as JSON on stdout.")
+    ] = False,
+) -> None:
+    """The chapter's comparison table, theory beside the growth measured in a run.
+
+    Measured growth is a log-log exponent in n (and in d for compute), fitted on ok cases.
+    """
+    if markdown and as_json:
+        raise AttnbenchError("--markdown and --json both print on stdout: choose one")
+    run = _load(folder)
+    rows = comparison_table(run)
+    if as_json:
+        typer.echo(rows.to_json(orient="records", indent=2))
+        return
+    if markdown:
+        typer.echo(markdown_table(display(rows)), nl=False)
+        return
+    streams = Streams.make()
+    frame_table(
+        display(rows), streams.out, title=f"comparison table, measured in {run.path}",
+        headers=HEADERS,
+    )  # fmt: skip
+    for note in fit_notes(rows, run):
+        streams.err.print(f"  {note}", soft_wrap=True, markup=False)
+
+
+def plot(
+    folder: SavedRun = None,
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            help="Charts to draw, comma-separated: "
+            + "; ".join(f"{name}: {what}" for name, what in CHARTS.items())
+            + ". Default: all that the run has data for.",
+            show_default=False,
+        ),
+    ] = None,
+    layers: RunLayers = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help=f"Comma-separated: {', '.join(FORMATS)}.")
+    ] = ",".join(DEFAULT_FORMATS),
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder for the chart files. Default: <results>/charts."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the written paths as JSON on stdout.")
+    ] = False,
+) -> None:
+    """Draw a run's comparison charts (log-log, theory dashed) as PNG and SVG files."""
+    names = parse_charts(metric)
+    formats = parse_formats(fmt)
+    run = _load(folder)
+    paths = plot_run(
+        run, names=names, layers=select_layers(run, layers), formats=formats, out_dir=out
+    )
+    drawn = sorted({p.stem for p in paths})
+    left = [x for x in names if x not in drawn]
+    if as_json:
+        _echo_json({"charts": [str(p) for p in paths], "not_drawn": left})
+        return
+    streams = Streams.make()
+    _announce(paths, streams)
+    if left:
+        streams.err.print(
+            f"[yellow]not drawn:[/] {', '.join(left)} (the run has no data for them: "
+            "a line needs two sizes)",
+            soft_wrap=True,
+        )
+
+
+def fit(
+    folder: SavedRun = None,
+    layers: RunLayers = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print exponents, models and crossovers as JSON.")
+    ] = False,
+) -> None:
+    """Fit the theory to a run: exponents with 95% intervals, cost models, crossovers."""
+    run = _load(folder)
+    analysis = analyse(run, select_layers(run, layers))
+    if as_json:
+        _echo_json(
+            {
+                "path": str(run.path),
+                "exponents": json.loads(analysis.exponents.to_json(orient="records")),
+                "models": json.loads(analysis.models.to_json(orient="records")),
+                "crossovers": json.loads(analysis.crossovers.to_json(orient="records")),
+            }
+        )
+        return
+    streams = Streams.make(width=140)
+    for title, frame in fit_tables(analysis).items():
+        frame_table(frame, streams.out, title=title)
+
+
+def report(
+    folder: SavedRun = None,
+    as_html: Annotated[
+        bool, typer.Option("--html", help="Also write report.html beside report.md.")
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Report file. Default: <results>/report.md."),
+    ] = None,
+    charts: Annotated[
+        bool,
+        typer.Option(
+            "--charts/--no-charts",
+            help="Draw the charts first and embed them; --no-charts embeds those already drawn.",
+        ),
+    ] = True,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the written paths as JSON on stdout.")
+    ] = False,
+) -> None:
+    """Write a Markdown report of a run: environment, comparison table, fits, crossovers, charts.
+
+    Commit it next to the results: the charts are linked relative to it.
+    """
+    run = _load(folder)
+    analysis = analyse(run)
+    if charts and not run.measured.empty:
+        paths = plot_run(run, analysis=analysis)
+    else:  # embed the charts already drawn, if any
+        paths = existing_charts(run.path / CHARTS_DIR)
+    try:
+        if out is not None and out.parent != Path():
+            out.parent.mkdir(parents=True, exist_ok=True)
+        written = write_report(run, analysis, paths, out=out, html_too=as_html)
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write the report: {exc}") from None
+    if as_json:
+        _echo_json({"files": [str(p) for p in written], "charts": [str(p) for p in paths]})
+        return
+    _announce(written, Streams.make())
+
+
+def pe(
+    n: Annotated[int, typer.Option("--n", help="Positions (rows of P).")] = 60,
+    d: Annotated[int, typer.Option("--d", help="Encoding width (columns of P).")] = 32,
+    columns: Annotated[
+        str, typer.Option(help="Columns to plot against position, as a range or list.")
+    ] = "6..9",
+    out: Annotated[Path, typer.Option(help="Folder for the figures.")] = Path("results/pe"),
+    fmt: Annotated[
+        str, typer.Option("--format", help=f"Comma-separated: {', '.join(FORMATS)}.")
+    ] = ",".join(DEFAULT_FORMATS),
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the check and the written paths as JSON.")
+    ] = False,
+) -> None:
+    """The chapter's positional-encoding figures, and a check of its relative-position property.
+
+    For every offset δ = 1..n, a fixed 2x2 rotation maps (p[i,2j], p[i,2j+1]) to
+    (p[i+δ,2j], p[i+δ,2j+1]) for all i and j; the largest error is printed (float rounding).
+    """
+    if n < 1 or d < 2:
+        raise AttnbenchError(f"--n must be at least 1 and --d at least 2 (got {n}, {d})")
+    cols = parse_columns(columns)
+    if max(cols) >= d:
+        raise AttnbenchError(f"--columns go up to {max(cols)}, but P has columns 0..{d - 1}")
+    formats = parse_formats(fmt)
+    errors = {
+        "float64": relative_shift_error(n, d, dtype=torch.float64),
+        "float32": relative_shift_error(n, d, dtype=torch.float32),
+    }
+    paths = save_charts(pe_figures(n, d, cols), out, formats)
+    if as_json:
+        files = [str(p) for p in paths]
+        _echo_json({"n": n, "d": d, "relative_shift_error": errors, "files": files})
+        return
+    streams = Streams.make()
+    streams.out.print("binary counting, lowest bit fastest (the columns of P are its smooth form):")
+    for i in range(8):
+        streams.out.print(f"  {i} in binary is {i:>03b}")
+    streams.out.print(
+        f"largest |R(δ)·p[i] - p[i+δ]| over i < {n}, j < {d // 2}, δ = 1..{n}: "
+        f"{errors['float64']:.1e} in float64, {errors['float32']:.1e} in float32",
+        soft_wrap=True,
+        markup=False,
+    )
+    _announce(paths, streams)
+
+
+def env(
+    device: Annotated[
+        str, typer.Option(help=f"{DEVICE_CHOICES}.", envvar="ATTNBENCH_DEVICE")
+    ] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print as JSON on stdout.")] = False,
+) -> None:
+    """Print the environment block that every run records in run.json."""
+    info = environment(resolve_device(device))
+    if as_json:
+        _echo_json(info)
+        return
+    rows = [(key, "-" if value is None else str(value)) for key, value in info.items()]
+    frame_table(pd.DataFrame(rows, columns=["key", "value"]), Streams.make().out)

@@ -1,0 +1,89 @@
+"""The Typer app: its commands, and the mapping of the core's one exception to exit codes.
+
+Every command parses its options, calls one core function and renders what comes back (the
+renderers are in ``cli.render``). The core raises ``AttnbenchError``; ``handles_errors`` turns
+it into one line on stderr and its exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.markup import escape
+
+from attnbench._version import __version__
+from attnbench.cli import analysis, judge, sweeping
+from attnbench.cli.render import console
+from attnbench.errors import AttnbenchError, SweepInterrupted
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+app = typer.Typer(
+    name="attnbench",
+    help="Measure the complexity table of self-attention: time, memory, FLOPs, sequential "
+    "steps and path length of conv, recurrent and (restricted) self-attention layers over a "
+    "grid of sequence lengths n and widths d.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def fail(exc: AttnbenchError) -> typer.Exit:
+    """Print the error in one line on stderr; the exit that carries its code."""
+    err = console(stderr=True)
+    if isinstance(exc, SweepInterrupted):
+        err.print(f"[bold yellow]interrupted:[/] {escape(exc.message)}", soft_wrap=True)
+    else:
+        err.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
+    return typer.Exit(exc.exit_code)
+
+
+def handles_errors(command: F) -> F:
+    """The command, with ``AttnbenchError`` mapped to a message and an exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except AttnbenchError as exc:
+            raise fail(exc) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"attnbench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """attnbench: see why attention is quadratic, measured on your own device."""
+
+
+for command in (
+    sweeping.sweep,
+    judge.compare,
+    analysis.show,
+    analysis.table,
+    analysis.plot,
+    analysis.fit,
+    analysis.report,
+    analysis.pe,
+    analysis.env,
+):
+    app.command()(handles_errors(command))
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,119 @@
+"""Options that several commands share, declared once from the core's own tables.
+
+A Typer command lists its parameters in its signature. The sweep's grid options (``spec.OPTIONS``)
+and the regression gate's options (``compare.GATE_OPTIONS``) are tables in the core, and more than
+one command takes them; ``with_options`` adds a table's options to a command's signature, and the
+command receives their values in ``**options``. A new row in either table is then a new flag of
+every command that takes the group, with its help and default, and nothing else to edit.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from attnbench.errors import AttnbenchError
+from attnbench.render.verdicts import FORMATS
+from attnbench.spec import OPTIONS
+from attnbench.thresholds import GATE_OPTIONS
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _parameter(
+    key: str, kind: type, help_text: str, envvar: str | None = None
+) -> inspect.Parameter:
+    if kind is bool:  # a switch: --normalize / --no-normalize, off unless given
+        option = typer.Option(help=help_text)
+        return inspect.Parameter(
+            key, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, option]
+        )
+    option = typer.Option(_flag(key), help=help_text, envvar=envvar, show_default=False)
+    return inspect.Parameter(
+        key,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[kind | None, option],  # None: not given (the core's default holds)
+    )
+
+
+GRID = tuple(_parameter(o.key, o.kind, o.full_help, o.envvar) for o in OPTIONS)
+GATE = tuple(_parameter(o.key, o.kind, o.full_help) for o in GATE_OPTIONS)
+VERDICT_FORMATS = ("table", *FORMATS)
+VERDICT_OUTPUT = (
+    _parameter(
+        "format",
+        str,
+        "What the comparison prints on stdout: table, "
+        + "; ".join(f"{name}: {f.help}" for name, f in FORMATS.items())
+        + ". Default: table.",
+    ),
+    _parameter("markdown", bool, "Short for --format markdown."),
+    _parameter("output", Path, "Write the --format output to this file instead of stdout."),
+)
+
+
+def with_options(
+    *, before: Iterable[inspect.Parameter] = (), after: Iterable[inspect.Parameter] = ()
+) -> Callable[[F], F]:
+    """Add option groups to a command: ``before`` its own parameters, ``after`` them. The
+    command's ``**options`` receives their values by key."""
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func, eval_str=True)  # Typer reads it as it is
+        own = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
+        keyword = [p.replace(kind=p.KEYWORD_ONLY) for p in own]
+        func.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*before, *keyword, *after]
+        )
+        return func
+
+    return decorate
+
+
+def pick(options: Mapping[str, Any], group: Iterable[inspect.Parameter]) -> dict[str, Any]:
+    """The values of one group's options (those given, for options that default to None)."""
+    keys = {p.name for p in group}
+    return {key: value for key, value in options.items() if key in keys and value is not None}
+
+
+def verdict_format(options: Mapping[str, Any], as_json: bool = False) -> str:
+    """The one format a judging command prints: ``--format``, or ``--markdown`` / ``--json``.
+
+    ``as_json`` is the command's own ``--json`` when it means the verdicts (``compare``).
+    """
+    chosen = {options.get("format") or "table"} - {"table"}
+    chosen |= {"markdown"} if options.get("markdown") else set()
+    chosen |= {"json"} if as_json else set()
+    if len(chosen) > 1:
+        raise AttnbenchError(f"choose one output: {', '.join(sorted(chosen))}")
+    name = chosen.pop() if chosen else "table"
+    if name not in VERDICT_FORMATS:
+        raise AttnbenchError(
+            f"--format {options.get('format')!r}: accepted: {', '.join(VERDICT_FORMATS)}"
+        )
+    if options.get("output") is not None and name == "table":
+        raise AttnbenchError("--output needs --markdown, --json or --format (not table)")
+    return name
+
+
+# Arguments shared by the commands that read a saved run.
+SavedRun = Annotated[
+    Path | None,
+    typer.Argument(
+        help="A results folder. Default: the newest under results/.", show_default=False
+    ),
+]
+RunLayers = Annotated[
+    str | None,
+    typer.Option(help="Only these layers, comma-separated. Default: all in the run."),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print it as JSON on stdout instead.")]

@@ -1,0 +1,196 @@
+"""``attnbench sweep``: measure a grid (or finish one), draw its charts, judge it if asked."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from attnbench.cli.judge import show_verdicts
+from attnbench.cli.options import (
+    GATE,
+    GRID,
+    VERDICT_OUTPUT,
+    pick,
+    verdict_format,
+    with_options,
+)
+from attnbench.cli.render import Streams, SweepProgress, summary_notes, summary_tables
+from attnbench.compare import compare_runs
+from attnbench.errors import AttnbenchError
+from attnbench.render.charts import plot_run
+from attnbench.render.verdicts import to_json
+from attnbench.results.run import RunResults
+from attnbench.results.store import load_results
+from attnbench.run.executors import EXECUTORS, make_executor
+from attnbench.run.sweep import resume_sweep, run_sweep
+from attnbench.spec import load_config
+from attnbench.thresholds import gate_from
+
+# Rich reads [ray] as markup in help texts: escaped.
+EXECUTOR_HELP = "Where cases run: " + "; ".join(
+    f"{name}: {entry.help}".replace("[", "\\[") for name, entry in EXECUTORS.items()
+) + "."
+
+
+@with_options(before=GRID, after=(*GATE, *VERDICT_OUTPUT))
+def sweep(
+    out: Annotated[
+        Path | None, typer.Option(help="Results folder. Default: results/<timestamp>.")
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="TOML file with the same keys (layers, n, d, ...); options override it."),
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="Finish an interrupted run in this folder: measure only its missing cases, "
+            "with its recorded configuration.",
+            show_default=False,
+        ),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="With --resume: go on although options or the environment changed "
+            "(the changes are recorded in run.json)."
+        ),
+    ] = False,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes", "-y", help="Start a very large sweep (over 2000 cases or about an hour)."
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the results as JSON on stdout.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress, tables or notes.")] = False,
+    charts: Annotated[
+        bool,
+        typer.Option(
+            "--charts/--no-charts",
+            help="Draw the charts into <results>/charts when the sweep completes (PNG, SVG).",
+        ),
+    ] = True,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="Compare with this earlier run when the sweep completes (as attnbench compare); "
+            "exit 1 on a regression.",
+            show_default=False,
+        ),
+    ] = None,
+    executor: Annotated[
+        str, typer.Option(help=EXECUTOR_HELP, envvar="ATTNBENCH_EXECUTOR")
+    ] = "serial",
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="With --executor ray: the cluster, as ray.init takes it (auto: the one "
+            "`ray start` made here; ray://host:10001). Default: a new local Ray instance, "
+            "or $RAY_ADDRESS.",
+            show_default=False,
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="With --executor ray: run at most this many cases at once. Default: as many as "
+            "the cluster has GPUs (--device cuda) or CPUs / --threads.",
+            show_default=False,
+        ),
+    ] = None,
+    **options: Any,
+) -> None:
+    """Measure time, peak memory, FLOPs, sequential steps and path length over the n x d grid.
+
+    Every finished case is written at once. Cases that run out of memory or time are recorded
+    (oom, timeout) and the larger cases of their layer skipped. Ctrl-C or SIGTERM stops after
+    the current case and exits 130; --resume DIR finishes the run. With --baseline DIR the run
+    is compared with DIR when it completes, and the exit code is compare's (0, 1 on regression).
+    """
+    thresholds, gate = gate_from(options)
+    fmt = verdict_format(options)
+    output = options.get("output")
+    if baseline is None and (fmt != "table" or output is not None):
+        flag = "--markdown" if fmt == "markdown" else f"--format {fmt}"
+        raise AttnbenchError(f"{flag} prints the comparison: it needs --baseline DIR")
+    if as_json and fmt != "table" and output is None:
+        raise AttnbenchError(f"--json and --format {fmt} both print on stdout: choose one")
+    # Checked before measuring: a mistyped baseline must not cost a whole sweep.
+    base_run = load_results(baseline) if baseline is not None else None
+    values: dict[str, Any] = load_config(config) if config is not None else {}
+    values.update(pick(options, GRID))
+    if out is not None:
+        values["out"] = str(out)
+    if force and resume is None:
+        raise AttnbenchError("--force applies only with --resume DIR")
+    if resume is not None and "out" in values:
+        raise AttnbenchError("--resume continues a run in its own folder; leave out --out")
+    streams = Streams.make(stdout_taken=as_json or (fmt != "table" and output is None), quiet=quiet)
+    runs_on = make_executor(executor, address=address, workers=workers)
+    try:
+        with (
+            contextlib.closing(runs_on),
+            # stdout carries the command's product only: what a library prints while the sweep
+            # runs (Ray reports dead workers there) goes to stderr with the progress.
+            contextlib.redirect_stdout(sys.stderr),
+            SweepProgress(streams.err, quiet=quiet) as progress,
+        ):
+            measure = {"progress": progress, "on_start": progress.started, "executor": runs_on}
+            if resume is not None:
+                run = resume_sweep(resume, values or None, force=force, **measure)
+            else:
+                run = run_sweep(values, values.get("out"), allow_large=yes, **measure)
+    except KeyboardInterrupt:  # before the first case started: nothing was measured yet
+        streams.err.print("[bold yellow]interrupted:[/] before any case was measured")
+        raise typer.Exit(130) from None
+    if streams.human is not None:
+        summary_tables(run, streams.human)
+    if streams.notes is not None:
+        summary_notes(run, streams.notes)
+    drawn = _charts_after_sweep(run, streams) if charts else []
+    comparison = None
+    if base_run is not None:
+        try:
+            comparison = compare_runs(base_run, run, thresholds)
+        except AttnbenchError:
+            streams.err.print(f"the results are saved in {run.path}", soft_wrap=True)
+            raise
+        show_verdicts(comparison, gate, fmt, output, streams)
+    if as_json:
+        payload: dict[str, Any] = {"path": str(run.path), "results": records(run), "charts": drawn}
+        if comparison is not None:
+            payload["comparison"] = to_json(comparison, gate)
+        typer.echo(json.dumps(payload, indent=2))
+    if comparison is not None and comparison.failed(gate):
+        raise typer.Exit(1)
+
+
+def _charts_after_sweep(run: RunResults, streams: Streams) -> list[str]:
+    """Charts of a finished sweep; a failure here is reported, and the results stay saved."""
+    if run.measured.empty:
+        return []
+    try:
+        paths = plot_run(run)
+    except Exception as exc:
+        streams.err.print(
+            f"[yellow]warning:[/] charts were not drawn ({exc}); the results are saved, "
+            f"try: attnbench plot {run.path}",
+            soft_wrap=True,
+        )
+        return []
+    if streams.notes is not None:
+        streams.notes.print(f"charts: {len(paths)} files in {paths[0].parent}", soft_wrap=True)
+    return [str(p) for p in paths]
+
+
+def records(run: RunResults) -> list[dict[str, Any]]:
+    """One JSON object per case (pandas turns NaN and NA into null)."""
+    return json.loads(run.frame.to_json(orient="records"))

@@ -1,0 +1,122 @@
+"""Devices: which ones exist here, what they are called, what they compute in, how to wait for them.
+
+A device name the user types (``auto``, ``cuda:1``) is resolved once, against this machine or an
+executor's workers; everything after that works with the resolved string.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from attnbench.errors import AttnbenchError
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+DEVICE_CHOICES = "cpu, cuda, cuda:N, mps, auto"
+
+DeviceResolver = Callable[[str, str], str]  # (--device, --dtype) -> the device cases run on
+
+
+def resolve_device(name: str) -> str:
+    """Turn ``auto`` / ``cuda`` / ``cuda:N`` / ``mps`` / ``cpu`` into an available device string."""
+    name = name.strip().lower()
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda:0"
+        if _mps_available():
+            return "mps"
+        return "cpu"
+    if name == "cpu":
+        return "cpu"
+    if name == "mps":
+        if not _mps_available():
+            raise AttnbenchError("device 'mps' is not available on this machine; try cpu or auto")
+        return "mps"
+    match = re.fullmatch(r"cuda(?::(\d+))?", name)
+    if match:
+        if not torch.cuda.is_available():
+            raise AttnbenchError(
+                f"device {name!r} is not available: this torch build or machine has no CUDA GPU; "
+                "try cpu or auto"
+            )
+        index = int(match.group(1) or 0)
+        count = torch.cuda.device_count()
+        if index >= count:
+            raise AttnbenchError(
+                f"device {name!r} does not exist: this machine has {count} CUDA device(s), "
+                f"cuda:0..cuda:{count - 1}"
+            )
+        return f"cuda:{index}"
+    raise AttnbenchError(f"unknown device {name!r}; accepted: {DEVICE_CHOICES}")
+
+
+def local_device(name: str, dtype: str) -> str:
+    """A device of this machine (resolved), checked to compute in ``dtype`` natively."""
+    device = resolve_device(name)
+    check_dtype(dtype, device)
+    return device
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend and backend.is_available())
+
+
+def check_dtype(dtype: str, device: str) -> None:
+    """Refuse a dtype the device cannot compute in."""
+    if dtype not in DTYPES:
+        raise AttnbenchError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+    if dtype == "bfloat16" and device.startswith("cuda"):
+        # Native bfloat16 arithmetic starts with compute capability 8.0 (Ampere); older GPUs only
+        # emulate it, which would time the emulation, not the layer.
+        major, minor = torch.cuda.get_device_capability(torch.device(device).index or 0)
+        if major < 8:
+            raise AttnbenchError(
+                f"dtype bfloat16 is not supported natively on {device} (compute capability "
+                f"{major}.{minor} < 8.0); accepted there: float32, float16"
+            )
+    if dtype == "bfloat16" and device == "mps":
+        try:
+            torch.ones(1, dtype=torch.bfloat16, device="mps")
+        except (RuntimeError, TypeError) as exc:
+            raise AttnbenchError(
+                "dtype bfloat16 is not supported on mps here; accepted there: float32, float16"
+            ) from exc
+
+
+def device_sync(device: str) -> Callable[[], None]:
+    """A function that waits for the device's queued work (a no-op on the CPU)."""
+    if device.startswith("cuda"):
+        dev = torch.device(device)
+        return lambda: torch.cuda.synchronize(dev)
+    if device == "mps":
+        return torch.mps.synchronize
+    return lambda: None
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it (the platform's word elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: str) -> str:
+    """The model of a resolved device: what charts and compare group cases by."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    if device == "mps":
+        return f"Apple MPS ({platform.machine()})"
+    return cpu_model()

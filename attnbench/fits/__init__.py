@@ -1,0 +1,140 @@
+"""Theory against measurements: exponents, cost models and crossovers (scipy).
+
+Three views, each a tidy table:
+- ``exponent_table``: log-log exponents of every metric in n and in d, with 95% intervals,
+  beside the theory's own exponent over the same points;
+- ``model_fits`` / ``model_table``: each formula of the table fitted to time by non-negative
+  least squares (a·n²·d + b·n·d² + c), its relative RMS, and which formula fits a layer best;
+- ``crossover_table``: the n at which attention becomes slower than an RNN or a convolution,
+  measured and predicted.
+
+A measured exponent says how a metric grows: time ~ n^a at fixed d means a ~ 2 for attention
+and a ~ 1 for an RNN.  Small sizes are dominated by fixed overheads, so time is fitted only where
+the layer's fitted constant is under half the time (``fit_sizes``), peak memory on the upper
+half of the sizes, and exact counts (FLOPs, steps, path length) on all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from attnbench.fits.crossovers import (
+    CROSSOVER_COLUMNS,
+    crossover_table,
+    formula_crossover,
+    measured_crossover,
+    quadratic_layers,
+    rival_layers,
+    time_ratios,
+)
+from attnbench.fits.exponents import (
+    EXPONENT_COLUMNS,
+    Exponent,
+    agrees,
+    exponent_table,
+    fit_sizes,
+    loglog_exponent,
+    range_rule,
+    theory_values,
+    upper_half,
+)
+from attnbench.fits.models import (
+    MODEL_COLUMNS,
+    CostModel,
+    ModelFit,
+    cost_models,
+    fit_cost_model,
+    model_fits,
+    model_table,
+    own_fit,
+    term_sizes,
+)
+from attnbench.layers import DEFAULTS
+from attnbench.results.run import RunResults
+
+__all__ = [
+    "CROSSOVER_COLUMNS",
+    "EXPONENT_COLUMNS",
+    "MODEL_COLUMNS",
+    "Analysis",
+    "CostModel",
+    "Exponent",
+    "ModelFit",
+    "agrees",
+    "analyse",
+    "cost_models",
+    "crossover_table",
+    "exponent_table",
+    "fit_cost_model",
+    "fit_frame",
+    "fit_sizes",
+    "formula_crossover",
+    "loglog_exponent",
+    "measured_crossover",
+    "model_fits",
+    "model_table",
+    "own_fit",
+    "quadratic_layers",
+    "range_rule",
+    "rival_layers",
+    "term_sizes",
+    "theory_values",
+    "time_ratios",
+    "upper_half",
+]
+
+
+def fit_frame(run: RunResults) -> pd.DataFrame:
+    """The run's measured rows, with k and window filled in where a layer has none.
+
+    A rival model needs them to be evaluated on any layer's sizes (the conv model on an RNN's
+    cases, say); the run's own options are used, so the coefficients read in its units.
+    """
+    config = run.meta.get("config", {})
+    fill = {
+        "k": int(config.get("k") or DEFAULTS["k"]),
+        "window": int(config.get("window") or DEFAULTS["window"]),
+        "batch": int(config.get("batch") or 1),
+    }
+    frame = run.measured.copy()
+    for column, value in fill.items():
+        frame[column] = frame[column].fillna(value).astype(int)
+    for column in ("n", "d"):
+        frame[column] = frame[column].astype(int)
+    return frame
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything fitted from one run, computed once for the charts, the report and the CLI."""
+
+    frame: pd.DataFrame  # measured rows, options filled (fit_frame)
+    fits: dict[str, list[ModelFit]]  # per layer, best first
+    exponents: pd.DataFrame  # EXPONENT_COLUMNS
+    models: pd.DataFrame  # MODEL_COLUMNS
+    crossovers: pd.DataFrame  # CROSSOVER_COLUMNS
+
+    def exponent(self, layer: str, metric: str, along: str, fixed: int) -> pd.Series | None:
+        e = self.exponents
+        hit = e[(e.layer == layer) & (e.metric == metric) & (e.along == along) & (e.fixed == fixed)]
+        return None if hit.empty else hit.iloc[0]
+
+
+def analyse(run: RunResults, layers: Sequence[str] | None = None) -> Analysis:
+    """Fit a run's measured cases (optionally only some layers)."""
+    frame = fit_frame(run)
+    if layers:
+        frame = frame[frame["layer"].isin(layers)]
+    found = model_fits(frame)
+    return Analysis(
+        frame=frame,
+        fits=found,
+        exponents=exponent_table(frame, found),
+        models=model_table(found),
+        crossovers=crossover_table(frame)
+        if len(frame)
+        else pd.DataFrame(columns=CROSSOVER_COLUMNS),
+    )

@@ -1,0 +1,143 @@
+"""Crossovers: the n at which attention becomes slower than a recurrent or convolutional layer,
+measured (interpolated between the sweep's sizes) and predicted (FLOP formulas, chapter orders)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import optimize
+
+from attnbench.theory import THEORY
+
+CROSSOVER_COLUMNS = [
+    "d",
+    "layer",
+    "versus",
+    "measured_n",  # interpolated in log-log between the sweep's sizes (nan: not inside the range)
+    "measured",  # the same, in words: "≈ 362", "below 64", "above 1024"
+    "theory_flops_n",  # where the full FLOP formulas cross (0: from n = 1 on; nan: never)
+    "theory_flops",
+    "theory_order_n",  # where the chapter's orders cross: n²·d = n·d² gives n = d
+    "theory_order",
+]
+
+QUADRATIC = "b·n²·d"  # the term that makes a layer's cost quadratic in n
+
+
+def quadratic_layers(layers: Sequence[str]) -> list[str]:
+    return [x for x in layers if x in THEORY and QUADRATIC in (t.name for t in THEORY[x].terms)]
+
+
+def rival_layers(layers: Sequence[str]) -> list[str]:
+    """Recurrent and convolutional layers: the ones attention is set against in the chapter."""
+    rows = ("recurrent", "convolutional", "convolutional (dilated)")
+    return [x for x in layers if x in THEORY and THEORY[x].row in rows]
+
+
+def measured_crossover(ns: Sequence[float], ratio: Sequence[float]) -> float:
+    """The n where ``ratio`` (attention time / rival time) last rises through 1, log-log.
+
+    -inf when attention is already slower at the smallest n; inf when it is faster throughout,
+    or faster again at the largest n.
+    """
+    logs = np.log(np.asarray(ratio, dtype=float))
+    if (logs >= 0).all():
+        return -math.inf
+    if (logs < 0).all():
+        return math.inf
+    rises = [i for i in range(1, len(logs)) if logs[i - 1] < 0 <= logs[i]]
+    if not rises or logs[-1] < 0:
+        return math.inf
+    last = rises[-1]
+    x0, x1 = math.log(ns[last - 1]), math.log(ns[last])
+    y0, y1 = logs[last - 1], logs[last]
+    return math.exp(x0 + (x1 - x0) * (0 - y0) / (y1 - y0))
+
+
+def formula_crossover(cost: Callable[[float], float], upper: float = 2.0**40) -> float:
+    """The smallest n ≥ 1 where ``cost(n)`` (attention minus rival) turns positive; nan if never.
+
+    0 when it is positive from n = 1 on.
+    """
+    grid = np.geomspace(1, upper, 481)
+    values = np.array([cost(n) for n in grid])
+    if values[0] > 0:
+        return 0.0
+    above = np.nonzero(values > 0)[0]
+    if not len(above):
+        return math.nan
+    i = int(above[0])
+    return float(optimize.brentq(cost, grid[i - 1], grid[i], xtol=1e-9, rtol=1e-12))
+
+
+def _predicted(n: float) -> str:
+    if n == 0:
+        return "every n"
+    return "never" if math.isnan(n) else f"≈ {n:.0f}"
+
+
+def _describe(n: float, ns: Sequence[int]) -> str:
+    if n == -math.inf:
+        return f"below {min(ns)}"
+    if n == math.inf:
+        return f"above {max(ns)}"
+    return f"≈ {n:.0f}"
+
+
+def time_ratios(measured: pd.DataFrame) -> dict[tuple[int, str, str], pd.Series]:
+    """Attention's median time over each rival's, per d, indexed by the n both measured.
+
+    Keyed by (d, attention layer, rival); the crossover table and chart both read these.
+    """
+    layers = list(dict.fromkeys(measured["layer"]))
+    ratios = {}
+    for d, at_d in measured.groupby("d"):
+        medians = at_d.pivot_table(index="n", columns="layer", values="time_s")
+        for layer in quadratic_layers(layers):
+            for rival in rival_layers(layers):
+                if layer in medians and rival in medians:
+                    both = medians[[layer, rival]].dropna()
+                    ratios[(int(d), layer, rival)] = both[layer] / both[rival]
+    return ratios
+
+
+def crossover_table(measured: pd.DataFrame) -> pd.DataFrame:
+    """For each d and each (attention, rival) pair: measured and predicted crossover n."""
+    rows = []
+    for (d, layer, rival), ratio in time_ratios(measured).items():
+        at_d = measured[measured["d"] == d]
+        mine = at_d[at_d["layer"] == layer].iloc[0]
+        theirs = at_d[at_d["layer"] == rival].iloc[0]
+        a, o = THEORY[layer], THEORY[rival]
+        b, d_ = int(mine.batch), int(d)
+        ka, ra, ko, ro = int(mine.k), int(mine.window), int(theirs.k), int(theirs.window)
+
+        def flops_gap(n: float, a=a, o=o, b=b, d_=d_, k=(ka, ko), r=(ra, ro)) -> float:
+            return a.flops(b, n, d_, k[0], r[0]) - o.flops(b, n, d_, k[1], r[1])
+
+        def order_gap(n: float, a=a, o=o, b=b, d_=d_, k=(ka, ko), r=(ra, ro)) -> float:
+            return a.order(b, n, d_, k[0], r[0]) - o.order(b, n, d_, k[1], r[1])
+
+        found = math.nan
+        words = "no common n"
+        if len(ratio) >= 2:
+            ns = ratio.index.tolist()
+            found = measured_crossover(ns, ratio.tolist())
+            words = _describe(found, ns)
+        rows.append(
+            {
+                "d": d_,
+                "layer": layer,
+                "versus": rival,
+                "measured_n": found if math.isfinite(found) else math.nan,
+                "measured": words,
+                "theory_flops_n": (by_flops := formula_crossover(flops_gap)),
+                "theory_flops": _predicted(by_flops),
+                "theory_order_n": (by_order := formula_crossover(order_gap)),
+                "theory_order": _predicted(by_order),
+            }
+        )
+    return pd.DataFrame(rows, columns=CROSSOVER_COLUMNS)

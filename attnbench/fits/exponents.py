@@ -1,0 +1,208 @@
+"""Log-log exponents of every metric in n and in d, beside the theory's own exponent.
+
+A measured exponent says how a metric grows: time ~ n^a at fixed d means a ~ 2 for attention
+and a ~ 1 for an RNN.  Small sizes are dominated by fixed overheads, so time is fitted only where
+the layer's fitted constant is under half the time (``fit_sizes``), peak memory on the upper
+half of the sizes, and exact counts (FLOPs, steps, path length) on all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from attnbench.fits.models import ModelFit, numeric, own_fit
+from attnbench.schema import METRIC, METRICS
+from attnbench.theory import THEORY
+
+
+@dataclass(frozen=True)
+class Exponent:
+    """Slope of log(y) against log(x): y ~ x^slope."""
+
+    slope: float
+    low: float  # 95% confidence interval (nan with two points)
+    high: float
+    points: int
+    x_min: float
+    x_max: float
+
+    def label(self, var: str) -> str:
+        return f"{var}^{self.slope:.2f}"
+
+
+def loglog_exponent(x: Sequence[float], y: Sequence[float]) -> Exponent | None:
+    """Least-squares slope of log y on log x, with its 95% t-interval; None below two points.
+
+    Non-positive values (a constant zero, say) cannot be logged and are left out.
+    """
+    pairs = [(a, b) for a, b in zip(x, y, strict=True) if a > 0 and b > 0 and np.isfinite(b)]
+    xs = np.array(sorted({a for a, _ in pairs}), dtype=float)
+    if len(xs) < 2:
+        return None
+    lx = np.log([a for a, _ in pairs])
+    ly = np.log([b for _, b in pairs])
+    if np.ptp(ly) == 0:  # a constant: slope exactly 0 (linregress would give nan bounds)
+        return Exponent(0.0, 0.0, 0.0, len(pairs), xs[0], xs[-1])
+    fit = stats.linregress(lx, ly)
+    if len(pairs) > 2:
+        t = stats.t.ppf(0.975, len(pairs) - 2)
+        low, high = fit.slope - t * fit.stderr, fit.slope + t * fit.stderr
+    else:
+        low = high = math.nan
+    return Exponent(float(fit.slope), float(low), float(high), len(pairs), xs[0], xs[-1])
+
+
+def upper_half(values: Sequence[int], minimum: int = 3) -> list[int]:
+    """The larger half of the distinct sizes (at least ``minimum`` of them, when there are)."""
+    distinct = sorted(set(values))
+    keep = max(minimum, math.ceil(len(distinct) / 2))
+    return distinct[-keep:]
+
+
+EXPONENT_COLUMNS = [
+    "layer",
+    "metric",
+    "along",  # "n" (at fixed d) or "d" (at fixed n)
+    "fixed",  # the value of the other size
+    "exponent",
+    "ci_low",
+    "ci_high",
+    "theory",  # the theory's log-log slope over the same points (nan: no theory for the metric)
+    "agrees",  # theory in the 95% interval (or within EXACT_TOLERANCE); None: cannot tell
+    "points",
+    "range_from",
+    "range_to",
+    "range_rule",  # how the sizes were chosen
+]
+
+
+def theory_values(frame: pd.DataFrame, metric: str) -> pd.Series | None:
+    """The theory's value of ``metric`` for each case row, up to a constant; None without one."""
+    law = METRIC[metric].theory
+    if law is None:
+        return None
+    values = []
+    for layer, b, n, d, k, r in zip(
+        frame["layer"], frame["batch"], frame["n"], frame["d"], frame["k"], frame["window"],
+        strict=True,
+    ):  # fmt: skip
+        theory = THEORY.get(layer)
+        if theory is None:
+            values.append(math.nan)
+        elif law == "sequential":
+            values.append(theory.sequential_law(n, k, r))
+        elif law == "path":
+            values.append(theory.path_law(n, k, r))
+        else:
+            values.append(theory.flops(b, n, d, k, r))
+    return pd.Series(values, index=frame.index, dtype=float)
+
+
+# A fixed overhead "dominates" a case while it is more than this share of the case's time.
+OVERHEAD_SHARE = 0.5
+MIN_FIT_POINTS = 3
+
+
+def fit_sizes(line: pd.DataFrame, along: str, metric: str, overhead: float | None) -> list[int]:
+    """The sizes to fit an exponent on, per ``range_rule``.
+
+    With a fitted constant overhead (seconds), the sizes whose median time is at least twice it;
+    without one, the upper half. Either way at least ``MIN_FIT_POINTS`` sizes, the largest.
+    """
+    sizes = sorted(set(line[along]))
+    if overhead is None:
+        return upper_half(sizes, MIN_FIT_POINTS)
+    slowest = line.groupby(along)[metric].min()
+    keep = [s for s in sizes if overhead <= OVERHEAD_SHARE * slowest[s]]
+    return keep if len(keep) >= MIN_FIT_POINTS else sizes[-MIN_FIT_POINTS:]
+
+
+def range_rule(metric: str, overhead: float | None) -> str:
+    if not METRIC[metric].overheads:
+        return "all sizes (exact count)"
+    if overhead is None:
+        return "upper half of sizes"
+    return f"sizes where the fitted overhead {overhead * 1e6:.0f} µs is under half the time"
+
+
+def exponent_table(
+    measured: pd.DataFrame, fits: Mapping[str, list[ModelFit]] | None = None
+) -> pd.DataFrame:
+    """Log-log exponents of each metric along n (for each d) and along d (for each n).
+
+    Exact counts use every size. Time uses the sizes where the layer's own fitted cost model
+    says the constant overhead is under half the time (``fits``; upper half without them), and
+    peak memory the upper half. ``theory`` is the slope of the theory's law over the same
+    points, so a mixed formula such as 8·n·d² + 4·n²·d is judged on the range it was measured.
+    """
+    rows: list[dict[str, Any]] = []
+    for layer, group in measured.groupby("layer", sort=False):
+        own = own_fit(fits, str(layer)) if fits else None
+        for metric in (m.column for m in METRICS):
+            if metric not in group:
+                continue
+            overheads = METRIC[metric].overheads
+            values = numeric(group, metric)
+            law = theory_values(values, metric)
+            overhead = own.constant if own is not None and metric == "time_s" else None
+            for along, other in (("n", "d"), ("d", "n")):
+                for fixed, line in values.groupby(other):
+                    if line[along].nunique() < 2:
+                        continue
+                    if overheads:
+                        line = line[line[along].isin(fit_sizes(line, along, metric, overhead))]
+                    fit = loglog_exponent(line[along].tolist(), line[metric].astype(float).tolist())
+                    if fit is None:
+                        continue
+                    slope = math.nan
+                    if law is not None:
+                        expected = law.loc[line.index].tolist()
+                        theory_fit = loglog_exponent(line[along].tolist(), expected)
+                        slope = theory_fit.slope if theory_fit else math.nan
+                    rows.append(
+                        {
+                            "layer": layer,
+                            "metric": metric,
+                            "along": along,
+                            "fixed": int(fixed),
+                            "exponent": fit.slope,
+                            "ci_low": fit.low,
+                            "ci_high": fit.high,
+                            "theory": slope,
+                            "agrees": agrees(fit, slope),
+                            "points": fit.points,
+                            "range_from": int(fit.x_min),
+                            "range_to": int(fit.x_max),
+                            "range_rule": range_rule(metric, overhead),
+                        }
+                    )
+    return pd.DataFrame(rows, columns=EXPONENT_COLUMNS)
+
+
+# Exact counts carry lower-order terms (an RNN's 3n + 2 steps), which make a tiny interval miss
+# the order's exponent; within this distance the order still holds.
+EXACT_TOLERANCE = 0.05
+# An interval this wide cannot tell n from n² apart: such a fit is reported, but not judged.
+INCONCLUSIVE_WIDTH = 1.0
+
+
+def agrees(fit: Exponent, theory: float) -> bool | None:
+    """Whether the theory's exponent lies in the 95% interval (or within EXACT_TOLERANCE).
+
+    None when there is nothing to judge: no theory, no interval, or an interval wider than
+    ``INCONCLUSIVE_WIDTH`` (it would "agree" with almost any law).
+    """
+    if math.isnan(theory):
+        return None
+    if abs(fit.slope - theory) <= EXACT_TOLERANCE:
+        return True
+    if math.isnan(fit.low) or fit.high - fit.low > INCONCLUSIVE_WIDTH:
+        return None
+    return bool(fit.low <= theory <= fit.high)

@@ -1,0 +1,75 @@
+"""What one measured case produces: ``CaseResult``, and its row in the results table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from attnbench.measure.flops import flops_agree
+from attnbench.measure.timing import TimingStats
+from attnbench.schema import COLUMN, RESULT_COLUMNS
+from attnbench.spec import Case
+
+
+def timing_columns(timing: TimingStats | None) -> dict[str, Any]:
+    """The results columns that a case's timing statistics fill (empty when it was not timed)."""
+    t = timing
+    return {
+        "time_s": t.median_s if t else None,
+        "time_iqr_s": t.iqr_s if t else None,
+        "samples": t.count if t else None,
+        "calls_per_sample": t.calls_per_sample if t else None,
+        "time_total_s": t.total_s if t else None,
+    }
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """Everything measured for one case; ``timing`` keeps the raw samples.
+
+    A field named like a results column fills that column (see ``to_row``).
+    """
+
+    case: Case
+    status: str
+    threads: int
+    timing: TimingStats | None = None
+    peak_bytes: int | None = None
+    flops: int | None = None
+    flops_analytic: float | None = None
+    seq_steps: int | None = None
+    seq_steps_method: str = ""
+    path_len: int | None = None
+    path_len_method: str = ""
+    wall_s: float | None = None
+    error: str = ""
+    node: str = ""
+    device_id: str = ""
+    device_name: str = ""
+
+    @property
+    def flops_per_s(self) -> float | None:
+        if self.timing is None or self.flops is None or self.timing.median_s <= 0:
+            return None
+        return self.flops / self.timing.median_s
+
+    @property
+    def flops_check(self) -> str:
+        if self.flops is None or self.flops_analytic is None:
+            return ""
+        return "ok" if flops_agree(self.flops, self.flops_analytic) else "mismatch"
+
+    def to_row(self) -> dict[str, Any]:
+        """The case's row, in ``RESULT_COLUMNS`` order: the case's own columns, its timing's,
+        the derived ones, and every field named like a column."""
+        values: dict[str, Any] = {
+            **self.case.columns(),
+            **timing_columns(self.timing),
+            "flops_per_s": self.flops_per_s,
+            "flops_check": self.flops_check,
+        }
+        values.update({f.name: getattr(self, f.name) for f in fields(self) if f.name in COLUMN})
+        missing = [name for name in RESULT_COLUMNS if name not in values]
+        if missing:  # a column added to the registry that nothing measures yet
+            raise KeyError(f"no value for results column(s) {', '.join(missing)}")
+        return {name: values[name] for name in RESULT_COLUMNS}

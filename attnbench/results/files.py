@@ -1,0 +1,169 @@
+"""The files of a results folder, written so that a crash never leaves half of one.
+
+A results folder holds
+- ``results.csv``: one row per case (``schema.RESULT_COLUMNS``), appended as each case finishes;
+- ``samples.csv``: every raw timing sample, long format (case_id, sample, time_s, round);
+- ``calibration.csv``: the calibration GEMM's samples, timed before each measured case;
+- ``run.json``: schema version, configuration, environment, start and end time.
+Rows are appended with one write, flushed and fsynced; ``run.json`` and any rewritten file are
+replaced atomically (a synced temporary file and a rename).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnbench.errors import AttnbenchError
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = "results.csv"
+SAMPLES_FILE = "samples.csv"
+CALIBRATION_FILE = "calibration.csv"
+RUN_FILE = "run.json"
+
+
+def now_iso() -> str:
+    """Local time with its UTC offset, to the second: how run.json records every time."""
+    return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON through a temporary file and a rename, so readers never see half a file."""
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` through a synced temporary file and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def append_synced(path: Path, text: str) -> None:
+    """Append ``text`` in one write, flushed and fsynced before returning."""
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def create_synced(path: Path, text: str) -> None:
+    """Create ``path`` holding ``text``, flushed and fsynced; FileExistsError if it exists."""
+    with open(path, "x", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def csv_line(values: Sequence[Any]) -> str:
+    """One CSV record; None, NaN and NA are written as empty fields."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(["" if _missing(v) else v for v in values])
+    return buf.getvalue()
+
+
+def rewrite_csv(path: Path, header: Sequence[str], rows: Sequence[str]) -> None:
+    """Replace ``path`` by ``header`` + ``rows`` (complete CSV lines) through a rename."""
+    text = csv_line(header) + "".join(rows)
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        write_text_atomic(path, text)
+
+
+def complete_lines(path: Path) -> tuple[str, list[str], bool]:
+    """Header and complete data lines of an appended CSV; True when a torn last line was cut."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    torn = bool(lines) and not lines[-1].endswith("\n")
+    if torn:
+        lines = lines[:-1]
+    if not lines:
+        return "", [], torn
+    return lines[0], lines[1:], torn
+
+
+def read_csv(path: Path, columns: Sequence[str], what: str) -> tuple[pd.DataFrame, bool]:
+    """The complete records of an appended CSV, as text, and whether a torn line was cut."""
+    header, rows, torn = complete_lines(path)
+    if not header:
+        return pd.DataFrame(columns=list(columns)), torn
+    found = next(csv.reader([header]))
+    missing = [c for c in columns if c not in found]
+    if missing:
+        raise AttnbenchError(
+            f"{str(path)!r} lacks column(s) {', '.join(missing)}; is it truncated or from "
+            f"another tool?"
+        )
+    frame = pd.read_csv(io.StringIO(header + "".join(rows)), dtype=str, keep_default_na=False)
+    if len(frame) != len(rows):
+        raise AttnbenchError(
+            f"{what} {str(path)!r} is corrupt: {len(rows)} lines but {len(frame)} records"
+        )
+    return frame, torn
+
+
+# ----------------------------------------------------------------------------- folders
+
+
+def prepare_out_dir(out_dir: Path) -> Path:
+    """Create ``out_dir`` (and parents) and check it can take a new run without losing one."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise AttnbenchError(f"--out {str(out_dir)!r} is a file, not a folder")
+    if (out_dir / RESULTS_FILE).exists() or (out_dir / RUN_FILE).exists():  # never overwrite
+        raise AttnbenchError(
+            f"--out {str(out_dir)!r} already holds a run; choose a new folder, or finish that "
+            f"run with --resume {str(out_dir)!r} (results are never overwritten)"
+        )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise AttnbenchError(
+            f"--out {str(out_dir)!r} is not writable: {exc.strerror or exc}"
+        ) from None
+    return out_dir
+
+
+def default_out_dir(root: Path = Path("results")) -> Path:
+    """A new folder under ``results/`` named from the local time (suffixed if taken)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    candidate = root / stamp
+    i = 1
+    while candidate.exists():
+        candidate = root / f"{stamp}-{i}"
+        i += 1
+    return candidate
+
+
+def latest_results(root: Path = Path("results")) -> Path:
+    """The most recently started results folder under ``root``."""
+    candidates = [p.parent for p in root.glob(f"*/{RUN_FILE}")] if root.is_dir() else []
+    if not candidates:
+        raise AttnbenchError(
+            f"no results folder under {str(root)!r}; run attnbench sweep first, or name a "
+            "results folder"
+        )
+    return max(candidates, key=lambda p: (p / RUN_FILE).stat().st_mtime)

@@ -1,0 +1,91 @@
+"""A loaded results folder: the tidy table, the raw samples, the calibration and the run record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnbench.schema import CALIBRATION_COLUMNS, STATUSES
+
+
+@dataclass(frozen=True)
+class RunResults:
+    """A loaded results folder."""
+
+    path: Path
+    frame: pd.DataFrame  # one row per case, RESULT_COLUMNS
+    samples: pd.DataFrame  # raw samples, SAMPLE_COLUMNS
+    meta: dict[str, Any]  # run.json
+    warnings: tuple[str, ...] = ()  # what was repaired on reading (a torn line, orphan samples)
+    # The calibration GEMM's samples, CALIBRATION_COLUMNS (empty for runs made before it).
+    calibration: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=CALIBRATION_COLUMNS)
+    )
+
+    @property
+    def calibration_s(self) -> float | None:
+        """Median seconds of one calibration GEMM over the whole run; None without samples."""
+        if self.calibration.empty:
+            return None
+        return float(self.calibration["time_s"].median())
+
+    def samples_for(self, case_id: str) -> list[float]:
+        """Every timing sample of a case, all rounds, in seconds per call."""
+        return self.samples.loc[self.samples["case_id"] == case_id, "time_s"].tolist()
+
+    def rounds_for(self, case_id: str) -> list[list[float]]:
+        """A case's samples grouped by timing round, first round first."""
+        mine = self.samples[self.samples["case_id"] == case_id]
+        return [group["time_s"].tolist() for _, group in mine.groupby("round", sort=True)]
+
+    @property
+    def rounds(self) -> int:
+        """How many timing rounds the run's cases have (1 for a run without rounds)."""
+        return int(self.samples["round"].max()) if len(self.samples) else 1
+
+    @property
+    def measured(self) -> pd.DataFrame:
+        """The rows with measurements (status ``ok``): what charts, fits and comparisons use."""
+        return self.frame[self.frame["status"] == "ok"]
+
+    @property
+    def devices(self) -> list[str]:
+        """The device models the measured cases ran on, in order of appearance (none for runs
+        made before rows named their device)."""
+        names = self.measured["device_name"]
+        return list(dict.fromkeys(names[names != ""]))
+
+    def for_device(self, name: str) -> RunResults:
+        """This run restricted to the cases measured on device model ``name`` (with their
+        samples and calibration points): what a chart or a fit of one device reads."""
+        frame = self.frame[self.frame["device_name"] == name].reset_index(drop=True)
+        ids = set(frame["case_id"])
+        return replace(
+            self,
+            frame=frame,
+            samples=self.samples[self.samples["case_id"].isin(ids)].reset_index(drop=True),
+            calibration=self.calibration[self.calibration["before_case"].isin(ids)].reset_index(
+                drop=True
+            ),
+        )
+
+    @property
+    def status(self) -> str:
+        """``complete``, ``interrupted``, or ``running`` (also what a killed run leaves)."""
+        status = self.meta.get("status")
+        if status in ("complete", "interrupted", "running"):
+            return str(status)
+        return "complete" if self.meta.get("end_time") else "running"
+
+    @property
+    def cases_total(self) -> int:
+        """Cases the run's grid holds (those on disk, for a record that does not say)."""
+        return int(self.meta.get("cases_total") or len(self.frame))
+
+    def counts(self) -> dict[str, int]:
+        """Cases per status, every status named (zeros included), in ``STATUSES`` order."""
+        found = self.frame["status"].value_counts().to_dict()
+        return {status: int(found.get(status, 0)) for status in STATUSES}

@@ -1,0 +1,55 @@
+"""The executors, chosen by name from a registry.
+
+Each entry names the module and class that implement it, imported only when that executor is
+made: Ray is imported for ``--executor ray`` alone, and no executor module imports another.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from attnbench.errors import AttnbenchError
+from attnbench.run.executors.base import Executor
+
+
+@dataclass(frozen=True)
+class ExecutorEntry:
+    module: str
+    cls: str
+    help: str  # what it does, for --executor's help
+    options: tuple[str, ...] = ()  # the keyword options its class takes (--address, --workers)
+
+
+EXECUTORS: dict[str, ExecutorEntry] = {
+    "serial": ExecutorEntry(
+        "attnbench.run.executors.serial",
+        "SerialExecutor",
+        "one case after the other in this process",
+    ),
+    "ray": ExecutorEntry(
+        "attnbench.run.executors.ray",
+        "RayExecutor",
+        'on the workers of a Ray cluster (pip install "attnbench[ray]"), one case per GPU, '
+        "or per --threads CPUs, at a time",
+        ("address", "workers"),
+    ),
+}
+
+
+def make_executor(name: str, **options: Any) -> Executor:
+    """The executor called ``name``, made with the ``options`` given (None: not given)."""
+    entry = EXECUTORS.get(name)
+    if entry is None:
+        raise AttnbenchError(f"unknown executor {name!r}; accepted: {', '.join(EXECUTORS)}")
+    given = {key: value for key, value in options.items() if value is not None}
+    unknown = [key for key in given if key not in entry.options]
+    if unknown:
+        flags = " and ".join("--" + key.replace("_", "-") for key in unknown)
+        users = [n for n, e in EXECUTORS.items() if set(unknown) <= set(e.options)]
+        raise AttnbenchError(
+            f"{flags} apply only with --executor {' or '.join(users) or 'none'}, not {name}"
+        )
+    factory = getattr(importlib.import_module(entry.module), entry.cls)  # may say: install Ray
+    return factory(**given)

@@ -1,0 +1,90 @@
+"""What the runner and an executor exchange: where a worker measures, the jobs it is given, what
+comes back, and the ``Executor`` protocol.
+
+The runner owns the sweep (order, skips, retries, writing); an executor owns workers. Each idle
+worker asks the runner for a job (``take``) and the executor yields each ``JobDone`` as it
+arrives, so a serial sweep and one spread over many machines share every other line of code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from attnbench.measure.calibration import Calibration
+from attnbench.measure.record import CaseResult
+from attnbench.measure.timing import TimingPolicy, TimingStats
+from attnbench.spec import Case, Grid
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a worker measures: its machine, its device and that device's model."""
+
+    node: str  # host name
+    device_id: str  # cuda:<index on that machine> or cpu
+    device_name: str  # GPU or CPU model: jobs of later rounds stay on the same model
+    threads: int  # torch's intra-op threads there
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work: a case's measurement (round 1) or one later timing round of it."""
+
+    case: Case
+    round: int
+    seed: int
+    policy: TimingPolicy
+    max_case_s: float | None = None
+    calibration: Calibration | None = None  # timed just before the case, on the same device
+    attempt: int = 1  # 2 when the first worker died in it
+    device_name: str | None = None  # later rounds: the device model round 1 ran on
+
+
+@dataclass(frozen=True)
+class JobDone:
+    """A finished job: ``result`` for round 1, ``timing`` for a later round (None: it failed),
+    ``point`` the calibration timed before it; ``lost`` says why the worker died, if it did."""
+
+    job: Job
+    where: Placement | None
+    result: CaseResult | None = None
+    timing: TimingStats | None = None
+    point: TimingStats | None = None
+    lost: str = ""
+
+
+Take = Callable[[Placement], Job | None]  # the next job for a worker there, or None (none now)
+
+
+class Executor(Protocol):
+    """What the runner needs from an executor (see the module docstring)."""
+
+    name: str
+    # True when jobs run in the sweep's own process: a crash in a case then ends the sweep,
+    # so the runner records the case in progress for ``--resume`` to find.
+    in_process: bool
+
+    def resolve_device(self, name: str, dtype: str) -> str:
+        """``--device`` as the workers will see it, checked against what they have."""
+        ...
+
+    def environment(self, device: str) -> dict[str, Any]:
+        """run.json's environment record."""
+        ...
+
+    def start(self, grid: Grid) -> dict[str, Any]:
+        """Start the workers (once; later calls return the same record): run.json's cluster."""
+        ...
+
+    @property
+    def workers(self) -> int:
+        """How many jobs can run at once (once started)."""
+        ...
+
+    def run(self, take: Take) -> Iterator[JobDone]:
+        """Run jobs from ``take`` until it has none for any idle worker and none is running."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,89 @@
+"""A worker: measures jobs in the process it lives in, on one device.
+
+Every executor runs its jobs through a ``Worker``: the serial executor in the sweep's own
+process, the Ray executor inside each actor.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from typing import Any
+
+import torch
+
+from attnbench._version import __version__
+from attnbench.devices import device_name, device_sync
+from attnbench.measure.calibration import Calibration
+from attnbench.measure.case import measure_case, prime_instruments, release_memory, retime_case
+from attnbench.measure.timing import Clock, TimingStats
+from attnbench.run.executors.base import Job, JobDone, Placement
+
+
+class Worker:
+    """Measures jobs in the process it lives in, on one device; start-up (threads, CUDA
+    context, profiler) is paid once, when it is made."""
+
+    def __init__(
+        self,
+        device: str,
+        threads: int | None,
+        *,
+        device_id: str | None = None,
+        clock: Clock = time.perf_counter,
+    ) -> None:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        self.device = device
+        self.clock = clock
+        if device.startswith("cuda"):
+            torch.ones(1, device=device)  # the CUDA context, made here rather than in a case
+        self.where = Placement(
+            node=socket.gethostname(),
+            device_id=device_id or device,
+            device_name=device_name(device),
+            threads=torch.get_num_threads(),
+        )
+        self._timers: dict[Calibration, Callable[[], TimingStats]] = {}
+        prime_instruments()
+
+    def describe(self) -> dict[str, Any]:
+        """This worker, for run.json's cluster record."""
+        return {
+            **asdict(self.where),
+            "pid": os.getpid(),
+            "attnbench_version": __version__,
+            "torch_version": torch.__version__,
+        }
+
+    def run(self, job: Job) -> JobDone:
+        point = self._calibration_point(job.calibration)
+        case = job.case
+        if job.round > 1:
+            timing = retime_case(case, seed=job.seed, policy=job.policy, clock=self.clock)
+            return JobDone(job, self.where, timing=timing, point=point)
+        result = measure_case(
+            case, seed=job.seed, policy=job.policy, clock=self.clock, max_case_s=job.max_case_s
+        )
+        if result.status != "ok":
+            release_memory(case.device)
+        where = self.where
+        result = replace(
+            result, node=where.node, device_id=where.device_id, device_name=where.device_name
+        )
+        return JobDone(job, where, result=result, point=point)
+
+    def _calibration_point(self, calibration: Calibration | None) -> TimingStats | None:
+        """One calibration point, or None (off, or the GEMM failed: the case is measured anyway)."""
+        if calibration is None:
+            return None
+        try:
+            if calibration not in self._timers:
+                sync = device_sync(self.device)
+                self._timers[calibration] = calibration.timer(self.device, sync, self.clock)
+            return self._timers[calibration]()
+        except Exception:
+            return None

@@ -1,0 +1,238 @@
+"""The sweep's state and the jobs it hands out: order, skips after a failure, retries, rounds.
+
+Cases covered by a failure of a smaller one (out of memory, out of time, a crash), and one the
+previous process died in, are written as they come up, without a worker.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from attnbench.measure.calibration import Calibration
+from attnbench.measure.record import CaseResult
+from attnbench.measure.timing import TimingPolicy, TimingStats
+from attnbench.results.run import RunResults
+from attnbench.results.store import ResultsWriter
+from attnbench.run.executors.base import Job, JobDone, Placement
+from attnbench.run.signals import GracefulStop
+from attnbench.spec import Case, Grid
+
+# What a process killed inside a case leaves behind; ``resume`` records that case with this error.
+DIED_ERROR = "the process died while measuring this case (killed, or out of memory?)"
+# How a case whose worker died on both tries is recorded (the reason follows).
+WORKER_DIED_ERROR = "the worker died while measuring this case, twice"
+
+
+def _blocking(status: str, error: str) -> bool:
+    """Whether a case with this outcome means larger cases of its layer would fail too."""
+    return (
+        status in ("oom", "timeout") or error == DIED_ERROR or error.startswith(WORKER_DIED_ERROR)
+    )
+
+
+@dataclass(frozen=True)
+class _Block:
+    layer: str
+    n: int
+    d: int
+    why: str
+
+    def covers(self, case: Case) -> bool:
+        """A case at least as long and as wide, of the same layer, would fail the same way."""
+        return case.layer == self.layer and case.n >= self.n and case.d >= self.d
+
+
+def _block(layer: str, n: int, d: int, status: str) -> _Block:
+    why = {"oom": "ran out of memory", "timeout": "ran out of time"}.get(status, "crashed")
+    return _Block(layer, int(n), int(d), f"{layer} n={n} d={d} {why}")
+
+
+
+class JobQueue:
+    """The sweep's state, and the jobs it hands to idle workers in order: retries first, then
+    each case's first round in grid order, then later rounds (round by round, in grid order,
+    each on the device model its first round ran on).  Cases covered by a failure of a smaller
+    one, and one the previous process died in, are written as they come up, without a worker."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        writer: ResultsWriter,
+        previous: RunResults | None,
+        *,
+        died: str | None,
+        policy: TimingPolicy,
+        calibration: Calibration | None,
+        in_process: bool,
+        notify: Callable[..., None],
+        stop: GracefulStop,
+    ) -> None:
+        self.grid, self.writer, self.notify, self.stop = grid, writer, notify, stop
+        self.cases = grid.cases()
+        self.index = {case.case_id: i for i, case in enumerate(self.cases)}
+        self.died, self.policy, self.calibration = died, policy, calibration
+        self.in_process = in_process
+        self.done: set[str] = set()
+        self.ok: set[str] = set()
+        self.rounds_done: dict[str, set[int]] = {}  # case_id -> rounds finished (or failed)
+        self.next_sample: dict[str, int] = {}
+        self.device_of: dict[str, str] = {}  # case_id -> device model of its first round
+        self.blocks: list[_Block] = []
+        self.running: set[tuple[str, int]] = set()  # (case_id, round) of the jobs out
+        self.retries: deque[Job] = deque()
+        self.later: list[tuple[int, int]] = []  # heap of (round, grid index)
+        if previous is not None:
+            for row in previous.frame.itertuples():
+                self.done.add(row.case_id)
+                if row.status == "ok":
+                    self.ok.add(row.case_id)
+                    self.device_of[row.case_id] = row.device_name
+                if _blocking(row.status, row.error):
+                    self.blocks.append(_block(row.layer, row.n, row.d, row.status))
+            for case_id, group in previous.samples.groupby("case_id"):
+                self.rounds_done[str(case_id)] = set(group["round"].tolist())
+                self.next_sample[str(case_id)] = int(group["sample"].max()) + 1
+            for case_id in self.ok:
+                if case_id in self.index:
+                    self._queue_next_round(case_id)
+        self.first = deque(i for i, case in enumerate(self.cases) if case.case_id not in self.done)
+
+    @property
+    def completed(self) -> int:
+        """Cases of the grid with a row on disk (earlier runs of a resume included)."""
+        return sum(case.case_id in self.done for case in self.cases)
+
+    def units_done(self) -> int:
+        """(case, round) pairs done: a case that did not measure has nothing left to do."""
+        total = 0
+        for case in self.cases:
+            if case.case_id in self.ok:
+                rounds = self.rounds_done.get(case.case_id, set())
+                total += len(rounds & set(range(1, self.grid.rounds + 1)))
+            elif case.case_id in self.done:
+                total += self.grid.rounds
+        return total
+
+    def _job(self, case: Case, round_: int) -> Job:
+        return Job(
+            case=case,
+            round=round_,
+            seed=self.grid.seed,
+            policy=self.policy,
+            max_case_s=self.grid.max_case_s,
+            calibration=self.calibration,
+            device_name=self.device_of.get(case.case_id) if round_ > 1 else None,
+        )
+
+    def _queue_next_round(self, case_id: str) -> None:
+        missing = set(range(2, self.grid.rounds + 1)) - self.rounds_done.get(case_id, set())
+        if missing:
+            heapq.heappush(self.later, (min(missing), self.index[case_id]))
+
+    def take(self, where: Placement) -> Job | None:
+        """The next job for a worker at ``where``, or None when there is none for it now."""
+        if self.stop.requested:
+            return None
+        job = self._next(where)
+        if job is None:
+            return None
+        self.running.add((job.case.case_id, job.round))
+        if self.in_process:
+            # What a resumed run learns if this process dies: the case it died in.
+            if job.round == 1:
+                self.writer.begin(job.case)
+            elif self.writer.meta.get("current_case") is not None:
+                self.writer.begin(None)
+        self.notify("start", job.case, round_=job.round)
+        return job
+
+    def _next(self, where: Placement) -> Job | None:
+        for _ in range(len(self.retries)):
+            job = self.retries.popleft()
+            if job.device_name in (None, where.device_name):
+                return job
+            self.retries.append(job)
+        while self.first:
+            case = self.cases[self.first.popleft()]
+            unrun = self._unrun(case)
+            if unrun is None:
+                return self._job(case, 1)
+            self._write(unrun)  # never runs: written at once
+        passed: list[tuple[int, int]] = []
+        try:
+            while self.later:
+                round_, i = heapq.heappop(self.later)
+                case = self.cases[i]
+                if self.device_of.get(case.case_id, where.device_name) == where.device_name:
+                    return self._job(case, round_)
+                passed.append((round_, i))  # for a worker on its own device model
+        finally:
+            for item in passed:
+                heapq.heappush(self.later, item)
+        return None
+
+    def _unrun(self, case: Case) -> CaseResult | None:
+        """The row of a case that is not to be run (died in before, or blocked), else None."""
+        threads = self.grid.threads or torch.get_num_threads()
+        if case.case_id == self.died:
+            return CaseResult(case=case, status="failed", threads=threads, error=DIED_ERROR)
+        for block in self.blocks:
+            if block.covers(case):
+                return CaseResult(
+                    case=case, status="skipped", threads=threads, error=f"after {block.why}"
+                )
+        return None
+
+    def _write(self, result: CaseResult, point: TimingStats | None = None) -> None:
+        case = result.case
+        if _blocking(result.status, result.error):
+            self.blocks.append(_block(case.layer, case.n, case.d, result.status))
+        with self.stop.writing():
+            self.writer.append(result, point)
+        self.done.add(case.case_id)
+        if result.status == "ok" and result.timing is not None:
+            self.ok.add(case.case_id)
+            self.rounds_done[case.case_id] = {1}
+            self.next_sample[case.case_id] = result.timing.count
+            self.device_of[case.case_id] = result.device_name
+            self._queue_next_round(case.case_id)
+        self.notify("done", case, result)
+
+    def finish(self, done: JobDone) -> None:
+        """Write what a worker sends back; a job whose worker died runs once more elsewhere."""
+        job = done.job
+        case = job.case
+        self.running.discard((case.case_id, job.round))
+        if done.lost and job.attempt == 1:
+            self.retries.append(replace(job, attempt=2))
+            self.notify("retry", case, round_=job.round, where=done.where, error=done.lost)
+            return
+        if job.round == 1:
+            result = done.result
+            if done.lost or result is None:
+                where = done.where
+                result = CaseResult(
+                    case=case,
+                    status="failed",
+                    threads=where.threads if where else self.grid.threads or 0,
+                    error=f"{WORKER_DIED_ERROR}: {done.lost or 'no result came back'}"[:300],
+                    node=where.node if where else "",
+                    device_id=where.device_id if where else "",
+                    device_name=where.device_name if where else "",
+                )
+            self._write(result, done.point)
+            return
+        timing = None if done.lost else done.timing
+        if timing is not None:
+            first = self.next_sample.get(case.case_id, 0)
+            with self.stop.writing():
+                self.writer.append_round(case.case_id, job.round, first, timing, done.point)
+            self.next_sample[case.case_id] = first + timing.count
+        self.rounds_done.setdefault(case.case_id, set()).add(job.round)  # failed: not retried
+        self._queue_next_round(case.case_id)
+        self.notify("done", case, round_=job.round, timing=timing, where=done.where)

@@ -1,0 +1,258 @@
+"""Runs a grid through an executor, writing each finished case at once.
+
+A sweep survives its own cases: out-of-memory and over-long cases are recorded and the larger
+cases of that layer skipped; a worker that dies loses only its job, which is run once more
+elsewhere; SIGINT / SIGTERM stop it after the running cases; ``resume_sweep`` finishes it.
+Which executor ran a case is known only to the executors: the runner hands out jobs and writes
+results. The runner starts the executor, prepares the folder and loads a resumed run once each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from attnbench.errors import AttnbenchError, SweepInterrupted
+from attnbench.measure.calibration import DEFAULT_CALIBRATION, Calibration
+from attnbench.measure.record import CaseResult
+from attnbench.measure.timing import Clock, TimingPolicy
+from attnbench.results.environment import changes, resume_keys
+from attnbench.results.files import default_out_dir, now_iso, prepare_out_dir
+from attnbench.results.run import RunResults
+from attnbench.results.store import ResultsWriter, load_results
+from attnbench.run.events import ProgressCallback, ProgressEvent, StartCallback, SweepStart
+from attnbench.run.executors.base import Executor
+from attnbench.run.executors.serial import SerialExecutor
+from attnbench.run.queue import JobQueue
+from attnbench.run.signals import GracefulStop
+from attnbench.spec import Case, Grid, build_grid, estimate_seconds, grid_from_config, size_warning
+
+
+def run_sweep(
+    grid: Grid | Mapping[str, Any],
+    out_dir: Path | str | None = None,
+    *,
+    progress: ProgressCallback | None = None,
+    on_start: StartCallback | None = None,
+    clock: Clock = time.perf_counter,
+    policy: TimingPolicy | None = None,
+    calibration: Calibration | None = DEFAULT_CALIBRATION,
+    executor: Executor | None = None,
+    allow_large: bool = True,
+) -> RunResults:
+    """Measure every case of ``grid`` into ``out_dir`` (default: a new folder under results/).
+
+    ``grid`` is a ``Grid``, or ``build_grid`` options, whose device is then resolved by the
+    executor (``allow_large=False`` refuses a grid ``size_warning`` warns about). Each case is
+    on disk as soon as it finishes, so an interruption keeps what was measured.
+    ``calibration`` (None: off) is timed before every measured case, on its worker.
+    ``executor`` (default: serial, in this process, timed with ``clock``) runs the cases; a
+    given ``Grid``'s device must have been resolved by it. ``on_start`` hears what the sweep is
+    about to do once its workers are up. Raises ``SweepInterrupted`` (exit code 130) after
+    SIGINT / SIGTERM.
+    """
+    with _executor(executor, clock) as runs_on:
+        if not isinstance(grid, Grid):
+            grid = build_grid(grid, runs_on.resolve_device)
+        warning = None if allow_large else size_warning(grid)
+        if warning:
+            raise AttnbenchError(warning)
+        folder = prepare_out_dir(Path(out_dir) if out_dir is not None else default_out_dir())
+        cluster = runs_on.start(grid)  # before the environment, which records its threads
+        writer = ResultsWriter.create(folder, grid.to_dict(), runs_on.environment(grid.device))
+        writer.update(cluster=cluster)
+        if on_start is not None:
+            estimate = estimate_seconds(grid) / max(1, runs_on.workers)
+            on_start(SweepStart(grid, folder, cluster, runs_on.workers, estimate))
+        return _sweep(
+            writer, grid, None, progress=progress, policy=policy, calibration=calibration,
+            executor=runs_on,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _executor(executor: Executor | None, clock: Clock) -> Iterator[Executor]:
+    """The given executor (its caller closes it), or a serial one closed here."""
+    if executor is not None:
+        yield executor
+        return
+    serial = SerialExecutor(clock)
+    try:
+        yield serial
+    finally:
+        serial.close()
+
+
+def _still_running(meta: Mapping[str, Any]) -> int | None:
+    """The pid of a live process on this host that may still be writing the run, if any."""
+    pid = meta.get("pid")
+    host = meta.get("environment", {}).get("hostname")
+    if meta.get("status") != "running" or not isinstance(pid, int) or pid == os.getpid():
+        return None
+    if host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # it exists, under another user
+    return pid
+
+
+def resume_sweep(
+    out_dir: Path | str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    force: bool = False,
+    progress: ProgressCallback | None = None,
+    on_start: StartCallback | None = None,
+    clock: Clock = time.perf_counter,
+    policy: TimingPolicy | None = None,
+    calibration: Calibration | None = DEFAULT_CALIBRATION,
+    executor: Executor | None = None,
+) -> RunResults:
+    """Measure the cases of a results folder that are not in it yet, with its recorded grid.
+
+    ``overrides`` (build_grid options) or a changed environment are refused unless ``force``;
+    forced changes are recorded in run.json under ``resumes``.  A case the previous process
+    died in is recorded as failed (it may be what killed it) and blocks its larger cases.
+    """
+    out_dir = Path(out_dir)
+    run = load_results(out_dir)  # the one read of the folder before it is reopened
+    pid = _still_running(run.meta)
+    if pid is not None and not force:
+        raise AttnbenchError(
+            f"--resume {str(out_dir)!r}: process {pid} on this machine may still be writing "
+            "this run; stop it first (or pass --force if that process is something else)"
+        )
+    with _executor(executor, clock) as runs_on:
+        try:
+            recorded = grid_from_config(run.meta.get("config", {}), runs_on.resolve_device)
+        except AttnbenchError as exc:
+            raise AttnbenchError(
+                f"--resume {str(out_dir)!r}: cannot rebuild the recorded sweep: {exc.message}"
+            ) from None
+        grid = (
+            build_grid({**recorded.to_options(), **overrides}, runs_on.resolve_device)
+            if overrides
+            else recorded
+        )
+        cluster = runs_on.start(grid)  # before the environment: the workers' devices, threads
+        now_env = runs_on.environment(grid.device)
+        config_changes = changes(recorded.to_dict(), grid.to_dict(), grid.to_dict())
+        env_changes = changes(run.meta.get("environment", {}), now_env, resume_keys())
+        if (config_changes or env_changes) and not force:
+            listed = ", ".join(
+                f"{key} {old!r} -> {new!r}"
+                for key, (old, new) in {**config_changes, **env_changes}.items()
+            )
+            what = "configuration" if config_changes else "environment"
+            raise AttnbenchError(
+                f"--resume {str(out_dir)!r}: the {what} differs from the recorded run ({listed}); "
+                "pass --force to resume anyway (the changes are recorded in run.json)"
+            )
+        writer = ResultsWriter.reopen(
+            run,
+            {
+                "time": now_iso(),
+                "forced": bool(force and (config_changes or env_changes or pid)),
+                "config_changes": config_changes,
+                "environment_changes": env_changes,
+                "environment": now_env,
+                "cluster": cluster,
+            },
+        )
+        if config_changes:
+            writer.update(config=grid.to_dict())
+        if on_start is not None:
+            missing = len(grid.cases()) - len(run.frame)
+            estimate = estimate_seconds(grid) * max(0, missing) / max(1, len(grid.cases()))
+            on_start(SweepStart(grid, out_dir, cluster, runs_on.workers, estimate, run))
+        died = run.meta.get("current_case") if run.status == "running" else None
+        return _sweep(
+            writer, grid, run, died=died, progress=progress, policy=policy,
+            calibration=calibration, executor=runs_on,
+        )  # fmt: skip
+
+
+def _sweep(
+    writer: ResultsWriter,
+    grid: Grid,
+    previous: RunResults | None,
+    *,
+    died: str | None = None,
+    progress: ProgressCallback | None,
+    policy: TimingPolicy | None,
+    calibration: Calibration | None,
+    executor: Executor,
+) -> RunResults:
+    # The first call, the FLOP count and the memory profile precede timing: one more warm-up does.
+    # The time budget is shared by the rounds.
+    policy = policy or TimingPolicy(budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1)
+    cases = grid.cases()
+    writer.update(cases_total=len(cases))
+    if calibration is not None:
+        writer.update(calibration=calibration.describe())
+    last: dict[str, Case] = {}
+
+    def notify(kind: Any, case: Case, result: CaseResult | None = None, **more: Any) -> None:
+        last["case"] = case
+        if progress is not None:
+            progress(
+                ProgressEvent(
+                    kind,
+                    queue.index[case.case_id],
+                    len(cases),
+                    case,
+                    result,
+                    queue.completed,
+                    more.pop("round_", 1),
+                    grid.rounds,
+                    queue.units_done(),
+                    running=len(queue.running),
+                    **more,
+                )
+            )
+
+    def on_stop(_: str) -> None:
+        # Always answered once a case has been seen: a signal between two cases (none running)
+        # is as much a request as one inside a case.
+        if "case" in last:
+            notify("stopping", last["case"])
+
+    with GracefulStop(on_stop) as stop:
+        queue = JobQueue(
+            grid,
+            writer,
+            previous,
+            died=died,
+            policy=policy,
+            calibration=calibration,
+            in_process=executor.in_process,
+            notify=notify,
+            stop=stop,
+        )
+        try:
+            for done in executor.run(queue.take):
+                queue.finish(done)
+        except KeyboardInterrupt:
+            stop.signal_name = stop.signal_name or "SIGINT"
+        except AttnbenchError as exc:
+            writer.finish("interrupted")
+            raise AttnbenchError(
+                f"{exc.message}; the {queue.completed} finished case(s) are saved: "
+                f"attnbench sweep --resume {writer.out_dir}"
+            ) from None
+        if stop.requested:
+            writer.finish("interrupted")
+            raise SweepInterrupted(
+                str(writer.out_dir), queue.completed, len(cases), str(stop.signal_name)
+            )
+    writer.finish("complete")
+    return load_results(writer.out_dir)

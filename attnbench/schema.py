@@ -1,0 +1,200 @@
+"""The column and metric registry: every column of a results table, and every metric, named once.
+
+The writer and the loader read ``COLUMNS`` (name, type, whether older folders lack it); the
+summary tables read each column's header and format; fits, compare, the CI outputs, the report,
+the charts and the JSON schemas read ``METRICS`` (display and short names, unit, whether it is
+exact, what law of the theory predicts it, which chart draws it). Adding a metric column means
+adding it here and measuring it; nothing else spells the vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pandas as pd
+
+from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
+
+Kind = Literal["int", "float", "text"]
+Group = Literal["case", "measure", "structure", "placement"]
+
+
+def fmt_int(value: Any) -> str:
+    """A count, or "-" when missing."""
+    return "-" if value is None or pd.isna(value) else str(int(value))
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of ``results.csv`` and of the loaded table."""
+
+    name: str
+    kind: Kind
+    group: Group
+    doc: str
+    optional: bool = False  # added after the first release: older folders load with it empty
+    summary: str = ""  # its header in the summary tables ("": not shown there)
+    fmt: Callable[[Any], str] = str  # how the summary tables write a value
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A chart that draws one metric against n, one panel per d (or at the largest d)."""
+
+    name: str  # the file stem and the --metric choice
+    description: str
+    ylabel: str
+    title: str
+    theory_note: str = ""  # what the dashed line is ("": no theory line)
+    per_d: bool = True  # one panel per d, or one panel at the largest d
+    scale_theory: bool = False  # the theory is an order: draw it through the last point
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A measured quantity that is fitted, judged and charted."""
+
+    column: str
+    display: str  # in words: "peak memory"
+    short: str  # in a crowded table cell: "peak"
+    unit: str
+    exact: bool = False  # the same code measures the same value: compare fails on any increase
+    device_bound: bool = False  # exact only between runs on the same device model
+    overheads: bool = False  # small sizes carry fixed costs: fit the larger sizes only
+    # Which law of a layer's theory predicts it, up to a constant: the FLOP formula, the
+    # sequential-step law or the path law (None: the theory says nothing of it).
+    theory: Literal["flops", "sequential", "path"] | None = None
+    chart: Chart | None = None  # its own chart against n (time has several, drawn apart)
+
+
+_CASE, _MEASURE, _STRUCTURE, _PLACEMENT = "case", "measure", "structure", "placement"
+
+COLUMNS: tuple[Column, ...] = (
+    Column("case_id", "text", _CASE, "the case's identity: layer, sizes, options, device"),
+    Column("layer", "text", _CASE, "layer name"),
+    Column("n", "int", _CASE, "sequence length"),
+    Column("d", "int", _CASE, "width"),
+    Column("k", "int", _CASE, "convolution kernel (empty for layers without one)"),
+    Column("heads", "int", _CASE, "attention heads (empty for layers without them)"),
+    Column("window", "int", _CASE, "restricted attention: neighbours each side", optional=True),
+    Column("batch", "int", _CASE, "batch size"),
+    Column("dtype", "text", _CASE, "float32, float16 or bfloat16"),
+    Column("device", "text", _CASE, "the device the case was asked for"),
+    Column("mode", "text", _CASE, "forward, or train (forward + backward)"),
+    Column("threads", "int", _MEASURE, "CPU threads torch used"),
+    Column("status", "text", _MEASURE, "ok, oom, timeout, skipped or failed (STATUSES)"),
+    Column("time_s", "float", _MEASURE, "median seconds per call", summary="time", fmt=fmt_seconds),
+    Column(
+        "time_iqr_s", "float", _MEASURE, "interquartile range of the samples, seconds",
+        summary="IQR", fmt=fmt_seconds,
+    ),
+    Column("samples", "int", _MEASURE, "timing samples", summary="samples", fmt=fmt_int),
+    Column("calls_per_sample", "int", _MEASURE, "calls per timed block (a sample is its mean)"),
+    Column("time_total_s", "float", _MEASURE, "seconds spent inside timed calls"),
+    Column(
+        "peak_bytes", "int", _MEASURE, "peak bytes allocated above the pre-call baseline",
+        summary="peak mem", fmt=fmt_bytes,
+    ),
+    Column(
+        "flops", "int", _MEASURE, "FLOPs counted from the real call",
+        summary="FLOPs", fmt=fmt_count,
+    ),
+    Column("flops_analytic", "float", _MEASURE, "FLOPs from the layer's theory"),
+    Column(
+        "flops_check", "text", _MEASURE, "ok, or mismatch (counted vs analytic beyond 1%)",
+        summary="check",
+    ),
+    Column(
+        "flops_per_s", "float", _MEASURE, "counted FLOPs / median time",
+        summary="FLOP/s", fmt=fmt_count,
+    ),
+    Column("wall_s", "float", _MEASURE, "wall seconds for the whole case, overheads included"),
+    Column("error", "text", _MEASURE, "first line of the error, when status is not ok"),
+    Column(
+        "seq_steps", "int", _STRUCTURE, "longest chain of dependent ops in one forward call",
+        optional=True, summary="steps", fmt=fmt_int,
+    ),
+    Column("seq_steps_method", "text", _STRUCTURE, "how: traced", optional=True),
+    Column(
+        "path_len", "int", _STRUCTURE, "maximum path length in position-mixing steps",
+        optional=True, summary="path", fmt=fmt_int,
+    ),
+    Column(
+        "path_len_method", "text", _STRUCTURE, "measured, extended: <law>, or none: <why>",
+        optional=True,
+    ),
+    Column("node", "text", _PLACEMENT, "host name of the machine it ran on", optional=True),
+    Column("device_id", "text", _PLACEMENT, "the device there: cuda:<i> or cpu", optional=True),
+    Column(
+        "device_name", "text", _PLACEMENT, "its model: what charts and compare group by",
+        optional=True,
+    ),
+)  # fmt: skip
+COLUMN = {c.name: c for c in COLUMNS}
+RESULT_COLUMNS = [c.name for c in COLUMNS]
+CASE_COLUMNS = [c.name for c in COLUMNS if c.group == "case"]
+PLACEMENT_COLUMNS = [c.name for c in COLUMNS if c.group == "placement"]
+OPTIONAL_COLUMNS = [c.name for c in COLUMNS if c.optional]
+SUMMARY_COLUMNS = [c for c in COLUMNS if c.summary]
+
+
+def columns_of(kind: Kind) -> list[str]:
+    return [c.name for c in COLUMNS if c.kind == kind]
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("time_s", "time", "time", "s", overheads=True, theory="flops"),
+    Metric(
+        "peak_bytes", "peak memory", "peak", "bytes", exact=True, device_bound=True,
+        overheads=True,
+        chart=Chart(
+            "memory", "peak memory above baseline against n, one panel per d",
+            "peak memory above baseline [bytes]",
+            "Peak memory of one call against sequence length",
+        ),
+    ),
+    Metric(
+        "flops", "FLOPs", "FLOPs", "FLOPs", exact=True, theory="flops",
+        chart=Chart(
+            "flops", "counted FLOPs against n, one panel per d, with the analytic formula",
+            "FLOPs per call (counted)", "FLOPs against sequence length",
+            theory_note="analytic formula",
+        ),
+    ),
+    Metric(
+        "seq_steps", "sequential steps", "steps", "steps", exact=True, theory="sequential",
+        chart=Chart(
+            "seq_steps", "traced sequential steps against n, with the theory's order",
+            "sequential steps (traced)", "Sequential operations against sequence length",
+            theory_note="theory's order, through the last point", per_d=False,
+            scale_theory=True,
+        ),
+    ),
+    Metric(
+        "path_len", "path length", "path", "steps", exact=True, theory="path",
+        chart=Chart(
+            "path_len", "maximum path length against n, with the theory's order",
+            "maximum path length (steps)", "Maximum path length against sequence length",
+            theory_note="theory's order, through the last point", per_d=False,
+            scale_theory=True,
+        ),
+    ),
+)  # fmt: skip
+METRIC = {m.column: m for m in METRICS}
+# What compare judges exactly: device-independent counts first, then what depends on the device.
+EXACT_METRICS = [m for m in METRICS if m.exact and not m.device_bound] + [
+    m for m in METRICS if m.exact and m.device_bound
+]
+
+SAMPLE_COLUMNS = ["case_id", "sample", "time_s", "round"]
+CALIBRATION_COLUMNS = ["point", "before_case", "sample", "time_s"]
+
+STATUSES = {
+    "ok": "measured",
+    "oom": "ran out of memory",
+    "timeout": "one call took longer than --max-case-seconds",
+    "skipped": "not run: a smaller case of the same layer ran out of memory or time",
+    "failed": "raised an error (see the error column)",
+}
