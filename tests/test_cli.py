@@ -176,6 +176,7 @@ def test_yes_lets_a_large_sweep_start(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "stop here" in accepted.stderr and started == [15 * 7 * len(LAYERS)]
 
 
+@pytest.mark.slow
 def test_resume_through_the_cli(tmp_path: Path) -> None:
     out = tmp_path / "run"
     first = runner.invoke(

@@ -32,6 +32,7 @@ def test_plot_writes_the_chosen_charts_and_formats(wide: Path):
     assert str(wide / "charts" / "time.png") in result.stderr
 
 
+@pytest.mark.slow
 def test_plot_all_charts_as_json_into_another_folder(wide: Path, tmp_path: Path):
     out = tmp_path / "figures"
     result = runner.invoke(app, ["plot", str(wide), "--out", str(out), "--json"])
@@ -95,6 +96,7 @@ def test_fit_prints_tables_and_json(wide: Path):
     assert rnn_steps and all(abs(e["exponent"] - 1) < 0.1 for e in rnn_steps)
 
 
+@pytest.mark.slow
 def test_report_writes_markdown_and_html_with_the_charts(wide: Path):
     result = runner.invoke(app, ["report", str(wide), "--html"])
     assert result.exit_code == 0, result.output
@@ -156,6 +158,7 @@ SWEEP = ["sweep", "--layers", "conv,attention", "--n", "16,32", "--d", "8", "--h
          "--time-budget", "0.005", "--device", "cpu", "--quiet"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_sweep_draws_its_charts_when_it_completes(tmp_path: Path):
     out = tmp_path / "run"
     result = runner.invoke(app, [*SWEEP, "--out", str(out), "--json"])

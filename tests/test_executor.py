@@ -98,6 +98,7 @@ class FakeCluster:
         self._workers.clear()
 
 
+@pytest.mark.slow
 def test_rows_match_a_serial_run_whatever_order_they_arrive_in(tmp_path: Path) -> None:
     serial = run_sweep(_grid(rounds=2), tmp_path / "serial", calibration=SMALL_GEMM)
     cluster = FakeCluster()
@@ -166,6 +167,7 @@ def test_a_lost_later_round_is_retried_then_left_out(tmp_path: Path) -> None:
     assert [(c, r) for c, r, _ in cluster.ran].count((target, 2)) == 2
 
 
+@pytest.mark.slow
 def test_later_rounds_stay_on_the_device_model_of_the_first(tmp_path: Path) -> None:
     cluster = FakeCluster(devices=("GPU model A", "GPU model B"))
     run = run_sweep(_grid(rounds=3), tmp_path / "run", executor=cluster)
@@ -228,6 +230,7 @@ def test_out_of_process_workers_leave_no_case_for_resume_to_blame(tmp_path: Path
     assert serial_seen[0] == "conv/n=8/d=4/k=3/b=1/float32/cpu/forward"
 
 
+@pytest.mark.slow
 def test_serial_is_the_default_and_ray_is_imported_only_when_asked() -> None:
     assert isinstance(make_executor("serial"), SerialExecutor)
     with pytest.raises(AttnbenchError, match="only with --executor ray"):

@@ -148,7 +148,8 @@ def test_a_slow_first_call_is_a_timeout_and_larger_cases_are_skipped(
         {"layers": "conv", "n": "8..64", "d": "8", "device": "cpu", "max_case_seconds": 0.25}
     )
     grid = Grid(**{**grid.__dict__, "layers": ("slow",), "time_budget_s": 1.0})
-    run = run_sweep(grid, tmp_path / "run", clock=clock)
+    # No calibration: under a clock that never moves, its GEMM blocks would grow to their cap.
+    run = run_sweep(grid, tmp_path / "run", clock=clock, calibration=None)
     status = dict(zip(run.frame["n"], run.frame["status"], strict=True))
     assert status == {8: "ok", 16: "ok", 32: "timeout", 64: "skipped"}
     timeout = run.frame[run.frame["status"] == "timeout"].iloc[0]
@@ -179,8 +180,18 @@ def test_a_signal_stops_after_the_current_case_and_resume_finishes(
     grid = _grid()
     out = tmp_path / "run"
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when run in the background by a shell
+    heard: list[ProgressEvent] = []
+    signal_after_two = _signal_after(2, sig)
+
+    def progress(event: ProgressEvent) -> None:
+        heard.append(event)
+        signal_after_two(event)
+
     with pytest.raises(SweepInterrupted) as info:
-        run_sweep(grid, out, progress=_signal_after(2, sig))
+        run_sweep(grid, out, progress=progress)
+    # The signal came after a case was written, with none running: it is still answered.
+    stopping = [e for e in heard if e.kind == "stopping"]
+    assert len(stopping) == 1 and stopping[0].running == 0
     assert info.value.exit_code == 130
     assert f"attnbench sweep --resume {out}" in info.value.message
     stopped = load_results(out)
@@ -391,3 +402,25 @@ def test_a_duplicated_case_is_corruption(saved_run: Path) -> None:
     path.write_text("".join([*lines, lines[1]]))
     with pytest.raises(AttnbenchError, match="appears twice"):
         load_results(saved_run)
+
+
+@pytest.mark.parametrize(
+    ("running", "said"),
+    [
+        (0, "stopping now: no case is running"),
+        (1, "stopping after conv n=8 d=8 k=3"),
+        (2, "stopping after the 2 running cases"),
+    ],
+)
+def test_a_stop_request_is_always_answered(running: int, said: str) -> None:
+    import io
+
+    from rich.console import Console
+
+    from attnbench.cli.render import SweepProgress
+
+    buf = io.StringIO()
+    progress = SweepProgress(Console(file=buf, width=200), quiet=True)  # answered even quiet
+    case = _grid().cases()[0]
+    progress(ProgressEvent("stopping", 0, 6, case, running=running))
+    assert buf.getvalue().startswith(said) and "press Ctrl-C again" in buf.getvalue()

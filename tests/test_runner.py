@@ -17,6 +17,7 @@ from attnbench.spec import Case, Grid, build_grid
 from attnbench.theory import THEORY, LayerTheory
 
 
+@pytest.mark.slow
 def test_every_case_is_written_before_the_next_starts(tiny_grid: Grid, tmp_path: Path) -> None:
     out = tmp_path / "run"
     seen: list[tuple[str, int, int]] = []

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 import typer
 
-from attnbench.cli.options import AsJson, RunLayers, SavedRun
+from attnbench.cli.options import RunLayers, SavedRun, json_flag
 from attnbench.cli.render import Streams, frame_table, summary_notes, summary_tables
 from attnbench.cli.sweeping import records
 from attnbench.devices import DEVICE_CHOICES, resolve_device
@@ -59,7 +59,7 @@ def _announce(paths: list[Path], streams: Streams) -> None:
 
 def show(
     folder: Annotated[Path, typer.Argument(help="A results folder written by attnbench sweep.")],
-    as_json: AsJson = False,
+    as_json: Annotated[bool, json_flag("the results")] = False,
 ) -> None:
     """Print the tables of a saved run (finished or not), with its case counts."""
     run = load_results(folder)
@@ -76,9 +76,7 @@ def table(
     markdown: Annotated[
         bool, typer.Option("--markdown", help="Print a Markdown table on stdout (for a README).")
     ] = False,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the table and exponents as JSON on stdout.")
-    ] = False,
+    as_json: Annotated[bool, json_flag("the table and exponents")] = False,
 ) -> None:
     """The chapter's comparison table, theory beside the growth measured in a run.
 
@@ -122,9 +120,7 @@ def plot(
         Path | None,
         typer.Option(help="Folder for the chart files. Default: <results>/charts."),
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the written paths as JSON on stdout.")
-    ] = False,
+    as_json: Annotated[bool, json_flag("the written paths")] = False,
 ) -> None:
     """Draw a run's comparison charts (log-log, theory dashed) as PNG and SVG files."""
     names = parse_charts(metric)
@@ -151,9 +147,7 @@ def plot(
 def fit(
     folder: SavedRun = None,
     layers: RunLayers = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print exponents, models and crossovers as JSON.")
-    ] = False,
+    as_json: Annotated[bool, json_flag("the exponents, models and crossovers")] = False,
 ) -> None:
     """Fit the theory to a run: exponents with 95% intervals, cost models, crossovers."""
     run = _load(folder)
@@ -189,9 +183,7 @@ def report(
             help="Draw the charts first and embed them; --no-charts embeds those already drawn.",
         ),
     ] = True,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the written paths as JSON on stdout.")
-    ] = False,
+    as_json: Annotated[bool, json_flag("the written paths")] = False,
 ) -> None:
     """Write a Markdown report of a run: environment, comparison table, fits, crossovers, charts.
 
@@ -225,9 +217,7 @@ def pe(
     fmt: Annotated[
         str, typer.Option("--format", help=f"Comma-separated: {', '.join(FORMATS)}.")
     ] = ",".join(DEFAULT_FORMATS),
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the check and the written paths as JSON.")
-    ] = False,
+    as_json: Annotated[bool, json_flag("the check and the written paths")] = False,
 ) -> None:
     """The chapter's positional-encoding figures, and a check of its relative-position property.
 
@@ -266,7 +256,7 @@ def env(
     device: Annotated[
         str, typer.Option(help=f"{DEVICE_CHOICES}.", envvar="ATTNBENCH_DEVICE")
     ] = "auto",
-    as_json: Annotated[bool, typer.Option("--json", help="Print as JSON on stdout.")] = False,
+    as_json: Annotated[bool, json_flag("the environment")] = False,
 ) -> None:
     """Print the environment block that every run records in run.json."""
     info = environment(resolve_device(device))

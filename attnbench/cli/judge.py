@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from attnbench.cli.options import GATE, VERDICT_OUTPUT, AsJson, verdict_format, with_options
+from attnbench.cli.options import GATE, VERDICT_OUTPUT, json_flag, verdict_format, with_options
 from attnbench.cli.render import Streams, comparison_table, comparison_warnings
 from attnbench.compare import Comparison, compare_runs
 from attnbench.errors import AttnbenchError
@@ -54,7 +54,7 @@ def show_verdicts(
 def compare(
     baseline: Annotated[Path, typer.Argument(help="The earlier results folder (the reference).")],
     current: Annotated[Path, typer.Argument(help="The results folder to judge.")],
-    as_json: AsJson = False,
+    as_json: Annotated[bool, json_flag("the verdicts")] = False,
     quiet: Annotated[bool, typer.Option(help="No table and no warnings.")] = False,
     **options: Any,
 ) -> None:

@@ -116,4 +116,8 @@ RunLayers = Annotated[
     str | None,
     typer.Option(help="Only these layers, comma-separated. Default: all in the run."),
 ]
-AsJson = Annotated[bool, typer.Option("--json", help="Print it as JSON on stdout instead.")]
+
+
+def json_flag(what: str) -> Any:
+    """``--json``: print ``what`` as JSON on stdout instead of the tables."""
+    return typer.Option("--json", help=f"Print {what} as JSON on stdout.")

@@ -15,6 +15,7 @@ from attnbench.cli.options import (
     GATE,
     GRID,
     VERDICT_OUTPUT,
+    json_flag,
     pick,
     verdict_format,
     with_options,
@@ -67,9 +68,7 @@ def sweep(
             "--yes", "-y", help="Start a very large sweep (over 2000 cases or about an hour)."
         ),
     ] = False,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the results as JSON on stdout.")
-    ] = False,
+    as_json: Annotated[bool, json_flag("the results")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress, tables or notes.")] = False,
     charts: Annotated[
         bool,

@@ -1,0 +1,150 @@
+"""The package's shape, read from its source: no import loop, no import from a lower floor to a
+higher one, no module above 500 lines, and the registries that everything else reads.
+
+The floors follow the data flow (spec -> layer -> measurement -> results -> fit -> chart, report,
+verdict -> command line). A module may import from its own floor or below, never above.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "attnbench"
+
+# Lowest first. A module belongs to the first floor one of whose prefixes it starts with.
+FLOORS: list[tuple[str, ...]] = [
+    ("attnbench._version", "attnbench.errors", "attnbench.units"),
+    ("attnbench.positional", "attnbench.devices", "attnbench.schema", "attnbench.thresholds"),
+    ("attnbench.layers",),
+    ("attnbench.theory",),
+    ("attnbench.spec",),
+    ("attnbench.measure",),
+    ("attnbench.results",),
+    ("attnbench.run",),
+    ("attnbench.fits", "attnbench.table", "attnbench.compare"),
+    ("attnbench.render",),
+    ("attnbench.cli",),
+    ("attnbench.__init__", "attnbench.__main__"),
+]
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1]) if parts[-1] == "__init__" and len(parts) > 2 else ".".join(parts)
+
+
+def _floor(module: str) -> int:
+    name = "attnbench.__init__" if module == "attnbench" else module
+    for level, prefixes in enumerate(FLOORS):
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            return level
+    raise AssertionError(f"{module} is on no floor: add it to FLOORS")
+
+
+def _imports(path: Path) -> set[str]:
+    """The attnbench modules a file imports (``from attnbench.x import y`` names ``attnbench.x``,
+    or ``attnbench.x.y`` when y is itself a module)."""
+    modules = {_module(p) for p in PACKAGE.rglob("*.py")}
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("attnbench")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnbench"):
+            base = str(node.module)
+            subs = {f"{base}.{a.name}" for a in node.names} & modules
+            found |= subs or {base}
+    return found
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{module} (floor {_floor(module)}) imports {target} (floor {_floor(target)})"
+        for module, targets in graph.items()
+        for target in targets
+        if _floor(target) > _floor(module)
+    ]
+
+
+def import_loop(graph: dict[str, set[str]]) -> list[str]:
+    """One import loop of the graph (its modules, the first repeated at the end), or []."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str]:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return path[path.index(target) :] + [target]
+            if target not in state and (loop := visit(target, [*path, target])):
+                return loop
+        state[module] = 2
+        return []
+
+    for module in sorted(graph):
+        if module not in state and (loop := visit(module, [module])):
+            return loop
+    return []
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return {_module(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def test_every_module_is_on_a_floor_and_imports_only_its_own_or_lower(graph) -> None:
+    assert upward_imports(graph) == []
+
+
+def test_there_is_no_import_loop(graph) -> None:
+    assert import_loop(graph) == []
+
+
+def test_the_checks_catch_what_they_look_for() -> None:
+    """On a made-up graph: a layer importing the CLI, and two executors importing each other."""
+    bad = {
+        "attnbench.layers.conv": {"attnbench.cli.render"},
+        "attnbench.run.executors.serial": {"attnbench.run.executors.ray"},
+        "attnbench.run.executors.ray": {"attnbench.run.executors.serial"},
+    }
+    assert upward_imports(bad) == [
+        "attnbench.layers.conv (floor 2) imports attnbench.cli.render (floor 10)"
+    ]
+    assert import_loop(bad) == [
+        "attnbench.run.executors.ray", "attnbench.run.executors.serial",
+        "attnbench.run.executors.ray",
+    ]  # fmt: skip
+    source = PACKAGE / "run" / "sweep.py"
+    assert "attnbench.run.executors.serial" in _imports(source)  # real imports are read
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)
+def test_no_module_is_longer_than_500_lines(path: Path) -> None:
+    assert len(path.read_text().splitlines()) <= 500
+
+
+def test_the_shipped_compare_schema_names_the_registrys_exact_metrics() -> None:
+    """The JSON schema users read and the one the tests validate against agree with the
+    registry: a new exact metric is required in every case's ``metrics``."""
+    from attnbench.render.verdicts import schema
+    from attnbench.schema import EXACT_METRICS
+
+    shipped = json.loads((PACKAGE / "schemas" / "compare.schema.json").read_text())
+    metrics = shipped["properties"]["cases"]["items"]["properties"]["metrics"]
+    expected = [m.column for m in EXACT_METRICS]
+    assert metrics["required"] == expected
+    served = schema("compare")["properties"]["cases"]["items"]["properties"]["metrics"]
+    assert served["required"] == expected
+
+
+def test_a_case_result_row_fills_exactly_the_registrys_columns(tiny_run) -> None:  # type: ignore[no-untyped-def]
+    from attnbench.measure.record import CaseResult
+    from attnbench.schema import RESULT_COLUMNS
+    from attnbench.spec import Case
+
+    case = Case("conv", 8, 4, 3, None, 1, "float32", "cpu", "forward")
+    row = CaseResult(case=case, status="failed", threads=1, error="x").to_row()
+    assert list(row) == RESULT_COLUMNS
+    assert list(tiny_run.frame.columns) == RESULT_COLUMNS
