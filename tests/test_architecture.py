@@ -77,7 +77,7 @@ def import_loop(graph: dict[str, set[str]]) -> list[str]:
         state[module] = 1
         for target in sorted(graph.get(module, ())):
             if state.get(target) == 1:
-                return path[path.index(target) :] + [target]
+                return [*path[path.index(target) :], target]
             if target not in state and (loop := visit(target, [*path, target])):
                 return loop
         state[module] = 2

@@ -304,3 +304,35 @@ def test_the_committed_ci_reference_is_a_calibrated_five_round_run() -> None:
     c = compare_runs(run, run)
     assert set(c.times["unit"]) == {"rounds"} and not c.failed()
     assert len(c.times) == len(run.frame) == 16
+
+
+def test_sweep_with_baseline_takes_every_compare_format(
+    tiny_baseline: RunResults, tmp_path: Path
+) -> None:
+    """One dict of renderers serves compare and sweep --baseline alike."""
+    out, bench = tmp_path / "current", tmp_path / "bench.json"
+    args = [*TINY, "--out", str(out), "--baseline", str(tiny_baseline.path)]
+    args += ["--fail-on", "none", "--format", "github-action-benchmark", "--output", str(bench)]
+    result = runner.invoke(app, ["sweep", *args])
+    assert result.exit_code == 0, result.output
+    entries = json.loads(bench.read_text())
+    jsonschema.validate(entries, schema("github-action-benchmark"))
+    assert {e["name"].split(" ")[0] for e in entries} == set(load_results(out).frame["case_id"])
+    again = [*TINY, "--out", str(tmp_path / "x"), "--baseline", str(tiny_baseline.path)]
+    both = runner.invoke(app, ["sweep", *again, "--json", "--format", "json"])
+    assert both.exit_code == 2 and "both print on stdout: choose one" in both.stderr
+
+
+def test_the_product_goes_to_stdout_and_moves_aside_for_a_format(
+    pair: tuple[Path, Path, Path],
+) -> None:
+    """Tables are the product (stdout); a machine format takes stdout, and the table then goes
+    to stderr for the log; --quiet leaves only the format."""
+    base, _, worse = pair
+    plain = runner.invoke(app, ["compare", str(base), str(worse)])
+    assert "OVERALL" in plain.stdout and "OVERALL" not in plain.stderr
+    as_json = runner.invoke(app, ["compare", str(base), str(worse), "--json"])
+    assert json.loads(as_json.stdout)["failed"] is True  # stdout holds the JSON alone
+    assert "OVERALL" in as_json.stderr
+    quiet = runner.invoke(app, ["compare", str(base), str(worse), "--json", "--quiet"])
+    assert quiet.stderr == "" and json.loads(quiet.stdout)["failed"] is True
