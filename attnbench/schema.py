@@ -18,7 +18,7 @@ import pandas as pd
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 Kind = Literal["int", "float", "text"]
-Group = Literal["case", "measure", "structure", "placement"]
+Group = Literal["case", "measure", "structure", "placement", "source"]
 
 
 def fmt_int(value: Any) -> str:
@@ -131,10 +131,18 @@ COLUMNS: tuple[Column, ...] = (
         "device_name", "text", _PLACEMENT, "its model: what charts and compare group by",
         optional=True,
     ),
+    Column(
+        "layer_source", "text", "source",
+        "where the layer's code came from: its module or file and version or sha256",
+        optional=True,
+    ),
 )  # fmt: skip
 COLUMN = {c.name: c for c in COLUMNS}
 RESULT_COLUMNS = [c.name for c in COLUMNS]
 CASE_COLUMNS = [c.name for c in COLUMNS if c.group == "case"]
+# Layer options with a column of their own since the first release; a layer's other options
+# get columns after the registry's (``option_columns``).
+OPTION_COLUMNS = ["k", "heads", "window"]
 PLACEMENT_COLUMNS = [c.name for c in COLUMNS if c.group == "placement"]
 OPTIONAL_COLUMNS = [c.name for c in COLUMNS if c.optional]
 SUMMARY_COLUMNS = [c for c in COLUMNS if c.summary]

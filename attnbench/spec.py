@@ -19,8 +19,11 @@ from typing import Any
 
 from attnbench.devices import DEVICE_CHOICES, DTYPES, DeviceResolver, local_device
 from attnbench.errors import AttnbenchError
-from attnbench.layers import LAYERS
-from attnbench.theory import analytic_flops
+from attnbench.layers import plugins
+from attnbench.layers.entry import LayerOption
+from attnbench.layers.registry import BUILTIN, entry, known_options
+from attnbench.schema import OPTION_COLUMNS
+from attnbench.theory import TRAIN_FLOP_FACTOR, sizes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,76 +37,74 @@ MODES = ("forward", "train")
 class Case:
     """One measurement: a layer at one (n, d) with everything that changes its cost.
 
-    ``k``, ``heads`` and ``window`` are None for layers that do not take them, so a case names
-    only what matters to it.
+    ``options`` are the layer's own options (name, value), in the order its entry declares
+    them, so a case names only what matters to it.
     """
 
     layer: str
     n: int
     d: int
-    k: int | None
-    heads: int | None
     batch: int
     dtype: str
     device: str
     mode: str
-    window: int | None = None
+    options: tuple[tuple[str, int], ...] = ()
 
-    def analytic_flops(self) -> float:
-        """FLOPs of one call from the formula table in ``attnbench.theory``."""
-        return analytic_flops(
-            self.layer,
-            batch=self.batch,
-            n=self.n,
-            d=self.d,
-            k=self.k or 0,
-            window=self.window or 0,
-            mode=self.mode,
-        )
+    @property
+    def option_values(self) -> dict[str, int]:
+        return dict(self.options)
+
+    def sizes(self) -> dict[str, Any]:
+        """What the layer's theory reads: b, n, d and its options."""
+        return sizes(self.batch, self.n, self.d, self.option_values)
+
+    def analytic_flops(self) -> float | None:
+        """FLOPs of one call from the layer's theory; None for a layer without one."""
+        theory = entry(self.layer).theory
+        if theory is None:
+            return None
+        forward = theory.flops(self.sizes())
+        return forward * TRAIN_FLOP_FACTOR if self.mode == "train" else forward
 
     def layer_options(self) -> dict[str, int]:
         """The options ``build_layer`` takes for this case (the length too, for layers built
         for one)."""
-        given = {"k": self.k, "heads": self.heads, "window": self.window}
-        return {"n": self.n, **{key: v for key, v in given.items() if v is not None}}
+        return {"n": self.n, **self.option_values}
+
+    def _tags(self) -> list[str]:
+        found = entry(self.layer)
+        return [f"{found.option(name).tag}={value}" for name, value in self.options]  # type: ignore[union-attr]
 
     @property
     def case_id(self) -> str:
-        parts = [self.layer, f"n={self.n}", f"d={self.d}"]
-        if self.k is not None:
-            parts.append(f"k={self.k}")
-        if self.heads is not None:
-            parts.append(f"h={self.heads}")
-        if self.window is not None:
-            parts.append(f"r={self.window}")
+        parts = [self.layer, f"n={self.n}", f"d={self.d}", *self._tags()]
         parts += [f"b={self.batch}", self.dtype, self.device, self.mode]
         return "/".join(parts)
 
     def columns(self) -> dict[str, Any]:
-        """The case's own columns of the results table: its id and every field."""
-        return {"case_id": self.case_id, **asdict(self)}
+        """The case's own columns of the results table: its id, its fields and its options
+        (the options with a column of their own are empty where the layer has none)."""
+        fixed = {key: value for key, value in asdict(self).items() if key != "options"}
+        unset = dict.fromkeys(OPTION_COLUMNS)
+        return {"case_id": self.case_id, **fixed, **unset, **self.option_values}
 
     def label(self) -> str:
         """Short human label for progress lines."""
-        extra = f" k={self.k}" if self.k is not None else ""
-        extra += f" h={self.heads}" if self.heads is not None else ""
-        extra += f" r={self.window}" if self.window is not None else ""
-        return f"{self.layer} n={self.n} d={self.d}{extra}"
+        return " ".join([self.layer, f"n={self.n}", f"d={self.d}", *self._tags()])
 
 
 @dataclass(frozen=True)
 class Grid:
-    """A sweep: the cross product of layers, n and d at fixed k, heads, batch, dtype, device.
+    """A sweep: the cross product of layers, n and d at fixed options, batch, dtype, device.
 
-    The defaults here are the defaults of the command line and the config file (``OPTIONS``).
+    The defaults here are the defaults of the command line and the config file (``OPTIONS``);
+    ``options`` holds the layer options given (a layer takes its own default for the rest).
     """
 
-    layers: tuple[str, ...] = tuple(LAYERS)
+    layers: tuple[str, ...] = BUILTIN
     ns: tuple[int, ...] = (64, 128, 256, 512, 1024)
     ds: tuple[int, ...] = (64, 128)
-    k: int = 3
-    heads: int = 4
-    window: int = 16  # restricted attention: neighbours on each side
+    options: tuple[tuple[str, int], ...] = ()
     batch: int = 1
     dtype: str = "float32"
     device: str = "auto"
@@ -118,37 +119,38 @@ class Grid:
 
     def cases(self) -> list[Case]:
         """Cases ordered layer, d, then n ascending (so a larger n always comes later)."""
+        given = dict(self.options)
         out = []
         for layer in self.layers:
-            opts = LAYERS[layer].options
+            options = tuple(entry(layer).resolve(given).items())
             for d in self.ds:
                 for n in self.ns:
                     out.append(
-                        Case(
-                            layer=layer,
-                            n=n,
-                            d=d,
-                            k=self.k if "k" in opts else None,
-                            heads=self.heads if "heads" in opts else None,
-                            batch=self.batch,
-                            dtype=self.dtype,
-                            device=self.device,
-                            mode=self.mode,
-                            window=self.window if "window" in opts else None,
-                        )
+                        Case(layer, n, d, self.batch, self.dtype, self.device, self.mode, options)
                     )
         return out
 
+    def option_names(self) -> list[str]:
+        """Every option the grid's layers take, in the order they declare them."""
+        names = (option.name for layer in self.layers for option in entry(layer).options)
+        return list(dict.fromkeys(names))
+
+    def sources(self) -> dict[str, dict[str, str]]:
+        """Where each of the grid's layers came from (run.json's ``layers``)."""
+        return {layer: entry(layer).source.to_dict() for layer in self.layers}
+
     def to_dict(self) -> dict[str, Any]:
-        """The grid by field, as run.json records it (``grid_from_config`` reads it back)."""
-        out = asdict(self)
-        for key in ("layers", "ns", "ds"):
-            out[key] = list(out[key])
-        return out
+        """The grid by field, as run.json records it, the layer options given among the fields
+        (``grid_from_config`` reads it back)."""
+        out = {key: _plain(value) for key, value in asdict(self).items() if key != "options"}
+        at = list(out).index("ds") + 1
+        items = list(out.items())
+        return dict([*items[:at], *self.options, *items[at:]])
 
     def to_options(self) -> dict[str, Any]:
         """The grid as ``build_grid`` options (the command line's and config file's keys)."""
-        return {o.key: _plain(getattr(self, o.field)) for o in OPTIONS}
+        plain = {o.key: _plain(getattr(self, o.field)) for o in OPTIONS if o.field}
+        return {**plain, **dict(self.options)}
 
 
 def _plain(value: Any) -> Any:
@@ -208,6 +210,8 @@ def parse_int_list(text: str | int | Iterable[int], name: str) -> tuple[int, ...
 
 
 def parse_layers(text: str | Iterable[str]) -> tuple[str, ...]:
+    """Layer names, built-in or plugin (``module:factory``, ``path/to/file.py:factory``, an
+    installed plugin's name); plugins are loaded and registered here."""
     if isinstance(text, str):
         items = [t.strip() for t in text.split(",")]
     elif isinstance(text, list | tuple) and all(isinstance(t, str) for t in text):
@@ -215,11 +219,30 @@ def parse_layers(text: str | Iterable[str]) -> tuple[str, ...]:
     else:
         raise AttnbenchError(f"--layers: expected layer names, got {text!r}")
     if not items or any(not t for t in items):
-        raise AttnbenchError(f"--layers: cannot read {text!r}; accepted: {', '.join(LAYERS)}")
-    for item in items:
-        if item not in LAYERS:
-            raise AttnbenchError(f"unknown layer {item!r}; accepted: {', '.join(LAYERS)}")
-    return tuple(dict.fromkeys(items))
+        raise AttnbenchError(f"--layers: cannot read {text!r}; accepted: {', '.join(BUILTIN)}")
+    return tuple(dict.fromkeys(plugins.resolve(item).name for item in items))
+
+
+def parse_layer_options(text: Any) -> dict[str, int]:
+    """``--option rank=8,depth=2`` (or a TOML table): options of plugin layers, by name."""
+    if isinstance(text, Mapping):
+        pairs = list(text.items())
+    elif isinstance(text, str):
+        try:
+            pairs = [(k.strip(), int(v)) for k, v in (t.split("=", 1) for t in text.split(","))]
+        except ValueError:
+            raise AttnbenchError(
+                f"--option {text!r}: write NAME=VALUE, comma-separated, with integer values"
+            ) from None
+    else:
+        raise AttnbenchError(f"--option: expected NAME=VALUE pairs, got {text!r}")
+    known = known_options()
+    for name, _ in pairs:
+        if name not in known:
+            raise AttnbenchError(
+                f"--option {name}: no registered layer takes it; options: {', '.join(known)}"
+            )
+    return {name: known[name].check(value, "--option", (), ()) for name, value in pairs}
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -259,7 +282,7 @@ class Option:
     field. Its default is the ``Grid`` field's."""
 
     key: str
-    field: str
+    field: str  # "" for a layer option (Grid.options holds it)
     kind: type  # what the command line reads before ``parse``: str, int or float
     parse: Callable[[Any], Any]
     help: str
@@ -269,7 +292,7 @@ class Option:
 
     @property
     def default(self) -> Any:
-        return next(f.default for f in fields(Grid) if f.name == self.field)
+        return next((f.default for f in fields(Grid) if f.name == self.field), None)
 
     @property
     def full_help(self) -> str:
@@ -285,17 +308,25 @@ def _describe(value: Any) -> str:
     return str(value)
 
 
+def _layer_option(option: LayerOption) -> Option:
+    """A layer option as a sweep option: ``--k 5``, or ``k = 5`` in a config file."""
+
+    def parse(value: Any) -> int:
+        return option.check(value, "--" + option.name, (), ())
+
+    return Option(option.name, "", int, parse, option.help, default_text=str(option.default))
+
+
 OPTIONS: tuple[Option, ...] = (
     Option("layers", "layers", str, parse_layers,
-           f"Comma-separated layers: {', '.join(LAYERS)}.", default_text="all"),
+           f"Comma-separated layers: {', '.join(BUILTIN)}; or plugins: an installed plugin's "
+           "name, module.path:factory, path/to/file.py:factory.", default_text="every built-in"),
     Option("n", "ns", str, lambda v: parse_int_list(v, "n"),
            "Sequence lengths: a list 64,128 or a doubling range 64..4096."),
     Option("d", "ds", str, lambda v: parse_int_list(v, "d"), "Widths, as --n."),
-    Option("k", "k", int, lambda v: _positive_int(v, "k"), "Conv kernel size."),
-    Option("heads", "heads", int, lambda v: _positive_int(v, "heads"),
-           "Attention heads; d must divide by it."),
-    Option("window", "window", int, lambda v: _positive_int(v, "window"),
-           "attention-local: neighbours r on each side (r <= the smallest n)."),
+    *(_layer_option(o) for o in known_options().values()),
+    Option("option", "", str, parse_layer_options,
+           "Options of plugin layers, NAME=VALUE, comma-separated.", default_text="none"),
     Option("batch", "batch", int, lambda v: _positive_int(v, "batch"), "Batch size.",
            compare=True),
     Option("dtype", "dtype", str, lambda v: _choice(v, "dtype", DTYPES), f"{', '.join(DTYPES)}.",
@@ -324,17 +355,22 @@ CONFIG_KEYS = (*OPTION, "out")
 
 
 def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None = None) -> Grid:
-    """Rebuild (and re-validate) the grid a results folder recorded with ``Grid.to_dict``."""
+    """Rebuild (and re-validate) the grid a results folder recorded with ``Grid.to_dict``.
+
+    Layer options sit among the fields (older runs recorded k, heads and window always)."""
     if not isinstance(config, Mapping):
         raise AttnbenchError("the recorded configuration is not a table of options")
-    by_field = {o.field: o.key for o in OPTIONS}
-    unknown = sorted(set(config) - set(by_field))
+    by_field = {o.field: o.key for o in OPTIONS if o.field}
+    layer_options = set(known_options())
+    unknown = sorted(set(config) - set(by_field) - layer_options)
     if unknown:
         raise AttnbenchError(
             f"the recorded configuration has unknown key(s) {', '.join(unknown)}; "
-            "was it written by a newer attnbench?"
+            "was it written by a newer attnbench, or by a plugin layer not loaded?"
         )
-    return build_grid({by_field[key]: value for key, value in config.items()}, resolve)
+    options = {key: value for key, value in config.items() if key in layer_options}
+    fields_ = {by_field[key]: value for key, value in config.items() if key in by_field}
+    return build_grid({**fields_, "option": options or None}, resolve)
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -360,32 +396,30 @@ def load_config(path: Path) -> dict[str, Any]:
 def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None) -> Grid:
     """Make a validated ``Grid`` from option values (``OPTIONS`` keys; None means default).
 
+    Each layer checks the options it takes with its own declaration (a kernel that fits in the
+    sequence, heads that divide d). A plugin loaded from a module, a file or an installed
+    package is built and called once on a tiny input, so a layer that fails or changes the
+    shape is refused before anything is measured.
     ``resolve`` turns the device name into the device cases run on, checked to exist with the
     dtype: this machine's by default, an executor's workers' otherwise.
     """
     given = {key: v for key, v in options.items() if v is not None and key in OPTION}
-    grid = replace(Grid(), **{OPTION[key].field: OPTION[key].parse(v) for key, v in given.items()})
-    takes = {option for name in grid.layers for option in LAYERS[name].options}
-    if "heads" in takes:
-        bad = [d for d in grid.ds if d % grid.heads]
-        if bad:
-            raise AttnbenchError(
-                f"d={bad[0]} is not divisible by heads={grid.heads}; attention needs d % heads == 0"
-            )
-    if "k" in takes and grid.k > min(grid.ns):
-        raise AttnbenchError(
-            f"--k {grid.k} is larger than n={min(grid.ns)}; a kernel must fit in the sequence "
-            f"(use k <= the smallest n)"
-        )
-    if "conv-dilated" in grid.layers and grid.k < 2:
-        raise AttnbenchError(
-            f"--k {grid.k}: conv-dilated needs k >= 2 (dilations k^i must grow to cover n)"
-        )
-    if "window" in takes and grid.window > min(grid.ns):
-        raise AttnbenchError(
-            f"--window {grid.window} is larger than n={min(grid.ns)}; restricted attention needs "
-            "r <= the smallest n (r >= n is full attention)"
-        )
+    values = {key: OPTION[key].parse(v) for key, v in given.items()}
+    layer_options = values.pop("option", {})
+    layer_options |= {key: values.pop(key) for key in list(values) if not OPTION[key].field}
+    order = list(known_options())  # as the layers declare them: k, heads, window, ...
+    given_options = tuple(sorted(layer_options.items(), key=lambda kv: order.index(kv[0])))
+    grid = replace(
+        Grid(), **{OPTION[key].field: v for key, v in values.items()}, options=given_options
+    )
+    for name in grid.layers:
+        found = entry(name)
+        resolved = found.resolve(layer_options)
+        for option in found.options:
+            option.check(resolved[option.name], name, grid.ns, grid.ds)
+        if found.source.kind in plugins.CHECKED:
+            n = min(min(grid.ns), max(16, 2 * found.reach(resolved) + 1))
+            plugins.check_output(found, min(grid.ds), n, resolved)
     return replace(grid, device=(resolve or local_device)(grid.device, grid.dtype))
 
 
@@ -407,7 +441,7 @@ def estimate_seconds(grid: Grid) -> float:
     rate = _ASSUMED_FLOP_PER_S[grid.device.split(":")[0]]
     total = 0.0
     for case in grid.cases():
-        call = case.analytic_flops() / rate
+        call = (case.analytic_flops() or 0.0) / rate
         if grid.max_case_s is not None and call > grid.max_case_s:
             total += grid.max_case_s  # it would stop as a timeout after its first call
             continue

@@ -12,8 +12,8 @@ from typing import Any
 import pandas as pd
 
 from attnbench.fits import Analysis, analyse
+from attnbench.layers.registry import theory_of
 from attnbench.results.run import RunResults
-from attnbench.theory import THEORY
 
 COLUMNS = [
     "layer",
@@ -51,7 +51,7 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
     measured = run.measured
     rows: list[dict[str, Any]] = []
     for layer in dict.fromkeys(run.frame["layer"]):
-        theory = THEORY.get(layer)
+        theory = theory_of(layer)
         group = measured[measured["layer"] == layer]
         d_fix = _fixed_at(group, "d", "n")
         n_fix = _fixed_at(group, "n", "d")

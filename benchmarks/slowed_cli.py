@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from attnbench.cli import main
-from attnbench.layers import LAYERS, LayerInfo
+from attnbench.layers import REGISTRY
 
 
 class Slowed(nn.Module):
@@ -37,12 +38,13 @@ class Slowed(nn.Module):
 
 
 def slow_down(name: str, extra: float) -> None:
-    info = LAYERS[name]
+    entry = REGISTRY[name]
 
-    def build(**kwargs: Any) -> nn.Module:
-        return Slowed(info.build(**kwargs), extra)
+    def build(d: int, **kwargs: Any) -> nn.Module:
+        return Slowed(entry.build(d, **kwargs), extra)
 
-    LAYERS[name] = LayerInfo(name, build, info.options, f"{info.description}, slowed {extra:+.0%}")
+    slowed = f"{entry.description}, slowed {extra:+.0%}"
+    REGISTRY[name] = replace(entry, build=build, description=slowed)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch.utils.benchmark as tb
 
 from attnbench.measure import TimingPolicy, time_call
 from attnbench.measure.case import make_step
-from attnbench.spec import Case
+from attnbench.spec import build_grid
 
 
 def main() -> None:
@@ -34,17 +34,8 @@ def main() -> None:
     print(f"{'layer':<10} {'attnbench':>11} {'torch':>11} {'paired':>7} {'ratios per round'}")
     worst = 0.0
     for layer in ("conv", "rnn", "attention"):
-        case = Case(
-            layer,
-            args.n,
-            args.d,
-            3 if layer == "conv" else None,
-            4 if layer == "attention" else None,
-            1,
-            "float32",
-            "cpu",
-            "forward",
-        )
+        grid = build_grid({"layers": layer, "n": [args.n], "d": [args.d], "device": "cpu"})
+        case = grid.cases()[0]
         step = make_step(case, seed=0)
         # Timer defaults to one thread; measure both with the threads the sweep uses.
         timer = tb.Timer(stmt="step()", globals={"step": step}, num_threads=torch.get_num_threads())

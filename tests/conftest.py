@@ -2,9 +2,22 @@ from __future__ import annotations
 
 import pytest
 
+from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.results.run import RunResults
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import Grid, build_grid
+
+
+@pytest.fixture
+def add_layer(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Register a layer for one test only: ``add_layer(name, factory)`` (or a full entry)."""
+
+    def add(name: str, build=None, **entry) -> LayerEntry:  # type: ignore[no-untyped-def]
+        found = LayerEntry(name, build, source=LayerSource("python", f"tests:{name}"), **entry)
+        monkeypatch.setitem(REGISTRY, name, found)
+        return found
+
+    return add
 
 
 def _tiny_grid() -> Grid:

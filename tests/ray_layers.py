@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from attnbench import layers, theory
+from attnbench.layers import registry
 
 
 class Doomed(torch.nn.Module):
@@ -50,5 +50,4 @@ def register() -> None:
     Reached through the modules: Ray ships this function by value, and a registry named as a
     global here would travel as a copy."""
     for name, module in TEST_LAYERS.items():
-        layers.LAYERS[name] = layers.LayerInfo(name, module, (), "test layer")
-        theory.THEORY[name] = theory.LayerTheory("O(1)", ())
+        registry.register(module, name, source=registry.LayerSource("python", f"tests:{name}"))

@@ -32,7 +32,8 @@ def noisy(median: float, count: int = 20, spread: float = 0.02, seed: int = 0) -
 
 
 def case(layer: str = "conv", n: int = 64, d: int = 16) -> Case:
-    return Case(layer, n, d, 3 if layer == "conv" else None, None, 1, "float32", "cpu", "forward")
+    options = (("k", 3),) if layer == "conv" else ()
+    return Case(layer, n, d, 1, "float32", "cpu", "forward", options)
 
 
 def make_run(

@@ -19,8 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attnbench"
 FLOORS: list[tuple[str, ...]] = [
     ("attnbench._version", "attnbench.errors", "attnbench.units"),
     ("attnbench.positional", "attnbench.devices", "attnbench.schema", "attnbench.thresholds"),
-    ("attnbench.layers",),
     ("attnbench.theory",),
+    ("attnbench.layers",),
     ("attnbench.spec",),
     ("attnbench.measure",),
     ("attnbench.results",),
@@ -110,7 +110,7 @@ def test_the_checks_catch_what_they_look_for() -> None:
         "attnbench.run.executors.ray": {"attnbench.run.executors.serial"},
     }
     assert upward_imports(bad) == [
-        "attnbench.layers.conv (floor 2) imports attnbench.cli.render (floor 10)"
+        "attnbench.layers.conv (floor 3) imports attnbench.cli.render (floor 10)"
     ]
     assert import_loop(bad) == [
         "attnbench.run.executors.ray", "attnbench.run.executors.serial",
@@ -144,7 +144,7 @@ def test_a_case_result_row_fills_exactly_the_registrys_columns(tiny_run) -> None
     from attnbench.schema import RESULT_COLUMNS
     from attnbench.spec import Case
 
-    case = Case("conv", 8, 4, 3, None, 1, "float32", "cpu", "forward")
+    case = Case("conv", 8, 4, 1, "float32", "cpu", "forward", (("k", 3),))
     row = CaseResult(case=case, status="failed", threads=1, error="x").to_row()
     assert list(row) == RESULT_COLUMNS
     assert list(tiny_run.frame.columns) == RESULT_COLUMNS

@@ -9,10 +9,10 @@ from matplotlib.figure import Figure
 
 from attnbench.errors import AttnbenchError
 from attnbench.fits import analyse
+from attnbench.layers import entry
 from attnbench.render import charts
 from attnbench.render.charts import CHARTS, build_charts, parse_charts, parse_formats, save_charts
 from attnbench.results.run import RunResults
-from attnbench.theory import THEORY
 
 LAYERS = ["conv", "rnn", "attention"]
 
@@ -92,7 +92,7 @@ def test_flops_chart_draws_the_analytic_formula(figures, wide_run):
     ax = figures["flops"].get_axes()[0]
     line = next(x for x in dashed(ax) if x.get_color() == colour("attention"))
     assert list(line.get_ydata()) == [
-        THEORY["attention"].flops(1, n, 8, 0, 0) for n in (16, 32, 64)
+        entry("attention").theory.flops({"b": 1, "n": n, "d": 8, "heads": 2}) for n in (16, 32, 64)
     ]
 
 

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from attnbench import __version__
 from attnbench.cli import app
-from attnbench.layers import LAYERS
+from attnbench.layers import BUILTIN
 
 runner = CliRunner()
 TINY = ["--n", "16", "--d", "8", "--heads", "2", "--device", "cpu", "--time-budget", "0.005"]
@@ -173,7 +173,7 @@ def test_yes_lets_a_large_sweep_start(tmp_path: Path, monkeypatch: pytest.Monkey
     assert refused.exit_code == 2 and "would take at least about" in refused.stderr
     assert started == []  # refused before any worker started
     accepted = runner.invoke(app, ["sweep", *big, "--yes"])
-    assert "stop here" in accepted.stderr and started == [15 * 7 * len(LAYERS)]
+    assert "stop here" in accepted.stderr and started == [15 * 7 * len(BUILTIN)]
 
 
 @pytest.mark.slow
@@ -197,13 +197,9 @@ def test_resume_through_the_cli(tmp_path: Path) -> None:
     assert "2 of 2 cases: 2 measured, 0 oom, 0 timeout, 0 skipped, 0 failed" in resumed.stderr
 
 
-def test_oom_cases_are_counted_and_the_exit_code_stays_0(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_oom_cases_are_counted_and_the_exit_code_stays_0(tmp_path: Path, add_layer) -> None:  # type: ignore[no-untyped-def]
     import torch
 
-    from attnbench.layers import LAYERS, LayerInfo
-    from attnbench.theory import THEORY, LayerTheory
 
     class Hungry(torch.nn.Module):
         def __init__(self, d: int) -> None:
@@ -214,8 +210,7 @@ def test_oom_cases_are_counted_and_the_exit_code_stays_0(
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
             return x
 
-    monkeypatch.setitem(LAYERS, "hungry", LayerInfo("hungry", Hungry, (), "test"))
-    monkeypatch.setitem(THEORY, "hungry", LayerTheory("O(1)", ()))
+    add_layer("hungry", Hungry)
     out = tmp_path / "run"
     args = ["--layers", "hungry", "--n", "8..32", "--d", "8", "--device", "cpu"]
     result = runner.invoke(app, ["sweep", *args, "--time-budget", "0.002", "--out", str(out)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.compare import REGRESSION, compare_runs
-from attnbench.layers import LAYERS, LayerInfo
+from attnbench.layers import REGISTRY
 from attnbench.render.verdicts import (
     STEP_SUMMARY_ENV,
     append_step_summary,
@@ -248,17 +249,17 @@ def test_sweep_with_baseline_exits_1_when_the_layer_got_heavier(
     tiny_baseline: RunResults, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real conv layer, made to compute twice: counted FLOPs double and compare says so."""
-    conv = LAYERS["conv"]
+    conv = REGISTRY["conv"]
 
     class Twice(torch.nn.Module):
-        def __init__(self, **kwargs: int) -> None:
+        def __init__(self, d: int, **kwargs: int) -> None:
             super().__init__()
-            self.inner = conv.build(**kwargs)
+            self.inner = conv.build(d, **kwargs)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.inner(self.inner(x))  # (B, n, d)
 
-    monkeypatch.setitem(LAYERS, "conv", LayerInfo("conv", Twice, conv.options, "twice"))
+    monkeypatch.setitem(REGISTRY, "conv", replace(conv, build=Twice))
     summary = tmp_path / "summary.md"
     monkeypatch.setenv(STEP_SUMMARY_ENV, str(summary))
     out = tmp_path / "current"

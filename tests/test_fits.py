@@ -21,8 +21,8 @@ from attnbench.fits import (
     model_fits,
     model_table,
 )
+from attnbench.layers.registry import theory_of
 from attnbench.results.run import RunResults
-from attnbench.theory import THEORY
 
 NS = (64, 128, 256, 512, 1024, 2048)
 DS = (32, 64, 128, 256)
@@ -32,13 +32,18 @@ def synthetic(layer: str, time, *, noise: float = 0.02, seed: int = 0) -> pd.Dat
     """Measured-like rows whose median time is ``time(n, d)`` times lognormal noise."""
     rng = np.random.default_rng(seed)
     rows = [
-        {"layer": layer, "n": n, "d": d, "k": 3, "window": 16, "batch": 1} for n in NS for d in DS
+        {"layer": layer, "n": n, "d": d, "k": 3, "heads": 4, "window": 16, "batch": 1}
+        for n in NS
+        for d in DS
     ]
     frame = pd.DataFrame(rows)
     truth = np.array([time(r.n, r.d) for r in frame.itertuples()])
     frame["time_s"] = truth * np.exp(rng.normal(0, noise, len(frame)))
+    theory = theory_of(layer)
     frame["flops"] = [
-        THEORY[layer].flops(1, r.n, r.d, 3, 16) if layer in THEORY else 0.0
+        theory.flops({"b": 1, "n": r.n, "d": r.d, "k": 3, "heads": 4, "window": 16})
+        if theory is not None
+        else 0.0
         for r in frame.itertuples()
     ]
     return frame
@@ -183,15 +188,20 @@ def test_measured_crossover_interpolates_in_log_log():
 
 def test_formula_crossovers_match_the_algebra():
     d = 64
-    attention, lstm, rnn = THEORY["attention"], THEORY["lstm"], THEORY["rnn"]
+    attention, lstm, rnn = theory_of("attention"), theory_of("lstm"), theory_of("rnn")
+    assert attention and lstm and rnn
+
+    def at(n: float) -> dict[str, float]:
+        return {"b": 1, "n": n, "d": d, "heads": 4}
+
     # 8nd² + 4n²d = 16nd²  ->  n = 2d.
-    gap = lambda n: attention.flops(1, n, d, 0, 0) - lstm.flops(1, n, d, 0, 0)  # noqa: E731
+    gap = lambda n: attention.flops(at(n)) - lstm.flops(at(n))  # noqa: E731
     assert formula_crossover(gap) == pytest.approx(2 * d)
     # The chapter's orders: n²d = nd²  ->  n = d.
-    order = lambda n: attention.order(1, n, d, 0, 0) - rnn.order(1, n, d, 0, 0)  # noqa: E731
+    order = lambda n: attention.order(at(n)) - rnn.order(at(n))  # noqa: E731
     assert formula_crossover(order) == pytest.approx(d)
     # Attention's projections alone outweigh a plain RNN: more FLOPs at every n.
-    flops = lambda n: attention.flops(1, n, d, 0, 0) - rnn.flops(1, n, d, 0, 0)  # noqa: E731
+    flops = lambda n: attention.flops(at(n)) - rnn.flops(at(n))  # noqa: E731
     assert formula_crossover(flops) == 0
     assert math.isnan(formula_crossover(lambda n: -1.0))
 

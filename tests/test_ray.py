@@ -18,19 +18,22 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.errors import AttnbenchError, SweepInterrupted
-from attnbench.layers import LAYERS, LayerInfo
+from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.results.files import RUN_FILE
 from attnbench.results.store import load_results
 from attnbench.run.events import ProgressEvent
 from attnbench.run.queue import WORKER_DIED_ERROR
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid
-from attnbench.theory import THEORY, LayerTheory
 
 ray = pytest.importorskip("ray", reason='the Ray tests need pip install "attnbench[ray]"')
 from attnbench.run.executors.ray import RayExecutor, death_reason  # noqa: E402
 
 pytestmark = pytest.mark.slow
+
+
+def SOURCE(name: str) -> LayerSource:
+    return LayerSource("python", f"tests:{name}")
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +62,7 @@ def local_ray(marker_dir: Path) -> Iterator[None]:
 def test_layers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same layers in this process, so that grids may name them."""
     for name, module in ray_layers.TEST_LAYERS.items():
-        monkeypatch.setitem(LAYERS, name, LayerInfo(name, module, (), "test layer"))
-        monkeypatch.setitem(THEORY, name, LayerTheory("O(1)", ()))
+        monkeypatch.setitem(REGISTRY, name, LayerEntry(name, module, source=SOURCE(name)))
 
 
 def _grid(executor: RayExecutor | None = None, **extra: object) -> Grid:

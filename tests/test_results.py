@@ -15,7 +15,7 @@ from attnbench.results.store import ResultsWriter, load_results
 from attnbench.schema import RESULT_COLUMNS
 from attnbench.spec import Case
 
-CASE = Case("attention", 64, 16, None, 4, 1, "float32", "cpu", "forward")
+CASE = Case("attention", 64, 16, 1, "float32", "cpu", "forward", (("heads", 4),))
 
 
 def _write(tmp_path: Path) -> Path:
@@ -34,7 +34,7 @@ def _write(tmp_path: Path) -> Path:
         wall_s=0.5,
     )
     failed = CaseResult(
-        case=Case("conv", 64, 16, 3, None, 1, "float32", "cpu", "forward"),
+        case=Case("conv", 64, 16, 1, "float32", "cpu", "forward", (("k", 3),)),
         status="failed",
         threads=2,
         error="RuntimeError: boom, with a comma",

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from attnbench.errors import AttnbenchError, SweepInterrupted
-from attnbench.layers import LAYERS, LayerInfo
+from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.measure.case import is_out_of_memory, release_memory
 from attnbench.measure.record import CaseResult
 from attnbench.results.environment import environment
@@ -26,7 +26,6 @@ from attnbench.run.executors import worker as worker_module
 from attnbench.run.queue import DIED_ERROR
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid
-from attnbench.theory import THEORY, LayerTheory
 
 
 def _grid(layers: str = "conv,rnn", n: str = "8,16,32", d: str = "8", **extra: object) -> Grid:
@@ -43,8 +42,8 @@ def _ids(grid: Grid) -> list[str]:
 
 
 def _register(monkeypatch: pytest.MonkeyPatch, name: str, module: type[torch.nn.Module]) -> None:
-    monkeypatch.setitem(LAYERS, name, LayerInfo(name, module, (), "test layer"))
-    monkeypatch.setitem(THEORY, name, LayerTheory("O(1)", ()))
+    entry = LayerEntry(name, module, source=LayerSource("python", f"tests:{name}"))
+    monkeypatch.setitem(REGISTRY, name, entry)
 
 
 OOM_ERRORS: dict[str, Callable[[], BaseException]] = {

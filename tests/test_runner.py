@@ -8,13 +8,11 @@ import pytest
 import torch
 
 from attnbench.devices import device_sync
-from attnbench.layers import LAYERS, LayerInfo
 from attnbench.measure.case import measure_case
 from attnbench.results.run import RunResults
 from attnbench.run.events import ProgressEvent
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import Case, Grid, build_grid
-from attnbench.theory import THEORY, LayerTheory
 
 
 @pytest.mark.slow
@@ -49,9 +47,7 @@ def test_results_hold_measured_values(tiny_run: RunResults) -> None:
     assert tiny_run.meta["environment"]["torch_version"] == torch.__version__
 
 
-def test_a_failing_case_is_recorded_and_the_sweep_goes_on(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_a_failing_case_is_recorded_and_the_sweep_goes_on(add_layer, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     class Broken(torch.nn.Module):
         def __init__(self, d: int) -> None:
             super().__init__()
@@ -62,8 +58,7 @@ def test_a_failing_case_is_recorded_and_the_sweep_goes_on(
                 raise ValueError("shapes do not fit\nsecond line")
             return x
 
-    monkeypatch.setitem(LAYERS, "broken", LayerInfo("broken", Broken, (), "test"))
-    monkeypatch.setitem(THEORY, "broken", LayerTheory("O(1)", ()))
+    add_layer("broken", Broken)
     grid = build_grid({"layers": "conv", "n": "16,32", "d": "8", "device": "cpu"})
     grid = Grid(**{**grid.__dict__, "layers": ("broken", "conv"), "time_budget_s": 0.005})
     run = run_sweep(grid, tmp_path / "run")
@@ -77,9 +72,9 @@ def test_a_failing_case_is_recorded_and_the_sweep_goes_on(
 
 
 def test_train_mode_measures_forward_and_backward(tmp_path: Path) -> None:
-    case = Case("conv", 32, 8, 3, None, 1, "float32", "cpu", "train")
+    case = Case("conv", 32, 8, 1, "float32", "cpu", "train", (("k", 3),))
     result = measure_case(case)
-    forward = measure_case(Case("conv", 32, 8, 3, None, 1, "float32", "cpu", "forward"))
+    forward = measure_case(Case("conv", 32, 8, 1, "float32", "cpu", "forward", (("k", 3),)))
     assert result.status == "ok"
     assert result.flops == 3 * forward.flops  # type: ignore[operator]
 
@@ -106,7 +101,7 @@ def test_threads_option_is_applied_and_recorded(tmp_path: Path) -> None:
 
 def test_half_precision_cases_run_on_cpu(tmp_path: Path) -> None:
     for dtype in ("bfloat16", "float16"):
-        case = Case("attention", 16, 8, None, 2, 1, dtype, "cpu", "forward")
+        case = Case("attention", 16, 8, 1, dtype, "cpu", "forward", (("heads", 2),))
         assert measure_case(case).status == "ok"
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from attnbench.devices import check_dtype, resolve_device
 from attnbench.errors import AttnbenchError
-from attnbench.layers import LAYERS
+from attnbench.layers import BUILTIN
 from attnbench.spec import (
     CONFIG_KEYS,
     Grid,
@@ -105,8 +105,8 @@ def test_cases_order_and_ids() -> None:
         ("attention", 8),
         ("attention", 16),
     ]
-    assert cases[0].k == 3 and cases[0].heads is None
-    assert cases[2].k is None and cases[2].heads == 4
+    assert cases[0].options == (("k", 3),)  # a case names only the options its layer takes
+    assert cases[2].options == (("heads", 4),)
     assert cases[0].case_id == "conv/n=8/d=8/k=3/b=1/float32/cpu/forward"
     assert cases[2].case_id == "attention/n=8/d=8/h=4/b=1/float32/cpu/forward"
     assert len({c.case_id for c in cases}) == len(cases)
@@ -115,7 +115,7 @@ def test_cases_order_and_ids() -> None:
 def test_default_grid_covers_every_layer() -> None:
     grid = build_grid({"device": "cpu"})
     assert grid == Grid(device="cpu")
-    assert len(grid.cases()) == len(LAYERS) * 5 * 2
+    assert len(grid.cases()) == len(BUILTIN) * 5 * 2
 
 
 @pytest.mark.parametrize(

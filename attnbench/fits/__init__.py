@@ -52,7 +52,7 @@ from attnbench.fits.models import (
     own_fit,
     term_sizes,
 )
-from attnbench.layers import DEFAULTS
+from attnbench.layers.registry import known_options
 from attnbench.results.run import RunResults
 
 __all__ = [
@@ -88,20 +88,19 @@ __all__ = [
 
 
 def fit_frame(run: RunResults) -> pd.DataFrame:
-    """The run's measured rows, with k and window filled in where a layer has none.
+    """The run's measured rows, with every layer option filled in where a layer has none.
 
     A rival model needs them to be evaluated on any layer's sizes (the conv model on an RNN's
-    cases, say); the run's own options are used, so the coefficients read in its units.
+    cases, say); the run's own options are used (an option's default where the run gave none),
+    so the coefficients read in its units.
     """
     config = run.meta.get("config", {})
-    fill = {
-        "k": int(config.get("k") or DEFAULTS["k"]),
-        "window": int(config.get("window") or DEFAULTS["window"]),
-        "batch": int(config.get("batch") or 1),
-    }
     frame = run.measured.copy()
-    for column, value in fill.items():
-        frame[column] = frame[column].fillna(value).astype(int)
+    for name, option in known_options().items():
+        value = int(config.get(name) or option.default)
+        column = frame[name] if name in frame.columns else pd.Series(pd.NA, index=frame.index)
+        frame[name] = column.fillna(value).astype(int)
+    frame["batch"] = frame["batch"].fillna(int(config.get("batch") or 1)).astype(int)
     for column in ("n", "d"):
         frame[column] = frame[column].astype(int)
     return frame

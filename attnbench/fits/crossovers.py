@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from attnbench.theory import THEORY
+from attnbench.fits.models import size_rows
+from attnbench.layers.registry import REGISTRY
 
 CROSSOVER_COLUMNS = [
     "d",
@@ -24,17 +25,15 @@ CROSSOVER_COLUMNS = [
     "theory_order",
 ]
 
-QUADRATIC = "b·n²·d"  # the term that makes a layer's cost quadratic in n
-
-
 def quadratic_layers(layers: Sequence[str]) -> list[str]:
-    return [x for x in layers if x in THEORY and QUADRATIC in (t.name for t in THEORY[x].terms)]
+    """The layers whose family sets every position against every other (attention's): the
+    side of a crossover whose cost grows as n²."""
+    return [x for x in layers if x in REGISTRY and REGISTRY[x].family.pairwise]
 
 
 def rival_layers(layers: Sequence[str]) -> list[str]:
-    """Recurrent and convolutional layers: the ones attention is set against in the chapter."""
-    rows = ("recurrent", "convolutional", "convolutional (dilated)")
-    return [x for x in layers if x in THEORY and THEORY[x].row in rows]
+    """The layers whose family the chapter sets attention against (recurrent, convolutional)."""
+    return [x for x in layers if x in REGISTRY and REGISTRY[x].family.rival]
 
 
 def measured_crossover(ns: Sequence[float], ratio: Sequence[float]) -> float:
@@ -109,17 +108,18 @@ def crossover_table(measured: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (d, layer, rival), ratio in time_ratios(measured).items():
         at_d = measured[measured["d"] == d]
-        mine = at_d[at_d["layer"] == layer].iloc[0]
-        theirs = at_d[at_d["layer"] == rival].iloc[0]
-        a, o = THEORY[layer], THEORY[rival]
-        b, d_ = int(mine.batch), int(d)
-        ka, ra, ko, ro = int(mine.k), int(mine.window), int(theirs.k), int(theirs.window)
+        a, o = REGISTRY[layer].theory, REGISTRY[rival].theory
+        if a is None or o is None:
+            continue
+        mine = size_rows(at_d[at_d["layer"] == layer].iloc[:1])[0]
+        theirs = size_rows(at_d[at_d["layer"] == rival].iloc[:1])[0]
+        d_ = int(d)
 
-        def flops_gap(n: float, a=a, o=o, b=b, d_=d_, k=(ka, ko), r=(ra, ro)) -> float:
-            return a.flops(b, n, d_, k[0], r[0]) - o.flops(b, n, d_, k[1], r[1])
+        def flops_gap(n: float, a=a, o=o, mine=mine, theirs=theirs) -> float:
+            return a.flops({**mine, "n": n}) - o.flops({**theirs, "n": n})
 
-        def order_gap(n: float, a=a, o=o, b=b, d_=d_, k=(ka, ko), r=(ra, ro)) -> float:
-            return a.order(b, n, d_, k[0], r[0]) - o.order(b, n, d_, k[1], r[1])
+        def order_gap(n: float, a=a, o=o, mine=mine, theirs=theirs) -> float:
+            return a.order({**mine, "n": n}) - o.order({**theirs, "n": n})
 
         found = math.nan
         words = "no common n"

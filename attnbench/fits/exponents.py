@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from attnbench.fits.models import ModelFit, numeric, own_fit
+from attnbench.fits.models import ModelFit, numeric, own_fit, size_rows
+from attnbench.layers.registry import theory_of
 from attnbench.schema import METRIC, METRICS
-from attnbench.theory import THEORY
 
 
 @dataclass(frozen=True)
@@ -89,19 +89,16 @@ def theory_values(frame: pd.DataFrame, metric: str) -> pd.Series | None:
     if law is None:
         return None
     values = []
-    for layer, b, n, d, k, r in zip(
-        frame["layer"], frame["batch"], frame["n"], frame["d"], frame["k"], frame["window"],
-        strict=True,
-    ):  # fmt: skip
-        theory = THEORY.get(layer)
+    for layer, case in zip(frame["layer"], size_rows(frame), strict=True):
+        theory = theory_of(layer)
         if theory is None:
             values.append(math.nan)
         elif law == "sequential":
-            values.append(theory.sequential_law(n, k, r))
+            values.append(theory.sequential_law(case))
         elif law == "path":
-            values.append(theory.path_law(n, k, r))
+            values.append(theory.path_law(case))
         else:
-            values.append(theory.flops(b, n, d, k, r))
+            values.append(theory.flops(case))
     return pd.Series(values, index=frame.index, dtype=float)
 
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from attnbench.theory import THEORY, Term
+from attnbench.layers.entry import CUSTOM
+from attnbench.layers.registry import REGISTRY, known_options
+from attnbench.theory import Term, sizes
 
 
 def numeric(frame: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -38,15 +41,17 @@ class CostModel:
 def cost_models() -> tuple[CostModel, ...]:
     """The distinct models of the formula table (layers with the same terms share one)."""
     models: dict[tuple[str, ...], CostModel] = {}
-    for layer, theory in THEORY.items():
-        key = tuple(t.name for t in theory.terms)
+    for layer, found in REGISTRY.items():
+        theory = found.theory
+        key = tuple(t.name for t in theory.terms) if theory is not None else ()
         if not key:
             continue
         if key in models:
             old = models[key]
             models[key] = CostModel(old.name, old.terms, (*old.layers, layer))
         else:
-            models[key] = CostModel(theory.row or layer, theory.terms, (layer,))
+            name = found.family.row if found.family is not CUSTOM else layer
+            models[key] = CostModel(name, theory.terms, (layer,))  # type: ignore[union-attr]
     return tuple(models.values())
 
 
@@ -73,10 +78,16 @@ class ModelFit:
         )
 
 
+def size_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each case's sizes as its layer's theory reads them: b, n, d and every layer option."""
+    names = [name for name in known_options() if name in frame.columns]
+    records = frame[["batch", "n", "d", *names]].to_dict("records")
+    return [sizes(r.pop("batch"), r.pop("n"), r.pop("d"), r) for r in records]
+
+
 def term_sizes(frame: pd.DataFrame, terms: Sequence[Term]) -> np.ndarray:
     """The design matrix: each case's size for each term, shape (cases, terms)."""
-    cases = zip(frame["batch"], frame["n"], frame["d"], frame["k"], frame["window"], strict=True)
-    rows = [[t.size(b, n, d, k, r) for t in terms] for b, n, d, k, r in cases]
+    rows = [[t.size(s) for t in terms] for s in size_rows(frame)]
     return np.array(rows, dtype=float).reshape(len(frame), len(terms))
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnbench.layers.entry import Family, LayerEntry, LayerOption
 from attnbench.positional import SinusoidalPositionalEncoding
+from attnbench.theory import LayerTheory, Term
 
 
 class SelfAttentionLayer(nn.Module):
@@ -19,7 +22,7 @@ class SelfAttentionLayer(nn.Module):
     kernels need not hold the n x n matrix.
     """
 
-    def __init__(self, d: int, heads: int = 4, *, fused: bool = False) -> None:
+    def __init__(self, d: int, heads: int, *, fused: bool = False) -> None:
         super().__init__()
         if d % heads:
             raise ValueError(f"d={d} is not divisible by heads={heads}")
@@ -51,3 +54,37 @@ class SelfAttentionLayer(nn.Module):
 
     def mixing_stages(self) -> list[nn.Module]:
         return [self]
+
+
+# ----------------------------------------------------------------------------- entries
+
+HEADS = LayerOption("heads", 4, "h", "Attention heads; d must divide by it.", divides_d=True)
+SELF_ATTENTION = Family("self-attention", rank=40, pairwise=True)
+
+# The four projections Q, K, V, O (4·2·b·n·d²), shared by every layer built on this one.
+PROJECTIONS = Term(8, "b·n·d²", lambda s: s["b"] * s["n"] * s["d"] * s["d"])
+_SCORES = Term(4, "b·n²·d", lambda s: s["b"] * s["n"] * s["n"] * s["d"])  # QKᵀ and AV: 2·2·b·n²·d
+
+# The fused layer computes the same function, so it shares the same theory.
+ATTENTION_THEORY = LayerTheory(
+    "O(n^2 d)", (PROJECTIONS, _SCORES), order=lambda s: s["n"] * s["n"] * s["d"]
+)
+
+ENTRIES = (
+    LayerEntry(
+        "attention",
+        SelfAttentionLayer,
+        SELF_ATTENTION,
+        "sinusoidal PE + multi-head self-attention, explicit n x n weights",
+        (HEADS,),
+        ATTENTION_THEORY,
+    ),
+    LayerEntry(
+        "attention-sdpa",
+        partial(SelfAttentionLayer, fused=True),
+        SELF_ATTENTION,
+        "the same layer through scaled_dot_product_attention (fused kernels)",
+        (HEADS,),
+        ATTENTION_THEORY,
+    ),
+)

@@ -8,16 +8,20 @@ path.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnbench.layers.entry import Family, LayerEntry, LayerOption
+from attnbench.theory import LayerTheory, Sizes, Term
+
 
 class ConvLayer(nn.Module):
     """``nn.Conv1d(d, d, k, dilation)`` with 'same' padding, on (batch, n, d) tokens."""
 
-    def __init__(self, d: int, k: int = 3, dilation: int = 1) -> None:
+    def __init__(self, d: int, k: int, dilation: int = 1) -> None:
         super().__init__()
         self.conv = nn.Conv1d(d, d, k, padding="same", dilation=dilation)
 
@@ -68,7 +72,7 @@ class DilatedConvLayer(nn.Module):
     The depth is part of the architecture: a stack built for n covers n.
     """
 
-    def __init__(self, d: int, k: int = 3, *, n: int) -> None:
+    def __init__(self, d: int, k: int, *, n: int) -> None:
         super().__init__()
         if k < 2:
             raise ValueError(f"conv-dilated needs k >= 2, got {k}")
@@ -84,3 +88,56 @@ class DilatedConvLayer(nn.Module):
 
     def mixing_stages(self) -> list[nn.Module]:
         return list(self.stages)
+
+
+# ----------------------------------------------------------------------------- entries
+
+K = LayerOption("k", 3, "k", "Conv kernel size.", at_most_n=True, reach=True)
+CONVOLUTIONAL = Family("convolutional", rank=10, rival=True)
+DILATED = Family("convolutional (dilated)", rank=20, rival=True)
+
+
+def _layers_size(s: Sizes) -> float:
+    return _depth(s) * s["b"] * s["n"] * s["k"] * s["d"] * s["d"]
+
+
+def _depth(s: Sizes) -> float:
+    # n may be fractional (a chart's dense line, a crossover search): the depth covers it.
+    return float(dilated_depth(s["n"], s["k"]))  # type: ignore[arg-type]
+
+
+ENTRIES = (
+    LayerEntry(
+        "conv",
+        ConvLayer,
+        CONVOLUTIONAL,
+        "Conv1d(d, d, k), 'same' padding",
+        (K,),
+        LayerTheory(
+            "O(k n d^2)",
+            (Term(2, "b·n·k·d²", lambda s: s["b"] * s["n"] * s["k"] * s["d"] * s["d"]),),
+            path="O(n/k)",
+            order=lambda s: s["k"] * s["n"] * s["d"] * s["d"],
+            path_law=lambda s: s["n"] / s["k"],
+        ),
+    ),
+    LayerEntry(
+        "conv-dilated",
+        DilatedConvLayer,
+        DILATED,
+        "causal Conv1d stack, dilation 1, k, k^2, ..., deep enough to cover n",
+        # Dilations k^i must grow to cover n.
+        (replace(K, minimum=2),),
+        LayerTheory(
+            "O(k n d^2 log_k n)",
+            # L = ⌈log_k n⌉ stacked convolutions, each 2·b·n·k·d².
+            (Term(2, "L·b·n·k·d²", _layers_size),),
+            sequential="O(log_k n)",
+            path="O(log_k n)",
+            order=lambda s: s["k"] * s["n"] * s["d"] * s["d"] * _depth(s),
+            sequential_law=_depth,
+            path_law=_depth,
+        ),
+        needs_length=True,
+    ),
+)

@@ -12,7 +12,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attnbench.layers.attention import SelfAttentionLayer
+from attnbench.layers.attention import HEADS, PROJECTIONS, SelfAttentionLayer
+from attnbench.layers.entry import Family, LayerEntry, LayerOption
+from attnbench.theory import LayerTheory, Sizes, Term
 
 
 class LocalAttentionLayer(SelfAttentionLayer):
@@ -21,7 +23,7 @@ class LocalAttentionLayer(SelfAttentionLayer):
     With r >= n - 1 it computes exactly the full layer's function (same seeded weights).
     """
 
-    def __init__(self, d: int, heads: int = 4, window: int = 16) -> None:
+    def __init__(self, d: int, heads: int, window: int) -> None:
         super().__init__(d, heads)
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -55,3 +57,35 @@ class LocalAttentionLayer(SelfAttentionLayer):
         y = y.flatten(2, 3)[:, :, :n]  # (B, h, n, hs)
         y = y.transpose(1, 2).reshape(B, n, d)  # (B, n, d)
         return self.W_o(y)  # (B, n, d)
+
+
+# ----------------------------------------------------------------------------- entries
+
+WINDOW = LayerOption(
+    "window", 16, "r", "attention-local: neighbours r on each side (r <= the smallest n).",
+    at_most_n=True, reach=True,
+)  # fmt: skip
+RESTRICTED = Family("restricted self-attention", rank=50)
+
+
+def _local_scores(s: Sizes) -> float:
+    return s["b"] * math.ceil(s["n"] / s["window"]) * s["window"] * s["window"] * s["d"]
+
+
+ENTRIES = (
+    LayerEntry(
+        "attention-local",
+        LocalAttentionLayer,
+        RESTRICTED,
+        "restricted self-attention: r neighbours each side, blocked, O(r n d)",
+        (HEADS, WINDOW),
+        LayerTheory(
+            "O(r n d)",
+            # Each block of r queries meets 3r keys: QKᵀ and AV are 2·2·b·(⌈n/r⌉·r)·(3r)·d.
+            (PROJECTIONS, Term(12, "b·⌈n/r⌉·r²·d", _local_scores)),
+            path="O(n/r)",
+            order=lambda s: s["window"] * s["n"] * s["d"],
+            path_law=lambda s: s["n"] / s["window"],
+        ),
+    ),
+)

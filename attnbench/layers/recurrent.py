@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
+
+from attnbench.layers.entry import Family, LayerEntry
+from attnbench.theory import LayerTheory, Term
 
 _CELLS: dict[str, type[nn.RNNBase]] = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 
@@ -19,3 +24,29 @@ class RecurrentLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
         out, _ = self.rnn(x)  # (B, n, d): h_1 .. h_n
         return out
+
+
+RECURRENT = Family("recurrent", rank=30, rival=True)
+
+
+def _theory(flops: int) -> LayerTheory:
+    # One d x d product for the input and one for the hidden state, per gate: 2·2·gates·b·n·d².
+    return LayerTheory(
+        "O(n d^2)",
+        (Term(flops, "b·n·d²", lambda s: s["b"] * s["n"] * s["d"] * s["d"]),),
+        sequential="O(n)",
+        path="O(n)",
+        order=lambda s: s["n"] * s["d"] * s["d"],
+        sequential_law=lambda s: float(s["n"]),
+        path_law=lambda s: float(s["n"]),
+    )
+
+
+ENTRIES = (
+    LayerEntry("rnn", partial(RecurrentLayer, "rnn"), RECURRENT, "Elman RNN (tanh), hidden d",
+               theory=_theory(4)),
+    LayerEntry("gru", partial(RecurrentLayer, "gru"), RECURRENT, "GRU, hidden d",
+               theory=_theory(12)),
+    LayerEntry("lstm", partial(RecurrentLayer, "lstm"), RECURRENT, "LSTM, hidden d",
+               theory=_theory(16)),
+)  # fmt: skip

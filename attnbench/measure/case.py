@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from attnbench.devices import DTYPES, device_sync
-from attnbench.layers import build_layer
+from attnbench.layers.registry import build_layer, entry
 from attnbench.measure.flops import count_flops
 from attnbench.measure.memory import peak_bytes
 from attnbench.measure.record import CaseResult
@@ -83,7 +83,7 @@ def layer_builder(case: Case, seed: int) -> Callable[[int], nn.Module]:
     def build(n: int) -> nn.Module:
         return build_layer(case.layer, case.d, seed=seed, **{**options, "n": n})
 
-    build.cache_key = (case.layer, case.k, case.heads, case.window, seed)  # type: ignore[attr-defined]
+    build.cache_key = (case.layer, case.options, seed)  # type: ignore[attr-defined]
     return build
 
 
@@ -146,9 +146,8 @@ def measure_case(
                 f"{fmt_seconds(max_case_s)}",
             )
         seq_steps = sequential_steps(step.forward)
-        path = path_length(
-            layer_builder(case, seed), case.n, case.d, scale=max(case.k or 0, case.window or 0)
-        )
+        reach = entry(case.layer).reach(case.option_values)
+        path = path_length(layer_builder(case, seed), case.n, case.d, scale=reach)
         flops = count_flops(step)
         peak = peak_bytes(step, case.device)
         timing = time_call(step, policy, clock=clock, sync=sync)
@@ -162,7 +161,7 @@ def measure_case(
         timing=timing,
         peak_bytes=peak,
         flops=flops,
-        flops_analytic=float(case.analytic_flops()),
+        flops_analytic=case.analytic_flops(),
         seq_steps=seq_steps,
         seq_steps_method=SEQ_METHOD,
         path_len=path.value,

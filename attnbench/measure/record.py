@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from attnbench.layers.registry import REGISTRY
 from attnbench.measure.flops import flops_agree
 from attnbench.measure.timing import TimingStats
 from attnbench.schema import COLUMN, RESULT_COLUMNS
@@ -46,6 +47,7 @@ class CaseResult:
     node: str = ""
     device_id: str = ""
     device_name: str = ""
+    layer_source: str = ""
 
     @property
     def flops_per_s(self) -> float | None:
@@ -55,13 +57,16 @@ class CaseResult:
 
     @property
     def flops_check(self) -> str:
-        if self.flops is None or self.flops_analytic is None:
+        """ok or mismatch (counted against analytic); "no theory" for a layer without one."""
+        if self.flops is None:
             return ""
+        if self.flops_analytic is None:
+            return "no theory"
         return "ok" if flops_agree(self.flops, self.flops_analytic) else "mismatch"
 
     def to_row(self) -> dict[str, Any]:
-        """The case's row, in ``RESULT_COLUMNS`` order: the case's own columns, its timing's,
-        the derived ones, and every field named like a column."""
+        """The case's row: ``RESULT_COLUMNS`` in order (the case's own columns, its timing's,
+        the derived ones, every field named like a column), then its layer's options."""
         values: dict[str, Any] = {
             **self.case.columns(),
             **timing_columns(self.timing),
@@ -69,7 +74,11 @@ class CaseResult:
             "flops_check": self.flops_check,
         }
         values.update({f.name: getattr(self, f.name) for f in fields(self) if f.name in COLUMN})
+        known = REGISTRY.get(self.case.layer)
+        if not values["layer_source"] and known is not None:
+            values["layer_source"] = known.source.describe()
         missing = [name for name in RESULT_COLUMNS if name not in values]
         if missing:  # a column added to the registry that nothing measures yet
             raise KeyError(f"no value for results column(s) {', '.join(missing)}")
-        return {name: values[name] for name in RESULT_COLUMNS}
+        options = self.case.option_values  # a plugin's own options, beyond the fixed columns
+        return {**{name: values[name] for name in RESULT_COLUMNS}, **options}

@@ -31,9 +31,9 @@ from attnbench.fits import (
     time_ratios,
 )
 from attnbench.layers import layer_names
+from attnbench.layers.registry import theory_of
 from attnbench.results.run import RunResults
 from attnbench.schema import METRICS, Metric
-from attnbench.theory import THEORY
 
 CHARTS_DIR = "charts"
 FORMATS = ("png", "svg", "pdf")
@@ -180,7 +180,7 @@ def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
             label = _exponent_label(analysis, str(layer), column, "n", int(d))
             ax.plot(line["n"], line[column], label=label, lw=1.2, **style)
             law = theory_values(line, column) if chart.theory_note else None
-            if law is not None and str(layer) in THEORY:
+            if law is not None and theory_of(str(layer)) is not None:
                 expected = law.to_numpy()
                 if chart.scale_theory and expected[-1] > 0:
                     expected = expected * line[column].iloc[-1] / expected[-1]

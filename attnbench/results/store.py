@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,24 +53,37 @@ class ResultsWriter:
     case was being measured, so that a resumed run knows a case the process died in.
     """
 
-    def __init__(self, out_dir: Path, meta: dict[str, Any], points: int = 0) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        meta: dict[str, Any],
+        points: int = 0,
+        columns: Sequence[str] = tuple(RESULT_COLUMNS),
+    ) -> None:
         self.out_dir = out_dir
         self.meta = meta
         self.points = points  # calibration points written so far
+        self.columns = list(columns)  # results.csv's header: the registry's, then layer options
 
     @classmethod
     def create(
-        cls, out_dir: Path, config: Mapping[str, Any], environment: Mapping[str, Any]
+        cls,
+        out_dir: Path,
+        config: Mapping[str, Any],
+        environment: Mapping[str, Any],
+        option_columns: Sequence[str] = (),
     ) -> ResultsWriter:
         """A new run in ``out_dir`` (made if missing; the runner checks it first with
         ``prepare_out_dir``). The files are created exclusively: a run already in the folder is
-        never written over.
+        never written over. ``option_columns``: the layer options without a column of their own
+        in the registry (a plugin's), written after the registry's columns.
         """
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        header = _header(option_columns)
         try:
             for name, columns in (
-                (RESULTS_FILE, RESULT_COLUMNS),
+                (RESULTS_FILE, header),
                 (SAMPLES_FILE, SAMPLE_COLUMNS),
                 (CALIBRATION_FILE, CALIBRATION_COLUMNS),
             ):
@@ -93,12 +106,14 @@ class ResultsWriter:
             "cases_total": None,
             "resumes": [],
         }
-        writer = cls(out_dir, meta)
+        writer = cls(out_dir, meta, columns=header)
         writer._save_meta()
         return writer
 
     @classmethod
-    def reopen(cls, run: RunResults, resume: Mapping[str, Any]) -> ResultsWriter:
+    def reopen(
+        cls, run: RunResults, resume: Mapping[str, Any], option_columns: Sequence[str] = ()
+    ) -> ResultsWriter:
         """Reopen a loaded run to add its missing cases; ``resume`` (time, changes) goes into
         run.json.
 
@@ -106,8 +121,10 @@ class ResultsWriter:
         of a case without a row (both dropped by the loader) are gone, and a folder from before
         a column (or the calibration file) was added gains it, with one header for all rows.
         """
+        header = _header([*run.frame.columns[len(RESULT_COLUMNS) :], *option_columns])
+        frame = run.frame.reindex(columns=header)
         for name, table, columns in (
-            (RESULTS_FILE, run.frame, RESULT_COLUMNS),
+            (RESULTS_FILE, frame, header),
             (SAMPLES_FILE, run.samples, SAMPLE_COLUMNS),
             (CALIBRATION_FILE, run.calibration, CALIBRATION_COLUMNS),
         ):
@@ -117,7 +134,7 @@ class ResultsWriter:
         meta["resumes"] = [*meta.get("resumes", []), dict(resume)]
         meta.update(status="running", pid=os.getpid(), end_time=None)
         points = int(run.calibration["point"].max()) + 1 if len(run.calibration) else 0
-        writer = cls(Path(run.path), meta, points)
+        writer = cls(Path(run.path), meta, points, header)
         writer._save_meta()
         return writer
 
@@ -144,7 +161,7 @@ class ResultsWriter:
         self._append_calibration(row["case_id"], calibration)
         if result.timing is not None:
             self._append_samples(row["case_id"], 1, 0, result.timing)
-        self._append(RESULTS_FILE, csv_line(list(row.values())))
+        self._append(RESULTS_FILE, csv_line([row.get(column) for column in self.columns]))
 
     def append_round(
         self,
@@ -175,6 +192,11 @@ class ResultsWriter:
     def finish(self, status: str = "complete") -> None:
         """Close the run as ``complete`` or ``interrupted``."""
         self.update(status=status, end_time=now_iso(), current_case=None)
+
+
+def _header(option_columns: Sequence[str]) -> list[str]:
+    extra = [c for c in dict.fromkeys(option_columns) if c not in RESULT_COLUMNS]
+    return [*RESULT_COLUMNS, *extra]
 
 
 # ----------------------------------------------------------------------------- reading
@@ -296,13 +318,15 @@ def _with_all_rounds(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame
 
 
 def _typed_results(frame: pd.DataFrame) -> pd.DataFrame:
-    """Typed columns from the all-text read: nullable integers, floats and plain strings."""
+    """Typed columns from the all-text read: nullable integers, floats and plain strings; the
+    columns after the registry's are layer options (integers)."""
     frame = frame.copy()
     for col in OPTIONAL_COLUMNS:
         if col not in frame.columns:
             frame[col] = ""
-    frame = frame[RESULT_COLUMNS]
-    for col in columns_of("int"):
+    options = [c for c in frame.columns if c not in RESULT_COLUMNS]
+    frame = frame[[*RESULT_COLUMNS, *options]]
+    for col in [*columns_of("int"), *options]:
         values = pd.to_numeric(frame[col].where(frame[col] != ""))
         if not values.dropna().eq(values.dropna().round()).all():
             raise ValueError(f"column {col!r} holds a non-integer")

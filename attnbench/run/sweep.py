@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.errors import AttnbenchError, SweepInterrupted
+from attnbench.layers import plugins
 from attnbench.measure.calibration import DEFAULT_CALIBRATION, Calibration
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import Clock, TimingPolicy
@@ -64,8 +65,9 @@ def run_sweep(
             raise AttnbenchError(warning)
         folder = prepare_out_dir(Path(out_dir) if out_dir is not None else default_out_dir())
         cluster = runs_on.start(grid)  # before the environment, which records its threads
-        writer = ResultsWriter.create(folder, grid.to_dict(), runs_on.environment(grid.device))
-        writer.update(cluster=cluster)
+        environment = runs_on.environment(grid.device)
+        writer = ResultsWriter.create(folder, grid.to_dict(), environment, grid.option_names())
+        writer.update(cluster=cluster, layers=grid.sources())
         if on_start is not None:
             estimate = estimate_seconds(grid) / max(1, runs_on.workers)
             on_start(SweepStart(grid, folder, cluster, runs_on.workers, estimate))
@@ -125,6 +127,8 @@ def resume_sweep(
     """
     out_dir = Path(out_dir)
     run = load_results(out_dir)  # the one read of the folder before it is reopened
+    # Plugin layers are loaded again from where they came, before the grid is rebuilt.
+    layer_changes = plugins.restore(run.meta.get("layers", {}))
     pid = _still_running(run.meta)
     if pid is not None and not force:
         raise AttnbenchError(
@@ -147,6 +151,7 @@ def resume_sweep(
         now_env = runs_on.environment(grid.device)
         config_changes = changes(recorded.to_dict(), grid.to_dict(), grid.to_dict())
         env_changes = changes(run.meta.get("environment", {}), now_env, resume_keys())
+        env_changes |= {f"layer {name}": change for name, change in layer_changes.items()}
         if (config_changes or env_changes) and not force:
             listed = ", ".join(
                 f"{key} {old!r} -> {new!r}"
@@ -167,7 +172,9 @@ def resume_sweep(
                 "environment": now_env,
                 "cluster": cluster,
             },
+            grid.option_names(),
         )
+        writer.update(layers={**run.meta.get("layers", {}), **grid.sources()})
         if config_changes:
             writer.update(config=grid.to_dict())
         if on_start is not None:

@@ -24,6 +24,7 @@ import torch
 from attnbench._version import __version__
 from attnbench.devices import DEVICE_CHOICES, check_dtype
 from attnbench.errors import AttnbenchError
+from attnbench.layers import plugins
 from attnbench.results.environment import environment
 from attnbench.run.executors.base import Job, JobDone, Placement, Take
 from attnbench.run.executors.worker import Worker
@@ -43,7 +44,10 @@ START_TIMEOUT_S = 120.0  # how long workers may take to start (placement, torch,
 class RayWorker:
     """The actor: one ``Worker`` on the device Ray gave it."""
 
-    def __init__(self, device: str, threads: int | None, dtype: str) -> None:
+    def __init__(
+        self, device: str, threads: int | None, dtype: str, layers: list[dict[str, Any]]
+    ) -> None:
+        plugins.receive(layers)  # the sweep's plugin layers, as the driver loaded them
         check_dtype(dtype, device)  # on the worker's own GPU, not the driver's
         device_id = device
         if device.startswith("cuda"):
@@ -185,7 +189,7 @@ class RayExecutor:
             self.worker_resources = {"num_cpus": threads}
         if self.max_workers is not None:
             count = min(count, self.max_workers)
-        self._args = (grid.device, threads, grid.dtype)
+        self._args = (grid.device, threads, grid.dtype, plugins.shipment(grid.layers))
         if count == 0:
             raise AttnbenchError(f"the Ray cluster has no GPU for --device {grid.device}")
         failures = self._await_start([self._spawn() for _ in range(count)])
