@@ -5,7 +5,8 @@ The public Python API. Importing it loads the whole core (not the command line, 
 
 from attnbench._version import __version__
 from attnbench.errors import AttnbenchError, SweepInterrupted
-from attnbench.layers import build_layer, layer_names
+from attnbench.layers import LayerEntry, build_layer, layer_names
+from attnbench.layers import register as register_layer
 from attnbench.measure.case import measure_case
 from attnbench.positional import SinusoidalPositionalEncoding, sinusoidal_table
 from attnbench.results.run import RunResults
@@ -17,6 +18,7 @@ __all__ = [
     "AttnbenchError",
     "Case",
     "Grid",
+    "LayerEntry",
     "RunResults",
     "SinusoidalPositionalEncoding",
     "SweepInterrupted",
@@ -26,6 +28,7 @@ __all__ = [
     "layer_names",
     "load_results",
     "measure_case",
+    "register_layer",
     "resume_sweep",
     "run_sweep",
     "sinusoidal_table",

@@ -22,6 +22,7 @@ import pandas as pd
 from scipy import stats
 
 from attnbench.errors import AttnbenchError
+from attnbench.layers.entry import LayerSource
 from attnbench.results.environment import compare_keys
 from attnbench.results.run import RunResults
 from attnbench.schema import EXACT_METRICS, METRIC
@@ -220,7 +221,8 @@ class Comparison:
 
 def _environment_warnings(base: RunResults, new: RunResults) -> list[str]:
     """What differs between the runs that changes what the comparison means: the grid's device,
-    dtype, mode and batch (recorded by field), then the environment keys compare watches."""
+    dtype, mode and batch (recorded by field), the environment keys compare watches, and the
+    code of each layer both measured."""
     config_keys = {o.field: o.key for o in OPTIONS if o.compare}
     warnings = []
     for source, keys in (("config", config_keys), ("environment", compare_keys())):
@@ -232,7 +234,22 @@ def _environment_warnings(base: RunResults, new: RunResults) -> list[str]:
                     f"{label} differs: {before.get(key)!r} in the baseline, "
                     f"{after.get(key)!r} in the current run"
                 )
-    return warnings
+    return warnings + layer_differences(base.meta.get("layers", {}), new.meta.get("layers", {}))
+
+
+def layer_differences(
+    before: Mapping[str, Mapping[str, str]], after: Mapping[str, Mapping[str, str]]
+) -> list[str]:
+    """One line per layer whose code differs between two runs' records (run.json ``layers``)."""
+    lines = []
+    for name in [layer for layer in before if layer in after]:
+        old, now = LayerSource(**before[name]), LayerSource(**after[name])
+        if old != now:
+            lines.append(
+                f"layer {name} differs: {old.describe()} in the baseline, "
+                f"{now.describe()} in the current run"
+            )
+    return lines
 
 
 def _calibration(base: RunResults, new: RunResults, normalize: bool) -> dict[str, float]:

@@ -235,3 +235,45 @@ def test_gpu_workers_hold_one_gpu_each(monkeypatch: pytest.MonkeyPatch) -> None:
         assert runs_on.worker_resources == {"num_gpus": 1, "num_cpus": 1}
     finally:
         runs_on.close()
+
+
+PLUGIN = '''
+import torch
+from torch import nn
+
+
+class Mixer(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):  # (B, n, d)
+        return self.proj(x + x.mean(dim=1, keepdim=True))  # (B, n, d)
+
+
+def make(d):
+    return Mixer(d)
+'''
+
+
+def test_a_plugin_file_sweeps_and_resumes_on_ray_workers(
+    tmp_path: Path, executor: RayExecutor
+) -> None:
+    """The workers load the plugin from the source the driver ships them, not from the path."""
+    path = tmp_path / "ray_mixer.py"
+    path.write_text(PLUGIN)
+    out = tmp_path / "run"
+    grid = _grid(executor, layers=f"{path}:make,conv")
+    run = run_sweep(grid, out, executor=executor)
+    rows = run.frame.set_index("case_id")
+    assert set(rows["status"]) == {"ok"} and len(rows) == 4
+    mixer = rows[rows["layer"] == "ray_mixer:make"]
+    assert set(mixer["path_len"]) == {1}  # the mean mixes every position
+    assert list(mixer["flops"]) == [2 * n * 8 * 8 for n in (8, 16)]
+    assert mixer["layer_source"].str.contains("sha256").all()
+    assert all(w["pid"] != os.getpid() for w in run.meta["cluster"]["workers"])
+    lines = (out / "results.csv").read_text().splitlines(keepends=True)
+    (out / "results.csv").write_text("".join(lines[:-1]))  # as if stopped before the last case
+    resumed = resume_sweep(out, executor=executor)
+    assert list(resumed.frame["case_id"]) == list(run.frame["case_id"])
+    assert set(resumed.frame["status"]) == {"ok"}

@@ -20,6 +20,7 @@ from attnbench.cli.sweeping import records
 from attnbench.devices import DEVICE_CHOICES, resolve_device
 from attnbench.errors import AttnbenchError
 from attnbench.fits import analyse
+from attnbench.layers import plugins
 from attnbench.positional import relative_shift_error
 from attnbench.render.blocks import markdown_table
 from attnbench.render.charts import (
@@ -45,7 +46,15 @@ from attnbench.table import HEADERS, comparison_table, display, fit_notes
 
 
 def _load(folder: Path | None) -> RunResults:
-    return load_results(folder if folder is not None else latest_results())
+    """A saved run, with its plugin layers loaded again (their theory feeds fits and charts)."""
+    run = load_results(folder if folder is not None else latest_results())
+    try:
+        plugins.restore(run.meta.get("layers", {}))
+    except AttnbenchError as exc:
+        Streams.make().err.print(
+            f"[yellow]note:[/] {exc.message}; without it, its theory is left out", soft_wrap=True
+        )
+    return run
 
 
 def _echo_json(payload: Any) -> None:

@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from attnbench._version import __version__
-from attnbench.cli import analysis, judge, sweeping
+from attnbench.cli import analysis, catalog, judge, sweeping
 from attnbench.cli.render import console
 from attnbench.errors import AttnbenchError, SweepInterrupted
 
@@ -81,6 +81,7 @@ for command in (
     analysis.report,
     analysis.pe,
     analysis.env,
+    catalog.layers,
 ):
     app.command()(handles_errors(command))
 

@@ -1,0 +1,294 @@
+"""Plugin layers: a layer written outside the package is measured, fitted, plotted, compared and
+resumed like a built-in one; bad plugins are refused in one line before anything is measured."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnbench import build_grid, register_layer, run_sweep
+from attnbench.cli import app
+from attnbench.layers import REGISTRY
+from attnbench.results.files import RESULTS_FILE
+from attnbench.results.store import load_results
+
+runner = CliRunner()
+TINY = ["--n", "8,16", "--d", "8", "--device", "cpu", "--time-budget", "0.002"]
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gated-conv"
+
+# A token mixer with an option of its own (width), no theory, and a failure above fail_above.
+MIXER = '''
+import torch
+from torch import nn
+
+
+class Mixer(nn.Module):
+    def __init__(self, d, width):
+        super().__init__()
+        self.up = nn.Linear(d, width * d)
+        self.down = nn.Linear(width * d, d)
+
+    def forward(self, x):  # (B, n, d)
+        if x.shape[1] > {fail_above}:
+            raise ValueError("too long for this mixer\\nsecond line")
+        mixed = x + x.mean(dim=1, keepdim=True)  # every position sees every other
+        return self.down(torch.relu(self.up(mixed)))  # (B, n, d)
+
+
+def make(d, width=2):
+    """A mixer: the mean over the sequence, then an MLP."""
+    return Mixer(d, width)
+'''
+
+# The same layer declared with its theory: 2 products of d x (w·d) per position, 4·b·n·w·d².
+WITH_THEORY = MIXER + '''
+
+from attnbench.layers import LayerEntry, LayerOption, SELF_ATTENTION
+from attnbench.theory import LayerTheory, Term
+
+WIDTH = LayerOption("width", 2, "w", "the MLP's width, in multiples of d")
+ENTRY = LayerEntry(
+    "mixer", Mixer, SELF_ATTENTION, "mean over the sequence, then an MLP", (WIDTH,),
+    LayerTheory(
+        "O(n d^2)",
+        (Term(4, "b·n·w·d²", lambda s: s["b"] * s["n"] * s["width"] * s["d"] * s["d"]),),
+        order=lambda s: s["n"] * s["d"] * s["d"],
+    ),
+)
+'''
+
+
+@pytest.fixture(autouse=True)
+def registry() -> Iterator[None]:
+    """Plugins registered by a test leave with it."""
+    before = dict(REGISTRY)
+    yield
+    REGISTRY.clear()
+    REGISTRY.update(before)
+
+
+def plugin(tmp_path: Path, text: str = MIXER, name: str = "mixer.py", fail_above: int = 99) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text.replace("{fail_above}", str(fail_above))))
+    return path
+
+
+def sweep(*args: str) -> object:
+    return runner.invoke(app, ["sweep", *TINY, "--no-charts", *args])
+
+
+def test_a_file_plugin_without_theory_is_measured_in_every_column(tmp_path: Path) -> None:
+    path = plugin(tmp_path)
+    out = tmp_path / "run"
+    result = sweep("--layers", f"{path}:make,conv", "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    run = load_results(out)
+    mine = run.frame[run.frame["layer"] == "mixer:make"]
+    assert list(mine["status"]) == ["ok", "ok"]
+    for column in ("time_s", "peak_bytes", "flops", "seq_steps", "path_len"):
+        assert mine[column].notna().all() and (mine[column] > 0).all(), column
+    # Counted from the real call: two linear layers of d x 2d, 2 · 2·b·n·d·2d FLOPs (b = 1).
+    assert list(mine["flops"]) == [2 * 2 * n * 8 * 16 for n in (8, 16)]
+    assert mine["flops_analytic"].isna().all() and set(mine["flops_check"]) == {"no theory"}
+    assert set(mine["path_len"]) == {1}  # the mean mixes every position at once
+    assert mine["case_id"].iloc[0] == "mixer:make/n=8/d=8/width=2/b=1/float32/cpu/forward"
+    assert list(mine["width"]) == [2, 2]  # the plugin's own option has a column
+    source = mine["layer_source"].iloc[0]
+    assert source.startswith(f"{path}:make (sha256 ") and len(source.split()[-1]) == 13
+    assert run.meta["layers"]["mixer:make"]["kind"] == "file"
+
+
+def test_a_plugin_option_is_set_with_option(tmp_path: Path) -> None:
+    path = plugin(tmp_path)
+    out = tmp_path / "run"
+    result = sweep("--layers", f"{path}:make", "--option", "width=3", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    run = load_results(out)
+    assert set(run.frame["width"]) == {3}
+    assert set(run.frame["flops"]) == {2 * 2 * 8 * 8 * 24, 2 * 2 * 16 * 8 * 24}
+    bad = sweep("--layers", f"{path}:make", "--option", "depth=3")
+    assert bad.exit_code == 2 and "--option depth: no registered layer takes it" in bad.stderr
+
+
+def test_a_module_plugin_from_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin(tmp_path, name="mixer_module.py")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "mixer_module", raising=False)
+    result = sweep("--layers", "mixer_module:make", "--out", "run", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["results"]
+    assert {r["layer"] for r in rows} == {"mixer_module:make"}
+    assert rows[0]["layer_source"].startswith("mixer_module:make (sha256 ")
+
+
+def test_a_plugin_that_fails_in_a_case_fails_that_case_only(tmp_path: Path) -> None:
+    path = plugin(tmp_path, fail_above=8)
+    out = tmp_path / "run"
+    result = sweep("--layers", f"{path}:make,conv", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    status = dict(zip(load_results(out).frame["case_id"], load_results(out).frame["status"],
+                      strict=True))  # fmt: skip
+    assert status["mixer:make/n=16/d=8/width=2/b=1/float32/cpu/forward"] == "failed"
+    assert status["mixer:make/n=8/d=8/width=2/b=1/float32/cpu/forward"] == "ok"
+    assert all(s == "ok" for case, s in status.items() if case.startswith("conv"))
+    failed = load_results(out).frame.set_index("status").loc["failed", "error"]
+    assert failed == "ValueError: too long for this mixer"  # the error's first line
+
+
+BAD = {
+    "no module": ("nosuchmodule_xyz:make", "cannot import 'nosuchmodule_xyz': ModuleNotFoundError"),
+    "import fails": ("{broken}:make", "failed: ModuleNotFoundError: No module named 'nonexistent_"),
+    "no attribute": ("{mixer}:nope", "has no attribute 'nope'"),
+    "not a module": ("{odd}:number", "its factory returned int, not an nn.Module"),
+    "wrong shape": ("{odd}:wider", "maps a (2, 8, 8) input to (2, 8, 9); a layer must map"),
+    "not callable": ("{odd}:WORD", "str is neither a factory"),
+    "clash": ("{odd}:ENTRY", "'attention' ({odd}:ENTRY) clashes with a built-in layer"),
+    "no spec": ("mixer.py", "unknown layer 'mixer.py'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_every_bad_plugin_is_one_line_and_exit_2_before_measuring(tmp_path: Path, case: str):
+    files = {
+        "mixer": plugin(tmp_path),
+        "broken": plugin(tmp_path, "import nonexistent_pkg_xyz\n", "broken.py"),
+        "odd": plugin(
+            tmp_path,
+            "from torch import nn\nfrom attnbench.layers import LayerEntry\n"
+            "def number(d):\n    return 42\n"
+            "def wider(d):\n    return nn.Linear(d, d + 1)\n"
+            "WORD = 'layer'\n"
+            "ENTRY = LayerEntry('attention', wider)\n",
+            "odd.py",
+        ),
+    }
+    spec, message = BAD[case]
+    spec = spec.format(**files)
+    out = tmp_path / "never"
+    result = sweep("--layers", spec, "--out", str(out))
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert message.format(**files) in result.stderr.replace("\n", "")
+    assert "Traceback" not in result.output
+    assert not out.exists()  # refused before a folder was made
+
+
+def test_a_plugin_with_theory_fits_plots_compares_and_resumes(tmp_path: Path) -> None:
+    path = plugin(tmp_path, WITH_THEORY, "entry.py")
+    spec = f"{path}:ENTRY"
+    base, out = tmp_path / "base", tmp_path / "run"
+    args = ["--layers", f"{spec},rnn", "--n", "8,16,32", "--d", "8,16", "--heads", "2"]
+    assert sweep(*args, "--out", str(base)).exit_code == 0
+    first = sweep(*args, "--out", str(out))
+    assert first.exit_code == 0, first.output
+    run = load_results(out)
+    mixer = run.frame[run.frame["layer"] == "mixer"]
+    assert set(mixer["flops_check"]) == {"ok"}  # counted equals its declared formula
+    assert (mixer["flops"] == mixer["flops_analytic"]).all()
+
+    REGISTRY.pop("mixer")  # a fresh process: the saved run loads its plugin again
+    fitted = runner.invoke(app, ["fit", str(out), "--json"])
+    assert fitted.exit_code == 0, fitted.output
+    models = json.loads(fitted.stdout)["models"]
+    own = [m for m in models if m["layer"] == "mixer" and m["own"]]
+    assert own and own[0]["formula"] == "α·b·n·w·d² + γ"
+    crossovers = json.loads(fitted.stdout)["crossovers"]
+    assert {(c["layer"], c["versus"]) for c in crossovers} == {("mixer", "rnn")}  # its family's
+
+    plotted = runner.invoke(app, ["plot", str(out), "--metric", "time,flops", "--json"])
+    assert plotted.exit_code == 0, plotted.output
+    assert {Path(p).name for p in json.loads(plotted.stdout)["charts"]} >= {"time.png"}
+
+    same = runner.invoke(app, ["compare", str(base), str(out), "--fail-on", "deterministic"])
+    assert same.exit_code == 0, same.output
+
+    lines = (out / RESULTS_FILE).read_text().splitlines(keepends=True)
+    (out / RESULTS_FILE).write_text("".join(lines[:-1]))  # as if stopped before the last case
+    REGISTRY.pop("mixer")
+    resumed = runner.invoke(app, ["sweep", "--resume", str(out), "--no-charts", "--json"])
+    assert resumed.exit_code == 0, resumed.output
+    assert len(json.loads(resumed.stdout)["results"]) == len(run.frame)
+
+    path.write_text(path.read_text() + "\n# changed\n")  # the plugin's code changed since
+    (out / RESULTS_FILE).write_text("".join(lines[:-1]))
+    REGISTRY.pop("mixer")
+    refused = runner.invoke(app, ["sweep", "--resume", str(out), "--no-charts"])
+    assert refused.exit_code == 2 and "layer mixer" in refused.stderr
+    assert "pass --force" in refused.stderr
+    REGISTRY.pop("mixer")
+    forced = runner.invoke(app, ["sweep", "--resume", str(out), "--no-charts", "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert "layer mixer" in load_results(out).meta["resumes"][-1]["environment_changes"]
+    REGISTRY.pop("mixer")
+    changed = runner.invoke(app, ["compare", str(base), str(out), "--fail-on", "none"])
+    assert "layer mixer differs" in changed.stderr  # what is compared is named
+
+
+def test_a_layer_registered_from_python_sweeps(tmp_path: Path) -> None:
+    class Scale(torch.nn.Module):
+        def __init__(self, d: int, factor: int = 2) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(d) * factor)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B, n, d)
+            return x * self.w
+
+    entry = register_layer(Scale, "scale")
+    assert [o.name for o in entry.options] == ["factor"] and entry.theory is None
+    grid = build_grid({"layers": "scale,conv", "n": "8", "d": "4", "device": "cpu"})
+    run = run_sweep(grid, tmp_path / "run", calibration=None)
+    assert set(run.frame["status"]) == {"ok"}
+    assert run.frame.set_index("layer").loc["scale", "layer_source"].startswith("test_plugins:")
+
+
+def test_the_layers_command_lists_built_in_and_plugin_layers(tmp_path: Path) -> None:
+    path = plugin(tmp_path, WITH_THEORY, "entry.py")
+    result = runner.invoke(app, ["layers", "--layers", f"{path}:ENTRY", "--json"])
+    assert result.exit_code == 0, result.output
+    found = {layer["name"]: layer for layer in json.loads(result.stdout)["layers"]}
+    assert found["attention"]["flops"] == "8·b·n·d² + 4·b·n²·d"
+    assert found["attention"]["family"] == "self-attention"
+    assert found["attention"]["options"] == {"heads": 4}
+    assert found["mixer"]["options"] == {"width": 2} and found["mixer"]["source"]["kind"] == "file"
+    table = runner.invoke(app, ["layers"])
+    assert "conv-dilated" in table.stdout and "L·b·n·k·d²" in table.stdout
+
+
+def test_the_example_package_is_found_through_its_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example plugin, installed as metadata says (a dist-info folder on the path)."""
+    import tomllib
+
+    project = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
+    info = tmp_path / f"attnbench_gated_conv-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Name: {project['name']}\nVersion: {project['version']}\n")
+    points = project["entry-points"]["attnbench.layers"]
+    lines = "".join(f"{name} = {value}\n" for name, value in points.items())
+    (info / "entry_points.txt").write_text(f"[attnbench.layers]\n{lines}")
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    listed = runner.invoke(app, ["layers", "--json"])
+    found = {layer["name"]: layer for layer in json.loads(listed.stdout)["layers"]}
+    assert found["gated-conv"]["source"]["distribution"] == "attnbench-gated-conv 0.1.0"
+    out = tmp_path / "run"
+    result = sweep("--layers", "gated-conv,conv", "--k", "3", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    run = load_results(out)
+    gated = run.frame[run.frame["layer"] == "gated-conv"]
+    assert set(gated["flops_check"]) == {"ok"} and set(gated["k"]) == {3}
+    assert set(gated["layer_source"]) == {"attnbench_gated_conv:ENTRY (attnbench-gated-conv 0.1.0)"}
+    # Its family is convolutional: as a rival of attention, on the table like conv.
+    assert list(gated["path_len"]) == [7, 15]  # (n - 1) / ((k - 1) / 2), as conv's
