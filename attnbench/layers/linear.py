@@ -1,0 +1,58 @@
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"): the softmax kernel
+replaced by a feature map, so attention costs O(n·d²) instead of O(n²·d).
+
+With φ(x) = elu(x) + 1 > 0, each output is, per head (non-causal):
+    y_i = φ(q_i)ᵀ (Σ_j φ(k_j) v_jᵀ) / (φ(q_i)ᵀ Σ_j φ(k_j)).
+The keys and values are summed once into a (d/h x d/h) matrix per head, so no n x n matrix
+exists, and every output still depends on every input (path length 1).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnbench.layers.attention import HEADS, PROJECTIONS, SelfAttentionLayer
+from attnbench.layers.entry import Family, LayerEntry
+from attnbench.theory import LayerTheory, Term
+
+
+class LinearAttentionLayer(SelfAttentionLayer):
+    """The same projections and encoding as ``SelfAttentionLayer``; φ(Q)(φ(K)ᵀV), normalised."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
+        B, n, d = x.shape
+        x = self.pos(x)  # (B, n, d)
+        q = F.elu(self._split(self.W_q(x))) + 1  # (B, h, n, hs), positive
+        k = F.elu(self._split(self.W_k(x))) + 1  # (B, h, n, hs), positive
+        v = self._split(self.W_v(x))  # (B, h, n, hs)
+        kv = k.transpose(-2, -1) @ v  # (B, h, hs, hs): Σ_j φ(k_j) v_jᵀ
+        z = k.sum(dim=-2, keepdim=True)  # (B, h, 1, hs): Σ_j φ(k_j)
+        num = q @ kv  # (B, h, n, hs)
+        den = q @ z.transpose(-2, -1)  # (B, h, n, 1)
+        y = (num / den).transpose(1, 2).reshape(B, n, d)  # (B, n, d)
+        return self.W_o(y)  # (B, n, d)
+
+
+LINEAR = Family("linear self-attention", rank=60, rival=True)
+
+ENTRIES = (
+    LayerEntry(
+        "attention-linear",
+        LinearAttentionLayer,
+        LINEAR,
+        "kernelized linear attention, φ(x) = elu(x) + 1: no n x n matrix, O(n d^2)",
+        (HEADS,),
+        LayerTheory(
+            "O(n d^2)",
+            (
+                PROJECTIONS,
+                # φ(K)ᵀV and φ(Q)·(φ(K)ᵀV): 2·2·b·h·n·(d/h)² = 4·b·n·d²/h.
+                Term(4, "b·n·d²/h", lambda s: s["b"] * s["n"] * s["d"] * s["d"] / s["heads"]),
+                # The normaliser φ(Q)·Σφ(K): 2·b·h·n·(d/h) = 2·b·n·d.
+                Term(2, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]),
+            ),
+            order=lambda s: s["n"] * s["d"] * s["d"],
+        ),
+    ),
+)
