@@ -144,6 +144,7 @@ def test_a_run_with_one_length_has_no_charts_against_n(tiny_run: RunResults):
     assert "time" in figures and "time-d" not in figures
 
 
+@pytest.mark.slow
 def test_save_writes_each_format_and_is_reproducible(wide_run, tmp_path):
     def plot(out):
         figures = build_charts(wide_run, analyse(wide_run), ["time"])

@@ -25,14 +25,16 @@ from attnbench.render.verdicts import (
 from attnbench.results.run import RunResults
 from attnbench.results.store import load_results
 from attnbench.run.sweep import run_sweep
-from attnbench.spec import build_grid
+from attnbench.spec import build_grid, load_config
 
 runner = CliRunner()
 
 
-@pytest.fixture
-def pair(tmp_path: Path) -> tuple[Path, Path, Path]:
-    """A baseline, an identical run, and a run with one slower case and one heavier case."""
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A baseline, an identical run, and a run with one slower case and one heavier case
+    (read only: the tests share them)."""
+    tmp_path = tmp_path_factory.mktemp("pair")
     base = make_run(tmp_path / "base", cases_grid()).path
     same = make_run(tmp_path / "same", cases_grid()).path
     worse = make_run(
@@ -304,7 +306,9 @@ def test_the_committed_ci_reference_is_a_calibrated_five_round_run() -> None:
     assert run.rounds == 5 and run.calibration_s is not None
     c = compare_runs(run, run)
     assert set(c.times["unit"]) == {"rounds"} and not c.failed()
-    assert len(c.times) == len(run.frame) == 16
+    root = Path(__file__).resolve().parents[1]
+    cases = build_grid(load_config(root / "ci.toml")).cases()  # the grid .ci/run sweeps
+    assert len(c.times) == len(run.frame) == len(cases)
 
 
 def test_sweep_with_baseline_takes_every_compare_format(

@@ -133,7 +133,9 @@ def test_a_job_whose_worker_dies_once_runs_again_elsewhere(tmp_path: Path) -> No
     target = "rnn/n=16/d=4/b=1/float32/cpu/forward"
     cluster = FakeCluster(die=lambda job: job.case.case_id == target and job.attempt == 1)
     events: list[ProgressEvent] = []
-    run = run_sweep(_grid(), tmp_path / "run", executor=cluster, progress=events.append)
+    run = run_sweep(
+        _grid(), tmp_path / "run", executor=cluster, progress=events.append, calibration=None
+    )
     assert run.frame.set_index("case_id").loc[target, "status"] == "ok"
     retries = [e for e in events if e.kind == "retry"]
     assert [e.case.case_id for e in retries] == [target]
@@ -144,7 +146,8 @@ def test_a_job_whose_worker_dies_once_runs_again_elsewhere(tmp_path: Path) -> No
 def test_a_job_whose_worker_dies_twice_is_failed_and_blocks_larger_cases(tmp_path: Path) -> None:
     target = "rnn/n=8/d=4/b=1/float32/cpu/forward"
     cluster = FakeCluster(die=lambda job: job.case.case_id == target)
-    run = run_sweep(_grid(layers="rnn,conv", n="8,16,32,64"), tmp_path / "run", executor=cluster)
+    grid = _grid(layers="rnn,conv", n="8,16,32,64")
+    run = run_sweep(grid, tmp_path / "run", executor=cluster, calibration=None)
     rows = run.frame.set_index("case_id")
     assert rows.loc[target, "status"] == "failed"
     assert rows.loc[target, "error"].startswith(WORKER_DIED_ERROR)
@@ -161,7 +164,7 @@ def test_a_job_whose_worker_dies_twice_is_failed_and_blocks_larger_cases(tmp_pat
 def test_a_lost_later_round_is_retried_then_left_out(tmp_path: Path) -> None:
     target = "conv/n=8/d=4/k=3/b=1/float32/cpu/forward"
     cluster = FakeCluster(die=lambda job: job.case.case_id == target and job.round == 2)
-    run = run_sweep(_grid(rounds=3), tmp_path / "run", executor=cluster)
+    run = run_sweep(_grid(rounds=3), tmp_path / "run", executor=cluster, calibration=None)
     assert run.frame.set_index("case_id").loc[target, "status"] == "ok"
     assert sorted(run.samples[run.samples["case_id"] == target]["round"].unique()) == [1, 3]
     assert [(c, r) for c, r, _ in cluster.ran].count((target, 2)) == 2
@@ -170,7 +173,7 @@ def test_a_lost_later_round_is_retried_then_left_out(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_later_rounds_stay_on_the_device_model_of_the_first(tmp_path: Path) -> None:
     cluster = FakeCluster(devices=("GPU model A", "GPU model B"))
-    run = run_sweep(_grid(rounds=3), tmp_path / "run", executor=cluster)
+    run = run_sweep(_grid(rounds=3), tmp_path / "run", executor=cluster, calibration=None)
     model = dict(zip(run.frame["case_id"], run.frame["device_name"], strict=True))
     node_model = {"node0": "GPU model A", "node1": "GPU model B"}
     assert set(model.values()) == {"GPU model A", "GPU model B"}
@@ -187,7 +190,7 @@ def test_a_signal_lets_running_jobs_finish_and_resume_completes(tmp_path: Path) 
             os.kill(os.getpid(), signal.SIGINT)
 
     with pytest.raises(SweepInterrupted):
-        run_sweep(_grid(), out, executor=FakeCluster(), progress=stop_early)
+        run_sweep(_grid(), out, executor=FakeCluster(), progress=stop_early, calibration=None)
     stopped = load_results(out)
     assert len(stopped.frame) == 2  # the job running beside the first was written too
     assert stopped.status == "interrupted"
@@ -203,7 +206,7 @@ def test_an_executor_that_fails_keeps_what_was_measured(tmp_path: Path) -> None:
         match=r"went away; the 2 finished case\(s\) are saved: "
         r"attnbench sweep --resume",
     ):
-        run_sweep(_grid(), out, executor=FakeCluster(fail_after=2))
+        run_sweep(_grid(), out, executor=FakeCluster(fail_after=2), calibration=None)
     run = load_results(out)
     assert len(run.frame) == 2 and run.status == "interrupted"
 
@@ -217,7 +220,7 @@ def test_out_of_process_workers_leave_no_case_for_resume_to_blame(tmp_path: Path
         if event.kind == "start":
             seen.append(load_results(out).meta["current_case"])
 
-    run_sweep(_grid(), out, executor=FakeCluster(), progress=look)
+    run_sweep(_grid(), out, executor=FakeCluster(), progress=look, calibration=None)
     assert seen and set(seen) == {None}
     serial_seen: list[Any] = []
     out2 = tmp_path / "serial"
@@ -226,7 +229,7 @@ def test_out_of_process_workers_leave_no_case_for_resume_to_blame(tmp_path: Path
         if event.kind == "start":
             serial_seen.append(load_results(out2).meta["current_case"])
 
-    run_sweep(_grid(), out2, progress=look_serial)
+    run_sweep(_grid(), out2, progress=look_serial, calibration=None)
     assert serial_seen[0] == "conv/n=8/d=4/k=3/b=1/float32/cpu/forward"
 
 

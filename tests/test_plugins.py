@@ -183,6 +183,7 @@ def test_every_bad_plugin_is_one_line_and_exit_2_before_measuring(tmp_path: Path
     assert not out.exists()  # refused before a folder was made
 
 
+@pytest.mark.slow
 def test_a_plugin_with_theory_fits_plots_compares_and_resumes(tmp_path: Path) -> None:
     path = plugin(tmp_path, WITH_THEORY, "entry.py")
     spec = f"{path}:ENTRY"

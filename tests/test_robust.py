@@ -15,7 +15,7 @@ import torch
 
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
-from attnbench.measure.case import is_out_of_memory, release_memory
+from attnbench.measure.case import is_out_of_memory, measure_case, release_memory
 from attnbench.measure.record import CaseResult
 from attnbench.results.environment import environment
 from attnbench.results.files import RESULTS_FILE, RUN_FILE, SAMPLES_FILE
@@ -25,7 +25,7 @@ from attnbench.run.executors import serial as serial_module
 from attnbench.run.executors import worker as worker_module
 from attnbench.run.queue import DIED_ERROR
 from attnbench.run.sweep import resume_sweep, run_sweep
-from attnbench.spec import Grid, build_grid
+from attnbench.spec import Case, Grid, build_grid
 
 
 def _grid(layers: str = "conv,rnn", n: str = "8,16,32", d: str = "8", **extra: object) -> Grid:
@@ -75,17 +75,25 @@ def _hungry(limit: int, kind: str) -> type[torch.nn.Module]:
 
 
 @pytest.mark.parametrize("kind", sorted(OOM_ERRORS))
-def test_oom_is_recorded_larger_cases_skipped_and_memory_released(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kind: str
+def test_every_kind_of_allocation_failure_makes_an_oom_case(
+    monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    _register(monkeypatch, "hungry", _hungry(16 * 8, kind))
+    _register(monkeypatch, "hungry", _hungry(0, kind))
+    result = measure_case(Case("hungry", 8, 8, 1, "float32", "cpu", "forward"))
+    assert result.status == "oom" and result.timing is None
+
+
+def test_oom_is_recorded_larger_cases_skipped_and_memory_released(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _register(monkeypatch, "hungry", _hungry(16 * 8, "cuda"))
     released: list[str] = []
     monkeypatch.setattr(worker_module, "release_memory", released.append)
     grid = build_grid(
         {"layers": "conv", "n": "8..64", "d": "8,16", "device": "cpu", "time_budget": 0.002}
     )
     grid = Grid(**{**grid.__dict__, "layers": ("hungry", "conv")})
-    run = run_sweep(grid, tmp_path / "run")
+    run = run_sweep(grid, tmp_path / "run", calibration=None)
     status = {(r.layer, r.n, r.d): r.status for r in run.frame.itertuples()}
     assert status[("hungry", 8, 8)] == "ok" and status[("hungry", 16, 8)] == "ok"
     assert status[("hungry", 32, 8)] == "oom"
