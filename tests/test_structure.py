@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from attnbench import build_layer
-from attnbench.layers.conv import dilated_depth
+from attnbench.layers.dilated import dilated_depth
 from attnbench.measure.structure import (
     PATH_MEASURE_MAX,
     _ChainTracer,

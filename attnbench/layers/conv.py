@@ -1,21 +1,15 @@
-"""Convolutions over the sequence: one layer mixes k neighbouring tokens, O(k n d^2).
-
-``ConvLayer`` is the table's single convolution. ``DilatedConvLayer`` stacks causal convolutions
-with dilation 1, k, k^2, ... until every output sees every earlier input: the table's O(log_k n)
-path.
-"""
+"""A convolution over the sequence: one layer mixes k neighbouring tokens, O(k n d^2), and a
+route from the first token to the last takes about n / (k / 2) layers (the table's O(n/k))."""
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attnbench.layers.entry import Family, LayerEntry, LayerOption
-from attnbench.theory import LayerTheory, Sizes, Term
+from attnbench.theory import LayerTheory, Term
 
 
 class ConvLayer(nn.Module):
@@ -37,73 +31,10 @@ class ConvLayer(nn.Module):
         return [self]
 
 
-def dilated_depth(n: int, k: int) -> int:
-    """Fewest layers L with k^L >= n: then the causal receptive field k^L spans the sequence, so
-    every output depends on every input at or before it."""
-    if k < 2:
-        raise ValueError(f"a dilated stack needs k >= 2, got {k}")
-    depth, span = 1, k
-    while span < n:
-        depth, span = depth + 1, span * k
-    return depth
-
-
-class CausalConv(nn.Module):
-    """``nn.Conv1d(d, d, k, dilation)`` seeing positions t, t - dilation, ..., t - (k-1) dilation.
-
-    Left padding only: a route through a stack of these only moves forward in the sequence, so
-    it never leaves it (with centred padding, a route would have to step outside to reach far).
-    """
-
-    def __init__(self, d: int, k: int, dilation: int) -> None:
-        super().__init__()
-        self.left = (k - 1) * dilation
-        self.conv = nn.Conv1d(d, d, k, dilation=dilation)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
-        y = F.pad(x.transpose(1, 2), (self.left, 0))  # (B, d, left + n)
-        return self.conv(y).transpose(1, 2)  # (B, n, d)
-
-
-class DilatedConvLayer(nn.Module):
-    """``dilated_depth(n, k)`` causal convolutions with dilation k^0, k^1, ..., k^(L-1)
-    (WaveNet's stack): every output depends on every earlier input through exactly L layers.
-
-    The depth is part of the architecture: a stack built for n covers n.
-    """
-
-    def __init__(self, d: int, k: int, *, n: int) -> None:
-        super().__init__()
-        if k < 2:
-            raise ValueError(f"conv-dilated needs k >= 2, got {k}")
-        self.k = k
-        self.stages = nn.ModuleList(
-            CausalConv(d, k, dilation=k**i) for i in range(dilated_depth(n, k))
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
-        for stage in self.stages:
-            x = stage(x)  # (B, n, d)
-        return x
-
-    def mixing_stages(self) -> list[nn.Module]:
-        return list(self.stages)
-
-
 # ----------------------------------------------------------------------------- entries
 
 K = LayerOption("k", 3, "k", "Conv kernel size.", at_most_n=True, reach=True)
 CONVOLUTIONAL = Family("convolutional", rank=10, rival=True)
-DILATED = Family("convolutional (dilated)", rank=20, rival=True)
-
-
-def _layers_size(s: Sizes) -> float:
-    return _depth(s) * s["b"] * s["n"] * s["k"] * s["d"] * s["d"]
-
-
-def _depth(s: Sizes) -> float:
-    # n may be fractional (a chart's dense line, a crossover search): the depth covers it.
-    return float(dilated_depth(s["n"], s["k"]))  # type: ignore[arg-type]
 
 
 ENTRIES = (
@@ -120,24 +51,5 @@ ENTRIES = (
             order=lambda s: s["k"] * s["n"] * s["d"] * s["d"],
             path_law=lambda s: s["n"] / s["k"],
         ),
-    ),
-    LayerEntry(
-        "conv-dilated",
-        DilatedConvLayer,
-        DILATED,
-        "causal Conv1d stack, dilation 1, k, k^2, ..., deep enough to cover n",
-        # Dilations k^i must grow to cover n.
-        (replace(K, minimum=2),),
-        LayerTheory(
-            "O(k n d^2 log_k n)",
-            # L = ⌈log_k n⌉ stacked convolutions, each 2·b·n·k·d².
-            (Term(2, "L·b·n·k·d²", _layers_size),),
-            sequential="O(log_k n)",
-            path="O(log_k n)",
-            order=lambda s: s["k"] * s["n"] * s["d"] * s["d"] * _depth(s),
-            sequential_law=_depth,
-            path_law=_depth,
-        ),
-        needs_length=True,
     ),
 )

@@ -46,7 +46,8 @@ CHARTS: dict[str, str] = {
     "time-d": "time per call against d, one panel per n, with the fitted cost model",
     **{m.chart.name: m.chart.description for m in METRICS if m.chart is not None},
     "normalized": "time divided by the analytic FLOPs against n: flat where the theory holds",
-    "crossover": "attention time over RNN and conv time against n/d, with the line 1",
+    "crossover": "attention's time over each rival's (recurrent, convolutional, ...) against "
+    "n/d, with the line 1",
 }
 
 _MARKERS = "osD^v<>Px*"
