@@ -390,7 +390,7 @@ def compare_runs(
         for m in EXACT_METRICS:
             metric = m.column
             comparable = both_ok and (not m.device_bound or same_model)
-            tolerance = thresholds.memory_tolerance if m.device_bound else 0.0
+            tolerance = getattr(thresholds, m.tolerance) if m.tolerance else 0.0
             base_v = float(b[metric]) if comparable and not pd.isna(b[metric]) else math.nan
             new_v = float(n[metric]) if comparable and not pd.isna(n[metric]) else math.nan
             count_rows.append(

@@ -67,6 +67,7 @@ class Metric:
     # sequential-step law or the path law (None: the theory says nothing of it).
     theory: Literal["flops", "sequential", "path"] | None = None
     chart: Chart | None = None  # its own chart against n (time has several, drawn apart)
+    tolerance: str = ""  # the Thresholds field giving the growth allowed ("": none at all)
 
 
 _CASE, _MEASURE, _STRUCTURE, _PLACEMENT = "case", "measure", "structure", "placement"
@@ -136,6 +137,15 @@ COLUMNS: tuple[Column, ...] = (
         "where the layer's code came from: its module or file and version or sha256",
         optional=True,
     ),
+    Column(
+        "instructions", "int", _MEASURE,
+        "CPU instructions per call, counted by Valgrind's Callgrind (--metric instructions)",
+        optional=True, summary="instr.", fmt=fmt_count,
+    ),
+    Column("load_1m", "float", _MEASURE, "the machine's 1-minute load average when the case "
+           "was measured", optional=True),
+    Column("cpu_count", "int", _MEASURE, "CPUs of the machine it was measured on",
+           optional=True),
 )  # fmt: skip
 COLUMN = {c.name: c for c in COLUMNS}
 RESULT_COLUMNS = [c.name for c in COLUMNS]
@@ -156,7 +166,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("time_s", "time", "time", "s", overheads=True, theory="flops"),
     Metric(
         "peak_bytes", "peak memory", "peak", "bytes", exact=True, device_bound=True,
-        overheads=True,
+        overheads=True, tolerance="memory_tolerance",
         chart=Chart(
             "memory", "peak memory above baseline against n, one panel per d",
             "peak memory above baseline [bytes]",
@@ -189,6 +199,12 @@ METRICS: tuple[Metric, ...] = (
             scale_theory=True,
         ),
     ),
+    # Counted, not timed: the same code on the same CPU model executes the same instructions,
+    # to about 0.2%, however busy the machine is.
+    Metric(
+        "instructions", "instructions", "instr.", "instructions", exact=True,
+        device_bound=True, tolerance="instructions_tolerance", theory="flops",
+    ),
 )  # fmt: skip
 METRIC = {m.column: m for m in METRICS}
 # What compare judges exactly: device-independent counts first, then what depends on the device.
@@ -196,7 +212,9 @@ EXACT_METRICS = [m for m in METRICS if m.exact and not m.device_bound] + [
     m for m in METRICS if m.exact and m.device_bound
 ]
 
-SAMPLE_COLUMNS = ["case_id", "sample", "time_s", "round"]
+# load_1m: the 1-minute load average at the end of the sample's round (added later: older
+# folders load with it empty, as with round).
+SAMPLE_COLUMNS = ["case_id", "sample", "time_s", "round", "load_1m"]
 CALIBRATION_COLUMNS = ["point", "before_case", "sample", "time_s"]
 
 STATUSES = {

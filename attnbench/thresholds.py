@@ -36,12 +36,17 @@ class Thresholds:
     min_samples: int = 5
     memory_tolerance: float = 0.0
     normalize: bool = False
+    # Instruction counts repeat to about 0.2%: a growth within this is not a regression.
+    instructions_tolerance: float = 0.01
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 1:
             raise AttnbenchError(f"--alpha must lie between 0 and 1, got {self.alpha}")
-        if self.max_slowdown < 0 or self.memory_tolerance < 0:
-            raise AttnbenchError("--max-slowdown and --memory-tolerance cannot be negative")
+        if min(self.max_slowdown, self.memory_tolerance, self.instructions_tolerance) < 0:
+            raise AttnbenchError(
+                "--max-slowdown, --memory-tolerance and --instructions-tolerance cannot be "
+                "negative"
+            )
         if self.min_samples < 2:
             raise AttnbenchError(f"--min-samples must be at least 2, got {self.min_samples}")
 
@@ -106,6 +111,9 @@ GATE_OPTIONS: tuple[GateOption, ...] = (
                "Fewest timing samples a side for a time verdict (else: too few)."),
     GateOption("memory_tolerance", str, lambda v: parse_fraction(v, "--memory-tolerance"),
                "Allowed peak-memory growth (same device only).", _percent),
+    GateOption("instructions_tolerance", str,
+               lambda v: parse_fraction(v, "--instructions-tolerance"),
+               "Allowed growth of instructions per call (--metric instructions).", _percent),
     GateOption("normalize", bool, bool,
                "Judge times divided by each run's calibration GEMM, so runs on different "
                "machines compare (both ratios are shown either way).", None),

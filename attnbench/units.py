@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import math
+import pandas as pd
 
 
 def _missing(value: float | None) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+    """None, NaN, or pandas' NA (an empty cell of an integer column)."""
+    return value is None or bool(pd.isna(value))
 
 
 def fmt_seconds(value: float | None) -> str:

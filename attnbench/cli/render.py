@@ -256,16 +256,19 @@ def summary_tables(run: RunResults, console: Console) -> None:
         table = Table(title=escape(title), title_justify="left", title_style="bold")
         table.add_column("n", justify="right", no_wrap=True)
         table.add_column("d", justify="right", no_wrap=True)
-        for column in SUMMARY_COLUMNS:
+        # The columns this layer measured (a time run has no instructions, and the reverse).
+        ok = group[group["status"] == "ok"]
+        shown = [c for c in SUMMARY_COLUMNS if ok[c.name].notna().any()] or SUMMARY_COLUMNS[:1]
+        for column in shown:
             justify = "left" if column.kind == "text" else "right"
             table.add_column(column.summary, justify=justify, no_wrap=True)  # type: ignore[arg-type]
         for row in group.sort_values(["d", "n"]).itertuples():
             if row.status != "ok":
                 color = "yellow" if row.status == "skipped" else "red"
-                blank = [""] * (len(SUMMARY_COLUMNS) - 1)
+                blank = [""] * (len(shown) - 1)
                 table.add_row(str(row.n), str(row.d), f"[{color}]{row.status}[/]", *blank)
                 continue
-            cells = [_summary_cell(column.name, row) for column in SUMMARY_COLUMNS]
+            cells = [_summary_cell(column.name, row) for column in shown]
             table.add_row(str(row.n), str(row.d), *cells)
         console.print(table)
         for row in group.sort_values(["d", "n"]).itertuples():

@@ -17,6 +17,7 @@ from torch import nn
 from attnbench.devices import DTYPES, device_sync
 from attnbench.layers.registry import build_layer, entry
 from attnbench.measure.flops import count_flops
+from attnbench.measure.instructions import Callgrind
 from attnbench.measure.memory import peak_bytes
 from attnbench.measure.record import CaseResult
 from attnbench.measure.structure import SEQ_METHOD, path_length, sequential_steps
@@ -120,8 +121,10 @@ def measure_case(
     policy: TimingPolicy = DEFAULT_POLICY,
     clock: Clock = time.perf_counter,
     max_case_s: float | None = None,
+    counter: Callgrind | None = None,
 ) -> CaseResult:
-    """Measure one case: FLOPs (counted), peak memory (one call), then time (many calls).
+    """Measure one case: FLOPs (counted), peak memory (one call), then time (many calls), or
+    with a Callgrind ``counter`` the instructions of one call instead of its time.
 
     A first call slower than ``max_case_s`` ends the case as ``timeout`` before the many timed
     calls; an allocation failure ends it as ``oom``; any other error as ``failed``.
@@ -150,7 +153,10 @@ def measure_case(
         path = path_length(layer_builder(case, seed), case.n, case.d, scale=reach)
         flops = count_flops(step)
         peak = peak_bytes(step, case.device)
-        timing = time_call(step, policy, clock=clock, sync=sync)
+        if counter is not None:
+            timing, instructions = None, counter.count(step).per_call
+        else:
+            timing, instructions = time_call(step, policy, clock=clock, sync=sync), None
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
         status = "oom" if is_out_of_memory(exc) else "failed"
         return _failed(case, status, exc, threads, clock() - start)
@@ -167,6 +173,7 @@ def measure_case(
         path_len=path.value,
         path_len_method=path.method,
         wall_s=clock() - start,
+        instructions=instructions,
     )
 
 

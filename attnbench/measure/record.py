@@ -48,6 +48,9 @@ class CaseResult:
     device_id: str = ""
     device_name: str = ""
     layer_source: str = ""
+    instructions: int | None = None  # per call, counted by Callgrind (--metric instructions)
+    load_1m: float | None = None  # the machine's 1-minute load average when it was measured
+    cpu_count: int | None = None
 
     @property
     def flops_per_s(self) -> float | None:

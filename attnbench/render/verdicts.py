@@ -13,7 +13,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -249,13 +249,7 @@ def to_json(comparison: Comparison, gate: str = "all") -> dict[str, Any]:
         "schema": JSON_SCHEMA_ID,
         "baseline": {"path": str(comparison.baseline.path), **_side(comparison.baseline)},
         "current": {"path": str(comparison.current.path), **_side(comparison.current)},
-        "thresholds": {
-            "max_slowdown": t.max_slowdown,
-            "alpha": t.alpha,
-            "min_samples": t.min_samples,
-            "memory_tolerance": t.memory_tolerance,
-            "normalize": t.normalize,
-        },
+        "thresholds": asdict(t),
         "judged_on": comparison.judged_on,
         "calibration": dict(comparison.calibration) or None,
         "warnings": list(comparison.warnings),

@@ -160,7 +160,7 @@ class ResultsWriter:
         row = result.to_row()
         self._append_calibration(row["case_id"], calibration)
         if result.timing is not None:
-            self._append_samples(row["case_id"], 1, 0, result.timing)
+            self._append_samples(row["case_id"], 1, 0, result.timing, result.load_1m)
         self._append(RESULTS_FILE, csv_line([row.get(column) for column in self.columns]))
 
     def append_round(
@@ -170,11 +170,12 @@ class ResultsWriter:
         first_sample: int,
         timing: TimingStats,
         calibration: TimingStats | None = None,
+        load_1m: float | None = None,
     ) -> None:
         """Persist a later timing round of a case already on disk: its calibration point and
         its samples, numbered on from ``first_sample``."""
         self._append_calibration(case_id, calibration)
-        self._append_samples(case_id, round_, first_sample, timing)
+        self._append_samples(case_id, round_, first_sample, timing, load_1m)
 
     def _append_calibration(self, case_id: str, calibration: TimingStats | None) -> None:
         if calibration is None:
@@ -185,8 +186,12 @@ class ResultsWriter:
         self._append(CALIBRATION_FILE, "".join(lines))
         self.points += 1
 
-    def _append_samples(self, case_id: str, round_: int, first: int, timing: TimingStats) -> None:
-        lines = [csv_line([case_id, first + i, s, round_]) for i, s in enumerate(timing.samples_s)]
+    def _append_samples(
+        self, case_id: str, round_: int, first: int, timing: TimingStats, load: float | None
+    ) -> None:
+        lines = [
+            csv_line([case_id, first + i, s, round_, load]) for i, s in enumerate(timing.samples_s)
+        ]
         self._append(SAMPLES_FILE, "".join(lines))
 
     def finish(self, status: str = "complete") -> None:
@@ -247,11 +252,14 @@ def _read_tables(path: Path, warnings: list[str]) -> tuple[pd.DataFrame, ...]:
     frame, samples, calibration = tables
     if "round" not in samples.columns:  # written before timing rounds existed
         samples["round"] = "1"
+    if "load_1m" not in samples.columns:  # written before loads were recorded
+        samples["load_1m"] = ""
     for table in (samples, calibration):
         table["sample"] = pd.to_numeric(table["sample"]).astype("int64")
         table["time_s"] = pd.to_numeric(table["time_s"]).astype("float64")
     calibration["point"] = pd.to_numeric(calibration["point"]).astype("int64")
     samples["round"] = pd.to_numeric(samples["round"]).astype("int64")
+    samples["load_1m"] = pd.to_numeric(samples["load_1m"].where(samples["load_1m"] != ""))
     return _typed_results(frame), samples[SAMPLE_COLUMNS], calibration
 
 

@@ -231,7 +231,9 @@ class JobQueue:
         if timing is not None:
             first = self.next_sample.get(case.case_id, 0)
             with self.stop.writing():
-                self.writer.append_round(case.case_id, job.round, first, timing, done.point)
+                self.writer.append_round(
+                    case.case_id, job.round, first, timing, done.point, done.load_1m
+                )
             self.next_sample[case.case_id] = first + timing.count
         self.rounds_done.setdefault(case.case_id, set()).add(job.round)  # failed: not retried
         self._queue_next_round(case.case_id)

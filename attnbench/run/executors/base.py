@@ -53,6 +53,7 @@ class JobDone:
     timing: TimingStats | None = None
     point: TimingStats | None = None
     lost: str = ""
+    load_1m: float | None = None  # the machine's load when the job ended
 
 
 Take = Callable[[Placement], Job | None]  # the next job for a worker there, or None (none now)

@@ -17,10 +17,20 @@ import torch
 
 from attnbench._version import __version__
 from attnbench.devices import device_name, device_sync
+from attnbench.layers.registry import entry
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.case import measure_case, prime_instruments, release_memory, retime_case
+from attnbench.measure.instructions import Callgrind
 from attnbench.measure.timing import Clock, TimingStats
 from attnbench.run.executors.base import Job, JobDone, Placement
+
+
+def machine_load() -> float | None:
+    """The 1-minute load average of the machine (None where the OS does not say)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 class Worker:
@@ -34,11 +44,13 @@ class Worker:
         *,
         device_id: str | None = None,
         clock: Clock = time.perf_counter,
+        counter: Callgrind | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(threads)
         self.device = device
         self.clock = clock
+        self.counter = counter  # counts instructions instead of timing (--metric instructions)
         if device.startswith("cuda"):
             torch.ones(1, device=device)  # the CUDA context, made here rather than in a case
         self.where = Placement(
@@ -64,17 +76,28 @@ class Worker:
         case = job.case
         if job.round > 1:
             timing = retime_case(case, seed=job.seed, policy=job.policy, clock=self.clock)
-            return JobDone(job, self.where, timing=timing, point=point)
+            return JobDone(job, self.where, timing=timing, point=point, load_1m=machine_load())
         result = measure_case(
-            case, seed=job.seed, policy=job.policy, clock=self.clock, max_case_s=job.max_case_s
+            case,
+            seed=job.seed,
+            policy=job.policy,
+            clock=self.clock,
+            max_case_s=job.max_case_s,
+            counter=self.counter,
         )
         if result.status != "ok":
             release_memory(case.device)
-        where = self.where
+        where, load = self.where, machine_load()
         result = replace(
-            result, node=where.node, device_id=where.device_id, device_name=where.device_name
+            result,
+            node=where.node,
+            device_id=where.device_id,
+            device_name=where.device_name,
+            layer_source=entry(case.layer).source.describe(),  # the code this process ran
+            load_1m=load,
+            cpu_count=os.cpu_count(),
         )
-        return JobDone(job, where, result=result, point=point)
+        return JobDone(job, where, result=result, point=point, load_1m=load)
 
     def _calibration_point(self, calibration: Calibration | None) -> TimingStats | None:
         """One calibration point, or None (off, or the GEMM failed: the case is measured anyway)."""
