@@ -31,6 +31,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 MODES = ("forward", "train")
+METRICS = ("time", "instructions")  # what a sweep measures of each call
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,14 @@ class Case:
         """Short human label for progress lines."""
         return " ".join([self.layer, f"n={self.n}", f"d={self.d}", *self._tags()])
 
+    def to_dict(self) -> dict[str, Any]:
+        """The case as plain JSON data (for another process)."""
+        return {**asdict(self), "options": [list(pair) for pair in self.options]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Case:
+        return cls(**{**data, "options": tuple((name, value) for name, value in data["options"])})
+
 
 @dataclass(frozen=True)
 class Grid:
@@ -116,6 +125,7 @@ class Grid:
     # Timing rounds: each case is timed once per round, the rounds spread over the whole sweep,
     # so its samples see the machine at several moments (what compare tests across runs).
     rounds: int = 1
+    metric: str = "time"  # or "instructions": counted with Callgrind instead of timed
 
     def cases(self) -> list[Case]:
         """Cases ordered layer, d, then n ascending (so a larger n always comes later)."""
@@ -348,6 +358,10 @@ OPTIONS: tuple[Option, ...] = (
            "Time every case in this many rounds spread over the sweep (sharing --time-budget), "
            "so its samples see the machine at several moments; compare tests the rounds against "
            "each other. 5 or more for CI."),
+    Option("metric", "metric", str, lambda v: _choice(v, "metric", METRICS),
+           "time: seconds per call; instructions: CPU instructions per call, counted with "
+           "Valgrind's Callgrind in a worker process (repeatable to ~0.2% on a busy machine; "
+           "CPU only)."),
 )  # fmt: skip
 OPTION = {o.key: o for o in OPTIONS}
 # Keys a config file may hold: the sweep options, and where the results go.
@@ -420,7 +434,19 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
         if found.source.kind in plugins.CHECKED:
             n = min(min(grid.ns), max(16, 2 * found.reach(resolved) + 1))
             plugins.check_output(found, min(grid.ds), n, resolved)
-    return replace(grid, device=(resolve or local_device)(grid.device, grid.dtype))
+    grid = replace(grid, device=(resolve or local_device)(grid.device, grid.dtype))
+    if grid.metric == "instructions":
+        if grid.device != "cpu":
+            raise AttnbenchError(
+                f"--metric instructions counts CPU instructions; --device {grid.device} is not "
+                "the CPU (use --device cpu)"
+            )
+        if grid.rounds > 1:
+            raise AttnbenchError(
+                "--metric instructions: counts repeat to ~0.2%, so there is one round "
+                f"(got --rounds {grid.rounds})"
+            )
+    return grid
 
 
 # ----------------------------------------------------------------------------- size guard
@@ -462,21 +488,3 @@ def size_warning(grid: Grid) -> str | None:
         f"{grid.device}; pass --yes to run it anyway, or narrow --n / --d / --layers "
         f"(limits without --yes: {MAX_CASES} cases, {MAX_ESTIMATED_S / 3600:.0f} h)"
     )
-
-
-def parse_columns(text: str) -> tuple[int, ...]:
-    """``--columns`` of ``attnbench pe``: "6..9" (every column from 6 to 9) or "0,2,4"."""
-    text = text.strip()
-    try:
-        if ".." in text:
-            first, last = (int(x) for x in text.split("..", 1))
-            values = tuple(range(first, last + 1))
-        else:
-            values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise AttnbenchError(
-            f"--columns: expected a range such as 6..9 or a list such as 0,2,4, got {text!r}"
-        ) from None
-    if not values or min(values) < 0:
-        raise AttnbenchError(f"--columns: expected columns 0 or more, got {text!r}")
-    return values

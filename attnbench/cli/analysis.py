@@ -35,13 +35,12 @@ from attnbench.render.charts import (
     save_charts,
     select_layers,
 )
-from attnbench.render.pe import pe_figures
+from attnbench.render.pe import parse_columns, pe_figures
 from attnbench.render.report import fit_tables, write_report
 from attnbench.results.environment import environment
 from attnbench.results.files import latest_results
 from attnbench.results.run import RunResults
 from attnbench.results.store import load_results
-from attnbench.spec import parse_columns
 from attnbench.table import HEADERS, comparison_table, display, fit_notes
 
 

@@ -197,7 +197,7 @@ def shipment(names: Iterable[str]) -> list[dict[str, Any]]:
             path = Path(entry.source.spec.rpartition(":")[0])
             item["text"] = path.read_text(encoding="utf-8")
         elif kind == "module":
-            item["sys_path"] = [p for p in sys.path if p]
+            item["sys_path"] = [os.getcwd()]  # importable as here; the rest is the worker's own
         elif kind == "python":
             item["entry"] = entry  # pickled by the transport (Ray's cloudpickle)
         out.append(item)

@@ -17,7 +17,7 @@ from torch import nn
 from attnbench.devices import DTYPES, device_sync
 from attnbench.layers.registry import build_layer, entry
 from attnbench.measure.flops import count_flops
-from attnbench.measure.instructions import Callgrind
+from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.memory import peak_bytes
 from attnbench.measure.record import CaseResult
 from attnbench.measure.structure import SEQ_METHOD, path_length, sequential_steps
@@ -121,7 +121,7 @@ def measure_case(
     policy: TimingPolicy = DEFAULT_POLICY,
     clock: Clock = time.perf_counter,
     max_case_s: float | None = None,
-    counter: Callgrind | None = None,
+    counter: InstructionCounter | None = None,
 ) -> CaseResult:
     """Measure one case: FLOPs (counted), peak memory (one call), then time (many calls), or
     with a Callgrind ``counter`` the instructions of one call instead of its time.
@@ -153,8 +153,8 @@ def measure_case(
         path = path_length(layer_builder(case, seed), case.n, case.d, scale=reach)
         flops = count_flops(step)
         peak = peak_bytes(step, case.device)
-        if counter is not None:
-            timing, instructions = None, counter.count(step).per_call
+        if counter is not None:  # counted in its own process, under Callgrind
+            timing, instructions = None, counter.count(case, seed)
         else:
             timing, instructions = time_call(step, policy, clock=clock, sync=sync), None
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from attnbench.errors import AttnbenchError
 from attnbench.positional import binary_digits, sinusoidal_table
 
 PE_CHARTS = ("pe-columns", "pe-heatmap", "pe-binary")
@@ -56,3 +57,21 @@ def pe_figures(
     right.set_title("P: lower columns change faster", fontsize=10)
     figures["pe-binary"] = fig
     return figures
+
+
+def parse_columns(text: str) -> tuple[int, ...]:
+    """``--columns`` of ``attnbench pe``: "6..9" (every column from 6 to 9) or "0,2,4"."""
+    text = text.strip()
+    try:
+        if ".." in text:
+            first, last = (int(x) for x in text.split("..", 1))
+            values = tuple(range(first, last + 1))
+        else:
+            values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise AttnbenchError(
+            f"--columns: expected a range such as 6..9 or a list such as 0,2,4, got {text!r}"
+        ) from None
+    if not values or min(values) < 0:
+        raise AttnbenchError(f"--columns: expected columns 0 or more, got {text!r}")
+    return values

@@ -38,8 +38,12 @@ class RunResults:
 
     def rounds_for(self, case_id: str) -> list[list[float]]:
         """A case's samples grouped by timing round, first round first."""
+        return list(self.rounds_of(case_id).values())
+
+    def rounds_of(self, case_id: str) -> dict[int, list[float]]:
+        """A case's samples by timing round number (a round that failed is absent)."""
         mine = self.samples[self.samples["case_id"] == case_id]
-        return [group["time_s"].tolist() for _, group in mine.groupby("round", sort=True)]
+        return {int(r): group["time_s"].tolist() for r, group in mine.groupby("round", sort=True)}
 
     @property
     def rounds(self) -> int:

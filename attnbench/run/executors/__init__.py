@@ -35,6 +35,12 @@ EXECUTORS: dict[str, ExecutorEntry] = {
         "or per --threads CPUs, at a time",
         ("address", "workers"),
     ),
+    "subprocess": ExecutorEntry(
+        "attnbench.run.executors.process",
+        "SubprocessExecutor",
+        "one case after the other in a child process of this interpreter",
+        ("python",),
+    ),
 }
 
 

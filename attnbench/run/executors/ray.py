@@ -45,7 +45,12 @@ class RayWorker:
     """The actor: one ``Worker`` on the device Ray gave it."""
 
     def __init__(
-        self, device: str, threads: int | None, dtype: str, layers: list[dict[str, Any]]
+        self,
+        device: str,
+        threads: int | None,
+        dtype: str,
+        layers: list[dict[str, Any]],
+        metric: str = "time",
     ) -> None:
         plugins.receive(layers)  # the sweep's plugin layers, as the driver loaded them
         check_dtype(dtype, device)  # on the worker's own GPU, not the driver's
@@ -53,7 +58,7 @@ class RayWorker:
         if device.startswith("cuda"):
             ids = ray.get_gpu_ids()  # the physical GPU; the actor sees it as cuda:0
             device_id = f"cuda:{ids[0]}" if ids else device
-        self.worker = Worker(device, threads, device_id=device_id)
+        self.worker = Worker(device, threads, device_id=device_id, metric=metric, layers=layers)
 
     def describe(self) -> dict[str, Any]:
         return self.worker.describe()
@@ -189,7 +194,8 @@ class RayExecutor:
             self.worker_resources = {"num_cpus": threads}
         if self.max_workers is not None:
             count = min(count, self.max_workers)
-        self._args = (grid.device, threads, grid.dtype, plugins.shipment(grid.layers))
+        shipped = plugins.shipment(grid.layers)
+        self._args = (grid.device, threads, grid.dtype, shipped, grid.metric)
         if count == 0:
             raise AttnbenchError(f"the Ray cluster has no GPU for --device {grid.device}")
         failures = self._await_start([self._spawn() for _ in range(count)])

@@ -10,6 +10,7 @@ import torch
 
 from attnbench.devices import local_device
 from attnbench.errors import AttnbenchError
+from attnbench.layers import plugins
 from attnbench.measure.timing import Clock
 from attnbench.results.environment import environment
 from attnbench.run.executors.base import JobDone, Take
@@ -38,7 +39,13 @@ class SerialExecutor:
     def start(self, grid: Grid) -> dict[str, Any]:
         if self._worker is None:
             self._threads_before = torch.get_num_threads()  # --threads applies to the sweep only
-            self._worker = Worker(grid.device, grid.threads, clock=self.clock)
+            self._worker = Worker(
+                grid.device,
+                grid.threads,
+                clock=self.clock,
+                metric=grid.metric,
+                layers=plugins.shipment(grid.layers),
+            )
             self._record = {
                 "executor": self.name,
                 "nodes": [{"hostname": self._worker.where.node}],
@@ -59,4 +66,5 @@ class SerialExecutor:
     def close(self) -> None:
         if self._worker is not None:
             torch.set_num_threads(self._threads_before)
+            self._worker.close()
         self._worker = None

@@ -20,7 +20,7 @@ from attnbench.devices import device_name, device_sync
 from attnbench.layers.registry import entry
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.case import measure_case, prime_instruments, release_memory, retime_case
-from attnbench.measure.instructions import Callgrind
+from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.timing import Clock, TimingStats
 from attnbench.run.executors.base import Job, JobDone, Placement
 
@@ -44,13 +44,16 @@ class Worker:
         *,
         device_id: str | None = None,
         clock: Clock = time.perf_counter,
-        counter: Callgrind | None = None,
+        metric: str = "time",
+        layers: list[dict[str, Any]] | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(threads)
         self.device = device
         self.clock = clock
-        self.counter = counter  # counts instructions instead of timing (--metric instructions)
+        # --metric instructions: a process under Callgrind counts each case's calls; ``layers``
+        # are the plugins it must load (plugins.shipment).
+        self.counter = InstructionCounter(layers or []) if metric == "instructions" else None
         if device.startswith("cuda"):
             torch.ones(1, device=device)  # the CUDA context, made here rather than in a case
         self.where = Placement(
@@ -70,6 +73,10 @@ class Worker:
             "attnbench_version": __version__,
             "torch_version": torch.__version__,
         }
+
+    def close(self) -> None:
+        if self.counter is not None:
+            self.counter.close()
 
     def run(self, job: Job) -> JobDone:
         point = self._calibration_point(job.calibration)

@@ -1,12 +1,8 @@
-"""Baseline against current: statistics and verdicts per case, and one overall verdict.
+"""Two runs matched case by case and judged: the tables ``compare`` and ``ab`` report.
 
-A shared CI runner swings timings by 2x between jobs, so one ratio is no verdict. A time
-regression here needs both a median ratio above the allowed slowdown and a one-sided
-Mann-Whitney U test on the raw samples (scipy) below ``alpha``; the overall row is the
-geometric mean of the ratios, tested across cases with a one-sided Wilcoxon signed-rank test.
-Deterministic metrics (FLOPs, sequential steps, path length, and peak memory on the same
-device) are compared exactly: any increase is a regression. ``normalize`` divides every time by
-its run's calibration GEMM, so a baseline from one machine stays comparable on another.
+Cases are matched by id (``compare``), or in given pairs (``ab`` matches its base and current
+layers by position). Normalising divides every time by its run's calibration GEMM, so a baseline
+from one machine stays comparable on another.
 """
 
 from __future__ import annotations
@@ -14,13 +10,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from math import comb
 from typing import Any
 
-import numpy as np
 import pandas as pd
-from scipy import stats
 
+from attnbench.compare.verdicts import (
+    IMPROVEMENT,
+    NOT_COMPARED,
+    REGRESSION,
+    UNCHANGED,
+    TimeVerdict,
+    judge_count,
+    judge_overall,
+    judge_pairs,
+    judge_rounds,
+)
 from attnbench.errors import AttnbenchError
 from attnbench.layers.entry import LayerSource
 from attnbench.results.environment import compare_keys
@@ -28,126 +32,6 @@ from attnbench.results.run import RunResults
 from attnbench.schema import EXACT_METRICS, METRIC
 from attnbench.spec import OPTIONS
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, check_gate
-
-# Verdicts, worst first: what a case, a metric or the overall row can be judged.
-REGRESSION = "regression"
-IMPROVEMENT = "improvement"
-UNCHANGED = "unchanged"
-NOT_SIGNIFICANT = "not significant"  # past the threshold, but the samples could be noise
-TOO_FEW = "too few samples"  # no test at this alpha can be significant with so few
-NOT_COMPARED = "not compared"  # missing on a side, not measured, or another device
-VERDICTS = (REGRESSION, NOT_SIGNIFICANT, TOO_FEW, UNCHANGED, IMPROVEMENT, NOT_COMPARED)
-
-# ----------------------------------------------------------------------------- verdicts
-
-
-@dataclass(frozen=True)
-class TimeVerdict:
-    """One case's time: median ratio current / baseline, the one-sided p-value in the
-    direction the median moved (NaN when untested), and the verdict."""
-
-    ratio: float
-    p_value: float
-    verdict: str
-
-
-def smallest_p(n_base: int, n_new: int) -> float:
-    """The smallest one-sided p-value a Mann-Whitney U test can give with these sample sizes."""
-    return 1 / comb(n_base + n_new, n_base)
-
-
-def judge_time(
-    base: Sequence[float], new: Sequence[float], thresholds: Thresholds = DEFAULT_THRESHOLDS
-) -> TimeVerdict:
-    """Regression when the median is more than ``max_slowdown`` slower *and* the samples are
-    slower with p < alpha; improvement symmetrically; "too few samples" when no outcome of the
-    test could reach alpha."""
-    base_a = np.asarray(base, dtype=float)
-    new_a = np.asarray(new, dtype=float)
-    if base_a.size == 0 or new_a.size == 0:
-        return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
-    if min(base_a.size, new_a.size) < thresholds.min_samples:
-        return TimeVerdict(_median_ratio(base_a, new_a), math.nan, TOO_FEW)
-    return _judge(_median_ratio(base_a, new_a), base_a, new_a, thresholds)
-
-
-def judge_rounds(
-    base: Sequence[Sequence[float]],
-    new: Sequence[Sequence[float]],
-    thresholds: Thresholds = DEFAULT_THRESHOLDS,
-) -> tuple[TimeVerdict, str]:
-    """A case timed in rounds: the test compares the rounds' medians (``"rounds"``), each an
-    independent look at the machine, when both runs have enough rounds for the test to reach
-    alpha; otherwise all samples (``"samples"``). The ratio is of the medians of all samples."""
-    if min(len(base), len(new)) >= 2 and smallest_p(len(base), len(new)) < thresholds.alpha:
-        flat_base = np.concatenate([np.asarray(r, dtype=float) for r in base])
-        flat_new = np.concatenate([np.asarray(r, dtype=float) for r in new])
-        base_units = np.array([np.median(r) for r in base])
-        new_units = np.array([np.median(r) for r in new])
-        ratio = _median_ratio(flat_base, flat_new)
-        return _judge(ratio, base_units, new_units, thresholds), "rounds"
-    flat = [[s for r in side for s in r] for side in (base, new)]
-    return judge_time(flat[0], flat[1], thresholds), "samples"
-
-
-def _median_ratio(base: np.ndarray, new: np.ndarray) -> float:
-    base_median = float(np.median(base))
-    return float(np.median(new)) / base_median if base_median > 0 else math.inf
-
-
-def _judge(
-    ratio: float, base_a: np.ndarray, new_a: np.ndarray, thresholds: Thresholds
-) -> TimeVerdict:
-    """The verdict from a ratio and the units the one-sided test compares."""
-    if smallest_p(base_a.size, new_a.size) >= thresholds.alpha:
-        return TimeVerdict(ratio, math.nan, TOO_FEW)
-    slower = ratio >= 1
-    p = float(stats.mannwhitneyu(new_a, base_a, alternative="greater" if slower else "less").pvalue)
-    return _verdict(ratio, p, thresholds)
-
-
-def _verdict(ratio: float, p: float, thresholds: Thresholds) -> TimeVerdict:
-    """Past the threshold in the direction the one-sided p-value tested, and significant."""
-    slower = ratio >= 1
-    limit = 1 + thresholds.max_slowdown
-    significant = p < thresholds.alpha
-    if slower and ratio > limit:
-        return TimeVerdict(ratio, p, REGRESSION if significant else NOT_SIGNIFICANT)
-    if not slower and ratio < 1 / limit and significant:
-        return TimeVerdict(ratio, p, IMPROVEMENT)
-    return TimeVerdict(ratio, p, UNCHANGED)
-
-
-def judge_overall(
-    ratios: Sequence[float], thresholds: Thresholds = DEFAULT_THRESHOLDS
-) -> TimeVerdict:
-    """The geometric mean of the cases' ratios, tested across cases: a one-sided Wilcoxon
-    signed-rank test on the log ratios says whether the cases moved together."""
-    logs = np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float))
-    if logs.size == 0:
-        return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
-    geomean = float(np.exp(logs.mean()))
-    if 0.5**logs.size >= thresholds.alpha:  # the smallest p of the exact test
-        return TimeVerdict(geomean, math.nan, TOO_FEW)
-    slower = geomean >= 1
-    if not np.any(logs):
-        return TimeVerdict(geomean, 1.0, UNCHANGED)
-    p = float(stats.wilcoxon(logs, alternative="greater" if slower else "less").pvalue)
-    return _verdict(geomean, p, thresholds)
-
-
-def judge_count(base: Any, new: Any, tolerance: float = 0.0) -> str:
-    """An exact metric: any increase beyond ``tolerance`` (a fraction) is a regression."""
-    if base is None or new is None or pd.isna(base) or pd.isna(new):
-        return NOT_COMPARED
-    if new > base * (1 + tolerance):
-        return REGRESSION
-    if new < base * (1 - tolerance):
-        return IMPROVEMENT
-    return UNCHANGED
-
-
-# ----------------------------------------------------------------------------- comparison
 
 
 @dataclass(frozen=True)
@@ -286,16 +170,32 @@ def _scales(run: RunResults, run_s: float | None, by_device: bool) -> dict[str, 
     return scales
 
 
+def _scaled(rounds: Mapping[int, list[float]], scale: float) -> dict[int, list[float]]:
+    return {round_: [s * scale for s in samples] for round_, samples in rounds.items()}
+
+
 def compare_runs(
-    baseline: RunResults, current: RunResults, thresholds: Thresholds = DEFAULT_THRESHOLDS
+    baseline: RunResults,
+    current: RunResults,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    *,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    paired: bool = False,
 ) -> Comparison:
-    """Judge every case the two runs share; list the cases only one of them has."""
+    """Judge every case the two runs share; list the cases only one of them has.
+
+    ``pairs`` (base case id, current case id) matches cases otherwise than by id (``ab`` races
+    two layers against each other); ``paired`` judges time on the paired per-round ratios of an
+    interleaved run instead of comparing the two runs' samples.
+    """
     calibration = _calibration(baseline, current, thresholds.normalize)
     base = baseline.frame.set_index("case_id")
     new = current.frame.set_index("case_id")
-    shared = [c for c in base.index if c in new.index]
-    only_baseline = tuple(c for c in base.index if c not in new.index)
-    only_current = tuple(c for c in new.index if c not in base.index)
+    if pairs is None:
+        pairs = [(c, c) for c in base.index if c in new.index]
+    shared = [(b, n) for b, n in pairs if b in base.index and n in new.index]
+    only_baseline = tuple(c for c in base.index if c not in {b for b, _ in shared})
+    only_current = tuple(c for c in new.index if c not in {n for _, n in shared})
     if not shared:
         raise AttnbenchError(
             f"{str(baseline.path)!r} and {str(current.path)!r} have no case in common "
@@ -320,7 +220,7 @@ def compare_runs(
     single = [
         name for name, run in (("baseline", baseline), ("current", current)) if run.rounds == 1
     ]
-    if single:
+    if single and not paired:
         warnings.append(
             f"the {' and the '.join(single)} run{'s' if len(single) > 1 else ''} timed each case "
             "in one round: samples taken back to back cannot show the machine's slower moments, "
@@ -338,12 +238,13 @@ def compare_runs(
 
     time_rows: list[dict[str, Any]] = []
     count_rows: list[dict[str, Any]] = []
-    for case_id in shared:
-        b, n = base.loc[case_id], new.loc[case_id]
+    for base_id, case_id in shared:
+        b, n = base.loc[base_id], new.loc[case_id]
         device_base, device_new = str(b["device_name"]), str(n["device_name"])
         # Rows name their device model; rows of older runs do not, and the runs' do.
         same_model = device_base == device_new if device_base and device_new else same_device
-        ident = {"case_id": case_id, "layer": b["layer"], "n": int(b["n"]), "d": int(b["d"])}
+        layer = b["layer"] if b["layer"] == n["layer"] else f"{b['layer']} -> {n['layer']}"
+        ident = {"case_id": case_id, "layer": layer, "n": int(b["n"]), "d": int(b["d"])}
         row: dict[str, Any] = {
             **ident,
             "device_base": device_base,
@@ -360,23 +261,24 @@ def compare_runs(
             row["status_verdict"] = REGRESSION  # it measured before; now it fails or is skipped
         elif b["status"] != "ok" and n["status"] == "ok":
             row["status_verdict"] = IMPROVEMENT
-        base_rounds = baseline.rounds_for(case_id) if timed else []
-        new_rounds = current.rounds_for(case_id) if timed else []
         norm_base = scales_base.get(device_base, scales_base.get("", math.nan))
         norm_new = scales_new.get(device_new, scales_new.get("", math.nan))
         scale_base, scale_new = (norm_base, norm_new) if thresholds.normalize else (1.0, 1.0)
-        judged, unit = judge_rounds(
-            [[s * scale_base for s in r] for r in base_rounds],
-            [[s * scale_new for s in r] for r in new_rounds],
-            thresholds,
-        )
+        base_rounds = _scaled(baseline.rounds_of(base_id), scale_base) if timed else {}
+        new_rounds = _scaled(current.rounds_of(case_id), scale_new) if timed else {}
+        if paired:
+            judged, unit = judge_pairs(base_rounds, new_rounds, thresholds), "pairs"
+        else:
+            judged, unit = judge_rounds(
+                list(base_rounds.values()), list(new_rounds.values()), thresholds
+            )
         raw_ratio = n["time_s"] / b["time_s"] if both_ok else math.nan
         norm_ratio = raw_ratio * norm_new / norm_base
         row.update(
             time_base_s=b["time_s"] if both_ok else math.nan,
             time_new_s=n["time_s"] if both_ok else math.nan,
-            samples_base=sum(len(r) for r in base_rounds),
-            samples_new=sum(len(r) for r in new_rounds),
+            samples_base=sum(len(r) for r in base_rounds.values()),
+            samples_new=sum(len(r) for r in new_rounds.values()),
             rounds_base=len(base_rounds),
             rounds_new=len(new_rounds),
             unit=unit if timed else "",

@@ -1,0 +1,43 @@
+"""Baseline against current: statistics and verdicts per case, and one overall verdict.
+
+``verdicts`` holds the statistics of one case (and of a run overall); ``runs`` matches two runs
+case by case and builds the ``Comparison`` that every output format renders.
+"""
+
+from attnbench.compare.runs import Comparison, compare_runs, layer_differences
+from attnbench.compare.verdicts import (
+    IMPROVEMENT,
+    NOT_COMPARED,
+    NOT_SIGNIFICANT,
+    REGRESSION,
+    TOO_FEW,
+    UNCHANGED,
+    VERDICTS,
+    TimeVerdict,
+    judge_count,
+    judge_overall,
+    judge_pairs,
+    judge_rounds,
+    judge_time,
+    smallest_p,
+)
+
+__all__ = [
+    "IMPROVEMENT",
+    "NOT_COMPARED",
+    "NOT_SIGNIFICANT",
+    "REGRESSION",
+    "TOO_FEW",
+    "UNCHANGED",
+    "VERDICTS",
+    "Comparison",
+    "TimeVerdict",
+    "compare_runs",
+    "judge_count",
+    "judge_overall",
+    "judge_pairs",
+    "judge_rounds",
+    "judge_time",
+    "layer_differences",
+    "smallest_p",
+]

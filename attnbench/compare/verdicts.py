@@ -1,0 +1,182 @@
+"""Verdicts on one case's times and exact metrics, and on a run overall (scipy's tests).
+
+A shared CI runner swings timings by 2x between jobs, so one ratio is no verdict. A time
+regression needs both a median ratio above the allowed slowdown and a one-sided test below
+``alpha``: Mann-Whitney U on the raw samples or the rounds' medians of two runs, or Wilcoxon's
+signed-rank test on the paired per-round ratios of an interleaved run (``attnbench ab``). The
+overall row is the geometric mean of the ratios, tested across cases with Wilcoxon's test.
+Exact metrics (FLOPs, steps, path length, memory and instructions on the same device) fail on
+any increase beyond their tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from math import comb
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds
+
+# Verdicts, worst first: what a case, a metric or the overall row can be judged.
+REGRESSION = "regression"
+IMPROVEMENT = "improvement"
+UNCHANGED = "unchanged"
+NOT_SIGNIFICANT = "not significant"  # past the threshold, but the samples could be noise
+TOO_FEW = "too few samples"  # no test at this alpha can be significant with so few
+NOT_COMPARED = "not compared"  # missing on a side, not measured, or another device
+VERDICTS = (REGRESSION, NOT_SIGNIFICANT, TOO_FEW, UNCHANGED, IMPROVEMENT, NOT_COMPARED)
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class TimeVerdict:
+    """One case's time: median ratio current / baseline, the one-sided p-value in the
+    direction the median moved (NaN when untested), and the verdict."""
+
+    ratio: float
+    p_value: float
+    verdict: str
+
+
+def smallest_p(n_base: int, n_new: int) -> float:
+    """The smallest one-sided p-value a Mann-Whitney U test can give with these sample sizes."""
+    return 1 / comb(n_base + n_new, n_base)
+
+
+def judge_time(
+    base: Sequence[float], new: Sequence[float], thresholds: Thresholds = DEFAULT_THRESHOLDS
+) -> TimeVerdict:
+    """Regression when the median is more than ``max_slowdown`` slower *and* the samples are
+    slower with p < alpha; improvement symmetrically; "too few samples" when no outcome of the
+    test could reach alpha."""
+    base_a = np.asarray(base, dtype=float)
+    new_a = np.asarray(new, dtype=float)
+    if base_a.size == 0 or new_a.size == 0:
+        return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
+    if min(base_a.size, new_a.size) < thresholds.min_samples:
+        return TimeVerdict(_median_ratio(base_a, new_a), math.nan, TOO_FEW)
+    return _judge(_median_ratio(base_a, new_a), base_a, new_a, thresholds)
+
+
+def judge_rounds(
+    base: Sequence[Sequence[float]],
+    new: Sequence[Sequence[float]],
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+) -> tuple[TimeVerdict, str]:
+    """A case timed in rounds: the test compares the rounds' medians (``"rounds"``), each an
+    independent look at the machine, when both runs have enough rounds for the test to reach
+    alpha; otherwise all samples (``"samples"``). The ratio is of the medians of all samples."""
+    if min(len(base), len(new)) >= 2 and smallest_p(len(base), len(new)) < thresholds.alpha:
+        flat_base = np.concatenate([np.asarray(r, dtype=float) for r in base])
+        flat_new = np.concatenate([np.asarray(r, dtype=float) for r in new])
+        base_units = np.array([np.median(r) for r in base])
+        new_units = np.array([np.median(r) for r in new])
+        ratio = _median_ratio(flat_base, flat_new)
+        return _judge(ratio, base_units, new_units, thresholds), "rounds"
+    flat = [[s for r in side for s in r] for side in (base, new)]
+    return judge_time(flat[0], flat[1], thresholds), "samples"
+
+
+def _median_ratio(base: np.ndarray, new: np.ndarray) -> float:
+    base_median = float(np.median(base))
+    return float(np.median(new)) / base_median if base_median > 0 else math.inf
+
+
+def _judge(
+    ratio: float, base_a: np.ndarray, new_a: np.ndarray, thresholds: Thresholds
+) -> TimeVerdict:
+    """The verdict from a ratio and the units the one-sided test compares."""
+    if smallest_p(base_a.size, new_a.size) >= thresholds.alpha:
+        return TimeVerdict(ratio, math.nan, TOO_FEW)
+    slower = ratio >= 1
+    p = float(stats.mannwhitneyu(new_a, base_a, alternative="greater" if slower else "less").pvalue)
+    return _verdict(ratio, p, thresholds)
+
+
+def _verdict(ratio: float, p: float, thresholds: Thresholds) -> TimeVerdict:
+    """Past the threshold in the direction the one-sided p-value tested, and significant."""
+    slower = ratio >= 1
+    limit = 1 + thresholds.max_slowdown
+    significant = p < thresholds.alpha
+    if slower and ratio > limit:
+        return TimeVerdict(ratio, p, REGRESSION if significant else NOT_SIGNIFICANT)
+    if not slower and ratio < 1 / limit and significant:
+        return TimeVerdict(ratio, p, IMPROVEMENT)
+    return TimeVerdict(ratio, p, UNCHANGED)
+
+
+def pair_ratios(
+    base: Mapping[int, Sequence[float]], new: Mapping[int, Sequence[float]]
+) -> list[float]:
+    """Current over base, per round both sides measured: each pair was measured back to back,
+    in ABBA order, so a slow moment of the machine slows both of its halves alike."""
+    out = []
+    for round_ in sorted(set(base) & set(new)):
+        below = float(np.median(base[round_]))
+        if below > 0:
+            out.append(float(np.median(new[round_])) / below)
+    return out
+
+
+def judge_pairs(
+    base: Mapping[int, Sequence[float]],
+    new: Mapping[int, Sequence[float]],
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+) -> TimeVerdict:
+    """An interleaved case (``attnbench ab``): the median of its paired per-round ratios against
+    the allowed slowdown, and a one-sided Wilcoxon signed-rank test on their logs below alpha.
+    "too few samples" while no outcome of the test could reach alpha (0.5^pairs >= alpha)."""
+    ratios = pair_ratios(base, new)
+    if not ratios:
+        return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
+    ratio = float(np.median(ratios))
+    if 0.5 ** len(ratios) >= thresholds.alpha:
+        return TimeVerdict(ratio, math.nan, TOO_FEW)
+    logs = np.log(ratios)
+    if not np.any(logs):
+        return TimeVerdict(ratio, 1.0, UNCHANGED)
+    alternative = "greater" if ratio >= 1 else "less"
+    p = float(stats.wilcoxon(logs, alternative=alternative).pvalue)
+    return _verdict(ratio, p, thresholds)
+
+
+def rounds_to_reach(alpha: float) -> int:
+    """Pairs enough for the signed-rank test to reach ``alpha`` even with one pair the other way
+    (the smallest p with every pair one way is 0.5^pairs; keep it under alpha / 2)."""
+    return math.floor(math.log2(2 / alpha)) + 1
+
+
+def judge_overall(
+    ratios: Sequence[float], thresholds: Thresholds = DEFAULT_THRESHOLDS
+) -> TimeVerdict:
+    """The geometric mean of the cases' ratios, tested across cases: a one-sided Wilcoxon
+    signed-rank test on the log ratios says whether the cases moved together."""
+    logs = np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float))
+    if logs.size == 0:
+        return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
+    geomean = float(np.exp(logs.mean()))
+    if 0.5**logs.size >= thresholds.alpha:  # the smallest p of the exact test
+        return TimeVerdict(geomean, math.nan, TOO_FEW)
+    slower = geomean >= 1
+    if not np.any(logs):
+        return TimeVerdict(geomean, 1.0, UNCHANGED)
+    p = float(stats.wilcoxon(logs, alternative="greater" if slower else "less").pvalue)
+    return _verdict(geomean, p, thresholds)
+
+
+def judge_count(base: Any, new: Any, tolerance: float = 0.0) -> str:
+    """An exact metric: any increase beyond ``tolerance`` (a fraction) is a regression."""
+    if base is None or new is None or pd.isna(base) or pd.isna(new):
+        return NOT_COMPARED
+    if new > base * (1 + tolerance):
+        return REGRESSION
+    if new < base * (1 - tolerance):
+        return IMPROVEMENT
+    return UNCHANGED

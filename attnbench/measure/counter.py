@@ -1,0 +1,49 @@
+"""The counting process: run under Callgrind by ``InstructionCounter``, it counts the calls of
+each case it is asked for, one JSON line each way, until its input ends.
+
+    valgrind --tool=callgrind --instr-atstart=no ... python -m attnbench.measure.counter
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import IO, Any
+
+import torch
+
+from attnbench.layers import plugins
+from attnbench.measure.case import make_step
+from attnbench.measure.instructions import CALLS_PER_BLOCK, Callgrind
+from attnbench.spec import Case
+
+
+def serve(incoming: IO[str], channel: IO[str]) -> None:
+    """Count the cases the worker asks for, one JSON line each way, until it goes away."""
+    callgrind: Callgrind | None = None
+    for line in incoming:
+        request = json.loads(line)
+        try:
+            if request["op"] == "start":
+                plugins.receive(request["layers"])
+                torch.set_num_threads(1)  # see InstructionCounter
+                callgrind = Callgrind()
+                answer: dict[str, Any] = {"op": "ready"}
+            else:
+                assert callgrind is not None
+                case = Case.from_dict(request["case"])
+                step = make_step(case, request["seed"])
+                step()  # the first call's lazy set-up is not counted, as it is not timed
+                blocks = callgrind.count(step)
+                answer = {"op": "counted", "blocks": blocks, "calls": CALLS_PER_BLOCK}
+        except Exception as exc:  # one line back; the case fails, the sweep goes on
+            text = (str(exc).strip().splitlines() or [""])[0]
+            answer = {"op": "error", "message": f"{type(exc).__name__}: {text}"}
+        channel.write(json.dumps(answer) + "\n")
+        channel.flush()
+
+
+
+if __name__ == "__main__":
+    channel, sys.stdout = sys.stdout, sys.stderr  # the protocol's channel; prints go to stderr
+    serve(sys.stdin, channel)

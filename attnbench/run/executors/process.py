@@ -1,0 +1,179 @@
+"""The subprocess executor: jobs run in one long-lived child process, in any Python interpreter
+(``attnbench ab --base-python``).
+
+The child is ``attnbench.run.executors.child``, driven in JSON lines (``wire``): torch's import
+and the profiler's start-up are paid once per run. A child
+that dies in a job loses only that job: it is started again, and the runner decides whether the
+job runs once more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from attnbench._version import __version__
+from attnbench.devices import local_device
+from attnbench.errors import AttnbenchError
+from attnbench.layers import plugins
+from attnbench.run.executors.base import JobDone, Placement, Take
+from attnbench.run.executors.wire import PROTOCOL, done_from_wire, job_to_wire
+from attnbench.spec import Grid
+
+CHILD = "attnbench.run.executors.child"
+
+
+def check_python(python: str) -> str:
+    """The interpreter's path, or one line saying it is not there."""
+    found = shutil.which(python) if os.sep not in python else python
+    if found is None or not os.path.isfile(found) or not os.access(found, os.X_OK):
+        raise AttnbenchError(f"{python!r} is not a Python interpreter that exists here")
+    return found
+
+
+class SubprocessExecutor:
+    """Every job in one child process of ``python`` (default: this one), one after another."""
+
+    name = "subprocess"
+    in_process = False
+
+    def __init__(self, python: str | None = None, label: str = "the worker process") -> None:
+        self.python = check_python(python or sys.executable)
+        self.label = label  # how errors name this side: "the base side (--base-python ...)"
+        self._folder = Path(tempfile.mkdtemp(prefix="attnbench-child-"))
+        self._process: subprocess.Popen[str] | None = None
+        self._start: dict[str, Any] = {}
+        self._ready: dict[str, Any] = {}
+        self._record: dict[str, Any] = {}
+
+    # -- the child
+
+    def _spawn(self) -> dict[str, Any]:
+        command = [self.python, "-m", CHILD]
+        stderr = open(self._folder / "stderr.txt", "a", encoding="utf-8")  # noqa: SIM115
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            cwd=os.getcwd(),
+        )  # fmt: skip
+        stderr.close()
+        answer = self._ask({"op": "start", **self._start})
+        if answer is None or answer.get("op") != "ready":
+            raise AttnbenchError(self._why_not(answer))
+        return answer
+
+    def _ask(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """Send one line and read the answer; None when the child is gone."""
+        process = self._process
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        try:
+            process.stdin.write(json.dumps(message) + "\n")
+            process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None
+        line = process.stdout.readline()
+        return json.loads(line) if line else None
+
+    def _stderr_tail(self) -> str:
+        try:
+            lines = (self._folder / "stderr.txt").read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return ""
+        return next((line.strip() for line in reversed(lines) if line.strip()), "")
+
+    def _why_not(self, answer: dict[str, Any] | None) -> str:
+        if answer is not None and answer.get("op") == "error":
+            return f"{self.label}: {answer['message']}"
+        tail = self._stderr_tail()
+        if "No module named 'attnbench'" in tail or "No module named attnbench" in tail:
+            return (
+                f"{self.label}: {self.python} has no attnbench; install it there: "
+                f"{self.python} -m pip install attnbench (or -e PATH/TO/A/CHECKOUT)"
+            )
+        return f"{self.label}: the worker in {self.python} did not start: {tail or 'no output'}"
+
+    # -- the Executor protocol
+
+    def resolve_device(self, name: str, dtype: str) -> str:
+        return local_device(name, dtype)  # the child runs on this machine
+
+    def environment(self, device: str) -> dict[str, Any]:
+        """The child's own record: its Python, torch and attnbench, not the driver's."""
+        return dict(self._ready.get("environment", {}), device=device)
+
+    def start(self, grid: Grid) -> dict[str, Any]:
+        if self._record:
+            return self._record
+        self._start = {
+            "protocol": PROTOCOL,
+            "device": grid.device,
+            "threads": grid.threads,
+            "names": list(grid.layers),
+            "layers": plugins.shipment(grid.layers),
+            "metric": grid.metric,
+        }
+        self._ready = self._spawn()
+        worker = self._ready["worker"]
+        self._record = {
+            "executor": self.name,
+            "python": self.python,
+            "nodes": [{"hostname": worker["node"]}],
+            "workers": [worker],
+            "layers": self._ready["layers"],
+            "driver_attnbench_version": __version__,
+        }
+        return self._record
+
+    @property
+    def workers(self) -> int:
+        return 1
+
+    @property
+    def layers(self) -> dict[str, Any]:
+        """Where each layer the child loaded came from (its own registry's sources)."""
+        return dict(self._ready.get("layers", {}))
+
+    def run(self, take: Take) -> Iterator[JobDone]:
+        if not self._ready:
+            raise AttnbenchError("the subprocess executor was not started")
+        worker = self._ready["worker"]
+        where = Placement(worker["node"], worker["device_id"], worker["device_name"],
+                          worker["threads"])  # fmt: skip
+        while (job := take(where)) is not None:
+            answer = self._ask({"op": "job", "job": job_to_wire(job)})
+            if answer is not None and answer.get("op") == "done":
+                yield done_from_wire(job, answer["done"])
+                continue
+            reason = self._why_not(answer) if answer else self._death()
+            self._stop()
+            self._ready = self._spawn()  # a new child for the jobs that follow
+            yield JobDone(job, where, lost=reason)
+
+    def _death(self) -> str:
+        code = self._process.wait(timeout=10) if self._process is not None else None
+        tail = self._stderr_tail()
+        return f"the worker process exited with status {code}" + (f": {tail}" if tail else "")
+
+    def _stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            try:
+                assert process.stdin is not None
+                process.stdin.write(json.dumps({"op": "stop"}) + "\n")
+                process.stdin.close()
+                process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                process.kill()
+                process.wait()
+
+    def close(self) -> None:
+        self._stop()
+        shutil.rmtree(self._folder, ignore_errors=True)

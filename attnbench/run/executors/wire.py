@@ -1,0 +1,90 @@
+"""Jobs and their results as plain JSON, for a worker in another interpreter.
+
+A child process may run another attnbench version (``attnbench ab --base-python``), so nothing
+crosses as a pickle: a job is its case, round, seed and policies; a result is the row the
+child's ``CaseResult`` produced, with its raw samples. ``PROTOCOL`` changes when this does, and
+both sides refuse a partner that speaks another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from typing import Any
+
+from attnbench.measure.calibration import Calibration
+from attnbench.measure.record import CaseResult
+from attnbench.measure.timing import TimingPolicy, TimingStats
+from attnbench.run.executors.base import Job, JobDone, Placement
+from attnbench.spec import Case
+
+PROTOCOL = 1
+
+
+def timing_to_wire(timing: TimingStats | None) -> dict[str, Any] | None:
+    return None if timing is None else asdict(timing)
+
+
+def timing_from_wire(data: dict[str, Any] | None) -> TimingStats | None:
+    if data is None:
+        return None
+    return TimingStats(tuple(data["samples_s"]), data["calls_per_sample"], data["total_s"])
+
+
+def job_to_wire(job: Job) -> dict[str, Any]:
+    out = asdict(job)
+    out["case"] = job.case.to_dict()
+    out["calibration"] = None if job.calibration is None else {"size": job.calibration.size}
+    return out
+
+
+def job_from_wire(data: dict[str, Any]) -> Job:
+    calibration = data["calibration"]
+    return Job(
+        **{
+            **data,
+            "case": Case.from_dict(data["case"]),
+            "policy": TimingPolicy(**data["policy"]),
+            "calibration": None if calibration is None else Calibration(size=calibration["size"]),
+        }
+    )
+
+
+_RESULT_FIELDS = [f.name for f in fields(CaseResult) if f.name not in ("case", "timing")]
+
+
+def done_to_wire(done: JobDone) -> dict[str, Any]:
+    result = done.result
+    return {
+        "where": None if done.where is None else asdict(done.where),
+        "result": None
+        if result is None
+        else {
+            **{name: getattr(result, name) for name in _RESULT_FIELDS},
+            "timing": timing_to_wire(result.timing),
+        },
+        "timing": timing_to_wire(done.timing),
+        "point": timing_to_wire(done.point),
+        "lost": done.lost,
+        "load_1m": done.load_1m,
+    }
+
+
+def done_from_wire(job: Job, data: dict[str, Any]) -> JobDone:
+    """The result of ``job`` as the child sent it (fields this version does not know of are
+    dropped, so a child of a newer version still answers)."""
+    result = data["result"]
+    return JobDone(
+        job,
+        None if data["where"] is None else Placement(**data["where"]),
+        result=None
+        if result is None
+        else CaseResult(
+            case=job.case,
+            timing=timing_from_wire(result.get("timing")),
+            **{name: result[name] for name in _RESULT_FIELDS if name in result},
+        ),
+        timing=timing_from_wire(data["timing"]),
+        point=timing_from_wire(data["point"]),
+        lost=data["lost"],
+        load_1m=data.get("load_1m"),
+    )
