@@ -47,7 +47,8 @@ def make_run(
     """A results folder written by the real writer from synthetic measurements.
 
     ``cases`` maps (layer, n) to overrides: samples, status, flops, peak, steps, path, device
-    (the model the row names) and calibration (that case's GEMM seconds). The samples are split
+    (the model the row names), calibration (that case's GEMM seconds), instructions and load
+    (the 1-minute load average it was measured under, on 2 CPUs). The samples are split
     into ``rounds`` timing rounds, written as a sweep writes them.
     """
     writer = ResultsWriter.create(path, CONFIG, {**ENV, **(env or {})})
@@ -77,6 +78,9 @@ def make_run(
                 path_len=spec.get("path", n // 2) if ok else None,
                 error="" if ok else "RuntimeError: out of memory",
                 device_name=spec.get("device", ""),
+                instructions=spec.get("instructions") if ok else None,
+                load_1m=spec.get("load", 0.5),
+                cpu_count=2,
             ),
             point,
         )

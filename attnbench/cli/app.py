@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 
 from attnbench._version import __version__
-from attnbench.cli import analysis, catalog, judge, sweeping
+from attnbench.cli import ab, analysis, catalog, judge, sweeping
 from attnbench.cli.render import console
 from attnbench.errors import AttnbenchError, SweepInterrupted
 
@@ -74,6 +74,7 @@ def root(
 for command in (
     sweeping.sweep,
     judge.compare,
+    ab.ab,
     analysis.show,
     analysis.table,
     analysis.plot,

@@ -6,7 +6,7 @@ console it writes to; the commands decide which stream that is (``Streams``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -27,6 +27,7 @@ from attnbench.compare import Comparison
 from attnbench.measure.timing import NOISY_REL_IQR, is_noisy
 from attnbench.render.verdicts import display_table
 from attnbench.results.run import RunResults
+from attnbench.run.ab import ABStart, describe_sides
 from attnbench.run.events import ProgressEvent, SweepStart
 from attnbench.schema import STATUSES, SUMMARY_COLUMNS, fmt_int
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
@@ -282,6 +283,20 @@ def summary_tables(run: RunResults, console: Console) -> None:
     console.print(f"{len(frame)} of {run.cases_total} cases: {summary}")
 
 
+def busy_while_measuring(run: RunResults) -> str:
+    """A note when other processes loaded the machine past its CPUs while cases were timed."""
+    busy = run.busy()
+    if busy.empty:
+        return ""
+    cases = busy["case_id"].nunique()
+    return (
+        f"the machine's 1-minute load average exceeded its {int(busy['cpu_count'].max())} CPUs "
+        f"in {len(busy)} timing round(s) of {cases} case(s) (up to {busy['load_1m'].max():.1f}): "
+        "other processes shared it, so those times may be high (load_1m in samples.csv); "
+        "attnbench ab measures both sides of a comparison under the same load"
+    )
+
+
 def summary_notes(run: RunResults, console: Console, *, verb: str = "written to") -> None:
     """What a reader of the summary tables should know, and where the results are."""
     frame = run.frame
@@ -311,6 +326,9 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             f"{len(mismatched)} case(s) ({', '.join(sorted(set(mismatched['layer'])))}); "
             "see the flops and flops_analytic columns"
         )
+    busy = busy_while_measuring(run)
+    if busy:
+        console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)
     for warning in run.warnings:
         console.print(f"[yellow]note:[/] {escape(warning)}")
     console.print(f"results {verb} [bold]{run.path}[/] (results.csv, samples.csv, run.json)")
@@ -382,3 +400,43 @@ def frame_table(
     for row in frame.itertuples(index=False):
         table.add_row(*[escape(str(v)) for v in row])
     console.print(table)
+
+
+class ABProgress:
+    """Progress of an interleaved run: one bar for both sides in a terminal, and elsewhere one
+    line per finished job, named by its side."""
+
+    def __init__(self, console: Console, quiet: bool = False) -> None:
+        self.console = console
+        self.quiet = quiet
+        self.sides = SweepProgress(console, quiet)  # stop and retry messages, the live bar
+        self.units: dict[str, int] = {}
+
+    def __enter__(self) -> ABProgress:
+        self.sides.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sides.__exit__(*exc)
+
+    def started(self, start: ABStart) -> None:
+        if self.quiet:
+            return
+        grid = start.grids["current"]
+        self.console.print(
+            f"attnbench {__version__} ab: {len(grid.cases())} cases a side x {grid.rounds} "
+            f"round(s), measured in turn (ABBA) on {grid.device} ({grid.dtype}, {grid.mode}, "
+            f"batch {grid.batch}), {duration(start.estimate_s)} or more -> {start.out_dir}",
+            soft_wrap=True,
+        )
+        for line in describe_sides(start):
+            self.console.print(f"  {escape(line)}", soft_wrap=True)
+
+    def __call__(self, side: str, event: ProgressEvent) -> None:
+        self.units[side] = event.units_done
+        if event.kind in ("stopping", "retry") or self.sides.bar is not None:
+            both = replace(event, total=2 * event.total, units_done=sum(self.units.values()))
+            self.sides(both)
+            return
+        if event.kind == "done" and not self.quiet:
+            self.console.print(f"{side:>7} {case_line(event)}", soft_wrap=True, markup=False)

@@ -53,6 +53,7 @@ class Comparison:
     only_current: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     calibration: dict[str, float] = field(default_factory=dict)  # base_s, new_s, ratio
+    paired: bool = False  # judged on the pairs of an interleaved run (attnbench ab)
 
     @property
     def by_device(self) -> bool:
@@ -328,4 +329,5 @@ def compare_runs(
         only_current=only_current,
         warnings=tuple(warnings),
         calibration=calibration,
+        paired=paired,
     )

@@ -183,15 +183,24 @@ def check_output(entry: LayerEntry, d: int, n: int, options: Mapping[str, int]) 
 # ----------------------------------------------------------------------------- other processes
 
 
-def shipment(names: Iterable[str]) -> list[dict[str, Any]]:
+def shipment(names: Iterable[str], portable: bool = False) -> list[dict[str, Any]]:
     """What another process (a Ray worker, possibly on another machine) needs to register the
-    plugin layers among ``names``: a file's text, a module's import path, or the entry."""
+    plugin layers among ``names``: a file's text, a module's import path, or the entry.
+
+    ``portable``: for a process reached in JSON (``attnbench ab``'s sides, the instruction
+    counter), which cannot take a layer registered from Python as an object.
+    """
     out = []
     for name in names:
         entry = REGISTRY[name]
         kind = entry.source.kind
         if kind == "builtin":
             continue
+        if kind == "python" and portable:
+            raise AttnbenchError(
+                f"layer {name} was registered from Python and cannot be sent to a worker "
+                "process; give it as --layers module.path:factory or path/to/file.py:factory"
+            )
         item: dict[str, Any] = {"name": name, "source": entry.source.to_dict()}
         if kind == "file":
             path = Path(entry.source.spec.rpartition(":")[0])
@@ -217,9 +226,9 @@ def receive(items: Iterable[Mapping[str, Any]]) -> None:
             module = _run_file(Path(target), source.spec, item["text"])
             register(getattr(module, attr), item["name"], source=source)
         elif source.kind == "module":
-            for path in reversed(item.get("sys_path", [])):
+            for path in item.get("sys_path", []):
                 if path not in sys.path:
-                    sys.path.insert(0, path)
+                    sys.path.append(path)  # after this interpreter's own packages
             target, _, attr = source.spec.rpartition(":")
             register(getattr(_import(target, source.spec), attr), item["name"], source=source)
         else:

@@ -104,7 +104,8 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
             "d": str(r.d),
             "baseline": fmt_seconds(r.time_base_s),
             "current": fmt_seconds(r.time_new_s),
-            "ratio": _ratio(r.ratio),
+            # An interleaved run is judged on its pairs: their median ratio, not the samples'.
+            "ratio": _ratio(r.ratio_judged if r.unit == "pairs" else r.ratio),
         }
         if normalized:
             row["norm. ratio"] = _ratio(r.ratio_normalized)
@@ -145,19 +146,30 @@ def method_note(comparison: Comparison) -> str:
     basis = (
         "times divided by each run's calibration GEMM (--normalize)" if t.normalize else "raw times"
     )
+    if comparison.paired:
+        test = (
+            "a one-sided Wilcoxon signed-rank test with p < {alpha:g} on the ratios of the pairs, "
+            "each pair a round of the two sides measured back to back (ABBA order); the ratio is "
+            "the median of those ratios"
+        )
+    else:
+        test = (
+            "a one-sided Mann-Whitney U test with p < {alpha:g}, over the medians of the timing "
+            "rounds where both runs have enough rounds (5 a side at p < 0.01), else over the raw "
+            f"samples (at least {t.min_samples} a side)"
+        )
     note = (
-        f"A time regression needs a median ratio above {1 + t.max_slowdown:.2f} and a one-sided "
-        f"Mann-Whitney U test with p < {t.alpha:g}, over the medians of the timing rounds where "
-        f"both runs have enough rounds (5 a side at p < 0.01), else over the raw samples (at "
-        f"least {t.min_samples} a side); OVERALL is the geometric mean of the ratios, tested "
-        f"with a one-sided Wilcoxon signed-rank test. Judged on {basis}. FLOPs, steps and path "
-        "length fail on any increase"
+        f"A time regression needs a median ratio above {1 + t.max_slowdown:.2f} and "
+        + test.format(alpha=t.alpha)
+        + "; OVERALL is the geometric mean of the ratios, tested with a one-sided Wilcoxon "
+        f"signed-rank test. Judged on {basis}. FLOPs, steps and path length fail on any increase"
     )
     note += (
-        f", peak memory on growth above {t.memory_tolerance:.1%}."
+        f", peak memory on growth above {t.memory_tolerance:.1%}"
         if t.memory_tolerance
-        else ", and peak memory on any increase (same device only)."
+        else ", peak memory on any increase (same device only)"
     )
+    note += f", instructions on growth above {t.instructions_tolerance:.1%}."
     if comparison.calibration:
         c = comparison.calibration
         note += (

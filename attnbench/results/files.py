@@ -147,9 +147,9 @@ def prepare_out_dir(out_dir: Path) -> Path:
     return out_dir
 
 
-def default_out_dir(root: Path = Path("results")) -> Path:
+def default_out_dir(root: Path = Path("results"), prefix: str = "") -> Path:
     """A new folder under ``results/`` named from the local time (suffixed if taken)."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = prefix + datetime.now().strftime("%Y%m%d-%H%M%S")
     candidate = root / stamp
     i = 1
     while candidate.exists():

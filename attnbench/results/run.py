@@ -89,6 +89,16 @@ class RunResults:
         """Cases the run's grid holds (those on disk, for a record that does not say)."""
         return int(self.meta.get("cases_total") or len(self.frame))
 
+    def busy(self) -> pd.DataFrame:
+        """The rounds measured while the machine's 1-minute load average exceeded its CPU count:
+        one row per (case, round) with its load and CPUs (empty for runs made before loads were
+        recorded)."""
+        loads = self.samples.dropna(subset=["load_1m"]).drop_duplicates(["case_id", "round"])
+        cpus = self.frame.set_index("case_id")["cpu_count"]
+        loads = loads.assign(cpu_count=loads["case_id"].map(cpus)).dropna(subset=["cpu_count"])
+        return loads.loc[loads["load_1m"] > loads["cpu_count"], ["case_id", "round", "load_1m",
+                                                                   "cpu_count"]]  # fmt: skip
+
     def counts(self) -> dict[str, int]:
         """Cases per status, every status named (zeros included), in ``STATUSES`` order."""
         found = self.frame["status"].value_counts().to_dict()

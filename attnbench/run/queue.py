@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -18,6 +18,7 @@ from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingPolicy, TimingStats
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
+from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.signals import GracefulStop
 from attnbench.spec import Case, Grid
@@ -69,10 +70,11 @@ class JobQueue:
         policy: TimingPolicy,
         calibration: Calibration | None,
         in_process: bool,
-        notify: Callable[..., None],
+        progress: ProgressCallback | None,
         stop: GracefulStop,
     ) -> None:
-        self.grid, self.writer, self.notify, self.stop = grid, writer, notify, stop
+        self.grid, self.writer, self.progress, self.stop = grid, writer, progress, stop
+        self.last: Case | None = None  # the case the latest event was about
         self.cases = grid.cases()
         self.index = {case.case_id: i for i, case in enumerate(self.cases)}
         self.died, self.policy, self.calibration = died, policy, calibration
@@ -101,6 +103,29 @@ class JobQueue:
                 if case_id in self.index:
                     self._queue_next_round(case_id)
         self.first = deque(i for i, case in enumerate(self.cases) if case.case_id not in self.done)
+
+    def notify(
+        self, kind: Any, case: Case, result: CaseResult | None = None, **more: Any
+    ) -> None:
+        """Tell the caller's progress callback what happened to ``case``."""
+        self.last = case
+        if self.progress is None:
+            return
+        self.progress(
+            ProgressEvent(
+                kind,
+                self.index[case.case_id],
+                len(self.cases),
+                case,
+                result,
+                self.completed,
+                more.pop("round_", 1),
+                self.grid.rounds,
+                self.units_done(),
+                running=len(self.running),
+                **more,
+            )
+        )
 
     @property
     def completed(self) -> int:

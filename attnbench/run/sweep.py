@@ -20,18 +20,17 @@ from typing import Any
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import plugins
 from attnbench.measure.calibration import DEFAULT_CALIBRATION, Calibration
-from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import Clock, TimingPolicy
 from attnbench.results.environment import changes, resume_keys
 from attnbench.results.files import default_out_dir, now_iso, prepare_out_dir
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter, load_results
-from attnbench.run.events import ProgressCallback, ProgressEvent, StartCallback, SweepStart
+from attnbench.run.events import ProgressCallback, StartCallback, SweepStart
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.queue import JobQueue
 from attnbench.run.signals import GracefulStop
-from attnbench.spec import Case, Grid, build_grid, estimate_seconds, grid_from_config, size_warning
+from attnbench.spec import Grid, build_grid, estimate_seconds, grid_from_config, size_warning
 
 
 def run_sweep(
@@ -206,32 +205,11 @@ def _sweep(
     writer.update(cases_total=len(cases))
     if calibration is not None:
         writer.update(calibration=calibration.describe())
-    last: dict[str, Case] = {}
-
-    def notify(kind: Any, case: Case, result: CaseResult | None = None, **more: Any) -> None:
-        last["case"] = case
-        if progress is not None:
-            progress(
-                ProgressEvent(
-                    kind,
-                    queue.index[case.case_id],
-                    len(cases),
-                    case,
-                    result,
-                    queue.completed,
-                    more.pop("round_", 1),
-                    grid.rounds,
-                    queue.units_done(),
-                    running=len(queue.running),
-                    **more,
-                )
-            )
-
     def on_stop(_: str) -> None:
         # Always answered once a case has been seen: a signal between two cases (none running)
         # is as much a request as one inside a case.
-        if "case" in last:
-            notify("stopping", last["case"])
+        if queue.last is not None:
+            queue.notify("stopping", queue.last)
 
     with GracefulStop(on_stop) as stop:
         queue = JobQueue(
@@ -242,7 +220,7 @@ def _sweep(
             policy=policy,
             calibration=calibration,
             in_process=executor.in_process,
-            notify=notify,
+            progress=progress,
             stop=stop,
         )
         try:

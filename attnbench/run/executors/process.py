@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,7 +61,9 @@ class SubprocessExecutor:
         stderr = open(self._folder / "stderr.txt", "a", encoding="utf-8")  # noqa: SIM115
         self._process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
-            cwd=os.getcwd(),
+            # Not this directory: python -m puts its working directory first on sys.path, and
+            # a checkout here would shadow the attnbench installed beside the child's Python.
+            cwd=self._folder,
         )  # fmt: skip
         stderr.close()
         answer = self._ask({"op": "start", **self._start})
@@ -91,11 +94,17 @@ class SubprocessExecutor:
         if answer is not None and answer.get("op") == "error":
             return f"{self.label}: {answer['message']}"
         tail = self._stderr_tail()
-        if "No module named 'attnbench'" in tail or "No module named attnbench" in tail:
+        missing = re.search(r"No module named '?([\w.]+)'?", tail)
+        install = f"{self.python} -m pip install attnbench (or -e PATH/TO/A/CHECKOUT)"
+        if missing and missing.group(1).startswith("attnbench."):
             return (
-                f"{self.label}: {self.python} has no attnbench; install it there: "
-                f"{self.python} -m pip install attnbench (or -e PATH/TO/A/CHECKOUT)"
+                f"{self.label}: the attnbench of {self.python} has no worker for this "
+                f"(no {missing.group(1)}): install attnbench {__version__} or later there: "
+                + install
             )
+        if missing:
+            return f"{self.label}: {self.python} has no {missing.group(1)}; install attnbench " \
+                f"there: {install}"
         return f"{self.label}: the worker in {self.python} did not start: {tail or 'no output'}"
 
     # -- the Executor protocol
@@ -115,7 +124,7 @@ class SubprocessExecutor:
             "device": grid.device,
             "threads": grid.threads,
             "names": list(grid.layers),
-            "layers": plugins.shipment(grid.layers),
+            "layers": plugins.shipment(grid.layers, portable=True),
             "metric": grid.metric,
         }
         self._ready = self._spawn()

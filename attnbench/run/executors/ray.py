@@ -194,7 +194,7 @@ class RayExecutor:
             self.worker_resources = {"num_cpus": threads}
         if self.max_workers is not None:
             count = min(count, self.max_workers)
-        shipped = plugins.shipment(grid.layers)
+        shipped = plugins.shipment(grid.layers, portable=grid.metric == "instructions")
         self._args = (grid.device, threads, grid.dtype, shipped, grid.metric)
         if count == 0:
             raise AttnbenchError(f"the Ray cluster has no GPU for --device {grid.device}")

@@ -44,7 +44,7 @@ class SerialExecutor:
                 grid.threads,
                 clock=self.clock,
                 metric=grid.metric,
-                layers=plugins.shipment(grid.layers),
+                layers=plugins.shipment(grid.layers, portable=grid.metric == "instructions"),
             )
             self._record = {
                 "executor": self.name,

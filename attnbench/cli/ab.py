@@ -1,0 +1,109 @@
+"""``attnbench ab``: a base side and the current side, measured in turn in one run, and judged."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from attnbench.cli.judge import show_verdicts
+from attnbench.cli.options import (
+    GATE,
+    GRID,
+    VERDICT_OUTPUT,
+    json_flag,
+    pick,
+    verdict_format,
+    with_options,
+)
+from attnbench.cli.render import ABProgress, Streams
+from attnbench.compare import compare_runs
+from attnbench.render.verdicts import to_json, to_markdown
+from attnbench.results.files import default_out_dir, write_text_atomic
+from attnbench.run.ab import run_ab
+from attnbench.spec import load_config
+from attnbench.thresholds import gate_from
+
+
+@with_options(before=GRID, after=(*GATE, *VERDICT_OUTPUT))
+def ab(
+    base_python: Annotated[
+        str | None,
+        typer.Option(
+            help="The Python interpreter of the base side, e.g. a venv with your main branch "
+            "installed (../base/.venv/bin/python). Default: this one.",
+            show_default=False,
+        ),
+    ] = None,
+    base_layers: Annotated[
+        str | None,
+        typer.Option(
+            help="The base side's layers, one for each of --layers, in the same order (race "
+            "attention-sdpa against attention with --base-layers attention --layers "
+            "attention-sdpa). Default: the same layers.",
+            show_default=False,
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for base/ and current/ (two ordinary results folders) and the "
+            "verdicts. Default: results/ab-<timestamp>."
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="TOML file with sweep keys (layers, n, d, ...); options override it."),
+    ] = None,
+    yes: Annotated[
+        bool,
+        typer.Option("--yes", "-y", help="Start a very large run (over 2000 cases or an hour)."),
+    ] = False,
+    as_json: Annotated[bool, json_flag("the verdicts")] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress, table or notes.")] = False,
+    **options: Any,
+) -> None:
+    """Race the current side against a base side, measured in turn on this machine: exit 0 when
+    nothing regressed, 1 when something did.
+
+    Each side runs in its own worker process; cases are measured in ABBA order, round after
+    round, so a busy moment of the machine slows both halves of a pair alike. Time regresses
+    when the median of the paired per-round ratios (current / base) exceeds --max-slowdown and
+    a one-sided Wilcoxon signed-rank test on them gives p < --alpha; --rounds defaults to
+    enough pairs for that test (10 at alpha 0.01). FLOPs, steps, path length, memory and, with
+    --metric instructions, Callgrind's instruction counts are compared as compare does.
+    """
+    thresholds, gate = gate_from(options)
+    fmt = verdict_format(options, as_json)
+    output = options.get("output")
+    values: dict[str, Any] = load_config(config) if config is not None else {}
+    values.update(pick(options, GRID))
+    values.pop("out", None)
+    folder = out or default_out_dir(prefix="ab-")
+    layers = [t.strip() for t in base_layers.split(",")] if base_layers else None
+    streams = Streams.make(stdout_taken=fmt != "table" and output is None, quiet=quiet)
+    with (
+        contextlib.redirect_stdout(sys.stderr),  # stdout carries the verdicts only
+        ABProgress(streams.err, quiet=quiet) as progress,
+    ):
+        run = run_ab(
+            values, folder, base_layers=layers, base_python=base_python,
+            alpha=thresholds.alpha, progress=progress, on_start=progress.started,
+            allow_large=yes,
+        )  # fmt: skip
+    comparison = compare_runs(run.base, run.current, thresholds, pairs=run.pairs, paired=True)
+    write_text_atomic(run.out_dir / "verdicts.json", json.dumps(to_json(comparison, gate)) + "\n")
+    write_text_atomic(run.out_dir / "verdicts.md", to_markdown(comparison, gate))
+    show_verdicts(comparison, gate, fmt, output, streams)
+    if streams.notes is not None:
+        streams.notes.print(
+            f"results in {run.out_dir}/base and {run.out_dir}/current (show, plot, report and "
+            f"compare read them); verdicts in {run.out_dir}/verdicts.json and verdicts.md",
+            soft_wrap=True,
+        )
+    if comparison.failed(gate):
+        raise typer.Exit(1)

@@ -1,0 +1,217 @@
+"""Interleaved A/B runs: a base side and a current side measured alternately in one run.
+
+A stored baseline cannot tell a slower machine from slower code: a shared runner slows down by
+1.2-1.8x for tens of seconds at a time. Here each side runs in its own long-lived worker process
+(a ``SubprocessExecutor``, the base side possibly in another interpreter), and the runner hands
+out one job to each in turn, case by case and round after round, in ABBA order (A B, B A, A B,
+...): the two halves of a pair share the machine's state, so a busy stretch slows both alike,
+and the verdict is drawn from the pairs (``compare.judge_pairs``). Each side is written to an
+ordinary results folder, ``base/`` and ``current/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnbench.compare.verdicts import rounds_to_reach
+from attnbench.errors import AttnbenchError
+from attnbench.measure.calibration import Calibration
+from attnbench.measure.timing import TimingPolicy
+from attnbench.results.files import prepare_out_dir
+from attnbench.results.run import RunResults
+from attnbench.results.store import ResultsWriter, load_results
+from attnbench.run.events import ProgressEvent
+from attnbench.run.executors.base import Job, Placement
+from attnbench.run.executors.process import SubprocessExecutor
+from attnbench.run.queue import JobQueue
+from attnbench.run.signals import GracefulStop
+from attnbench.spec import Grid, build_grid, estimate_seconds, size_warning
+from attnbench.thresholds import DEFAULT_THRESHOLDS
+
+SIDES = ("base", "current")
+SideProgress = Callable[[str, ProgressEvent], None]
+
+
+@dataclass(frozen=True)
+class ABStart:
+    """An A/B run about to measure: both grids, where it writes, and both workers' records."""
+
+    grids: dict[str, Grid]
+    out_dir: Path
+    clusters: dict[str, dict[str, Any]]
+    environments: dict[str, dict[str, Any]]
+    estimate_s: float
+
+
+@dataclass(frozen=True)
+class ABRun:
+    """Both sides of a finished run, and the pairs of case ids to judge (base, current)."""
+
+    base: RunResults
+    current: RunResults
+    pairs: tuple[tuple[str, str], ...]
+    out_dir: Path
+
+
+def side_grids(
+    options: Mapping[str, Any], base_layers: Sequence[str] | None, alpha: float
+) -> dict[str, Grid]:
+    """The two sides' grids: the same options, layers matched by position. Unless given, the
+    rounds are enough for the paired test to reach ``alpha`` (one for instruction counts)."""
+    given = dict(options)
+    if given.get("rounds") is None:
+        counts = given.get("metric") == "instructions"
+        given["rounds"] = 1 if counts else rounds_to_reach(alpha)
+    current = build_grid(given)
+    base = build_grid({**given, "layers": base_layers}) if base_layers else current
+    if len(base.layers) != len(current.layers):
+        raise AttnbenchError(
+            f"--base-layers has {len(base.layers)} layer(s) and --layers {len(current.layers)}: "
+            "give one base layer for each layer, in the same order"
+        )
+    return {"base": base, "current": current}
+
+
+def _placement(cluster: Mapping[str, Any]) -> Placement:
+    worker = cluster["workers"][0]
+    return Placement(worker["node"], worker["device_id"], worker["device_name"], worker["threads"])
+
+
+def run_ab(
+    options: Mapping[str, Any],
+    out_dir: Path | str,
+    *,
+    base_layers: Sequence[str] | None = None,
+    base_python: str | None = None,
+    alpha: float = DEFAULT_THRESHOLDS.alpha,
+    progress: SideProgress | None = None,
+    on_start: Callable[[ABStart], None] | None = None,
+    calibration: Calibration | None = None,
+    allow_large: bool = True,
+) -> ABRun:
+    """Measure the base side and the current side alternately into ``out_dir``/base and
+    ``out_dir``/current; the pairs to judge. Both sides run on this machine at once, so no
+    calibration GEMM is needed to compare them (``calibration`` times one anyway). Raises an
+    ``AttnbenchError`` with exit code 130 after SIGINT / SIGTERM (what was measured stays on
+    disk)."""
+    grids = side_grids(options, base_layers, alpha)
+    warning = None if allow_large else size_warning(grids["current"])
+    if warning:
+        raise AttnbenchError(warning.replace("this sweep", "each side"))
+    out_dir = prepare_out_dir(Path(out_dir))
+    labels = {
+        "base": f"the base side ({base_python or 'this interpreter'})",
+        "current": "the current side",
+    }
+    pythons = {"base": base_python, "current": None}
+    with contextlib.ExitStack() as stack:
+        executors = {}
+        for side in SIDES:
+            made = SubprocessExecutor(pythons[side], label=labels[side])
+            stack.callback(made.close)
+            executors[side] = made
+        clusters = {side: executors[side].start(grids[side]) for side in SIDES}
+        environments = {side: executors[side].environment(grids[side].device) for side in SIDES}
+        writers = {}
+        for side in SIDES:
+            grid = grids[side]
+            writer = ResultsWriter.create(
+                prepare_out_dir(out_dir / side), grid.to_dict(), environments[side],
+                grid.option_names(),
+            )  # fmt: skip
+            writer.update(
+                cluster=clusters[side], layers=executors[side].layers, ab=SIDES.index(side)
+            )
+            writers[side] = writer
+        if on_start is not None:
+            estimate = sum(estimate_seconds(g) for g in grids.values())
+            on_start(ABStart(grids, out_dir, clusters, environments, estimate))
+        _interleave(grids, writers, executors, clusters, progress, calibration)
+    runs = {side: load_results(out_dir / side) for side in SIDES}
+    ids = {side: [c.case_id for c in grids[side].cases()] for side in SIDES}
+    pairs = tuple(zip(ids["base"], ids["current"], strict=True))
+    return ABRun(runs["base"], runs["current"], pairs, out_dir)
+
+
+def _interleave(
+    grids: Mapping[str, Grid],
+    writers: Mapping[str, ResultsWriter],
+    executors: Mapping[str, SubprocessExecutor],
+    clusters: Mapping[str, Mapping[str, Any]],
+    progress: SideProgress | None,
+    calibration: Calibration | None,
+) -> None:
+    """Hand one job to each side in turn, A B then B A, until both queues are empty."""
+
+    def tell(side: str) -> Callable[[ProgressEvent], None] | None:
+        return None if progress is None else (lambda event: progress(side, event))
+
+    def on_stop(_: str) -> None:
+        for queue in queues.values():
+            if queue.last is not None:
+                queue.notify("stopping", queue.last)
+                return
+
+    with GracefulStop(on_stop) as stop:
+        queues = {}
+        for side in SIDES:
+            grid, writer = grids[side], writers[side]
+            writer.update(cases_total=len(grid.cases()))
+            if calibration is not None:
+                writer.update(calibration=calibration.describe())
+            policy = TimingPolicy(budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1)
+            queues[side] = JobQueue(
+                grid, writer, None, died=None, policy=policy, calibration=calibration,
+                in_process=False, progress=tell(side), stop=stop,
+            )  # fmt: skip
+        where = {side: _placement(clusters[side]) for side in SIDES}
+        pair = 0
+        try:
+            while not stop.requested:
+                jobs = {side: queues[side].take(where[side]) for side in SIDES}
+                if all(job is None for job in jobs.values()):
+                    break
+                for side in SIDES if pair % 2 == 0 else SIDES[::-1]:  # ABBA
+                    job = jobs[side]
+                    if job is not None:
+                        for done in executors[side].run(_once(job)):
+                            queues[side].finish(done)
+                pair += 1
+        except KeyboardInterrupt:
+            stop.signal_name = stop.signal_name or "SIGINT"
+        finally:
+            for writer in writers.values():
+                writer.finish("interrupted" if stop.requested else "complete")
+        if stop.requested:
+            out = writers["base"].out_dir.parent
+            raise AttnbenchError(
+                f"{stop.signal_name}: stopped after {pair} pair(s); what was measured is in "
+                f"{out}/base and {out}/current (an A/B run does not resume: run it again)",
+                exit_code=130,
+            )
+
+
+def _once(job: Job) -> Callable[[Placement], Job | None]:
+    """A ``take`` that hands out ``job`` once, then nothing (one job through the seam)."""
+    left = [job]
+    return lambda where: left.pop() if left else None
+
+
+def describe_sides(start: ABStart) -> list[str]:
+    """What is being compared: each side's interpreter, attnbench, torch and layers."""
+    lines = []
+    for side in SIDES:
+        env, cluster = start.environments[side], start.clusters[side]
+        layers = ", ".join(start.grids[side].layers)
+        lines.append(
+            f"{side}: attnbench {env.get('attnbench_version')}, torch {env.get('torch_version')}, "
+            f"Python {env.get('python_version')} ({cluster.get('python')}); layers {layers}"
+        )
+    return lines
+
+
+__all__ = ["SIDES", "ABRun", "ABStart", "describe_sides", "run_ab", "side_grids"]

@@ -1,0 +1,170 @@
+"""attnbench ab and the processes behind it: worker processes (the subprocess executor), the
+ABBA interleaving, paired verdicts, bad input, and instruction counts under Callgrind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.compare import REGRESSION, compare_runs
+from attnbench.render.verdicts import schema
+from attnbench.results.store import load_results
+from attnbench.run.ab import run_ab
+from attnbench.run.executors.process import SubprocessExecutor
+from attnbench.run.sweep import run_sweep
+from attnbench.spec import build_grid
+
+pytestmark = pytest.mark.slow
+runner = CliRunner()
+TINY = ["--n", "16", "--d", "8", "--device", "cpu", "--time-budget", "0.05", "--quiet"]
+
+LINEAR = '''
+import time
+from torch import nn
+
+
+class Timed(nn.Module):
+    def __init__(self, d, extra):
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+        self.extra = extra
+
+    def forward(self, x):  # (B, n, d)
+        start = time.perf_counter()
+        out = self.proj(x)
+        end = start + (time.perf_counter() - start) * (1 + self.extra)
+        while time.perf_counter() < end:  # a busy wait: a real, proportional slowdown
+            pass
+        return out
+
+
+def fast(d):
+    return Timed(d, 0.0)
+
+
+def slow(d):
+    return Timed(d, 1.0)
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path: Path) -> Path:
+    path = tmp_path / "timed.py"
+    path.write_text(LINEAR)
+    return path
+
+
+def test_sides_are_measured_in_turn_abba_round_after_round(tmp_path: Path) -> None:
+    heard: list[tuple[str, str, int]] = []
+    grid = {"layers": "conv,rnn", "n": "8,16", "d": "4", "device": "cpu", "time_budget": 0.02}
+    ab = run_ab(grid, tmp_path / "ab",
+                progress=lambda side, e: heard.append((side, e.case.case_id, e.round))
+                if e.kind == "done" else None)  # fmt: skip
+    sides = [side for side, _, _ in heard]
+    assert sides[:8] == ["base", "current", "current", "base"] * 2  # A B, B A, ...
+    for first, second in zip(heard[::2], heard[1::2], strict=True):
+        assert first[1:] == second[1:]  # both halves of a pair: the same case and round
+    assert [r for _, _, r in heard[::8]][:3] == [1, 2, 3]  # round after round
+    for run in (ab.base, ab.current):
+        assert run.rounds == 10 and set(run.frame["status"]) == {"ok"}  # enough pairs
+        assert run.meta["cluster"]["executor"] == "subprocess"
+    c = compare_runs(ab.base, ab.current, pairs=ab.pairs, paired=True)
+    assert set(c.times["unit"]) == {"pairs"} and c.paired
+    assert not c.failed("deterministic")
+
+
+def test_the_cli_gates_a_slowed_layer_and_passes_an_unchanged_one(
+    tmp_path: Path, plugin: Path
+) -> None:
+    out = tmp_path / "slowed"
+    layers = ["--layers", f"{plugin}:slow", "--base-layers", f"{plugin}:fast"]
+    result = runner.invoke(app, ["ab", *TINY, *layers, "--out", str(out), "--json"])
+    assert result.exit_code == 1, result.output
+    verdicts = json.loads(result.stdout)
+    jsonschema.validate(verdicts, schema("compare"))
+    case = verdicts["cases"][0]
+    assert case["verdict"] == REGRESSION and case["unit"] == "pairs"
+    assert case["ratio_judged"] > 1.5 and case["layer"] == "timed:fast -> timed:slow"
+    assert json.loads((out / "verdicts.json").read_text())["failed"] is True
+    assert (out / "verdicts.md").read_text().startswith("## attnbench compare: 1 regression(s)")
+    for side in ("base", "current"):  # two ordinary results folders
+        shown = runner.invoke(app, ["show", str(out / side)])
+        assert shown.exit_code == 0 and "1 of 1 cases" in shown.stdout
+
+    same = runner.invoke(app, ["ab", *TINY, "--layers", f"{plugin}:fast", "--out",
+                               str(tmp_path / "same"), "--fail-on", "deterministic"])  # fmt: skip
+    assert same.exit_code == 0, same.output
+
+
+def test_bad_ab_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    cases = [
+        (["--base-python", "/nonexistent/python"], "is not a Python interpreter that exists"),
+        (["--base-python", str(bare / "bin" / "python")], "has no attnbench; install attnbench there"),
+        (["--layers", "conv,rnn", "--base-layers", "conv"], "--base-layers has 1 layer(s)"),
+        (["--layers", "conv", "--base-layers", "nosuchmodule_x:make"], "cannot import"),
+    ]
+    for i, (args, message) in enumerate(cases):
+        result = runner.invoke(app, ["ab", *TINY, *args, "--out", str(tmp_path / f"r{i}")])
+        assert result.exit_code == 2, (args, result.output)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and message in lines[0], (args, result.stderr)
+        assert "Traceback" not in result.output
+
+
+def test_a_worker_process_that_dies_in_a_case_is_replaced(tmp_path: Path) -> None:
+    marker = tmp_path / "died"
+    plugin = tmp_path / "dies_once.py"
+    plugin.write_text(f'''
+import os
+from torch import nn
+
+
+class DiesOnce(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):  # (B, n, d)
+        if x.shape[1] == 16 and not os.path.exists({str(marker)!r}):
+            open({str(marker)!r}, "w").close()
+            os._exit(9)  # the whole worker process dies, inside the case
+        return self.proj(x)
+
+
+def make(d):
+    return DiesOnce(d)
+''')
+    executor = SubprocessExecutor()
+    try:
+        grid = build_grid({"layers": f"{plugin}:make,conv", "n": "8,16", "d": "4",
+                           "device": "cpu", "time_budget": 0.01})  # fmt: skip
+        run = run_sweep(grid, tmp_path / "run", executor=executor, calibration=None)
+    finally:
+        executor.close()
+    assert marker.exists() and set(run.frame["status"]) == {"ok"}  # run once more, elsewhere
+    assert len(run.frame) == 4 and run.meta["environment"]["python_version"]
+
+
+def test_instruction_counts_repeat_and_gate_an_ab_run(tmp_path: Path) -> None:
+    """Real counts under Callgrind: the same code counts the same within the 1% tolerance."""
+    out = tmp_path / "ab"
+    args = ["ab", "--layers", "conv,rnn", "--n", "16", "--d", "8", "--device", "cpu", "--quiet"]
+    result = runner.invoke(app, [*args, "--metric", "instructions", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    base, current = load_results(out / "base"), load_results(out / "current")
+    for run in (base, current):
+        assert run.frame["instructions"].notna().all() and run.frame["time_s"].isna().all()
+        assert (run.frame["flops_check"] == "ok").all() and run.rounds == 1
+    ratio = current.frame["instructions"].to_numpy() / base.frame["instructions"].to_numpy()
+    assert (abs(ratio - 1) < 0.01).all(), ratio
+    metrics = [c["metrics"]["instructions"]["verdict"] for c in json.loads(result.stdout)["cases"]]
+    assert set(metrics) == {"unchanged"}
