@@ -128,3 +128,10 @@ def gate_from(options: Mapping[str, Any]) -> tuple[Thresholds, str]:
     given = {o.key: o.parse(options[o.key]) for o in GATE_OPTIONS if options.get(o.key) is not None}
     gate = given.pop("fail_on", GATES[0])
     return Thresholds(**given), gate
+
+
+def rounds_to_reach(alpha: float) -> int:
+    """Pairs enough for the signed-rank test to reach ``alpha`` even when the two smallest pairs
+    go the other way: 0.5^pairs <= alpha / 8 (10 pairs at alpha = 0.01, where all pairs one way
+    give p = 0.001 and those two against it p = 0.005)."""
+    return math.floor(math.log2(8 / alpha)) + 1

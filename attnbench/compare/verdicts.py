@@ -147,13 +147,6 @@ def judge_pairs(
     return _verdict(ratio, p, thresholds)
 
 
-def rounds_to_reach(alpha: float) -> int:
-    """Pairs enough for the signed-rank test to reach ``alpha`` even when the two smallest pairs
-    go the other way: 0.5^pairs <= alpha / 8 (10 pairs at alpha = 0.01, where all pairs one way
-    give p = 0.001 and those two against it p = 0.005)."""
-    return math.floor(math.log2(8 / alpha)) + 1
-
-
 def judge_overall(
     ratios: Sequence[float], thresholds: Thresholds = DEFAULT_THRESHOLDS
 ) -> TimeVerdict:

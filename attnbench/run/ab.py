@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnbench.compare.verdicts import rounds_to_reach
 from attnbench.errors import AttnbenchError
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.timing import TimingPolicy
@@ -30,7 +29,7 @@ from attnbench.run.executors.process import SubprocessExecutor
 from attnbench.run.queue import JobQueue
 from attnbench.run.signals import GracefulStop
 from attnbench.spec import Grid, build_grid, estimate_seconds, size_warning
-from attnbench.thresholds import DEFAULT_THRESHOLDS
+from attnbench.thresholds import DEFAULT_THRESHOLDS, rounds_to_reach
 
 SIDES = ("base", "current")
 SideProgress = Callable[[str, ProgressEvent], None]
