@@ -1,12 +1,22 @@
-"""A/A and A/B experiments for `attnbench compare`: false-positive and detection rates.
+"""A/A and A/B experiments for the regression gates: false-positive and detection rates.
 
-Each repetition runs four real sweeps back to back, each in its own process as in CI:
+--suite compare (the default): each repetition runs four real sweeps back to back, each in its
+own process as in CI:
   A1, A2     the same sweep twice (A/A: any regression reported is a false positive);
   slowed     one layer made slower by a known fraction (benchmarks/slowed_cli.py), against A2;
   threads    the same sweep with --threads 1 (A runs with torch's default), against A2.
 It prints per-experiment rates, raw and normalised, and the exit codes `attnbench compare` gave.
 
+--suite gate: per repetition, a stored-baseline A/A pair (two sweeps, then compare), an
+`attnbench ab` A/A run and an `ab` run with attention made --slowdown slower
+(benchmarks/slowed_layer.py). --suite instructions: `ab --metric instructions` A/A, and against
+attention computing one call in ten twice (10% more instructions); and the wall time of an
+instruction-count sweep of ci.toml's grid. --neighbour runs a second process during every
+experiment that keeps one core busy 2-5 s at a time, on and off.
+
     python benchmarks/regression_rates.py [--reps 5] [--slow-layer attention --slowdown 0.25]
+    python benchmarks/regression_rates.py --suite gate --neighbour --reps 10
+    python benchmarks/regression_rates.py --suite instructions --neighbour --reps 10
     python benchmarks/regression_rates.py --analyse DIR   # the rates at other thresholds
 """
 
@@ -64,9 +74,16 @@ def main() -> None:
     parser.add_argument("--max-slowdown", default="10%")
     parser.add_argument("--keep", type=Path, help="keep the runs in this folder")
     parser.add_argument("--analyse", type=Path, help="only judge the runs kept in this folder")
+    parser.add_argument("--suite", choices=("compare", "gate", "instructions"), default="compare")
+    parser.add_argument("--neighbour", action="store_true", help="a busy process on and off")
     args = parser.parse_args()
     if args.analyse:
         threshold_table(args.analyse, args.slow_layer)
+        return
+    if args.suite != "compare":
+        from gate_rates import run_suite  # the gate and instruction experiments
+
+        run_suite(args)
         return
     limit = parse_fraction(args.max_slowdown, "--max-slowdown")
     raw, norm = Thresholds(max_slowdown=limit), Thresholds(max_slowdown=limit, normalize=True)
