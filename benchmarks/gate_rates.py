@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,49 @@ def gate_rep(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "ratios": [c["ratio_judged"] for c in verdicts["cases"] if "slowed" in c["layer"]],
     }
     return out
+
+
+def _seconds(first: Path, last: Path | None = None) -> float:
+    """Wall seconds from one run.json's start to (another's) end, to the second they keep."""
+    start = json.loads((first / "run.json").read_text())["start_time"]
+    end = json.loads(((last or first) / "run.json").read_text())["end_time"]
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def kept_gate_rep(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
+    """A repetition rebuilt from the folders it kept (None if it was cut short): the compare
+    verdicts are judged again, the A/B ones read back, the walls taken from run.json."""
+    needed = [root / "A1" / "run.json", root / "A2" / "run.json",
+              root / "ab-aa" / "verdicts.json", root / "ab-ab" / "verdicts.json"]
+    if not all(p.exists() for p in needed):
+        return None
+    out: dict[str, Any] = {}
+    for basis, extra in (("raw", []), ("normalised", ["--normalize"])):
+        code, verdicts, _ = cli("compare", str(root / "A1"), str(root / "A2"), "--json",
+                                "--max-slowdown", args.max_slowdown, "--fail-on", "time", *extra)
+        out[f"compare_{basis}"] = {"exit": code, "flagged": regressions(verdicts)}
+    out["sweep_wall"] = [_seconds(root / "A1"), _seconds(root / "A2")]
+    aa = json.loads((root / "ab-aa" / "verdicts.json").read_text())
+    out["ab_aa"] = {"exit": int(aa["failed"]), "flagged": regressions(aa),
+                    "wall": _seconds(root / "ab-aa" / "base", root / "ab-aa" / "current"),
+                    "ratios": [c["ratio_judged"] for c in aa["cases"]]}
+    ab = json.loads((root / "ab-ab" / "verdicts.json").read_text())
+    hit, everyone = regressions(ab, "slowed"), regressions(ab)
+    out["ab_slowed"] = {
+        "exit": int(ab["failed"]), "hit": hit,
+        "others": (everyone[0] - hit[0], everyone[1] - hit[1]),
+        "wall": _seconds(root / "ab-ab" / "base", root / "ab-ab" / "current"),
+        "ratios": [c["ratio_judged"] for c in ab["cases"] if "slowed" in c["layer"]],
+    }
+    return out
+
+
+def analyse_kept(args: argparse.Namespace) -> None:
+    """Summarise the repetitions kept under ``args.analyse`` (a run cut short included)."""
+    reps = sorted(args.analyse.glob("rep*"), key=lambda p: int(p.name[3:]))
+    record = [r for p in reps if (r := kept_gate_rep(args, p)) is not None]
+    print(f"{len(record)} complete repetitions of {len(reps)} kept in {args.analyse}")
+    summarise(args, record)
 
 
 def instructions_rep(args: argparse.Namespace, root: Path) -> dict[str, Any]:

@@ -77,6 +77,11 @@ def main() -> None:
     parser.add_argument("--suite", choices=("compare", "gate", "instructions"), default="compare")
     parser.add_argument("--neighbour", action="store_true", help="a busy process on and off")
     args = parser.parse_args()
+    if args.analyse and args.suite == "gate":
+        from gate_rates import analyse_kept
+
+        analyse_kept(args)
+        return
     if args.analyse:
         threshold_table(args.analyse, args.slow_layer)
         return

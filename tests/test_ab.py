@@ -108,7 +108,7 @@ def test_bad_ab_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     cases = [
         (["--base-python", "/nonexistent/python"], "is not a Python interpreter that exists"),
-        (["--base-python", str(bare / "bin" / "python")], "has no attnbench; install attnbench there"),
+        (["--base-python", str(bare / "bin" / "python")], "has no attnbench; install attnbench"),
         (["--layers", "conv,rnn", "--base-layers", "conv"], "--base-layers has 1 layer(s)"),
         (["--layers", "conv", "--base-layers", "nosuchmodule_x:make"], "cannot import"),
     ]
@@ -168,3 +168,19 @@ def test_instruction_counts_repeat_and_gate_an_ab_run(tmp_path: Path) -> None:
     assert (abs(ratio - 1) < 0.01).all(), ratio
     metrics = [c["metrics"]["instructions"]["verdict"] for c in json.loads(result.stdout)["cases"]]
     assert set(metrics) == {"unchanged"}
+
+
+@pytest.mark.parametrize(
+    ("rounds", "says"),
+    [(10, None), (7, "'not significant'"), (3, "'too few samples'")],
+)
+def test_too_few_rounds_are_announced_with_what_they_mean(rounds: int, says: str | None) -> None:
+    from attnbench.run.ab import _too_few
+
+    notes = _too_few(build_grid({"layers": "conv", "rounds": rounds}), 0.01)
+    if says is None:
+        assert notes == ()
+    else:
+        assert len(notes) == 1 and f"--rounds {rounds}" in notes[0] and says in notes[0]
+    counted = build_grid({"layers": "conv", "rounds": 1, "metric": "instructions"})
+    assert _too_few(counted, 0.01) == ()

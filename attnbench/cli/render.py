@@ -431,6 +431,8 @@ class ABProgress:
         )
         for line in describe_sides(start):
             self.console.print(f"  {escape(line)}", soft_wrap=True)
+        for note in start.notes:
+            self.console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
     def __call__(self, side: str, event: ProgressEvent) -> None:
         self.units[side] = event.units_done

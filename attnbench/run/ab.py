@@ -12,6 +12,7 @@ ordinary results folder, ``base/`` and ``current/``.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ class ABStart:
     clusters: dict[str, dict[str, Any]]
     environments: dict[str, dict[str, Any]]
     estimate_s: float
+    notes: tuple[str, ...] = ()  # what the caller should know before it starts
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,22 @@ def side_grids(
             "give one base layer for each layer, in the same order"
         )
     return {"base": base, "current": current}
+
+
+def _too_few(grid: Grid, alpha: float) -> tuple[str, ...]:
+    """A note when ``--rounds`` leaves the paired test short of ``alpha``."""
+    needed, least = rounds_to_reach(alpha), math.ceil(math.log2(1 / alpha))
+    if grid.metric == "instructions" or grid.rounds >= needed:
+        return ()
+    outcome = (
+        "every time verdict will be 'too few samples'"
+        if grid.rounds < least
+        else "a single pair against the others makes a verdict 'not significant'"
+    )
+    return (
+        f"--rounds {grid.rounds}: the paired test reaches alpha {alpha:g} with {least} pairs "
+        f"at the least and tolerates noisy pairs from {needed} (the default); here {outcome}",
+    )
 
 
 def _placement(cluster: Mapping[str, Any]) -> Placement:
@@ -128,7 +146,8 @@ def run_ab(
             writers[side] = writer
         if on_start is not None:
             estimate = sum(estimate_seconds(g) for g in grids.values())
-            on_start(ABStart(grids, out_dir, clusters, environments, estimate))
+            notes = _too_few(grids["current"], alpha)
+            on_start(ABStart(grids, out_dir, clusters, environments, estimate, notes))
         _interleave(grids, writers, executors, clusters, progress, calibration)
     runs = {side: load_results(out_dir / side) for side in SIDES}
     ids = {side: [c.case_id for c in grids[side].cases()] for side in SIDES}
