@@ -64,8 +64,9 @@ class Metric:
     device_bound: bool = False  # exact only between runs on the same device model
     overheads: bool = False  # small sizes carry fixed costs: fit the larger sizes only
     # Which law of a layer's theory predicts it, up to a constant: the FLOP formula, the
-    # sequential-step law or the path law (None: the theory says nothing of it).
-    theory: Literal["flops", "sequential", "path"] | None = None
+    # elementwise formula, the sequential-step law or the path law (None: the theory says
+    # nothing of it).
+    theory: Literal["flops", "elementwise", "sequential", "path"] | None = None
     chart: Chart | None = None  # its own chart against n (time has several, drawn apart)
     tolerance: str = ""  # the Thresholds field giving the growth allowed ("": none at all)
 
@@ -146,6 +147,18 @@ COLUMNS: tuple[Column, ...] = (
            "was measured", optional=True),
     Column("cpu_count", "int", _MEASURE, "CPUs of the machine it was measured on",
            optional=True),
+    Column(
+        "elementwise", "int", _MEASURE,
+        "elementwise work of one forward call: elements of the pointwise ops, and read by the "
+        "reductions and softmaxes (counted from the real call)",
+        optional=True, summary="elem.", fmt=fmt_count,
+    ),
+    Column("elementwise_analytic", "float", _MEASURE, "elementwise work from the layer's theory",
+           optional=True),
+    Column(
+        "elementwise_check", "text", _MEASURE,
+        "ok, or mismatch (counted vs analytic beyond 1%)", optional=True,
+    ),
 )  # fmt: skip
 COLUMN = {c.name: c for c in COLUMNS}
 RESULT_COLUMNS = [c.name for c in COLUMNS]
@@ -178,6 +191,15 @@ METRICS: tuple[Metric, ...] = (
         chart=Chart(
             "flops", "counted FLOPs against n, one panel per d, with the analytic formula",
             "FLOPs per call (counted)", "FLOPs against sequence length",
+            theory_note="analytic formula",
+        ),
+    ),
+    Metric(
+        "elementwise", "elementwise work", "elem.", "elements", exact=True, theory="elementwise",
+        chart=Chart(
+            "elementwise",
+            "counted elementwise work against n, one panel per d, with the analytic formula",
+            "elements per call (counted)", "Elementwise work against sequence length",
             theory_note="analytic formula",
         ),
     ),

@@ -56,8 +56,9 @@ class Case:
         return dict(self.options)
 
     def sizes(self) -> dict[str, Any]:
-        """What the layer's theory reads: b, n, d and its options."""
-        return sizes(self.batch, self.n, self.d, self.option_values)
+        """What the layer's theory reads: b, n, d and its options (defaults for any the case
+        leaves out, as a case built by hand may)."""
+        return sizes(self.batch, self.n, self.d, entry(self.layer).resolve(self.option_values))
 
     def analytic_flops(self) -> float | None:
         """FLOPs of one call from the layer's theory; None for a layer without one."""
@@ -67,14 +68,19 @@ class Case:
         forward = theory.flops(self.sizes())
         return forward * TRAIN_FLOP_FACTOR if self.mode == "train" else forward
 
+    def analytic_elements(self) -> float | None:
+        """Elementwise work of one forward call from the layer's theory (any mode: the count
+        traces the forward pass); None without a formula."""
+        theory = entry(self.layer).theory
+        return None if theory is None else theory.elements(self.sizes())
+
     def layer_options(self) -> dict[str, int]:
         """The options ``build_layer`` takes for this case (the length too, for layers built
         for one)."""
         return {"n": self.n, **self.option_values}
 
     def _tags(self) -> list[str]:
-        found = entry(self.layer)
-        return [f"{found.option(name).tag}={value}" for name, value in self.options]  # type: ignore[union-attr]
+        return entry(self.layer).tags(self.option_values)
 
     @property
     def case_id(self) -> str:
@@ -306,6 +312,8 @@ class Option:
 
     @property
     def full_help(self) -> str:
+        if self.kind is bool:  # a switch: the command line shows its default (--no-causal)
+            return self.help
         shown = self.default_text or _describe(self.default)
         return f"{self.help} Default: {shown}."
 
@@ -324,6 +332,8 @@ def _layer_option(option: LayerOption) -> Option:
     def parse(value: Any) -> int:
         return option.check(value, "--" + option.name, (), ())
 
+    if option.flag:  # --causal / --no-causal
+        return Option(option.name, "", bool, parse, option.help)
     return Option(option.name, "", int, parse, option.help, default_text=str(option.default))
 
 

@@ -5,15 +5,17 @@ comparison table, the fits and the charts all read it from there.
 
 Conventions: a multiply-add is 2 FLOPs; only matrix products are counted (softmax, biases,
 activations, the positional-encoding add and other elementwise work are not), which is also what
-``torch.utils.flop_counter`` counts. Sizes are read from a mapping: ``b`` batch, ``n`` sequence
-length, ``d`` width, and each of the layer's options by name (``k``, ``heads``, ``window``...).
+``torch.utils.flop_counter`` counts. That other work has its own formula, ``elementwise``: the
+elements produced by pointwise ops and combined by reductions (``measure.elementwise``). Sizes
+are read from a mapping: ``b`` batch, ``n`` sequence length, ``d`` width, and each of the
+layer's options by name (``k``, ``heads``, ``window``, ``causal``...).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 Sizes = Mapping[str, float]  # "b", "n", "d", and the layer's options by name
 SizeFn = Callable[[Sizes], float]  # sizes -> a size such as b·n·d², or a step count
@@ -21,7 +23,8 @@ SizeFn = Callable[[Sizes], float]  # sizes -> a size such as b·n·d², or a ste
 
 @dataclass(frozen=True)
 class Term:
-    """One term of a cost formula: ``flops`` FLOPs per unit of ``size``, e.g. 4 · b·n²·d.
+    """One term of a cost formula: ``flops`` FLOPs per unit of ``size``, e.g. 4 · b·n²·d, or
+    with ``unit="element"`` that many elements of elementwise work per unit (``elements``).
 
     Terms with the same name are the same column in every cost model.
     """
@@ -29,6 +32,17 @@ class Term:
     flops: float
     name: str  # the size, as written in the formula: "b·n²·d"
     size: SizeFn
+    unit: Literal["FLOP", "element"] = "FLOP"
+
+
+def elements(count: float, name: str, size: SizeFn) -> Term:
+    """A term of elementwise work: ``count`` elements per unit of ``size`` (3 · b·h·n²)."""
+    return Term(count, name, size, unit="element")
+
+
+def formula(terms: tuple[Term, ...]) -> str:
+    """Terms, human-readable: "8·b·n·d² + 4·b·n²·d" ("0" for none)."""
+    return " + ".join(f"{t.flops:g}·{t.name}" for t in terms) or "0"
 
 
 def _zero(sizes: Sizes) -> float:
@@ -46,7 +60,8 @@ class LayerTheory:
     The FLOP formula is the sum of its terms; the cost-model fits use the same terms as their
     columns, so a formula is written once for both. ``order`` is the chapter's order as a size
     (leading term, constant 1: n²·d for attention); ``sequential_law`` and ``path_law`` give
-    the sequential steps and path length up to a constant.
+    the sequential steps and path length up to a constant. ``elementwise`` is the elementwise
+    work of one forward call (None: the theory does not say; () for none at all, a convolution).
     """
 
     complexity: str  # computational complexity, e.g. "O(k n d^2)"
@@ -56,15 +71,35 @@ class LayerTheory:
     order: SizeFn = _zero
     sequential_law: SizeFn = _one
     path_law: SizeFn = _one
+    elementwise: tuple[Term, ...] | None = None
 
     def flops(self, sizes: Sizes) -> float:
         """Forward FLOPs of one call."""
         return float(sum(t.flops * t.size(sizes) for t in self.terms))
 
+    def elements(self, sizes: Sizes) -> float | None:
+        """Elementwise work of one forward call, in elements (None without a formula)."""
+        if self.elementwise is None:
+            return None
+        return float(sum(t.flops * t.size(sizes) for t in self.elementwise))
+
     @property
     def formula(self) -> str:
         """The FLOP formula, human-readable: "8·b·n·d² + 4·b·n²·d"."""
-        return " + ".join(f"{t.flops:g}·{t.name}" for t in self.terms) or "0"
+        return formula(self.terms)
+
+    @property
+    def elementwise_formula(self) -> str | None:
+        return None if self.elementwise is None else formula(self.elementwise)
+
+    @property
+    def model_terms(self) -> tuple[Term, ...]:
+        """The columns of this layer's cost model: its FLOP terms, then its elementwise terms
+        whose size is not already a column (a size is one column, whatever its unit)."""
+        seen = {t.name for t in self.terms}
+        extra = [t for t in self.elementwise or () if t.name not in seen]
+        unique = {t.name: t for t in extra}  # one column per size, even if written twice
+        return (*self.terms, *unique.values())
 
 
 # A backward pass computes two products (input gradient and weight gradient) for each forward

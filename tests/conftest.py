@@ -38,11 +38,12 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> RunResults:
 
 @pytest.fixture(scope="session")
 def wide_run(tmp_path_factory: pytest.TempPathFactory) -> RunResults:
-    """Three lengths and two widths of conv, rnn and attention: enough for every fit and chart."""
+    """Four lengths and two widths of conv, rnn and attention: enough for every fit and chart
+    (attention's own cost model has four terms and a constant, so it needs seven points)."""
     grid = build_grid(
         {
             "layers": "conv,rnn,attention",
-            "n": "16,32,64",
+            "n": "16,32,64,128",
             "d": "8,16",
             "device": "cpu",
             "time_budget": 0.005,

@@ -46,7 +46,8 @@ def make_run(
 ) -> RunResults:
     """A results folder written by the real writer from synthetic measurements.
 
-    ``cases`` maps (layer, n) to overrides: samples, status, flops, peak, steps, path, device
+    ``cases`` maps (layer, n) to overrides: samples, status, flops, elements, peak, steps, path,
+    device
     (the model the row names), calibration (that case's GEMM seconds), instructions and load
     (the 1-minute load average it was measured under, on 2 CPUs). The samples are split
     into ``rounds`` timing rounds, written as a sweep writes them.
@@ -74,6 +75,8 @@ def make_run(
                 peak_bytes=spec.get("peak", 4096) if ok else None,
                 flops=spec.get("flops", 1000 * n) if ok else None,
                 flops_analytic=float(spec.get("flops", 1000 * n)) if ok else None,
+                elementwise=spec.get("elements", 10 * n) if ok else None,
+                elementwise_analytic=float(spec.get("elements", 10 * n)) if ok else None,
                 seq_steps=spec.get("steps", 1) if ok else None,
                 path_len=spec.get("path", n // 2) if ok else None,
                 error="" if ok else "RuntimeError: out of memory",

@@ -147,4 +147,5 @@ def test_a_case_result_row_fills_exactly_the_registrys_columns(tiny_run) -> None
     case = Case("conv", 8, 4, 1, "float32", "cpu", "forward", (("k", 3),))
     row = CaseResult(case=case, status="failed", threads=1, error="x").to_row()
     assert list(row) == RESULT_COLUMNS
-    assert list(tiny_run.frame.columns) == RESULT_COLUMNS
+    # Options without a fixed column follow the registry's, in the order the layers declare them.
+    assert list(tiny_run.frame.columns) == [*RESULT_COLUMNS, "causal", "state"]

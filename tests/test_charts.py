@@ -82,17 +82,21 @@ def test_model_line_follows_the_fitted_cost_model(figures, wide_run):
     fit = next(f for f in analysis.fits["attention"] if "attention" in f.model.layers)
     line = next(x for x in dashed(ax) if x.get_color() == colour("attention"))
     n, y = line.get_xdata()[-1], line.get_ydata()[-1]
-    assert n == 64
-    assert y == pytest.approx(
-        fit.coefficients[0] * 64 * 256 + fit.coefficients[1] * 64 * 64 * 16 + fit.constant
-    )
+    assert n == 128
+    size = {"b": 1, "n": 128, "d": 16, "heads": 2, "causal": 0}
+    terms = [t.size(size) for t in fit.model.terms]
+    assert [t.name for t in fit.model.terms][:2] == ["b·n·d²", "b·n²·d"]
+    assert terms[:2] == [128 * 256, 128 * 128 * 16]
+    model = sum(a * t for a, t in zip(fit.coefficients, terms, strict=True)) + fit.constant
+    assert y == pytest.approx(model)
 
 
 def test_flops_chart_draws_the_analytic_formula(figures, wide_run):
     ax = figures["flops"].get_axes()[0]
     line = next(x for x in dashed(ax) if x.get_color() == colour("attention"))
     assert list(line.get_ydata()) == [
-        entry("attention").theory.flops({"b": 1, "n": n, "d": 8, "heads": 2}) for n in (16, 32, 64)
+        entry("attention").theory.flops({"b": 1, "n": n, "d": 8, "heads": 2})
+        for n in (16, 32, 64, 128)
     ]
 
 
@@ -123,7 +127,7 @@ def test_crossover_chart_plots_ratios_against_n_over_d_with_the_line_one(figures
     ones = [x for x in ax.get_lines() if list(x.get_ydata()) == [1, 1]]
     assert ones, "the line y = 1 is missing"
     rnn8 = next(x for x in ratios if x.get_label() == "/ rnn, d = 8")
-    assert list(rnn8.get_xdata()) == [2, 4, 8]  # n / d
+    assert list(rnn8.get_xdata()) == [2, 4, 8, 16]  # n / d
     m = wide_run.measured[wide_run.measured.d == 8].pivot_table(
         index="n", columns="layer", values="time_s"
     )

@@ -73,20 +73,32 @@ def test_constant_metric_has_zero_exponent_and_zero_width():
 
 
 def test_cost_model_recovers_attention_coefficients_under_noise():
-    a, b, c = 2e-11, 5e-13, 1e-4  # seconds per n·d², per n²·d, and overhead
-    frame = synthetic("attention", lambda n, d: a * n * d * d + b * n * n * d + c)
+    a, b, e, c = 2e-11, 5e-13, 4e-10, 1e-4  # s per n·d², per n²·d, per h·n² score; overhead
+    frame = synthetic("attention", lambda n, d: a * n * d * d + b * n * n * d + e * 4 * n * n + c)
     fit = fit_cost_model(frame, model_named("self-attention"))
-    assert fit.coefficients == pytest.approx((a, b), rel=0.1)
+    terms = [t.name for t in model_named("self-attention").terms]
+    found = dict(zip(terms, fit.coefficients, strict=True))
+    assert (found["b·n·d²"], found["b·n²·d"], found["b·h·n²"]) == pytest.approx((a, b, e), rel=0.1)
+    assert found["causal·b·h·n²"] == 0  # no causal case: the term is not fitted
     assert fit.constant == pytest.approx(c, rel=0.2)
     assert fit.rms < 0.05
     assert fit.points == len(NS) * len(DS)
+
+
+def test_the_softmax_term_fits_what_the_flop_formula_cannot():
+    """Time set by the h·n² scores (the CPU's softmax), not by n²·d: the FLOP-only model of
+    the same layer misses it by far more than the model with the elementwise terms."""
+    frame = synthetic("attention", lambda n, d: 3e-11 * n * d * d + 2e-9 * 4 * n * n + 1e-4)
+    full = fit_cost_model(frame, model_named("self-attention"))
+    flop_only = fits.CostModel("flops", theory_of("attention").terms, ("attention",))
+    assert full.rms < 0.05 < 3 * full.rms < fit_cost_model(frame, flop_only).rms
 
 
 def test_cost_model_on_counted_flops_gives_the_formula_exactly():
     # FLOPs are exact: the fit must return the formula's own constants, 8 and 4, and no offset.
     frame = synthetic("attention", lambda n, d: 1.0, noise=0)
     fit = fit_cost_model(frame, model_named("self-attention"), metric="flops")
-    assert fit.coefficients == pytest.approx((8, 4), rel=1e-6)
+    assert fit.coefficients == pytest.approx((8, 4, 0, 0, 0), rel=1e-6, abs=1e-9)
     assert fit.constant == pytest.approx(0, abs=1e-3)
     assert fit.rms < 1e-9
 
@@ -107,11 +119,12 @@ def test_too_few_points_give_no_fit():
     ("layer", "time", "expected"),
     [
         ("attention", lambda n, d: 2e-11 * n * d * d + 5e-13 * n * n * d + 1e-4, "self-attention"),
-        ("rnn", lambda n, d: 3e-10 * n * d * d + 2e-4, "recurrent"),
+        # Each with its elementwise work: an RNN's gates (n·d), the band's softmax (h·n·r).
+        ("rnn", lambda n, d: 3e-10 * n * d * d + 2e-8 * n * d + 2e-4, "recurrent"),
         ("conv", lambda n, d: 1e-11 * 3 * n * d * d + 5e-5, "convolutional"),
         (
             "attention-local",
-            lambda n, d: 2e-11 * n * d * d + 1e-9 * n * 16 * d + 1e-4,
+            lambda n, d: 2e-11 * n * d * d + 1e-9 * n * 16 * d + 5e-9 * 4 * n * 16 + 1e-4,
             "restricted self-attention",
         ),
     ],
@@ -123,8 +136,9 @@ def test_model_choice_picks_the_model_that_generated_the_data(layer, time, expec
 
 
 def test_model_choice_prefers_the_smaller_model_when_the_extra_term_is_not_there():
-    # Pure n·d² data: the attention model nests it, but must not win on its spare term.
-    frame = synthetic("rnn", lambda n, d: 3e-10 * n * d * d + 2e-4, noise=0.03, seed=3)
+    # n·d² and n·d data: the attention model nests it, but must not win on its spare terms.
+    rnn = lambda n, d: 3e-10 * n * d * d + 2e-8 * n * d + 2e-4  # noqa: E731
+    frame = synthetic("rnn", rnn, noise=0.03, seed=3)
     names = [f.model.name for f in model_fits(frame)["rnn"]]
     assert names.index("recurrent") < names.index("self-attention")
 
@@ -137,7 +151,8 @@ def test_model_table_marks_own_and_best_and_reports_throughput():
     assert table["best"].sum() == 1
     # 8 FLOPs per n·d² unit at 2e-11 s per unit: 400 GFLOP/s.
     assert own["gflops_per_s"]["b·n·d²"] == pytest.approx(8 / 2e-11 / 1e9, rel=0.1)
-    assert own["formula"] == "α·b·n·d² + β·b·n²·d + γ"
+    assert own["formula"] == "α·b·n·d² + β·b·n²·d + δ·b·n·d + ε·b·h·n² + ζ·causal·b·h·n² + γ"
+    assert set(own["gelements_per_s"]) == {"b·n·d", "b·h·n²", "causal·b·h·n²"}
 
 
 def test_rival_models_share_a_name_per_table_row():

@@ -25,7 +25,7 @@ def _case(n: int, d: int, heads: int, mode: str = "forward", batch: int = 2):  #
 def test_it_is_registered_as_a_linear_rival_of_attention() -> None:
     found = entry(NAME)
     assert NAME in layer_names() and found.family.rival and not found.family.pairwise
-    assert [o.name for o in found.options] == ["heads"]
+    assert [o.name for o in found.options] == ["heads", "causal"]
     assert found.theory is not None and found.theory.complexity == "O(n d^2)"
     order = found.theory.order
     assert order({"n": 2048, "d": 64}) == 2 * order({"n": 1024, "d": 64})  # linear in n

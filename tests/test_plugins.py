@@ -259,7 +259,9 @@ def test_the_layers_command_lists_built_in_and_plugin_layers(tmp_path: Path) -> 
     found = {layer["name"]: layer for layer in json.loads(result.stdout)["layers"]}
     assert found["attention"]["flops"] == "8·b·n·d² + 4·b·n²·d"
     assert found["attention"]["family"] == "self-attention"
-    assert found["attention"]["options"] == {"heads": 4}
+    assert found["attention"]["options"] == {"heads": 4, "causal": 0}
+    assert found["attention"]["elementwise"] == "1·b·n·d + 2·b·h·n² + 1·causal·b·h·n²"
+    assert found["ssm-scan"]["options"] == {"state": 16}
     assert found["mixer"]["options"] == {"width": 2} and found["mixer"]["source"]["kind"] == "file"
     table = runner.invoke(app, ["layers"])
     assert "conv-dilated" in table.stdout and "L·b·n·k·d²" in table.stdout

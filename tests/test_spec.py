@@ -106,7 +106,8 @@ def test_cases_order_and_ids() -> None:
         ("attention", 16),
     ]
     assert cases[0].options == (("k", 3),)  # a case names only the options its layer takes
-    assert cases[2].options == (("heads", 4),)
+    assert cases[2].options == (("heads", 4), ("causal", 0))
+    assert "causal" not in cases[2].case_id  # an option at its default (off) adds no tag
     assert cases[0].case_id == "conv/n=8/d=8/k=3/b=1/float32/cpu/forward"
     assert cases[2].case_id == "attention/n=8/d=8/h=4/b=1/float32/cpu/forward"
     assert len({c.case_id for c in cases}) == len(cases)

@@ -17,6 +17,8 @@ from attnbench.measure.structure import (
     dependency_pattern,
     path_from_pattern,
     path_length,
+    probe_lengths,
+    route_of,
     sequential_steps,
 )
 
@@ -130,7 +132,9 @@ def test_attention_path_is_one(name: str) -> None:
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_dilated_path_is_its_depth_log_k_n(k: int) -> None:
-    for n in (4, 9, 27, 64):
+    # 16 and 32: lengths whose probe steps happen to grow by a constant per doubling, as a
+    # scan's do; the stack is still counted stage by stage.
+    for n in (4, 9, 16, 27, 32, 64):
         assert _path("conv-dilated", n, k=k) == math.ceil(math.log(n) / math.log(k) - 1e-9)
 
 
@@ -152,14 +156,29 @@ def test_the_pattern_is_what_the_layer_computes() -> None:
         ("conv-dilated", {"k": 3}),
         ("lstm", {}),
         ("attention", {}),
+        ("attention", {"causal": 1}),
+        ("attention-local", {"window": 4, "causal": 1}),
+        ("ssm", {"state": 2}),
     ],
 )
 def test_extended_values_equal_a_direct_measurement(name: str, options: dict) -> None:
     n = 2 * PATH_MEASURE_MAX + 3  # beyond direct measurement, and not a probe length
-    result = path_length(_builder(name, **options), n, D, scale=max(options.values(), default=0))
+    scale = options.get("k", options.get("window", 0))
+    build = _builder(name, **options)
+    result = path_length(build, n, D, scale=scale)
     assert result.method.startswith("extended")
-    layer = _builder(name, **options)(n)
-    assert result.value == path_from_pattern(layer, dependency_pattern(layer, n, D), D)
+    layer = build(n)
+    route = route_of(build, D, probe_lengths(scale))
+    assert result.value == path_from_pattern(layer, dependency_pattern(layer, n, D), D, route)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("rnn", "recurrence"), ("ssm", "recurrence"), ("ssm-scan", "scan"), ("attention", "direct"),
+     ("conv", "direct")],
+)  # fmt: skip
+def test_the_route_inside_one_application_is_read_from_the_trace(name: str, kind: str) -> None:
+    assert route_of(_builder(name), D, probe_lengths(0)).kind == kind
 
 
 class GlobalToken(nn.Module):

@@ -319,13 +319,15 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
         console.print(
             "[dim]path*: extended from a band law proven at probe lengths (see path_len_method)[/]"
         )
-    mismatched = frame[frame["flops_check"] == "mismatch"]
-    if len(mismatched):
-        console.print(
-            f"[yellow]note:[/] counted FLOPs differ from the analytic formula by more than 1% in "
-            f"{len(mismatched)} case(s) ({', '.join(sorted(set(mismatched['layer'])))}); "
-            "see the flops and flops_analytic columns"
-        )
+    for what, column in (("FLOPs differ", "flops"), ("elementwise work differs", "elementwise")):
+        mismatched = frame[frame[f"{column}_check"] == "mismatch"]
+        if len(mismatched):
+            console.print(
+                f"[yellow]note:[/] counted {what} from the analytic formula by more "
+                f"than 1% in {len(mismatched)} case(s) "
+                f"({', '.join(sorted(set(mismatched['layer'])))}); "
+                f"see the {column} and {column}_analytic columns"
+            )
     busy = busy_while_measuring(run)
     if busy:
         console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)

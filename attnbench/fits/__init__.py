@@ -4,9 +4,10 @@ Three views, each a tidy table:
 - ``exponent_table``: log-log exponents of every metric in n and in d, with 95% intervals,
   beside the theory's own exponent over the same points;
 - ``model_fits`` / ``model_table``: each formula of the table fitted to time by non-negative
-  least squares (a·n²·d + b·n·d² + c), its relative RMS, and which formula fits a layer best;
-- ``crossover_table``: the n at which attention becomes slower than an RNN or a convolution,
-  measured and predicted.
+  least squares (a·n²·d + b·n·d² + ... + c, one term per size of the layer's FLOP and
+  elementwise formulas), its relative RMS, and which formula fits a layer best;
+- ``crossover_table``: the n at which attention becomes slower than a rival layer (an RNN, a
+  convolution, a state-space scan), measured and predicted.
 
 A measured exponent says how a metric grows: time ~ n^a at fixed d means a ~ 2 for attention
 and a ~ 1 for an RNN.  Small sizes are dominated by fixed overheads, so time is fitted only where
@@ -24,6 +25,7 @@ import pandas as pd
 from attnbench.fits.crossovers import (
     CROSSOVER_COLUMNS,
     crossover_table,
+    describe_crossover,
     formula_crossover,
     measured_crossover,
     quadratic_layers,
@@ -42,6 +44,7 @@ from attnbench.fits.exponents import (
     upper_half,
 )
 from attnbench.fits.models import (
+    LETTERS,
     MODEL_COLUMNS,
     CostModel,
     ModelFit,
@@ -58,6 +61,7 @@ from attnbench.results.run import RunResults
 __all__ = [
     "CROSSOVER_COLUMNS",
     "EXPONENT_COLUMNS",
+    "LETTERS",
     "MODEL_COLUMNS",
     "Analysis",
     "CostModel",
@@ -67,6 +71,7 @@ __all__ = [
     "analyse",
     "cost_models",
     "crossover_table",
+    "describe_crossover",
     "exponent_table",
     "fit_cost_model",
     "fit_frame",

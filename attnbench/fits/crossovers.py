@@ -1,5 +1,6 @@
-"""Crossovers: the n at which attention becomes slower than a recurrent or convolutional layer,
-measured (interpolated between the sweep's sizes) and predicted (FLOP formulas, chapter orders)."""
+"""Crossovers: the n at which attention becomes slower than a rival layer (the families marked
+rival: recurrent, convolutional, state space), measured (interpolated between the sweep's
+sizes) and predicted (FLOP formulas, chapter orders)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def quadratic_layers(layers: Sequence[str]) -> list[str]:
 
 
 def rival_layers(layers: Sequence[str]) -> list[str]:
-    """The layers whose family the chapter sets attention against (recurrent, convolutional)."""
+    """The layers whose family attention is raced against: the chapter's (recurrent,
+    convolutional) and the state-space scans that answer it."""
     return [x for x in layers if x in REGISTRY and REGISTRY[x].family.rival]
 
 
@@ -78,7 +80,8 @@ def _predicted(n: float) -> str:
     return "never" if math.isnan(n) else f"≈ {n:.0f}"
 
 
-def _describe(n: float, ns: Sequence[int]) -> str:
+def describe_crossover(n: float, ns: Sequence[int]) -> str:
+    """A measured crossover in words, within the sizes measured: "≈ 362", "below 64"..."""
     if n == -math.inf:
         return f"below {min(ns)}"
     if n == math.inf:
@@ -126,7 +129,7 @@ def crossover_table(measured: pd.DataFrame) -> pd.DataFrame:
         if len(ratio) >= 2:
             ns = ratio.index.tolist()
             found = measured_crossover(ns, ratio.tolist())
-            words = _describe(found, ns)
+            words = describe_crossover(found, ns)
         rows.append(
             {
                 "d": d_,

@@ -97,6 +97,9 @@ def theory_values(frame: pd.DataFrame, metric: str) -> pd.Series | None:
             values.append(theory.sequential_law(case))
         elif law == "path":
             values.append(theory.path_law(case))
+        elif law == "elementwise":
+            found = theory.elements(case)
+            values.append(math.nan if found is None else found)
         else:
             values.append(theory.flops(case))
     return pd.Series(values, index=frame.index, dtype=float)

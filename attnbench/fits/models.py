@@ -1,5 +1,9 @@
 """Cost models: time ≈ Σ a_i · size_i + c, each formula of the table fitted by non-negative
-least squares (scipy ``nnls``), with its relative RMS and which formula fits a layer best."""
+least squares (scipy ``nnls``), with its relative RMS and which formula fits a layer best.
+
+A layer's model has a column for each size of its FLOP formula and of its elementwise formula
+(``LayerTheory.model_terms``): the softmax over b·h·n² scores costs time without a FLOP.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,9 @@ def numeric(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame.assign(**{column: values}).dropna(subset=[column])
 
 
+LETTERS = "αβδεζηθκλμ"  # the coefficients' names in a formula, term by term (γ: constant)
+
+
 @dataclass(frozen=True)
 class CostModel:
     """One family of the formula table, as a model of time: its terms plus a constant."""
@@ -33,8 +40,7 @@ class CostModel:
     @property
     def formula(self) -> str:
         """Greek coefficients, since the sizes use b for batch: "α·b·n·d² + β·b·n²·d + γ"."""
-        letters = "αβδεζ"
-        parts = [f"{letters[i]}·{t.name}" for i, t in enumerate(self.terms)]
+        parts = [f"{LETTERS[i]}·{t.name}" for i, t in enumerate(self.terms)]
         return " + ".join([*parts, "γ"])
 
 
@@ -43,7 +49,8 @@ def cost_models() -> tuple[CostModel, ...]:
     models: dict[tuple[str, ...], CostModel] = {}
     for layer, found in REGISTRY.items():
         theory = found.theory
-        key = tuple(t.name for t in theory.terms) if theory is not None else ()
+        terms = theory.model_terms if theory is not None else ()
+        key = tuple(t.name for t in terms)
         if not key:
             continue
         if key in models:
@@ -51,7 +58,9 @@ def cost_models() -> tuple[CostModel, ...]:
             models[key] = CostModel(old.name, old.terms, (*old.layers, layer))
         else:
             name = found.family.row if found.family is not CUSTOM else layer
-            models[key] = CostModel(name, theory.terms, (layer,))  # type: ignore[union-attr]
+            if any(m.name == name for m in models.values()):  # a family with several models
+                name = f"{name} ({layer})"
+            models[key] = CostModel(name, terms, (layer,))
     return tuple(models.values())
 
 
@@ -70,19 +79,24 @@ class ModelFit:
         """Time for rows of term sizes, shape (points, terms)."""
         return sizes @ np.array(self.coefficients) + self.constant
 
-    def flops_per_s(self) -> tuple[float, ...]:
-        """Each term's implied throughput: its FLOPs per unit of size over its coefficient."""
-        return tuple(
-            t.flops / a if a > 0 else math.inf
+    def throughput(self, unit: str) -> dict[str, float]:
+        """Each ``unit`` term's implied throughput (FLOP/s or elements/s): its count per unit
+        of size over its coefficient (inf for a term the fit gave no time)."""
+        return {
+            t.name: t.flops / a if a > 0 else math.inf
             for t, a in zip(self.model.terms, self.coefficients, strict=True)
-        )
+            if t.unit == unit
+        }
 
 
 def size_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """Each case's sizes as its layer's theory reads them: b, n, d and every layer option."""
-    names = [name for name in known_options() if name in frame.columns]
+    """Each case's sizes as its layer's theory reads them: b, n, d and every layer option
+    (its default where the frame has no column for it)."""
+    options = known_options()
+    names = [name for name in options if name in frame.columns]
+    defaults = {name: o.default for name, o in options.items() if name not in frame.columns}
     records = frame[["batch", "n", "d", *names]].to_dict("records")
-    return [sizes(r.pop("batch"), r.pop("n"), r.pop("d"), r) for r in records]
+    return [sizes(r.pop("batch"), r.pop("n"), r.pop("d"), {**defaults, **r}) for r in records]
 
 
 def term_sizes(frame: pd.DataFrame, terms: Sequence[Term]) -> np.ndarray:
@@ -101,15 +115,19 @@ def fit_cost_model(
     """
     values = numeric(frame, metric)
     y = values[metric].to_numpy(dtype=float)
-    params = len(model.terms) + 1
+    design = np.column_stack([term_sizes(values, model.terms), np.ones(len(y))])  # (N, p)
+    # A term that is zero on every case (the causal mask of a run without --causal) cannot be
+    # fitted: it keeps a zero coefficient and does not count as a parameter.
+    present = np.abs(design).max(axis=0) > 0 if len(y) else np.ones(design.shape[1], bool)
+    present[-1] = True
+    params = int(present.sum())
     if len(y) < params + 2 or (y <= 0).any():
         return None
-    design = np.column_stack([term_sizes(values, model.terms), np.ones(len(y))])  # (N, p)
-    weighted = design / y[:, None]
+    weighted = design[:, present] / y[:, None]
     scale = np.abs(weighted).max(axis=0)
-    scale[scale == 0] = 1.0
     solution, _ = optimize.nnls(weighted / scale, np.ones(len(y)))
-    coef = solution / scale
+    coef = np.zeros(design.shape[1])
+    coef[present] = solution / scale
     fitted = design @ coef
     rms = math.sqrt(float(np.mean((y - fitted) ** 2))) / float(np.mean(y))
     rss = max(float(np.sum(((y - fitted) / y) ** 2)), 1e-300)
@@ -128,7 +146,8 @@ MODEL_COLUMNS = [
     "aicc",
     "coefficients",  # {term: seconds per unit}
     "constant_s",
-    "gflops_per_s",  # {term: implied GFLOP/s}
+    "gflops_per_s",  # {FLOP term: implied GFLOP/s}
+    "gelements_per_s",  # {elementwise term: implied billions of elements/s}
     "points",
 ]
 
@@ -162,9 +181,8 @@ def model_table(fits: Mapping[str, list[ModelFit]]) -> pd.DataFrame:
                         t.name: a for t, a in zip(f.model.terms, f.coefficients, strict=True)
                     },
                     "constant_s": f.constant,
-                    "gflops_per_s": {
-                        t.name: g / 1e9 for t, g in zip(f.model.terms, f.flops_per_s(), strict=True)
-                    },
+                    "gflops_per_s": {t: g / 1e9 for t, g in f.throughput("FLOP").items()},
+                    "gelements_per_s": {t: g / 1e9 for t, g in f.throughput("element").items()},
                     "points": f.points,
                 }
             )

@@ -11,7 +11,7 @@ from torch import nn
 
 from attnbench.layers.entry import Family, LayerEntry, LayerOption
 from attnbench.positional import SinusoidalPositionalEncoding
-from attnbench.theory import LayerTheory, Term
+from attnbench.theory import LayerTheory, Term, elements
 
 
 class SelfAttentionLayer(nn.Module):
@@ -22,11 +22,11 @@ class SelfAttentionLayer(nn.Module):
     kernels need not hold the n x n matrix.
     """
 
-    def __init__(self, d: int, heads: int, *, fused: bool = False) -> None:
+    def __init__(self, d: int, heads: int, causal: int = 0, *, fused: bool = False) -> None:
         super().__init__()
         if d % heads:
             raise ValueError(f"d={d} is not divisible by heads={heads}")
-        self.d, self.heads, self.fused = d, heads, fused
+        self.d, self.heads, self.fused, self.causal = d, heads, fused, bool(causal)
         self.pos = SinusoidalPositionalEncoding(d)
         self.W_q = nn.Linear(d, d, bias=False)
         self.W_k = nn.Linear(d, d, bias=False)
@@ -44,9 +44,12 @@ class SelfAttentionLayer(nn.Module):
         k = self._split(self.W_k(x))  # (B, h, n, hs)
         v = self._split(self.W_v(x))  # (B, h, n, hs)
         if self.fused:
-            y = F.scaled_dot_product_attention(q, k, v)  # (B, h, n, hs)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)  # (B, h, n, hs)
         else:
             scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)  # (B, h, n, n)
+            if self.causal:  # every score is computed; the future ones are masked
+                future = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)  # (n, n)
+                scores = scores.masked_fill(future, float("-inf"))  # (B, h, n, n)
             weights = torch.softmax(scores, dim=-1)  # (B, h, n, n)
             y = weights @ v  # (B, h, n, hs)
         y = y.transpose(1, 2).reshape(B, n, d)  # (B, n, d)
@@ -59,15 +62,33 @@ class SelfAttentionLayer(nn.Module):
 # ----------------------------------------------------------------------------- entries
 
 HEADS = LayerOption("heads", 4, "h", "Attention heads; d must divide by it.", divides_d=True)
+CAUSAL = LayerOption(
+    "causal", 0, "causal",
+    "Decoder-style attention: each position attends to itself and the positions before it. "
+    "FLOPs are counted dense (every score, as the explicit layer computes and masks them); "
+    "a fused kernel skips the masked blocks, which only its time shows.",
+    minimum=0, flag=True,
+)  # fmt: skip
 SELF_ATTENTION = Family("self-attention", rank=40, pairwise=True)
 
 # The four projections Q, K, V, O (4·2·b·n·d²), shared by every layer built on this one.
 PROJECTIONS = Term(8, "b·n·d²", lambda s: s["b"] * s["n"] * s["d"] * s["d"])
 _SCORES = Term(4, "b·n²·d", lambda s: s["b"] * s["n"] * s["n"] * s["d"])  # QKᵀ and AV: 2·2·b·n²·d
 
+# The positional-encoding add, b·n·d elements, shared by every layer built on this one.
+POSITIONS = elements(1, "b·n·d", lambda s: s["b"] * s["n"] * s["d"])
+# The scores are scaled and normalised (softmax), and masked first when causal: every score is
+# computed either way, so the FLOPs are the same with and without --causal (a fused kernel may
+# skip the masked blocks; neither count credits it, both say what the explicit layer computes).
+_SCALED = elements(2, "b·h·n²", lambda s: s["b"] * s["heads"] * s["n"] * s["n"])
+_MASKED = elements(1, "causal·b·h·n²", lambda s: s["causal"] * s["b"] * s["heads"] * s["n"] ** 2)
+
 # The fused layer computes the same function, so it shares the same theory.
 ATTENTION_THEORY = LayerTheory(
-    "O(n^2 d)", (PROJECTIONS, _SCORES), order=lambda s: s["n"] * s["n"] * s["d"]
+    "O(n^2 d)",
+    (PROJECTIONS, _SCORES),
+    order=lambda s: s["n"] * s["n"] * s["d"],
+    elementwise=(POSITIONS, _SCALED, _MASKED),
 )
 
 ENTRIES = (
@@ -76,7 +97,7 @@ ENTRIES = (
         SelfAttentionLayer,
         SELF_ATTENTION,
         "sinusoidal PE + multi-head self-attention, explicit n x n weights",
-        (HEADS,),
+        (HEADS, CAUSAL),
         ATTENTION_THEORY,
     ),
     LayerEntry(
@@ -84,7 +105,7 @@ ENTRIES = (
         partial(SelfAttentionLayer, fused=True),
         SELF_ATTENTION,
         "the same layer through scaled_dot_product_attention (fused kernels)",
-        (HEADS,),
+        (HEADS, CAUSAL),
         ATTENTION_THEORY,
     ),
 )

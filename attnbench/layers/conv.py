@@ -50,6 +50,7 @@ ENTRIES = (
             path="O(n/k)",
             order=lambda s: s["k"] * s["n"] * s["d"] * s["d"],
             path_law=lambda s: s["n"] / s["k"],
+            elementwise=(),  # the bias is added inside the convolution
         ),
     ),
 )

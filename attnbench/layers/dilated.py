@@ -99,6 +99,7 @@ ENTRIES = (
             order=lambda s: s["k"] * s["n"] * s["d"] * s["d"] * _depth(s),
             sequential_law=_depth,
             path_law=_depth,
+            elementwise=(),  # padding and convolutions only
         ),
         needs_length=True,
     ),

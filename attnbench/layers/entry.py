@@ -30,9 +30,14 @@ class LayerOption:
     divides_d: bool = False  # d must be a multiple of it (attention heads)
     at_most_n: bool = False  # it must not exceed the smallest n (a kernel, a window)
     reach: bool = False  # it sets how far one application reaches (path probes start above it)
+    flag: bool = False  # on (1) or off (0): a switch on the command line, in case ids when on
 
     def check(self, value: Any, layer: str, ns: Iterable[int], ds: Iterable[int]) -> int:
         """The value, or a one-line error naming the layer that refuses it."""
+        if self.flag:
+            if value not in (0, 1):  # True and False are 1 and 0
+                raise AttnbenchError(f"--{self.name}: expected on or off (1 or 0), got {value!r}")
+            return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise AttnbenchError(f"--{self.name}: expected an integer, got {value!r}")
         if value < self.minimum:
@@ -120,6 +125,17 @@ class LayerEntry:
     def resolve(self, given: Mapping[str, Any]) -> dict[str, int]:
         """This layer's option values: the given ones it takes, the defaults for the rest."""
         return {o.name: given.get(o.name, o.default) for o in self.options}
+
+    def tags(self, options: Mapping[str, int]) -> list[str]:
+        """How case ids and labels write these option values: "h=4", and "causal" when on."""
+        out = []
+        for option in self.options:
+            value = options.get(option.name, option.default)
+            if option.flag:
+                out += [option.tag] if value else []
+            else:
+                out.append(f"{option.tag}={value}")
+        return out
 
     def reach(self, options: Mapping[str, int]) -> int:
         """How far one application reaches (its kernel or window; 0 for none)."""

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnbench.layers.attention import HEADS, PROJECTIONS, SelfAttentionLayer
+from attnbench.layers.attention import CAUSAL, HEADS, PROJECTIONS, SelfAttentionLayer
 from attnbench.layers.entry import Family, LayerEntry
-from attnbench.theory import LayerTheory, Term
+from attnbench.theory import LayerTheory, Term, elements
 
 
 class LinearAttentionLayer(SelfAttentionLayer):
@@ -26,15 +26,24 @@ class LinearAttentionLayer(SelfAttentionLayer):
         q = F.elu(self._split(self.W_q(x))) + 1  # (B, h, n, hs), positive
         k = F.elu(self._split(self.W_k(x))) + 1  # (B, h, n, hs), positive
         v = self._split(self.W_v(x))  # (B, h, n, hs)
-        kv = k.transpose(-2, -1) @ v  # (B, h, hs, hs): Σ_j φ(k_j) v_jᵀ
-        z = k.sum(dim=-2, keepdim=True)  # (B, h, 1, hs): Σ_j φ(k_j)
-        num = q @ kv  # (B, h, n, hs)
-        den = q @ z.transpose(-2, -1)  # (B, h, n, 1)
+        if self.causal:  # prefix sums: position i sees the keys and values up to i
+            kv = torch.cumsum(k.unsqueeze(-1) @ v.unsqueeze(-2), dim=2)  # (B, h, n, hs, hs)
+            z = torch.cumsum(k, dim=2)  # (B, h, n, hs)
+            num = (q.unsqueeze(-2) @ kv).squeeze(-2)  # (B, h, n, hs)
+            den = (q.unsqueeze(-2) @ z.unsqueeze(-1)).squeeze(-1)  # (B, h, n, 1)
+        else:
+            kv = k.transpose(-2, -1) @ v  # (B, h, hs, hs): Σ_j φ(k_j) v_jᵀ
+            z = k.sum(dim=-2, keepdim=True)  # (B, h, 1, hs): Σ_j φ(k_j)
+            num = q @ kv  # (B, h, n, hs)
+            den = q @ z.transpose(-2, -1)  # (B, h, n, 1)
         y = (num / den).transpose(1, 2).reshape(B, n, d)  # (B, n, d)
         return self.W_o(y)  # (B, n, d)
 
 
 LINEAR = Family("linear self-attention", rank=60, rival=True)
+_PREFIX_SUMS = elements(
+    1, "causal·b·n·d²/h", lambda s: s["causal"] * s["b"] * s["n"] * s["d"] * s["d"] / s["heads"]
+)
 
 ENTRIES = (
     LayerEntry(
@@ -42,7 +51,7 @@ ENTRIES = (
         LinearAttentionLayer,
         LINEAR,
         "kernelized linear attention, φ(x) = elu(x) + 1: no n x n matrix, O(n d^2)",
-        (HEADS,),
+        (HEADS, CAUSAL),
         LayerTheory(
             "O(n d^2)",
             (
@@ -53,6 +62,11 @@ ENTRIES = (
                 Term(2, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]),
             ),
             order=lambda s: s["n"] * s["d"] * s["d"],
+            # The positional add (1), φ = elu + 1 on Q and K (4), Σφ(K) (1: its b·n·d inputs)
+            # and the division (1): 7·b·n·d. Causal, the sum becomes a prefix sum of φ(K), and
+            # the b·n·d²/h outer products φ(k_j)v_jᵀ, which a product sums otherwise, are
+            # prefix-summed too.
+            elementwise=(elements(7, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]), _PREFIX_SUMS),
         ),
     ),
 )

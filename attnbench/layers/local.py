@@ -12,9 +12,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attnbench.layers.attention import HEADS, PROJECTIONS, SelfAttentionLayer
+from attnbench.layers.attention import CAUSAL, HEADS, POSITIONS, PROJECTIONS, SelfAttentionLayer
 from attnbench.layers.entry import Family, LayerEntry, LayerOption
-from attnbench.theory import LayerTheory, Sizes, Term
+from attnbench.theory import LayerTheory, Sizes, Term, elements
 
 
 class LocalAttentionLayer(SelfAttentionLayer):
@@ -23,20 +23,23 @@ class LocalAttentionLayer(SelfAttentionLayer):
     With r >= n - 1 it computes exactly the full layer's function (same seeded weights).
     """
 
-    def __init__(self, d: int, heads: int, window: int) -> None:
-        super().__init__(d, heads)
+    def __init__(self, d: int, heads: int, window: int, causal: int = 0) -> None:
+        super().__init__(d, heads, causal)
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.window = window
 
     def _band(self, n: int, blocks: int, device: torch.device) -> torch.Tensor:
-        """(blocks, r, 3r) bool: query blk*r + a may see key blk*r - r + c."""
+        """(blocks, r, 3r) bool: query blk*r + a may see key blk*r - r + c (none after it, when
+        causal)."""
         r = self.window
         a = torch.arange(r, device=device).view(1, r, 1)
         c = torch.arange(3 * r, device=device).view(1, 1, 3 * r)
         blk = torch.arange(blocks, device=device).view(blocks, 1, 1)
         key = blk * r - r + c  # (blocks, 1, 3r)
-        return ((c - a - r).abs() <= r) & (key >= 0) & (key < n)
+        offset = c - a - r  # key - query
+        ahead = 0 if self.causal else r
+        return (offset >= -r) & (offset <= ahead) & (key >= 0) & (key < n)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
         B, n, d = x.shape
@@ -72,13 +75,17 @@ def _local_scores(s: Sizes) -> float:
     return s["b"] * math.ceil(s["n"] / s["window"]) * s["window"] * s["window"] * s["d"]
 
 
+def _local_weights(s: Sizes) -> float:
+    return s["b"] * s["heads"] * math.ceil(s["n"] / s["window"]) * s["window"] * s["window"]
+
+
 ENTRIES = (
     LayerEntry(
         "attention-local",
         LocalAttentionLayer,
         RESTRICTED,
         "restricted self-attention: r neighbours each side, blocked, O(r n d)",
-        (HEADS, WINDOW),
+        (HEADS, WINDOW, CAUSAL),
         LayerTheory(
             "O(r n d)",
             # Each block of r queries meets 3r keys: QKᵀ and AV are 2·2·b·(⌈n/r⌉·r)·(3r)·d.
@@ -86,6 +93,9 @@ ENTRIES = (
             path="O(n/r)",
             order=lambda s: s["window"] * s["n"] * s["d"],
             path_law=lambda s: s["n"] / s["window"],
+            # The positional add, then the b·h·⌈n/r⌉·r·3r scores of the blocks scaled, masked
+            # to the band (causal or not) and normalised: 3·3 = 9 per b·h·⌈n/r⌉·r².
+            elementwise=(POSITIONS, elements(9, "b·h·⌈n/r⌉·r²", _local_weights)),
         ),
     ),
 )

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from attnbench.layers.entry import Family, LayerEntry
-from attnbench.theory import LayerTheory, Term
+from attnbench.theory import LayerTheory, Sizes, Term, elements
 
 _CELLS: dict[str, type[nn.RNNBase]] = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
 
@@ -29,8 +29,18 @@ class RecurrentLayer(nn.Module):
 RECURRENT = Family("recurrent", rank=30, rival=True)
 
 
-def _theory(flops: int) -> LayerTheory:
+def _unfused_bias(s: Sizes) -> float:
+    # torch adds the input projection's bias inside the product (addmm) when the (n, b, d)
+    # input it projects is contiguous, which with batch_first means b = 1; otherwise apart.
+    return float(s["b"] > 1) * s["b"] * s["n"] * s["d"]
+
+
+def _theory(gates: int, gate_work: int) -> LayerTheory:
     # One d x d product for the input and one for the hidden state, per gate: 2·2·gates·b·n·d².
+    # ``gate_work``: elements per position and channel of the gate arithmetic (the adds of the
+    # two products, the sigmoids and tanhs, the state update), plus the input bias per gate
+    # where torch does not fuse it.
+    flops = 4 * gates
     return LayerTheory(
         "O(n d^2)",
         (Term(flops, "b·n·d²", lambda s: s["b"] * s["n"] * s["d"] * s["d"]),),
@@ -39,14 +49,18 @@ def _theory(flops: int) -> LayerTheory:
         order=lambda s: s["n"] * s["d"] * s["d"],
         sequential_law=lambda s: float(s["n"]),
         path_law=lambda s: float(s["n"]),
+        elementwise=(
+            elements(gate_work, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]),
+            elements(gates, "[b>1]·b·n·d", _unfused_bias),
+        ),
     )
 
 
 ENTRIES = (
     LayerEntry("rnn", partial(RecurrentLayer, "rnn"), RECURRENT, "Elman RNN (tanh), hidden d",
-               theory=_theory(4)),
+               theory=_theory(1, 2)),
     LayerEntry("gru", partial(RecurrentLayer, "gru"), RECURRENT, "GRU, hidden d",
-               theory=_theory(12)),
+               theory=_theory(3, 10)),
     LayerEntry("lstm", partial(RecurrentLayer, "lstm"), RECURRENT, "LSTM, hidden d",
-               theory=_theory(16)),
+               theory=_theory(4, 13)),
 )  # fmt: skip

@@ -16,6 +16,7 @@ from torch import nn
 
 from attnbench.devices import DTYPES, device_sync
 from attnbench.layers.registry import build_layer, entry
+from attnbench.measure.elementwise import count_elementwise
 from attnbench.measure.flops import count_flops
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.memory import peak_bytes
@@ -123,7 +124,8 @@ def measure_case(
     max_case_s: float | None = None,
     counter: InstructionCounter | None = None,
 ) -> CaseResult:
-    """Measure one case: FLOPs (counted), peak memory (one call), then time (many calls), or
+    """Measure one case: FLOPs and elementwise work (counted), sequential steps and path length
+    (traced), peak memory (one call), then time (many calls), or
     with a Callgrind ``counter`` the instructions of one call instead of its time.
 
     A first call slower than ``max_case_s`` ends the case as ``timeout`` before the many timed
@@ -152,6 +154,7 @@ def measure_case(
         reach = entry(case.layer).reach(case.option_values)
         path = path_length(layer_builder(case, seed), case.n, case.d, scale=reach)
         flops = count_flops(step)
+        elementwise = count_elementwise(step.forward)
         peak = peak_bytes(step, case.device)
         if counter is not None:  # counted in its own process, under Callgrind
             timing, instructions = None, counter.count(case, seed)
@@ -174,6 +177,8 @@ def measure_case(
         path_len_method=path.method,
         wall_s=clock() - start,
         instructions=instructions,
+        elementwise=elementwise,
+        elementwise_analytic=case.analytic_elements(),
     )
 
 

@@ -14,14 +14,14 @@ Two gaps make a plain count silently report 0, and both are closed here:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
-from contextlib import ExitStack
 from typing import Any
 
 import torch
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from attnbench.measure.structure import unfused
 
 RELATIVE_TOLERANCE = 0.01  # counted vs analytic: agreement within 1%
 
@@ -69,13 +69,7 @@ class _FlopCounter(TorchDispatchMode):
 def count_flops(fn: Callable[[], object]) -> int:
     """FLOPs of one call of ``fn``, with fused recurrent backends disabled while counting."""
     counter = _FlopCounter(_formulas())
-    with ExitStack() as stack:
-        # The mkldnn flags context re-applies a TF32 setting that warns on CPU-only builds.
-        stack.enter_context(warnings.catch_warnings())
-        warnings.simplefilter("ignore", UserWarning)
-        stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
-        stack.enter_context(torch.backends.cudnn.flags(enabled=False))
-        stack.enter_context(counter)
+    with unfused(), counter:
         fn()
     return counter.total
 

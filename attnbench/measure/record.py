@@ -24,6 +24,15 @@ def timing_columns(timing: TimingStats | None) -> dict[str, Any]:
     }
 
 
+def _check(counted: int | None, analytic: float | None) -> str:
+    """A count against its formula: ok within 1%, mismatch, "no theory", or "" (not counted)."""
+    if counted is None:
+        return ""
+    if analytic is None:
+        return "no theory"
+    return "ok" if flops_agree(counted, analytic) else "mismatch"
+
+
 @dataclass(frozen=True)
 class CaseResult:
     """Everything measured for one case; ``timing`` keeps the raw samples.
@@ -51,6 +60,8 @@ class CaseResult:
     instructions: int | None = None  # per call, counted by Callgrind (--metric instructions)
     load_1m: float | None = None  # the machine's 1-minute load average when it was measured
     cpu_count: int | None = None
+    elementwise: int | None = None  # elements, one forward call (measure.elementwise)
+    elementwise_analytic: float | None = None
 
     @property
     def flops_per_s(self) -> float | None:
@@ -61,11 +72,12 @@ class CaseResult:
     @property
     def flops_check(self) -> str:
         """ok or mismatch (counted against analytic); "no theory" for a layer without one."""
-        if self.flops is None:
-            return ""
-        if self.flops_analytic is None:
-            return "no theory"
-        return "ok" if flops_agree(self.flops, self.flops_analytic) else "mismatch"
+        return _check(self.flops, self.flops_analytic)
+
+    @property
+    def elementwise_check(self) -> str:
+        """The same check for the elementwise work."""
+        return _check(self.elementwise, self.elementwise_analytic)
 
     def to_row(self) -> dict[str, Any]:
         """The case's row: ``RESULT_COLUMNS`` in order (the case's own columns, its timing's,
@@ -75,6 +87,7 @@ class CaseResult:
             **timing_columns(self.timing),
             "flops_per_s": self.flops_per_s,
             "flops_check": self.flops_check,
+            "elementwise_check": self.elementwise_check,
         }
         values.update({f.name: getattr(self, f.name) for f in fields(self) if f.name in COLUMN})
         known = REGISTRY.get(self.case.layer)

@@ -11,8 +11,10 @@ not the kernel.
 x_j, of the fewest position-mixing steps on a route from x_j to y_i.  It is computed from the
 layer's **dependency pattern** D (D[i, j]: y_i depends on x_j), read from the non-zeros of the
 real layer's Jacobian in float64 (one batched backward pass per length):
-- a recurrent layer passes the dependency through one recurrence step per position, so a route
-  from x_j to y_i takes i - j + 1 steps;
+- inside one application, the route follows the layer's own sequential structure, read from its
+  traced steps at three probe lengths (``Route``): a recurrence (steps growing per position:
+  RNNs, ssm) passes the dependency through one state update per position, i - j + 1 steps; a
+  parallel scan (steps growing per doubling: ssm-scan) through all its ⌈log₂ n⌉ levels;
 - any other layer is applied again (stacked) until y_i depends on x_j: the route takes that many
   applications times the layer's position-mixing stages (1, or the depth of a dilated stack, each
   stage counted only if its own pattern mixes positions).
@@ -59,7 +61,7 @@ PATH_EXTENDED = "extended"  # band shape proven at the probe lengths, extended t
 PATH_NONE = "none"  # above PATH_MEASURE_MAX with no law proven: no value
 
 
-def _unfused() -> ExitStack:
+def unfused() -> ExitStack:
     """A context with oneDNN and cuDNN off, so recurrent layers run their loop as aten ops."""
     stack = ExitStack()
     # The mkldnn flags context re-applies a TF32 setting that warns on CPU-only builds.
@@ -104,7 +106,7 @@ class _ChainTracer(TorchDispatchMode):
 def sequential_steps(fn: Callable[[], torch.Tensor]) -> int:
     """Length of the longest chain of dependent ops behind ``fn()``'s output (one forward call)."""
     tracer = _ChainTracer()
-    with _unfused(), torch.no_grad(), tracer:
+    with unfused(), torch.no_grad(), tracer:
         out = fn()
     return int(tracer.depth.get(out, 0))
 
@@ -122,7 +124,7 @@ def dependency_pattern(module: nn.Module, n: int, d: int, *, seed: int = 0) -> n
     gen = torch.Generator().manual_seed(seed)
     module = _float64_copy(module)
     x = torch.randn(1, n, d, generator=gen, dtype=torch.float64).requires_grad_(True)  # (1, n, d)
-    with _unfused():
+    with unfused():
         y = module(x)  # (1, n, d)
         eye = torch.eye(n, dtype=torch.float64)  # (n, n)
         probe = torch.randn(n, 1, n, d, generator=gen, dtype=torch.float64)  # (n_out, 1, n, d)
@@ -135,8 +137,65 @@ def _float64_copy(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
 
 
-def is_recurrent(module: nn.Module) -> bool:
-    return any(isinstance(m, nn.RNNBase) for m in module.modules())
+@dataclass(frozen=True)
+class Route:
+    """How one application of a layer carries a dependency from x_j to y_i, as its traced
+    sequential steps show at three probe lengths:
+
+    - ``recurrence``: the steps grow by ``per_step`` per position (RNN, GRU, LSTM, ssm): the
+      route takes one state update per position it crosses, |i - j| + 1;
+    - ``scan``: the steps grow by ``per_step`` per doubling of n (a parallel scan, a stack of
+      log depth): every route passes all the levels, (steps - offset) / per_step of them;
+    - ``direct``: the steps do not grow with n (attention, causal or not; conv): one
+      application connects what its pattern connects, in one step.
+    """
+
+    kind: str
+    per_step: int = 0
+    offset: int = 0
+
+    def levels(self, steps: int) -> int | None:
+        """A scan's levels at a length whose traced steps are ``steps`` (None off its law)."""
+        levels, rest = divmod(steps - self.offset, self.per_step)
+        return levels if rest == 0 and levels >= 0 else None
+
+
+def traced_steps(module: nn.Module, n: int, d: int) -> int:
+    """``sequential_steps`` of one forward call of ``module`` on a (1, n, d) input."""
+    x = torch.randn(1, n, d, generator=torch.Generator().manual_seed(0))  # (1, n, d)
+    with torch.no_grad():
+        module(x)  # lazy set-up (the positional table) stays out of the trace
+    return sequential_steps(lambda: module(x))
+
+
+_ROUTE_CACHE: dict[Any, Route] = {}
+
+
+def route_of(build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...]) -> Route:
+    """The route law of the layer ``build`` builds, from its traced steps at the probes."""
+    key = (getattr(build, "cache_key", None), d, probes)
+    if key[0] is not None and key in _ROUTE_CACHE:
+        return _ROUTE_CACHE[key]
+    modules = [build(p) for p in probes]
+    if any(len(_stages(m)) > 1 for m in modules):
+        # A declared stack (a dilated conv) grows stages with n, which a trace could mistake for
+        # scan levels: its route is counted stage by stage from its pattern instead.
+        route = Route("direct")
+        if key[0] is not None:
+            _ROUTE_CACHE[key] = route
+        return route
+    steps = [traced_steps(m, p, d) for m, p in zip(modules, probes, strict=True)]
+    first, second = steps[1] - steps[0], steps[2] - steps[1]
+    if first > 0 and second == 2 * first and first % probes[0] == 0:
+        per_step = first // probes[0]
+        route = Route("recurrence", per_step, steps[0] - per_step * probes[0])
+    elif first > 0 and first == second:
+        route = Route("scan", first, steps[0] - first * math.ceil(math.log2(probes[0])))
+    else:
+        route = Route("direct")
+    if key[0] is not None:
+        _ROUTE_CACHE[key] = route
+    return route
 
 
 def _stages(module: nn.Module) -> list[nn.Module]:
@@ -166,10 +225,13 @@ def _mixes(module: nn.Module, n: int, d: int) -> bool:
     return bool((pattern & ~np.eye(n, dtype=bool)).any())
 
 
-def path_from_pattern(module: nn.Module, pattern: np.ndarray, d: int) -> int:
-    """Maximum path length of ``module`` given its measured pattern at n = len(pattern)."""
+def path_from_pattern(
+    module: nn.Module, pattern: np.ndarray, d: int, route: Route = Route("direct")
+) -> int:
+    """Maximum path length of ``module`` given its measured pattern at n = len(pattern), for a
+    recurrence or a direct route (a scan's levels come from its trace, ``path_length``)."""
     n = len(pattern)
-    if is_recurrent(module):
+    if route.kind == "recurrence":
         i, j = np.nonzero(pattern)
         return int((np.abs(i - j) + 1).max())
     stages = _stages(module)
@@ -254,20 +316,28 @@ class PathLength:
 def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int = 0) -> PathLength:
     """Maximum path length of the layer ``build(n)`` (a builder, since depth may depend on n).
 
-    ``scale`` (the layer's kernel or window) only chooses the probe lengths.
+    The route inside one application comes from the traced steps at the probe lengths
+    (``route_of``); ``scale`` (the layer's kernel or window) only chooses those lengths.
     """
     probes = probe_lengths(scale)
+    # Below the probes the route is read at lengths up to n, so a short case never builds a
+    # longer layer than its own (one that would not fit is the longer case's to find).
+    small = max(1, n // 4)
+    route = route_of(build, d, probes if n >= probes[-1] else (small, 2 * small, 4 * small))
+    if route.kind == "scan":  # every route passes all the levels: counted from the trace at n
+        levels = route.levels(traced_steps(build(n), n, d))
+        if levels is None:
+            return PathLength(None, f"{PATH_NONE}: the steps traced at n leave the scan's law")
+        return PathLength(max(levels, 1), PATH_MEASURED)
     if n <= PATH_MEASURE_MAX or n in probes:
         module = build(n)
-        return PathLength(
-            path_from_pattern(module, dependency_pattern(module, n, d), d), PATH_MEASURED
-        )
-    band, probe_paths = _probe(build, d, tuple(probes))
+        pattern = dependency_pattern(module, n, d)
+        return PathLength(path_from_pattern(module, pattern, d, route), PATH_MEASURED)
+    band, probe_paths = _probe(build, d, tuple(probes), route)
     if band is None:
         return PathLength(None, f"{PATH_NONE}: the pattern has no single band shape at the probes")
-    module = build(n)
-    recurrent = is_recurrent(module)
-    stages = len(_stages(module))
+    recurrent = route.kind == "recurrence"
+    stages = len(_stages(build(n)))
     # The band law must reproduce every probe's measured path before it is trusted at n.
     for p, measured in probe_paths.items():
         if _band_path(band, p, recurrent, len(_stages(build(p)))) != measured:
@@ -282,7 +352,7 @@ _PROBE_CACHE: dict[Any, tuple[Band | None, dict[int, int]]] = {}
 
 
 def _probe(
-    build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...]
+    build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...], route: Route
 ) -> tuple[Band | None, dict[int, int]]:
     key = (getattr(build, "cache_key", None), d, probes)
     if key[0] is not None and key in _PROBE_CACHE:
@@ -292,7 +362,7 @@ def _probe(
     for p in probes:
         module = build(p)
         patterns[p] = dependency_pattern(module, p, d)
-        paths[p] = path_from_pattern(module, patterns[p], d)
+        paths[p] = path_from_pattern(module, patterns[p], d, route)
     result = (band_of(patterns), paths)
     if key[0] is not None:
         _PROBE_CACHE[key] = result

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.fits import Analysis
+from attnbench.fits import LETTERS, Analysis
 from attnbench.render.blocks import Block, to_html, to_markdown
 from attnbench.results.files import write_text_atomic
 from attnbench.results.run import RunResults
@@ -68,12 +68,19 @@ def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
     )
 
 
+def _rate(row: pd.Series, term: str) -> str:
+    """A term's implied throughput: GFLOP/s for a FLOP term, G elements/s for the others."""
+    if term in row.gflops_per_s:
+        return f"{row.gflops_per_s[term]:.3g} GFLOP/s"
+    return f"{row.gelements_per_s[term]:.3g} G elements/s"
+
+
 def _coefficients(row: pd.Series) -> str:
     parts = [
-        f"{letter}={value:.3g} s ({row.gflops_per_s[term]:.3g} GFLOP/s)"
+        f"{letter}={value:.3g} s ({_rate(row, term)})"
         if value > 0
         else f"{letter}=0 (no time seen for {term})"
-        for letter, (term, value) in zip("αβδεζ", row.coefficients.items(), strict=False)
+        for letter, (term, value) in zip(LETTERS, row.coefficients.items(), strict=False)
     ]
     return ", ".join([*parts, f"γ={row.constant_s * 1e6:.0f} µs"])
 

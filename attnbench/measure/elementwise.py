@@ -1,0 +1,103 @@
+"""Elementwise work of one forward call, counted at the dispatcher.
+
+FLOP counts see only matrix products, so the softmax over h·n² attention scores, or the
+n·log n combinations of a parallel scan, are invisible to them. This counter adds up, for
+every aten op of one call that computes on floating-point values:
+
+- a pointwise op (torch's ``pointwise`` tag: add, mul, exp, tanh, masked_fill...): the
+  elements it produces;
+- a reduction (the ``reduction`` tag: sum, mean, amax...) and the ops that normalise or
+  accumulate along a dimension without a tag (softmax, log-softmax, cumulative sums and
+  products): the elements it reads;
+- a fused attention kernel (``scaled_dot_product_attention``): the elementwise work of the
+  explicit layer it replaces, counted from its shapes as its FLOPs are: the b·h·n·n_k scores
+  scaled and normalised, and masked too when causal (a fused kernel may skip the masked half;
+  the count states what the explicit computation does, as the FLOP count does).
+
+Copies (``clone``, ``copy_``, ``_to_copy``) move data and compute nothing; integer and boolean
+results (masks, indices) are bookkeeping: neither is counted. Like the FLOP count, the trace
+runs with the fused recurrent kernels off, so a recurrence shows the work of each of its steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from attnbench.measure.structure import unfused
+
+_COPIES = {"clone", "copy", "copy_", "_to_copy", "lift_fresh_copy"}
+# Work along a dimension that carries neither tag: counted as the elements read.
+_ALONG = {"_softmax", "_log_softmax", "cumsum", "cumprod", "logcumsumexp"}
+_FUSED_ATTENTION = {
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+}
+
+
+def _name(func: Any) -> str:
+    return str(func._overloadpacket.__name__)
+
+
+def _floating(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+
+
+def _argument(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
+    """An argument of an aten op by its schema name (None when absent)."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == name:
+            if name in kwargs:
+                return kwargs[name]
+            return args[i] if i < len(args) else arg.default_value
+    return None
+
+
+def fused_attention_elements(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
+    """What the explicit layer computes elementwise on the scores a fused kernel keeps inside:
+    scale and softmax (and the causal mask) over b·h·n·n_k scores."""
+    scores = math.prod(q.shape[:-1]) * k.shape[-2]  # (B, h, n) x n_k
+    return scores * (3 if causal else 2)
+
+
+def elements_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+    """The elementwise work one aten op call did (0 for an op that is not elementwise)."""
+    name = _name(func)
+    if name in _FUSED_ATTENTION:
+        causal = bool(_argument(func, args, kwargs, "is_causal"))
+        return fused_attention_elements(args[0], args[1], causal)
+    if name in _COPIES:
+        return 0
+    if torch.Tag.reduction in func.tags or name in _ALONG:
+        source = args[0] if args else None
+        return source.numel() if _floating(source) else 0
+    if torch.Tag.pointwise in func.tags:
+        return sum(t.numel() for t in tree_flatten(out)[0] if _floating(t))
+    return 0
+
+
+class _ElementCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.total += elements_of(func, args, kwargs, out)
+        return out
+
+
+def count_elementwise(fn: Callable[[], object]) -> int:
+    """Elementwise work (elements) of one call of ``fn``; pass a forward call."""
+    counter = _ElementCounter()
+    with unfused(), torch.no_grad(), counter:
+        fn()
+    return counter.total

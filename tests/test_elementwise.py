@@ -1,0 +1,104 @@
+"""Elementwise work: counted at the dispatcher from the real call, equal to each layer's formula."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnbench import layer_names
+from attnbench.measure.case import make_step
+from attnbench.measure.elementwise import count_elementwise
+from attnbench.spec import Case, build_grid
+
+
+def _case(layer: str, n: int = 24, d: int = 16, batch: int = 2, **options: object) -> Case:
+    given = {"layers": layer, "n": [n], "d": [d], "k": 3, "heads": 4, "window": 5, **options}
+    return build_grid({**given, "batch": batch, "device": "cpu"}).cases()[0]
+
+
+def _counted(case: Case) -> int:
+    step = make_step(case, seed=0)
+    step()
+    return count_elementwise(step.forward)
+
+
+@pytest.mark.parametrize("layer", layer_names())
+@pytest.mark.parametrize(("n", "d", "batch"), [(24, 16, 2), (40, 8, 1)])
+def test_counted_elementwise_work_equals_each_layers_formula(
+    layer: str, n: int, d: int, batch: int
+) -> None:
+    case = _case(layer, n=n, d=d, batch=batch)
+    assert _counted(case) == case.analytic_elements()
+
+
+@pytest.mark.parametrize(("layer", "gates"), [("rnn", 1), ("gru", 3), ("lstm", 4)])
+def test_a_recurrent_input_bias_is_counted_only_where_torch_does_not_fuse_it(
+    layer: str, gates: int
+) -> None:
+    """Batch 1 folds the bias into the product; a larger batch adds it apart, per gate."""
+    one, two = _counted(_case(layer, batch=1)), _counted(_case(layer, batch=2))
+    assert two - 2 * one == gates * 2 * 24 * 16
+
+
+ATTENTION = ["attention", "attention-sdpa", "attention-local", "attention-linear"]
+
+
+@pytest.mark.parametrize("layer", ATTENTION)
+def test_causal_attention_counts_its_mask_and_keeps_the_formula(layer: str) -> None:
+    plain, causal = _case(layer), _case(layer, causal=True)
+    assert _counted(causal) == causal.analytic_elements()
+    if layer in ("attention", "attention-sdpa"):  # the mask: one more pass over b·h·n² scores
+        assert _counted(causal) - _counted(plain) == 2 * 4 * 24 * 24
+    if layer == "attention-local":  # the band is masked either way: one-sided, same work
+        assert _counted(causal) == _counted(plain)
+
+
+def test_the_softmax_term_is_quadratic_in_n_and_the_scan_term_is_n_log_n() -> None:
+    attention = [_counted(_case("attention", n=n, d=8)) for n in (16, 32, 64)]
+    b, h, d = 2, 4, 8
+    assert [a - b * n * d for a, n in zip(attention, (16, 32, 64), strict=True)] == [
+        2 * b * h * n * n for n in (16, 32, 64)
+    ]
+    scan = [_counted(_case("ssm-scan", n=n, d=8, state=4)) for n in (16, 32)]
+    step = [_counted(_case("ssm", n=n, d=8, state=4)) for n in (16, 32)]
+    # The step-by-step recurrence does 2 per state and position; the scan 3 per level (4, 5).
+    assert [s - t for s, t in zip(scan, step, strict=True)] == [
+        (3 * levels - 2) * b * n * d * 4 for n, levels in ((16, 4), (32, 5))
+    ]
+
+
+def test_state_size_changes_the_ssm_count() -> None:
+    small, large = _case("ssm", state=4), _case("ssm", state=8)
+    assert _counted(small) == small.analytic_elements()
+    assert _counted(large) == large.analytic_elements()
+    assert _counted(large) > _counted(small)
+
+
+def test_a_changed_layer_changes_the_count(add_layer) -> None:  # type: ignore[no-untyped-def]
+    class Plain(nn.Module):
+        def __init__(self, d: int) -> None:
+            super().__init__()
+            self.proj = nn.Linear(d, d)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
+            return self.proj(x)
+
+    class Activated(Plain):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
+            return F.gelu(self.proj(x)) * 2  # two more passes over b·n·d
+
+    add_layer("plain", Plain)
+    add_layer("activated", Activated)
+    plain, activated = _counted(_case("plain")), _counted(_case("activated"))
+    assert activated - plain == 2 * 2 * 24 * 16
+
+
+def test_copies_masks_and_matrix_products_are_not_elementwise_work() -> None:
+    x = torch.randn(3, 5)
+    assert count_elementwise(lambda: x.clone().t().contiguous() @ x) == 0
+    assert count_elementwise(lambda: torch.arange(10) > 3) == 0  # integers and booleans
+    assert count_elementwise(lambda: x + 1) == 15
+    assert count_elementwise(lambda: x.sum(dim=0)) == 15  # a reduction: the elements it reads
+    assert count_elementwise(lambda: torch.softmax(x, dim=-1)) == 15
