@@ -190,3 +190,8 @@ def test_a_run_over_two_device_models_gets_charts_per_model(wide_run: RunResults
     ]
     assert "on GPU model B" in (tmp_path / "gpu-model-b" / "time.svg").read_text()
     assert charts.device_folder("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_elementwise_chart_leaves_out_a_layer_without_elementwise_work(figures):
+    ax = figures["elementwise"].get_axes()[0]
+    assert {line.get_label().split()[0] for line in solid(ax)} == {"rnn", "attention"}

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.cli import app
+from attnbench.render.charts import CHARTS
 from attnbench.results.run import RunResults
 from attnbench.results.store import load_results
 
@@ -38,9 +39,17 @@ def test_plot_all_charts_as_json_into_another_folder(wide: Path, tmp_path: Path)
     result = runner.invoke(app, ["plot", str(wide), "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    assert len(payload["charts"]) == 16 and payload["not_drawn"] == []
+    assert len(payload["charts"]) == 2 * len(CHARTS) and payload["not_drawn"] == []
     assert {Path(p).suffix for p in payload["charts"]} == {".png", ".svg"}
     assert all(Path(p).parent == out for p in payload["charts"])
+
+
+def test_plot_does_not_draw_an_empty_log_chart(wide: Path):
+    """conv has no elementwise work: alone, its chart has nothing to draw on log axes."""
+    args = ["--layers", "conv", "--metric", "time,elementwise"]
+    result = runner.invoke(app, ["plot", str(wide), *args])
+    assert result.exit_code == 0, result.output
+    assert "not drawn: elementwise" in result.stderr
 
 
 def test_plot_says_which_charts_had_no_data(wide: Path):

@@ -167,7 +167,8 @@ def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
     column = metric.column
     frame = analysis.frame.copy()
     frame[column] = pd.to_numeric(frame[column], errors="coerce")
-    frame = frame.dropna(subset=[column])
+    # Log axes: a zero (conv's elementwise work) cannot be drawn, so the layer is left out.
+    frame = frame[frame[column] > 0]
     ds = [d for d in _last(frame["d"]) if frame[frame["d"] == d]["n"].nunique() > 1]
     if not ds:
         return None
