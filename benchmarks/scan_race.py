@@ -7,6 +7,7 @@ sizes), the counted sequential steps and elementwise work that explain them, and
 exponent of the traced steps in n over n = 64..4096.
 
     python benchmarks/scan_race.py [--n 64..8192] [--d 64] [--rounds 3] [--out DIR]
+    python benchmarks/scan_race.py --analyse DIR   # read a kept run again
 """
 
 from __future__ import annotations
@@ -25,12 +26,22 @@ from attnbench.results.store import load_results
 
 LAYERS = ("ssm", "ssm-scan", "attention-sdpa", "attention")
 PAIRS = (
-    ("ssm", "ssm-scan"),
+    ("ssm-scan", "ssm"),
     ("attention-sdpa", "ssm"),
     ("attention-sdpa", "ssm-scan"),
     ("attention", "ssm"),
     ("attention", "ssm-scan"),
 )
+
+
+def sweep(args: argparse.Namespace, out: Path) -> None:
+    """The race itself: one real sweep, its rounds interleaving the layers."""
+    subprocess.run(
+        [sys.executable, "-m", "attnbench", "sweep", "--layers", ",".join(LAYERS),
+         "--n", args.n, "--d", args.d, "--rounds", str(args.rounds), "--time-budget",
+         args.time_budget, "--no-charts", "--quiet", "--yes", "--out", str(out)],
+        check=True,
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -40,21 +51,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--time-budget", default="0.5")
     parser.add_argument("--out", type=Path, default=None, help="keep the run here")
+    parser.add_argument("--analyse", type=Path, default=None, help="only read this kept run")
     args = parser.parse_args()
     tmp = tempfile.TemporaryDirectory()
-    out = args.out or Path(tmp.name) / "run"
+    out = args.analyse or args.out or Path(tmp.name) / "run"
     start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "attnbench", "sweep", "--layers", ",".join(LAYERS),
-         "--n", args.n, "--d", args.d, "--rounds", str(args.rounds), "--time-budget",
-         args.time_budget, "--no-charts", "--quiet", "--yes", "--out", str(out)],
-        check=True,
-    )  # fmt: skip
+    if args.analyse is None:
+        sweep(args, out)
     wall = time.perf_counter() - start
-    frame = load_results(out).measured
+    run = load_results(out)
+    frame, rounds = run.measured, run.rounds
     for d, at_d in frame.groupby("d"):
         times = at_d.pivot_table(index="n", columns="layer", values="time_s")[list(LAYERS)]
-        print(f"\nd = {d}: median time per call (ms), {args.rounds} interleaved rounds")
+        print(f"\nd = {d}: median time per call (ms), {rounds} interleaved rounds")
         print((times * 1e3).round(3).to_string())
         ratios = pd.DataFrame({f"{a} / {b}": times[a] / times[b] for a, b in PAIRS})
         print("\ntime ratios")
@@ -73,7 +82,8 @@ def main() -> None:
             fit = loglog_exponent(line["n"].tolist(), line["seq_steps"].astype(float).tolist())
             if fit is not None:
                 print(f"  {layer}: seq_steps ~ n^{fit.slope:.3f} over n = 64..4096")
-    print(f"\nthe sweep took {wall:.0f} s; results in {out}")
+    if args.analyse is None:
+        print(f"\nthe sweep took {wall:.0f} s; results in {out}")
 
 
 if __name__ == "__main__":
