@@ -18,6 +18,7 @@ experiment that keeps one core busy 2-5 s at a time, on and off.
     python benchmarks/regression_rates.py --suite gate --neighbour --reps 10
     python benchmarks/regression_rates.py --suite instructions --neighbour --reps 10
     python benchmarks/regression_rates.py --analyse DIR   # the rates at other thresholds
+    python benchmarks/regression_rates.py --suite gate --analyse DIR  # re-read kept repetitions
 """
 
 from __future__ import annotations
