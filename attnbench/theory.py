@@ -23,13 +23,13 @@ SizeFn = Callable[[Sizes], float]  # sizes -> a size such as b·n·d², or a ste
 
 @dataclass(frozen=True)
 class Term:
-    """One term of a cost formula: ``flops`` FLOPs per unit of ``size``, e.g. 4 · b·n²·d, or
+    """One term of a cost formula: ``count`` FLOPs per unit of ``size``, e.g. 4 · b·n²·d, or
     with ``unit="element"`` that many elements of elementwise work per unit (``elements``).
 
     Terms with the same name are the same column in every cost model.
     """
 
-    flops: float
+    count: float  # FLOPs (or elements) per unit of size
     name: str  # the size, as written in the formula: "b·n²·d"
     size: SizeFn
     unit: Literal["FLOP", "element"] = "FLOP"
@@ -42,7 +42,12 @@ def elements(count: float, name: str, size: SizeFn) -> Term:
 
 def formula(terms: tuple[Term, ...]) -> str:
     """Terms, human-readable: "8·b·n·d² + 4·b·n²·d" ("0" for none)."""
-    return " + ".join(f"{t.flops:g}·{t.name}" for t in terms) or "0"
+    return " + ".join(f"{t.count:g}·{t.name}" for t in terms) or "0"
+
+
+def total(terms: tuple[Term, ...], sizes: Sizes) -> float:
+    """The sum of the terms at these sizes."""
+    return float(sum(t.count * t.size(sizes) for t in terms))
 
 
 def _zero(sizes: Sizes) -> float:
@@ -75,13 +80,13 @@ class LayerTheory:
 
     def flops(self, sizes: Sizes) -> float:
         """Forward FLOPs of one call."""
-        return float(sum(t.flops * t.size(sizes) for t in self.terms))
+        return total(self.terms, sizes)
 
     def elements(self, sizes: Sizes) -> float | None:
         """Elementwise work of one forward call, in elements (None without a formula)."""
         if self.elementwise is None:
             return None
-        return float(sum(t.flops * t.size(sizes) for t in self.elementwise))
+        return total(self.elementwise, sizes)
 
     @property
     def formula(self) -> str:

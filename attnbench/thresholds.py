@@ -130,8 +130,9 @@ def gate_from(options: Mapping[str, Any]) -> tuple[Thresholds, str]:
     return Thresholds(**given), gate
 
 
-def rounds_to_reach(alpha: float) -> int:
-    """Pairs enough for the signed-rank test to reach ``alpha`` even when the two smallest pairs
-    go the other way: 0.5^pairs <= alpha / 8 (10 pairs at alpha = 0.01, where all pairs one way
-    give p = 0.001 and those two against it p = 0.005)."""
-    return math.floor(math.log2(8 / alpha)) + 1
+def rounds_to_reach(alpha: float, slack: float = 8) -> int:
+    """Pairs enough for the one-sided signed-rank test to reach ``alpha`` with room to spare:
+    0.5^pairs <= alpha / slack. With slack 8 (the default) it still does when the two smallest
+    pairs go the other way (10 pairs at alpha = 0.01: all one way give p = 0.001, those two
+    against it p = 0.005); with slack 1, only when every pair goes one way (7 pairs)."""
+    return math.ceil(math.log2(slack / alpha))

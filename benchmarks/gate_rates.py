@@ -69,34 +69,22 @@ def grid(args: argparse.Namespace) -> list[str]:
 
 
 def gate_rep(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """One repetition: two sweeps, an ab A/A and an ab with one layer slowed, each a CLI run
+    that keeps its folder under ``root``; then judged as ``judge_rep`` judges a kept one."""
     g = grid(args)
     layers = args.layers.split(",")
     slowed = [f"{SLOWED}:slowed" if x == args.slow_layer else x for x in layers]
     percent = ["--option", f"percent={round(args.slowdown * 100)}"]
-    out: dict[str, Any] = {}
+    gate = ["--max-slowdown", args.max_slowdown, "--fail-on", "time"]
     sweep = ["sweep", *g, "--layers", args.layers, "--rounds", str(args.rounds), "--no-charts"]
-    walls = [cli(*sweep, "--out", str(root / name))[2] for name in ("A1", "A2")]
-    for basis, extra in (("raw", []), ("normalised", ["--normalize"])):
-        code, verdicts, _ = cli("compare", str(root / "A1"), str(root / "A2"), "--json",
-                                "--max-slowdown", args.max_slowdown, "--fail-on", "time", *extra)
-        out[f"compare_{basis}"] = {"exit": code, "flagged": regressions(verdicts)}
-    out["sweep_wall"] = walls
-    code, verdicts, wall = cli("ab", *g, "--layers", args.layers, "--json", "--out",
-                               str(root / "ab-aa"), "--max-slowdown", args.max_slowdown,
-                               "--fail-on", "time")
-    out["ab_aa"] = {"exit": code, "flagged": regressions(verdicts), "wall": wall,
-                    "ratios": [c["ratio_judged"] for c in verdicts["cases"]]}
-    code, verdicts, wall = cli("ab", *g, "--base-layers", args.layers, "--layers",
-                               ",".join(slowed), *percent, "--json", "--out", str(root / "ab-ab"),
-                               "--max-slowdown", args.max_slowdown, "--fail-on", "time")
-    out["ab_slowed"] = {
-        "exit": code, "wall": wall,
-        "hit": regressions(verdicts, "slowed"),
-        "others": (regressions(verdicts)[0] - regressions(verdicts, "slowed")[0],
-                   regressions(verdicts)[1] - regressions(verdicts, "slowed")[1]),
-        "ratios": [c["ratio_judged"] for c in verdicts["cases"] if "slowed" in c["layer"]],
-    }
-    return out
+    walls = {name: cli(*sweep, "--out", str(root / name))[2] for name in ("A1", "A2")}
+    walls["ab-aa"] = cli("ab", *g, "--layers", args.layers, "--json", "--out",
+                         str(root / "ab-aa"), *gate)[2]
+    walls["ab-ab"] = cli("ab", *g, "--base-layers", args.layers, "--layers", ",".join(slowed),
+                         *percent, "--json", "--out", str(root / "ab-ab"), *gate)[2]
+    judged = judge_rep(args, root, walls)
+    assert judged is not None
+    return judged
 
 
 def _seconds(first: Path, last: Path | None = None) -> float:
@@ -106,29 +94,34 @@ def _seconds(first: Path, last: Path | None = None) -> float:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
-def kept_gate_rep(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
-    """A repetition rebuilt from the folders it kept (None if it was cut short): the compare
-    verdicts are judged again, the A/B ones read back, the walls taken from run.json."""
+def judge_rep(
+    args: argparse.Namespace, root: Path, walls: dict[str, float] | None = None
+) -> dict[str, Any] | None:
+    """A repetition's record from the folders it kept (None if it was cut short): compare is
+    run on the two sweeps, the ab verdicts are read back. Walls: as measured when given, else
+    from run.json (to the second)."""
     needed = [root / "A1" / "run.json", root / "A2" / "run.json",
               root / "ab-aa" / "verdicts.json", root / "ab-ab" / "verdicts.json"]
     if not all(p.exists() for p in needed):
         return None
+    walls = walls or {
+        "A1": _seconds(root / "A1"), "A2": _seconds(root / "A2"),
+        **{ab: _seconds(root / ab / "base", root / ab / "current") for ab in ("ab-aa", "ab-ab")},
+    }
     out: dict[str, Any] = {}
     for basis, extra in (("raw", []), ("normalised", ["--normalize"])):
         code, verdicts, _ = cli("compare", str(root / "A1"), str(root / "A2"), "--json",
                                 "--max-slowdown", args.max_slowdown, "--fail-on", "time", *extra)
         out[f"compare_{basis}"] = {"exit": code, "flagged": regressions(verdicts)}
-    out["sweep_wall"] = [_seconds(root / "A1"), _seconds(root / "A2")]
+    out["sweep_wall"] = [walls["A1"], walls["A2"]]
     aa = json.loads((root / "ab-aa" / "verdicts.json").read_text())
-    out["ab_aa"] = {"exit": int(aa["failed"]), "flagged": regressions(aa),
-                    "wall": _seconds(root / "ab-aa" / "base", root / "ab-aa" / "current"),
+    out["ab_aa"] = {"exit": int(aa["failed"]), "flagged": regressions(aa), "wall": walls["ab-aa"],
                     "ratios": [c["ratio_judged"] for c in aa["cases"]]}
     ab = json.loads((root / "ab-ab" / "verdicts.json").read_text())
     hit, everyone = regressions(ab, "slowed"), regressions(ab)
     out["ab_slowed"] = {
-        "exit": int(ab["failed"]), "hit": hit,
+        "exit": int(ab["failed"]), "hit": hit, "wall": walls["ab-ab"],
         "others": (everyone[0] - hit[0], everyone[1] - hit[1]),
-        "wall": _seconds(root / "ab-ab" / "base", root / "ab-ab" / "current"),
         "ratios": [c["ratio_judged"] for c in ab["cases"] if "slowed" in c["layer"]],
     }
     return out
@@ -137,7 +130,7 @@ def kept_gate_rep(args: argparse.Namespace, root: Path) -> dict[str, Any] | None
 def analyse_kept(args: argparse.Namespace) -> None:
     """Summarise the repetitions kept under ``args.analyse`` (a run cut short included)."""
     reps = sorted(args.analyse.glob("rep*"), key=lambda p: int(p.name[3:]))
-    record = [r for p in reps if (r := kept_gate_rep(args, p)) is not None]
+    record = [r for p in reps if (r := judge_rep(args, p)) is not None]
     print(f"{len(record)} complete repetitions of {len(reps)} kept in {args.analyse}")
     summarise(args, record)
 

@@ -172,7 +172,7 @@ def test_instruction_counts_repeat_and_gate_an_ab_run(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("rounds", "says"),
-    [(10, None), (7, "'not significant'"), (3, "'too few samples'")],
+    [(10, None), (9, "'not significant'"), (7, "'not significant'"), (6, "'too few samples'")],
 )
 def test_too_few_rounds_are_announced_with_what_they_mean(rounds: int, says: str | None) -> None:
     from attnbench.run.ab import _too_few

@@ -24,7 +24,7 @@ from attnbench.compare import (
 )
 from attnbench.errors import AttnbenchError
 from attnbench.render.verdicts import display_table
-from attnbench.thresholds import Thresholds, parse_fraction
+from attnbench.thresholds import Thresholds, parse_fraction, rounds_to_reach
 
 # ----------------------------------------------------------------------------- time verdicts
 
@@ -141,6 +141,19 @@ def test_fractions_parse_from_percentages(text: str, value: float) -> None:
 def test_bad_fractions_are_one_line_errors(text: str) -> None:
     with pytest.raises(AttnbenchError, match="--max-slowdown"):
         parse_fraction(text, "--max-slowdown")
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.05])
+def test_rounds_to_reach_is_what_the_signed_rank_test_needs(alpha: float) -> None:
+    from scipy.stats import wilcoxon
+
+    def p(pairs: int, against: int) -> float:
+        diffs = [float(i + 1) * (-1 if i < against else 1) for i in range(pairs)]
+        return float(wilcoxon(diffs, alternative="greater").pvalue)
+
+    least, roomy = rounds_to_reach(alpha, slack=1), rounds_to_reach(alpha)
+    assert p(least, 0) <= alpha < p(least - 1, 0)  # every pair one way: no fewer will do
+    assert p(roomy, 2) <= alpha  # the two smallest pairs the other way: still a verdict
 
 
 def test_thresholds_refuse_nonsense() -> None:

@@ -292,6 +292,7 @@ def test_the_example_package_is_found_through_its_entry_point(
     run = load_results(out)
     gated = run.frame[run.frame["layer"] == "gated-conv"]
     assert set(gated["flops_check"]) == {"ok"} and set(gated["k"]) == {3}
+    assert set(gated["elementwise_check"]) == {"ok"}  # its formula, checked like a built-in's
     assert set(gated["layer_source"]) == {"attnbench_gated_conv:ENTRY (attnbench-gated-conv 0.1.0)"}
     # Its family is convolutional: as a rival of attention, on the table like conv.
     assert list(gated["path_len"]) == [7, 15]  # (n - 1) / ((k - 1) / 2), as conv's

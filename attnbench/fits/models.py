@@ -83,7 +83,7 @@ class ModelFit:
         """Each ``unit`` term's implied throughput (FLOP/s or elements/s): its count per unit
         of size over its coefficient (inf for a term the fit gave no time)."""
         return {
-            t.name: t.flops / a if a > 0 else math.inf
+            t.name: t.count / a if a > 0 else math.inf
             for t, a in zip(self.model.terms, self.coefficients, strict=True)
             if t.unit == unit
         }

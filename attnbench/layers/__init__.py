@@ -6,9 +6,11 @@ layer joins with ``register`` (from Python), ``--layers module:factory`` or
 The families and options below are the built-in ones, for plugin entries to reuse.
 """
 
-from attnbench.layers.attention import HEADS, SELF_ATTENTION
+from attnbench.layers.attention import CAUSAL, HEADS, SELF_ATTENTION
 from attnbench.layers.conv import CONVOLUTIONAL, K
+from attnbench.layers.dilated import DILATED
 from attnbench.layers.entry import CUSTOM, Family, LayerEntry, LayerOption, LayerSource
+from attnbench.layers.linear import LINEAR
 from attnbench.layers.local import RESTRICTED, WINDOW
 from attnbench.layers.plugins import resolve
 from attnbench.layers.recurrent import RECURRENT
@@ -21,16 +23,22 @@ from attnbench.layers.registry import (
     layer_names,
     register,
 )
+from attnbench.layers.ssm import STATE, STATE_SPACE
 
 __all__ = [
     "BUILTIN",
+    "CAUSAL",
     "CONVOLUTIONAL",
     "CUSTOM",
+    "DILATED",
     "HEADS",
+    "LINEAR",
     "RECURRENT",
     "REGISTRY",
     "RESTRICTED",
     "SELF_ATTENTION",
+    "STATE",
+    "STATE_SPACE",
     "WINDOW",
     "Family",
     "K",

@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -168,34 +168,44 @@ def traced_steps(module: nn.Module, n: int, d: int) -> int:
     return sequential_steps(lambda: module(x))
 
 
-_ROUTE_CACHE: dict[Any, Route] = {}
+# Probe results of a built-in or plugin layer (a builder with a ``cache_key``), per kind, d and
+# probe lengths: a sweep asks the same question for every n of a layer.
+_PROBE_CACHE: dict[Any, Any] = {}
+T = TypeVar("T")
+
+
+def _cached(
+    kind: str, build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...],
+    compute: Callable[[], T],
+) -> T:  # fmt: skip
+    tag = getattr(build, "cache_key", None)
+    if tag is None:
+        return compute()
+    key = (kind, tag, d, probes)
+    if key not in _PROBE_CACHE:
+        _PROBE_CACHE[key] = compute()
+    return _PROBE_CACHE[key]
 
 
 def route_of(build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...]) -> Route:
     """The route law of the layer ``build`` builds, from its traced steps at the probes."""
-    key = (getattr(build, "cache_key", None), d, probes)
-    if key[0] is not None and key in _ROUTE_CACHE:
-        return _ROUTE_CACHE[key]
+    return _cached("route", build, d, probes, lambda: _route(build, d, probes))
+
+
+def _route(build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...]) -> Route:
     modules = [build(p) for p in probes]
     if any(len(_stages(m)) > 1 for m in modules):
         # A declared stack (a dilated conv) grows stages with n, which a trace could mistake for
         # scan levels: its route is counted stage by stage from its pattern instead.
-        route = Route("direct")
-        if key[0] is not None:
-            _ROUTE_CACHE[key] = route
-        return route
+        return Route("direct")
     steps = [traced_steps(m, p, d) for m, p in zip(modules, probes, strict=True)]
     first, second = steps[1] - steps[0], steps[2] - steps[1]
     if first > 0 and second == 2 * first and first % probes[0] == 0:
         per_step = first // probes[0]
-        route = Route("recurrence", per_step, steps[0] - per_step * probes[0])
-    elif first > 0 and first == second:
-        route = Route("scan", first, steps[0] - first * math.ceil(math.log2(probes[0])))
-    else:
-        route = Route("direct")
-    if key[0] is not None:
-        _ROUTE_CACHE[key] = route
-    return route
+        return Route("recurrence", per_step, steps[0] - per_step * probes[0])
+    if first > 0 and first == second:
+        return Route("scan", first, steps[0] - first * math.ceil(math.log2(probes[0])))
+    return Route("direct")
 
 
 def _stages(module: nn.Module) -> list[nn.Module]:
@@ -348,22 +358,16 @@ def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int
     return PathLength(value, f"{PATH_EXTENDED}: {law}")
 
 
-_PROBE_CACHE: dict[Any, tuple[Band | None, dict[int, int]]] = {}
-
-
 def _probe(
     build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...], route: Route
 ) -> tuple[Band | None, dict[int, int]]:
-    key = (getattr(build, "cache_key", None), d, probes)
-    if key[0] is not None and key in _PROBE_CACHE:
-        return _PROBE_CACHE[key]
-    patterns: dict[int, np.ndarray] = {}
-    paths: dict[int, int] = {}
-    for p in probes:
-        module = build(p)
-        patterns[p] = dependency_pattern(module, p, d)
-        paths[p] = path_from_pattern(module, patterns[p], d, route)
-    result = (band_of(patterns), paths)
-    if key[0] is not None:
-        _PROBE_CACHE[key] = result
-    return result
+    def compute() -> tuple[Band | None, dict[int, int]]:
+        patterns: dict[int, np.ndarray] = {}
+        paths: dict[int, int] = {}
+        for p in probes:
+            module = build(p)
+            patterns[p] = dependency_pattern(module, p, d)
+            paths[p] = path_from_pattern(module, patterns[p], d, route)
+        return band_of(patterns), paths
+
+    return _cached("band", build, d, probes, compute)

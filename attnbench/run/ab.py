@@ -12,7 +12,6 @@ ordinary results folder, ``base/`` and ``current/``.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,13 +78,13 @@ def side_grids(
 
 def _too_few(grid: Grid, alpha: float) -> tuple[str, ...]:
     """A note when ``--rounds`` leaves the paired test short of ``alpha``."""
-    needed, least = rounds_to_reach(alpha), math.ceil(math.log2(1 / alpha))
+    needed, least = rounds_to_reach(alpha), rounds_to_reach(alpha, slack=1)
     if grid.metric == "instructions" or grid.rounds >= needed:
         return ()
     outcome = (
         "every time verdict will be 'too few samples'"
         if grid.rounds < least
-        else "a single pair against the others makes a verdict 'not significant'"
+        else "a pair or two going the other way make a verdict 'not significant'"
     )
     return (
         f"--rounds {grid.rounds}: the paired test reaches alpha {alpha:g} with {least} pairs "

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from attnbench.layers import CONVOLUTIONAL, K, LayerEntry
-from attnbench.theory import LayerTheory, Term
+from attnbench.theory import LayerTheory, Term, elements
 
 
 class GatedConv(nn.Module):
@@ -40,5 +40,7 @@ ENTRY = LayerEntry(
         path="O(n/k)",
         order=lambda s: s["k"] * s["n"] * s["d"] * s["d"],
         path_law=lambda s: s["n"] / s["k"],
+        # The gate: a sigmoid and a multiply over b·n·d elements.
+        elementwise=(elements(2, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]),),
     ),
 )
