@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from attnbench.errors import AttnbenchError
 from attnbench.fits import analyse
-from attnbench.layers import entry
+from attnbench.layers import entry, layer_names
 from attnbench.render import charts
 from attnbench.render.charts import CHARTS, build_charts, parse_charts, parse_formats, save_charts
 from attnbench.results.run import RunResults
@@ -34,6 +34,13 @@ def colour(layer):
 
 def dashed(ax):
     return [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+
+
+def test_every_built_in_layer_has_a_style_of_its_own():
+    """Eleven layers, each its own colour (and marker): none reads as another on a chart."""
+    styles = [charts.layer_style(x) for x in layer_names()]
+    assert len({s["color"] for s in styles}) == len(styles) == len(layer_names())
+    assert len({s["marker"] for s in styles}) == len(styles)
 
 
 def test_every_chart_is_built_for_a_full_run(figures):

@@ -67,8 +67,7 @@ def ab(
     quiet: Annotated[bool, typer.Option(help="No progress, table or notes.")] = False,
     **options: Any,
 ) -> None:
-    """Race the current side against a base side, measured in turn on this machine: exit 0 when
-    nothing regressed, 1 when something did.
+    """Race the current side against a base side, measured in turn: exit 1 on a regression.
 
     Each side runs in its own worker process; cases are measured in ABBA order, round after
     round, so a busy moment of the machine slows both halves of a pair alike. Time regresses

@@ -23,9 +23,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 app = typer.Typer(
     name="attnbench",
-    help="Measure the complexity table of self-attention: time, memory, FLOPs, sequential "
-    "steps and path length of conv, recurrent and (restricted) self-attention layers over a "
-    "grid of sequence lengths n and widths d.",
+    help="Measure the complexity table of self-attention: time, memory, FLOPs, elementwise "
+    "work, sequential steps and path length of conv, recurrent, self-attention (full, "
+    "restricted, linear) and state-space layers over a grid of sequence lengths n and widths d.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -107,7 +107,7 @@ def sweep(
     ] = None,
     **options: Any,
 ) -> None:
-    """Measure time, peak memory, FLOPs, sequential steps and path length over the n x d grid.
+    """Measure time, peak memory, FLOPs, elementwise work, steps and path length over n x d.
 
     Every finished case is written at once. Cases that run out of memory or time are recorded
     (oom, timeout) and the larger cases of their layer skipped. Ctrl-C or SIGTERM stops after

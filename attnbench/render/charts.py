@@ -50,7 +50,10 @@ CHARTS: dict[str, str] = {
     "n/d, with the line 1",
 }
 
-_MARKERS = "osD^v<>Px*"
+# 12 colours and 11 markers: no two of the first 132 layers share both, and the built-in
+# eleven differ in colour alone.
+_COLOURS = (*(f"C{i}" for i in range(10)), "black", "navy")
+_MARKERS = "osD^v<>Px*h"
 _PANEL_W, _PANEL_H = 5.0, 4.0
 MAX_PANELS = 4
 
@@ -60,7 +63,7 @@ def layer_style(layer: str) -> dict[str, object]:
     names = layer_names()
     # zlib.crc32, not hash(): the same colour in every process, so re-plotting is reproducible.
     i = names.index(layer) if layer in names else len(names) + zlib.crc32(layer.encode()) % 10
-    return {"color": f"C{i % 10}", "marker": _MARKERS[i % len(_MARKERS)]}
+    return {"color": _COLOURS[i % len(_COLOURS)], "marker": _MARKERS[i % len(_MARKERS)]}
 
 
 def _power_of_two(x: float, _pos: int) -> str:
