@@ -12,7 +12,6 @@ from typing import Any
 import pandas as pd
 
 from attnbench.fits import Analysis, analyse
-from attnbench.layers.registry import theory_of
 from attnbench.results.run import RunResults
 
 COLUMNS = [
@@ -51,7 +50,7 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
     measured = run.measured
     rows: list[dict[str, Any]] = []
     for layer in dict.fromkeys(run.frame["layer"]):
-        theory = theory_of(layer)
+        theory = analysis.layers.theory(layer)
         group = measured[measured["layer"] == layer]
         d_fix = _fixed_at(group, "d", "n")
         n_fix = _fixed_at(group, "n", "d")
@@ -86,7 +85,7 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 "left_out_cases": int((run.frame["layer"] == layer).sum()) - len(group),
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=COLUMNS)
 
 
 # Headers as the chapter's table has them, each theory column followed by its measurement.

@@ -215,22 +215,22 @@ def test_a_plugin_with_theory_fits_plots_compares_and_resumes(tmp_path: Path) ->
 
     lines = (out / RESULTS_FILE).read_text().splitlines(keepends=True)
     (out / RESULTS_FILE).write_text("".join(lines[:-1]))  # as if stopped before the last case
-    REGISTRY.pop("mixer")
+    REGISTRY.pop("mixer", None)
     resumed = runner.invoke(app, ["sweep", "--resume", str(out), "--no-charts", "--json"])
     assert resumed.exit_code == 0, resumed.output
     assert len(json.loads(resumed.stdout)["results"]) == len(run.frame)
 
     path.write_text(path.read_text() + "\n# changed\n")  # the plugin's code changed since
     (out / RESULTS_FILE).write_text("".join(lines[:-1]))
-    REGISTRY.pop("mixer")
+    REGISTRY.pop("mixer", None)
     refused = runner.invoke(app, ["sweep", "--resume", str(out), "--no-charts"])
     assert refused.exit_code == 2 and "layer mixer" in refused.stderr
     assert "pass --force" in refused.stderr
-    REGISTRY.pop("mixer")
+    REGISTRY.pop("mixer", None)
     forced = runner.invoke(app, ["sweep", "--resume", str(out), "--no-charts", "--force"])
     assert forced.exit_code == 0, forced.output
     assert "layer mixer" in load_results(out).meta["resumes"][-1]["environment_changes"]
-    REGISTRY.pop("mixer")
+    REGISTRY.pop("mixer", None)
     changed = runner.invoke(app, ["compare", str(base), str(out), "--fail-on", "none"])
     assert "layer mixer differs" in changed.stderr  # what is compared is named
 

@@ -13,14 +13,14 @@ from typing import Annotated, Any
 import pandas as pd
 import torch
 import typer
+from rich.markup import escape
 
 from attnbench.cli.options import RunLayers, SavedRun, json_flag
 from attnbench.cli.render import Streams, frame_table, summary_notes, summary_tables
 from attnbench.cli.sweeping import records
 from attnbench.devices import DEVICE_CHOICES, resolve_device
 from attnbench.errors import AttnbenchError
-from attnbench.fits import analyse
-from attnbench.layers import plugins
+from attnbench.fits import analyse, run_catalog
 from attnbench.positional import relative_shift_error
 from attnbench.render.blocks import markdown_table
 from attnbench.render.charts import (
@@ -45,14 +45,12 @@ from attnbench.table import HEADERS, comparison_table, display, fit_notes
 
 
 def _load(folder: Path | None) -> RunResults:
-    """A saved run, with its plugin layers loaded again (their theory feeds fits and charts)."""
+    """A saved run. Its plugin layers are never imported: a results folder is data, and their
+    theories are read from the run's own record (``theory.json``)."""
     run = load_results(folder if folder is not None else latest_results())
-    try:
-        plugins.restore(run.meta.get("layers", {}))
-    except AttnbenchError as exc:
-        Streams.make().err.print(
-            f"[yellow]note:[/] {exc.message}; without it, its theory is left out", soft_wrap=True
-        )
+    err = Streams.make().err
+    for note in run_catalog(run).notes:
+        err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     return run
 
 

@@ -8,9 +8,11 @@ it into one line on stderr and its exit code, never a traceback.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
+import click
 import typer
 from rich.markup import escape
 
@@ -42,8 +44,13 @@ def fail(exc: AttnbenchError) -> typer.Exit:
     return typer.Exit(exc.exit_code)
 
 
-def handles_errors(command: F) -> F:
-    """The command, with ``AttnbenchError`` mapped to a message and an exit code."""
+def handles_errors(command: F, reads_runs: bool = False) -> F:
+    """The command, with ``AttnbenchError`` mapped to a message and an exit code.
+
+    A command that only reads results (``reads_runs``) also answers anything else its input
+    makes it raise in one line: a results folder comes from anywhere, and one mangled past what
+    the loader checks must not end in a traceback (``ATTNBENCH_DEBUG=1`` shows it).
+    """
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -51,6 +58,18 @@ def handles_errors(command: F) -> F:
             return command(*args, **kwargs)
         except AttnbenchError as exc:
             raise fail(exc) from None
+        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException):
+            raise  # the command's own exit code, or Click's usage error
+        except Exception as exc:
+            if not reads_runs or os.environ.get("ATTNBENCH_DEBUG"):
+                raise
+            text = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise fail(
+                AttnbenchError(
+                    f"cannot read these results ({type(exc).__name__}: {text}); a file of the "
+                    "results folder is malformed (ATTNBENCH_DEBUG=1 shows where it broke)"
+                )
+            ) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -71,6 +90,15 @@ def root(
     """attnbench: see why attention is quadratic, measured on your own device."""
 
 
+# The commands that read saved runs: they never run code, and answer any input in one line.
+READERS = (
+    judge.compare,
+    analysis.show,
+    analysis.table,
+    analysis.plot,
+    analysis.fit,
+    analysis.report,
+)
 for command in (
     sweeping.sweep,
     judge.compare,
@@ -84,7 +112,7 @@ for command in (
     analysis.env,
     catalog.layers,
 ):
-    app.command()(handles_errors(command))
+    app.command()(handles_errors(command, reads_runs=command in READERS))
 
 
 def main() -> None:

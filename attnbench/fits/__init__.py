@@ -47,16 +47,18 @@ from attnbench.fits.models import (
     LETTERS,
     MODEL_COLUMNS,
     CostModel,
+    Layers,
     ModelFit,
     cost_models,
     fit_cost_model,
     model_fits,
     model_table,
+    options_of,
     own_fit,
     term_sizes,
 )
-from attnbench.layers.registry import known_options
 from attnbench.results.run import RunResults
+from attnbench.results.theories import Catalog, catalog
 
 __all__ = [
     "CROSSOVER_COLUMNS",
@@ -64,8 +66,10 @@ __all__ = [
     "LETTERS",
     "MODEL_COLUMNS",
     "Analysis",
+    "Catalog",
     "CostModel",
     "Exponent",
+    "Layers",
     "ModelFit",
     "agrees",
     "analyse",
@@ -85,6 +89,7 @@ __all__ = [
     "quadratic_layers",
     "range_rule",
     "rival_layers",
+    "run_catalog",
     "term_sizes",
     "theory_values",
     "time_ratios",
@@ -92,7 +97,12 @@ __all__ = [
 ]
 
 
-def fit_frame(run: RunResults) -> pd.DataFrame:
+def run_catalog(run: RunResults) -> Catalog:
+    """The layers of a run as its analysis reads them: no plugin's code, only its record."""
+    return catalog(run.frame["layer"], run.theories)
+
+
+def fit_frame(run: RunResults, layers: Layers | None = None) -> pd.DataFrame:
     """The run's measured rows, with every layer option filled in where a layer has none.
 
     A rival model needs them to be evaluated on any layer's sizes (the conv model on an RNN's
@@ -101,11 +111,12 @@ def fit_frame(run: RunResults) -> pd.DataFrame:
     """
     config = run.meta.get("config", {})
     frame = run.measured.copy()
-    for name, option in known_options().items():
-        value = int(config.get(name) or option.default)
+    for name, option in options_of(layers if layers is not None else run_catalog(run)).items():
+        given = config.get(name)
+        value = given if isinstance(given, int) and given else option.default
         column = frame[name] if name in frame.columns else pd.Series(pd.NA, index=frame.index)
         frame[name] = column.fillna(value).astype(int)
-    frame["batch"] = frame["batch"].fillna(int(config.get("batch") or 1)).astype(int)
+    frame["batch"] = frame["batch"].fillna(config.get("batch") or 1).astype(int)
     for column in ("n", "d"):
         frame[column] = frame[column].astype(int)
     return frame
@@ -120,6 +131,7 @@ class Analysis:
     exponents: pd.DataFrame  # EXPONENT_COLUMNS
     models: pd.DataFrame  # MODEL_COLUMNS
     crossovers: pd.DataFrame  # CROSSOVER_COLUMNS
+    layers: Catalog  # the layers read (no plugin code: their recorded theory)
 
     def exponent(self, layer: str, metric: str, along: str, fixed: int) -> pd.Series | None:
         e = self.exponents
@@ -128,17 +140,19 @@ class Analysis:
 
 
 def analyse(run: RunResults, layers: Sequence[str] | None = None) -> Analysis:
-    """Fit a run's measured cases (optionally only some layers)."""
-    frame = fit_frame(run)
+    """Fit a run's measured cases (optionally only some layers), reading no layer's code."""
+    known = run_catalog(run)
+    frame = fit_frame(run, known)
     if layers:
         frame = frame[frame["layer"].isin(layers)]
-    found = model_fits(frame)
+    found = model_fits(frame, layers=known)
     return Analysis(
         frame=frame,
         fits=found,
-        exponents=exponent_table(frame, found),
+        exponents=exponent_table(frame, found, known),
         models=model_table(found),
-        crossovers=crossover_table(frame)
+        crossovers=crossover_table(frame, known)
         if len(frame)
         else pd.DataFrame(columns=CROSSOVER_COLUMNS),
+        layers=known,
     )

@@ -11,8 +11,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from attnbench.fits.models import size_rows
-from attnbench.layers.registry import REGISTRY
+from attnbench.fits.models import Layers, layers_or_live, size_rows
 
 CROSSOVER_COLUMNS = [
     "d",
@@ -26,16 +25,18 @@ CROSSOVER_COLUMNS = [
     "theory_order",
 ]
 
-def quadratic_layers(layers: Sequence[str]) -> list[str]:
+def quadratic_layers(names: Sequence[str], layers: Layers | None = None) -> list[str]:
     """The layers whose family sets every position against every other (attention's): the
     side of a crossover whose cost grows as n²."""
-    return [x for x in layers if x in REGISTRY and REGISTRY[x].family.pairwise]
+    known = layers_or_live(layers)
+    return [x for x in names if x in known and known[x].family.pairwise]
 
 
-def rival_layers(layers: Sequence[str]) -> list[str]:
+def rival_layers(names: Sequence[str], layers: Layers | None = None) -> list[str]:
     """The layers whose family attention is raced against: the chapter's (recurrent,
     convolutional) and the state-space scans that answer it."""
-    return [x for x in layers if x in REGISTRY and REGISTRY[x].family.rival]
+    known = layers_or_live(layers)
+    return [x for x in names if x in known and known[x].family.rival]
 
 
 def measured_crossover(ns: Sequence[float], ratio: Sequence[float]) -> float:
@@ -89,33 +90,36 @@ def describe_crossover(n: float, ns: Sequence[int]) -> str:
     return f"≈ {n:.0f}"
 
 
-def time_ratios(measured: pd.DataFrame) -> dict[tuple[int, str, str], pd.Series]:
+def time_ratios(
+    measured: pd.DataFrame, layers: Layers | None = None
+) -> dict[tuple[int, str, str], pd.Series]:
     """Attention's median time over each rival's, per d, indexed by the n both measured.
 
     Keyed by (d, attention layer, rival); the crossover table and chart both read these.
     """
-    layers = list(dict.fromkeys(measured["layer"]))
+    names = list(dict.fromkeys(measured["layer"]))
     ratios = {}
     for d, at_d in measured.groupby("d"):
         medians = at_d.pivot_table(index="n", columns="layer", values="time_s")
-        for layer in quadratic_layers(layers):
-            for rival in rival_layers(layers):
+        for layer in quadratic_layers(names, layers):
+            for rival in rival_layers(names, layers):
                 if layer in medians and rival in medians:
                     both = medians[[layer, rival]].dropna()
                     ratios[(int(d), layer, rival)] = both[layer] / both[rival]
     return ratios
 
 
-def crossover_table(measured: pd.DataFrame) -> pd.DataFrame:
+def crossover_table(measured: pd.DataFrame, layers: Layers | None = None) -> pd.DataFrame:
     """For each d and each (attention, rival) pair: measured and predicted crossover n."""
+    known = layers_or_live(layers)
     rows = []
-    for (d, layer, rival), ratio in time_ratios(measured).items():
+    for (d, layer, rival), ratio in time_ratios(measured, known).items():
         at_d = measured[measured["d"] == d]
-        a, o = REGISTRY[layer].theory, REGISTRY[rival].theory
+        a, o = known[layer].theory, known[rival].theory
         if a is None or o is None:
             continue
-        mine = size_rows(at_d[at_d["layer"] == layer].iloc[:1])[0]
-        theirs = size_rows(at_d[at_d["layer"] == rival].iloc[:1])[0]
+        mine = size_rows(at_d[at_d["layer"] == layer].iloc[:1], known)[0]
+        theirs = size_rows(at_d[at_d["layer"] == rival].iloc[:1], known)[0]
         d_ = int(d)
 
         def flops_gap(n: float, a=a, o=o, mine=mine, theirs=theirs) -> float:

@@ -17,8 +17,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from attnbench.fits.models import ModelFit, numeric, own_fit, size_rows
-from attnbench.layers.registry import theory_of
+from attnbench.fits.models import Layers, ModelFit, layers_or_live, numeric, own_fit, size_rows
 from attnbench.schema import METRIC, METRICS
 
 
@@ -83,14 +82,18 @@ EXPONENT_COLUMNS = [
 ]
 
 
-def theory_values(frame: pd.DataFrame, metric: str) -> pd.Series | None:
+def theory_values(
+    frame: pd.DataFrame, metric: str, layers: Layers | None = None
+) -> pd.Series | None:
     """The theory's value of ``metric`` for each case row, up to a constant; None without one."""
     law = METRIC[metric].theory
     if law is None:
         return None
+    known = layers_or_live(layers)
     values = []
-    for layer, case in zip(frame["layer"], size_rows(frame), strict=True):
-        theory = theory_of(layer)
+    for layer, case in zip(frame["layer"], size_rows(frame, known), strict=True):
+        found = known.get(layer)
+        theory = found.theory if found is not None else None
         if theory is None:
             values.append(math.nan)
         elif law == "sequential":
@@ -133,7 +136,9 @@ def range_rule(metric: str, overhead: float | None) -> str:
 
 
 def exponent_table(
-    measured: pd.DataFrame, fits: Mapping[str, list[ModelFit]] | None = None
+    measured: pd.DataFrame,
+    fits: Mapping[str, list[ModelFit]] | None = None,
+    layers: Layers | None = None,
 ) -> pd.DataFrame:
     """Log-log exponents of each metric along n (for each d) and along d (for each n).
 
@@ -150,7 +155,7 @@ def exponent_table(
                 continue
             overheads = METRIC[metric].overheads
             values = numeric(group, metric)
-            law = theory_values(values, metric)
+            law = theory_values(values, metric, layers)
             overhead = own.constant if own is not None and metric == "time_s" else None
             for along, other in (("n", "d"), ("d", "n")):
                 for fixed, line in values.groupby(other):

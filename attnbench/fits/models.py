@@ -16,9 +16,26 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from attnbench.layers.entry import CUSTOM
-from attnbench.layers.registry import REGISTRY, known_options
+from attnbench.layers.entry import CUSTOM, LayerEntry, LayerOption
+from attnbench.layers.registry import REGISTRY
 from attnbench.theory import Term, sizes
+
+# The layers an analysis reads, by name: a run's catalog (``results.theories``), which holds no
+# code of a plugin's; None: the layers registered in this process.
+Layers = Mapping[str, LayerEntry]
+
+
+def layers_or_live(layers: Layers | None) -> Layers:
+    return REGISTRY if layers is None else layers
+
+
+def options_of(layers: Layers | None) -> dict[str, LayerOption]:
+    """Every option some layer declares, by name (the first declaration)."""
+    found: dict[str, LayerOption] = {}
+    for entry in layers_or_live(layers).values():
+        for option in entry.options:
+            found.setdefault(option.name, option)
+    return found
 
 
 def numeric(frame: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -44,10 +61,10 @@ class CostModel:
         return " + ".join([*parts, "γ"])
 
 
-def cost_models() -> tuple[CostModel, ...]:
+def cost_models(layers: Layers | None = None) -> tuple[CostModel, ...]:
     """The distinct models of the formula table (layers with the same terms share one)."""
     models: dict[tuple[str, ...], CostModel] = {}
-    for layer, found in REGISTRY.items():
+    for layer, found in layers_or_live(layers).items():
         theory = found.theory
         terms = theory.model_terms if theory is not None else ()
         key = tuple(t.name for t in terms)
@@ -57,7 +74,7 @@ def cost_models() -> tuple[CostModel, ...]:
             old = models[key]
             models[key] = CostModel(old.name, old.terms, (*old.layers, layer))
         else:
-            name = found.family.row if found.family is not CUSTOM else layer
+            name = found.family.row if found.family != CUSTOM else layer
             if any(m.name == name for m in models.values()):  # a family with several models
                 name = f"{name} ({layer})"
             models[key] = CostModel(name, terms, (layer,))
@@ -89,33 +106,39 @@ class ModelFit:
         }
 
 
-def size_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+def size_rows(frame: pd.DataFrame, layers: Layers | None = None) -> list[dict[str, Any]]:
     """Each case's sizes as its layer's theory reads them: b, n, d and every layer option
     (its default where the frame has no column for it)."""
-    options = known_options()
+    options = options_of(layers)
     names = [name for name in options if name in frame.columns]
     defaults = {name: o.default for name, o in options.items() if name not in frame.columns}
     records = frame[["batch", "n", "d", *names]].to_dict("records")
     return [sizes(r.pop("batch"), r.pop("n"), r.pop("d"), {**defaults, **r}) for r in records]
 
 
-def term_sizes(frame: pd.DataFrame, terms: Sequence[Term]) -> np.ndarray:
-    """The design matrix: each case's size for each term, shape (cases, terms)."""
-    rows = [[t.size(s) for t in terms] for s in size_rows(frame)]
+def term_sizes(
+    frame: pd.DataFrame, terms: Sequence[Term], layers: Layers | None = None
+) -> np.ndarray:
+    """The design matrix: each case's size for each term, shape (cases, terms); NaN where a
+    recorded term was not evaluated (a plugin's term at another layer's sizes)."""
+    rows = [[t.size(s) for t in terms] for s in size_rows(frame, layers)]
     return np.array(rows, dtype=float).reshape(len(frame), len(terms))
 
 
 def fit_cost_model(
-    frame: pd.DataFrame, model: CostModel, metric: str = "time_s"
+    frame: pd.DataFrame, model: CostModel, metric: str = "time_s", layers: Layers | None = None
 ) -> ModelFit | None:
-    """Non-negative least squares on relative errors; None with too few points for the model.
+    """Non-negative least squares on relative errors; None with too few points for the model,
+    or where its terms are not known at every point.
 
     Times span orders of magnitude, so each row is divided by its measured time (as
     google-benchmark minimises relative error); columns are scaled to one before NNLS.
     """
     values = numeric(frame, metric)
     y = values[metric].to_numpy(dtype=float)
-    design = np.column_stack([term_sizes(values, model.terms), np.ones(len(y))])  # (N, p)
+    design = np.column_stack([term_sizes(values, model.terms, layers), np.ones(len(y))])  # (N, p)
+    if not np.isfinite(design).all():
+        return None
     # A term that is zero on every case (the causal mask of a run without --causal) cannot be
     # fitted: it keeps a zero coefficient and does not count as a parameter.
     present = np.abs(design).max(axis=0) > 0 if len(y) else np.ones(design.shape[1], bool)
@@ -152,11 +175,16 @@ MODEL_COLUMNS = [
 ]
 
 
-def model_fits(measured: pd.DataFrame, metric: str = "time_s") -> dict[str, list[ModelFit]]:
+def model_fits(
+    measured: pd.DataFrame, metric: str = "time_s", layers: Layers | None = None
+) -> dict[str, list[ModelFit]]:
     """Every model of the table fitted to every layer, best first (ties go to the own model)."""
     fits: dict[str, list[ModelFit]] = {}
+    models = cost_models(layers)
     for layer, group in measured.groupby("layer", sort=False):
-        found = [f for m in cost_models() if (f := fit_cost_model(group, m, metric)) is not None]
+        found = [
+            f for m in models if (f := fit_cost_model(group, m, metric, layers)) is not None
+        ]
         found.sort(key=lambda f: (round(f.aicc, 6), str(layer) not in f.model.layers))
         if found:
             fits[str(layer)] = found

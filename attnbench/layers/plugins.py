@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
 import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -42,12 +44,25 @@ def _first_line(exc: BaseException) -> str:
 
 def digest(path: Path) -> str:
     """The first 12 hex digits of a file's sha256: which version of a layer's code ran."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    return text_digest(path.read_bytes())
 
 
-def _distribution(module: ModuleType) -> str:
-    """"name version" of the installed package that provides ``module`` ("" for none)."""
-    top = module.__name__.split(".")[0]
+def text_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def _read(path: Path, spec: str) -> str:
+    """A plugin file's text, exactly as its bytes (its digest is of these bytes)."""
+    if not path.is_file():
+        raise AttnbenchError(f"--layers {spec}: there is no file {str(path)!r}")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AttnbenchError(f"--layers {spec}: cannot read {str(path)!r}: {exc}") from None
+
+
+def _distribution_of(top: str) -> str:
+    """"name version" of the installed package that provides top-level module ``top``."""
     for name in importlib.metadata.packages_distributions().get(top, []):
         try:
             return f"{name} {importlib.metadata.version(name)}"
@@ -56,9 +71,38 @@ def _distribution(module: ModuleType) -> str:
     return ""
 
 
-def _import(target: str, spec: str) -> ModuleType:
+def _distribution(module: ModuleType) -> str:
+    """"name version" of the installed package that provides ``module`` ("" for none)."""
+    return _distribution_of(module.__name__.split(".")[0])
+
+
+def _importable_here() -> None:
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # the current directory is importable, as for python -m
+
+
+def locate_module(target: str) -> Path | None:
+    """The file that importing ``target`` would run, found without running anything (not even
+    its parent packages' ``__init__``); None for a module with no file of its own."""
+    loaded = sys.modules.get(target)
+    if loaded is not None:
+        file = getattr(loaded, "__file__", None)
+        return Path(file) if file else None
+    _importable_here()
+    search: list[str] | None = None
+    found = None
+    parts = target.split(".")
+    for i in range(len(parts)):
+        found = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), search)
+        if found is None:
+            return None
+        search = list(found.submodule_search_locations or [])
+    origin = getattr(found, "origin", None)
+    return Path(origin) if origin and Path(origin).is_file() else None
+
+
+def _import(target: str, spec: str) -> ModuleType:
+    _importable_here()
     try:
         return importlib.import_module(target)
     except Exception as exc:
@@ -70,9 +114,7 @@ def _import(target: str, spec: str) -> ModuleType:
 def _run_file(path: Path, spec: str, text: str | None = None) -> ModuleType:
     """Run a plugin file (or its shipped text) as a module of its own, named by its hash."""
     if text is None:
-        if not path.is_file():
-            raise AttnbenchError(f"--layers {spec}: there is no file {str(path)!r}")
-        text = path.read_text(encoding="utf-8")
+        text = _read(path, spec)
     name = f"attnbench_plugin_{path.stem}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     if name in sys.modules:
         return sys.modules[name]
@@ -97,10 +139,12 @@ def load(spec: str) -> LayerEntry:
         raise AttnbenchError(
             f"--layers {spec}: write module.path:factory or path/to/file.py:factory"
         )
-    if target.endswith(".py") or os.sep in target or "/" in target:
+    if _is_file(target):
         path = Path(target).resolve()
-        module = _run_file(path, spec)
-        stem, source = path.stem, LayerSource("file", f"{path}:{attr}", digest(path))
+        text = _read(path, spec)
+        module = _run_file(path, spec, text)
+        stem = path.stem
+        source = LayerSource("file", f"{path}:{attr}", text_digest(text.encode()))
     else:
         module = _import(target, spec)
         file = getattr(module, "__file__", None)
@@ -112,6 +156,10 @@ def load(spec: str) -> LayerEntry:
     obj = getattr(module, attr)
     name = obj.name if isinstance(obj, LayerEntry) and obj.name else f"{stem}:{attr}"
     return register(obj, name, source=source)
+
+
+def _is_file(target: str) -> bool:
+    return target.endswith(".py") or os.sep in target or "/" in target
 
 
 def installed() -> dict[str, importlib.metadata.EntryPoint]:
@@ -188,7 +236,9 @@ def shipment(names: Iterable[str], portable: bool = False) -> list[dict[str, Any
     plugin layers among ``names``: a file's text, a module's import path, or the entry.
 
     ``portable``: for a process reached in JSON (``attnbench ab``'s sides, the instruction
-    counter), which cannot take a layer registered from Python as an object.
+    counter), which cannot take a layer registered from Python as an object. A file that
+    changed since it was loaded is refused: the workers would run other code than the record
+    names.
     """
     out = []
     for name in names:
@@ -204,7 +254,8 @@ def shipment(names: Iterable[str], portable: bool = False) -> list[dict[str, Any
         item: dict[str, Any] = {"name": name, "source": entry.source.to_dict()}
         if kind == "file":
             path = Path(entry.source.spec.rpartition(":")[0])
-            item["text"] = path.read_text(encoding="utf-8")
+            item["text"] = _read(path, entry.source.spec)
+            _same_code(name, entry.source, text_digest(item["text"].encode()), "its file")
         elif kind == "module":
             item["sys_path"] = [os.getcwd()]  # importable as here; the rest is the worker's own
         elif kind == "python":
@@ -213,52 +264,152 @@ def shipment(names: Iterable[str], portable: bool = False) -> list[dict[str, Any
     return out
 
 
-def receive(items: Iterable[Mapping[str, Any]]) -> None:
-    """Register in this process the plugin layers another process shipped (``shipment``)."""
+def _same_code(name: str, recorded: LayerSource, found: str, where: str) -> None:
+    if recorded.digest and found != recorded.digest:
+        raise AttnbenchError(
+            f"layer {name}: {where} changed since it was loaded (sha256 {recorded.digest} -> "
+            f"{found}); its code was not run"
+        )
+
+
+def receive(items: Iterable[Mapping[str, Any]], verify_modules: bool = True) -> None:
+    """Register in this process the plugin layers another process shipped (``shipment``).
+
+    Each is checked against the driver's record before it runs: a shipped file's text must
+    have the recorded digest and, with ``verify_modules``, a module found here must be the
+    file the driver loaded (an ``ab`` side in another interpreter runs its own copy).
+    """
     for item in items:
         if item["name"] in REGISTRY:
             continue
         source = LayerSource(**item["source"])
+        name = item["name"]
         if "entry" in item:
-            register(item["entry"], item["name"], source=source)
+            register(item["entry"], name, source=source)
         elif source.kind == "file":
+            _same_code(name, source, text_digest(item["text"].encode()), "the shipped file")
             target, _, attr = source.spec.rpartition(":")
             module = _run_file(Path(target), source.spec, item["text"])
-            register(getattr(module, attr), item["name"], source=source)
+            register(getattr(module, attr), name, source=source)
         elif source.kind == "module":
             for path in item.get("sys_path", []):
                 if path not in sys.path:
                     sys.path.append(path)  # after this interpreter's own packages
             target, _, attr = source.spec.rpartition(":")
-            register(getattr(_import(target, source.spec), attr), item["name"], source=source)
+            if verify_modules:
+                found = locate_module(target)
+                _same_code(name, source, digest(found) if found else "", f"module {target}")
+            register(getattr(_import(target, source.spec), attr), name, source=source)
         else:
-            load_installed(item["name"])
+            load_installed(name)
 
 
-def restore(records: Mapping[str, Mapping[str, str]]) -> dict[str, list[str]]:
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _now(name: str, recorded: LayerSource) -> tuple[LayerSource, Path | None]:
+    """Where a recorded plugin's code is now, and the file that would run, found without
+    running any of it."""
+    target = recorded.spec.rpartition(":")[0]
+    if recorded.kind == "file":
+        path = Path(target)
+        text = _read(path, recorded.spec)
+        return replace(recorded, digest=text_digest(text.encode())), path
+    if recorded.kind == "module":
+        found = locate_module(target)
+        if found is None:
+            raise AttnbenchError(
+                f"layer {name}: module {target!r} ({recorded.spec}) is not importable here"
+            )
+        top = target.split(".")[0]
+        return replace(recorded, digest=digest(found), distribution=_distribution_of(top)), found
+    if recorded.kind == "entry point":
+        point = installed().get(name)
+        if point is None:
+            raise AttnbenchError(
+                f"layer {name}: no installed package offers it now (entry point "
+                f"{recorded.spec}, {recorded.distribution or 'no version recorded'})"
+            )
+        dist = point.dist
+        found = f"{dist.name} {dist.version}" if dist is not None else ""
+        return LayerSource("entry point", point.value, "", found), None
+    raise AttnbenchError(
+        f"layer {name} was registered from Python ({recorded.spec}); register it "
+        "again (attnbench.register_layer) before resuming"
+    )
+
+
+def named_files(specs: Iterable[str]) -> set[Path]:
+    """The plugin files a user named on the command line (``--layers``), resolved."""
+    return {
+        Path(spec.rpartition(":")[0]).resolve()
+        for spec in specs
+        if ":" in spec and _is_file(spec.rpartition(":")[0])
+    }
+
+
+def restore(
+    records: Mapping[str, Mapping[str, str]],
+    *,
+    force: bool = False,
+    results: Path | None = None,
+    named: Iterable[Path] = (),
+) -> dict[str, list[str]]:
     """Register the plugin layers a run recorded (run.json's ``layers``), from where they came;
-    ``{name: [recorded, now]}`` for each whose code changed since."""
+    ``{name: [recorded, now]}`` for each whose code changed since.
+
+    Every check comes before any of a plugin's code runs: a file or module whose digest (or
+    package version) differs from the record is refused unless ``force``, and code that lies
+    inside the ``results`` folder itself is refused unless the user ``named`` that file: a
+    results folder is data, and what it carries does not run by being resumed.
+    """
     changed: dict[str, list[str]] = {}
+    trusted = {Path(p).resolve() for p in named}
     for name, record in records.items():
         recorded = LayerSource(**record)
         if recorded.kind == "builtin":
             continue
-        if name not in REGISTRY:
-            if recorded.kind == "file":
-                target, _, attr = recorded.spec.rpartition(":")
-                module = _run_file(Path(target), recorded.spec)
-                source = LayerSource("file", recorded.spec, digest(Path(target)))
-                register(getattr(module, attr), name, source=source)
-            elif recorded.kind == "module":
-                load(recorded.spec)
-            elif recorded.kind == "entry point":
-                load_installed(name)
-            else:
+        if name in REGISTRY:  # loaded already: by --layers, or from Python
+            now = REGISTRY[name].source
+        else:
+            now, file = _now(name, recorded)
+            shipped = results is not None and file is not None and _inside(file, results)
+            if shipped and file is not None and file.resolve() not in trusted:
                 raise AttnbenchError(
-                    f"layer {name} was registered from Python ({recorded.spec}); register it "
-                    "again (attnbench.register_layer) before resuming"
+                    f"layer {name}: its code is {str(file)!r}, inside the results folder; "
+                    "a results folder is data, so its code is not run: name the file with "
+                    "--layers if you trust it"
                 )
-        now = REGISTRY[name].source
+            same = (now.digest, now.distribution) == (recorded.digest, recorded.distribution)
+            if not same and not force:
+                raise AttnbenchError(
+                    f"layer {name}: its code changed since the run ({recorded.describe()} "
+                    f"-> {now.describe()}); it was not run: pass --force to resume with "
+                    "the new code (the change is recorded in run.json)"
+                )
+            _register_recorded(name, recorded)
+            now = REGISTRY[name].source
         if (now.digest, now.distribution) != (recorded.digest, recorded.distribution):
             changed[name] = [recorded.describe(), now.describe()]
     return changed
+
+
+def _register_recorded(name: str, recorded: LayerSource) -> None:
+    target, _, attr = recorded.spec.rpartition(":")
+    if recorded.kind == "file":
+        path = Path(target)
+        text = _read(path, recorded.spec)
+        module = _run_file(path, recorded.spec, text)
+        if not hasattr(module, attr):
+            raise AttnbenchError(f"layer {name}: {target!r} has no attribute {attr!r}")
+        source = LayerSource("file", recorded.spec, text_digest(text.encode()))
+        register(getattr(module, attr), name, source=source)
+    elif recorded.kind == "module":
+        load(recorded.spec)
+    else:
+        load_installed(name)

@@ -30,8 +30,7 @@ from attnbench.fits import (
     theory_values,
     time_ratios,
 )
-from attnbench.layers import layer_names
-from attnbench.layers.registry import theory_of
+from attnbench.layers import BUILTIN
 from attnbench.results.run import RunResults
 from attnbench.schema import METRICS, Metric
 
@@ -60,7 +59,7 @@ MAX_PANELS = 4
 
 def layer_style(layer: str) -> dict[str, object]:
     """The same colour and marker for a layer in every chart."""
-    names = layer_names()
+    names = BUILTIN  # a plugin's style must not depend on what else this process loaded
     # zlib.crc32, not hash(): the same colour in every process, so re-plotting is reproducible.
     i = names.index(layer) if layer in names else len(names) + zlib.crc32(layer.encode()) % 10
     return {"color": _COLOURS[i % len(_COLOURS)], "marker": _MARKERS[i % len(_MARKERS)]}
@@ -96,7 +95,7 @@ def _last(values: Iterable[int], limit: int = MAX_PANELS) -> list[int]:
 def quartiles(run: RunResults) -> pd.DataFrame:
     """Per case: the first and third quartile of its raw samples (seconds)."""
     if run.samples.empty:
-        return pd.DataFrame(columns=["q1", "q3"])
+        return pd.DataFrame(columns=["q1", "q3"], dtype="float64")
     grouped = run.samples.groupby("case_id")["time_s"]
     return pd.DataFrame({"q1": grouped.quantile(0.25), "q3": grouped.quantile(0.75)})
 
@@ -120,7 +119,12 @@ def _model_line(analysis: Analysis, layer: str, line: pd.DataFrame, along: str) 
     dense = np.geomspace(lo, hi, 48)
     template = line.iloc[[0] * len(dense)].copy()
     template[along] = dense
-    return dense, fit.predict(term_sizes(template, fit.model.terms))
+    predicted = fit.predict(term_sizes(template, fit.model.terms, analysis.layers))
+    if np.isfinite(predicted).all():
+        return dense, predicted
+    # A plugin's recorded theory is known at its measured sizes (and along n): draw through those.
+    at = line.sort_values(along)
+    return at[along].to_numpy(), fit.predict(term_sizes(at, fit.model.terms, analysis.layers))
 
 
 def _legend(ax: Axes) -> None:
@@ -184,8 +188,8 @@ def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
             style = layer_style(str(layer))
             label = _exponent_label(analysis, str(layer), column, "n", int(d))
             ax.plot(line["n"], line[column], label=label, lw=1.2, **style)
-            law = theory_values(line, column) if chart.theory_note else None
-            if law is not None and theory_of(str(layer)) is not None:
+            law = theory_values(line, column, analysis.layers) if chart.theory_note else None
+            if law is not None and analysis.layers.theory(str(layer)) is not None:
                 expected = law.to_numpy()
                 if chart.scale_theory and expected[-1] > 0:
                     expected = expected * line[column].iloc[-1] / expected[-1]
@@ -221,11 +225,12 @@ def _normalized_chart(analysis: Analysis) -> Figure | None:
 def _crossover_chart(analysis: Analysis) -> Figure | None:
     frame = analysis.frame
     layers = list(dict.fromkeys(frame["layer"]))
-    attention, rivals = quadratic_layers(layers), rival_layers(layers)
+    attention = quadratic_layers(layers, analysis.layers)
+    rivals = rival_layers(layers, analysis.layers)
     if not attention or not rivals:
         return None
     fig, axes = _panels(len(attention), "When attention becomes slower: time ratio against n/d")
-    ratios = time_ratios(frame)
+    ratios = time_ratios(frame, analysis.layers)
     styles = dict(zip(sorted({d for d, _, _ in ratios}), ["-", "--", ":", "-."] * 8, strict=False))
     drew = False
     for ax, layer in zip(axes, attention, strict=True):

@@ -4,7 +4,9 @@ A results folder holds
 - ``results.csv``: one row per case (``schema.RESULT_COLUMNS``), appended as each case finishes;
 - ``samples.csv``: every raw timing sample, long format (case_id, sample, time_s, round);
 - ``calibration.csv``: the calibration GEMM's samples, timed before each measured case;
-- ``run.json``: schema version, configuration, environment, start and end time.
+- ``run.json``: schema version, configuration, environment, start and end time;
+- ``theory.json``: what the analysis reads of each plugin layer (``results.theories``), so that
+  reading a run never runs its plugins' code.
 Rows are appended with one write, flushed and fsynced; ``run.json`` and any rewritten file are
 replaced atomically (a synced temporary file and a rename).
 """
@@ -31,6 +33,7 @@ RESULTS_FILE = "results.csv"
 SAMPLES_FILE = "samples.csv"
 CALIBRATION_FILE = "calibration.csv"
 RUN_FILE = "run.json"
+THEORY_FILE = "theory.json"  # the plugin layers' theories, as data (results.theories)
 
 
 def now_iso() -> str:

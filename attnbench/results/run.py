@@ -24,6 +24,9 @@ class RunResults:
     calibration: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=CALIBRATION_COLUMNS)
     )
+    # theory.json: the plugin layers' families, options and evaluated theories ({} for runs
+    # made before it was written, or without plugins).
+    theories: dict[str, Any] = field(default_factory=dict)
 
     @property
     def calibration_s(self) -> float | None:

@@ -26,6 +26,7 @@ from attnbench.results.files import (
     RUN_FILE,
     SAMPLES_FILE,
     SCHEMA_VERSION,
+    THEORY_FILE,
     append_synced,
     create_synced,
     csv_line,
@@ -33,8 +34,10 @@ from attnbench.results.files import (
     read_csv,
     rewrite_csv,
     write_json_atomic,
+    write_text_atomic,
 )
 from attnbench.results.run import RunResults
+from attnbench.results.theories import record_problem
 from attnbench.schema import (
     CALIBRATION_COLUMNS,
     OPTIONAL_COLUMNS,
@@ -144,6 +147,11 @@ class ResultsWriter:
     def _append(self, name: str, text: str) -> None:
         append_synced(self.out_dir / name, text)
 
+    def record_theories(self, record: Mapping[str, Any]) -> None:
+        """Write theory.json: what reading the run needs of its plugin layers (no code)."""
+        text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        write_text_atomic(self.out_dir / THEORY_FILE, text + "\n")
+
     def update(self, **entries: Any) -> None:
         """Set entries of run.json (the case total, the cluster, the calibration kernel)."""
         self.meta.update(entries)
@@ -227,7 +235,75 @@ def _read_meta(path: Path) -> dict[str, Any]:
             f"{str(path)!r} has results schema version {version!r}; this attnbench reads "
             f"version {SCHEMA_VERSION}"
         )
+    problem = _meta_problem(meta)
+    if problem:
+        raise AttnbenchError(f"{str(run_file)!r} is malformed: {problem}")
     return meta
+
+
+_OPTIONAL = type(None)
+# What each entry of run.json must be, where it is present (older runs lack some).
+META_TYPES: dict[str, tuple[type, ...]] = {
+    "attnbench_version": (str,),
+    "config": (dict,),
+    "environment": (dict,),
+    "start_time": (str, _OPTIONAL),
+    "end_time": (str, _OPTIONAL),
+    "status": (str, _OPTIONAL),
+    "pid": (int, _OPTIONAL),
+    "current_case": (str, _OPTIONAL),
+    "cases_total": (int, _OPTIONAL),
+    "resumes": (list,),
+    "cluster": (dict, _OPTIONAL),
+    "layers": (dict,),
+    "calibration": (dict, _OPTIONAL),
+    "ab": (int,),
+}
+# The configuration entries that the reading commands use, by the types they must have.
+CONFIG_TYPES: dict[str, tuple[type, ...]] = {
+    "layers": (list,),
+    "ns": (list,),
+    "ds": (list,),
+    "batch": (int, _OPTIONAL),
+    "dtype": (str,),
+    "device": (str,),
+    "mode": (str,),
+    "rounds": (int,),
+    "metric": (str,),
+}
+SOURCE_KEYS = ("kind", "spec", "digest", "distribution")
+
+
+def _wrong(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in types:
+        return True  # JSON's true is no count
+    return not isinstance(value, types)
+
+
+def _kinds(types: tuple[type, ...]) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", int: "an integer"}
+    return " or ".join(names.get(t, "null") for t in types)
+
+
+def _meta_problem(meta: Mapping[str, Any]) -> str | None:
+    """What is wrong with a run record's types, in words; None when it reads as a run."""
+    for key, types in META_TYPES.items():
+        if key in meta and _wrong(meta[key], types):
+            return f"{key!r} should be {_kinds(types)}, not {json.dumps(meta[key])[:40]}"
+    config = meta.get("config", {})
+    for key, types in CONFIG_TYPES.items():
+        if key in config and _wrong(config[key], types):
+            return f"config {key!r} should be {_kinds(types)}, not {json.dumps(config[key])[:40]}"
+    for key in ("layers", "ns", "ds"):
+        kind = str if key == "layers" else int
+        if any(_wrong(item, (kind,)) for item in config.get(key, [])):
+            return f"config {key!r} holds a value that is not {_kinds((kind,))}"
+    for name, source in meta.get("layers", {}).items():
+        if not isinstance(source, dict) or set(source) != set(SOURCE_KEYS):
+            return f"layer {name!r}'s source should name {', '.join(SOURCE_KEYS)}"
+        if any(not isinstance(v, str) for v in source.values()):
+            return f"layer {name!r}'s source holds a value that is not a string"
+    return None
 
 
 def _read_tables(path: Path, warnings: list[str]) -> tuple[pd.DataFrame, ...]:
@@ -239,8 +315,12 @@ def _read_tables(path: Path, warnings: list[str]) -> tuple[pd.DataFrame, ...]:
         (SAMPLES_FILE, SAMPLE_COLUMNS[:3], "samples file"),  # round: added later
         (CALIBRATION_FILE, CALIBRATION_COLUMNS, "calibration file"),
     ):
-        if not (path / name).is_file():  # written before the file existed
-            tables.append(pd.DataFrame(columns=columns))
+        if (path / name).exists() and not (path / name).is_file():
+            raise AttnbenchError(f"{str(path / name)!r} is not a file")
+        if not (path / name).is_file():
+            if name != CALIBRATION_FILE:  # written since the first version: its rows' samples
+                raise AttnbenchError(f"{str(path)!r} has no {name}")
+            tables.append(pd.DataFrame(columns=columns))  # written before the file existed
             continue
         table, torn = read_csv(path / name, columns, what)
         if torn:
@@ -299,7 +379,23 @@ def load_results(path: Path | str) -> RunResults:
         meta=meta,
         warnings=tuple(warnings),
         calibration=calibration,
+        theories=_read_theories(path),
     )
+
+
+def _read_theories(path: Path) -> dict[str, Any]:
+    """theory.json, or {} where the run has none; its content is checked where it is read."""
+    file = path / THEORY_FILE
+    if not file.exists():
+        return {}
+    try:
+        found = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise AttnbenchError(f"{str(file)!r} is unreadable or corrupt: {exc}") from None
+    problem = record_problem(found)
+    if problem:
+        raise AttnbenchError(f"{str(file)!r} is malformed: {problem}")
+    return found
 
 
 def _with_all_rounds(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:

@@ -23,6 +23,7 @@ from attnbench.measure.timing import TimingPolicy
 from attnbench.results.files import prepare_out_dir
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter, load_results
+from attnbench.results.theories import record
 from attnbench.run.events import ProgressEvent
 from attnbench.run.executors.base import Job, Placement
 from attnbench.run.executors.process import SubprocessExecutor
@@ -142,6 +143,7 @@ def run_ab(
             writer.update(
                 cluster=clusters[side], layers=executors[side].layers, ab=SIDES.index(side)
             )
+            writer.record_theories(record(grid))
             writers[side] = writer
         if on_start is not None:
             estimate = sum(estimate_seconds(g) for g in grids.values())

@@ -25,6 +25,7 @@ from attnbench.results.environment import changes, resume_keys
 from attnbench.results.files import default_out_dir, now_iso, prepare_out_dir
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter, load_results
+from attnbench.results.theories import merge, record
 from attnbench.run.events import ProgressCallback, StartCallback, SweepStart
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
@@ -67,6 +68,7 @@ def run_sweep(
         environment = runs_on.environment(grid.device)
         writer = ResultsWriter.create(folder, grid.to_dict(), environment, grid.option_names())
         writer.update(cluster=cluster, layers=grid.sources())
+        writer.record_theories(record(grid))
         if on_start is not None:
             estimate = estimate_seconds(grid) / max(1, runs_on.workers)
             on_start(SweepStart(grid, folder, cluster, runs_on.workers, estimate))
@@ -126,8 +128,15 @@ def resume_sweep(
     """
     out_dir = Path(out_dir)
     run = load_results(out_dir)  # the one read of the folder before it is reopened
-    # Plugin layers are loaded again from where they came, before the grid is rebuilt.
-    layer_changes = plugins.restore(run.meta.get("layers", {}))
+    # Plugin layers are loaded again from where they came, before the grid is rebuilt; each is
+    # checked against the record before any of its code runs.
+    named = (overrides or {}).get("layers") or ()
+    layer_changes = plugins.restore(
+        run.meta.get("layers", {}),
+        force=force,
+        results=out_dir,
+        named=plugins.named_files(named.split(",") if isinstance(named, str) else named),
+    )
     pid = _still_running(run.meta)
     if pid is not None and not force:
         raise AttnbenchError(
@@ -174,6 +183,7 @@ def resume_sweep(
             grid.option_names(),
         )
         writer.update(layers={**run.meta.get("layers", {}), **grid.sources()})
+        writer.record_theories(merge(run.theories, record(grid)))
         if config_changes:
             writer.update(config=grid.to_dict())
         if on_start is not None:

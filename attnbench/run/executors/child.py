@@ -51,7 +51,7 @@ def serve(incoming: IO[str], channel: IO[str]) -> int:
                     f"{message['protocol']}: install the same attnbench on both sides"
                 )})  # fmt: skip
                 return 2
-            plugins.receive(message["layers"])
+            plugins.receive(message["layers"], message.get("verify_modules", True))
             names = [plugins.resolve(name).name for name in message["names"]]
             worker = Worker(
                 message["device"],

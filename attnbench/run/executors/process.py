@@ -125,6 +125,9 @@ class SubprocessExecutor:
             "threads": grid.threads,
             "names": list(grid.layers),
             "layers": plugins.shipment(grid.layers, portable=True),
+            # Another interpreter (ab's --base-python) runs its own copy of a module plugin,
+            # and records which; this one must run the driver's.
+            "verify_modules": os.path.abspath(self.python) == os.path.abspath(sys.executable),
             "metric": grid.metric,
         }
         self._ready = self._spawn()
