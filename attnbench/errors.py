@@ -27,3 +27,9 @@ class SweepInterrupted(AttnbenchError):
         self.out_dir = out_dir
         self.done = done
         self.total = total
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

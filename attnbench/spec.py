@@ -19,7 +19,7 @@ from typing import Any
 
 from attnbench.devices import DEVICE_CHOICES, DTYPES, DeviceResolver, local_device
 from attnbench.errors import AttnbenchError
-from attnbench.layers import plugins
+from attnbench.layers import checks, plugins
 from attnbench.layers.entry import LayerOption
 from attnbench.layers.registry import BUILTIN, entry, known_options
 from attnbench.schema import OPTION_COLUMNS
@@ -443,7 +443,7 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
             option.check(resolved[option.name], name, grid.ns, grid.ds)
         if found.source.kind in plugins.CHECKED:
             n = min(min(grid.ns), max(16, 2 * found.reach(resolved) + 1))
-            plugins.check_output(found, min(grid.ds), n, resolved)
+            checks.check_output(found, min(grid.ds), n, resolved)
     grid = replace(grid, device=(resolve or local_device)(grid.device, grid.dtype))
     if grid.metric == "instructions":
         if grid.device != "cpu":

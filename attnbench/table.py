@@ -33,6 +33,13 @@ def _value(row: pd.Series | None, column: str) -> Any:
     return None if row is None else row[column]
 
 
+def _agrees(row: pd.Series | None) -> bool | None:
+    """Whether a measured law agrees with the theory's (None: not judged)."""
+    if row is None or row["agrees"] is None or pd.isna(row["agrees"]):
+        return None
+    return bool(row["agrees"])
+
+
 def _fixed_at(group: pd.DataFrame, by: str, over: str) -> int | None:
     """The largest value of ``by`` at which ``over`` takes at least two values."""
     counts = group.groupby(by)[over].nunique()
@@ -76,6 +83,12 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 "time_exponent_d": _value(time_d, "exponent"),
                 "seq_steps_exponent_n": _value(seq_n, "exponent"),
                 "path_len_exponent_n": _value(path_n, "exponent"),
+                "seq_steps_agrees": _agrees(seq_n),
+                "path_len_agrees": _agrees(path_n),
+                "flops_mismatch_cases": int((group["flops_check"] == "mismatch").sum()),
+                "elementwise_mismatch_cases": int((group["elementwise_check"] == "mismatch").sum())
+                if "elementwise_check" in group
+                else 0,
                 "time_fit_n": None
                 if time_n is None
                 else [int(time_n.range_from), int(time_n.range_to)],
@@ -122,10 +135,33 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
         if row.left_out_cases:
             parts.append(f"{row.left_out_cases} unmeasured case(s) left out")
         notes.append(f"{row.layer}: " + "; ".join(parts or ["too few measured cases to fit"]))
+    notes.extend(check_notes(table))
     extended = run.measured["path_len_method"].str.startswith("extended").sum()
     if extended:
         notes.append(
             f"path_len of {extended} case(s) is extended from a band law proven at probe "
             "lengths (see the path_len_method column)"
         )
+    return notes
+
+
+def check_notes(table: pd.DataFrame) -> list[str]:
+    """Where a layer's counts disagree with its own theory: a formula off by more than 1%, or a
+    sequential or path law that the measured exponent's interval excludes."""
+    notes = []
+    for row in table.to_dict("records"):
+        layer = row["layer"]
+        for column, what in (("flops", "FLOPs"), ("elementwise", "elementwise work")):
+            cases = row.get(f"{column}_mismatch_cases") or 0
+            if cases:
+                notes.append(
+                    f"{layer}: counted {what} differ from the analytic formula by more than "
+                    f"1% in {cases} case(s); see the {column} and {column}_analytic columns"
+                )
+        for column, what in (("seq_steps", "sequential ops"), ("path_len", "max path length")):
+            if row.get(f"{column}_agrees") is False:
+                notes.append(
+                    f"{layer}: {what} measured n^{row[f'{column}_exponent_n']:.2f} disagree "
+                    f"with the theory's {row[f'{what} (theory)']}"
+                )
     return notes

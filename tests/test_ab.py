@@ -25,24 +25,21 @@ pytestmark = pytest.mark.slow
 runner = CliRunner()
 TINY = ["--n", "16", "--d", "8", "--device", "cpu", "--time-budget", "0.05", "--quiet"]
 
-LINEAR = '''
+LINEAR = """
 import time
 from torch import nn
 
 
 class Timed(nn.Module):
-    def __init__(self, d, extra):
+    def __init__(self, d, pause):
         super().__init__()
         self.proj = nn.Linear(d, d)
-        self.extra = extra
+        self.pause = pause
 
     def forward(self, x):  # (B, n, d)
-        start = time.perf_counter()
-        out = self.proj(x)
-        end = start + (time.perf_counter() - start) * (1 + self.extra)
-        while time.perf_counter() < end:  # a busy wait: a real, proportional slowdown
-            pass
-        return out
+        if self.pause:
+            time.sleep(self.pause)  # a floor no busy neighbour can lower: 100x the product
+        return self.proj(x)
 
 
 def fast(d):
@@ -50,8 +47,8 @@ def fast(d):
 
 
 def slow(d):
-    return Timed(d, 1.0)
-'''
+    return Timed(d, 2e-3)
+"""
 
 
 @pytest.fixture
@@ -123,7 +120,7 @@ def test_bad_ab_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
 def test_a_worker_process_that_dies_in_a_case_is_replaced(tmp_path: Path) -> None:
     marker = tmp_path / "died"
     plugin = tmp_path / "dies_once.py"
-    plugin.write_text(f'''
+    plugin.write_text(f"""
 import os
 from torch import nn
 
@@ -142,7 +139,7 @@ class DiesOnce(nn.Module):
 
 def make(d):
     return DiesOnce(d)
-''')
+""")
     executor = SubprocessExecutor()
     try:
         grid = build_grid({"layers": f"{plugin}:make,conv", "n": "8,16", "d": "4",

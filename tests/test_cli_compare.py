@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
+import pandas as pd
 import pytest
 import torch
 from synthetic import cases_grid, make_run, noisy
@@ -299,16 +301,36 @@ def test_sweep_keeps_its_results_when_nothing_matches_the_baseline(
     assert len(load_results(out).frame) == 1
 
 
-def test_the_committed_ci_reference_is_a_calibrated_five_round_run() -> None:
-    """What .ci/run compares against: it loads, has rounds and calibration, and judges on rounds."""
+def test_the_committed_ci_reference_is_a_calibrated_five_round_run(tmp_path: Path) -> None:
+    """What .ci/run compares against: it loads, has rounds and calibration, judges on rounds,
+    and the gate fails a copy of it with one layer slower in every round or one count grown."""
     reference = Path(__file__).resolve().parents[1] / "results" / "ci-reference"
     run = load_results(reference)
     assert run.rounds == 5 and run.calibration_s is not None
-    c = compare_runs(run, run)
-    assert set(c.times["unit"]) == {"rounds"} and not c.failed()
     root = Path(__file__).resolve().parents[1]
     cases = build_grid(load_config(root / "ci.toml")).cases()  # the grid .ci/run sweeps
-    assert len(c.times) == len(run.frame) == len(cases)
+    assert len(run.frame) == len(cases)
+    case = run.frame["case_id"].iloc[0]
+    for what in ("slower", "counted"):
+        copy = tmp_path / what
+        shutil.copytree(reference, copy)
+        if what == "slower":  # 3x in every round of one case: past its rounds' 2.1x spread
+            samples = pd.read_csv(copy / "samples.csv")
+            samples.loc[samples["case_id"] == case, "time_s"] *= 3
+            samples.to_csv(copy / "samples.csv", index=False)
+        else:  # one FLOP more in one case
+            results = pd.read_csv(copy / "results.csv")
+            results.loc[results["case_id"] == case, "flops"] += 1
+            results.to_csv(copy / "results.csv", index=False)
+        c = compare_runs(run, load_results(copy))
+        assert set(c.times["unit"]) == {"rounds"} and len(c.times) == len(cases)
+        times = c.times.set_index("case_id")["verdict"]
+        if what == "slower":
+            assert times[case] == REGRESSION and (times.drop(case) != REGRESSION).all()
+            assert c.failed("time") and not c.failed("deterministic")
+        else:
+            assert (times != REGRESSION).all()  # the same samples: no time verdict moves
+            assert c.failed("deterministic") and not c.failed("time")
 
 
 def test_sweep_with_baseline_takes_every_compare_format(

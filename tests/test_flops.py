@@ -8,7 +8,6 @@ from attnbench import layer_names
 from attnbench.measure.case import make_step
 from attnbench.measure.flops import count_flops, flops_agree
 from attnbench.spec import Case, build_grid
-from attnbench.theory import TRAIN_FLOP_FACTOR
 
 
 def _case(layer: str, mode: str = "forward", n: int = 24, d: int = 16, k: int = 3) -> Case:
@@ -52,12 +51,26 @@ def test_fused_sdpa_on_cpu_is_mapped_not_zero() -> None:
     assert count_flops(make_step(case, seed=0)) == _analytic(case)
 
 
-@pytest.mark.parametrize("layer", ["conv", "rnn", "gru", "lstm", "attention"])
-def test_train_mode_counts_about_three_forward_passes(layer: str) -> None:
+# The chapter's forward FLOPs, written out here (b = 2, k = 3): 2 FLOPs per multiply-add of each
+# product; the recurrences' gates (rnn 1, gru 3, lstm 4), each an input and a state product.
+WRITTEN = {
+    "conv": lambda b, n, d: 2 * b * n * 3 * d * d,
+    "rnn": lambda b, n, d: 1 * 2 * 2 * b * n * d * d,
+    "gru": lambda b, n, d: 3 * 2 * 2 * b * n * d * d,
+    "lstm": lambda b, n, d: 4 * 2 * 2 * b * n * d * d,
+    "attention": lambda b, n, d: 4 * 2 * b * n * d * d + 2 * 2 * b * n * n * d,
+}
+
+
+@pytest.mark.parametrize("layer", sorted(WRITTEN))
+def test_train_mode_counts_a_forward_and_a_backward_of_twice_its_cost(layer: str) -> None:
+    """Backward takes each product's gradient with respect to both of its operands: two
+    products as large as the forward one, so a training step is forward + 2 x forward."""
+    forward = WRITTEN[layer](2, 24, 16)
     case = _case(layer, mode="train")
-    counted = count_flops(make_step(case, seed=0))
-    assert flops_agree(counted, _analytic(case))
-    assert _analytic(case) == TRAIN_FLOP_FACTOR * _analytic(_case(layer))
+    assert _analytic(_case(layer)) == forward
+    assert _analytic(case) == forward + 2 * forward
+    assert flops_agree(count_flops(make_step(case, seed=0)), forward + 2 * forward)
 
 
 def test_fused_attention_backward_recomputes_and_is_flagged() -> None:

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference import chapter_encoding
 from torch import nn
 
 from attnbench import AttnbenchError, build_layer, layer_names
-from attnbench.positional import sinusoidal_table
 
 ALL = layer_names()
 
@@ -83,7 +83,7 @@ def test_attention_is_textbook_multihead_attention_on_x_plus_p() -> None:
         mha.in_proj_weight.copy_(torch.cat([layer.W_q.weight, layer.W_k.weight, layer.W_v.weight]))
         mha.out_proj.weight.copy_(layer.W_o.weight)
         x = _x(2, n, d)
-        xp = x + sinusoidal_table(n, d)
+        xp = x + chapter_encoding(n, d)  # the chapter's own code
         expected, _ = mha(xp, xp, xp, need_weights=False)
         assert torch.allclose(layer(x), expected, atol=1e-5)
 

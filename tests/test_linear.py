@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from reference import chapter_encoding
 
 from attnbench import build_grid, build_layer, layer_names
 from attnbench.layers import entry
 from attnbench.measure.case import make_step, measure_case
 from attnbench.measure.flops import count_flops, flops_agree
 from attnbench.measure.memory import peak_bytes
-from attnbench.positional import sinusoidal_table
 
 NAME = "attention-linear"
 
@@ -38,7 +38,7 @@ def test_it_computes_the_kernelized_attention_of_the_paper(n: int, d: int, heads
     x = torch.randn(2, n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         got = layer(x)
-        xp = x + sinusoidal_table(n, d, dtype=torch.float64)  # the same encoding as attention
+        xp = x + chapter_encoding(n, d, dtype=torch.float64)  # the chapter's own code
         hs = d // heads
 
         def split(t: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B, h, n, hs)

@@ -48,7 +48,9 @@ def make(d, width=2):
 '''
 
 # The same layer declared with its theory: 2 products of d x (w·d) per position, 4·b·n·w·d².
-WITH_THEORY = MIXER + '''
+WITH_THEORY = (
+    MIXER
+    + """
 
 from attnbench.layers import LayerEntry, LayerOption, SELF_ATTENTION
 from attnbench.theory import LayerTheory, Term
@@ -62,7 +64,8 @@ ENTRY = LayerEntry(
         order=lambda s: s["n"] * s["d"] * s["d"],
     ),
 )
-'''
+"""
+)
 
 
 @pytest.fixture(autouse=True)
@@ -150,6 +153,13 @@ BAD = {
     "no attribute": ("{mixer}:nope", "has no attribute 'nope'"),
     "not a module": ("{odd}:number", "its factory returned int, not an nn.Module"),
     "wrong shape": ("{odd}:wider", "maps a (2, 8, 8) input to (2, 8, 9); a layer must map"),
+    "changes n": ("{odd}:longer", "maps a (2, 8, 8) input to (2, 16, 8); a layer must map"),
+    "changes batch": ("{odd}:first", "maps a (2, 8, 8) input to (1, 8, 8); a layer must map"),
+    "tuple": ("{odd}:pair", "maps a (2, 8, 8) input to a tuple, not a tensor"),
+    "dtype": (
+        "{odd}:double",
+        "to a tensor of torch.float64 (the input is torch.float32); a layer must map",
+    ),
     "not callable": ("{odd}:WORD", "str is neither a factory"),
     "clash": ("{odd}:ENTRY", "'attention' ({odd}:ENTRY) clashes with a built-in layer"),
     "no spec": ("mixer.py", "unknown layer 'mixer.py'"),
@@ -163,9 +173,16 @@ def test_every_bad_plugin_is_one_line_and_exit_2_before_measuring(tmp_path: Path
         "broken": plugin(tmp_path, "import nonexistent_pkg_xyz\n", "broken.py"),
         "odd": plugin(
             tmp_path,
-            "from torch import nn\nfrom attnbench.layers import LayerEntry\n"
+            "import torch\nfrom torch import nn\nfrom attnbench.layers import LayerEntry\n"
+            "class Fn(nn.Module):\n"
+            "    def __init__(self, fn):\n        super().__init__()\n        self.fn = fn\n"
+            "    def forward(self, x):\n        return self.fn(x)\n"
             "def number(d):\n    return 42\n"
             "def wider(d):\n    return nn.Linear(d, d + 1)\n"
+            "def longer(d):\n    return Fn(lambda x: torch.cat([x, x], dim=1))\n"
+            "def first(d):\n    return Fn(lambda x: x[:1])\n"
+            "def pair(d):\n    return Fn(lambda x: (x, x))\n"
+            "def double(d):\n    return Fn(lambda x: x.double())\n"
             "WORD = 'layer'\n"
             "ENTRY = LayerEntry('attention', wider)\n",
             "odd.py",

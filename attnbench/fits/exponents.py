@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from attnbench.fits.agreement import agrees
 from attnbench.fits.models import Layers, ModelFit, layers_or_live, numeric, own_fit, size_rows
 from attnbench.schema import METRIC, METRICS
 
@@ -189,25 +190,3 @@ def exponent_table(
                         }
                     )
     return pd.DataFrame(rows, columns=EXPONENT_COLUMNS)
-
-
-# Exact counts carry lower-order terms (an RNN's 3n + 2 steps), which make a tiny interval miss
-# the order's exponent; within this distance the order still holds.
-EXACT_TOLERANCE = 0.05
-# An interval this wide cannot tell n from n² apart: such a fit is reported, but not judged.
-INCONCLUSIVE_WIDTH = 1.0
-
-
-def agrees(fit: Exponent, theory: float) -> bool | None:
-    """Whether the theory's exponent lies in the 95% interval (or within EXACT_TOLERANCE).
-
-    None when there is nothing to judge: no theory, no interval, or an interval wider than
-    ``INCONCLUSIVE_WIDTH`` (it would "agree" with almost any law).
-    """
-    if math.isnan(theory):
-        return None
-    if abs(fit.slope - theory) <= EXACT_TOLERANCE:
-        return True
-    if math.isnan(fit.low) or fit.high - fit.low > INCONCLUSIVE_WIDTH:
-        return None
-    return bool(fit.low <= theory <= fit.high)

@@ -25,21 +25,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import torch
-
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, first_line
 from attnbench.layers.entry import LayerEntry, LayerSource
-from attnbench.layers.registry import REGISTRY, build_layer, register
+from attnbench.layers.registry import REGISTRY, register
 
 GROUP = "attnbench.layers"
 # Plugins whose output shape is checked before a sweep: those named on the command line or
 # installed (a layer registered from Python is the caller's own object).
 CHECKED = ("module", "file", "entry point")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def digest(path: Path) -> str:
@@ -62,7 +55,7 @@ def _read(path: Path, spec: str) -> str:
 
 
 def _distribution_of(top: str) -> str:
-    """"name version" of the installed package that provides top-level module ``top``."""
+    """ "name version" of the installed package that provides top-level module ``top``."""
     for name in importlib.metadata.packages_distributions().get(top, []):
         try:
             return f"{name} {importlib.metadata.version(name)}"
@@ -72,7 +65,7 @@ def _distribution_of(top: str) -> str:
 
 
 def _distribution(module: ModuleType) -> str:
-    """"name version" of the installed package that provides ``module`` ("" for none)."""
+    """ "name version" of the installed package that provides ``module`` ("" for none)."""
     return _distribution_of(module.__name__.split(".")[0])
 
 
@@ -107,7 +100,7 @@ def _import(target: str, spec: str) -> ModuleType:
         return importlib.import_module(target)
     except Exception as exc:
         raise AttnbenchError(
-            f"--layers {spec}: cannot import {target!r}: {_first_line(exc)}"
+            f"--layers {spec}: cannot import {target!r}: {first_line(exc)}"
         ) from None
 
 
@@ -126,7 +119,7 @@ def _run_file(path: Path, spec: str, text: str | None = None) -> ModuleType:
     except Exception as exc:
         del sys.modules[name]
         raise AttnbenchError(
-            f"--layers {spec}: running {str(path)!r} failed: {_first_line(exc)}"
+            f"--layers {spec}: running {str(path)!r} failed: {first_line(exc)}"
         ) from None
     return module
 
@@ -173,7 +166,7 @@ def load_installed(name: str, point: importlib.metadata.EntryPoint | None = None
         obj = point.load()
     except Exception as exc:
         raise AttnbenchError(
-            f"layer {name} (entry point {point.value}): cannot load it: {_first_line(exc)}"
+            f"layer {name} (entry point {point.value}): cannot load it: {first_line(exc)}"
         ) from None
     dist = point.dist
     found = f"{dist.name} {dist.version}" if dist is not None else ""
@@ -204,28 +197,6 @@ def discover() -> list[str]:
         except AttnbenchError as exc:
             problems.append(exc.message)
     return problems
-
-
-def check_output(entry: LayerEntry, d: int, n: int, options: Mapping[str, int]) -> None:
-    """Refuse a plugin that does not build, or does not map (batch, n, d) to (batch, n, d),
-    on a tiny input, before anything is measured."""
-    shape = (2, n, d)
-    try:
-        layer = build_layer(entry.name, d, **options, n=n)
-        with torch.no_grad():
-            out = layer(torch.randn(*shape))
-    except AttnbenchError:
-        raise
-    except Exception as exc:
-        raise AttnbenchError(
-            f"layer {entry.name}: calling it on a {shape} input failed: {_first_line(exc)}"
-        ) from None
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise AttnbenchError(
-            f"layer {entry.name} maps a {shape} input to {got}; a layer must map "
-            "(batch, n, d) to (batch, n, d)"
-        )
 
 
 # ----------------------------------------------------------------------------- other processes

@@ -15,17 +15,12 @@ import sys
 from typing import IO, Any
 
 from attnbench._version import __version__
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, first_line
 
 
 def _reply(channel: IO[str], message: dict[str, Any]) -> None:
     channel.write(json.dumps(message) + "\n")
     channel.flush()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def serve(incoming: IO[str], channel: IO[str]) -> int:
@@ -80,7 +75,7 @@ def main() -> int:
         _reply(channel, {"op": "error", "message": exc.message})
         return 2
     except Exception as exc:  # one line for the driver, whatever broke
-        _reply(channel, {"op": "error", "message": _first_line(exc)})
+        _reply(channel, {"op": "error", "message": first_line(exc)})
         return 1
 
 

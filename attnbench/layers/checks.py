@@ -1,0 +1,49 @@
+"""The plugin check: a layer handed over from outside must map (batch, n, d) to (batch, n, d)
+in the input's dtype. It runs once on a tiny input before anything is measured, so a layer that
+would fail every case is refused in one line instead of filling results.csv with failures."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from attnbench.errors import AttnbenchError, first_line
+from attnbench.layers.entry import LayerEntry
+from attnbench.layers.registry import build_layer
+
+BATCH = 2  # not 1: a layer that drops or mixes the batch dimension must show it
+
+
+def output_problem(out: object, shape: tuple[int, ...], dtype: torch.dtype) -> str | None:
+    """What is wrong with ``out`` as the output for an input of ``shape`` and ``dtype``."""
+    if not isinstance(out, torch.Tensor):
+        return f"to a {type(out).__name__}, not a tensor"
+    if tuple(out.shape) != shape:
+        return f"to {tuple(out.shape)}"
+    if out.dtype != dtype:
+        return f"to a tensor of {out.dtype} (the input is {dtype})"
+    return None
+
+
+def check_output(entry: LayerEntry, d: int, n: int, options: Mapping[str, int]) -> None:
+    """Refuse a plugin that does not build, or does not map (batch, n, d) to (batch, n, d) in
+    the input's dtype, on a tiny input, before anything is measured."""
+    shape = (BATCH, n, d)
+    dtype = torch.float32
+    try:
+        layer = build_layer(entry.name, d, **options, n=n)
+        with torch.no_grad():
+            out = layer(torch.randn(*shape, dtype=dtype))
+    except AttnbenchError:
+        raise
+    except Exception as exc:
+        raise AttnbenchError(
+            f"layer {entry.name}: calling it on a {shape} input failed: {first_line(exc)}"
+        ) from None
+    problem = output_problem(out, shape, dtype)
+    if problem is not None:
+        raise AttnbenchError(
+            f"layer {entry.name} maps a {shape} input {problem}; a layer must map "
+            "(batch, n, d) to (batch, n, d) in the input's dtype"
+        )

@@ -1,0 +1,276 @@
+"""The regression gate at its boundaries: constructed samples, never timed, default thresholds
+pinned by value. Each test names the decision it pins, so a change of a default or of a test's
+direction fails here, not on a busy CI runner."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from synthetic import cases_grid, make_run
+
+from attnbench.compare import (
+    IMPROVEMENT,
+    NOT_COMPARED,
+    NOT_SIGNIFICANT,
+    REGRESSION,
+    TOO_FEW,
+    UNCHANGED,
+    compare_runs,
+    judge_count,
+    judge_overall,
+    judge_pairs,
+    judge_rounds,
+    judge_time,
+    smallest_p,
+)
+from attnbench.thresholds import (
+    DEFAULT_THRESHOLDS,
+    GATE_OPTIONS,
+    GATES,
+    Thresholds,
+    gate_from,
+    rounds_to_reach,
+)
+
+
+def tight(median: float, count: int = 20) -> list[float]:
+    """Samples within ±0.2% of ``median``, the same every time: a quiet machine, constructed."""
+    return [median * (1 + 0.001 * ((i % 5) - 2)) for i in range(count)]
+
+
+def rounds(*ratios: float) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """An interleaved run whose round r has the paired ratio ``ratios[r]`` (base 1 ms)."""
+    base = {r + 1: [1e-3] for r in range(len(ratios))}
+    new = {r + 1: [1e-3 * x] for r, x in enumerate(ratios)}
+    return base, new
+
+
+def spread(center: float, count: int) -> list[float]:
+    """``count`` distinct ratios just above ``center`` (no ties: the exact signed-rank test)."""
+    return [center * (1 + 0.001 * i) for i in range(count)]
+
+
+# ----------------------------------------------------------------------------- the defaults
+
+
+def test_the_default_thresholds_are_pinned_by_value() -> None:
+    assert (
+        Thresholds(
+            max_slowdown=0.10,
+            alpha=0.01,
+            min_samples=5,
+            memory_tolerance=0.0,
+            normalize=False,
+            instructions_tolerance=0.01,
+        )
+        == DEFAULT_THRESHOLDS
+    )
+    defaults = {o.key: o.default for o in GATE_OPTIONS}
+    assert defaults == {
+        "max_slowdown": 0.10,
+        "alpha": 0.01,
+        "min_samples": 5,
+        "memory_tolerance": 0.0,
+        "instructions_tolerance": 0.01,
+        "normalize": False,
+        "fail_on": "all",
+    }
+    helps = {o.key: o.full_help for o in GATE_OPTIONS}
+    assert helps["max_slowdown"].endswith("Default: 10%.")
+    assert helps["memory_tolerance"].endswith("Default: 0%.")
+    assert GATES == ("all", "deterministic", "time", "none")
+    assert gate_from({}) == (DEFAULT_THRESHOLDS, "all")
+    assert gate_from({"max_slowdown": "5%", "fail_on": "time"}) == (
+        Thresholds(max_slowdown=0.05),
+        "time",
+    )
+    # ab's default rounds: enough for the paired test at alpha 0.01 with two pairs to spare.
+    assert rounds_to_reach(0.01) == 10 and rounds_to_reach(0.01, slack=1) == 7
+
+
+# ----------------------------------------------------------------------------- two runs' samples
+
+
+@pytest.mark.parametrize(
+    ("ratio", "verdict"),
+    [
+        (1.15, REGRESSION),  # past 10%, significant
+        (1.1005, REGRESSION),  # just past the threshold
+        (1.10, UNCHANGED),  # at the threshold: not past it
+        (1.08, UNCHANGED),  # significant, but within 10%
+        (1.0, UNCHANGED),
+        (1 / 1.08, UNCHANGED),
+        (1 / 1.10, UNCHANGED),
+        (1 / 1.1005, IMPROVEMENT),
+        (1 / 1.15, IMPROVEMENT),
+    ],
+)
+def test_tight_samples_are_judged_against_ten_percent(ratio: float, verdict: str) -> None:
+    base = [1.0] * 20 if ratio in (1.10, 1 / 1.10) else tight(1.0)
+    new = [ratio] * 20 if ratio in (1.10, 1 / 1.10) else tight(ratio)
+    found = judge_time(base, new)
+    assert found.verdict == verdict, found
+    assert found.ratio == pytest.approx(ratio)
+    if ratio != 1.0:  # every new sample on one side of every base sample
+        assert found.p_value < 1e-6
+
+
+def test_a_large_ratio_from_overlapping_samples_is_not_significant() -> None:
+    base = [1.0] * 5 + [2.0] * 5
+    new = [1.0] * 4 + [2.0] * 6  # median 2.0 against 1.5: x1.33, the same two values
+    found = judge_time(base, new)
+    assert found.ratio == pytest.approx(4 / 3)
+    assert found.verdict == NOT_SIGNIFICANT and found.p_value > 0.2
+    faster = judge_time(new, base)  # the same the other way: not an improvement
+    assert faster.verdict == UNCHANGED and faster.p_value > 0.2
+
+
+def test_the_fewest_samples_boundary() -> None:
+    assert judge_time(tight(1.0, 5), tight(2.0, 5)).verdict == REGRESSION  # 5 a side: decides
+    four = judge_time(tight(1.0, 4), tight(2.0, 5))
+    assert four.verdict == TOO_FEW and math.isnan(four.p_value) and four.ratio > 1.9
+    # min_samples lowered to 2: 3 a side still cannot reach alpha (smallest p = 1/20).
+    assert judge_time([1.0] * 3, [2.0] * 3, Thresholds(min_samples=2)).verdict == TOO_FEW
+    assert smallest_p(5, 5) == pytest.approx(1 / 252) and smallest_p(3, 3) == pytest.approx(0.05)
+    assert judge_time([], [1.0] * 20).verdict == NOT_COMPARED
+
+
+def test_rounds_are_the_unit_once_they_can_reach_alpha() -> None:
+    slow = [tight(1.3, 4) for _ in range(5)]
+    base = [tight(1.0, 4) for _ in range(5)]
+    verdict, unit = judge_rounds(base, slow)  # 5 against 5: p can be 1/252
+    assert (unit, verdict.verdict) == ("rounds", REGRESSION)
+    assert verdict.p_value < 0.01  # ties between the rounds' medians: near, not at, 1/252
+    verdict, unit = judge_rounds(base[:4], slow[:4])  # 4 against 4: 1/70, above alpha
+    assert unit == "samples" and verdict.verdict == REGRESSION
+    verdict, unit = judge_rounds(base[:4], slow)  # 4 against 5: 1/126
+    assert unit == "rounds" and verdict.verdict == REGRESSION
+
+
+# ----------------------------------------------------------------------------- pairs (ab)
+
+
+def test_consistent_pairs_past_the_threshold_are_a_regression() -> None:
+    found = judge_pairs(*rounds(*spread(1.15, 10)))
+    assert found.verdict == REGRESSION
+    assert found.p_value == pytest.approx(0.5**10)  # every pair slower: the exact smallest p
+    assert found.ratio == pytest.approx(1.15 * 1.0045, rel=1e-3)
+
+
+def test_consistent_faster_pairs_are_an_improvement() -> None:
+    found = judge_pairs(*rounds(*(1 / x for x in spread(1.15, 10))))
+    assert found.verdict == IMPROVEMENT and found.p_value == pytest.approx(0.5**10)
+
+
+def test_pairs_within_the_threshold_are_unchanged_however_significant() -> None:
+    found = judge_pairs(*rounds(*spread(1.08, 10)))
+    assert found.verdict == UNCHANGED and found.p_value == pytest.approx(0.5**10)
+    assert judge_pairs(*rounds(*spread(1.08, 10)), Thresholds(max_slowdown=0.05)).verdict == (
+        REGRESSION
+    )
+
+
+def test_pairs_of_mixed_signs_are_not_significant_whatever_their_median() -> None:
+    ratios = [*spread(1.3, 6), 0.5, 0.55, 0.6, 0.65]  # median x1.3, four pairs much faster
+    found = judge_pairs(*rounds(*ratios))
+    assert found.ratio > 1.1  # the median alone would call it a regression
+    assert found.verdict == NOT_SIGNIFICANT and found.p_value > 0.1
+    mirrored = judge_pairs(*rounds(*(1 / x for x in ratios)))
+    assert mirrored.ratio < 1 / 1.1 and mirrored.verdict == UNCHANGED
+    assert mirrored.p_value > 0.1
+
+
+def test_the_pairs_needed_for_a_verdict() -> None:
+    six = judge_pairs(*rounds(*spread(1.5, 6)))  # 0.5^6 = 0.016: no outcome reaches 0.01
+    assert six.verdict == TOO_FEW and math.isnan(six.p_value)
+    seven = judge_pairs(*rounds(*spread(1.5, 7)))  # 0.5^7 = 0.0078
+    assert seven.verdict == REGRESSION and seven.p_value == pytest.approx(0.5**7)
+    # Ten pairs tolerate the two smallest going the other way (ab's default, rounds_to_reach).
+    two_against = [0.999, 0.998, *spread(1.5, 8)]
+    assert judge_pairs(*rounds(*two_against)).verdict == REGRESSION
+    assert judge_pairs({}, {}).verdict == NOT_COMPARED
+    identical = judge_pairs(*rounds(*[1.0] * 10))
+    assert identical.verdict == UNCHANGED and identical.p_value == 1.0
+
+
+# ----------------------------------------------------------------------------- the overall row
+
+
+def test_the_overall_row_is_the_geometric_mean_tested_across_cases() -> None:
+    found = judge_overall(spread(1.2, 8))
+    assert found.verdict == REGRESSION
+    assert found.ratio == pytest.approx(math.exp(sum(math.log(x) for x in spread(1.2, 8)) / 8))
+    assert judge_overall([1 / x for x in spread(1.2, 8)]).verdict == IMPROVEMENT
+    assert judge_overall(spread(1.2, 6)).verdict == TOO_FEW  # 0.5^6 > 0.01
+    assert judge_overall(spread(1.2, 7)).verdict == REGRESSION
+    assert judge_overall(spread(1.05, 8)).verdict == UNCHANGED  # significant, within 10%
+    mixed = judge_overall([*spread(1.6, 5), 0.7, 0.75, 0.8])  # geomean x1.21, mixed signs
+    assert mixed.ratio > 1.1 and mixed.verdict == NOT_SIGNIFICANT
+    assert judge_overall([math.inf, math.nan, 0.0]).verdict == NOT_COMPARED
+
+
+# ----------------------------------------------------------------------------- exact metrics
+
+
+@pytest.mark.parametrize(
+    ("base", "new", "tolerance", "verdict"),
+    [
+        (100, 101, 0.0, REGRESSION),
+        (100, 100, 0.0, UNCHANGED),
+        (100, 99, 0.0, IMPROVEMENT),
+        (100, 101, 0.01, UNCHANGED),  # at the tolerance: not past it
+        (100, 101.01, 0.01, REGRESSION),
+        (100, 98.99, 0.01, IMPROVEMENT),
+        (None, 100, 0.0, NOT_COMPARED),
+        (100, math.nan, 0.0, NOT_COMPARED),
+    ],
+)
+def test_an_exact_count_regresses_on_any_growth_beyond_its_tolerance(
+    base: float | None, new: float, tolerance: float, verdict: str
+) -> None:
+    assert judge_count(base, new, tolerance) == verdict
+
+
+# Per exact metric: the synthetic run's override key, its base value at n = 64, one step more.
+GROWTH = {
+    "flops": ("flops", 64_000, 64_001),
+    "elementwise": ("elements", 640, 641),
+    "seq_steps": ("steps", 1, 2),
+    "path_len": ("path", 32, 33),
+    "peak_bytes": ("peak", 4096, 4097),  # memory tolerance 0 by default
+    "instructions": ("instructions", 100_000, 101_001),  # 1% tolerance: 1.001% is past it
+}
+
+
+@pytest.mark.parametrize("metric", sorted(GROWTH))
+def test_compare_fails_the_deterministic_gate_on_each_exact_metric(
+    tmp_path: Path, metric: str
+) -> None:
+    key, before, after = GROWTH[metric]
+    base = make_run(tmp_path / "base", cases_grid(conv_64={key: before}))
+    new = make_run(tmp_path / "new", cases_grid(conv_64={key: after}))
+    within = make_run(
+        tmp_path / "within",
+        cases_grid(conv_64={key: 100_900 if metric == "instructions" else before}),
+    )
+    comparison = compare_runs(base, new)
+    counts = comparison.counts.set_index(["case_id", "metric"])["verdict"]
+    case = "conv/n=64/d=16/k=3/b=1/float32/cpu/forward"
+    assert counts[(case, metric)] == REGRESSION
+    assert (counts.drop((case, metric)) != REGRESSION).all()
+    assert comparison.failed("deterministic") and comparison.failed("all")
+    assert not comparison.failed("time") and not comparison.failed("none")
+    assert not compare_runs(base, within).failed("deterministic")
+    # The other way round: a fall past the tolerance is an improvement (1% for instructions).
+    shrunk = make_run(
+        tmp_path / "shrunk",
+        cases_grid(conv_64={key: 98_900 if metric == "instructions" else before - 1}),
+    )
+    assert (
+        compare_runs(base, shrunk)
+        .counts.set_index(["case_id", "metric"])
+        .loc[(case, metric), "verdict"]
+        == IMPROVEMENT
+    )
