@@ -120,3 +120,18 @@ def device_name(device: str) -> str:
     if device == "mps":
         return f"Apple MPS ({platform.machine()})"
     return cpu_model()
+
+
+# The memory allocator's states a sweep can measure in (measure.allocator puts a process in one).
+PINNED, SYSTEM = "pinned", "system"
+ALLOCATORS = {
+    PINNED: "glibc keeps freed memory mapped (no mmap, no trim, one arena): no history",
+    SYSTEM: "the allocator as the platform sets it: what your own program pays",
+}
+DEFAULT_ALLOCATOR = PINNED
+
+
+def check_allocator(state: str) -> str:
+    if not isinstance(state, str) or state not in ALLOCATORS:
+        raise AttnbenchError(f"--allocator {state!r}: accepted: {', '.join(ALLOCATORS)}")
+    return state

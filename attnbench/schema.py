@@ -159,6 +159,17 @@ COLUMNS: tuple[Column, ...] = (
         "elementwise_check", "text", _MEASURE,
         "ok, or mismatch (counted vs analytic beyond 1%)", optional=True,
     ),
+    Column(
+        "page_faults", "float", _MEASURE,
+        "minor page faults per call in the median timed block (getrusage, every thread; "
+        "empty on CUDA and MPS, whose tensors live in device memory)",
+        optional=True, summary="faults", fmt=fmt_count,
+    ),
+    Column(
+        "major_faults", "float", _MEASURE,
+        "major page faults (pages read from disk) per call over the timed blocks",
+        optional=True,
+    ),
 )  # fmt: skip
 COLUMN = {c.name: c for c in COLUMNS}
 RESULT_COLUMNS = [c.name for c in COLUMNS]
@@ -234,9 +245,10 @@ EXACT_METRICS = [m for m in METRICS if m.exact and not m.device_bound] + [
     m for m in METRICS if m.exact and m.device_bound
 ]
 
-# load_1m: the 1-minute load average at the end of the sample's round (added later: older
-# folders load with it empty, as with round).
-SAMPLE_COLUMNS = ["case_id", "sample", "time_s", "round", "load_1m"]
+# load_1m: the 1-minute load average at the end of the sample's round; page_faults: the
+# sample's minor page faults per call (both added later: older folders load with them empty,
+# as with round).
+SAMPLE_COLUMNS = ["case_id", "sample", "time_s", "round", "load_1m", "page_faults"]
 CALIBRATION_COLUMNS = ["point", "before_case", "sample", "time_s"]
 
 STATUSES = {

@@ -17,7 +17,15 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from attnbench.devices import DEVICE_CHOICES, DTYPES, DeviceResolver, local_device
+from attnbench.devices import (
+    DEFAULT_ALLOCATOR,
+    DEVICE_CHOICES,
+    DTYPES,
+    SYSTEM,
+    DeviceResolver,
+    check_allocator,
+    local_device,
+)
 from attnbench.errors import AttnbenchError
 from attnbench.layers import checks, plugins
 from attnbench.layers.entry import LayerOption
@@ -132,6 +140,7 @@ class Grid:
     # so its samples see the machine at several moments (what compare tests across runs).
     rounds: int = 1
     metric: str = "time"  # or "instructions": counted with Callgrind instead of timed
+    allocator: str = DEFAULT_ALLOCATOR  # its state in every measuring process: pinned or system
 
     def cases(self) -> list[Case]:
         """Cases ordered layer, d, then n ascending (so a larger n always comes later)."""
@@ -372,6 +381,9 @@ OPTIONS: tuple[Option, ...] = (
            "time: seconds per call; instructions: CPU instructions per call, counted with "
            "Valgrind's Callgrind in a worker process (repeatable to ~0.2% on a busy machine; "
            "CPU only)."),
+    Option("allocator", "allocator", str, check_allocator,
+           "pinned: glibc keeps freed memory mapped, so a time does not depend on what ran "
+           "before; system: glibc's defaults, what your own program pays (page faults)."),
 )  # fmt: skip
 OPTION = {o.key: o for o in OPTIONS}
 # Keys a config file may hold: the sweep options, and where the results go.
@@ -394,6 +406,7 @@ def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None =
         )
     options = {key: value for key, value in config.items() if key in layer_options}
     fields_ = {by_field[key]: value for key, value in config.items() if key in by_field}
+    fields_.setdefault("allocator", SYSTEM)  # a run from before --allocator: glibc's defaults
     return build_grid({**fields_, "option": options or None}, resolve)
 
 
@@ -457,44 +470,3 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
                 f"(got --rounds {grid.rounds})"
             )
     return grid
-
-
-# ----------------------------------------------------------------------------- size guard
-
-# Rough throughputs, used only to warn before an absurd sweep starts; never reported as measured.
-_ASSUMED_FLOP_PER_S = {"cpu": 2e10, "cuda": 2e13, "mps": 2e12}
-MAX_CASES = 2000  # more cases than this need --yes
-MAX_ESTIMATED_S = 3600.0  # a longer estimated sweep needs --yes
-
-
-def estimate_seconds(grid: Grid) -> float:
-    """A rough lower estimate of a sweep's duration from the analytic FLOPs of each case.
-
-    Per case: about four untimed calls (first call, FLOP count, memory profile, warm-up) plus
-    the timing, which lasts the time budget or at least eleven calls; each further round adds a
-    rebuild, two untimed calls and at least 0.1 s of timing.
-    """
-    rate = _ASSUMED_FLOP_PER_S[grid.device.split(":")[0]]
-    total = 0.0
-    for case in grid.cases():
-        call = (case.analytic_flops() or 0.0) / rate
-        if grid.max_case_s is not None and call > grid.max_case_s:
-            total += grid.max_case_s  # it would stop as a timeout after its first call
-            continue
-        total += 0.05 + 4 * call + max(grid.time_budget_s, 11 * call)
-        total += (grid.rounds - 1) * (0.02 + 2 * call + max(0.1, 11 * call))
-    return total
-
-
-def size_warning(grid: Grid) -> str | None:
-    """Why this grid is too large to start without confirmation, or None when it is not."""
-    cases = len(grid.cases())
-    seconds = estimate_seconds(grid)
-    if cases <= MAX_CASES and seconds <= MAX_ESTIMATED_S:
-        return None
-    hours = seconds / 3600
-    return (
-        f"this sweep has {cases} cases and would take at least about {hours:.1f} h on "
-        f"{grid.device}; pass --yes to run it anyway, or narrow --n / --d / --layers "
-        f"(limits without --yes: {MAX_CASES} cases, {MAX_ESTIMATED_S / 3600:.0f} h)"
-    )

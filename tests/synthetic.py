@@ -43,24 +43,37 @@ def make_run(
     env: dict[str, Any] | None = None,
     calibration_s: float | None = 1e-3,
     rounds: int = 5,
+    meta: dict[str, Any] | None = None,
 ) -> RunResults:
     """A results folder written by the real writer from synthetic measurements.
 
     ``cases`` maps (layer, n) to overrides: samples, status, flops, elements, peak, steps, path,
     device
     (the model the row names), calibration (that case's GEMM seconds), instructions and load
-    (the 1-minute load average it was measured under, on 2 CPUs). The samples are split
-    into ``rounds`` timing rounds, written as a sweep writes them.
+    (the 1-minute load average it was measured under, on 2 CPUs) and faults (minor page
+    faults per call, every sample). The samples are split into ``rounds`` timing rounds,
+    written as a sweep writes them; ``meta`` goes into run.json (allocator, fault_cost_s).
     """
     writer = ResultsWriter.create(path, CONFIG, {**ENV, **(env or {})})
     if calibration_s is not None:
         writer.update(calibration=Calibration().describe())
+    if meta:
+        writer.update(**meta)
     for i, ((layer, n), spec) in enumerate(cases.items()):
         status = spec.get("status", "ok")
         samples = spec.get("samples", noisy(1e-3, seed=i))
         chunks = [list(c) for c in np.array_split(np.asarray(samples), rounds)]
         first = chunks[0]
-        timing = TimingStats(tuple(first), 1, sum(first)) if status == "ok" else None
+        faults = spec.get("faults")
+
+        def per_sample(chunk: list[float], faults: Any = faults) -> tuple[float, ...] | None:
+            return None if faults is None else (float(faults),) * len(chunk)
+
+        timing = (
+            TimingStats(tuple(first), 1, sum(first), faults=per_sample(first))
+            if status == "ok"
+            else None
+        )
         point = None
         if calibration_s is not None and status == "ok":
             gemm_s = spec.get("calibration", calibration_s)
@@ -91,7 +104,10 @@ def make_run(
             done = len(first)
             for r, chunk in enumerate(chunks[1:], start=2):
                 writer.append_round(
-                    case(layer, n).case_id, r, done, TimingStats(tuple(chunk), 1, 0)
+                    case(layer, n).case_id,
+                    r,
+                    done,
+                    TimingStats(tuple(chunk), 1, 0, faults=per_sample(chunk)),
                 )
                 done += len(chunk)
     writer.finish()

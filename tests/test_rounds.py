@@ -16,9 +16,10 @@ from attnbench.measure.calibration import Calibration
 from attnbench.measure.timing import iqr
 from attnbench.results.run import RunResults
 from attnbench.results.store import load_results
+from attnbench.run.estimate import estimate_seconds
 from attnbench.run.events import ProgressEvent
 from attnbench.run.sweep import resume_sweep, run_sweep
-from attnbench.spec import build_grid, estimate_seconds
+from attnbench.spec import build_grid
 
 SMALL_GEMM = Calibration(size=16)
 

@@ -11,16 +11,15 @@ from hypothesis import strategies as st
 from attnbench.devices import check_dtype, resolve_device
 from attnbench.errors import AttnbenchError
 from attnbench.layers import BUILTIN
+from attnbench.run.estimate import estimate_seconds, size_warning
 from attnbench.spec import (
     CONFIG_KEYS,
     Grid,
     build_grid,
-    estimate_seconds,
     grid_from_config,
     load_config,
     parse_int_list,
     parse_layers,
-    size_warning,
 )
 
 

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from attnbench._version import __version__
 from attnbench.compare import Comparison
+from attnbench.measure.faults import FAULT_SHARE
 from attnbench.measure.timing import NOISY_REL_IQR, is_noisy
 from attnbench.render.verdicts import display_table
 from attnbench.results.run import RunResults
@@ -328,6 +329,8 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
                 f"({', '.join(sorted(set(mismatched['layer'])))}); "
                 f"see the {column} and {column}_analytic columns"
             )
+    for note in fault_notes(run):
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     busy = busy_while_measuring(run)
     if busy:
         console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)
@@ -444,3 +447,34 @@ class ABProgress:
             return
         if event.kind == "done" and not self.quiet:
             self.console.print(f"{side:>7} {case_line(event)}", soft_wrap=True, markup=False)
+
+
+def fault_notes(run: RunResults) -> list[str]:
+    """Cases whose page faults cost a large share of their time, and devices where faults
+    are not counted."""
+    notes = []
+    shares = run.fault_shares()
+    heavy = shares[shares > FAULT_SHARE]
+    if len(heavy):
+        layers = ", ".join(dict.fromkeys(run.measured.loc[heavy.index, "layer"]))
+        cost = run.meta["fault_cost_s"]
+        advice = (
+            "--allocator pinned (the default) keeps freed memory mapped"
+            if run.allocator != "pinned"
+            else "the layer touches memory it never touched before in every call"
+        )
+        notes.append(
+            f"{len(heavy)} case(s) spent over {FAULT_SHARE:.0%} of their time in page faults "
+            f"(up to {heavy.max():.0%}, at {cost * 1e6:.2g} µs a fault; {layers}) with the "
+            f"allocator {run.allocator}: {advice}; see the page_faults column"
+        )
+    measured = run.measured
+    if "page_faults" in measured:
+        uncounted = measured.loc[measured["page_faults"].isna(), "device"].dropna()
+        devices = sorted({str(d) for d in uncounted if str(d).startswith(("cuda", "mps"))})
+        if devices:
+            notes.append(
+                f"page faults are not counted on {', '.join(devices)}: its tensors live in "
+                "device memory"
+            )
+    return notes

@@ -119,6 +119,12 @@ def _environment_warnings(base: RunResults, new: RunResults) -> list[str]:
                     f"{label} differs: {before.get(key)!r} in the baseline, "
                     f"{after.get(key)!r} in the current run"
                 )
+    if base.allocator != new.allocator:
+        warnings.append(
+            f"allocator differs: {base.allocator!r} in the baseline, {new.allocator!r} in the "
+            "current run; CPU times under one state pay page faults the other does not "
+            "(see --allocator)"
+        )
     return warnings + layer_differences(base.meta.get("layers", {}), new.meta.get("layers", {}))
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from attnbench.devices import DTYPES, device_sync
 from attnbench.layers.registry import build_layer, entry
 from attnbench.measure.elementwise import count_elementwise
+from attnbench.measure.faults import FaultCounter
 from attnbench.measure.flops import count_flops
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.memory import peak_bytes
@@ -123,6 +124,7 @@ def measure_case(
     clock: Clock = time.perf_counter,
     max_case_s: float | None = None,
     counter: InstructionCounter | None = None,
+    faults: FaultCounter | None = None,
 ) -> CaseResult:
     """Measure one case: FLOPs and elementwise work (counted), sequential steps and path length
     (traced), peak memory (one call), then time (many calls), or
@@ -159,7 +161,8 @@ def measure_case(
         if counter is not None:  # counted in its own process, under Callgrind
             timing, instructions = None, counter.count(case, seed)
         else:
-            timing, instructions = time_call(step, policy, clock=clock, sync=sync), None
+            timing = time_call(step, policy, clock=clock, sync=sync, faults=faults)
+            instructions = None
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
         status = "oom" if is_out_of_memory(exc) else "failed"
         return _failed(case, status, exc, threads, clock() - start)
@@ -194,7 +197,12 @@ def _failed(case: Case, status: str, exc: BaseException, threads: int, wall: flo
 
 
 def retime_case(
-    case: Case, *, seed: int, policy: TimingPolicy, clock: Clock = time.perf_counter
+    case: Case,
+    *,
+    seed: int,
+    policy: TimingPolicy,
+    clock: Clock = time.perf_counter,
+    faults: FaultCounter | None = None,
 ) -> TimingStats | None:
     """Another timing round of a case measured before: a fresh layer, one untimed call, then
     the timed calls. None when it fails this time (the round is left out, the case kept)."""
@@ -203,7 +211,7 @@ def retime_case(
         step = make_step(case, seed)
         step()  # (B, n, d): lazy initialisation stays unmeasured, as in the first round
         sync()
-        return time_call(step, policy, clock=clock, sync=sync)
+        return time_call(step, policy, clock=clock, sync=sync, faults=faults)
     except Exception:
         release_memory(case.device)
         return None

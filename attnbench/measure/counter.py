@@ -13,6 +13,7 @@ from typing import IO, Any
 import torch
 
 from attnbench.layers import plugins
+from attnbench.measure.allocator import DEFAULT_ALLOCATOR, set_allocator
 from attnbench.measure.case import make_step
 from attnbench.measure.instructions import CALLS_PER_BLOCK, Callgrind
 from attnbench.spec import Case
@@ -25,6 +26,7 @@ def serve(incoming: IO[str], channel: IO[str]) -> None:
         request = json.loads(line)
         try:
             if request["op"] == "start":
+                set_allocator(request.get("allocator", DEFAULT_ALLOCATOR))  # as the timed side
                 plugins.receive(request["layers"])
                 torch.set_num_threads(1)  # see InstructionCounter
                 callgrind = Callgrind()
@@ -41,7 +43,6 @@ def serve(incoming: IO[str], channel: IO[str]) -> None:
             answer = {"op": "error", "message": f"{type(exc).__name__}: {text}"}
         channel.write(json.dumps(answer) + "\n")
         channel.flush()
-
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from attnbench.errors import AttnbenchError
+from attnbench.measure.allocator import DEFAULT_ALLOCATOR
 from attnbench.spec import Case
 
 # Where the counter asked Callgrind to write its dumps (--callgrind-out-file=$DIR/cg.%p).
@@ -113,7 +114,7 @@ class Callgrind:
 class InstructionCounter:
     """A counting process under Callgrind, started once per worker and asked case by case."""
 
-    def __init__(self, layers: list[dict[str, Any]]) -> None:
+    def __init__(self, layers: list[dict[str, Any]], allocator: str = DEFAULT_ALLOCATOR) -> None:
         valgrind = require_valgrind()
         self.folder = Path(tempfile.mkdtemp(prefix="attnbench-callgrind-"))
         command = [
@@ -140,7 +141,7 @@ class InstructionCounter:
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        answer = self._ask({"op": "start", "layers": layers})
+        answer = self._ask({"op": "start", "layers": layers, "allocator": allocator})
         if answer.get("op") != "ready":
             self.close()
             raise AttnbenchError(f"the Callgrind counter did not start: {answer.get('message')}")

@@ -21,6 +21,8 @@ def timing_columns(timing: TimingStats | None) -> dict[str, Any]:
         "samples": t.count if t else None,
         "calls_per_sample": t.calls_per_sample if t else None,
         "time_total_s": t.total_s if t else None,
+        "page_faults": t.page_faults if t else None,
+        "major_faults": t.major_per_call if t else None,
     }
 
 

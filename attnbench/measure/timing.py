@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from attnbench.measure.faults import FaultCounter
+
 Clock = Callable[[], float]  # returns seconds
 NOISY_REL_IQR = 0.1  # IQR/median above this marks a noisy measurement (as torch.utils.benchmark)
 
@@ -35,6 +37,23 @@ class TimingStats:
     samples_s: tuple[float, ...]
     calls_per_sample: int
     total_s: float  # seconds spent inside timed blocks (sum of block durations)
+    # Minor page faults per call, one per sample (None: not counted, as on CUDA), and the
+    # major faults (pages read from disk) of every block together.
+    faults: tuple[float, ...] | None = None
+    major_faults: int | None = None
+
+    @property
+    def page_faults(self) -> float | None:
+        """Minor page faults per call in the median sample, as ``time_s`` is the median time:
+        a heap that grows once in a while (fragmentation) faults in a few blocks, not in the
+        call the median describes; samples.csv keeps every block's count."""
+        return None if not self.faults else statistics.median(self.faults)
+
+    @property
+    def major_per_call(self) -> float | None:
+        if self.major_faults is None:
+            return None
+        return self.major_faults / (self.count * self.calls_per_sample)
 
     @property
     def median_s(self) -> float:
@@ -94,20 +113,28 @@ def time_call(
     *,
     clock: Clock = time.perf_counter,
     sync: Callable[[], None] = _no_sync,
+    faults: FaultCounter | None = None,
 ) -> TimingStats:
     """Time ``fn`` (one layer call) and return per-call samples.
 
     ``sync`` waits for queued device work (``torch.cuda.synchronize`` on CUDA); it runs before a
     block starts and before its end is read, so asynchronous kernels are inside the measurement.
+    ``faults`` (a process's fault counters) is read around each block, outside the clock.
     """
+    per_block: list[tuple[int, int]] = []  # (minor, major) faults of each timed block
 
     def timed_block(calls: int) -> float:
         sync()
+        before = faults() if faults else (0, 0)
         start = clock()
         for _ in range(calls):
             fn()
         sync()
-        return clock() - start
+        elapsed = clock() - start
+        if faults:
+            after = faults()
+            per_block.append((after[0] - before[0], after[1] - before[1]))
+        return elapsed
 
     for _ in range(policy.warmup_calls):
         fn()
@@ -127,6 +154,7 @@ def time_call(
 
     samples: list[float] = [probe / calls]
     total = probe
+    del per_block[:-1]  # the calibration's blocks are not samples; its last one is
     while len(samples) < policy.max_samples:
         if len(samples) >= policy.min_samples:
             if total >= policy.budget_s:
@@ -138,4 +166,10 @@ def time_call(
         elapsed = timed_block(calls)
         total += elapsed
         samples.append(elapsed / calls)
-    return TimingStats(samples_s=tuple(samples), calls_per_sample=calls, total_s=total)
+    return TimingStats(
+        samples_s=tuple(samples),
+        calls_per_sample=calls,
+        total_s=total,
+        faults=tuple(minor / calls for minor, _ in per_block) if faults else None,
+        major_faults=sum(major for _, major in per_block) if faults else None,
+    )

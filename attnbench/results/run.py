@@ -54,6 +54,26 @@ class RunResults:
         return int(self.samples["round"].max()) if len(self.samples) else 1
 
     @property
+    def allocator(self) -> str:
+        """The allocator's state the run measured in: pinned, system, mixed, or "unrecorded"
+        (a run made before attnbench recorded it: glibc's defaults)."""
+        found = self.meta.get("allocator")
+        return str(found.get("state", "unrecorded")) if isinstance(found, dict) else "unrecorded"
+
+    def fault_shares(self) -> pd.Series:
+        """Per measured case, the share of its median time its page faults cost, at the run's
+        measured cost of one fault, shared by the case's threads (torch's threads fill a
+        fresh tensor together, and fault in parallel); empty where either is missing."""
+        cost = self.meta.get("fault_cost_s")
+        measured = self.measured
+        if not isinstance(cost, float) or "page_faults" not in measured:
+            return pd.Series(dtype="float64")
+        faults = pd.to_numeric(measured["page_faults"], errors="coerce")
+        threads = pd.to_numeric(measured["threads"], errors="coerce").fillna(1).clip(lower=1)
+        shares = faults * cost / threads / pd.to_numeric(measured["time_s"], errors="coerce")
+        return shares.dropna()
+
+    @property
     def measured(self) -> pd.DataFrame:
         """The rows with measurements (status ``ok``): what charts, fits and comparisons use."""
         return self.frame[self.frame["status"] == "ok"]

@@ -197,8 +197,10 @@ class ResultsWriter:
     def _append_samples(
         self, case_id: str, round_: int, first: int, timing: TimingStats, load: float | None
     ) -> None:
+        faults = timing.faults or (None,) * timing.count
         lines = [
-            csv_line([case_id, first + i, s, round_, load]) for i, s in enumerate(timing.samples_s)
+            csv_line([case_id, first + i, s, round_, load, f])
+            for i, (s, f) in enumerate(zip(timing.samples_s, faults, strict=True))
         ]
         self._append(SAMPLES_FILE, "".join(lines))
 
@@ -258,6 +260,8 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "layers": (dict,),
     "calibration": (dict, _OPTIONAL),
     "ab": (int,),
+    "allocator": (dict,),
+    "fault_cost_s": (float, _OPTIONAL),
 }
 # The configuration entries that the reading commands use, by the types they must have.
 CONFIG_TYPES: dict[str, tuple[type, ...]] = {
@@ -332,14 +336,16 @@ def _read_tables(path: Path, warnings: list[str]) -> tuple[pd.DataFrame, ...]:
     frame, samples, calibration = tables
     if "round" not in samples.columns:  # written before timing rounds existed
         samples["round"] = "1"
-    if "load_1m" not in samples.columns:  # written before loads were recorded
-        samples["load_1m"] = ""
+    for later in ("load_1m", "page_faults"):  # written before these were recorded
+        if later not in samples.columns:
+            samples[later] = ""
     for table in (samples, calibration):
         table["sample"] = pd.to_numeric(table["sample"]).astype("int64")
         table["time_s"] = pd.to_numeric(table["time_s"]).astype("float64")
     calibration["point"] = pd.to_numeric(calibration["point"]).astype("int64")
     samples["round"] = pd.to_numeric(samples["round"]).astype("int64")
-    samples["load_1m"] = pd.to_numeric(samples["load_1m"].where(samples["load_1m"] != ""))
+    for column in ("load_1m", "page_faults"):
+        samples[column] = pd.to_numeric(samples[column].where(samples[column] != ""))
     return _typed_results(frame), samples[SAMPLE_COLUMNS], calibration
 
 
@@ -418,6 +424,9 @@ def _with_all_rounds(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame
             every.count,
         ]
         frame.loc[i, "flops_per_s"] = float(flops) / every.median_s if pd.notna(flops) else None
+        faults = samples.loc[samples["case_id"] == row["case_id"], "page_faults"].dropna()
+        if len(faults):  # the median sample's, as time_s (TimingStats.page_faults)
+            frame.loc[i, "page_faults"] = float(faults.median())
     return frame
 
 

@@ -18,18 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.errors import AttnbenchError
+from attnbench.measure.allocator import run_state
 from attnbench.measure.calibration import Calibration
+from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import TimingPolicy
 from attnbench.results.files import prepare_out_dir
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter, load_results
 from attnbench.results.theories import record
+from attnbench.run.estimate import estimate_seconds, size_warning
 from attnbench.run.events import ProgressEvent
 from attnbench.run.executors.base import Job, Placement
 from attnbench.run.executors.process import SubprocessExecutor
 from attnbench.run.queue import JobQueue
 from attnbench.run.signals import GracefulStop
-from attnbench.spec import Grid, build_grid, estimate_seconds, size_warning
+from attnbench.spec import Grid, build_grid
 from attnbench.thresholds import DEFAULT_THRESHOLDS, rounds_to_reach
 
 SIDES = ("base", "current")
@@ -134,6 +137,7 @@ def run_ab(
         clusters = {side: executors[side].start(grids[side]) for side in SIDES}
         environments = {side: executors[side].environment(grids[side].device) for side in SIDES}
         writers = {}
+        cost = fault_cost_s()  # what one page fault costs here (measure.faults)
         for side in SIDES:
             grid = grids[side]
             writer = ResultsWriter.create(
@@ -141,7 +145,11 @@ def run_ab(
                 grid.option_names(),
             )  # fmt: skip
             writer.update(
-                cluster=clusters[side], layers=executors[side].layers, ab=SIDES.index(side)
+                cluster=clusters[side],
+                layers=executors[side].layers,
+                ab=SIDES.index(side),
+                allocator=run_state(clusters[side].get("workers", [])),
+                fault_cost_s=cost,
             )
             writer.record_theories(record(grid))
             writers[side] = writer

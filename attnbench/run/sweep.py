@@ -19,19 +19,22 @@ from typing import Any
 
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import plugins
+from attnbench.measure.allocator import run_state
 from attnbench.measure.calibration import DEFAULT_CALIBRATION, Calibration
+from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import Clock, TimingPolicy
 from attnbench.results.environment import changes, resume_keys
 from attnbench.results.files import default_out_dir, now_iso, prepare_out_dir
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter, load_results
 from attnbench.results.theories import merge, record
+from attnbench.run.estimate import estimate_seconds, size_warning
 from attnbench.run.events import ProgressCallback, StartCallback, SweepStart
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.queue import JobQueue
 from attnbench.run.signals import GracefulStop
-from attnbench.spec import Grid, build_grid, estimate_seconds, grid_from_config, size_warning
+from attnbench.spec import Grid, build_grid, grid_from_config
 
 
 def run_sweep(
@@ -67,7 +70,12 @@ def run_sweep(
         cluster = runs_on.start(grid)  # before the environment, which records its threads
         environment = runs_on.environment(grid.device)
         writer = ResultsWriter.create(folder, grid.to_dict(), environment, grid.option_names())
-        writer.update(cluster=cluster, layers=grid.sources())
+        writer.update(
+            cluster=cluster,
+            layers=grid.sources(),
+            allocator=run_state(cluster.get("workers", [])),
+            fault_cost_s=fault_cost_s(),  # what one page fault costs here (measure.faults)
+        )
         writer.record_theories(record(grid))
         if on_start is not None:
             estimate = estimate_seconds(grid) / max(1, runs_on.workers)
@@ -215,6 +223,7 @@ def _sweep(
     writer.update(cases_total=len(cases))
     if calibration is not None:
         writer.update(calibration=calibration.describe())
+
     def on_stop(_: str) -> None:
         # Always answered once a case has been seen: a signal between two cases (none running)
         # is as much a request as one inside a case.

@@ -28,6 +28,7 @@ def serve(incoming: IO[str], channel: IO[str]) -> int:
     # Imported here: a child that cannot import torch still answers with one line.
     from attnbench.layers import plugins
     from attnbench.layers.registry import entry
+    from attnbench.measure.allocator import DEFAULT_ALLOCATOR
     from attnbench.results.environment import environment
     from attnbench.run.executors.wire import PROTOCOL, done_to_wire, job_from_wire
     from attnbench.run.executors.worker import Worker
@@ -53,6 +54,7 @@ def serve(incoming: IO[str], channel: IO[str]) -> int:
                 message["threads"],
                 metric=message["metric"],
                 layers=message["layers"],
+                allocator=message.get("allocator", DEFAULT_ALLOCATOR),
             )
             _reply(channel, {
                 "op": "ready",

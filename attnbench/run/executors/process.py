@@ -103,8 +103,10 @@ class SubprocessExecutor:
                 + install
             )
         if missing:
-            return f"{self.label}: {self.python} has no {missing.group(1)}; install attnbench " \
+            return (
+                f"{self.label}: {self.python} has no {missing.group(1)}; install attnbench "
                 f"there: {install}"
+            )
         return f"{self.label}: the worker in {self.python} did not start: {tail or 'no output'}"
 
     # -- the Executor protocol
@@ -129,6 +131,7 @@ class SubprocessExecutor:
             # and records which; this one must run the driver's.
             "verify_modules": os.path.abspath(self.python) == os.path.abspath(sys.executable),
             "metric": grid.metric,
+            "allocator": grid.allocator,
         }
         self._ready = self._spawn()
         worker = self._ready["worker"]

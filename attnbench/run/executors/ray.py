@@ -25,6 +25,7 @@ from attnbench._version import __version__
 from attnbench.devices import DEVICE_CHOICES, check_dtype
 from attnbench.errors import AttnbenchError
 from attnbench.layers import plugins
+from attnbench.measure.allocator import DEFAULT_ALLOCATOR
 from attnbench.results.environment import environment
 from attnbench.run.executors.base import Job, JobDone, Placement, Take
 from attnbench.run.executors.worker import Worker
@@ -51,6 +52,7 @@ class RayWorker:
         dtype: str,
         layers: list[dict[str, Any]],
         metric: str = "time",
+        allocator: str = DEFAULT_ALLOCATOR,
     ) -> None:
         plugins.receive(layers)  # the sweep's plugin layers, as the driver loaded them
         check_dtype(dtype, device)  # on the worker's own GPU, not the driver's
@@ -58,7 +60,10 @@ class RayWorker:
         if device.startswith("cuda"):
             ids = ray.get_gpu_ids()  # the physical GPU; the actor sees it as cuda:0
             device_id = f"cuda:{ids[0]}" if ids else device
-        self.worker = Worker(device, threads, device_id=device_id, metric=metric, layers=layers)
+        self.worker = Worker(
+            device, threads, device_id=device_id, metric=metric, layers=layers,
+            allocator=allocator,
+        )  # fmt: skip
 
     def describe(self) -> dict[str, Any]:
         return self.worker.describe()
@@ -195,7 +200,7 @@ class RayExecutor:
         if self.max_workers is not None:
             count = min(count, self.max_workers)
         shipped = plugins.shipment(grid.layers, portable=grid.metric == "instructions")
-        self._args = (grid.device, threads, grid.dtype, shipped, grid.metric)
+        self._args = (grid.device, threads, grid.dtype, shipped, grid.metric, grid.allocator)
         if count == 0:
             raise AttnbenchError(f"the Ray cluster has no GPU for --device {grid.device}")
         failures = self._await_start([self._spawn() for _ in range(count)])

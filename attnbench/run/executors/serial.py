@@ -45,6 +45,7 @@ class SerialExecutor:
                 clock=self.clock,
                 metric=grid.metric,
                 layers=plugins.shipment(grid.layers, portable=grid.metric == "instructions"),
+                allocator=grid.allocator,
             )
             self._record = {
                 "executor": self.name,

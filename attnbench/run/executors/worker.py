@@ -18,8 +18,10 @@ import torch
 from attnbench._version import __version__
 from attnbench.devices import device_name, device_sync
 from attnbench.layers.registry import entry
+from attnbench.measure.allocator import DEFAULT_ALLOCATOR, set_allocator
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.case import measure_case, prime_instruments, release_memory, retime_case
+from attnbench.measure.faults import FaultCounter, fault_counter
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.timing import Clock, TimingStats
 from attnbench.run.executors.base import Job, JobDone, Placement
@@ -46,14 +48,21 @@ class Worker:
         clock: Clock = time.perf_counter,
         metric: str = "time",
         layers: list[dict[str, Any]] | None = None,
+        allocator: str = DEFAULT_ALLOCATOR,
+        faults: Callable[[str], FaultCounter | None] = fault_counter,
     ) -> None:
+        # Before anything is allocated for a case: every block freed from here on stays mapped.
+        self.allocator = set_allocator(allocator)
+        self.faults = faults
         if threads is not None:
             torch.set_num_threads(threads)
         self.device = device
         self.clock = clock
         # --metric instructions: a process under Callgrind counts each case's calls; ``layers``
         # are the plugins it must load (plugins.shipment).
-        self.counter = InstructionCounter(layers or []) if metric == "instructions" else None
+        self.counter = (
+            InstructionCounter(layers or [], allocator) if metric == "instructions" else None
+        )
         if device.startswith("cuda"):
             torch.ones(1, device=device)  # the CUDA context, made here rather than in a case
         self.where = Placement(
@@ -72,6 +81,7 @@ class Worker:
             "pid": os.getpid(),
             "attnbench_version": __version__,
             "torch_version": torch.__version__,
+            "allocator": self.allocator.to_dict(),
         }
 
     def close(self) -> None:
@@ -82,7 +92,10 @@ class Worker:
         point = self._calibration_point(job.calibration)
         case = job.case
         if job.round > 1:
-            timing = retime_case(case, seed=job.seed, policy=job.policy, clock=self.clock)
+            timing = retime_case(
+                case, seed=job.seed, policy=job.policy, clock=self.clock,
+                faults=self.faults(case.device),
+            )  # fmt: skip
             return JobDone(job, self.where, timing=timing, point=point, load_1m=machine_load())
         result = measure_case(
             case,
@@ -91,6 +104,7 @@ class Worker:
             clock=self.clock,
             max_case_s=job.max_case_s,
             counter=self.counter,
+            faults=self.faults(case.device),
         )
         if result.status != "ok":
             release_memory(case.device)

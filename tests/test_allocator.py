@@ -1,0 +1,255 @@
+"""The allocator's state and the page-fault accounting, driven by fakes: a libc that records
+its mallopt calls, a fault counter that says what the test decides, a clock that ticks on
+demand. Nothing here is timed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from synthetic import cases_grid, make_run
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.cli.render import fault_notes, summary_notes
+from attnbench.compare import compare_runs
+from attnbench.errors import AttnbenchError
+from attnbench.measure import allocator
+from attnbench.measure.allocator import (
+    M_ARENA_MAX,
+    M_MMAP_MAX,
+    M_TRIM_THRESHOLD,
+    run_state,
+    set_allocator,
+)
+from attnbench.measure.case import measure_case
+from attnbench.measure.faults import fault_cost_s, fault_counter
+from attnbench.measure.timing import TimingPolicy, time_call
+from attnbench.spec import build_grid, grid_from_config
+
+runner = CliRunner()
+
+
+class FakeLibc:
+    """glibc as far as the allocator module sees it: mallopt calls are recorded."""
+
+    def __init__(self, version: bytes | None = b"2.36", accepts: bool = True) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.version = version
+        self.accepts = accepts
+
+    def mallopt(self, param: int, value: int) -> int:
+        self.calls.append((param, value))
+        return 1 if self.accepts else 0
+
+    def gnu_get_libc_version(self) -> bytes:
+        if self.version is None:
+            raise AttributeError("gnu_get_libc_version")  # not glibc
+        return self.version
+
+
+@pytest.fixture
+def fresh_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """As if this process had never set its allocator."""
+    monkeypatch.setattr(allocator, "_current", None)
+    yield
+
+
+def test_pinned_sets_the_three_glibc_parameters(fresh_process: None) -> None:
+    libc = FakeLibc()
+    state = set_allocator("pinned", libc)
+    assert libc.calls == [(M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1), (M_ARENA_MAX, 1)]
+    assert state.to_dict() == {
+        "state": "pinned",
+        "mechanism": "mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1, M_ARENA_MAX=1",
+        "libc": "glibc 2.36",
+    }
+    assert set_allocator("pinned", libc) is state and len(libc.calls) == 3  # once a process
+
+
+def test_system_touches_nothing_and_a_pinned_process_cannot_go_back(fresh_process: None) -> None:
+    libc = FakeLibc()
+    state = set_allocator("system", libc)
+    assert libc.calls == [] and state.state == "system" and state.libc == "glibc 2.36"
+    set_allocator("pinned", libc)  # system -> pinned: from now on
+    with pytest.raises(AttnbenchError, match="pinned already; --allocator system needs a fresh"):
+        set_allocator("system", libc)
+
+
+def test_a_refused_mallopt_and_a_libc_that_is_not_glibc(fresh_process: None) -> None:
+    with pytest.raises(AttnbenchError, match=r"glibc 2\.36 refused mallopt M_MMAP_MAX"):
+        set_allocator("pinned", FakeLibc(accepts=False))
+    elsewhere = set_allocator("pinned", FakeLibc(version=None))
+    assert elsewhere.state == "system" and elsewhere.mechanism.startswith("not glibc")
+    with pytest.raises(AttnbenchError, match="--allocator 'jemalloc': accepted: pinned, system"):
+        set_allocator("jemalloc", FakeLibc())
+
+
+def test_the_run_records_its_workers_state() -> None:
+    pinned = {"state": "pinned", "mechanism": "m", "libc": "glibc 2.36"}
+    system = {"state": "system", "mechanism": "s", "libc": "glibc 2.36"}
+    assert run_state([{"allocator": pinned}, {"allocator": pinned}]) == pinned
+    assert run_state([{"allocator": pinned}, {"allocator": system}])["state"] == "mixed"
+    assert run_state([{"pid": 1}])["state"] == "unrecorded"  # an older attnbench's worker
+
+
+def test_the_grid_pins_by_default_and_an_old_run_resumes_as_it_was_measured() -> None:
+    assert build_grid({"layers": "conv"}).allocator == "pinned"
+    assert build_grid({"layers": "conv", "allocator": "system"}).allocator == "system"
+    old = {"layers": ["conv"], "ns": [64], "ds": [64], "device": "cpu"}  # before --allocator
+    assert grid_from_config(old).allocator == "system"
+    assert grid_from_config({**old, "allocator": "pinned"}).allocator == "pinned"
+    bad = runner.invoke(app, ["sweep", "--allocator", "tcmalloc", "--out", "never"])
+    assert bad.exit_code == 2
+    assert "--allocator 'tcmalloc': accepted: pinned, system" in bad.stderr
+    assert not Path("never").exists()
+
+
+# ----------------------------------------------------------------------------- fault accounting
+
+
+class Ticking:
+    """A clock that advances 1 ms per call of the function it times, and a fault counter that
+    adds what the test says each call faults."""
+
+    def __init__(self, faults_of_call: list[int]) -> None:
+        self.now = 0.0
+        self.calls = 0
+        self.minor = 0
+        self.major = 0
+        self.faults_of_call = faults_of_call
+
+    def fn(self) -> None:
+        self.now += 1e-3
+        self.minor += self.faults_of_call[min(self.calls, len(self.faults_of_call) - 1)]
+        self.major += 1 if self.calls == 30 else 0
+        self.calls += 1
+
+    def clock(self) -> float:
+        return self.now
+
+    def faults(self) -> tuple[int, int]:
+        return self.minor, self.major
+
+
+def test_faults_are_counted_per_timed_block_outside_the_warm_up() -> None:
+    # Warm-up calls fault 5000 each; every later call 40, except call 12, which faults 8000.
+    tick = Ticking([5000, 5000, *[40] * 10, 8000, *[40] * 100])
+    policy = TimingPolicy(warmup_calls=2, min_block_s=2e-3, min_samples=10, budget_s=0.05)
+    stats = time_call(tick.fn, policy, clock=tick.clock, faults=tick.faults)
+    assert stats.calls_per_sample == 2  # 2 ms blocks of 1 ms calls
+    assert stats.faults is not None and len(stats.faults) == stats.count
+    assert stats.faults.count(40.0) == stats.count - 1  # every block but one: 40 per call
+    assert max(stats.faults) == (8000 + 40) / 2  # the heap grew once, inside one block
+    assert stats.page_faults == 40.0  # the median block's, as time is the median's
+    assert stats.major_faults == 1 and stats.major_per_call == 1 / (2 * stats.count)
+    other = Ticking([7])
+    plain = time_call(other.fn, policy, clock=other.clock)
+    assert plain.faults is None and plain.page_faults is None
+
+
+def test_the_cost_of_a_fault_is_the_first_touch_less_the_second() -> None:
+    ticks = iter([0.0, 0.010, 0.010, 0.012])  # touched fresh: 10 ms; resident: 2 ms
+    counts = iter([(100, 0), (4196, 0)])  # 4096 faults
+    cost = fault_cost_s(4096, clock=lambda: next(ticks), faults=lambda: next(counts))
+    assert cost == pytest.approx(0.008 / 4096)
+    none = iter([(5, 0), (5, 0)])
+    ticks = iter([0.0, 0.01, 0.01, 0.02])
+    assert fault_cost_s(16, clock=lambda: next(ticks), faults=lambda: next(none)) is None
+
+
+def test_faults_are_counted_on_the_cpu_only() -> None:
+    assert fault_counter("cpu") is not None
+    assert fault_counter("cuda:0") is None and fault_counter("mps") is None
+
+
+def test_a_measured_case_carries_the_counters_faults_to_its_row(tmp_path: Path) -> None:
+    (case,) = build_grid({"layers": "conv", "n": "16", "d": "8", "device": "cpu"}).cases()
+    minor = iter(range(0, 10**9, 300))  # 300 more at every reading: 300 per block
+    result = measure_case(
+        case, policy=TimingPolicy(min_samples=3, budget_s=0.01), faults=lambda: (next(minor), 0)
+    )
+    assert result.status == "ok" and result.timing is not None
+    calls = result.timing.calls_per_sample
+    assert result.to_row()["page_faults"] == 300 / calls
+    assert result.to_row()["major_faults"] == 0
+    untimed = measure_case(case, policy=TimingPolicy(min_samples=3, budget_s=0.01), faults=None)
+    assert untimed.to_row()["page_faults"] is None  # a device whose faults are not counted
+
+
+# ----------------------------------------------------------------------------- what users see
+
+
+def _run(tmp_path: Path, name: str, state: str, faults: float, cost: float | None = 2e-6):
+    allocator_record = {"state": state, "mechanism": "", "libc": "glibc 2.36"}
+    return make_run(
+        tmp_path / name,
+        cases_grid(conv_64={"faults": faults}),
+        meta={"allocator": allocator_record, "fault_cost_s": cost},
+    )
+
+
+def test_the_summary_flags_a_case_whose_faults_cost_much_of_its_time(tmp_path: Path) -> None:
+    # 500 faults at 2 µs on 2 threads: 0.5 ms of a 1 ms call.
+    system = _run(tmp_path, "system", "system", 500.0)
+    notes = fault_notes(system)
+    assert len(notes) == 1
+    assert notes[0].startswith("1 case(s) spent over 20% of their time in page faults (up to 50%")
+    assert "conv) with the allocator system: --allocator pinned (the default)" in notes[0]
+    assert fault_notes(_run(tmp_path, "few", "system", 150.0)) == []  # 15%: not flagged
+    assert fault_notes(_run(tmp_path, "uncosted", "system", 500.0, cost=None)) == []
+    pinned = fault_notes(_run(tmp_path, "pinned", "pinned", 500.0))
+    assert "with the allocator pinned: the layer touches memory it never touched" in pinned[0]
+    buf = StringIO()
+    summary_notes(system, Console(file=buf, width=400))
+    assert "spent over 20% of their time in page faults" in buf.getvalue()
+    assert system.frame.set_index("layer").loc["conv"]["page_faults"].tolist()[1] == 500.0
+    on_gpu = system.frame.assign(device="cuda:0", page_faults=None)
+    gpu = type(system)(system.path, on_gpu, system.samples, system.meta)
+    assert fault_notes(gpu) == [
+        "page faults are not counted on cuda:0: its tensors live in device memory"
+    ]
+
+
+def test_compare_warns_when_the_two_runs_measured_in_different_states(tmp_path: Path) -> None:
+    base = _run(tmp_path, "base", "system", 0.0)
+    same = _run(tmp_path, "same", "system", 0.0)
+    pinned = _run(tmp_path, "pinned", "pinned", 0.0)
+    assert not [w for w in compare_runs(base, same).warnings if "allocator" in w]
+    (warning,) = [w for w in compare_runs(base, pinned).warnings if "allocator" in w]
+    assert warning.startswith("allocator differs: 'system' in the baseline, 'pinned' in the")
+    old = make_run(tmp_path / "old", cases_grid())  # before the record existed
+    assert old.allocator == "unrecorded"
+    assert any("'unrecorded' in the baseline" in w for w in compare_runs(old, pinned).warnings)
+
+
+@pytest.mark.slow
+def test_a_sweep_records_its_state_and_system_shows_the_faults(tmp_path: Path) -> None:
+    """Fresh processes, as a user runs them: the state in run.json, the faults in results.csv.
+    Whether a given case faults is the allocator's business; what is pinned here is that the
+    record follows the option and the column is filled on the CPU."""
+    rows = {}
+    for state in ("pinned", "system"):
+        out = tmp_path / state
+        done = subprocess.run(
+            [sys.executable, "-m", "attnbench", "sweep", "--layers", "attention", "--n", "256",
+             "--d", "32", "--time-budget", "0.02", "--no-charts", "--quiet",
+             "--allocator", state, "--out", str(out)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        meta = json.loads((out / "run.json").read_text())
+        assert meta["allocator"]["state"] == state and meta["config"]["allocator"] == state
+        assert meta["cluster"]["workers"][0]["allocator"]["state"] == state
+        assert isinstance(meta["fault_cost_s"], float) and meta["fault_cost_s"] > 0
+        rows[state] = (out / "results.csv").read_text()
+        samples = (out / "samples.csv").read_text().splitlines()
+        assert samples[0].endswith(",page_faults")
+        assert all(line.rsplit(",", 1)[1] != "" for line in samples[1:])
+    assert "page_faults" in rows["pinned"].splitlines()[0]
