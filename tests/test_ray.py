@@ -27,7 +27,12 @@ from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid
 
 ray = pytest.importorskip("ray", reason='the Ray tests need pip install "attnbench[ray]"')
-from attnbench.run.executors.ray import RayExecutor, death_reason  # noqa: E402
+from attnbench.run.executors.ray import (  # noqa: E402
+    START_TIMEOUT_ENV,
+    RayExecutor,
+    death_reason,
+    start_timeout,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +44,13 @@ def SOURCE(name: str) -> LayerSource:
 @pytest.fixture(scope="module")
 def marker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("marker")
+
+
+@pytest.fixture(autouse=True)
+def patient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers may take minutes to start on a machine busy on both cores (Ray's own processes
+    and each worker's torch import compete for them): a deadline no neighbour can run out."""
+    monkeypatch.setenv(START_TIMEOUT_ENV, "900")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -185,6 +197,16 @@ def test_devices_are_checked_against_the_cluster(executor: RayExecutor) -> None:
         executor.resolve_device("cuda:1", "float32")
     with pytest.raises(AttnbenchError, match="no Ray node has 3 CPUs"):
         executor.start(_grid(executor, threads=3))
+
+
+def test_the_start_deadline_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert start_timeout() == 900.0  # the fixture's
+    monkeypatch.delenv(START_TIMEOUT_ENV)
+    assert start_timeout() == 120.0
+    for bad in ("soon", "0", "-5"):
+        monkeypatch.setenv(START_TIMEOUT_ENV, bad)
+        with pytest.raises(AttnbenchError, match=f"{START_TIMEOUT_ENV}='{bad}': expected"):
+            start_timeout()
 
 
 def test_death_reasons_are_one_line() -> None:

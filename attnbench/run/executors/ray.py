@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -40,6 +41,22 @@ except ImportError:  # pragma: no cover - exercised by a test that hides ray
     ) from None
 
 START_TIMEOUT_S = 120.0  # how long workers may take to start (placement, torch, CUDA)
+# A cluster that starts its workers slowly (containers pulled, a busy machine) sets a longer one.
+START_TIMEOUT_ENV = "ATTNBENCH_RAY_START_TIMEOUT"
+
+
+def start_timeout() -> float:
+    """Seconds workers may take to start: $ATTNBENCH_RAY_START_TIMEOUT, else START_TIMEOUT_S."""
+    text = os.environ.get(START_TIMEOUT_ENV)
+    if text is None:
+        return START_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise AttnbenchError(f"{START_TIMEOUT_ENV}={text!r}: expected seconds, above 0")
+    return value
 
 
 class RayWorker:
@@ -102,13 +119,13 @@ class RayExecutor:
         address: str | None = None,
         workers: int | None = None,
         *,
-        start_timeout_s: float = START_TIMEOUT_S,
+        start_timeout_s: float | None = None,
     ) -> None:
         if workers is not None and workers < 1:
             raise AttnbenchError(f"--workers must be 1 or more, got {workers}")
         self.address = address
         self.max_workers = workers
-        self.start_timeout_s = start_timeout_s
+        self.start_timeout_s = start_timeout_s if start_timeout_s is not None else start_timeout()
         self._owns_ray = False
         if not ray.is_initialized():
             try:
