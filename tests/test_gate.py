@@ -25,12 +25,16 @@ from attnbench.compare import (
     judge_time,
     smallest_p,
 )
+from attnbench.compare.verdicts import pair_ratios
+from attnbench.errors import AttnbenchError
 from attnbench.thresholds import (
     DEFAULT_THRESHOLDS,
     GATE_OPTIONS,
     GATES,
     Thresholds,
+    check_gate,
     gate_from,
+    parse_fraction,
     rounds_to_reach,
 )
 
@@ -274,3 +278,52 @@ def test_compare_fails_the_deterministic_gate_on_each_exact_metric(
         .loc[(case, metric), "verdict"]
         == IMPROVEMENT
     )
+
+
+# ----------------------------------------------------------------------------- edges (mutation)
+
+
+def test_what_cannot_be_compared_reads_nan_and_one_sample_is_too_few() -> None:
+    for found in (judge_time([], tight(1.0)), judge_pairs({}, {})):
+        assert found.verdict == NOT_COMPARED
+        assert math.isnan(found.ratio) and math.isnan(found.p_value)
+    one = judge_time(tight(1.0), [1.5])  # one new sample: too few, not "not compared"
+    assert one.verdict == TOO_FEW and one.ratio == pytest.approx(1.5)
+    few = judge_pairs(*rounds(1.5, 1.6, 1.7))
+    assert few.verdict == TOO_FEW and few.ratio == pytest.approx(1.6)  # the median, kept
+    assert judge_pairs(*rounds(*[1.0] * 10)).ratio == 1.0
+
+
+def test_pairs_reach_a_verdict_only_below_alpha_itself() -> None:
+    at = Thresholds(alpha=0.125)  # 0.5^3: three pairs can only reach it, not go below
+    assert judge_pairs(*rounds(*spread(1.5, 3)), at).verdict == TOO_FEW
+    assert judge_pairs(*rounds(*spread(1.5, 4)), at).verdict == REGRESSION
+
+
+def test_pair_ratios_take_the_rounds_both_sides_measured_above_zero() -> None:
+    base = {1: [1.0], 2: [0.0], 3: [1.0]}  # round 2's base reads 0; round 3 has no new side
+    new = {1: [2.0, 2.2, 1.8], 2: [1.0]}
+    assert pair_ratios(base, new) == [2.0]
+
+
+def test_rounds_are_the_unit_exactly_when_their_smallest_p_is_below_alpha() -> None:
+    two = [tight(1.0, 4), tight(1.0, 4)]
+    assert judge_rounds(two, [tight(2.0, 4)] * 2, Thresholds(alpha=0.5))[1] == "rounds"
+    five = [tight(1.0, 4)] * 5
+    slow = [tight(2.0, 4)] * 5
+    assert judge_rounds(five, slow, Thresholds(alpha=smallest_p(5, 5)))[1] == "samples"
+    # The fallback to samples judges with the thresholds it was given.
+    verdict, unit = judge_rounds(five[:4], [tight(1.3, 4)] * 4, Thresholds(max_slowdown=0.5))
+    assert unit == "samples" and verdict.verdict == UNCHANGED
+
+
+def test_gate_and_fraction_errors_and_the_pairs_ab_needs() -> None:
+    with pytest.raises(AttnbenchError) as bad:
+        check_gate("bogus")
+    assert bad.value.message == "--fail-on 'bogus': accepted: all, deterministic, time, none"
+    for text in ("1", "1.5"):  # a bare number is a fraction below 1; 100% is written as such
+        with pytest.raises(AttnbenchError, match="write a percentage such as 10%"):
+            parse_fraction(text, "--max-slowdown")
+    assert parse_fraction("100%", "--max-slowdown") == 1.0
+    assert parse_fraction("0.25", "--max-slowdown") == 0.25
+    assert rounds_to_reach(0.01) == 10 and rounds_to_reach(1 / 16) == 7  # slack 8 by default
