@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -247,3 +249,16 @@ def test_show_prints_a_saved_run_and_refuses_what_is_not_one(tiny_run, tmp_path:
     assert result.exit_code == 2 and "schema version 0; this attnbench reads version 1" in (
         result.stderr
     )
+
+
+def test_the_cli_stands_without_click() -> None:
+    """Typer 0.29 no longer installs Click: `pip install attnbench` alone has none, and a
+    command must still run and refuse bad input in one line."""
+    block = "import sys; sys.modules['click'] = None; from attnbench.cli import main; main()"
+    ok = subprocess.run([sys.executable, "-c", block, "--version"], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.strip().startswith("attnbench"), ok.stderr
+    bad = subprocess.run(
+        [sys.executable, "-c", block, "sweep", "--n", "0"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert len([line for line in bad.stderr.splitlines() if line.strip()]) == 1

@@ -12,7 +12,6 @@ import os
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-import click
 import typer
 from rich.markup import escape
 
@@ -20,6 +19,17 @@ from attnbench._version import __version__
 from attnbench.cli import ab, analysis, catalog, judge, sweeping
 from attnbench.cli.render import console
 from attnbench.errors import AttnbenchError, SweepInterrupted
+
+# What a command raises to end with its own exit code or a usage error: passed on untouched.
+# Typer from 0.29 stands without Click; before it, its exits are Click's.
+PASS_THROUGH: tuple[type[BaseException], ...] = (typer.Exit, typer.Abort)
+PASS_THROUGH += tuple(e for e in (getattr(typer, "TyperException", None),) if e is not None)
+try:
+    import click
+except ImportError:  # typer 0.29 and later, installed alone
+    pass
+else:
+    PASS_THROUGH += (click.exceptions.Exit, click.ClickException)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -58,8 +68,8 @@ def handles_errors(command: F, reads_runs: bool = False) -> F:
             return command(*args, **kwargs)
         except AttnbenchError as exc:
             raise fail(exc) from None
-        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException):
-            raise  # the command's own exit code, or Click's usage error
+        except PASS_THROUGH:
+            raise  # the command's own exit code, or a usage error
         except Exception as exc:
             if not reads_runs or os.environ.get("ATTNBENCH_DEBUG"):
                 raise
