@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from attnbench.layers import REGISTRY
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingStats
@@ -122,3 +125,14 @@ def cases_grid(**overrides: dict[str, Any]) -> dict[tuple[str, int], dict[str, A
         layer, n = key.split("_")
         cases[(layer, int(n))] = spec
     return cases
+
+
+@contextlib.contextmanager
+def registry_restored() -> Iterator[None]:
+    """Plugin layers registered inside leave with it: the registry as it was before."""
+    before = dict(REGISTRY)
+    try:
+        yield
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(before)

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from synthetic import registry_restored
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.layers import REGISTRY
 from attnbench.results.store import load_results
 
 runner = CliRunner()
@@ -80,10 +80,8 @@ LINEAR = LayerEntry(
 
 @pytest.fixture(autouse=True)
 def registry() -> Iterator[None]:
-    before = dict(REGISTRY)
-    yield
-    REGISTRY.clear()
-    REGISTRY.update(before)
+    with registry_restored():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -94,15 +92,13 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     path = folder / "declared.py"
     path.write_text(textwrap.dedent(LAYERS))
     out = folder / "run"
-    before = dict(REGISTRY)
     layers = ",".join(f"{path}:{name}" for name in ("HALF", "CONSTANT", "LINEAR"))
-    result = runner.invoke(
-        app,
-        ["sweep", "--layers", f"{layers},rnn", "--n", "8,16,32,64", "--d", "8",
-         "--device", "cpu", "--time-budget", "0.002", "--no-charts", "--out", str(out)],
-    )  # fmt: skip
-    REGISTRY.clear()
-    REGISTRY.update(before)
+    with registry_restored():
+        result = runner.invoke(
+            app,
+            ["sweep", "--layers", f"{layers},rnn", "--n", "8,16,32,64", "--d", "8",
+             "--device", "cpu", "--time-budget", "0.002", "--no-charts", "--out", str(out)],
+        )  # fmt: skip
     assert result.exit_code == 0, result.output
     return out, result.stderr
 

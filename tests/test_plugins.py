@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from synthetic import registry_restored
 from typer.testing import CliRunner
 
 from attnbench import build_grid, register_layer, run_sweep
@@ -71,10 +72,8 @@ ENTRY = LayerEntry(
 @pytest.fixture(autouse=True)
 def registry() -> Iterator[None]:
     """Plugins registered by a test leave with it."""
-    before = dict(REGISTRY)
-    yield
-    REGISTRY.clear()
-    REGISTRY.update(before)
+    with registry_restored():
+        yield
 
 
 def plugin(tmp_path: Path, text: str = MIXER, name: str = "mixer.py", fail_above: int = 99) -> Path:
