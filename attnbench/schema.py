@@ -105,7 +105,9 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column("flops_analytic", "float", _MEASURE, "FLOPs from the layer's theory"),
     Column(
-        "flops_check", "text", _MEASURE, "ok, or mismatch (counted vs analytic beyond 1%)",
+        "flops_check", "text", _MEASURE,
+        "ok, mismatch (counted vs analytic beyond 1%), no theory, or incomplete (ops with no "
+        "FLOP formula ran: see uncounted_ops)",
         summary="check",
     ),
     Column(
@@ -158,6 +160,23 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "elementwise_check", "text", _MEASURE,
         "ok, or mismatch (counted vs analytic beyond 1%)", optional=True,
+    ),
+    Column(
+        "elementwise_method", "text", _MEASURE,
+        "traced, or none: <why> when the count could not be taken (the case is kept)",
+        optional=True,
+    ),
+    Column(
+        "uncounted_ops", "text", _MEASURE,
+        "ops of the call that computed on floating values with no FLOP formula and are not "
+        "elementwise work, views, copies or data movement: name xcalls (elements touched)",
+        optional=True,
+    ),
+    Column(
+        "fused_path", "text", _MEASURE,
+        "fused ops the timed call ran (MultiheadAttention fast path, oneDNN/cuDNN RNN kernels) "
+        "whose work the counts read on the unfused path; empty when both took the same path",
+        optional=True,
     ),
     Column(
         "page_faults", "float", _MEASURE,

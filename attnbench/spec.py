@@ -455,8 +455,8 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
         for option in found.options:
             option.check(resolved[option.name], name, grid.ns, grid.ds)
         if found.source.kind in plugins.CHECKED:
-            n = min(min(grid.ns), max(16, 2 * found.reach(resolved) + 1))
-            checks.check_output(found, min(grid.ds), n, resolved)
+            small = min(min(grid.ns), max(16, 2 * found.reach(resolved) + 1))
+            checks.check_output(found, min(grid.ds), (small, min(grid.ns)), resolved)
     grid = replace(grid, device=(resolve or local_device)(grid.device, grid.dtype))
     if grid.metric == "instructions":
         if grid.device != "cpu":

@@ -86,6 +86,7 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 "seq_steps_agrees": _agrees(seq_n),
                 "path_len_agrees": _agrees(path_n),
                 "flops_mismatch_cases": int((group["flops_check"] == "mismatch").sum()),
+                "flops_incomplete_cases": int((group["flops_check"] == "incomplete").sum()),
                 "elementwise_mismatch_cases": int((group["elementwise_check"] == "mismatch").sum())
                 if "elementwise_check" in group
                 else 0,
@@ -158,6 +159,12 @@ def check_notes(table: pd.DataFrame) -> list[str]:
                     f"{layer}: counted {what} differ from the analytic formula by more than "
                     f"1% in {cases} case(s); see the {column} and {column}_analytic columns"
                 )
+        incomplete = row.get("flops_incomplete_cases") or 0
+        if incomplete:
+            notes.append(
+                f"{layer}: {incomplete} case(s) ran ops with no FLOP formula, so their FLOPs "
+                "are a lower bound; see the uncounted_ops column"
+            )
         for column, what in (("seq_steps", "sequential ops"), ("path_len", "max path length")):
             if row.get(f"{column}_agrees") is False:
                 notes.append(

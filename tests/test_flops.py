@@ -83,6 +83,8 @@ def test_fused_attention_backward_recomputes_and_is_flagged() -> None:
 
 def test_flops_agree_tolerance() -> None:
     assert flops_agree(100.5, 100)
+    assert flops_agree(101, 100) and flops_agree(99, 100)  # exactly 1% off still agrees
+    assert not flops_agree(101.01, 100) and not flops_agree(98.99, 100)
     assert not flops_agree(102, 100)
     assert flops_agree(0, 0)
     assert not flops_agree(1, 0)

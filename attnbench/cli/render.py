@@ -329,6 +329,16 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
                 f"({', '.join(sorted(set(mismatched['layer'])))}); "
                 f"see the {column} and {column}_analytic columns"
             )
+    incomplete = frame[frame["flops_check"] == "incomplete"]
+    if len(incomplete):
+        texts = incomplete.get("uncounted_ops", [])
+        ops = sorted({op.split(" x")[0] for text in texts for op in str(text).split("; ") if op})
+        console.print(
+            f"[yellow]note:[/] {len(incomplete)} case(s) "
+            f"({', '.join(sorted(set(incomplete['layer'])))}) ran ops with no FLOP formula "
+            f"({', '.join(ops)}): their FLOPs are a lower bound; see the uncounted_ops column",
+            soft_wrap=True,
+        )
     for note in fault_notes(run):
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     busy = busy_while_measuring(run)

@@ -4,7 +4,7 @@ would fail every case is refused in one line instead of filling results.csv with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -26,24 +26,34 @@ def output_problem(out: object, shape: tuple[int, ...], dtype: torch.dtype) -> s
     return None
 
 
-def check_output(entry: LayerEntry, d: int, n: int, options: Mapping[str, int]) -> None:
+def check_output(
+    entry: LayerEntry, d: int, lengths: Sequence[int], options: Mapping[str, int]
+) -> None:
     """Refuse a plugin that does not build, or does not map (batch, n, d) to (batch, n, d) in
-    the input's dtype, on a tiny input, before anything is measured."""
-    shape = (BATCH, n, d)
+    the input's dtype, before anything is measured.
+
+    ``lengths`` are tried in order, cheapest first, ending with a length the grid asks for: a
+    layer that accepts only some lengths (a multiple of its block) is refused only when it
+    fails at a length it will be measured at.
+    """
     dtype = torch.float32
-    try:
-        layer = build_layer(entry.name, d, **options, n=n)
-        with torch.no_grad():
-            out = layer(torch.randn(*shape, dtype=dtype))
-    except AttnbenchError:
-        raise
-    except Exception as exc:
-        raise AttnbenchError(
-            f"layer {entry.name}: calling it on a {shape} input failed: {first_line(exc)}"
-        ) from None
-    problem = output_problem(out, shape, dtype)
-    if problem is not None:
-        raise AttnbenchError(
-            f"layer {entry.name} maps a {shape} input {problem}; a layer must map "
-            "(batch, n, d) to (batch, n, d) in the input's dtype"
-        )
+    failure = ""
+    for n in dict.fromkeys(lengths):  # in order, once each
+        shape = (BATCH, n, d)
+        try:
+            layer = build_layer(entry.name, d, **options, n=n)
+            with torch.no_grad():
+                out = layer(torch.randn(*shape, dtype=dtype))
+        except AttnbenchError:
+            raise
+        except Exception as exc:
+            failure = f"layer {entry.name}: calling it on a {shape} input failed: {first_line(exc)}"
+            continue
+        problem = output_problem(out, shape, dtype)
+        if problem is not None:
+            raise AttnbenchError(
+                f"layer {entry.name} maps a {shape} input {problem}; a layer must map "
+                "(batch, n, d) to (batch, n, d) in the input's dtype"
+            )
+        return
+    raise AttnbenchError(failure)

@@ -10,19 +10,22 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from attnbench.devices import DTYPES, device_sync
+from attnbench.errors import first_line
 from attnbench.layers.registry import build_layer, entry
-from attnbench.measure.elementwise import count_elementwise
+from attnbench.measure.elementwise import ELEMENTWISE_METHOD, count_elementwise
 from attnbench.measure.faults import FaultCounter
-from attnbench.measure.flops import count_flops
+from attnbench.measure.flops import trace_flops
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.memory import peak_bytes
+from attnbench.measure.ops import describe_fused, recording_fused
 from attnbench.measure.record import CaseResult
-from attnbench.measure.structure import SEQ_METHOD, path_length, sequential_steps
+from attnbench.measure.structure import PATH_NONE, SEQ_METHOD, path_length, sequential_steps
 from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats, time_call
 from attnbench.spec import Case
 from attnbench.units import fmt_seconds
@@ -152,12 +155,20 @@ def measure_case(
                 error=f"one call took {fmt_seconds(first)}, over --max-case-seconds "
                 f"{fmt_seconds(max_case_s)}",
             )
-        seq_steps = sequential_steps(step.forward)
+        # The auxiliary counts each run in their own guard: one that fails (a probe at a
+        # length the layer refuses) leaves its column empty with the reason, and the case's
+        # time, memory and FLOPs are still measured.
+        seq_steps, seq_method = auxiliary(lambda: sequential_steps(step.forward), SEQ_METHOD)
         reach = entry(case.layer).reach(case.option_values)
-        path = path_length(layer_builder(case, seed), case.n, case.d, scale=reach)
-        flops = count_flops(step)
-        elementwise = count_elementwise(step.forward)
-        peak = peak_bytes(step, case.device)
+        path, path_method = auxiliary(
+            lambda: path_length(layer_builder(case, seed), case.n, case.d, scale=reach)
+        )
+        flop_count = trace_flops(step)
+        elementwise, elementwise_method = auxiliary(
+            lambda: count_elementwise(step.forward), ELEMENTWISE_METHOD
+        )
+        fused: set[str] = set()
+        peak = peak_bytes(recording_fused(step, fused), case.device)
         if counter is not None:  # counted in its own process, under Callgrind
             timing, instructions = None, counter.count(case, seed)
         else:
@@ -172,17 +183,35 @@ def measure_case(
         threads=threads,
         timing=timing,
         peak_bytes=peak,
-        flops=flops,
+        flops=flop_count.total,
         flops_analytic=case.analytic_flops(),
+        uncounted_ops=flop_count.uncounted,
+        fused_path=describe_fused(fused),
         seq_steps=seq_steps,
-        seq_steps_method=SEQ_METHOD,
-        path_len=path.value,
-        path_len_method=path.method,
+        seq_steps_method=seq_method,
+        path_len=None if path is None else path.value,
+        path_len_method=path_method if path is None else path.method,
         wall_s=clock() - start,
         instructions=instructions,
         elementwise=elementwise,
+        elementwise_method=elementwise_method,
         elementwise_analytic=case.analytic_elements(),
     )
+
+
+T = TypeVar("T")
+
+
+def auxiliary(count: Callable[[], T], method: str = "") -> tuple[T | None, str]:
+    """An auxiliary count and how it was taken: ``(value, method)``, or ``(None, "none: why")``
+    when it cannot be taken. An allocation failure still ends the case (as ``oom``)."""
+    try:
+        return count(), method
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise
+        release_memory("cpu")
+        return None, f"{PATH_NONE}: {first_line(exc)}"[:300]
 
 
 def _failed(case: Case, status: str, exc: BaseException, threads: int, wall: float) -> CaseResult:
@@ -221,5 +250,5 @@ def prime_instruments() -> None:
     """Pay the dispatch-mode and profiler start-up (about a second, once per process) up front,
     so it is not charged to the first case's wall time."""
     a = torch.ones(4, 4)
-    count_flops(lambda: a @ a)
+    trace_flops(lambda: a @ a)
     peak_bytes(lambda: a @ a, "cpu")

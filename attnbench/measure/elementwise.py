@@ -8,7 +8,8 @@ every aten op of one call that computes on floating-point values:
   elements it produces;
 - a reduction (the ``reduction`` tag: sum, mean, amax...) and the ops that normalise or
   accumulate along a dimension without a tag (softmax, log-softmax, cumulative sums and
-  products): the elements it reads;
+  products, layer, group, batch and RMS norms): the elements it reads;
+- dropout and the gradients of elementwise ops, which carry no tag: the elements they produce;
 - a fused attention kernel (``scaled_dot_product_attention``): the elementwise work of the
   explicit layer it replaces, counted from its shapes as its FLOPs are: the b·h·n·n_k scores
   scaled and normalised, and masked too when causal (a fused kernel may skip the masked half;
@@ -16,7 +17,8 @@ every aten op of one call that computes on floating-point values:
 
 Copies (``clone``, ``copy_``, ``_to_copy``) move data and compute nothing; integer and boolean
 results (masks, indices) are bookkeeping: neither is counted. Like the FLOP count, the trace
-runs with the fused recurrent kernels off, so a recurrence shows the work of each of its steps.
+runs with torch's fused paths off (``ops.unfused``), so a recurrence shows the work of each of
+its steps and ``nn.MultiheadAttention`` its softmax.
 """
 
 from __future__ import annotations
@@ -29,25 +31,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from attnbench.measure.structure import unfused
+from attnbench.measure.ops import elementwise_kind, floating, unfused
 
-_COPIES = {"clone", "copy", "copy_", "_to_copy", "lift_fresh_copy"}
-# Work along a dimension that carries neither tag: counted as the elements read.
-_ALONG = {"_softmax", "_log_softmax", "cumsum", "cumprod", "logcumsumexp"}
-_FUSED_ATTENTION = {
-    "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention",
-}
-
-
-def _name(func: Any) -> str:
-    return str(func._overloadpacket.__name__)
-
-
-def _floating(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+ELEMENTWISE_METHOD = "traced"  # the elementwise_method of a counted case
 
 
 def _argument(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
@@ -69,17 +55,15 @@ def fused_attention_elements(q: torch.Tensor, k: torch.Tensor, causal: bool) -> 
 
 def elements_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     """The elementwise work one aten op call did (0 for an op that is not elementwise)."""
-    name = _name(func)
-    if name in _FUSED_ATTENTION:
+    kind = elementwise_kind(func)
+    if kind == "attention":
         causal = bool(_argument(func, args, kwargs, "is_causal"))
         return fused_attention_elements(args[0], args[1], causal)
-    if name in _COPIES:
-        return 0
-    if torch.Tag.reduction in func.tags or name in _ALONG:
+    if kind == "along":
         source = args[0] if args else None
-        return source.numel() if _floating(source) else 0
-    if torch.Tag.pointwise in func.tags:
-        return sum(t.numel() for t in tree_flatten(out)[0] if _floating(t))
+        return source.numel() if floating(source) else 0
+    if kind == "pointwise":
+        return sum(t.numel() for t in tree_flatten(out)[0] if floating(t))
     return 0
 
 

@@ -4,24 +4,36 @@ The count uses torch's own per-op formulas (``torch.utils.flop_counter.flop_regi
 table behind ``FlopCounterMode``) in a lean dispatch mode: ``FlopCounterMode`` adds per-op module
 bookkeeping that doubled the cost of counting a 1024-step unfused LSTM (0.38 s against 0.18 s).
 
-Two gaps make a plain count silently report 0, and both are closed here:
-- fused recurrent kernels (oneDNN LSTM on CPU, cuDNN RNNs on CUDA) hide their matrix products in
-  one opaque op: the count is taken with those backends disabled, so the same layer runs its
-  products as visible ``mm``/``addmm`` ops;
+Three gaps make a plain count silently report 0, and all are closed here:
+- fused paths (oneDNN LSTM on CPU, cuDNN RNNs on CUDA, the ``nn.MultiheadAttention`` and
+  ``nn.TransformerEncoderLayer`` fast paths) hide their matrix products in one opaque op: the
+  count is taken with them switched off (``ops.unfused``), so the same layer runs its products
+  as visible ``mm``/``addmm``/``bmm`` ops;
 - the CPU flash-attention op of ``scaled_dot_product_attention`` has no formula in torch: it is
-  mapped to torch's own SDPA formula.
+  mapped to torch's own SDPA formula;
+- any other op that computes on floating values with no formula and is not elementwise work
+  or bookkeeping (``ops``) is named in the count's ``uncounted``: a count that misses work says
+  so instead of reading low.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnbench.measure.structure import unfused
+from attnbench.measure.ops import (
+    Uncounted,
+    elements_touched,
+    elementwise_kind,
+    is_bookkeeping,
+    op_name,
+    unfused,
+)
 
 RELATIVE_TOLERANCE = 0.01  # counted vs analytic: agreement within 1%
 
@@ -49,13 +61,23 @@ def _formulas() -> dict[Any, Callable[..., int]]:
     return table
 
 
+@dataclass(frozen=True)
+class FlopCount:
+    """The FLOPs of one call, and the ops whose work no formula or counter read."""
+
+    total: int
+    uncounted: str = ""  # ``ops.Uncounted.describe``: empty when every op was accounted for
+
+
 class _FlopCounter(TorchDispatchMode):
-    """Adds up the formula of every op that has one; other ops (elementwise) count 0."""
+    """Adds up the formula of every op that has one; names ops that are neither counted,
+    elementwise work nor bookkeeping."""
 
     def __init__(self, formulas: dict[Any, Callable[..., int]]) -> None:
         super().__init__()
         self.formulas = formulas
         self.total = 0
+        self.uncounted = Uncounted({})
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -63,15 +85,22 @@ class _FlopCounter(TorchDispatchMode):
         formula = self.formulas.get(func._overloadpacket)
         if formula is not None:
             self.total += int(formula(*args, **kwargs, out_val=out))
+        elif elementwise_kind(func) is None and not is_bookkeeping(func, out):
+            self.uncounted.add(f"aten.{op_name(func)}", elements_touched((args, kwargs), out))
         return out
 
 
-def count_flops(fn: Callable[[], object]) -> int:
-    """FLOPs of one call of ``fn``, with fused recurrent backends disabled while counting."""
+def trace_flops(fn: Callable[[], object]) -> FlopCount:
+    """FLOPs of one call of ``fn`` with torch's fused paths off, and what went uncounted."""
     counter = _FlopCounter(_formulas())
     with unfused(), counter:
         fn()
-    return counter.total
+    return FlopCount(counter.total, counter.uncounted.describe())
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs of one call of ``fn`` (``trace_flops`` without the uncounted ops)."""
+    return trace_flops(fn).total
 
 
 def flops_agree(counted: float, analytic: float) -> bool:

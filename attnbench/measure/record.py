@@ -64,6 +64,9 @@ class CaseResult:
     cpu_count: int | None = None
     elementwise: int | None = None  # elements, one forward call (measure.elementwise)
     elementwise_analytic: float | None = None
+    elementwise_method: str = ""  # "traced", or "none: <why>" when it could not be counted
+    uncounted_ops: str = ""  # ops no counter could read (measure.ops.Uncounted.describe)
+    fused_path: str = ""  # fused ops the timed call ran, which the counts saw through
 
     @property
     def flops_per_s(self) -> float | None:
@@ -73,7 +76,10 @@ class CaseResult:
 
     @property
     def flops_check(self) -> str:
-        """ok or mismatch (counted against analytic); "no theory" for a layer without one."""
+        """ok or mismatch (counted against analytic); "no theory" for a layer without one;
+        "incomplete" when ops with no formula went uncounted, whatever the theory says."""
+        if self.flops is not None and self.uncounted_ops:
+            return "incomplete"
         return _check(self.flops, self.flops_analytic)
 
     @property

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -38,6 +36,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
+
+from attnbench.measure.ops import is_view, unfused
 
 PATH_MEASURE_MAX = 64  # measure the dependency pattern directly up to this length
 
@@ -61,26 +61,7 @@ PATH_EXTENDED = "extended"  # band shape proven at the probe lengths, extended t
 PATH_NONE = "none"  # above PATH_MEASURE_MAX with no law proven: no value
 
 
-def unfused() -> ExitStack:
-    """A context with oneDNN and cuDNN off, so recurrent layers run their loop as aten ops."""
-    stack = ExitStack()
-    # The mkldnn flags context re-applies a TF32 setting that warns on CPU-only builds.
-    stack.enter_context(warnings.catch_warnings())
-    warnings.simplefilter("ignore", UserWarning)
-    stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
-    stack.enter_context(torch.backends.cudnn.flags(enabled=False))
-    return stack
-
-
 # ----------------------------------------------------------------------------- sequential steps
-
-
-def _is_view(func: Any) -> bool:
-    """An op whose every output aliases an input without writing it: a view, not a computation."""
-    returns = func._schema.returns
-    return bool(returns) and all(
-        r.alias_info is not None and not r.alias_info.is_write for r in returns
-    )
 
 
 class _ChainTracer(TorchDispatchMode):
@@ -96,7 +77,7 @@ class _ChainTracer(TorchDispatchMode):
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         if inputs:
             base = max(self.depth.get(t, 0) for t in inputs)
-            depth = base if _is_view(func) else base + 1
+            depth = base if is_view(func) else base + 1
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.depth[t] = depth
@@ -333,7 +314,9 @@ def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int
     # Below the probes the route is read at lengths up to n, so a short case never builds a
     # longer layer than its own (one that would not fit is the longer case's to find).
     small = max(1, n // 4)
-    route = route_of(build, d, probes if n >= probes[-1] else (small, 2 * small, 4 * small))
+    route, probes = _accepted_route(
+        build, d, probes if n >= probes[-1] else (small, 2 * small, 4 * small), n
+    )
     if route.kind == "scan":  # every route passes all the levels: counted from the trace at n
         levels = route.levels(traced_steps(build(n), n, d))
         if levels is None:
@@ -356,6 +339,31 @@ def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int
     span = f"n={probes[0]}..{probes[-1]}"
     law = f"{band.describe()} at {span}, {stages} stage(s) at n={n}"
     return PathLength(value, f"{PATH_EXTENDED}: {law}")
+
+
+def fallback_probes(n: int) -> list[tuple[int, ...]]:
+    """Doubling probe lengths built from the case's own n, for a layer that refuses the usual
+    ones (a length that must be a multiple of its block): n's divisors first, then multiples."""
+    triples = [(n // 4, n // 2, n)] if n % 4 == 0 else []
+    if n % 2 == 0:
+        triples.append((n // 2, n, 2 * n))
+    triples.append((n, 2 * n, 4 * n))
+    return triples
+
+
+def _accepted_route(
+    build: Callable[[int], nn.Module], d: int, preferred: tuple[int, ...], n: int
+) -> tuple[Route, tuple[int, ...]]:
+    """The route law, read at the preferred probes or, where the layer refuses one of them,
+    at the first ``fallback_probes`` it accepts (the last refusal is raised when none is)."""
+    candidates = [preferred, *(t for t in fallback_probes(n) if t != preferred and t[0] > 0)]
+    for i, probes in enumerate(candidates):
+        try:
+            return route_of(build, d, probes), probes
+        except Exception:
+            if i == len(candidates) - 1:
+                raise
+    raise AssertionError("unreachable: the last candidate raises")
 
 
 def _probe(

@@ -1,0 +1,198 @@
+"""What each aten op is to the counters: work with a FLOP formula, elementwise work, or
+bookkeeping (views, copies, new tensors, data moved into place), and the fused paths a count
+must see through.
+
+Every counter here reads the dispatcher, so an op that is none of these (a fused kernel torch
+has no formula for, an FFT, a custom op) would count as nothing. ``uncounted`` names such ops
+instead of letting them read as zero.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+COPIES = frozenset({"clone", "copy", "copy_", "_to_copy", "lift_fresh_copy"})
+# Work along a dimension that carries neither the pointwise nor the reduction tag: counted as
+# the elements read (softmaxes, cumulative ops, normalisations).
+ALONG = frozenset({
+    "_softmax", "_log_softmax", "cumsum", "cumprod", "logcumsumexp",
+    "native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit",
+    "_native_batch_norm_legit_no_training", "_fused_rms_norm",
+})  # fmt: skip
+# Elementwise work without the pointwise tag: dropout, and the gradients of elementwise ops
+# (met in a training call's backward pass): counted as the elements they produce.
+UNTAGGED_POINTWISE = frozenset({
+    "native_dropout", "native_dropout_backward", "bernoulli",
+    "_softmax_backward_data", "_log_softmax_backward_data", "native_layer_norm_backward",
+    "native_group_norm_backward", "native_batch_norm_backward", "_fused_rms_norm_backward",
+    "elu_backward", "softplus_backward", "tanh_backward", "sigmoid_backward",
+    "threshold_backward", "gelu_backward", "silu_backward", "mish_backward", "hardtanh_backward",
+    "leaky_relu_backward", "hardswish_backward", "hardsigmoid_backward", "logit_backward",
+    "softshrink_backward", "hardshrink_backward", "glu_backward",
+})  # fmt: skip
+FUSED_ATTENTION = frozenset({
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+})  # fmt: skip
+# Ops that make a tensor without computing on another one's values.
+CREATION = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros",
+    "zeros_like", "new_zeros", "ones", "ones_like", "new_ones", "full", "full_like", "new_full",
+    "arange", "linspace", "logspace", "eye", "scalar_tensor", "rand", "rand_like", "randn",
+    "randn_like", "randint", "randperm", "normal", "uniform", "fill", "fill_", "zero_",
+    "_local_scalar_dense", "detach", "alias", "lift_fresh", "resize_", "set_",
+})  # fmt: skip
+# Ops that move or gather values into place, computing nothing (their gradients included).
+MOVEMENT = frozenset({
+    "_unsafe_view", "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk", "stack", "cat",
+    "constant_pad_nd", "reflection_pad1d", "reflection_pad2d", "replication_pad1d",
+    "replication_pad2d", "index", "index_select", "gather", "scatter", "index_put",
+    "index_put_", "index_copy", "masked_select", "masked_scatter", "take", "repeat", "flip",
+    "roll", "tril", "triu", "embedding", "embedding_dense_backward", "select_backward",
+    "slice_backward", "unfold_backward", "diagonal_backward", "as_strided_scatter",
+    "select_scatter", "slice_scatter", "diagonal_scatter", "expand_copy", "permute_copy",
+    "narrow_copy", "transpose_", "t_", "squeeze_", "unsqueeze_", "as_strided_", "split",
+    "split_with_sizes", "chunk", "unbind", "col2im", "im2col", "reflection_pad1d_backward",
+    "constant_pad_nd_backward",
+})  # fmt: skip
+# Fused paths torch takes in the user's call that hide their matrix products in one op with no
+# FLOP formula; the counts run with them switched off (``unfused``).
+FUSED_PATHS = {
+    "_native_multi_head_attention": "nn.MultiheadAttention fast path",
+    "_transformer_encoder_layer_fwd": "nn.TransformerEncoderLayer fast path",
+    "mkldnn_rnn_layer": "oneDNN recurrent kernel",
+    "mkldnn_rnn": "oneDNN recurrent kernel",
+    "_cudnn_rnn": "cuDNN recurrent kernel",
+    "miopen_rnn": "MIOpen recurrent kernel",
+}
+
+
+def op_name(func: Any) -> str:
+    return str(func._overloadpacket.__name__)
+
+
+def floating(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+
+
+def is_view(func: Any) -> bool:
+    """An op whose every output aliases an input without writing it: a view, not a computation."""
+    returns = func._schema.returns
+    return bool(returns) and all(
+        r.alias_info is not None and not r.alias_info.is_write for r in returns
+    )
+
+
+def elementwise_kind(func: Any) -> str | None:
+    """How an op's elementwise work is counted: "attention" (a fused attention kernel), "along"
+    (elements read: reductions, softmaxes, normalisations), "pointwise" (elements produced), or
+    None for an op that does no elementwise work."""
+    name = op_name(func)
+    if name in FUSED_ATTENTION:
+        return "attention"
+    if name in COPIES:
+        return None
+    if torch.Tag.reduction in func.tags or name in ALONG:
+        return "along"
+    if torch.Tag.pointwise in func.tags or name in UNTAGGED_POINTWISE:
+        return "pointwise"
+    return None
+
+
+def is_bookkeeping(func: Any, out: Any) -> bool:
+    """An op that computes on no floating value: integer or boolean results, a view, a copy,
+    a new tensor, or values moved into place."""
+    if not any(floating(t) for t in tree_flatten(out)[0]):
+        return True
+    name = op_name(func)
+    return is_view(func) or name in COPIES or name in CREATION or name in MOVEMENT
+
+
+def elements_touched(args: Any, out: Any) -> int:
+    """Floating elements an op read and wrote (the size of an uncounted op, for its report)."""
+    return sum(t.numel() for t in tree_flatten((args, out))[0] if floating(t))
+
+
+@dataclass
+class Uncounted:
+    """Ops of a traced call that no counter could read: name -> [calls, elements touched]."""
+
+    ops: dict[str, list[int]]
+
+    def add(self, name: str, elements: int) -> None:
+        calls_elements = self.ops.setdefault(name, [0, 0])
+        calls_elements[0] += 1
+        calls_elements[1] += elements
+
+    def describe(self) -> str:
+        """``name xCALLS (ELEMENTS elements)``, joined with "; " (empty when none)."""
+        return "; ".join(
+            f"{name} x{calls} ({elements:,} elements)"
+            for name, (calls, elements) in sorted(self.ops.items())
+        )
+
+
+@contextmanager
+def _mha_fastpath_off() -> Iterator[None]:
+    mha = getattr(torch.backends, "mha", None)
+    if mha is None:  # a torch without the switch has no fast path to turn off either
+        yield
+        return
+    before = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        mha.set_fastpath_enabled(before)
+
+
+def unfused() -> ExitStack:
+    """A context in which torch's fused paths are off: oneDNN and cuDNN (recurrent layers run
+    their loop as aten ops) and the MultiheadAttention / TransformerEncoderLayer fast paths
+    (their projections and scores run as visible matrix products)."""
+    stack = ExitStack()
+    # The mkldnn flags context re-applies a TF32 setting that warns on CPU-only builds.
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore", UserWarning)
+    stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+    stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+    stack.enter_context(_mha_fastpath_off())
+    return stack
+
+
+class _OpNames(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.names.add(op_name(func))
+        return func(*args, **(kwargs or {}))
+
+
+def recording_fused(fn: Callable[[], object], seen: set[str]) -> Callable[[], object]:
+    """``fn``, which adds to ``seen`` the fused paths (``FUSED_PATHS``) its real call takes."""
+
+    def call() -> object:
+        recorder = _OpNames()
+        with recorder:
+            out = fn()
+        seen.update(name for name in recorder.names if name in FUSED_PATHS)
+        return out
+
+    return call
+
+
+def describe_fused(names: set[str]) -> str:
+    """The results' ``fused_path`` text: each fused op the timed call ran, and what it is."""
+    return "; ".join(f"{name} ({FUSED_PATHS[name]})" for name in sorted(names))
