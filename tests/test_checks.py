@@ -12,9 +12,14 @@ from pathlib import Path
 
 import pytest
 from synthetic import registry_restored
+from torch import nn
 from typer.testing import CliRunner
 
 from attnbench.cli import app
+from attnbench.errors import AttnbenchError
+from attnbench.layers.checks import check_output
+from attnbench.layers.entry import LayerEntry, LayerOption
+from attnbench.layers.registry import register
 from attnbench.results.store import load_results
 
 runner = CliRunner()
@@ -147,3 +152,45 @@ def test_a_sequential_law_the_steps_contradict_is_reported(checked: tuple[Path, 
     judged = {(e["layer"], e["metric"]): e["agrees"] for e in fitted if e["along"] == "n"}
     assert judged[("constant", "seq_steps")] is False
     assert judged[("rnn", "seq_steps")] is True and judged[("rnn", "path_len")] is True
+
+
+class _Blocked(nn.Module):
+    """Accepts only lengths that are multiples of 48; scales by its option ``gain``."""
+
+    def __init__(self, d: int, gain: int, n: int) -> None:
+        super().__init__()
+        assert gain == 3, f"gain {gain} did not arrive"
+        self.n = n
+
+    def forward(self, x):  # (B, n, d)
+        assert x.shape[1] == self.n, "built for another length"
+        assert x.shape[1] % 48 == 0, f"length {x.shape[1]} is not a multiple of 48"
+        return x * 3
+
+
+def _entry(build, **kw):  # type: ignore[no-untyped-def]
+    gain = LayerOption("gain", 1, "g", "a gain the layer must receive")
+    return register(LayerEntry("blocky", build, options=(gain,), needs_length=True, **kw))
+
+
+def test_the_plugin_check_tries_a_grid_length_before_refusing() -> None:
+    entry = _entry(_Blocked)
+    check_output(entry, 8, (16, 96), {"gain": 3})  # refused at 16, accepted at 96: passes
+    with pytest.raises(AttnbenchError) as refused:
+        check_output(entry, 8, (16, 50), {"gain": 3})
+    assert str(refused.value) == (
+        "layer blocky: calling it on a (2, 50, 8) input failed: "
+        "AssertionError: length 50 is not a multiple of 48"
+    )  # the error at the grid's length, the last one tried
+    with pytest.raises(AttnbenchError, match="gain 1 did not arrive"):
+        check_output(entry, 8, (96,), {"gain": 1})
+
+
+def test_the_plugin_check_names_a_wrong_shape_in_one_exact_line() -> None:
+    entry = _entry(lambda d, gain, n: nn.Linear(d, d + 1))
+    with pytest.raises(AttnbenchError) as refused:
+        check_output(entry, 8, (16,), {"gain": 1})
+    assert str(refused.value) == (
+        "layer blocky maps a (2, 16, 8) input to (2, 16, 9); a layer must map "
+        "(batch, n, d) to (batch, n, d) in the input's dtype"
+    )

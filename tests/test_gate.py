@@ -327,3 +327,58 @@ def test_gate_and_fraction_errors_and_the_pairs_ab_needs() -> None:
     assert parse_fraction("100%", "--max-slowdown") == 1.0
     assert parse_fraction("0.25", "--max-slowdown") == 0.25
     assert rounds_to_reach(0.01) == 10 and rounds_to_reach(1 / 16) == 7  # slack 8 by default
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0, -0.1, 1.5])
+def test_alpha_must_lie_strictly_between_0_and_1(alpha: float) -> None:
+    with pytest.raises(AttnbenchError, match=f"^--alpha must lie between 0 and 1, got {alpha}$"):
+        Thresholds(alpha=alpha)
+    assert Thresholds(alpha=0.999).alpha == 0.999 and Thresholds(alpha=1e-9).alpha == 1e-9
+
+
+@pytest.mark.parametrize("field", ["max_slowdown", "memory_tolerance", "instructions_tolerance"])
+def test_each_tolerance_refuses_a_negative_value(field: str) -> None:
+    message = (
+        "--max-slowdown, --memory-tolerance and --instructions-tolerance cannot be negative"
+    )
+    with pytest.raises(AttnbenchError) as refused:
+        Thresholds(**{field: -0.01})
+    assert str(refused.value) == message
+    assert getattr(Thresholds(**{field: 0.0}), field) == 0.0  # zero is allowed: exact
+
+
+def test_a_base_median_of_zero_gives_an_infinite_ratio_not_a_crash() -> None:
+    verdict = judge_time([0.0] * 10, [1e-3] * 10)
+    assert verdict.ratio == math.inf
+    assert verdict.verdict == REGRESSION
+
+
+def test_too_few_at_the_exact_boundary_keeps_the_ratio_and_reports_no_p() -> None:
+    # 3 against 3 samples: the smallest one-sided p is exactly 1/20 = alpha, so no outcome of
+    # the test can be below alpha.
+    thresholds = Thresholds(alpha=0.05, min_samples=2)
+    assert smallest_p(3, 3) == 0.05
+    verdict = judge_time([1.0, 1.01, 1.02], [2.0, 2.01, 2.02], thresholds)
+    assert verdict.verdict == TOO_FEW
+    assert verdict.ratio == pytest.approx(2.01 / 1.01)
+    assert math.isnan(verdict.p_value)
+
+
+def test_the_overall_row_at_its_boundaries() -> None:
+    empty = judge_overall([])
+    assert empty.verdict == NOT_COMPARED and math.isnan(empty.ratio) and math.isnan(empty.p_value)
+    # 3 cases: the smallest p of the exact signed-rank test is 1/8 = alpha
+    few = judge_overall([1.5, 1.6, 1.7], Thresholds(alpha=0.125))
+    assert few.verdict == TOO_FEW and math.isnan(few.p_value)
+    assert few.ratio == pytest.approx((1.5 * 1.6 * 1.7) ** (1 / 3))
+    same = judge_overall([1.0] * 8)
+    assert (same.verdict, same.ratio, same.p_value) == (UNCHANGED, 1.0, 1.0)
+
+
+def test_a_p_value_equal_to_alpha_is_not_significant() -> None:
+    # 8 cases, 7 slower and the smallest one faster: the exact one-sided p is 2/256.
+    ratios = [0.99] + [1.5 + 0.01 * i for i in range(7)]
+    at_alpha = judge_overall(ratios, Thresholds(alpha=2 / 256))
+    assert at_alpha.p_value == 2 / 256
+    assert at_alpha.verdict == NOT_SIGNIFICANT
+    assert judge_overall(ratios, Thresholds(alpha=2 / 256 + 1e-9)).verdict == REGRESSION

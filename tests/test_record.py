@@ -1,0 +1,41 @@
+"""A case's row: every timing column read from its samples, empty where it was not timed; and
+the formula text a layer without a term shows."""
+
+from __future__ import annotations
+
+from attnbench.measure.record import CaseResult, timing_columns
+from attnbench.measure.timing import TimingStats
+from attnbench.spec import Case
+from attnbench.theory import formula
+
+CASE = Case("conv", 16, 8, 1, "float32", "cpu", "forward", (("k", 3),))
+
+
+def test_a_timed_case_fills_every_timing_column_from_its_samples() -> None:
+    timing = TimingStats(
+        (4e-3, 1e-3, 2e-3, 3e-3), calls_per_sample=5, total_s=0.05,
+        faults=(7.0, 1.0, 3.0, 5.0), major_faults=40,
+    )  # fmt: skip
+    assert timing_columns(timing) == {
+        "time_s": 2.5e-3,  # the median of the four samples
+        "time_iqr_s": timing.iqr_s,
+        "samples": 4,
+        "calls_per_sample": 5,
+        "time_total_s": 0.05,
+        "page_faults": 4.0,  # the median sample's faults per call
+        "major_faults": 2.0,  # 40 over 4 blocks of 5 calls
+    }
+    assert timing.iqr_s > 0
+    row = CaseResult(CASE, "ok", 2, timing=timing, flops=100).to_row()
+    assert row["time_s"] == 2.5e-3 and row["samples"] == 4 and row["page_faults"] == 4.0
+    assert row["flops_per_s"] == 100 / 2.5e-3
+
+
+def test_an_untimed_case_leaves_the_timing_columns_empty() -> None:
+    assert set(timing_columns(None).values()) == {None}
+    row = CaseResult(CASE, "failed", 2, error="boom").to_row()
+    assert row["time_s"] is None and row["samples"] is None and row["flops_per_s"] is None
+
+
+def test_a_formula_without_terms_reads_zero() -> None:
+    assert formula(()) == "0"
