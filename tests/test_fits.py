@@ -246,3 +246,22 @@ def test_exponents_of_the_tiny_run_follow_the_table(tiny_run: RunResults):
     assert steps.loc["rnn", "exponent"] == pytest.approx(1, abs=0.05)
     assert steps.loc["attention", "exponent"] == 0
     assert steps["agrees"].all()
+
+
+def test_agreement_at_its_exact_boundaries() -> None:
+    from dataclasses import dataclass
+
+    from attnbench.fits.agreement import agrees
+
+    @dataclass(frozen=True)
+    class Fit:
+        slope: float
+        low: float
+        high: float
+
+    assert agrees(Fit(0.05, 0.5, 0.6), 0.0) is True  # exactly the exact-count tolerance away
+    assert agrees(Fit(2.0, 1.5, 2.5), 2.5) is True  # an interval exactly 1 wide is judged...
+    assert agrees(Fit(2.0, 1.5, 2.5001), 2.5) is None  # ...a wider one is not
+    assert agrees(Fit(2.0, 1.5, 2.3), 1.5) is True  # the theory on the interval's low end
+    assert agrees(Fit(2.0, 1.7, 2.5), 2.5) is True  # and on its high end
+    assert agrees(Fit(2.0, 1.7, 2.4), 2.5) is False
