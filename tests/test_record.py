@@ -3,6 +3,8 @@ the formula text a layer without a term shows."""
 
 from __future__ import annotations
 
+import pytest
+
 from attnbench.measure.record import CaseResult, timing_columns
 from attnbench.measure.timing import TimingStats
 from attnbench.spec import Case
@@ -39,3 +41,26 @@ def test_an_untimed_case_leaves_the_timing_columns_empty() -> None:
 
 def test_a_formula_without_terms_reads_zero() -> None:
     assert formula(()) == "0"
+
+
+def test_an_uncounted_case_has_no_check_and_a_counted_one_without_theory_says_so() -> None:
+    assert CaseResult(CASE, "failed", 2).flops_check == ""
+    assert CaseResult(CASE, "failed", 2).elementwise_check == ""
+    assert CaseResult(CASE, "ok", 2, flops=5).flops_check == "no theory"  # no formula given
+
+
+def test_a_row_names_where_its_layer_came_from() -> None:
+    from attnbench.layers import REGISTRY
+
+    built_in = CaseResult(CASE, "ok", 2).to_row()["layer_source"]
+    assert built_in == REGISTRY["conv"].source.describe() and built_in
+    given = CaseResult(CASE, "ok", 2, layer_source="mine.py sha256:ab").to_row()
+    assert given["layer_source"] == "mine.py sha256:ab"  # what the run recorded is kept
+
+
+def test_a_column_nothing_measures_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnbench.measure.record as record
+
+    monkeypatch.setattr(record, "RESULT_COLUMNS", [*record.RESULT_COLUMNS, "warp_factor"])
+    with pytest.raises(KeyError, match="no value for results column"):
+        CaseResult(CASE, "ok", 2).to_row()
