@@ -202,3 +202,11 @@ def test_a_run_over_two_device_models_gets_charts_per_model(wide_run: RunResults
 def test_elementwise_chart_leaves_out_a_layer_without_elementwise_work(figures):
     ax = figures["elementwise"].get_axes()[0]
     assert {line.get_label().split()[0] for line in solid(ax)} == {"rnn", "attention"}
+
+
+def test_the_time_chart_names_dashed_lines_only_when_it_draws_them(wide_run, monkeypatch):
+    monkeypatch.setattr(charts, "own_fit", lambda fits, layer: None)  # no cost model fitted
+    fig = build_charts(wide_run, analyse(wide_run), ["time"])["time"]
+    for ax in fig.get_axes():
+        assert dashed(ax) == [] and "dashed" not in ax.get_title()
+        assert ax.get_title().startswith("d = ")

@@ -146,6 +146,7 @@ def _time_chart(
     fig, axes = _panels(len(fixed_values), title)
     for ax, fixed in zip(axes, fixed_values, strict=True):
         at = frame[frame[other] == fixed]
+        models = 0
         for layer, line in at.groupby("layer", sort=False):
             line = line.sort_values(along)
             style = layer_style(str(layer))
@@ -159,9 +160,12 @@ def _time_chart(
             xs, ys = _model_line(analysis, str(layer), line, along)
             if xs is not None:
                 ax.plot(xs, ys, linestyle="--", lw=1, color=style["color"])
+                models += 1
         size = "sequence length n" if along == "n" else "width d"
         _log_axes(ax, size, "time per call [s]")
-        ax.set_title(f"{other} = {fixed}   (dashed: fitted cost model)", fontsize=9)
+        # The key names the dashed lines only where a cost model could be fitted and drawn.
+        key = "   (dashed: fitted cost model)" if models else ""
+        ax.set_title(f"{other} = {fixed}{key}", fontsize=9)
         _legend(ax)
     return fig
 
