@@ -250,3 +250,18 @@ def test_unfused_turns_the_attention_fast_path_off_and_back_on():
     with unfused():
         assert not torch.backends.mha.get_fastpath_enabled()
     assert torch.backends.mha.get_fastpath_enabled()
+
+
+def test_the_fused_path_of_the_timed_call_is_recorded_and_a_plain_one_is_not():
+    from attnbench.measure.ops import describe_fused, recording_fused
+
+    x = torch.randn(2, 16, 8)  # (B, n, d)
+    lstm = nn.LSTM(8, 8, batch_first=True).eval()
+    seen: set[str] = set()
+    with torch.no_grad():
+        recording_fused(lambda: lstm(x), seen)()
+    if torch.backends.mkldnn.is_available():
+        assert describe_fused(seen) == "mkldnn_rnn_layer (oneDNN recurrent kernel)"
+    linear, plain = nn.Linear(8, 8), set()
+    recording_fused(lambda: linear(x), plain)()
+    assert plain == set()
