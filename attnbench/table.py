@@ -47,6 +47,14 @@ def _fixed_at(group: pd.DataFrame, by: str, over: str) -> int | None:
     return int(usable.index.max()) if len(usable) else None
 
 
+def _path_unproven_from(group: pd.DataFrame, d_fix: int) -> int | None:
+    """The shortest n (at d_fix) whose path had no law, so no value: an exponent fitted on the
+    lengths that did get one would describe the probes, not the layer (None: all had one)."""
+    at_d = group[group["d"] == d_fix]
+    unproven = at_d[at_d["path_len_method"].astype(str).str.startswith("none")]
+    return int(unproven["n"].min()) if len(unproven) else None
+
+
 def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.DataFrame:
     """One row per layer: theory orders, measured exponents, and the ranges they were fitted on.
 
@@ -61,11 +69,13 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
         group = measured[measured["layer"] == layer]
         d_fix = _fixed_at(group, "d", "n")
         n_fix = _fixed_at(group, "n", "d")
-        time_n = time_d = seq_n = path_n = None
+        time_n = time_d = seq_n = path_n = unproven = None
         if d_fix is not None:
             time_n = analysis.exponent(layer, "time_s", "n", d_fix)
             seq_n = analysis.exponent(layer, "seq_steps", "n", d_fix)
-            path_n = analysis.exponent(layer, "path_len", "n", d_fix)
+            unproven = _path_unproven_from(group, d_fix)
+            if unproven is None:
+                path_n = analysis.exponent(layer, "path_len", "n", d_fix)
         if n_fix is not None:
             time_d = analysis.exponent(layer, "time_s", "d", n_fix)
         compute = _label(time_n, "n") + ("" if time_d is None else " " + _label(time_d, "d"))
@@ -77,7 +87,9 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 "sequential ops (theory)": theory.sequential if theory else "?",
                 "sequential ops (measured)": _label(seq_n, "n"),
                 "max path length (theory)": theory.path if theory else "?",
-                "max path length (measured)": _label(path_n, "n"),
+                "max path length (measured)": _label(path_n, "n")
+                if unproven is None
+                else f"no law at n ≥ {unproven}",
                 "time_exponent_n": _value(time_n, "exponent"),
                 "time_exponent_n_ci95": None if time_n is None else [time_n.ci_low, time_n.ci_high],
                 "time_exponent_d": _value(time_d, "exponent"),
@@ -85,6 +97,7 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 "path_len_exponent_n": _value(path_n, "exponent"),
                 "seq_steps_agrees": _agrees(seq_n),
                 "path_len_agrees": _agrees(path_n),
+                "path_len_unproven_from": unproven,
                 "flops_mismatch_cases": int((group["flops_check"] == "mismatch").sum()),
                 "flops_incomplete_cases": int((group["flops_check"] == "incomplete").sum()),
                 "elementwise_mismatch_cases": int((group["elementwise_check"] == "mismatch").sum())
@@ -140,7 +153,7 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
     extended = run.measured["path_len_method"].str.startswith("extended").sum()
     if extended:
         notes.append(
-            f"path_len of {extended} case(s) is extended from a band law proven at probe "
+            f"path_len of {extended} case(s) is extended from a band or block law proven at probe "
             "lengths (see the path_len_method column)"
         )
     return notes
@@ -164,6 +177,12 @@ def check_notes(table: pd.DataFrame) -> list[str]:
             notes.append(
                 f"{layer}: {incomplete} case(s) ran ops with no FLOP formula, so their FLOPs "
                 "are a lower bound; see the uncounted_ops column"
+            )
+        unproven = row.get("path_len_unproven_from")
+        if unproven is not None and not pd.isna(unproven):
+            notes.append(
+                f"{layer}: max path length has no law proven at n ≥ {int(unproven)} (no band or "
+                "block shape at the probes; see path_len_method), so no exponent is fitted"
             )
         for column, what in (("seq_steps", "sequential ops"), ("path_len", "max path length")):
             if row.get(f"{column}_agrees") is False:

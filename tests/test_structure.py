@@ -200,3 +200,39 @@ def test_no_law_no_extension() -> None:
     assert path_length(build, 40, D).method == "measured"
     far = path_length(build, 200, D)
     assert far.value is None and far.method.startswith("none")
+
+
+class BlockedAttention(nn.Module):
+    """Attention whose query block (of ``width``) sees the key blocks ``back`` before it and
+    ``ahead`` after it: local attention as blocked kernels compute it, written out here."""
+
+    def __init__(self, d: int, width: int, back: int, ahead: int) -> None:
+        super().__init__()
+        self.width, self.back, self.ahead = width, back, ahead
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B, n, d)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # 3 x (B, n, d)
+        block = torch.arange(x.shape[1]) // self.width  # (n,)
+        ahead = block[None, :] - block[:, None]  # (n, n): key block minus query block
+        allowed = (ahead >= -self.back) & (ahead <= self.ahead)
+        scores = (q @ k.transpose(1, 2)).masked_fill(~allowed, float("-inf"))  # (B, n, n)
+        return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize(("width", "back", "ahead"), [(16, 1, 1), (8, 2, 0), (8, 1, 3)])
+def test_blocked_attention_gets_a_path_at_every_n_equal_to_a_count_by_hand(
+    width: int, back: int, ahead: int
+) -> None:
+    def build(n: int) -> nn.Module:
+        torch.manual_seed(0)
+        return BlockedAttention(D, width, back, ahead)
+
+    build.cache_key = ("blocked", width, back, ahead)  # type: ignore[attr-defined]
+    for n in (40, 64, 100, 131, 256, 1000):
+        blocks = math.ceil(n / width)
+        hand = max(1, *(math.ceil((blocks - 1) / r) for r in (back, ahead) if r))
+        result = path_length(build, n, D)
+        assert result.value == hand, (n, result.method)
+        expected = "measured" if n <= PATH_MEASURE_MAX else f"extended: blocks of {width}"
+        assert result.method.startswith(expected)

@@ -88,6 +88,30 @@ def test_the_table_puts_measured_exponents_beside_the_theory() -> None:
     )
 
 
+def test_a_path_with_no_law_beyond_the_probes_gets_no_exponent() -> None:
+    """Two measured paths (3, 7) and no law above them: fitting n^1.22 on those two would be the
+    probes' exponent, not the layer's; the table says there is no law, and from where."""
+    run = _synthetic_run()
+    frame = run.frame
+    attention = frame["layer"] == "attention"
+    frame.loc[attention & (frame["n"] == 64), "path_len"] = 3
+    frame.loc[attention & (frame["n"] == 128), "path_len"] = 7
+    beyond = attention & (frame["n"] >= 256)
+    frame.loc[beyond, "path_len"] = np.nan
+    frame.loc[beyond, "path_len_method"] = "none: the pattern has no single band or block shape"
+    table = comparison_table(run).set_index("layer")
+    row = table.loc["attention"]
+    assert row["max path length (measured)"] == "no law at n ≥ 256"
+    assert pd.isna(row["path_len_exponent_n"]) and pd.isna(row["path_len_agrees"])
+    assert row["path_len_unproven_from"] == 256
+    assert table.loc["rnn", "max path length (measured)"] == "n^1.00"  # the other layer keeps its
+    notes = fit_notes(table.reset_index(), run)
+    assert any(
+        note.startswith("attention: max path length has no law proven at n ≥ 256") for note in notes
+    )
+    assert not any(note.startswith("rnn: max path length has no law") for note in notes)
+
+
 def test_table_command(tiny_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     result = runner.invoke(app, ["table", str(tiny_run.path), "--markdown"])
     assert result.exit_code == 0, result.output

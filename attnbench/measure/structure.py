@@ -19,7 +19,8 @@ real layer's Jacobian in float64 (one batched backward pass per length):
   applications times the layer's position-mixing stages (1, or the depth of a dilated stack, each
   stage counted only if its own pattern mixes positions).
 Above ``PATH_MEASURE_MAX`` the pattern is measured at the probe lengths only; where it has the same
-band shape at every probe, the value is extended by that shape and marked ``extended``.
+band or block-band shape at every probe (``patterns``), the value is extended by that shape and
+marked ``extended``; where it has none, the value is empty and ``none: <why>`` says so.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from attnbench.measure.ops import is_view, unfused
+from attnbench.measure.patterns import Band, BlockBand, shape_of
 
 PATH_MEASURE_MAX = 64  # measure the dependency pattern directly up to this length
 
@@ -231,74 +233,6 @@ def path_from_pattern(
 
 
 @dataclass(frozen=True)
-class Band:
-    """A dependency pattern D[i, j] = (i - left <= j <= i + right), clipped to the sequence.
-
-    ``left`` / ``right`` are None when they reach the whole sequence at every length.
-    """
-
-    left: int | None
-    right: int | None
-
-    def at(self, n: int) -> tuple[int, int]:
-        full = n - 1
-        return (
-            full if self.left is None else min(self.left, full),
-            full if self.right is None else min(self.right, full),
-        )
-
-    def pattern(self, n: int) -> np.ndarray:
-        left, right = self.at(n)
-        offset = np.arange(n)[None, :] - np.arange(n)[:, None]  # j - i
-        return (offset >= -left) & (offset <= right)
-
-    def describe(self) -> str:
-        side = {None: "all"}
-        return (
-            f"band j-i in [-{side.get(self.left, self.left)}, {side.get(self.right, self.right)}]"
-        )
-
-
-def band_of(patterns: dict[int, np.ndarray]) -> Band | None:
-    """The one band shape that every measured pattern has exactly, or None."""
-    reaches: list[tuple[int, int, int]] = []
-    for n, pattern in patterns.items():
-        i, j = np.nonzero(pattern)
-        left, right = int(max((i - j).max(), 0)), int(max((j - i).max(), 0))
-        if not np.array_equal(pattern, Band(left, right).pattern(n)):
-            return None
-        reaches.append((n, left, right))
-
-    def law(values: list[tuple[int, int]]) -> int | bool | None:
-        if all(v == n - 1 for n, v in values):
-            return None  # the whole sequence, at every length
-        reach = max(v for _, v in values)
-        if reach < values[-1][0] - 1 and all(v == min(reach, n - 1) for n, v in values):
-            return reach  # the same reach wherever the sequence is long enough to show it
-        return False
-
-    left = law([(n, lft) for n, lft, _ in reaches])
-    right = law([(n, rgt) for n, _, rgt in reaches])
-    if left is False or right is False:
-        return None
-    return Band(left, right)  # type: ignore[arg-type]
-
-
-def _band_path(band: Band, n: int, recurrent: bool, stages: int) -> int:
-    left, right = band.at(n)
-    if n == 1:
-        return 1
-    if recurrent:
-        return max(left, right) + 1
-    apps = (
-        max(math.ceil((n - 1) / reach) for reach in (left, right) if reach > 0)
-        if (left or right)
-        else 1
-    )
-    return apps * stages
-
-
-@dataclass(frozen=True)
 class PathLength:
     value: int | None
     method: str  # "measured", "extended: <law>", or "none: <why>"
@@ -326,19 +260,28 @@ def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int
         module = build(n)
         pattern = dependency_pattern(module, n, d)
         return PathLength(path_from_pattern(module, pattern, d, route), PATH_MEASURED)
-    band, probe_paths = _probe(build, d, tuple(probes), route)
-    if band is None:
-        return PathLength(None, f"{PATH_NONE}: the pattern has no single band shape at the probes")
+    shape, probe_paths = _probe(build, d, tuple(probes), route)
+    if shape is None:
+        return PathLength(
+            None, f"{PATH_NONE}: the pattern has no single band or block shape at the probes"
+        )
     recurrent = route.kind == "recurrence"
-    stages = len(_stages(build(n)))
-    # The band law must reproduce every probe's measured path before it is trusted at n.
+    # The law must reproduce every probe's measured path before it is trusted at n.
     for p, measured in probe_paths.items():
-        if _band_path(band, p, recurrent, len(_stages(build(p)))) != measured:
-            return PathLength(None, f"{PATH_NONE}: the band law does not reproduce the probes")
-    value = _band_path(band, n, recurrent, stages)
+        if shape.path(p, recurrent, len(_stages(build(p)))) != measured:
+            why = f"the {_kind(shape)} law does not reproduce the probes"
+            return PathLength(None, f"{PATH_NONE}: {why}")
+    stages = len(_stages(build(n)))
+    value = shape.path(n, recurrent, stages)
     span = f"n={probes[0]}..{probes[-1]}"
-    law = f"{band.describe()} at {span}, {stages} stage(s) at n={n}"
+    if value is None:
+        return PathLength(None, f"{PATH_NONE}: no path law for {shape.describe()} at {span}")
+    law = f"{shape.describe()} at {span}, {stages} stage(s) at n={n}"
     return PathLength(value, f"{PATH_EXTENDED}: {law}")
+
+
+def _kind(shape: Band | BlockBand) -> str:
+    return "band" if isinstance(shape, Band) else "block"
 
 
 def fallback_probes(n: int) -> list[tuple[int, ...]]:
@@ -368,14 +311,14 @@ def _accepted_route(
 
 def _probe(
     build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...], route: Route
-) -> tuple[Band | None, dict[int, int]]:
-    def compute() -> tuple[Band | None, dict[int, int]]:
+) -> tuple[Band | BlockBand | None, dict[int, int]]:
+    def compute() -> tuple[Band | BlockBand | None, dict[int, int]]:
         patterns: dict[int, np.ndarray] = {}
         paths: dict[int, int] = {}
         for p in probes:
             module = build(p)
             patterns[p] = dependency_pattern(module, p, d)
             paths[p] = path_from_pattern(module, patterns[p], d, route)
-        return band_of(patterns), paths
+        return shape_of(patterns), paths
 
     return _cached("band", build, d, probes, compute)
