@@ -202,7 +202,6 @@ def test_resume_through_the_cli(tmp_path: Path) -> None:
 def test_oom_cases_are_counted_and_the_exit_code_stays_0(tmp_path: Path, add_layer) -> None:  # type: ignore[no-untyped-def]
     import torch
 
-
     class Hungry(torch.nn.Module):
         def __init__(self, d: int) -> None:
             super().__init__()

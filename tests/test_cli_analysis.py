@@ -96,6 +96,8 @@ def test_fit_prints_tables_and_json(wide: Path):
         assert title in result.stdout
     payload = json.loads(runner.invoke(app, ["fit", str(wide), "--json"]).stdout)
     assert {"exponents", "models", "crossovers"} <= set(payload)
+    assert payload["unfitted"] == {}  # every layer's own model was fitted
+    assert "no cost model" not in result.stderr
     best = [m for m in payload["models"] if m["best"]]
     assert {m["layer"] for m in best} == {"conv", "rnn", "attention"}
     rnn_steps = [
@@ -103,6 +105,20 @@ def test_fit_prints_tables_and_json(wide: Path):
         if (e["layer"], e["metric"], e["along"]) == ("rnn", "seq_steps", "n")
     ]  # fmt: skip
     assert rnn_steps and all(abs(e["exponent"] - 1) < 0.1 for e in rnn_steps)
+
+
+def test_fit_says_why_a_layer_has_no_cost_model(wide: Path):
+    frame = pd.read_csv(wide / "results.csv", keep_default_na=False)
+    frame[(frame["d"] == 16) | (frame["layer"] != "attention")].to_csv(
+        wide / "results.csv", index=False
+    )  # attention at one width, four lengths: its model needs seven cases
+    result = runner.invoke(app, ["fit", str(wide)])
+    assert result.exit_code == 0, result.output
+    note = " ".join(result.stderr.split())
+    assert "no cost model for attention: its model" in note
+    assert "needs 7 measured cases; the run has 4, all at d=16" in note
+    payload = json.loads(runner.invoke(app, ["fit", str(wide), "--json"]).stdout)
+    assert list(payload["unfitted"]) == ["attention"]
 
 
 @pytest.mark.slow

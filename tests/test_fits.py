@@ -115,6 +115,31 @@ def test_too_few_points_give_no_fit():
     assert fit_cost_model(frame, model_named("self-attention")) is None
 
 
+def test_a_layer_without_its_cost_model_is_told_why():
+    """One width and four lengths: the RNN's model (3 parameters) needs 5 cases. The note names
+    the count, the width and the options that would give the fit enough."""
+    rnn = synthetic("rnn", lambda n, d: 3e-10 * n * d * d + 2e-4)
+    one_width = rnn[(rnn["d"] == 64) & (rnn["n"] <= 512)]
+    model = model_named("recurrent")
+    assert fit_cost_model(one_width, model) is None
+    why = fits.why_unfitted(one_width, model)
+    assert why == (
+        f"its model {model.formula} has 3 parameters and needs 5 measured cases; the run has 4, "
+        "all at d=64: more lengths (--n) or widths (--d) give it enough"
+    )
+    assert fits.why_unfitted(rnn[rnn["n"] <= 128].head(4), model).endswith(
+        "the run has 4: more lengths (--n) or widths (--d) give it enough"
+    )  # two widths: no width named
+    assert fits.why_unfitted(rnn, model) is None  # it fits
+    slow = one_width.assign(time_s=0.0)
+    assert fits.why_unfitted(slow, model) == "a measured time is not positive"
+    both = pd.concat([one_width, rnn[rnn["d"] == 32]])
+    found = model_fits(both)
+    assert "rnn" in found  # enough cases together: nothing to explain
+    assert fits.unfitted_models(both, found) == {}
+    assert fits.unfitted_models(one_width, model_fits(one_width)) == {"rnn": why}
+
+
 @pytest.mark.parametrize(
     ("layer", "time", "expected"),
     [

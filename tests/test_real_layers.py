@@ -127,9 +127,7 @@ def sweep(folder: Path, layers: str, *extra: str) -> tuple[pd.DataFrame, str]:
 
 @pytest.fixture(scope="module")
 def forward(tmp_path_factory: pytest.TempPathFactory) -> tuple[pd.DataFrame, str]:
-    return sweep(
-        tmp_path_factory.mktemp("real"), "mha,encoder,FOURIER,blocked,Float32Only"
-    )
+    return sweep(tmp_path_factory.mktemp("real"), "mha,encoder,FOURIER,blocked,Float32Only")
 
 
 def test_multihead_attention_is_counted_through_its_fast_path(forward):

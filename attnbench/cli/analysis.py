@@ -36,7 +36,7 @@ from attnbench.render.charts import (
     select_layers,
 )
 from attnbench.render.pe import parse_columns, pe_figures
-from attnbench.render.report import fit_tables, write_report
+from attnbench.render.report import fit_tables, model_notes, write_report
 from attnbench.results.environment import environment
 from attnbench.results.files import latest_results
 from attnbench.results.run import RunResults
@@ -165,12 +165,15 @@ def fit(
                 "exponents": json.loads(analysis.exponents.to_json(orient="records")),
                 "models": json.loads(analysis.models.to_json(orient="records")),
                 "crossovers": json.loads(analysis.crossovers.to_json(orient="records")),
+                "unfitted": analysis.unfitted,
             }
         )
         return
     streams = Streams.make(width=140)
     for title, frame in fit_tables(analysis).items():
         frame_table(frame, streams.out, title=title)
+    for note in model_notes(analysis):
+        streams.err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 
 def report(

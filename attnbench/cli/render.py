@@ -318,7 +318,8 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
         )
     if frame["path_len_method"].str.startswith("extended").any():
         console.print(
-            "[dim]path*: extended from a band or block law proven at probe lengths (see path_len_method)[/]"
+            "[dim]path*: extended from a band or block law proven at probe lengths "
+            "(see path_len_method)[/]"
         )
     for what, column in (("FLOPs differ", "flops"), ("elementwise work differs", "elementwise")):
         mismatched = frame[frame[f"{column}_check"] == "mismatch"]

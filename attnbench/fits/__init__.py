@@ -56,6 +56,8 @@ from attnbench.fits.models import (
     options_of,
     own_fit,
     term_sizes,
+    unfitted_models,
+    why_unfitted,
 )
 from attnbench.results.run import RunResults
 from attnbench.results.theories import Catalog, catalog
@@ -93,7 +95,9 @@ __all__ = [
     "term_sizes",
     "theory_values",
     "time_ratios",
+    "unfitted_models",
     "upper_half",
+    "why_unfitted",
 ]
 
 
@@ -132,6 +136,7 @@ class Analysis:
     models: pd.DataFrame  # MODEL_COLUMNS
     crossovers: pd.DataFrame  # CROSSOVER_COLUMNS
     layers: Catalog  # the layers read (no plugin code: their recorded theory)
+    unfitted: dict[str, str]  # layer -> why its own cost model was not fitted
 
     def exponent(self, layer: str, metric: str, along: str, fixed: int) -> pd.Series | None:
         e = self.exponents
@@ -155,4 +160,5 @@ def analyse(run: RunResults, layers: Sequence[str] | None = None) -> Analysis:
         if len(frame)
         else pd.DataFrame(columns=CROSSOVER_COLUMNS),
         layers=known,
+        unfitted=unfitted_models(frame, found, known),
     )

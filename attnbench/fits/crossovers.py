@@ -25,6 +25,7 @@ CROSSOVER_COLUMNS = [
     "theory_order",
 ]
 
+
 def quadratic_layers(names: Sequence[str], layers: Layers | None = None) -> list[str]:
     """The layers whose family sets every position against every other (attention's): the
     side of a crossover whose cost grows as n²."""

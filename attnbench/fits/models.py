@@ -125,24 +125,32 @@ def term_sizes(
     return np.array(rows, dtype=float).reshape(len(frame), len(terms))
 
 
+def _system(
+    frame: pd.DataFrame, model: CostModel, metric: str, layers: Layers | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The times y (N,), the design matrix with a constant column (N, p), and which columns
+    can be fitted: a term that is zero on every case (the causal mask of a run without
+    --causal) keeps a zero coefficient and does not count as a parameter."""
+    values = numeric(frame, metric)
+    y = values[metric].to_numpy(dtype=float)
+    design = np.column_stack([term_sizes(values, model.terms, layers), np.ones(len(y))])  # (N, p)
+    present = np.abs(design).max(axis=0) > 0 if len(y) else np.ones(design.shape[1], bool)
+    present[-1] = True
+    return y, design, present
+
+
 def fit_cost_model(
     frame: pd.DataFrame, model: CostModel, metric: str = "time_s", layers: Layers | None = None
 ) -> ModelFit | None:
     """Non-negative least squares on relative errors; None with too few points for the model,
-    or where its terms are not known at every point.
+    or where its terms are not known at every point (``why_unfitted`` says which).
 
     Times span orders of magnitude, so each row is divided by its measured time (as
     google-benchmark minimises relative error); columns are scaled to one before NNLS.
     """
-    values = numeric(frame, metric)
-    y = values[metric].to_numpy(dtype=float)
-    design = np.column_stack([term_sizes(values, model.terms, layers), np.ones(len(y))])  # (N, p)
+    y, design, present = _system(frame, model, metric, layers)
     if not np.isfinite(design).all():
         return None
-    # A term that is zero on every case (the causal mask of a run without --causal) cannot be
-    # fitted: it keeps a zero coefficient and does not count as a parameter.
-    present = np.abs(design).max(axis=0) > 0 if len(y) else np.ones(design.shape[1], bool)
-    present[-1] = True
     params = int(present.sum())
     if len(y) < params + 2 or (y <= 0).any():
         return None
@@ -157,6 +165,45 @@ def fit_cost_model(
     n = len(y)
     aicc = n * math.log(rss / n) + 2 * params + 2 * params * (params + 1) / (n - params - 1)
     return ModelFit(model, tuple(float(a) for a in coef[:-1]), float(coef[-1]), rms, aicc, n)
+
+
+def why_unfitted(
+    frame: pd.DataFrame, model: CostModel, metric: str = "time_s", layers: Layers | None = None
+) -> str | None:
+    """Why ``fit_cost_model`` gives no fit of ``model`` to these cases, in words (None: it fits).
+
+    The fit needs two more measured cases than parameters (terms present, and the constant),
+    so the residual has degrees of freedom left for AICc.
+    """
+    y, design, present = _system(frame, model, metric, layers)
+    if not np.isfinite(design).all():
+        return "its terms are not known at every measured size"
+    if (y <= 0).any():
+        return "a measured time is not positive"
+    params = int(present.sum())
+    if len(y) >= params + 2:
+        return None
+    widths = sorted({int(d) for d in frame["d"]})
+    where = f", all at d={widths[0]}" if len(widths) == 1 else ""
+    return (
+        f"its model {model.formula} has {params} parameters and needs {params + 2} measured "
+        f"cases; the run has {len(y)}{where}: more lengths (--n) or widths (--d) give it enough"
+    )
+
+
+def unfitted_models(
+    measured: pd.DataFrame, fits: Mapping[str, list[ModelFit]], layers: Layers | None = None
+) -> dict[str, str]:
+    """Each measured layer whose own cost model was not fitted, and why."""
+    models = cost_models(layers)
+    why: dict[str, str] = {}
+    for layer, group in measured.groupby("layer", sort=False):
+        own = next((m for m in models if layer in m.layers), None)
+        if own is None:
+            why[str(layer)] = "it declares no FLOP or elementwise terms, so it has no cost model"
+        elif not any(f.model == own for f in fits.get(str(layer), [])):
+            why[str(layer)] = why_unfitted(group, own, layers=layers) or "no fit"
+    return why
 
 
 MODEL_COLUMNS = [
@@ -182,9 +229,7 @@ def model_fits(
     fits: dict[str, list[ModelFit]] = {}
     models = cost_models(layers)
     for layer, group in measured.groupby("layer", sort=False):
-        found = [
-            f for m in models if (f := fit_cost_model(group, m, metric, layers)) is not None
-        ]
+        found = [f for m in models if (f := fit_cost_model(group, m, metric, layers)) is not None]
         found.sort(key=lambda f: (round(f.aicc, 6), str(layer) not in f.model.layers))
         if found:
             fits[str(layer)] = found

@@ -124,6 +124,11 @@ def crossover_display(analysis: Analysis) -> pd.DataFrame:
     )
 
 
+def model_notes(analysis: Analysis) -> list[str]:
+    """Each layer left out of the cost-model table, and why, so a missing row is explained."""
+    return [f"no cost model for {layer}: {why}" for layer, why in analysis.unfitted.items()]
+
+
 def fit_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
     """The fit tables for people (the CLI's ``fit`` and the report), titled, non-empty only."""
     tables = {
@@ -174,6 +179,8 @@ def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: P
     ]
     for title, frame in fit_tables(analysis).items():
         blocks += [Block("h2", title), Block("table", table=frame)]
+    if analysis.unfitted:
+        blocks.append(Block("list", items=tuple(model_notes(analysis))))
     blocks.append(
         Block(
             "p",
