@@ -80,6 +80,22 @@ def test_plot_refuses_a_folder_that_is_not_a_run(tmp_path: Path):
     assert result.exit_code == 2 and "error:" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("keep", "why"),
+    [
+        ("attention", "the run has no rival family to race attention against"),
+        ("rnn", "the run has no self-attention layer to race"),
+    ],
+)
+def test_plot_says_why_the_crossover_is_not_drawn(wide: Path, keep: str, why: str):
+    result = runner.invoke(
+        app, ["plot", str(wide), "--metric", "time,crossover", "--format", "png", "--layers", keep]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"not drawn: crossover: {why}" in " ".join(result.stderr.split())
+    assert "two sizes" not in result.stderr  # the run has them; it lacks the other side
+
+
 def test_plot_of_a_run_without_measurements(wide: Path):
     # Every case marked oom: nothing is left to plot.
     frame = pd.read_csv(wide / "results.csv", keep_default_na=False)

@@ -29,6 +29,7 @@ from attnbench.render.charts import (
     DEFAULT_FORMATS,
     FORMATS,
     existing_charts,
+    not_drawn_reason,
     parse_charts,
     parse_formats,
     plot_run,
@@ -132,9 +133,8 @@ def plot(
     names = parse_charts(metric)
     formats = parse_formats(fmt)
     run = _load(folder)
-    paths = plot_run(
-        run, names=names, layers=select_layers(run, layers), formats=formats, out_dir=out
-    )
+    chosen = select_layers(run, layers)
+    paths = plot_run(run, names=names, layers=chosen, formats=formats, out_dir=out)
     drawn = sorted({p.stem for p in paths})
     left = [x for x in names if x not in drawn]
     if as_json:
@@ -142,12 +142,9 @@ def plot(
         return
     streams = Streams.make()
     _announce(paths, streams)
-    if left:
-        streams.err.print(
-            f"[yellow]not drawn:[/] {', '.join(left)} (the run has no data for them: "
-            "a line needs two sizes)",
-            soft_wrap=True,
-        )
+    for name in left:
+        why = not_drawn_reason(name, run, chosen)
+        streams.err.print(f"[yellow]not drawn:[/] {name}: {escape(why)}", soft_wrap=True)
 
 
 def fit(

@@ -26,6 +26,7 @@ from attnbench.fits import (
     own_fit,
     quadratic_layers,
     rival_layers,
+    run_catalog,
     term_sizes,
     theory_values,
     time_ratios,
@@ -256,6 +257,24 @@ def _crossover_chart(analysis: Analysis) -> Figure | None:
         ax.set_title(f"{layer}: above 1, attention is slower", fontsize=9)
         _legend(ax)
     return fig if drew else None
+
+
+def not_drawn_reason(name: str, run: RunResults, layers: Sequence[str] | None = None) -> str:
+    """Why ``name`` drew nothing for this run, in words for the plot command."""
+    if name == "crossover":
+        known = run_catalog(run)
+        names = list(dict.fromkeys(run.measured["layer"]))
+        if layers:
+            names = [x for x in names if x in layers]
+        if not quadratic_layers(names, known):
+            return "the run has no self-attention layer to race"
+        if not rival_layers(names, known):
+            return (
+                "the run has no rival family to race attention against: no recurrent, "
+                "convolutional or state-space layer"
+            )
+        return "attention and a rival were not both measured at two lengths of one width"
+    return "the run has no data for it: a line needs two sizes"
 
 
 def build_charts(
