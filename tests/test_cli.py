@@ -261,3 +261,28 @@ def test_the_cli_stands_without_click() -> None:
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     assert len([line for line in bad.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_a_narrow_terminal_folds_cells_and_keeps_layer_names_whole() -> None:
+    """`layers` in a narrow terminal cut a plugin's name to 'plugins:perform…' and its source
+    path with it; a table now folds long cells onto more lines and cuts none."""
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from attnbench.cli.render import frame_table
+
+    name = "plugins:performer_with_a_long_name"
+    source = "/home/someone/projects/attention/variants/plugins.py:performer (sha256 9752be681a90)"
+    frame = pd.DataFrame(
+        [{"layer": name, "family": "custom", "FLOPs (forward)": "no theory" * 4, "source": source}]
+    )
+    buffer = io.StringIO()
+    frame_table(frame, Console(file=buffer, width=70, color_system=None), title="layers")
+    text = buffer.getvalue()
+    assert "…" not in text
+    rows = [line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│")]
+    column = ["".join(row[i].strip() for row in rows) for i in range(4)]  # each cell, unfolded
+    assert column[0] == name
+    assert column[3] == source.replace(" ", "")
