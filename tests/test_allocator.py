@@ -17,7 +17,7 @@ from synthetic import cases_grid, make_run
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.cli.render import fault_notes, summary_notes
+from attnbench.cli.summary import fault_notes, summary_notes
 from attnbench.compare import compare_runs
 from attnbench.errors import AttnbenchError
 from attnbench.measure import allocator

@@ -123,7 +123,7 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
 
     from rich.console import Console
 
-    from attnbench.cli.render import summary_notes, summary_tables
+    from attnbench.cli.summary import summary_notes, summary_tables
 
     frame = tiny_run.frame.copy()
     frame["time_iqr_s"] = 0.0  # a real tiny run may be noisy itself: pin every row first

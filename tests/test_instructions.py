@@ -73,7 +73,7 @@ def test_a_run_measured_under_load_says_so(tmp_path: Path) -> None:
     """Every round records the 1-minute load; above the CPU count, the summary warns."""
     from rich.console import Console
 
-    from attnbench.cli.render import summary_notes
+    from attnbench.cli.summary import summary_notes
 
     quiet = make_run(tmp_path / "quiet", cases_grid())
     busy = make_run(tmp_path / "busy", cases_grid(conv_64={"load": 3.5}, rnn_128={"load": 2.4}))

@@ -16,7 +16,8 @@ import typer
 from rich.markup import escape
 
 from attnbench.cli.options import RunLayers, SavedRun, json_flag
-from attnbench.cli.render import Streams, frame_table, summary_notes, summary_tables
+from attnbench.cli.render import Streams, frame_table
+from attnbench.cli.summary import summary_notes, summary_tables
 from attnbench.cli.sweeping import records
 from attnbench.devices import DEVICE_CHOICES, resolve_device
 from attnbench.errors import AttnbenchError

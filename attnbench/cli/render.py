@@ -1,6 +1,6 @@
-"""Rich rendering for the terminal: sweep progress, the start line, summary tables and notes,
-comparison tables, and any table of the core as a Rich table. Every function is handed the
-console it writes to; the commands decide which stream that is (``Streams``).
+"""Rich rendering for the terminal: sweep progress, the start line, comparison tables, and any
+table of the core as a Rich table (the sweep's summary is ``cli.summary``). Every function is
+handed the console it writes to; the commands decide which stream that is (``Streams``).
 """
 
 from __future__ import annotations
@@ -24,13 +24,10 @@ from rich.table import Table
 
 from attnbench._version import __version__
 from attnbench.compare import Comparison
-from attnbench.measure.faults import FAULT_SHARE
-from attnbench.measure.timing import NOISY_REL_IQR, is_noisy
 from attnbench.render.verdicts import display_table
-from attnbench.results.run import RunResults
 from attnbench.run.ab import ABStart, describe_sides
 from attnbench.run.events import ProgressEvent, SweepStart
-from attnbench.schema import STATUSES, SUMMARY_COLUMNS, fmt_int
+from attnbench.schema import fmt_int
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 
@@ -231,131 +228,6 @@ def workers_text(cluster: dict[str, Any]) -> str:
     )
 
 
-# ----------------------------------------------------------------------------- summaries
-
-
-def _summary_cell(column: str, row: Any) -> str:
-    """One summary cell: the registry's format, with the marks the table explains below it."""
-    spec = next(c for c in SUMMARY_COLUMNS if c.name == column)
-    text = spec.fmt(getattr(row, column))
-    if column == "time_iqr_s" and is_noisy(row.time_s, row.time_iqr_s):
-        return f"[yellow]{text} ![/]"
-    if column == "flops_check" and text != "ok":
-        return f"[yellow]{text}[/]"
-    if column == "path_len" and str(row.path_len_method).startswith("extended"):
-        return f"{text}*"
-    return text
-
-
-def summary_tables(run: RunResults, console: Console) -> None:
-    """One table per layer (per layer and device model when the cases ran on several), and a
-    line counting the cases by status."""
-    frame = run.frame
-    keys = ["layer", "device_name"] if len(run.devices) > 1 else ["layer"]
-    for key, group in frame.groupby(keys, sort=False):
-        layer, *device = key if isinstance(key, tuple) else (key,)
-        title = f"{layer} on {device[0] or 'no device (not run)'}" if device else f"{layer}"
-        table = Table(title=escape(title), title_justify="left", title_style="bold")
-        table.add_column("n", justify="right", no_wrap=True)
-        table.add_column("d", justify="right", no_wrap=True)
-        # The columns this layer measured (a time run has no instructions, and the reverse).
-        ok = group[group["status"] == "ok"]
-        shown = [c for c in SUMMARY_COLUMNS if ok[c.name].notna().any()] or SUMMARY_COLUMNS[:1]
-        for column in shown:
-            justify = "left" if column.kind == "text" else "right"
-            table.add_column(column.summary, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-        for row in group.sort_values(["d", "n"]).itertuples():
-            if row.status != "ok":
-                color = "yellow" if row.status == "skipped" else "red"
-                blank = [""] * (len(shown) - 1)
-                table.add_row(str(row.n), str(row.d), f"[{color}]{row.status}[/]", *blank)
-                continue
-            cells = [_summary_cell(column.name, row) for column in shown]
-            table.add_row(str(row.n), str(row.d), *cells)
-        console.print(table)
-        for row in group.sort_values(["d", "n"]).itertuples():
-            if row.status not in ("ok", "skipped"):  # a skipped case's reason is the case above
-                line = f"  n={row.n} d={row.d} {row.status}: {row.error}"
-                console.print(line, soft_wrap=True, markup=False)
-    counts = run.counts()
-    summary = ", ".join(
-        f"{count} {'measured' if status == 'ok' else status}" for status, count in counts.items()
-    )
-    console.print(f"{len(frame)} of {run.cases_total} cases: {summary}")
-
-
-def busy_while_measuring(run: RunResults) -> str:
-    """A note when other processes loaded the machine past its CPUs while cases were timed."""
-    busy = run.busy()
-    if busy.empty:
-        return ""
-    cases = busy["case_id"].nunique()
-    return (
-        f"the machine's 1-minute load average exceeded its {int(busy['cpu_count'].max())} CPUs "
-        f"in {len(busy)} timing round(s) of {cases} case(s) (up to {busy['load_1m'].max():.1f}): "
-        "other processes shared it, so those times may be high (load_1m in samples.csv); "
-        "attnbench ab measures both sides of a comparison under the same load"
-    )
-
-
-def summary_notes(run: RunResults, console: Console, *, verb: str = "written to") -> None:
-    """What a reader of the summary tables should know, and where the results are."""
-    frame = run.frame
-    counts = run.counts()
-    unmeasured = len(frame) - counts["ok"]
-    if unmeasured:
-        console.print(
-            f"[yellow]note:[/] {unmeasured} case(s) have no measurements "
-            f"({', '.join(f'{s}: {STATUSES[s]}' for s in STATUSES if s != 'ok' and counts[s])}); "
-            "tables of figures, fits and charts leave them out"
-        )
-    noisy = frame[is_noisy(frame["time_s"], frame["time_iqr_s"])]
-    if len(noisy):
-        console.print(
-            f"[yellow]note:[/] {len(noisy)} case(s) marked ! have IQR/median above "
-            f"{NOISY_REL_IQR:.0%}: the machine was busy or the budget short; "
-            "a larger --time-budget gives more samples"
-        )
-    if frame["path_len_method"].str.startswith("extended").any():
-        console.print(
-            "[dim]path*: extended from a band or block law proven at probe lengths "
-            "(see path_len_method)[/]"
-        )
-    for what, column in (("FLOPs differ", "flops"), ("elementwise work differs", "elementwise")):
-        mismatched = frame[frame[f"{column}_check"] == "mismatch"]
-        if len(mismatched):
-            console.print(
-                f"[yellow]note:[/] counted {what} from the analytic formula by more "
-                f"than 1% in {len(mismatched)} case(s) "
-                f"({', '.join(sorted(set(mismatched['layer'])))}); "
-                f"see the {column} and {column}_analytic columns"
-            )
-    incomplete = frame[frame["flops_check"] == "incomplete"]
-    if len(incomplete):
-        texts = incomplete.get("uncounted_ops", [])
-        ops = sorted({op.split(" x")[0] for text in texts for op in str(text).split("; ") if op})
-        console.print(
-            f"[yellow]note:[/] {len(incomplete)} case(s) "
-            f"({', '.join(sorted(set(incomplete['layer'])))}) ran ops with no FLOP formula "
-            f"({', '.join(ops)}): their FLOPs are a lower bound; see the uncounted_ops column",
-            soft_wrap=True,
-        )
-    for note in fault_notes(run):
-        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    busy = busy_while_measuring(run)
-    if busy:
-        console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)
-    for warning in run.warnings:
-        console.print(f"[yellow]note:[/] {escape(warning)}")
-    console.print(f"results {verb} [bold]{run.path}[/] (results.csv, samples.csv, run.json)")
-    if run.status != "complete":
-        console.print(
-            f"[yellow]this run is unfinished ({run.status}):[/] finish it with "
-            f"attnbench sweep --resume {run.path}",
-            soft_wrap=True,
-        )
-
-
 # ----------------------------------------------------------------------------- comparisons
 
 
@@ -459,34 +331,3 @@ class ABProgress:
             return
         if event.kind == "done" and not self.quiet:
             self.console.print(f"{side:>7} {case_line(event)}", soft_wrap=True, markup=False)
-
-
-def fault_notes(run: RunResults) -> list[str]:
-    """Cases whose page faults cost a large share of their time, and devices where faults
-    are not counted."""
-    notes = []
-    shares = run.fault_shares()
-    heavy = shares[shares > FAULT_SHARE]
-    if len(heavy):
-        layers = ", ".join(dict.fromkeys(run.measured.loc[heavy.index, "layer"]))
-        cost = run.meta["fault_cost_s"]
-        advice = (
-            "--allocator pinned (the default) keeps freed memory mapped"
-            if run.allocator != "pinned"
-            else "the layer touches memory it never touched before in every call"
-        )
-        notes.append(
-            f"{len(heavy)} case(s) spent over {FAULT_SHARE:.0%} of their time in page faults "
-            f"(up to {heavy.max():.0%}, at {cost * 1e6:.2g} µs a fault; {layers}) with the "
-            f"allocator {run.allocator}: {advice}; see the page_faults column"
-        )
-    measured = run.measured
-    if "page_faults" in measured:
-        uncounted = measured.loc[measured["page_faults"].isna(), "device"].dropna()
-        devices = sorted({str(d) for d in uncounted if str(d).startswith(("cuda", "mps"))})
-        if devices:
-            notes.append(
-                f"page faults are not counted on {', '.join(devices)}: its tensors live in "
-                "device memory"
-            )
-    return notes

@@ -20,7 +20,8 @@ from attnbench.cli.options import (
     verdict_format,
     with_options,
 )
-from attnbench.cli.render import Streams, SweepProgress, summary_notes, summary_tables
+from attnbench.cli.render import Streams, SweepProgress
+from attnbench.cli.summary import summary_notes, summary_tables
 from attnbench.compare import compare_runs
 from attnbench.errors import AttnbenchError
 from attnbench.render.charts import plot_run
