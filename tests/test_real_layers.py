@@ -187,15 +187,18 @@ def test_an_auxiliary_count_that_fails_keeps_the_case(forward):
 
 
 def test_the_train_row_describes_one_code_path(tmp_path: Path):
-    frame, _ = sweep(tmp_path, "mha", "--mode", "train")
+    frame, _ = sweep(tmp_path, "mha,encoder", "--mode", "train")
     for n in NS:
-        row = frame.loc[("plugins:mha", n)]
         # The projections: forward, then the gradients of both operands (3 x 8·n·d²). The
         # attention runs as torch's fused SDPA when gradients are on: its 2 products forward,
         # and backward the scores recomputed and dV, dP, dQ, dK (5 products of 2·n²·d).
-        assert row["flops"] == BATCH * (3 * 8 * n * D * D + (2 + 5) * 2 * n * n * D)
-        assert row["seq_steps"] > 3 and row["elementwise"] >= BATCH * 4 * n * n
-        assert pd.isna(row["fused_path"]) or row["fused_path"] == ""  # grad on: no fast path
+        mha_train = 3 * 8 * n * D * D + (2 + 5) * 2 * n * n * D
+        ffn = 2 * (2 * n * D * (2 * D))  # the encoder's feed-forward: n x d x 2d, twice
+        for layer, flops in (("mha", mha_train), ("encoder", mha_train + 3 * ffn)):
+            row = frame.loc[(f"plugins:{layer}", n)]
+            assert row["flops"] == BATCH * flops, layer
+            assert row["seq_steps"] > 3 and row["elementwise"] >= BATCH * 4 * n * n
+            assert pd.isna(row["fused_path"]) or row["fused_path"] == ""  # grad on: no fast path
 
 
 def test_the_table_notes_an_incomplete_count(tmp_path: Path):
