@@ -258,6 +258,20 @@ def test_crossover_table_measured_and_predicted_side_by_side():
     assert row.theory_order_n == pytest.approx(64) and row.theory_flops == "every n"
 
 
+def test_a_rival_that_declares_no_order_gets_no_order_crossover(add_layer):  # type: ignore[no-untyped-def]
+    from attnbench.layers.recurrent import RECURRENT
+    from attnbench.theory import LayerTheory, Term
+
+    flops = (Term(2, "b·n·d²", lambda s: s["b"] * s["n"] * s["d"] ** 2),)
+    add_layer("myrnn", None, family=RECURRENT, theory=LayerTheory("O(n d^2)", flops))
+    att = synthetic("attention", lambda n, d: 1e-9 * n * n * d / 64, noise=0)
+    mine = synthetic("myrnn", lambda n, d: 1e-9 * n * 512 * d / 64, noise=0)
+    row = crossover_table(pd.concat([att, mine])).iloc[0]
+    assert row.versus == "myrnn" and row.measured == "≈ 512"  # measured all the same
+    assert math.isnan(row.theory_order_n) and row.theory_order == "no order declared"
+    assert row.theory_flops == "every n"  # its FLOP formula still predicts (2nd² is cheap)
+
+
 def test_fit_frame_fills_options_from_the_run(tiny_run: RunResults):
     frame = fit_frame(tiny_run)
     assert frame["k"].notna().all() and frame["window"].notna().all()

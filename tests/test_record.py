@@ -61,6 +61,6 @@ def test_a_row_names_where_its_layer_came_from() -> None:
 def test_a_column_nothing_measures_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     import attnbench.measure.record as record
 
-    monkeypatch.setattr(record, "RESULT_COLUMNS", [*record.RESULT_COLUMNS, "warp_factor"])
-    with pytest.raises(KeyError, match="no value for results column"):
+    monkeypatch.setattr(record, "RESULT_COLUMNS", [*record.RESULT_COLUMNS, "warp", "flux"])
+    with pytest.raises(KeyError, match=r"no value for results column\(s\) warp, flux'$"):
         CaseResult(CASE, "ok", 2).to_row()

@@ -129,6 +129,9 @@ def crossover_table(measured: pd.DataFrame, layers: Layers | None = None) -> pd.
         def order_gap(n: float, a=a, o=o, mine=mine, theirs=theirs) -> float:
             return a.order({**mine, "n": n}) - o.order({**theirs, "n": n})
 
+        # A theory that states no order reads 0 at every size (``LayerTheory.order``'s default):
+        # a race against it would be against a free layer, so it is not predicted.
+        declared = a.order(mine) > 0 and o.order(theirs) > 0
         found = math.nan
         words = "no common n"
         if len(ratio) >= 2:
@@ -144,8 +147,10 @@ def crossover_table(measured: pd.DataFrame, layers: Layers | None = None) -> pd.
                 "measured": words,
                 "theory_flops_n": (by_flops := formula_crossover(flops_gap)),
                 "theory_flops": _predicted(by_flops),
-                "theory_order_n": (by_order := formula_crossover(order_gap)),
-                "theory_order": _predicted(by_order),
+                "theory_order_n": (by_order := formula_crossover(order_gap))
+                if declared
+                else math.nan,
+                "theory_order": _predicted(by_order) if declared else "no order declared",
             }
         )
     return pd.DataFrame(rows, columns=CROSSOVER_COLUMNS)
