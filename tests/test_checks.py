@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from synthetic import registry_restored
 from torch import nn
 from typer.testing import CliRunner
@@ -184,6 +185,26 @@ def test_the_plugin_check_tries_a_grid_length_before_refusing() -> None:
     )  # the error at the grid's length, the last one tried
     with pytest.raises(AttnbenchError, match="gain 1 did not arrive"):
         check_output(entry, 8, (96,), {"gain": 1})
+
+
+class _Mean(nn.Module):  # no parameters: its output has its input's dtype, whatever that is
+    def forward(self, x):  # (B, n, d)
+        return x.mean(dim=1, keepdim=True).expand_as(x)
+
+
+def test_the_plugin_check_feeds_float32_whatever_torchs_default_dtype() -> None:
+    """A plugin module may set torch's default dtype to float64; the sweep still measures in
+    float32, so the check must feed float32 (an input made in the default dtype would give a
+    float64 output and a wrong refusal)."""
+    entry = _entry(lambda d, gain, n: _Mean())
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        check_output(entry, 8, (16,), {"gain": 1})  # passes: fed float32, returns float32
+    finally:
+        torch.set_default_dtype(before)
+    with pytest.raises(AttnbenchError, match=r"^no length to check the layer at$"):
+        check_output(entry, 8, (), {"gain": 1})
 
 
 def test_the_plugin_check_names_a_wrong_shape_in_one_exact_line() -> None:

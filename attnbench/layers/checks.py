@@ -36,8 +36,8 @@ def check_output(
     layer that accepts only some lengths (a multiple of its block) is refused only when it
     fails at a length it will be measured at.
     """
-    dtype = torch.float32
-    failure = ""
+    dtype = torch.float32  # the sweep's, whatever torch's default dtype is
+    failures: list[str] = []
     for n in dict.fromkeys(lengths):  # in order, once each
         shape = (BATCH, n, d)
         try:
@@ -47,7 +47,9 @@ def check_output(
         except AttnbenchError:
             raise
         except Exception as exc:
-            failure = f"layer {entry.name}: calling it on a {shape} input failed: {first_line(exc)}"
+            failures.append(
+                f"layer {entry.name}: calling it on a {shape} input failed: {first_line(exc)}"
+            )
             continue
         problem = output_problem(out, shape, dtype)
         if problem is not None:
@@ -56,4 +58,4 @@ def check_output(
                 "(batch, n, d) to (batch, n, d) in the input's dtype"
             )
         return
-    raise AttnbenchError(failure)
+    raise AttnbenchError(failures[-1] if failures else "no length to check the layer at")
