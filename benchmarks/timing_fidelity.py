@@ -2,10 +2,14 @@
 
 Three tables, every measurement in a fresh process, the sides of each pair interleaved:
 
-1. history: each layer swept alone, and swept after two others in the same sweep
-   (``attnbench sweep --layers conv,rnn,LAYER``; rnn,attention before conv, conv,attention
-   before rnn), under the default allocator state; the
-   median of the paired ratios (after / alone) per size. Target: within 10%.
+1. history: does what ran before in a sweep change a layer's time? Two timing rounds in one
+   sweep, the layer listed first (``--layers LAYER,A,B --rounds 2``): its round 1 runs with
+   nothing but itself before it, its round 2 after A and B. round 2 / round 1 is paired inside
+   one process, so the fresh process's own speed (this machine moves a layer 0.5-1.9x between
+   fresh processes) cancels. The same ratio of the layer swept alone (``--layers LAYER
+   --rounds 2``) is the control: what a second round changes by itself. The history effect is
+   (round 2 / round 1 after others) / (round 2 / round 1 alone), median of the pairs, with a
+   95% interval (bootstrap of the pairs). Target: within 10%.
 2. fidelity: attnbench's median (``time_call``) against torch.utils.benchmark's
    ``blocked_autorange`` on the same module and input, in one fresh process whose allocator is
    in the same state for both (the order alternates by round). Target: within 10%.
@@ -33,42 +37,68 @@ BUILTIN_SIZES = {"history": (512, 2048), "fidelity": (256, 1024)}
 D = 64
 
 
-def sweep(layers: str, ns: tuple[int, ...], allocator: str, out: Path) -> dict[tuple, dict]:
+def sweep(
+    layers: str, ns: tuple[int, ...], allocator: str, out: Path, *extra: str
+) -> dict[tuple, dict]:
     """One fresh ``attnbench sweep``; its rows by (layer, n)."""
     command = [sys.executable, "-m", "attnbench", "sweep", "--layers", layers, "--d", str(D),
                "--n", ",".join(map(str, ns)), "--allocator", allocator, "--no-charts",
-               "--quiet", "--out", str(out)]  # fmt: skip
+               "--quiet", "--out", str(out), *extra]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True)
     with open(out / "results.csv") as fh:
         return {(row["layer"], int(row["n"])): row for row in csv.DictReader(fh)}
 
 
+def round_medians(out: Path, rows: dict[tuple, dict]) -> dict[tuple[str, int, int], float]:
+    """The median time of each (layer, n, round) from samples.csv."""
+    names = {row["case_id"]: key for key, row in rows.items()}
+    times: dict[tuple[str, int, int], list[float]] = {}
+    with open(out / "samples.csv") as fh:
+        for sample in csv.DictReader(fh):
+            layer, n = names[sample["case_id"]]
+            times.setdefault((layer, n, int(sample["round"])), []).append(float(sample["time_s"]))
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
+def interval(values: list[float], seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of the median (scipy)."""
+    from scipy.stats import bootstrap
+
+    if len(set(values)) < 2:
+        return values[0], values[0]
+    found = bootstrap((values,), statistics.median, n_resamples=2000, method="percentile",
+                      random_state=seed).confidence_interval  # fmt: skip
+    return float(found.low), float(found.high)
+
+
 def history(layers: list[str], rounds: int) -> list[float]:
-    print(f"\n1. history: swept alone vs after two other layers (d={D}, pinned), {rounds} pairs")
-    print(f"{'layer':<18} {'n':>5} {'alone':>10} {'after':>10} {'after/alone':>12}  ratios")
+    print(f"\n1. history: round 2 / round 1 after two other layers, over the same alone "
+          f"(d={D}, pinned), {rounds} pairs of fresh sweeps")  # fmt: skip
+    print(f"{'layer':<18} {'n':>5} {'drift alone':>11} {'drift after':>11} {'effect':>7} "
+          f"{'95% interval':>15}  effects")  # fmt: skip
     worst = []
     with tempfile.TemporaryDirectory() as tmp:
         for layer in layers:
-            before = [x for x in ("conv", "rnn", "attention") if x != layer][:2]
+            others = [x for x in ("conv", "rnn", "attention") if x != layer][:2]
             ns = BUILTIN_SIZES["history"]
-            ratios: dict[int, list[float]] = {n: [] for n in ns}
-            times: dict[str, dict[int, list[float]]] = {"alone": {}, "after": {}}
+            drift: dict[str, dict[int, list[float]]] = {"alone": {}, "after": {}}
             for r in range(rounds):
-                order = ("alone", "after") if r % 2 == 0 else ("after", "alone")
-                got = {}
-                for side in order:
-                    names = layer if side == "alone" else ",".join([*before, layer])
-                    rows = sweep(names, ns, "pinned", Path(tmp) / f"{layer}-{side}-{r}")
-                    got[side] = {n: float(rows[(layer, n)]["time_s"]) for n in ns}
-                for n in ns:
-                    ratios[n].append(got["after"][n] / got["alone"][n])
-                    for side in got:
-                        times[side].setdefault(n, []).append(got[side][n])
+                for side in ("alone", "after") if r % 2 == 0 else ("after", "alone"):
+                    names = layer if side == "alone" else ",".join([layer, *others])
+                    out = Path(tmp) / f"{layer}-{side}-{r}"
+                    med = round_medians(out, sweep(names, ns, "pinned", out, "--rounds", "2"))
+                    for n in ns:
+                        second = med[(layer, n, 2)] / med[(layer, n, 1)]
+                        drift[side].setdefault(n, []).append(second)
             for n in ns:
-                ratio = statistics.median(ratios[n])
-                worst.append(abs(ratio - 1))
-                print(f"{layer:<18} {n:>5} {ms(times['alone'][n])} {ms(times['after'][n])} "
-                      f"{ratio:>12.3f}  {' '.join(f'{x:.2f}' for x in ratios[n])}")  # fmt: skip
+                effects = [a / b for a, b in zip(drift["after"][n], drift["alone"][n], strict=True)]
+                effect = statistics.median(effects)
+                low, high = interval(effects)
+                worst.append(abs(effect - 1))
+                alone, after = (statistics.median(drift[s][n]) for s in ("alone", "after"))
+                each = " ".join(f"{x:.2f}" for x in effects)
+                print(f"{layer:<18} {n:>5} {alone:>11.3f} {after:>11.3f} {effect:>7.3f} "
+                      f"  [{low:.2f}, {high:.2f}]  {each}")  # fmt: skip
     return worst
 
 

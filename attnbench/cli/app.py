@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from attnbench._version import __version__
-from attnbench.cli import ab, analysis, catalog, judge, sweeping
+from attnbench.cli import ab, analysis, catalog, judge, machine, sweeping
 from attnbench.cli.render import console
 from attnbench.errors import AttnbenchError, SweepInterrupted
 
@@ -121,6 +121,7 @@ for command in (
     analysis.pe,
     analysis.env,
     catalog.layers,
+    machine.machine,
 ):
     app.command()(handles_errors(command, reads_runs=command in READERS))
 

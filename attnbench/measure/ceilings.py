@@ -1,0 +1,235 @@
+"""The machine's own ceilings, measured on the device a run uses: what turns counts into time.
+
+- ``peak_flops_per_s``: a large square matrix product at the run's dtype and threads, the
+  fastest thing the device does with arithmetic;
+- ``bandwidth_bytes_per_s``: a STREAM-like copy of arrays well beyond the last-level cache
+  (8x it, at least 64 MiB; bytes = read + written);
+- ``op_latency_s``: one dispatched operation on one-element tensors, the price every op of a
+  call pays before it does any work (on CUDA, that includes the kernel launch);
+- ``page_fault_s``: one minor page fault (``measure.faults``; CPU only).
+
+Each is the median of a timed run (``time_call``), so a test drives the arithmetic with a fake
+clock. Measuring takes a few seconds; the result is cached per machine, torch version, device,
+dtype and thread count (``cache_dir()``), and ``remeasure`` measures again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnbench.devices import DTYPES, device_name, device_sync
+from attnbench.errors import AttnbenchError
+from attnbench.measure.faults import fault_cost_s
+from attnbench.measure.timing import Clock, TimingPolicy, time_call
+
+# Enough samples for a stable median, and a bounded wait: a few seconds in all on a 2-core CPU.
+CEILING_POLICY = TimingPolicy(
+    warmup_calls=1, min_block_s=5e-3, min_samples=5, max_samples=50, target_rel_iqr=0.05,
+    min_time_s=0.2, budget_s=0.6,
+)  # fmt: skip
+LATENCY_POLICY = TimingPolicy(warmup_calls=100, min_block_s=5e-3, min_samples=10, budget_s=0.2)
+GEMM_SIDE = {"cpu": 1024, "cuda": 8192, "mps": 4096}
+MIN_STREAM_BYTES = 64 * 2**20
+CEILING_KEYS = ("peak_flops_per_s", "bandwidth_bytes_per_s", "op_latency_s", "page_fault_s")
+# (kernel name, the call, its policy) -> median seconds per call; tests pass their own.
+KernelTimer = Callable[[str, Callable[[], object], TimingPolicy], float]
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """What one device can do, and what it was measured on."""
+
+    peak_flops_per_s: float
+    bandwidth_bytes_per_s: float
+    op_latency_s: float
+    page_fault_s: float | None  # None where faults are not counted (CUDA, MPS, no getrusage)
+    device: str
+    device_name: str
+    dtype: str
+    threads: int
+    torch_version: str
+    hostname: str
+    measured_at: str
+    gemm_side: int
+    stream_bytes: int  # the bytes one copy moves (read + written)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _side(device: str) -> int:
+    return GEMM_SIDE.get(device.split(":")[0], GEMM_SIDE["cpu"])
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache, from sysfs (None where it cannot be read)."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        try:
+            sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+        except (ValueError, IndexError):
+            continue
+    return max(sizes) if sizes else None
+
+
+def stream_elements(element_size: int, cache: int | None) -> int:
+    """Elements of one array of the copy: 8x the last-level cache, at least 64 MiB."""
+    target = max(MIN_STREAM_BYTES, 8 * (cache or 0))
+    return target // element_size
+
+
+def measure_ceilings(
+    device: str = "cpu",
+    dtype: str = "float32",
+    threads: int | None = None,
+    *,
+    clock: Clock = time.perf_counter,
+    sync: Callable[[], None] | None = None,
+    gemm_side: int | None = None,
+    stream_numel: int | None = None,
+    fault_cost: Callable[[], float | None] = fault_cost_s,
+    timer: KernelTimer | None = None,
+) -> Ceilings:
+    """Measure the four ceilings on ``device`` at ``dtype`` with ``threads`` CPU threads (the
+    process's count where None; restored after). ``timer`` times each kernel (default: the
+    median of ``time_call`` with ``clock`` and the device's ``sync``)."""
+    if dtype not in DTYPES:
+        raise AttnbenchError(f"--dtype {dtype!r}: accepted: {', '.join(DTYPES)}")
+    torch_dtype = DTYPES[dtype]
+    waits = sync or device_sync(device)
+
+    def median_s(name: str, fn: Callable[[], object], policy: TimingPolicy) -> float:
+        return time_call(fn, policy, clock=clock, sync=waits).median_s
+
+    timed = timer or median_s
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        side = gemm_side or _side(device)
+        gemm = _gemm_s(device, torch_dtype, side, timed)
+        numel = stream_numel or stream_elements(torch_dtype.itemsize, last_level_cache_bytes())
+        copy = _copy_s(device, torch_dtype, numel, timed)
+        x = torch.ones(1, dtype=torch_dtype, device=device)  # (1,)
+        out = torch.empty_like(x)  # (1,)
+        tiny = timed("op", lambda: torch.add(x, x, out=out), LATENCY_POLICY)
+        used = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    return Ceilings(
+        peak_flops_per_s=2 * side**3 / gemm,
+        bandwidth_bytes_per_s=2 * numel * torch_dtype.itemsize / copy,
+        op_latency_s=tiny,
+        page_fault_s=fault_cost() if device == "cpu" else None,
+        device=device,
+        device_name=device_name(device),
+        dtype=dtype,
+        threads=used,
+        torch_version=torch.__version__,
+        hostname=socket.gethostname(),
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        gemm_side=side,
+        stream_bytes=2 * numel * torch_dtype.itemsize,
+    )
+
+
+def _gemm_s(device: str, dtype: torch.dtype, side: int, timed: KernelTimer) -> float:
+    """Median seconds of one (side x side) @ (side x side) product."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(side, side, generator=gen).to(device=device, dtype=dtype)  # (s, s)
+    b = torch.randn(side, side, generator=gen).to(device=device, dtype=dtype)  # (s, s)
+    return timed("gemm", lambda: a @ b, CEILING_POLICY)
+
+
+def _copy_s(device: str, dtype: torch.dtype, numel: int, timed: KernelTimer) -> float:
+    """Median seconds of one copy of ``numel`` elements into an array already mapped."""
+    src = torch.ones(numel, dtype=dtype, device=device)  # (numel,)
+    dst = torch.empty_like(src)  # (numel,)
+    return timed("copy", lambda: dst.copy_(src), CEILING_POLICY)
+
+
+# ----------------------------------------------------------------------------- cache and files
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``$ATTNBENCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnbench``, else ``~/.cache/attnbench``."""
+    env = os.environ if environ is None else environ
+    if env.get("ATTNBENCH_CACHE_DIR"):
+        return Path(env["ATTNBENCH_CACHE_DIR"])
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"]) / "attnbench"
+    return Path.home() / ".cache" / "attnbench"
+
+
+def cache_key(device: str, dtype: str, threads: int) -> str:
+    """One file per machine, torch version, device, dtype and thread count."""
+    parts = [socket.gethostname(), device_name(device), platform.machine(), torch.__version__,
+             device, dtype, f"{threads}t"]  # fmt: skip
+    return "-".join("".join(c if c.isalnum() or c in "._" else "_" for c in p) for p in parts)
+
+
+def machine_ceilings(
+    device: str = "cpu",
+    dtype: str = "float32",
+    threads: int | None = None,
+    *,
+    remeasure: bool = False,
+    folder: Path | None = None,
+    measure: Callable[..., Ceilings] | None = None,
+) -> tuple[Ceilings, bool]:
+    """The ceilings from the cache, or measured (and cached); and whether they were cached."""
+    threads = threads or torch.get_num_threads()
+    path = (folder or cache_dir()) / "ceilings" / f"{cache_key(device, dtype, threads)}.json"
+    if path.exists() and not remeasure:
+        try:
+            return read_ceilings(path), True
+        except AttnbenchError:
+            pass  # a damaged cache entry is measured again
+    found = (measure or measure_ceilings)(device, dtype, threads)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(found.to_dict(), indent=2))
+        tmp.replace(path)
+    except OSError:
+        pass  # an unwritable cache costs a measurement next time, nothing else
+    return found, False
+
+
+def read_ceilings(path: Path) -> Ceilings:
+    """A ceilings file (``attnbench machine --json`` wrote it); one clear error if it is not."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not JSON"
+        raise AttnbenchError(f"cannot read ceilings file {str(path)!r}: {reason}") from None
+    return ceilings_from(data, str(path))
+
+
+def ceilings_from(data: Any, where: str = "ceilings") -> Ceilings:
+    if not isinstance(data, dict):
+        raise AttnbenchError(f"{where}: not a JSON object of ceilings")
+    for key in CEILING_KEYS:
+        value = data.get(key)
+        allowed_none = key == "page_fault_s" and value is None
+        if not allowed_none and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+        ):
+            raise AttnbenchError(f"{where}: {key} must be a positive number (got {value!r})")
+    names = {f.name for f in fields(Ceilings)}
+    missing = sorted(names - set(data))
+    if missing:
+        raise AttnbenchError(f"{where}: missing {', '.join(missing)}")
+    return Ceilings(**{k: data[k] for k in names})

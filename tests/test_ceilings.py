@@ -1,0 +1,171 @@
+"""The machine's ceilings: their arithmetic with injected kernel times, the cache, the files that
+`predict` will read, and the `machine` command. Nothing here depends on how fast this machine is,
+except one real measurement checked for sanity and by ratio."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.errors import AttnbenchError
+from attnbench.measure import ceilings
+from attnbench.measure.ceilings import (
+    Ceilings,
+    cache_dir,
+    machine_ceilings,
+    measure_ceilings,
+    read_ceilings,
+    stream_elements,
+)
+
+runner = CliRunner()
+SECONDS = {"gemm": 0.02, "copy": 0.004, "op": 3e-6}
+
+
+def fake_timer(calls: list[str]):  # type: ignore[no-untyped-def]
+    def timer(name, fn, policy):  # type: ignore[no-untyped-def]
+        fn()  # the kernel really runs once: shapes and devices are exercised
+        calls.append(name)
+        return SECONDS[name]
+
+    return timer
+
+
+def test_each_ceiling_is_its_kernels_work_over_its_time() -> None:
+    calls: list[str] = []
+    found = measure_ceilings(
+        "cpu", "float32", 1, gemm_side=64, stream_numel=1000, timer=fake_timer(calls),
+        fault_cost=lambda: 7e-6,
+    )  # fmt: skip
+    assert calls == ["gemm", "copy", "op"]
+    assert found.peak_flops_per_s == 2 * 64**3 / 0.02  # 2·s³ FLOPs of the product
+    assert found.bandwidth_bytes_per_s == 2 * 1000 * 4 / 0.004  # read + written, 4 bytes each
+    assert found.stream_bytes == 8000 and found.gemm_side == 64
+    assert found.op_latency_s == 3e-6 and found.page_fault_s == 7e-6
+    assert found.threads == 1 and found.dtype == "float32" and found.device == "cpu"
+    assert found.torch_version == torch.__version__
+
+
+def test_the_thread_count_is_set_while_measuring_and_restored() -> None:
+    before = torch.get_num_threads()
+    seen: list[int] = []
+
+    def timer(name, fn, policy):  # type: ignore[no-untyped-def]
+        seen.append(torch.get_num_threads())
+        return SECONDS[name]
+
+    found = measure_ceilings("cpu", "float16", 1, gemm_side=8, stream_numel=10, timer=timer)
+    assert seen == [1, 1, 1] and found.threads == 1
+    assert found.bandwidth_bytes_per_s == 2 * 10 * 2 / 0.004  # float16: 2 bytes an element
+    assert torch.get_num_threads() == before
+
+
+def test_a_device_off_the_cpu_counts_no_faults_and_waits_for_its_queue() -> None:
+    """The `meta` device stands in for CUDA here: tensors with no data, kernels that run
+    nowhere. The sync the timer is given is the device's, and a fault is not its cost."""
+    waited: list[str] = []
+    found = measure_ceilings(
+        "meta", "float32", None, gemm_side=32, stream_numel=100, timer=fake_timer([]),
+        sync=lambda: waited.append("sync"), fault_cost=lambda: pytest.fail("faults read"),
+    )  # fmt: skip
+    assert found.page_fault_s is None and found.device == "meta"
+    assert ceilings._side("cuda:1") == 8192 and ceilings._side("cpu") == 1024
+
+
+def test_a_real_measurement_is_sane() -> None:
+    found = measure_ceilings("cpu", "float32", 1, gemm_side=256, stream_numel=2**22)
+    assert 1e8 < found.peak_flops_per_s < 1e13  # 0.1 GFLOP/s .. 10 TFLOP/s on one thread
+    assert 1e8 < found.bandwidth_bytes_per_s < 1e12
+    assert 0 < found.op_latency_s < 1e-3
+    # An op on one element costs far less than a 256³ product: the ratio, not the times.
+    assert found.op_latency_s < 2 * 256**3 / found.peak_flops_per_s
+
+
+def test_the_stream_is_well_beyond_the_last_level_cache() -> None:
+    assert stream_elements(4, 32 * 2**20) == 8 * 32 * 2**20 // 4  # 8x a 32 MiB cache
+    assert stream_elements(4, 1 * 2**20) == 64 * 2**20 // 4  # at least 64 MiB
+    assert stream_elements(8, None) == 64 * 2**20 // 8
+
+
+def test_the_cache_location_follows_the_environment(tmp_path: Path) -> None:
+    assert cache_dir({"ATTNBENCH_CACHE_DIR": "/a", "XDG_CACHE_HOME": "/b"}) == Path("/a")
+    assert cache_dir({"XDG_CACHE_HOME": "/b"}) == Path("/b/attnbench")
+    assert cache_dir({}) == Path.home() / ".cache" / "attnbench"
+
+
+def _fake(count: list[int]):  # type: ignore[no-untyped-def]
+    def measure(device: str, dtype: str, threads: int) -> Ceilings:
+        count.append(threads)
+        return measure_ceilings(device, dtype, threads, gemm_side=8, stream_numel=10,
+                                timer=fake_timer([]), fault_cost=lambda: 1e-6)  # fmt: skip
+
+    return measure
+
+
+def test_ceilings_are_cached_per_thread_count_and_remeasured_on_request(tmp_path: Path) -> None:
+    count: list[int] = []
+    first, cached = machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
+    assert not cached and count == [1]
+    again, cached = machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
+    assert cached and again == first and count == [1]  # read, not measured
+    _, cached = machine_ceilings("cpu", "float32", 2, folder=tmp_path, measure=_fake(count))
+    assert not cached and count == [1, 2]  # another thread count: another entry
+    _, cached = machine_ceilings(
+        "cpu", "float32", 1, remeasure=True, folder=tmp_path, measure=_fake(count)
+    )
+    assert not cached and count == [1, 2, 1]
+    entry = next((tmp_path / "ceilings").glob("*-1t.json"))
+    entry.write_text("{broken")
+    _, cached = machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
+    assert not cached and count == [1, 2, 1, 1]  # a damaged entry is measured again
+    assert read_ceilings(entry) == _  # and rewritten whole
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{broken", "not JSON"),
+        ("[1, 2]", "not a JSON object of ceilings"),
+        ('{"peak_flops_per_s": -1}', "peak_flops_per_s must be a positive number (got -1)"),
+        ('{"peak_flops_per_s": 1, "bandwidth_bytes_per_s": 1, "op_latency_s": 1, '
+         '"page_fault_s": null}', "missing device"),
+        ('{"peak_flops_per_s": true}', "peak_flops_per_s must be a positive number (got True)"),
+    ],
+)  # fmt: skip
+def test_a_bad_ceilings_file_is_one_clear_error(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "ceilings.json"
+    path.write_text(content)
+    with pytest.raises(AttnbenchError, match=re.escape(message)):
+        read_ceilings(path)
+    with pytest.raises(AttnbenchError, match=r"cannot read ceilings file .*No such file"):
+        read_ceilings(tmp_path / "absent.json")
+
+
+def test_the_machine_command_prints_and_caches_the_ceilings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
+    count: list[int] = []
+    monkeypatch.setattr(ceilings, "measure_ceilings", _fake(count))
+    result = runner.invoke(app, ["machine", "--json", "--threads", "1", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["peak_flops_per_s"] == 2 * 8**3 / 0.02 and payload["threads"] == 1
+    assert payload["cached"] is False
+    table = runner.invoke(app, ["machine", "--threads", "1", "--device", "cpu"])
+    assert table.exit_code == 0 and "peak FLOP/s" in table.stdout
+    assert "read from the cache" in table.stderr and count == [1]
+    written = tmp_path / "ceilings"
+    assert read_ceilings(next(written.glob("*.json"))).threads == 1  # a file predict can read
+    bad = runner.invoke(app, ["machine", "--threads", "0"])
+    assert (
+        bad.exit_code == 2 and bad.stderr.strip() == "error: --threads must be at least 1 (got 0)"
+    )
+    bad = runner.invoke(app, ["machine", "--dtype", "float8"])
+    assert bad.exit_code == 2 and "--dtype 'float8': accepted: float32" in bad.stderr
