@@ -179,6 +179,22 @@ COLUMNS: tuple[Column, ...] = (
         optional=True,
     ),
     Column(
+        "bytes", "int", _MEASURE,
+        "bytes one call reads and writes, over its aten ops (views excluded; in-place ops read "
+        "and write; fused kernels at their boundary): the traffic if nothing stays in cache",
+        optional=True,
+    ),
+    Column(
+        "bytes_method", "text", _MEASURE,
+        "traced, or none: <why> when the count could not be taken (the case is kept)",
+        optional=True,
+    ),
+    Column(
+        "intensity", "float", _MEASURE,
+        "arithmetic intensity: counted FLOPs per counted byte (the roofline's x axis)",
+        optional=True,
+    ),
+    Column(
         "page_faults", "float", _MEASURE,
         "minor page faults per call in the median timed block (getrusage, every thread; "
         "empty on CUDA and MPS, whose tensors live in device memory)",
@@ -233,6 +249,7 @@ METRICS: tuple[Metric, ...] = (
             theory_note="analytic formula",
         ),
     ),
+    Metric("bytes", "bytes moved", "bytes", "bytes", exact=True),
     Metric(
         "seq_steps", "sequential steps", "steps", "steps", exact=True, theory="sequential",
         chart=Chart(

@@ -67,12 +67,21 @@ class CaseResult:
     elementwise_method: str = ""  # "traced", or "none: <why>" when it could not be counted
     uncounted_ops: str = ""  # ops no counter could read (measure.ops.Uncounted.describe)
     fused_path: str = ""  # fused ops the timed call ran, which the counts saw through
+    bytes: int | None = None  # read and written by one call (measure.traffic)
+    bytes_method: str = ""  # "traced", or "none: <why>" when it could not be counted
 
     @property
     def flops_per_s(self) -> float | None:
         if self.timing is None or self.flops is None or self.timing.median_s <= 0:
             return None
         return self.flops / self.timing.median_s
+
+    @property
+    def intensity(self) -> float | None:
+        """Counted FLOPs per counted byte (None without both, or with no bytes)."""
+        if self.flops is None or not self.bytes:
+            return None
+        return self.flops / self.bytes
 
     @property
     def flops_check(self) -> str:
@@ -96,6 +105,7 @@ class CaseResult:
             "flops_per_s": self.flops_per_s,
             "flops_check": self.flops_check,
             "elementwise_check": self.elementwise_check,
+            "intensity": self.intensity,
         }
         values.update({f.name: getattr(self, f.name) for f in fields(self) if f.name in COLUMN})
         known = REGISTRY.get(self.case.layer)
