@@ -190,6 +190,11 @@ COLUMNS: tuple[Column, ...] = (
         optional=True,
     ),
     Column(
+        "ops", "int", _MEASURE,
+        "aten operations one call dispatches (views excluded): each pays the device's per-op "
+        "latency", optional=True,
+    ),
+    Column(
         "intensity", "float", _MEASURE,
         "arithmetic intensity: counted FLOPs per counted byte (the roofline's x axis)",
         optional=True,

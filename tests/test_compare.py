@@ -192,20 +192,24 @@ def test_more_flops_steps_or_memory_fail_the_deterministic_gate(tmp_path: Path) 
     base = make_run(tmp_path / "a", cases_grid())
     new = make_run(
         tmp_path / "b",
-        cases_grid(conv_64={"flops": 128_000}, rnn_32={"steps": 2}, conv_256={"peak": 4097}),
-    )
+        cases_grid(
+            conv_64={"flops": 128_000}, rnn_32={"steps": 2}, conv_256={"peak": 4097},
+            rnn_128={"bytes": 64 * 128 + 1},
+        ),
+    )  # fmt: skip
     c = compare_runs(base, new)
     bad = c.counts[c.counts["verdict"] == REGRESSION]
     assert sorted(zip(bad["layer"], bad["n"], bad["metric"], strict=True)) == [
         ("conv", 64, "flops"),
         ("conv", 256, "peak_bytes"),
         ("rnn", 32, "seq_steps"),
+        ("rnn", 128, "bytes"),  # one byte more moved: the traffic is exact too
     ]
     assert c.failed("deterministic") and not c.failed("time")
-    assert len(c.regressions("deterministic")) == 3
-    # A tolerance on memory lets one byte through, never the FLOPs.
+    assert len(c.regressions("deterministic")) == 4
+    # A tolerance on memory lets one byte of peak memory through, never the FLOPs or traffic.
     loose = compare_runs(base, new, Thresholds(memory_tolerance=0.01))
-    assert len(loose.regressions("deterministic")) == 2
+    assert len(loose.regressions("deterministic")) == 3
 
 
 def test_a_case_that_stops_measuring_fails_every_gate(tmp_path: Path) -> None:

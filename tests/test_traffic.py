@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnbench.measure.record import CaseResult
-from attnbench.measure.traffic import count_bytes, tensor_bytes
+from attnbench.measure.traffic import count_bytes, count_traffic, tensor_bytes
 from attnbench.spec import Case
 
 F32 = 4
@@ -40,6 +40,7 @@ def test_in_place_ops_read_and_write_empty_writes_nothing_views_move_nothing() -
         return y.view(2, 5).transpose(0, 1)  # views: 0
 
     assert count_bytes(steps) == 40 + 80
+    assert count_traffic(steps).ops == 3  # empty, fill_, add_: the views dispatch no work
 
 
 def test_a_broadcast_operand_reads_its_memory_once() -> None:

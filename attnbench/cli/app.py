@@ -108,6 +108,7 @@ READERS = (
     analysis.plot,
     analysis.fit,
     analysis.report,
+    machine.predict,
 )
 for command in (
     sweeping.sweep,
@@ -122,6 +123,7 @@ for command in (
     analysis.env,
     catalog.layers,
     machine.machine,
+    machine.predict,
 ):
     app.command()(handles_errors(command, reads_runs=command in READERS))
 

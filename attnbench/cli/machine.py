@@ -1,19 +1,26 @@
 """``attnbench machine``: the device's own ceilings (peak FLOP/s, memory bandwidth, the latency
-of one dispatched op, a page fault), measured here and cached."""
+of one dispatched op, a page fault), measured here and cached; ``attnbench predict``: a run's
+times from its counts and those ceilings (``fits.roofline``)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import pandas as pd
 import typer
 
-from attnbench.cli.options import json_flag
+from attnbench.cli.options import SavedRun, json_flag
 from attnbench.cli.render import Streams, frame_table
 from attnbench.devices import DEVICE_CHOICES, DTYPES, local_device
 from attnbench.errors import AttnbenchError
-from attnbench.measure.ceilings import cache_dir, machine_ceilings
+from attnbench.fits import roofline
+from attnbench.measure.ceilings import Ceilings, cache_dir, machine_ceilings, read_ceilings
+from attnbench.results.files import latest_results
+from attnbench.results.run import RunResults
+from attnbench.results.store import load_results
+from attnbench.schema import OPTION_COLUMNS
 from attnbench.units import fmt_seconds
 
 
@@ -65,3 +72,83 @@ def machine(
                 title=title)  # fmt: skip
     where = "read from the cache" if cached else "measured now and cached"
     streams.err.print(f"{where} in {cache_dir()} (--remeasure measures again)", markup=False)
+
+
+def predict(
+    folder: SavedRun = None,
+    machine_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--machine",
+            help="A ceilings file (attnbench machine --json, here or on another machine). "
+            "Default: this machine's, for the run's device, dtype and threads (cached).",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: Annotated[bool, json_flag("the predicted times")] = False,
+) -> None:
+    """Predict a run's times from its counts (FLOPs, bytes, ops, page faults) and a machine's
+    ceilings alone: max(FLOPs/peak, bytes/bandwidth) + ops x op latency + faults x fault cost.
+    Nothing is fitted to a layer, so it predicts any layer, on any machine whose ceilings you
+    have; beside the measured times it says how far the model is, and where the time goes."""
+    run = load_results(folder if folder is not None else latest_results())
+    ceilings = _ceilings_for(run, machine_file)
+    measured = run.measured
+    found = roofline.predict(measured, ceilings)
+    if found.empty:
+        raise AttnbenchError(
+            f"{run.path} has no case with FLOPs, bytes and ops counted: a run made before "
+            "attnbench counted bytes cannot be predicted (sweep it again)"
+        )
+    rows = measured.loc[found.index]
+    options = [c for c in OPTION_COLUMNS if c in rows and rows[c].notna().any()]
+    table = pd.concat([rows[["layer", "n", "d", *options, "time_s"]], found], axis=1)
+    if as_json:
+        records = json.loads(table.to_json(orient="records", double_precision=15))
+        typer.echo(json.dumps({"machine": ceilings.to_dict(), "results": records}, indent=2))
+        return
+    streams = Streams.make(width=140)
+    shown = table.assign(
+        **{c: table[c].map(lambda v: "–" if pd.isna(v) else str(int(v))) for c in options},
+        measured=table["time_s"].map(fmt_seconds),
+        predicted=table["predicted_time_s"].map(fmt_seconds),
+        ratio=(table["predicted_time_s"] / table["time_s"]).map(lambda r: f"{r:.2f}"),
+    )[["layer", "n", "d", *options, "measured", "predicted", "ratio", "bound"]]
+    title = (
+        f"Predicted from the counts and the ceilings of {ceilings.device_name} "
+        f"({ceilings.device}, {ceilings.threads} thread(s), {ceilings.dtype})"
+    )
+    frame_table(shown, streams.out, title=title)
+    for layer, group in table.groupby("layer", sort=False):
+        rms = roofline.relative_rms(group["time_s"], group["predicted_time_s"])
+        bounds = ", ".join(f"{b} {c}" for b, c in group["bound"].value_counts().items())
+        streams.err.print(
+            f"{layer}: relative RMS {rms:.0%} over {len(group)} case(s); bound: {bounds}",
+            markup=False,
+            soft_wrap=True,
+        )
+
+
+def _ceilings_for(run: RunResults, machine_file: Path | None) -> Ceilings:
+    if machine_file is not None:
+        ceilings = read_ceilings(machine_file)
+    else:
+        config = run.meta.get("config", {})
+        device, dtype = str(config.get("device", "cpu")), str(config.get("dtype", "float32"))
+        threads = pd.to_numeric(run.measured.get("threads"), errors="coerce").dropna()
+        try:
+            here = local_device(device, dtype)
+        except AttnbenchError:
+            raise AttnbenchError(
+                f"{run.path} was measured on {device}, which this machine lacks: pass "
+                "--machine with that machine's ceilings (attnbench machine --json there)"
+            ) from None
+        count = int(threads.median()) if len(threads) else None
+        ceilings, _ = machine_ceilings(here, dtype, count)
+    dtype = run.meta.get("config", {}).get("dtype")
+    if dtype and dtype != ceilings.dtype:
+        Streams.make().err.print(
+            f"note: the ceilings are for {ceilings.dtype}, the run measured {dtype}",
+            markup=False,
+        )
+    return ceilings

@@ -27,7 +27,7 @@ from attnbench.measure.ops import describe_fused, recording_fused
 from attnbench.measure.record import CaseResult
 from attnbench.measure.structure import PATH_NONE, SEQ_METHOD, path_length, sequential_steps
 from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats, time_call
-from attnbench.measure.traffic import TRAFFIC_METHOD, count_bytes
+from attnbench.measure.traffic import TRAFFIC_METHOD, count_traffic
 from attnbench.spec import Case
 from attnbench.units import fmt_seconds
 
@@ -168,7 +168,7 @@ def measure_case(
         elementwise, elementwise_method = auxiliary(
             lambda: count_elementwise(step.forward), ELEMENTWISE_METHOD
         )
-        traffic, traffic_method = auxiliary(lambda: count_bytes(step), TRAFFIC_METHOD)
+        traffic, traffic_method = auxiliary(lambda: count_traffic(step), TRAFFIC_METHOD)
         fused: set[str] = set()
         peak = peak_bytes(recording_fused(step, fused), case.device)
         if counter is not None:  # counted in its own process, under Callgrind
@@ -198,8 +198,9 @@ def measure_case(
         elementwise=elementwise,
         elementwise_method=elementwise_method,
         elementwise_analytic=case.analytic_elements(),
-        bytes=traffic,
+        bytes=None if traffic is None else traffic.bytes,
         bytes_method=traffic_method,
+        ops=None if traffic is None else traffic.ops,
     )
 
 

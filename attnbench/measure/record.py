@@ -69,6 +69,7 @@ class CaseResult:
     fused_path: str = ""  # fused ops the timed call ran, which the counts saw through
     bytes: int | None = None  # read and written by one call (measure.traffic)
     bytes_method: str = ""  # "traced", or "none: <why>" when it could not be counted
+    ops: int | None = None  # aten ops one call dispatched, views excluded (measure.traffic)
 
     @property
     def flops_per_s(self) -> float | None:

@@ -25,6 +25,7 @@ were reused, an upper bound on the traffic and the denominator of arithmetic int
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -79,21 +80,39 @@ def op_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any)
     return read + sum(tensor_bytes(t) for t in {id(t): t for t in outputs}.values())
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """What one call moved, and how many operations it dispatched to move and compute it (each
+    pays the device's per-op latency: ``attnbench machine``'s ``op_latency_s``)."""
+
+    bytes: int
+    ops: int
+
+
 class _TrafficCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.total = 0
+        self.ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        self.total += op_bytes(func, args, kwargs, out)
+        if not (is_view(func) or op_name(func) in ALIASES):
+            self.total += op_bytes(func, args, kwargs, out)
+            self.ops += 1
         return out
+
+
+def count_traffic(fn: Callable[[], object]) -> Traffic:
+    """Bytes read and written by one call of ``fn``, and the ops that did it (views and renames
+    are neither)."""
+    counter = _TrafficCounter()
+    with unfused(), counter:
+        fn()
+    return Traffic(counter.total, counter.ops)
 
 
 def count_bytes(fn: Callable[[], object]) -> int:
     """Bytes read and written by one call of ``fn``, every aten op's operands and results."""
-    counter = _TrafficCounter()
-    with unfused(), counter:
-        fn()
-    return counter.total
+    return count_traffic(fn).bytes
