@@ -41,9 +41,12 @@ def machine(
     ] = False,
     as_json: Annotated[bool, json_flag("the ceilings (a file attnbench predict reads)")] = False,
 ) -> None:
-    """Measure this device's ceilings: a large GEMM's FLOP/s, a STREAM-like copy's bandwidth,
-    one tiny op's latency and a page fault's cost (cached per machine, torch version, device,
-    dtype and threads, under $ATTNBENCH_CACHE_DIR or ~/.cache/attnbench)."""
+    """Measure this device's ceilings: peak FLOP/s, memory bandwidth, op latency, page fault.
+
+    A large GEMM's FLOP/s, a STREAM-like copy's bandwidth, one tiny op's latency and a page
+    fault's cost, cached per machine, torch version, device, dtype and threads under
+    $ATTNBENCH_CACHE_DIR (else ~/.cache/attnbench).
+    """
     if threads is not None and threads < 1:
         raise AttnbenchError(f"--threads must be at least 1 (got {threads})")
     if dtype not in DTYPES:
@@ -87,10 +90,12 @@ def predict(
     ] = None,
     as_json: Annotated[bool, json_flag("the predicted times")] = False,
 ) -> None:
-    """Predict a run's times from its counts (FLOPs, bytes, ops, page faults) and a machine's
-    ceilings alone: max(FLOPs/peak, bytes/bandwidth) + ops x op latency + faults x fault cost.
-    Nothing is fitted to a layer, so it predicts any layer, on any machine whose ceilings you
-    have; beside the measured times it says how far the model is, and where the time goes."""
+    """Predict a run's times from its counts and a machine's ceilings, nothing fitted.
+
+    max(FLOPs/peak, bytes/bandwidth) + ops x op latency + faults x fault cost. Nothing is
+    fitted to a layer, so it predicts any layer, on any machine whose ceilings you have; beside
+    the measured times it says how far the model is, and where the time goes.
+    """
     run = load_results(folder if folder is not None else latest_results())
     ceilings = _ceilings_for(run, machine_file)
     measured = run.measured
