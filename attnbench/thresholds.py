@@ -44,7 +44,8 @@ class Thresholds:
             raise AttnbenchError(f"--alpha must lie between 0 and 1, got {self.alpha}")
         if min(self.max_slowdown, self.memory_tolerance, self.instructions_tolerance) < 0:
             raise AttnbenchError(
-                "--max-slowdown, --memory-tolerance and --instructions-tolerance cannot be negative"
+                "--max-slowdown, --memory-tolerance and --instructions-tolerance cannot be "
+                "negative"
             )
         if self.min_samples < 2:
             raise AttnbenchError(f"--min-samples must be at least 2, got {self.min_samples}")

@@ -53,6 +53,7 @@ def _block(layer: str, n: int, d: int, status: str) -> _Block:
     return _Block(layer, int(n), int(d), f"{layer} n={n} d={d} {why}")
 
 
+
 class JobQueue:
     """The sweep's state, and the jobs it hands to idle workers in order: retries first, then
     each case's first round in grid order, then later rounds (round by round, in grid order,
@@ -103,7 +104,9 @@ class JobQueue:
                     self._queue_next_round(case_id)
         self.first = deque(i for i, case in enumerate(self.cases) if case.case_id not in self.done)
 
-    def notify(self, kind: Any, case: Case, result: CaseResult | None = None, **more: Any) -> None:
+    def notify(
+        self, kind: Any, case: Case, result: CaseResult | None = None, **more: Any
+    ) -> None:
         """Tell the caller's progress callback what happened to ``case``."""
         self.last = case
         if self.progress is None:
