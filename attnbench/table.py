@@ -181,8 +181,8 @@ def check_notes(table: pd.DataFrame) -> list[str]:
         unproven = row.get("path_len_unproven_from")
         if unproven is not None and not pd.isna(unproven):
             notes.append(
-                f"{layer}: max path length has no law proven at n ≥ {int(unproven)} (no band or "
-                "block shape at the probes; see path_len_method), so no exponent is fitted"
+                f"{layer}: max path length has no law proven at n ≥ {int(unproven)} (see "
+                "path_len_method), so no exponent is fitted"
             )
         for column, what in (("seq_steps", "sequential ops"), ("path_len", "max path length")):
             if row.get(f"{column}_agrees") is False:

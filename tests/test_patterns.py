@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from torch import nn
 
-from attnbench.measure.patterns import Band, BlockBand, band_of, block_band_of, shape_of
+from attnbench.measure.patterns import BlockBand, shape_of
 from attnbench.measure.structure import path_from_pattern
 
 PROBES = (16, 32, 64)
@@ -61,7 +61,7 @@ def test_block_laws_reproduce_the_probes_and_the_path_at_a_longer_length(
 def test_a_blocked_path_is_the_blocks_to_cross_over_the_reach(
     n: int, width: int, back: int, ahead: int
 ) -> None:
-    shape = block_band_of({p: blocked(p, width, back, ahead) for p in (32, 64, 128)})
+    shape = shape_of({p: blocked(p, width, back, ahead) for p in (32, 64, 128)})
     assert shape == BlockBand(width, back, ahead)
     blocks = math.ceil(n / width)  # counted by hand: each application crosses `back` blocks
     hand = max(math.ceil((blocks - 1) / r) for r in (back, ahead) if r)
@@ -69,24 +69,24 @@ def test_a_blocked_path_is_the_blocks_to_cross_over_the_reach(
     assert shape.path(n, False, 3) == 3 * hand  # each stacked application has 3 mixing stages
 
 
-def test_a_band_is_read_as_a_band_first() -> None:
+def test_a_band_is_the_narrowest_shape_width_one() -> None:
     offsets = np.subtract.outer(np.arange(64), np.arange(64))
     shape = shape_of({64: np.abs(offsets) <= 3, 32: np.abs(offsets[:32, :32]) <= 3})
-    assert shape == Band(3, 3)
+    assert shape == BlockBand(1, 3, 3)
     assert shape.path(100, False, 1) == math.ceil(99 / 3)
     assert shape.path(100, True, 1) == 4  # a recurrence crosses one position per step
 
 
 def test_whole_sequence_reach_is_none_and_global_patterns_are_bands() -> None:
-    assert band_of({p: np.ones((p, p), dtype=bool) for p in PROBES}) == Band(None, None)
+    assert shape_of({p: np.ones((p, p), dtype=bool) for p in PROBES}) == BlockBand(1, None, None)
     # blocks that see every earlier block: the back reach is the whole sequence
-    shape = block_band_of({p: blocked(p, 8, p, 0) for p in PROBES})
+    shape = shape_of({p: blocked(p, 8, p, 0) for p in PROBES})
     assert shape == BlockBand(8, None, 0)
     assert shape.path(1000, False, 1) == 1
 
 
 def test_a_dilated_band_that_covers_the_sequence_is_global_not_a_finite_reach() -> None:
-    shape = block_band_of({p: blocked(p, 1, p, p, dilation=2) for p in PROBES})
+    shape = shape_of({p: blocked(p, 1, p, p, dilation=2) for p in PROBES})
     assert shape == BlockBand(1, None, None, 2)
     assert shape.path(500, False, 1) == 1
 
@@ -111,4 +111,4 @@ def test_descriptions_name_the_shape() -> None:
         "blocks of 16, block j-i in [-1, 0], causal inside a block"
     )
     assert BlockBand(1, 6, None, 3).describe() == "band j-i in [-6, all], j-i a multiple of 3"
-    assert Band(None, 0).describe() == "band j-i in [-all, 0]"
+    assert BlockBand(1, None, 0).describe() == "band j-i in [-all, 0]"

@@ -34,11 +34,9 @@ from attnbench.spec import load_config
 from attnbench.thresholds import gate_from
 
 # Rich reads [ray] as markup in help texts: escaped.
-EXECUTOR_HELP = (
-    "Where cases run: "
-    + "; ".join(f"{name}: {entry.help}".replace("[", "\\[") for name, entry in EXECUTORS.items())
-    + "."
-)
+EXECUTOR_HELP = "Where cases run: " + "; ".join(
+    f"{name}: {entry.help}".replace("[", "\\[") for name, entry in EXECUTORS.items()
+) + "."
 
 
 @with_options(before=GRID, after=(*GATE, *VERDICT_OUTPUT))

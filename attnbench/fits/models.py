@@ -229,7 +229,9 @@ def model_fits(
     fits: dict[str, list[ModelFit]] = {}
     models = cost_models(layers)
     for layer, group in measured.groupby("layer", sort=False):
-        found = [f for m in models if (f := fit_cost_model(group, m, metric, layers)) is not None]
+        found = [
+            f for m in models if (f := fit_cost_model(group, m, metric, layers)) is not None
+        ]
         found.sort(key=lambda f: (round(f.aicc, 6), str(layer) not in f.model.layers))
         if found:
             fits[str(layer)] = found

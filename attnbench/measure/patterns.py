@@ -2,14 +2,12 @@
 
 A law is read from the measured patterns (``D[i, j]``: output i depends on input j) at three
 probe lengths, accepted only if it reproduces each of them exactly, and then gives the maximum
-path length at a length too long to measure directly.  Two shapes are known:
-
-- ``Band``: ``j - i`` in ``[-left, right]`` (a convolution, sliding-window attention, an RNN's
-  causal triangle, full attention);
-- ``BlockBand``: the sequence cut into blocks of ``width`` from position 0, each query block
-  seeing ``left`` blocks back and ``right`` forward, optionally only every ``dilation``-th
-  position, with the diagonal block full or causal (blocked local attention, as the
-  local-attention package computes it; dilated blocks).
+path length at a length too long to measure directly.  One family of shapes, ``BlockBand``:
+the sequence cut into blocks of ``width`` from position 0, each query block seeing ``left``
+blocks back and ``right`` forward, optionally only every ``dilation``-th position, with the
+diagonal block full or causal. Width 1 is a band, ``j - i`` in ``[-left, right]`` (a
+convolution, sliding-window attention, an RNN's causal triangle, full attention); wider blocks
+are blocked local attention, as the local-attention package computes it, and dilated blocks.
 """
 
 from __future__ import annotations
@@ -30,45 +28,6 @@ def stacked_path(left: int, right: int, m: int, stages: int) -> int:
     return max(math.ceil((m - 1) / reach) for reach in (left, right) if reach > 0) * stages
 
 
-@dataclass(frozen=True)
-class Band:
-    """A dependency pattern D[i, j] = (i - left <= j <= i + right), clipped to the sequence.
-
-    ``left`` / ``right`` are None when they reach the whole sequence at every length.
-    """
-
-    left: int | None
-    right: int | None
-
-    def at(self, n: int) -> tuple[int, int]:
-        full = n - 1
-        return (
-            full if self.left is None else min(self.left, full),
-            full if self.right is None else min(self.right, full),
-        )
-
-    def pattern(self, n: int) -> np.ndarray:
-        left, right = self.at(n)
-        offset = np.arange(n)[None, :] - np.arange(n)[:, None]  # j - i
-        return (offset >= -left) & (offset <= right)
-
-    def path(self, n: int, recurrent: bool, stages: int) -> int | None:
-        """The maximum path at n: a recurrence crosses one position per step, any other layer
-        is stacked until the band covers the sequence."""
-        left, right = self.at(n)
-        if n == 1:
-            return 1
-        if recurrent:
-            return max(left, right) + 1
-        return stacked_path(left, right, n, stages)
-
-    def describe(self) -> str:
-        side = {None: "all"}
-        return (
-            f"band j-i in [-{side.get(self.left, self.left)}, {side.get(self.right, self.right)}]"
-        )
-
-
 def _reach_law(values: list[tuple[int, int]]) -> int | bool | None:
     """One direction's reach from (extent - 1, reach) at each probe: None when it is the whole
     extent at every probe, a fixed reach shorter than the longest probe shows, else False."""
@@ -80,27 +39,13 @@ def _reach_law(values: list[tuple[int, int]]) -> int | bool | None:
     return False
 
 
-def band_of(patterns: dict[int, np.ndarray]) -> Band | None:
-    """The one band shape that every measured pattern has exactly, or None."""
-    reaches: list[tuple[int, int, int]] = []
-    for n, pattern in sorted(patterns.items()):
-        i, j = np.nonzero(pattern)
-        left, right = int(max((i - j).max(), 0)), int(max((j - i).max(), 0))
-        if not np.array_equal(pattern, Band(left, right).pattern(n)):
-            return None
-        reaches.append((n, left, right))
-    left_law = _reach_law([(n - 1, lft) for n, lft, _ in reaches])
-    right_law = _reach_law([(n - 1, rgt) for n, _, rgt in reaches])
-    if left_law is False or right_law is False:
-        return None
-    return Band(left_law, right_law)  # type: ignore[arg-type]
-
-
 @dataclass(frozen=True)
 class BlockBand:
     """D[i, j] when j's block is at most ``left`` blocks before i's and ``right`` after, the
     blocks being ``width`` positions from position 0, and ``i - j`` a multiple of
-    ``dilation``; inside i's own block only where ``within`` allows.  None: every block."""
+    ``dilation``; inside i's own block only where ``within`` allows.  None: every block.
+
+    Width 1 and dilation 1 is a plain band, ``j - i`` in ``[-left, right]``."""
 
     width: int
     left: int | None
@@ -126,11 +71,19 @@ class BlockBand:
             keep &= ~((ahead == 0) & (offset < 0))
         return keep
 
+    @property
+    def is_band(self) -> bool:
+        return self.width == 1 and self.dilation == 1
+
     def path(self, n: int, recurrent: bool, stages: int) -> int | None:
-        """Applications needed to cross the blocks (None where no law is known: a recurrence
-        over blocks, or a dilation wider than a block, whose residues skip blocks)."""
+        """Applications needed to cross the blocks; a recurrence over a band crosses one
+        position per step (None where no law is known: a recurrence over blocks, or a dilation
+        wider than a block, whose residues skip blocks)."""
         if recurrent:
-            return None
+            if not self.is_band:
+                return None
+            reach = [n - 1 if r is None else min(r, n - 1) for r in (self.left, self.right)]
+            return max(reach) + 1
         if self.width == 1:  # a dilated band: each residue class is a band of reach // dilation
             m = math.ceil(n / self.dilation)
             reach = [m - 1 if r is None else r // self.dilation for r in (self.left, self.right)]
@@ -187,8 +140,9 @@ def _reaches(shape: BlockBand, pattern: np.ndarray) -> tuple[int, int, int]:
     return full, int(max((-ahead).max(), 0)), int(max(ahead.max(), 0))
 
 
-def block_band_of(patterns: dict[int, np.ndarray]) -> BlockBand | None:
-    """The one block shape, read at the longest probe, that every measured pattern has exactly.
+def shape_of(patterns: dict[int, np.ndarray]) -> BlockBand | None:
+    """The narrowest band or block shape, read at the longest probe, that every measured
+    pattern has exactly (None: there is none).
 
     A reach that covers the whole extent at every probe becomes None (the whole sequence); a
     finite one must be shorter than the longest probe's extent, or nothing proves it finite.
@@ -205,8 +159,3 @@ def block_band_of(patterns: dict[int, np.ndarray]) -> BlockBand | None:
     if all(np.array_equal(pattern, shape.pattern(n)) for n, pattern in patterns.items()):
         return shape
     return None
-
-
-def shape_of(patterns: dict[int, np.ndarray]) -> Band | BlockBand | None:
-    """The band, else the block band, that every probe's pattern has exactly, else None."""
-    return band_of(patterns) or block_band_of(patterns)

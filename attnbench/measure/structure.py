@@ -39,7 +39,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from attnbench.measure.ops import is_view, unfused
-from attnbench.measure.patterns import Band, BlockBand, shape_of
+from attnbench.measure.patterns import BlockBand, shape_of
 
 PATH_MEASURE_MAX = 64  # measure the dependency pattern directly up to this length
 
@@ -269,7 +269,7 @@ def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int
     # The law must reproduce every probe's measured path before it is trusted at n.
     for p, measured in probe_paths.items():
         if shape.path(p, recurrent, len(_stages(build(p)))) != measured:
-            why = f"the {_kind(shape)} law does not reproduce the probes"
+            why = f"the {'band' if shape.is_band else 'block'} law does not reproduce the probes"
             return PathLength(None, f"{PATH_NONE}: {why}")
     stages = len(_stages(build(n)))
     value = shape.path(n, recurrent, stages)
@@ -278,10 +278,6 @@ def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int
         return PathLength(None, f"{PATH_NONE}: no path law for {shape.describe()} at {span}")
     law = f"{shape.describe()} at {span}, {stages} stage(s) at n={n}"
     return PathLength(value, f"{PATH_EXTENDED}: {law}")
-
-
-def _kind(shape: Band | BlockBand) -> str:
-    return "band" if isinstance(shape, Band) else "block"
 
 
 def fallback_probes(n: int) -> list[tuple[int, ...]]:
@@ -311,8 +307,8 @@ def _accepted_route(
 
 def _probe(
     build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...], route: Route
-) -> tuple[Band | BlockBand | None, dict[int, int]]:
-    def compute() -> tuple[Band | BlockBand | None, dict[int, int]]:
+) -> tuple[BlockBand | None, dict[int, int]]:
+    def compute() -> tuple[BlockBand | None, dict[int, int]]:
         patterns: dict[int, np.ndarray] = {}
         paths: dict[int, int] = {}
         for p in probes:

@@ -66,10 +66,15 @@ def _written_only(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> s
     return found
 
 
+def moves_data(func: Any) -> bool:
+    """Whether an op is a real operation: not a view, nor a rename of an input's memory."""
+    return not (is_view(func) or op_name(func) in ALIASES)
+
+
 def op_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     """Bytes one aten op call reads and writes (0 for a view or a metadata-only op)."""
     name = op_name(func)
-    if is_view(func) or name in ALIASES:
+    if not moves_data(func):
         return 0
     skip = _written_only(func, args, kwargs)
     inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
@@ -98,7 +103,7 @@ class _TrafficCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if not (is_view(func) or op_name(func) in ALIASES):
+        if moves_data(func):
             self.total += op_bytes(func, args, kwargs, out)
             self.ops += 1
         return out
