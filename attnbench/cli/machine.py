@@ -49,8 +49,6 @@ def machine(
     """
     if threads is not None and threads < 1:
         raise AttnbenchError(f"--threads must be at least 1 (got {threads})")
-    if dtype not in DTYPES:
-        raise AttnbenchError(f"--dtype {dtype!r}: accepted: {', '.join(DTYPES)}")
     found, cached = machine_ceilings(
         local_device(device, dtype), dtype, threads, remeasure=remeasure
     )

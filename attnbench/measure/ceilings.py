@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from attnbench.devices import DTYPES, device_name, device_sync
+from attnbench.devices import DTYPES, check_dtype, device_name, device_sync
 from attnbench.errors import AttnbenchError
 from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import Clock, TimingPolicy, time_call
@@ -105,8 +105,7 @@ def measure_ceilings(
     """Measure the four ceilings on ``device`` at ``dtype`` with ``threads`` CPU threads (the
     process's count where None; restored after). ``timer`` times each kernel (default: the
     median of ``time_call`` with ``clock`` and the device's ``sync``)."""
-    if dtype not in DTYPES:
-        raise AttnbenchError(f"--dtype {dtype!r}: accepted: {', '.join(DTYPES)}")
+    check_dtype(dtype, device)
     torch_dtype = DTYPES[dtype]
     waits = sync or device_sync(device)
 
