@@ -66,7 +66,7 @@ class Metric:
     # Which law of a layer's theory predicts it, up to a constant: the FLOP formula, the
     # elementwise formula, the sequential-step law or the path law (None: the theory says
     # nothing of it).
-    theory: Literal["flops", "elementwise", "sequential", "path"] | None = None
+    theory: Literal["flops", "elementwise", "traffic", "sequential", "path"] | None = None
     chart: Chart | None = None  # its own chart against n (time has several, drawn apart)
     tolerance: str = ""  # the Thresholds field giving the growth allowed ("": none at all)
 
@@ -184,6 +184,22 @@ COLUMNS: tuple[Column, ...] = (
         "and write; fused kernels at their boundary): the traffic if nothing stays in cache",
         optional=True,
     ),
+    Column("bytes_analytic", "float", _MEASURE,
+           "bytes one forward call moves by the layer's traffic formula", optional=True),
+    Column("bytes_check", "text", _MEASURE,
+           "ok, or mismatch (counted bytes vs the formula beyond 1%)", optional=True),
+    Column(
+        "product_bytes", "int", _MEASURE,
+        "the part of bytes the matrix products (the ops with a FLOP formula) read and write; "
+        "the rest is elementwise and copy traffic, memory-bound on any machine",
+        optional=True,
+    ),
+    Column(
+        "kernels", "text", _MEASURE,
+        "the products that are not matrix multiplications, as kind:FLOPs:bytes (conv, "
+        "attention: a fused attention kernel); each kind runs at its own measured ceiling",
+        optional=True,
+    ),
     Column(
         "bytes_method", "text", _MEASURE,
         "traced, or none: <why> when the count could not be taken (the case is kept)",
@@ -191,8 +207,8 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "ops", "int", _MEASURE,
-        "aten operations one call dispatches (views excluded): each pays the device's per-op "
-        "latency", optional=True,
+        "aten operations the timed call dispatches (views excluded; a fused kernel is one): "
+        "each pays the device's per-op latency", optional=True,
     ),
     Column(
         "intensity", "float", _MEASURE,
@@ -254,7 +270,7 @@ METRICS: tuple[Metric, ...] = (
             theory_note="analytic formula",
         ),
     ),
-    Metric("bytes", "bytes moved", "bytes", "bytes", exact=True),
+    Metric("bytes", "bytes moved", "bytes", "bytes", exact=True, theory="traffic"),
     Metric(
         "seq_steps", "sequential steps", "steps", "steps", exact=True, theory="sequential",
         chart=Chart(

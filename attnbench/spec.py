@@ -82,6 +82,14 @@ class Case:
         theory = entry(self.layer).theory
         return None if theory is None else theory.elements(self.sizes())
 
+    def analytic_bytes(self) -> float | None:
+        """Bytes one forward call moves, from the layer's theory (forward mode only: the
+        backward pass has no formula); None without one."""
+        theory = entry(self.layer).theory
+        if theory is None or self.mode != "forward":
+            return None
+        return theory.bytes(self.sizes(), DTYPES[self.dtype].itemsize)
+
     def layer_options(self) -> dict[str, int]:
         """The options ``build_layer`` takes for this case (the length too, for layers built
         for one)."""

@@ -32,12 +32,30 @@ class Term:
     count: float  # FLOPs (or elements) per unit of size
     name: str  # the size, as written in the formula: "b·n²·d"
     size: SizeFn
-    unit: Literal["FLOP", "element"] = "FLOP"
+    unit: Literal["FLOP", "element", "value", "byte"] = "FLOP"
 
 
 def elements(count: float, name: str, size: SizeFn) -> Term:
     """A term of elementwise work: ``count`` elements per unit of ``size`` (3 · b·h·n²)."""
     return Term(count, name, size, unit="element")
+
+
+def values(count: float, name: str, size: SizeFn) -> Term:
+    """A term of traffic: ``count`` values of the run's dtype read or written per unit of
+    ``size`` (each its element size in bytes: 4 for float32)."""
+    return Term(count, name, size, unit="value")
+
+
+def raw_bytes(count: float, name: str, size: SizeFn) -> Term:
+    """A term of traffic counted in bytes whatever the dtype (a bool mask: 1 byte a value)."""
+    return Term(count, name, size, unit="byte")
+
+
+def traffic_bytes(terms: tuple[Term, ...], sizes: Sizes, itemsize: int) -> float:
+    """Bytes of traffic terms at these sizes: values times ``itemsize``, bytes as they are."""
+    return float(
+        sum(t.count * t.size(sizes) * (itemsize if t.unit == "value" else 1) for t in terms)
+    )
 
 
 def formula(terms: tuple[Term, ...]) -> str:
@@ -67,6 +85,8 @@ class LayerTheory:
     (leading term, constant 1: n²·d for attention); ``sequential_law`` and ``path_law`` give
     the sequential steps and path length up to a constant. ``elementwise`` is the elementwise
     work of one forward call (None: the theory does not say; () for none at all, a convolution).
+    ``traffic`` is what one forward call reads and writes, op by op (``measure.traffic``),
+    in values of the run's dtype and raw bytes (None: the theory does not say).
     """
 
     complexity: str  # computational complexity, e.g. "O(k n d^2)"
@@ -77,6 +97,14 @@ class LayerTheory:
     sequential_law: SizeFn = _one
     path_law: SizeFn = _one
     elementwise: tuple[Term, ...] | None = None
+    traffic: tuple[Term, ...] | None = None  # bytes moved (``values`` and ``raw_bytes`` terms)
+
+    def bytes(self, sizes: Sizes, itemsize: int) -> float | None:
+        """Bytes one forward call reads and writes if nothing stays in cache (None without a
+        formula), for values of ``itemsize`` bytes."""
+        if self.traffic is None:
+            return None
+        return traffic_bytes(self.traffic, sizes, itemsize)
 
     def flops(self, sizes: Sizes) -> float:
         """Forward FLOPs of one call."""
@@ -92,6 +120,17 @@ class LayerTheory:
     def formula(self) -> str:
         """The FLOP formula, human-readable: "8·b·n·d² + 4·b·n²·d"."""
         return formula(self.terms)
+
+    @property
+    def traffic_formula(self) -> str | None:
+        """The bytes formula: "(16·b·n·d + 4·d²) values + 4·causal·n² bytes"."""
+        if self.traffic is None:
+            return None
+        words = [t for t in self.traffic if t.unit == "value"]
+        raw = [t for t in self.traffic if t.unit != "value"]
+        parts = [f"({formula(tuple(words))}) values"] if words else []
+        parts += [f"{formula(tuple(raw))} bytes"] if raw else []
+        return " + ".join(parts) or "0"
 
     @property
     def elementwise_formula(self) -> str | None:

@@ -95,6 +95,7 @@ def make_run(
                 elementwise_analytic=float(spec.get("elements", 10 * n)) if ok else None,
                 bytes=spec.get("bytes", 64 * n) if ok else None,
                 ops=spec.get("ops", 12) if ok else None,
+                product_bytes=spec.get("product_bytes", 32 * n) if ok else None,
                 seq_steps=spec.get("steps", 1) if ok else None,
                 path_len=spec.get("path", n // 2) if ok else None,
                 error="" if ok else "RuntimeError: out of memory",

@@ -3,13 +3,22 @@ be written out by hand."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnbench import layer_names
+from attnbench.measure.case import make_step
 from attnbench.measure.record import CaseResult
-from attnbench.measure.traffic import count_bytes, count_traffic, tensor_bytes
-from attnbench.spec import Case
+from attnbench.measure.traffic import (
+    Traffic,
+    count_bytes,
+    count_traffic,
+    parse_kernels,
+    tensor_bytes,
+)
+from attnbench.spec import Case, build_grid
 
 F32 = 4
 
@@ -43,6 +52,21 @@ def test_in_place_ops_read_and_write_empty_writes_nothing_views_move_nothing() -
     assert count_traffic(steps).ops == 3  # empty, fill_, add_: the views dispatch no work
 
 
+def test_splits_and_in_place_reshapes_move_nothing() -> None:
+    """A GRU step splits its gates with ``unsafe_split`` and a recurrence turns its output with
+    ``transpose_``: views of memory already there, whatever their schemas say."""
+    gates = torch.randn(4, 30)
+
+    def split() -> list[torch.Tensor]:
+        return torch.ops.aten.unsafe_split.Tensor(gates, 10, 1)
+
+    def turn() -> torch.Tensor:
+        return torch.randn(3, 5).transpose_(0, 1)  # randn writes 60 bytes, transpose_ none
+
+    assert count_traffic(split) == Traffic(0, 0)
+    assert count_traffic(turn) == Traffic(15 * F32, 1)
+
+
 def test_a_broadcast_operand_reads_its_memory_once() -> None:
     row = torch.randn(1, 64)
     wide = row.expand(1000, 64)  # 1000 rows that are one row in memory
@@ -72,3 +96,68 @@ def test_intensity_is_flops_per_byte() -> None:
     assert row["intensity"] == 3.0 and row["bytes"] == 200
     assert CaseResult(case, "ok", 1, flops=600, bytes=None).to_row()["intensity"] is None
     assert CaseResult(case, "ok", 1, flops=None, bytes=200).intensity is None
+
+
+def _case(layer: str, n: int = 24, d: int = 16, batch: int = 2, **options: object) -> Case:
+    given = {"layers": layer, "n": [n], "d": [d], "k": 3, "heads": 4, "window": 5, **options}
+    return build_grid({**given, "batch": batch, "device": "cpu"}).cases()[0]
+
+
+def _counted(case: Case) -> int:
+    step = make_step(case, seed=0)
+    step()
+    return count_traffic(step).bytes
+
+
+@pytest.mark.parametrize("layer", layer_names())
+@pytest.mark.parametrize(("n", "d", "batch"), [(24, 16, 2), (40, 8, 1), (17, 8, 3)])
+def test_counted_bytes_equal_each_layers_formula(layer: str, n: int, d: int, batch: int) -> None:
+    case = _case(layer, n=n, d=d, batch=batch)
+    assert _counted(case) == case.analytic_bytes()
+
+
+@pytest.mark.parametrize(
+    ("layer", "options"),
+    [
+        ("attention", {"causal": 1}), ("attention", {"heads": 1}),
+        ("attention-sdpa", {"causal": 1}), ("attention-linear", {"causal": 1}),
+        ("attention-linear", {"causal": 1, "heads": 1}), ("attention-linear", {"heads": 1}),
+        ("attention-local", {"causal": 1}), ("attention-local", {"window": 8}),
+        ("conv", {"k": 4}), ("conv", {"k": 5}), ("conv-dilated", {"k": 2}),
+        ("ssm", {"state": 4}), ("ssm-scan", {"state": 4}),
+    ],
+)  # fmt: skip
+def test_every_option_keeps_the_bytes_formula(layer: str, options: dict[str, int]) -> None:
+    for batch in (1, 2):
+        case = _case(layer, batch=batch, **options)
+        assert _counted(case) == case.analytic_bytes()
+
+
+def test_the_bytes_formula_follows_the_layer_not_the_other_way() -> None:
+    """What the scores cost shows in the count: explicit attention moves 6·b·h·n² values of
+    them, the fused kernel none; a dtype of half the size moves half the values' bytes."""
+    explicit = [_counted(_case("attention", n=n, batch=1)) for n in (16, 32)]
+    fused = [_counted(_case("attention-sdpa", n=n, batch=1)) for n in (16, 32)]
+    h = 4
+    assert [e - f for e, f in zip(explicit, fused, strict=True)] == [
+        F32 * (6 * h * n * n + 2 * n * 16 - h * n) for n in (16, 32)
+    ]
+    half = _case("conv", batch=1, dtype="bfloat16")
+    assert half.analytic_bytes() == _case("conv", batch=1).analytic_bytes() / 2
+    assert _counted(half) == half.analytic_bytes()
+
+
+def test_convolutions_and_fused_attention_are_kept_apart_from_the_gemms() -> None:
+    """They run at rates of their own, so their FLOPs and bytes are recorded by kind."""
+    conv = _case("conv", batch=1)
+    step = make_step(conv, seed=0)
+    found = count_traffic(step)
+    flops, moved = found.kernels["conv"]
+    assert flops == conv.analytic_flops() and moved == found.bytes == found.product_bytes
+    assert parse_kernels(found.kernels_text()) == {"conv": (flops, moved)}
+    sdpa = count_traffic(make_step(_case("attention-sdpa", batch=1), seed=0))
+    assert set(sdpa.kernels) == {"attention"}
+    assert 0 < sdpa.kernels["attention"][1] < sdpa.product_bytes  # the projections are GEMMs
+    explicit = count_traffic(make_step(_case("attention", batch=1), seed=0))
+    assert explicit.kernels == {} and explicit.kernels_text() == ""
+    assert parse_kernels("conv:1:2; junk; attention:x:3") == {"conv": (1.0, 2.0)}

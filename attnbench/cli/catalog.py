@@ -26,6 +26,7 @@ def describe(entry: LayerEntry) -> dict[str, Any]:
         "options": {o.name: o.default for o in entry.options},
         "flops": theory.formula if theory else None,
         "elementwise": theory.elementwise_formula if theory else None,
+        "bytes": theory.traffic_formula if theory else None,
         "complexity": theory.complexity if theory else None,
         "sequential": theory.sequential if theory else None,
         "path": theory.path if theory else None,
@@ -47,7 +48,7 @@ def layers(
     as_json: Annotated[bool, json_flag("the layers")] = False,
 ) -> None:
     """List every layer available: built-in, installed plugins and those given, with their
-    options, family, FLOP and elementwise formulas and source."""
+    options, family, FLOP, elementwise and bytes formulas and source."""
     problems = plugins.discover()
     if load:
         parse_layers(load)
@@ -63,6 +64,7 @@ def layers(
             "options": ", ".join(f"{k}={v}" for k, v in item["options"].items()) or "-",
             "FLOPs (forward)": item["flops"] or "no theory",
             "elementwise (forward)": item["elementwise"] or "no formula",
+            "bytes (forward)": item["bytes"] or "no formula",
             "compute": item["complexity"] or "?",
             "sequential": item["sequential"] or "?",
             "path": item["path"] or "?",

@@ -118,7 +118,13 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             "[dim]path*: extended from a band or block law proven at probe lengths "
             "(see path_len_method)[/]"
         )
-    for what, column in (("FLOPs differ", "flops"), ("elementwise work differs", "elementwise")):
+    for what, column in (
+        ("FLOPs differ", "flops"),
+        ("elementwise work differs", "elementwise"),
+        ("bytes moved differ", "bytes"),
+    ):
+        if f"{column}_check" not in frame:
+            continue
         mismatched = frame[frame[f"{column}_check"] == "mismatch"]
         if len(mismatched):
             console.print(

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from attnbench.devices import DTYPES
 from attnbench.fits.agreement import agrees
 from attnbench.fits.models import Layers, ModelFit, layers_or_live, numeric, own_fit, size_rows
 from attnbench.schema import METRIC, METRICS
@@ -92,7 +93,8 @@ def theory_values(
         return None
     known = layers_or_live(layers)
     values = []
-    for layer, case in zip(frame["layer"], size_rows(frame, known), strict=True):
+    dtypes = frame["dtype"] if "dtype" in frame else pd.Series("float32", index=frame.index)
+    for layer, case, dtype in zip(frame["layer"], size_rows(frame, known), dtypes, strict=True):
         found = known.get(layer)
         theory = found.theory if found is not None else None
         if theory is None:
@@ -103,6 +105,10 @@ def theory_values(
             values.append(theory.path_law(case))
         elif law == "elementwise":
             found = theory.elements(case)
+            values.append(math.nan if found is None else found)
+        elif law == "traffic":
+            dtype_of = DTYPES.get(str(dtype))
+            found = None if dtype_of is None else theory.bytes(case, dtype_of.itemsize)
             values.append(math.nan if found is None else found)
         else:
             values.append(theory.flops(case))
@@ -128,9 +134,29 @@ def fit_sizes(line: pd.DataFrame, along: str, metric: str, overhead: float | Non
     return keep if len(keep) >= MIN_FIT_POINTS else sizes[-MIN_FIT_POINTS:]
 
 
-def range_rule(metric: str, overhead: float | None) -> str:
+# The machine model's bounds in which time grows as the work does (``fits.roofline``), and how
+# many sizes of them a line needs before its exponent is fitted there alone.
+WORK_BOUNDS = ("compute", "memory")
+MIN_REGIME_POINTS = 4
+
+
+def regime_sizes(line: pd.DataFrame, along: str, bounds: pd.Series | None) -> list[int] | None:
+    """The sizes whose every case the machine model calls compute- or memory-bound, where a
+    layer's time should grow as the chapter's order; None with fewer than 4 of them."""
+    if bounds is None:
+        return None
+    known = bounds.reindex(line.index)
+    working = line[known.isin(WORK_BOUNDS)]
+    others = set(line.loc[~known.isin(WORK_BOUNDS), along])
+    sizes = sorted(set(working[along]) - others)
+    return sizes if len(sizes) >= MIN_REGIME_POINTS else None
+
+
+def range_rule(metric: str, overhead: float | None, regime: bool = False) -> str:
     if not METRIC[metric].overheads:
         return "all sizes (exact count)"
+    if regime:
+        return "sizes the machine model calls compute- or memory-bound"
     if overhead is None:
         return "upper half of sizes"
     return f"sizes where the fitted overhead {overhead * 1e6:.0f} µs is under half the time"
@@ -140,8 +166,13 @@ def exponent_table(
     measured: pd.DataFrame,
     fits: Mapping[str, list[ModelFit]] | None = None,
     layers: Layers | None = None,
+    bounds: pd.Series | None = None,
 ) -> pd.DataFrame:
     """Log-log exponents of each metric along n (for each d) and along d (for each n).
+
+    With ``bounds`` (the machine model's bound of each case, by the frame's index), a time
+    line with at least 4 sizes the model calls compute- or memory-bound is fitted on those
+    alone: the regime where the time is the work's, not the latency of many small ops.
 
     Exact counts use every size. Time uses the sizes where the layer's own fitted cost model
     says the constant overhead is under half the time (``fits``; upper half without them), and
@@ -162,7 +193,10 @@ def exponent_table(
                 for fixed, line in values.groupby(other):
                     if line[along].nunique() < 2:
                         continue
-                    if overheads:
+                    regime = regime_sizes(line, along, bounds) if metric == "time_s" else None
+                    if regime is not None:
+                        line = line[line[along].isin(regime)]
+                    elif overheads:
                         line = line[line[along].isin(fit_sizes(line, along, metric, overhead))]
                     fit = loglog_exponent(line[along].tolist(), line[metric].astype(float).tolist())
                     if fit is None:
@@ -186,7 +220,7 @@ def exponent_table(
                             "points": fit.points,
                             "range_from": int(fit.x_min),
                             "range_to": int(fit.x_max),
-                            "range_rule": range_rule(metric, overhead),
+                            "range_rule": range_rule(metric, overhead, regime is not None),
                         }
                     )
     return pd.DataFrame(rows, columns=EXPONENT_COLUMNS)

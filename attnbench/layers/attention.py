@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 
 from attnbench.layers.entry import Family, LayerEntry, LayerOption
 from attnbench.positional import SinusoidalPositionalEncoding
-from attnbench.theory import LayerTheory, Term, elements
+from attnbench.theory import LayerTheory, Sizes, Term, elements, raw_bytes, values
 
 
 class SelfAttentionLayer(nn.Module):
@@ -83,12 +84,65 @@ POSITIONS = elements(1, "b·n·d", lambda s: s["b"] * s["n"] * s["d"])
 _SCALED = elements(2, "b·h·n²", lambda s: s["b"] * s["heads"] * s["n"] * s["n"])
 _MASKED = elements(1, "causal·b·h·n²", lambda s: s["causal"] * s["b"] * s["heads"] * s["n"] ** 2)
 
-# The fused layer computes the same function, so it shares the same theory.
+# Bytes moved, op by op (measure.traffic), shared by every layer built on this one: the
+# positional add reads x and the table's n rows (once, whatever the batch) and writes x + P;
+# each projection reads its input and d x d weight and writes its output.
+POSITION_TRAFFIC = (
+    values(2, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]),
+    values(1, "n·d", lambda s: s["n"] * s["d"]),
+)
+PROJECTION_TRAFFIC = (
+    values(8, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]),
+    values(4, "d²", lambda s: s["d"] * s["d"]),
+)
+_BOUNDARY = values(4, "b·n·d", lambda s: s["b"] * s["n"] * s["d"])
+
+
+def _heads_copy(s: Sizes) -> float:
+    """b·n·d where the heads are split (h > 1): a transposed (B, h, n, d/h) tensor that must be
+    made contiguous is copied, read and written; with one head the transposes are views."""
+    return float(s["heads"] > 1) * s["b"] * s["n"] * s["d"]
+
+
+_SQUARE = "b·h·n²"
+
+
+def _scores(s: Sizes) -> float:
+    return s["b"] * s["heads"] * s["n"] * s["n"]
+
+
+# Explicit: QKᵀ reads q, k and writes the scores, the scale and the softmax each read and write
+# them, AV reads them and v (3 · 2 · b·h·n²); the products' q, k, v and outputs are the b·n·d
+# boundary, and the heads are merged through a copy. Causal: the (n, n) bool mask is made (n²
+# bytes), cut to its upper triangle (read and written), and read by masked_fill, which reads
+# and writes the scores once more. With b > 1 the products cannot fold batch and heads of the
+# transposed q, k and v into one strided matrix, so each is copied first (read and written).
+_EXPLICIT_TRAFFIC = (
+    *POSITION_TRAFFIC,
+    *PROJECTION_TRAFFIC,
+    _BOUNDARY,
+    values(2, "[h>1]·b·n·d", _heads_copy),
+    values(6, "[b>1]·[h>1]·b·n·d", lambda s: float(s["b"] > 1) * _heads_copy(s)),
+    values(6, _SQUARE, _scores),
+    values(2, "causal·b·h·n²", lambda s: s["causal"] * _scores(s)),
+    raw_bytes(4, "causal·n²", lambda s: s["causal"] * s["n"] * s["n"]),
+)
+# Fused: the kernel reads q, k, v and writes the output and one statistic per row (its
+# logsumexp): the n x n scores never reach memory, and the heads merge as a view.
+_FUSED_TRAFFIC = (
+    *POSITION_TRAFFIC,
+    *PROJECTION_TRAFFIC,
+    values(4, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]),
+    values(1, "b·h·n", lambda s: s["b"] * s["heads"] * s["n"]),
+)
+
+# The fused layer computes the same function, so it shares the same theory but for its bytes.
 ATTENTION_THEORY = LayerTheory(
     "O(n^2 d)",
     (PROJECTIONS, _SCORES),
     order=lambda s: s["n"] * s["n"] * s["d"],
     elementwise=(POSITIONS, _SCALED, _MASKED),
+    traffic=_EXPLICIT_TRAFFIC,
 )
 
 ENTRIES = (
@@ -106,6 +160,6 @@ ENTRIES = (
         SELF_ATTENTION,
         "the same layer through scaled_dot_product_attention (fused kernels)",
         (HEADS, CAUSAL),
-        ATTENTION_THEORY,
+        replace(ATTENTION_THEORY, traffic=_FUSED_TRAFFIC),
     ),
 )

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from attnbench.layers.entry import Family, LayerEntry, LayerOption
-from attnbench.theory import LayerTheory, Term
+from attnbench.theory import LayerTheory, Sizes, Term, values
 
 
 class ConvLayer(nn.Module):
@@ -33,6 +33,11 @@ class ConvLayer(nn.Module):
 
 # ----------------------------------------------------------------------------- entries
 
+
+def _even_padding(s: Sizes) -> float:
+    return float(s["k"] % 2 == 0) * s["b"] * (s["n"] + 1) * s["d"]
+
+
 K = LayerOption("k", 3, "k", "Conv kernel size.", at_most_n=True, reach=True)
 CONVOLUTIONAL = Family("convolutional", rank=10, rival=True)
 
@@ -51,6 +56,15 @@ ENTRIES = (
             order=lambda s: s["k"] * s["n"] * s["d"] * s["d"],
             path_law=lambda s: s["n"] / s["k"],
             elementwise=(),  # the bias is added inside the convolution
+            # The convolution reads x, the k·d² weights and the bias and writes y; an even k
+            # pads its one odd position through a copy first (x read, n + 1 positions written,
+            # then read by the convolution, which pads the rest symmetrically in place).
+            traffic=(
+                values(2, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]),
+                values(1, "k·d²", lambda s: s["k"] * s["d"] * s["d"]),
+                values(1, "d", lambda s: s["d"]),
+                values(2, "[k even]·b·(n+1)·d", _even_padding),
+            ),
         ),
     ),
 )

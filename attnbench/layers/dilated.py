@@ -12,7 +12,7 @@ from torch import nn
 
 from attnbench.layers.conv import K
 from attnbench.layers.entry import Family, LayerEntry
-from attnbench.theory import LayerTheory, Sizes, Term
+from attnbench.theory import LayerTheory, Sizes, Term, values
 
 
 def dilated_depth(n: int, k: int) -> int:
@@ -100,6 +100,15 @@ ENTRIES = (
             sequential_law=_depth,
             path_law=_depth,
             elementwise=(),  # padding and convolutions only
+            # Each of the L stages pads x on the left by (k-1)·k^i (x read, n + (k-1)·k^i
+            # positions written, then read by the convolution with its k·d² weights and bias,
+            # which writes y): 4·b·n·d + k·d² + d each, and the paddings sum to k^L - 1.
+            traffic=(
+                values(4, "L·b·n·d", lambda s: _depth(s) * s["b"] * s["n"] * s["d"]),
+                values(1, "L·k·d²", lambda s: _depth(s) * s["k"] * s["d"] * s["d"]),
+                values(1, "L·d", lambda s: _depth(s) * s["d"]),
+                values(2, "b·(k^L-1)·d", lambda s: s["b"] * (s["k"] ** _depth(s) - 1) * s["d"]),
+            ),
         ),
         needs_length=True,
     ),

@@ -12,9 +12,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnbench.layers.attention import CAUSAL, HEADS, PROJECTIONS, SelfAttentionLayer
+from attnbench.layers.attention import (
+    CAUSAL,
+    HEADS,
+    POSITION_TRAFFIC,
+    PROJECTION_TRAFFIC,
+    PROJECTIONS,
+    SelfAttentionLayer,
+    _heads_copy,
+)
 from attnbench.layers.entry import Family, LayerEntry
-from attnbench.theory import LayerTheory, Term, elements
+from attnbench.theory import LayerTheory, Sizes, Term, elements, values
 
 
 class LinearAttentionLayer(SelfAttentionLayer):
@@ -45,6 +53,38 @@ _PREFIX_SUMS = elements(
     1, "causal·b·n·d²/h", lambda s: s["causal"] * s["b"] * s["n"] * s["d"] * s["d"] / s["heads"]
 )
 
+
+def _bnd(s: Sizes) -> float:
+    return s["b"] * s["n"] * s["d"]
+
+
+def _batched(s: Sizes) -> float:
+    """b·n·d where more than one sequence and split heads make the products copy operands."""
+    return float(s["b"] > 1) * _heads_copy(s)
+
+
+# Bytes moved, op by op: the encoding and projections as explicit attention's; φ (elu, then
+# + 1, each read and written) on Q and K; the products' operands and results, the sum Σφ(K),
+# the division and the copy that merges the heads, with no n x n tensor anywhere. Non-causal:
+# φ(K)ᵀV and Σφ(K) are (d/h x d/h) and d/h per head (b·d²/h, b·d), and with b > 1 four
+# transposed operands are copied before their products. Causal: the outer products and their
+# prefix sums are (d/h x d/h) per position (b·n·d²/h, written, then read and written by the
+# cumsum, then read), and the copies happen at any batch.
+_TRAFFIC = (
+    *POSITION_TRAFFIC,
+    *PROJECTION_TRAFFIC,
+    values(6, "b·n·d", _bnd),
+    values(2, "[h>1]·b·n·d", _heads_copy),
+    values(10, "b·n·d", _bnd),
+    values(2, "causal·b·n·d", lambda s: s["causal"] * _bnd(s)),
+    values(8, "causal·[h>1]·b·n·d", lambda s: s["causal"] * _heads_copy(s)),
+    values(8, "[b>1]·(1-causal)·[h>1]·b·n·d", lambda s: _batched(s) * (1 - s["causal"])),
+    values(2, "(1-causal)·b·d²/h", lambda s: (1 - s["causal"]) * s["b"] * s["d"] ** 2 / s["heads"]),
+    values(2, "(1-causal)·b·d", lambda s: (1 - s["causal"]) * s["b"] * s["d"]),
+    values(2, "b·h·n", lambda s: s["b"] * s["heads"] * s["n"]),
+    values(4, "causal·b·n·d²/h", lambda s: s["causal"] * _bnd(s) * s["d"] / s["heads"]),
+)  # fmt: skip
+
 ENTRIES = (
     LayerEntry(
         "attention-linear",
@@ -67,6 +107,7 @@ ENTRIES = (
             # the b·n·d²/h outer products φ(k_j)v_jᵀ, which a product sums otherwise, are
             # prefix-summed too.
             elementwise=(elements(7, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]), _PREFIX_SUMS),
+            traffic=_TRAFFIC,
         ),
     ),
 )

@@ -12,9 +12,17 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attnbench.layers.attention import CAUSAL, HEADS, POSITIONS, PROJECTIONS, SelfAttentionLayer
+from attnbench.layers.attention import (
+    CAUSAL,
+    HEADS,
+    POSITION_TRAFFIC,
+    POSITIONS,
+    PROJECTION_TRAFFIC,
+    PROJECTIONS,
+    SelfAttentionLayer,
+)
 from attnbench.layers.entry import Family, LayerEntry, LayerOption
-from attnbench.theory import LayerTheory, Sizes, Term, elements
+from attnbench.theory import LayerTheory, Sizes, Term, elements, raw_bytes, values
 
 
 class LocalAttentionLayer(SelfAttentionLayer):
@@ -79,6 +87,63 @@ def _local_weights(s: Sizes) -> float:
     return s["b"] * s["heads"] * math.ceil(s["n"] / s["window"]) * s["window"] * s["window"]
 
 
+def _padded(s: Sizes) -> float:
+    """b·P·d: the queries padded to P = ⌈n/r⌉·r positions."""
+    return s["b"] * math.ceil(s["n"] / s["window"]) * s["window"] * s["d"]
+
+
+def _framed(s: Sizes) -> float:
+    """b·(P + 2r)·d: keys or values padded by a block on either side."""
+    return s["b"] * (math.ceil(s["n"] / s["window"]) + 2) * s["window"] * s["d"]
+
+
+def _mask(s: Sizes) -> float:
+    """Bytes of building the (blocks, r, 3r) band mask: int64 index grids (r, 3r, blocks and
+    their differences) and bool comparisons combined with &, the same for any b, h, d, dtype."""
+    r, m = s["window"], math.ceil(s["n"] / s["window"])
+    return 88 * r + 48 * m + 138 * r * r + 84 * r * m + 18 * m * r * r
+
+
+def _split(s: Sizes) -> float:
+    """1 where the heads are split (h > 1), so their transposes are real copies."""
+    return float(s["heads"] > 1)
+
+
+def _copied(s: Sizes) -> float:
+    """1 where the products cannot read the unfolded key and value windows in place (more
+    than one head or one sequence), so each window is copied out first."""
+    return float(s["heads"] > 1 or s["b"] > 1)
+
+
+def _merge_copy(s: Sizes) -> float:
+    """1 where merging the heads back into (B, n, d) copies: split heads, or several sequences
+    whose padded tails the cut to n leaves as gaps between them."""
+    ragged = s["b"] > 1 and s["n"] % s["window"] != 0
+    return float(s["heads"] > 1 or ragged)
+
+
+# Bytes moved, op by op: the encoding and projections as explicit attention's; q, k, v read
+# and written padded (k and v by a block on either side); the products reading the padded q
+# and the 3r-wide key and value windows, which are copied out first (read where they lie,
+# written 3x) unless one head and one sequence let a product read them in place; q copied
+# too where the heads are split and no padding made it contiguous (r dividing n); the
+# b·h·⌈n/r⌉·r·3r scores written, read and written by the scale, the mask and the softmax, and
+# read (8 in all); the heads merged through a copy (``_merge_copy``); and the mask built
+# from index grids.
+_TRAFFIC = (
+    *POSITION_TRAFFIC,
+    *PROJECTION_TRAFFIC,
+    values(3, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]),
+    values(2, "[merged by a copy]·b·n·d", lambda s: _merge_copy(s) * s["b"] * s["n"] * s["d"]),
+    values(3, "b·P·d", _padded),
+    values(12, "[h>1 or b>1]·b·P·d", lambda s: _copied(s) * _padded(s)),
+    values(2, "[h>1]·[r divides n]·b·P·d",
+           lambda s: _split(s) * float(s["n"] % s["window"] == 0) * _padded(s)),
+    values(4, "b·(P+2r)·d", _framed),
+    values(8, "3·b·h·P·r", lambda s: 3 * _local_weights(s)),
+    raw_bytes(1, "mask(r, ⌈n/r⌉)", _mask),
+)  # fmt: skip
+
 ENTRIES = (
     LayerEntry(
         "attention-local",
@@ -96,6 +161,7 @@ ENTRIES = (
             # The positional add, then the b·h·⌈n/r⌉·r·3r scores of the blocks scaled, masked
             # to the band (causal or not) and normalised: 3·3 = 9 per b·h·⌈n/r⌉·r².
             elementwise=(POSITIONS, elements(9, "b·h·⌈n/r⌉·r²", _local_weights)),
+            traffic=_TRAFFIC,
         ),
     ),
 )

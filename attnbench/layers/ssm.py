@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnbench.layers.entry import Family, LayerEntry, LayerOption
-from attnbench.theory import LayerTheory, Sizes, Term, elements
+from attnbench.theory import LayerTheory, Sizes, Term, elements, values
 
 
 class SelectiveSSM(nn.Module):
@@ -113,6 +113,32 @@ def _elementwise(scan: bool) -> tuple[Term, ...]:
     return (per_channel, elements(3, "b·n·d·N", _bndN), levels_term, table)
 
 
+def _traffic(scan: bool) -> tuple[Term, ...]:
+    """Bytes moved, op by op. Per channel (b·n·d values): Δ's scale, bias and softplus, the
+    projections' input, Δ·x, the readout's output, the skip and the output add, 19 in all.
+    The tables (d·N): the projections' weights, A = -exp(A_log), and Δ·A's operand. Per
+    position (b·n·N): B_t and C_t written, B_t and C_t read. Per state and position (b·n·d·N,
+    the bulk): Δ·A written, its exp read and written, (Δ·x)·B written, h read by the readout.
+    Step by step, each of the n updates a·h + b reads and writes a (b, d, N) state twice and
+    the n states are stacked (read and written), 8 more, after one zero state. The scan
+    instead pads shifted copies of a and b (the part of them it keeps read, all written) and
+    combines them (a·b' + b and a·a': 9 per state and position) at each of its L levels."""
+    common = (
+        values(19, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]),
+        values(3, "d", lambda s: s["d"]),
+        values(7, "d·N", lambda s: s["d"] * s["state"]),
+        values(4, "b·n·N", lambda s: s["b"] * s["n"] * s["state"]),
+        values(5, "b·n·d·N", _bndN),
+    )
+    if not scan:
+        steps = values(8, "b·n·d·N", _bndN)
+        return (*common, steps, values(1, "b·d·N", lambda s: s["b"] * s["d"] * s["state"]))
+    shifted = values(
+        -2, "b·(2^L-1)·d·N", lambda s: s["b"] * (2 ** _scan_levels(s) - 1) * s["d"] * s["state"]
+    )
+    return (*common, values(13, "L·b·n·d·N", lambda s: _scan_levels(s) * _bndN(s)), shifted)
+
+
 ENTRIES = (
     LayerEntry(
         "ssm",
@@ -129,6 +155,7 @@ ENTRIES = (
             sequential_law=lambda s: float(s["n"]),
             path_law=lambda s: float(s["n"]),
             elementwise=_elementwise(scan=False),
+            traffic=_traffic(scan=False),
         ),
     ),
     LayerEntry(
@@ -146,6 +173,7 @@ ENTRIES = (
             sequential_law=_scan_levels,
             path_law=_scan_levels,
             elementwise=_elementwise(scan=True),
+            traffic=_traffic(scan=True),
         ),
     ),
 )

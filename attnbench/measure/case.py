@@ -170,7 +170,8 @@ def measure_case(
         )
         traffic, traffic_method = auxiliary(lambda: count_traffic(step), TRAFFIC_METHOD)
         fused: set[str] = set()
-        peak = peak_bytes(recording_fused(step, fused), case.device)
+        timed_ops: list[int] = []  # the timed path's ops (a fused kernel is one)
+        peak = peak_bytes(recording_fused(step, fused, timed_ops), case.device)
         if counter is not None:  # counted in its own process, under Callgrind
             timing, instructions = None, counter.count(case, seed)
         else:
@@ -200,7 +201,10 @@ def measure_case(
         elementwise_analytic=case.analytic_elements(),
         bytes=None if traffic is None else traffic.bytes,
         bytes_method=traffic_method,
-        ops=None if traffic is None else traffic.ops,
+        bytes_analytic=case.analytic_bytes(),
+        ops=timed_ops[0] if timed_ops else None,
+        product_bytes=None if traffic is None else traffic.product_bytes,
+        kernels="" if traffic is None else traffic.kernels_text(),
     )
 
 

@@ -48,7 +48,7 @@ def _cpu_sdpa_backward_flop(
     return flop_counter.sdpa_backward_flop_count(grad_out, q, k, v)
 
 
-def _formulas() -> dict[Any, Callable[..., int]]:
+def formulas() -> dict[Any, Callable[..., int]]:
     """torch's per-op formulas, plus the CPU fused-attention ops it lacks."""
     table: dict[Any, Callable[..., int]] = dict(flop_counter.flop_registry)
     aten = torch.ops.aten
@@ -92,7 +92,7 @@ class _FlopCounter(TorchDispatchMode):
 
 def trace_flops(fn: Callable[[], object]) -> FlopCount:
     """FLOPs of one call of ``fn`` with torch's fused paths off, and what went uncounted."""
-    counter = _FlopCounter(_formulas())
+    counter = _FlopCounter(formulas())
     with unfused(), counter:
         fn()
     return FlopCount(counter.total, counter.uncounted.describe())

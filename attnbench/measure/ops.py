@@ -77,6 +77,15 @@ FUSED_PATHS = {
 }
 
 
+# Return an input's memory under another shape or name, or change only a tensor's shape in
+# place, though their schemas do not say so: they move nothing.
+ALIASES = frozenset({
+    "_unsafe_view", "alias", "_reshape_alias", "lift_fresh", "detach", "unsafe_split",
+    "unsafe_split_with_sizes", "unsafe_chunk", "transpose_", "t_", "squeeze_", "unsqueeze_",
+    "as_strided_", "swapaxes_", "swapdims_",
+})  # fmt: skip
+
+
 def op_name(func: Any) -> str:
     return str(func._overloadpacket.__name__)
 
@@ -91,6 +100,11 @@ def is_view(func: Any) -> bool:
     return bool(returns) and all(
         r.alias_info is not None and not r.alias_info.is_write for r in returns
     )
+
+
+def moves_data(func: Any) -> bool:
+    """Whether an op is a real operation: not a view, nor a rename of an input's memory."""
+    return not (is_view(func) or op_name(func) in ALIASES)
 
 
 def elementwise_kind(func: Any) -> str | None:
@@ -174,20 +188,28 @@ class _OpNames(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.names: set[str] = set()
+        self.ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         self.names.add(op_name(func))
+        self.ops += moves_data(func)
         return func(*args, **(kwargs or {}))
 
 
-def recording_fused(fn: Callable[[], object], seen: set[str]) -> Callable[[], object]:
-    """``fn``, which adds to ``seen`` the fused paths (``FUSED_PATHS``) its real call takes."""
+def recording_fused(
+    fn: Callable[[], object], seen: set[str], ops: list[int] | None = None
+) -> Callable[[], object]:
+    """``fn``, which adds to ``seen`` the fused paths (``FUSED_PATHS``) its real call takes,
+    and appends to ``ops`` how many operations that call dispatched (``moves_data``): what it
+    pays the per-op latency for, a fused kernel counting once."""
 
     def call() -> object:
         recorder = _OpNames()
         with recorder:
             out = fn()
         seen.update(name for name in recorder.names if name in FUSED_PATHS)
+        if ops is not None:
+            ops.append(recorder.ops)
         return out
 
     return call

@@ -70,6 +70,9 @@ class CaseResult:
     bytes: int | None = None  # read and written by one call (measure.traffic)
     bytes_method: str = ""  # "traced", or "none: <why>" when it could not be counted
     ops: int | None = None  # aten ops one call dispatched, views excluded (measure.traffic)
+    product_bytes: int | None = None  # the part of bytes the matrix products moved
+    bytes_analytic: float | None = None  # from the layer's traffic formula (forward only)
+    kernels: str = ""  # non-GEMM products as kind:FLOPs:bytes (measure.traffic.Traffic)
 
     @property
     def flops_per_s(self) -> float | None:
@@ -97,6 +100,11 @@ class CaseResult:
         """The same check for the elementwise work."""
         return _check(self.elementwise, self.elementwise_analytic)
 
+    @property
+    def bytes_check(self) -> str:
+        """The same check for the bytes moved."""
+        return _check(self.bytes, self.bytes_analytic)
+
     def to_row(self) -> dict[str, Any]:
         """The case's row: ``RESULT_COLUMNS`` in order (the case's own columns, its timing's,
         the derived ones, every field named like a column), then its layer's options."""
@@ -106,6 +114,7 @@ class CaseResult:
             "flops_per_s": self.flops_per_s,
             "flops_check": self.flops_check,
             "elementwise_check": self.elementwise_check,
+            "bytes_check": self.bytes_check,
             "intensity": self.intensity,
         }
         values.update({f.name: getattr(self, f.name) for f in fields(self) if f.name in COLUMN})

@@ -8,8 +8,10 @@ arguments) and of each tensor it writes (its outputs) are added up:
 - an in-place op (``add_``) reads its operands, ``self`` included, and writes ``self``: both
   count, as the memory does both; an op that overwrites ``self`` (``fill_``, ``copy_``) or
   an ``out=`` argument writes it without reading it;
-- ``empty`` and its kin write nothing (the memory is only reserved); ``_unsafe_view`` and
-  ``alias`` return an input's memory under another shape, so they move nothing either;
+- ``zeros_like`` and its kin read only their argument's shape, so only their writes count;
+- ``empty`` and its kin write nothing (the memory is only reserved); ``_unsafe_view``,
+  ``alias`` and ``unsafe_split`` return an input's memory under another shape, and
+  ``transpose_`` and its kin change only a tensor's strides, so they move nothing either;
 - a tensor's bytes are its elements times their size, but never more than its storage (an
   expanded tensor that repeats one row reads that row's memory, not the repeats);
 - a fused kernel (``scaled_dot_product_attention``, a oneDNN RNN) counts what it reads and
@@ -25,20 +27,24 @@ were reused, an upper bound on the traffic and the denominator of arithmetic int
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from attnbench.measure.ops import is_view, op_name, unfused
+from attnbench.measure.flops import formulas
+from attnbench.measure.ops import FUSED_ATTENTION, moves_data, op_name, unfused
 
 TRAFFIC_METHOD = "traced"
 # Reserve memory without writing it.
 NO_WRITE = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
-# Return an input's memory under another shape or name, though their schemas do not say so.
-ALIASES = frozenset({"_unsafe_view", "alias", "_reshape_alias", "lift_fresh", "detach"})
+# Make a tensor shaped like their tensor argument, reading only its shape, dtype and device.
+NO_READ = frozenset({
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+    "randint_like", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full",
+})  # fmt: skip
 # In-place ops that overwrite ``self`` without reading it.
 OVERWRITE = frozenset({"fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "bernoulli_"})
 
@@ -66,11 +72,6 @@ def _written_only(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> s
     return found
 
 
-def moves_data(func: Any) -> bool:
-    """Whether an op is a real operation: not a view, nor a rename of an input's memory."""
-    return not (is_view(func) or op_name(func) in ALIASES)
-
-
 def op_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     """Bytes one aten op call reads and writes (0 for a view or a metadata-only op)."""
     name = op_name(func)
@@ -78,6 +79,8 @@ def op_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any)
         return 0
     skip = _written_only(func, args, kwargs)
     inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    if name in NO_READ:
+        inputs = []
     read = sum(tensor_bytes(t) for t in {id(t): t for t in inputs if id(t) not in skip}.values())
     if name in NO_WRITE:
         return read
@@ -88,10 +91,46 @@ def op_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any)
 @dataclass(frozen=True)
 class Traffic:
     """What one call moved, and how many operations it dispatched to move and compute it (each
-    pays the device's per-op latency: ``attnbench machine``'s ``op_latency_s``)."""
+    pays the device's per-op latency: ``attnbench machine``'s ``op_latency_s``).
+
+    ``product_bytes`` is the part of ``bytes`` the ops with a FLOP formula (the matrix
+    products) moved: a product can be compute-bound, the rest of the traffic (elementwise ops,
+    copies) is memory-bound whatever the machine, so the machine model needs the two apart.
+    """
 
     bytes: int
     ops: int
+    product_bytes: int = 0
+    # The products that are not matrix multiplications, by kind: (FLOPs, bytes) of the
+    # convolutions and of the fused attention kernels, which run at their own rates.
+    kernels: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def kernels_text(self) -> str:
+        """The results' ``kernels`` column: "conv:FLOPS:BYTES; attention:FLOPS:BYTES"."""
+        return "; ".join(f"{k}:{f}:{b}" for k, (f, b) in sorted(self.kernels.items()))
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of product an op with a FLOP formula is: "conv", "attention" (a fused
+    attention kernel, forward or backward), or "gemm" (a matrix multiplication)."""
+    if "convolution" in name:
+        return "conv"
+    if name.removesuffix("_backward") in FUSED_ATTENTION:
+        return "attention"
+    return "gemm"
+
+
+def parse_kernels(text: object) -> dict[str, tuple[float, float]]:
+    """The ``kernels`` column back as {kind: (FLOPs, bytes)} ({} where empty or unreadable)."""
+    found: dict[str, tuple[float, float]] = {}
+    for part in str(text or "").split(";"):
+        pieces = part.strip().split(":")
+        if len(pieces) == 3:
+            try:
+                found[pieces[0]] = (float(pieces[1]), float(pieces[2]))
+            except ValueError:
+                continue
+    return found
 
 
 class _TrafficCounter(TorchDispatchMode):
@@ -99,13 +138,25 @@ class _TrafficCounter(TorchDispatchMode):
         super().__init__()
         self.total = 0
         self.ops = 0
+        self.products = 0
+        self.kernels: dict[str, tuple[int, int]] = {}
+        self.formulas = formulas()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if moves_data(func):
-            self.total += op_bytes(func, args, kwargs, out)
+            moved = op_bytes(func, args, kwargs, out)
+            self.total += moved
             self.ops += 1
+            formula = self.formulas.get(func._overloadpacket)
+            if formula is not None:
+                self.products += moved
+                kind = kernel_kind(op_name(func))
+                if kind != "gemm":
+                    flops, done = self.kernels.get(kind, (0, 0))
+                    work = int(formula(*args, **kwargs, out_val=out))
+                    self.kernels[kind] = (flops + work, done + moved)
         return out
 
 
@@ -115,7 +166,7 @@ def count_traffic(fn: Callable[[], object]) -> Traffic:
     counter = _TrafficCounter()
     with unfused(), counter:
         fn()
-    return Traffic(counter.total, counter.ops)
+    return Traffic(counter.total, counter.ops, counter.products, counter.kernels)
 
 
 def count_bytes(fn: Callable[[], object]) -> int:
