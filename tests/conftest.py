@@ -1,11 +1,20 @@
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.results.run import RunResults
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import Grid, build_grid
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The machine's ceilings, which every sweep records, are measured once for the whole test
+    session into a folder of its own (never the user's cache)."""
+    os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-cache-")
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ from attnbench.measure.ceilings import (
 )
 
 runner = CliRunner()
-SECONDS = {"gemm": 0.02, "copy": 0.004, "op": 3e-6}
+SECONDS = {"gemm": 0.02, "copy": 0.004, "op": 3e-6, "conv": 0.01, "attention": 0.05}
+SMALL = {"conv_shape": (4, 16), "attention_length": 8}
 
 
 def fake_timer(calls: list[str]):  # type: ignore[no-untyped-def]
@@ -41,9 +42,11 @@ def test_each_ceiling_is_its_kernels_work_over_its_time() -> None:
     calls: list[str] = []
     found = measure_ceilings(
         "cpu", "float32", 1, gemm_side=64, stream_numel=1000, timer=fake_timer(calls),
-        fault_cost=lambda: 7e-6,
+        fault_cost=lambda: 7e-6, conv_shape=(4, 16), attention_length=8,
     )  # fmt: skip
-    assert calls == ["gemm", "copy", "op"]
+    assert calls == ["gemm", "copy", "op", "conv", "attention"]
+    assert found.conv_flops_per_s == 2 * 4 * 4 * 3 * 16 / 0.01  # Conv1d(C, C, 3) over L
+    assert found.attention_flops_per_s == 4 * 8 * 8 * 8 * 64 / 0.05  # 4·h·n²·64, h = 8
     assert found.peak_flops_per_s == 2 * 64**3 / 0.02  # 2·s³ FLOPs of the product
     assert found.bandwidth_bytes_per_s == 2 * 1000 * 4 / 0.004  # read + written, 4 bytes each
     assert found.stream_bytes == 8000 and found.gemm_side == 64
@@ -60,8 +63,10 @@ def test_the_thread_count_is_set_while_measuring_and_restored() -> None:
         seen.append(torch.get_num_threads())
         return SECONDS[name]
 
-    found = measure_ceilings("cpu", "float16", 1, gemm_side=8, stream_numel=10, timer=timer)
-    assert seen == [1, 1, 1] and found.threads == 1
+    found = measure_ceilings(
+        "cpu", "float16", 1, gemm_side=8, stream_numel=10, timer=timer, **SMALL
+    )
+    assert seen == [1] * 5 and found.threads == 1
     assert found.bandwidth_bytes_per_s == 2 * 10 * 2 / 0.004  # float16: 2 bytes an element
     assert torch.get_num_threads() == before
 
@@ -73,6 +78,7 @@ def test_a_device_off_the_cpu_counts_no_faults_and_waits_for_its_queue() -> None
     found = measure_ceilings(
         "meta", "float32", None, gemm_side=32, stream_numel=100, timer=fake_timer([]),
         sync=lambda: waited.append("sync"), fault_cost=lambda: pytest.fail("faults read"),
+        **SMALL,
     )  # fmt: skip
     assert found.page_fault_s is None and found.device == "meta"
     assert ceilings._side("cuda:1") == 8192 and ceilings._side("cpu") == 1024
@@ -81,8 +87,12 @@ def test_a_device_off_the_cpu_counts_no_faults_and_waits_for_its_queue() -> None
 def test_a_real_measurement_is_consistent() -> None:
     """Real kernels, judged only by ratios (this machine is shared): every ceiling positive,
     one op on one element cheaper than a 256³ product, and the copy's bytes as stated."""
-    found = measure_ceilings("cpu", "float32", 1, gemm_side=256, stream_numel=2**22)
+    found = measure_ceilings(
+        "cpu", "float32", 1, gemm_side=256, stream_numel=2**22, conv_shape=(64, 512),
+        attention_length=128,
+    )  # fmt: skip
     assert found.peak_flops_per_s > 0 and found.bandwidth_bytes_per_s > 0
+    assert found.conv_flops_per_s > 0 and found.attention_flops_per_s > 0
     assert 0 < found.op_latency_s < 2 * 256**3 / found.peak_flops_per_s
     assert found.stream_bytes == 2 * 2**22 * 4
 
@@ -103,7 +113,8 @@ def _fake(count: list[int]):  # type: ignore[no-untyped-def]
     def measure(device: str, dtype: str, threads: int) -> Ceilings:
         count.append(threads)
         return measure_ceilings(device, dtype, threads, gemm_side=8, stream_numel=10,
-                                timer=fake_timer([]), fault_cost=lambda: 1e-6)  # fmt: skip
+                                timer=fake_timer([]), fault_cost=lambda: 1e-6,
+                                **SMALL)  # fmt: skip
 
     return measure
 
@@ -147,6 +158,22 @@ def test_a_bad_ceilings_file_is_one_clear_error(tmp_path: Path, content: str, me
         read_ceilings(tmp_path / "absent.json")
 
 
+def test_a_ceilings_file_from_before_the_kernel_rates_still_reads(tmp_path: Path) -> None:
+    """Files written before the convolution and attention rates were measured lack them: they
+    read as not measured (the model then uses the GEMM's peak), not as an error."""
+    found = _fake([])("cpu", "float32", 1)
+    older = {k: v for k, v in found.to_dict().items() if not k.endswith("_flops_per_s")}
+    older["peak_flops_per_s"] = found.peak_flops_per_s
+    path = tmp_path / "older.json"
+    path.write_text(json.dumps(older))
+    read = read_ceilings(path)
+    assert read.conv_flops_per_s is None and read.attention_flops_per_s is None
+    assert read.peak_flops_per_s == found.peak_flops_per_s
+    path.write_text(json.dumps({**found.to_dict(), "conv_flops_per_s": 0}))
+    with pytest.raises(AttnbenchError, match="conv_flops_per_s must be a positive number"):
+        read_ceilings(path)
+
+
 def test_the_machine_command_prints_and_caches_the_ceilings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -160,6 +187,7 @@ def test_the_machine_command_prints_and_caches_the_ceilings(
     assert payload["cached"] is False
     table = runner.invoke(app, ["machine", "--threads", "1", "--device", "cpu"])
     assert table.exit_code == 0 and "peak FLOP/s" in table.stdout
+    assert "convolution" in table.stdout and "fused attention" in table.stdout
     assert "read from the cache" in table.stderr and count == [1]
     written = tmp_path / "ceilings"
     assert read_ceilings(next(written.glob("*.json"))).threads == 1  # a file predict can read

@@ -43,9 +43,10 @@ def machine(
 ) -> None:
     """Measure this device's ceilings: peak FLOP/s, memory bandwidth, op latency, page fault.
 
-    A large GEMM's FLOP/s, a STREAM-like copy's bandwidth, one tiny op's latency and a page
-    fault's cost, cached per machine, torch version, device, dtype and threads under
-    $ATTNBENCH_CACHE_DIR (else ~/.cache/attnbench).
+    A large GEMM's FLOP/s, a STREAM-like copy's bandwidth, a convolution's and a fused
+    attention kernel's FLOP/s, one tiny op's latency and a page fault's cost, cached per
+    machine, torch version, device, dtype and threads under $ATTNBENCH_CACHE_DIR (else
+    ~/.cache/attnbench). A sweep records them in run.json at its start.
     """
     if threads is not None and threads < 1:
         raise AttnbenchError(f"--threads must be at least 1 (got {threads})")
@@ -60,6 +61,10 @@ def machine(
          f"{found.gemm_side}x{found.gemm_side} matrix product, {found.dtype}"),
         ("memory bandwidth", f"{found.bandwidth_bytes_per_s / 1e9:.1f} GB/s",
          f"copy of {found.stream_bytes // 2 // 2**20} MiB (read + written)"),
+        ("convolution", _rate(found.conv_flops_per_s), "Conv1d(256, 256, 3) over 4096 positions"
+         if found.device == "cpu" else "Conv1d, kernel 3"),
+        ("fused attention", _rate(found.attention_flops_per_s),
+         "scaled_dot_product_attention, 8 heads of 64"),
         ("op latency", fmt_seconds(found.op_latency_s), "one add on one-element tensors"),
         ("page fault", "–" if found.page_fault_s is None else fmt_seconds(found.page_fault_s),
          "a fresh 4 KiB page touched once" if found.page_fault_s else "not counted here"),
@@ -75,6 +80,10 @@ def machine(
     streams.err.print(f"{where} in {cache_dir()} (--remeasure measures again)", markup=False)
 
 
+def _rate(value: float | None) -> str:
+    return "–" if value is None else f"{value / 1e9:.1f} GFLOP/s"
+
+
 def predict(
     folder: SavedRun = None,
     machine_file: Annotated[
@@ -82,7 +91,8 @@ def predict(
         typer.Option(
             "--machine",
             help="A ceilings file (attnbench machine --json, here or on another machine). "
-            "Default: this machine's, for the run's device, dtype and threads (cached).",
+            "Default: the ceilings the run recorded when it started (its own machine's), or "
+            "for an older run this machine's, for its device, dtype and threads (cached).",
             show_default=False,
         ),
     ] = None,
@@ -90,9 +100,10 @@ def predict(
 ) -> None:
     """Predict a run's times from its counts and a machine's ceilings, nothing fitted.
 
-    max(FLOPs/peak, bytes/bandwidth) + ops x op latency + faults x fault cost. Nothing is
-    fitted to a layer, so it predicts any layer, on any machine whose ceilings you have; beside
-    the measured times it says how far the model is, and where the time goes.
+    The matrix products take a roofline, max(FLOPs/peak, their bytes/bandwidth); the rest of
+    the traffic adds bytes/bandwidth; every op adds the op latency, every page fault its cost.
+    Nothing is fitted to a layer, so it predicts any layer, on any machine whose ceilings you
+    have; beside the measured times it says how far the model is, and where the time goes.
     """
     run = load_results(folder if folder is not None else latest_results())
     ceilings = _ceilings_for(run, machine_file)
@@ -135,6 +146,8 @@ def predict(
 def _ceilings_for(run: RunResults, machine_file: Path | None) -> Ceilings:
     if machine_file is not None:
         ceilings = read_ceilings(machine_file)
+    elif run.ceilings is not None:
+        ceilings = run.ceilings  # the machine it was measured on, recorded at its start
     else:
         config = run.meta.get("config", {})
         device, dtype = str(config.get("device", "cpu")), str(config.get("dtype", "float32"))

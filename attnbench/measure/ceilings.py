@@ -6,7 +6,9 @@
   (8x it, at least 64 MiB; bytes = read + written);
 - ``op_latency_s``: one dispatched operation on one-element tensors, the price every op of a
   call pays before it does any work (on CUDA, that includes the kernel launch);
-- ``page_fault_s``: one minor page fault (``measure.faults``; CPU only).
+- ``page_fault_s``: one minor page fault (``measure.faults``; CPU only);
+- ``conv_flops_per_s``, ``attention_flops_per_s``: a Conv1d and a fused attention kernel
+  (``scaled_dot_product_attention``), which run at rates of their own, not the GEMM's.
 
 Each is the median of a timed run (``time_call``), so a test drives the arithmetic with a fake
 clock. Measuring takes a few seconds; the result is cached per machine, torch version, device,
@@ -39,8 +41,13 @@ CEILING_POLICY = TimingPolicy(
 )  # fmt: skip
 LATENCY_POLICY = TimingPolicy(warmup_calls=100, min_block_s=5e-3, min_samples=10, budget_s=0.2)
 GEMM_SIDE = {"cpu": 1024, "cuda": 8192, "mps": 4096}
+# A convolution's (channels, length) with kernel 3, and a fused attention's length (8 heads of
+# 64): each about as long as the matrix product on its device.
+CONV_SHAPE = {"cpu": (256, 4096), "cuda": (1024, 32768), "mps": (512, 8192)}
+ATTENTION_LENGTH = {"cpu": 1024, "cuda": 8192, "mps": 2048}
 MIN_STREAM_BYTES = 64 * 2**20
 CEILING_KEYS = ("peak_flops_per_s", "bandwidth_bytes_per_s", "op_latency_s", "page_fault_s")
+OPTIONAL_RATES = ("conv_flops_per_s", "attention_flops_per_s")  # absent from older files
 # (kernel name, the call, its policy) -> median seconds per call; tests pass their own.
 KernelTimer = Callable[[str, Callable[[], object], TimingPolicy], float]
 
@@ -62,6 +69,10 @@ class Ceilings:
     measured_at: str
     gemm_side: int
     stream_bytes: int  # the bytes one copy moves (read + written)
+    # The rates of the products that are not matrix multiplications (None: not measured, and
+    # the model reads peak_flops_per_s for them): a convolution, a fused attention kernel.
+    conv_flops_per_s: float | None = None
+    attention_flops_per_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +110,8 @@ def measure_ceilings(
     sync: Callable[[], None] | None = None,
     gemm_side: int | None = None,
     stream_numel: int | None = None,
+    conv_shape: tuple[int, int] | None = None,
+    attention_length: int | None = None,
     fault_cost: Callable[[], float | None] = fault_cost_s,
     timer: KernelTimer | None = None,
 ) -> Ceilings:
@@ -124,6 +137,11 @@ def measure_ceilings(
         x = torch.ones(1, dtype=torch_dtype, device=device)  # (1,)
         out = torch.empty_like(x)  # (1,)
         tiny = timed("op", lambda: torch.add(x, x, out=out), LATENCY_POLICY)
+        kind = device.split(":")[0]
+        shape = conv_shape or CONV_SHAPE.get(kind, CONV_SHAPE["cpu"])
+        conv = _conv_rate(device, torch_dtype, shape, timed)
+        length = attention_length or ATTENTION_LENGTH.get(kind, ATTENTION_LENGTH["cpu"])
+        attention = _attention_rate(device, torch_dtype, length, timed)
         used = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
@@ -141,7 +159,34 @@ def measure_ceilings(
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         gemm_side=side,
         stream_bytes=2 * numel * torch_dtype.itemsize,
+        conv_flops_per_s=conv,
+        attention_flops_per_s=attention,
     )
+
+
+def _conv_rate(
+    device: str, dtype: torch.dtype, shape: tuple[int, int], timed: KernelTimer
+) -> float:
+    """FLOP/s of one Conv1d(C, C, 3) over L positions (2·C·C·3·L FLOPs)."""
+    channels, length = shape
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, channels, length, generator=gen).to(device=device, dtype=dtype)  # (1, C, L)
+    w = torch.randn(channels, channels, 3, generator=gen).to(device=device, dtype=dtype)
+    seconds = timed("conv", lambda: torch.nn.functional.conv1d(x, w, padding=1), CEILING_POLICY)
+    return 2 * channels * channels * 3 * length / seconds
+
+
+def _attention_rate(device: str, dtype: torch.dtype, n: int, timed: KernelTimer) -> float:
+    """FLOP/s of one fused attention over 8 heads of 64 (4·h·n²·64 FLOPs, torch's formula)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, n, 64, generator=gen).to(device=device, dtype=dtype)
+               for _ in range(3))  # fmt: skip
+    seconds = timed(
+        "attention",
+        lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+        CEILING_POLICY,
+    )
+    return 4 * 8 * n * n * 64 / seconds
 
 
 def _gemm_s(device: str, dtype: torch.dtype, side: int, timed: KernelTimer) -> float:
@@ -220,15 +265,15 @@ def read_ceilings(path: Path) -> Ceilings:
 def ceilings_from(data: Any, where: str = "ceilings") -> Ceilings:
     if not isinstance(data, dict):
         raise AttnbenchError(f"{where}: not a JSON object of ceilings")
-    for key in CEILING_KEYS:
+    for key in (*CEILING_KEYS, *OPTIONAL_RATES):
         value = data.get(key)
-        allowed_none = key == "page_fault_s" and value is None
+        allowed_none = key in ("page_fault_s", *OPTIONAL_RATES) and value is None
         if not allowed_none and (
             isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
         ):
             raise AttnbenchError(f"{where}: {key} must be a positive number (got {value!r})")
     names = {f.name for f in fields(Ceilings)}
-    missing = sorted(names - set(data))
+    missing = sorted(names - set(data) - set(OPTIONAL_RATES))
     if missing:
         raise AttnbenchError(f"{where}: missing {', '.join(missing)}")
-    return Ceilings(**{k: data[k] for k in names})
+    return Ceilings(**{k: data[k] for k in names if k in data})

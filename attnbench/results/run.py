@@ -8,6 +8,8 @@ from typing import Any
 
 import pandas as pd
 
+from attnbench.errors import AttnbenchError
+from attnbench.measure.ceilings import Ceilings, ceilings_from
 from attnbench.schema import CALIBRATION_COLUMNS, STATUSES
 
 
@@ -72,6 +74,18 @@ class RunResults:
         threads = pd.to_numeric(measured["threads"], errors="coerce").fillna(1).clip(lower=1)
         shares = faults * cost / threads / pd.to_numeric(measured["time_s"], errors="coerce")
         return shares.dropna()
+
+    @property
+    def ceilings(self) -> Ceilings | None:
+        """The ceilings of the machine the run measured on (``attnbench machine``), recorded at
+        its start; None for a run made before they were, or where they could not be measured."""
+        found = self.meta.get("ceilings")
+        if not isinstance(found, dict):
+            return None
+        try:
+            return ceilings_from(found, f"{self.path}/run.json ceilings")
+        except AttnbenchError:
+            return None
 
     @property
     def measured(self) -> pd.DataFrame:

@@ -262,6 +262,7 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "ab": (int,),
     "allocator": (dict,),
     "fault_cost_s": (float, _OPTIONAL),
+    "ceilings": (dict, _OPTIONAL),
 }
 # The configuration entries that the reading commands use, by the types they must have.
 CONFIG_TYPES: dict[str, tuple[type, ...]] = {

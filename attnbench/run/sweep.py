@@ -17,10 +17,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import plugins
 from attnbench.measure.allocator import run_state
 from attnbench.measure.calibration import DEFAULT_CALIBRATION, Calibration
+from attnbench.measure.ceilings import machine_ceilings
 from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import Clock, TimingPolicy
 from attnbench.results.environment import changes, resume_keys
@@ -75,6 +78,7 @@ def run_sweep(
             layers=grid.sources(),
             allocator=run_state(cluster.get("workers", [])),
             fault_cost_s=fault_cost_s(),  # what one page fault costs here (measure.faults)
+            ceilings=run_ceilings(grid),
         )
         writer.record_theories(record(grid))
         if on_start is not None:
@@ -84,6 +88,19 @@ def run_sweep(
             writer, grid, None, progress=progress, policy=policy, calibration=calibration,
             executor=runs_on,
         )  # fmt: skip
+
+
+def run_ceilings(grid: Grid) -> dict[str, Any] | None:
+    """The ceilings of the run's device, dtype and threads for run.json: from the cache, or
+    measured now (a few seconds, once per machine; ``attnbench machine --remeasure`` measures
+    again). They are this process's device: with Ray, the driver's. None where they cannot
+    be measured (the run goes on; ``attnbench predict --machine`` takes a file instead)."""
+    threads = grid.threads or torch.get_num_threads()
+    try:
+        found, _ = machine_ceilings(grid.device, grid.dtype, threads)
+    except (AttnbenchError, RuntimeError, OSError):
+        return None
+    return found.to_dict()
 
 
 @contextlib.contextmanager
