@@ -103,10 +103,14 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 "elementwise_mismatch_cases": int((group["elementwise_check"] == "mismatch").sum())
                 if "elementwise_check" in group
                 else 0,
+                "bytes_mismatch_cases": int((group["bytes_check"] == "mismatch").sum())
+                if "bytes_check" in group
+                else 0,
                 "time_fit_n": None
                 if time_n is None
                 else [int(time_n.range_from), int(time_n.range_to)],
                 "time_fit_d_at": d_fix,
+                "time_fit_rule": None if time_n is None else str(time_n.range_rule),
                 "time_d_fit_n_at": n_fix,
                 "measured_cases": len(group),
                 "left_out_cases": int((run.frame["layer"] == layer).sum()) - len(group),
@@ -140,9 +144,14 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
     for row in table.itertuples(index=False):
         parts = []
         if row.time_fit_n:
+            regime = (
+                " (compute- or memory-bound there, by the machine model)"
+                if str(row.time_fit_rule or "").startswith("sizes the machine model")
+                else ""
+            )
             parts.append(
                 f"time ~ n fitted at n={row.time_fit_n[0]}..{row.time_fit_n[1]}, "
-                f"d={row.time_fit_d_at}"
+                f"d={row.time_fit_d_at}{regime}"
             )
         if row.time_d_fit_n_at is not None:
             parts.append(f"time ~ d at n={row.time_d_fit_n_at}")
@@ -165,7 +174,11 @@ def check_notes(table: pd.DataFrame) -> list[str]:
     notes = []
     for row in table.to_dict("records"):
         layer = row["layer"]
-        for column, what in (("flops", "FLOPs"), ("elementwise", "elementwise work")):
+        for column, what in (
+            ("flops", "FLOPs"),
+            ("elementwise", "elementwise work"),
+            ("bytes", "bytes moved"),
+        ):
             cases = row.get(f"{column}_mismatch_cases") or 0
             if cases:
                 notes.append(

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.fits.roofline import predict, relative_rms
+from attnbench.fits.roofline import effective_ceilings, predict, relative_rms
 from attnbench.measure.ceilings import Ceilings
 from attnbench.results.run import RunResults
 
@@ -38,7 +38,8 @@ def test_each_term_and_the_bound_follow_the_counts() -> None:
     found = predict(frame, MACHINE).set_index("case_id")
     assert list(found.index) == ["gemm-like", "copy-like", "loop-like", "faulting"]
     gemm = found.loc["gemm-like"]
-    assert gemm["compute_s"] == 1e9 / 1e11 and gemm["memory_s"] == 1e6 / 1e10
+    # Without product_bytes the call is one roofline: its time is charged to the larger side.
+    assert gemm["compute_s"] == 1e9 / 1e11 and gemm["memory_s"] == 0
     assert (
         gemm["predicted_time_s"] == pytest.approx(1e-2 + 10 * 2e-6) and gemm["bound"] == "compute"
     )
@@ -51,6 +52,79 @@ def test_each_term_and_the_bound_follow_the_counts() -> None:
     # Where faults are not counted (CUDA), they add nothing.
     on_gpu = predict(frame, replace(MACHINE, page_fault_s=None)).set_index("case_id")
     assert on_gpu.loc["faulting", "faults_s"] == 0
+
+
+def test_products_take_a_roofline_and_the_rest_of_the_traffic_adds_to_it() -> None:
+    """Ops run one after another: a compute-bound product and memory-bound elementwise traffic
+    add up, where one roofline over the whole call would hide the traffic under the arithmetic."""
+    frame = pd.DataFrame(
+        [
+            # products: 1e9 FLOPs (10 ms) over 1e6 bytes (0.1 ms); elementwise: 5e7 bytes (5 ms)
+            {"case_id": "mixed", "flops": 1e9, "bytes": 5.1e7, "product_bytes": 1e6, "ops": 10},
+            # products: 1e6 FLOPs (10 us) over 1e8 bytes (10 ms): memory-bound products
+            {"case_id": "thin", "flops": 1e6, "bytes": 1e8, "product_bytes": 1e8, "ops": 1},
+        ]
+    )
+    found = predict(frame, MACHINE).set_index("case_id")
+    mixed = found.loc["mixed"]
+    assert mixed["compute_s"] == pytest.approx(1e-2)
+    assert mixed["memory_s"] == pytest.approx(5e-3)
+    assert mixed["predicted_time_s"] == pytest.approx(1e-2 + 5e-3 + 10 * 2e-6)
+    assert mixed["bound"] == "compute"
+    one_roofline = max(1e9 / 1e11, 5.1e7 / 1e10) + 10 * 2e-6
+    assert mixed["predicted_time_s"] > one_roofline * 1.4
+    thin = found.loc["thin"]
+    assert thin["compute_s"] == 0 and thin["memory_s"] == pytest.approx(1e-2)
+    assert thin["bound"] == "memory"
+    parts = found[["compute_s", "memory_s", "latency_s", "faults_s"]].sum(axis=1)
+    assert parts.to_numpy() == pytest.approx(found["predicted_time_s"].to_numpy())
+
+
+def test_each_kind_of_product_runs_at_its_own_rate() -> None:
+    """A convolution and a fused attention kernel take the rates the machine measured for
+    them; the rest of the products (matrix multiplications) the GEMM's peak; a machine that
+    did not measure a kind runs it at the peak."""
+    machine = replace(MACHINE, conv_flops_per_s=5e10, attention_flops_per_s=2e10)
+    frame = pd.DataFrame(
+        [
+            # 1e9 FLOPs of GEMMs and 1e9 of convolution, each over 1e6 bytes
+            {"case_id": "conv", "flops": 2e9, "bytes": 2e6, "product_bytes": 2e6, "ops": 0,
+             "kernels": "conv:1000000000:1000000"},
+            {"case_id": "sdpa", "flops": 1e9, "bytes": 1e6, "product_bytes": 1e6, "ops": 0,
+             "kernels": "attention:1000000000:1000000"},
+            {"case_id": "plain", "flops": 1e9, "bytes": 1e6, "product_bytes": 1e6, "ops": 0,
+             "kernels": ""},
+        ]
+    )  # fmt: skip
+    found = predict(frame, machine).set_index("case_id")
+    assert found.loc["conv", "compute_s"] == pytest.approx(1e9 / 1e11 + 1e9 / 5e10)
+    assert found.loc["sdpa", "compute_s"] == pytest.approx(1e9 / 2e10)
+    assert found.loc["plain", "compute_s"] == pytest.approx(1e9 / 1e11)
+    at_peak = predict(frame, MACHINE).set_index("case_id")  # rates not measured
+    assert at_peak.loc["conv", "compute_s"] == pytest.approx(2e9 / 1e11)
+
+
+def test_effective_ceilings_recover_the_machine_that_made_the_times() -> None:
+    """Times made by a known additive machine are fitted back to its ceilings, over layers
+    of very different sizes (each layer weighted alike)."""
+    rows = []
+    for layer, scale in (("big", 1e3), ("small", 1.0)):
+        for i, (f, b, o, pf) in enumerate(
+            [(1e8, 1e6, 10, 0), (1e6, 1e8, 10, 0), (1e3, 1e3, 500, 0), (1e3, 1e3, 1, 100),
+             (5e7, 3e7, 40, 3), (2e5, 7e5, 80, 1)]
+        ):  # fmt: skip
+            f, b = f * scale, b * scale
+            time = f / 5e10 + b / 2e10 + o * 3e-6 + pf * 1e-6
+            rows.append({"case_id": f"{layer}{i}", "layer": layer, "flops": f, "bytes": b,
+                         "ops": o, "page_faults": pf, "time_s": time})  # fmt: skip
+    found = effective_ceilings(pd.DataFrame(rows))
+    assert found is not None and found.cases == 12
+    assert found.peak_flops_per_s == pytest.approx(5e10, rel=1e-6)
+    assert found.bandwidth_bytes_per_s == pytest.approx(2e10, rel=1e-6)
+    assert found.op_latency_s == pytest.approx(3e-6, rel=1e-6)
+    assert found.page_fault_s == pytest.approx(1e-6, rel=1e-6)
+    assert found.predicted.to_numpy() == pytest.approx([r["time_s"] for r in rows], rel=1e-6)
+    assert effective_ceilings(pd.DataFrame(rows[:1])) is None
 
 
 def test_relative_rms_is_over_the_mean_time() -> None:
@@ -73,7 +147,8 @@ def test_predict_reads_a_run_and_a_ceilings_file(wide_run: RunResults, tmp_path:
     assert len(payload["results"]) == len(rows)
     for case in payload["results"]:
         row = rows.loc[case["case_id"]]
-        expected = max(row["flops"] / 1e11, row["bytes"] / 1e10) + row["ops"] * 2e-6
+        products = max(row["flops"] / 1e11, row["product_bytes"] / 1e10)
+        expected = products + (row["bytes"] - row["product_bytes"]) / 1e10 + row["ops"] * 2e-6
         expected += (row["page_faults"] if pd.notna(row["page_faults"]) else 0) * 1e-6
         assert case["predicted_time_s"] == pytest.approx(expected)
         assert {"layer", "n", "d", "time_s", "bound"} <= set(case)

@@ -164,6 +164,10 @@ def fit(
                 "models": json.loads(analysis.models.to_json(orient="records")),
                 "crossovers": json.loads(analysis.crossovers.to_json(orient="records")),
                 "unfitted": analysis.unfitted,
+                "machine": json.loads(analysis.machine_table().to_json(orient="records")),
+                "effective_ceilings": None
+                if analysis.effective is None
+                else analysis.effective.to_dict(),
             }
         )
         return

@@ -18,7 +18,7 @@ half of the sizes, and exact counts (FLOPs, steps, path length) on all of them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -59,6 +59,14 @@ from attnbench.fits.models import (
     unfitted_models,
     why_unfitted,
 )
+from attnbench.fits.roofline import (
+    PREDICTION_COLUMNS,
+    EffectiveCeilings,
+    effective_ceilings,
+    predict,
+    relative_rms,
+)
+from attnbench.measure.ceilings import Ceilings
 from attnbench.results.run import RunResults
 from attnbench.results.theories import Catalog, catalog
 
@@ -70,6 +78,7 @@ __all__ = [
     "Analysis",
     "Catalog",
     "CostModel",
+    "EffectiveCeilings",
     "Exponent",
     "Layers",
     "ModelFit",
@@ -78,6 +87,7 @@ __all__ = [
     "cost_models",
     "crossover_table",
     "describe_crossover",
+    "effective_ceilings",
     "exponent_table",
     "fit_cost_model",
     "fit_frame",
@@ -88,8 +98,10 @@ __all__ = [
     "model_fits",
     "model_table",
     "own_fit",
+    "predict",
     "quadratic_layers",
     "range_rule",
+    "relative_rms",
     "rival_layers",
     "run_catalog",
     "term_sizes",
@@ -99,6 +111,9 @@ __all__ = [
     "upper_half",
     "why_unfitted",
 ]
+
+
+MACHINE_COLUMNS = ["layer", "cases", "bounds", "model_rms", "nnls_rms"]
 
 
 def run_catalog(run: RunResults) -> Catalog:
@@ -137,6 +152,37 @@ class Analysis:
     crossovers: pd.DataFrame  # CROSSOVER_COLUMNS
     layers: Catalog  # the layers read (no plugin code: their recorded theory)
     unfitted: dict[str, str]  # layer -> why its own cost model was not fitted
+    # The machine model (fits.roofline) from the ceilings the run recorded: PREDICTION_COLUMNS
+    # by the frame's index (empty without ceilings), and the all-layer NNLS fit of its terms.
+    machine: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=PREDICTION_COLUMNS))
+    effective: EffectiveCeilings | None = None
+    ceilings: Ceilings | None = None  # the machine the run recorded (None: not recorded)
+
+    def machine_table(self) -> pd.DataFrame:
+        """Per layer: cases, the bound of most of them, and how far the machine model (nothing
+        fitted) and the all-layer NNLS fit are from the measured times (relative RMS)."""
+        rows = []
+        if self.machine.empty:
+            return pd.DataFrame(columns=MACHINE_COLUMNS)
+        joined = self.frame[["layer", "time_s"]].join(self.machine, how="inner")
+        nnls = self.effective.predicted if self.effective is not None else None
+        for layer, group in joined.groupby("layer", sort=False):
+            bounds = group["bound"].value_counts()
+            fitted = (
+                relative_rms(group["time_s"], nnls.reindex(group.index))
+                if nnls is not None
+                else float("nan")
+            )
+            rows.append(
+                {
+                    "layer": layer,
+                    "cases": len(group),
+                    "bounds": ", ".join(f"{b} {c}" for b, c in bounds.items()),
+                    "model_rms": relative_rms(group["time_s"], group["predicted_time_s"]),
+                    "nnls_rms": fitted,
+                }
+            )
+        return pd.DataFrame(rows, columns=MACHINE_COLUMNS)
 
     def exponent(self, layer: str, metric: str, along: str, fixed: int) -> pd.Series | None:
         e = self.exponents
@@ -151,14 +197,24 @@ def analyse(run: RunResults, layers: Sequence[str] | None = None) -> Analysis:
     if layers:
         frame = frame[frame["layer"].isin(layers)]
     found = model_fits(frame, layers=known)
+    ceilings = run.ceilings
+    machine = (
+        predict(frame, ceilings)
+        if ceilings is not None
+        else pd.DataFrame(columns=PREDICTION_COLUMNS)
+    )
+    bounds = machine["bound"] if len(machine) else None
     return Analysis(
         frame=frame,
         fits=found,
-        exponents=exponent_table(frame, found, known),
+        exponents=exponent_table(frame, found, known, bounds),
         models=model_table(found),
         crossovers=crossover_table(frame, known)
         if len(frame)
         else pd.DataFrame(columns=CROSSOVER_COLUMNS),
         layers=known,
         unfitted=unfitted_models(frame, found, known),
+        machine=machine,
+        effective=effective_ceilings(frame) if ceilings is not None else None,
+        ceilings=ceilings,
     )

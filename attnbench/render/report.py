@@ -64,8 +64,56 @@ def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
             f"fitted on {along}": [
                 f"{a}..{b}" for a, b in zip(e.range_from, e.range_to, strict=True)
             ],
+            "where": e["range_rule"].map(_where),
         }
     )
+
+
+def _where(rule: str) -> str:
+    """The sizes an exponent was fitted on, in a word or two (``fits.range_rule``)."""
+    if rule.startswith("sizes the machine model"):
+        return "compute/memory-bound"
+    if rule.startswith("sizes where the fitted overhead"):
+        return "overhead < half"
+    return "every size" if rule.startswith("all sizes") else "upper half"
+
+
+def machine_display(analysis: Analysis) -> pd.DataFrame:
+    """Per layer: how far the machine model (counts and measured ceilings, nothing fitted) and
+    the all-layer NNLS fit of the same terms are from the measured times, and the bounds."""
+    m = analysis.machine_table()
+    if m.empty:
+        return pd.DataFrame()
+    return pd.DataFrame(
+        {
+            "layer": m["layer"],
+            "cases": m["cases"],
+            "bound (cases)": m["bounds"],
+            "model rel. RMS": m["model_rms"].map(lambda v: f"{v:.0%}"),
+            "all-layer NNLS rel. RMS": m["nnls_rms"].map(
+                lambda v: "–" if math.isnan(v) else f"{v:.0%}"
+            ),
+        }
+    )
+
+
+def machine_notes(analysis: Analysis) -> list[str]:
+    """The ceilings the model used, and those the all-layer fit found (the layers' own)."""
+    if analysis.machine.empty:
+        return []
+    notes = []
+    found = analysis.effective
+    if found is not None:
+        peak = found.peak_flops_per_s
+        bandwidth = found.bandwidth_bytes_per_s
+        notes.append(
+            "effective ceilings (NNLS over every layer's cases): "
+            f"{'–' if peak is None else f'{peak / 1e9:.3g} GFLOP/s'}, "
+            f"{'–' if bandwidth is None else f'{bandwidth / 1e9:.3g} GB/s'}, "
+            f"{found.op_latency_s * 1e6:.3g} µs per op, "
+            f"{found.page_fault_s * 1e6:.3g} µs per page fault"
+        )
+    return notes
 
 
 def _rate(row: pd.Series, term: str) -> str:
@@ -125,8 +173,10 @@ def crossover_display(analysis: Analysis) -> pd.DataFrame:
 
 
 def model_notes(analysis: Analysis) -> list[str]:
-    """Each layer left out of the cost-model table, and why, so a missing row is explained."""
-    return [f"no cost model for {layer}: {why}" for layer, why in analysis.unfitted.items()]
+    """Each layer left out of the cost-model table, and why, so a missing row is explained;
+    then the machine model's effective ceilings."""
+    unfitted = [f"no cost model for {layer}: {why}" for layer, why in analysis.unfitted.items()]
+    return unfitted + machine_notes(analysis)
 
 
 def fit_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
@@ -138,6 +188,8 @@ def fit_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
             analysis
         ),
         "Crossovers: the n above which attention is slower": crossover_display(analysis),
+        "Machine model: time from the counts and the measured ceilings, nothing fitted per "
+        "layer": machine_display(analysis),
     }
     return {title: t for title, t in tables.items() if not t.empty}
 
@@ -179,7 +231,7 @@ def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: P
     ]
     for title, frame in fit_tables(analysis).items():
         blocks += [Block("h2", title), Block("table", table=frame)]
-    if analysis.unfitted:
+    if model_notes(analysis):
         blocks.append(Block("list", items=tuple(model_notes(analysis))))
     blocks.append(
         Block(

@@ -1,0 +1,107 @@
+"""The machine model inside a run: the ceilings a sweep records, the predictions and the
+all-layer fit the analysis makes from them, the regime the time exponents are fitted in, and the
+op count of the path the timed call really takes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.fits import analyse
+from attnbench.fits.exponents import regime_sizes
+from attnbench.measure.case import make_step, measure_case
+from attnbench.measure.ceilings import machine_ceilings
+from attnbench.measure.timing import TimingPolicy
+from attnbench.measure.traffic import count_traffic
+from attnbench.results.run import RunResults
+from attnbench.results.store import load_results
+from attnbench.spec import build_grid
+
+runner = CliRunner()
+
+
+def test_a_sweep_records_the_ceilings_of_its_machine(tiny_run: RunResults) -> None:
+    recorded = tiny_run.ceilings
+    assert recorded is not None
+    threads = int(tiny_run.measured["threads"].iloc[0])
+    cached, was_cached = machine_ceilings("cpu", "float32", threads)
+    assert was_cached and cached == recorded  # the same measurement, from the cache
+    assert tiny_run.meta["ceilings"]["threads"] == threads
+
+
+def test_the_analysis_predicts_every_measured_case_from_the_runs_ceilings(
+    wide_run: RunResults,
+) -> None:
+    analysis = analyse(wide_run)
+    assert analysis.ceilings == wide_run.ceilings
+    assert set(analysis.machine.index) == set(analysis.frame.index)
+    parts = analysis.machine[["compute_s", "memory_s", "latency_s", "faults_s"]].sum(axis=1)
+    assert (parts - analysis.machine["predicted_time_s"]).abs().max() < 1e-15
+    table = analysis.machine_table()
+    assert list(table["layer"]) == ["conv", "rnn", "attention"]
+    assert (table["cases"] == 8).all() and (table["model_rms"] > 0).all()
+    assert analysis.effective is not None and analysis.effective.cases == 24
+    result = runner.invoke(app, ["fit", str(wide_run.path), "--json"])
+    payload = json.loads(result.stdout)
+    assert [row["layer"] for row in payload["machine"]] == ["conv", "rnn", "attention"]
+    assert payload["effective_ceilings"]["cases"] == 24
+
+
+def test_a_run_without_ceilings_has_no_machine_model(wide_run: RunResults) -> None:
+    meta = {k: v for k, v in wide_run.meta.items() if k != "ceilings"}
+    old = RunResults(wide_run.path, wide_run.frame, wide_run.samples, meta)
+    analysis = analyse(old)
+    assert analysis.machine.empty and analysis.effective is None
+    assert analysis.machine_table().empty
+    assert (
+        set(analysis.exponents["range_rule"])
+        & {"sizes the machine model calls compute- or memory-bound"}
+        == set()
+    )
+
+
+def test_predict_reads_the_runs_own_ceilings_by_default(
+    wide_run: RunResults, tmp_path: Path
+) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(wide_run.path, copy)
+    meta = json.loads((copy / "run.json").read_text())
+    meta["ceilings"].update(peak_flops_per_s=1e9, bandwidth_bytes_per_s=1e8, op_latency_s=1e-3)
+    (copy / "run.json").write_text(json.dumps(meta))
+    result = runner.invoke(app, ["predict", str(copy), "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["machine"]["op_latency_s"] == 1e-3
+    rows = load_results(copy).measured.set_index("case_id")
+    for case in payload["results"]:
+        row = rows.loc[case["case_id"]]
+        assert case["latency_s"] == pytest.approx(row["ops"] * 1e-3)
+
+
+def test_the_time_exponent_is_fitted_where_the_model_says_the_work_bounds_it() -> None:
+    line = pd.DataFrame({"n": [16, 32, 64, 128, 256, 512]}, index=list("abcdef"))
+    bounds = pd.Series(["latency", "latency", "compute", "memory", "compute", "compute"],
+                       index=list("abcdef"))  # fmt: skip
+    assert regime_sizes(line, "n", bounds) == [64, 128, 256, 512]
+    assert regime_sizes(line, "n", bounds.replace({"memory": "latency"})) is None  # 3 sizes
+    assert regime_sizes(line, "n", None) is None
+
+
+def test_a_fused_timed_call_counts_its_own_ops_not_the_unfused_trace() -> None:
+    """The timed LSTM runs oneDNN's fused kernel: a few ops, not the unfused recurrence's 8 per
+    step, which the FLOP and byte counts still trace."""
+    case = build_grid({"layers": "lstm", "n": [32], "d": [8], "device": "cpu"}).cases()[0]
+    result = measure_case(case, policy=TimingPolicy(budget_s=0.01, min_samples=3))
+    traced = count_traffic(make_step(case, seed=0))
+    assert "mkldnn" in result.fused_path
+    assert result.ops is not None and result.ops < 10 < 8 * 32 < traced.ops
+    assert result.bytes == traced.bytes == case.analytic_bytes()
+    rnn = build_grid({"layers": "rnn", "n": [32], "d": [8], "device": "cpu"}).cases()[0]
+    plain = measure_case(rnn, policy=TimingPolicy(budget_s=0.01, min_samples=3))
+    assert plain.fused_path == "" and plain.ops == count_traffic(make_step(rnn, seed=0)).ops
