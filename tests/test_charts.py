@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from matplotlib.collections import PolyCollection
@@ -10,7 +12,7 @@ from matplotlib.figure import Figure
 from attnbench.errors import AttnbenchError
 from attnbench.fits import analyse
 from attnbench.layers import BUILTIN, entry
-from attnbench.render import charts
+from attnbench.render import charts, style
 from attnbench.render.charts import CHARTS, build_charts, parse_charts, parse_formats, save_charts
 from attnbench.results.run import RunResults
 
@@ -29,7 +31,7 @@ def solid(ax):
 
 
 def colour(layer):
-    return charts.layer_style(layer)["color"]
+    return style.layer_style(layer)["color"]
 
 
 def dashed(ax):
@@ -38,7 +40,7 @@ def dashed(ax):
 
 def test_every_built_in_layer_has_a_style_of_its_own():
     """Eleven layers, each its own colour (and marker): none reads as another on a chart."""
-    styles = [charts.layer_style(x) for x in BUILTIN]  # plugins of other tests may be present
+    styles = [style.layer_style(x) for x in BUILTIN]  # plugins of other tests may be present
     assert len({s["color"] for s in styles}) == len(styles) == 11
     assert len({s["marker"] for s in styles}) == len(styles)
 
@@ -139,6 +141,50 @@ def test_crossover_chart_plots_ratios_against_n_over_d_with_the_line_one(figures
         index="n", columns="layer", values="time_s"
     )
     assert np.allclose(rnn8.get_ydata(), m["attention"] / m["rnn"])
+
+
+def test_roofline_places_each_case_by_its_intensity_and_achieved_rate(figures, wide_run):
+    """One point per case at (FLOPs / bytes, FLOPs / time), under min(peak, bandwidth x I)."""
+    (ax,) = figures["roofline"].get_axes()
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    ceilings = wide_run.ceilings
+    assert ceilings is not None
+    roof = next(x for x in ax.get_lines() if x.get_label().startswith("ceilings"))
+    x, y = roof.get_xdata(), roof.get_ydata()
+    expected = np.minimum(ceilings.peak_flops_per_s, ceilings.bandwidth_bytes_per_s * x)
+    assert np.allclose(y, expected)
+    rows = wide_run.measured[(wide_run.measured.layer == "rnn") & (wide_run.measured.d == 16)]
+    rows = rows.sort_values("n")
+    path = next(
+        line for line in ax.get_lines()
+        if len(line.get_xdata()) == len(rows)
+        and np.allclose(line.get_xdata(), rows["flops"] / rows["bytes"])
+    )  # fmt: skip
+    assert np.allclose(path.get_ydata(), rows["flops"] / rows["time_s"])
+    assert {t.get_text() for t in ax.get_legend().get_texts()} >= set(LAYERS)
+
+
+def test_time_split_draws_the_models_terms_and_the_measured_time(figures, wide_run):
+    analysis = analyse(wide_run)
+    axes = figures["time-split"].get_axes()
+    assert [ax.get_title() for ax in axes] == [f"{x}, d = 16" for x in LAYERS]
+    ax = axes[1]  # rnn: many small ops, so latency is drawn
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    rows = analysis.frame[(analysis.frame.layer == "rnn") & (analysis.frame.d == 16)]
+    rows = rows.sort_values("n")
+    predicted = analysis.machine.loc[rows.index]
+    assert np.allclose(lines["measured"].get_ydata(), rows["time_s"])
+    assert np.allclose(lines["predicted (their sum)"].get_ydata(), predicted["predicted_time_s"])
+    assert np.allclose(lines["latency: ops x op latency"].get_ydata(), predicted["latency_s"])
+
+
+def test_machine_charts_need_the_runs_ceilings(wide_run, tmp_path):
+    meta = {k: v for k, v in wide_run.meta.items() if k != "ceilings"}
+    old = dataclasses.replace(wide_run, meta=meta)
+    assert old.ceilings is None
+    found = build_charts(old, analyse(old), ["roofline", "time-split", "time"])
+    assert list(found) == ["time"]
+    assert "recorded no machine ceilings" in charts.not_drawn_reason("roofline", old)
 
 
 def test_layers_and_chart_selection(wide_run):

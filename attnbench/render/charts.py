@@ -8,16 +8,13 @@ interquartile band from the raw samples, and theory is drawn dashed.
 from __future__ import annotations
 
 import re
-import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib import rc_context
-from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
 from attnbench.errors import AttnbenchError
 from attnbench.fits import (
@@ -31,7 +28,8 @@ from attnbench.fits import (
     theory_values,
     time_ratios,
 )
-from attnbench.layers import BUILTIN
+from attnbench.render.machine import roofline_chart, time_split_chart
+from attnbench.render.style import last, layer_style, legend, log_axes, panels
 from attnbench.results.run import RunResults
 from attnbench.schema import METRICS, Metric
 
@@ -48,49 +46,11 @@ CHARTS: dict[str, str] = {
     "normalized": "time divided by the analytic FLOPs against n: flat where the theory holds",
     "crossover": "attention's time over each rival's (recurrent, convolutional, ...) against "
     "n/d, with the line 1",
+    "roofline": "achieved FLOP/s against arithmetic intensity (FLOPs per byte), log-log, under "
+    "the machine's measured ceilings; a path per layer and width, n growing along it",
+    "time-split": "where the time goes: the machine model's compute, memory, latency and fault "
+    "seconds against n, per layer, beside the measured time",
 }
-
-# 12 colours and 11 markers: no two of the first 132 layers share both, and the built-in
-# eleven differ in colour alone.
-_COLOURS = (*(f"C{i}" for i in range(10)), "black", "navy")
-_MARKERS = "osD^v<>Px*h"
-_PANEL_W, _PANEL_H = 5.0, 4.0
-MAX_PANELS = 4
-
-
-def layer_style(layer: str) -> dict[str, object]:
-    """The same colour and marker for a layer in every chart."""
-    names = BUILTIN  # a plugin's style must not depend on what else this process loaded
-    # zlib.crc32, not hash(): the same colour in every process, so re-plotting is reproducible.
-    i = names.index(layer) if layer in names else len(names) + zlib.crc32(layer.encode()) % 10
-    return {"color": _COLOURS[i % len(_COLOURS)], "marker": _MARKERS[i % len(_MARKERS)]}
-
-
-def _power_of_two(x: float, _pos: int) -> str:
-    return f"{x:g}" if x < 1 or x != round(x) else f"{int(x)}"
-
-
-def _log_axes(ax: Axes, xlabel: str, ylabel: str, *, base_x: int = 2) -> None:
-    ax.set_xscale("log", base=base_x)
-    ax.set_yscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(_power_of_two))
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="major", alpha=0.3)
-
-
-def _panels(count: int, title: str) -> tuple[Figure, list[Axes]]:
-    cols = min(count, 2)
-    rows = -(-count // cols)
-    fig = Figure(figsize=(_PANEL_W * cols, _PANEL_H * rows + 0.4), layout="constrained")
-    axes = [fig.add_subplot(rows, cols, i + 1) for i in range(count)]
-    fig.suptitle(title)
-    return fig, axes
-
-
-def _last(values: Iterable[int], limit: int = MAX_PANELS) -> list[int]:
-    """The largest ``limit`` distinct values, ascending (panels for the biggest sizes)."""
-    return sorted(set(values))[-limit:]
 
 
 def quartiles(run: RunResults) -> pd.DataFrame:
@@ -128,23 +88,14 @@ def _model_line(analysis: Analysis, layer: str, line: pd.DataFrame, along: str) 
     return at[along].to_numpy(), fit.predict(term_sizes(at, fit.model.terms, analysis.layers))
 
 
-def _legend(ax: Axes) -> None:
-    """Below the panel, so that it never hides a series."""
-    handles, _ = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(
-            fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False
-        )
-
-
 def _time_chart(
     analysis: Analysis, q: pd.DataFrame, along: str, other: str, title: str
 ) -> Figure | None:
     frame = analysis.frame
-    fixed_values = [v for v in _last(frame[other]) if frame[frame[other] == v][along].nunique() > 1]
+    fixed_values = [v for v in last(frame[other]) if frame[frame[other] == v][along].nunique() > 1]
     if not fixed_values:
         return None
-    fig, axes = _panels(len(fixed_values), title)
+    fig, axes = panels(len(fixed_values), title)
     for ax, fixed in zip(axes, fixed_values, strict=True):
         at = frame[frame[other] == fixed]
         models = 0
@@ -163,11 +114,11 @@ def _time_chart(
                 ax.plot(xs, ys, linestyle="--", lw=1, color=style["color"])
                 models += 1
         size = "sequence length n" if along == "n" else "width d"
-        _log_axes(ax, size, "time per call [s]")
+        log_axes(ax, size, "time per call [s]")
         # The key names the dashed lines only where a cost model could be fitted and drawn.
         key = "   (dashed: fitted cost model)" if models else ""
         ax.set_title(f"{other} = {fixed}{key}", fontsize=9)
-        _legend(ax)
+        legend(ax)
     return fig
 
 
@@ -181,11 +132,11 @@ def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
     frame[column] = pd.to_numeric(frame[column], errors="coerce")
     # Log axes: a zero (conv's elementwise work) cannot be drawn, so the layer is left out.
     frame = frame[frame[column] > 0]
-    ds = [d for d in _last(frame["d"]) if frame[frame["d"] == d]["n"].nunique() > 1]
+    ds = [d for d in last(frame["d"]) if frame[frame["d"] == d]["n"].nunique() > 1]
     if not ds:
         return None
     ds = ds if chart.per_d else ds[-1:]
-    fig, axes = _panels(len(ds), chart.title)
+    fig, axes = panels(len(ds), chart.title)
     for ax, d in zip(axes, ds, strict=True):
         at = frame[frame["d"] == d]
         for layer, line in at.groupby("layer", sort=False):
@@ -199,12 +150,12 @@ def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
                 if chart.scale_theory and expected[-1] > 0:
                     expected = expected * line[column].iloc[-1] / expected[-1]
                 ax.plot(line["n"], expected, linestyle="--", lw=1, color=style["color"])
-        _log_axes(ax, "sequence length n", chart.ylabel)
+        log_axes(ax, "sequence length n", chart.ylabel)
         ax.set_title(
             f"d = {d}" + (f"   (dashed: {chart.theory_note})" if chart.theory_note else ""),
             fontsize=9,
         )
-        _legend(ax)
+        legend(ax)
     return fig
 
 
@@ -212,18 +163,18 @@ def _normalized_chart(analysis: Analysis) -> Figure | None:
     frame = analysis.frame.copy()
     frame["per_flop"] = frame["time_s"] / pd.to_numeric(frame["flops_analytic"], errors="coerce")
     frame = frame.replace([np.inf], np.nan).dropna(subset=["per_flop"])
-    ds = [d for d in _last(frame["d"]) if frame[frame["d"] == d]["n"].nunique() > 1]
+    ds = [d for d in last(frame["d"]) if frame[frame["d"] == d]["n"].nunique() > 1]
     if not ds:
         return None
-    fig, axes = _panels(len(ds), "Time divided by the analytic FLOPs: flat where the theory holds")
+    fig, axes = panels(len(ds), "Time divided by the analytic FLOPs: flat where the theory holds")
     for ax, d in zip(axes, ds, strict=True):
         for layer, line in frame[frame["d"] == d].groupby("layer", sort=False):
             line = line.sort_values("n")
             ax.plot(line["n"], line["per_flop"] * 1e12, label=str(layer), lw=1.2,
                     **layer_style(str(layer)))  # fmt: skip
-        _log_axes(ax, "sequence length n", "time / analytic FLOPs [ps per FLOP]")
+        log_axes(ax, "sequence length n", "time / analytic FLOPs [ps per FLOP]")
         ax.set_title(f"d = {d}", fontsize=9)
-        _legend(ax)
+        legend(ax)
     return fig
 
 
@@ -234,7 +185,7 @@ def _crossover_chart(analysis: Analysis) -> Figure | None:
     rivals = rival_layers(layers, analysis.layers)
     if not attention or not rivals:
         return None
-    fig, axes = _panels(len(attention), "When attention becomes slower: time ratio against n/d")
+    fig, axes = panels(len(attention), "When attention becomes slower: time ratio against n/d")
     ratios = time_ratios(frame, analysis.layers)
     styles = dict(zip(sorted({d for d, _, _ in ratios}), ["-", "--", ":", "-."] * 8, strict=False))
     drew = False
@@ -253,9 +204,9 @@ def _crossover_chart(analysis: Analysis) -> Figure | None:
         ax.axvline(1.0, color="grey", lw=1, linestyle=":")
         ax.text(1.0, 0.02, " n = d (chapter: n²d = nd²)", transform=ax.get_xaxis_transform(),
                 fontsize=7, color="grey")  # fmt: skip
-        _log_axes(ax, "n / d", f"{layer} time / rival time")
+        log_axes(ax, "n / d", f"{layer} time / rival time")
         ax.set_title(f"{layer}: above 1, attention is slower", fontsize=9)
-        _legend(ax)
+        legend(ax)
     return fig if drew else None
 
 
@@ -274,6 +225,11 @@ def not_drawn_reason(name: str, run: RunResults, layers: Sequence[str] | None = 
                 "convolutional or state-space layer"
             )
         return "attention and a rival were not both measured at two lengths of one width"
+    if name in ("roofline", "time-split") and run.ceilings is None:
+        return (
+            "the run recorded no machine ceilings (a run made before attnbench measured them; "
+            "sweep it again, or see attnbench predict --machine)"
+        )
     return "the run has no data for it: a line needs two sizes"
 
 
@@ -294,6 +250,8 @@ def build_charts(
         },
         "normalized": lambda: _normalized_chart(analysis),
         "crossover": lambda: _crossover_chart(analysis),
+        "roofline": lambda: roofline_chart(analysis),
+        "time-split": lambda: time_split_chart(analysis),
     }
     figures = {}
     for name in names or CHARTS:

@@ -1,0 +1,96 @@
+"""The machine model's charts: the roofline, and where each layer's time goes.
+
+Both read the ``Analysis`` of a run that recorded its machine's ceilings (``fits.roofline``):
+the roofline places every case by its counted arithmetic intensity and its achieved FLOP/s
+under the measured ceilings; the time split draws the model's four terms against n beside the
+measured time, so a reader sees which term each layer's time follows and where it changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from attnbench.fits import Analysis
+from attnbench.render.style import layer_style, legend, log_axes, panels
+
+TERM_STYLE = {
+    "compute_s": ("compute: FLOPs / peak", "C3"),
+    "memory_s": ("memory: bytes / bandwidth", "C0"),
+    "latency_s": ("latency: ops x op latency", "C2"),
+    "faults_s": ("faults: page faults x cost", "C4"),
+}
+
+
+def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:
+    return pd.to_numeric(frame[column], errors="coerce")
+
+
+def roofline_chart(analysis: Analysis) -> Figure | None:
+    """Achieved FLOP/s against FLOPs per byte, log-log, under the measured ceilings: one point
+    per case, a path per layer and width with n growing along it (the largest n ringed)."""
+    ceilings = analysis.ceilings
+    if ceilings is None:
+        return None
+    frame = analysis.frame.assign(
+        intensity=_numeric(analysis.frame, "flops") / _numeric(analysis.frame, "bytes"),
+        achieved=_numeric(analysis.frame, "flops") / _numeric(analysis.frame, "time_s"),
+    )
+    frame = frame.replace([np.inf, -np.inf], np.nan).dropna(subset=["intensity", "achieved"])
+    frame = frame[(frame["intensity"] > 0) & (frame["achieved"] > 0)]
+    if frame.empty:
+        return None
+    fig, (ax,) = panels(1, "Roofline: achieved FLOP/s against arithmetic intensity")
+    fig.set_size_inches(7.5, 6.0)
+    peak, bandwidth = ceilings.peak_flops_per_s, ceilings.bandwidth_bytes_per_s
+    low = min(frame["intensity"].min(), peak / bandwidth) / 2
+    high = max(frame["intensity"].max(), peak / bandwidth) * 2
+    x = np.geomspace(low, high, 200)
+    ax.plot(x, np.minimum(peak, bandwidth * x), color="black", lw=1.5,
+            label=f"ceilings: {peak / 1e9:.3g} GFLOP/s, {bandwidth / 1e9:.3g} GB/s")  # fmt: skip
+    ax.axvline(peak / bandwidth, color="grey", lw=0.8, linestyle=":")
+    for (layer, d), line in frame.groupby(["layer", "d"], sort=False):
+        style = layer_style(str(layer))
+        line = line.sort_values("n")
+        first = d == frame.loc[frame["layer"] == layer, "d"].min()
+        ax.plot(line["intensity"], line["achieved"], lw=0.8, alpha=0.7, markersize=4,
+                label=str(layer) if first else None, **style)  # fmt: skip
+        ax.plot(line["intensity"].iloc[-1], line["achieved"].iloc[-1], marker="o",
+                markersize=9, fillstyle="none", color=style["color"], lw=0)  # fmt: skip
+    log_axes(ax, "arithmetic intensity [FLOPs per byte moved]", "achieved FLOP/s", base_x=10)
+    ax.set_title(
+        f"{ceilings.device_name}, {ceilings.threads} thread(s), {ceilings.dtype}; "
+        "each path: one layer and width, n growing (ringed: the largest n)",
+        fontsize=8,
+    )
+    legend(ax)
+    return fig
+
+
+def time_split_chart(analysis: Analysis) -> Figure | None:
+    """Per layer, at its largest width: the machine model's compute, memory, latency and
+    fault seconds against n, the predicted total dashed and the measured median as points."""
+    machine = analysis.machine
+    if machine.empty:
+        return None
+    frame = analysis.frame[["layer", "n", "d", "time_s"]].join(machine, how="inner")
+    frame = frame[frame["d"] == frame.groupby("layer")["d"].transform("max")]
+    layers = [x for x, line in frame.groupby("layer", sort=False) if line["n"].nunique() > 1]
+    if not layers:
+        return None
+    fig, axes = panels(len(layers), "Where the time goes: the machine model's terms against n")
+    for ax, layer in zip(axes, layers, strict=True):
+        line = frame[frame["layer"] == layer].sort_values("n")
+        for column, (label, colour) in TERM_STYLE.items():
+            values = line[column].where(line[column] > 0)
+            if values.notna().any():
+                ax.plot(line["n"], values, color=colour, lw=1.2, label=label)
+        ax.plot(line["n"], line["predicted_time_s"], color="black", lw=1, linestyle="--",
+                label="predicted (their sum)")  # fmt: skip
+        ax.plot(line["n"], line["time_s"], color="black", lw=0, marker="o", markersize=4,
+                label="measured")  # fmt: skip
+        log_axes(ax, "sequence length n", "seconds per call")
+        ax.set_title(f"{layer}, d = {int(line['d'].iloc[0])}", fontsize=9)
+        legend(ax)
+    return fig
