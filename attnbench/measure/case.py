@@ -18,16 +18,17 @@ from torch import nn
 from attnbench.devices import DTYPES, device_sync
 from attnbench.errors import first_line
 from attnbench.layers.registry import build_layer, entry
+from attnbench.measure.census import take_census
 from attnbench.measure.elementwise import ELEMENTWISE_METHOD, count_elementwise
 from attnbench.measure.faults import FaultCounter
-from attnbench.measure.flops import trace_flops
+from attnbench.measure.flops import FlopCount, trace_flops
 from attnbench.measure.instructions import InstructionCounter
-from attnbench.measure.memory import peak_bytes
+from attnbench.measure.memory import is_out_of_memory, peak_bytes
 from attnbench.measure.ops import describe_fused, recording_fused
 from attnbench.measure.record import CaseResult
 from attnbench.measure.structure import PATH_NONE, SEQ_METHOD, path_length, sequential_steps
 from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats, time_call
-from attnbench.measure.traffic import TRAFFIC_METHOD, count_traffic
+from attnbench.measure.traffic import TRAFFIC_METHOD, Traffic, count_traffic
 from attnbench.spec import Case
 from attnbench.units import fmt_seconds
 
@@ -94,23 +95,6 @@ def layer_builder(case: Case, seed: int) -> Callable[[int], nn.Module]:
     return build
 
 
-# How allocation failures read when they are not torch.OutOfMemoryError: the CPU allocator's
-# RuntimeError ("DefaultCPUAllocator: can't allocate memory"), MPS, and oneDNN scratchpads.
-_OOM_TEXT = (
-    "out of memory",
-    "can't allocate memory",
-    "cannot allocate memory",
-    "not enough memory",
-)
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is an allocation failure, on any device."""
-    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT)
-
-
 def release_memory(device: str) -> None:
     """Give memory held by a failed case back, so the next case starts clean."""
     gc.collect()  # the failed call's tensors may sit in reference cycles through its traceback
@@ -159,16 +143,13 @@ def measure_case(
         # The auxiliary counts each run in their own guard: one that fails (a probe at a
         # length the layer refuses) leaves its column empty with the reason, and the case's
         # time, memory and FLOPs are still measured.
-        seq_steps, seq_method = auxiliary(lambda: sequential_steps(step.forward), SEQ_METHOD)
         reach = entry(case.layer).reach(case.option_values)
         path, path_method = auxiliary(
             lambda: path_length(layer_builder(case, seed), case.n, case.d, scale=reach)
         )
-        flop_count = trace_flops(step)
-        elementwise, elementwise_method = auxiliary(
-            lambda: count_elementwise(step.forward), ELEMENTWISE_METHOD
-        )
-        traffic, traffic_method = auxiliary(lambda: count_traffic(step), TRAFFIC_METHOD)
+        flop_count, steps, elements, traced = traced_counts(step, case.mode)
+        (seq_steps, seq_method), (elementwise, elementwise_method) = steps, elements
+        traffic, traffic_method = traced
         fused: set[str] = set()
         timed_ops: list[int] = []  # the timed path's ops (a fused kernel is one)
         peak = peak_bytes(recording_fused(step, fused, timed_ops), case.device)
@@ -209,6 +190,32 @@ def measure_case(
 
 
 T = TypeVar("T")
+Counted = tuple[T | None, str]  # a count and how it was taken (its *_method column)
+
+
+def traced_counts(
+    step: Step, mode: str
+) -> tuple[FlopCount, Counted[int], Counted[int], Counted[Traffic]]:
+    """FLOPs, sequential steps, elementwise work and bytes of the case's call.
+
+    In forward mode the four are one call, traced once (``census``). In train mode FLOPs and
+    bytes describe forward and backward and the other two the forward pass, so they are
+    traced apart, each in its own guard.
+    """
+    if mode == "forward":
+        found = take_census(step.forward)
+        errors = found.errors
+        return (
+            found.flops,
+            (found.steps, errors.get("steps", SEQ_METHOD)),
+            (found.elementwise, errors.get("elementwise", ELEMENTWISE_METHOD)),
+            (found.traffic, errors.get("traffic", TRAFFIC_METHOD)),
+        )
+    steps = auxiliary(lambda: sequential_steps(step.forward), SEQ_METHOD)
+    flop_count = trace_flops(step)
+    elements = auxiliary(lambda: count_elementwise(step.forward), ELEMENTWISE_METHOD)
+    traffic = auxiliary(lambda: count_traffic(step), TRAFFIC_METHOD)
+    return flop_count, steps, elements, traffic
 
 
 def auxiliary(count: Callable[[], T], method: str = "") -> tuple[T | None, str]:

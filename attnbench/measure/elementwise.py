@@ -67,7 +67,7 @@ def elements_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: A
     return 0
 
 
-class _ElementCounter(TorchDispatchMode):
+class ElementCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.total = 0
@@ -75,13 +75,19 @@ class _ElementCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        self.total += elements_of(func, args, kwargs, out)
+        self.observe(func, args, kwargs, out)
         return out
+
+    def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        self.total += elements_of(func, args, kwargs, out)
+
+    def result(self) -> int:
+        return self.total
 
 
 def count_elementwise(fn: Callable[[], object]) -> int:
     """Elementwise work (elements) of one call of ``fn``; pass a forward call."""
-    counter = _ElementCounter()
+    counter = ElementCounter()
     with unfused(), torch.no_grad(), counter:
         fn()
     return counter.total

@@ -69,7 +69,7 @@ class FlopCount:
     uncounted: str = ""  # ``ops.Uncounted.describe``: empty when every op was accounted for
 
 
-class _FlopCounter(TorchDispatchMode):
+class FlopCounter(TorchDispatchMode):
     """Adds up the formula of every op that has one; names ops that are neither counted,
     elementwise work nor bookkeeping."""
 
@@ -82,20 +82,27 @@ class _FlopCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.observe(func, args, kwargs, out)
+        return out
+
+    def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """Count one op that ran (``measure.census`` calls this for several counters at once)."""
         formula = self.formulas.get(func._overloadpacket)
         if formula is not None:
             self.total += int(formula(*args, **kwargs, out_val=out))
         elif elementwise_kind(func) is None and not is_bookkeeping(func, out):
             self.uncounted.add(f"aten.{op_name(func)}", elements_touched((args, kwargs), out))
-        return out
+
+    def result(self) -> FlopCount:
+        return FlopCount(self.total, self.uncounted.describe())
 
 
 def trace_flops(fn: Callable[[], object]) -> FlopCount:
     """FLOPs of one call of ``fn`` with torch's fused paths off, and what went uncounted."""
-    counter = _FlopCounter(formulas())
+    counter = FlopCounter(formulas())
     with unfused(), counter:
         fn()
-    return FlopCount(counter.total, counter.uncounted.describe())
+    return counter.result()
 
 
 def count_flops(fn: Callable[[], object]) -> int:

@@ -1,4 +1,5 @@
-"""Peak memory of one call: bytes allocated above the pre-call baseline.
+"""Peak memory of one call: bytes allocated above the pre-call baseline; and what an
+allocation failure looks like on every device.
 
 CUDA reads the caching allocator's peak statistics.  CPU replays the profiler's allocator events
 (every allocation and free the call makes, fused kernels' scratch buffers included) and takes the
@@ -58,3 +59,20 @@ def peak_of_deltas(deltas: Iterable[int]) -> int:
         running += delta
         peak = max(peak, running)
     return peak
+
+
+# How allocation failures read when they are not torch.OutOfMemoryError: the CPU allocator's
+# RuntimeError ("DefaultCPUAllocator: can't allocate memory"), MPS, and oneDNN scratchpads.
+_OOM_TEXT = (
+    "out of memory",
+    "can't allocate memory",
+    "cannot allocate memory",
+    "not enough memory",
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure, on any device."""
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT)

@@ -76,6 +76,10 @@ class _ChainTracer(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.observe(func, args, kwargs, out)
+        return out
+
+    def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         if inputs:
             base = max(self.depth.get(t, 0) for t in inputs)
@@ -83,7 +87,6 @@ class _ChainTracer(TorchDispatchMode):
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.depth[t] = depth
-        return out
 
 
 def sequential_steps(fn: Callable[[], torch.Tensor]) -> int:

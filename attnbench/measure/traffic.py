@@ -133,7 +133,7 @@ def parse_kernels(text: object) -> dict[str, tuple[float, float]]:
     return found
 
 
-class _TrafficCounter(TorchDispatchMode):
+class TrafficCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.total = 0
@@ -145,6 +145,10 @@ class _TrafficCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.observe(func, args, kwargs, out)
+        return out
+
+    def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         if moves_data(func):
             moved = op_bytes(func, args, kwargs, out)
             self.total += moved
@@ -157,16 +161,18 @@ class _TrafficCounter(TorchDispatchMode):
                     flops, done = self.kernels.get(kind, (0, 0))
                     work = int(formula(*args, **kwargs, out_val=out))
                     self.kernels[kind] = (flops + work, done + moved)
-        return out
+
+    def result(self) -> Traffic:
+        return Traffic(self.total, self.ops, self.products, self.kernels)
 
 
 def count_traffic(fn: Callable[[], object]) -> Traffic:
     """Bytes read and written by one call of ``fn``, and the ops that did it (views and renames
     are neither)."""
-    counter = _TrafficCounter()
+    counter = TrafficCounter()
     with unfused(), counter:
         fn()
-    return Traffic(counter.total, counter.ops, counter.products, counter.kernels)
+    return counter.result()
 
 
 def count_bytes(fn: Callable[[], object]) -> int:

@@ -1,0 +1,92 @@
+"""Every traced count of one forward call in one pass: FLOPs, elementwise work, bytes moved
+and sequential steps.
+
+Each count is a dispatch mode of its own (``flops``, ``elementwise``, ``traffic``,
+``structure``) and each runs the call once with torch's fused paths off; in forward mode the
+four calls are the same call, so tracing it once and showing every op to all four counters
+gives the same counts for a quarter of the dispatch overhead (``benchmarks/overhead.py``). A
+counter that fails on an op (a plugin's odd output) fails alone, as it would in its own pass:
+its count is None with the reason, the others are kept. A failing FLOP count, or an
+allocation failure, ends the case, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from attnbench.errors import first_line
+from attnbench.measure.elementwise import ElementCounter
+from attnbench.measure.flops import FlopCount, FlopCounter, formulas
+from attnbench.measure.memory import is_out_of_memory
+from attnbench.measure.ops import unfused
+from attnbench.measure.structure import PATH_NONE, _ChainTracer
+from attnbench.measure.traffic import Traffic, TrafficCounter
+
+# The counts a failure leaves empty; a failing FLOP count fails the case, as it always has.
+GUARDED = ("elementwise", "traffic", "steps")
+
+
+@dataclass(frozen=True)
+class Census:
+    """The four counts of one forward call; a count that failed is None, and ``errors`` says
+    why as the results' *_method columns do ("none: <first line>")."""
+
+    flops: FlopCount
+    elementwise: int | None
+    traffic: Traffic | None
+    steps: int | None
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+class _CensusMode(TorchDispatchMode):
+    def __init__(self, observers: dict[str, Any]) -> None:
+        super().__init__()
+        self.observers = observers
+        self.errors: dict[str, str] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        for name, observer in self.observers.items():
+            if name in self.errors:
+                continue
+            if name not in GUARDED:
+                observer.observe(func, args, kwargs, out)
+                continue
+            try:
+                observer.observe(func, args, kwargs, out)
+            except Exception as exc:  # one counter's failure leaves the others counting
+                if is_out_of_memory(exc):
+                    raise
+                self.errors[name] = f"{PATH_NONE}: {first_line(exc)}"[:300]
+        return out
+
+
+def take_census(forward: Callable[[], torch.Tensor]) -> Census:
+    """Trace one forward call once, with the fused paths off and gradients off, and count."""
+    observers = {
+        "flops": FlopCounter(formulas()),
+        "elementwise": ElementCounter(),
+        "traffic": TrafficCounter(),
+        "steps": _ChainTracer(),
+    }
+    mode = _CensusMode(observers)
+    with unfused(), torch.no_grad(), mode:
+        out = forward()
+    errors = mode.errors
+
+    def kept(name: str, value: Any) -> Any:
+        return None if name in errors else value
+
+    return Census(
+        flops=observers["flops"].result(),
+        elementwise=kept("elementwise", observers["elementwise"].result()),
+        traffic=kept("traffic", observers["traffic"].result()),
+        steps=kept("steps", int(observers["steps"].depth.get(out, 0))),
+        errors=dict(errors),
+    )

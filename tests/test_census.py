@@ -1,0 +1,67 @@
+"""One traced pass, four counts: each equal to its own pass's, and a counter that fails alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from attnbench import layer_names
+from attnbench.measure import census as census_module
+from attnbench.measure.case import make_step, measure_case, traced_counts
+from attnbench.measure.census import take_census
+from attnbench.measure.elementwise import count_elementwise
+from attnbench.measure.flops import trace_flops
+from attnbench.measure.structure import sequential_steps
+from attnbench.measure.timing import TimingPolicy
+from attnbench.measure.traffic import count_traffic
+from attnbench.spec import build_grid
+
+
+def _case(layer: str, mode: str = "forward"):  # type: ignore[no-untyped-def]
+    given = {"layers": layer, "n": [24], "d": [16], "heads": 4, "window": 5, "batch": 2}
+    return build_grid({**given, "device": "cpu", "mode": mode}).cases()[0]
+
+
+@pytest.mark.parametrize("layer", layer_names())
+def test_one_pass_counts_what_four_passes_count(layer: str) -> None:
+    step = make_step(_case(layer), seed=0)
+    step()
+    found = take_census(step.forward)
+    assert found.errors == {}
+    assert found.flops == trace_flops(step)
+    assert found.elementwise == count_elementwise(step.forward)
+    assert found.traffic == count_traffic(step)
+    assert found.steps == sequential_steps(step.forward)
+
+
+def test_train_mode_traces_forward_and_backward_apart() -> None:
+    """FLOPs and bytes of a training call include the backward pass; steps and elementwise
+    work describe the forward pass: they cannot share one trace."""
+    step = make_step(_case("attention", mode="train"), seed=0)
+    step()
+    flops, steps, elements, traffic = traced_counts(step, "train")
+    assert flops == trace_flops(step) and traffic[0] == count_traffic(step)
+    assert steps == (sequential_steps(step.forward), "traced")
+    assert elements == (count_elementwise(step.forward), "traced")
+    forward = take_census(step.forward)
+    assert flops.total > 2 * forward.flops.total  # the backward pass is in it
+
+
+def test_a_counter_that_fails_leaves_the_others_and_the_case(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(self, func, args, kwargs, out):  # type: ignore[no-untyped-def]
+        raise ValueError("cannot read this op\nsecond line")
+
+    monkeypatch.setattr(census_module.ElementCounter, "observe", broken)
+    layer = nn.Linear(8, 8)
+    x = torch.randn(2, 8)
+    found = take_census(lambda: layer(x))
+    assert found.elementwise is None
+    assert found.errors == {"elementwise": "none: ValueError: cannot read this op"}
+    assert found.flops.total == 2 * 2 * 8 * 8 and found.traffic is not None
+    result = measure_case(_case("conv"), policy=TimingPolicy(budget_s=0.01, min_samples=3))
+    assert result.status == "ok" and result.elementwise is None
+    assert result.elementwise_method.startswith("none: ValueError")
+    assert result.flops == _case("conv").analytic_flops() and result.bytes is not None
