@@ -55,8 +55,10 @@ def sequential_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """h_t = a_t ⊙ h_{t-1} + b_t, one position after the other (h_{-1} = 0)."""
     h = torch.zeros_like(b[:, 0])  # (B, d, N)
     states = []
-    for t in range(b.shape[1]):
-        h = a[:, t] * h + b[:, t]  # (B, d, N)
+    # unbind, not a[:, t] in the loop: the same views, but a backward pass (the path probe's
+    # Jacobian) gathers their gradients in one stack instead of one full-size add per step.
+    for a_t, b_t in zip(a.unbind(1), b.unbind(1), strict=True):
+        h = a_t * h + b_t  # (B, d, N)
         states.append(h)
     return torch.stack(states, dim=1)  # (B, n, d, N)
 
