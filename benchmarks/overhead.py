@@ -1,0 +1,135 @@
+"""Where a sweep's time goes: the tool's own overhead, per run, per layer, and per phase.
+
+1. For a results folder (default: results/cpu-reference and results/cpu-wide): the cases' wall
+   seconds (``wall_s``, summed) against the seconds inside timed blocks (``time_total_s``), and
+   the share that is the tool's own overhead, over the run and per layer.
+2. ``--phases``: every case of a grid (default: the default sweep's) measured phase by phase in
+   this process, as ``measure_case`` does it: build and first call, path length, the traced
+   counts (one census pass in forward mode), the memory profile, and timing; seconds per phase
+   and layer, the four separate passes the census replaced (steps, FLOPs, elementwise work,
+   bytes) beside it, and the cases furthest outside their timing.
+
+    python benchmarks/overhead.py [RUN ...] [--phases] [--layers ...] [--n ...] [--d ...]
+
+Read the shares, not the seconds: this machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+
+DEFAULT_RUNS = ("results/cpu-reference", "results/cpu-wide")
+PHASES = ("build", "path", "census", "memory", "timing")
+# The four passes the census replaced in forward mode, timed too for comparison.
+SEPARATE = ("steps", "flops", "elementwise", "bytes")
+
+
+def run_table(folder: Path) -> None:
+    from attnbench.results.store import load_results
+
+    run = load_results(folder)
+    frame = run.measured.assign(
+        wall=pd.to_numeric(run.measured["wall_s"], errors="coerce"),
+        timed=pd.to_numeric(run.measured["time_total_s"], errors="coerce"),
+    )
+    wall, timed = frame["wall"].sum(), frame["timed"].sum()
+    print(f"\n{folder}: {len(frame)} cases, wall {wall:.1f} s, timed {timed:.1f} s, "
+          f"overhead {1 - timed / wall:.0%}")  # fmt: skip
+    per_layer = frame.groupby("layer", sort=False)[["wall", "timed"]].sum()
+    per_layer["outside"] = per_layer["wall"] - per_layer["timed"]
+    per_layer["overhead"] = (per_layer["outside"] / per_layer["wall"]).map("{:.0%}".format)
+    print(per_layer.round(2).to_string())
+
+
+def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
+    from attnbench.layers.registry import entry
+    from attnbench.measure.case import layer_builder, make_step, traced_counts
+    from attnbench.measure.elementwise import count_elementwise
+    from attnbench.measure.flops import trace_flops
+    from attnbench.measure.memory import peak_bytes
+    from attnbench.measure.ops import recording_fused
+    from attnbench.measure.structure import path_length, sequential_steps
+    from attnbench.measure.timing import TimingPolicy, time_call
+    from attnbench.measure.traffic import count_traffic
+    from attnbench.spec import build_grid
+
+    options = {"device": "cpu"}
+    options.update({k: v for k, v in (("layers", layers), ("n", ns), ("d", ds)) if v})
+    grid = build_grid(options)
+    policy = TimingPolicy(budget_s=grid.time_budget_s, warmup_calls=1)
+    seconds: dict[str, dict[str, float]] = defaultdict(
+        lambda: dict.fromkeys((*PHASES, *SEPARATE), 0.0)
+    )
+    worst = []
+    for case in grid.cases():
+        spent = dict.fromkeys((*PHASES, *SEPARATE), 0.0)
+        clock = time.perf_counter()
+
+        def lap(phase: str, spent: dict[str, float] = spent) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            spent[phase] += now - clock
+            clock = now
+
+        step = make_step(case, seed=0)
+        step()
+        lap("build")
+        reach = entry(case.layer).reach(case.option_values)
+        with contextlib.suppress(Exception):  # a probe the layer refuses costs what it cost
+            path_length(layer_builder(case, 0), case.n, case.d, scale=reach)
+        lap("path")
+        traced_counts(step, case.mode)
+        lap("census")
+        sequential_steps(step.forward)
+        lap("steps")
+        trace_flops(step)
+        lap("flops")
+        count_elementwise(step.forward)
+        lap("elementwise")
+        count_traffic(step)
+        lap("bytes")
+        peak_bytes(recording_fused(step, set(), []), case.device)
+        lap("memory")
+        time_call(step, policy)
+        lap("timing")
+        for phase, value in spent.items():
+            seconds[case.layer][phase] += value
+        outside = sum(v for p, v in spent.items() if p in PHASES and p != "timing")
+        worst.append((outside - 2 * spent["timing"], case.label(), outside, spent["timing"]))
+    table = pd.DataFrame(seconds).T
+    table["four passes"] = table[list(SEPARATE)].sum(axis=1)
+    table = table.drop(columns=list(SEPARATE))
+    table["outside timing"] = table[[p for p in PHASES if p != "timing"]].sum(axis=1)
+    table.loc["all"] = table.sum()
+    share = table["outside timing"] / (table["outside timing"] + table["timing"])
+    table["overhead"] = share.map("{:.0%}".format)
+    print(f"\nphases: {len(grid.cases())} cases of {','.join(grid.layers)}, n = {grid.ns}, "
+          f"d = {grid.ds}, seconds")  # fmt: skip
+    print(table.round(2).to_string())
+    print("\nthe cases furthest over 1 s + twice their timing outside it (issue 24's bound):")
+    for _, label, outside, timing in sorted(worst, reverse=True)[:5]:
+        print(f"  {label}: {outside:.2f} s outside, {timing:.2f} s timing")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="*", default=list(DEFAULT_RUNS))
+    parser.add_argument("--phases", action="store_true", help="measure a grid phase by phase")
+    parser.add_argument("--layers", default=None)
+    parser.add_argument("--n", default=None)
+    parser.add_argument("--d", default=None)
+    args = parser.parse_args()
+    for folder in args.runs:
+        run_table(Path(folder))
+    if args.phases:
+        phases(args.layers, args.n, args.d)
+
+
+if __name__ == "__main__":
+    main()
