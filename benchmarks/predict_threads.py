@@ -45,7 +45,9 @@ def main() -> None:
                 "--out", str(out))  # fmt: skip
             runs[threads] = out
         ceilings = Path(tmp) / "one-thread.json"
-        ceilings.write_text(cli("machine", "--threads", "1", "--json", "--device", "cpu"))
+        ceilings.write_text(
+            cli("machine", "--threads", "1", "--json", "--device", "cpu", "--remeasure")
+        )
         predicted = json.loads(cli("predict", str(runs[2]), "--machine", str(ceilings), "--json"))
         measured = json.loads(cli("predict", str(runs[1]), "--machine", str(ceilings), "--json"))
     one = {r["case_id"].replace("/cpu/", "/"): r for r in measured["results"]}
