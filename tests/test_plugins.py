@@ -312,3 +312,53 @@ def test_the_example_package_is_found_through_its_entry_point(
     assert set(gated["layer_source"]) == {"attnbench_gated_conv:ENTRY (attnbench-gated-conv 0.1.0)"}
     # Its family is convolutional: as a rival of attention, on the table like conv.
     assert list(gated["path_len"]) == [7, 15]  # (n - 1) / ((k - 1) / 2), as conv's
+
+
+LINEAR = """
+from torch import nn
+
+from attnbench.layers import CUSTOM, LayerEntry
+from attnbench.theory import LayerTheory, Term, values
+
+
+def _tokens(s):
+    return s["b"] * s["n"] * s["d"]
+
+
+# One matrix product: x (b·n, d) and W (d, d) and the bias (d) read, y (b·n, d) written.
+ENTRY = LayerEntry(
+    "lin", lambda d: nn.Linear(d, d), CUSTOM, "one nn.Linear", (),
+    LayerTheory(
+        "O(n d^2)",
+        (Term(2, "b·n·d²", lambda s: _tokens(s) * s["d"]),),
+        order=lambda s: s["n"] * s["d"] * s["d"],
+        traffic=(values(2, "b·n·d", _tokens), values(1, "d²", lambda s: s["d"] * s["d"]),
+                 values(1, "d", lambda s: s["d"])),
+    ),
+)
+"""
+
+
+def test_a_plugins_bytes_formula_is_checked_recorded_and_read_back(tmp_path: Path) -> None:
+    """An nn.Linear moves exactly what its one product reads and writes; the formula travels in
+    theory.json, so the analysis reads it without the plugin's code."""
+    path = plugin(tmp_path, LINEAR, name="lin.py")
+    out = tmp_path / "run"
+    result = sweep("--layers", f"{path}:ENTRY", "--n", "8,16,32", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    run = load_results(out)
+    rows = run.measured.sort_values("n")
+    d = 8
+    assert list(rows["bytes"]) == [4 * (2 * n * d + d * d + d) for n in (8, 16, 32)]
+    assert set(rows["bytes_check"]) == {"ok"}
+    recorded = json.loads((out / "theory.json").read_text())["layers"]["lin"]["theory"]
+    assert recorded["traffic"] == [[2, "b·n·d", "value"], [1, "d²", "value"], [1, "d", "value"]]
+    from attnbench.fits import analyse, run_catalog
+
+    REGISTRY.pop("lin", None)  # read back from the record, not from the plugin
+    theory = run_catalog(run).theory("lin")
+    assert theory is not None and theory.traffic is not None
+    sizes = {"b": 1, "n": 16, "d": d}
+    assert theory.bytes(sizes, 4) == 4 * (2 * 16 * d + d * d + d)
+    bytes_n = analyse(run).exponent("lin", "bytes", "n", d)
+    assert bytes_n is not None and bytes_n["agrees"]

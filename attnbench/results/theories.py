@@ -51,6 +51,7 @@ def _laws(theory: LayerTheory) -> list[SizeFn]:
         theory.order,
         theory.sequential_law,
         theory.path_law,
+        *(t.size for t in theory.traffic or ()),  # last: records from before it still read
     ]
 
 
@@ -86,6 +87,9 @@ def _theory_record(entry: LayerEntry, grid: Grid) -> dict[str, Any]:
         "elementwise": None
         if theory.elementwise is None
         else [[t.count, t.name, t.unit] for t in theory.elementwise],
+        "traffic": None
+        if theory.traffic is None
+        else [[t.count, t.name, t.unit] for t in theory.traffic],
         "points": points,
         "curves": curves,
     }
@@ -133,12 +137,19 @@ def _sizes_ok(found: Any) -> bool:
     return isinstance(found, dict) and _numbers(list(found.values()), None, nulls=False)
 
 
-def _terms_ok(found: Any) -> bool:
+def _terms_ok(found: Any, units: tuple[str, ...] = ("FLOP", "element")) -> bool:
     return isinstance(found, list) and all(
         isinstance(t, list) and len(t) == 3 and _numbers(t[:1], 1, nulls=False)
-        and isinstance(t[1], str) and t[2] in ("FLOP", "element")
+        and isinstance(t[1], str) and t[2] in units
         for t in found
     )  # fmt: skip
+
+
+def _law_count(theory: Mapping[str, Any]) -> int:
+    """How many laws a record's points and curves hold: its terms, elementwise terms, the three
+    orders, and its traffic terms (absent from records made before bytes had formulas)."""
+    traffic = theory.get("traffic") or ()
+    return len(theory["terms"]) + len(theory["elementwise"] or ()) + 3 + len(traffic)
 
 
 def _theory_problem(theory: Any) -> str | None:
@@ -152,7 +163,9 @@ def _theory_problem(theory: Any) -> str | None:
         return "its terms are not [count, name, unit] lists"
     if "elementwise" not in theory:
         return "it lacks an elementwise entry"
-    count = len(theory["terms"]) + len(theory["elementwise"] or ()) + 3
+    if not (theory.get("traffic") is None or _terms_ok(theory["traffic"], ("value", "byte"))):
+        return "its traffic terms are not [count, name, value or byte] lists"
+    count = _law_count(theory)
     for point in _list(theory.get("points")):
         if not isinstance(point, dict) or not _sizes_ok(point.get("sizes")):
             return "a point's sizes are not numbers"
@@ -266,19 +279,21 @@ def _theory(record: Mapping[str, Any], options: Sequence[LayerOption]) -> LayerT
         key = _key({**curve["sizes"], "n": 0}, names)
         if key is not None:
             curves[key[:1] + key[2:]] = [list(v) for v in curve["values"]]
-    count = len(record["terms"]) + len(record["elementwise"] or ()) + 3
-    fns = iter([_Lookup(names, points, curves, i) for i in range(count)])
+    fns = iter([_Lookup(names, points, curves, i) for i in range(_law_count(record))])
     terms = _terms(record["terms"], fns)
     elementwise = None if record["elementwise"] is None else _terms(record["elementwise"], fns)
+    order, sequential_law, path_law = next(fns), next(fns), next(fns)
+    traffic = record.get("traffic")
     return LayerTheory(
         str(record["complexity"]),
         terms,
         str(record["sequential"]),
         str(record["path"]),
-        order=next(fns),
-        sequential_law=next(fns),
-        path_law=next(fns),
+        order=order,
+        sequential_law=sequential_law,
+        path_law=path_law,
         elementwise=elementwise,
+        traffic=None if traffic is None else _terms(traffic, fns),
     )
 
 
