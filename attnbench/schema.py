@@ -216,6 +216,13 @@ COLUMNS: tuple[Column, ...] = (
         optional=True,
     ),
     Column(
+        "counts_source", "text", _MEASURE,
+        "traced: the exact counts (FLOPs, elementwise work, bytes, steps, path length) were "
+        "traced for this case; cache: read from the count cache, where the same code traced "
+        "the same case before (--no-cache traces every case)",
+        optional=True,
+    ),
+    Column(
         "page_faults", "float", _MEASURE,
         "minor page faults per call in the median timed block (getrusage, every thread; "
         "empty on CUDA and MPS, whose tensors live in device memory)",

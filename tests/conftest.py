@@ -13,8 +13,10 @@ from attnbench.spec import Grid, build_grid
 
 def pytest_configure(config: pytest.Config) -> None:
     """The machine's ceilings, which every sweep records, are measured once for the whole test
-    session into a folder of its own (never the user's cache)."""
+    session into a folder of its own (never the user's cache). The count cache is off: a test
+    that changes a counter must see it count (tests/test_countcache.py turns it on)."""
     os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-cache-")
+    os.environ["ATTNBENCH_NO_CACHE"] = "1"
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,6 +25,7 @@ from attnbench.cli.render import Streams, SweepProgress
 from attnbench.cli.summary import summary_notes, summary_tables
 from attnbench.compare import compare_runs
 from attnbench.errors import AttnbenchError
+from attnbench.measure import countcache
 from attnbench.render.charts import plot_run
 from attnbench.render.verdicts import to_json
 from attnbench.results.run import RunResults
@@ -33,6 +35,11 @@ from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import load_config
 from attnbench.thresholds import gate_from
 
+NO_CACHE_HELP = (
+    "Trace every case's exact counts (FLOPs, elementwise work, bytes, steps, path length) "
+    "instead of reading those this code traced before from the count cache "
+    "($ATTNBENCH_CACHE_DIR/counts); results.csv's counts_source says which were read."
+)
 # Rich reads [ray] as markup in help texts: escaped.
 EXECUTOR_HELP = "Where cases run: " + "; ".join(
     f"{name}: {entry.help}".replace("[", "\\[") for name, entry in EXECUTORS.items()
@@ -106,6 +113,7 @@ def sweep(
             show_default=False,
         ),
     ] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help=NO_CACHE_HELP)] = False,
     **options: Any,
 ) -> None:
     """Measure time, peak memory, FLOPs, elementwise work, steps and path length over n x d.
@@ -115,6 +123,8 @@ def sweep(
     the current case and exits 130; --resume DIR finishes the run. With --baseline DIR the run
     is compared with DIR when it completes, and the exit code is compare's (0, 1 on regression).
     """
+    if no_cache:  # the environment reaches the worker processes too
+        os.environ[countcache.NO_CACHE_ENV] = "1"
     thresholds, gate = gate_from(options)
     fmt = verdict_format(options)
     output = options.get("output")

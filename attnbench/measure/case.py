@@ -18,6 +18,7 @@ from torch import nn
 from attnbench.devices import DTYPES, device_sync
 from attnbench.errors import first_line
 from attnbench.layers.registry import build_layer, entry
+from attnbench.measure import countcache
 from attnbench.measure.census import take_census
 from attnbench.measure.elementwise import ELEMENTWISE_METHOD, count_elementwise
 from attnbench.measure.faults import FaultCounter
@@ -140,16 +141,12 @@ def measure_case(
                 error=f"one call took {fmt_seconds(first)}, over --max-case-seconds "
                 f"{fmt_seconds(max_case_s)}",
             )
-        # The auxiliary counts each run in their own guard: one that fails (a probe at a
-        # length the layer refuses) leaves its column empty with the reason, and the case's
-        # time, memory and FLOPs are still measured.
-        reach = entry(case.layer).reach(case.option_values)
-        path, path_method = auxiliary(
-            lambda: path_length(layer_builder(case, seed), case.n, case.d, scale=reach)
-        )
-        flop_count, steps, elements, traced = traced_counts(step, case.mode)
-        (seq_steps, seq_method), (elementwise, elementwise_method) = steps, elements
-        traffic, traffic_method = traced
+        # The exact counts depend on the code and the case only: read them from the cache
+        # when this code traced this case before (countcache), else trace them.
+        counts, source = countcache.read(case, seed), countcache.CACHED
+        if counts is None:
+            counts, source = trace_counts(case, step, seed), countcache.TRACED
+            countcache.write(case, seed, counts)
         fused: set[str] = set()
         timed_ops: list[int] = []  # the timed path's ops (a fused kernel is one)
         peak = peak_bytes(recording_fused(step, fused, timed_ops), case.device)
@@ -167,23 +164,55 @@ def measure_case(
         threads=threads,
         timing=timing,
         peak_bytes=peak,
-        flops=flop_count.total,
+        flops=counts.flops,
         flops_analytic=case.analytic_flops(),
-        uncounted_ops=flop_count.uncounted,
+        uncounted_ops=counts.uncounted_ops,
         fused_path=describe_fused(fused),
-        seq_steps=seq_steps,
-        seq_steps_method=seq_method,
-        path_len=None if path is None else path.value,
-        path_len_method=path_method if path is None else path.method,
+        seq_steps=counts.seq_steps,
+        seq_steps_method=counts.seq_steps_method,
+        path_len=counts.path_len,
+        path_len_method=counts.path_len_method,
         wall_s=clock() - start,
         instructions=instructions,
-        elementwise=elementwise,
-        elementwise_method=elementwise_method,
+        elementwise=counts.elementwise,
+        elementwise_method=counts.elementwise_method,
         elementwise_analytic=case.analytic_elements(),
-        bytes=None if traffic is None else traffic.bytes,
-        bytes_method=traffic_method,
+        bytes=counts.bytes,
+        bytes_method=counts.bytes_method,
         bytes_analytic=case.analytic_bytes(),
         ops=timed_ops[0] if timed_ops else None,
+        product_bytes=counts.product_bytes,
+        kernels=counts.kernels,
+        counts_source=source,
+    )
+
+
+def trace_counts(case: Case, step: Step, seed: int) -> countcache.Counts:
+    """Every exact count of the case, traced from its real layer.
+
+    The auxiliary counts each run in their own guard: one that fails (a probe at a length the
+    layer refuses) leaves its column empty with the reason, and the case's time, memory and
+    FLOPs are still measured.
+    """
+    reach = entry(case.layer).reach(case.option_values)
+    path, path_method = auxiliary(
+        lambda: path_length(layer_builder(case, seed), case.n, case.d, scale=reach)
+    )
+    flop_count, (steps, steps_method), (elements, elements_method), traced = traced_counts(
+        step, case.mode
+    )
+    traffic, traffic_method = traced
+    return countcache.Counts(
+        flops=flop_count.total,
+        uncounted_ops=flop_count.uncounted,
+        seq_steps=steps,
+        seq_steps_method=steps_method,
+        path_len=None if path is None else path.value,
+        path_len_method=path_method if path is None else path.method,
+        elementwise=elements,
+        elementwise_method=elements_method,
+        bytes=None if traffic is None else traffic.bytes,
+        bytes_method=traffic_method,
         product_bytes=None if traffic is None else traffic.product_bytes,
         kernels="" if traffic is None else traffic.kernels_text(),
     )

@@ -263,6 +263,7 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "allocator": (dict,),
     "fault_cost_s": (float, _OPTIONAL),
     "ceilings": (dict, _OPTIONAL),
+    "count_cache": (dict, _OPTIONAL),
 }
 # The configuration entries that the reading commands use, by the types they must have.
 CONFIG_TYPES: dict[str, tuple[type, ...]] = {

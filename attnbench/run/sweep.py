@@ -21,9 +21,10 @@ import torch
 
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import plugins
+from attnbench.measure import countcache
 from attnbench.measure.allocator import run_state
 from attnbench.measure.calibration import DEFAULT_CALIBRATION, Calibration
-from attnbench.measure.ceilings import machine_ceilings
+from attnbench.measure.ceilings import cache_dir, machine_ceilings
 from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import Clock, TimingPolicy
 from attnbench.results.environment import changes, resume_keys
@@ -79,6 +80,7 @@ def run_sweep(
             allocator=run_state(cluster.get("workers", [])),
             fault_cost_s=fault_cost_s(),  # what one page fault costs here (measure.faults)
             ceilings=run_ceilings(grid),
+            count_cache={"enabled": countcache.enabled(), "folder": str(cache_dir() / "counts")},
         )
         writer.record_theories(record(grid))
         if on_start is not None:

@@ -1,0 +1,114 @@
+"""The exact counts of a case, cached on disk: a second sweep, a ``--resume``, ``ab``'s second
+side and the CI gate do not trace again what they traced before.
+
+FLOPs, elementwise work, bytes, sequential steps and path length are functions of the layer's
+code, attnbench's counters, torch and the case, not of the machine's state, so each case's are
+stored under a key made of all of these:
+
+- the case (its id: layer, n, d, options, batch, dtype, device, mode) and the seed;
+- the layer's source: a built-in layer is attnbench's own code, and a plugin its defining
+  file's digest and its distribution's version (``LayerSource``); a layer registered from
+  Python has no digest to prove it unchanged, so its counts are never cached;
+- a digest of attnbench's own source files (every counter and layer), and torch's version.
+
+A changed layer, counter or torch therefore never reads an entry made before the change. The
+entries live under ``cache_dir()/counts`` (``$ATTNBENCH_CACHE_DIR``, ...); ``--no-cache`` (the
+environment's ``ATTNBENCH_NO_CACHE=1``, which reaches worker processes) traces every case.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnbench.layers.registry import entry
+from attnbench.measure.ceilings import cache_dir
+from attnbench.spec import Case
+
+COUNTS_VERSION = 1
+NO_CACHE_ENV = "ATTNBENCH_NO_CACHE"
+TRACED, CACHED = "traced", "cache"  # the results' counts_source
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What tracing a case gives, as its results columns hold it."""
+
+    flops: int
+    uncounted_ops: str
+    seq_steps: int | None
+    seq_steps_method: str
+    path_len: int | None
+    path_len_method: str
+    elementwise: int | None
+    elementwise_method: str
+    bytes: int | None
+    bytes_method: str
+    product_bytes: int | None
+    kernels: str
+
+
+def enabled(environ: dict[str, str] | None = None) -> bool:
+    """Whether counts are read from and written to the cache (not with ATTNBENCH_NO_CACHE=1)."""
+    env = os.environ if environ is None else environ
+    return env.get(NO_CACHE_ENV, "").strip().lower() not in ("1", "true", "yes", "on")
+
+
+@functools.lru_cache(maxsize=1)
+def package_digest() -> str:
+    """sha256 of every attnbench source file, in path order: any change to a counter or a
+    built-in layer changes every key."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def key(case: Case, seed: int) -> str | None:
+    """The case's cache key, or None for a layer whose code cannot be told unchanged."""
+    source = entry(case.layer).source
+    if source.kind != "builtin" and not (source.digest or source.distribution):
+        return None
+    parts = [COUNTS_VERSION, package_digest(), torch.__version__, source.to_dict(),
+             case.case_id, seed]  # fmt: skip
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _path(found: str, folder: Path | None) -> Path:
+    return (folder or cache_dir()) / "counts" / found[:2] / f"{found}.json"
+
+
+def read(case: Case, seed: int, folder: Path | None = None) -> Counts | None:
+    """The case's cached counts (None: none, off, or an entry that does not read)."""
+    found = key(case, seed) if enabled() else None
+    if found is None:
+        return None
+    try:
+        data: Any = json.loads(_path(found, folder).read_text())
+        return Counts(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write(case: Case, seed: int, counts: Counts, folder: Path | None = None) -> None:
+    """Store the case's counts (atomically; an unwritable cache costs a trace next time)."""
+    found = key(case, seed) if enabled() else None
+    if found is None:
+        return
+    path = _path(found, folder)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(counts)))
+        tmp.replace(path)
+    except OSError:
+        pass

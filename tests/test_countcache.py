@@ -1,0 +1,110 @@
+"""The count cache: a second sweep reads the exact counts a first one traced, equal to them; a
+changed layer, a layer with no digest, --no-cache and a damaged entry all trace again."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from synthetic import registry_restored
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.layers import REGISTRY
+from attnbench.measure import countcache
+from attnbench.results.store import load_results
+from attnbench.spec import build_grid
+
+runner = CliRunner()
+EXACT = ["flops", "elementwise", "bytes", "product_bytes", "kernels", "seq_steps", "path_len",
+         "uncounted_ops", "seq_steps_method", "path_len_method", "bytes_method"]  # fmt: skip
+TINY = ["--n", "16,32", "--d", "8", "--device", "cpu", "--time-budget", "0.002", "--no-charts"]
+
+LAYER = """
+import torch
+from torch import nn
+
+
+class Mixer(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.up = nn.Linear(d, {width} * d)
+        self.down = nn.Linear({width} * d, d)
+
+    def forward(self, x):  # (B, n, d)
+        return self.down(torch.relu(self.up(x + x.mean(dim=1, keepdim=True))))
+
+
+def make(d):
+    return Mixer(d)
+"""
+
+
+@pytest.fixture(autouse=True)
+def cache_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The cache on, in a folder of this test's own."""
+    monkeypatch.delenv(countcache.NO_CACHE_ENV, raising=False)
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    with registry_restored():
+        yield tmp_path / "cache"
+
+
+def sweep(out: Path, *args: str) -> object:
+    result = runner.invoke(app, ["sweep", *TINY, "--out", str(out), *args])
+    assert result.exit_code == 0, result.output
+    return load_results(out).frame.set_index("case_id")
+
+
+def test_a_second_sweep_reads_the_counts_the_first_traced(tmp_path: Path, cache_on: Path) -> None:
+    layers = ["--layers", "conv,rnn,attention,ssm-scan"]
+    first = sweep(tmp_path / "a", *layers)
+    assert set(first["counts_source"]) == {"traced"}
+    assert len(list((cache_on / "counts").rglob("*.json"))) == len(first)
+    second = sweep(tmp_path / "b", *layers)
+    assert set(second["counts_source"]) == {"cache"}
+    assert second[EXACT].equals(first[EXACT])  # the very same counts
+    assert set(second["bytes_check"]) == {"ok"} and set(second["flops_check"]) == {"ok"}
+    meta = json.loads((tmp_path / "b" / "run.json").read_text())
+    assert meta["count_cache"] == {"enabled": True, "folder": str(cache_on / "counts")}
+    third = sweep(tmp_path / "c", *layers, "--no-cache")
+    assert set(third["counts_source"]) == {"traced"} and third[EXACT].equals(first[EXACT])
+
+
+def test_a_changed_layer_never_reads_a_stale_entry(tmp_path: Path) -> None:
+    path = tmp_path / "mixer.py"
+    path.write_text(textwrap.dedent(LAYER.replace("{width}", "2")))
+    first = sweep(tmp_path / "a", "--layers", f"{path}:make")
+    again = sweep(tmp_path / "b", "--layers", f"{path}:make")
+    assert set(first["counts_source"]) == {"traced"} and set(again["counts_source"]) == {"cache"}
+    path.write_text(textwrap.dedent(LAYER.replace("{width}", "4")))  # twice the products
+    REGISTRY.pop("mixer:make")  # as a new process would load it
+    changed = sweep(tmp_path / "c", "--layers", f"{path}:make")
+    assert set(changed["counts_source"]) == {"traced"}
+    assert list(changed["flops"]) == [2 * f for f in first["flops"]]
+
+
+def test_what_the_key_covers() -> None:
+    case = build_grid({"layers": "conv", "n": [16], "d": [8], "device": "cpu"}).cases()[0]
+    other = build_grid({"layers": "conv", "n": [32], "d": [8], "device": "cpu"}).cases()[0]
+    key = countcache.key(case, 0)
+    assert key is not None and key == countcache.key(case, 0)
+    assert key != countcache.key(other, 0) and key != countcache.key(case, 1)
+    assert countcache.enabled({}) and not countcache.enabled({"ATTNBENCH_NO_CACHE": "1"})
+
+
+def test_a_layer_from_python_or_a_damaged_entry_is_traced(add_layer, cache_on: Path) -> None:  # type: ignore[no-untyped-def]
+    from torch import nn
+
+    add_layer("plain", lambda d: nn.Linear(d, d))
+    case = build_grid({"layers": "plain", "n": [16], "d": [8], "device": "cpu"}).cases()[0]
+    assert countcache.key(case, 0) is None  # no digest proves its code unchanged
+    conv = build_grid({"layers": "conv", "n": [16], "d": [8], "device": "cpu"}).cases()[0]
+    counts = countcache.Counts(1, "", 1, "traced", 1, "measured", 0, "traced", 2, "traced", 2, "")
+    countcache.write(conv, 0, counts)
+    assert countcache.read(conv, 0) == counts
+    entry = next((cache_on / "counts").rglob("*.json"))
+    entry.write_text("{torn")
+    assert countcache.read(conv, 0) is None
