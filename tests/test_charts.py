@@ -185,6 +185,8 @@ def test_machine_charts_need_the_runs_ceilings(wide_run, tmp_path):
     found = build_charts(old, analyse(old), ["roofline", "time-split", "time"])
     assert list(found) == ["time"]
     assert "recorded no machine ceilings" in charts.not_drawn_reason("roofline", old)
+    with pytest.raises(AttnbenchError, match=r"roofline: the run recorded no machine ceilings"):
+        charts.plot_run(old, names=["roofline"], out_dir=tmp_path)
 
 
 def test_layers_and_chart_selection(wide_run):

@@ -370,6 +370,9 @@ def plot_run(
         return written
     analysis = analysis or analyse(run, layers)
     figures = build_charts(run, analysis, names)
+    if not figures and names:  # the charts asked for, each with its own reason
+        reasons = "; ".join(f"{name}: {not_drawn_reason(name, run, layers)}" for name in names)
+        raise AttnbenchError(f"nothing to plot in {run.path}: {reasons}")
     if not figures:
         raise AttnbenchError(
             f"nothing to plot in {run.path}: each chart needs a layer measured at two sizes or more"
