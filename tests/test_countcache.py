@@ -108,3 +108,23 @@ def test_a_layer_from_python_or_a_damaged_entry_is_traced(add_layer, cache_on: P
     entry = next((cache_on / "counts").rglob("*.json"))
     entry.write_text("{torn")
     assert countcache.read(conv, 0) is None
+
+
+def test_the_start_estimate_counts_the_tracing_a_sweep_will_do(tmp_path: Path) -> None:
+    """A recurrence traces every position, attention does not; a cached case traces nothing."""
+    from attnbench.run.estimate import estimate_seconds, in_cache, tracing_seconds
+
+    def one(layer: str, n: int):  # type: ignore[no-untyped-def]
+        return build_grid({"layers": layer, "n": [n], "d": [8], "device": "cpu"}).cases()[0]
+
+    assert tracing_seconds(one("rnn", 1024), False) > 2 * tracing_seconds(one("rnn", 64), False)
+    assert tracing_seconds(one("attention", 1024), False) == tracing_seconds(
+        one("attention", 64), False
+    )
+    assert tracing_seconds(one("rnn", 1024), True) < tracing_seconds(one("rnn", 64), False)
+    grid = build_grid({"layers": "conv,rnn", "n": "16,32", "d": "8", "device": "cpu",
+                       "time_budget": 0.002})  # fmt: skip
+    cold = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
+    sweep(tmp_path / "a", "--layers", "conv,rnn")
+    warm = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
+    assert all(in_cache(c, grid.seed) for c in grid.cases()) and warm < cold

@@ -3,20 +3,44 @@ starts and to tell the user how long to expect. Never reported as a measurement.
 
 from __future__ import annotations
 
-from attnbench.spec import Grid
+from collections.abc import Callable
+
+from attnbench.layers.registry import entry
+from attnbench.measure import countcache
+from attnbench.spec import Case, Grid
 
 # Rough throughputs, used only to warn before an absurd sweep starts; never reported as measured.
 _ASSUMED_FLOP_PER_S = {"cpu": 2e10, "cuda": 2e13, "mps": 2e12}
 MAX_CASES = 2000  # more cases than this need --yes
 MAX_ESTIMATED_S = 3600.0  # a longer estimated sweep needs --yes
+# What tracing a case's exact counts costs, from benchmarks/overhead.py on the default grid
+# (2-core CPU): about 0.15 s a case for the path probes, the traced pass and the memory
+# profile, and 2 ms more per position of a layer whose steps grow with n (each position is
+# several ops, each traced by four counters); a case whose counts are cached pays 0.05 s.
+_TRACE_CASE_S, _TRACE_STEP_S, _CACHED_CASE_S = 0.15, 2e-3, 0.05
 
 
-def estimate_seconds(grid: Grid) -> float:
-    """A rough lower estimate of a sweep's duration from the analytic FLOPs of each case.
+def tracing_seconds(case: Case, cached: bool) -> float:
+    """A rough estimate of the seconds a case spends outside its timing, tracing its counts."""
+    if cached:
+        return _CACHED_CASE_S
+    theory = entry(case.layer).theory
+    steps = theory.sequential_law(case.sizes()) if theory is not None else 1.0
+    return _TRACE_CASE_S + _TRACE_STEP_S * (steps if steps > 1 else 0.0)
 
-    Per case: about four untimed calls (first call, FLOP count, memory profile, warm-up) plus
-    the timing, which lasts the time budget or at least eleven calls; each further round adds a
-    rebuild, two untimed calls and at least 0.1 s of timing.
+
+def in_cache(case: Case, seed: int) -> bool:
+    """Whether a case's counts would be read from the count cache (``measure.countcache``)."""
+    return countcache.read(case, seed) is not None
+
+
+def estimate_seconds(grid: Grid, cached: Callable[[Case], bool] | None = None) -> float:
+    """A rough estimate of a sweep's duration from the analytic FLOPs of each case.
+
+    Per case: about four untimed calls (first call, FLOP count, memory profile, warm-up), the
+    tracing of its counts (``tracing_seconds``: little where ``cached`` says the count cache
+    holds them), and the timing, which lasts the time budget or at least eleven calls; each
+    further round adds a rebuild, two untimed calls and at least 0.1 s of timing.
     """
     rate = _ASSUMED_FLOP_PER_S[grid.device.split(":")[0]]
     total = 0.0
@@ -25,7 +49,8 @@ def estimate_seconds(grid: Grid) -> float:
         if grid.max_case_s is not None and call > grid.max_case_s:
             total += grid.max_case_s  # it would stop as a timeout after its first call
             continue
-        total += 0.05 + 4 * call + max(grid.time_budget_s, 11 * call)
+        hit = cached(case) if cached is not None else False
+        total += tracing_seconds(case, hit) + 4 * call + max(grid.time_budget_s, 11 * call)
         total += (grid.rounds - 1) * (0.02 + 2 * call + max(0.1, 11 * call))
     return total
 

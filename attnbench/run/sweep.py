@@ -32,7 +32,7 @@ from attnbench.results.files import default_out_dir, now_iso, prepare_out_dir
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter, load_results
 from attnbench.results.theories import merge, record
-from attnbench.run.estimate import estimate_seconds, size_warning
+from attnbench.run.estimate import estimate_seconds, in_cache, size_warning
 from attnbench.run.events import ProgressCallback, StartCallback, SweepStart
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
@@ -84,7 +84,8 @@ def run_sweep(
         )
         writer.record_theories(record(grid))
         if on_start is not None:
-            estimate = estimate_seconds(grid) / max(1, runs_on.workers)
+            estimate = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
+            estimate /= max(1, runs_on.workers)
             on_start(SweepStart(grid, folder, cluster, runs_on.workers, estimate))
         return _sweep(
             writer, grid, None, progress=progress, policy=policy, calibration=calibration,
@@ -215,7 +216,8 @@ def resume_sweep(
             writer.update(config=grid.to_dict())
         if on_start is not None:
             missing = len(grid.cases()) - len(run.frame)
-            estimate = estimate_seconds(grid) * max(0, missing) / max(1, len(grid.cases()))
+            whole = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
+            estimate = whole * max(0, missing) / max(1, len(grid.cases()))
             on_start(SweepStart(grid, out_dir, cluster, runs_on.workers, estimate, run))
         died = run.meta.get("current_case") if run.status == "running" else None
         return _sweep(
