@@ -39,6 +39,24 @@ def case(layer: str = "conv", n: int = 64, d: int = 16) -> Case:
     return Case(layer, n, d, 1, "float32", "cpu", "forward", options)
 
 
+def small_case(layer: str, n: int = 24, d: int = 16, batch: int = 2, **options: object) -> Case:
+    """One case of a real layer, small enough to trace in milliseconds, its options set
+    (k = 3, 4 heads, window 5 unless given)."""
+    from attnbench.spec import build_grid
+
+    given = {"layers": layer, "n": [n], "d": [d], "k": 3, "heads": 4, "window": 5, **options}
+    return build_grid({**given, "batch": batch, "device": "cpu"}).cases()[0]
+
+
+def warm_step(case: Case):  # type: ignore[no-untyped-def]
+    """The case's measured call, called once (lazy set-up done), ready to be traced."""
+    from attnbench.measure.case import make_step
+
+    step = make_step(case, seed=0)
+    step()
+    return step
+
+
 def make_run(
     path: Path,
     cases: dict[tuple[str, int], dict[str, Any]],

@@ -5,22 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from synthetic import small_case, warm_step
 from torch import nn
 
 from attnbench import layer_names
-from attnbench.measure.case import make_step
 from attnbench.measure.elementwise import count_elementwise
-from attnbench.spec import Case, build_grid
+from attnbench.spec import Case
 
-
-def _case(layer: str, n: int = 24, d: int = 16, batch: int = 2, **options: object) -> Case:
-    given = {"layers": layer, "n": [n], "d": [d], "k": 3, "heads": 4, "window": 5, **options}
-    return build_grid({**given, "batch": batch, "device": "cpu"}).cases()[0]
+_case = small_case
 
 
 def _counted(case: Case) -> int:
-    step = make_step(case, seed=0)
-    step()
+    step = warm_step(case)
     return count_elementwise(step.forward)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from synthetic import small_case, warm_step
 from torch import nn
 
 from attnbench import layer_names
@@ -18,7 +19,7 @@ from attnbench.measure.traffic import (
     parse_kernels,
     tensor_bytes,
 )
-from attnbench.spec import Case, build_grid
+from attnbench.spec import Case
 
 F32 = 4
 
@@ -98,14 +99,11 @@ def test_intensity_is_flops_per_byte() -> None:
     assert CaseResult(case, "ok", 1, flops=None, bytes=200).intensity is None
 
 
-def _case(layer: str, n: int = 24, d: int = 16, batch: int = 2, **options: object) -> Case:
-    given = {"layers": layer, "n": [n], "d": [d], "k": 3, "heads": 4, "window": 5, **options}
-    return build_grid({**given, "batch": batch, "device": "cpu"}).cases()[0]
+_case = small_case
 
 
 def _counted(case: Case) -> int:
-    step = make_step(case, seed=0)
-    step()
+    step = warm_step(case)
     return count_traffic(step).bytes
 
 

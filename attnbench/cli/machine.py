@@ -16,7 +16,14 @@ from attnbench.cli.render import Streams, frame_table
 from attnbench.devices import DEVICE_CHOICES, DTYPES, local_device
 from attnbench.errors import AttnbenchError
 from attnbench.fits import roofline
-from attnbench.measure.ceilings import Ceilings, cache_dir, machine_ceilings, read_ceilings
+from attnbench.measure.ceilings import (
+    Ceilings,
+    attention_length_of,
+    cache_dir,
+    conv_shape_of,
+    machine_ceilings,
+    read_ceilings,
+)
 from attnbench.results.files import latest_results
 from attnbench.results.run import RunResults
 from attnbench.results.store import load_results
@@ -56,15 +63,16 @@ def machine(
     if as_json:
         typer.echo(json.dumps({**found.to_dict(), "cached": cached}, indent=2))
         return
+    channels, positions = conv_shape_of(found.device)
     rows = [
         ("peak FLOP/s", f"{found.peak_flops_per_s / 1e9:.1f} GFLOP/s",
          f"{found.gemm_side}x{found.gemm_side} matrix product, {found.dtype}"),
         ("memory bandwidth", f"{found.bandwidth_bytes_per_s / 1e9:.1f} GB/s",
          f"copy of {found.stream_bytes // 2 // 2**20} MiB (read + written)"),
-        ("convolution", _rate(found.conv_flops_per_s), "Conv1d(256, 256, 3) over 4096 positions"
-         if found.device == "cpu" else "Conv1d, kernel 3"),
+        ("convolution", _rate(found.conv_flops_per_s),
+         f"Conv1d({channels}, {channels}, 3) over {positions} positions"),
         ("fused attention", _rate(found.attention_flops_per_s),
-         "scaled_dot_product_attention, 8 heads of 64"),
+         f"scaled_dot_product_attention, 8 heads of 64, n = {attention_length_of(found.device)}"),
         ("op latency", fmt_seconds(found.op_latency_s), "one add on one-element tensors"),
         ("page fault", "–" if found.page_fault_s is None else fmt_seconds(found.page_fault_s),
          "a fresh 4 KiB page touched once" if found.page_fault_s else "not counted here"),

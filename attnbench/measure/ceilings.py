@@ -82,6 +82,16 @@ def _side(device: str) -> int:
     return GEMM_SIDE.get(device.split(":")[0], GEMM_SIDE["cpu"])
 
 
+def conv_shape_of(device: str) -> tuple[int, int]:
+    """(channels, positions) of the convolution whose rate is measured on ``device``."""
+    return CONV_SHAPE.get(device.split(":")[0], CONV_SHAPE["cpu"])
+
+
+def attention_length_of(device: str) -> int:
+    """The length of the fused attention whose rate is measured on ``device``."""
+    return ATTENTION_LENGTH.get(device.split(":")[0], ATTENTION_LENGTH["cpu"])
+
+
 def last_level_cache_bytes() -> int | None:
     """The largest CPU cache, from sysfs (None where it cannot be read)."""
     sizes = []
@@ -137,10 +147,8 @@ def measure_ceilings(
         x = torch.ones(1, dtype=torch_dtype, device=device)  # (1,)
         out = torch.empty_like(x)  # (1,)
         tiny = timed("op", lambda: torch.add(x, x, out=out), LATENCY_POLICY)
-        kind = device.split(":")[0]
-        shape = conv_shape or CONV_SHAPE.get(kind, CONV_SHAPE["cpu"])
-        conv = _conv_rate(device, torch_dtype, shape, timed)
-        length = attention_length or ATTENTION_LENGTH.get(kind, ATTENTION_LENGTH["cpu"])
+        conv = _conv_rate(device, torch_dtype, conv_shape or conv_shape_of(device), timed)
+        length = attention_length or attention_length_of(device)
         attention = _attention_rate(device, torch_dtype, length, timed)
         used = torch.get_num_threads()
     finally:

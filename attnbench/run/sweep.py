@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +75,13 @@ def run_sweep(
         cluster = runs_on.start(grid)  # before the environment, which records its threads
         environment = runs_on.environment(grid.device)
         writer = ResultsWriter.create(folder, grid.to_dict(), environment, grid.option_names())
+        cost = fault_cost_s()
         writer.update(
             cluster=cluster,
             layers=grid.sources(),
             allocator=run_state(cluster.get("workers", [])),
-            fault_cost_s=fault_cost_s(),  # what one page fault costs here (measure.faults)
-            ceilings=run_ceilings(grid),
+            fault_cost_s=cost,  # what one page fault costs here (measure.faults)
+            ceilings=run_ceilings(grid, cost),
             count_cache={"enabled": countcache.enabled(), "folder": str(cache_dir() / "counts")},
         )
         writer.record_theories(record(grid))
@@ -93,7 +95,7 @@ def run_sweep(
         )  # fmt: skip
 
 
-def run_ceilings(grid: Grid) -> dict[str, Any] | None:
+def run_ceilings(grid: Grid, fault_cost: float | None = None) -> dict[str, Any] | None:
     """The ceilings of the run's device, dtype and threads for run.json: from the cache, or
     measured now (a few seconds, once per machine; ``attnbench machine --remeasure`` measures
     again). They are this process's device: with Ray, the driver's. None where they cannot
@@ -103,6 +105,9 @@ def run_ceilings(grid: Grid) -> dict[str, Any] | None:
         found, _ = machine_ceilings(grid.device, grid.dtype, threads)
     except (AttnbenchError, RuntimeError, OSError):
         return None
+    if found.page_fault_s is not None and fault_cost is not None:
+        # One cost of a fault per run: the one measured now, which fault_cost_s records too.
+        found = replace(found, page_fault_s=fault_cost)
     return found.to_dict()
 
 
