@@ -36,8 +36,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 app = typer.Typer(
     name="attnbench",
     help="Measure the complexity table of self-attention: time, memory, FLOPs, elementwise "
-    "work, sequential steps and path length of conv, recurrent, self-attention (full, "
-    "restricted, linear) and state-space layers over a grid of sequence lengths n and widths d.",
+    "work, bytes moved, sequential steps and path length of conv, recurrent, self-attention "
+    "(full, restricted, linear) and state-space layers over a grid of sequence lengths n and "
+    "widths d, and explain the times with the machine's own ceilings.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -47,8 +47,10 @@ def layers(
     ] = None,
     as_json: Annotated[bool, json_flag("the layers")] = False,
 ) -> None:
-    """List every layer available: built-in, installed plugins and those given, with their
-    options, family, FLOP, elementwise and bytes formulas and source."""
+    """List every layer: built-in, installed plugins and those given.
+
+    Each with its options, family, FLOP, elementwise and bytes formulas, and source.
+    """
     problems = plugins.discover()
     if load:
         parse_layers(load)

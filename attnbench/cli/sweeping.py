@@ -116,7 +116,7 @@ def sweep(
     no_cache: Annotated[bool, typer.Option("--no-cache", help=NO_CACHE_HELP)] = False,
     **options: Any,
 ) -> None:
-    """Measure time, peak memory, FLOPs, elementwise work, steps and path length over n x d.
+    """Measure time, memory, FLOPs, elementwise work, bytes, steps and path length over n x d.
 
     Every finished case is written at once. Cases that run out of memory or time are recorded
     (oom, timeout) and the larger cases of their layer skipped. Ctrl-C or SIGTERM stops after
