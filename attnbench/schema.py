@@ -72,6 +72,10 @@ class Metric:
 
 
 _CASE, _MEASURE, _STRUCTURE, _PLACEMENT = "case", "measure", "structure", "placement"
+_EXTENDED = (
+    "extended: <law> (a long recurrent case traced at short lengths and extended by a law "
+    "proven there; --full-trace traces it at n)"
+)
 
 COLUMNS: tuple[Column, ...] = (
     Column("case_id", "text", _CASE, "the case's identity: layer, sizes, options, device"),
@@ -120,7 +124,11 @@ COLUMNS: tuple[Column, ...] = (
         "seq_steps", "int", _STRUCTURE, "longest chain of dependent ops in one forward call",
         optional=True, summary="steps", fmt=fmt_int,
     ),
-    Column("seq_steps_method", "text", _STRUCTURE, "how: traced", optional=True),
+    Column(
+        "seq_steps_method", "text", _STRUCTURE,
+        f"traced; {_EXTENDED}; or none: <why>",
+        optional=True,
+    ),
     Column(
         "path_len", "int", _STRUCTURE, "maximum path length in position-mixing steps",
         optional=True, summary="path", fmt=fmt_int,
@@ -163,7 +171,8 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "elementwise_method", "text", _MEASURE,
-        "traced, or none: <why> when the count could not be taken (the case is kept)",
+        f"traced; {_EXTENDED}; or none: <why> when the count could not be taken "
+        "(the case is kept)",
         optional=True,
     ),
     Column(
@@ -202,7 +211,8 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "bytes_method", "text", _MEASURE,
-        "traced, or none: <why> when the count could not be taken (the case is kept)",
+        f"traced; {_EXTENDED}; or none: <why> when the count could not be taken "
+        "(the case is kept)",
         optional=True,
     ),
     Column(
@@ -219,7 +229,8 @@ COLUMNS: tuple[Column, ...] = (
         "counts_source", "text", _MEASURE,
         "traced: the exact counts (FLOPs, elementwise work, bytes, steps, path length) were "
         "traced for this case; cache: read from the count cache, where the same code traced "
-        "the same case before (--no-cache traces every case)",
+        "the same case before (--no-cache traces every case); extended: traced at short "
+        "lengths and extended by a law proven there (the *_method columns say which)",
         optional=True,
     ),
     Column(

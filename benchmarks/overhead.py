@@ -5,9 +5,10 @@
    the share that is the tool's own overhead, over the run and per layer.
 2. ``--phases``: every case of a grid (default: the default sweep's) measured phase by phase in
    this process, as ``measure_case`` does it: build and first call, path length, the traced
-   counts (one census pass in forward mode), the memory profile, and timing; seconds per phase
+   counts (one census pass in forward mode; a long recurrent case traced at the short probe
+   lengths and extended, ``measure.extend``), the memory profile, and timing; seconds per phase
    and layer, the four separate passes the census replaced (steps, FLOPs, elementwise work,
-   bytes) beside it, and the cases furthest outside their timing.
+   bytes) beside it (not for the extended cases), and the cases furthest outside their timing.
 
     python benchmarks/overhead.py [RUN ...] [--phases] [--layers ...] [--n ...] [--d ...]
 
@@ -49,7 +50,14 @@ def run_table(folder: Path) -> None:
 
 def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
     from attnbench.layers.registry import entry
-    from attnbench.measure.case import layer_builder, make_step, traced_counts
+    from attnbench.measure import extend
+    from attnbench.measure.case import (
+        call_counts,
+        layer_builder,
+        make_step,
+        prime_instruments,
+        traced_counts,
+    )
     from attnbench.measure.elementwise import count_elementwise
     from attnbench.measure.flops import trace_flops
     from attnbench.measure.memory import peak_bytes
@@ -67,6 +75,7 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
         lambda: dict.fromkeys((*PHASES, *SEPARATE), 0.0)
     )
     worst = []
+    prime_instruments()  # as a sweep does: the dispatch-mode start-up is not a case's
     for case in grid.cases():
         spent = dict.fromkeys((*PHASES, *SEPARATE), 0.0)
         clock = time.perf_counter()
@@ -84,16 +93,20 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
         with contextlib.suppress(Exception):  # a probe the layer refuses costs what it cost
             path_length(layer_builder(case, 0), case.n, case.d, scale=reach)
         lap("path")
-        traced_counts(step, case.mode)
-        lap("census")
-        sequential_steps(step.forward)
-        lap("steps")
-        trace_flops(step)
-        lap("flops")
-        count_elementwise(step.forward)
-        lap("elementwise")
-        count_traffic(step)
-        lap("bytes")
+        if extend.applies(case):  # traced at the short probes and extended, as a sweep does
+            extend.extended_counts(case, lambda short: call_counts(make_step(short, 0), short.mode))
+            lap("census")
+        else:
+            traced_counts(step, case.mode)
+            lap("census")
+            sequential_steps(step.forward)
+            lap("steps")
+            trace_flops(step)
+            lap("flops")
+            count_elementwise(step.forward)
+            lap("elementwise")
+            count_traffic(step)
+            lap("bytes")
         peak_bytes(recording_fused(step, set(), []), case.device)
         lap("memory")
         time_call(step, policy)

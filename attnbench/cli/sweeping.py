@@ -25,7 +25,7 @@ from attnbench.cli.render import Streams, SweepProgress
 from attnbench.cli.summary import summary_notes, summary_tables
 from attnbench.compare import compare_runs
 from attnbench.errors import AttnbenchError
-from attnbench.measure import countcache
+from attnbench.measure import countcache, extend
 from attnbench.render.charts import plot_run
 from attnbench.render.verdicts import to_json
 from attnbench.results.run import RunResults
@@ -35,15 +35,23 @@ from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import load_config
 from attnbench.thresholds import gate_from
 
+FULL_TRACE_HELP = (
+    "Trace every case's counts at its own n. By default a case whose layer takes more than "
+    f"{extend.EXTEND_ABOVE_STEPS} sequential steps (an rnn at n = 8192) is traced at "
+    f"n = {', '.join(map(str, extend.PROBES))} and its counts extended by the law those traces "
+    "prove (the *_method columns say extended)."
+)
 NO_CACHE_HELP = (
     "Trace every case's exact counts (FLOPs, elementwise work, bytes, steps, path length) "
     "instead of reading those this code traced before from the count cache "
     "($ATTNBENCH_CACHE_DIR/counts); results.csv's counts_source says which were read."
 )
 # Rich reads [ray] as markup in help texts: escaped.
-EXECUTOR_HELP = "Where cases run: " + "; ".join(
-    f"{name}: {entry.help}".replace("[", "\\[") for name, entry in EXECUTORS.items()
-) + "."
+EXECUTOR_HELP = (
+    "Where cases run: "
+    + "; ".join(f"{name}: {entry.help}".replace("[", "\\[") for name, entry in EXECUTORS.items())
+    + "."
+)
 
 
 @with_options(before=GRID, after=(*GATE, *VERDICT_OUTPUT))
@@ -114,6 +122,7 @@ def sweep(
         ),
     ] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help=NO_CACHE_HELP)] = False,
+    full_trace: Annotated[bool, typer.Option("--full-trace", help=FULL_TRACE_HELP)] = False,
     **options: Any,
 ) -> None:
     """Measure time, memory, FLOPs, elementwise work, bytes, steps and path length over n x d.
@@ -125,6 +134,8 @@ def sweep(
     """
     if no_cache:  # the environment reaches the worker processes too
         os.environ[countcache.NO_CACHE_ENV] = "1"
+    if full_trace:
+        os.environ[extend.FULL_TRACE_ENV] = "1"
     thresholds, gate = gate_from(options)
     fmt = verdict_format(options)
     output = options.get("output")

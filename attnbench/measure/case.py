@@ -6,6 +6,7 @@ executor), so it depends on nothing but the case, the seed and the timing policy
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from torch import nn
 from attnbench.devices import DTYPES, device_sync
 from attnbench.errors import first_line
 from attnbench.layers.registry import build_layer, entry
-from attnbench.measure import countcache
+from attnbench.measure import countcache, extend
 from attnbench.measure.census import take_census
 from attnbench.measure.elementwise import ELEMENTWISE_METHOD, count_elementwise
 from attnbench.measure.faults import FaultCounter
@@ -144,8 +145,8 @@ def measure_case(
         # The exact counts depend on the code and the case only: read them from the cache
         # when this code traced this case before (countcache), else trace them.
         counts, source = countcache.read(case, seed), countcache.CACHED
-        if counts is None:
-            counts, source = trace_counts(case, step, seed), countcache.TRACED
+        if counts is None or (extend.full_trace() and extend.is_extended(counts)):
+            counts, source = trace_counts(case, step, seed)
             countcache.write(case, seed, counts)
         fused: set[str] = set()
         timed_ops: list[int] = []  # the timed path's ops (a fused kernel is one)
@@ -187,8 +188,10 @@ def measure_case(
     )
 
 
-def trace_counts(case: Case, step: Step, seed: int) -> countcache.Counts:
-    """Every exact count of the case, traced from its real layer.
+def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, str]:
+    """Every exact count of the case, traced from its real layer, and how (``counts_source``):
+    in full, or for a long recurrent case at short lengths and extended by a law proven there
+    (``measure.extend``).
 
     The auxiliary counts each run in their own guard: one that fails (a probe at a length the
     layer refuses) leaves its column empty with the reason, and the case's time, memory and
@@ -198,8 +201,25 @@ def trace_counts(case: Case, step: Step, seed: int) -> countcache.Counts:
     path, path_method = auxiliary(
         lambda: path_length(layer_builder(case, seed), case.n, case.d, scale=reach)
     )
+    path_counts = {
+        "path_len": None if path is None else path.value,
+        "path_len_method": path_method if path is None else path.method,
+    }
+    if extend.applies(case):
+        found = extend.extended_counts(
+            case, lambda short: call_counts(make_step(short, seed), short.mode)
+        )
+        if found is not None:
+            return dataclasses.replace(found, **path_counts), extend.EXTENDED
+    return call_counts(step, case.mode, **path_counts), countcache.TRACED
+
+
+def call_counts(
+    step: Step, mode: str, path_len: int | None = None, path_len_method: str = ""
+) -> countcache.Counts:
+    """The counts of the step's call (path length as given: it is not a count of one call)."""
     flop_count, (steps, steps_method), (elements, elements_method), traced = traced_counts(
-        step, case.mode
+        step, mode
     )
     traffic, traffic_method = traced
     return countcache.Counts(
@@ -207,8 +227,8 @@ def trace_counts(case: Case, step: Step, seed: int) -> countcache.Counts:
         uncounted_ops=flop_count.uncounted,
         seq_steps=steps,
         seq_steps_method=steps_method,
-        path_len=None if path is None else path.value,
-        path_len_method=path_method if path is None else path.method,
+        path_len=path_len,
+        path_len_method=path_len_method,
         elementwise=elements,
         elementwise_method=elements_method,
         bytes=None if traffic is None else traffic.bytes,

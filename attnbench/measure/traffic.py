@@ -26,7 +26,7 @@ were reused, an upper bound on the traffic and the denominator of arithmetic int
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +107,12 @@ class Traffic:
 
     def kernels_text(self) -> str:
         """The results' ``kernels`` column: "conv:FLOPS:BYTES; attention:FLOPS:BYTES"."""
-        return "; ".join(f"{k}:{f}:{b}" for k, (f, b) in sorted(self.kernels.items()))
+        return format_kernels(self.kernels)
+
+
+def format_kernels(kernels: Mapping[str, tuple[int, int]]) -> str:
+    """{kind: (FLOPs, bytes)} as the ``kernels`` column writes it."""
+    return "; ".join(f"{k}:{f}:{b}" for k, (f, b) in sorted(kernels.items()))
 
 
 def kernel_kind(name: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from attnbench.layers.registry import entry
-from attnbench.measure import countcache
+from attnbench.measure import countcache, extend
 from attnbench.spec import Case, Grid
 
 # Rough throughputs, used only to warn before an absurd sweep starts; never reported as measured.
@@ -24,6 +24,8 @@ def tracing_seconds(case: Case, cached: bool) -> float:
     """A rough estimate of the seconds a case spends outside its timing, tracing its counts."""
     if cached:
         return _CACHED_CASE_S
+    if extend.applies(case):  # traced at the short probe lengths, then extended
+        return _TRACE_CASE_S * len(extend.PROBES) + _TRACE_STEP_S * sum(extend.PROBES)
     theory = entry(case.layer).theory
     steps = theory.sequential_law(case.sizes()) if theory is not None else 1.0
     return _TRACE_CASE_S + _TRACE_STEP_S * (steps if steps > 1 else 0.0)

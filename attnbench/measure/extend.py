@@ -1,0 +1,162 @@
+"""Exact counts of a long recurrent case from traces at short lengths, by a law proven there.
+
+Tracing a recurrent layer costs about 2 ms per position (every step is its own handful of
+dispatched ops), so a full trace of an rnn at n = 8192 takes longer than timing it many times.
+Its counts (FLOPs, elementwise work, bytes, sequential steps) are polynomials of low degree in
+n, so they are traced at four short lengths (``PROBES``), the polynomial through the first
+three (degree 2 at most, exact rational arithmetic) must reproduce the fourth exactly, and only
+then is it evaluated at the case's n. A count with no such law, a layer that refuses a probe
+length, or ops the FLOP counter did not account for: the case is traced in full instead.
+
+Extended figures are never silent: their ``*_method`` columns read ``extended: ...`` with the
+law and the lengths, and ``counts_source`` is ``extended``. ``--full-trace`` (the environment's
+``ATTNBENCH_FULL_TRACE=1``, which reaches worker processes) traces every case in full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from fractions import Fraction
+
+from attnbench.layers.registry import entry
+from attnbench.measure.countcache import Counts
+from attnbench.measure.memory import is_out_of_memory
+from attnbench.measure.traffic import format_kernels, parse_kernels
+from attnbench.spec import Case
+
+FULL_TRACE_ENV = "ATTNBENCH_FULL_TRACE"
+EXTENDED = "extended"  # the results' counts_source for counts extended in this run
+PROBES = (32, 64, 128, 256)  # traced lengths: the law through the first three, proven on the last
+EXTEND_ABOVE_STEPS = 512  # extend a case whose theory says it takes more sequential steps
+# The counts a law carries from the probes to n (uncounted_ops must be empty; path length
+# has its own probes in measure.structure).
+NUMBERS = ("flops", "seq_steps", "elementwise", "bytes", "product_bytes")
+METHODS = {"seq_steps": "seq_steps_method", "elementwise": "elementwise_method",
+           "bytes": "bytes_method"}  # fmt: skip
+
+
+def full_trace(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether every case is traced in full (``ATTNBENCH_FULL_TRACE=1``)."""
+    env = os.environ if environ is None else environ
+    return env.get(FULL_TRACE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def applies(case: Case, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the case's counts are extended from the probes rather than traced at its n: its
+    layer's theory says it takes more than ``EXTEND_ABOVE_STEPS`` sequential steps (a layer
+    without a theory is always traced in full), and the user did not ask for full traces."""
+    if full_trace(environ) or case.n <= 2 * PROBES[-1]:
+        return False
+    theory = entry(case.layer).theory
+    if theory is None:
+        return False
+    return theory.sequential_law(case.sizes()) > EXTEND_ABOVE_STEPS
+
+
+def is_extended(counts: Counts) -> bool:
+    """Whether the counts were extended from the probes (cached so, or traced so now)."""
+    return any(getattr(counts, column).startswith(EXTENDED) for column in METHODS.values())
+
+
+class Law:
+    """The polynomial of degree at most 2 through three (n, value) points, exactly."""
+
+    def __init__(self, points: list[tuple[int, int]]) -> None:
+        (x0, y0), (x1, y1), (x2, y2) = points
+        # Newton's divided differences: p(n) = y0 + c1 (n - x0) + c2 (n - x0)(n - x1).
+        d01 = Fraction(y1 - y0, x1 - x0)
+        d12 = Fraction(y2 - y1, x2 - x1)
+        self.x0, self.x1, self.y0 = x0, x1, y0
+        self.c1 = d01
+        self.c2 = (d12 - d01) / (x2 - x0)
+
+    def __call__(self, n: int) -> Fraction:
+        return self.y0 + self.c1 * (n - self.x0) + self.c2 * (n - self.x0) * (n - self.x1)
+
+    @property
+    def degree(self) -> int:
+        return 2 if self.c2 else 1 if self.c1 else 0
+
+
+def fit_law(values: Mapping[int, int]) -> Law | None:
+    """The law through the first three probes, if it reproduces every other probe exactly."""
+    points = sorted(values.items())
+    law = Law(points[:3])
+    if any(law(x) != y for x, y in points[3:]):
+        return None
+    return law
+
+
+def extend(found: Mapping[int, Counts], n: int) -> Counts | None:
+    """The counts at ``n`` from the counts traced at the probe lengths, or None where one count
+    has no law (the caller then traces the case in full)."""
+    lengths = sorted(found)
+    first = found[lengths[0]]
+    if any(c.uncounted_ops for c in found.values()):
+        return None  # work the FLOP counter did not see has no law to trust
+    laws: dict[str, int | None] = {}
+    degrees: set[int] = set()
+    for name in NUMBERS:
+        values = {m: getattr(found[m], name) for m in lengths}
+        if any(v is None for v in values.values()):
+            laws[name] = None  # failed at a probe: empty at n too, with the probe's reason
+            continue
+        value = _extended(values, n, degrees)
+        if value is None:
+            return None
+        laws[name] = value
+    kernels = _extend_kernels({m: found[m].kernels for m in lengths}, n, degrees)
+    if kernels is None:
+        return None
+    shape = {0: "constant", 1: "linear", 2: "quadratic"}[max(degrees, default=0)]
+    how = f"{EXTENDED}: {shape} in n through n={','.join(map(str, lengths))}"
+    methods = {
+        column: how if laws[name] is not None else getattr(first, column)
+        for name, column in METHODS.items()
+    }
+    return dataclasses.replace(first, **laws, **methods, kernels=kernels)  # type: ignore[arg-type]
+
+
+def _extended(values: Mapping[int, int], n: int, degrees: set[int]) -> int | None:
+    law = fit_law(values)
+    if law is None:
+        return None
+    value = law(n)
+    if value.denominator != 1 or value < 0:
+        return None
+    degrees.add(law.degree)
+    return int(value)
+
+
+def _extend_kernels(texts: Mapping[int, str], n: int, degrees: set[int]) -> str | None:
+    """Each kind of product's FLOPs and bytes, extended like the other counts."""
+    parsed = {m: parse_kernels(text) for m, text in texts.items()}
+    kinds = {tuple(sorted(p)) for p in parsed.values()}
+    if len(kinds) != 1:
+        return None  # a kind of product that appears only at some lengths has no law
+    result: dict[str, tuple[int, int]] = {}
+    for kind in next(iter(kinds)):
+        pair = []
+        for index in (0, 1):
+            value = _extended({m: int(p[kind][index]) for m, p in parsed.items()}, n, degrees)
+            if value is None:
+                return None
+            pair.append(value)
+        result[kind] = (pair[0], pair[1])
+    return format_kernels(result)
+
+
+def extended_counts(case: Case, trace: Callable[[Case], Counts]) -> Counts | None:
+    """The case's counts extended from ``trace`` at the probe lengths, or None when the layer
+    refuses a probe or a count has no law there (trace it in full then)."""
+    found: dict[int, Counts] = {}
+    for m in PROBES:
+        try:
+            found[m] = trace(dataclasses.replace(case, n=m))
+        except Exception as exc:  # the layer refuses this length: trace the case in full
+            if is_out_of_memory(exc):
+                raise
+            return None
+    return extend(found, case.n)

@@ -1,0 +1,162 @@
+"""Counts of long recurrent cases, extended from short traces by a law proven there: the law is
+exact, refuses what it cannot prove, is labelled, and equals the full trace on every long
+recurrent case of the reference runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from synthetic import small_case
+
+from attnbench.measure import countcache, extend
+from attnbench.measure.case import make_step, measure_case, trace_counts
+from attnbench.measure.countcache import Counts
+from attnbench.measure.timing import TimingPolicy
+from attnbench.spec import grid_from_config
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = TimingPolicy(warmup_calls=0, min_block_s=0.0, min_samples=1, max_samples=1, budget_s=0.0)
+
+
+def counts(n: int, **overrides: object) -> Counts:
+    """Synthetic counts of a recurrent layer: affine in n, as an rnn's are."""
+    values = dict(
+        flops=1000 * n + 7,
+        uncounted_ops="",
+        seq_steps=n,
+        seq_steps_method="traced",
+        path_len=None,
+        path_len_method="",
+        elementwise=30 * n,
+        elementwise_method="counted",
+        bytes=400 * n + 64,
+        bytes_method="counted",
+        product_bytes=100 * n,
+        kernels=f"conv:{6 * n}:{8 * n + 2}",
+    )
+    values.update(overrides)
+    return Counts(**values)  # type: ignore[arg-type]
+
+
+def probes(**overrides: object) -> dict[int, Counts]:
+    return {m: counts(m, **overrides) for m in extend.PROBES}
+
+
+def test_the_law_through_three_points_is_exact_and_knows_its_degree() -> None:
+    assert extend.Law([(1, 5), (2, 7), (4, 11)])(100) == 203
+    assert extend.Law([(1, 5), (2, 7), (4, 11)]).degree == 1
+    square = extend.Law([(2, 4), (3, 9), (5, 25)])
+    assert (square(1000), square.degree) == (1_000_000, 2)
+    assert extend.Law([(1, 1), (2, 2), (4, 3)])(3) == Fraction(8, 3)
+
+
+def test_a_law_is_kept_only_if_it_reproduces_the_other_probes() -> None:
+    assert extend.fit_law({1: 1, 2: 2, 4: 4, 8: 8}) is not None
+    # n log n: no polynomial of degree 2 through three points reproduces the fourth.
+    assert extend.fit_law({m: m * m.bit_length() for m in (64, 128, 256, 512)}) is None
+
+
+def test_extended_counts_equal_the_law_at_n_and_say_so() -> None:
+    found = extend.extend(probes(), 8192)
+    assert found is not None
+    assert (found.flops, found.seq_steps, found.elementwise) == (8192007, 8192, 245760)
+    assert (found.bytes, found.product_bytes) == (400 * 8192 + 64, 819200)
+    assert found.kernels == f"conv:{6 * 8192}:{8 * 8192 + 2}"
+    how = "extended: linear in n through n=32,64,128,256"
+    assert (found.seq_steps_method, found.elementwise_method, found.bytes_method) == (how,) * 3
+    assert extend.is_extended(found) and not extend.is_extended(counts(8192))
+
+
+def test_what_cannot_be_extended_is_traced_in_full() -> None:
+    wobbly = probes()
+    last = extend.PROBES[-1]
+    wobbly[last] = dataclasses.replace(wobbly[last], flops=wobbly[last].flops + 1)
+    assert extend.extend(wobbly, 8192) is None  # the fourth probe leaves the law
+    assert extend.extend(probes(uncounted_ops="aten.foo x3 (9 elements)"), 8192) is None
+    halves = {m: dataclasses.replace(c, bytes=c.bytes + m // 2) for m, c in probes().items()}
+    assert extend.extend(halves, 8191) is None  # n / 2 at an odd n: no whole count of bytes
+    kinds = probes()
+    kinds[64] = dataclasses.replace(kinds[64], kernels="")
+    assert extend.extend(kinds, 8192) is None  # a kind of product only at some lengths
+
+
+def test_a_count_that_failed_at_the_probes_stays_empty_with_their_reason() -> None:
+    found = extend.extend(probes(elementwise=None, elementwise_method="none: odd op"), 4096)
+    assert found is not None
+    assert (found.elementwise, found.elementwise_method) == (None, "none: odd op")
+    assert found.bytes_method.startswith("extended")
+
+
+def test_only_long_sequential_cases_are_extended_and_full_trace_turns_it_off() -> None:
+    assert extend.applies(small_case("rnn", n=4096))
+    assert not extend.applies(small_case("rnn", n=512))  # traced in full: at most 2x the probes
+    assert not extend.applies(small_case("attention", n=4096))  # one step: cheap to trace
+    assert not extend.applies(small_case("ssm-scan", n=4096))  # log n steps
+    assert not extend.applies(small_case("rnn", n=4096), {extend.FULL_TRACE_ENV: "1"})
+
+
+def test_a_case_whose_layer_refuses_a_probe_length_is_traced_in_full() -> None:
+    def refuse(case: object) -> Counts:
+        raise ValueError("n must be a multiple of 100")
+
+    assert extend.extended_counts(small_case("rnn", n=4096), refuse) is None
+
+
+def test_a_long_rnn_case_is_extended_and_equals_its_full_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    case = small_case("rnn", n=1024, d=4)
+    short, how = trace_counts(case, make_step(case, 0), 0)
+    monkeypatch.setenv(extend.FULL_TRACE_ENV, "1")
+    full, full_how = trace_counts(case, make_step(case, 0), 0)
+    assert (how, full_how) == (extend.EXTENDED, countcache.TRACED)
+    assert short.bytes_method.startswith("extended") and not extend.is_extended(full)
+    assert short == dataclasses.replace(
+        full, **{c: getattr(short, c) for c in extend.METHODS.values()}
+    )
+
+
+def test_full_trace_does_not_read_an_extended_entry_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(countcache.NO_CACHE_ENV, raising=False)
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
+    case = small_case("rnn", n=1024, d=4)
+    first = measure_case(case, policy=QUICK)
+    assert (first.counts_source, first.bytes_method[:8]) == (extend.EXTENDED, "extended")
+    assert measure_case(case, policy=QUICK).counts_source == countcache.CACHED
+    monkeypatch.setenv(extend.FULL_TRACE_ENV, "1")
+    full = measure_case(case, policy=QUICK)
+    assert full.counts_source == countcache.TRACED
+    assert not full.bytes_method.startswith("extended") and full.bytes == first.bytes
+
+
+def reference_long_cases() -> list[object]:
+    """Every case of the committed reference runs whose counts are extended."""
+    found = {}
+    for run in sorted((ROOT / "results").glob("*/run.json")):
+        config = json.loads(run.read_text())["config"]
+        for case in grid_from_config(config).cases():
+            if extend.applies(case, {}):
+                found[case.case_id] = case
+    return list(found.values())
+
+
+@pytest.mark.slow
+def test_extended_counts_equal_full_traces_on_every_long_case_of_the_reference_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cases = reference_long_cases()
+    assert {c.layer for c in cases} == {"rnn", "gru", "lstm", "ssm"}  # the sequential ones
+    for case in cases:
+        monkeypatch.delenv(extend.FULL_TRACE_ENV, raising=False)
+        short, how = trace_counts(case, make_step(case, 0), 0)
+        monkeypatch.setenv(extend.FULL_TRACE_ENV, "1")
+        full, _ = trace_counts(case, make_step(case, 0), 0)
+        assert how == extend.EXTENDED, case.case_id
+        methods = {c: getattr(full, c) for c in extend.METHODS.values()}
+        assert dataclasses.replace(short, **methods) == full, case.case_id
