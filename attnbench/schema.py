@@ -234,6 +234,12 @@ COLUMNS: tuple[Column, ...] = (
         optional=True,
     ),
     Column(
+        "peak_bytes_method", "text", _MEASURE,
+        "measured: one call at n; extended: <law> (a long recurrent case's memory pass taken at "
+        "short lengths and extended by a law proven there, as its counts are)",
+        optional=True,
+    ),
+    Column(
         "page_faults", "float", _MEASURE,
         "minor page faults per call in the median timed block (getrusage, every thread; "
         "empty on CUDA and MPS, whose tensors live in device memory)",

@@ -13,7 +13,7 @@ import pytest
 from synthetic import small_case
 
 from attnbench.measure import countcache, extend
-from attnbench.measure.case import make_step, measure_case, trace_counts
+from attnbench.measure.case import make_step, measure_case, memory_pass, trace_counts
 from attnbench.measure.countcache import Counts
 from attnbench.measure.timing import TimingPolicy
 from attnbench.spec import grid_from_config
@@ -66,7 +66,7 @@ def test_extended_counts_equal_the_law_at_n_and_say_so() -> None:
     assert (found.flops, found.seq_steps, found.elementwise) == (8192007, 8192, 245760)
     assert (found.bytes, found.product_bytes) == (400 * 8192 + 64, 819200)
     assert found.kernels == f"conv:{6 * 8192}:{8 * 8192 + 2}"
-    how = "extended: linear in n through n=32,64,128,256"
+    how = "extended: linear in n through n=8,16,32,64"
     assert (found.seq_steps_method, found.elementwise_method, found.bytes_method) == (how,) * 3
     assert extend.is_extended(found) and not extend.is_extended(counts(8192))
 
@@ -93,10 +93,28 @@ def test_a_count_that_failed_at_the_probes_stays_empty_with_their_reason() -> No
 
 def test_only_long_sequential_cases_are_extended_and_full_trace_turns_it_off() -> None:
     assert extend.applies(small_case("rnn", n=4096))
-    assert not extend.applies(small_case("rnn", n=512))  # traced in full: at most 2x the probes
+    assert not extend.applies(small_case("rnn", n=512))  # 512 steps: traced in full
     assert not extend.applies(small_case("attention", n=4096))  # one step: cheap to trace
     assert not extend.applies(small_case("ssm-scan", n=4096))  # log n steps
     assert not extend.applies(small_case("rnn", n=4096), {extend.FULL_TRACE_ENV: "1"})
+
+
+def test_the_memory_pass_is_extended_by_its_own_law() -> None:
+    found = {m: extend.Profile(4 * 64 * m + 512, 3 * m + 2, frozenset()) for m in extend.PROBES}
+    profile = extend.extend_profile(found, 8192)
+    assert profile is not None
+    assert (profile.peak_bytes, profile.ops) == (4 * 64 * 8192 + 512, 24578)
+    assert profile.method == "extended: linear in n through n=8,16,32,64"
+    on_mps = {m: extend.Profile(None, m, frozenset()) for m in extend.PROBES}
+    extended = extend.extend_profile(on_mps, 4096)
+    assert extended is not None and (extended.peak_bytes, extended.ops) == (None, 4096)
+
+
+def test_a_fused_kernel_is_profiled_at_n() -> None:
+    # oneDNN's lstm: its scratch memory is linear at n = 8..64 and not at n = 1024 (d = 64).
+    fused = frozenset({"mkldnn_rnn_layer"})
+    found = {m: extend.Profile(4 * m, 5, fused) for m in extend.PROBES}
+    assert extend.extend_profile(found, 8192) is None
 
 
 def test_a_case_whose_layer_refuses_a_probe_length_is_traced_in_full() -> None:
@@ -118,6 +136,9 @@ def test_a_long_rnn_case_is_extended_and_equals_its_full_trace(
     assert short == dataclasses.replace(
         full, **{c: getattr(short, c) for c in extend.METHODS.values()}
     )
+    profile = extend.extended_profile(case, lambda probe: memory_pass(probe, 0))
+    assert profile is not None and profile.method.startswith("extended")
+    assert dataclasses.replace(profile, method="measured") == memory_pass(case, 0)
 
 
 def test_full_trace_does_not_read_an_extended_entry_from_the_cache(
@@ -128,11 +149,13 @@ def test_full_trace_does_not_read_an_extended_entry_from_the_cache(
     case = small_case("rnn", n=1024, d=4)
     first = measure_case(case, policy=QUICK)
     assert (first.counts_source, first.bytes_method[:8]) == (extend.EXTENDED, "extended")
+    assert first.peak_bytes_method.startswith("extended")
     assert measure_case(case, policy=QUICK).counts_source == countcache.CACHED
     monkeypatch.setenv(extend.FULL_TRACE_ENV, "1")
     full = measure_case(case, policy=QUICK)
     assert full.counts_source == countcache.TRACED
     assert not full.bytes_method.startswith("extended") and full.bytes == first.bytes
+    assert (full.peak_bytes_method, full.peak_bytes) == ("measured", first.peak_bytes)
 
 
 def reference_long_cases() -> list[object]:
@@ -152,6 +175,7 @@ def test_extended_counts_equal_full_traces_on_every_long_case_of_the_reference_r
 ) -> None:
     cases = reference_long_cases()
     assert {c.layer for c in cases} == {"rnn", "gru", "lstm", "ssm"}  # the sequential ones
+    unproven: set[str] = set()
     for case in cases:
         monkeypatch.delenv(extend.FULL_TRACE_ENV, raising=False)
         short, how = trace_counts(case, make_step(case, 0), 0)
@@ -160,3 +184,11 @@ def test_extended_counts_equal_full_traces_on_every_long_case_of_the_reference_r
         assert how == extend.EXTENDED, case.case_id
         methods = {c: getattr(full, c) for c in extend.METHODS.values()}
         assert dataclasses.replace(short, **methods) == full, case.case_id
+        # The memory pass: extended where the probes prove a law and no fused kernel ran (a
+        # sweep profiles those at n: oneDNN's lstm).
+        profile = extend.extended_profile(case, lambda probe: memory_pass(probe, 0))
+        if profile is None:
+            unproven.add(case.layer)
+            continue
+        assert dataclasses.replace(profile, method="measured") == memory_pass(case, 0), case.case_id
+    assert unproven == {"lstm"}

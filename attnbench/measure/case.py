@@ -148,9 +148,11 @@ def measure_case(
         if counts is None or (extend.full_trace() and extend.is_extended(counts)):
             counts, source = trace_counts(case, step, seed)
             countcache.write(case, seed, counts)
-        fused: set[str] = set()
-        timed_ops: list[int] = []  # the timed path's ops (a fused kernel is one)
-        peak = peak_bytes(recording_fused(step, fused, timed_ops), case.device)
+        memory = None
+        if extend.applies(case):  # profiled at the short probes, extended by their law
+            memory = extend.extended_profile(case, lambda short: memory_pass(short, seed))
+        if memory is None:
+            memory = memory_pass(case, seed, step)
         if counter is not None:  # counted in its own process, under Callgrind
             timing, instructions = None, counter.count(case, seed)
         else:
@@ -164,11 +166,12 @@ def measure_case(
         status="ok",
         threads=threads,
         timing=timing,
-        peak_bytes=peak,
+        peak_bytes=memory.peak_bytes,
+        peak_bytes_method=memory.method,
         flops=counts.flops,
         flops_analytic=case.analytic_flops(),
         uncounted_ops=counts.uncounted_ops,
-        fused_path=describe_fused(fused),
+        fused_path=describe_fused(set(memory.fused)),
         seq_steps=counts.seq_steps,
         seq_steps_method=counts.seq_steps_method,
         path_len=counts.path_len,
@@ -181,11 +184,23 @@ def measure_case(
         bytes=counts.bytes,
         bytes_method=counts.bytes_method,
         bytes_analytic=case.analytic_bytes(),
-        ops=timed_ops[0] if timed_ops else None,
+        ops=memory.ops,
         product_bytes=counts.product_bytes,
         kernels=counts.kernels,
         counts_source=source,
     )
+
+
+def memory_pass(case: Case, seed: int, step: Step | None = None) -> extend.Profile:
+    """Peak memory of one real call, with the ops it dispatched (a fused kernel is one) and the
+    fused paths it took; a fresh step is called once first, so lazy set-up stays unmeasured."""
+    if step is None:
+        step = make_step(case, seed)
+        step()
+    fused: set[str] = set()
+    timed_ops: list[int] = []
+    peak = peak_bytes(recording_fused(step, fused, timed_ops), case.device)
+    return extend.Profile(peak, timed_ops[0] if timed_ops else None, frozenset(fused))
 
 
 def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, str]:

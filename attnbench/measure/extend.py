@@ -1,6 +1,6 @@
 """Exact counts of a long recurrent case from traces at short lengths, by a law proven there.
 
-Tracing a recurrent layer costs about 2 ms per position (every step is its own handful of
+Tracing a recurrent layer costs 1-3 ms per position (every step is its own handful of
 dispatched ops), so a full trace of an rnn at n = 8192 takes longer than timing it many times.
 Its counts (FLOPs, elementwise work, bytes, sequential steps) are polynomials of low degree in
 n, so they are traced at four short lengths (``PROBES``), the polynomial through the first
@@ -8,9 +8,14 @@ three (degree 2 at most, exact rational arithmetic) must reproduce the fourth ex
 then is it evaluated at the case's n. A count with no such law, a layer that refuses a probe
 length, or ops the FLOP counter did not account for: the case is traced in full instead.
 
-Extended figures are never silent: their ``*_method`` columns read ``extended: ...`` with the
-law and the lengths, and ``counts_source`` is ``extended``. ``--full-trace`` (the environment's
-``ATTNBENCH_FULL_TRACE=1``, which reaches worker processes) traces every case in full.
+The memory pass (peak bytes, the timed path's ops) costs about as much per op under the
+profiler, so where the call runs no fused kernel it is taken at the same probes and extended
+the same way; a fused kernel (oneDNN's lstm) is one op, profiled at n.
+
+Extended figures are never silent: their ``*_method`` columns (``peak_bytes_method`` too) read
+``extended: ...`` with the law and the lengths, and ``counts_source`` is ``extended``.
+``--full-trace`` (the environment's ``ATTNBENCH_FULL_TRACE=1``, which reaches worker processes)
+traces and profiles every case in full.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from fractions import Fraction
+from typing import TypeVar
 
 from attnbench.layers.registry import entry
 from attnbench.measure.countcache import Counts
@@ -28,7 +35,7 @@ from attnbench.spec import Case
 
 FULL_TRACE_ENV = "ATTNBENCH_FULL_TRACE"
 EXTENDED = "extended"  # the results' counts_source for counts extended in this run
-PROBES = (32, 64, 128, 256)  # traced lengths: the law through the first three, proven on the last
+PROBES = (8, 16, 32, 64)  # traced lengths: the law through the first three, proven on the last
 EXTEND_ABOVE_STEPS = 512  # extend a case whose theory says it takes more sequential steps
 # The counts a law carries from the probes to n (uncounted_ops must be empty; path length
 # has its own probes in measure.structure).
@@ -47,7 +54,7 @@ def applies(case: Case, environ: Mapping[str, str] | None = None) -> bool:
     """Whether the case's counts are extended from the probes rather than traced at its n: its
     layer's theory says it takes more than ``EXTEND_ABOVE_STEPS`` sequential steps (a layer
     without a theory is always traced in full), and the user did not ask for full traces."""
-    if full_trace(environ) or case.n <= 2 * PROBES[-1]:
+    if full_trace(environ) or case.n <= 4 * PROBES[-1]:
         return False
     theory = entry(case.layer).theory
     if theory is None:
@@ -58,6 +65,17 @@ def applies(case: Case, environ: Mapping[str, str] | None = None) -> bool:
 def is_extended(counts: Counts) -> bool:
     """Whether the counts were extended from the probes (cached so, or traced so now)."""
     return any(getattr(counts, column).startswith(EXTENDED) for column in METHODS.values())
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the memory pass of one call gives: its peak bytes (None where the device keeps no
+    statistics), the ops its real path dispatched, the fused paths it took, and how."""
+
+    peak_bytes: int | None
+    ops: int | None
+    fused: frozenset[str]
+    method: str = "measured"
 
 
 class Law:
@@ -110,13 +128,39 @@ def extend(found: Mapping[int, Counts], n: int) -> Counts | None:
     kernels = _extend_kernels({m: found[m].kernels for m in lengths}, n, degrees)
     if kernels is None:
         return None
-    shape = {0: "constant", 1: "linear", 2: "quadratic"}[max(degrees, default=0)]
-    how = f"{EXTENDED}: {shape} in n through n={','.join(map(str, lengths))}"
+    how = describe(degrees, lengths)
     methods = {
         column: how if laws[name] is not None else getattr(first, column)
         for name, column in METHODS.items()
     }
     return dataclasses.replace(first, **laws, **methods, kernels=kernels)  # type: ignore[arg-type]
+
+
+def describe(degrees: set[int], lengths: list[int]) -> str:
+    """The *_method text of extended figures: the law's shape and the lengths that prove it."""
+    shape = {0: "constant", 1: "linear", 2: "quadratic"}[max(degrees, default=0)]
+    return f"{EXTENDED}: {shape} in n through n={','.join(map(str, lengths))}"
+
+
+def extend_profile(found: Mapping[int, Profile], n: int) -> Profile | None:
+    """The memory pass at ``n`` from the passes at the probe lengths: peak bytes and the timed
+    path's ops each by its law; None without a law, or where a fused kernel ran."""
+    lengths = sorted(found)
+    if any(p.fused for p in found.values()):
+        # A fused kernel's scratch memory follows its own rules (oneDNN's lstm at d = 64: a law
+        # proven at n = 8..64 misses n = 1024 by 60 kB); it is one op, cheap to profile at n.
+        return None
+    degrees: set[int] = set()
+    values = {}
+    for name in ("peak_bytes", "ops"):
+        points = {m: getattr(found[m], name) for m in lengths}
+        if any(v is None for v in points.values()):
+            values[name] = None  # the device keeps no statistics (mps): none at n either
+            continue
+        values[name] = _extended(points, n, degrees)
+        if values[name] is None:
+            return None
+    return Profile(values["peak_bytes"], values["ops"], frozenset(), describe(degrees, lengths))
 
 
 def _extended(values: Mapping[int, int], n: int, degrees: set[int]) -> int | None:
@@ -151,12 +195,27 @@ def _extend_kernels(texts: Mapping[int, str], n: int, degrees: set[int]) -> str 
 def extended_counts(case: Case, trace: Callable[[Case], Counts]) -> Counts | None:
     """The case's counts extended from ``trace`` at the probe lengths, or None when the layer
     refuses a probe or a count has no law there (trace it in full then)."""
-    found: dict[int, Counts] = {}
+    found = _at_probes(case, trace)
+    return None if found is None else extend(found, case.n)
+
+
+def extended_profile(case: Case, profile: Callable[[Case], Profile]) -> Profile | None:
+    """The case's memory pass extended from ``profile`` at the probe lengths (the profiler
+    costs about as much per op as tracing), or None where it has no law (profile at n)."""
+    found = _at_probes(case, profile)
+    return None if found is None else extend_profile(found, case.n)
+
+
+T = TypeVar("T")
+
+
+def _at_probes(case: Case, take: Callable[[Case], T]) -> dict[int, T] | None:
+    found: dict[int, T] = {}
     for m in PROBES:
         try:
-            found[m] = trace(dataclasses.replace(case, n=m))
-        except Exception as exc:  # the layer refuses this length: trace the case in full
+            found[m] = take(dataclasses.replace(case, n=m))
+        except Exception as exc:  # the layer refuses this length: measure the case at n
             if is_out_of_memory(exc):
                 raise
             return None
-    return extend(found, case.n)
+    return found

@@ -73,7 +73,8 @@ class CaseResult:
     product_bytes: int | None = None  # the part of bytes the matrix products moved
     bytes_analytic: float | None = None  # from the layer's traffic formula (forward only)
     kernels: str = ""  # non-GEMM products as kind:FLOPs:bytes (measure.traffic.Traffic)
-    counts_source: str = ""  # "traced", or "cache": the exact counts read from measure.countcache
+    counts_source: str = ""  # "traced", "cache" (measure.countcache) or "extended"
+    peak_bytes_method: str = ""  # "measured" at n, or "extended: <law>" (measure.extend)
 
     @property
     def flops_per_s(self) -> float | None:
