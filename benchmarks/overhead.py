@@ -55,13 +55,12 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
         call_counts,
         layer_builder,
         make_step,
+        memory_pass,
         prime_instruments,
         traced_counts,
     )
     from attnbench.measure.elementwise import count_elementwise
     from attnbench.measure.flops import trace_flops
-    from attnbench.measure.memory import peak_bytes
-    from attnbench.measure.ops import recording_fused
     from attnbench.measure.structure import path_length, sequential_steps
     from attnbench.measure.timing import TimingPolicy, time_call
     from attnbench.measure.traffic import count_traffic
@@ -107,7 +106,12 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
             lap("elementwise")
             count_traffic(step)
             lap("bytes")
-        peak_bytes(recording_fused(step, set(), []), case.device)
+        # The memory pass as a sweep takes it: at the probes for a long unfused recurrence.
+        if (
+            not extend.applies(case)
+            or extend.extended_profile(case, lambda short: memory_pass(short, 0)) is None
+        ):
+            memory_pass(case, 0, step)
         lap("memory")
         time_call(step, policy)
         lap("timing")

@@ -3,6 +3,7 @@ changed layer, a layer with no digest, --no-cache and a damaged entry all trace 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from attnbench.spec import build_grid
 runner = CliRunner()
 EXACT = ["flops", "elementwise", "bytes", "product_bytes", "kernels", "seq_steps", "path_len",
          "uncounted_ops", "seq_steps_method", "path_len_method", "bytes_method"]  # fmt: skip
+MEMORY = ["peak_bytes", "ops", "fused_path"]
 TINY = ["--n", "16,32", "--d", "8", "--device", "cpu", "--time-budget", "0.002", "--no-charts"]
 
 LAYER = """
@@ -62,10 +64,14 @@ def test_a_second_sweep_reads_the_counts_the_first_traced(tmp_path: Path, cache_
     layers = ["--layers", "conv,rnn,attention,ssm-scan"]
     first = sweep(tmp_path / "a", *layers)
     assert set(first["counts_source"]) == {"traced"}
-    assert len(list((cache_on / "counts").rglob("*.json"))) == len(first)
+    # One entry of counts and one of the memory pass per case.
+    assert len(list((cache_on / "counts").rglob("*.json"))) == 2 * len(first)
+    assert set(first["peak_bytes_method"]) == {"measured"}
     second = sweep(tmp_path / "b", *layers)
     assert set(second["counts_source"]) == {"cache"}
     assert second[EXACT].equals(first[EXACT])  # the very same counts
+    assert second[MEMORY].equals(first[MEMORY])  # and the same memory pass, marked as read
+    assert set(second["peak_bytes_method"]) == {"measured (cache)"}
     assert set(second["bytes_check"]) == {"ok"} and set(second["flops_check"]) == {"ok"}
     meta = json.loads((tmp_path / "b" / "run.json").read_text())
     assert meta["count_cache"] == {"enabled": True, "folder": str(cache_on / "counts")}
@@ -93,6 +99,25 @@ def test_what_the_key_covers() -> None:
     assert key is not None and key == countcache.key(case, 0)
     assert key != countcache.key(other, 0) and key != countcache.key(case, 1)
     assert countcache.enabled({}) and not countcache.enabled({"ATTNBENCH_NO_CACHE": "1"})
+
+
+def test_the_memory_pass_is_kept_per_cpu_model_and_thread_count(
+    cache_on: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = build_grid({"layers": "conv", "n": [16], "d": [8], "device": "cpu"}).cases()[0]
+    profile = countcache.Profile(4096, 3, frozenset({"mkldnn_rnn_layer"}), "measured")
+    countcache.write_profile(case, 0, profile)
+    assert countcache.read_profile(case, 0) == profile
+    assert countcache.read(case, 0) is None  # the counts are an entry of their own
+    threads = countcache.torch.get_num_threads
+    monkeypatch.setattr(countcache.torch, "get_num_threads", lambda: 7)
+    assert countcache.read_profile(case, 0) is None  # other threads, other oneDNN kernels
+    monkeypatch.setattr(countcache.torch, "get_num_threads", threads)
+    assert countcache.read_profile(case, 0) == profile
+    monkeypatch.setattr(countcache, "cpu_model", lambda: "Another CPU")
+    assert countcache.read_profile(case, 0) is None
+    on_cuda = dataclasses.replace(case, device="cuda")
+    assert countcache.profile_key(on_cuda, 0) is None  # allocator statistics: read every time
 
 
 def test_a_layer_from_python_or_a_damaged_entry_is_traced(add_layer, cache_on: Path) -> None:  # type: ignore[no-untyped-def]

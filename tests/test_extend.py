@@ -93,19 +93,19 @@ def test_a_count_that_failed_at_the_probes_stays_empty_with_their_reason() -> No
 
 def test_only_long_sequential_cases_are_extended_and_full_trace_turns_it_off() -> None:
     assert extend.applies(small_case("rnn", n=4096))
-    assert not extend.applies(small_case("rnn", n=512))  # 512 steps: traced in full
+    assert not extend.applies(small_case("rnn", n=256))  # 256 steps: traced in full
     assert not extend.applies(small_case("attention", n=4096))  # one step: cheap to trace
     assert not extend.applies(small_case("ssm-scan", n=4096))  # log n steps
     assert not extend.applies(small_case("rnn", n=4096), {extend.FULL_TRACE_ENV: "1"})
 
 
 def test_the_memory_pass_is_extended_by_its_own_law() -> None:
-    found = {m: extend.Profile(4 * 64 * m + 512, 3 * m + 2, frozenset()) for m in extend.PROBES}
+    found = {m: countcache.Profile(4 * 64 * m + 512, 3 * m + 2, frozenset()) for m in extend.PROBES}
     profile = extend.extend_profile(found, 8192)
     assert profile is not None
     assert (profile.peak_bytes, profile.ops) == (4 * 64 * 8192 + 512, 24578)
     assert profile.method == "extended: linear in n through n=8,16,32,64"
-    on_mps = {m: extend.Profile(None, m, frozenset()) for m in extend.PROBES}
+    on_mps = {m: countcache.Profile(None, m, frozenset()) for m in extend.PROBES}
     extended = extend.extend_profile(on_mps, 4096)
     assert extended is not None and (extended.peak_bytes, extended.ops) == (None, 4096)
 
@@ -113,7 +113,7 @@ def test_the_memory_pass_is_extended_by_its_own_law() -> None:
 def test_a_fused_kernel_is_profiled_at_n() -> None:
     # oneDNN's lstm: its scratch memory is linear at n = 8..64 and not at n = 1024 (d = 64).
     fused = frozenset({"mkldnn_rnn_layer"})
-    found = {m: extend.Profile(4 * m, 5, fused) for m in extend.PROBES}
+    found = {m: countcache.Profile(4 * m, 5, fused) for m in extend.PROBES}
     assert extend.extend_profile(found, 8192) is None
 
 

@@ -148,11 +148,13 @@ def measure_case(
         if counts is None or (extend.full_trace() and extend.is_extended(counts)):
             counts, source = trace_counts(case, step, seed)
             countcache.write(case, seed, counts)
-        memory = None
-        if extend.applies(case):  # profiled at the short probes, extended by their law
-            memory = extend.extended_profile(case, lambda short: memory_pass(short, seed))
+        memory = cached_profile(case, seed)
         if memory is None:
-            memory = memory_pass(case, seed, step)
+            if extend.applies(case):  # profiled at the short probes, extended by their law
+                memory = extend.extended_profile(case, lambda short: memory_pass(short, seed))
+            if memory is None:
+                memory = memory_pass(case, seed, step)
+            countcache.write_profile(case, seed, memory)
         if counter is not None:  # counted in its own process, under Callgrind
             timing, instructions = None, counter.count(case, seed)
         else:
@@ -191,7 +193,16 @@ def measure_case(
     )
 
 
-def memory_pass(case: Case, seed: int, step: Step | None = None) -> extend.Profile:
+def cached_profile(case: Case, seed: int) -> countcache.Profile | None:
+    """The case's memory pass from the count cache, its method marked "(cache)"; None when
+    there is none, or it was extended and the user asked for full traces."""
+    found = countcache.read_profile(case, seed)
+    if found is None or (extend.full_trace() and found.method.startswith(extend.EXTENDED)):
+        return None
+    return dataclasses.replace(found, method=f"{found.method} {countcache.CACHED_MARK}")
+
+
+def memory_pass(case: Case, seed: int, step: Step | None = None) -> countcache.Profile:
     """Peak memory of one real call, with the ops it dispatched (a fused kernel is one) and the
     fused paths it took; a fresh step is called once first, so lazy set-up stays unmeasured."""
     if step is None:
@@ -200,7 +211,7 @@ def memory_pass(case: Case, seed: int, step: Step | None = None) -> extend.Profi
     fused: set[str] = set()
     timed_ops: list[int] = []
     peak = peak_bytes(recording_fused(step, fused, timed_ops), case.device)
-    return extend.Profile(peak, timed_ops[0] if timed_ops else None, frozenset(fused))
+    return countcache.Profile(peak, timed_ops[0] if timed_ops else None, frozenset(fused))
 
 
 def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, str]:

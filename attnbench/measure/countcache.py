@@ -3,7 +3,9 @@ side and the CI gate do not trace again what they traced before.
 
 FLOPs, elementwise work, bytes, sequential steps and path length are functions of the layer's
 code, attnbench's counters, torch and the case, not of the machine's state, so each case's are
-stored under a key made of all of these:
+stored under a key made of all of these (the CPU memory pass, which replays the allocations
+one call requests, is stored beside them under a key that adds the CPU's model and the thread
+count, which choose oneDNN's kernels):
 
 - the case (its id: layer, n, d, options, batch, dtype, device, mode) and the seed;
 - the layer's source: a built-in layer is attnbench's own code, and a plugin its defining
@@ -28,6 +30,7 @@ from typing import Any
 
 import torch
 
+from attnbench.devices import cpu_model
 from attnbench.layers.registry import entry
 from attnbench.measure.ceilings import cache_dir
 from attnbench.spec import Case
@@ -35,6 +38,7 @@ from attnbench.spec import Case
 COUNTS_VERSION = 1
 NO_CACHE_ENV = "ATTNBENCH_NO_CACHE"
 TRACED, CACHED = "traced", "cache"  # the results' counts_source
+CACHED_MARK = "(cache)"  # after peak_bytes_method when the memory pass was read from the cache
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,17 @@ class Counts:
     kernels: str
 
 
+@dataclass(frozen=True)
+class Profile:
+    """What the memory pass of one call gives: its peak bytes (None where the device keeps no
+    statistics), the ops its real path dispatched, the fused paths it took, and how."""
+
+    peak_bytes: int | None
+    ops: int | None
+    fused: frozenset[str]
+    method: str = "measured"
+
+
 def enabled(environ: dict[str, str] | None = None) -> bool:
     """Whether counts are read from and written to the cache (not with ATTNBENCH_NO_CACHE=1)."""
     env = os.environ if environ is None else environ
@@ -73,14 +88,24 @@ def package_digest() -> str:
     return digest.hexdigest()
 
 
-def key(case: Case, seed: int) -> str | None:
-    """The case's cache key, or None for a layer whose code cannot be told unchanged."""
+def key(case: Case, seed: int, *machine: object) -> str | None:
+    """The case's cache key, or None for a layer whose code cannot be told unchanged;
+    ``machine`` adds what else the figure depends on (``profile_key``)."""
     source = entry(case.layer).source
     if source.kind != "builtin" and not (source.digest or source.distribution):
         return None
     parts = [COUNTS_VERSION, package_digest(), torch.__version__, source.to_dict(),
-             case.case_id, seed]  # fmt: skip
+             case.case_id, seed, *machine]  # fmt: skip
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def profile_key(case: Case, seed: int) -> str | None:
+    """The key of a case's memory pass on the CPU: also the CPU's model and the thread count,
+    which choose oneDNN's kernels and their scratch memory. None on other devices, whose
+    allocator statistics are read at every call anyway (cheap) and whose figures are theirs."""
+    if case.device != "cpu":
+        return None
+    return key(case, seed, "profile", cpu_model(), torch.get_num_threads())
 
 
 def _path(found: str, folder: Path | None) -> Path:
@@ -89,26 +114,50 @@ def _path(found: str, folder: Path | None) -> Path:
 
 def read(case: Case, seed: int, folder: Path | None = None) -> Counts | None:
     """The case's cached counts (None: none, off, or an entry that does not read)."""
-    found = key(case, seed) if enabled() else None
-    if found is None:
-        return None
+    data = _load(key(case, seed), folder)
     try:
-        data: Any = json.loads(_path(found, folder).read_text())
-        return Counts(**data)
-    except (OSError, ValueError, TypeError):
+        return None if data is None else Counts(**data)
+    except TypeError:
         return None
 
 
 def write(case: Case, seed: int, counts: Counts, folder: Path | None = None) -> None:
     """Store the case's counts (atomically; an unwritable cache costs a trace next time)."""
-    found = key(case, seed) if enabled() else None
-    if found is None:
+    _store(key(case, seed), asdict(counts), folder)
+
+
+def read_profile(case: Case, seed: int, folder: Path | None = None) -> Profile | None:
+    """The case's cached memory pass on this CPU and thread count (None: none, off, not CPU)."""
+    data = _load(profile_key(case, seed), folder)
+    try:
+        return None if data is None else Profile(**{**data, "fused": frozenset(data["fused"])})
+    except (TypeError, KeyError):
+        return None
+
+
+def write_profile(case: Case, seed: int, profile: Profile, folder: Path | None = None) -> None:
+    """Store the case's memory pass (CPU only)."""
+    _store(profile_key(case, seed), {**asdict(profile), "fused": sorted(profile.fused)}, folder)
+
+
+def _load(found: str | None, folder: Path | None) -> Any:
+    if found is None or not enabled():
+        return None
+    try:
+        data = json.loads(_path(found, folder).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _store(found: str | None, data: dict[str, Any], folder: Path | None) -> None:
+    if found is None or not enabled():
         return
     path = _path(found, folder)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(counts)))
+        tmp.write_text(json.dumps(data))
         tmp.replace(path)
     except OSError:
         pass

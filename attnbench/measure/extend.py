@@ -23,12 +23,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import TypeVar
 
 from attnbench.layers.registry import entry
-from attnbench.measure.countcache import Counts
+from attnbench.measure.countcache import Counts, Profile
 from attnbench.measure.memory import is_out_of_memory
 from attnbench.measure.traffic import format_kernels, parse_kernels
 from attnbench.spec import Case
@@ -36,7 +35,7 @@ from attnbench.spec import Case
 FULL_TRACE_ENV = "ATTNBENCH_FULL_TRACE"
 EXTENDED = "extended"  # the results' counts_source for counts extended in this run
 PROBES = (8, 16, 32, 64)  # traced lengths: the law through the first three, proven on the last
-EXTEND_ABOVE_STEPS = 512  # extend a case whose theory says it takes more sequential steps
+EXTEND_ABOVE_STEPS = 256  # extend a case whose theory says it takes more sequential steps
 # The counts a law carries from the probes to n (uncounted_ops must be empty; path length
 # has its own probes in measure.structure).
 NUMBERS = ("flops", "seq_steps", "elementwise", "bytes", "product_bytes")
@@ -65,17 +64,6 @@ def applies(case: Case, environ: Mapping[str, str] | None = None) -> bool:
 def is_extended(counts: Counts) -> bool:
     """Whether the counts were extended from the probes (cached so, or traced so now)."""
     return any(getattr(counts, column).startswith(EXTENDED) for column in METHODS.values())
-
-
-@dataclass(frozen=True)
-class Profile:
-    """What the memory pass of one call gives: its peak bytes (None where the device keeps no
-    statistics), the ops its real path dispatched, the fused paths it took, and how."""
-
-    peak_bytes: int | None
-    ops: int | None
-    fused: frozenset[str]
-    method: str = "measured"
 
 
 class Law:
