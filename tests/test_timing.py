@@ -156,3 +156,32 @@ def test_noisy_rule_on_floats_and_columns() -> None:
 
     assert is_noisy(1.0, 0.11) and not is_noisy(1.0, 0.1)
     assert is_noisy(pd.Series([1.0, 1.0]), pd.Series([0.5, 0.01])).tolist() == [True, False]
+
+
+def test_the_garbage_collector_is_off_inside_timed_blocks_only() -> None:
+    import gc
+
+    fake = FakeLayer(constant(2e-3))
+    seen: list[bool] = []
+
+    def call() -> None:
+        seen.append(gc.isenabled())
+        fake()
+
+    def clock() -> float:
+        seen_at_clock.append(gc.isenabled())
+        return fake.clock()
+
+    seen_at_clock: list[bool] = []
+    policy = TimingPolicy(min_block_s=1e-3, warmup_calls=2, min_samples=5, min_time_s=0.0)
+    assert gc.isenabled()
+    time_call(call, policy, clock=clock)
+    assert seen[:2] == [True, True]  # warm-up calls run as the program would
+    assert seen[2:] and not any(seen[2:])  # every timed call: no collection pause
+    assert not any(seen_at_clock) and gc.isenabled()  # back on between blocks and after
+    gc.disable()
+    try:  # a caller that turned it off keeps it off
+        time_call(call, policy, clock=clock)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
