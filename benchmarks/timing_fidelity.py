@@ -19,6 +19,7 @@ Three tables, every measurement in a fresh process, the sides of each pair inter
    README shows them.
 
     python benchmarks/timing_fidelity.py [--rounds 5] [--layers conv,attention] [--only history]
+                                         [--time-budget 1]
 
 Read the ratios, not the times: this machine is shared.
 """
@@ -72,7 +73,7 @@ def interval(values: list[float], seed: int = 0) -> tuple[float, float]:
     return float(found.low), float(found.high)
 
 
-def history(layers: list[str], rounds: int) -> list[float]:
+def history(layers: list[str], rounds: int, budget: str | None = None) -> list[float]:
     print(f"\n1. history: round 2 / round 1 after two other layers, over the same alone "
           f"(d={D}, pinned), {rounds} pairs of fresh sweeps")  # fmt: skip
     print(f"{'layer':<18} {'n':>5} {'drift alone':>11} {'drift after':>11} {'effect':>7} "
@@ -87,7 +88,8 @@ def history(layers: list[str], rounds: int) -> list[float]:
                 for side in ("alone", "after") if r % 2 == 0 else ("after", "alone"):
                     names = layer if side == "alone" else ",".join([layer, *others])
                     out = Path(tmp) / f"{layer}-{side}-{r}"
-                    med = round_medians(out, sweep(names, ns, "pinned", out, "--rounds", "2"))
+                    extra = ("--rounds", "2", *(("--time-budget", budget) if budget else ()))
+                    med = round_medians(out, sweep(names, ns, "pinned", out, *extra))
                     for n in ns:
                         second = med[(layer, n, 2)] / med[(layer, n, 1)]
                         drift[side].setdefault(n, []).append(second)
@@ -199,6 +201,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--layers", default=None, help="comma-separated (default: built-in)")
     parser.add_argument("--only", choices=("history", "fidelity", "allocator"), default=None)
+    parser.add_argument("--time-budget", default=None, help="history: each sweep's budget")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -209,7 +212,7 @@ def main() -> None:
 
     layers = args.layers.split(",") if args.layers else list(BUILTIN)
     if args.only in (None, "history"):
-        worst = history(layers, args.rounds)
+        worst = history(layers, args.rounds, args.time_budget)
         print(f"largest history disagreement: {max(worst):.1%} (target < 10%)")
     if args.only in (None, "fidelity"):
         worst = fidelity(layers, args.rounds)

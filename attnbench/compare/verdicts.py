@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds
 
@@ -93,6 +92,8 @@ def _judge(
     ratio: float, base_a: np.ndarray, new_a: np.ndarray, thresholds: Thresholds
 ) -> TimeVerdict:
     """The verdict from a ratio and the units the one-sided test compares."""
+    from scipy import stats  # lazy: scipy costs 0.8 s to import
+
     if smallest_p(base_a.size, new_a.size) >= thresholds.alpha:
         return TimeVerdict(ratio, math.nan, TOO_FEW)
     slower = ratio >= 1
@@ -133,6 +134,8 @@ def judge_pairs(
     """An interleaved case (``attnbench ab``): the median of its paired per-round ratios against
     the allowed slowdown, and a one-sided Wilcoxon signed-rank test on their logs below alpha.
     "too few samples" while no outcome of the test could reach alpha (0.5^pairs >= alpha)."""
+    from scipy import stats  # lazy: scipy costs 0.8 s to import
+
     ratios = pair_ratios(base, new)
     if not ratios:
         return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
@@ -152,6 +155,8 @@ def judge_overall(
 ) -> TimeVerdict:
     """The geometric mean of the cases' ratios, tested across cases: a one-sided Wilcoxon
     signed-rank test on the log ratios says whether the cases moved together."""
+    from scipy import stats  # lazy: scipy costs 0.8 s to import
+
     logs = np.log(np.asarray([r for r in ratios if r > 0 and math.isfinite(r)], dtype=float))
     if logs.size == 0:
         return TimeVerdict(math.nan, math.nan, NOT_COMPARED)

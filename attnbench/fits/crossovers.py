@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import optimize
 
 from attnbench.fits.models import Layers, layers_or_live, size_rows
 
@@ -65,6 +64,8 @@ def formula_crossover(cost: Callable[[float], float], upper: float = 2.0**40) ->
 
     0 when it is positive from n = 1 on.
     """
+    from scipy import optimize  # lazy: scipy costs 0.8 s to import
+
     grid = np.geomspace(1, upper, 481)
     values = np.array([cost(n) for n in grid])
     if values[0] > 0:

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from attnbench.devices import DTYPES
 from attnbench.fits.agreement import agrees
@@ -43,6 +42,8 @@ def loglog_exponent(x: Sequence[float], y: Sequence[float]) -> Exponent | None:
 
     Non-positive values (a constant zero, say) cannot be logged and are left out.
     """
+    from scipy import stats  # lazy: scipy costs 0.8 s to import
+
     pairs = [(a, b) for a, b in zip(x, y, strict=True) if a > 0 and b > 0 and np.isfinite(b)]
     xs = np.array(sorted({a for a, _ in pairs}), dtype=float)
     if len(xs) < 2:

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import optimize
 
 from attnbench.layers.entry import CUSTOM, LayerEntry, LayerOption
 from attnbench.layers.registry import REGISTRY
@@ -148,6 +147,8 @@ def fit_cost_model(
     Times span orders of magnitude, so each row is divided by its measured time (as
     google-benchmark minimises relative error); columns are scaled to one before NNLS.
     """
+    from scipy import optimize  # lazy: scipy costs 0.8 s to import
+
     y, design, present = _system(frame, model, metric, layers)
     if not np.isfinite(design).all():
         return None
