@@ -24,6 +24,12 @@ def cli_reference() -> str:
         "Generated from the command-line app when the site is built: every command and option "
         "that `attnbench --help` lists, with the same help text.\n\n"
     )
+    # typer cuts each command's summary at 45 characters ("Measure time, memory, FLOPs,
+    # elementwise..."): list them whole instead, each linked to its section.
+    for name, sub in command.commands.items():  # type: ignore[attr-defined]
+        summary = (sub.help or "").strip().split("\n\n")[0].replace("\n", " ")
+        short = next(line for line in text.splitlines() if line.startswith(f"* `{name}`: "))
+        text = text.replace(short, f"* [`{name}`](#attnbench-{name}): {summary}", 1)
     head, _, rest = text.partition("\n\n")
     return f"{head}\n\n{intro}{rest}"
 
