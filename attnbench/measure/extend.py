@@ -8,9 +8,10 @@ three (degree 2 at most, exact rational arithmetic) must reproduce the fourth ex
 then is it evaluated at the case's n. A count with no such law, a layer that refuses a probe
 length, or ops the FLOP counter did not account for: the case is traced in full instead.
 
-The memory pass (peak bytes, the timed path's ops) costs about as much per op under the
-profiler, so where the call runs no fused kernel it is taken at the same probes and extended
-the same way; a fused kernel (oneDNN's lstm) is one op, profiled at n.
+On the CPU the memory pass (peak bytes, the timed path's ops) costs about as much per op under
+the profiler, so where the call runs no fused kernel it is taken at the same probes and
+extended the same way; a fused kernel (oneDNN's lstm) is one op, profiled at n. CUDA reads its
+allocator's statistics, cheap at any n.
 
 Extended figures are never silent: their ``*_method`` columns (``peak_bytes_method`` too) read
 ``extended: ...`` with the law and the lengths, and ``counts_source`` is ``extended``.
