@@ -59,6 +59,7 @@ def local_ray(marker_dir: Path) -> Iterator[None]:
     ray.cloudpickle.register_pickle_by_value(ray_layers)
     ray.init(
         num_cpus=2,
+        _node_ip_address="127.0.0.1",  # the loopback: nothing of the test reaches the network
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={

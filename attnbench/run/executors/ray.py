@@ -129,11 +129,15 @@ class RayExecutor:
         self._owns_ray = False
         if not ray.is_initialized():
             try:
+                # A local instance of our own listens on the loopback only: no other machine
+                # has any business with it.
+                local = address is None and not os.environ.get("RAY_ADDRESS")
                 ray.init(
                     address=address,
                     include_dashboard=False,
                     logging_level=logging.ERROR,
                     log_to_driver=False,
+                    **({"_node_ip_address": "127.0.0.1"} if local else {}),
                 )
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = f"at {address!r}" if address else "here"
