@@ -144,6 +144,12 @@ COLUMNS: tuple[Column, ...] = (
         optional=True,
     ),
     Column(
+        "attempts", "int", _PLACEMENT,
+        "workers that measured it: 1, or 2 when the first died in it (--executor ray) and the "
+        "case ran again on another",
+        optional=True,
+    ),
+    Column(
         "layer_source", "text", "source",
         "where the layer's code came from: its module or file and version or sha256",
         optional=True,

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
+from attnbench.cli.summary import summary_notes
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.measure.calibration import Calibration
 from attnbench.results.files import RUN_FILE
@@ -141,6 +143,13 @@ def test_a_job_whose_worker_dies_once_runs_again_elsewhere(tmp_path: Path) -> No
     assert [e.case.case_id for e in retries] == [target]
     assert "worker killed" in retries[0].error
     assert [c for c, _, _ in cluster.ran].count(target) == 2
+    attempts = run.frame.set_index("case_id")["attempts"]
+    assert attempts[target] == 2 and set(attempts.drop(target)) == {1}  # on record
+    console = Console(record=True, width=300)
+    summary_notes(run, console)
+    text = console.export_text()
+    assert "1 case(s) ran on a second worker after the first died in them" in text
+    assert "rnn n=16 d=4" in text
 
 
 def test_a_job_whose_worker_dies_twice_is_failed_and_blocks_larger_cases(tmp_path: Path) -> None:
@@ -153,6 +162,7 @@ def test_a_job_whose_worker_dies_twice_is_failed_and_blocks_larger_cases(tmp_pat
     assert rows.loc[target, "error"].startswith(WORKER_DIED_ERROR)
     assert "worker killed" in rows.loc[target, "error"]
     assert rows.loc[target, "node"] in ("node0", "node1")  # where it died the second time
+    assert rows.loc[target, "attempts"] == 2
     assert [c for c, _, _ in cluster.ran].count(target) == 2
     # n=16 and n=32 were handed out beside the two tries of n=8, so they ran; n=64 came up
     # after the second death: skipped, as after an out-of-memory case

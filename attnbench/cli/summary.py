@@ -113,6 +113,14 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             "at several moments of the sweep, so one burst does not decide its median",
             soft_wrap=True,
         )
+    rerun = frame[frame["attempts"].fillna(1) > 1] if "attempts" in frame else frame.iloc[:0]
+    if len(rerun):
+        names = ", ".join(f"{r.layer} n={r.n} d={r.d}" for r in rerun.itertuples())
+        console.print(
+            f"[yellow]note:[/] {len(rerun)} case(s) ran on a second worker after the first died "
+            f"in them (attempts = 2): {names}",
+            soft_wrap=True,
+        )
     if frame["path_len_method"].str.startswith("extended").any():
         console.print(
             "[dim]path*: extended from a band or block law proven at probe lengths "

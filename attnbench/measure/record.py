@@ -75,6 +75,7 @@ class CaseResult:
     kernels: str = ""  # non-GEMM products as kind:FLOPs:bytes (measure.traffic.Traffic)
     counts_source: str = ""  # "traced", "cache" (measure.countcache) or "extended"
     peak_bytes_method: str = ""  # "measured" at n, or "extended: <law>" (measure.extend)
+    attempts: int | None = None  # workers that measured it: 2 when the first died in it
 
     @property
     def flops_per_s(self) -> float | None:

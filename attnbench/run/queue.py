@@ -250,7 +250,7 @@ class JobQueue:
                     device_id=where.device_id if where else "",
                     device_name=where.device_name if where else "",
                 )
-            self._write(result, done.point)
+            self._write(replace(result, attempts=job.attempt), done.point)
             return
         timing = None if done.lost else done.timing
         if timing is not None:
