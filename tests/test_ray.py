@@ -151,8 +151,19 @@ def test_a_worker_killed_in_a_case_is_survived_and_the_case_retried(
     rows = run.frame.set_index("case_id")
     assert set(rows["status"]) == {"ok"}  # the retry measured it on another worker
     assert len(rows) == 4
-    pids = {w["pid"] for w in run.meta["cluster"]["workers"]}
-    assert killed[0] in pids  # a worker of the sweep, not this process
+    workers = {w["pid"]: w for w in run.meta["cluster"]["workers"]}
+    assert killed[0] in workers  # a worker of the sweep, not this process
+    # run.json alone tells the story: the dead worker, why, when, and who replaced it.
+    dead = workers[killed[0]]
+    assert dead["end_reason"].startswith("died: ") and dead["ended"] >= dead["started"]
+    # Its replacement is listed once it has started (the other worker may finish the sweep
+    # first: a replacement still starting then never ran, and is not a worker of the run).
+    replacements = [w for w in workers.values() if "replaces" in w]
+    assert [w["replaces"] for w in replacements] in ([], [killed[0]])
+    assert {w["end_reason"] for p, w in workers.items() if p != killed[0]} == {"finished"}
+    failed = run.meta["cluster"]["workers_failed"]
+    assert len(failed) == 1 and f"pid {killed[0]}" in failed[0]
+    assert rows.loc[retries[0].case.case_id, "attempts"] == 2
 
 
 def test_a_case_that_kills_every_worker_is_failed_with_the_reason(

@@ -28,6 +28,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.layers import plugins
 from attnbench.measure.allocator import DEFAULT_ALLOCATOR
 from attnbench.results.environment import environment
+from attnbench.results.files import now_iso
 from attnbench.run.executors.base import Job, JobDone, Placement, Take
 from attnbench.run.executors.worker import Worker
 from attnbench.spec import Grid
@@ -147,6 +148,10 @@ class RayExecutor:
                 ) from None
             self._owns_ray = True
         self._actors: dict[Any, Placement] = {}  # live, started actors -> where they run
+        # Every worker that ever started, as run.json's cluster.workers lists it: its record
+        # (the same dict run.json holds, so a death or a replacement reaches the file with the
+        # next save), with when it started and ended and why.
+        self._lives: dict[Any, dict[str, Any]] = {}
         self._starting_actors: dict[Any, Any] = {}  # start reference -> actor not started yet
         self._record: dict[str, Any] = {}
         self.worker_resources: dict[str, Any] = {}
@@ -227,7 +232,7 @@ class RayExecutor:
         failures = self._await_start([self._spawn() for _ in range(count)])
         if not self._actors:
             raise AttnbenchError(f"no Ray worker could start: {failures[0]}")
-        workers = self._describe()
+        workers = [self._lives[actor] for actor in self._actors]
         versions = {w["attnbench_version"] for w in workers}
         if versions != {__version__}:
             raise AttnbenchError(
@@ -268,9 +273,6 @@ class RayExecutor:
         self._starting_actors[ref] = actor
         return ref
 
-    def _describe(self) -> list[dict[str, Any]]:
-        return ray.get([actor.describe.remote() for actor in self._actors])
-
     def _await_start(self, refs: list[Any]) -> list[str]:
         """Wait for the actors behind ``refs`` to start; why the others did not."""
         failures: list[str] = []
@@ -301,15 +303,28 @@ class RayExecutor:
             device_name=described["device_name"],
             threads=described["threads"],
         )
+        self._lives[actor] = {**described, "started": now_iso(), "ended": None, "end_reason": None}
         return actor
 
     # -- running
 
     def run(self, take: Take) -> Iterator[JobDone]:
+        completed = False
+        try:
+            yield from self._run(take)
+            completed = True
+        finally:  # the workers still alive end here: the sweep is done, or stopped
+            for actor in self._actors:
+                life = self._lives[actor]
+                if life["end_reason"] is None:
+                    life.update(ended=now_iso(), end_reason="finished" if completed else "stopped")
+
+    def _run(self, take: Take) -> Iterator[JobDone]:
         idle = list(self._actors)
         running: dict[Any, tuple[Any, Job]] = {}
         replacing = list(self._starting_actors)  # replacements still starting (a resume)
         failures: list[str] = []
+        dead: list[int] = []  # pids of dead workers whose replacement has not started yet
         waiting_since = time.monotonic()
         while True:
             for actor in list(idle):
@@ -333,6 +348,10 @@ class RayExecutor:
                 actor = self._started(ref, failures)
                 if actor is not None:
                     idle.append(actor)
+                    life = self._lives[actor]
+                    if dead:
+                        life["replaces"] = dead.pop(0)
+                    self._record.setdefault("workers", []).append(life)
                 elif not self._actors and not replacing and not running:
                     raise AttnbenchError(f"every Ray worker died: {failures[-1]}")
                 continue
@@ -341,6 +360,13 @@ class RayExecutor:
                 done = ray.get(ref)
             except RayError as exc:  # the worker died (or its node): replace it
                 where = self._actors.pop(actor)
+                life = self._lives[actor]
+                reason = death_reason(exc)
+                life.update(ended=now_iso(), end_reason=f"died: {reason}")
+                self._record.setdefault("workers_failed", []).append(
+                    f"{life['node']} pid {life['pid']}: {reason}"
+                )
+                dead.append(life["pid"])
                 ray.kill(actor, no_restart=True)
                 replacing.append(self._spawn())
                 waiting_since = time.monotonic()
