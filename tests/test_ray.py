@@ -135,7 +135,11 @@ def _kill_when_written(marker: Path, killed: list[int]) -> threading.Thread:
 
 
 def test_a_worker_killed_in_a_case_is_survived_and_the_case_retried(
-    tmp_path: Path, marker_dir: Path, executor: RayExecutor, test_layers: None
+    tmp_path: Path,
+    marker_dir: Path,
+    executor: RayExecutor,
+    test_layers: None,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     killed: list[int] = []
     watcher = _kill_when_written(marker_dir / "pid", killed)
@@ -164,6 +168,8 @@ def test_a_worker_killed_in_a_case_is_survived_and_the_case_retried(
     failed = run.meta["cluster"]["workers_failed"]
     assert len(failed) == 1 and f"pid {killed[0]}" in failed[0]
     assert rows.loc[retries[0].case.case_id, "attempts"] == 2
+    time.sleep(1)  # Ray publishes the death from a thread of its own
+    assert "(raylet)" not in capsys.readouterr().out  # nothing of Ray's on stdout
 
 
 def test_a_case_that_kills_every_worker_is_failed_with_the_reason(

@@ -90,6 +90,31 @@ class RayWorker:
         return self.worker.run(job)
 
 
+def quiet_ray_errors() -> None:
+    """Send Ray's own copy of a worker's death to Ray's logger, not to stdout.
+
+    The driver prints each error the cluster publishes ("(raylet) A worker died or was
+    killed ...", in colour) to stdout from a thread of its own, whatever ``log_to_driver``
+    says; stdout is for attnbench's product only. attnbench records each death in run.json
+    (``end_reason``, ``workers_failed``) and says it in a line of its own. The thread looks
+    the printer up by name when it prints, so replacing it is enough; a Ray without it is
+    left as it is.
+    """
+    module = getattr(getattr(ray, "_private", None), "worker", None)
+    original = getattr(module, "print_to_stdstream", None)
+    if original is None or getattr(original, "quiet", False):
+        return
+
+    def to_log(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        if data.get("pid") == "raylet":
+            logging.getLogger("ray").info("%s", " ".join(map(str, data.get("lines", []))))
+            return
+        original(data, ignore_prefix)
+
+    to_log.quiet = True  # type: ignore[attr-defined]
+    module.print_to_stdstream = to_log  # type: ignore[union-attr]
+
+
 def death_reason(exc: BaseException) -> str:
     """One line saying why a Ray worker died or could not start."""
     text = str(exc)
@@ -147,6 +172,7 @@ class RayExecutor:
                     "start one with `ray start --head`, or leave out --address for a local one"
                 ) from None
             self._owns_ray = True
+        quiet_ray_errors()
         self._actors: dict[Any, Placement] = {}  # live, started actors -> where they run
         # Every worker that ever started, as run.json's cluster.workers lists it: its record
         # (the same dict run.json holds, so a death or a replacement reaches the file with the
