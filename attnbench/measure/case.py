@@ -144,8 +144,8 @@ def measure_case(
             )
         # The exact counts depend on the code and the case only: read them from the cache
         # when this code traced this case before (countcache), else trace them.
-        counts, source = countcache.read(case, seed), countcache.CACHED
-        if counts is None or (extend.full_trace() and extend.is_extended(counts)):
+        counts, source = cached_counts(case, seed), countcache.CACHED
+        if counts is None:
             counts, source = trace_counts(case, step, seed)
             countcache.write(case, seed, counts)
         memory = cached_profile(case, seed)
@@ -194,6 +194,15 @@ def measure_case(
         kernels=counts.kernels,
         counts_source=source,
     )
+
+
+def cached_counts(case: Case, seed: int) -> countcache.Counts | None:
+    """The case's counts from the count cache; None when there are none, or they were
+    extended and the user asked for full traces."""
+    found = countcache.read(case, seed)
+    if found is None or (extend.full_trace() and extend.is_extended(found)):
+        return None
+    return found
 
 
 def cached_profile(case: Case, seed: int) -> countcache.Profile | None:

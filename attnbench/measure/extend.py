@@ -103,17 +103,10 @@ def extend(found: Mapping[int, Counts], n: int) -> Counts | None:
     first = found[lengths[0]]
     if any(c.uncounted_ops for c in found.values()):
         return None  # work the FLOP counter did not see has no law to trust
-    laws: dict[str, int | None] = {}
     degrees: set[int] = set()
-    for name in NUMBERS:
-        values = {m: getattr(found[m], name) for m in lengths}
-        if any(v is None for v in values.values()):
-            laws[name] = None  # failed at a probe: empty at n too, with the probe's reason
-            continue
-        value = _extended(values, n, degrees)
-        if value is None:
-            return None
-        laws[name] = value
+    laws = _carry(found, NUMBERS, n, degrees)
+    if laws is None:
+        return None
     kernels = _extend_kernels({m: found[m].kernels for m in lengths}, n, degrees)
     if kernels is None:
         return None
@@ -140,16 +133,32 @@ def extend_profile(found: Mapping[int, Profile], n: int) -> Profile | None:
         # proven at n = 8..64 misses n = 1024 by 60 kB); it is one op, cheap to profile at n.
         return None
     degrees: set[int] = set()
-    values = {}
-    for name in ("peak_bytes", "ops"):
-        points = {m: getattr(found[m], name) for m in lengths}
-        if any(v is None for v in points.values()):
-            values[name] = None  # the device keeps no statistics (mps): none at n either
-            continue
-        values[name] = _extended(points, n, degrees)
-        if values[name] is None:
-            return None
+    values = _carry(found, ("peak_bytes", "ops"), n, degrees)
+    if values is None:
+        return None
     return Profile(values["peak_bytes"], values["ops"], frozenset(), describe(degrees, lengths))
+
+
+def _carry(
+    found: Mapping[int, Counts] | Mapping[int, Profile],
+    names: tuple[str, ...],
+    n: int,
+    degrees: set[int],
+) -> dict[str, int | None] | None:
+    """Each named figure at ``n`` by its law through the probes; None where one has no law.
+    A figure missing at a probe (a count that failed, a device without statistics) stays
+    missing at n, with the probe's reason."""
+    carried: dict[str, int | None] = {}
+    for name in names:
+        points = {m: getattr(found[m], name) for m in sorted(found)}
+        if any(v is None for v in points.values()):
+            carried[name] = None
+            continue
+        value = _extended(points, n, degrees)
+        if value is None:
+            return None
+        carried[name] = value
+    return carried
 
 
 def _extended(values: Mapping[int, int], n: int, degrees: set[int]) -> int | None:
