@@ -57,7 +57,9 @@ def main() -> None:
     }
     cpus = os.cpu_count() or 1
     t0 = time.perf_counter()
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        num_cpus=cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1"
+    )
     ray_init = time.perf_counter() - t0
     kinds: list[tuple[str, Callable[[], Executor]]] = [
         ("serial", SerialExecutor),

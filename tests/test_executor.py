@@ -256,7 +256,8 @@ def test_serial_is_the_default_and_ray_is_imported_only_when_asked() -> None:
 
 
 def test_a_missing_ray_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "attnbench.run.executors.ray", raising=False)
+    for module in ("attnbench.run.executors.ray", "attnbench.run.executors.ray_cluster"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(AttnbenchError, match=r'pip install "attnbench\[ray\]"'):
         make_executor("ray")
@@ -267,7 +268,8 @@ def test_the_cli_says_how_to_install_ray(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
     from attnbench.cli import app
 
-    monkeypatch.delitem(sys.modules, "attnbench.run.executors.ray", raising=False)
+    for module in ("attnbench.run.executors.ray", "attnbench.run.executors.ray_cluster"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
     monkeypatch.setitem(sys.modules, "ray", None)
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["sweep", "--executor", "ray", "--out", str(out)])

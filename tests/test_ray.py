@@ -27,12 +27,8 @@ from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid
 
 ray = pytest.importorskip("ray", reason='the Ray tests need pip install "attnbench[ray]"')
-from attnbench.run.executors.ray import (  # noqa: E402
-    START_TIMEOUT_ENV,
-    RayExecutor,
-    death_reason,
-    start_timeout,
-)
+from attnbench.run.executors.ray import START_TIMEOUT_ENV, RayExecutor, start_timeout  # noqa: E402
+from attnbench.run.executors.ray_cluster import death_reason  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -241,6 +237,16 @@ def test_death_reasons_are_one_line() -> None:
             "The actor died unexpectedly before finishing this task.\n\tclass_name: RayWorker"
         )
     ) == ("The actor died unexpectedly before finishing this task.")
+    node_died = (  # Ray 2.60's words when the node went: the node, and how it ended
+        "The actor died unexpectedly before finishing this task.\n\tclass_name: RayWorker\n"
+        "\tpid: 28362\n\tip: 127.0.0.1\nThe actor died because its node has died. Node Id: "
+        "bad8\n\tthe actor's node was terminated unexpectedly: health check failed due to "
+        "missing too many heartbeats"
+    )
+    assert death_reason(RuntimeError(node_died)) == (
+        "The actor died because its node has died. Node Id: bad8; the actor's node was "
+        "terminated unexpectedly: health check failed due to missing too many heartbeats"
+    )
 
 
 def test_the_cli_runs_a_sweep_through_ray(tmp_path: Path) -> None:

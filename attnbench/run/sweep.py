@@ -280,6 +280,10 @@ def _sweep(
                 f"attnbench sweep --resume {writer.out_dir}"
             ) from None
         if stop.requested:
+            # The executor ran out of jobs because none were handed out: its workers stopped.
+            stopped = getattr(executor, "stopped", None)
+            if stopped is not None:
+                stopped()
             writer.finish("interrupted")
             raise SweepInterrupted(
                 str(writer.out_dir), queue.completed, len(cases), str(stop.signal_name)

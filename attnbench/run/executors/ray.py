@@ -30,16 +30,16 @@ from attnbench.measure.allocator import DEFAULT_ALLOCATOR
 from attnbench.results.environment import environment
 from attnbench.results.files import now_iso
 from attnbench.run.executors.base import Job, JobDone, Placement, Take
+from attnbench.run.executors.ray_cluster import (
+    RayError,
+    connect,
+    death_reason,
+    node_records,
+    quiet_ray_errors,
+    ray,
+)
 from attnbench.run.executors.worker import Worker
 from attnbench.spec import Grid
-
-try:
-    import ray
-    from ray.exceptions import RayError
-except ImportError:  # pragma: no cover - exercised by a test that hides ray
-    raise AttnbenchError(
-        '--executor ray needs Ray, which is not installed: pip install "attnbench[ray]"'
-    ) from None
 
 START_TIMEOUT_S = 120.0  # how long workers may take to start (placement, torch, CUDA)
 # A cluster that starts its workers slowly (containers pulled, a busy machine) sets a longer one.
@@ -84,52 +84,11 @@ class RayWorker:
         )  # fmt: skip
 
     def describe(self) -> dict[str, Any]:
-        return self.worker.describe()
+        # Ray's id of the node: two nodes on one machine share a host name, never an id.
+        return {**self.worker.describe(), "node_id": ray.get_runtime_context().get_node_id()}
 
     def run(self, job: Job) -> JobDone:
         return self.worker.run(job)
-
-
-def quiet_ray_errors() -> None:
-    """Send Ray's own copy of a worker's death to Ray's logger, not to stdout.
-
-    The driver prints each error the cluster publishes ("(raylet) A worker died or was
-    killed ...", in colour) to stdout from a thread of its own, whatever ``log_to_driver``
-    says; stdout is for attnbench's product only. attnbench records each death in run.json
-    (``end_reason``, ``workers_failed``) and says it in a line of its own. The thread looks
-    the printer up by name when it prints, so replacing it is enough; a Ray without it is
-    left as it is.
-    """
-    module = getattr(getattr(ray, "_private", None), "worker", None)
-    original = getattr(module, "print_to_stdstream", None)
-    if original is None or getattr(original, "quiet", False):
-        return
-
-    def to_log(data: dict[str, Any], ignore_prefix: bool = False) -> None:
-        if data.get("pid") == "raylet":
-            logging.getLogger("ray").info("%s", " ".join(map(str, data.get("lines", []))))
-            return
-        original(data, ignore_prefix)
-
-    to_log.quiet = True  # type: ignore[attr-defined]
-    module.print_to_stdstream = to_log  # type: ignore[union-attr]
-
-
-def death_reason(exc: BaseException) -> str:
-    """One line saying why a Ray worker died or could not start."""
-    text = str(exc)
-    # The cause Ray reports last is the most specific: an exception raised in the actor's
-    # creation ("AttnbenchError: ...") or the death cause ("The actor died because ...").
-    raised = re.findall(r"^\s*(?:\w+\.)*(\w+(?:Error|Exception)): (.+)$", text, re.MULTILINE)
-    if raised and raised[-1][0] not in ("ActorDiedError", "RayActorError"):
-        kind, message = raised[-1]
-        return f"{kind}: {message.strip()}"[:240]
-    for line in text.splitlines():
-        line = line.strip()
-        if "died" in line.lower() or "killed" in line.lower() or "exit" in line.lower():
-            return line[:240]
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    return f"{type(exc).__name__}: {first}"[:240]
 
 
 class RayExecutor:
@@ -158,8 +117,8 @@ class RayExecutor:
                 # A local instance of our own listens on the loopback only: no other machine
                 # has any business with it.
                 local = address is None and not os.environ.get("RAY_ADDRESS")
-                ray.init(
-                    address=address,
+                connect(
+                    address,
                     include_dashboard=False,
                     logging_level=logging.ERROR,
                     log_to_driver=False,
@@ -167,9 +126,18 @@ class RayExecutor:
                 )
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = f"at {address!r}" if address else "here"
+                # From Ray 2.59 `ray start --head` turns token authentication on; a connection
+                # to a named address presents the token only when told to.
+                token = (
+                    "; if the cluster uses token authentication, set RAY_AUTH_MODE=token (and "
+                    "RAY_AUTH_TOKEN on another machine than the head)"
+                    if address not in (None, "auto") and "RAY_AUTH_MODE" not in os.environ
+                    else ""
+                )
                 raise AttnbenchError(
                     f"no Ray cluster {where}: {str(exc).splitlines()[0] if str(exc) else exc}; "
-                    "start one with `ray start --head`, or leave out --address for a local one"
+                    f"start one with `ray start --head`, or leave out --address for a local one"
+                    f"{token}"
                 ) from None
             self._owns_ray = True
         quiet_ray_errors()
@@ -269,15 +237,9 @@ class RayExecutor:
             "executor": self.name,
             "address": self.address or "local",
             "ray_version": ray.__version__,
-            "nodes": [
-                {
-                    "hostname": node.get("NodeManagerHostname"),
-                    "address": node.get("NodeManagerAddress"),
-                    "cpus": node["Resources"].get("CPU", 0),
-                    "gpus": node["Resources"].get("GPU", 0),
-                }
-                for node in nodes
-            ],
+            # Alive at the start; refreshed as workers die and when the sweep ends, so that
+            # a node that died, or joined, is on record with its fate.
+            "nodes": [n for n in node_records() if n["alive"]],
             "worker_resources": self.worker_resources,
             "workers": workers,
             "workers_failed": failures,
@@ -344,6 +306,27 @@ class RayExecutor:
                 life = self._lives[actor]
                 if life["end_reason"] is None:
                     life.update(ended=now_iso(), end_reason="finished" if completed else "stopped")
+            self._refresh_nodes()
+
+    def stopped(self) -> None:
+        """The sweep was stopped (Ctrl-C, SIGTERM): the workers it ended did not finish it."""
+        for actor in self._actors:
+            life = self._lives[actor]
+            if life["end_reason"] == "finished":
+                life["end_reason"] = "stopped"
+
+    def _refresh_nodes(self) -> None:
+        """The nodes of the record, each with whether it is alive now (and if not, why); the
+        nodes that joined since, where a worker of the sweep ran."""
+        if "nodes" not in self._record:
+            return
+        with contextlib.suppress(RayError, ConnectionError, RuntimeError):
+            now = {n["node_id"]: n for n in node_records()}
+            ran_on = {life.get("node_id") for life in self._lives.values()}
+            listed = [now.get(n.get("node_id"), n) for n in self._record["nodes"]]
+            ids = {n.get("node_id") for n in listed}
+            listed += [n for i, n in now.items() if i in ran_on and i not in ids]
+            self._record["nodes"][:] = listed
 
     def _run(self, take: Take) -> Iterator[JobDone]:
         idle = list(self._actors)
@@ -393,6 +376,7 @@ class RayExecutor:
                     f"{life['node']} pid {life['pid']}: {reason}"
                 )
                 dead.append(life["pid"])
+                self._refresh_nodes()  # if the node died, run.json says so from the next save
                 ray.kill(actor, no_restart=True)
                 replacing.append(self._spawn())
                 waiting_since = time.monotonic()
