@@ -10,8 +10,10 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+import torch
 from synthetic import small_case
 
+from attnbench.layers import REGISTRY, LayerEntry
 from attnbench.measure import countcache, extend
 from attnbench.measure.case import make_step, measure_case, memory_pass, trace_counts
 from attnbench.measure.countcache import Counts
@@ -192,3 +194,93 @@ def test_extended_counts_equal_full_traces_on_every_long_case_of_the_reference_r
             continue
         assert dataclasses.replace(profile, method="measured") == memory_pass(case, 0), case.case_id
     assert unproven == {"lstm"}
+
+
+class LoopRecurrence(torch.nn.Module):
+    """A researcher's recurrence, written as a Python loop: one step per position (up to
+    ``chunk`` positions; the rest are mixed in one parallel op)."""
+
+    chunk: int | None = None
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.step = torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B, n, d)
+        n = x.shape[1]
+        h = torch.zeros_like(x[:, 0])  # (B, d)
+        for t in range(n if self.chunk is None else min(n, self.chunk)):
+            h = torch.tanh(self.step(h) + x[:, t])  # (B, d)
+        return x + h[:, None]  # (B, n, d)
+
+
+class ChunkedRecurrence(LoopRecurrence):
+    """Steps grow with n up to 128 positions, then stop: a law proven at n = 8..64 is wrong
+    beyond, and the check at n / 4 must catch it."""
+
+    chunk = 128
+
+
+@pytest.fixture
+def plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two recurrences and an nn.Linear as plugin layers: no theory vouches for them."""
+    for name, module in (
+        ("loop-rnn", LoopRecurrence),
+        ("chunked-rnn", ChunkedRecurrence),
+        ("plain-linear", torch.nn.Linear),
+    ):
+        build = (lambda d: torch.nn.Linear(d, d)) if module is torch.nn.Linear else module
+        monkeypatch.setitem(REGISTRY, name, LayerEntry(name, build))
+    monkeypatch.delenv(extend.FULL_TRACE_ENV, raising=False)
+
+
+def _both(case: object, monkeypatch: pytest.MonkeyPatch) -> tuple[Counts, str, Counts]:
+    short, how = trace_counts(case, make_step(case, 0), 0)
+    monkeypatch.setenv(extend.FULL_TRACE_ENV, "1")
+    full, _ = trace_counts(case, make_step(case, 0), 0)
+    monkeypatch.delenv(extend.FULL_TRACE_ENV)
+    return short, how, full
+
+
+def test_a_plugin_recurrence_is_extended_once_the_law_holds_at_a_quarter_of_n(
+    plugin: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = small_case("loop-rnn", n=1024, d=8, batch=1)
+    assert extend.probed(case) and not extend.applies(case)
+    short, how, full = _both(case, monkeypatch)
+    assert how == extend.EXTENDED
+    assert short.seq_steps_method.endswith("checked at n=256")
+    methods = {c: getattr(full, c) for c in extend.METHODS.values()}
+    assert dataclasses.replace(short, **methods) == full  # every count as the full trace's
+    measured = measure_case(case, policy=QUICK)  # the memory pass follows the counts' lead
+    assert measured.counts_source == extend.EXTENDED
+    assert measured.peak_bytes_method.startswith("extended")
+    profile = memory_pass(case, 0)
+    assert (measured.peak_bytes, measured.ops) == (profile.peak_bytes, profile.ops)
+
+
+def test_a_law_that_stops_holding_past_the_probes_is_traced_in_full(
+    plugin: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = small_case("chunked-rnn", n=1024, d=8, batch=1)
+    short, how, full = _both(case, monkeypatch)
+    assert how == countcache.TRACED and short == full
+    at_probes = {
+        m: trace_counts(
+            dataclasses.replace(case, n=m), make_step(dataclasses.replace(case, n=m), 0), 0
+        )[0]
+        for m in extend.PROBES
+    }
+    law = extend.extend(at_probes, 1024)
+    assert law is not None and law.seq_steps > 2 * full.seq_steps  # the probes' law, wrong here
+
+
+def test_a_plugin_with_few_steps_is_traced_in_full_and_a_short_case_never_probed(
+    plugin: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = small_case("plain-linear", n=1024, d=8, batch=1)
+    short, how, full = _both(case, monkeypatch)
+    assert how == countcache.TRACED and short == full
+    assert not extend.probed(small_case("loop-rnn", n=256, d=8, batch=1))
+    assert not extend.probed(case, {extend.FULL_TRACE_ENV: "1"})
+    assert extend.check_length(1024) == 256 and extend.check_length(300) == 128

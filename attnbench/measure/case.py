@@ -153,7 +153,7 @@ def measure_case(
             # On the CPU the profiler, which replays every requested allocation, costs as much
             # as tracing: profiled at the short probes and extended by their law. CUDA's
             # statistics are cheap at any n, and its allocator rounds sizes into blocks.
-            if case.device == "cpu" and extend.applies(case):
+            if case.device == "cpu" and extend.is_extended(counts):
                 memory = extend.extended_profile(case, lambda short: memory_pass(short, seed))
             if memory is None:
                 memory = memory_pass(case, seed, step)
@@ -243,9 +243,11 @@ def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, 
         "path_len": None if path is None else path.value,
         "path_len_method": path_method if path is None else path.method,
     }
-    if extend.applies(case):
+    if extend.applies(case) or extend.probed(case):
         found = extend.extended_counts(
-            case, lambda short: call_counts(make_step(short, seed), short.mode)
+            case,
+            lambda short: call_counts(make_step(short, seed), short.mode),
+            check=not extend.applies(case),
         )
         if found is not None:
             return dataclasses.replace(found, **path_counts), extend.EXTENDED

@@ -52,14 +52,23 @@ def full_trace(environ: Mapping[str, str] | None = None) -> bool:
 
 def applies(case: Case, environ: Mapping[str, str] | None = None) -> bool:
     """Whether the case's counts are extended from the probes rather than traced at its n: its
-    layer's theory says it takes more than ``EXTEND_ABOVE_STEPS`` sequential steps (a layer
-    without a theory is always traced in full), and the user did not ask for full traces."""
-    if full_trace(environ) or case.n <= 4 * PROBES[-1]:
+    layer's theory says it takes more than ``EXTEND_ABOVE_STEPS`` sequential steps, and the
+    user did not ask for full traces. A layer without a theory is ``probed`` instead."""
+    if not _long(case, environ):
         return False
     theory = entry(case.layer).theory
-    if theory is None:
-        return False
-    return theory.sequential_law(case.sizes()) > EXTEND_ABOVE_STEPS
+    return theory is not None and theory.sequential_law(case.sizes()) > EXTEND_ABOVE_STEPS
+
+
+def probed(case: Case, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a long case of a layer without a theory (a plugin) asks the probes: extended
+    only if they show more than ``EXTEND_ABOVE_STEPS`` steps at n and the law holds at a
+    check length of n / 4 too (``extended_counts``); traced in full otherwise."""
+    return _long(case, environ) and entry(case.layer).theory is None
+
+
+def _long(case: Case, environ: Mapping[str, str] | None) -> bool:
+    return not full_trace(environ) and case.n > 4 * PROBES[-1]
 
 
 def is_extended(counts: Counts) -> bool:
@@ -190,11 +199,48 @@ def _extend_kernels(texts: Mapping[int, str], n: int, degrees: set[int]) -> str 
     return format_kernels(result)
 
 
-def extended_counts(case: Case, trace: Callable[[Case], Counts]) -> Counts | None:
+def extended_counts(
+    case: Case, trace: Callable[[Case], Counts], *, check: bool = False
+) -> Counts | None:
     """The case's counts extended from ``trace`` at the probe lengths, or None when the layer
-    refuses a probe or a count has no law there (trace it in full then)."""
+    refuses a probe or a count has no law there (trace it in full then).
+
+    With ``check`` (a layer no theory vouches for) the probes must show more than
+    ``EXTEND_ABOVE_STEPS`` steps at n, else a full trace is cheap, and the law must also
+    give exactly what ``trace`` counts at ``check_length(n)``: a law that holds at short
+    lengths only (steps that stop growing past a chunk) is caught there, at a quarter of
+    the full trace's cost."""
     found = _at_probes(case, trace)
-    return None if found is None else extend(found, case.n)
+    if found is None:
+        return None
+    counts = extend(found, case.n)
+    if counts is None or not check:
+        return counts
+    if counts.seq_steps is None or counts.seq_steps <= EXTEND_ABOVE_STEPS:
+        return None
+    m = check_length(case.n)
+    predicted = extend(found, m)
+    try:
+        traced = trace(dataclasses.replace(case, n=m))
+    except Exception as exc:  # the layer refuses the check length: measure the case at n
+        if is_out_of_memory(exc):
+            raise
+        return None
+    if predicted is None or any(
+        getattr(predicted, name) != getattr(traced, name) for name in (*NUMBERS, "kernels")
+    ):
+        return None
+    checked = {
+        column: f"{value}, checked at n={m}" if value.startswith(EXTENDED) else value
+        for column in METHODS.values()
+        if (value := getattr(counts, column)) is not None
+    }
+    return dataclasses.replace(counts, **checked)  # type: ignore[arg-type]
+
+
+def check_length(n: int) -> int:
+    """Where a plugin's law is checked: n / 4 (at least past the probes)."""
+    return max(n // 4, 2 * PROBES[-1])
 
 
 def extended_profile(case: Case, profile: Callable[[Case], Profile]) -> Profile | None:
