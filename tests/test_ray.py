@@ -160,6 +160,7 @@ def test_a_worker_killed_in_a_case_is_survived_and_the_case_retried(
     # first: a replacement still starting then never ran, and is not a worker of the run).
     replacements = [w for w in workers.values() if "replaces" in w]
     assert [w["replaces"] for w in replacements] in ([], [killed[0]])
+    assert dead.get("replaced_by") in (None, *(w["pid"] for w in replacements))
     assert {w["end_reason"] for p, w in workers.items() if p != killed[0]} == {"finished"}
     failed = run.meta["cluster"]["workers_failed"]
     assert len(failed) == 1 and f"pid {killed[0]}" in failed[0]

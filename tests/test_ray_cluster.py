@@ -219,6 +219,7 @@ def test_a_node_killed_mid_case_is_on_record_and_its_case_measured_by_the_replac
     assert killed["node_id"] in dead["end_reason"]  # Ray's reason names the node
     (replacement,) = [w for w in workers.values() if "replaces" in w]
     assert replacement["replaces"] == killed["pid"]
+    assert dead["replaced_by"] == replacement["pid"]
     assert replacement["node_id"] == killed["joined"] and replacement["end_reason"] == "finished"
     assert len(workers) == 3
     assert cluster["workers_failed"] == [

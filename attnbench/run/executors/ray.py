@@ -333,7 +333,7 @@ class RayExecutor:
         running: dict[Any, tuple[Any, Job]] = {}
         replacing = list(self._starting_actors)  # replacements still starting (a resume)
         failures: list[str] = []
-        dead: list[int] = []  # pids of dead workers whose replacement has not started yet
+        dead: list[dict[str, Any]] = []  # dead workers whose replacement has not started yet
         waiting_since = time.monotonic()
         while True:
             for actor in list(idle):
@@ -358,8 +358,10 @@ class RayExecutor:
                 if actor is not None:
                     idle.append(actor)
                     life = self._lives[actor]
-                    if dead:
-                        life["replaces"] = dead.pop(0)
+                    if dead:  # each names the other: the story reads from either end
+                        gone = dead.pop(0)
+                        life["replaces"] = gone["pid"]
+                        gone["replaced_by"] = life["pid"]
                     self._record.setdefault("workers", []).append(life)
                 elif not self._actors and not replacing and not running:
                     raise AttnbenchError(f"every Ray worker died: {failures[-1]}")
@@ -375,7 +377,7 @@ class RayExecutor:
                 self._record.setdefault("workers_failed", []).append(
                     f"{life['node']} pid {life['pid']}: {reason}"
                 )
-                dead.append(life["pid"])
+                dead.append(life)
                 self._refresh_nodes()  # if the node died, run.json says so from the next save
                 ray.kill(actor, no_restart=True)
                 replacing.append(self._spawn())
