@@ -368,6 +368,16 @@ def test_connect_leaves_addresses_that_ray_reaches_to_ray(monkeypatch: pytest.Mo
     assert calls[-1] == (f"localhost:{port}", {"_node_ip_address": "127.0.0.1"}, "localhost")
     assert services.resolve_ip_for_localhost is resolve  # Ray's own again afterwards
 
+    def refused(address: str | None = None, **options: Any) -> None:
+        calls.append((address, options, ""))
+        raise ConnectionError("refused")  # an OSError: not taken for "nothing answers"
+
+    monkeypatch.setattr(ray, "init", refused)
+    before = len(calls)
+    with socket.create_server(("", 0)) as listening, pytest.raises(ConnectionError):
+        connect(f"127.0.0.1:{listening.getsockname()[1]}")
+    assert len(calls) == before + 1  # Ray's error, once: no second try on the loopback
+
 
 def test_a_refused_connection_says_how_token_authentication_is_set_up(
     monkeypatch: pytest.MonkeyPatch,

@@ -97,11 +97,12 @@ def connect(address: str | None, **options: Any) -> None:
         return
     try:
         with socket.create_connection((ray.util.get_node_ip_address(), int(port)), timeout=2):
-            pass  # Ray's own resolution reaches the cluster
+            reachable = True  # Ray's own resolution reaches the cluster
+    except OSError:
+        reachable = False
+    if reachable:  # ray.init's own errors (ConnectionError is an OSError) are the caller's
         ray.init(address=address, **options)
         return
-    except OSError:
-        pass
     from ray._private import services  # only for this case
 
     resolve = services.resolve_ip_for_localhost
