@@ -21,20 +21,20 @@ import torch
 from attnbench.layers import registry
 
 
-class Doomed(torch.nn.Module):
+class _TestLayer(torch.nn.Module):
+    """A layer without weights: what matters is where and when it is called."""
+
     def __init__(self, d: int) -> None:
         super().__init__()
         self.d = d
 
+
+class Doomed(_TestLayer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> never returns
         os._exit(9)
 
 
-class KilledOnce(torch.nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.d = d
-
+class KilledOnce(_TestLayer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B, n, d)
         marker = Path(os.environ["ATTNBENCH_TEST_DIR"]) / "pid"
         try:
@@ -52,15 +52,11 @@ def _wait_for(done: Callable[[], bool]) -> None:
         time.sleep(0.05)
 
 
-class Lost(torch.nn.Module):
+class Lost(_TestLayer):
     """Waits, in its first ``times`` calls anywhere, for its node to be ended."""
 
     name = "lost-once"
     times = 1
-
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.d = d
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B, n, d)
         folder = Path(os.environ["ATTNBENCH_TEST_DIR"])
@@ -84,11 +80,7 @@ class LostTwice(Lost):
     times = 2
 
 
-class Held(torch.nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.d = d
-
+class Held(_TestLayer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B, n, d)
         hold = Path(os.environ["ATTNBENCH_TEST_DIR"]) / "hold"
         _wait_for(lambda: not hold.exists())

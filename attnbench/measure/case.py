@@ -243,11 +243,10 @@ def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, 
         "path_len": None if path is None else path.value,
         "path_len_method": path_method if path is None else path.method,
     }
-    if extend.applies(case) or extend.probed(case):
+    vouched = extend.applies(case)  # the theory says the case is long; else the probes say
+    if vouched or extend.probed(case):
         found = extend.extended_counts(
-            case,
-            lambda short: call_counts(make_step(short, seed), short.mode),
-            check=not extend.applies(case),
+            case, lambda short: call_counts(make_step(short, seed), short.mode), check=not vouched
         )
         if found is not None:
             return dataclasses.replace(found, **path_counts), extend.EXTENDED
