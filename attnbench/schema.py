@@ -211,8 +211,9 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "kernels", "text", _MEASURE,
-        "the products that are not matrix multiplications, as kind:FLOPs:bytes (conv, "
-        "attention: a fused attention kernel); each kind runs at its own measured ceiling",
+        "every product as kind@width:FLOPs:bytes (gemm, conv, attention: a fused attention "
+        "kernel; width: its narrow dimension) and every elementwise op as ew.op:elements:"
+        "bytes; each runs at its own measured rate (a product's read at its width)",
         optional=True,
     ),
     Column(

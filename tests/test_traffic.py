@@ -145,17 +145,53 @@ def test_the_bytes_formula_follows_the_layer_not_the_other_way() -> None:
     assert _counted(half) == half.analytic_bytes()
 
 
-def test_convolutions_and_fused_attention_are_kept_apart_from_the_gemms() -> None:
-    """They run at rates of their own, so their FLOPs and bytes are recorded by kind."""
-    conv = _case("conv", batch=1)
+def _products(found: Traffic) -> set[str]:
+    return {k for k in found.kernels if not k.startswith("ew.")}
+
+
+def test_each_product_is_recorded_by_its_kind_and_narrow_width() -> None:
+    """Convolutions, fused attention kernels and matrix products run at rates of their own,
+    which grow with the product's narrow width: each is recorded under kind@width."""
+    conv = _case("conv", batch=1)  # d = 16, k = 3: 16 channels out, a reduction of 48
     step = make_step(conv, seed=0)
     found = count_traffic(step)
-    flops, moved = found.kernels["conv"]
+    assert set(found.kernels) == {"conv@16"}
+    flops, moved = found.kernels["conv@16"]
     assert flops == conv.analytic_flops() and moved == found.bytes == found.product_bytes
-    assert parse_kernels(found.kernels_text()) == {"conv": (flops, moved)}
+    assert parse_kernels(found.kernels_text()) == {"conv@16": (flops, moved)}
+    # four heads of 4: the fused kernel is 4 wide, the projections (n x 16) @ (16 x 16) 16 wide
     sdpa = count_traffic(make_step(_case("attention-sdpa", batch=1), seed=0))
-    assert set(sdpa.kernels) == {"attention"}
-    assert 0 < sdpa.kernels["attention"][1] < sdpa.product_bytes  # the projections are GEMMs
+    assert _products(sdpa) == {"attention@4", "gemm@16"}
+    assert 0 < sdpa.kernels["attention@4"][1] < sdpa.product_bytes
+    assert sum(sdpa.kernels[k][1] for k in _products(sdpa)) == sdpa.product_bytes
+    # explicit attention: scores (n x 4) @ (4 x n) and weights (n x n) @ (n x 4) are 4 wide
     explicit = count_traffic(make_step(_case("attention", batch=1), seed=0))
-    assert explicit.kernels == {} and explicit.kernels_text() == ""
+    assert _products(explicit) == {"gemm@4", "gemm@16"}
+    wider = count_traffic(make_step(_case("attention", batch=1, heads=2), seed=0))
+    assert _products(wider) == {"gemm@8", "gemm@16"}  # a changed layer, changed widths
+    # the rows (the sequence) are left out: a longer sequence keeps the widths
+    longer = count_traffic(make_step(_case("conv", batch=1, n=64), seed=0))
+    assert set(longer.kernels) == {"conv@16"}
+
+
+def test_each_elementwise_op_is_recorded_by_name_with_its_elements_and_bytes() -> None:
+    """An exp costs many adds: each op's elements and bytes are kept apart (``ew.`` + its
+    aten name), and their elements add up to the elementwise count."""
+    x = torch.randn(8, 32)
+
+    def call() -> torch.Tensor:
+        y = torch.exp(x)  # 256 elements; reads 1 KiB, writes 1 KiB
+        y.add_(1.0)  # in place: 256 elements, reads and writes y
+        return torch.softmax(y, -1)  # 256 elements read
+
+    with torch.no_grad():
+        found = count_traffic(call)
+    assert found.kernels == {
+        "ew.exp": (256, 2 * 1024), "ew.add": (256, 2 * 1024), "ew._softmax": (256, 2 * 1024),
+    }  # fmt: skip
+    rnn = small_case("rnn", batch=1)
+    traced = count_traffic(make_step(rnn, seed=0))
+    ew = {k: v for k, v in traced.kernels.items() if k.startswith("ew.")}
+    assert set(ew) == {"ew.add", "ew.tanh"}
+    assert sum(e for e, _ in ew.values()) == rnn.analytic_elements()
     assert parse_kernels("conv:1:2; junk; attention:x:3") == {"conv": (1.0, 2.0)}

@@ -72,7 +72,7 @@ class CaseResult:
     ops: int | None = None  # aten ops one call dispatched, views excluded (measure.traffic)
     product_bytes: int | None = None  # the part of bytes the matrix products moved
     bytes_analytic: float | None = None  # from the layer's traffic formula (forward only)
-    kernels: str = ""  # non-GEMM products as kind:FLOPs:bytes (measure.traffic.Traffic)
+    kernels: str = ""  # products, kind@width:FLOPs:bytes; elementwise ops, ew.op:elements:bytes
     counts_source: str = ""  # "traced", "cache" (measure.countcache) or "extended"
     peak_bytes_method: str = ""  # "measured" at n, or "extended: <law>" (measure.extend)
     attempts: int | None = None  # workers that measured it: 2 when the first died in it

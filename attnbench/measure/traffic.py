@@ -26,6 +26,7 @@ were reused, an upper bound on the traffic and the denominator of arithmetic int
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,10 +35,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from attnbench.measure.elementwise import elements_of
 from attnbench.measure.flops import formulas
 from attnbench.measure.ops import FUSED_ATTENTION, moves_data, op_name, unfused
 
 TRAFFIC_METHOD = "traced"
+# The ``kernels`` entries of elementwise ops: "ew.exp:ELEMENTS:BYTES" (the products' have none).
+ELEMENTWISE_PREFIX = "ew."
 # Reserve memory without writing it.
 NO_WRITE = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 # Make a tensor shaped like their tensor argument, reading only its shape, dtype and device.
@@ -101,12 +105,13 @@ class Traffic:
     bytes: int
     ops: int
     product_bytes: int = 0
-    # The products that are not matrix multiplications, by kind: (FLOPs, bytes) of the
-    # convolutions and of the fused attention kernels, which run at their own rates.
+    # Every product by kind and narrow width ("gemm@64", "conv@32", "attention@16"): its
+    # (FLOPs, bytes); each kind runs at its own rate, which grows with the width. And every
+    # elementwise op by name ("ew.exp"): its (elements, bytes); an exp costs many adds.
     kernels: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def kernels_text(self) -> str:
-        """The results' ``kernels`` column: "conv:FLOPS:BYTES; attention:FLOPS:BYTES"."""
+        """The results' ``kernels`` column: "conv@64:FLOPS:BYTES; ew.exp:ELEMENTS:BYTES"."""
         return format_kernels(self.kernels)
 
 
@@ -123,6 +128,29 @@ def kernel_kind(name: str) -> str:
     if name.removesuffix("_backward") in FUSED_ATTENTION:
         return "attention"
     return "gemm"
+
+
+def product_width(func: Any, args: tuple[Any, ...]) -> int | None:
+    """A product's narrow dimension, which its rate depends on (``Ceilings.rate``): the
+    smaller of a matrix product's inner and output widths (min(k, n) of (m x k) @ (k x n): the
+    rows m grow with the sequence and are left out), the smaller of a convolution's output
+    channels and its reduction (input channels x kernel size), an attention's head width.
+    None for a product of another shape."""
+    name = op_name(func)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    try:
+        kind = kernel_kind(name)
+        if kind == "conv":
+            weight = tensors[2] if name.endswith("_backward") else tensors[1]
+            reduction = int(weight.shape[1]) * math.prod(int(s) for s in weight.shape[2:])
+            return min(int(weight.shape[0]), reduction)
+        if kind == "attention":
+            q, _, v = tensors[1:4] if name.endswith("_backward") else tensors[:3]
+            return min(int(q.shape[-1]), int(v.shape[-1]))
+        a, b = tensors[-2:]  # mm, bmm, addmm, baddbmm: the two factors come last
+        return min(int(a.shape[-1]), int(b.shape[-1]))
+    except (IndexError, ValueError):
+        return None
 
 
 def parse_kernels(text: object) -> dict[str, tuple[float, float]]:
@@ -161,11 +189,16 @@ class TrafficCounter(TorchDispatchMode):
             formula = self.formulas.get(func._overloadpacket)
             if formula is not None:
                 self.products += moved
+                width = product_width(func, args)
                 kind = kernel_kind(op_name(func))
-                if kind != "gemm":
-                    flops, done = self.kernels.get(kind, (0, 0))
-                    work = int(formula(*args, **kwargs, out_val=out))
-                    self.kernels[kind] = (flops + work, done + moved)
+                key = kind if width is None else f"{kind}@{width}"
+                work = int(formula(*args, **kwargs, out_val=out))
+            else:
+                work = elements_of(func, args, kwargs, out)
+                key = f"{ELEMENTWISE_PREFIX}{op_name(func).rstrip('_')}"
+            if formula is not None or work:
+                done_work, done = self.kernels.get(key, (0, 0))
+                self.kernels[key] = (done_work + work, done + moved)
 
     def result(self) -> Traffic:
         return Traffic(self.total, self.ops, self.products, self.kernels)
