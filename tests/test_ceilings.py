@@ -5,7 +5,9 @@ except one real measurement checked for sanity and by ratio."""
 from __future__ import annotations
 
 import json
+import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,15 +27,20 @@ from attnbench.measure.ceilings import (
 )
 
 runner = CliRunner()
-SECONDS = {"gemm": 0.02, "copy": 0.004, "op": 3e-6, "conv": 0.01, "attention": 0.05}
-SMALL = {"conv_shape": (4, 16), "attention_length": 8}
+SECONDS = {"gemm": 0.02, "copy": 0.004, "op": 3e-6, "conv": 0.01, "attention": 0.05,
+           "gemm@8": 0.004, "gemm@16": 0.002}  # fmt: skip
+CURVES = {"gemm": (8, 16), "conv": (4,), "attention": (8,)}
+EW = ["ew.add", "ew.exp"]
+SECONDS |= {"ew.add": 1e-5, "ew.exp": 8e-5}
+SMALL = {"conv_shape": (4, 16), "attention_length": 8, "curve_widths": CURVES,
+         "elementwise_ops": ("add", "exp")}  # fmt: skip
 
 
 def fake_timer(calls: list[str]):  # type: ignore[no-untyped-def]
     def timer(name, fn, policy):  # type: ignore[no-untyped-def]
         fn()  # the kernel really runs once: shapes and devices are exercised
         calls.append(name)
-        return SECONDS[name]
+        return SECONDS.get(name) or SECONDS[name.partition("@")[0]]
 
     return timer
 
@@ -42,9 +49,19 @@ def test_each_ceiling_is_its_kernels_work_over_its_time() -> None:
     calls: list[str] = []
     found = measure_ceilings(
         "cpu", "float32", 1, gemm_side=64, stream_numel=1000, timer=fake_timer(calls),
-        fault_cost=lambda: 7e-6, conv_shape=(4, 16), attention_length=8,
+        fault_cost=lambda: 7e-6, **SMALL,
     )  # fmt: skip
-    assert calls == ["gemm", "copy", "op", "conv", "attention"]
+    assert calls == ["gemm", "gemm", "copy", "copy", "op", "conv", "attention",
+                     "gemm@8", "gemm@16", "conv@4", "attention@8", *EW]  # fmt: skip
+    # The curves: (rows x w) @ (w x w) with rows = 2**16 / w, a Conv1d(w, w, 3) over as many
+    # positions, 4 heads of width w over 512 positions.
+    assert found.gemm_rates == {8: 2 * 8192 * 8 * 8 / 0.004, 16: 2 * 4096 * 16 * 16 / 0.002}
+    assert found.conv_rates == {4: 2 * 4 * 4 * 3 * 16384 / 0.01}
+    assert found.attention_rates == {8: 4 * 4 * 512 * 512 * 8 / 0.05}
+    # each elementwise op over 2**16 elements in cache
+    assert found.elementwise_rates == {"add": 2**16 / 1e-5, "exp": 2**16 / 8e-5}
+    assert found.elementwise_rate("exp") == 2**16 / 8e-5
+    assert found.elementwise_rate("erfinv") == 2**16 / 1e-5  # not measured: an add's rate
     assert found.conv_flops_per_s == 2 * 4 * 4 * 3 * 16 / 0.01  # Conv1d(C, C, 3) over L
     assert found.attention_flops_per_s == 4 * 8 * 8 * 8 * 64 / 0.05  # 4·h·n²·64, h = 8
     assert found.peak_flops_per_s == 2 * 64**3 / 0.02  # 2·s³ FLOPs of the product
@@ -61,12 +78,12 @@ def test_the_thread_count_is_set_while_measuring_and_restored() -> None:
 
     def timer(name, fn, policy):  # type: ignore[no-untyped-def]
         seen.append(torch.get_num_threads())
-        return SECONDS[name]
+        return SECONDS[name.partition("@")[0]]
 
     found = measure_ceilings(
         "cpu", "float16", 1, gemm_side=8, stream_numel=10, timer=timer, **SMALL
     )
-    assert seen == [1] * 5 and found.threads == 1
+    assert seen == [1] * (11 + len(EW)) and found.threads == 1
     assert found.bandwidth_bytes_per_s == 2 * 10 * 2 / 0.004  # float16: 2 bytes an element
     assert torch.get_num_threads() == before
 
@@ -89,9 +106,10 @@ def test_a_real_measurement_is_consistent() -> None:
     one op on one element cheaper than a 256³ product, and the copy's bytes as stated."""
     found = measure_ceilings(
         "cpu", "float32", 1, gemm_side=256, stream_numel=2**22, conv_shape=(64, 512),
-        attention_length=128,
+        attention_length=128, curve_widths={"gemm": (8, 128), "conv": (16,), "attention": (16,)},
     )  # fmt: skip
     assert found.peak_flops_per_s > 0 and found.bandwidth_bytes_per_s > 0
+    assert found.gemm_rates is not None and min(found.gemm_rates.values()) > 0
     assert found.conv_flops_per_s > 0 and found.attention_flops_per_s > 0
     assert 0 < found.op_latency_s < 2 * 256**3 / found.peak_flops_per_s
     assert found.stream_bytes == 2 * 2**22 * 4
@@ -172,6 +190,52 @@ def test_a_ceilings_file_from_before_the_kernel_rates_still_reads(tmp_path: Path
     path.write_text(json.dumps({**found.to_dict(), "conv_flops_per_s": 0}))
     with pytest.raises(AttnbenchError, match="conv_flops_per_s must be a positive number"):
         read_ceilings(path)
+
+
+def test_a_products_rate_is_read_off_its_kinds_curve_at_its_width() -> None:
+    """Between two measured widths the rate is interpolated in log-log; beyond the ends it is
+    held; the GEMM's curve ends at the large product's peak; a kind without a curve, or a
+    product of unknown width, runs at its kind's single rate."""
+    found = _fake([])("cpu", "float32", 1)
+    g8, g16 = found.gemm_rates[8], found.gemm_rates[16]
+    assert found.rate("gemm", 8) == pytest.approx(g8) and found.rate("gemm", 2) == pytest.approx(g8)
+    assert found.rate("gemm", 16) == pytest.approx(g16)
+    assert found.rate("gemm", 11) == pytest.approx(g8 * (g16 / g8) ** (math.log2(11) - 3))
+    # the fake's large product is 8 wide too, where the curve's own point wins
+    wide = replace(found, gemm_side=64)
+    assert wide.rate("gemm", 64) == pytest.approx(found.peak_flops_per_s)
+    assert found.rate("gemm") == found.peak_flops_per_s
+    assert found.rate("conv", 1000) == pytest.approx(found.conv_rates[4])
+    assert found.rate("conv") == found.conv_flops_per_s
+    older = replace(found, attention_rates=None, conv_rates=None, conv_flops_per_s=None)
+    assert older.rate("attention", 8) == found.attention_flops_per_s
+    assert older.rate("conv", 8) == found.peak_flops_per_s  # not measured: the GEMM's peak
+
+
+def test_the_rate_curves_travel_through_a_file_and_bad_ones_are_one_clear_error(
+    tmp_path: Path,
+) -> None:
+    found = _fake([])("cpu", "float32", 1)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(found.to_dict()))  # JSON keys are strings: "8", "16"
+    assert read_ceilings(path) == found
+    for curve, message in (
+        ({"x": 1.0}, "gemm_rates: width 'x' is not a whole number"),
+        ({"8": -1}, "gemm_rates: 8: must be a positive rate (got -1)"),
+        ([1, 2], "gemm_rates must be an object of width: FLOP/s"),
+    ):
+        path.write_text(json.dumps({**found.to_dict(), "gemm_rates": curve}))
+        with pytest.raises(AttnbenchError, match=re.escape(message)):
+            read_ceilings(path)
+
+
+def test_a_cached_entry_without_rate_curves_is_measured_again(tmp_path: Path) -> None:
+    count: list[int] = []
+    first, _ = machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
+    entry = next((tmp_path / "ceilings").glob("*-1t.json"))
+    entry.write_text(json.dumps({**first.to_dict(), "gemm_rates": None}))
+    again, cached = machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
+    assert not cached and count == [1, 1] and again.gemm_rates is not None
 
 
 def test_the_machine_command_prints_and_caches_the_ceilings(

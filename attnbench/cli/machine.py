@@ -73,6 +73,7 @@ def machine(
          f"Conv1d({channels}, {channels}, 3) over {positions} positions"),
         ("fused attention", _rate(found.attention_flops_per_s),
          f"scaled_dot_product_attention, 8 heads of 64, n = {attention_length_of(found.device)}"),
+        *_curve_rows(found),
         ("op latency", fmt_seconds(found.op_latency_s), "one add on one-element tensors"),
         ("page fault", "–" if found.page_fault_s is None else fmt_seconds(found.page_fault_s),
          "a fresh 4 KiB page touched once" if found.page_fault_s else "not counted here"),
@@ -90,6 +91,28 @@ def machine(
 
 def _rate(value: float | None) -> str:
     return "–" if value is None else f"{value / 1e9:.1f} GFLOP/s"
+
+
+def _curve_rows(found: Ceilings) -> list[tuple[str, str, str]]:
+    """The rates by width and the elementwise ops' rates, a row each (absent from a file
+    written before they were measured)."""
+    rows = []
+    for label, curve, what in (
+        ("GEMM by width", found.gemm_rates, "(rows x w) @ (w x w), operands in cache"),
+        ("conv by width", found.conv_rates, "Conv1d(w, w, 3)"),
+        ("attention by width", found.attention_rates, "4 heads of width w"),
+    ):
+        if curve:
+            value = " ".join(f"{w}:{r / 1e9:.0f}" for w, r in sorted(curve.items()))
+            rows.append((label, f"{value} GFLOP/s", what))
+    if found.elementwise_rates:
+        rates = found.elementwise_rates
+        slow = ", ".join(f"{op} {rates[op] / 1e9:.2f}" for op in sorted(rates, key=rates.get)[:4])
+        rows.append((
+            "elementwise ops", f"{len(rates)} ops, add {rates.get('add', 0) / 1e9:.1f} G/s",
+            f"slowest (G elements/s): {slow}",
+        ))  # fmt: skip
+    return rows
 
 
 def predict(

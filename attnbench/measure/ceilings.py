@@ -8,7 +8,14 @@
   call pays before it does any work (on CUDA, that includes the kernel launch);
 - ``page_fault_s``: one minor page fault (``measure.faults``; CPU only);
 - ``conv_flops_per_s``, ``attention_flops_per_s``: a Conv1d and a fused attention kernel
-  (``scaled_dot_product_attention``), which run at rates of their own, not the GEMM's.
+  (``scaled_dot_product_attention``), which run at rates of their own, not the GEMM's;
+- ``gemm_rates``, ``conv_rates``, ``attention_rates``: each kind of product's FLOP/s by its
+  narrow dimension (the smaller of a product's inner and output widths; a convolution's
+  channels; an attention's head width), on operands small enough to stay in cache. A layer's
+  products are narrow (d = 32..128) and run at a fraction of the large GEMM's rate: at d = 64,
+  a third of it on a 2-core CPU. ``Ceilings.rate`` reads a product's rate from these curves;
+- ``elementwise_rates``: elements per second of each elementwise op of a catalogue
+  (``measure.oprates``): an exp costs many adds.
 
 Each is the median of a timed run (``time_call``), so a test drives the arithmetic with a fake
 clock. Measuring takes a few seconds; the result is cached per machine, torch version, device,
@@ -18,6 +25,7 @@ dtype and thread count (``cache_dir()``), and ``remeasure`` measures again.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import socket
@@ -27,10 +35,12 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from attnbench.devices import DTYPES, check_dtype, device_name, device_sync
 from attnbench.errors import AttnbenchError
+from attnbench.measure import oprates
 from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import Clock, TimingPolicy, time_call
 
@@ -48,6 +58,21 @@ ATTENTION_LENGTH = {"cpu": 1024, "cuda": 8192, "mps": 2048}
 MIN_STREAM_BYTES = 64 * 2**20
 CEILING_KEYS = ("peak_flops_per_s", "bandwidth_bytes_per_s", "op_latency_s", "page_fault_s")
 OPTIONAL_RATES = ("conv_flops_per_s", "attention_flops_per_s")  # absent from older files
+RATE_CURVES = ("gemm_rates", "conv_rates", "attention_rates")  # absent from older files
+# The narrow dimensions each curve is measured at (a product's rate grows with it).
+GEMM_WIDTHS = (8, 16, 32, 64, 128, 256, 512)
+CONV_WIDTHS = (8, 16, 32, 64, 128, 256)
+HEAD_WIDTHS = (8, 16, 32, 64, 128)
+# Elements of a curve product's long operand: about 256 KiB on the CPU (in cache, as a layer's
+# operands at these widths are), large enough to fill the device elsewhere.
+CURVE_ELEMENTS = {"cpu": 2**16, "cuda": 2**24, "mps": 2**22}
+# An attention's rate grows with its length up to about 512 positions on a CPU, then holds.
+CURVE_ATTENTION_LENGTH = {"cpu": 512, "cuda": 4096, "mps": 2048}
+# Each point of a curve: a short run, since there are 18 of them.
+CURVE_POLICY = TimingPolicy(
+    warmup_calls=1, min_block_s=2e-3, min_samples=5, max_samples=30, target_rel_iqr=0.05,
+    min_time_s=0.05, budget_s=0.2,
+)  # fmt: skip
 # (kernel name, the call, its policy) -> median seconds per call; tests pass their own.
 KernelTimer = Callable[[str, Callable[[], object], TimingPolicy], float]
 
@@ -73,9 +98,41 @@ class Ceilings:
     # the model reads peak_flops_per_s for them): a convolution, a fused attention kernel.
     conv_flops_per_s: float | None = None
     attention_flops_per_s: float | None = None
+    # {narrow dimension: FLOP/s} of each kind of product (None: not measured, as in files
+    # from before they were; the model then reads the single rates above).
+    gemm_rates: dict[int, float] | None = None
+    conv_rates: dict[int, float] | None = None
+    attention_rates: dict[int, float] | None = None
+    # {aten op name: elements per second} (None: not measured)
+    elementwise_rates: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def rate(self, kind: str, width: int | None = None) -> float:
+        """FLOP/s of a product of ``kind`` ("gemm", "conv", "attention") whose narrow
+        dimension is ``width``: read off its curve (interpolated in log-log, held flat beyond
+        its ends), else the kind's single rate (the GEMM's peak for a kind not measured)."""
+        peak = self.peak_flops_per_s
+        single = {"conv": self.conv_flops_per_s, "attention": self.attention_flops_per_s}
+        curve = {"gemm": self.gemm_rates, "conv": self.conv_rates,
+                 "attention": self.attention_rates}.get(kind)  # fmt: skip
+        if width is None or not curve:
+            return single.get(kind) or peak
+        points = {self.gemm_side: peak, **curve} if kind == "gemm" else dict(curve)
+        widths = sorted(points)
+        at = np.interp(
+            math.log2(max(width, 1)),
+            [math.log2(w) for w in widths],
+            [math.log(points[w]) for w in widths],
+        )
+        return float(math.exp(at))
+
+    def elementwise_rate(self, op: str) -> float | None:
+        """Elements per second of the elementwise op ``op`` (its aten name); an op not
+        measured runs at an add's rate; None where no rates were measured."""
+        rates = self.elementwise_rates or {}
+        return rates.get(op) or rates.get("add")
 
 
 def _side(device: str) -> int:
@@ -122,12 +179,17 @@ def measure_ceilings(
     stream_numel: int | None = None,
     conv_shape: tuple[int, int] | None = None,
     attention_length: int | None = None,
+    curve_widths: Mapping[str, tuple[int, ...]] | None = None,
+    elementwise_ops: tuple[str, ...] | None = None,
     fault_cost: Callable[[], float | None] = fault_cost_s,
     timer: KernelTimer | None = None,
 ) -> Ceilings:
     """Measure the four ceilings on ``device`` at ``dtype`` with ``threads`` CPU threads (the
     process's count where None; restored after). ``timer`` times each kernel (default: the
-    median of ``time_call`` with ``clock`` and the device's ``sync``)."""
+    median of ``time_call`` with ``clock`` and the device's ``sync``). ``curve_widths`` gives
+    the widths of each rate curve ({"gemm": ..., "conv": ..., "attention": ...}; default:
+    ``GEMM_WIDTHS``, ``CONV_WIDTHS``, ``HEAD_WIDTHS``); ``elementwise_ops`` the ops whose rates
+    are measured (default: all of ``oprates.CATALOGUE``)."""
     check_dtype(dtype, device)
     torch_dtype = DTYPES[dtype]
     waits = sync or device_sync(device)
@@ -141,15 +203,19 @@ def measure_ceilings(
         torch.set_num_threads(threads)
     try:
         side = gemm_side or _side(device)
-        gemm = _gemm_s(device, torch_dtype, side, timed)
+        # A ceiling is the best the device does: each of the two is timed twice and the
+        # faster kept, as STREAM keeps its best trial (a neighbour's burst halves one).
+        gemm = min(_gemm_s(device, torch_dtype, side, timed) for _ in range(2))
         numel = stream_numel or stream_elements(torch_dtype.itemsize, last_level_cache_bytes())
-        copy = _copy_s(device, torch_dtype, numel, timed)
+        copy = min(_copy_s(device, torch_dtype, numel, timed) for _ in range(2))
         x = torch.ones(1, dtype=torch_dtype, device=device)  # (1,)
         out = torch.empty_like(x)  # (1,)
         tiny = timed("op", lambda: torch.add(x, x, out=out), LATENCY_POLICY)
         conv = _conv_rate(device, torch_dtype, conv_shape or conv_shape_of(device), timed)
         length = attention_length or attention_length_of(device)
         attention = _attention_rate(device, torch_dtype, length, timed)
+        curves = _rate_curves(device, torch_dtype, timed, curve_widths)
+        elementwise = _elementwise_rates(device, torch_dtype, timed, elementwise_ops)
         used = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
@@ -169,7 +235,65 @@ def measure_ceilings(
         stream_bytes=2 * numel * torch_dtype.itemsize,
         conv_flops_per_s=conv,
         attention_flops_per_s=attention,
+        **curves,
+        elementwise_rates=elementwise,
     )
+
+
+def _elementwise_rates(
+    device: str, dtype: torch.dtype, timed: KernelTimer, ops: tuple[str, ...] | None
+) -> dict[str, float]:
+    """Elements per second of each op of ``oprates.CATALOGUE`` (or of ``ops``)."""
+    x, y, mask = oprates.operands(device, dtype)
+    found = {}
+    for name in ops if ops is not None else tuple(oprates.CATALOGUE):
+        op = oprates.CATALOGUE[name]
+        seconds = timed(f"ew.{name}", lambda op=op: op(x, y, mask), CURVE_POLICY)
+        found[name] = x.numel() / seconds
+    return found
+
+
+def _rate_curves(
+    device: str,
+    dtype: torch.dtype,
+    timed: KernelTimer,
+    widths: Mapping[str, tuple[int, ...]] | None,
+) -> dict[str, dict[int, float]]:
+    """Each kind of product's FLOP/s at each narrow width: a (rows x w) @ (w x w) product, a
+    Conv1d(w, w, 3) over as many positions (the CPU's: operands of about 256 KiB), an
+    attention of 4 heads of width w over 512 positions on the CPU."""
+    chosen = {"gemm": GEMM_WIDTHS, "conv": CONV_WIDTHS, "attention": HEAD_WIDTHS,
+              **(widths or {})}  # fmt: skip
+    elements = CURVE_ELEMENTS.get(device.split(":")[0], CURVE_ELEMENTS["cpu"])
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    gemm, conv, attention = {}, {}, {}
+    for w in chosen["gemm"]:
+        rows = max(w, elements // w)
+        a, b = randn(rows, w), randn(w, w)  # (rows, w), (w, w)
+        gemm[w] = 2 * rows * w * w / timed(f"gemm@{w}", lambda a=a, b=b: a @ b, CURVE_POLICY)
+    for w in chosen["conv"]:
+        length = max(w, elements // w)
+        x, k = randn(1, w, length), randn(w, w, 3)  # (1, w, L), (w, w, 3)
+        seconds = timed(
+            f"conv@{w}",
+            lambda x=x, k=k: torch.nn.functional.conv1d(x, k, padding=1),
+            CURVE_POLICY,
+        )
+        conv[w] = 2 * w * w * 3 * length / seconds
+    for w in chosen["attention"]:
+        n = CURVE_ATTENTION_LENGTH.get(device.split(":")[0], CURVE_ATTENTION_LENGTH["cpu"])
+        q, k, v = (randn(1, 4, n, w) for _ in range(3))  # (1, 4, n, w) each
+        seconds = timed(
+            f"attention@{w}",
+            lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+            CURVE_POLICY,
+        )
+        attention[w] = 4 * 4 * n * n * w / seconds
+    return {"gemm_rates": gemm, "conv_rates": conv, "attention_rates": attention}
 
 
 def _conv_rate(
@@ -246,9 +370,13 @@ def machine_ceilings(
     path = (folder or cache_dir()) / "ceilings" / f"{cache_key(device, dtype, threads)}.json"
     if path.exists() and not remeasure:
         try:
-            return read_ceilings(path), True
+            found = read_ceilings(path)
         except AttnbenchError:
             pass  # a damaged cache entry is measured again
+        else:
+            if found.gemm_rates is not None and found.elementwise_rates is not None:
+                return found, True
+            # an entry from before the rate curves is measured again, curves and all
     found = (measure or measure_ceilings)(device, dtype, threads)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -281,7 +409,36 @@ def ceilings_from(data: Any, where: str = "ceilings") -> Ceilings:
         ):
             raise AttnbenchError(f"{where}: {key} must be a positive number (got {value!r})")
     names = {f.name for f in fields(Ceilings)}
-    missing = sorted(names - set(data) - set(OPTIONAL_RATES))
+    missing = sorted(
+        names - set(data) - set(OPTIONAL_RATES) - set(RATE_CURVES) - {"elementwise_rates"}
+    )
     if missing:
         raise AttnbenchError(f"{where}: missing {', '.join(missing)}")
-    return Ceilings(**{k: data[k] for k in names if k in data})
+    curves = {key: _curve(data.get(key), f"{where}: {key}") for key in RATE_CURVES}
+    rates = data.get("elementwise_rates")
+    if rates is not None and (
+        not isinstance(rates, dict)
+        or not all(
+            isinstance(r, int | float) and not isinstance(r, bool) and r > 0 for r in rates.values()
+        )
+    ):
+        raise AttnbenchError(f"{where}: elementwise_rates must map op names to positive rates")
+    return Ceilings(**{**{k: data[k] for k in names if k in data}, **curves})
+
+
+def _curve(value: Any, where: str) -> dict[int, float] | None:
+    """A rate curve as JSON writes it ({"64": FLOP/s, ...}) back as {64: FLOP/s}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value:
+        raise AttnbenchError(f"{where} must be an object of width: FLOP/s")
+    found = {}
+    for width, rate in value.items():
+        try:
+            w = int(width)
+        except ValueError:
+            raise AttnbenchError(f"{where}: width {width!r} is not a whole number") from None
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0 or w < 1:
+            raise AttnbenchError(f"{where}: {width}: must be a positive rate (got {rate!r})")
+        found[w] = float(rate)
+    return found
