@@ -104,6 +104,50 @@ def test_each_kind_of_product_runs_at_its_own_rate() -> None:
     assert at_peak.loc["conv", "compute_s"] == pytest.approx(2e9 / 1e11)
 
 
+def test_a_product_runs_at_its_kinds_rate_for_its_width() -> None:
+    """A 16-wide GEMM runs at the curve's 16-wide rate, a 64-wide one at its own, a width
+    between two measured ones at their log-log interpolation; the same run on a machine
+    without curves runs every GEMM at the peak."""
+    machine = replace(MACHINE, gemm_rates={16: 1e10, 64: 4e10}, conv_rates={16: 2e10})
+    frame = pd.DataFrame(
+        [
+            {"case_id": "narrow", "flops": 2e9, "bytes": 2e6, "product_bytes": 2e6, "ops": 0,
+             "kernels": "gemm@16:1000000000:1000000; gemm@64:1000000000:1000000"},
+            {"case_id": "between", "flops": 1e9, "bytes": 1e6, "product_bytes": 1e6, "ops": 0,
+             "kernels": "gemm@32:1000000000:1000000"},
+            {"case_id": "conv", "flops": 1e9, "bytes": 1e6, "product_bytes": 1e6, "ops": 0,
+             "kernels": "conv@16:1000000000:1000000"},
+        ]
+    )  # fmt: skip
+    found = predict(frame, machine).set_index("case_id")
+    assert found.loc["narrow", "compute_s"] == pytest.approx(1e9 / 1e10 + 1e9 / 4e10)
+    assert found.loc["between", "compute_s"] == pytest.approx(1e9 / 2e10)  # halfway in log2
+    assert found.loc["conv", "compute_s"] == pytest.approx(1e9 / 2e10)
+    flat = predict(frame, MACHINE).set_index("case_id")
+    assert flat.loc["narrow", "compute_s"] == pytest.approx(2e9 / 1e11)
+
+
+def test_each_elementwise_op_runs_at_its_own_rate_or_its_bandwidth() -> None:
+    """An exp's elements at the exp's rate, an add's at an add's, each against its own bytes
+    over the bandwidth: the larger is charged. An op the machine did not measure runs at an
+    add's rate; the traffic no op accounts for (a copy) is memory."""
+    machine = replace(MACHINE, elementwise_rates={"add": 1e10, "exp": 1e9})
+    frame = pd.DataFrame(
+        [
+            # exp: 1e8 elements (0.1 s) over 8e8 bytes (0.08 s); add: 1e8 (10 ms) over 1.2e9
+            # bytes (0.12 s); a copy of 1e8 bytes (10 ms); erf: 1e6 elements, 1e3 bytes
+            {"case_id": "mixed", "flops": 0, "bytes": 2.1e9 + 1e3, "product_bytes": 0,
+             "ops": 0, "kernels": "ew.exp:100000000:800000000; ew.add:100000000:1200000000; "
+                                  "ew.erf:1000000:1000"},
+        ]
+    )  # fmt: skip
+    found = predict(frame, machine).set_index("case_id").loc["mixed"]
+    assert found["compute_s"] == pytest.approx(1e8 / 1e9 + 1e6 / 1e10)
+    assert found["memory_s"] == pytest.approx(1.2e9 / 1e10 + 1e8 / 1e10)
+    without = predict(frame, MACHINE).set_index("case_id").loc["mixed"]  # no rates: bytes only
+    assert without["compute_s"] == 0 and without["memory_s"] == pytest.approx(2.1e9 / 1e10 + 1e-7)
+
+
 def test_effective_ceilings_recover_the_machine_that_made_the_times() -> None:
     """Times made by a known additive machine are fitted back to its ceilings, over layers
     of very different sizes (each layer weighted alike)."""
@@ -125,6 +169,32 @@ def test_effective_ceilings_recover_the_machine_that_made_the_times() -> None:
     assert found.page_fault_s == pytest.approx(1e-6, rel=1e-6)
     assert found.predicted.to_numpy() == pytest.approx([r["time_s"] for r in rows], rel=1e-6)
     assert effective_ceilings(pd.DataFrame(rows[:1])) is None
+
+
+def test_effective_ceilings_scale_the_models_own_terms_when_the_ceilings_are_known() -> None:
+    """Times made by a machine whose products run at half the measured rates, whose bytes move
+    at twice the bandwidth and whose ops cost 1.5 latencies are fitted back to those ceilings,
+    the model's terms (widths and op rates included) scaled one multiplier each."""
+    machine = replace(MACHINE, gemm_rates={16: 1e10, 64: 4e10}, elementwise_rates={"exp": 1e9})
+    rows = []
+    for layer, scale in (("big", 1e3), ("small", 1.0)):
+        for i, (f, b, o, width) in enumerate(
+            [(1e8, 1e6, 10, 16), (1e6, 1e9, 10, 64), (1e3, 1e3, 500, 16), (5e7, 3e7, 40, 64)]
+        ):  # fmt: skip
+            kernels = f"gemm@{width}:{f * scale:.0f}:{b * scale / 10:.0f}; ew.exp:{o * 100}:8"
+            rows.append({"case_id": f"{layer}{i}", "layer": layer, "flops": f * scale,
+                         "bytes": b * scale, "product_bytes": b * scale / 10, "ops": o,
+                         "page_faults": 0, "kernels": kernels})  # fmt: skip
+    frame = pd.DataFrame(rows)
+    terms = predict(frame, machine)
+    frame["time_s"] = (2 * terms["compute_s"] + 0.5 * terms["memory_s"]
+                       + 1.5 * terms["latency_s"])  # fmt: skip
+    found = effective_ceilings(frame, machine)
+    assert found is not None and found.cases == 8
+    assert found.peak_flops_per_s == pytest.approx(1e11 / 2, rel=1e-6)
+    assert found.bandwidth_bytes_per_s == pytest.approx(1e10 * 2, rel=1e-6)
+    assert found.op_latency_s == pytest.approx(2e-6 * 1.5, rel=1e-6)
+    assert found.predicted.to_numpy() == pytest.approx(frame["time_s"].to_numpy(), rel=1e-6)
 
 
 def test_relative_rms_is_over_the_mean_time() -> None:

@@ -215,6 +215,6 @@ def analyse(run: RunResults, layers: Sequence[str] | None = None) -> Analysis:
         layers=known,
         unfitted=unfitted_models(frame, found, known),
         machine=machine,
-        effective=effective_ceilings(frame) if ceilings is not None else None,
+        effective=effective_ceilings(frame, ceilings) if ceilings is not None else None,
         ceilings=ceilings,
     )

@@ -2,15 +2,18 @@
 
 The ops of a call run one after another, so their times add up:
 
-    products = Σ over kinds of max(FLOPs / rate, their bytes / bandwidth)
-               a roofline per kind of product (matrix multiplications at the GEMM's peak,
-               convolutions and fused attention kernels at their own measured rates),
-               each either bound
-    traffic  = (bytes - product bytes) / bandwidth                   elementwise ops and copies
-               compute next to nothing per byte: memory-bound on any machine
+    products = Σ over products of max(FLOPs / rate, their bytes / bandwidth)
+               a roofline per kind and width of product: matrix multiplications,
+               convolutions and fused attention kernels each at their own measured rate,
+               read off its curve at the product's narrow width (a d = 64 product runs
+               far below a 1024³ GEMM), each either bound
+    pointwise = Σ over elementwise ops of max(elements / the op's rate, their bytes / bandwidth)
+               an exp or a tanh computes for longer than its bytes take to move
+    traffic  = (bytes - the bytes above) / bandwidth                 copies and the rest
+               compute nothing: memory-bound on any machine
     latency  = ops x op latency                                      every dispatched op pays it
     faults   = page faults x fault cost                              CPU only
-    predicted = products + traffic + latency + faults
+    predicted = products + pointwise + traffic + latency + faults
 
 Each part is charged to one of four bounds: the products' time to compute or memory,
 whichever is larger, the traffic to memory. ``bound`` names the largest share: where the time
@@ -19,8 +22,9 @@ max(FLOPs / peak, bytes / bandwidth).
 
 Nothing is fitted to a layer: the counts come from tracing the call and the ceilings from
 ``attnbench machine``, so it predicts a layer it has never seen, and on another machine from
-that machine's ceilings. ``effective_ceilings`` fits the same four terms to a whole run's times
-(non-negative least squares over every layer at once): the ceilings the layers saw.
+that machine's ceilings. ``effective_ceilings`` fits a multiplier to each of the four terms
+over a whole run's times (non-negative least squares over every layer at once): the ceilings
+the layers saw.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.measure.ceilings import Ceilings
-from attnbench.measure.traffic import parse_kernels
+from attnbench.measure.traffic import ELEMENTWISE_PREFIX, parse_kernels
 
 BOUNDS = ("compute", "memory", "latency", "faults")
 PREDICTION_COLUMNS = ["case_id", "predicted_time_s", "bound", *(f"{b}_s" for b in BOUNDS)]
@@ -45,33 +49,45 @@ def _column(frame: pd.DataFrame, name: str) -> pd.Series:
     return pd.to_numeric(frame[name], errors="coerce")
 
 
-def _rates(ceilings: Ceilings) -> dict[str, float]:
-    """FLOP/s of each kind of product: a kind the ceilings did not measure runs at the GEMM's."""
-    peak = ceilings.peak_flops_per_s
-    return {
-        "gemm": peak,
-        "conv": ceilings.conv_flops_per_s or peak,
-        "attention": ceilings.attention_flops_per_s or peak,
-    }
+def _work(text: object, flops: float, product_bytes: float) -> list[tuple[str, str, float, float]]:
+    """One case's work as (kind, name, work, bytes): the ``kernels`` column's products
+    ("gemm", "conv", "attention"; name: the width, "" where a run from before widths were kept
+    lists only ``conv`` and ``attention``; work: FLOPs) and elementwise ops ("ew"; name: the
+    op; work: elements); whatever of the products' FLOPs and bytes it does not list, as GEMMs
+    of unknown width."""
+    found = []
+    for key, (work, moved) in parse_kernels(text).items():
+        if key.startswith(ELEMENTWISE_PREFIX):
+            found.append(("ew", key.removeprefix(ELEMENTWISE_PREFIX), work, moved))
+        else:
+            kind, _, width = key.partition("@")
+            found.append((kind, width, work, moved))
+    listed_f = sum(w for kind, _, w, _ in found if kind != "ew")
+    listed_b = sum(b for kind, *_, b in found if kind != "ew")
+    rest_f, rest_b = max(flops - listed_f, 0.0), max(product_bytes - listed_b, 0.0)
+    if rest_f > 0 or rest_b > 0:
+        found.append(("gemm", "", rest_f, rest_b))
+    return found
 
 
-def _kinds(rows: pd.DataFrame, flops: pd.Series, products: pd.Series) -> dict[str, pd.DataFrame]:
-    """Each kind's FLOPs and bytes per case: the ``kernels`` column's convolutions and fused
-    attention kernels, and the rest of the products' as GEMMs."""
-    parsed = (
-        rows["kernels"].map(parse_kernels)
-        if "kernels" in rows
-        else pd.Series([{}] * len(rows), index=rows.index)
-    )
-    kinds = {}
-    left_f, left_b = flops.copy(), products.copy()
-    for kind in ("conv", "attention"):
-        f = parsed.map(lambda k, kind=kind: k.get(kind, (0.0, 0.0))[0]).astype(float)
-        b = parsed.map(lambda k, kind=kind: k.get(kind, (0.0, 0.0))[1]).astype(float)
-        kinds[kind] = pd.DataFrame({"flops": f, "bytes": b})
-        left_f, left_b = left_f - f, left_b - b
-    kinds["gemm"] = pd.DataFrame({"flops": left_f.clip(lower=0), "bytes": left_b.clip(lower=0)})
-    return kinds
+def _roofline(case: pd.Series, ceilings: Ceilings) -> tuple[float, float, float]:
+    """(compute, memory) seconds of one case's products and elementwise ops, and the bytes
+    they account for: each product at its kind's rate for its width, each elementwise op at
+    its op's rate, or its bytes over the bandwidth, whichever is larger."""
+    compute = memory = counted = 0.0
+    for kind, name, work, moved in _work(case["kernels"], case["flops"], case["products"]):
+        if kind == "ew":
+            rate = ceilings.elementwise_rate(name)
+            arithmetic = work / rate if rate else 0.0
+        else:
+            arithmetic = work / ceilings.rate(kind, int(name) if name.isdigit() else None)
+        traffic = moved / ceilings.bandwidth_bytes_per_s
+        counted += moved
+        if arithmetic >= traffic:
+            compute += arithmetic
+        else:
+            memory += traffic
+    return compute, memory, counted
 
 
 def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
@@ -84,15 +100,16 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     flops, moved, ops = flops[known], moved[known], ops[known]
     # Without product_bytes (an older run), the whole call is one roofline.
     products = _column(rows, "product_bytes").fillna(moved).clip(upper=moved)
+    kernels = rows["kernels"] if "kernels" in rows else pd.Series("", index=rows.index)
     bandwidth = ceilings.bandwidth_bytes_per_s
-    compute = pd.Series(0.0, index=rows.index)
-    memory = (moved - products) / bandwidth
-    for kind, part in _kinds(rows, flops, products).items():
-        arithmetic = part["flops"] / _rates(ceilings)[kind]
-        traffic = part["bytes"] / bandwidth
-        bound = arithmetic >= traffic
-        compute += arithmetic.where(bound, 0.0)
-        memory += traffic.where(~bound, 0.0)
+    cases = pd.DataFrame({"kernels": kernels, "flops": flops, "products": products})
+    split = pd.DataFrame(
+        [_roofline(case, ceilings) for _, case in cases.iterrows()],
+        index=rows.index, columns=["compute", "memory", "counted"], dtype=float,
+    )  # fmt: skip
+    compute = split["compute"]
+    # the traffic no product or elementwise op accounts for (copies, the rest): memory-bound
+    memory = split["memory"] + (moved - split["counted"]).clip(lower=0) / bandwidth
     terms = pd.DataFrame(
         {
             "compute_s": compute,
@@ -122,10 +139,12 @@ def relative_rms(measured: pd.Series, predicted: pd.Series) -> float:
 
 @dataclass(frozen=True)
 class EffectiveCeilings:
-    """The ceilings the run's layers saw: one non-negative least-squares fit of
-    time = FLOPs / peak + bytes / bandwidth + ops x latency + faults x fault cost over every
-    layer at once. A term the fit drops (0 weight) reads as an infinite ceiling (None) or no
-    cost (0)."""
+    """The ceilings the run's layers saw: one non-negative least-squares fit over every layer
+    at once of time = c·compute + m·memory + l·latency + f·faults, the model's own terms, read
+    back as ceilings (the peak over c, the bandwidth over m, the op latency times l, the fault
+    cost times f); or, without measured ceilings, of time = FLOPs / peak + bytes / bandwidth
+    + ops x latency + faults x fault cost. A term the fit drops (0 weight) reads as an
+    infinite ceiling (None) or no cost (0)."""
 
     peak_flops_per_s: float | None
     bandwidth_bytes_per_s: float | None
@@ -143,29 +162,55 @@ class EffectiveCeilings:
 FIT_COUNTS = ("flops", "bytes", "ops", "page_faults")
 
 
-def effective_ceilings(frame: pd.DataFrame) -> EffectiveCeilings | None:
-    """The four seconds-per-unit that best turn every measured case's counts into its time
-    (scipy's NNLS). Each case is weighted by 1 / its layer's mean time, so that every layer's
-    relative RMS counts alike, as the per-layer report reads it; None without two cases."""
+def effective_ceilings(
+    frame: pd.DataFrame, ceilings: Ceilings | None = None
+) -> EffectiveCeilings | None:
+    """The four multipliers that best turn every measured case's terms into its time (scipy's
+    NNLS). With ``ceilings``, the terms are the model's own (compute, memory, latency and
+    faults seconds, each product and elementwise op at its measured rate), and the fit scales
+    each: the effective peak is the GEMM's peak over the compute multiplier, and so on. Without
+    them, the raw counts (FLOPs, bytes, ops, faults): seconds per unit. Each case is weighted
+    by 1 / its layer's mean time, so that every layer's relative RMS counts alike, as the
+    per-layer report reads it; None without two cases."""
     from scipy.optimize import nnls
 
-    counts = pd.DataFrame({c: _column(frame, c) for c in FIT_COUNTS}, index=frame.index)
-    counts["page_faults"] = counts["page_faults"].fillna(0.0)
-    time = _column(frame, "time_s")
-    known = counts.notna().all(axis=1) & time.gt(0)
+    if ceilings is not None:
+        found = predict(frame, ceilings)
+        terms = found[[f"{b}_s" for b in BOUNDS]].astype(float)
+        units = {"compute_s": ceilings.peak_flops_per_s,
+                 "memory_s": ceilings.bandwidth_bytes_per_s,
+                 "latency_s": ceilings.op_latency_s,
+                 "faults_s": ceilings.page_fault_s or 0.0}  # fmt: skip
+    else:
+        terms = pd.DataFrame({c: _column(frame, c) for c in FIT_COUNTS}, index=frame.index)
+        terms["page_faults"] = terms["page_faults"].fillna(0.0)
+    time = _column(frame, "time_s").reindex(terms.index)
+    known = terms.notna().all(axis=1) & time.gt(0)
     if known.sum() < 2:
         return None
-    counts, time = counts[known], time[known]
-    scale = time.groupby(frame.loc[known, "layer"]).transform("mean")
-    a = counts.to_numpy(float) / scale.to_numpy(float)[:, None]
+    terms, time = terms[known], time[known]
+    scale = time.groupby(frame.loc[terms.index, "layer"]).transform("mean")
+    a = terms.to_numpy(float) / scale.to_numpy(float)[:, None]
     norms = np.where(np.linalg.norm(a, axis=0) > 0, np.linalg.norm(a, axis=0), 1.0)
     weights, _ = nnls(a / norms, (time / scale).to_numpy(float))
-    per_flop, per_byte, per_op, per_fault = weights / norms
+    weights = weights / norms
+    predicted = pd.Series(terms.to_numpy(float) @ weights, index=terms.index)
+    if ceilings is not None:
+        compute, memory, latency, faults = weights
+        return EffectiveCeilings(
+            peak_flops_per_s=units["compute_s"] / compute if compute > 0 else None,
+            bandwidth_bytes_per_s=units["memory_s"] / memory if memory > 0 else None,
+            op_latency_s=float(units["latency_s"] * latency),
+            page_fault_s=float(units["faults_s"] * faults),
+            cases=int(known.sum()),
+            predicted=predicted,
+        )
+    per_flop, per_byte, per_op, per_fault = weights
     return EffectiveCeilings(
         peak_flops_per_s=1 / per_flop if per_flop > 0 else None,
         bandwidth_bytes_per_s=1 / per_byte if per_byte > 0 else None,
         op_latency_s=float(per_op),
         page_fault_s=float(per_fault),
         cases=int(known.sum()),
-        predicted=pd.Series(counts.to_numpy(float) @ (weights / norms), index=counts.index),
+        predicted=predicted,
     )

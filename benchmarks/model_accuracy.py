@@ -1,0 +1,70 @@
+"""How well the machine model predicts a run: relative RMS per layer, term by term.
+
+For a results folder with ceilings in its run.json (a sweep records them), this prints, per
+layer, the relative RMS of the predicted against the measured time (google-benchmark's relative
+RMS, as ``attnbench fit`` reports it) three ways:
+
+- ``before``: every product at its kind's one rate (a 1024³ GEMM's peak, one large
+  convolution, one fused attention), every byte at memory's bandwidth;
+- ``+ widths``: each product at its kind's rate for its narrow width (``Ceilings.rate``);
+- ``+ op rates``: and each elementwise op at its own rate (an exp against an add): the model;
+- ``all-layer NNLS``: the one least-squares fit of the model's terms over every layer at once.
+
+    python benchmarks/model_accuracy.py RESULTS [--ceilings FILE]
+
+The ceilings default to the run's own. Nothing is fitted per layer but in the last column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.fits.roofline import effective_ceilings, predict, relative_rms
+from attnbench.measure.ceilings import read_ceilings
+from attnbench.results.store import load_results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--ceilings", type=Path, default=None)
+    args = parser.parse_args()
+    run = load_results(args.results)
+    ceilings = read_ceilings(args.ceilings) if args.ceilings else run.ceilings
+    if ceilings is None:
+        raise SystemExit(f"{args.results}: no ceilings in run.json; pass --ceilings")
+    frame = run.measured
+    single = dataclasses.replace(
+        ceilings, gemm_rates=None, conv_rates=None, attention_rates=None, elementwise_rates=None
+    )
+    curves = dataclasses.replace(ceilings, elementwise_rates=None)
+    models = {"before": single, "+ widths": curves, "+ op rates (the model)": ceilings}
+    columns = {}
+    for name, chosen in models.items():
+        found = predict(frame, chosen)
+        columns[name] = _per_layer(frame, found["predicted_time_s"])
+    fitted = effective_ceilings(frame, ceilings)
+    if fitted is not None:
+        columns["all-layer NNLS"] = _per_layer(frame, fitted.predicted)
+    table = pd.DataFrame(columns)
+    table.loc["median"] = table.median()
+    print(f"{args.results}: {len(frame)} cases, relative RMS of predicted against measured time")
+    print((table * 100).round(0).astype("Int64").astype(str).add("%").to_string())
+    within = (table.drop(index="median") <= 0.30).sum()
+    print("layers within 30%: " + ", ".join(f"{k} {v}" for k, v in within.items()))
+
+
+def _per_layer(frame: pd.DataFrame, predicted: pd.Series) -> pd.Series:
+    both = frame.assign(predicted=predicted)
+    return pd.Series({
+        layer: relative_rms(rows["time_s"], rows["predicted"])
+        for layer, rows in both.groupby("layer", sort=False)
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
