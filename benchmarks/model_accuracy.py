@@ -7,7 +7,9 @@ RMS, as ``attnbench fit`` reports it) three ways:
 - ``before``: every product at its kind's one rate (a 1024³ GEMM's peak, one large
   convolution, one fused attention), every byte at memory's bandwidth;
 - ``+ widths``: each product at its kind's rate for its narrow width (``Ceilings.rate``);
-- ``+ op rates``: and each elementwise op at its own rate (an exp against an add): the model;
+- ``+ op rates``: and each elementwise op at its own rate (an exp against an add);
+- ``+ fused LSTM``: and a call whose timed path ran a fused recurrent kernel at that kernel's
+  measured rate: the model itself;
 - ``all-layer NNLS``: the one least-squares fit of the model's terms over every layer at once.
 
     python benchmarks/model_accuracy.py RESULTS [--ceilings FILE]
@@ -39,10 +41,13 @@ def main() -> None:
         raise SystemExit(f"{args.results}: no ceilings in run.json; pass --ceilings")
     frame = run.measured
     single = dataclasses.replace(
-        ceilings, gemm_rates=None, conv_rates=None, attention_rates=None, elementwise_rates=None
-    )
-    curves = dataclasses.replace(ceilings, elementwise_rates=None)
-    models = {"before": single, "+ widths": curves, "+ op rates (the model)": ceilings}
+        ceilings, gemm_rates=None, conv_rates=None, attention_rates=None,
+        elementwise_rates=None, recurrent_rates=None,
+    )  # fmt: skip
+    curves = dataclasses.replace(ceilings, elementwise_rates=None, recurrent_rates=None)
+    ops = dataclasses.replace(ceilings, recurrent_rates=None)
+    models = {"before": single, "+ widths": curves, "+ op rates": ops,
+              "+ fused LSTM (the model)": ceilings}  # fmt: skip
     columns = {}
     for name, chosen in models.items():
         found = predict(frame, chosen)

@@ -28,8 +28,8 @@ from attnbench.measure.ceilings import (
 
 runner = CliRunner()
 SECONDS = {"gemm": 0.02, "copy": 0.004, "op": 3e-6, "conv": 0.01, "attention": 0.05,
-           "gemm@8": 0.004, "gemm@16": 0.002}  # fmt: skip
-CURVES = {"gemm": (8, 16), "conv": (4,), "attention": (8,)}
+           "gemm@8": 0.004, "gemm@16": 0.002, "recurrent": 2e-3}  # fmt: skip
+CURVES = {"gemm": (8, 16), "conv": (4,), "attention": (8,), "recurrent": (4,)}
 EW = ["ew.add", "ew.exp"]
 SECONDS |= {"ew.add": 1e-5, "ew.exp": 8e-5}
 SMALL = {"conv_shape": (4, 16), "attention_length": 8, "curve_widths": CURVES,
@@ -52,13 +52,15 @@ def test_each_ceiling_is_its_kernels_work_over_its_time() -> None:
         fault_cost=lambda: 7e-6, **SMALL,
     )  # fmt: skip
     one_pass = ["gemm", "copy", "op", "conv", "attention",
-                "gemm@8", "gemm@16", "conv@4", "attention@8", *EW]  # fmt: skip
+                "gemm@8", "gemm@16", "conv@4", "attention@8", "recurrent@4", *EW]  # fmt: skip
     assert calls == one_pass * 2  # two passes over the whole set
     # The curves: (rows x w) @ (w x w) with rows = 2**16 / w, a Conv1d(w, w, 3) over as many
     # positions, 4 heads of width w over 512 positions.
     assert found.gemm_rates == {8: 2 * 8192 * 8 * 8 / 0.004, 16: 2 * 4096 * 16 * 16 / 0.002}
     assert found.conv_rates == {4: 2 * 4 * 4 * 3 * 16384 / 0.01}
     assert found.attention_rates == {8: 4 * 4 * 512 * 512 * 8 / 0.05}
+    # nn.LSTM(4, 4) over 256 steps: 4 gates x (4x4 input + 4x4 recurrent) products a step
+    assert found.recurrent_rates == {4: 256 * 4 * 2 * (2 * 4 * 4) / 2e-3}
     # each elementwise op over 2**16 elements in cache
     assert found.elementwise_rates == {"add": 2**16 / 1e-5, "exp": 2**16 / 8e-5}
     assert found.elementwise_rate("exp") == 2**16 / 8e-5
@@ -84,7 +86,7 @@ def test_the_thread_count_is_set_while_measuring_and_restored() -> None:
     found = measure_ceilings(
         "cpu", "float16", 1, gemm_side=8, stream_numel=10, timer=timer, **SMALL
     )
-    assert seen == [1] * 2 * (9 + len(EW)) and found.threads == 1
+    assert seen == [1] * 2 * (10 + len(EW)) and found.threads == 1
     assert found.bandwidth_bytes_per_s == 2 * 10 * 2 / 0.004  # float16: 2 bytes an element
     assert torch.get_num_threads() == before
 

@@ -148,6 +148,29 @@ def test_each_elementwise_op_runs_at_its_own_rate_or_its_bandwidth() -> None:
     assert without["compute_s"] == 0 and without["memory_s"] == pytest.approx(2.1e9 / 1e10 + 1e-7)
 
 
+def test_a_fused_recurrent_kernel_runs_its_flops_at_its_own_rate() -> None:
+    """oneDNN's LSTM runs its per-step products and gates as one kernel: the trace's FLOPs at
+    the fused kernel's rate for the products' width, and the per-step traffic the unfused
+    trace shows stays inside it; the copy outside it is memory. Without the fused path, or on
+    a machine that measured no fused kernel, the same counts take the per-op model."""
+    machine = replace(MACHINE, recurrent_rates={32: 1e9, 128: 4e9},
+                      elementwise_rates={"sigmoid": 1e9})  # fmt: skip
+    row = {"case_id": "lstm", "flops": 2e9, "bytes": 3e9 + 1e8, "product_bytes": 2e9,
+           "ops": 5, "kernels": "gemm@64:1000000000:1000000000; gemm@16:1000000000:"
+           "1000000000; ew.sigmoid:100000000:1000000000",
+           "fused_path": "mkldnn_rnn_layer (oneDNN recurrent kernel)"}  # fmt: skip
+    fused = predict(pd.DataFrame([row]), machine).iloc[0]
+    assert fused["compute_s"] == pytest.approx(2e9 / 2e9)  # 64 wide: halfway, 2e9 FLOP/s
+    assert fused["memory_s"] == pytest.approx(1e8 / 1e10)  # the copy outside the kernel
+    unfused = predict(pd.DataFrame([{**row, "fused_path": ""}]), machine).iloc[0]
+    # each product's 1e9 bytes (0.1 s) over its 1e9 FLOPs at the peak (0.01 s); the sigmoid's
+    # 1e8 elements at 1e9 a second, as long as its bytes: charged to compute
+    assert unfused["memory_s"] == pytest.approx((2e9 + 1e8) / 1e10)
+    assert unfused["compute_s"] == pytest.approx(0.1)
+    elsewhere = predict(pd.DataFrame([row]), replace(machine, recurrent_rates=None)).iloc[0]
+    assert elsewhere["predicted_time_s"] == unfused["predicted_time_s"]
+
+
 def test_effective_ceilings_recover_the_machine_that_made_the_times() -> None:
     """Times made by a known additive machine are fitted back to its ceilings, over layers
     of very different sizes (each layer weighted alike)."""

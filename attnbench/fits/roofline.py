@@ -9,6 +9,9 @@ The ops of a call run one after another, so their times add up:
                far below a 1024³ GEMM), each either bound
     pointwise = Σ over elementwise ops of max(elements / the op's rate, their bytes / bandwidth)
                an exp or a tanh computes for longer than its bytes take to move
+    (a call that ran a fused recurrent kernel, oneDNN's LSTM: its products and elementwise ops
+     are that one kernel, at its own measured rate for the width; the per-step traffic the
+     unfused trace shows stays inside it)
     traffic  = (bytes - the bytes above) / bandwidth                 copies and the rest
                compute nothing: memory-bound on any machine
     latency  = ops x op latency                                      every dispatched op pays it
@@ -40,6 +43,8 @@ from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.traffic import ELEMENTWISE_PREFIX, parse_kernels
 
 BOUNDS = ("compute", "memory", "latency", "faults")
+# What the results' fused_path says of a fused recurrent kernel (measure.ops.FUSED_PATHS).
+RECURRENT_KERNEL = "recurrent kernel"
 PREDICTION_COLUMNS = ["case_id", "predicted_time_s", "bound", *(f"{b}_s" for b in BOUNDS)]
 
 
@@ -70,12 +75,35 @@ def _work(text: object, flops: float, product_bytes: float) -> list[tuple[str, s
     return found
 
 
+def _fused_recurrence(
+    work: list[tuple[str, str, float, float]], fused_path: str, ceilings: Ceilings
+) -> tuple[float, float, float] | None:
+    """A call whose timed path ran a fused recurrent kernel (oneDNN's LSTM): its products and
+    elementwise ops are one kernel, whose steps the trace shows apart. Its FLOPs run at the
+    fused kernel's measured rate for the products' width, and what the trace saw them move
+    stays inside it (the weights are re-read at every step in the trace, in cache in the
+    kernel). None for any other call, or where the machine has no such rate."""
+    if RECURRENT_KERNEL not in fused_path or not ceilings.recurrent_rates:
+        return None
+    products = [(name, w, b) for kind, name, w, b in work if kind != "ew"]
+    widths = [int(name) for name, w, _ in products if name.isdigit() and w > 0]
+    flops = sum(w for _, w, _ in products)
+    if not widths or flops <= 0:
+        return None
+    inside = sum(b for *_, b in work)
+    return flops / ceilings.rate("recurrent", max(widths)), 0.0, inside
+
+
 def _roofline(case: pd.Series, ceilings: Ceilings) -> tuple[float, float, float]:
     """(compute, memory) seconds of one case's products and elementwise ops, and the bytes
     they account for: each product at its kind's rate for its width, each elementwise op at
     its op's rate, or its bytes over the bandwidth, whichever is larger."""
+    work_list = _work(case["kernels"], case["flops"], case["products"])
+    fused = _fused_recurrence(work_list, str(case["fused_path"] or ""), ceilings)
+    if fused is not None:
+        return fused
     compute = memory = counted = 0.0
-    for kind, name, work, moved in _work(case["kernels"], case["flops"], case["products"]):
+    for kind, name, work, moved in work_list:
         if kind == "ew":
             rate = ceilings.elementwise_rate(name)
             arithmetic = work / rate if rate else 0.0
@@ -102,7 +130,10 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     products = _column(rows, "product_bytes").fillna(moved).clip(upper=moved)
     kernels = rows["kernels"] if "kernels" in rows else pd.Series("", index=rows.index)
     bandwidth = ceilings.bandwidth_bytes_per_s
-    cases = pd.DataFrame({"kernels": kernels, "flops": flops, "products": products})
+    fused = rows["fused_path"] if "fused_path" in rows else pd.Series("", index=rows.index)
+    cases = pd.DataFrame(
+        {"kernels": kernels, "flops": flops, "products": products, "fused_path": fused.fillna("")}
+    )
     split = pd.DataFrame(
         [_roofline(case, ceilings) for _, case in cases.iterrows()],
         index=rows.index, columns=["compute", "memory", "counted"], dtype=float,

@@ -15,7 +15,9 @@
   products are narrow (d = 32..128) and run at a fraction of the large GEMM's rate: at d = 64,
   a third of it on a 2-core CPU. ``Ceilings.rate`` reads a product's rate from these curves;
 - ``elementwise_rates``: elements per second of each elementwise op of a catalogue
-  (``measure.oprates``): an exp costs many adds.
+  (``measure.oprates``): an exp costs many adds;
+- ``recurrent_rates``: FLOP/s of a fused LSTM kernel (oneDNN's on a CPU) by width, which runs
+  its small per-step products at a tenth of the GEMM's rate or less.
 
 Each is the median of a timed run (``time_call``), so a test drives the arithmetic with a fake
 clock. Measuring takes a few seconds; the result is cached per machine, torch version, device,
@@ -58,9 +60,11 @@ ATTENTION_LENGTH = {"cpu": 1024, "cuda": 8192, "mps": 2048}
 MIN_STREAM_BYTES = 64 * 2**20
 CEILING_KEYS = ("peak_flops_per_s", "bandwidth_bytes_per_s", "op_latency_s", "page_fault_s")
 OPTIONAL_RATES = ("conv_flops_per_s", "attention_flops_per_s")  # absent from older files
-RATE_CURVES = ("gemm_rates", "conv_rates", "attention_rates")  # absent from older files
+RATE_CURVES = ("gemm_rates", "conv_rates", "attention_rates", "recurrent_rates")  # maybe absent
 # The narrow dimensions each curve is measured at (a product's rate grows with it).
 GEMM_WIDTHS = (8, 16, 32, 64, 128, 256, 512)
+RECURRENT_WIDTHS = (8, 16, 32, 64, 128)
+RECURRENT_STEPS = 256  # the fused LSTM's length: its rate holds beyond a few hundred steps
 CONV_WIDTHS = (8, 16, 32, 64, 128, 256)
 HEAD_WIDTHS = (8, 16, 32, 64, 128)
 # Elements of a curve product's long operand: about 256 KiB on the CPU (in cache, as a layer's
@@ -107,6 +111,8 @@ class Ceilings:
     attention_rates: dict[int, float] | None = None
     # {aten op name: elements per second} (None: not measured)
     elementwise_rates: dict[str, float] | None = None
+    # {width: FLOP/s} of a fused LSTM kernel (None: not measured, or none on this device)
+    recurrent_rates: dict[int, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,7 +124,8 @@ class Ceilings:
         peak = self.peak_flops_per_s
         single = {"conv": self.conv_flops_per_s, "attention": self.attention_flops_per_s}
         curve = {"gemm": self.gemm_rates, "conv": self.conv_rates,
-                 "attention": self.attention_rates}.get(kind)  # fmt: skip
+                 "attention": self.attention_rates,
+                 "recurrent": self.recurrent_rates}.get(kind)  # fmt: skip
         if width is None or not curve:
             return single.get(kind) or peak
         points = {self.gemm_side: peak, **curve} if kind == "gemm" else dict(curve)
@@ -225,6 +232,7 @@ def measure_ceilings(
             length = attention_length or attention_length_of(device)
             attention = _attention_rate(device, torch_dtype, length, timed)
             curves = _rate_curves(device, torch_dtype, timed, curve_widths)
+            recurrent = _recurrent_rates(device, torch_dtype, timed, curve_widths)
             elementwise = _elementwise_rates(device, torch_dtype, timed, elementwise_ops)
         used = torch.get_num_threads()
     finally:
@@ -247,7 +255,36 @@ def measure_ceilings(
         attention_flops_per_s=attention,
         **curves,
         elementwise_rates=elementwise,
+        recurrent_rates=recurrent,
     )
+
+
+def _recurrent_rates(
+    device: str,
+    dtype: torch.dtype,
+    timed: KernelTimer,
+    widths: Mapping[str, tuple[int, ...]] | None,
+) -> dict[int, float] | None:
+    """FLOP/s of nn.LSTM(w, w) over 256 steps at each width, its FLOPs counted as a case's
+    are (the unfused trace's products), its time on the fused path the device takes. None
+    where the device runs no fused LSTM (the model then charges the trace's ops)."""
+    from attnbench.measure.flops import count_flops
+    from attnbench.measure.ops import unfused
+
+    found = {}
+    gen = torch.Generator().manual_seed(0)
+    for w in (widths or {}).get("recurrent", RECURRENT_WIDTHS):
+        cell = torch.nn.LSTM(w, w, batch_first=True).to(device=device, dtype=dtype).eval()
+        x = torch.randn(1, RECURRENT_STEPS, w, generator=gen).to(device=device, dtype=dtype)
+        try:
+            with torch.no_grad():
+                with unfused():
+                    flops = count_flops(lambda cell=cell, x=x: cell(x))
+                seconds = timed(f"recurrent@{w}", lambda cell=cell, x=x: cell(x), CURVE_POLICY)
+        except (RuntimeError, NotImplementedError):  # no LSTM on this device (meta)
+            return None
+        found[w] = flops / seconds
+    return found
 
 
 def _elementwise_rates(
