@@ -155,9 +155,13 @@ def test_the_cache_location_follows_the_environment(tmp_path: Path) -> None:
     assert cache_dir({}) == Path.home() / ".cache" / "attnbench"
 
 
+PASSES_ASKED: list[int] = []
+
+
 def _fake(count: list[int]):  # type: ignore[no-untyped-def]
-    def measure(device: str, dtype: str, threads: int) -> Ceilings:
+    def measure(device: str, dtype: str, threads: int, passes: int = 2) -> Ceilings:
         count.append(threads)
+        PASSES_ASKED.append(passes)
         return measure_ceilings(device, dtype, threads, gemm_side=8, stream_numel=10,
                                 timer=fake_timer([]), fault_cost=lambda: 1e-6,
                                 **SMALL)  # fmt: skip
@@ -280,9 +284,17 @@ def test_the_machine_command_prints_and_caches_the_ceilings(
     table = runner.invoke(app, ["machine", "--threads", "1", "--device", "cpu"])
     assert table.exit_code == 0 and "peak FLOP/s" in table.stdout
     assert "convolution" in table.stdout and "fused attention" in table.stdout
+    for row in ("GEMM by width", "conv by width", "attention by width", "fused LSTM by width",
+                "elementwise ops"):  # fmt: skip
+        assert row in table.stdout
     assert "read from the cache" in table.stderr and count == [1]
     written = tmp_path / "ceilings"
     assert read_ceilings(next(written.glob("*.json"))).threads == 1  # a file predict can read
+    again = runner.invoke(app, ["machine", "--json", "--threads", "1", "--device", "cpu",
+                                "--remeasure", "--passes", "3"])  # fmt: skip
+    assert again.exit_code == 0 and PASSES_ASKED[-1] == 3 and count == [1, 1]
+    bad = runner.invoke(app, ["machine", "--passes", "0"])
+    assert bad.exit_code == 2 and bad.stderr.strip() == "error: --passes must be at least 1 (got 0)"
     bad = runner.invoke(app, ["machine", "--threads", "0"])
     assert (
         bad.exit_code == 2 and bad.stderr.strip() == "error: --threads must be at least 1 (got 0)"

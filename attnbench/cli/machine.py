@@ -17,6 +17,7 @@ from attnbench.devices import DEVICE_CHOICES, DTYPES, local_device
 from attnbench.errors import AttnbenchError
 from attnbench.fits import roofline
 from attnbench.measure.ceilings import (
+    PASSES,
     Ceilings,
     attention_length_of,
     cache_dir,
@@ -46,6 +47,13 @@ def machine(
     remeasure: Annotated[
         bool, typer.Option("--remeasure", help="Measure again instead of reading the cache.")
     ] = False,
+    passes: Annotated[
+        int,
+        typer.Option(
+            help="Passes over the whole set of kernels; each keeps its fastest. More passes "
+            "ride out a busy shared machine (about 3.5 s each on a 2-core CPU).",
+        ),
+    ] = PASSES,
     as_json: Annotated[bool, json_flag("the ceilings (a file attnbench predict reads)")] = False,
 ) -> None:
     """Measure this device's ceilings: peak FLOP/s, memory bandwidth, op latency, page fault.
@@ -57,8 +65,10 @@ def machine(
     """
     if threads is not None and threads < 1:
         raise AttnbenchError(f"--threads must be at least 1 (got {threads})")
+    if passes < 1:
+        raise AttnbenchError(f"--passes must be at least 1 (got {passes})")
     found, cached = machine_ceilings(
-        local_device(device, dtype), dtype, threads, remeasure=remeasure
+        local_device(device, dtype), dtype, threads, remeasure=remeasure, passes=passes
     )
     if as_json:
         typer.echo(json.dumps({**found.to_dict(), "cached": cached}, indent=2))
@@ -101,6 +111,7 @@ def _curve_rows(found: Ceilings) -> list[tuple[str, str, str]]:
         ("GEMM by width", found.gemm_rates, "(rows x w) @ (w x w), operands in cache"),
         ("conv by width", found.conv_rates, "Conv1d(w, w, 3)"),
         ("attention by width", found.attention_rates, "4 heads of width w"),
+        ("fused LSTM by width", found.recurrent_rates, "nn.LSTM(w, w) over 256 steps"),
     ):
         if curve:
             value = " ".join(f"{w}:{r / 1e9:.0f}" for w, r in sorted(curve.items()))

@@ -411,8 +411,10 @@ def machine_ceilings(
     remeasure: bool = False,
     folder: Path | None = None,
     measure: Callable[..., Ceilings] | None = None,
+    passes: int = PASSES,
 ) -> tuple[Ceilings, bool]:
-    """The ceilings from the cache, or measured (and cached); and whether they were cached."""
+    """The ceilings from the cache, or measured in ``passes`` passes (and cached); and whether
+    they were cached."""
     threads = threads or torch.get_num_threads()
     path = (folder or cache_dir()) / "ceilings" / f"{cache_key(device, dtype, threads)}.json"
     if path.exists() and not remeasure:
@@ -424,7 +426,10 @@ def machine_ceilings(
             if found.gemm_rates is not None and found.elementwise_rates is not None:
                 return found, True
             # an entry from before the rate curves is measured again, curves and all
-    found = (measure or measure_ceilings)(device, dtype, threads)
+    if measure is None:
+        found = measure_ceilings(device, dtype, threads, passes=passes)
+    else:
+        found = measure(device, dtype, threads)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
