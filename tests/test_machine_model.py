@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.fits import analyse
+from attnbench.fits import analyse, regimes
 from attnbench.fits.exponents import regime_sizes
 from attnbench.measure.case import make_step, measure_case
 from attnbench.measure.ceilings import machine_ceilings
@@ -64,7 +64,7 @@ def test_a_run_without_ceilings_has_no_machine_model(wide_run: RunResults) -> No
     assert analysis.machine_table().empty
     assert (
         set(analysis.exponents["range_rule"])
-        & {"sizes the machine model calls compute- or memory-bound"}
+        & {"sizes the machine model calls compute- or memory-bound, its work half the time"}
         == set()
     )
 
@@ -94,6 +94,18 @@ def test_the_time_exponent_is_fitted_where_the_model_says_the_work_bounds_it() -
     assert regime_sizes(line, "n", bounds) == [64, 128, 256, 512]
     assert regime_sizes(line, "n", bounds.replace({"memory": "latency"})) is None  # 3 sizes
     assert regime_sizes(line, "n", None) is None
+
+
+def test_a_case_whose_time_the_work_explains_under_half_is_overhead() -> None:
+    """The model may call a small case compute-bound while a fixed per-call cost it does not
+    see makes most of its time: such a case is fitted as overhead, not as work."""
+    machine = pd.DataFrame(
+        {"bound": ["compute", "compute", "memory", "latency"],
+         "compute_s": [1e-5, 6e-4, 0.0, 1e-6], "memory_s": [0.0, 0.0, 3e-4, 0.0]},
+        index=list("abcd"),
+    )  # fmt: skip
+    frame = pd.DataFrame({"time_s": [1e-4, 1e-3, 5e-4, 1e-4]}, index=list("abcd"))
+    assert list(regimes(machine, frame)) == ["overhead", "compute", "memory", "latency"]
 
 
 def test_a_fused_timed_call_counts_its_own_ops_not_the_unfused_trace() -> None:

@@ -142,8 +142,9 @@ MIN_REGIME_POINTS = 4
 
 
 def regime_sizes(line: pd.DataFrame, along: str, bounds: pd.Series | None) -> list[int] | None:
-    """The sizes whose every case the machine model calls compute- or memory-bound, where a
-    layer's time should grow as the chapter's order; None with fewer than 4 of them."""
+    """The sizes whose every case the machine model calls compute- or memory-bound (its work
+    making at least half the measured time: ``fits.regimes``), where a layer's time should
+    grow as the chapter's order; None with fewer than 4 of them."""
     if bounds is None:
         return None
     known = bounds.reindex(line.index)
@@ -157,7 +158,7 @@ def range_rule(metric: str, overhead: float | None, regime: bool = False) -> str
     if not METRIC[metric].overheads:
         return "all sizes (exact count)"
     if regime:
-        return "sizes the machine model calls compute- or memory-bound"
+        return "sizes the machine model calls compute- or memory-bound, its work half the time"
     if overhead is None:
         return "upper half of sizes"
     return f"sizes where the fitted overhead {overhead * 1e6:.0f} µs is under half the time"

@@ -16,7 +16,7 @@ from attnbench.fits import Analysis
 from attnbench.render.style import layer_style, legend, log_axes, panels
 
 TERM_STYLE = {
-    "compute_s": ("compute: FLOPs / peak", "C3"),
+    "compute_s": ("compute: work / its measured rate", "C3"),
     "memory_s": ("memory: bytes / bandwidth", "C0"),
     "latency_s": ("latency: ops x op latency", "C2"),
     "faults_s": ("faults: page faults x cost", "C4"),
