@@ -15,7 +15,7 @@
   products are narrow (d = 32..128) and run at a fraction of the large GEMM's rate: at d = 64,
   a third of it on a 2-core CPU. ``Ceilings.rate`` reads a product's rate from these curves;
 - ``elementwise_rates``: elements per second of each elementwise op of a catalogue
-  (``measure.oprates``): an exp costs many adds;
+  (``measure.rates``): an exp costs many adds;
 - ``recurrent_rates``: FLOP/s of a fused LSTM kernel (oneDNN's on a CPU) by width, which runs
   its small per-step products at a tenth of the GEMM's rate or less.
 
@@ -42,8 +42,9 @@ import torch
 
 from attnbench.devices import DTYPES, check_dtype, device_name, device_sync
 from attnbench.errors import AttnbenchError
-from attnbench.measure import oprates
+from attnbench.measure import rates
 from attnbench.measure.faults import fault_cost_s
+from attnbench.measure.rates import KernelTimer
 from attnbench.measure.timing import Clock, TimingPolicy, time_call
 
 # Enough samples for a stable median, and a bounded wait: a few seconds in all on a 2-core CPU.
@@ -61,26 +62,8 @@ MIN_STREAM_BYTES = 64 * 2**20
 CEILING_KEYS = ("peak_flops_per_s", "bandwidth_bytes_per_s", "op_latency_s", "page_fault_s")
 OPTIONAL_RATES = ("conv_flops_per_s", "attention_flops_per_s")  # absent from older files
 RATE_CURVES = ("gemm_rates", "conv_rates", "attention_rates", "recurrent_rates")  # maybe absent
-# The narrow dimensions each curve is measured at (a product's rate grows with it).
-GEMM_WIDTHS = (8, 16, 32, 64, 128, 256, 512)
-RECURRENT_WIDTHS = (8, 16, 32, 64, 128)
-RECURRENT_STEPS = 256  # the fused LSTM's length: its rate holds beyond a few hundred steps
-CONV_WIDTHS = (8, 16, 32, 64, 128, 256)
-HEAD_WIDTHS = (8, 16, 32, 64, 128)
-# Elements of a curve product's long operand: about 256 KiB on the CPU (in cache, as a layer's
-# operands at these widths are), large enough to fill the device elsewhere.
-CURVE_ELEMENTS = {"cpu": 2**16, "cuda": 2**24, "mps": 2**22}
 # Passes over the whole set of kernels; each kernel's fastest is kept (measure_ceilings).
 PASSES = 2
-# An attention's rate grows with its length up to about 512 positions on a CPU, then holds.
-CURVE_ATTENTION_LENGTH = {"cpu": 512, "cuda": 4096, "mps": 2048}
-# Each point of a curve: a short run, since there are 18 of them.
-CURVE_POLICY = TimingPolicy(
-    warmup_calls=1, min_block_s=2e-3, min_samples=5, max_samples=30, target_rel_iqr=0.05,
-    min_time_s=0.03, budget_s=0.1,
-)  # fmt: skip
-# (kernel name, the call, its policy) -> median seconds per call; tests pass their own.
-KernelTimer = Callable[[str, Callable[[], object], TimingPolicy], float]
 
 
 @dataclass(frozen=True)
@@ -198,8 +181,8 @@ def measure_ceilings(
     process's count where None; restored after). ``timer`` times each kernel (default: the
     median of ``time_call`` with ``clock`` and the device's ``sync``). ``curve_widths`` gives
     the widths of each rate curve ({"gemm": ..., "conv": ..., "attention": ...}; default:
-    ``GEMM_WIDTHS``, ``CONV_WIDTHS``, ``HEAD_WIDTHS``); ``elementwise_ops`` the ops whose rates
-    are measured (default: all of ``oprates.CATALOGUE``). Every kernel is timed once in each
+    ``rates.GEMM_WIDTHS`` and its kin); ``elementwise_ops`` the ops whose rates are measured
+    (default: all of ``rates.CATALOGUE``). Every kernel is timed once in each
     of ``passes`` passes over the whole set and its fastest time kept: a ceiling is the best
     the device does, and a neighbour's burst of a few seconds slows one pass, not both."""
     check_dtype(dtype, device)
@@ -231,9 +214,9 @@ def measure_ceilings(
             conv = _conv_rate(device, torch_dtype, conv_shape or conv_shape_of(device), timed)
             length = attention_length or attention_length_of(device)
             attention = _attention_rate(device, torch_dtype, length, timed)
-            curves = _rate_curves(device, torch_dtype, timed, curve_widths)
-            recurrent = _recurrent_rates(device, torch_dtype, timed, curve_widths)
-            elementwise = _elementwise_rates(device, torch_dtype, timed, elementwise_ops)
+            curves = rates.rate_curves(device, torch_dtype, timed, curve_widths)
+            recurrent = rates.recurrent_rates(device, torch_dtype, timed, curve_widths)
+            elementwise = rates.elementwise_rates(device, torch_dtype, timed, elementwise_ops)
         used = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
@@ -257,90 +240,6 @@ def measure_ceilings(
         elementwise_rates=elementwise,
         recurrent_rates=recurrent,
     )
-
-
-def _recurrent_rates(
-    device: str,
-    dtype: torch.dtype,
-    timed: KernelTimer,
-    widths: Mapping[str, tuple[int, ...]] | None,
-) -> dict[int, float] | None:
-    """FLOP/s of nn.LSTM(w, w) over 256 steps at each width, its FLOPs counted as a case's
-    are (the unfused trace's products), its time on the fused path the device takes. None
-    where the device runs no fused LSTM (the model then charges the trace's ops)."""
-    from attnbench.measure.flops import count_flops
-    from attnbench.measure.ops import unfused
-
-    found = {}
-    gen = torch.Generator().manual_seed(0)
-    for w in (widths or {}).get("recurrent", RECURRENT_WIDTHS):
-        cell = torch.nn.LSTM(w, w, batch_first=True).to(device=device, dtype=dtype).eval()
-        x = torch.randn(1, RECURRENT_STEPS, w, generator=gen).to(device=device, dtype=dtype)
-        try:
-            with torch.no_grad():
-                with unfused():
-                    flops = count_flops(lambda cell=cell, x=x: cell(x))
-                seconds = timed(f"recurrent@{w}", lambda cell=cell, x=x: cell(x), CURVE_POLICY)
-        except (RuntimeError, NotImplementedError):  # no LSTM on this device (meta)
-            return None
-        found[w] = flops / seconds
-    return found
-
-
-def _elementwise_rates(
-    device: str, dtype: torch.dtype, timed: KernelTimer, ops: tuple[str, ...] | None
-) -> dict[str, float]:
-    """Elements per second of each op of ``oprates.CATALOGUE`` (or of ``ops``)."""
-    x, y, mask = oprates.operands(device, dtype)
-    found = {}
-    for name in ops if ops is not None else tuple(oprates.CATALOGUE):
-        op = oprates.CATALOGUE[name]
-        seconds = timed(f"ew.{name}", lambda op=op: op(x, y, mask), CURVE_POLICY)
-        found[name] = x.numel() / seconds
-    return found
-
-
-def _rate_curves(
-    device: str,
-    dtype: torch.dtype,
-    timed: KernelTimer,
-    widths: Mapping[str, tuple[int, ...]] | None,
-) -> dict[str, dict[int, float]]:
-    """Each kind of product's FLOP/s at each narrow width: a (rows x w) @ (w x w) product, a
-    Conv1d(w, w, 3) over as many positions (the CPU's: operands of about 256 KiB), an
-    attention of 4 heads of width w over 512 positions on the CPU."""
-    chosen = {"gemm": GEMM_WIDTHS, "conv": CONV_WIDTHS, "attention": HEAD_WIDTHS,
-              **(widths or {})}  # fmt: skip
-    elements = CURVE_ELEMENTS.get(device.split(":")[0], CURVE_ELEMENTS["cpu"])
-    gen = torch.Generator().manual_seed(0)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
-
-    gemm, conv, attention = {}, {}, {}
-    for w in chosen["gemm"]:
-        rows = max(w, elements // w)
-        a, b = randn(rows, w), randn(w, w)  # (rows, w), (w, w)
-        gemm[w] = 2 * rows * w * w / timed(f"gemm@{w}", lambda a=a, b=b: a @ b, CURVE_POLICY)
-    for w in chosen["conv"]:
-        length = max(w, elements // w)
-        x, k = randn(1, w, length), randn(w, w, 3)  # (1, w, L), (w, w, 3)
-        seconds = timed(
-            f"conv@{w}",
-            lambda x=x, k=k: torch.nn.functional.conv1d(x, k, padding=1),
-            CURVE_POLICY,
-        )
-        conv[w] = 2 * w * w * 3 * length / seconds
-    for w in chosen["attention"]:
-        n = CURVE_ATTENTION_LENGTH.get(device.split(":")[0], CURVE_ATTENTION_LENGTH["cpu"])
-        q, k, v = (randn(1, 4, n, w) for _ in range(3))  # (1, 4, n, w) each
-        seconds = timed(
-            f"attention@{w}",
-            lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v),
-            CURVE_POLICY,
-        )
-        attention[w] = 4 * 4 * n * n * w / seconds
-    return {"gemm_rates": gemm, "conv_rates": conv, "attention_rates": attention}
 
 
 def _conv_rate(

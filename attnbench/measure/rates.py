@@ -1,0 +1,173 @@
+"""How fast each kind of work runs on this device, by size: the rate curves of the ceilings.
+
+A layer's products are narrow (d = 32..128 wide; d / heads for the attention scores) and run
+at a fraction of a large GEMM's rate, and an ``exp`` or a ``tanh`` computes for many times
+longer than it takes to move an element (a 2-core CPU: 7 G elements/s for an add, 1.7 for an
+exp, 0.6 for a tanh, on operands in cache). ``measure_ceilings`` records, from here:
+
+- each kind of product's FLOP/s by its narrow width (a GEMM, a Conv1d, a fused attention, and
+  oneDNN's fused LSTM), on operands that stay in cache;
+- each elementwise op's elements per second, for the ops of ``CATALOGUE``; an op not in it
+  runs at an add's rate (``Ceilings.elementwise_rate``).
+
+The machine model charges each product and each op the larger of its work over its rate and
+its bytes over the bandwidth (``fits.roofline``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from attnbench.measure.flops import count_flops
+from attnbench.measure.ops import unfused
+from attnbench.measure.timing import TimingPolicy
+
+# Each op by its aten name (trailing "_" of in-place variants dropped, as ``kernels`` writes
+# it), as a call on x and y (rows, 256), a boolean mask of x's shape: the elements it computes
+# are x's (its output's, or for a reduction or a softmax the input's).
+CATALOGUE: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]] = {
+    "add": lambda x, y, m: torch.add(x, y),
+    "sub": lambda x, y, m: torch.sub(x, y),
+    "mul": lambda x, y, m: torch.mul(x, y),
+    "div": lambda x, y, m: torch.div(x, y),
+    "neg": lambda x, y, m: torch.neg(x),
+    "pow": lambda x, y, m: torch.pow(x, 2.0),
+    "exp": lambda x, y, m: torch.exp(x),
+    "log": lambda x, y, m: torch.log(x.abs()),
+    "sqrt": lambda x, y, m: torch.sqrt(y),
+    "rsqrt": lambda x, y, m: torch.rsqrt(y),
+    "sin": lambda x, y, m: torch.sin(x),
+    "cos": lambda x, y, m: torch.cos(x),
+    "tanh": lambda x, y, m: torch.tanh(x),
+    "sigmoid": lambda x, y, m: torch.sigmoid(x),
+    "relu": lambda x, y, m: torch.relu(x),
+    "gelu": lambda x, y, m: F.gelu(x),
+    "silu": lambda x, y, m: F.silu(x),
+    "elu": lambda x, y, m: F.elu(x),
+    "softplus": lambda x, y, m: F.softplus(x),
+    "masked_fill": lambda x, y, m: x.masked_fill(m, 0.0),
+    "where": lambda x, y, m: torch.where(m, x, y),
+    "_softmax": lambda x, y, m: torch.softmax(x, -1),
+    "_log_softmax": lambda x, y, m: torch.log_softmax(x, -1),
+    "sum": lambda x, y, m: x.sum(-1),
+    "mean": lambda x, y, m: x.mean(-1),
+    "amax": lambda x, y, m: x.amax(-1),
+    "cumsum": lambda x, y, m: x.cumsum(-1),
+}
+WIDTH = 256  # the operands' last dimension
+# Elements of each operand: 256 KiB at float32 on the CPU, in cache; larger elsewhere.
+ELEMENTS = {"cpu": 2**16, "cuda": 2**24, "mps": 2**22}
+
+
+def operands(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, y (rows, 256) of ``dtype`` on ``device`` (y positive) and a mask of x's shape."""
+    elements = ELEMENTS.get(device.split(":")[0], ELEMENTS["cpu"])
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(elements // WIDTH, WIDTH, generator=gen)  # (rows, 256)
+    y = torch.rand(elements // WIDTH, WIDTH, generator=gen) + 0.5  # (rows, 256), positive
+    mask = x > 0  # (rows, 256)
+    return x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype), mask.to(device)
+
+
+# The narrow dimensions each curve is measured at (a product's rate grows with it).
+GEMM_WIDTHS = (8, 16, 32, 64, 128, 256, 512)
+RECURRENT_WIDTHS = (8, 16, 32, 64, 128)
+RECURRENT_STEPS = 256  # the fused LSTM's length: its rate holds beyond a few hundred steps
+CONV_WIDTHS = (8, 16, 32, 64, 128, 256)
+HEAD_WIDTHS = (8, 16, 32, 64, 128)
+# Elements of a curve product's long operand: about 256 KiB on the CPU (in cache, as a layer's
+# operands at these widths are), large enough to fill the device elsewhere.
+CURVE_ELEMENTS = {"cpu": 2**16, "cuda": 2**24, "mps": 2**22}
+# An attention's rate grows with its length up to about 512 positions on a CPU, then holds.
+CURVE_ATTENTION_LENGTH = {"cpu": 512, "cuda": 4096, "mps": 2048}
+# Each point of a curve: a short run, since there are 18 of them.
+CURVE_POLICY = TimingPolicy(
+    warmup_calls=1, min_block_s=2e-3, min_samples=5, max_samples=30, target_rel_iqr=0.05,
+    min_time_s=0.03, budget_s=0.1,
+)  # fmt: skip
+# (kernel name, the call, its policy) -> median seconds per call; tests pass their own.
+KernelTimer = Callable[[str, Callable[[], object], TimingPolicy], float]
+
+
+def recurrent_rates(
+    device: str,
+    dtype: torch.dtype,
+    timed: KernelTimer,
+    widths: Mapping[str, tuple[int, ...]] | None,
+) -> dict[int, float] | None:
+    """FLOP/s of nn.LSTM(w, w) over 256 steps at each width, its FLOPs counted as a case's
+    are (the unfused trace's products), its time on the fused path the device takes. None
+    where the device runs no fused LSTM (the model then charges the trace's ops)."""
+    found = {}
+    gen = torch.Generator().manual_seed(0)
+    for w in (widths or {}).get("recurrent", RECURRENT_WIDTHS):
+        cell = torch.nn.LSTM(w, w, batch_first=True).to(device=device, dtype=dtype).eval()
+        x = torch.randn(1, RECURRENT_STEPS, w, generator=gen).to(device=device, dtype=dtype)
+        try:
+            with torch.no_grad():
+                with unfused():
+                    flops = count_flops(lambda cell=cell, x=x: cell(x))
+                seconds = timed(f"recurrent@{w}", lambda cell=cell, x=x: cell(x), CURVE_POLICY)
+        except (RuntimeError, NotImplementedError):  # no LSTM on this device (meta)
+            return None
+        found[w] = flops / seconds
+    return found
+
+
+def elementwise_rates(
+    device: str, dtype: torch.dtype, timed: KernelTimer, ops: tuple[str, ...] | None
+) -> dict[str, float]:
+    """Elements per second of each op of ``CATALOGUE`` (or of ``ops``)."""
+    x, y, mask = operands(device, dtype)
+    found = {}
+    for name in ops if ops is not None else tuple(CATALOGUE):
+        op = CATALOGUE[name]
+        seconds = timed(f"ew.{name}", lambda op=op: op(x, y, mask), CURVE_POLICY)
+        found[name] = x.numel() / seconds
+    return found
+
+
+def rate_curves(
+    device: str,
+    dtype: torch.dtype,
+    timed: KernelTimer,
+    widths: Mapping[str, tuple[int, ...]] | None,
+) -> dict[str, dict[int, float]]:
+    """Each kind of product's FLOP/s at each narrow width: a (rows x w) @ (w x w) product, a
+    Conv1d(w, w, 3) over as many positions (the CPU's: operands of about 256 KiB), an
+    attention of 4 heads of width w over 512 positions on the CPU."""
+    chosen = {"gemm": GEMM_WIDTHS, "conv": CONV_WIDTHS, "attention": HEAD_WIDTHS,
+              **(widths or {})}  # fmt: skip
+    elements = CURVE_ELEMENTS.get(device.split(":")[0], CURVE_ELEMENTS["cpu"])
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    gemm, conv, attention = {}, {}, {}
+    for w in chosen["gemm"]:
+        rows = max(w, elements // w)
+        a, b = randn(rows, w), randn(w, w)  # (rows, w), (w, w)
+        gemm[w] = 2 * rows * w * w / timed(f"gemm@{w}", lambda a=a, b=b: a @ b, CURVE_POLICY)
+    for w in chosen["conv"]:
+        length = max(w, elements // w)
+        x, k = randn(1, w, length), randn(w, w, 3)  # (1, w, L), (w, w, 3)
+        seconds = timed(
+            f"conv@{w}",
+            lambda x=x, k=k: torch.nn.functional.conv1d(x, k, padding=1),
+            CURVE_POLICY,
+        )
+        conv[w] = 2 * w * w * 3 * length / seconds
+    for w in chosen["attention"]:
+        n = CURVE_ATTENTION_LENGTH.get(device.split(":")[0], CURVE_ATTENTION_LENGTH["cpu"])
+        q, k, v = (randn(1, 4, n, w) for _ in range(3))  # (1, 4, n, w) each
+        seconds = timed(
+            f"attention@{w}",
+            lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+            CURVE_POLICY,
+        )
+        attention[w] = 4 * 4 * n * n * w / seconds
+    return {"gemm_rates": gemm, "conv_rates": conv, "attention_rates": attention}
