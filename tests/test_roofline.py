@@ -250,6 +250,37 @@ def test_predict_reads_a_run_and_a_ceilings_file(wide_run: RunResults, tmp_path:
     assert "Predicted from the counts and the ceilings of a cpu" in " ".join(table.stdout.split())
 
 
+def test_predict_shows_the_run_on_another_machine_crossovers_and_charts(
+    wide_run: RunResults, tmp_path: Path
+) -> None:
+    """On a machine where everything is twice as slow, every predicted time doubles and the
+    crossovers (ratios of times) stay where they are; --charts draws the run as it would look
+    there, titled with that machine."""
+    here, slow = tmp_path / "here.json", tmp_path / "slow.json"
+    here.write_text(json.dumps(MACHINE.to_dict()))
+    halved = replace(MACHINE, peak_flops_per_s=5e10, bandwidth_bytes_per_s=5e9,
+                     op_latency_s=4e-6, page_fault_s=2e-6, device_name="a slow cpu")  # fmt: skip
+    slow.write_text(json.dumps(halved.to_dict()))
+    found = {}
+    for name, path in (("here", here), ("slow", slow)):
+        charts = tmp_path / f"charts-{name}"
+        result = runner.invoke(app, ["predict", str(wide_run.path), "--machine", str(path),
+                                     "--json", "--charts", str(charts)])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        found[name] = json.loads(result.stdout)
+        drawn = {Path(p).name for p in found[name]["charts"]}
+        assert {"time.png", "crossover.png", "time-split.png", "roofline.png"} <= drawn
+    times = {n: {r["case_id"]: r["predicted_time_s"] for r in found[n]["results"]}
+             for n in found}  # fmt: skip
+    assert all(times["slow"][c] == pytest.approx(2 * t) for c, t in times["here"].items())
+    crossings = [found[n]["crossovers"] for n in ("here", "slow")]
+    assert crossings[0] and [c["measured"] for c in crossings[0]] == [
+        c["measured"] for c in crossings[1]
+    ]
+    table = runner.invoke(app, ["predict", str(wide_run.path), "--machine", str(slow)])
+    assert "Crossovers on that machine" in table.stdout
+
+
 def test_predict_refuses_bad_input_in_one_line(wide_run: RunResults, tmp_path: Path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text('{"peak_flops_per_s": 0}')

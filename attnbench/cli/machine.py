@@ -5,6 +5,7 @@ times from its counts and those ceilings (``fits.roofline``)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +16,7 @@ from attnbench.cli.options import SavedRun, json_flag
 from attnbench.cli.render import Streams, frame_table
 from attnbench.devices import DEVICE_CHOICES, DTYPES, local_device
 from attnbench.errors import AttnbenchError
-from attnbench.fits import roofline
+from attnbench.fits import Analysis, analyse, roofline
 from attnbench.measure.ceilings import (
     PASSES,
     Ceilings,
@@ -25,6 +26,8 @@ from attnbench.measure.ceilings import (
     machine_ceilings,
     read_ceilings,
 )
+from attnbench.render.charts import build_charts, save_charts
+from attnbench.render.report import crossover_display
 from attnbench.results.files import latest_results
 from attnbench.results.run import RunResults
 from attnbench.results.store import load_results
@@ -138,14 +141,26 @@ def predict(
             show_default=False,
         ),
     ] = None,
-    as_json: Annotated[bool, json_flag("the predicted times")] = False,
+    charts: Annotated[
+        Path | None,
+        typer.Option(
+            "--charts",
+            help="Draw the predicted run's charts (time, crossover, time-split, roofline) into "
+            "this folder: the run as it would look on that machine.",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: Annotated[bool, json_flag("the predicted times and crossovers")] = False,
 ) -> None:
     """Predict a run's times from its counts and a machine's ceilings, nothing fitted.
 
-    The matrix products take a roofline, max(FLOPs/peak, their bytes/bandwidth); the rest of
-    the traffic adds bytes/bandwidth; every op adds the op latency, every page fault its cost.
-    Nothing is fitted to a layer, so it predicts any layer, on any machine whose ceilings you
-    have; beside the measured times it says how far the model is, and where the time goes.
+    Each product takes a roofline, max(FLOPs / its kind's rate at its width, its bytes /
+    bandwidth), each elementwise op max(elements / its rate, bytes / bandwidth); the rest of
+    the traffic adds bytes / bandwidth; every op adds the op latency, every page fault its
+    cost. Nothing is fitted to a layer, so it predicts any layer, on any machine whose
+    ceilings you have: beside the measured times it says how far the model is and where the
+    time goes, then the crossovers on that machine; --charts draws the run as it would look
+    there.
     """
     run = load_results(folder if folder is not None else latest_results())
     ceilings = _ceilings_for(run, machine_file)
@@ -159,9 +174,15 @@ def predict(
     rows = measured.loc[found.index]
     options = [c for c in OPTION_COLUMNS if c in rows and rows[c].notna().any()]
     table = pd.concat([rows[["layer", "n", "d", *options, "time_s"]], found], axis=1)
+    there = _predicted_run(run, ceilings)
+    analysis = analyse(there)
+    drawn = _draw(there, analysis, charts, ceilings) if charts is not None else []
     if as_json:
         records = json.loads(table.to_json(orient="records", double_precision=15))
-        typer.echo(json.dumps({"machine": ceilings.to_dict(), "results": records}, indent=2))
+        crossings = json.loads(analysis.crossovers.to_json(orient="records"))
+        typer.echo(json.dumps({"machine": ceilings.to_dict(), "results": records,
+                               "crossovers": crossings, "charts": [str(p) for p in drawn]},
+                              indent=2))  # fmt: skip
         return
     streams = Streams.make(width=140)
     shown = table.assign(
@@ -183,6 +204,43 @@ def predict(
             markup=False,
             soft_wrap=True,
         )
+    crossings = crossover_display(analysis)
+    if not crossings.empty:
+        shown = crossings.rename(columns={"measured n": "predicted n"})
+        frame_table(
+            shown, streams.out, title="Crossovers on that machine, from the predicted times"
+        )
+    for path in drawn:
+        streams.err.print(f"drew {path}", markup=False, soft_wrap=True)
+
+
+PREDICTED_CHARTS = ("time", "crossover", "time-split", "roofline")
+
+
+def _predicted_run(run: RunResults, ceilings: Ceilings) -> RunResults:
+    """The run as the model says it would time on the machine of ``ceilings``: its measured
+    cases with the predicted times, no samples, that machine's ceilings."""
+    frame = roofline.predicted_frame(run.measured, ceilings).reset_index(drop=True)
+    return replace(
+        run,
+        frame=frame,
+        samples=run.samples.iloc[0:0],
+        calibration=run.calibration.iloc[0:0],
+        meta={**run.meta, "ceilings": ceilings.to_dict()},
+    )
+
+
+def _draw(run: RunResults, analysis: Analysis, folder: Path, ceilings: Ceilings) -> list[Path]:
+    """The predicted run's charts, each titled with the machine it is predicted on."""
+    figures = build_charts(run, analysis, PREDICTED_CHARTS)
+    if not figures:
+        raise AttnbenchError(
+            "nothing to draw: each chart needs a layer predicted at two sizes or more"
+        )
+    where = f"predicted on {ceilings.device_name} ({ceilings.device}, {ceilings.threads} thread(s))"
+    for figure in figures.values():
+        figure.suptitle(f"{figure.get_suptitle()}\n{where}")
+    return save_charts(figures, folder)
 
 
 def _ceilings_for(run: RunResults, machine_file: Path | None) -> Ceilings:

@@ -245,3 +245,16 @@ def effective_ceilings(
         cases=int(known.sum()),
         predicted=predicted,
     )
+
+
+def predicted_frame(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
+    """The measured cases of ``frame`` with their times replaced by the model's on the
+    machine of ``ceilings`` (no spread, no samples: a prediction has none): what the fits,
+    crossovers and charts read to show the run on that machine. Cases the model cannot
+    predict are left out."""
+    found = predict(frame, ceilings)
+    rows = frame.loc[found.index].copy()
+    rows["time_s"] = found["predicted_time_s"]
+    rows["time_iqr_s"] = 0.0
+    rows["flops_per_s"] = _column(rows, "flops") / rows["time_s"]
+    return rows
