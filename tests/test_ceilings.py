@@ -131,13 +131,18 @@ def test_each_kernel_keeps_its_fastest_time_over_the_passes() -> None:
 
 def test_a_real_measurement_is_consistent() -> None:
     """Real kernels, judged only by ratios (this machine is shared): every ceiling positive,
-    one op on one element cheaper than a 256³ product, and the copy's bytes as stated."""
+    one op on one element cheaper than a 256³ product, the copy's bytes as stated, a 128-wide
+    product faster than an 8-wide one, and an exp slower than an add."""
     found = measure_ceilings(
         "cpu", "float32", 1, gemm_side=256, stream_numel=2**22, conv_shape=(64, 512),
-        attention_length=128, curve_widths={"gemm": (8, 128), "conv": (16,), "attention": (16,)},
+        attention_length=128, elementwise_ops=("add", "exp"), passes=1,
+        curve_widths={"gemm": (8, 128), "conv": (16,), "attention": (16,), "recurrent": (16,)},
     )  # fmt: skip
     assert found.peak_flops_per_s > 0 and found.bandwidth_bytes_per_s > 0
-    assert found.gemm_rates is not None and min(found.gemm_rates.values()) > 0
+    assert found.gemm_rates is not None and found.gemm_rates[128] > 2 * found.gemm_rates[8]
+    assert found.elementwise_rates is not None
+    assert found.elementwise_rates["exp"] < found.elementwise_rates["add"]
+    assert found.recurrent_rates is not None and found.recurrent_rates[16] > 0
     assert found.conv_flops_per_s > 0 and found.attention_flops_per_s > 0
     assert 0 < found.op_latency_s < 2 * 256**3 / found.peak_flops_per_s
     assert found.stream_bytes == 2 * 2**22 * 4
