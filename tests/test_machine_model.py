@@ -5,6 +5,7 @@ op count of the path the timed call really takes."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -120,3 +121,37 @@ def test_a_fused_timed_call_counts_its_own_ops_not_the_unfused_trace() -> None:
     rnn = build_grid({"layers": "rnn", "n": [32], "d": [8], "device": "cpu"}).cases()[0]
     plain = measure_case(rnn, policy=TimingPolicy(budget_s=0.01, min_samples=3))
     assert plain.fused_path == "" and plain.ops == count_traffic(make_step(rnn, seed=0)).ops
+
+
+def test_a_sweep_says_it_measures_the_ceilings_first_and_counts_them_in_its_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a machine whose ceilings are not cached, the start line says they are measured first
+    and its estimate includes them; the next sweep reads them from the cache and says
+    nothing."""
+    from attnbench.measure import ceilings
+    from attnbench.run.estimate import CEILINGS_S
+
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    real = ceilings.measure_ceilings
+    measured: list[int] = []
+
+    def quick(device: str, dtype: str, threads: int, passes: int = 2) -> ceilings.Ceilings:
+        measured.append(threads)
+        return real(device, dtype, threads, gemm_side=32, stream_numel=1000, passes=1,
+                    curve_widths={"gemm": (8,), "conv": (8,), "attention": (8,),
+                                  "recurrent": (8,)},
+                    elementwise_ops=("add",))  # fmt: skip
+
+    monkeypatch.setattr(ceilings, "measure_ceilings", quick)
+    args = ["sweep", "--layers", "conv", "--n", "16,32", "--d", "8", "--device", "cpu",
+            "--threads", "1", "--time-budget", "0.002", "--no-charts"]  # fmt: skip
+    first = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert first.exit_code == 0, first.output
+    assert "measuring this machine's ceilings first" in first.stderr and measured == [1]
+    seconds = re.search(r"([\d.]+) s or more", first.stderr)
+    assert seconds is not None and float(seconds.group(1)) >= CEILINGS_S
+    assert load_results(tmp_path / "a").ceilings is not None
+    second = runner.invoke(app, [*args, "--out", str(tmp_path / "b")])
+    assert second.exit_code == 0 and "ceilings first" not in second.stderr
+    assert measured == [1]  # read from the cache

@@ -111,6 +111,12 @@ class SweepProgress:
             f"{duration(start.estimate_s)} or more -> {start.out_dir}",
             soft_wrap=True,
         )
+        if not start.ceilings_cached:
+            self.console.print(
+                "measuring this machine's ceilings first (once per machine and thread count, "
+                "a few seconds; attnbench machine shows them)",
+                soft_wrap=True,
+            )
         shared = shared_cpu_nodes(start.cluster, grid.device)
         if shared:
             self.console.print(

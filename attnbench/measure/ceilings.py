@@ -339,6 +339,20 @@ def machine_ceilings(
     return found, False
 
 
+def ceilings_cached(
+    device: str, dtype: str, threads: int | None = None, folder: Path | None = None
+) -> bool:
+    """Whether ``machine_ceilings`` would read these ceilings from the cache (a whole entry,
+    curves included) rather than measure them."""
+    threads = threads or torch.get_num_threads()
+    path = (folder or cache_dir()) / "ceilings" / f"{cache_key(device, dtype, threads)}.json"
+    try:
+        found = read_ceilings(path)
+    except AttnbenchError:
+        return False
+    return found.gemm_rates is not None and found.elementwise_rates is not None
+
+
 def read_ceilings(path: Path) -> Ceilings:
     """A ceilings file (``attnbench machine --json`` wrote it); one clear error if it is not."""
     try:

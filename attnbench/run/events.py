@@ -25,6 +25,8 @@ class SweepStart:
     workers: int
     estimate_s: float  # a rough lower estimate of the duration, all workers together
     previous: RunResults | None = None
+    # False: the machine's ceilings are not cached, and are measured first (a few seconds)
+    ceilings_cached: bool = True
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from attnbench.layers import plugins
 from attnbench.measure import countcache
 from attnbench.measure.allocator import run_state
 from attnbench.measure.calibration import DEFAULT_CALIBRATION, Calibration
-from attnbench.measure.ceilings import cache_dir, machine_ceilings
+from attnbench.measure.ceilings import cache_dir, ceilings_cached, machine_ceilings
 from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import Clock, TimingPolicy
 from attnbench.results.environment import changes, resume_keys
@@ -33,7 +33,7 @@ from attnbench.results.files import default_out_dir, now_iso, prepare_out_dir
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter, load_results
 from attnbench.results.theories import merge, record
-from attnbench.run.estimate import estimate_seconds, in_cache, size_warning
+from attnbench.run.estimate import CEILINGS_S, estimate_seconds, in_cache, size_warning
 from attnbench.run.events import ProgressCallback, StartCallback, SweepStart
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
@@ -81,14 +81,17 @@ def run_sweep(
             layers=grid.sources(),
             allocator=run_state(cluster.get("workers", [])),
             fault_cost_s=cost,  # what one page fault costs here (measure.faults)
-            ceilings=run_ceilings(grid, cost),
             count_cache={"enabled": countcache.enabled(), "folder": str(cache_dir() / "counts")},
         )
         writer.record_theories(record(grid))
+        threads = grid.threads or torch.get_num_threads()
+        known = ceilings_cached(grid.device, grid.dtype, threads)
         if on_start is not None:
             estimate = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
-            estimate /= max(1, runs_on.workers)
-            on_start(SweepStart(grid, folder, cluster, runs_on.workers, estimate))
+            estimate = estimate / max(1, runs_on.workers) + (0.0 if known else CEILINGS_S)
+            on_start(SweepStart(grid, folder, cluster, runs_on.workers, estimate,
+                                ceilings_cached=known))  # fmt: skip
+        writer.update(ceilings=run_ceilings(grid, cost))
         return _sweep(
             writer, grid, None, progress=progress, policy=policy, calibration=calibration,
             executor=runs_on,
