@@ -40,11 +40,10 @@ import numpy as np
 import pandas as pd
 
 from attnbench.measure.ceilings import Ceilings
+from attnbench.measure.ops import FUSED_RECURRENT
 from attnbench.measure.traffic import ELEMENTWISE_PREFIX, parse_kernels
 
 BOUNDS = ("compute", "memory", "latency", "faults")
-# What the results' fused_path says of a fused recurrent kernel (measure.ops.FUSED_PATHS).
-RECURRENT_KERNEL = "recurrent kernel"
 PREDICTION_COLUMNS = ["case_id", "predicted_time_s", "bound", *(f"{b}_s" for b in BOUNDS)]
 
 
@@ -83,7 +82,8 @@ def _fused_recurrence(
     fused kernel's measured rate for the products' width, and what the trace saw them move
     stays inside it (the weights are re-read at every step in the trace, in cache in the
     kernel). None for any other call, or where the machine has no such rate."""
-    if RECURRENT_KERNEL not in fused_path or not ceilings.recurrent_rates:
+    ran = {part.split(" (")[0].strip() for part in fused_path.split(";")}  # describe_fused
+    if not ran & FUSED_RECURRENT or not ceilings.recurrent_rates:
         return None
     products = [(name, w, b) for kind, name, w, b in work if kind != "ew"]
     widths = [int(name) for name, w, _ in products if name.isdigit() and w > 0]
@@ -96,8 +96,9 @@ def _fused_recurrence(
 
 def _roofline(case: pd.Series, ceilings: Ceilings) -> tuple[float, float, float]:
     """(compute, memory) seconds of one case's products and elementwise ops, and the bytes
-    they account for: each product at its kind's rate for its width, each elementwise op at
-    its op's rate, or its bytes over the bandwidth, whichever is larger."""
+    they account for (the rest of the traffic leaves them out): each product at its kind's
+    rate for its width, each elementwise op at its op's rate, or its bytes over the bandwidth,
+    whichever is larger."""
     work_list = _work(case["kernels"], case["flops"], case["products"])
     fused = _fused_recurrence(work_list, str(case["fused_path"] or ""), ceilings)
     if fused is not None:

@@ -315,16 +315,10 @@ def machine_ceilings(
     """The ceilings from the cache, or measured in ``passes`` passes (and cached); and whether
     they were cached."""
     threads = threads or torch.get_num_threads()
-    path = (folder or cache_dir()) / "ceilings" / f"{cache_key(device, dtype, threads)}.json"
-    if path.exists() and not remeasure:
-        try:
-            found = read_ceilings(path)
-        except AttnbenchError:
-            pass  # a damaged cache entry is measured again
-        else:
-            if found.gemm_rates is not None and found.elementwise_rates is not None:
-                return found, True
-            # an entry from before the rate curves is measured again, curves and all
+    path = _cache_path(device, dtype, threads, folder)
+    cached = None if remeasure else _cached_entry(path)
+    if cached is not None:
+        return cached, True
     if measure is None:
         found = measure_ceilings(device, dtype, threads, passes=passes)
     else:
@@ -344,13 +338,22 @@ def ceilings_cached(
 ) -> bool:
     """Whether ``machine_ceilings`` would read these ceilings from the cache (a whole entry,
     curves included) rather than measure them."""
-    threads = threads or torch.get_num_threads()
-    path = (folder or cache_dir()) / "ceilings" / f"{cache_key(device, dtype, threads)}.json"
+    path = _cache_path(device, dtype, threads or torch.get_num_threads(), folder)
+    return _cached_entry(path) is not None
+
+
+def _cache_path(device: str, dtype: str, threads: int, folder: Path | None) -> Path:
+    return (folder or cache_dir()) / "ceilings" / f"{cache_key(device, dtype, threads)}.json"
+
+
+def _cached_entry(path: Path) -> Ceilings | None:
+    """The cache entry at ``path``, if whole: a damaged entry, or one from before the rate
+    curves, reads as none (and is measured again, curves and all)."""
     try:
         found = read_ceilings(path)
     except AttnbenchError:
-        return False
-    return found.gemm_rates is not None and found.elementwise_rates is not None
+        return None
+    return found if found.gemm_rates is not None and found.elementwise_rates is not None else None
 
 
 def read_ceilings(path: Path) -> Ceilings:

@@ -67,6 +67,8 @@ MOVEMENT = frozenset({
 })  # fmt: skip
 # Fused paths torch takes in the user's call that hide their matrix products in one op with no
 # FLOP formula; the counts run with them switched off (``unfused``).
+# The fused recurrent kernels among them: one op runs a whole recurrence (``fits.roofline``).
+FUSED_RECURRENT = frozenset({"mkldnn_rnn_layer", "mkldnn_rnn", "_cudnn_rnn", "miopen_rnn"})
 FUSED_PATHS = {
     "_native_multi_head_attention": "nn.MultiheadAttention fast path",
     "_transformer_encoder_layer_fwd": "nn.TransformerEncoderLayer fast path",
