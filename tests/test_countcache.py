@@ -79,6 +79,44 @@ def test_a_second_sweep_reads_the_counts_the_first_traced(tmp_path: Path, cache_
     assert set(third["counts_source"]) == {"traced"} and third[EXACT].equals(first[EXACT])
 
 
+def test_a_sweep_the_cache_holds_never_pays_the_tracers_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The instruments' start-up (torch._dynamo's import, 1.5 s) is paid before the first case
+    that traces, and not at all when every case is read from the cache."""
+    from attnbench.run.executors import worker
+
+    primed: list[str] = []
+    monkeypatch.setattr(worker, "prime_instruments", lambda: primed.append("primed"))
+    sweep(tmp_path / "a", "--layers", "conv")
+    assert primed == ["primed", "primed"]  # asked before each traced case (it runs once)
+    primed.clear()
+    sweep(tmp_path / "b", "--layers", "conv")
+    assert primed == []
+
+
+def test_the_probes_are_traced_once_for_every_long_case_of_a_layer(
+    tmp_path: Path, cache_on: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two long rnn cases share their probes' traces (n = 8..64), kept in the cache apart from
+    the cases' own entries; a second sweep traces nothing."""
+    from attnbench.measure import case as case_module
+
+    traced: list[int] = []
+    real = case_module.call_counts
+    monkeypatch.setattr(case_module, "call_counts",
+                        lambda step, mode, **kw: traced.append(step.x.shape[1]) or real(step, mode, **kw))  # fmt: skip
+    first = sweep(tmp_path / "a", "--layers", "rnn", "--n", "128,256")
+    assert set(first["counts_source"]) == {"extended"}
+    assert traced == [8, 16, 32, 64]  # once, for both cases
+    # The cases' counts and memory passes, and the probes' counts and memory passes.
+    assert len(list((cache_on / "counts").rglob("*.json"))) == 2 * 2 + 2 * 4
+    traced.clear()
+    second = sweep(tmp_path / "b", "--layers", "rnn", "--n", "128,256")
+    assert traced == [] and set(second["counts_source"]) == {"cache"}
+    assert second[EXACT].equals(first[EXACT])
+
+
 def test_a_changed_layer_never_reads_a_stale_entry(tmp_path: Path) -> None:
     path = tmp_path / "mixer.py"
     path.write_text(textwrap.dedent(LAYER.replace("{width}", "2")))

@@ -95,7 +95,8 @@ def test_a_count_that_failed_at_the_probes_stays_empty_with_their_reason() -> No
 
 def test_only_long_sequential_cases_are_extended_and_full_trace_turns_it_off() -> None:
     assert extend.applies(small_case("rnn", n=4096))
-    assert not extend.applies(small_case("rnn", n=256))  # 256 steps: traced in full
+    assert extend.applies(small_case("rnn", n=128))  # past the probes: n steps
+    assert not extend.applies(small_case("rnn", n=64))  # a probe length: traced in full
     assert not extend.applies(small_case("attention", n=4096))  # one step: cheap to trace
     assert not extend.applies(small_case("ssm-scan", n=4096))  # log n steps
     assert not extend.applies(small_case("rnn", n=4096), {extend.FULL_TRACE_ENV: "1"})

@@ -36,8 +36,9 @@ from attnbench.spec import load_config
 from attnbench.thresholds import gate_from
 
 FULL_TRACE_HELP = (
-    "Trace every case's counts at its own n. By default a case whose layer takes more than "
-    f"{extend.EXTEND_ABOVE_STEPS} sequential steps (an rnn at n = 8192) is traced at "
+    "Trace every case's counts at its own n. By default a case of a recurrent layer longer "
+    f"than n = {extend.PROBES[-1]} (a plugin's: longer than {4 * extend.PROBES[-1]}, with more "
+    f"than {extend.EXTEND_ABOVE_STEPS} sequential steps) is traced at "
     f"n = {', '.join(map(str, extend.PROBES))} and its counts extended by the law those traces "
     "prove (the *_method columns say extended)."
 )

@@ -16,11 +16,13 @@ import torch
 
 from attnbench.measure.timing import Clock, TimingPolicy, TimingStats, time_call
 
-# A few short blocks: about 15 ms per case on a 2-core CPU, a few percent of a sweep.
+# Three short blocks: about 6 ms per case on a 2-core CPU (one 512^3 GEMM each), 3% of a
+# default sweep. The run's calibration is the median over every case's samples (hundreds),
+# so a case needs few of its own; five blocks of two GEMMs cost 19 ms, 10% of the sweep.
 CALIBRATION_POLICY = TimingPolicy(
     warmup_calls=1,
-    min_block_s=2e-3,
-    min_samples=5,
+    min_block_s=1e-3,
+    min_samples=3,
     max_samples=20,
     target_rel_iqr=1.0,
     min_time_s=0.0,

@@ -154,7 +154,7 @@ def measure_case(
             # as tracing: profiled at the short probes and extended by their law. CUDA's
             # statistics are cheap at any n, and its allocator rounds sizes into blocks.
             if case.device == "cpu" and extend.is_extended(counts):
-                memory = extend.extended_profile(case, lambda short: memory_pass(short, seed))
+                memory = extend.extended_profile(case, lambda short: probe_profile(short, seed))
             if memory is None:
                 memory = memory_pass(case, seed, step)
             countcache.write_profile(case, seed, memory)
@@ -226,6 +226,25 @@ def memory_pass(case: Case, seed: int, step: Step | None = None) -> countcache.P
     return countcache.Profile(peak, timed_ops[0] if timed_ops else None, frozenset(fused))
 
 
+def probe_counts(short: Case, seed: int) -> countcache.Counts:
+    """The counts at a probe length, for a longer case's law: traced once per layer, d and
+    options, then read from the count cache by every other long case (and every later sweep)."""
+    found = countcache.read(short, seed, probe=True)
+    if found is None:
+        found = call_counts(make_step(short, seed), short.mode)
+        countcache.write(short, seed, found, probe=True)
+    return found
+
+
+def probe_profile(short: Case, seed: int) -> countcache.Profile:
+    """The memory pass at a probe length (CPU), cached as ``probe_counts`` are."""
+    found = countcache.read_profile(short, seed, probe=True)
+    if found is None:
+        found = memory_pass(short, seed)
+        countcache.write_profile(short, seed, found, probe=True)
+    return found
+
+
 def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, str]:
     """Every exact count of the case, traced from its real layer, and how (``counts_source``):
     in full, or for a long recurrent case at short lengths and extended by a law proven there
@@ -246,7 +265,7 @@ def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, 
     vouched = extend.applies(case)  # the theory says the case is long; else the probes say
     if vouched or extend.probed(case):
         found = extend.extended_counts(
-            case, lambda short: call_counts(make_step(short, seed), short.mode), check=not vouched
+            case, lambda short: probe_counts(short, seed), check=not vouched
         )
         if found is not None:
             return dataclasses.replace(found, **path_counts), extend.EXTENDED
@@ -350,9 +369,22 @@ def retime_case(
         return None
 
 
+_PRIMED: list[bool] = []  # whether this process paid the instruments' start-up
+
+
 def prime_instruments() -> None:
-    """Pay the dispatch-mode and profiler start-up (about a second, once per process) up front,
-    so it is not charged to the first case's wall time."""
+    """Pay the dispatch-mode and profiler start-up (about 1.5 s: the first dispatch mode
+    imports torch._dynamo) once per process, before a case's clock starts, so it is not charged
+    to the first case traced."""
+    if _PRIMED:
+        return
     a = torch.ones(4, 4)
     trace_flops(lambda: a @ a)
     peak_bytes(lambda: a @ a, "cpu")
+    _PRIMED.append(True)
+
+
+def needs_tracing(case: Case, seed: int) -> bool:
+    """Whether measuring the case traces or profiles it: the count cache lacks its counts or
+    its memory pass. A sweep the cache holds whole never pays the instruments' start-up."""
+    return cached_counts(case, seed) is None or cached_profile(case, seed) is None

@@ -99,45 +99,65 @@ def key(case: Case, seed: int, *machine: object) -> str | None:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def profile_key(case: Case, seed: int) -> str | None:
+def profile_key(case: Case, seed: int, *role: str) -> str | None:
     """The key of a case's memory pass on the CPU: also the CPU's model and the thread count,
     which choose oneDNN's kernels and their scratch memory. None on other devices, whose
     allocator statistics are read at every call anyway (cheap) and whose figures are theirs."""
     if case.device != "cpu":
         return None
-    return key(case, seed, "profile", cpu_model(), torch.get_num_threads())
+    return key(case, seed, "profile", cpu_model(), torch.get_num_threads(), *role)
 
 
 def _path(found: str, folder: Path | None) -> Path:
     return (folder or cache_dir()) / "counts" / found[:2] / f"{found}.json"
 
 
-def read(case: Case, seed: int, folder: Path | None = None) -> Counts | None:
-    """The case's cached counts (None: none, off, or an entry that does not read)."""
-    data = _load(key(case, seed), folder)
+# The role of an entry traced at a probe length for a longer case's law (``measure.extend``):
+# kept apart from the entry of a case of that length (which also holds its path length), and
+# shared by every long case of the same layer, d and options.
+PROBE = "probe"
+
+
+def read(
+    case: Case, seed: int, folder: Path | None = None, *, probe: bool = False
+) -> Counts | None:
+    """The case's cached counts (None: none, off, or an entry that does not read); ``probe``:
+    those traced at its length for a longer case's law."""
+    data = _load(key(case, seed, *_role(probe)), folder)
     try:
         return None if data is None else Counts(**data)
     except TypeError:
         return None
 
 
-def write(case: Case, seed: int, counts: Counts, folder: Path | None = None) -> None:
+def write(
+    case: Case, seed: int, counts: Counts, folder: Path | None = None, *, probe: bool = False
+) -> None:
     """Store the case's counts (atomically; an unwritable cache costs a trace next time)."""
-    _store(key(case, seed), asdict(counts), folder)
+    _store(key(case, seed, *_role(probe)), asdict(counts), folder)
 
 
-def read_profile(case: Case, seed: int, folder: Path | None = None) -> Profile | None:
+def read_profile(
+    case: Case, seed: int, folder: Path | None = None, *, probe: bool = False
+) -> Profile | None:
     """The case's cached memory pass on this CPU and thread count (None: none, off, not CPU)."""
-    data = _load(profile_key(case, seed), folder)
+    data = _load(profile_key(case, seed, *_role(probe)), folder)
     try:
         return None if data is None else Profile(**{**data, "fused": frozenset(data["fused"])})
     except (TypeError, KeyError):
         return None
 
 
-def write_profile(case: Case, seed: int, profile: Profile, folder: Path | None = None) -> None:
+def write_profile(
+    case: Case, seed: int, profile: Profile, folder: Path | None = None, *, probe: bool = False
+) -> None:
     """Store the case's memory pass (CPU only)."""
-    _store(profile_key(case, seed), {**asdict(profile), "fused": sorted(profile.fused)}, folder)
+    data = {**asdict(profile), "fused": sorted(profile.fused)}
+    _store(profile_key(case, seed, *_role(probe)), data, folder)
+
+
+def _role(probe: bool) -> tuple[str, ...]:
+    return (PROBE,) if probe else ()
 
 
 def _load(found: str | None, folder: Path | None) -> Any:

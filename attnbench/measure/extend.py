@@ -3,7 +3,9 @@
 Tracing a recurrent layer costs 1-3 ms per position (every step is its own handful of
 dispatched ops), so a full trace of an rnn at n = 8192 takes longer than timing it many times.
 Its counts (FLOPs, elementwise work, bytes, sequential steps) are polynomials of low degree in
-n, so they are traced at four short lengths (``PROBES``), the polynomial through the first
+n, so they are traced at four short lengths (``PROBES``; once per layer, d and options, kept
+in the count cache for every longer case: ``measure.case.probe_counts``), the polynomial
+through the first
 three (degree 2 at most, exact rational arithmetic) must reproduce the fourth exactly, and only
 then is it evaluated at the case's n. A count with no such law, a layer that refuses a probe
 length, or ops the FLOP counter did not account for: the case is traced in full instead.
@@ -36,7 +38,7 @@ from attnbench.spec import Case
 FULL_TRACE_ENV = "ATTNBENCH_FULL_TRACE"
 EXTENDED = "extended"  # the results' counts_source for counts extended in this run
 PROBES = (8, 16, 32, 64)  # traced lengths: the law through the first three, proven on the last
-EXTEND_ABOVE_STEPS = 256  # extend a case whose theory says it takes more sequential steps
+EXTEND_ABOVE_STEPS = 256  # extend a plugin's case only where the probes' law gives more steps
 # The counts a law carries from the probes to n (uncounted_ops must be empty; path length
 # has its own probes in measure.structure).
 NUMBERS = ("flops", "seq_steps", "elementwise", "bytes", "product_bytes")
@@ -51,24 +53,27 @@ def full_trace(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def applies(case: Case, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the case's counts are extended from the probes rather than traced at its n: its
-    layer's theory says it takes more than ``EXTEND_ABOVE_STEPS`` sequential steps, and the
-    user did not ask for full traces. A layer without a theory is ``probed`` instead."""
-    if not _long(case, environ):
+    """Whether the case's counts are extended from the probes rather than traced at its n: it
+    is longer than the probes, its layer's theory says its sequential steps grow with n (more
+    than n = ``PROBES[-1]`` of them: a recurrence, not a log-depth scan or one attention step),
+    and the user did not ask for full traces. A layer without a theory is ``probed`` instead."""
+    if not _long(case, environ, vouched=True):
         return False
     theory = entry(case.layer).theory
-    return theory is not None and theory.sequential_law(case.sizes()) > EXTEND_ABOVE_STEPS
+    return theory is not None and theory.sequential_law(case.sizes()) > PROBES[-1]
 
 
 def probed(case: Case, environ: Mapping[str, str] | None = None) -> bool:
     """Whether a long case of a layer without a theory (a plugin) asks the probes: extended
     only if they show more than ``EXTEND_ABOVE_STEPS`` steps at n and the law holds at a
     check length of n / 4 too (``extended_counts``); traced in full otherwise."""
-    return _long(case, environ) and entry(case.layer).theory is None
+    return _long(case, environ, vouched=False) and entry(case.layer).theory is None
 
 
-def _long(case: Case, environ: Mapping[str, str] | None) -> bool:
-    return not full_trace(environ) and case.n > 4 * PROBES[-1]
+def _long(case: Case, environ: Mapping[str, str] | None, *, vouched: bool) -> bool:
+    """Longer than the probes (a plugin: than four times the longest, so that the law's check
+    at n / 4 lies past them), and no full trace asked for."""
+    return not full_trace(environ) and case.n > (1 if vouched else 4) * PROBES[-1]
 
 
 def is_extended(counts: Counts) -> bool:

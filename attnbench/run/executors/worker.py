@@ -20,7 +20,13 @@ from attnbench.devices import device_name, device_sync
 from attnbench.layers.registry import entry
 from attnbench.measure.allocator import DEFAULT_ALLOCATOR, set_allocator
 from attnbench.measure.calibration import Calibration
-from attnbench.measure.case import measure_case, prime_instruments, release_memory, retime_case
+from attnbench.measure.case import (
+    measure_case,
+    needs_tracing,
+    prime_instruments,
+    release_memory,
+    retime_case,
+)
 from attnbench.measure.faults import FaultCounter, fault_counter
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.timing import Clock, TimingStats
@@ -37,7 +43,8 @@ def machine_load() -> float | None:
 
 class Worker:
     """Measures jobs in the process it lives in, on one device; start-up (threads, CUDA
-    context, profiler) is paid once, when it is made."""
+    context) is paid once, when it is made, and the tracers' before the first case that
+    traces (none when the count cache holds every case)."""
 
     def __init__(
         self,
@@ -72,7 +79,6 @@ class Worker:
             threads=torch.get_num_threads(),
         )
         self._timers: dict[Calibration, Callable[[], TimingStats]] = {}
-        prime_instruments()
 
     def describe(self) -> dict[str, Any]:
         """This worker, for run.json's cluster record."""
@@ -97,6 +103,8 @@ class Worker:
                 faults=self.faults(case.device),
             )  # fmt: skip
             return JobDone(job, self.where, timing=timing, point=point, load_1m=machine_load())
+        if needs_tracing(case, job.seed):
+            prime_instruments()  # once per process, outside the case's wall time
         result = measure_case(
             case,
             seed=job.seed,
