@@ -236,3 +236,29 @@ def test_blocked_attention_gets_a_path_at_every_n_equal_to_a_count_by_hand(
         assert result.value == hand, (n, result.method)
         expected = "measured" if n <= PATH_MEASURE_MAX else f"extended: blocks of {width}"
         assert result.method.startswith(expected)
+
+
+def test_a_probe_lengths_jacobian_is_taken_once_for_every_case_that_needs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The case at n = 128 (a probe length of a window-16 layer) and the longer cases that probe
+    n = 32, 64, 128 share each length's dependency pattern."""
+    from attnbench.measure import structure
+
+    monkeypatch.setattr(structure, "_PROBE_CACHE", {})
+    taken: list[int] = []
+    real = structure.dependency_pattern
+
+    def counting(module: nn.Module, n: int, d: int, **kw: int) -> np.ndarray:
+        taken.append(n)
+        return real(module, n, d, **kw)
+
+    monkeypatch.setattr(structure, "dependency_pattern", counting)
+
+    def build(n: int) -> nn.Module:
+        return build_layer("attention-local", 8, heads=2, window=16, n=n)
+
+    build.cache_key = ("attention-local", "w16", 0)  # type: ignore[attr-defined]
+    values = [structure.path_length(build, n, 8, scale=16).value for n in (128, 256, 512)]
+    assert values == [8, 16, 32]  # ⌈(n - 1) / 16⌉ hops of a band of 16
+    assert sorted(taken) == [32, 64, 128]

@@ -194,6 +194,12 @@ def _route(build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...]) -
     return Route("direct")
 
 
+def _pattern_of(build: Callable[[int], nn.Module], module: nn.Module, n: int, d: int) -> np.ndarray:
+    """``dependency_pattern`` of ``module`` (``build(n)``), once per layer, d and n: a case at
+    a probe length and the longer cases probing it share one Jacobian."""
+    return _cached("pattern", build, d, (n,), lambda: dependency_pattern(module, n, d))
+
+
 def _stages(module: nn.Module) -> list[nn.Module]:
     stages = getattr(module, "mixing_stages", None)
     return list(stages()) if callable(stages) else [module]
@@ -261,7 +267,7 @@ def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int
         return PathLength(max(levels, 1), PATH_MEASURED)
     if n <= PATH_MEASURE_MAX or n in probes:
         module = build(n)
-        pattern = dependency_pattern(module, n, d)
+        pattern = _pattern_of(build, module, n, d)
         return PathLength(path_from_pattern(module, pattern, d, route), PATH_MEASURED)
     shape, probe_paths = _probe(build, d, tuple(probes), route)
     if shape is None:
@@ -316,7 +322,7 @@ def _probe(
         paths: dict[int, int] = {}
         for p in probes:
             module = build(p)
-            patterns[p] = dependency_pattern(module, p, d)
+            patterns[p] = _pattern_of(build, module, p, d)
             paths[p] = path_from_pattern(module, patterns[p], d, route)
         return shape_of(patterns), paths
 
