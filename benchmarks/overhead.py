@@ -9,8 +9,13 @@
    lengths and extended, ``measure.extend``), the memory profile, and timing; seconds per phase
    and layer, the four separate passes the census replaced (steps, FLOPs, elementwise work,
    bytes) beside it (not for the extended cases), and the cases furthest outside their timing.
+3. ``--sweeps``: the real command (``attnbench sweep --no-charts``) run twice with a fresh,
+   empty cache folder (no count cache, no ceilings: cold), then again with it (warm), each
+   process timed from the shell: its wall time, the cases' wall time and the seconds inside
+   their timed blocks, and the overhead share of the process (start-up included) and of the
+   sweep's own record (run.json's start to end, whole seconds).
 
-    python benchmarks/overhead.py [RUN ...] [--phases] [--layers ...] [--n ...] [--d ...]
+    python benchmarks/overhead.py [RUN ...] [--phases] [--sweeps] [--layers ...] [--n ...] [--d ...]
 
 Read the shares, not the seconds: this machine is shared.
 """
@@ -19,6 +24,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -52,11 +63,12 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
     from attnbench.layers.registry import entry
     from attnbench.measure import extend
     from attnbench.measure.case import (
-        call_counts,
         layer_builder,
         make_step,
         memory_pass,
         prime_instruments,
+        probe_counts,
+        probe_profile,
         traced_counts,
     )
     from attnbench.measure.elementwise import count_elementwise
@@ -93,7 +105,7 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
             path_length(layer_builder(case, 0), case.n, case.d, scale=reach)
         lap("path")
         if extend.applies(case):  # traced at the short probes and extended, as a sweep does
-            extend.extended_counts(case, lambda short: call_counts(make_step(short, 0), short.mode))
+            extend.extended_counts(case, lambda short: probe_counts(short, 0))  # cached probes
             lap("census")
         else:
             traced_counts(step, case.mode)
@@ -109,7 +121,7 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
         # The memory pass as a sweep takes it: at the probes for a long unfused recurrence.
         if (
             not extend.applies(case)
-            or extend.extended_profile(case, lambda short: memory_pass(short, 0)) is None
+            or extend.extended_profile(case, lambda short: probe_profile(short, 0)) is None
         ):
             memory_pass(case, 0, step)
         lap("memory")
@@ -134,10 +146,36 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
         print(f"  {label}: {outside:.2f} s outside, {timing:.2f} s timing")
 
 
+def sweeps(layers: str | None, ns: str | None, ds: str | None) -> None:
+    from attnbench.results.store import load_results
+
+    grid = [f"--{k}={v}" for k, v in (("layers", layers), ("n", ns), ("d", ds)) if v]
+    print("\nsweeps (attnbench sweep --no-charts; cold: an empty cache folder, warm: again)")
+    print(f"{'':>5} {'process s':>9} {'cases s':>8} {'timed s':>8} {'overhead':>9} "
+          f"{'in run.json':>12}")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "ATTNBENCH_CACHE_DIR": str(Path(tmp) / "cache")}
+        for label in ("cold", "warm"):
+            out = Path(tmp) / label
+            command = [sys.executable, "-m", "attnbench", "sweep", "--quiet", "--no-charts",
+                       "--yes", "--out", str(out), *grid]  # fmt: skip
+            start = time.perf_counter()
+            subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+            wall = time.perf_counter() - start
+            frame = load_results(out).frame
+            timed = frame["time_total_s"].sum()
+            meta = json.loads((out / "run.json").read_text())
+            own = (dt.datetime.fromisoformat(meta["end_time"])
+                   - dt.datetime.fromisoformat(meta["start_time"])).total_seconds()  # fmt: skip
+            print(f"{label:>5} {wall:>9.1f} {frame['wall_s'].sum():>8.1f} {timed:>8.1f} "
+                  f"{1 - timed / wall:>9.0%} {1 - timed / own:>12.0%}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", default=list(DEFAULT_RUNS))
     parser.add_argument("--phases", action="store_true", help="measure a grid phase by phase")
+    parser.add_argument("--sweeps", action="store_true", help="time a cold and a warm sweep")
     parser.add_argument("--layers", default=None)
     parser.add_argument("--n", default=None)
     parser.add_argument("--d", default=None)
@@ -146,6 +184,8 @@ def main() -> None:
         run_table(Path(folder))
     if args.phases:
         phases(args.layers, args.n, args.d)
+    if args.sweeps:
+        sweeps(args.layers, args.n, args.d)
 
 
 if __name__ == "__main__":

@@ -200,6 +200,17 @@ def _pattern_of(build: Callable[[int], nn.Module], module: nn.Module, n: int, d:
     return _cached("pattern", build, d, (n,), lambda: dependency_pattern(module, n, d))
 
 
+def _path_of(
+    build: Callable[[int], nn.Module], module: nn.Module, n: int, d: int, route: Route
+) -> int:
+    """``path_from_pattern`` at n (``module`` is ``build(n)``), once per layer, d, n and route:
+    a stack's stage-by-stage mixing checks are Jacobians too."""
+    return _cached(
+        "path", build, d, (n, route),
+        lambda: path_from_pattern(module, _pattern_of(build, module, n, d), d, route),
+    )  # fmt: skip
+
+
 def _stages(module: nn.Module) -> list[nn.Module]:
     stages = getattr(module, "mixing_stages", None)
     return list(stages()) if callable(stages) else [module]
@@ -266,9 +277,7 @@ def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int
             return PathLength(None, f"{PATH_NONE}: the steps traced at n leave the scan's law")
         return PathLength(max(levels, 1), PATH_MEASURED)
     if n <= PATH_MEASURE_MAX or n in probes:
-        module = build(n)
-        pattern = _pattern_of(build, module, n, d)
-        return PathLength(path_from_pattern(module, pattern, d, route), PATH_MEASURED)
+        return PathLength(_path_of(build, build(n), n, d, route), PATH_MEASURED)
     shape, probe_paths = _probe(build, d, tuple(probes), route)
     if shape is None:
         return PathLength(
@@ -323,7 +332,7 @@ def _probe(
         for p in probes:
             module = build(p)
             patterns[p] = _pattern_of(build, module, p, d)
-            paths[p] = path_from_pattern(module, patterns[p], d, route)
+            paths[p] = _path_of(build, module, p, d, route)
         return shape_of(patterns), paths
 
     return _cached("band", build, d, probes, compute)
