@@ -53,6 +53,33 @@ def test_conv_keeps_length_for_odd_and_even_k(k: int) -> None:
         assert layer(_x(1, 11, 6)).shape == (1, 11, 6)
 
 
+def test_an_even_conv_is_silent_and_only_its_first_call_pays_for_silencing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch warns about an even kernel's padded copy once per process; the layer silences it
+    on its first call only, as catch_warnings costs 24 us (a third of a small conv's call)."""
+    import warnings
+
+    from attnbench.layers import conv
+
+    entered: list[int] = []
+    real = warnings.catch_warnings
+
+    def counting(*args: object, **kwargs: object) -> warnings.catch_warnings:
+        entered.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(conv.warnings, "catch_warnings", counting)
+    layer = build_layer("conv", 6, k=4)
+    with real(record=True) as shown:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            for _ in range(3):
+                layer(_x(1, 11, 6))
+    assert entered == [1]
+    assert not [w for w in shown if "even kernel" in str(w.message)]
+
+
 def test_conv_output_depends_only_on_k_neighbours() -> None:
     layer = build_layer("conv", 4, k=3)
     x = _x(1, 20, 4)

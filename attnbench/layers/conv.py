@@ -18,11 +18,17 @@ class ConvLayer(nn.Module):
     def __init__(self, d: int, k: int, dilation: int = 1) -> None:
         super().__init__()
         self.conv = nn.Conv1d(d, d, k, padding="same", dilation=dilation)
+        self._first_call = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
+        if not self._first_call:
+            return self.conv(x.transpose(1, 2)).transpose(1, 2)  # (B, d, n) -> (B, n, d)
+        # Even k pads asymmetrically through a zero-padded copy; that copy is real cost and is
+        # measured, so torch's warning adds nothing. torch warns once per process, on a first
+        # call: silenced there only, since catch_warnings costs 24 us a call (a third of a
+        # conv's time at n = 32, d = 32, measured on every call until this was seen).
+        self._first_call = False
         with warnings.catch_warnings():
-            # Even k pads asymmetrically through a zero-padded copy; that copy is real cost and
-            # is measured, so the warning adds nothing.
             warnings.filterwarnings("ignore", message="Using padding='same' with even kernel")
             y = self.conv(x.transpose(1, 2))  # (B, d, n)
         return y.transpose(1, 2)  # (B, n, d)
