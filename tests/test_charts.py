@@ -258,3 +258,18 @@ def test_the_time_chart_names_dashed_lines_only_when_it_draws_them(wide_run, mon
     for ax in fig.get_axes():
         assert dashed(ax) == [] and "dashed" not in ax.get_title()
         assert ax.get_title().startswith("d = ")
+
+
+def test_matplotlib_is_imported_only_to_draw() -> None:
+    """The command line and a sweep start without matplotlib (0.4 s of imports); the first
+    chart drawn imports it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, attnbench.cli, attnbench.render.charts; print('matplotlib' in sys.modules); "
+        "from attnbench.render.style import panels; panels(1, 't'); "
+        "print('matplotlib' in sys.modules)"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert loaded.stdout.split() == ["False", "True"], loaded.stderr

@@ -10,11 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from matplotlib import rc_context
-from matplotlib.figure import Figure
 
 from attnbench.errors import AttnbenchError
 from attnbench.fits import (
@@ -32,6 +31,9 @@ from attnbench.render.machine import roofline_chart, time_split_chart
 from attnbench.render.style import last, layer_style, legend, log_axes, panels
 from attnbench.results.run import RunResults
 from attnbench.schema import METRICS, Metric
+
+if TYPE_CHECKING:  # imported where a chart is drawn (render.style)
+    from matplotlib.figure import Figure
 
 CHARTS_DIR = "charts"
 FORMATS = ("png", "svg", "pdf")
@@ -269,6 +271,8 @@ def save_charts(
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise AttnbenchError(f"cannot create {str(out_dir)!r}: {exc.strerror}") from exc
+    from matplotlib import rc_context
+
     written = []
     for name, figure in figures.items():
         for fmt in formats:

@@ -8,12 +8,16 @@ measured time, so a reader sees which term each layer's time follows and where i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from attnbench.fits import Analysis
 from attnbench.render.style import layer_style, legend, log_axes, panels
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TERM_STYLE = {
     "compute_s": ("compute: work / its measured rate", "C3"),

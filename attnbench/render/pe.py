@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
 from attnbench.errors import AttnbenchError
 from attnbench.positional import binary_digits, sinusoidal_table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PE_CHARTS = ("pe-columns", "pe-heatmap", "pe-binary")
 
@@ -18,6 +21,8 @@ def pe_figures(
     n: int = 60, d: int = 32, columns: Sequence[int] = (6, 7, 8, 9)
 ) -> dict[str, Figure]:
     """The chapter's figures, drawn from this package's own encoding table."""
+    from matplotlib.figure import Figure
+
     table = sinusoidal_table(n, d, dtype=torch.float64).numpy()  # (n, d)
     figures: dict[str, Figure] = {}
 
