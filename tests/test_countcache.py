@@ -189,6 +189,17 @@ def test_the_start_estimate_counts_the_tracing_a_sweep_will_do(tmp_path: Path) -
         one("attention", 64), False
     )
     assert tracing_seconds(one("rnn", 1024), True) < tracing_seconds(one("rnn", 64), False)
+    # The probes a first long case traced serve the next ones: those pay their path only.
+    assert tracing_seconds(one("rnn", 1024), False, probes_traced=True) < tracing_seconds(
+        one("rnn", 1024), False
+    )
+    long = build_grid({"layers": "rnn", "n": "128,256,512", "d": "8", "device": "cpu"})
+    first, *later = long.cases()
+    shared = tracing_seconds(first, False) + sum(
+        tracing_seconds(c, False, probes_traced=True) for c in later
+    )
+    # Three cases of a few kFLOP: their timing is the time budget's.
+    assert estimate_seconds(long) == pytest.approx(shared + 3 * long.time_budget_s, rel=0.01)
     grid = build_grid({"layers": "conv,rnn", "n": "16,32", "d": "8", "device": "cpu",
                        "time_budget": 0.002})  # fmt: skip
     cold = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))

@@ -3,6 +3,7 @@ starts and to tell the user how long to expect. Never reported as a measurement.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from attnbench.layers.registry import entry
@@ -13,20 +14,24 @@ from attnbench.spec import Case, Grid
 _ASSUMED_FLOP_PER_S = {"cpu": 2e10, "cuda": 2e13, "mps": 2e12}
 MAX_CASES = 2000  # more cases than this need --yes
 MAX_ESTIMATED_S = 3600.0  # a longer estimated sweep needs --yes
-# What tracing a case's exact counts costs, from benchmarks/overhead.py on the default grid
-# (2-core CPU): about 0.15 s a case for the path probes, the traced pass and the memory
+# What tracing a case's exact counts costs, from benchmarks/overhead.py --phases on the default
+# grid (2-core CPU): about 0.06 s a case for the path probes, the traced pass and the memory
 # profile, and 2 ms more per position of a layer whose steps grow with n (each position is
 # several ops, each traced by four counters); a case whose counts are cached pays 0.05 s.
-_TRACE_CASE_S, _TRACE_STEP_S, _CACHED_CASE_S = 0.15, 2e-3, 0.05
-# Measuring the machine's ceilings, once per machine (two passes on the 2-core CPU: about 7 s).
-CEILINGS_S = 7.0
+_TRACE_CASE_S, _TRACE_STEP_S, _CACHED_CASE_S = 0.06, 2e-3, 0.05
+# Measuring the machine's ceilings, once per machine (two passes on the 2-core CPU: about 5 s).
+CEILINGS_S = 5.0
 
 
-def tracing_seconds(case: Case, cached: bool) -> float:
-    """A rough estimate of the seconds a case spends outside its timing, tracing its counts."""
+def tracing_seconds(case: Case, cached: bool, probes_traced: bool = False) -> float:
+    """A rough estimate of the seconds a case spends outside its timing, tracing its counts;
+    ``probes_traced``: an earlier case of the sweep traced the probes this one extends from
+    (they are kept in the count cache), so it pays for its path length only."""
     if cached:
         return _CACHED_CASE_S
     if extend.applies(case):  # traced at the short probe lengths, then extended
+        if probes_traced:
+            return _TRACE_CASE_S
         return _TRACE_CASE_S * len(extend.PROBES) + _TRACE_STEP_S * sum(extend.PROBES)
     theory = entry(case.layer).theory
     steps = theory.sequential_law(case.sizes()) if theory is not None else 1.0
@@ -48,13 +53,18 @@ def estimate_seconds(grid: Grid, cached: Callable[[Case], bool] | None = None) -
     """
     rate = _ASSUMED_FLOP_PER_S[grid.device.split(":")[0]]
     total = 0.0
+    probed: set[str] = set()  # the probe sets a case before traced (one per layer, d, options)
     for case in grid.cases():
         call = (case.analytic_flops() or 0.0) / rate
         if grid.max_case_s is not None and call > grid.max_case_s:
             total += grid.max_case_s  # it would stop as a timeout after its first call
             continue
         hit = cached(case) if cached is not None else False
-        total += tracing_seconds(case, hit) + 4 * call + max(grid.time_budget_s, 11 * call)
+        probes = dataclasses.replace(case, n=extend.PROBES[-1]).case_id
+        total += tracing_seconds(case, hit, probes in probed)
+        if extend.applies(case) and not hit:
+            probed.add(probes)
+        total += 4 * call + max(grid.time_budget_s, 11 * call)
         total += (grid.rounds - 1) * (0.02 + 2 * call + max(0.1, 11 * call))
     return total
 
