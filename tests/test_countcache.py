@@ -84,10 +84,10 @@ def test_a_sweep_the_cache_holds_never_pays_the_tracers_start_up(
 ) -> None:
     """The instruments' start-up (torch._dynamo's import, 1.5 s) is paid before the first case
     that traces, and not at all when every case is read from the cache."""
-    from attnbench.run.executors import worker
+    from attnbench.measure import case
 
     primed: list[str] = []
-    monkeypatch.setattr(worker, "prime_instruments", lambda: primed.append("primed"))
+    monkeypatch.setattr(case, "prime_instruments", lambda: primed.append("primed"))
     sweep(tmp_path / "a", "--layers", "conv")
     assert primed == ["primed", "primed"]  # asked before each traced case (it runs once)
     primed.clear()

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from attnbench.devices import DTYPES, device_sync
-from attnbench.errors import first_line
+from attnbench.errors import AttnbenchError, first_line
 from attnbench.layers.registry import build_layer, entry
 from attnbench.measure import countcache, extend
 from attnbench.measure.census import take_census
@@ -123,6 +123,15 @@ def measure_case(
     A first call slower than ``max_case_s`` ends the case as ``timeout`` before the many timed
     calls; an allocation failure ends it as ``oom``; any other error as ``failed``.
     """
+    # The exact counts and the memory pass depend on the code and the case only: read from the
+    # count cache when this code measured this case before. Where something will be traced, the
+    # tracers' start-up (once per process) is paid before the case's clock starts.
+    try:
+        cached, cached_memory = cached_counts(case, seed), cached_profile(case, seed)
+    except AttnbenchError:  # an unknown layer: the case fails below, as it would uncached
+        cached = cached_memory = None
+    if cached is None or cached_memory is None:
+        prime_instruments()
     start = clock()
     threads = torch.get_num_threads()
     sync = device_sync(case.device)
@@ -142,13 +151,10 @@ def measure_case(
                 error=f"one call took {fmt_seconds(first)}, over --max-case-seconds "
                 f"{fmt_seconds(max_case_s)}",
             )
-        # The exact counts depend on the code and the case only: read them from the cache
-        # when this code traced this case before (countcache), else trace them.
-        counts, source = cached_counts(case, seed), countcache.CACHED
+        counts, source, memory = cached, countcache.CACHED, cached_memory
         if counts is None:
             counts, source = trace_counts(case, step, seed)
             countcache.write(case, seed, counts)
-        memory = cached_profile(case, seed)
         if memory is None:
             # On the CPU the profiler, which replays every requested allocation, costs as much
             # as tracing: profiled at the short probes and extended by their law. CUDA's
@@ -375,16 +381,11 @@ _PRIMED: list[bool] = []  # whether this process paid the instruments' start-up
 def prime_instruments() -> None:
     """Pay the dispatch-mode and profiler start-up (about 1.5 s: the first dispatch mode
     imports torch._dynamo) once per process, before a case's clock starts, so it is not charged
-    to the first case traced."""
+    to the first case traced; ``measure_case`` calls it where it will trace, so a sweep the
+    count cache holds whole never pays it."""
     if _PRIMED:
         return
     a = torch.ones(4, 4)
     trace_flops(lambda: a @ a)
     peak_bytes(lambda: a @ a, "cpu")
     _PRIMED.append(True)
-
-
-def needs_tracing(case: Case, seed: int) -> bool:
-    """Whether measuring the case traces or profiles it: the count cache lacks its counts or
-    its memory pass. A sweep the cache holds whole never pays the instruments' start-up."""
-    return cached_counts(case, seed) is None or cached_profile(case, seed) is None

@@ -20,13 +20,7 @@ from attnbench.devices import device_name, device_sync
 from attnbench.layers.registry import entry
 from attnbench.measure.allocator import DEFAULT_ALLOCATOR, set_allocator
 from attnbench.measure.calibration import Calibration
-from attnbench.measure.case import (
-    measure_case,
-    needs_tracing,
-    prime_instruments,
-    release_memory,
-    retime_case,
-)
+from attnbench.measure.case import measure_case, release_memory, retime_case
 from attnbench.measure.faults import FaultCounter, fault_counter
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.timing import Clock, TimingStats
@@ -43,8 +37,8 @@ def machine_load() -> float | None:
 
 class Worker:
     """Measures jobs in the process it lives in, on one device; start-up (threads, CUDA
-    context) is paid once, when it is made, and the tracers' before the first case that
-    traces (none when the count cache holds every case)."""
+    context) is paid once, when it is made; the tracers' (``prime_instruments``) before the
+    first case that traces."""
 
     def __init__(
         self,
@@ -103,8 +97,6 @@ class Worker:
                 faults=self.faults(case.device),
             )  # fmt: skip
             return JobDone(job, self.where, timing=timing, point=point, load_1m=machine_load())
-        if needs_tracing(case, job.seed):
-            prime_instruments()  # once per process, outside the case's wall time
         result = measure_case(
             case,
             seed=job.seed,
