@@ -254,7 +254,7 @@ def test_unfused_turns_the_attention_fast_path_off_and_back_on():
 
 
 def test_the_fused_path_of_the_timed_call_is_recorded_and_a_plain_one_is_not():
-    from attnbench.measure.ops import describe_fused, recording_fused
+    from attnbench.measure.ops import describe_fused, fused_names, recording_fused
 
     x = torch.randn(2, 16, 8)  # (B, n, d)
     lstm = nn.LSTM(8, 8, batch_first=True).eval()
@@ -266,3 +266,6 @@ def test_the_fused_path_of_the_timed_call_is_recorded_and_a_plain_one_is_not():
     linear, plain = nn.Linear(8, 8), set()
     recording_fused(lambda: linear(x), plain)()
     assert plain == set()
+    # The text reads back as the names (the machine model looks for a fused recurrence).
+    two = {"mkldnn_rnn_layer", "_native_multi_head_attention"}
+    assert fused_names(describe_fused(two)) == two and fused_names("") == set()

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.measure.ceilings import Ceilings
-from attnbench.measure.ops import FUSED_RECURRENT
+from attnbench.measure.ops import FUSED_RECURRENT, fused_names
 from attnbench.measure.traffic import ELEMENTWISE_PREFIX, parse_kernels
 
 BOUNDS = ("compute", "memory", "latency", "faults")
@@ -82,8 +82,7 @@ def _fused_recurrence(
     fused kernel's measured rate for the products' width, and what the trace saw them move
     stays inside it (the weights are re-read at every step in the trace, in cache in the
     kernel). None for any other call, or where the machine has no such rate."""
-    ran = {part.split(" (")[0].strip() for part in fused_path.split(";")}  # describe_fused
-    if not ran & FUSED_RECURRENT or not ceilings.recurrent_rates:
+    if not fused_names(fused_path) & FUSED_RECURRENT or not ceilings.recurrent_rates:
         return None
     products = [(name, w, b) for kind, name, w, b in work if kind != "ew"]
     widths = [int(name) for name, w, _ in products if name.isdigit() and w > 0]

@@ -220,3 +220,8 @@ def recording_fused(
 def describe_fused(names: set[str]) -> str:
     """The results' ``fused_path`` text: each fused op the timed call ran, and what it is."""
     return "; ".join(f"{name} ({FUSED_PATHS[name]})" for name in sorted(names))
+
+
+def fused_names(text: str) -> set[str]:
+    """The op names a ``fused_path`` text (``describe_fused``) lists, read back."""
+    return {part.split(" (")[0].strip() for part in text.split(";") if part.strip()}

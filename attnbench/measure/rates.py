@@ -58,13 +58,20 @@ CATALOGUE: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object
     "cumsum": lambda x, y, m: x.cumsum(-1),
 }
 WIDTH = 256  # the operands' last dimension
-# Elements of each operand: 256 KiB at float32 on the CPU, in cache; larger elsewhere.
+# Elements of an elementwise op's operand and of a curve product's long operand: 256 KiB at
+# float32 on the CPU (in cache, as a layer's operands at these widths are), large enough to
+# fill the device elsewhere.
 ELEMENTS = {"cpu": 2**16, "cuda": 2**24, "mps": 2**22}
+
+
+def _for(table: Mapping[str, int], device: str) -> int:
+    """The entry of ``table`` for the kind of ``device`` ("cuda:1" reads "cuda"), else the CPU's."""
+    return table.get(device.split(":")[0], table["cpu"])
 
 
 def operands(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, y (rows, 256) of ``dtype`` on ``device`` (y positive) and a mask of x's shape."""
-    elements = ELEMENTS.get(device.split(":")[0], ELEMENTS["cpu"])
+    elements = _for(ELEMENTS, device)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(elements // WIDTH, WIDTH, generator=gen)  # (rows, 256)
     y = torch.rand(elements // WIDTH, WIDTH, generator=gen) + 0.5  # (rows, 256), positive
@@ -78,9 +85,6 @@ RECURRENT_WIDTHS = (8, 16, 32, 64, 128)
 RECURRENT_STEPS = 256  # the fused LSTM's length: its rate holds beyond a few hundred steps
 CONV_WIDTHS = (8, 16, 32, 64, 128, 256)
 HEAD_WIDTHS = (8, 16, 32, 64, 128)
-# Elements of a curve product's long operand: about 256 KiB on the CPU (in cache, as a layer's
-# operands at these widths are), large enough to fill the device elsewhere.
-CURVE_ELEMENTS = {"cpu": 2**16, "cuda": 2**24, "mps": 2**22}
 # An attention's rate grows with its length up to about 512 positions on a CPU, then holds.
 CURVE_ATTENTION_LENGTH = {"cpu": 512, "cuda": 4096, "mps": 2048}
 # Each point of a curve: a short run, since there are 18 of them.
@@ -153,7 +157,7 @@ def rate_curves(
     attention of 4 heads of width w over 512 positions on the CPU."""
     chosen = {"gemm": GEMM_WIDTHS, "conv": CONV_WIDTHS, "attention": HEAD_WIDTHS,
               **(widths or {})}  # fmt: skip
-    elements = CURVE_ELEMENTS.get(device.split(":")[0], CURVE_ELEMENTS["cpu"])
+    elements = _for(ELEMENTS, device)
     gen = torch.Generator().manual_seed(0)
 
     def randn(*shape: int) -> torch.Tensor:
@@ -173,8 +177,8 @@ def rate_curves(
             CURVE_POLICY,
         )
         conv[w] = 2 * w * w * 3 * length / seconds
+    n = _for(CURVE_ATTENTION_LENGTH, device)
     for w in chosen["attention"]:
-        n = CURVE_ATTENTION_LENGTH.get(device.split(":")[0], CURVE_ATTENTION_LENGTH["cpu"])
         q, k, v = (randn(1, 4, n, w) for _ in range(3))  # (1, 4, n, w) each
         seconds = timed(
             f"attention@{w}",
