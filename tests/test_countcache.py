@@ -82,7 +82,7 @@ def test_a_second_sweep_reads_the_counts_the_first_traced(tmp_path: Path, cache_
 def test_a_sweep_the_cache_holds_never_pays_the_tracers_start_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The instruments' start-up (torch._dynamo's import, 1.5 s) is paid before the first case
+    """The instruments' start-up (the profiler's first session) is paid before the first case
     that traces, and not at all when every case is read from the cache."""
     from attnbench.measure import case
 

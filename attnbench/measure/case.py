@@ -379,10 +379,11 @@ _PRIMED: list[bool] = []  # whether this process paid the instruments' start-up
 
 
 def prime_instruments() -> None:
-    """Pay the dispatch-mode and profiler start-up (about 1.5 s: the first dispatch mode
-    imports torch._dynamo) once per process, before a case's clock starts, so it is not charged
-    to the first case traced; ``measure_case`` calls it where it will trace, so a sweep the
-    count cache holds whole never pays it."""
+    """Pay the dispatch-mode and profiler start-up (the profiler's first session sets up
+    Kineto) once per process, before a case's clock starts, so it is not charged to the first
+    case traced; ``measure_case`` calls it where it will trace, so a sweep the count cache
+    holds whole never pays it. Neither loads torch._dynamo (``ops.TracingMode``,
+    ``memory._cpu_peak``)."""
     if _PRIMED:
         return
     a = torch.ones(4, 4)

@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnbench.errors import first_line
 from attnbench.measure.elementwise import ElementCounter
 from attnbench.measure.flops import FlopCount, FlopCounter, formulas
 from attnbench.measure.memory import is_out_of_memory
-from attnbench.measure.ops import unfused
+from attnbench.measure.ops import TracingMode, unfused
 from attnbench.measure.structure import PATH_NONE, _ChainTracer
 from attnbench.measure.traffic import Traffic, TrafficCounter
 
@@ -43,7 +42,7 @@ class Census:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-class _CensusMode(TorchDispatchMode):
+class _CensusMode(TracingMode):
     def __init__(self, observers: dict[str, Any]) -> None:
         super().__init__()
         self.observers = observers

@@ -28,10 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from attnbench.measure.ops import elementwise_kind, floating, unfused
+from attnbench.measure.ops import TracingMode, elementwise_kind, floating, unfused
 
 ELEMENTWISE_METHOD = "traced"  # the elementwise_method of a counted case
 
@@ -67,7 +66,7 @@ def elements_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: A
     return 0
 
 
-class ElementCounter(TorchDispatchMode):
+class ElementCounter(TracingMode):
     def __init__(self) -> None:
         super().__init__()
         self.total = 0

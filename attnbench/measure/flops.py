@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 from torch.utils import flop_counter
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnbench.measure.ops import (
+    TracingMode,
     Uncounted,
     elements_touched,
     elementwise_kind,
@@ -69,7 +69,7 @@ class FlopCount:
     uncounted: str = ""  # ``ops.Uncounted.describe``: empty when every op was accounted for
 
 
-class FlopCounter(TorchDispatchMode):
+class FlopCounter(TracingMode):
     """Adds up the formula of every op that has one; names ops that are neither counted,
     elementwise work nor bookkeeping."""
 

@@ -34,11 +34,10 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from attnbench.measure.ops import is_view, unfused
+from attnbench.measure.ops import TracingMode, is_view, unfused
 from attnbench.measure.patterns import BlockBand, shape_of
 
 PATH_MEASURE_MAX = 64  # measure the dependency pattern directly up to this length
@@ -66,7 +65,7 @@ PATH_NONE = "none"  # above PATH_MEASURE_MAX with no law proven: no value
 # ----------------------------------------------------------------------------- sequential steps
 
 
-class _ChainTracer(TorchDispatchMode):
+class _ChainTracer(TracingMode):
     """Gives every tensor the length of the longest op chain that produced it."""
 
     def __init__(self) -> None:

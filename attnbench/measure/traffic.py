@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from attnbench.measure.elementwise import elements_of
 from attnbench.measure.flops import formulas
-from attnbench.measure.ops import FUSED_ATTENTION, moves_data, op_name, unfused
+from attnbench.measure.ops import FUSED_ATTENTION, TracingMode, moves_data, op_name, unfused
 
 TRAFFIC_METHOD = "traced"
 # The ``kernels`` entries of elementwise ops: "ew.exp:ELEMENTS:BYTES" (the products' have none).
@@ -166,7 +165,7 @@ def parse_kernels(text: object) -> dict[str, tuple[float, float]]:
     return found
 
 
-class TrafficCounter(TorchDispatchMode):
+class TrafficCounter(TracingMode):
     def __init__(self) -> None:
         super().__init__()
         self.total = 0
