@@ -64,8 +64,9 @@ def test_a_second_sweep_reads_the_counts_the_first_traced(tmp_path: Path, cache_
     layers = ["--layers", "conv,rnn,attention,ssm-scan"]
     first = sweep(tmp_path / "a", *layers)
     assert set(first["counts_source"]) == {"traced"}
-    # One entry of counts and one of the memory pass per case.
-    assert len(list((cache_on / "counts").rglob("*.json"))) == 2 * len(first)
+    # One entry of counts and one of the memory pass per case, and the rnn cases' (n = 16, 32:
+    # probe lengths of a recurrence) again as its probes' for longer cases.
+    assert len(list((cache_on / "counts").rglob("*.json"))) == 2 * len(first) + 2 * 2
     assert set(first["peak_bytes_method"]) == {"measured"}
     second = sweep(tmp_path / "b", *layers)
     assert set(second["counts_source"]) == {"cache"}
@@ -115,6 +116,20 @@ def test_the_probes_are_traced_once_for_every_long_case_of_a_layer(
     assert traced == [8, 16, 32, 64]  # once, for both cases
     # The cases' counts and memory passes, and the probes' counts and memory passes.
     assert len(list((cache_on / "counts").rglob("*.json"))) == 2 * 2 + 2 * 4
+    # A case at a probe length is the probe: one trace and one memory pass serve both.
+    traced.clear()
+    profiled: list[int] = []
+    real_pass = case_module.memory_pass
+    monkeypatch.setattr(
+        case_module, "memory_pass", lambda c, *a: profiled.append(c.n) or real_pass(c, *a)
+    )
+    short = sweep(tmp_path / "s", "--layers", "rnn", "--n", "64", "--d", "16")
+    longer = sweep(tmp_path / "l", "--layers", "rnn", "--n", "128", "--d", "16")
+    assert traced == [64, 8, 16, 32] and profiled == [64, 8, 16, 32]
+    assert list(short["counts_source"]) == ["traced"] and list(longer["counts_source"]) == [
+        "extended"
+    ]
+    assert short["path_len"].tolist() == [64] and longer["path_len"].tolist() == [128]
     traced.clear()
     second = sweep(tmp_path / "b", "--layers", "rnn", "--n", "128,256")
     assert traced == [] and set(second["counts_source"]) == {"cache"}

@@ -102,6 +102,14 @@ def test_only_long_sequential_cases_are_extended_and_full_trace_turns_it_off() -
     assert not extend.applies(small_case("rnn", n=4096), {extend.FULL_TRACE_ENV: "1"})
 
 
+def test_a_case_at_a_probe_length_of_an_extended_layer_is_its_probe() -> None:
+    """Its full trace is the probe's: shared, not taken twice (tests/test_countcache.py)."""
+    assert extend.is_probe(small_case("rnn", n=64)) and extend.is_probe(small_case("ssm", n=8))
+    assert not extend.is_probe(small_case("rnn", n=48))  # not a probe length
+    assert not extend.is_probe(small_case("attention", n=64))  # never extended
+    assert not extend.is_probe(small_case("rnn", n=64), {extend.FULL_TRACE_ENV: "1"})
+
+
 def test_the_memory_pass_is_extended_by_its_own_law() -> None:
     found = {m: countcache.Profile(4 * 64 * m + 512, 3 * m + 2, frozenset()) for m in extend.PROBES}
     profile = extend.extend_profile(found, 8192)

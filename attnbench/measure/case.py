@@ -162,7 +162,11 @@ def measure_case(
             if case.device == "cpu" and extend.is_extended(counts):
                 memory = extend.extended_profile(case, lambda short: probe_profile(short, seed))
             if memory is None:
-                memory = memory_pass(case, seed, step)
+                memory = (
+                    probe_profile(case, seed, step)
+                    if case.device == "cpu" and extend.is_probe(case)
+                    else memory_pass(case, seed, step)
+                )
             countcache.write_profile(case, seed, memory)
         if counter is not None:  # counted in its own process, under Callgrind
             timing, instructions = None, counter.count(case, seed)
@@ -232,23 +236,31 @@ def memory_pass(case: Case, seed: int, step: Step | None = None) -> countcache.P
     return countcache.Profile(peak, timed_ops[0] if timed_ops else None, frozenset(fused))
 
 
-def probe_counts(short: Case, seed: int) -> countcache.Counts:
+def probe_counts(short: Case, seed: int, step: Step | None = None) -> countcache.Counts:
     """The counts at a probe length, for a longer case's law: traced once per layer, d and
-    options, then read from the count cache by every other long case (and every later sweep)."""
+    options, then read from the count cache by every other long case (and every later sweep).
+    ``step``: the case's own, called once already, where the case is at a probe length."""
     found = countcache.read(short, seed, probe=True)
     if found is None:
-        found = call_counts(make_step(short, seed), short.mode)
+        found = call_counts(step or _called_step(short, seed), short.mode)
         countcache.write(short, seed, found, probe=True)
     return found
 
 
-def probe_profile(short: Case, seed: int) -> countcache.Profile:
+def probe_profile(short: Case, seed: int, step: Step | None = None) -> countcache.Profile:
     """The memory pass at a probe length (CPU), cached as ``probe_counts`` are."""
     found = countcache.read_profile(short, seed, probe=True)
     if found is None:
-        found = memory_pass(short, seed)
+        found = memory_pass(short, seed, step)
         countcache.write_profile(short, seed, found, probe=True)
     return found
+
+
+def _called_step(case: Case, seed: int) -> Step:
+    """A fresh step, called once: lazy set-up stays out of a probe's trace, as out of a case's."""
+    step = make_step(case, seed)
+    step()
+    return step
 
 
 def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, str]:
@@ -275,6 +287,9 @@ def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, 
         )
         if found is not None:
             return dataclasses.replace(found, **path_counts), extend.EXTENDED
+    if extend.is_probe(case):  # one trace serves the case and its layer's longer cases
+        found = probe_counts(case, seed, step)
+        return dataclasses.replace(found, **path_counts), countcache.TRACED
     return call_counts(step, case.mode, **path_counts), countcache.TRACED
 
 

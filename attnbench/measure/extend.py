@@ -70,6 +70,16 @@ def probed(case: Case, environ: Mapping[str, str] | None = None) -> bool:
     return _long(case, environ, vouched=False) and entry(case.layer).theory is None
 
 
+def is_probe(case: Case, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the case is at a probe length of a layer whose longer cases are extended (or
+    may be): its own full trace and memory pass are then the probe's, shared through the
+    count cache rather than taken twice."""
+    if case.n not in PROBES:
+        return False
+    longer = dataclasses.replace(case, n=8 * PROBES[-1])
+    return applies(longer, environ) or probed(longer, environ)
+
+
 def _long(case: Case, environ: Mapping[str, str] | None, *, vouched: bool) -> bool:
     """Longer than the probes (a plugin: than four times the longest, so that the law's check
     at n / 4 lies past them), and no full trace asked for."""
