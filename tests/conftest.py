@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -17,6 +18,13 @@ def pytest_configure(config: pytest.Config) -> None:
     that changes a counter must see it count (tests/test_countcache.py turns it on)."""
     os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-cache-")
     os.environ["ATTNBENCH_NO_CACHE"] = "1"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's ceilings folder goes with it (a run of the suite left one in /tmp)."""
+    folder = os.environ.get("ATTNBENCH_CACHE_DIR", "")
+    if os.path.basename(folder).startswith("attnbench-cache-"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
