@@ -262,3 +262,25 @@ def test_a_probe_lengths_jacobian_is_taken_once_for_every_case_that_needs_it(
     values = [structure.path_length(build, n, 8, scale=16).value for n in (128, 256, 512)]
     assert values == [8, 16, 32]  # ⌈(n - 1) / 16⌉ hops of a band of 16
     assert sorted(taken) == [32, 64, 128]
+
+
+def test_a_scan_reads_its_levels_from_the_steps_the_case_traced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A case's census traced its steps at n already: given them, the scan's path takes no
+    trace at n of its own, and reads the same levels; steps off the scan's law give no value."""
+    from attnbench.measure import structure
+
+    build = _builder("ssm-scan")
+    alone = path_length(build, 128, D)
+    traced: list[int] = []
+    real = structure.traced_steps
+    monkeypatch.setattr(
+        structure, "traced_steps", lambda m, n, d: traced.append(n) or real(m, n, d)
+    )
+    structure._PROBE_CACHE.clear()
+    given = path_length(build, 128, D, steps=real(build(128), 128, D))
+    assert given == alone and given.value == 7  # ⌈log₂ 128⌉ levels
+    assert 128 not in traced  # only the probes' traces, for the route
+    off = path_length(build, 128, D, steps=real(build(128), 128, D) + 1)
+    assert off.value is None and off.method.startswith("none")

@@ -272,25 +272,34 @@ def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, 
     layer refuses) leaves its column empty with the reason, and the case's time, memory and
     FLOPs are still measured.
     """
-    reach = entry(case.layer).reach(case.option_values)
-    path, path_method = auxiliary(
-        lambda: path_length(layer_builder(case, seed), case.n, case.d, scale=reach)
-    )
-    path_counts = {
-        "path_len": None if path is None else path.value,
-        "path_len_method": path_method if path is None else path.method,
-    }
+    found, source = None, extend.EXTENDED
     vouched = extend.applies(case)  # the theory says the case is long; else the probes say
     if vouched or extend.probed(case):
         found = extend.extended_counts(
             case, lambda short: probe_counts(short, seed), check=not vouched
         )
-        if found is not None:
-            return dataclasses.replace(found, **path_counts), extend.EXTENDED
-    if extend.is_probe(case):  # one trace serves the case and its layer's longer cases
-        found = probe_counts(case, seed, step)
-        return dataclasses.replace(found, **path_counts), countcache.TRACED
-    return call_counts(step, case.mode, **path_counts), countcache.TRACED
+    if found is None:
+        source = countcache.TRACED
+        # A case at a probe length is the probe: one trace serves it and the longer cases.
+        found = (
+            probe_counts(case, seed, step)
+            if extend.is_probe(case)
+            else call_counts(step, case.mode)
+        )
+    # The steps just traced at n (batch 1, as the path's own trace) spare a scan's path a trace.
+    traced = found.seq_steps_method == SEQ_METHOD and case.batch == 1
+    reach = entry(case.layer).reach(case.option_values)
+    path, path_method = auxiliary(
+        lambda: path_length(
+            layer_builder(case, seed), case.n, case.d, scale=reach,
+            steps=found.seq_steps if traced else None,
+        )
+    )  # fmt: skip
+    return dataclasses.replace(
+        found,
+        path_len=None if path is None else path.value,
+        path_len_method=path_method if path is None else path.method,
+    ), source
 
 
 def call_counts(

@@ -257,11 +257,15 @@ class PathLength:
     method: str  # "measured", "extended: <law>", or "none: <why>"
 
 
-def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int = 0) -> PathLength:
+def path_length(
+    build: Callable[[int], nn.Module], n: int, d: int, *, scale: int = 0, steps: int | None = None
+) -> PathLength:
     """Maximum path length of the layer ``build(n)`` (a builder, since depth may depend on n).
 
     The route inside one application comes from the traced steps at the probe lengths
     (``route_of``); ``scale`` (the layer's kernel or window) only chooses those lengths.
+    ``steps``: the layer's sequential steps at n on a batch of one, where the caller traced
+    them already (a scan's levels are read from them rather than from a trace of its own).
     """
     probes = probe_lengths(scale)
     # Below the probes the route is read at lengths up to n, so a short case never builds a
@@ -271,7 +275,7 @@ def path_length(build: Callable[[int], nn.Module], n: int, d: int, *, scale: int
         build, d, probes if n >= probes[-1] else (small, 2 * small, 4 * small), n
     )
     if route.kind == "scan":  # every route passes all the levels: counted from the trace at n
-        levels = route.levels(traced_steps(build(n), n, d))
+        levels = route.levels(steps if steps is not None else traced_steps(build(n), n, d))
         if levels is None:
             return PathLength(None, f"{PATH_NONE}: the steps traced at n leave the scan's law")
         return PathLength(max(levels, 1), PATH_MEASURED)
