@@ -5,8 +5,9 @@
    the share that is the tool's own overhead, over the run and per layer.
 2. ``--phases``: every case of a grid (default: the default sweep's) measured phase by phase in
    this process, as ``measure_case`` does it: build and first call, path length, the traced
-   counts (one census pass in forward mode; a long recurrent case traced at the short probe
-   lengths and extended, ``measure.extend``), the memory profile, and timing; seconds per phase
+   counts (``trace_counts``: one census pass in forward mode; a long recurrent case traced at
+   the short probe lengths and extended, ``measure.extend``; a case at a probe length shared
+   with its probe), the memory profile, and timing; seconds per phase
    and layer, the four separate passes the census replaced (steps, FLOPs, elementwise work,
    bytes) beside it (not for the extended cases), and the cases furthest outside their timing.
 3. ``--sweeps``: the real command (``attnbench sweep --no-charts``) run twice with a fresh,
@@ -23,7 +24,6 @@ Read the shares, not the seconds: this machine is shared.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import os
@@ -60,20 +60,11 @@ def run_table(folder: Path) -> None:
 
 
 def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
-    from attnbench.layers.registry import entry
+    from attnbench.measure import case as measured
     from attnbench.measure import extend
-    from attnbench.measure.case import (
-        layer_builder,
-        make_step,
-        memory_pass,
-        prime_instruments,
-        probe_counts,
-        probe_profile,
-        traced_counts,
-    )
     from attnbench.measure.elementwise import count_elementwise
     from attnbench.measure.flops import trace_flops
-    from attnbench.measure.structure import path_length, sequential_steps
+    from attnbench.measure.structure import sequential_steps
     from attnbench.measure.timing import TimingPolicy, time_call
     from attnbench.measure.traffic import count_traffic
     from attnbench.spec import build_grid
@@ -86,7 +77,20 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
         lambda: dict.fromkeys((*PHASES, *SEPARATE), 0.0)
     )
     worst = []
-    prime_instruments()  # as a sweep does: the dispatch-mode start-up is not a case's
+    measured.prime_instruments()  # as a sweep does: the dispatch-mode start-up is not a case's
+    # The path length inside trace_counts, timed apart from the census around it.
+    in_path = [0.0]
+    real_path = measured.path_length
+
+    def timed_path(*args, **kwargs):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        try:
+            return real_path(*args, **kwargs)
+        finally:
+            in_path[0] += time.perf_counter() - start
+
+    measured.path_length = timed_path
+    is_probe = getattr(extend, "is_probe", lambda case: False)  # (not before 7fe0693)
     for case in grid.cases():
         spent = dict.fromkeys((*PHASES, *SEPARATE), 0.0)
         clock = time.perf_counter()
@@ -97,19 +101,16 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
             spent[phase] += now - clock
             clock = now
 
-        step = make_step(case, seed=0)
+        step = measured.make_step(case, seed=0)
         step()
         lap("build")
-        reach = entry(case.layer).reach(case.option_values)
-        with contextlib.suppress(Exception):  # a probe the layer refuses costs what it cost
-            path_length(layer_builder(case, 0), case.n, case.d, scale=reach)
-        lap("path")
-        if extend.applies(case):  # traced at the short probes and extended, as a sweep does
-            extend.extended_counts(case, lambda short: probe_counts(short, 0))  # cached probes
-            lap("census")
-        else:
-            traced_counts(step, case.mode)
-            lap("census")
+        # Every count as a sweep takes it (census, probes and their law, path length).
+        in_path[0] = 0.0
+        counts, _ = measured.trace_counts(case, step, 0)
+        lap("census")
+        spent["census"] -= in_path[0]
+        spent["path"] += in_path[0]
+        if not extend.is_extended(counts):  # the four passes the census replaced, for scale
             sequential_steps(step.forward)
             lap("steps")
             trace_flops(step)
@@ -118,12 +119,18 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
             lap("elementwise")
             count_traffic(step)
             lap("bytes")
-        # The memory pass as a sweep takes it: at the probes for a long unfused recurrence.
-        if (
-            not extend.applies(case)
-            or extend.extended_profile(case, lambda short: probe_profile(short, 0)) is None
-        ):
-            memory_pass(case, 0, step)
+        # The memory pass as a sweep takes it: at the probes for a long unfused recurrence, as
+        # the probe's own where the case is at a probe length.
+        profile = (
+            extend.extended_profile(case, lambda short: measured.probe_profile(short, 0))
+            if extend.is_extended(counts)
+            else None
+        )
+        if profile is None:
+            if is_probe(case):
+                measured.probe_profile(case, 0, step)
+            else:
+                measured.memory_pass(case, 0, step)
         lap("memory")
         time_call(step, policy)
         lap("timing")
