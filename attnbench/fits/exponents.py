@@ -190,6 +190,7 @@ def exponent_table(
             overheads = METRIC[metric].overheads
             values = numeric(group, metric)
             law = theory_values(values, metric, layers)
+            values = values[["n", "d", metric]]  # the lines below take rows: no other column
             overhead = own.constant if own is not None and metric == "time_s" else None
             for along, other in (("n", "d"), ("d", "n")):
                 for fixed, line in values.groupby(other):
