@@ -82,13 +82,13 @@ def blocked(d):
     return Blocked(d)
 
 
-class Float32Only(nn.Module):  # refuses the float64 copy the path-length probe builds
+class NoGradients(nn.Module):  # refuses the input gradients the path-length probe takes
     def __init__(self, d):
         super().__init__()
         self.mix = nn.Linear(d, d)
 
     def forward(self, x):  # (B, n, d)
-        assert x.dtype == torch.float32, "float32 only"
+        assert not x.requires_grad, "no gradients"
         return self.mix(x.cumsum(dim=1))
 """
 
@@ -127,7 +127,7 @@ def sweep(folder: Path, layers: str, *extra: str) -> tuple[pd.DataFrame, str]:
 
 @pytest.fixture(scope="module")
 def forward(tmp_path_factory: pytest.TempPathFactory) -> tuple[pd.DataFrame, str]:
-    return sweep(tmp_path_factory.mktemp("real"), "mha,encoder,FOURIER,blocked,Float32Only")
+    return sweep(tmp_path_factory.mktemp("real"), "mha,encoder,FOURIER,blocked,NoGradients")
 
 
 def test_multihead_attention_is_counted_through_its_fast_path(forward):
@@ -178,11 +178,11 @@ def test_a_layer_that_refuses_some_lengths_is_measured_at_those_it_accepts(forwa
 def test_an_auxiliary_count_that_fails_keeps_the_case(forward):
     frame, _ = forward
     for n in NS:
-        row = frame.loc[("plugins:Float32Only", n)]
+        row = frame.loc[("plugins:NoGradients", n)]
         assert row["status"] == "ok"
         assert row["time_s"] > 0 and row["flops"] == BATCH * 2 * n * D * D
         assert pd.isna(row["path_len"])
-        assert row["path_len_method"].startswith("none: AssertionError: float32 only")
+        assert row["path_len_method"].startswith("none: AssertionError: no gradients")
         assert row["seq_steps"] > 0  # the other counts are kept
 
 

@@ -278,9 +278,41 @@ def test_a_scan_reads_its_levels_from_the_steps_the_case_traced(
     monkeypatch.setattr(
         structure, "traced_steps", lambda m, n, d: traced.append(n) or real(m, n, d)
     )
-    structure._PROBE_CACHE.clear()
+    monkeypatch.setattr(structure, "_PROBE_CACHE", {})  # the route's probes traced afresh
     given = path_length(build, 128, D, steps=real(build(128), 128, D))
     assert given == alone and given.value == 7  # ⌈log₂ 128⌉ levels
     assert 128 not in traced  # only the probes' traces, for the route
     off = path_length(build, 128, D, steps=real(build(128), 128, D) + 1)
     assert off.value is None and off.method.startswith("none")
+
+
+@pytest.mark.parametrize(
+    "name", ["conv", "conv-dilated", "attention", "attention-sdpa", "attention-local",
+             "attention-linear"],
+)  # fmt: skip
+def test_a_direct_route_reads_the_same_pattern_in_float32(name: str) -> None:
+    """Half the time, the same non-zeros: a direct route multiplies few derivatives."""
+    build = _builder(name, k=3, window=4)
+    for n in probe_lengths(4):
+        layer = build(n)
+        wide = dependency_pattern(layer, n, D)
+        assert np.array_equal(dependency_pattern(layer, n, D, dtype=torch.float32), wide)
+
+
+def test_a_route_chooses_the_dtype_of_its_jacobians(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnbench.measure import structure
+
+    seen: dict[str, set[torch.dtype]] = {}
+    real = structure.dependency_pattern
+    monkeypatch.setattr(structure, "_PROBE_CACHE", {})  # no pattern read from an earlier test
+    for name in ("attention", "rnn"):
+        found: set[torch.dtype] = set()
+
+        def spy(*args, found=found, **kwargs):  # type: ignore[no-untyped-def]
+            found.add(kwargs.get("dtype", torch.float64))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(structure, "dependency_pattern", spy)
+        assert path_length(_builder(name), 48, D).value is not None
+        seen[name] = found
+    assert seen == {"attention": {torch.float32}, "rnn": {torch.float64}}

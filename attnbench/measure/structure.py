@@ -10,7 +10,8 @@ not the kernel.
 ``path_len``: the largest, over input position j and output position i with y_i depending on
 x_j, of the fewest position-mixing steps on a route from x_j to y_i.  It is computed from the
 layer's **dependency pattern** D (D[i, j]: y_i depends on x_j), read from the non-zeros of the
-real layer's Jacobian in float64 (one batched backward pass per length):
+real layer's Jacobian (one batched backward pass per length; float64 along a recurrence or
+scan, float32 for a direct route, ``Route.dtype``):
 - inside one application, the route follows the layer's own sequential structure, read from its
   traced steps at three probe lengths (``Route``): a recurrence (steps growing per position:
   RNNs, ssm) passes the dependency through one state update per position, i - j + 1 steps; a
@@ -99,27 +100,28 @@ def sequential_steps(fn: Callable[[], torch.Tensor]) -> int:
 # ----------------------------------------------------------------------------- path length
 
 
-def dependency_pattern(module: nn.Module, n: int, d: int, *, seed: int = 0) -> np.ndarray:
+def dependency_pattern(
+    module: nn.Module, n: int, d: int, *, seed: int = 0, dtype: torch.dtype = torch.float64
+) -> np.ndarray:
     """(n, n) bool: ``D[i, j]`` is True when output position i depends on input position j.
 
-    Read from the Jacobian of a float64 copy of ``module``: one backward pass per output
+    Read from the Jacobian of a copy of ``module`` in ``dtype``: one backward pass per output
     position, batched, each with a random cotangent on that position only.  float64 keeps the
-    influence of early tokens on late ones representable in long recurrences.
+    influence of early tokens on late ones representable in long recurrences; a layer whose
+    route is direct (``Route``) multiplies few derivatives along it, and float32 (half the
+    time) gives the same pattern.
     """
     gen = torch.Generator().manual_seed(seed)
-    module = _float64_copy(module)
-    x = torch.randn(1, n, d, generator=gen, dtype=torch.float64).requires_grad_(True)  # (1, n, d)
+    module = copy.deepcopy(module).to(device="cpu", dtype=dtype)
+    x = torch.randn(1, n, d, generator=gen, dtype=torch.float64)  # (1, n, d)
+    x = x.to(dtype).requires_grad_(True)
     with unfused():
         y = module(x)  # (1, n, d)
-        eye = torch.eye(n, dtype=torch.float64)  # (n, n)
+        eye = torch.eye(n, dtype=dtype)  # (n, n)
         probe = torch.randn(n, 1, n, d, generator=gen, dtype=torch.float64)  # (n_out, 1, n, d)
-        probe = probe * eye[:, None, :, None]  # cotangent of output i on position i only
+        probe = probe.to(dtype) * eye[:, None, :, None]  # cotangent of output i on i only
         (grad,) = torch.autograd.grad(y, x, probe, is_grads_batched=True)  # (n_out, 1, n_in, d)
     return (grad[:, 0].abs().amax(dim=-1) > 0).numpy()
-
-
-def _float64_copy(module: nn.Module) -> nn.Module:
-    return copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,12 @@ class Route:
     kind: str
     per_step: int = 0
     offset: int = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """What its Jacobian is read in: a recurrence or scan multiplies a derivative per
+        position, which float32 can round to zero over a long route; a direct route does not."""
+        return torch.float32 if self.kind == "direct" else torch.float64
 
     def levels(self, steps: int) -> int | None:
         """A scan's levels at a length whose traced steps are ``steps`` (None off its law)."""
@@ -193,10 +201,15 @@ def _route(build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...]) -
     return Route("direct")
 
 
-def _pattern_of(build: Callable[[int], nn.Module], module: nn.Module, n: int, d: int) -> np.ndarray:
-    """``dependency_pattern`` of ``module`` (``build(n)``), once per layer, d and n: a case at
-    a probe length and the longer cases probing it share one Jacobian."""
-    return _cached("pattern", build, d, (n,), lambda: dependency_pattern(module, n, d))
+def _pattern_of(
+    build: Callable[[int], nn.Module], module: nn.Module, n: int, d: int, route: Route
+) -> np.ndarray:
+    """``dependency_pattern`` of ``module`` (``build(n)``) in the route's dtype, once per
+    layer, d and n: a case at a probe length and the longer cases probing it share one."""
+    return _cached(
+        "pattern", build, d, (n, route.dtype),
+        lambda: dependency_pattern(module, n, d, dtype=route.dtype),
+    )  # fmt: skip
 
 
 def _path_of(
@@ -206,7 +219,7 @@ def _path_of(
     a stack's stage-by-stage mixing checks are Jacobians too."""
     return _cached(
         "path", build, d, (n, route),
-        lambda: path_from_pattern(module, _pattern_of(build, module, n, d), d, route),
+        lambda: path_from_pattern(module, _pattern_of(build, module, n, d, route), d, route),
     )  # fmt: skip
 
 
@@ -232,8 +245,9 @@ def _applications(pattern: np.ndarray) -> int:
 
 
 def _mixes(module: nn.Module, n: int, d: int) -> bool:
-    """Whether one stage makes any output depend on another position."""
-    pattern = dependency_pattern(module, n, d)
+    """Whether one stage (of a direct route's stack) makes any output depend on another
+    position."""
+    pattern = dependency_pattern(module, n, d, dtype=Route("direct").dtype)
     return bool((pattern & ~np.eye(n, dtype=bool)).any())
 
 
@@ -334,7 +348,7 @@ def _probe(
         paths: dict[int, int] = {}
         for p in probes:
             module = build(p)
-            patterns[p] = _pattern_of(build, module, p, d)
+            patterns[p] = _pattern_of(build, module, p, d, route)
             paths[p] = _path_of(build, module, p, d, route)
         return shape_of(patterns), paths
 
