@@ -35,7 +35,7 @@ from attnbench.spec import Case
 from attnbench.units import fmt_seconds
 
 # A first call at least this long leaves nothing for the policy's warm-up calls to warm (as
-# Triton's do_bench warms up for 25 ms): an lstm at n = 8192, 0.19 s a call, paid 0.19 s more.
+# Triton's do_bench warms up for 25 ms): a gru at n = 8192, d = 64, 0.16 s a call, paid it twice.
 WARM_CALL_S = 25e-3
 
 
@@ -308,10 +308,9 @@ def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, 
     ), source
 
 
-def call_counts(
-    step: Step, mode: str, path_len: int | None = None, path_len_method: str = ""
-) -> countcache.Counts:
-    """The counts of the step's call (path length as given: it is not a count of one call)."""
+def call_counts(step: Step, mode: str) -> countcache.Counts:
+    """The counts of the step's call (no path length: it is not a count of one call, and
+    ``trace_counts`` adds it)."""
     flop_count, (steps, steps_method), (elements, elements_method), traced = traced_counts(
         step, mode
     )
@@ -321,8 +320,8 @@ def call_counts(
         uncounted_ops=flop_count.uncounted,
         seq_steps=steps,
         seq_steps_method=steps_method,
-        path_len=path_len,
-        path_len_method=path_len_method,
+        path_len=None,
+        path_len_method="",
         elementwise=elements,
         elementwise_method=elements_method,
         bytes=None if traffic is None else traffic.bytes,
