@@ -39,6 +39,12 @@ from attnbench.units import fmt_seconds
 WARM_CALL_S = 25e-3
 
 
+def warmed(policy: TimingPolicy, first_s: float) -> TimingPolicy:
+    """The policy for a case whose untimed first call took ``first_s``: without its warm-up
+    calls when that call alone lasted ``WARM_CALL_S`` (every round of a case alike)."""
+    return dataclasses.replace(policy, warmup_calls=0) if first_s >= WARM_CALL_S else policy
+
+
 def make_input(case: Case, seed: int) -> torch.Tensor:
     """The seeded (batch, n, d) input every layer of a case gets."""
     # seed + 1: the input must not be the same random stream as the layer's weights.
@@ -175,9 +181,7 @@ def measure_case(
         if counter is not None:  # counted in its own process, under Callgrind
             timing, instructions = None, counter.count(case, seed)
         else:
-            if first >= WARM_CALL_S:  # a call this long was warm after the first one
-                policy = dataclasses.replace(policy, warmup_calls=0)
-            timing = time_call(step, policy, clock=clock, sync=sync, faults=faults)
+            timing = time_call(step, warmed(policy, first), clock=clock, sync=sync, faults=faults)
             instructions = None
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
         status = "oom" if is_out_of_memory(exc) else "failed"
@@ -233,9 +237,7 @@ def cached_profile(case: Case, seed: int) -> countcache.Profile | None:
 def memory_pass(case: Case, seed: int, step: Step | None = None) -> countcache.Profile:
     """Peak memory of one real call, with the ops it dispatched (a fused kernel is one) and the
     fused paths it took; a fresh step is called once first, so lazy set-up stays unmeasured."""
-    if step is None:
-        step = make_step(case, seed)
-        step()
+    step = step or _called_step(case, seed)
     fused: set[str] = set()
     timed_ops: list[int] = []
     peak = peak_bytes(recording_fused(step, fused, timed_ops), case.device)
@@ -396,9 +398,11 @@ def retime_case(
     sync = device_sync(case.device)
     try:
         step = make_step(case, seed)
+        start = clock()
         step()  # (B, n, d): lazy initialisation stays unmeasured, as in the first round
         sync()
-        return time_call(step, policy, clock=clock, sync=sync, faults=faults)
+        first = clock() - start
+        return time_call(step, warmed(policy, first), clock=clock, sync=sync, faults=faults)
     except Exception:
         release_memory(case.device)
         return None
