@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -432,40 +431,3 @@ def test_a_stop_request_is_always_answered(running: int, said: str) -> None:
     case = _grid().cases()[0]
     progress(ProgressEvent("stopping", 0, 6, case, running=running))
     assert buf.getvalue().startswith(said) and "press Ctrl-C again" in buf.getvalue()
-
-
-def test_a_long_first_call_is_warm_up_enough(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A first call of 25 ms or more is the only warm-up: the policy's warm-up calls are
-    skipped, so a long case pays one untimed call, not three, in every timing round; a short
-    one keeps them."""
-    from attnbench.measure import case as case_module
-    from attnbench.measure.timing import TimingPolicy, time_call
-
-    clock = FakeClock()
-
-    class Paced(torch.nn.Module):
-        def __init__(self, d: int) -> None:
-            super().__init__()
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            clock.now += x.shape[1] * 1e-3  # 1 ms per position
-            return x
-
-    warmups: list[int] = []
-
-    def spy(fn, policy, **kwargs):  # type: ignore[no-untyped-def]
-        warmups.append(policy.warmup_calls)
-        return time_call(fn, policy, **kwargs)
-
-    _register(monkeypatch, "paced", Paced)
-    monkeypatch.setattr(case_module, "time_call", spy)
-    policy = TimingPolicy(warmup_calls=2, min_block_s=0, min_samples=3, max_samples=3)
-    for n in (8, 24, 25, 64):  # 8, 24, 25 and 64 ms a call
-        case = build_grid({"layers": "conv", "n": [n], "d": [8], "device": "cpu"}).cases()[0]
-        case = dataclasses.replace(case, layer="paced")
-        result = case_module.measure_case(case, policy=policy, clock=clock)
-        assert result.status == "ok" and result.timing.median_s == pytest.approx(n * 1e-3)
-        # A later timing round of the case follows the same rule.
-        again = case_module.retime_case(case, seed=0, policy=policy, clock=clock)
-        assert again is not None and again.median_s == pytest.approx(n * 1e-3)
-    assert case_module.WARM_CALL_S == 25e-3 and warmups == [2, 2, 2, 2, 0, 0, 0, 0]

@@ -34,16 +34,6 @@ from attnbench.measure.traffic import TRAFFIC_METHOD, Traffic, count_traffic
 from attnbench.spec import Case
 from attnbench.units import fmt_seconds
 
-# A first call at least this long leaves nothing for the policy's warm-up calls to warm (as
-# Triton's do_bench warms up for 25 ms): a gru at n = 8192, d = 64, 0.16 s a call, paid it twice.
-WARM_CALL_S = 25e-3
-
-
-def warmed(policy: TimingPolicy, first_s: float) -> TimingPolicy:
-    """The policy for a case whose untimed first call took ``first_s``: without its warm-up
-    calls when that call alone lasted ``WARM_CALL_S`` (every round of a case alike)."""
-    return dataclasses.replace(policy, warmup_calls=0) if first_s >= WARM_CALL_S else policy
-
 
 def make_input(case: Case, seed: int) -> torch.Tensor:
     """The seeded (batch, n, d) input every layer of a case gets."""
@@ -181,7 +171,7 @@ def measure_case(
         if counter is not None:  # counted in its own process, under Callgrind
             timing, instructions = None, counter.count(case, seed)
         else:
-            timing = time_call(step, warmed(policy, first), clock=clock, sync=sync, faults=faults)
+            timing = time_call(step, policy, clock=clock, sync=sync, faults=faults)
             instructions = None
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
         status = "oom" if is_out_of_memory(exc) else "failed"
@@ -398,11 +388,9 @@ def retime_case(
     sync = device_sync(case.device)
     try:
         step = make_step(case, seed)
-        start = clock()
         step()  # (B, n, d): lazy initialisation stays unmeasured, as in the first round
         sync()
-        first = clock() - start
-        return time_call(step, warmed(policy, first), clock=clock, sync=sync, faults=faults)
+        return time_call(step, policy, clock=clock, sync=sync, faults=faults)
     except Exception:
         release_memory(case.device)
         return None
