@@ -59,6 +59,9 @@ GEMM_SIDE = {"cpu": 1024, "cuda": 8192, "mps": 4096}
 CONV_SHAPE = {"cpu": (256, 4096), "cuda": (1024, 32768), "mps": (512, 8192)}
 ATTENTION_LENGTH = {"cpu": 1024, "cuda": 8192, "mps": 2048}
 MIN_STREAM_BYTES = 64 * 2**20
+# A server's sysfs reports its socket's whole L3 (480 MiB on a 2-core VM here): 8x of it is
+# 3.75 GiB an array, 6 s to map and 18 s to time, for a bandwidth within 2% of 512 MiB's.
+MAX_STREAM_BYTES = 512 * 2**20
 CEILING_KEYS = ("peak_flops_per_s", "bandwidth_bytes_per_s", "op_latency_s", "page_fault_s")
 OPTIONAL_RATES = ("conv_flops_per_s", "attention_flops_per_s")  # absent from older files
 RATE_CURVES = ("gemm_rates", "conv_rates", "attention_rates", "recurrent_rates")  # maybe absent
@@ -141,8 +144,12 @@ def attention_length_of(device: str) -> int:
     return ATTENTION_LENGTH.get(device.split(":")[0], ATTENTION_LENGTH["cpu"])
 
 
-def last_level_cache_bytes() -> int | None:
-    """The largest CPU cache, from sysfs (None where it cannot be read)."""
+def last_level_cache_bytes(device: str = "cpu") -> int | None:
+    """The largest cache: a CUDA device's L2, else the CPU's largest from sysfs (None where it
+    cannot be read)."""
+    if device.startswith("cuda"):
+        properties = torch.cuda.get_device_properties(torch.device(device))
+        return getattr(properties, "L2_cache_size", None)
     sizes = []
     for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         text = path.read_text().strip().upper()
@@ -155,8 +162,9 @@ def last_level_cache_bytes() -> int | None:
 
 
 def stream_elements(element_size: int, cache: int | None) -> int:
-    """Elements of one array of the copy: 8x the last-level cache, at least 64 MiB."""
-    target = max(MIN_STREAM_BYTES, 8 * (cache or 0))
+    """Elements of one array of the copy: 8x the last-level cache, at least 64 MiB and at most
+    512 MiB (two arrays of 512 MiB are over twice any cache a copy could reuse)."""
+    target = min(MAX_STREAM_BYTES, max(MIN_STREAM_BYTES, 8 * (cache or 0)))
     return target // element_size
 
 
@@ -203,11 +211,13 @@ def measure_ceilings(
     if threads is not None:
         torch.set_num_threads(threads)
     side = gemm_side or _side(device)
-    numel = stream_numel or stream_elements(torch_dtype.itemsize, last_level_cache_bytes())
+    numel = stream_numel or stream_elements(torch_dtype.itemsize, last_level_cache_bytes(device))
+    src = torch.ones(numel, dtype=torch_dtype, device=device)  # (numel,): mapped once, not a pass
+    dst = torch.empty_like(src)  # (numel,)
     try:
         for _ in range(max(1, passes)):  # the last pass reads every kernel's fastest time
             gemm = _gemm_s(device, torch_dtype, side, timed)
-            copy = _copy_s(device, torch_dtype, numel, timed)
+            copy = timed("copy", lambda: dst.copy_(src), CEILING_POLICY)
             x = torch.ones(1, dtype=torch_dtype, device=device)  # (1,)
             out = torch.empty_like(x)  # (1,)
             tiny = timed("op", lambda x=x, out=out: torch.add(x, x, out=out), LATENCY_POLICY)
@@ -273,13 +283,6 @@ def _gemm_s(device: str, dtype: torch.dtype, side: int, timed: KernelTimer) -> f
     a = torch.randn(side, side, generator=gen).to(device=device, dtype=dtype)  # (s, s)
     b = torch.randn(side, side, generator=gen).to(device=device, dtype=dtype)  # (s, s)
     return timed("gemm", lambda: a @ b, CEILING_POLICY)
-
-
-def _copy_s(device: str, dtype: torch.dtype, numel: int, timed: KernelTimer) -> float:
-    """Median seconds of one copy of ``numel`` elements into an array already mapped."""
-    src = torch.ones(numel, dtype=dtype, device=device)  # (numel,)
-    dst = torch.empty_like(src)  # (numel,)
-    return timed("copy", lambda: dst.copy_(src), CEILING_POLICY)
 
 
 # ----------------------------------------------------------------------------- cache and files
