@@ -143,12 +143,12 @@ def test_faults_are_counted_per_timed_block_outside_the_warm_up() -> None:
     tick = Ticking([5000, 5000, *[40] * 10, 8000, *[40] * 100])
     policy = TimingPolicy(warmup_calls=2, min_block_s=2e-3, min_samples=10, budget_s=0.05)
     stats = time_call(tick.fn, policy, clock=tick.clock, faults=tick.faults)
-    assert stats.calls_per_sample == 2  # 2 ms blocks of 1 ms calls
+    assert stats.calls_per_sample == 3  # 1 ms calls in blocks of 1.25 x 2 ms, rounded up
     assert stats.faults is not None and len(stats.faults) == stats.count
     assert stats.faults.count(40.0) == stats.count - 1  # every block but one: 40 per call
-    assert max(stats.faults) == (8000 + 40) / 2  # the heap grew once, inside one block
+    assert max(stats.faults) == (8000 + 2 * 40) / 3  # the heap grew once, inside one block
     assert stats.page_faults == 40.0  # the median block's, as time is the median's
-    assert stats.major_faults == 1 and stats.major_per_call == 1 / (2 * stats.count)
+    assert stats.major_faults == 1 and stats.major_per_call == 1 / (3 * stats.count)
     other = Ticking([7])
     plain = time_call(other.fn, policy, clock=other.clock)
     assert plain.faults is None and plain.page_faults is None

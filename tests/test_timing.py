@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -121,9 +122,10 @@ def test_device_is_synchronised_around_every_block() -> None:
         sync=fake.sync,
     )
     log = fake.log
-    # warm-up, then each block: sync, clock, call(s), sync, clock
-    assert log[:2] == ["call", "sync"]
-    blocks = log[2:]
+    # the last warm-up call is timed as a block is (its time sizes the blocks), then a sync,
+    # then each block: sync, clock, call(s), sync, clock
+    assert log[:6] == ["sync", "clock", "call", "sync", "clock", "sync"]
+    blocks = log[6:]
     assert blocks[:5] == ["sync", "clock", "call", "sync", "clock"]
     assert blocks.count("clock") == 2 * blocks.count("call")
     for i, event in enumerate(blocks):
@@ -178,10 +180,29 @@ def test_the_garbage_collector_is_off_inside_timed_blocks_only() -> None:
     time_call(call, policy, clock=clock)
     assert seen[:2] == [True, True]  # warm-up calls run as the program would
     assert seen[2:] and not any(seen[2:])  # every timed call: no collection pause
-    assert not any(seen_at_clock) and gc.isenabled()  # back on between blocks and after
+    # the timed warm-up call's two clock reads run as the program would; every block's do not
+    assert seen_at_clock[:2] == [True, True] and not any(seen_at_clock[2:])
+    assert gc.isenabled()  # back on between blocks and after
     gc.disable()
     try:  # a caller that turned it off keeps it off
         time_call(call, policy, clock=clock)
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_last_warm_up_call_sizes_the_first_block_so_no_block_is_thrown_away() -> None:
+    fake = FakeLayer(constant(10e-6))
+    policy = TimingPolicy(warmup_calls=2, min_block_s=1e-3, min_samples=10, min_time_s=0.0)
+    stats = time_call(fake, policy, clock=fake.clock)
+    assert stats.calls_per_sample == 125  # 1.25 x the 1 ms minimum, from the warm-up's 10 us
+    assert fake.calls == 2 + stats.count * stats.calls_per_sample  # every other call a sample
+
+
+def test_a_block_that_falls_short_is_regrown_with_a_margin() -> None:
+    # The warm-up call reads 20 us, the steady calls 5 us: a first block of 63 calls is short.
+    fake = FakeLayer(itertools.chain([20e-6], constant(5e-6)))
+    policy = TimingPolicy(warmup_calls=1, min_block_s=1e-3, min_samples=10, min_time_s=0.0)
+    stats = time_call(fake, policy, clock=fake.clock)
+    assert stats.calls_per_sample == 250  # 1.25 x the 1 ms minimum at 5 us a call
+    assert fake.calls == 1 + 63 + stats.count * 250  # the one short block thrown away
