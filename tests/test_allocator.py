@@ -253,3 +253,54 @@ def test_a_sweep_records_its_state_and_system_shows_the_faults(tmp_path: Path) -
         assert samples[0].endswith(",page_faults")
         assert all(line.rsplit(",", 1)[1] != "" for line in samples[1:])
     assert "page_faults" in rows["pinned"].splitlines()[0]
+
+
+class TrimmingLibc(FakeLibc):
+    def __init__(self, version: bytes | None = b"2.36") -> None:
+        super().__init__(version)
+        self.trims: list[int] = []
+
+    def malloc_trim(self, pad: int) -> int:
+        self.trims.append(pad)
+        return 1
+
+
+def test_freed_memory_is_given_back_only_where_glibc_can() -> None:
+    libc = TrimmingLibc()
+    assert allocator.release_freed(libc) and libc.trims == [0]
+    assert not allocator.release_freed(FakeLibc())  # a glibc without malloc_trim
+    elsewhere = TrimmingLibc(version=None)  # not glibc
+    assert not allocator.release_freed(elsewhere) and elsewhere.trims == []
+
+
+RSS_AFTER_CEILINGS = """
+import json
+import torch
+from attnbench.measure.allocator import set_allocator
+from attnbench.measure.ceilings import measure_ceilings
+
+def rss() -> int:
+    line = next(l for l in open("/proc/self/status") if l.startswith("VmRSS"))
+    return int(line.split()[1]) * 1024
+
+set_allocator("pinned")
+before = rss()
+measure_ceilings(
+    "cpu", "float32", 1, gemm_side=64, stream_numel=2**26, conv_shape=(16, 64),
+    attention_length=32, elementwise_ops=("add",), passes=1,
+    curve_widths={"gemm": (8,), "conv": (8,), "attention": (8,), "recurrent": (8,)},
+)
+print(json.dumps({"grew": rss() - before}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's VmRSS")
+def test_a_pinned_process_keeps_nothing_of_the_ceilings_copy() -> None:
+    """Two 256 MiB arrays are copied; a pinned heap would keep them (512 MiB) for the run."""
+    if allocator.glibc_version(allocator._libc()) is None:
+        pytest.skip("not glibc: nothing is pinned")
+    done = subprocess.run(
+        [sys.executable, "-c", RSS_AFTER_CEILINGS], capture_output=True, text=True, check=True
+    )
+    grew = json.loads(done.stdout.strip().splitlines()[-1])["grew"]
+    assert grew < 128 * 2**20

@@ -39,6 +39,7 @@ PINNED_SETTINGS = (
 class Libc(Protocol):
     def mallopt(self, param: int, value: int) -> int: ...
     def gnu_get_libc_version(self) -> bytes: ...
+    def malloc_trim(self, pad: int) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,17 @@ def set_allocator(state: str, libc: Libc | None = None) -> AllocatorState:
     mechanism = "mallopt " + ", ".join(f"{name}={value}" for name, _, value in PINNED_SETTINGS)
     _current = AllocatorState(PINNED, mechanism, f"glibc {version}")
     return _current
+
+
+def release_freed(libc: Libc | None = None) -> bool:
+    """Give the heap's free memory back to the system (glibc's ``malloc_trim``): what a pinned
+    process frees it otherwise keeps mapped for its whole life. For memory that no case will
+    reuse (the ceilings' 1 GiB copy), freed before any case runs. False where not glibc."""
+    libc = libc if libc is not None else _libc()
+    if glibc_version(libc) is None or not hasattr(libc, "malloc_trim"):
+        return False
+    libc.malloc_trim(0)
+    return True
 
 
 def current_state() -> AllocatorState | None:

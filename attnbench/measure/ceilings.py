@@ -43,6 +43,7 @@ import torch
 from attnbench.devices import DTYPES, check_dtype, device_name, device_sync
 from attnbench.errors import AttnbenchError
 from attnbench.measure import rates
+from attnbench.measure.allocator import release_freed
 from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.rates import KernelTimer
 from attnbench.measure.timing import Clock, TimingPolicy, time_call
@@ -217,7 +218,7 @@ def measure_ceilings(
     try:
         for _ in range(max(1, passes)):  # the last pass reads every kernel's fastest time
             gemm = _gemm_s(device, torch_dtype, side, timed)
-            copy = timed("copy", lambda: dst.copy_(src), CEILING_POLICY)
+            copy = timed("copy", lambda src=src, dst=dst: dst.copy_(src), CEILING_POLICY)
             x = torch.ones(1, dtype=torch_dtype, device=device)  # (1,)
             out = torch.empty_like(x)  # (1,)
             tiny = timed("op", lambda x=x, out=out: torch.add(x, x, out=out), LATENCY_POLICY)
@@ -230,6 +231,8 @@ def measure_ceilings(
         used = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
+    del src, dst
+    release_freed()  # a pinned allocator would keep the copy's arrays mapped for the whole run
     return Ceilings(
         peak_flops_per_s=2 * side**3 / gemm,
         bandwidth_bytes_per_s=2 * numel * torch_dtype.itemsize / copy,
