@@ -222,3 +222,20 @@ def test_estimate_grows_with_the_grid_and_is_bounded_by_the_case_limit() -> None
     huge = build_grid({"device": "cpu", "n": "16..64", "d": ",".join(map(str, range(4, 2100, 4)))})
     assert len(huge.cases()) > 2000
     assert "pass --yes" in (size_warning(huge) or "")
+
+
+def test_the_estimates_low_end_stops_each_stable_case_at_the_minimum_timing() -> None:
+    """A quiet machine's cases stop at time_call's 0.1 s, a busy one's spend the budget: the
+    start line gives both ends (the default grid: 110 cases of a 0.25 s budget)."""
+    from attnbench.cli.render import estimate_range
+
+    grid = build_grid({"device": "cpu"})
+    calls = [(c.analytic_flops() or 0) / 2e10 for c in grid.cases()]  # the assumed 20 GFLOP/s
+    low, high = estimate_seconds(grid, stable=True), estimate_seconds(grid)
+    saved = sum(max(0.25, 11 * call) - max(0.1, 11 * call) for call in calls)
+    assert saved > 0 and high - low == pytest.approx(saved)
+    assert low > sum(4 * call + max(0.1, 11 * call) for call in calls)  # tracing comes on top
+    assert estimate_range(23.4, 45.2) == "about 23-45 s"
+    assert estimate_range(100, 200) == "about 100 s-3 min"
+    assert estimate_range(30.2, 30.4) == "about 30 s"
+    assert estimate_range(None, 45) == "45 s or more"

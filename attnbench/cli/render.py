@@ -108,7 +108,7 @@ class SweepProgress:
         self.console.print(
             f"attnbench {__version__}: {len(grid.cases())} cases on {grid.device} ({grid.dtype}, "
             f"{grid.mode}, batch {grid.batch}){workers_text(start.cluster)}, "
-            f"{duration(start.estimate_s)} or more -> {start.out_dir}",
+            f"{estimate_range(start.estimate_low_s, start.estimate_s)} -> {start.out_dir}",
             soft_wrap=True,
         )
         if not start.ceilings_cached:
@@ -197,6 +197,23 @@ def _case_text(event: ProgressEvent) -> str:
         f"{fmt_count(result.flops_per_s, 'FLOP/s')}  steps {fmt_int(result.seq_steps)}  "
         f"path {fmt_int(result.path_len)}"
     )
+
+
+def estimate_range(low: float | None, high: float) -> str:
+    """A sweep's expected duration, "about 20-45 s": a quiet machine's timing stops early, a
+    busy one's spends the budget; "45 s or more" where no low end was estimated."""
+    if low is None:
+        return f"{duration(high)} or more"
+    high_text = duration(high)
+    if high < 1:
+        return high_text
+    low_text = duration(max(min(low, high), 1.0))
+    if low_text == high_text:
+        return f"about {high_text}"
+    number, _, unit = low_text.partition(" ")
+    if unit == high_text.partition(" ")[2]:
+        low_text = number
+    return f"about {low_text}-{high_text}"
 
 
 def duration(seconds: float) -> str:

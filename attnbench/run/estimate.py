@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from attnbench.layers.registry import entry
 from attnbench.measure import countcache, extend
+from attnbench.measure.timing import DEFAULT_POLICY
 from attnbench.spec import Case, Grid
 
 # Rough throughputs, used only to warn before an absurd sweep starts; never reported as measured.
@@ -43,13 +44,17 @@ def in_cache(case: Case, seed: int) -> bool:
     return countcache.read(case, seed) is not None
 
 
-def estimate_seconds(grid: Grid, cached: Callable[[Case], bool] | None = None) -> float:
+def estimate_seconds(
+    grid: Grid, cached: Callable[[Case], bool] | None = None, *, stable: bool = False
+) -> float:
     """A rough estimate of a sweep's duration from the analytic FLOPs of each case.
 
     Per case: about four untimed calls (first call, FLOP count, memory profile, warm-up), the
     tracing of its counts (``tracing_seconds``: little where ``cached`` says the count cache
     holds them), and the timing, which lasts the time budget or at least eleven calls; each
-    further round adds a rebuild, two untimed calls and at least 0.1 s of timing.
+    further round adds a rebuild, two untimed calls and at least 0.1 s of timing. ``stable``:
+    the low end, where every case's samples agree at once and its timing stops after
+    ``time_call``'s minimum (0.1 s) instead of spending the budget (a quiet machine).
     """
     rate = _ASSUMED_FLOP_PER_S[grid.device.split(":")[0]]
     total = 0.0
@@ -64,7 +69,10 @@ def estimate_seconds(grid: Grid, cached: Callable[[Case], bool] | None = None) -
         total += tracing_seconds(case, hit, probes in probed)
         if extend.applies(case) and not hit:
             probed.add(probes)
-        total += 4 * call + max(grid.time_budget_s, 11 * call)
+        budget = grid.time_budget_s
+        if stable:
+            budget = min(DEFAULT_POLICY.min_time_s, budget / max(1, grid.rounds))
+        total += 4 * call + max(budget, 11 * call)
         total += (grid.rounds - 1) * (0.02 + 2 * call + max(0.1, 11 * call))
     return total
 

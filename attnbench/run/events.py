@@ -23,10 +23,12 @@ class SweepStart:
     out_dir: Path
     cluster: dict[str, Any]  # run.json's cluster record
     workers: int
-    estimate_s: float  # a rough lower estimate of the duration, all workers together
+    estimate_s: float  # a rough estimate of the duration, all workers together
     previous: RunResults | None = None
     # False: the machine's ceilings are not cached, and are measured first (a few seconds)
     ceilings_cached: bool = True
+    # the estimate where every case's timing stops early (a quiet machine); None: not made
+    estimate_low_s: float | None = None
 
 
 @dataclass(frozen=True)

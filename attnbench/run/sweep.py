@@ -39,7 +39,7 @@ from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.queue import JobQueue
 from attnbench.run.signals import GracefulStop
-from attnbench.spec import Grid, build_grid, grid_from_config
+from attnbench.spec import Case, Grid, build_grid, grid_from_config
 
 
 def run_sweep(
@@ -87,10 +87,18 @@ def run_sweep(
         threads = grid.threads or torch.get_num_threads()
         known = ceilings_cached(grid.device, grid.dtype, threads)
         if on_start is not None:
-            estimate = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
-            estimate = estimate / max(1, runs_on.workers) + (0.0 if known else CEILINGS_S)
-            on_start(SweepStart(grid, folder, cluster, runs_on.workers, estimate,
-                                ceilings_cached=known))  # fmt: skip
+            hits: dict[str, bool] = {}
+
+            def cached(case: Case) -> bool:
+                if case.case_id not in hits:
+                    hits[case.case_id] = in_cache(case, grid.seed)
+                return hits[case.case_id]
+
+            first = 0.0 if known else CEILINGS_S
+            high, low = (estimate_seconds(grid, cached, stable=stable) / max(1, runs_on.workers)
+                         + first for stable in (False, True))  # fmt: skip
+            on_start(SweepStart(grid, folder, cluster, runs_on.workers, high,
+                                ceilings_cached=known, estimate_low_s=low))  # fmt: skip
         writer.update(ceilings=run_ceilings(grid, cost))
         return _sweep(
             writer, grid, None, progress=progress, policy=policy, calibration=calibration,
