@@ -57,11 +57,44 @@ def test_the_analysis_predicts_every_measured_case_from_the_runs_ceilings(
     assert payload["effective_ceilings"]["cases"] == 24
 
 
+def test_each_time_exponent_has_the_machine_models_own_slope_beside_it(
+    wide_run: RunResults,
+) -> None:
+    """The model's predicted time, fitted over the very sizes the measured exponent was: what
+    the counts and the ceilings alone say the curve should be. Other metrics have none."""
+    from attnbench.fits.exponents import loglog_exponent
+
+    analysis = analyse(wide_run)
+    e, frame = analysis.exponents, analysis.frame
+    time = e[e["metric"] == "time_s"]
+    assert (
+        len(time)
+        and time["model"].notna().all()
+        and e.loc[e["metric"] != "time_s", "model"].isna().all()
+    )
+    compared = 0
+    for row in time.itertuples():
+        other = "d" if row.along == "n" else "n"
+        line = frame[(frame["layer"] == row.layer) & (frame[other] == row.fixed)]
+        line = line[line[row.along].between(row.range_from, row.range_to)]
+        if len(line) != row.points:  # a fit that skipped a size inside its range
+            continue
+        predicted = analysis.machine.loc[line.index, "predicted_time_s"].tolist()
+        expected = loglog_exponent(line[row.along].tolist(), predicted)
+        assert expected is not None and row.model == pytest.approx(expected.slope)
+        compared += 1
+    assert compared >= len(time) // 2
+    report = runner.invoke(app, ["fit", str(wide_run.path), "--json"])
+    rows = json.loads(report.stdout)["exponents"]
+    assert {r["metric"] for r in rows if r["model"] is not None} == {"time_s"}
+
+
 def test_a_run_without_ceilings_has_no_machine_model(wide_run: RunResults) -> None:
     meta = {k: v for k, v in wide_run.meta.items() if k != "ceilings"}
     old = RunResults(wide_run.path, wide_run.frame, wide_run.samples, meta)
     analysis = analyse(old)
     assert analysis.machine.empty and analysis.effective is None
+    assert analysis.exponents["model"].isna().all()
     assert analysis.machine_table().empty
     assert (
         set(analysis.exponents["range_rule"])

@@ -216,10 +216,11 @@ def analyse(run: RunResults, layers: Sequence[str] | None = None) -> Analysis:
         else pd.DataFrame(columns=PREDICTION_COLUMNS)
     )
     bounds = regimes(machine, frame) if len(machine) else None
+    predicted = machine["predicted_time_s"].astype(float) if len(machine) else None
     return Analysis(
         frame=frame,
         fits=found,
-        exponents=exponent_table(frame, found, known, bounds),
+        exponents=exponent_table(frame, found, known, bounds, predicted),
         models=model_table(found),
         crossovers=crossover_table(frame, known)
         if len(frame)

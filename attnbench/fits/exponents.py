@@ -78,6 +78,9 @@ EXPONENT_COLUMNS = [
     "ci_high",
     "theory",  # the theory's log-log slope over the same points (nan: no theory for the metric)
     "agrees",  # theory in the 95% interval (or within EXACT_TOLERANCE); None: cannot tell
+    # time only: the slope of the machine model's predicted time over the same points (nan:
+    # another metric, or a run without ceilings): the curve the counts and the machine explain
+    "model",
     "points",
     "range_from",
     "range_to",
@@ -169,6 +172,7 @@ def exponent_table(
     fits: Mapping[str, list[ModelFit]] | None = None,
     layers: Layers | None = None,
     bounds: pd.Series | None = None,
+    predicted: pd.Series | None = None,
 ) -> pd.DataFrame:
     """Log-log exponents of each metric along n (for each d) and along d (for each n).
 
@@ -180,6 +184,9 @@ def exponent_table(
     says the constant overhead is under half the time (``fits``; upper half without them), and
     peak memory the upper half. ``theory`` is the slope of the theory's law over the same
     points, so a mixed formula such as 8·n·d² + 4·n²·d is judged on the range it was measured.
+    ``model`` (time, with ``predicted``: the machine model's seconds by the frame's index) is
+    the slope of the predicted time over the same points: where it sits near the measured
+    exponent and away from the theory's, the machine bends the curve, not the layer.
     """
     rows: list[dict[str, Any]] = []
     for layer, group in measured.groupby("layer", sort=False):
@@ -209,6 +216,11 @@ def exponent_table(
                         expected = law.loc[line.index].tolist()
                         theory_fit = loglog_exponent(line[along].tolist(), expected)
                         slope = theory_fit.slope if theory_fit else math.nan
+                    model = math.nan
+                    if predicted is not None and metric == "time_s":
+                        seconds = predicted.reindex(line.index).astype(float).tolist()
+                        model_fit = loglog_exponent(line[along].tolist(), seconds)
+                        model = model_fit.slope if model_fit else math.nan
                     rows.append(
                         {
                             "layer": layer,
@@ -220,6 +232,7 @@ def exponent_table(
                             "ci_high": fit.high,
                             "theory": slope,
                             "agrees": agrees(fit, slope),
+                            "model": model,
                             "points": fit.points,
                             "range_from": int(fit.x_min),
                             "range_to": int(fit.x_max),

@@ -61,6 +61,7 @@ def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
             "exponent [95% CI]": [_interval(r) for r in e.itertuples(index=False)],
             "theory": e["theory"].map(_num),
             "agrees": [_agrees(a, t) for a, t in zip(e["agrees"], e["theory"], strict=True)],
+            "model": e["model"].map(_num) if "model" in e else "–",
             f"fitted on {along}": [
                 f"{a}..{b}" for a, b in zip(e.range_from, e.range_to, strict=True)
             ],
@@ -240,7 +241,10 @@ def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: P
             "half the time (at least the three largest sizes); exact counts on every size. "
             "'theory' is the slope of the theory's own formula over the same sizes; 'agrees' "
             "means it lies in the 95% interval or within 0.05, and 'can't tell' that the "
-            "interval is wider than 1 (two or three noisy sizes). Models are ranked by AICc on "
+            "interval is wider than 1 (two or three noisy sizes). 'model' is the slope of the "
+            "machine model's time (the counts over the measured ceilings, nothing fitted) over "
+            "the same sizes: where it sits by the measured exponent and away from the theory's, "
+            "the machine bends the curve, not the layer. Models are ranked by AICc on "
             "relative residuals, so a model does not win on a spare term; with a fixed k, the "
             "convolutional and recurrent models are the same curve.",
         )
