@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from attnbench.devices import check_dtype, resolve_device
 from attnbench.errors import AttnbenchError
 from attnbench.layers import BUILTIN
-from attnbench.run.estimate import estimate_seconds, size_warning
+from attnbench.run.estimate import estimate_bounds, estimate_seconds, size_warning
 from attnbench.spec import (
     CONFIG_KEYS,
     Grid,
@@ -231,7 +231,7 @@ def test_the_estimates_low_end_stops_each_stable_case_at_the_minimum_timing() ->
 
     grid = build_grid({"device": "cpu"})
     calls = [(c.analytic_flops() or 0) / 2e10 for c in grid.cases()]  # the assumed 20 GFLOP/s
-    low, high = estimate_seconds(grid, stable=True), estimate_seconds(grid)
+    low, high = estimate_bounds(grid)
     saved = sum(max(0.25, 11 * call) - max(0.1, 11 * call) for call in calls)
     assert saved > 0 and high - low == pytest.approx(saved)
     assert low > sum(4 * call + max(0.1, 11 * call) for call in calls)  # tracing comes on top

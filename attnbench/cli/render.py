@@ -338,7 +338,8 @@ class ABProgress:
         self.console.print(
             f"attnbench {__version__} ab: {len(grid.cases())} cases a side x {grid.rounds} "
             f"round(s), measured in turn (ABBA) on {grid.device} ({grid.dtype}, {grid.mode}, "
-            f"batch {grid.batch}), {duration(start.estimate_s)} or more -> {start.out_dir}",
+            f"batch {grid.batch}), {estimate_range(start.estimate_low_s, start.estimate_s)} "
+            f"-> {start.out_dir}",
             soft_wrap=True,
         )
         for line in describe_sides(start):

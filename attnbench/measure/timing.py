@@ -151,11 +151,10 @@ def time_call(
 
     # The last warm-up call is timed, never a sample: it sizes the first block, so a fast call
     # is not probed again by a one-call block that would be thrown away.
+    for _ in range(policy.warmup_calls - 1):
+        fn()
     estimate = None
-    for left in range(policy.warmup_calls, 0, -1):
-        if left > 1:
-            fn()
-            continue
+    if policy.warmup_calls > 0:
         sync()
         begin = clock()
         fn()

@@ -61,7 +61,7 @@ def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
             "exponent [95% CI]": [_interval(r) for r in e.itertuples(index=False)],
             "theory": e["theory"].map(_num),
             "agrees": [_agrees(a, t) for a, t in zip(e["agrees"], e["theory"], strict=True)],
-            "model": e["model"].map(_num) if "model" in e else "–",
+            "model": e["model"].map(_num),
             f"fitted on {along}": [
                 f"{a}..{b}" for a, b in zip(e.range_from, e.range_to, strict=True)
             ],

@@ -26,7 +26,7 @@ from attnbench.results.files import prepare_out_dir
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter, load_results
 from attnbench.results.theories import record
-from attnbench.run.estimate import estimate_seconds, size_warning
+from attnbench.run.estimate import estimate_bounds, size_warning
 from attnbench.run.events import ProgressEvent
 from attnbench.run.executors.base import Job, Placement
 from attnbench.run.executors.process import SubprocessExecutor
@@ -47,8 +47,9 @@ class ABStart:
     out_dir: Path
     clusters: dict[str, dict[str, Any]]
     environments: dict[str, dict[str, Any]]
-    estimate_s: float
+    estimate_s: float  # a rough estimate of the duration, both sides together
     notes: tuple[str, ...] = ()  # what the caller should know before it starts
+    estimate_low_s: float | None = None  # where every case's timing stops early
 
 
 @dataclass(frozen=True)
@@ -154,9 +155,10 @@ def run_ab(
             writer.record_theories(record(grid))
             writers[side] = writer
         if on_start is not None:
-            estimate = sum(estimate_seconds(g) for g in grids.values())
+            ends = [estimate_bounds(g) for g in grids.values()]
+            low, high = sum(e[0] for e in ends), sum(e[1] for e in ends)
             notes = _too_few(grids["current"], alpha)
-            on_start(ABStart(grids, out_dir, clusters, environments, estimate, notes))
+            on_start(ABStart(grids, out_dir, clusters, environments, high, notes, low))
         _interleave(grids, writers, executors, clusters, progress, calibration)
     runs = {side: load_results(out_dir / side) for side in SIDES}
     ids = {side: [c.case_id for c in grids[side].cases()] for side in SIDES}

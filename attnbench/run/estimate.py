@@ -44,37 +44,42 @@ def in_cache(case: Case, seed: int) -> bool:
     return countcache.read(case, seed) is not None
 
 
-def estimate_seconds(
-    grid: Grid, cached: Callable[[Case], bool] | None = None, *, stable: bool = False
-) -> float:
-    """A rough estimate of a sweep's duration from the analytic FLOPs of each case.
+def estimate_bounds(
+    grid: Grid, cached: Callable[[Case], bool] | None = None
+) -> tuple[float, float]:
+    """A rough (low, high) estimate of a sweep's duration from the analytic FLOPs of each case.
 
     Per case: about four untimed calls (first call, FLOP count, memory profile, warm-up), the
     tracing of its counts (``tracing_seconds``: little where ``cached`` says the count cache
-    holds them), and the timing, which lasts the time budget or at least eleven calls; each
-    further round adds a rebuild, two untimed calls and at least 0.1 s of timing. ``stable``:
-    the low end, where every case's samples agree at once and its timing stops after
-    ``time_call``'s minimum (0.1 s) instead of spending the budget (a quiet machine).
+    holds them), and the timing, which lasts the time budget or at least eleven calls (high),
+    or stops after ``time_call``'s minimum of 0.1 s where its samples agree at once (low: a
+    quiet machine); each further round adds a rebuild, two untimed calls and at least 0.1 s
+    of timing.
     """
     rate = _ASSUMED_FLOP_PER_S[grid.device.split(":")[0]]
-    total = 0.0
+    low = high = 0.0
+    quick = min(DEFAULT_POLICY.min_time_s, grid.time_budget_s / max(1, grid.rounds))
     probed: set[str] = set()  # the probe sets a case before traced (one per layer, d, options)
     for case in grid.cases():
         call = (case.analytic_flops() or 0.0) / rate
         if grid.max_case_s is not None and call > grid.max_case_s:
-            total += grid.max_case_s  # it would stop as a timeout after its first call
+            low += grid.max_case_s  # it would stop as a timeout after its first call
+            high += grid.max_case_s
             continue
         hit = cached(case) if cached is not None else False
         probes = dataclasses.replace(case, n=extend.PROBES[-1]).case_id
-        total += tracing_seconds(case, hit, probes in probed)
+        untimed = tracing_seconds(case, hit, probes in probed) + 4 * call
         if extend.applies(case) and not hit:
             probed.add(probes)
-        budget = grid.time_budget_s
-        if stable:
-            budget = min(DEFAULT_POLICY.min_time_s, budget / max(1, grid.rounds))
-        total += 4 * call + max(budget, 11 * call)
-        total += (grid.rounds - 1) * (0.02 + 2 * call + max(0.1, 11 * call))
-    return total
+        rounds = (grid.rounds - 1) * (0.02 + 2 * call + max(0.1, 11 * call))
+        low += untimed + max(quick, 11 * call) + rounds
+        high += untimed + max(grid.time_budget_s, 11 * call) + rounds
+    return low, high
+
+
+def estimate_seconds(grid: Grid, cached: Callable[[Case], bool] | None = None) -> float:
+    """The high end of ``estimate_bounds``: every case spends its whole time budget."""
+    return estimate_bounds(grid, cached)[1]
 
 
 def size_warning(grid: Grid) -> str | None:

@@ -33,13 +33,19 @@ from attnbench.results.files import default_out_dir, now_iso, prepare_out_dir
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter, load_results
 from attnbench.results.theories import merge, record
-from attnbench.run.estimate import CEILINGS_S, estimate_seconds, in_cache, size_warning
+from attnbench.run.estimate import (
+    CEILINGS_S,
+    estimate_bounds,
+    estimate_seconds,
+    in_cache,
+    size_warning,
+)
 from attnbench.run.events import ProgressCallback, StartCallback, SweepStart
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.queue import JobQueue
 from attnbench.run.signals import GracefulStop
-from attnbench.spec import Case, Grid, build_grid, grid_from_config
+from attnbench.spec import Grid, build_grid, grid_from_config
 
 
 def run_sweep(
@@ -87,18 +93,13 @@ def run_sweep(
         threads = grid.threads or torch.get_num_threads()
         known = ceilings_cached(grid.device, grid.dtype, threads)
         if on_start is not None:
-            hits: dict[str, bool] = {}
-
-            def cached(case: Case) -> bool:
-                if case.case_id not in hits:
-                    hits[case.case_id] = in_cache(case, grid.seed)
-                return hits[case.case_id]
-
-            first = 0.0 if known else CEILINGS_S
-            high, low = (estimate_seconds(grid, cached, stable=stable) / max(1, runs_on.workers)
-                         + first for stable in (False, True))  # fmt: skip
-            on_start(SweepStart(grid, folder, cluster, runs_on.workers, high,
-                                ceilings_cached=known, estimate_low_s=low))  # fmt: skip
+            low, high = estimate_bounds(grid, lambda c: in_cache(c, grid.seed))
+            workers, first = max(1, runs_on.workers), 0.0 if known else CEILINGS_S
+            start = SweepStart(
+                grid, folder, cluster, runs_on.workers, high / workers + first,
+                ceilings_cached=known, estimate_low_s=low / workers + first,
+            )  # fmt: skip
+            on_start(start)
         writer.update(ceilings=run_ceilings(grid, cost))
         return _sweep(
             writer, grid, None, progress=progress, policy=policy, calibration=calibration,
