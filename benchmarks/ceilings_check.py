@@ -4,9 +4,15 @@
 ``blocked_autorange`` of a 2048³ product at the same threads, and numpy's ``copyto`` of 256 MiB
 (bytes read + written, median of 10). The issue's target: within 25%.
 
-    python benchmarks/ceilings_check.py [--rounds 3]
+    python benchmarks/ceilings_check.py [--rounds 3] [--policies]
 
 Each round measures both, interleaved; read the ratios, not the rates (this machine is shared).
+
+``--policies``: how repeatable the whole set of ceilings is (every rate of every curve) and how
+long it takes, under the timing policies it uses now against those it used before (each
+kernel's median over twice the time), interleaved for ``--rounds`` rounds in this process: per
+kernel, the largest reading over the smallest across rounds, and its median and 90th percentile
+over the kernels.
 """
 
 from __future__ import annotations
@@ -44,10 +50,61 @@ def theirs(threads: int) -> tuple[float, float]:
     return gemm, 2 * src.nbytes / statistics.median(times)
 
 
+def flat(ceilings: object) -> dict[str, float]:
+    """Every rate of a Ceilings, by a short name (``gemm_rates`` at 8 is ``gemm@8``)."""
+    found = {key: getattr(ceilings, key) for key in ("peak_flops_per_s", "bandwidth_bytes_per_s",
+             "op_latency_s", "conv_flops_per_s", "attention_flops_per_s")}  # fmt: skip
+    for curve in ("gemm_rates", "conv_rates", "attention_rates", "recurrent_rates",
+                  "elementwise_rates"):  # fmt: skip
+        for width, rate in (getattr(ceilings, curve) or {}).items():
+            found[f"{curve.split('_')[0]}@{width}"] = rate
+    return found
+
+
+def policies(rounds: int) -> None:
+    import dataclasses
+
+    from attnbench.devices import device_sync
+    from attnbench.measure import ceilings, rates
+    from attnbench.measure.timing import time_call
+
+    def median_s(name: str, fn: object, policy: object) -> float:
+        return time_call(fn, policy, sync=device_sync("cpu")).median_s  # type: ignore[arg-type]
+
+    now = (rates.CURVE_POLICY, ceilings.CEILING_POLICY, None)
+    before = (
+        dataclasses.replace(rates.CURVE_POLICY, min_block_s=2e-3, min_time_s=0.03, budget_s=0.1),
+        dataclasses.replace(ceilings.CEILING_POLICY, min_time_s=0.1, budget_s=0.3),
+        median_s,
+    )
+    readings: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
+    seconds: dict[str, list[float]] = {"before": [], "now": []}
+    for _ in range(rounds):
+        for name, (curve, ceiling, timer) in {"before": before, "now": now}.items():
+            rates.CURVE_POLICY, ceilings.CEILING_POLICY = curve, ceiling
+            start = time.perf_counter()
+            readings[name].append(flat(ceilings.measure_ceilings("cpu", timer=timer)))
+            seconds[name].append(time.perf_counter() - start)
+    rates.CURVE_POLICY, ceilings.CEILING_POLICY = now[0], now[1]
+    for name, runs in readings.items():
+        spread = sorted(max(r[k] for r in runs) / min(r[k] for r in runs) for k in runs[0])
+        old = readings["before"]
+        ratio = [statistics.median(r[k] for r in runs) / statistics.median(b[k] for b in old)
+                 for k in runs[0]]  # fmt: skip
+        print(f"{name:6s}: {statistics.median(seconds[name]):.2f} s a measurement; spread "
+              f"across rounds, median kernel {statistics.median(spread):.3f}, 90th percentile "
+              f"{spread[int(0.9 * len(spread))]:.3f}; rates against before, median "
+              f"{statistics.median(ratio):.3f} ({min(ratio):.3f}-{max(ratio):.3f})")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--policies", action="store_true", help="repeatability of two policies")
     args = parser.parse_args()
+    if args.policies:
+        policies(args.rounds)
+        return
     peaks, bandwidths = [], []
     for r in range(args.rounds):
         found = ours()
