@@ -20,8 +20,8 @@ MAX_ESTIMATED_S = 3600.0  # a longer estimated sweep needs --yes
 # profile, and 2 ms more per position of a layer whose steps grow with n (each position is
 # several ops, each traced by four counters); a case whose counts are cached pays 0.05 s.
 _TRACE_CASE_S, _TRACE_STEP_S, _CACHED_CASE_S = 0.06, 2e-3, 0.05
-# Measuring the machine's ceilings, once per machine (two passes on the 2-core CPU: about 5 s).
-CEILINGS_S = 5.0
+# Measuring the machine's ceilings, once per machine (two passes on the 2-core CPU: 3.7-4.3 s).
+CEILINGS_S = 4.0
 
 
 def tracing_seconds(case: Case, cached: bool, probes_traced: bool = False) -> float:
