@@ -54,7 +54,7 @@ def machine(
         int,
         typer.Option(
             help="Passes over the whole set of kernels; each keeps its fastest. More passes "
-            "ride out a busy shared machine (about 3.5 s each on a 2-core CPU).",
+            "ride out a busy shared machine (about 1.5 s each on a 2-core CPU).",
         ),
     ] = PASSES,
     as_json: Annotated[bool, json_flag("the ceilings (a file attnbench predict reads)")] = False,
