@@ -28,7 +28,8 @@ from attnbench.measure.ceilings import (
 
 runner = CliRunner()
 SECONDS = {"gemm": 0.02, "copy": 0.004, "op": 3e-6, "conv": 0.01, "attention": 0.05,
-           "gemm@8": 0.004, "gemm@16": 0.002, "recurrent": 2e-3}  # fmt: skip
+           "gemm@8": 0.004, "gemm@16": 0.002, "recurrent": 2e-3,
+           "recurrent-short": 3e-4}  # fmt: skip
 CURVES = {"gemm": (8, 16), "conv": (4,), "attention": (8,), "recurrent": (4,)}
 EW = ["ew.add", "ew.exp"]
 SECONDS |= {"ew.add": 1e-5, "ew.exp": 8e-5}
@@ -52,15 +53,21 @@ def test_each_ceiling_is_its_kernels_work_over_its_time() -> None:
         fault_cost=lambda: 7e-6, **SMALL,
     )  # fmt: skip
     one_pass = ["gemm", "copy", "op", "conv", "attention",
-                "gemm@8", "gemm@16", "conv@4", "attention@8", "recurrent@4", *EW]  # fmt: skip
+                "gemm@8", "gemm@16", "conv@4", "attention@8", "recurrent-short@4",
+                "recurrent@4", *EW]  # fmt: skip
     assert calls == one_pass * 2  # two passes over the whole set
     # The curves: (rows x w) @ (w x w) with rows = 2**16 / w, a Conv1d(w, w, 3) over as many
     # positions, 4 heads of width w over 512 positions.
     assert found.gemm_rates == {8: 2 * 8192 * 8 * 8 / 0.004, 16: 2 * 4096 * 16 * 16 / 0.002}
     assert found.conv_rates == {4: 2 * 4 * 4 * 3 * 16384 / 0.01}
     assert found.attention_rates == {8: 4 * 4 * 512 * 512 * 8 / 0.05}
-    # nn.LSTM(4, 4) over 256 steps: 4 gates x (4x4 input + 4x4 recurrent) products a step
-    assert found.recurrent_rates == {4: 256 * 4 * 2 * (2 * 4 * 4) / 2e-3}
+    # nn.LSTM(4, 4): 4 gates x (4x4 input + 4x4 recurrent) products a step, at the slope of the
+    # line through 16 steps in 0.3 ms and 256 in 2 ms; what the line leaves at 0 steps is the
+    # cost of a call (its set-up)
+    per_step = (2e-3 - 3e-4) / (256 - 16)
+    assert found.recurrent_rates == {4: pytest.approx(4 * 2 * (2 * 4 * 4) / per_step)}
+    assert found.recurrent_call_s == {4: pytest.approx(3e-4 - 16 * per_step)}
+    assert found.recurrent_call(4) == pytest.approx(3e-4 - 16 * per_step)
     # each elementwise op over 2**16 elements in cache
     assert found.elementwise_rates == {"add": 2**16 / 1e-5, "exp": 2**16 / 8e-5}
     assert found.elementwise_rate("exp") == 2**16 / 8e-5
@@ -86,7 +93,7 @@ def test_the_thread_count_is_set_while_measuring_and_restored() -> None:
     found = measure_ceilings(
         "cpu", "float16", 1, gemm_side=8, stream_numel=10, timer=timer, **SMALL
     )
-    assert seen == [1] * 2 * (10 + len(EW)) and found.threads == 1
+    assert seen == [1] * 2 * (11 + len(EW)) and found.threads == 1
     assert found.bandwidth_bytes_per_s == 2 * 10 * 2 / 0.004  # float16: 2 bytes an element
     assert torch.get_num_threads() == before
 
@@ -295,6 +302,51 @@ def test_the_rate_curves_travel_through_a_file_and_bad_ones_are_one_clear_error(
         path.write_text(json.dumps({**found.to_dict(), "gemm_rates": curve}))
         with pytest.raises(AttnbenchError, match=re.escape(message)):
             read_ceilings(path)
+
+
+def test_a_call_cost_may_be_zero_but_not_negative_and_an_older_file_has_none(
+    tmp_path: Path,
+) -> None:
+    found = replace(_fake([])("cpu", "float32", 1), recurrent_call_s={32: 0.0, 128: 2e-4})
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(found.to_dict()))
+    assert read_ceilings(path).recurrent_call_s == {32: 0.0, 128: 2e-4}
+    assert found.recurrent_call(64) == pytest.approx(1e-4)  # halfway in log2 of the width
+    assert found.recurrent_call(8) == 0.0 and found.recurrent_call(512) == 2e-4  # held flat
+    path.write_text(json.dumps({**found.to_dict(), "recurrent_call_s": {"32": -1e-5}}))
+    message = "recurrent_call_s: 32: must be seconds, 0 or more (got -1e-05)"
+    with pytest.raises(AttnbenchError, match=re.escape(message)):
+        read_ceilings(path)
+    older = {k: v for k, v in found.to_dict().items() if k != "recurrent_call_s"}
+    path.write_text(json.dumps(older))
+    assert read_ceilings(path).recurrent_call_s is None
+    assert replace(found, recurrent_call_s=None).recurrent_call(64) == 0.0
+
+
+def test_a_fused_kernels_call_cost_is_the_line_through_two_lengths() -> None:
+    from attnbench.measure.rates import line_through
+
+    per_step, call = line_through({256: 2.0e-3, 16: 3.0e-4})  # any order
+    assert per_step == pytest.approx(1.7e-3 / 240) and call == pytest.approx(3e-4 - 16 * per_step)
+    # noise that leaves no room for a set-up: the long run's seconds per step, no call cost
+    assert line_through({16: 1e-5, 256: 4e-4}) == (4e-4 / 256, 0.0)  # the line crosses 0
+    assert line_through({16: 3e-4, 256: 2e-4}) == (2e-4 / 256, 0.0)  # a falling line
+
+
+def test_a_cached_entry_without_the_fused_kernels_call_cost_is_measured_again(
+    tmp_path: Path,
+) -> None:
+    count: list[int] = []
+    first, _ = machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
+    entry = next((tmp_path / "ceilings").glob("*-1t.json"))
+    older = {k: v for k, v in first.to_dict().items() if k != "recurrent_call_s"}
+    entry.write_text(json.dumps({**older, "recurrent_rates": {"32": 1e9}}))
+    _, cached = machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
+    assert not cached and count == [1, 1]
+    # a device with no fused LSTM has neither, and its entry stands
+    entry.write_text(json.dumps({**older, "recurrent_rates": None}))
+    _, cached = machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
+    assert cached and count == [1, 1]
 
 
 def test_a_cached_entry_without_rate_curves_is_measured_again(tmp_path: Path) -> None:

@@ -171,6 +171,26 @@ def test_a_fused_recurrent_kernel_runs_its_flops_at_its_own_rate() -> None:
     assert elsewhere["predicted_time_s"] == unfused["predicted_time_s"]
 
 
+def test_a_fused_recurrent_kernels_set_up_is_latency_once_a_call() -> None:
+    """oneDNN sets up its LSTM primitive on every call: the machine's measured cost of a call
+    beyond its steps, at the products' width, is charged once per fused kernel the call ran,
+    as latency; a machine that measured no such cost (an older file) charges none."""
+    machine = replace(MACHINE, recurrent_rates={32: 1e9, 128: 4e9},
+                      recurrent_call_s={32: 1e-4, 128: 3e-4})  # fmt: skip
+    row = {"case_id": "lstm", "flops": 1e5, "bytes": 1e5, "product_bytes": 1e5, "ops": 5,
+           "kernels": "gemm@64:100000:100000",
+           "fused_path": "mkldnn_rnn_layer (oneDNN recurrent kernel)"}  # fmt: skip
+    found = predict(pd.DataFrame([row]), machine).iloc[0]
+    assert found["latency_s"] == pytest.approx(5 * MACHINE.op_latency_s + 2e-4)  # 64: halfway
+    assert found["compute_s"] == pytest.approx(1e5 / 2e9)
+    assert found["bound"] == "latency"
+    older = predict(pd.DataFrame([row]), replace(machine, recurrent_call_s=None)).iloc[0]
+    assert older["latency_s"] == pytest.approx(5 * MACHINE.op_latency_s)
+    assert found["predicted_time_s"] - older["predicted_time_s"] == pytest.approx(2e-4)
+    plain = predict(pd.DataFrame([{**row, "fused_path": ""}]), machine).iloc[0]
+    assert plain["latency_s"] == pytest.approx(5 * MACHINE.op_latency_s)  # no fused kernel
+
+
 def test_effective_ceilings_recover_the_machine_that_made_the_times() -> None:
     """Times made by a known additive machine are fitted back to its ceilings, over layers
     of very different sizes (each layer weighted alike)."""

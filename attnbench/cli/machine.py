@@ -114,11 +114,14 @@ def _curve_rows(found: Ceilings) -> list[tuple[str, str, str]]:
         ("GEMM by width", found.gemm_rates, "(rows x w) @ (w x w), operands in cache"),
         ("conv by width", found.conv_rates, "Conv1d(w, w, 3)"),
         ("attention by width", found.attention_rates, "4 heads of width w"),
-        ("fused LSTM by width", found.recurrent_rates, "nn.LSTM(w, w) over 256 steps"),
+        ("fused LSTM by width", found.recurrent_rates, "nn.LSTM(w, w), per step"),
     ):
         if curve:
             value = " ".join(f"{w}:{r / 1e9:.0f}" for w, r in sorted(curve.items()))
             rows.append((label, f"{value} GFLOP/s", what))
+    if found.recurrent_call_s:
+        value = " ".join(f"{w}:{fmt_seconds(c)}" for w, c in sorted(found.recurrent_call_s.items()))
+        rows.append(("fused LSTM call", value, "its set-up, beyond its steps, by width"))
     if found.elementwise_rates:
         rates = found.elementwise_rates
         slow = ", ".join(f"{op} {rates[op] / 1e9:.2f}" for op in sorted(rates, key=rates.get)[:4])

@@ -11,7 +11,7 @@ The ops of a call run one after another, so their times add up:
                an exp or a tanh computes for longer than its bytes take to move
     (a call that ran a fused recurrent kernel, oneDNN's LSTM: its products and elementwise ops
      are that one kernel, at its own measured rate for the width; the per-step traffic the
-     unfused trace shows stays inside it)
+     unfused trace shows stays inside it; the kernel's set-up, measured per call, is latency)
     traffic  = (bytes - the bytes above) / bandwidth                 copies and the rest
                compute nothing: memory-bound on any machine
     latency  = ops x op latency                                      every dispatched op pays it
@@ -76,13 +76,15 @@ def _work(text: object, flops: float, product_bytes: float) -> list[tuple[str, s
 
 def _fused_recurrence(
     work: list[tuple[str, str, float, float]], fused_path: str, ceilings: Ceilings
-) -> tuple[float, float, float] | None:
+) -> tuple[float, float, float, float] | None:
     """A call whose timed path ran a fused recurrent kernel (oneDNN's LSTM): its products and
     elementwise ops are one kernel, whose steps the trace shows apart. Its FLOPs run at the
     fused kernel's measured rate for the products' width, and what the trace saw them move
     stays inside it (the weights are re-read at every step in the trace, in cache in the
-    kernel). None for any other call, or where the machine has no such rate."""
-    if not fused_names(fused_path) & FUSED_RECURRENT or not ceilings.recurrent_rates:
+    kernel); each fused kernel it ran costs one call's set-up besides (latency). None for any
+    other call, or where the machine has no such rate."""
+    names = fused_names(fused_path) & FUSED_RECURRENT
+    if not names or not ceilings.recurrent_rates:
         return None
     products = [(name, w, b) for kind, name, w, b in work if kind != "ew"]
     widths = [int(name) for name, w, _ in products if name.isdigit() and w > 0]
@@ -90,14 +92,16 @@ def _fused_recurrence(
     if not widths or flops <= 0:
         return None
     inside = sum(b for *_, b in work)
-    return flops / ceilings.rate("recurrent", max(widths)), 0.0, inside
+    width = max(widths)
+    set_up = len(names) * ceilings.recurrent_call(width)
+    return flops / ceilings.rate("recurrent", width), 0.0, inside, set_up
 
 
-def _roofline(case: pd.Series, ceilings: Ceilings) -> tuple[float, float, float]:
-    """(compute, memory) seconds of one case's products and elementwise ops, and the bytes
-    they account for (the rest of the traffic leaves them out): each product at its kind's
-    rate for its width, each elementwise op at its op's rate, or its bytes over the bandwidth,
-    whichever is larger."""
+def _roofline(case: pd.Series, ceilings: Ceilings) -> tuple[float, float, float, float]:
+    """(compute, memory) seconds of one case's products and elementwise ops, the bytes they
+    account for (the rest of the traffic leaves them out), and the seconds of fused kernels'
+    set-up (latency): each product at its kind's rate for its width, each elementwise op at
+    its op's rate, or its bytes over the bandwidth, whichever is larger."""
     work_list = _work(case["kernels"], case["flops"], case["products"])
     fused = _fused_recurrence(work_list, str(case["fused_path"] or ""), ceilings)
     if fused is not None:
@@ -115,7 +119,7 @@ def _roofline(case: pd.Series, ceilings: Ceilings) -> tuple[float, float, float]
             compute += arithmetic
         else:
             memory += traffic
-    return compute, memory, counted
+    return compute, memory, counted, 0.0
 
 
 def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
@@ -136,7 +140,7 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     )
     split = pd.DataFrame(
         [_roofline(case, ceilings) for _, case in cases.iterrows()],
-        index=rows.index, columns=["compute", "memory", "counted"], dtype=float,
+        index=rows.index, columns=["compute", "memory", "counted", "set_up"], dtype=float,
     )  # fmt: skip
     compute = split["compute"]
     # the traffic no product or elementwise op accounts for (copies, the rest): memory-bound
@@ -145,7 +149,7 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
         {
             "compute_s": compute,
             "memory_s": memory,
-            "latency_s": ops * ceilings.op_latency_s,
+            "latency_s": ops * ceilings.op_latency_s + split["set_up"],
             "faults_s": _column(rows, "page_faults").fillna(0.0) * (ceilings.page_fault_s or 0.0),
         },
         index=rows.index,

@@ -16,8 +16,9 @@
   a third of it on a 2-core CPU. ``Ceilings.rate`` reads a product's rate from these curves;
 - ``elementwise_rates``: elements per second of each elementwise op of a catalogue
   (``measure.rates``): an exp costs many adds;
-- ``recurrent_rates``: FLOP/s of a fused LSTM kernel (oneDNN's on a CPU) by width, which runs
-  its small per-step products at a tenth of the GEMM's rate or less.
+- ``recurrent_rates``: FLOP/s of a fused LSTM kernel's steps (oneDNN's on a CPU) by width,
+  which runs its small per-step products at a tenth of the GEMM's rate or less, and
+  ``recurrent_call_s`` the seconds each call of it costs beyond its steps.
 
 Each is the fastest sample of a timed run (``time_call``), as STREAM reports its best trial: a
 neighbour on a shared machine only ever slows a sample. A test drives the arithmetic with a
@@ -70,6 +71,7 @@ MAX_STREAM_BYTES = 512 * 2**20
 CEILING_KEYS = ("peak_flops_per_s", "bandwidth_bytes_per_s", "op_latency_s", "page_fault_s")
 OPTIONAL_RATES = ("conv_flops_per_s", "attention_flops_per_s")  # absent from older files
 RATE_CURVES = ("gemm_rates", "conv_rates", "attention_rates", "recurrent_rates")  # maybe absent
+CALL_CURVES = ("recurrent_call_s",)  # {width: seconds a call}, maybe absent, may hold 0
 # Passes over the whole set of kernels; each kernel's fastest is kept (measure_ceilings).
 PASSES = 2
 
@@ -102,8 +104,10 @@ class Ceilings:
     attention_rates: dict[int, float] | None = None
     # {aten op name: elements per second} (None: not measured)
     elementwise_rates: dict[str, float] | None = None
-    # {width: FLOP/s} of a fused LSTM kernel (None: not measured, or none on this device)
+    # {width: FLOP/s} of a fused LSTM kernel's steps, and {width: seconds} of each of its calls
+    # beyond its steps (None: not measured, or none on this device)
     recurrent_rates: dict[int, float] | None = None
+    recurrent_call_s: dict[int, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,19 +124,30 @@ class Ceilings:
         if width is None or not curve:
             return single.get(kind) or peak
         points = {self.gemm_side: peak, **curve} if kind == "gemm" else dict(curve)
-        widths = sorted(points)
-        at = np.interp(
-            math.log2(max(width, 1)),
-            [math.log2(w) for w in widths],
-            [math.log(points[w]) for w in widths],
-        )
-        return float(math.exp(at))
+        return _interpolate(points, width, log_values=True)
+
+    def recurrent_call(self, width: int) -> float:
+        """Seconds a fused LSTM call of ``width`` costs beyond its steps, read off
+        ``recurrent_call_s`` (linear between its widths, flat beyond its ends); 0 where it
+        was not measured."""
+        if not self.recurrent_call_s:
+            return 0.0
+        return _interpolate(self.recurrent_call_s, width, log_values=False)
 
     def elementwise_rate(self, op: str) -> float | None:
         """Elements per second of the elementwise op ``op`` (its aten name); an op not
         measured runs at an add's rate; None where no rates were measured."""
         rates = self.elementwise_rates or {}
         return rates.get(op) or rates.get("add")
+
+
+def _interpolate(points: Mapping[int, float], width: int, *, log_values: bool) -> float:
+    """``points`` ({width: value}) read at ``width``, interpolated in log2 of the width (and
+    in log of the value with ``log_values``), held flat beyond its ends."""
+    widths = sorted(points)
+    values = [math.log(points[w]) if log_values else points[w] for w in widths]
+    at = float(np.interp(math.log2(max(width, 1)), [math.log2(w) for w in widths], values))
+    return math.exp(at) if log_values else at
 
 
 def _side(device: str) -> int:
@@ -255,7 +270,8 @@ def measure_ceilings(
         attention_flops_per_s=attention,
         **curves,
         elementwise_rates=elementwise,
-        recurrent_rates=recurrent,
+        recurrent_rates=recurrent[0] if recurrent else None,
+        recurrent_call_s=recurrent[1] if recurrent else None,
     )
 
 
@@ -358,12 +374,17 @@ def _cache_path(device: str, dtype: str, threads: int, folder: Path | None) -> P
 
 def _cached_entry(path: Path) -> Ceilings | None:
     """The cache entry at ``path``, if whole: a damaged entry, or one from before the rate
-    curves, reads as none (and is measured again, curves and all)."""
+    curves or the fused LSTM's call cost, reads as none (and is measured again, all of it)."""
     try:
         found = read_ceilings(path)
     except AttnbenchError:
         return None
-    return found if found.gemm_rates is not None and found.elementwise_rates is not None else None
+    stale = (
+        found.gemm_rates is None
+        or found.elementwise_rates is None
+        or (found.recurrent_rates is not None and found.recurrent_call_s is None)
+    )
+    return None if stale else found
 
 
 def read_ceilings(path: Path) -> Ceilings:
@@ -388,11 +409,13 @@ def ceilings_from(data: Any, where: str = "ceilings") -> Ceilings:
             raise AttnbenchError(f"{where}: {key} must be a positive number (got {value!r})")
     names = {f.name for f in fields(Ceilings)}
     missing = sorted(
-        names - set(data) - set(OPTIONAL_RATES) - set(RATE_CURVES) - {"elementwise_rates"}
+        names - set(data) - {*OPTIONAL_RATES, *RATE_CURVES, *CALL_CURVES, "elementwise_rates"}
     )
     if missing:
         raise AttnbenchError(f"{where}: missing {', '.join(missing)}")
     curves = {key: _curve(data.get(key), f"{where}: {key}") for key in RATE_CURVES}
+    for key in CALL_CURVES:
+        curves[key] = _curve(data.get(key), f"{where}: {key}", positive=False)
     rates = data.get("elementwise_rates")
     if rates is not None and (
         not isinstance(rates, dict)
@@ -404,8 +427,9 @@ def ceilings_from(data: Any, where: str = "ceilings") -> Ceilings:
     return Ceilings(**{**{k: data[k] for k in names if k in data}, **curves})
 
 
-def _curve(value: Any, where: str) -> dict[int, float] | None:
-    """A rate curve as JSON writes it ({"64": FLOP/s, ...}) back as {64: FLOP/s}."""
+def _curve(value: Any, where: str, positive: bool = True) -> dict[int, float] | None:
+    """A rate curve as JSON writes it ({"64": FLOP/s, ...}) back as {64: FLOP/s}; with
+    ``positive`` False, a curve of seconds that may hold 0 (a call cost)."""
     if value is None:
         return None
     if not isinstance(value, dict) or not value:
@@ -416,7 +440,9 @@ def _curve(value: Any, where: str) -> dict[int, float] | None:
             w = int(width)
         except ValueError:
             raise AttnbenchError(f"{where}: width {width!r} is not a whole number") from None
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0 or w < 1:
-            raise AttnbenchError(f"{where}: {width}: must be a positive rate (got {rate!r})")
+        number = not isinstance(rate, bool) and isinstance(rate, int | float)
+        if not number or not (rate > 0 if positive else rate >= 0) or w < 1:
+            what = "a positive rate" if positive else "seconds, 0 or more"
+            raise AttnbenchError(f"{where}: {width}: must be {what} (got {rate!r})")
         found[w] = float(rate)
     return found

@@ -6,7 +6,8 @@ longer than it takes to move an element (a 2-core CPU: 7 G elements/s for an add
 exp, 0.6 for a tanh, on operands in cache). ``measure_ceilings`` records, from here:
 
 - each kind of product's FLOP/s by its narrow width (a GEMM, a Conv1d, a fused attention, and
-  oneDNN's fused LSTM), on operands that stay in cache;
+  oneDNN's fused LSTM), on operands that stay in cache; and the fused LSTM's cost per call
+  beyond its steps (oneDNN's set-up);
 - each elementwise op's elements per second, for the ops of ``CATALOGUE``; an op not in it
   runs at an add's rate (``Ceilings.elementwise_rate``).
 
@@ -83,6 +84,7 @@ def operands(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tenso
 GEMM_WIDTHS = (8, 16, 32, 64, 128, 256, 512)
 RECURRENT_WIDTHS = (8, 16, 32, 64, 128)
 RECURRENT_STEPS = 256  # the fused LSTM's length: its rate holds beyond a few hundred steps
+RECURRENT_SHORT = 16  # and a short one: the two give its cost per step and per call
 CONV_WIDTHS = (8, 16, 32, 64, 128, 256)
 HEAD_WIDTHS = (8, 16, 32, 64, 128)
 # An attention's rate grows with its length up to about 512 positions on a CPU, then holds.
@@ -101,32 +103,52 @@ def recurrent_rates(
     dtype: torch.dtype,
     timed: KernelTimer,
     widths: Mapping[str, tuple[int, ...]] | None,
-) -> dict[int, float] | None:
-    """FLOP/s of nn.LSTM(w, w) over 256 steps at each width, its FLOPs counted as a case's
-    are (the unfused trace's products), its time on the fused path the device takes. None
-    where the device runs no fused LSTM (the model then charges the trace's ops)."""
-    found = {}
+) -> tuple[dict[int, float], dict[int, float]] | None:
+    """FLOP/s of nn.LSTM(w, w)'s steps at each width, and the seconds each call costs beyond
+    its steps: the line through its times over ``RECURRENT_SHORT`` and ``RECURRENT_STEPS``
+    steps (oneDNN sets up its primitive on every call: 90-190 µs at widths 32-128 on a 2-core
+    CPU, a tenth of 256 steps and half of 16). Its FLOPs are counted as a case's are (the
+    unfused trace's products), its time on the fused path the device takes. None where the
+    device runs no fused LSTM (the model then charges the trace's ops)."""
+    rates, calls = {}, {}
     gen = torch.Generator().manual_seed(0)
     for w in (widths or {}).get("recurrent", RECURRENT_WIDTHS):
         cell = torch.nn.LSTM(w, w, batch_first=True).to(device=device, dtype=dtype).eval()
-        x = torch.randn(1, RECURRENT_STEPS, w, generator=gen).to(device=device, dtype=dtype)
-        try:
-            with torch.no_grad():
-                flops = _lstm_flops(cell, x)
-                seconds = timed(f"recurrent@{w}", lambda cell=cell, x=x: cell(x), CURVE_POLICY)
-        except (RuntimeError, NotImplementedError):  # no LSTM on this device (meta)
-            return None
-        found[w] = flops / seconds
-    return found
+        seconds = {}
+        for steps, name in ((RECURRENT_SHORT, "recurrent-short"), (RECURRENT_STEPS, "recurrent")):
+            x = torch.randn(1, steps, w, generator=gen).to(device=device, dtype=dtype)
+            try:
+                with torch.no_grad():
+                    flops = _lstm_flops(cell, x)
+                    call = lambda cell=cell, x=x: cell(x)  # noqa: E731
+                    seconds[steps] = timed(f"{name}@{w}", call, CURVE_POLICY)
+            except (RuntimeError, NotImplementedError):  # no LSTM on this device (meta)
+                return None
+        per_step, call_s = line_through(seconds)
+        rates[w] = flops / RECURRENT_STEPS / per_step  # flops: the long run's
+        calls[w] = call_s
+    return rates, calls
 
 
-# The FLOPs of nn.LSTM(w, w) over RECURRENT_STEPS, per width and device: its unfused trace
-# takes 0.15 s per width, and every pass of a measurement would count the same again.
-_LSTM_FLOPS: dict[tuple[int, str], int] = {}
+def line_through(seconds: Mapping[int, float]) -> tuple[float, float]:
+    """(seconds per step, seconds per call) of the line through two (steps, seconds) points;
+    where noise made the longer run no slower per step than the line allows (a negative call
+    cost, or a slope not above zero), the longer run's seconds per step and no call cost."""
+    (short, t_short), (long, t_long) = sorted(seconds.items())
+    per_step = (t_long - t_short) / (long - short)
+    call_s = t_short - short * per_step
+    if per_step <= 0 or call_s < 0:
+        return t_long / long, 0.0
+    return per_step, call_s
+
+
+# The FLOPs of nn.LSTM(w, w) per width, device and steps: its unfused trace takes 0.15 s per
+# width over 256 steps, and every pass of a measurement would count the same again.
+_LSTM_FLOPS: dict[tuple[int, str, int], int] = {}
 
 
 def _lstm_flops(cell: torch.nn.LSTM, x: torch.Tensor) -> int:
-    key = (cell.hidden_size, str(x.device))
+    key = (cell.hidden_size, str(x.device), int(x.shape[1]))
     if key not in _LSTM_FLOPS:
         with unfused():
             _LSTM_FLOPS[key] = count_flops(lambda: cell(x))
