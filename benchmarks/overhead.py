@@ -14,7 +14,7 @@
    empty cache folder (no count cache, no ceilings: cold), then again with it (warm), each
    process timed from the shell: its wall time, the cases' wall time and the seconds inside
    their timed blocks, and the overhead share of the process (start-up included) and of the
-   sweep's own record (run.json's start to end, whole seconds).
+   sweep's own record (run.json's ``duration_s``: opening the run to its last result written).
 
     python benchmarks/overhead.py [RUN ...] [--phases] [--sweeps] [--layers ...] [--n ...] [--d ...]
 
@@ -172,10 +172,12 @@ def sweeps(layers: str | None, ns: str | None, ds: str | None) -> None:
             frame = load_results(out).frame
             timed = frame["time_total_s"].sum()
             meta = json.loads((out / "run.json").read_text())
-            own = (dt.datetime.fromisoformat(meta["end_time"])
-                   - dt.datetime.fromisoformat(meta["start_time"])).total_seconds()  # fmt: skip
+            start_to_end = dt.datetime.fromisoformat(meta["end_time"]) - dt.datetime.fromisoformat(
+                meta["start_time"]
+            )
+            own = meta.get("duration_s") or start_to_end.total_seconds()  # older: whole seconds
             print(f"{label:>5} {wall:>9.1f} {frame['wall_s'].sum():>8.1f} {timed:>8.1f} "
-                  f"{1 - timed / wall:>9.0%} {1 - timed / own:>12.0%}")  # fmt: skip
+                  f"{1 - timed / wall:>9.0%} {1 - timed / own:>12.1%}")  # fmt: skip
 
 
 def main() -> None:

@@ -72,6 +72,25 @@ def test_rows_are_on_disk_before_the_run_finishes(tmp_path: Path) -> None:
     assert len(run.frame) == 1 and run.meta["end_time"] is None and run.status == "running"
 
 
+def test_the_run_records_its_seconds_start_to_finish_over_every_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """duration_s: from opening the run to its last result written, to the millisecond, each
+    session's added (a resume's pause between is not the sweep's time)."""
+    from attnbench.results import store
+
+    now = iter([100.0, 112.3456, 500.0, 502.5])  # open, finish; reopen, finish
+    monkeypatch.setattr(store.time, "monotonic", lambda: next(now))
+    writer = ResultsWriter.create(tmp_path / "run", config={}, environment={})
+    writer.append(CaseResult(case=CASE, status="failed", threads=1, error="x"))
+    writer.finish("interrupted")
+    run = load_results(tmp_path / "run")
+    assert run.meta["duration_s"] == 12.346
+    again = ResultsWriter.reopen(run, {"time": "later"})
+    again.finish()
+    assert load_results(tmp_path / "run").meta["duration_s"] == pytest.approx(14.846)
+
+
 def test_existing_run_is_never_overwritten(tmp_path: Path) -> None:
     out = _write(tmp_path)
     with pytest.raises(AttnbenchError, match="already holds a run"):

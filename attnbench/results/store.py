@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ class ResultsWriter:
         self.meta = meta
         self.points = points  # calibration points written so far
         self.columns = list(columns)  # results.csv's header: the registry's, then layer options
+        self.opened = time.monotonic()  # this session's start: duration_s adds it up at the end
 
     @classmethod
     def create(
@@ -205,8 +207,13 @@ class ResultsWriter:
         self._append(SAMPLES_FILE, "".join(lines))
 
     def finish(self, status: str = "complete") -> None:
-        """Close the run as ``complete`` or ``interrupted``."""
-        self.update(status=status, end_time=now_iso(), current_case=None)
+        """Close the run as ``complete`` or ``interrupted``, adding this session's seconds,
+        from opening the run to its last result written, to ``duration_s`` (the seconds the
+        sweep has run over every session: a resume adds its own; end_time - start_time would
+        count the pause between, to the whole second)."""
+        before = self.meta.get("duration_s") or 0.0
+        duration = round(before + time.monotonic() - self.opened, 3)
+        self.update(status=status, end_time=now_iso(), current_case=None, duration_s=duration)
 
 
 def _header(option_columns: Sequence[str]) -> list[str]:
@@ -251,6 +258,7 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "environment": (dict,),
     "start_time": (str, _OPTIONAL),
     "end_time": (str, _OPTIONAL),
+    "duration_s": (float, int, _OPTIONAL),
     "status": (str, _OPTIONAL),
     "pid": (int, _OPTIONAL),
     "current_case": (str, _OPTIONAL),
