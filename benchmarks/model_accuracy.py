@@ -33,7 +33,7 @@ import pandas as pd
 
 from attnbench.fits.roofline import effective_ceilings, predict, relative_rms
 from attnbench.measure.ceilings import Ceilings, read_ceilings
-from attnbench.measure.rates import RECURRENT_STEPS
+from attnbench.measure.rates import lstm_flops
 from attnbench.results.store import load_results
 
 
@@ -74,11 +74,6 @@ def main() -> None:
     print("layers within 30%: " + ", ".join(f"{k} {v}" for k, v in within.items()))
 
 
-def _call_flops(width: int) -> int:
-    """FLOPs of nn.LSTM(w, w) over the ceilings' 256 steps: 4 gates, two w x w products."""
-    return RECURRENT_STEPS * 4 * 2 * (2 * width * width)
-
-
 def folded(ceilings: Ceilings) -> Ceilings:
     """The LSTM rates with each call's set-up folded into one 256-step rate, no set-up apart."""
     calls = ceilings.recurrent_call_s
@@ -86,8 +81,8 @@ def folded(ceilings: Ceilings) -> Ceilings:
         return ceilings
     rates = {}
     for w, rate in ceilings.recurrent_rates.items():
-        seconds = _call_flops(w) / rate + ceilings.recurrent_call(w)
-        rates[w] = _call_flops(w) / seconds
+        seconds = lstm_flops(w) / rate + ceilings.recurrent_call(w)
+        rates[w] = lstm_flops(w) / seconds
     return dataclasses.replace(ceilings, recurrent_rates=rates, recurrent_call_s=None)
 
 
@@ -100,11 +95,11 @@ def with_setup(ceilings: Ceilings, other: Ceilings) -> Ceilings:
     assert theirs.recurrent_rates is not None
     rates, calls = {}, {}
     for w, rate in ceilings.recurrent_rates.items():
-        call = _call_flops(w) / theirs.rate("recurrent", w)
+        call = lstm_flops(w) / theirs.rate("recurrent", w)
         share = other.recurrent_call(w) / call
-        seconds = _call_flops(w) / rate
+        seconds = lstm_flops(w) / rate
         calls[w] = share * seconds
-        rates[w] = _call_flops(w) / (seconds - calls[w])
+        rates[w] = lstm_flops(w) / (seconds - calls[w])
     return dataclasses.replace(ceilings, recurrent_rates=rates, recurrent_call_s=calls)
 
 

@@ -389,3 +389,11 @@ def test_the_machine_command_prints_and_caches_the_ceilings(
     )
     bad = runner.invoke(app, ["machine", "--dtype", "float8"])
     assert bad.exit_code == 2 and "unknown dtype 'float8'; accepted: float32" in bad.stderr
+
+
+def test_an_lstm_calls_flops_are_counted_and_follow_its_steps_and_width() -> None:
+    from attnbench.measure.rates import lstm_flops
+
+    # 4 gates x (w x w input + w x w recurrent) products a step, 2 FLOPs a multiply-add
+    assert lstm_flops(4, 16) == 16 * 4 * 2 * (2 * 4 * 4)
+    assert lstm_flops(4, 32) == 2 * lstm_flops(4, 16) and lstm_flops(8, 16) == 4 * lstm_flops(4, 16)

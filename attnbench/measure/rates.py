@@ -106,26 +106,26 @@ def recurrent_rates(
 ) -> tuple[dict[int, float], dict[int, float]] | None:
     """FLOP/s of nn.LSTM(w, w)'s steps at each width, and the seconds each call costs beyond
     its steps: the line through its times over ``RECURRENT_SHORT`` and ``RECURRENT_STEPS``
-    steps (oneDNN sets up its primitive on every call: 90-190 µs at widths 32-128 on a 2-core
-    CPU, a tenth of 256 steps and half of 16). Its FLOPs are counted as a case's are (the
+    steps (oneDNN sets up its primitive on every call: 80-210 µs at widths 8-128 on a 2-core
+    CPU, a sixth of a 256-step call at width 64). Its FLOPs are counted as a case's are (the
     unfused trace's products), its time on the fused path the device takes. None where the
     device runs no fused LSTM (the model then charges the trace's ops)."""
     rates, calls = {}, {}
     gen = torch.Generator().manual_seed(0)
     for w in (widths or {}).get("recurrent", RECURRENT_WIDTHS):
         cell = torch.nn.LSTM(w, w, batch_first=True).to(device=device, dtype=dtype).eval()
-        seconds = {}
+        seconds, flops = {}, {}
         for steps, name in ((RECURRENT_SHORT, "recurrent-short"), (RECURRENT_STEPS, "recurrent")):
             x = torch.randn(1, steps, w, generator=gen).to(device=device, dtype=dtype)
             try:
                 with torch.no_grad():
-                    flops = _lstm_flops(cell, x)
+                    flops[steps] = _lstm_flops(cell, x)
                     call = lambda cell=cell, x=x: cell(x)  # noqa: E731
                     seconds[steps] = timed(f"{name}@{w}", call, CURVE_POLICY)
             except (RuntimeError, NotImplementedError):  # no LSTM on this device (meta)
                 return None
         per_step, call_s = line_through(seconds)
-        rates[w] = flops / RECURRENT_STEPS / per_step  # flops: the long run's
+        rates[w] = flops[RECURRENT_STEPS] / RECURRENT_STEPS / per_step
         calls[w] = call_s
     return rates, calls
 
@@ -145,6 +145,14 @@ def line_through(seconds: Mapping[int, float]) -> tuple[float, float]:
 # The FLOPs of nn.LSTM(w, w) per width, device and steps: its unfused trace takes 0.15 s per
 # width over 256 steps, and every pass of a measurement would count the same again.
 _LSTM_FLOPS: dict[tuple[int, str, int], int] = {}
+
+
+def lstm_flops(width: int, steps: int = RECURRENT_STEPS) -> int:
+    """The counted FLOPs of one nn.LSTM(width, width) call over ``steps`` (on the CPU), as
+    ``recurrent_rates`` counts them: what its rates and call costs are per."""
+    cell = torch.nn.LSTM(width, width, batch_first=True).eval()
+    with torch.no_grad():
+        return _lstm_flops(cell, torch.zeros(1, steps, width))
 
 
 def _lstm_flops(cell: torch.nn.LSTM, x: torch.Tensor) -> int:
