@@ -175,7 +175,8 @@ def test_time_split_draws_the_models_terms_and_the_measured_time(figures, wide_r
     predicted = analysis.machine.loc[rows.index]
     assert np.allclose(lines["measured"].get_ydata(), rows["time_s"])
     assert np.allclose(lines["predicted (their sum)"].get_ydata(), predicted["predicted_time_s"])
-    assert np.allclose(lines["latency: ops x op latency"].get_ydata(), predicted["latency_s"])
+    latency = lines["latency: ops x op latency, + a fused kernel's set-up"]
+    assert np.allclose(latency.get_ydata(), predicted["latency_s"])
 
 
 def test_machine_charts_need_the_runs_ceilings(wide_run, tmp_path):

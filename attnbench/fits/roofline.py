@@ -15,6 +15,7 @@ The ops of a call run one after another, so their times add up:
     traffic  = (bytes - the bytes above) / bandwidth                 copies and the rest
                compute nothing: memory-bound on any machine
     latency  = ops x op latency                                      every dispatched op pays it
+               + each fused recurrent kernel's set-up (measured per call)
     faults   = page faults x fault cost                              CPU only
     predicted = products + pointwise + traffic + latency + faults
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 TERM_STYLE = {
     "compute_s": ("compute: work / its measured rate", "C3"),
     "memory_s": ("memory: bytes / bandwidth", "C0"),
-    "latency_s": ("latency: ops x op latency", "C2"),
+    "latency_s": ("latency: ops x op latency, + a fused kernel's set-up", "C2"),
     "faults_s": ("faults: page faults x cost", "C4"),
 }
 
