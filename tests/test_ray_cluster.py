@@ -255,7 +255,10 @@ def test_a_case_whose_second_node_dies_too_is_failed_and_its_larger_cases_skippe
     first = "lost-twice/n=8/d=8/b=1/float32/cpu/forward"
     assert frame.loc[first, "status"] == "failed"
     assert frame.loc[first, "error"].startswith(WORKER_DIED_ERROR)
-    assert "its node has died" in frame.loc[first, "error"]  # Ray's reason, kept
+    # Ray's reason, kept: a node killed mid-call is reported as dead, or, before Ray's control
+    # store has noticed, as an actor whose socket closed (one CI run in six read the latter)
+    reasons = ("its node has died", "ActorUnavailableError")
+    assert any(reason in frame.loc[first, "error"] for reason in reasons)
     assert frame.loc[first.replace("n=8", "n=16"), "status"] == "skipped"
     assert set(frame.loc[frame["layer"] == "conv", "status"]) == {"ok"}
     cluster = _run_json(out)["cluster"]
