@@ -143,6 +143,15 @@ def test_stats_derive_from_raw_samples() -> None:
     assert iqr([5.0]) == 0.0
 
 
+def test_iqr_is_numpys_linear_percentile_at_any_count() -> None:
+    """The stopping rule's quick IQR reads what numpy's default percentile reads."""
+    rng = np.random.default_rng(0)
+    for count in (2, 3, 4, 5, 7, 10, 33, 250):
+        samples = list(rng.lognormal(-7.0, 0.5, size=count))
+        q1, q3 = np.percentile(samples, [25, 75])
+        assert iqr(samples) == pytest.approx(q3 - q1, rel=1e-12)
+
+
 def test_default_blocks_last_at_least_10_ms() -> None:
     """Shorter blocks read sub-millisecond calls ~6% high (benchmarks/timing_fidelity.py)."""
     fake = FakeLayer(constant(0.4e-3))
