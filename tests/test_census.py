@@ -85,3 +85,22 @@ def test_counting_a_case_never_imports_torch_dynamo() -> None:
     )
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert found.stdout.split() == ["ok", "True", "True", "False", "False"], found.stderr
+
+
+def test_the_counters_find_every_tensor_pytree_finds() -> None:
+    """``ops.tensors`` (the counters' quick walk) against torch's pytree on aten-like arguments:
+    lists of tensors (cat), kwargs, structseq outputs (max), and no tensor at all."""
+    from torch.utils._pytree import tree_flatten
+
+    from attnbench.measure.ops import tensors
+
+    a, b = torch.ones(2, 3), torch.zeros(4)
+    trees = [
+        ((a, [b, a], 3, None), {"out": b, "dim": 1}),
+        torch.max(a, dim=1),  # a torch.return_types structseq
+        ([[a], (b,)], {"nested": {"t": a}}),
+        (1, "x", torch.float32),
+    ]
+    for tree in trees:
+        expected = [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+        assert [id(t) for t in tensors(tree)] == [id(t) for t in expected]

@@ -28,9 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
-from attnbench.measure.ops import TracingMode, elementwise_kind, floating, unfused
+from attnbench.measure.ops import TracingMode, elementwise_kind, floating, tensors, unfused
 
 ELEMENTWISE_METHOD = "traced"  # the elementwise_method of a counted case
 
@@ -62,7 +61,7 @@ def elements_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: A
         source = args[0] if args else None
         return source.numel() if floating(source) else 0
     if kind == "pointwise":
-        return sum(t.numel() for t in tree_flatten(out)[0] if floating(t))
+        return sum(t.numel() for t in tensors(out) if floating(t))
     return 0
 
 

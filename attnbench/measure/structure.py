@@ -35,10 +35,9 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from attnbench.measure.ops import TracingMode, is_view, unfused
+from attnbench.measure.ops import TracingMode, is_view, tensors, unfused
 from attnbench.measure.patterns import BlockBand, shape_of
 
 PATH_MEASURE_MAX = 64  # measure the dependency pattern directly up to this length
@@ -80,13 +79,12 @@ class _ChainTracer(TracingMode):
         return out
 
     def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        inputs = tensors((args, kwargs))
         if inputs:
             base = max(self.depth.get(t, 0) for t in inputs)
             depth = base if is_view(func) else base + 1
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    self.depth[t] = depth
+            for t in tensors(out):
+                self.depth[t] = depth
 
 
 def sequential_steps(fn: Callable[[], torch.Tensor]) -> int:

@@ -32,11 +32,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from attnbench.measure.elementwise import elements_of
 from attnbench.measure.flops import formulas
-from attnbench.measure.ops import FUSED_ATTENTION, TracingMode, moves_data, op_name, unfused
+from attnbench.measure.ops import (
+    FUSED_ATTENTION,
+    TracingMode,
+    moves_data,
+    op_name,
+    tensors,
+    unfused,
+)
 
 TRAFFIC_METHOD = "traced"
 # The ``kernels`` entries of elementwise ops: "ew.exp:ELEMENTS:BYTES" (the products' have none).
@@ -71,7 +77,7 @@ def _written_only(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> s
         mutable = arg.alias_info is not None and arg.alias_info.is_write
         if mutable and (arg.name.startswith("out") or (arg.name == "self" and name in OVERWRITE)):
             value = kwargs.get(arg.name, args[i] if i < len(args) else None)
-            found |= {id(t) for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)}
+            found |= {id(t) for t in tensors(value)}
     return found
 
 
@@ -81,13 +87,13 @@ def op_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any)
     if not moves_data(func):
         return 0
     skip = _written_only(func, args, kwargs)
-    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    inputs = tensors((args, kwargs))
     if name in NO_READ:
         inputs = []
     read = sum(tensor_bytes(t) for t in {id(t): t for t in inputs if id(t) not in skip}.values())
     if name in NO_WRITE:
         return read
-    outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    outputs = tensors(out)
     return read + sum(tensor_bytes(t) for t in {id(t): t for t in outputs}.values())
 
 
