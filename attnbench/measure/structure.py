@@ -115,9 +115,11 @@ def dependency_pattern(
     x = x.to(dtype).requires_grad_(True)
     with unfused():
         y = module(x)  # (1, n, d)
-        eye = torch.eye(n, dtype=dtype)  # (n, n)
-        probe = torch.randn(n, 1, n, d, generator=gen, dtype=torch.float64)  # (n_out, 1, n, d)
-        probe = probe.to(dtype) * eye[:, None, :, None]  # cotangent of output i on i only
+        # Cotangent of output i on position i only: n x d random values, not n x n x d drawn
+        # and masked (a fifth of a probe's time at n = 128).
+        at = torch.arange(n)
+        probe = torch.zeros(n, 1, n, d, dtype=dtype)  # (n_out, 1, n, d)
+        probe[at, 0, at] = torch.randn(n, d, generator=gen, dtype=torch.float64).to(dtype)
         (grad,) = torch.autograd.grad(y, x, probe, is_grads_batched=True)  # (n_out, 1, n_in, d)
     return (grad[:, 0].abs().amax(dim=-1) > 0).numpy()
 
@@ -200,25 +202,32 @@ def _route(build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...]) -
 
 
 def _pattern_of(
-    build: Callable[[int], nn.Module], module: nn.Module, n: int, d: int, route: Route
+    build: Callable[[int], nn.Module], n: int, d: int, route: Route, module: nn.Module | None = None
 ) -> np.ndarray:
-    """``dependency_pattern`` of ``module`` (``build(n)``) in the route's dtype, once per
-    layer, d and n: a case at a probe length and the longer cases probing it share one."""
+    """``dependency_pattern`` of ``module`` (``build(n)``, built here when not given) in the
+    route's dtype, once per layer, d and n: a case at a probe length and the longer cases
+    probing it share one."""
     return _cached(
         "pattern", build, d, (n, route.dtype),
-        lambda: dependency_pattern(module, n, d, dtype=route.dtype),
+        lambda: dependency_pattern(module or build(n), n, d, dtype=route.dtype),
     )  # fmt: skip
 
 
-def _path_of(
-    build: Callable[[int], nn.Module], module: nn.Module, n: int, d: int, route: Route
-) -> int:
-    """``path_from_pattern`` at n (``module`` is ``build(n)``), once per layer, d, n and route:
-    a stack's stage-by-stage mixing checks are Jacobians too."""
-    return _cached(
-        "path", build, d, (n, route),
-        lambda: path_from_pattern(module, _pattern_of(build, module, n, d, route), d, route),
-    )  # fmt: skip
+def _path_of(build: Callable[[int], nn.Module], n: int, d: int, route: Route) -> int:
+    """``path_from_pattern`` of ``build(n)``, once per layer, d, n and route: a stack's
+    stage-by-stage mixing checks are Jacobians too. The layer is built only when computed: a
+    build is a millisecond, and a sweep asks again for every n of a layer."""
+
+    def compute() -> int:
+        module = build(n)
+        return path_from_pattern(module, _pattern_of(build, n, d, route, module), d, route)
+
+    return _cached("path", build, d, (n, route), compute)
+
+
+def _stage_count(build: Callable[[int], nn.Module], n: int, d: int) -> int:
+    """How many stages ``build(n)`` stacks (1 for a single application), once per layer and n."""
+    return _cached("stages", build, d, (n,), lambda: len(_stages(build(n))))
 
 
 def _stages(module: nn.Module) -> list[nn.Module]:
@@ -292,7 +301,7 @@ def path_length(
             return PathLength(None, f"{PATH_NONE}: the steps traced at n leave the scan's law")
         return PathLength(max(levels, 1), PATH_MEASURED)
     if n <= PATH_MEASURE_MAX or n in probes:
-        return PathLength(_path_of(build, build(n), n, d, route), PATH_MEASURED)
+        return PathLength(_path_of(build, n, d, route), PATH_MEASURED)
     shape, probe_paths = _probe(build, d, tuple(probes), route)
     if shape is None:
         return PathLength(
@@ -301,10 +310,10 @@ def path_length(
     recurrent = route.kind == "recurrence"
     # The law must reproduce every probe's measured path before it is trusted at n.
     for p, measured in probe_paths.items():
-        if shape.path(p, recurrent, len(_stages(build(p)))) != measured:
+        if shape.path(p, recurrent, _stage_count(build, p, d)) != measured:
             why = f"the {'band' if shape.is_band else 'block'} law does not reproduce the probes"
             return PathLength(None, f"{PATH_NONE}: {why}")
-    stages = len(_stages(build(n)))
+    stages = _stage_count(build, n, d)
     value = shape.path(n, recurrent, stages)
     span = f"n={probes[0]}..{probes[-1]}"
     if value is None:
@@ -345,9 +354,8 @@ def _probe(
         patterns: dict[int, np.ndarray] = {}
         paths: dict[int, int] = {}
         for p in probes:
-            module = build(p)
-            patterns[p] = _pattern_of(build, module, p, d, route)
-            paths[p] = _path_of(build, module, p, d, route)
+            patterns[p] = _pattern_of(build, p, d, route)
+            paths[p] = _path_of(build, p, d, route)
         return shape_of(patterns), paths
 
     return _cached("band", build, d, probes, compute)
