@@ -4,15 +4,15 @@
 ``blocked_autorange`` of a 2048³ product at the same threads, and numpy's ``copyto`` of 256 MiB
 (bytes read + written, median of 10). The issue's target: within 25%.
 
-    python benchmarks/ceilings_check.py [--rounds 3] [--policies]
+    python benchmarks/ceilings_check.py [--rounds 3] [--policies [--median]]
 
 Each round measures both, interleaved; read the ratios, not the rates (this machine is shared).
 
 ``--policies``: how repeatable the whole set of ceilings is (every rate of every curve) and how
 long it takes, under the timing policies it uses now against those it used before (each
-kernel's median over twice the time), interleaved for ``--rounds`` rounds in this process: per
-kernel, the largest reading over the smallest across rounds, and its median and 90th percentile
-over the kernels.
+kernel's fastest sample over twice the time; with ``--median``, its median over it, as before
+9d9f999), interleaved for ``--rounds`` rounds in this process: per kernel, the largest reading
+over the smallest across rounds, and its median and 90th percentile over the kernels.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def flat(ceilings: object) -> dict[str, float]:
     return found
 
 
-def policies(rounds: int) -> None:
+def policies(rounds: int, median: bool = False) -> None:
     import dataclasses
 
     from attnbench.devices import device_sync
@@ -71,21 +71,25 @@ def policies(rounds: int) -> None:
     def median_s(name: str, fn: object, policy: object) -> float:
         return time_call(fn, policy, sync=device_sync("cpu")).median_s  # type: ignore[arg-type]
 
-    now = (rates.CURVE_POLICY, ceilings.CEILING_POLICY, None)
+    now = (rates.CURVE_POLICY, ceilings.CEILING_POLICY, ceilings.LATENCY_POLICY, None)
+    # Before: each kernel's fastest sample over twice the time (to 2026-11-25).
     before = (
-        dataclasses.replace(rates.CURVE_POLICY, min_block_s=2e-3, min_time_s=0.03, budget_s=0.1),
-        dataclasses.replace(ceilings.CEILING_POLICY, min_time_s=0.1, budget_s=0.3),
-        median_s,
+        dataclasses.replace(rates.CURVE_POLICY, min_time_s=0.015, budget_s=0.05),
+        dataclasses.replace(ceilings.CEILING_POLICY, min_time_s=0.05, budget_s=0.15),
+        dataclasses.replace(ceilings.LATENCY_POLICY, min_time_s=0.1, budget_s=0.2),
+        None if not median else median_s,
     )
     readings: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
     seconds: dict[str, list[float]] = {"before": [], "now": []}
     for _ in range(rounds):
-        for name, (curve, ceiling, timer) in {"before": before, "now": now}.items():
-            rates.CURVE_POLICY, ceilings.CEILING_POLICY = curve, ceiling
+        for name, (curve, ceiling, latency, timer) in {"before": before, "now": now}.items():
+            rates.CURVE_POLICY, ceilings.CEILING_POLICY, ceilings.LATENCY_POLICY = (
+                curve, ceiling, latency,
+            )  # fmt: skip
             start = time.perf_counter()
             readings[name].append(flat(ceilings.measure_ceilings("cpu", timer=timer)))
             seconds[name].append(time.perf_counter() - start)
-    rates.CURVE_POLICY, ceilings.CEILING_POLICY = now[0], now[1]
+    rates.CURVE_POLICY, ceilings.CEILING_POLICY, ceilings.LATENCY_POLICY = now[:3]
     for name, runs in readings.items():
         spread = sorted(max(r[k] for r in runs) / min(r[k] for r in runs) for k in runs[0])
         old = readings["before"]
@@ -101,9 +105,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--policies", action="store_true", help="repeatability of two policies")
+    parser.add_argument(
+        "--median", action="store_true", help="with --policies: before reads each kernel's median"
+    )
     args = parser.parse_args()
     if args.policies:
-        policies(args.rounds)
+        policies(args.rounds, args.median)
         return
     peaks, bandwidths = [], []
     for r in range(args.rounds):

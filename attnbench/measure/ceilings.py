@@ -50,15 +50,19 @@ from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.rates import KernelTimer
 from attnbench.measure.timing import Clock, TimingPolicy, time_call
 
-# Enough samples for a stable fastest one, and a bounded wait. Halving the time and budget
-# (0.1 / 0.3 s before; rates.CURVE_POLICY's too) took the whole measurement from 4.9 s to 2.9 s
-# on a 2-core CPU, its readings as repeatable as before (run to run, the median kernel's spread
-# 1.011 against 1.018, 5 rounds interleaved; benchmarks/ceilings_check.py --policies).
+# Enough samples for a stable fastest one, and a bounded wait: each kernel is timed in each of
+# PASSES passes and its fastest sample kept. Time and budget halved twice (0.1 / 0.3 s, then
+# 0.05 / 0.15 s; rates.CURVE_POLICY's and the latency's too): a measurement 4.9 -> 2.9 -> 2.6
+# s on a 2-core CPU (4.1 s against 2.6 s on a busier day), as repeatable round to round (the
+# median kernel's spread 1.063 against 1.029, 4 rounds interleaved, the same rates to 0.2%;
+# benchmarks/ceilings_check.py --policies).
 CEILING_POLICY = TimingPolicy(
     warmup_calls=1, min_block_s=5e-3, min_samples=5, max_samples=50, target_rel_iqr=0.05,
-    min_time_s=0.05, budget_s=0.15,
+    min_time_s=0.025, budget_s=0.075,
 )  # fmt: skip
-LATENCY_POLICY = TimingPolicy(warmup_calls=100, min_block_s=5e-3, min_samples=10, budget_s=0.2)
+LATENCY_POLICY = TimingPolicy(
+    warmup_calls=100, min_block_s=5e-3, min_samples=10, min_time_s=0.05, budget_s=0.1
+)
 GEMM_SIDE = {"cpu": 1024, "cuda": 8192, "mps": 4096}
 # A convolution's (channels, length) with kernel 3, and a fused attention's length (8 heads of
 # 64): each about as long as the matrix product on its device.
