@@ -146,3 +146,13 @@ def test_environment_records_what_a_reader_needs() -> None:
     ):
         assert key in env
     assert env["device"] == "cpu" and env["torch_threads"] >= 1
+
+
+def test_run_json_is_as_readable_as_the_csv_files(tmp_path: Path) -> None:
+    """run.json is renamed from a temporary file (0600 as made): it gets the mode the folder's
+    CSV files get, so the other readers of a shared results folder can read it too."""
+    writer = ResultsWriter.create(tmp_path / "run", config={}, environment={})
+    writer.append(CaseResult(case=CASE, status="failed", threads=1, error="x"))
+    writer.finish()
+    csv_mode = (tmp_path / "run" / "results.csv").stat().st_mode & 0o777
+    assert (tmp_path / "run" / "run.json").stat().st_mode & 0o777 == csv_mode

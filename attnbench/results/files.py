@@ -36,6 +36,19 @@ RUN_FILE = "run.json"
 THEORY_FILE = "theory.json"  # the plugin layers' theories, as data (results.theories)
 
 
+def _file_mode() -> int:
+    """The mode ``open`` gives a new file under this process's umask (read once, at import,
+    before any thread could create a file in the moment the mask is read)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+# mkstemp makes its file 0600: a run.json renamed from it could not be read by the other users
+# of a shared results folder (a CI artifact, a published chart's data), as results.csv can.
+FILE_MODE = _file_mode()
+
+
 def now_iso() -> str:
     """Local time with its UTC offset, to the second: how run.json records every time."""
     return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
@@ -54,6 +67,7 @@ def write_text_atomic(path: Path, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
