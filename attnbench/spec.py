@@ -8,6 +8,7 @@ configuration a run records (run.json) are all read from it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -98,8 +99,10 @@ class Case:
     def _tags(self) -> list[str]:
         return entry(self.layer).tags(self.option_values)
 
-    @property
+    @functools.cached_property
     def case_id(self) -> str:
+        """The case's key in every table (computed once: a sweep's bookkeeping reads it for
+        every case at every event, 0.4 s of a 231-case warm sweep)."""
         parts = [self.layer, f"n={self.n}", f"d={self.d}", *self._tags()]
         parts += [f"b={self.batch}", self.dtype, self.device, self.mode]
         return "/".join(parts)
