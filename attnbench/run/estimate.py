@@ -16,12 +16,14 @@ _ASSUMED_FLOP_PER_S = {"cpu": 2e10, "cuda": 2e13, "mps": 2e12}
 MAX_CASES = 2000  # more cases than this need --yes
 MAX_ESTIMATED_S = 3600.0  # a longer estimated sweep needs --yes
 # What tracing a case's exact counts costs, from benchmarks/overhead.py --phases on the default
-# grid (2-core CPU): about 0.06 s a case for the path probes, the traced pass and the memory
-# profile, and 2 ms more per position of a layer whose steps grow with n (each position is
-# several ops, each traced by four counters); a case whose counts are cached pays 0.05 s.
-_TRACE_CASE_S, _TRACE_STEP_S, _CACHED_CASE_S = 0.06, 2e-3, 0.05
-# Measuring the machine's ceilings, once per machine (two passes on the 2-core CPU: 3.7-4.3 s).
-CEILINGS_S = 4.0
+# grid (2-core CPU): about 0.04 s a case for the path probes, the traced pass and the memory
+# profile (3.6 s for its 110 cases), and 2 ms more per position of a layer whose steps grow
+# with n (each position is several ops, each traced by four counters); a case whose counts are
+# cached pays 0.05 s.
+_TRACE_CASE_S, _TRACE_STEP_S, _CACHED_CASE_S = 0.04, 2e-3, 0.05
+# Measuring the machine's ceilings, once per machine (two passes on the 2-core CPU: 2.6 s, and
+# the copy's arrays mapped).
+CEILINGS_S = 3.0
 
 
 def tracing_seconds(case: Case, cached: bool, probes_traced: bool = False) -> float:
