@@ -29,7 +29,7 @@ from attnbench.run.queue import WORKER_DIED_ERROR
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid
 
-SMALL_GEMM = Calibration(size=16)
+SMALL_GEMM = Calibration(size=16, every_s=0.0)  # a point before every job
 
 
 def _grid(**extra: Any) -> Grid:
@@ -307,3 +307,19 @@ def test_a_serial_sweep_leaves_the_callers_thread_count(tmp_path: Path) -> None:
     assert set(run.frame["threads"]) == {before + 1}  # the cases ran with --threads
     assert run.meta["environment"]["torch_threads"] == before + 1
     assert torch.get_num_threads() == before
+
+
+def test_a_job_crosses_the_wire_with_its_calibration_spacing() -> None:
+    """A Ray worker rebuilds the job from plain data: the calibration's size and spacing both
+    arrive (a message from before the spacing existed gets the default)."""
+    from attnbench.measure.calibration import CALIBRATION_EVERY_S
+    from attnbench.measure.timing import DEFAULT_POLICY
+    from attnbench.run.executors.wire import job_from_wire, job_to_wire
+
+    case = _grid().cases()[0]
+    job = Job(case=case, round=1, seed=0, policy=DEFAULT_POLICY, calibration=SMALL_GEMM)
+    back = job_from_wire(job_to_wire(job))
+    assert back.calibration == SMALL_GEMM and back.calibration.every_s == 0.0
+    older = job_to_wire(job)
+    older["calibration"] = {"size": 16}
+    assert job_from_wire(older).calibration == Calibration(size=16, every_s=CALIBRATION_EVERY_S)

@@ -21,7 +21,7 @@ from attnbench.run.events import ProgressEvent
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import build_grid
 
-SMALL_GEMM = Calibration(size=16)
+SMALL_GEMM = Calibration(size=16, every_s=0.0)  # a point before every job
 
 
 def _grid(rounds: int = 3, **extra: object):

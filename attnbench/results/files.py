@@ -3,7 +3,7 @@
 A results folder holds
 - ``results.csv``: one row per case (``schema.RESULT_COLUMNS``), appended as each case finishes;
 - ``samples.csv``: every raw timing sample, long format (case_id, sample, time_s, round);
-- ``calibration.csv``: the calibration GEMM's samples, timed before each measured case;
+- ``calibration.csv``: the calibration GEMM's samples, timed between the measured cases;
 - ``run.json``: schema version, configuration, environment, start and end time;
 - ``theory.json``: what the analysis reads of each plugin layer (``results.theories``), so that
   reading a run never runs its plugins' code.

@@ -65,7 +65,8 @@ def run_sweep(
     ``grid`` is a ``Grid``, or ``build_grid`` options, whose device is then resolved by the
     executor (``allow_large=False`` refuses a grid ``size_warning`` warns about). Each case is
     on disk as soon as it finishes, so an interruption keeps what was measured.
-    ``calibration`` (None: off) is timed before every measured case, on its worker.
+    ``calibration`` (None: off) is timed between the measured cases, on their worker (a
+    point at most every ``calibration.every_s``).
     ``executor`` (default: serial, in this process, timed with ``clock``) runs the cases; a
     given ``Grid``'s device must have been resolved by it. ``on_start`` hears what the sweep is
     about to do once its workers are up. Raises ``SweepInterrupted`` (exit code 130) after

@@ -73,6 +73,7 @@ class Worker:
             threads=torch.get_num_threads(),
         )
         self._timers: dict[Calibration, Callable[[], TimingStats]] = {}
+        self._last_point: float | None = None  # when this worker's last calibration point began
 
     def describe(self) -> dict[str, Any]:
         """This worker, for run.json's cluster record."""
@@ -121,9 +122,14 @@ class Worker:
         return JobDone(job, where, result=result, point=point, load_1m=load)
 
     def _calibration_point(self, calibration: Calibration | None) -> TimingStats | None:
-        """One calibration point, or None (off, or the GEMM failed: the case is measured anyway)."""
+        """One calibration point, or None: off, less than ``calibration.every_s`` since this
+        worker's last point began, or the GEMM failed (the case is measured anyway)."""
         if calibration is None:
             return None
+        now = self.clock()
+        if self._last_point is not None and now - self._last_point < calibration.every_s:
+            return None
+        self._last_point = now
         try:
             if calibration not in self._timers:
                 sync = device_sync(self.device)
