@@ -397,3 +397,39 @@ def test_an_lstm_calls_flops_are_counted_and_follow_its_steps_and_width() -> Non
     # 4 gates x (w x w input + w x w recurrent) products a step, 2 FLOPs a multiply-add
     assert lstm_flops(4, 16) == 16 * 4 * 2 * (2 * 4 * 4)
     assert lstm_flops(4, 32) == 2 * lstm_flops(4, 16) and lstm_flops(8, 16) == 4 * lstm_flops(4, 16)
+
+
+def test_a_long_lstm_call_is_counted_at_three_lengths_and_extended_only_on_a_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ceilings' 256-step LSTM FLOPs come from 16, 32 and 64 traced steps where those lie on
+    a line, and equal a full trace; a count that is not a line is traced in full."""
+    import torch
+
+    from attnbench.measure import rates
+    from attnbench.measure.flops import count_flops
+    from attnbench.measure.ops import unfused
+
+    monkeypatch.setattr(rates, "_LSTM_FLOPS", {})
+    cell = torch.nn.LSTM(8, 8, batch_first=True).eval()
+    x = torch.zeros(1, 256, 8)
+    with torch.no_grad(), unfused():
+        full = count_flops(lambda: cell(x))
+    traced: list[int] = []
+    real = rates.count_flops
+
+    def spy(fn):  # type: ignore[no-untyped-def]
+        inputs = [c.cell_contents for c in fn.__closure__]
+        traced.extend(int(t.shape[1]) for t in inputs if isinstance(t, torch.Tensor))  # steps
+        return real(fn)
+
+    monkeypatch.setattr(rates, "count_flops", spy)
+    with torch.no_grad():
+        assert rates._lstm_flops(cell, x) == full
+    assert traced == list(rates.LAW_STEPS)  # 112 steps traced, not 256
+    monkeypatch.setattr(rates, "_LSTM_FLOPS", {})
+    traced.clear()
+    monkeypatch.setattr(rates, "count_flops", lambda fn: spy(fn) ** 2)  # no line any more
+    with torch.no_grad():
+        rates._lstm_flops(cell, x)
+    assert traced == [*rates.LAW_STEPS, 256]
