@@ -14,7 +14,7 @@ import torch
 from synthetic import small_case
 
 from attnbench.layers import REGISTRY, LayerEntry
-from attnbench.measure import countcache, extend
+from attnbench.measure import countcache, extend, laws
 from attnbench.measure.case import make_step, measure_case, memory_pass, trace_counts
 from attnbench.measure.countcache import Counts
 from attnbench.measure.timing import TimingPolicy
@@ -49,17 +49,17 @@ def probes(**overrides: object) -> dict[int, Counts]:
 
 
 def test_the_law_through_three_points_is_exact_and_knows_its_degree() -> None:
-    assert extend.Law([(1, 5), (2, 7), (4, 11)])(100) == 203
-    assert extend.Law([(1, 5), (2, 7), (4, 11)]).degree == 1
-    square = extend.Law([(2, 4), (3, 9), (5, 25)])
+    assert laws.Law([(1, 5), (2, 7), (4, 11)])(100) == 203
+    assert laws.Law([(1, 5), (2, 7), (4, 11)]).degree == 1
+    square = laws.Law([(2, 4), (3, 9), (5, 25)])
     assert (square(1000), square.degree) == (1_000_000, 2)
-    assert extend.Law([(1, 1), (2, 2), (4, 3)])(3) == Fraction(8, 3)
+    assert laws.Law([(1, 1), (2, 2), (4, 3)])(3) == Fraction(8, 3)
 
 
 def test_a_law_is_kept_only_if_it_reproduces_the_other_probes() -> None:
-    assert extend.fit_law({1: 1, 2: 2, 4: 4, 8: 8}) is not None
+    assert laws.fit_law({1: 1, 2: 2, 4: 4, 8: 8}) is not None
     # n log n: no polynomial of degree 2 through three points reproduces the fourth.
-    assert extend.fit_law({m: m * m.bit_length() for m in (64, 128, 256, 512)}) is None
+    assert laws.fit_law({m: m * m.bit_length() for m in (64, 128, 256, 512)}) is None
 
 
 def test_extended_counts_equal_the_law_at_n_and_say_so() -> None:

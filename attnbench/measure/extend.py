@@ -26,11 +26,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from fractions import Fraction
 from typing import TypeVar
 
 from attnbench.layers.registry import entry
 from attnbench.measure.countcache import Counts, Profile
+from attnbench.measure.laws import fit_law
 from attnbench.measure.memory import is_out_of_memory
 from attnbench.measure.traffic import format_kernels, parse_kernels
 from attnbench.spec import Case
@@ -89,35 +89,6 @@ def _long(case: Case, environ: Mapping[str, str] | None, *, vouched: bool) -> bo
 def is_extended(counts: Counts) -> bool:
     """Whether the counts were extended from the probes (cached so, or traced so now)."""
     return any(getattr(counts, column).startswith(EXTENDED) for column in METHODS.values())
-
-
-class Law:
-    """The polynomial of degree at most 2 through three (n, value) points, exactly."""
-
-    def __init__(self, points: list[tuple[int, int]]) -> None:
-        (x0, y0), (x1, y1), (x2, y2) = points
-        # Newton's divided differences: p(n) = y0 + c1 (n - x0) + c2 (n - x0)(n - x1).
-        d01 = Fraction(y1 - y0, x1 - x0)
-        d12 = Fraction(y2 - y1, x2 - x1)
-        self.x0, self.x1, self.y0 = x0, x1, y0
-        self.c1 = d01
-        self.c2 = (d12 - d01) / (x2 - x0)
-
-    def __call__(self, n: int) -> Fraction:
-        return self.y0 + self.c1 * (n - self.x0) + self.c2 * (n - self.x0) * (n - self.x1)
-
-    @property
-    def degree(self) -> int:
-        return 2 if self.c2 else 1 if self.c1 else 0
-
-
-def fit_law(values: Mapping[int, int]) -> Law | None:
-    """The law through the first three probes, if it reproduces every other probe exactly."""
-    points = sorted(values.items())
-    law = Law(points[:3])
-    if any(law(x) != y for x, y in points[3:]):
-        return None
-    return law
 
 
 def extend(found: Mapping[int, Counts], n: int) -> Counts | None:

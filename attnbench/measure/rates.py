@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from attnbench.measure.flops import count_flops
+from attnbench.measure.laws import Law
 from attnbench.measure.ops import unfused
 from attnbench.measure.timing import TimingPolicy
 
@@ -166,11 +167,10 @@ def _lstm_flops(cell: torch.nn.LSTM, x: torch.Tensor) -> int:
     key = (cell.hidden_size, str(x.device), steps)
     if key not in _LSTM_FLOPS:
         if steps > LAW_STEPS[-1]:
-            first, second, third = (_lstm_flops(cell, x[:, :s]) for s in LAW_STEPS)
-            per_step = (second - first) // (LAW_STEPS[1] - LAW_STEPS[0])
-            line = first + per_step * (LAW_STEPS[1] - LAW_STEPS[0]) == second
-            if line and first + per_step * (LAW_STEPS[2] - LAW_STEPS[0]) == third:
-                _LSTM_FLOPS[key] = first + per_step * (steps - LAW_STEPS[0])
+            law = Law([(s, _lstm_flops(cell, x[:, :s])) for s in LAW_STEPS])
+            value = law(steps)
+            if law.degree <= 1 and value.denominator == 1:  # a line through all three
+                _LSTM_FLOPS[key] = int(value)
                 return _LSTM_FLOPS[key]
         with unfused():
             _LSTM_FLOPS[key] = count_flops(lambda: cell(x))
