@@ -316,3 +316,29 @@ def test_a_route_chooses_the_dtype_of_its_jacobians(monkeypatch: pytest.MonkeyPa
         assert path_length(_builder(name), 48, D).value is not None
         seen[name] = found
     assert seen == {"attention": {torch.float32}, "rnn": {torch.float64}}
+
+
+def test_a_pattern_reads_the_module_it_is_given_even_one_that_reads_as_empty(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The path code hands the layer it built to the pattern: a module that is falsy (an empty
+    container's ``__len__``) is still that layer, not a reason to build another."""
+    from attnbench.measure import structure
+
+    class Falsy(nn.Module):
+        def __len__(self) -> int:
+            return 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d)
+            return x.cumsum(dim=1)
+
+    monkeypatch.setattr(structure, "_PROBE_CACHE", {})
+    builds: list[int] = []
+
+    def build(n: int) -> nn.Module:
+        builds.append(n)
+        return Falsy()
+
+    build.cache_key = ("falsy-test",)  # type: ignore[attr-defined]
+    pattern = structure._pattern_of(build, 8, 2, structure.Route("direct"), Falsy())
+    assert builds == [] and pattern.tolist() == np.tril(np.ones((8, 8), dtype=bool)).tolist()

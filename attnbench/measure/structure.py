@@ -209,7 +209,9 @@ def _pattern_of(
     probing it share one."""
     return _cached(
         "pattern", build, d, (n, route.dtype),
-        lambda: dependency_pattern(module or build(n), n, d, dtype=route.dtype),
+        lambda: dependency_pattern(
+            module if module is not None else build(n), n, d, dtype=route.dtype
+        ),
     )  # fmt: skip
 
 
