@@ -310,8 +310,8 @@ def test_a_serial_sweep_leaves_the_callers_thread_count(tmp_path: Path) -> None:
 
 
 def test_a_job_crosses_the_wire_with_its_calibration_spacing() -> None:
-    """A Ray worker rebuilds the job from plain data: the calibration's size and spacing both
-    arrive (a message from before the spacing existed gets the default)."""
+    """A Ray worker rebuilds the job from plain data: the calibration's size, spacing and
+    policy all arrive (a message from before the spacing existed gets the defaults)."""
     from attnbench.measure.calibration import CALIBRATION_EVERY_S
     from attnbench.measure.timing import DEFAULT_POLICY
     from attnbench.run.executors.wire import job_from_wire, job_to_wire
@@ -320,6 +320,9 @@ def test_a_job_crosses_the_wire_with_its_calibration_spacing() -> None:
     job = Job(case=case, round=1, seed=0, policy=DEFAULT_POLICY, calibration=SMALL_GEMM)
     back = job_from_wire(job_to_wire(job))
     assert back.calibration == SMALL_GEMM and back.calibration.every_s == 0.0
+    assert back.calibration.policy == SMALL_GEMM.policy
+    slow = replace(SMALL_GEMM, policy=replace(SMALL_GEMM.policy, budget_s=0.5))
+    assert job_from_wire(job_to_wire(replace(job, calibration=slow))).calibration == slow
     older = job_to_wire(job)
     older["calibration"] = {"size": 16}
     assert job_from_wire(older).calibration == Calibration(size=16, every_s=CALIBRATION_EVERY_S)

@@ -24,9 +24,9 @@ from attnbench.measure.timing import Clock, TimingPolicy, TimingStats, time_call
 # so a case needs few of its own; five blocks of two GEMMs cost 19 ms, 10% of the sweep.
 # A point at most every half second of a worker's time: the machine's state is sampled at the
 # same rate whatever the cases' length. Before every case, the default grid's 110 quick cases
-# paid 1.1 s for it (3% of a cold sweep, 4% of a warm one); the run's median from half the
-# points of ten runs was within 0.4% of all of them (1.1% on the noisiest), where the same
-# median moves 25% from run to run on this machine.
+# paid 1.1 s for it (3% of a cold sweep, 4% of a warm one); replayed on nine runs' case times,
+# the rule keeps a third of their points, whose median is within 0.8% of all of them (1.6% on
+# the noisiest), where the same median moves 25% from run to run on this machine.
 CALIBRATION_EVERY_S = 0.5
 CALIBRATION_POLICY = TimingPolicy(
     warmup_calls=1,

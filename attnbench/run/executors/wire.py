@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from typing import Any
 
-from attnbench.measure.calibration import CALIBRATION_EVERY_S, Calibration
+from attnbench.measure.calibration import Calibration
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingPolicy, TimingStats
 from attnbench.run.executors.base import Job, JobDone, Placement
@@ -32,13 +32,15 @@ def timing_from_wire(data: dict[str, Any] | None) -> TimingStats | None:
 
 def job_to_wire(job: Job) -> dict[str, Any]:
     out = asdict(job)
-    out["case"] = job.case.to_dict()
-    out["calibration"] = (
-        None
-        if job.calibration is None
-        else {"size": job.calibration.size, "every_s": job.calibration.every_s}
-    )
+    out["case"] = job.case.to_dict()  # (the calibration travels whole, as asdict made it)
     return out
+
+
+def calibration_from_wire(data: dict[str, Any]) -> Calibration:
+    """A job's calibration kernel back from plain data (a message from an older driver holds
+    its size only: the rest is the default)."""
+    policy = data.get("policy")
+    return Calibration(**{**data, **({"policy": TimingPolicy(**policy)} if policy else {})})
 
 
 def job_from_wire(data: dict[str, Any]) -> Job:
@@ -48,12 +50,7 @@ def job_from_wire(data: dict[str, Any]) -> Job:
             **data,
             "case": Case.from_dict(data["case"]),
             "policy": TimingPolicy(**data["policy"]),
-            "calibration": None
-            if calibration is None
-            else Calibration(
-                size=calibration["size"],
-                every_s=calibration.get("every_s", CALIBRATION_EVERY_S),
-            ),
+            "calibration": None if calibration is None else calibration_from_wire(calibration),
         }
     )
 
