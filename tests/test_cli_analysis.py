@@ -187,12 +187,20 @@ def test_pe_prints_the_check_and_writes_the_figures(tmp_path: Path):
     [
         (["--d", "1"], "--d at least 2"),
         (["--columns", "6..40"], "P has columns 0..31"),
+        (["--d", "4"], "choose --columns below 4 or a larger --d"),  # the default 6..9
         (["--columns", "six"], "--columns: expected a range"),
     ],
 )
 def test_pe_bad_input(tmp_path: Path, args, message):
     result = runner.invoke(app, ["pe", "--out", str(tmp_path), *args])
     assert result.exit_code == 2 and message in result.stderr
+
+
+def test_pe_help_keeps_its_formula() -> None:
+    """Rich reads square brackets in a help text as markup and drops them with their text."""
+    result = runner.invoke(app, ["pe", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    assert "(p(i, 2j), p(i, 2j+1))" in result.stdout
 
 
 SWEEP = ["sweep", "--layers", "conv,attention", "--n", "16,32", "--d", "8", "--heads", "2",

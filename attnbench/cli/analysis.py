@@ -232,14 +232,17 @@ def pe(
 ) -> None:
     """The chapter's positional-encoding figures, and a check of its relative-position property.
 
-    For every offset δ = 1..n, a fixed 2x2 rotation maps (p[i,2j], p[i,2j+1]) to
-    (p[i+δ,2j], p[i+δ,2j+1]) for all i and j; the largest error is printed (float rounding).
+    For every offset δ = 1..n, a fixed 2x2 rotation maps (p(i, 2j), p(i, 2j+1)) to
+    (p(i+δ, 2j), p(i+δ, 2j+1)) for all i and j; the largest error is printed (float rounding).
     """
     if n < 1 or d < 2:
         raise AttnbenchError(f"--n must be at least 1 and --d at least 2 (got {n}, {d})")
     cols = parse_columns(columns)
     if max(cols) >= d:
-        raise AttnbenchError(f"--columns go up to {max(cols)}, but P has columns 0..{d - 1}")
+        raise AttnbenchError(
+            f"--columns go up to {max(cols)}, but P has columns 0..{d - 1} at --d {d}: "
+            f"choose --columns below {d} or a larger --d"
+        )
     formats = parse_formats(fmt)
     errors = {
         "float64": relative_shift_error(n, d, dtype=torch.float64),
