@@ -64,9 +64,10 @@ class Metric:
     device_bound: bool = False  # exact only between runs on the same device model
     overheads: bool = False  # small sizes carry fixed costs: fit the larger sizes only
     # Which law of a layer's theory predicts it, up to a constant: the FLOP formula, the
-    # elementwise formula, the sequential-step law or the path law (None: the theory says
-    # nothing of it).
-    theory: Literal["flops", "elementwise", "traffic", "sequential", "path"] | None = None
+    # elementwise formula, their sum (``work``: all the arithmetic of a call, which its time
+    # and instructions follow), the bytes formula, the sequential-step law or the path law
+    # (None: the theory says nothing of it).
+    theory: Literal["flops", "elementwise", "work", "traffic", "sequential", "path"] | None = None
     chart: Chart | None = None  # its own chart against n (time has several, drawn apart)
     tolerance: str = ""  # the Thresholds field giving the growth allowed ("": none at all)
 
@@ -274,7 +275,7 @@ def columns_of(kind: Kind) -> list[str]:
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("time_s", "time", "time", "s", overheads=True, theory="flops"),
+    Metric("time_s", "time", "time", "s", overheads=True, theory="work"),
     Metric(
         "peak_bytes", "peak memory", "peak", "bytes", exact=True, device_bound=True,
         overheads=True, tolerance="memory_tolerance",
@@ -324,7 +325,7 @@ METRICS: tuple[Metric, ...] = (
     # to about 0.2%, however busy the machine is.
     Metric(
         "instructions", "instructions", "instr.", "instructions", exact=True,
-        device_bound=True, tolerance="instructions_tolerance", theory="flops",
+        device_bound=True, tolerance="instructions_tolerance", theory="work",
     ),
 )  # fmt: skip
 METRIC = {m.column: m for m in METRICS}

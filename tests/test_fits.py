@@ -199,6 +199,26 @@ def test_exponent_table_uses_overhead_rule_and_compares_with_theory():
     assert flops.agrees and flops.range_from == 64
 
 
+def test_time_is_judged_against_all_the_work_flops_and_elementwise():
+    """ssm-scan's Hillis-Steele scan is n·log n elementwise work beside products linear in n:
+    its time's theory is the slope of both together, not of its FLOP formula alone."""
+    theory = theory_of("ssm-scan")
+    rows = [{"layer": "ssm-scan", "n": n, "d": 64, "batch": 1} for n in NS]
+    frame = pd.DataFrame(rows)
+    sizes = [{"b": 1, "n": n, "d": 64, "state": 16} for n in NS]
+    work = [theory.flops(s) + theory.elements(s) for s in sizes]
+    frame["time_s"] = [1e-10 * w for w in work]
+    frame["flops"] = [theory.flops(s) for s in sizes]
+    table = exponent_table(frame)
+    row = table[(table.metric == "time_s") & (table.along == "n")].iloc[0]
+    fitted = [i for i, n in enumerate(NS) if row.range_from <= n <= row.range_to]
+    ns = [NS[i] for i in fitted]
+    assert row.theory == pytest.approx(loglog_exponent(ns, [work[i] for i in fitted]).slope)
+    flops_only = loglog_exponent(ns, [frame["flops"][i] for i in fitted]).slope
+    assert flops_only == pytest.approx(1.0) and row.theory > flops_only + 0.05
+    assert row.agrees
+
+
 def test_exponent_agreement_tolerates_lower_order_terms_of_exact_counts():
     # An RNN traces 3n + 2 steps: slope 0.997 with a tiny interval, still O(n).
     n = [64, 128, 256, 512, 1024]

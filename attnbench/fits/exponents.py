@@ -110,6 +110,11 @@ def theory_values(
         elif law == "elementwise":
             found = theory.elements(case)
             values.append(math.nan if found is None else found)
+        elif law == "work":
+            # FLOPs and elementwise work (an element an operation) together: ssm-scan's
+            # n·log n scan is elementwise, beside products linear in n, and its time follows
+            # both. A theory that states no elementwise work reads its FLOPs.
+            values.append(theory.flops(case) + (theory.elements(case) or 0.0))
         elif law == "traffic":
             dtype_of = DTYPES.get(str(dtype))
             found = None if dtype_of is None else theory.bytes(case, dtype_of.itemsize)
