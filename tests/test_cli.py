@@ -73,6 +73,7 @@ def test_config_file_with_options_overriding_it(tmp_path: Path) -> None:
         (["--max-case-seconds", "-2"], "--max-case-seconds must be a positive number"),
         (["--n", "64..1048576", "--d", "64..4096"], "pass --yes to run it anyway"),
         (["--force"], "--force applies only with --resume"),
+        (["--retry"], "--retry applies only with --resume"),
         (["--resume", "/nonexistent/run"], "'/nonexistent/run' is not a folder"),
         (["--resume", "/"], "is not an attnbench results folder"),
     ],
@@ -84,6 +85,22 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert "Traceback" not in result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:")
+
+
+def test_resume_with_retry_measures_a_failed_case_again(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    first = runner.invoke(app, ["sweep", *TINY, "--layers", "conv", "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    rows = (out / "results.csv").read_text().splitlines()
+    status = rows[0].split(",").index("status")
+    cells = rows[1].split(",")
+    cells[status] = "failed"  # as a case blamed for a kill would read
+    (out / "results.csv").write_text("\n".join([rows[0], ",".join(cells), *rows[2:]]) + "\n")
+    plain = runner.invoke(app, ["sweep", "--resume", str(out), "--json", "--no-charts"])
+    assert [r["status"] for r in json.loads(plain.stdout)["results"]] == ["failed"]
+    again = runner.invoke(app, ["sweep", "--resume", str(out), "--retry", "--json", "--no-charts"])
+    assert again.exit_code == 0, again.output
+    assert [r["status"] for r in json.loads(again.stdout)["results"]] == ["ok"]
 
 
 def test_unwritable_or_taken_out_is_refused(tmp_path: Path) -> None:

@@ -302,6 +302,42 @@ def test_the_case_a_killed_process_died_in_is_failed_and_blocks_larger_ones(
     assert run.frame["error"].iloc[2] == "after conv n=16 d=8 crashed"
 
 
+def test_retry_measures_again_the_failed_and_skipped_cases_and_the_one_died_in(
+    tmp_path: Path, dead_pid: int
+) -> None:
+    """A kill (or a power cut) is blamed on the case it came in; ``retry`` takes the blame back:
+    every case not ok is measured again, the ok ones are kept as they were, none twice."""
+    grid = _grid(layers="conv", n="8..64")
+    out = tmp_path / "run"
+    _killed_run(out, grid, dead_pid, done=1, died_in=1)
+    blamed = resume_sweep(out)
+    assert list(blamed.frame["status"]) == ["failed", "failed", "skipped", "skipped"]
+
+    run = resume_sweep(out, retry=True)
+    assert list(run.frame["status"]) == ["ok"] * 4 and run.frame["case_id"].is_unique
+    assert run.status == "complete"
+    assert set(run.samples["case_id"]) == set(run.frame["case_id"])
+    retried = run.meta["resumes"][-1]["retried"]
+    assert sorted(retried) == sorted(blamed.frame["case_id"])
+    # Nothing left to retry: a second retry measures nothing and changes no row.
+    before = (out / RESULTS_FILE).read_text()
+    again = resume_sweep(out, retry=True)
+    assert (out / RESULTS_FILE).read_text() == before
+    assert again.meta["resumes"][-1]["retried"] == []
+
+
+def test_retry_straight_after_a_kill_measures_the_case_it_died_in(
+    tmp_path: Path, dead_pid: int
+) -> None:
+    grid = _grid(layers="conv", n="8..64")
+    out = tmp_path / "run"
+    _killed_run(out, grid, dead_pid, done=1, died_in=1)
+    run = resume_sweep(out, retry=True)
+    assert list(run.frame["status"]) == ["ok"] * 4
+    # the case recorded failed, then the one the process was in when it was killed
+    assert run.meta["resumes"][-1]["retried"] == [c.case_id for c in grid.cases()[:2]]
+
+
 def test_a_run_still_being_written_is_not_resumed(tmp_path: Path) -> None:
     grid = _grid(layers="conv")
     out = tmp_path / "run"

@@ -79,6 +79,14 @@ def sweep(
             "(the changes are recorded in run.json)."
         ),
     ] = False,
+    retry: Annotated[
+        bool,
+        typer.Option(
+            help="With --resume: measure again the cases recorded failed, oom, timeout or "
+            "skipped, and the one a killed process was in (a kill or a power cut that was "
+            "blamed on a case, or a failure since mended)."
+        ),
+    ] = False,
     yes: Annotated[
         bool,
         typer.Option(
@@ -153,6 +161,8 @@ def sweep(
         values["out"] = str(out)
     if force and resume is None:
         raise AttnbenchError("--force applies only with --resume DIR")
+    if retry and resume is None:
+        raise AttnbenchError("--retry applies only with --resume DIR")
     if resume is not None and "out" in values:
         raise AttnbenchError("--resume continues a run in its own folder; leave out --out")
     streams = Streams.make(stdout_taken=as_json or (fmt != "table" and output is None), quiet=quiet)
@@ -167,7 +177,7 @@ def sweep(
         ):
             measure = {"progress": progress, "on_start": progress.started, "executor": runs_on}
             if resume is not None:
-                run = resume_sweep(resume, values or None, force=force, **measure)
+                run = resume_sweep(resume, values or None, force=force, retry=retry, **measure)
             else:
                 run = run_sweep(values, values.get("out"), allow_large=yes, **measure)
     except KeyboardInterrupt:  # before the first case started: nothing was measured yet

@@ -113,6 +113,16 @@ class RunResults:
             ),
         )
 
+    def without(self, case_ids: set[str]) -> RunResults:
+        """This run less the cases ``case_ids`` and their samples (the calibration points stay:
+        they time the machine, not a case): what ``sweep --resume --retry`` starts from."""
+        keep = ~self.frame["case_id"].isin(case_ids)
+        return replace(
+            self,
+            frame=self.frame[keep].reset_index(drop=True),
+            samples=self.samples[~self.samples["case_id"].isin(case_ids)].reset_index(drop=True),
+        )
+
     @property
     def status(self) -> str:
         """``complete``, ``interrupted``, or ``running`` (also what a killed run leaves)."""

@@ -159,6 +159,7 @@ def resume_sweep(
     overrides: Mapping[str, Any] | None = None,
     *,
     force: bool = False,
+    retry: bool = False,
     progress: ProgressCallback | None = None,
     on_start: StartCallback | None = None,
     clock: Clock = time.perf_counter,
@@ -171,9 +172,18 @@ def resume_sweep(
     ``overrides`` (build_grid options) or a changed environment are refused unless ``force``;
     forced changes are recorded in run.json under ``resumes``.  A case the previous process
     died in is recorded as failed (it may be what killed it) and blocks its larger cases.
+    ``retry`` measures again every case not recorded ``ok`` (failed, oom, timeout, skipped)
+    and the one the previous process died in: a kill or a power cut that was blamed on a case,
+    or a failure since mended. The cases retried are listed under ``resumes`` in run.json.
     """
     out_dir = Path(out_dir)
     run = load_results(out_dir)  # the one read of the folder before it is reopened
+    retried: list[str] = []
+    if retry:
+        retried = sorted(run.frame.loc[run.frame["status"] != "ok", "case_id"])
+        run = run.without(set(retried))
+        died_in = run.meta.get("current_case") if run.status == "running" else None
+        retried += [died_in] if died_in else []
     # Plugin layers are loaded again from where they came, before the grid is rebuilt; each is
     # checked against the record before any of its code runs.
     named = (overrides or {}).get("layers") or ()
@@ -225,6 +235,7 @@ def resume_sweep(
                 "environment_changes": env_changes,
                 "environment": now_env,
                 "cluster": cluster,
+                **({"retried": retried} if retry else {}),
             },
             grid.option_names(),
         )
@@ -237,7 +248,9 @@ def resume_sweep(
             whole = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
             estimate = whole * max(0, missing) / max(1, len(grid.cases()))
             on_start(SweepStart(grid, out_dir, cluster, runs_on.workers, estimate, run))
-        died = run.meta.get("current_case") if run.status == "running" else None
+        # With ``retry`` the case the killed process was in is measured like any missing one.
+        running = run.status == "running" and not retry
+        died = run.meta.get("current_case") if running else None
         return _sweep(
             writer, grid, run, died=died, progress=progress, policy=policy,
             calibration=calibration, executor=runs_on,
