@@ -286,8 +286,8 @@ def rss() -> int:
 set_allocator("pinned")
 before = rss()
 measure_ceilings(
-    "cpu", "float32", 1, gemm_side=64, stream_numel=2**26, conv_shape=(16, 64),
-    attention_length=32, elementwise_ops=("add",), passes=1,
+    "cpu", "float32", 1, gemm_side=64, stream_numel=2**26,
+    elementwise_ops=("add",), passes=1,
     curve_widths={"gemm": (8,), "conv": (8,), "attention": (8,), "recurrent": (8,)},
 )
 print(json.dumps({"grew": rss() - before}))

@@ -20,9 +20,7 @@ from attnbench.fits import Analysis, analyse, roofline
 from attnbench.measure.ceilings import (
     PASSES,
     Ceilings,
-    attention_length_of,
     cache_dir,
-    conv_shape_of,
     machine_ceilings,
     read_ceilings,
 )
@@ -76,16 +74,11 @@ def machine(
     if as_json:
         typer.echo(json.dumps({**found.to_dict(), "cached": cached}, indent=2))
         return
-    channels, positions = conv_shape_of(found.device)
     rows = [
         ("peak FLOP/s", f"{found.peak_flops_per_s / 1e9:.1f} GFLOP/s",
          f"{found.gemm_side}x{found.gemm_side} matrix product, {found.dtype}"),
         ("memory bandwidth", f"{found.bandwidth_bytes_per_s / 1e9:.1f} GB/s",
          f"copy of {found.stream_bytes // 2 // 2**20} MiB (read + written)"),
-        ("convolution", _rate(found.conv_flops_per_s),
-         f"Conv1d({channels}, {channels}, 3) over {positions} positions"),
-        ("fused attention", _rate(found.attention_flops_per_s),
-         f"scaled_dot_product_attention, 8 heads of 64, n = {attention_length_of(found.device)}"),
         *_curve_rows(found),
         ("op latency", fmt_seconds(found.op_latency_s), "one add on one-element tensors"),
         ("page fault", "–" if found.page_fault_s is None else fmt_seconds(found.page_fault_s),
@@ -100,10 +93,6 @@ def machine(
                 title=title)  # fmt: skip
     where = "read from the cache" if cached else "measured now and cached"
     streams.err.print(f"{where} in {cache_dir()} (--remeasure measures again)", markup=False)
-
-
-def _rate(value: float | None) -> str:
-    return "–" if value is None else f"{value / 1e9:.1f} GFLOP/s"
 
 
 def _curve_rows(found: Ceilings) -> list[tuple[str, str, str]]:

@@ -7,8 +7,12 @@
 - ``op_latency_s``: one dispatched operation on one-element tensors, the price every op of a
   call pays before it does any work (on CUDA, that includes the kernel launch);
 - ``page_fault_s``: one minor page fault (``measure.faults``; CPU only);
-- ``conv_flops_per_s``, ``attention_flops_per_s``: a Conv1d and a fused attention kernel
-  (``scaled_dot_product_attention``), which run at rates of their own, not the GEMM's;
+- ``conv_flops_per_s``, ``attention_flops_per_s``: a Conv1d's and a fused attention kernel's
+  (``scaled_dot_product_attention``) rate at the widest point of their curves (below): they run
+  at rates of their own, not the GEMM's. The model reads them only for a run from before the
+  curves, whose products carry no width; they were once two kernels of their own (a 256-channel
+  Conv1d over 4096 positions, 8 heads of 64 over 1024), 0.6 s of every measurement for figures
+  the curves already hold;
 - ``gemm_rates``, ``conv_rates``, ``attention_rates``: each kind of product's FLOP/s by its
   narrow dimension (the smaller of a product's inner and output widths; a convolution's
   channels; an attention's head width), on operands small enough to stay in cache. A layer's
@@ -64,10 +68,6 @@ LATENCY_POLICY = TimingPolicy(
     warmup_calls=100, min_block_s=5e-3, min_samples=10, min_time_s=0.05, budget_s=0.1
 )
 GEMM_SIDE = {"cpu": 1024, "cuda": 8192, "mps": 4096}
-# A convolution's (channels, length) with kernel 3, and a fused attention's length (8 heads of
-# 64): each about as long as the matrix product on its device.
-CONV_SHAPE = {"cpu": (256, 4096), "cuda": (1024, 32768), "mps": (512, 8192)}
-ATTENTION_LENGTH = {"cpu": 1024, "cuda": 8192, "mps": 2048}
 MIN_STREAM_BYTES = 64 * 2**20
 # A server's sysfs reports its socket's whole L3 (480 MiB on a 2-core VM here): 8x of it is
 # 3.75 GiB an array, 6 s to map and 18 s to time, for a bandwidth within 2% of 512 MiB's.
@@ -158,16 +158,6 @@ def _side(device: str) -> int:
     return GEMM_SIDE.get(device.split(":")[0], GEMM_SIDE["cpu"])
 
 
-def conv_shape_of(device: str) -> tuple[int, int]:
-    """(channels, positions) of the convolution whose rate is measured on ``device``."""
-    return CONV_SHAPE.get(device.split(":")[0], CONV_SHAPE["cpu"])
-
-
-def attention_length_of(device: str) -> int:
-    """The length of the fused attention whose rate is measured on ``device``."""
-    return ATTENTION_LENGTH.get(device.split(":")[0], ATTENTION_LENGTH["cpu"])
-
-
 def last_level_cache_bytes(device: str = "cpu") -> int | None:
     """The largest cache: a CUDA device's L2, else the CPU's largest from sysfs (None where it
     cannot be read)."""
@@ -201,8 +191,6 @@ def measure_ceilings(
     sync: Callable[[], None] | None = None,
     gemm_side: int | None = None,
     stream_numel: int | None = None,
-    conv_shape: tuple[int, int] | None = None,
-    attention_length: int | None = None,
     curve_widths: Mapping[str, tuple[int, ...]] | None = None,
     elementwise_ops: tuple[str, ...] | None = None,
     fault_cost: Callable[[], float | None] = fault_cost_s,
@@ -245,9 +233,6 @@ def measure_ceilings(
             x = torch.ones(1, dtype=torch_dtype, device=device)  # (1,)
             out = torch.empty_like(x)  # (1,)
             tiny = timed("op", lambda x=x, out=out: torch.add(x, x, out=out), LATENCY_POLICY)
-            conv = _conv_rate(device, torch_dtype, conv_shape or conv_shape_of(device), timed)
-            length = attention_length or attention_length_of(device)
-            attention = _attention_rate(device, torch_dtype, length, timed)
             curves = rates.rate_curves(device, torch_dtype, timed, curve_widths)
             recurrent = rates.recurrent_rates(device, torch_dtype, timed, curve_widths)
             elementwise = rates.elementwise_rates(device, torch_dtype, timed, elementwise_ops)
@@ -270,8 +255,8 @@ def measure_ceilings(
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         gemm_side=side,
         stream_bytes=2 * numel * torch_dtype.itemsize,
-        conv_flops_per_s=conv,
-        attention_flops_per_s=attention,
+        conv_flops_per_s=_widest(curves["conv_rates"]),
+        attention_flops_per_s=_widest(curves["attention_rates"]),
         **curves,
         elementwise_rates=elementwise,
         recurrent_rates=recurrent[0] if recurrent else None,
@@ -279,29 +264,9 @@ def measure_ceilings(
     )
 
 
-def _conv_rate(
-    device: str, dtype: torch.dtype, shape: tuple[int, int], timed: KernelTimer
-) -> float:
-    """FLOP/s of one Conv1d(C, C, 3) over L positions (2·C·C·3·L FLOPs)."""
-    channels, length = shape
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(1, channels, length, generator=gen).to(device=device, dtype=dtype)  # (1, C, L)
-    w = torch.randn(channels, channels, 3, generator=gen).to(device=device, dtype=dtype)
-    seconds = timed("conv", lambda: torch.nn.functional.conv1d(x, w, padding=1), CEILING_POLICY)
-    return 2 * channels * channels * 3 * length / seconds
-
-
-def _attention_rate(device: str, dtype: torch.dtype, n: int, timed: KernelTimer) -> float:
-    """FLOP/s of one fused attention over 8 heads of 64 (4·h·n²·64 FLOPs, torch's formula)."""
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 8, n, 64, generator=gen).to(device=device, dtype=dtype)
-               for _ in range(3))  # fmt: skip
-    seconds = timed(
-        "attention",
-        lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
-        CEILING_POLICY,
-    )
-    return 4 * 8 * n * n * 64 / seconds
+def _widest(curve: Mapping[int, float]) -> float | None:
+    """A rate curve's reading at its widest point (None for an empty curve)."""
+    return curve[max(curve)] if curve else None
 
 
 def _gemm_s(device: str, dtype: torch.dtype, side: int, timed: KernelTimer) -> float:
