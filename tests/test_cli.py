@@ -100,6 +100,7 @@ def test_resume_with_retry_measures_a_failed_case_again(tmp_path: Path) -> None:
     assert [r["status"] for r in json.loads(plain.stdout)["results"]] == ["failed"]
     again = runner.invoke(app, ["sweep", "--resume", str(out), "--retry", "--json", "--no-charts"])
     assert again.exit_code == 0, again.output
+    assert "(complete, 0 of 1 cases on disk, 1 to measure again)" in again.stderr
     assert [r["status"] for r in json.loads(again.stdout)["results"]] == ["ok"]
 
 

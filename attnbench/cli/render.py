@@ -99,7 +99,8 @@ class SweepProgress:
         if previous is not None:
             self.console.print(
                 f"attnbench {__version__}: resuming {start.out_dir} ({previous.status}, "
-                f"{len(previous.frame)} of {previous.cases_total} cases on disk)",
+                f"{len(previous.frame)} of {previous.cases_total} cases on disk"
+                f"{f', {start.retried} to measure again' if start.retried else ''})",
                 soft_wrap=True,
             )
             for warning in previous.warnings:

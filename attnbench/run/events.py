@@ -29,6 +29,7 @@ class SweepStart:
     ceilings_cached: bool = True
     # the estimate where every case's timing stops early (a quiet machine); None: not made
     estimate_low_s: float | None = None
+    retried: int = 0  # cases a resume with --retry measures again (off disk in ``previous``)
 
 
 @dataclass(frozen=True)

@@ -247,7 +247,11 @@ def resume_sweep(
             missing = len(grid.cases()) - len(run.frame)
             whole = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
             estimate = whole * max(0, missing) / max(1, len(grid.cases()))
-            on_start(SweepStart(grid, out_dir, cluster, runs_on.workers, estimate, run))
+            on_start(
+                SweepStart(
+                    grid, out_dir, cluster, runs_on.workers, estimate, run, retried=len(retried)
+                )
+            )
         # With ``retry`` the case the killed process was in is measured like any missing one.
         running = run.status == "running" and not retry
         died = run.meta.get("current_case") if running else None
