@@ -290,12 +290,19 @@ def _killed_run(out: Path, grid: Grid, pid: int, done: int, died_in: int | None)
     (out / RUN_FILE).write_text(json.dumps(meta))
 
 
-def test_the_case_a_killed_process_died_in_is_failed_and_blocks_larger_ones(
-    tmp_path: Path, dead_pid: int
-) -> None:
+@pytest.fixture
+def killed(tmp_path: Path, dead_pid: int) -> tuple[Grid, Path]:
+    """A conv sweep over n = 8..64 killed in its second case, its first recorded failed."""
     grid = _grid(layers="conv", n="8..64")
     out = tmp_path / "run"
     _killed_run(out, grid, dead_pid, done=1, died_in=1)
+    return grid, out
+
+
+def test_the_case_a_killed_process_died_in_is_failed_and_blocks_larger_ones(
+    killed: tuple[Grid, Path],
+) -> None:
+    _, out = killed
     run = resume_sweep(out)
     assert list(run.frame["status"]) == ["failed", "failed", "skipped", "skipped"]
     assert run.frame["error"].iloc[1] == DIED_ERROR
@@ -303,13 +310,11 @@ def test_the_case_a_killed_process_died_in_is_failed_and_blocks_larger_ones(
 
 
 def test_retry_measures_again_the_failed_and_skipped_cases_and_the_one_died_in(
-    tmp_path: Path, dead_pid: int
+    killed: tuple[Grid, Path],
 ) -> None:
     """A kill (or a power cut) is blamed on the case it came in; ``retry`` takes the blame back:
     every case not ok is measured again, the ok ones are kept as they were, none twice."""
-    grid = _grid(layers="conv", n="8..64")
-    out = tmp_path / "run"
-    _killed_run(out, grid, dead_pid, done=1, died_in=1)
+    _, out = killed
     blamed = resume_sweep(out)
     assert list(blamed.frame["status"]) == ["failed", "failed", "skipped", "skipped"]
 
@@ -327,11 +332,9 @@ def test_retry_measures_again_the_failed_and_skipped_cases_and_the_one_died_in(
 
 
 def test_retry_straight_after_a_kill_measures_the_case_it_died_in(
-    tmp_path: Path, dead_pid: int
+    killed: tuple[Grid, Path],
 ) -> None:
-    grid = _grid(layers="conv", n="8..64")
-    out = tmp_path / "run"
-    _killed_run(out, grid, dead_pid, done=1, died_in=1)
+    grid, out = killed
     run = resume_sweep(out, retry=True)
     assert list(run.frame["status"]) == ["ok"] * 4
     # the case recorded failed, then the one the process was in when it was killed
