@@ -59,8 +59,8 @@ def theirs(threads: int) -> tuple[float, float, float]:
 
 def flat(ceilings: object) -> dict[str, float]:
     """Every rate of a Ceilings, by a short name (``gemm_rates`` at 8 is ``gemm@8``)."""
-    found = {key: getattr(ceilings, key) for key in ("peak_flops_per_s", "bandwidth_bytes_per_s",
-             "op_latency_s", "conv_flops_per_s", "attention_flops_per_s")}  # fmt: skip
+    found = {key: getattr(ceilings, key)
+             for key in ("peak_flops_per_s", "bandwidth_bytes_per_s", "op_latency_s")}  # fmt: skip
     for curve in ("gemm_rates", "conv_rates", "attention_rates", "recurrent_rates",
                   "elementwise_rates"):  # fmt: skip
         for width, rate in (getattr(ceilings, curve) or {}).items():

@@ -51,6 +51,7 @@ def main() -> None:
     single = dataclasses.replace(
         ceilings, gemm_rates=None, conv_rates=None, attention_rates=None,
         elementwise_rates=None, recurrent_rates=None,
+        conv_flops_per_s=ceilings.rate("conv"), attention_flops_per_s=ceilings.rate("attention"),
     )  # fmt: skip
     curves = dataclasses.replace(ceilings, elementwise_rates=None, recurrent_rates=None)
     ops = dataclasses.replace(ceilings, recurrent_rates=None)

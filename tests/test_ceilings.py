@@ -71,9 +71,10 @@ def test_each_ceiling_is_its_kernels_work_over_its_time() -> None:
     assert found.elementwise_rates == {"add": 2**16 / 1e-5, "exp": 2**16 / 8e-5}
     assert found.elementwise_rate("exp") == 2**16 / 8e-5
     assert found.elementwise_rate("erfinv") == 2**16 / 1e-5  # not measured: an add's rate
-    # a convolution's and a fused attention's single rate: their curves' widest reading
-    assert found.conv_flops_per_s == found.conv_rates[4]
-    assert found.attention_flops_per_s == found.attention_rates[8]
+    # no single rate for a convolution or a fused attention: their curves hold them
+    assert found.conv_flops_per_s is None and found.attention_flops_per_s is None
+    assert found.rate("conv") == found.conv_rates[4]  # an unknown width: the widest
+    assert found.rate("attention") == found.attention_rates[8]
     assert found.peak_flops_per_s == 2 * 64**3 / 0.02  # 2·s³ FLOPs of the product
     assert found.bandwidth_bytes_per_s == 2 * 1000 * 4 / 0.004  # read + written, 4 bytes each
     assert found.stream_bytes == 8000 and found.gemm_side == 64
@@ -170,7 +171,7 @@ def test_a_real_measurement_is_consistent() -> None:
     assert found.elementwise_rates is not None
     assert found.elementwise_rates["exp"] < found.elementwise_rates["add"]
     assert found.recurrent_rates is not None and found.recurrent_rates[16] > 0
-    assert found.conv_flops_per_s > 0 and found.attention_flops_per_s > 0
+    assert found.rate("conv") > 0 and found.rate("attention") > 0
     assert 0 < found.op_latency_s < 2 * 256**3 / found.peak_flops_per_s
     assert found.stream_bytes == 2 * 2**22 * 4
 
@@ -281,10 +282,13 @@ def test_a_products_rate_is_read_off_its_kinds_curve_at_its_width() -> None:
     assert wide.rate("gemm", 64) == pytest.approx(found.peak_flops_per_s)
     assert found.rate("gemm") == found.peak_flops_per_s
     assert found.rate("conv", 1000) == pytest.approx(found.conv_rates[4])
-    assert found.rate("conv") == found.conv_flops_per_s
-    older = replace(found, attention_rates=None, conv_rates=None, conv_flops_per_s=None)
-    assert older.rate("attention", 8) == found.attention_flops_per_s
-    assert older.rate("conv", 8) == found.peak_flops_per_s  # not measured: the GEMM's peak
+    assert found.rate("conv") == found.conv_rates[4]  # unknown width: the curve's widest
+    # a file from before the curves: its single rates, and the GEMM's peak where it has none
+    older = replace(found, attention_rates=None, conv_rates=None, attention_flops_per_s=3e10)
+    assert older.rate("attention", 8) == 3e10
+    assert older.rate("conv", 8) == found.peak_flops_per_s
+    # with curves, an older file's single rate still answers for a product of unknown width
+    assert replace(found, conv_flops_per_s=5e10).rate("conv") == 5e10
 
 
 def test_the_rate_curves_travel_through_a_file_and_bad_ones_are_one_clear_error(

@@ -8,11 +8,10 @@
   call pays before it does any work (on CUDA, that includes the kernel launch);
 - ``page_fault_s``: one minor page fault (``measure.faults``; CPU only);
 - ``conv_flops_per_s``, ``attention_flops_per_s``: a Conv1d's and a fused attention kernel's
-  (``scaled_dot_product_attention``) rate at the widest point of their curves (below): they run
-  at rates of their own, not the GEMM's. The model reads them only for a run from before the
-  curves, whose products carry no width; they were once two kernels of their own (a 256-channel
-  Conv1d over 4096 positions, 8 heads of 64 over 1024), 0.6 s of every measurement for figures
-  the curves already hold;
+  single rate, kept only as files from before the curves (below) hold them; measured now, they
+  are None, and a product of unknown width reads its curve at the widest width
+  (``Ceilings.rate``). Each was a kernel of its own, 0.6 s of every measurement for a figure
+  the curves hold;
 - ``gemm_rates``, ``conv_rates``, ``attention_rates``: each kind of product's FLOP/s by its
   narrow dimension (the smaller of a product's inner and output widths; a convolution's
   channels; an attention's head width), on operands small enough to stay in cache. A layer's
@@ -97,8 +96,8 @@ class Ceilings:
     measured_at: str
     gemm_side: int
     stream_bytes: int  # the bytes one copy moves (read + written)
-    # The rates of the products that are not matrix multiplications (None: not measured, and
-    # the model reads peak_flops_per_s for them): a convolution, a fused attention kernel.
+    # The single rates of the products that are not matrix multiplications, in files from
+    # before the curves below (None since: ``rate`` reads the curves).
     conv_flops_per_s: float | None = None
     attention_flops_per_s: float | None = None
     # {narrow dimension: FLOP/s} of each kind of product (None: not measured, as in files
@@ -119,15 +118,19 @@ class Ceilings:
     def rate(self, kind: str, width: int | None = None) -> float:
         """FLOP/s of a product of ``kind`` ("gemm", "conv", "attention") whose narrow
         dimension is ``width``: read off its curve (interpolated in log-log, held flat beyond
-        its ends), else the kind's single rate (the GEMM's peak for a kind not measured)."""
+        its ends; at its widest for an unknown width, where an older file's single rate wins),
+        else the kind's single rate (the GEMM's peak for a kind not measured)."""
         peak = self.peak_flops_per_s
-        single = {"conv": self.conv_flops_per_s, "attention": self.attention_flops_per_s}
+        single = {"gemm": peak, "conv": self.conv_flops_per_s,
+                  "attention": self.attention_flops_per_s}  # fmt: skip
         curve = {"gemm": self.gemm_rates, "conv": self.conv_rates,
                  "attention": self.attention_rates,
                  "recurrent": self.recurrent_rates}.get(kind)  # fmt: skip
-        if width is None or not curve:
+        if not curve:
             return single.get(kind) or peak
         points = {self.gemm_side: peak, **curve} if kind == "gemm" else dict(curve)
+        if width is None:  # a product from a run that kept no widths: its kind's one rate
+            return single.get(kind) or points[max(points)]
         return _interpolate(points, width, log_values=True)
 
     def recurrent_call(self, width: int) -> float:
@@ -255,18 +258,11 @@ def measure_ceilings(
         measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         gemm_side=side,
         stream_bytes=2 * numel * torch_dtype.itemsize,
-        conv_flops_per_s=_widest(curves["conv_rates"]),
-        attention_flops_per_s=_widest(curves["attention_rates"]),
         **curves,
         elementwise_rates=elementwise,
         recurrent_rates=recurrent[0] if recurrent else None,
         recurrent_call_s=recurrent[1] if recurrent else None,
     )
-
-
-def _widest(curve: Mapping[int, float]) -> float | None:
-    """A rate curve's reading at its widest point (None for an empty curve)."""
-    return curve[max(curve)] if curve else None
 
 
 def _gemm_s(device: str, dtype: torch.dtype, side: int, timed: KernelTimer) -> float:

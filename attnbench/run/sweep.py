@@ -178,12 +178,15 @@ def resume_sweep(
     """
     out_dir = Path(out_dir)
     run = load_results(out_dir)  # the one read of the folder before it is reopened
+    # The case a killed process was in: recorded failed (it may be what killed it), or with
+    # ``retry`` measured again like every case not ok.
+    died = run.meta.get("current_case") if run.status == "running" else None
     retried: list[str] = []
     if retry:
         retried = sorted(run.frame.loc[run.frame["status"] != "ok", "case_id"])
         run = run.without(set(retried))
-        died_in = run.meta.get("current_case") if run.status == "running" else None
-        retried += [died_in] if died_in else []
+        retried += [died] if died else []
+        died = None
     # Plugin layers are loaded again from where they came, before the grid is rebuilt; each is
     # checked against the record before any of its code runs.
     named = (overrides or {}).get("layers") or ()
@@ -252,9 +255,6 @@ def resume_sweep(
                     grid, out_dir, cluster, runs_on.workers, estimate, run, retried=len(retried)
                 )
             )
-        # With ``retry`` the case the killed process was in is measured like any missing one.
-        running = run.status == "running" and not retry
-        died = run.meta.get("current_case") if running else None
         return _sweep(
             writer, grid, run, died=died, progress=progress, policy=policy,
             calibration=calibration, executor=runs_on,
