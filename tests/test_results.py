@@ -156,3 +156,15 @@ def test_run_json_is_as_readable_as_the_csv_files(tmp_path: Path) -> None:
     writer.finish()
     csv_mode = (tmp_path / "run" / "results.csv").stat().st_mode & 0o777
     assert (tmp_path / "run" / "run.json").stat().st_mode & 0o777 == csv_mode
+
+
+def test_an_atomic_write_gets_the_umasks_mode_not_mkstemps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test above passes under a 077 umask whatever the writer does (0600 both ways):
+    with the mode a 022 umask gives, a file renamed from mkstemp's 0600 reads 0644."""
+    from attnbench.results import files
+
+    monkeypatch.setattr(files, "FILE_MODE", 0o644)
+    files.write_text_atomic(tmp_path / "x.json", "{}")
+    assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o644
