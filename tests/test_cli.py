@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -133,6 +134,29 @@ def test_help_explains_the_commands() -> None:
     assert result.exit_code == 0
     for option in ("--layers", "--n", "--d", "--dtype", "--device", "--config", "--json"):
         assert option in result.stdout
+
+
+def test_every_commands_help_wraps_at_the_terminals_width() -> None:
+    """Typer keeps a docstring's line breaks: a paragraph wrapped at 96 columns in the source
+    broke again at 80 ("... round after" / "round, so ..."). A line may end early only where
+    the next word would not have fitted, or at a paragraph's end."""
+    from attnbench.cli.app import help_text
+
+    assert help_text("First.\n\n    One\n    paragraph.\n\n    - a\n    - list") == (
+        "First.\n\nOne paragraph.\n\n- a\n- list"
+    )
+    names = [c.callback.__name__ for c in app.registered_commands]  # type: ignore[union-attr]
+    assert len(names) >= 13
+    for info in app.registered_commands:
+        name = info.name or info.callback.__name__.replace("_", "-")  # type: ignore[union-attr]
+        result = runner.invoke(app, [name, "--help"], terminal_width=80)
+        assert result.exit_code == 0, name
+        text = result.stdout.split("Usage:", 1)[1].split("╭", 1)[0]
+        lines = [line.rstrip() for line in text.splitlines()[1:]]
+        for line, after in itertools.pairwise(lines):
+            if line.strip() and after.strip():
+                word = after.split()[0]
+                assert len(line) + 1 + len(word) > 78, f"{name}: {line!r} / {after!r}"
 
 
 def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # type: ignore[no-untyped-def]

@@ -8,6 +8,7 @@ it into one line on stderr and its exit code, never a traceback.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -101,6 +102,20 @@ def root(
     """attnbench: see why attention is quadratic, measured on your own device."""
 
 
+def help_text(doc: str | None) -> str:
+    """A command's docstring as its ``--help`` shows it: each paragraph's lines joined, so the
+    terminal wraps it at its own width (Typer keeps a docstring's line breaks, and a line
+    wrapped at 96 columns in the source breaks again at 80 in the terminal); a paragraph
+    whose lines start with a list's dash or an indent stays as written."""
+    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
+    kept = [
+        p if any(line.startswith(("- ", " ")) for line in p.splitlines()[1:]) else
+        " ".join(line.strip() for line in p.splitlines())
+        for p in paragraphs
+    ]  # fmt: skip
+    return "\n\n".join(kept)
+
+
 # The commands that read saved runs: they never run code, and answer any input in one line.
 READERS = (
     judge.compare,
@@ -126,7 +141,9 @@ for command in (
     machine.machine,
     machine.predict,
 ):
-    app.command()(handles_errors(command, reads_runs=command in READERS))
+    app.command(help=help_text(command.__doc__))(
+        handles_errors(command, reads_runs=command in READERS)
+    )
 
 
 def main() -> None:
