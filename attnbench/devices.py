@@ -6,6 +6,7 @@ executor's workers; everything after that works with the resolved string.
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 from collections.abc import Callable
@@ -120,6 +121,33 @@ def device_name(device: str) -> str:
     if device == "mps":
         return f"Apple MPS ({platform.machine()})"
     return cpu_model()
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: a container's or ``taskset``'s share,
+    not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform (macOS)
+        return os.cpu_count() or 1
+
+
+def check_threads(threads: int) -> int:
+    """``threads``, refused above this process's CPUs: more threads than CPUs time the
+    scheduler's sharing, not the layer, and past a few thousand libgomp cannot start them (it
+    aborts the process). The Ray executor refuses a node without them in the same way."""
+    cpus = usable_cpus()
+    if threads > cpus:
+        raise AttnbenchError(
+            f"--threads {threads}: this process may use {cpus} CPU{'s' if cpus != 1 else ''}; "
+            f"choose at most {cpus}"
+        )
+    return threads
+
+
+def set_threads(threads: int) -> None:
+    """``torch.set_num_threads``, for a count ``check_threads`` accepts."""
+    torch.set_num_threads(check_threads(threads))
 
 
 # The memory allocator's states a sweep can measure in (measure.allocator puts a process in one).

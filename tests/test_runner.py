@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnbench.devices import device_sync
+from attnbench.errors import AttnbenchError
 from attnbench.measure.case import measure_case
 from attnbench.results.run import RunResults
 from attnbench.run.events import ProgressEvent
@@ -97,6 +98,36 @@ def test_threads_option_is_applied_and_recorded(tmp_path: Path) -> None:
         assert run.meta["config"]["threads"] == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_more_threads_than_cpus_are_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libgomp aborts the process past a few thousand threads (a segfault at --threads
+    99999), and more threads than CPUs time the scheduler: one line, exit 2, threads unset."""
+    from typer.testing import CliRunner
+
+    from attnbench import devices
+    from attnbench.cli import app
+
+    monkeypatch.setattr(devices, "usable_cpus", lambda: 2)
+    before = torch.get_num_threads()
+    with pytest.raises(AttnbenchError, match="--threads 3: this process may use 2 CPUs; "):
+        devices.set_threads(3)
+    assert torch.get_num_threads() == before
+    devices.set_threads(1)
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(before)
+    runner = CliRunner()
+    for command in (["machine"], ["sweep", "--layers", "conv", "--n", "8", "--d", "8",
+                                  "--out", str(tmp_path / "run")]):  # fmt: skip
+        result = runner.invoke(app, [*command, "--threads", "3"])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.strip() == (
+            "error: --threads 3: this process may use 2 CPUs; choose at most 2"
+        )
+    assert torch.get_num_threads() == before
+    assert not (tmp_path / "run" / "results.csv").exists()
 
 
 def test_half_precision_cases_run_on_cpu(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import typer
 
 from attnbench.cli.options import SavedRun, json_flag
 from attnbench.cli.render import Streams, frame_table
-from attnbench.devices import DEVICE_CHOICES, DTYPES, local_device
+from attnbench.devices import DEVICE_CHOICES, DTYPES, check_threads, local_device
 from attnbench.errors import AttnbenchError
 from attnbench.fits import Analysis, analyse, roofline
 from attnbench.measure.ceilings import (
@@ -59,13 +59,16 @@ def machine(
 ) -> None:
     """Measure this device's ceilings: peak FLOP/s, memory bandwidth, op latency, page fault.
 
-    A large GEMM's FLOP/s, a STREAM-like copy's bandwidth, a convolution's and a fused
-    attention kernel's FLOP/s, one tiny op's latency and a page fault's cost, cached per
+    A large GEMM's FLOP/s, a STREAM-like copy's bandwidth, each kind of product's FLOP/s by
+    width (GEMM, convolution, fused attention, a fused LSTM's steps), each elementwise op's
+    rate, one tiny op's latency and a page fault's cost, cached per
     machine, torch version, device, dtype and threads under $ATTNBENCH_CACHE_DIR (else
     ~/.cache/attnbench). A sweep records them in run.json at its start.
     """
     if threads is not None and threads < 1:
         raise AttnbenchError(f"--threads must be at least 1 (got {threads})")
+    if threads is not None:
+        check_threads(threads)
     if passes < 1:
         raise AttnbenchError(f"--passes must be at least 1 (got {passes})")
     found, cached = machine_ceilings(

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnbench.devices import DTYPES, check_dtype, device_name, device_sync
+from attnbench.devices import DTYPES, check_dtype, device_name, device_sync, set_threads
 from attnbench.errors import AttnbenchError
 from attnbench.measure import rates
 from attnbench.measure.allocator import release_freed
@@ -224,7 +224,7 @@ def measure_ceilings(
 
     before = torch.get_num_threads()
     if threads is not None:
-        torch.set_num_threads(threads)
+        set_threads(threads)
     side = gemm_side or _side(device)
     numel = stream_numel or stream_elements(torch_dtype.itemsize, last_level_cache_bytes(device))
     src = torch.ones(numel, dtype=torch_dtype, device=device)  # (numel,): mapped once, not a pass

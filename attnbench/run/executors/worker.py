@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from attnbench._version import __version__
-from attnbench.devices import device_name, device_sync
+from attnbench.devices import device_name, device_sync, set_threads
 from attnbench.layers.registry import entry
 from attnbench.measure.allocator import DEFAULT_ALLOCATOR, set_allocator
 from attnbench.measure.calibration import Calibration
@@ -56,7 +56,7 @@ class Worker:
         self.allocator = set_allocator(allocator)
         self.faults = faults
         if threads is not None:
-            torch.set_num_threads(threads)
+            set_threads(threads)
         self.device = device
         self.clock = clock
         # --metric instructions: a process under Callgrind counts each case's calls; ``layers``
