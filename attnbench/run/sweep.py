@@ -78,8 +78,15 @@ def run_sweep(
         warning = None if allow_large else size_warning(grid)
         if warning:
             raise AttnbenchError(warning)
-        folder = prepare_out_dir(Path(out_dir) if out_dir is not None else default_out_dir())
-        cluster = runs_on.start(grid)  # before the environment, which records its threads
+        folder = Path(out_dir) if out_dir is not None else default_out_dir()
+        made = not folder.exists()
+        folder = prepare_out_dir(folder)
+        try:
+            cluster = runs_on.start(grid)  # before the environment, which records its threads
+        except BaseException:
+            if made and not any(folder.iterdir()):
+                folder.rmdir()  # a start refused (--threads, a Ray cluster) leaves no empty run
+            raise
         environment = runs_on.environment(grid.device)
         writer = ResultsWriter.create(folder, grid.to_dict(), environment, grid.option_names())
         cost = fault_cost_s()
