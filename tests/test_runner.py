@@ -119,8 +119,8 @@ def test_more_threads_than_cpus_are_refused_before_anything_runs(
     assert torch.get_num_threads() == 1
     torch.set_num_threads(before)
     runner = CliRunner()
-    for command in (["machine"], ["sweep", "--layers", "conv", "--n", "8", "--d", "8",
-                                  "--out", str(tmp_path / "run")]):  # fmt: skip
+    sizes = ["--layers", "conv", "--n", "8", "--d", "8"]
+    for command in (["machine"], ["sweep", *sizes, "--out", str(tmp_path / "run")]):
         result = runner.invoke(app, [*command, "--threads", "3"])
         assert result.exit_code == 2, result.output
         assert result.stderr.strip() == (
@@ -128,6 +128,30 @@ def test_more_threads_than_cpus_are_refused_before_anything_runs(
         )
     assert torch.get_num_threads() == before
     assert not (tmp_path / "run").exists()  # no empty run folder is left behind
+    monkeypatch.undo()  # ab's sides are processes of their own: the real count, one over
+    over = str(devices.usable_cpus() + 1)
+    ab = ["ab", "--base-layers", "conv", *sizes, "--threads", over, "--out", str(tmp_path / "ab")]
+    result = runner.invoke(app, ab)
+    assert result.exit_code == 2 and "--threads " + over in result.stderr, result.output
+    assert not (tmp_path / "ab").exists()
+
+
+def test_a_refused_start_removes_only_the_empty_folder_it_made(tmp_path: Path) -> None:
+    from attnbench.results.files import new_out_dir
+
+    for folder in (tmp_path / "new", tmp_path / "a" / "b"):
+        with pytest.raises(AttnbenchError), new_out_dir(folder):
+            raise AttnbenchError("refused")
+        assert not folder.exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()  # the user's own empty folder stays
+    with pytest.raises(AttnbenchError), new_out_dir(mine):
+        raise AttnbenchError("refused")
+    assert mine.is_dir()
+    with pytest.raises(AttnbenchError), new_out_dir(tmp_path / "written") as written:
+        (written / "run.json").write_text("{}")
+        raise AttnbenchError("failed after writing")
+    assert (tmp_path / "written" / "run.json").exists()
 
 
 def test_half_precision_cases_run_on_cpu(tmp_path: Path) -> None:

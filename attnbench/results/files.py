@@ -13,13 +13,14 @@ replaced atomically (a synced temporary file and a rename).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,21 @@ def prepare_out_dir(out_dir: Path) -> Path:
             f"--out {str(out_dir)!r} is not writable: {exc.strerror or exc}"
         ) from None
     return out_dir
+
+
+@contextlib.contextmanager
+def new_out_dir(out_dir: Path) -> Iterator[Path]:
+    """``prepare_out_dir(out_dir)`` for a block that starts a run: where the block raises (the
+    workers refused to start) and nothing was written, a folder made here is removed again,
+    so a refused start leaves no empty run behind."""
+    made = not Path(out_dir).exists()
+    folder = prepare_out_dir(out_dir)
+    try:
+        yield folder
+    except BaseException:
+        if made and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
 
 
 def default_out_dir(root: Path = Path("results"), prefix: str = "") -> Path:

@@ -22,7 +22,7 @@ from attnbench.measure.allocator import run_state
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import TimingPolicy
-from attnbench.results.files import prepare_out_dir
+from attnbench.results.files import new_out_dir, prepare_out_dir
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter, load_results
 from attnbench.results.theories import record
@@ -123,13 +123,13 @@ def run_ab(
     warning = None if allow_large else size_warning(grids["current"])
     if warning:
         raise AttnbenchError(warning.replace("this sweep", "each side"))
-    out_dir = prepare_out_dir(Path(out_dir))
     labels = {
         "base": f"the base side ({base_python or 'this interpreter'})",
         "current": "the current side",
     }
     pythons = {"base": base_python, "current": None}
     with contextlib.ExitStack() as stack:
+        out_dir = stack.enter_context(new_out_dir(Path(out_dir)))  # none left by a refused start
         executors = {}
         for side in SIDES:
             made = SubprocessExecutor(pythons[side], label=labels[side])

@@ -29,7 +29,7 @@ from attnbench.measure.ceilings import cache_dir, ceilings_cached, machine_ceili
 from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import Clock, TimingPolicy
 from attnbench.results.environment import changes, resume_keys
-from attnbench.results.files import default_out_dir, now_iso, prepare_out_dir
+from attnbench.results.files import default_out_dir, new_out_dir, now_iso
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter, load_results
 from attnbench.results.theories import merge, record
@@ -78,15 +78,8 @@ def run_sweep(
         warning = None if allow_large else size_warning(grid)
         if warning:
             raise AttnbenchError(warning)
-        folder = Path(out_dir) if out_dir is not None else default_out_dir()
-        made = not folder.exists()
-        folder = prepare_out_dir(folder)
-        try:
+        with new_out_dir(Path(out_dir) if out_dir is not None else default_out_dir()) as folder:
             cluster = runs_on.start(grid)  # before the environment, which records its threads
-        except BaseException:
-            if made and not any(folder.iterdir()):
-                folder.rmdir()  # a start refused (--threads, a Ray cluster) leaves no empty run
-            raise
         environment = runs_on.environment(grid.device)
         writer = ResultsWriter.create(folder, grid.to_dict(), environment, grid.option_names())
         cost = fault_cost_s()
