@@ -188,3 +188,12 @@ def test_a_sweep_says_it_measures_the_ceilings_first_and_counts_them_in_its_esti
     second = runner.invoke(app, [*args, "--out", str(tmp_path / "b")])
     assert second.exit_code == 0 and "ceilings first" not in second.stderr
     assert measured == [1]  # read from the cache
+    # A run stopped while they were measured, resumed on a machine without them: said too.
+    meta = json.loads((tmp_path / "b" / "run.json").read_text())
+    del meta["ceilings"]
+    (tmp_path / "b" / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path / "elsewhere"))
+    resumed = runner.invoke(app, ["sweep", "--resume", str(tmp_path / "b"), "--no-charts"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming" in resumed.stderr and "ceilings first" in resumed.stderr
+    assert measured == [1, 1] and load_results(tmp_path / "b").ceilings is not None

@@ -20,7 +20,7 @@ from attnbench.measure.record import CaseResult
 from attnbench.results.environment import environment
 from attnbench.results.files import RESULTS_FILE, RUN_FILE, SAMPLES_FILE
 from attnbench.results.store import ResultsWriter, load_results
-from attnbench.run.events import ProgressEvent
+from attnbench.run.events import ProgressEvent, SweepStart
 from attnbench.run.executors import serial as serial_module
 from attnbench.run.executors import worker as worker_module
 from attnbench.run.queue import DIED_ERROR
@@ -213,6 +213,42 @@ def test_a_signal_stops_after_the_current_case_and_resume_finishes(
     for row in run.frame.itertuples():
         assert len(run.samples_for(row.case_id)) == row.samples
     assert len(run.meta["resumes"]) == 1 and not run.meta["resumes"][0]["forced"]
+
+
+def test_ctrl_c_while_the_ceilings_are_measured_is_a_recorded_stop_and_resume_records_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ceilings take seconds before the first case: a Ctrl-C there left run.json
+    'running', and a resume never recorded them (no predicted times, no bounds)."""
+    from attnbench.run import sweep as sweep_module
+
+    real = sweep_module.run_ceilings
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "run_ceilings", interrupted)
+    grid, out = _grid(n="8"), tmp_path / "run"
+    with pytest.raises(SweepInterrupted) as info:
+        run_sweep(grid, out)
+    assert info.value.exit_code == 130
+    assert info.value.message == (
+        f"SIGINT: stopped with 0 of 2 cases in {out}; "
+        f"finish it with: attnbench sweep --resume {out}"
+    )
+    stopped = load_results(out)
+    assert stopped.status == "interrupted" and stopped.frame.empty
+    assert stopped.meta.get("ceilings") is None
+    with pytest.raises(SweepInterrupted, match="stopped with 0 of 2 cases"):
+        resume_sweep(out)  # stopped again, at the same place
+    monkeypatch.setattr(sweep_module, "run_ceilings", real)
+    cached = sweep_module.ceilings_cached("cpu", "float32", torch.get_num_threads())
+    starts: list[SweepStart] = []
+    run = resume_sweep(out, on_start=starts.append)
+    assert starts[0].ceilings_cached is cached  # the start line says when they are measured
+    assert run.status == "complete" and len(run.frame) == 2
+    assert run.meta["ceilings"]["peak_flops_per_s"] > 0
+    assert run.ceilings is not None
 
 
 def test_a_second_signal_stops_at_once_and_the_torn_case_is_measured_again(

@@ -105,13 +105,13 @@ class SweepProgress:
             )
             for warning in previous.warnings:
                 self.console.print(f"[yellow]note:[/] {escape(warning)} (repaired)")
-            return
-        self.console.print(
-            f"attnbench {__version__}: {len(grid.cases())} cases on {grid.device} ({grid.dtype}, "
-            f"{grid.mode}, batch {grid.batch}){workers_text(start.cluster)}, "
-            f"{estimate_range(start.estimate_low_s, start.estimate_s)} -> {start.out_dir}",
-            soft_wrap=True,
-        )
+        else:
+            self.console.print(
+                f"attnbench {__version__}: {len(grid.cases())} cases on {grid.device} "
+                f"({grid.dtype}, {grid.mode}, batch {grid.batch}){workers_text(start.cluster)}, "
+                f"{estimate_range(start.estimate_low_s, start.estimate_s)} -> {start.out_dir}",
+                soft_wrap=True,
+            )
         if not start.ceilings_cached:
             self.console.print(
                 "measuring this machine's ceilings first (once per machine and thread count, "

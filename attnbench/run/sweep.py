@@ -101,11 +101,30 @@ def run_sweep(
                 ceilings_cached=known, estimate_low_s=low / workers + first,
             )  # fmt: skip
             on_start(start)
-        writer.update(ceilings=run_ceilings(grid, cost))
+        with _stopped_before_cases(writer, len(grid.cases())):
+            writer.update(ceilings=run_ceilings(grid, cost))
         return _sweep(
             writer, grid, None, progress=progress, policy=policy, calibration=calibration,
             executor=runs_on,
         )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _stopped_before_cases(writer: ResultsWriter, total: int, done: int = 0) -> Iterator[None]:
+    """Ctrl-C before the first case (the ceilings take seconds): the run is recorded
+    ``interrupted``, not left ``running``, and the stop says how to finish it."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        writer.finish("interrupted")
+        raise SweepInterrupted(str(writer.out_dir), done, total, "SIGINT") from None
+
+
+def _recorded_ceilings(writer: ResultsWriter, run: RunResults, grid: Grid) -> None:
+    """A resumed run that has no ceilings (stopped while they were measured, or they could
+    not be) gets them now, from the cache or measured, as a new run would."""
+    if run.meta.get("ceilings") is None:
+        writer.update(ceilings=run_ceilings(grid, run.meta.get("fault_cost_s")))
 
 
 def run_ceilings(grid: Grid, fault_cost: float | None = None) -> dict[str, Any] | None:
@@ -246,15 +265,22 @@ def resume_sweep(
         writer.record_theories(merge(run.theories, record(grid)))
         if config_changes:
             writer.update(config=grid.to_dict())
+        known = run.meta.get("ceilings") is not None or ceilings_cached(
+            grid.device, grid.dtype, grid.threads or torch.get_num_threads()
+        )
         if on_start is not None:
             missing = len(grid.cases()) - len(run.frame)
             whole = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
             estimate = whole * max(0, missing) / max(1, len(grid.cases()))
+            estimate += 0.0 if known else CEILINGS_S
             on_start(
                 SweepStart(
-                    grid, out_dir, cluster, runs_on.workers, estimate, run, retried=len(retried)
+                    grid, out_dir, cluster, runs_on.workers, estimate, run,
+                    ceilings_cached=known, retried=len(retried),
                 )
-            )
+            )  # fmt: skip
+        with _stopped_before_cases(writer, len(grid.cases()), len(run.frame)):
+            _recorded_ceilings(writer, run, grid)
         return _sweep(
             writer, grid, run, died=died, progress=progress, policy=policy,
             calibration=calibration, executor=runs_on,
