@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -11,6 +12,7 @@ from attnbench.layers import BUILTIN
 if TYPE_CHECKING:  # matplotlib is imported where a chart is drawn: a sweep starts 0.4 s sooner
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.ticker import Formatter
 
 # 12 colours and 11 markers: no two of the first 132 layers share both, and the built-in
 # eleven differ in colour alone.
@@ -32,12 +34,48 @@ def power_of_two(x: float, _pos: int) -> str:
     return f"{x:g}" if x < 1 or x != round(x) else f"{int(x)}"
 
 
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+_MATHTEXT = re.compile(r"\$\\mathdefault\{(.*)\}\$")
+_POWER = re.compile(r"(?:(.+?)\\times)?(\d+)\^\{(-?\d+)\}")
+
+
+def plain_power(label: str) -> str:
+    """A log axis's tick label as matplotlib writes it in mathtext
+    (``$\\mathdefault{2\\times10^{-4}}$``), as plain text with Unicode superscripts
+    (``2×10⁻⁴``): the same label without a mathtext parse (pyparsing, about 5 ms for each
+    label of each panel in each format): 178 of the 589 parses of saving the default run's
+    charts, which save 11% faster without them (5 interleaved pairs)."""
+    inner = _MATHTEXT.fullmatch(label)
+    if inner is None:
+        return label
+    power = _POWER.fullmatch(inner.group(1))
+    if power is None:
+        return inner.group(1)
+    coeff, base, exponent = power.groups()
+    return f"{coeff + '×' if coeff else ''}{base}{exponent.translate(_SUPERSCRIPT)}"
+
+
+def log_formatter(base: float) -> Formatter:
+    """matplotlib's own tick labels of a log axis (which ticks are labelled, and how), written
+    by ``plain_power``."""
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class PlainLogFormatter(LogFormatterSciNotation):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return plain_power(super().__call__(x, pos))
+
+    return PlainLogFormatter(base, labelOnlyBase=False)  # as LogScale sets them, subs None
+
+
 def log_axes(ax: Axes, xlabel: str, ylabel: str, *, base_x: int = 2) -> None:
     from matplotlib.ticker import FuncFormatter
 
     ax.set_xscale("log", base=base_x)
     ax.set_yscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(power_of_two))
+    ax.xaxis.set_minor_formatter(log_formatter(base_x))
+    ax.yaxis.set_major_formatter(log_formatter(10))
+    ax.yaxis.set_minor_formatter(log_formatter(10))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, which="major", alpha=0.3)
