@@ -328,3 +328,33 @@ def test_a_narrow_terminal_folds_cells_and_keeps_layer_names_whole() -> None:
     column = ["".join(row[i].strip() for row in rows) for i in range(4)]  # each cell, unfolded
     assert column[0] == name
     assert column[3] == source.replace(" ", "")
+
+
+def test_drawing_the_charts_after_a_sweep_is_said_in_a_terminal(tiny_run, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Ten seconds or more of charts after the tables (the default run) looked hung: a
+    terminal shows a status while they are drawn; a log gets only the line after."""
+    import io
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from attnbench.cli import sweeping
+    from attnbench.cli.render import Streams
+
+    seen: list[bool] = []
+
+    def plot(run):  # type: ignore[no-untyped-def]
+        seen.append(bool(notes.is_terminal and notes._live_stack))  # a status is live
+        return [Path("run/charts/time.png")]
+
+    monkeypatch.setattr(sweeping, "plot_run", plot)
+    for terminal in (True, False):
+        buffer = io.StringIO()
+        notes = Console(file=buffer, force_terminal=terminal, width=100)
+        streams = Streams(out=notes, err=notes, notes=notes, human=notes)
+        assert sweeping._charts_after_sweep(tiny_run, streams) == ["run/charts/time.png"]
+        assert seen[-1] is terminal
+        text = Text.from_ansi(buffer.getvalue()).plain
+        assert ("drawing the charts" in text) is terminal
+        assert "charts: 1 files in run/charts" in text

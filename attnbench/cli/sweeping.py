@@ -209,8 +209,17 @@ def _charts_after_sweep(run: RunResults, streams: Streams) -> list[str]:
     """Charts of a finished sweep; a failure here is reported, and the results stay saved."""
     if run.measured.empty:
         return []
+    # A few seconds to ten or more after the tables (the default run: 22 files): said in a
+    # terminal while it lasts, where a silent prompt would look hung; a log gets the line after.
+    notes = streams.notes
+    drawing = (
+        notes.status("drawing the charts (--no-charts skips them)")
+        if notes is not None and notes.is_terminal
+        else contextlib.nullcontext()
+    )
     try:
-        paths = plot_run(run)
+        with drawing:
+            paths = plot_run(run)
     except Exception as exc:
         streams.err.print(
             f"[yellow]warning:[/] charts were not drawn ({exc}); the results are saved, "
