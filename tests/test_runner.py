@@ -143,6 +143,7 @@ def test_a_refused_start_removes_only_the_empty_folder_it_made(tmp_path: Path) -
         with pytest.raises(AttnbenchError), new_out_dir(folder):
             raise AttnbenchError("refused")
         assert not folder.exists()
+    assert not (tmp_path / "a").exists()  # the parent made for it too
     mine = tmp_path / "mine"
     mine.mkdir()  # the user's own empty folder stays
     with pytest.raises(AttnbenchError), new_out_dir(mine):

@@ -168,15 +168,17 @@ def prepare_out_dir(out_dir: Path) -> Path:
 @contextlib.contextmanager
 def new_out_dir(out_dir: Path) -> Iterator[Path]:
     """``prepare_out_dir(out_dir)`` for a block that starts a run: where the block raises (the
-    workers refused to start) and nothing was written, a folder made here is removed again,
-    so a refused start leaves no empty run behind."""
-    made = not Path(out_dir).exists()
+    workers refused to start) and nothing was written, the folders made here (its parents
+    too) are removed again, so a refused start leaves no empty run behind."""
+    made = [p for p in (Path(out_dir), *Path(out_dir).parents) if not p.exists()]
     folder = prepare_out_dir(out_dir)
     try:
         yield folder
     except BaseException:
-        if made and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+        for path in made:  # the folder, then each parent made for it, while empty
+            if not path.is_dir() or any(path.iterdir()):
+                break
+            path.rmdir()
         raise
 
 
