@@ -345,16 +345,24 @@ def test_drawing_the_charts_after_a_sweep_is_said_in_a_terminal(tiny_run, monkey
     seen: list[bool] = []
 
     def plot(run):  # type: ignore[no-untyped-def]
-        seen.append(bool(notes.is_terminal and notes._live_stack))  # a status is live
+        seen.append(bool(shown))  # a status was up while they were drawn
         return [Path("run/charts/time.png")]
 
     monkeypatch.setattr(sweeping, "plot_run", plot)
     for terminal in (True, False):
         buffer = io.StringIO()
         notes = Console(file=buffer, force_terminal=terminal, width=100)
+        shown: list[str] = []
+        real_status = notes.status
+
+        def status(message, real_status=real_status, shown=shown):  # type: ignore[no-untyped-def]
+            shown.append(message)
+            return real_status(message)
+
+        notes.status = status  # type: ignore[method-assign]
         streams = Streams(out=notes, err=notes, notes=notes, human=notes)
         assert sweeping._charts_after_sweep(tiny_run, streams) == ["run/charts/time.png"]
         assert seen[-1] is terminal
         text = Text.from_ansi(buffer.getvalue()).plain
-        assert ("drawing the charts" in text) is terminal
+        assert bool(shown) is terminal and all("drawing the charts" in m for m in shown)
         assert "charts: 1 files in run/charts" in text
