@@ -120,13 +120,6 @@ def _stopped_before_cases(writer: ResultsWriter, total: int, done: int = 0) -> I
         raise SweepInterrupted(str(writer.out_dir), done, total, "SIGINT") from None
 
 
-def _recorded_ceilings(writer: ResultsWriter, run: RunResults, grid: Grid) -> None:
-    """A resumed run that has no ceilings (stopped while they were measured, or they could
-    not be) gets them now, from the cache or measured, as a new run would."""
-    if run.meta.get("ceilings") is None:
-        writer.update(ceilings=run_ceilings(grid, run.meta.get("fault_cost_s")))
-
-
 def run_ceilings(grid: Grid, fault_cost: float | None = None) -> dict[str, Any] | None:
     """The ceilings of the run's device, dtype and threads for run.json: from the cache, or
     measured now (a few seconds, once per machine; ``attnbench machine --remeasure`` measures
@@ -265,7 +258,10 @@ def resume_sweep(
         writer.record_theories(merge(run.theories, record(grid)))
         if config_changes:
             writer.update(config=grid.to_dict())
-        known = run.meta.get("ceilings") is not None or ceilings_cached(
+        # A run stopped while its ceilings were measured (or where they could not be) gets
+        # them now, from the cache or measured, as a new run would.
+        recorded = run.meta.get("ceilings") is not None
+        known = recorded or ceilings_cached(
             grid.device, grid.dtype, grid.threads or torch.get_num_threads()
         )
         if on_start is not None:
@@ -279,8 +275,9 @@ def resume_sweep(
                     ceilings_cached=known, retried=len(retried),
                 )
             )  # fmt: skip
-        with _stopped_before_cases(writer, len(grid.cases()), len(run.frame)):
-            _recorded_ceilings(writer, run, grid)
+        if not recorded:
+            with _stopped_before_cases(writer, len(grid.cases()), len(run.frame)):
+                writer.update(ceilings=run_ceilings(grid, run.meta.get("fault_cost_s")))
         return _sweep(
             writer, grid, run, died=died, progress=progress, policy=policy,
             calibration=calibration, executor=runs_on,
