@@ -251,6 +251,32 @@ def test_ctrl_c_while_the_ceilings_are_measured_is_a_recorded_stop_and_resume_re
     assert run.ceilings is not None
 
 
+def test_ceilings_that_cannot_be_measured_say_why_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ray driver with fewer CPUs than --threads asks of the nodes cannot measure them: the
+    run was left without ceilings and without a word."""
+    import io
+
+    from rich.console import Console
+
+    from attnbench.cli.summary import summary_notes
+    from attnbench.run import sweep as sweep_module
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AttnbenchError("--threads 8: this process may use 2 CPUs; choose at most 2")
+
+    monkeypatch.setattr(sweep_module, "machine_ceilings", refused)
+    run = run_sweep(_grid(n="8"), tmp_path / "run")
+    assert run.status == "complete" and run.ceilings is None
+    assert run.meta["ceilings_error"] == (
+        "--threads 8: this process may use 2 CPUs; choose at most 2"
+    )
+    buffer = io.StringIO()
+    summary_notes(run, Console(file=buffer, width=300))
+    assert "no machine ceilings, so no predicted times or bounds: --threads 8" in buffer.getvalue()
+
+
 def test_a_second_signal_stops_at_once_and_the_torn_case_is_measured_again(
     tmp_path: Path,
 ) -> None:

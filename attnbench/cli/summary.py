@@ -121,6 +121,13 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             f"in them (attempts = 2): {names}",
             soft_wrap=True,
         )
+    if run.meta.get("ceilings_error"):
+        console.print(
+            f"[yellow]note:[/] no machine ceilings, so no predicted times or bounds: "
+            f"{escape(str(run.meta['ceilings_error']))}; attnbench predict --machine FILE "
+            "takes the ceilings of the machine that ran the cases",
+            soft_wrap=True,
+        )
     if frame["path_len_method"].str.startswith("extended").any():
         console.print(
             "[dim]path*: extended from a band or block law proven at probe lengths "

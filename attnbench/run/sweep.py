@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from attnbench.errors import AttnbenchError, SweepInterrupted
+from attnbench.errors import AttnbenchError, SweepInterrupted, first_line
 from attnbench.layers import plugins
 from attnbench.measure import countcache
 from attnbench.measure.allocator import run_state
@@ -102,7 +102,7 @@ def run_sweep(
             )  # fmt: skip
             on_start(start)
         with _stopped_before_cases(writer, len(grid.cases())):
-            writer.update(ceilings=run_ceilings(grid, cost))
+            writer.update(**run_ceilings(grid, cost))
         return _sweep(
             writer, grid, None, progress=progress, policy=policy, calibration=calibration,
             executor=runs_on,
@@ -120,20 +120,23 @@ def _stopped_before_cases(writer: ResultsWriter, total: int, done: int = 0) -> I
         raise SweepInterrupted(str(writer.out_dir), done, total, "SIGINT") from None
 
 
-def run_ceilings(grid: Grid, fault_cost: float | None = None) -> dict[str, Any] | None:
-    """The ceilings of the run's device, dtype and threads for run.json: from the cache, or
+def run_ceilings(grid: Grid, fault_cost: float | None = None) -> dict[str, Any]:
+    """run.json's ``ceilings`` for the run's device, dtype and threads: from the cache, or
     measured now (a few seconds, once per machine; ``attnbench machine --remeasure`` measures
-    again). They are this process's device: with Ray, the driver's. None where they cannot
-    be measured (the run goes on; ``attnbench predict --machine`` takes a file instead)."""
+    again). They are this process's device: with Ray, the driver's. Where they cannot be
+    measured (a driver with fewer CPUs than --threads asks of Ray's nodes), ``ceilings`` is
+    None and ``ceilings_error`` says why: the run goes on, and ``attnbench predict --machine``
+    takes a file instead."""
     threads = grid.threads or torch.get_num_threads()
     try:
         found, _ = machine_ceilings(grid.device, grid.dtype, threads)
-    except (AttnbenchError, RuntimeError, OSError):
-        return None
+    except (AttnbenchError, RuntimeError, OSError) as exc:
+        reason = exc.message if isinstance(exc, AttnbenchError) else first_line(exc)
+        return {"ceilings": None, "ceilings_error": reason}
     if found.page_fault_s is not None and fault_cost is not None:
         # One cost of a fault per run: the one measured now, which fault_cost_s records too.
         found = replace(found, page_fault_s=fault_cost)
-    return found.to_dict()
+    return {"ceilings": found.to_dict(), "ceilings_error": None}
 
 
 @contextlib.contextmanager
@@ -277,7 +280,7 @@ def resume_sweep(
             )  # fmt: skip
         if not recorded:
             with _stopped_before_cases(writer, len(grid.cases()), len(run.frame)):
-                writer.update(ceilings=run_ceilings(grid, run.meta.get("fault_cost_s")))
+                writer.update(**run_ceilings(grid, run.meta.get("fault_cost_s")))
         return _sweep(
             writer, grid, run, died=died, progress=progress, policy=policy,
             calibration=calibration, executor=runs_on,
