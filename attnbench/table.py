@@ -33,6 +33,11 @@ def _value(row: pd.Series | None, column: str) -> Any:
     return None if row is None else row[column]
 
 
+def _finite(value: Any) -> float | None:
+    """A float, or None for a missing or nan one (what JSON can hold)."""
+    return None if value is None or pd.isna(value) else float(value)
+
+
 def _agrees(row: pd.Series | None) -> bool | None:
     """Whether a measured law agrees with the theory's (None: not judged)."""
     if row is None or row["agrees"] is None or pd.isna(row["agrees"]):
@@ -93,6 +98,9 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 "time_exponent_n": _value(time_n, "exponent"),
                 "time_exponent_n_ci95": None if time_n is None else [time_n.ci_low, time_n.ci_high],
                 "time_exponent_d": _value(time_d, "exponent"),
+                # time = work / rate: the counted work's and the rate's slopes on time_n's sizes
+                "time_work_exponent_n": _finite(_value(time_n, "work_exponent")),
+                "time_rate_exponent_n": _finite(_value(time_n, "rate_exponent")),
                 "seq_steps_exponent_n": _value(seq_n, "exponent"),
                 "path_len_exponent_n": _value(path_n, "exponent"),
                 "seq_steps_agrees": _agrees(seq_n),
@@ -149,8 +157,14 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
                 if str(row.time_fit_rule or "").startswith("sizes the machine model")
                 else ""
             )
+            law = "time ~ n"
+            if row.time_work_exponent_n is not None and row.time_rate_exponent_n is not None:
+                law = (
+                    f"time ~ n^{row.time_exponent_n:.2f} = work n^{row.time_work_exponent_n:.2f}"
+                    f" ÷ rate n^{row.time_rate_exponent_n:.2f},"
+                )
             parts.append(
-                f"time ~ n fitted at n={row.time_fit_n[0]}..{row.time_fit_n[1]}, "
+                f"{law} fitted at n={row.time_fit_n[0]}..{row.time_fit_n[1]}, "
                 f"d={row.time_fit_d_at}{regime}"
             )
         if row.time_d_fit_n_at is not None:

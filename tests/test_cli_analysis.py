@@ -108,9 +108,14 @@ def test_plot_of_a_run_without_measurements(wide: Path):
 def test_fit_prints_tables_and_json(wide: Path):
     result = runner.invoke(app, ["fit", str(wide)])
     assert result.exit_code == 0, result.output
-    for title in ("Growth in n", "Cost models of time", "Crossovers"):
+    for title in ("Growth in n", "Why time grows as it does", "Cost models of time", "Crossovers"):
         assert title in result.stdout
+    assert "time = work ÷ rate on the same sizes" in " ".join(result.stderr.split())
     payload = json.loads(runner.invoke(app, ["fit", str(wide), "--json"]).stdout)
+    times = [e for e in payload["exponents"] if e["metric"] == "time_s" and e["along"] == "n"]
+    assert times and all(  # the real run's counted work splits every time exponent exactly
+        e["exponent"] == pytest.approx(e["work_exponent"] - e["rate_exponent"]) for e in times
+    )
     assert {"exponents", "models", "crossovers"} <= set(payload)
     assert payload["unfitted"] == {}  # every layer's own model was fitted
     assert "no cost model" not in result.stderr

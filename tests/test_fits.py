@@ -324,3 +324,38 @@ def test_agreement_at_its_exact_boundaries() -> None:
     assert agrees(Fit(2.0, 1.5, 2.3), 1.5) is True  # the theory on the interval's low end
     assert agrees(Fit(2.0, 1.7, 2.5), 2.5) is True  # and on its high end
     assert agrees(Fit(2.0, 1.7, 2.4), 2.5) is False
+
+
+def test_a_time_exponent_splits_exactly_into_the_work_and_the_rate_it_ran_at():
+    """conv's counted work grows as n; a machine that runs it faster on longer inputs (rate
+    ~ n^0.3 here) bends its time to n^0.7. The split reads the bend as the rate's, and the
+    two slopes add up to the time's exactly, on the same sizes."""
+    frame = synthetic("conv", lambda n, d: 1e-9 * 6 * n * d * d / (n**0.3), noise=0.05)
+    table = exponent_table(frame)
+    time = table[(table.metric == "time_s") & (table.along == "n") & (table.fixed == 256)].iloc[0]
+    assert time.work_exponent == pytest.approx(1.0)
+    assert time.rate_exponent == pytest.approx(0.3, abs=0.05)
+    assert time.exponent == pytest.approx(time.work_exponent - time.rate_exponent, abs=1e-12)
+    fitted = frame[(frame.d == 256) & frame.n.between(time.range_from, time.range_to)]
+    rates = fitted.flops / fitted.time_s
+    assert time.rate_from == pytest.approx(rates.iloc[0])
+    assert time.rate_to == pytest.approx(rates.iloc[-1])
+    # Another metric, or a time without counted work, has no split.
+    flops = table[table.metric == "flops"].iloc[0]
+    assert np.isnan(flops.work_exponent) and np.isnan(flops.rate_exponent)
+    uncounted = exponent_table(frame.drop(columns="flops"))
+    assert uncounted[uncounted.metric == "time_s"].work_exponent.isna().all()
+
+
+def test_the_split_counts_elementwise_work_as_the_theory_does():
+    """ssm-scan's work is its products and its n·log n scan: the split's work is both, so its
+    slope is the theory's, not the FLOPs' alone."""
+    theory = theory_of("ssm-scan")
+    sizes = [{"b": 1, "n": n, "d": 64, "state": 16} for n in NS]
+    frame = pd.DataFrame([{"layer": "ssm-scan", "n": n, "d": 64, "batch": 1} for n in NS])
+    frame["flops"] = [theory.flops(s) for s in sizes]
+    frame["elementwise"] = [theory.elements(s) for s in sizes]
+    frame["time_s"] = [1e-10 * (f + e) for f, e in zip(frame.flops, frame.elementwise, strict=True)]
+    row = exponent_table(frame).query("metric == 'time_s' and along == 'n'").iloc[0]
+    assert row.work_exponent == pytest.approx(row.theory)
+    assert row.rate_exponent == pytest.approx(0.0, abs=1e-9)

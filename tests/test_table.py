@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -11,8 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.fits import loglog_exponent, upper_half
+from attnbench.fits import analyse, loglog_exponent, upper_half
 from attnbench.render.blocks import markdown_table
+from attnbench.render.report import _reading, split_display
 from attnbench.results.run import RunResults
 from attnbench.schema import RESULT_COLUMNS
 from attnbench.table import comparison_table, display, fit_notes
@@ -130,3 +132,40 @@ def test_table_command(tiny_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     shutil.copytree(tiny_run.path, tmp_path / "results" / "latest")
     latest = runner.invoke(app, ["table"])
     assert latest.exit_code == 0 and "comparison table" in latest.stdout
+
+
+def test_the_notes_split_each_time_exponent_into_work_and_rate() -> None:
+    """rnn's counted work grows as n·d², and the machine ran it faster as n grew (rate ~
+    n^0.2): the note says time n^0.80 is that work over that rate, and the fit's table reads
+    the bend as the rate's; attention's rate held, so its time follows its work."""
+    run = _synthetic_run()
+    frame = run.frame
+    rnn, attention = frame["layer"] == "rnn", frame["layer"] == "attention"
+    frame.loc[rnn, "flops"] = 2 * frame["n"] * frame["d"] ** 2
+    frame.loc[rnn, "time_s"] = 1e-9 * frame["n"] ** 0.8 * frame["d"] ** 2
+    frame.loc[attention, "flops"] = 4 * frame["n"] ** 2 * frame["d"]
+    table = comparison_table(run)
+    notes = fit_notes(table, run)
+    assert any(
+        note.startswith("rnn: time ~ n^0.80 = work n^1.00 ÷ rate n^0.20, fitted at n=64..512")
+        for note in notes
+    ), notes
+    shown = split_display(SimpleNamespace(exponents=analyse(run).exponents)).set_index("layer")
+    assert shown.loc["rnn", "reading"] == "rate rose ×1.5 with n"  # 512/64 = 8, 8^0.2 = 1.5
+    assert shown.loc["attention", "reading"] == "rate steady: time follows the work"
+    assert (shown.loc["rnn", "time"], shown.loc["rnn", "÷ rate"]) == ("n^0.80", "n^0.20")
+    # Without counted work there is nothing to split: the note keeps its plain form.
+    frame["flops"] = np.nan
+    notes = fit_notes(comparison_table(run), run)
+    assert any(note.startswith("rnn: time ~ n fitted at n=64..512") for note in notes)
+    assert split_display(SimpleNamespace(exponents=analyse(run).exponents)).empty
+
+
+def test_the_reading_says_whether_the_machine_model_follows_the_bend() -> None:
+    def row(model: float) -> pd.Series:
+        return pd.Series({"rate_from": 100.0, "rate_to": 50.0, "rate_exponent": -0.3,
+                          "exponent": 1.3, "model": model})  # fmt: skip
+
+    assert _reading(row(1.25)) == "rate fell ÷2 with n; model n^1.25 follows"
+    assert _reading(row(1.0)) == "rate fell ÷2 with n; model n^1.00, misses it"
+    assert _reading(row(np.nan)) == "rate fell ÷2 with n"  # a run without ceilings

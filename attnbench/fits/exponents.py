@@ -81,6 +81,13 @@ EXPONENT_COLUMNS = [
     # time only: the slope of the machine model's predicted time over the same points (nan:
     # another metric, or a run without ceilings): the curve the counts and the machine explain
     "model",
+    # time only: the slopes of the counted work (FLOPs + elementwise work) and of the rate it
+    # ran at (work per second) over the same points: time = work / rate, so on the same points
+    # the time's slope is the work's minus the rate's, exactly (nan: another metric, no work)
+    "work_exponent",
+    "rate_exponent",
+    "rate_from",  # work per second at the first and the last size of the range (median)
+    "rate_to",
     "points",
     "range_from",
     "range_to",
@@ -162,6 +169,50 @@ def regime_sizes(line: pd.DataFrame, along: str, bounds: pd.Series | None) -> li
     return sizes if len(sizes) >= MIN_REGIME_POINTS else None
 
 
+def counted_work(frame: pd.DataFrame) -> pd.Series:
+    """Each case's counted work, FLOPs plus elementwise work (an element an operation), as the
+    theory's "work" law has it: what a time is the work of (nan where FLOPs were not counted)."""
+    if "flops" not in frame:
+        return pd.Series(math.nan, index=frame.index)
+    flops = pd.to_numeric(frame["flops"], errors="coerce")
+    if "elementwise" not in frame:
+        return flops
+    return flops + pd.to_numeric(frame["elementwise"], errors="coerce").fillna(0.0)
+
+
+NO_SPLIT = {"work_exponent": math.nan, "rate_exponent": math.nan, "rate_from": math.nan,
+            "rate_to": math.nan}  # fmt: skip
+
+
+def split_time(
+    line: pd.DataFrame, along: str, metric: str, work: pd.Series | None
+) -> dict[str, float]:
+    """A time line's exponent split in two, time = work / rate: the slope of the counted work
+    and of the rate it ran at (work per second) over the line's points, and that rate at the
+    first and the last size. Where the time's exponent leaves the chapter's order while the
+    work's keeps it, the machine ran the layer faster (or slower) per unit of work as n grew."""
+    if metric != "time_s" or work is None:
+        return dict(NO_SPLIT)
+    seconds = line[metric].astype(float)
+    done = work.reindex(line.index).astype(float)
+    usable = done.notna() & (done > 0) & (seconds > 0)
+    if usable.sum() < 2:
+        return dict(NO_SPLIT)
+    sizes = line.loc[usable, along].tolist()
+    rate = done[usable] / seconds[usable]
+    work_fit = loglog_exponent(sizes, done[usable].tolist())
+    rate_fit = loglog_exponent(sizes, rate.tolist())
+    if work_fit is None or rate_fit is None:
+        return dict(NO_SPLIT)
+    by_size = rate.groupby(line.loc[usable, along]).median()
+    return {
+        "work_exponent": work_fit.slope,
+        "rate_exponent": rate_fit.slope,
+        "rate_from": float(by_size.iloc[0]),
+        "rate_to": float(by_size.iloc[-1]),
+    }
+
+
 def range_rule(metric: str, overhead: float | None, regime: bool = False) -> str:
     if not METRIC[metric].overheads:
         return "all sizes (exact count)"
@@ -192,6 +243,8 @@ def exponent_table(
     ``model`` (time, with ``predicted``: the machine model's seconds by the frame's index) is
     the slope of the predicted time over the same points: where it sits near the measured
     exponent and away from the theory's, the machine bends the curve, not the layer.
+    ``work_exponent`` and ``rate_exponent`` split a time exponent into the counted work's growth
+    and the growth of the rate the machine ran it at (``split_time``).
     """
     rows: list[dict[str, Any]] = []
     for layer, group in measured.groupby("layer", sort=False):
@@ -202,6 +255,7 @@ def exponent_table(
             overheads = METRIC[metric].overheads
             values = numeric(group, metric)
             law = theory_values(values, metric, layers)
+            work = counted_work(values) if metric == "time_s" else None
             values = values[["n", "d", metric]]  # the lines below take rows: no other column
             overhead = own.constant if own is not None and metric == "time_s" else None
             for along, other in (("n", "d"), ("d", "n")):
@@ -221,6 +275,7 @@ def exponent_table(
                         expected = law.loc[line.index].tolist()
                         theory_fit = loglog_exponent(line[along].tolist(), expected)
                         slope = theory_fit.slope if theory_fit else math.nan
+                    split = split_time(line, along, metric, work)
                     model = math.nan
                     if predicted is not None and metric == "time_s":
                         seconds = predicted.reindex(line.index).astype(float).tolist()
@@ -238,6 +293,7 @@ def exponent_table(
                             "theory": slope,
                             "agrees": agrees(fit, slope),
                             "model": model,
+                            **split,
                             "points": fit.points,
                             "range_from": int(fit.x_min),
                             "range_to": int(fit.x_max),

@@ -70,6 +70,63 @@ def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
     )
 
 
+# A rate exponent this close to 0 is a rate that held over the range.
+STEADY_RATE = 0.1
+
+
+def _reading(row: pd.Series) -> str:
+    """How the rate moved over a time line's range, and whether the machine model's slope
+    follows the measured one (within 0.1)."""
+    change = row.rate_to / row.rate_from if row.rate_from > 0 else math.nan
+    if abs(row.rate_exponent) < STEADY_RATE:
+        text = "rate steady: time follows the work"
+    elif row.rate_exponent > 0:
+        text = f"rate rose ×{change:.2g} with n"
+    else:
+        text = f"rate fell ÷{1 / change:.2g} with n"
+    if not math.isnan(row.model):
+        follows = abs(row.model - row.exponent) <= STEADY_RATE
+        text += f"; model n^{row.model:.2f}" + (" follows" if follows else ", misses it")
+    return text
+
+
+def split_display(analysis: Analysis) -> pd.DataFrame:
+    """Each layer's time exponent in n (at its largest d) as time = work / rate: the counted
+    work's slope and the slope of the rate it ran at, over the same sizes, so whether a bend
+    from the chapter's order is the layer's (its work) or the machine's (its rate) is read, not
+    guessed."""
+    e = analysis.exponents
+    e = e[(e["metric"] == "time_s") & (e["along"] == "n")].dropna(subset=["rate_exponent"])
+    if e.empty:
+        return pd.DataFrame()
+    e = e[e["fixed"] == e.groupby("layer")["fixed"].transform("max")]
+    return pd.DataFrame(
+        {
+            "layer": e["layer"],
+            "at d": e["fixed"],
+            "fitted on n": [f"{a}..{b}" for a, b in zip(e.range_from, e.range_to, strict=True)],
+            "time": e["exponent"].map(lambda x: f"n^{x:.2f}"),
+            "= work": e["work_exponent"].map(lambda x: f"n^{x:.2f}"),
+            "÷ rate": e["rate_exponent"].map(lambda x: f"n^{x:.2f}"),
+            "rate (work/s)": [
+                f"{a / 1e9:.3g} → {b / 1e9:.3g} G/s"
+                for a, b in zip(e.rate_from, e.rate_to, strict=True)
+            ],
+            "reading": [_reading(r) for _, r in e.iterrows()],
+        }
+    )
+
+
+SPLIT_NOTE = (
+    "time = work ÷ rate on the same sizes, so the time's exponent is the work's minus the "
+    "rate's, exactly. The work is counted (FLOPs + elementwise work, as the theory states it); "
+    "the rate is the work done per second. A rate that rises with n usually means that small "
+    "calls pay fixed per-call costs or leave cores idle; one that falls, that the operands "
+    "outgrew a cache. Where the machine model's slope follows the measured one, the measured "
+    "ceilings account for the bend."
+)
+
+
 def _where(rule: str) -> str:
     """The sizes an exponent was fitted on, in a word or two (``fits.range_rule``)."""
     if rule.startswith("sizes the machine model"):
@@ -175,9 +232,10 @@ def crossover_display(analysis: Analysis) -> pd.DataFrame:
 
 def model_notes(analysis: Analysis) -> list[str]:
     """Each layer left out of the cost-model table, and why, so a missing row is explained;
-    then the machine model's effective ceilings."""
+    how to read time = work ÷ rate; then the machine model's effective ceilings."""
     unfitted = [f"no cost model for {layer}: {why}" for layer, why in analysis.unfitted.items()]
-    return unfitted + machine_notes(analysis)
+    split = [SPLIT_NOTE] if not split_display(analysis).empty else []
+    return unfitted + split + machine_notes(analysis)
 
 
 def fit_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
@@ -185,6 +243,7 @@ def fit_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
     tables = {
         "Growth in n (log-log exponent at the largest d)": exponent_display(analysis, "n"),
         "Growth in d (log-log exponent at the largest n)": exponent_display(analysis, "d"),
+        "Why time grows as it does (at the largest d): time = work ÷ rate": split_display(analysis),
         "Cost models of time (NNLS; relative RMS as google-benchmark reports it)": model_display(
             analysis
         ),
