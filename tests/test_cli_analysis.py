@@ -241,3 +241,31 @@ def test_a_chart_failure_keeps_the_results(tmp_path: Path, monkeypatch: pytest.M
     assert "charts were not drawn (no fonts)" in result.stderr
     assert f"attnbench plot {out}" in result.stderr
     assert len(load_results(out).measured) == 4
+
+
+def test_the_split_reads_the_models_latency_share_at_both_ends_of_a_range(wide: Path):
+    """Where the run recorded its ceilings, the reading gives the share of the machine model's
+    time that is latency at the first and last size fitted: what makes a rate rise when the
+    model follows it (lstm's set-up), and its absence when the model misses (conv)."""
+    from attnbench.fits import analyse
+    from attnbench.render.report import _latency_shares, split_display
+
+    analysis = analyse(load_results(wide))
+    assert not analysis.machine.empty
+    e = analysis.exponents
+    rows = e[(e.metric == "time_s") & (e.along == "n")]
+    row = rows[rows.fixed == rows.fixed.max()].iloc[0]
+    first, last = _latency_shares(analysis, row)
+    frame = analysis.frame.join(analysis.machine.drop(columns="case_id"), how="inner")
+    line = frame[(frame.layer == row.layer) & (frame.d == row.fixed)]
+
+    def share(n: int) -> float:
+        at = line[line.n == n]
+        return float(((at.latency_s + at.faults_s) / at.predicted_time_s).median())
+
+    assert (first, last) == (
+        pytest.approx(share(row.range_from)),
+        pytest.approx(share(row.range_to)),
+    )
+    readings = split_display(analysis)["reading"]
+    assert readings.str.contains(r"\(latency \d+% → \d+% of it\)").all()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -150,7 +149,7 @@ def test_the_notes_split_each_time_exponent_into_work_and_rate() -> None:
         note.startswith("rnn: time ~ n^0.80 = work n^1.00 ÷ rate n^0.20, fitted at n=64..512")
         for note in notes
     ), notes
-    shown = split_display(SimpleNamespace(exponents=analyse(run).exponents)).set_index("layer")
+    shown = split_display(analyse(run)).set_index("layer")
     assert shown.loc["rnn", "reading"] == "rate rose ×1.5 with n"  # 512/64 = 8, 8^0.2 = 1.5
     assert shown.loc["attention", "reading"] == "rate steady: time follows the work"
     assert (shown.loc["rnn", "time"], shown.loc["rnn", "÷ rate"]) == ("n^0.80", "n^0.20")
@@ -158,7 +157,7 @@ def test_the_notes_split_each_time_exponent_into_work_and_rate() -> None:
     frame["flops"] = np.nan
     notes = fit_notes(comparison_table(run), run)
     assert any(note.startswith("rnn: time ~ n fitted at n=64..512") for note in notes)
-    assert split_display(SimpleNamespace(exponents=analyse(run).exponents)).empty
+    assert split_display(analyse(run)).empty
 
 
 def test_the_reading_says_whether_the_machine_model_follows_the_bend() -> None:
@@ -169,3 +168,6 @@ def test_the_reading_says_whether_the_machine_model_follows_the_bend() -> None:
     assert _reading(row(1.25)) == "rate fell ÷2 with n; model n^1.25 follows"
     assert _reading(row(1.0)) == "rate fell ÷2 with n; model n^1.00, misses it"
     assert _reading(row(np.nan)) == "rate fell ÷2 with n"  # a run without ceilings
+    assert _reading(row(1.25), (0.38, 0.03)) == (
+        "rate fell ÷2 with n; model n^1.25 follows (latency 38% → 3% of it)"
+    )

@@ -74,9 +74,10 @@ def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
 STEADY_RATE = 0.1
 
 
-def _reading(row: pd.Series) -> str:
+def _reading(row: pd.Series, latency: tuple[float, float] | None = None) -> str:
     """How the rate moved over a time line's range, and whether the machine model's slope
-    follows the measured one (within 0.1)."""
+    follows the measured one (within 0.1), with the share of the model's time that is latency
+    (per-op costs and set-up) at both ends of the range, where it was predicted."""
     change = row.rate_to / row.rate_from if row.rate_from > 0 else math.nan
     if abs(row.rate_exponent) < STEADY_RATE:
         text = "rate steady: time follows the work"
@@ -87,7 +88,26 @@ def _reading(row: pd.Series) -> str:
     if not math.isnan(row.model):
         follows = abs(row.model - row.exponent) <= STEADY_RATE
         text += f"; model n^{row.model:.2f}" + (" follows" if follows else ", misses it")
+        if latency is not None:
+            text += f" (latency {latency[0]:.0%} → {latency[1]:.0%} of it)"
     return text
+
+
+def _latency_shares(analysis: Analysis, row: pd.Series) -> tuple[float, float] | None:
+    """The machine model's latency share (latency and faults over its predicted time) of a
+    time line's first and last size (median over their cases); None without a prediction."""
+    machine, frame = analysis.machine, analysis.frame
+    if machine.empty:
+        return None
+    line = frame[(frame["layer"] == row.layer) & (frame["d"] == row.fixed)]
+    terms = machine.reindex(line.index).dropna(subset=["predicted_time_s"])
+    if terms.empty:
+        return None
+    share = (terms["latency_s"] + terms["faults_s"]) / terms["predicted_time_s"]
+    by_n = share.groupby(line.loc[terms.index, "n"]).median()
+    if row.range_from not in by_n or row.range_to not in by_n:
+        return None
+    return float(by_n[row.range_from]), float(by_n[row.range_to])
 
 
 def split_display(analysis: Analysis) -> pd.DataFrame:
@@ -112,7 +132,7 @@ def split_display(analysis: Analysis) -> pd.DataFrame:
                 f"{a / 1e9:.3g} → {b / 1e9:.3g} G/s"
                 for a, b in zip(e.rate_from, e.rate_to, strict=True)
             ],
-            "reading": [_reading(r) for _, r in e.iterrows()],
+            "reading": [_reading(r, _latency_shares(analysis, r)) for _, r in e.iterrows()],
         }
     )
 
