@@ -345,6 +345,12 @@ def test_a_time_exponent_splits_exactly_into_the_work_and_the_rate_it_ran_at():
     assert np.isnan(flops.work_exponent) and np.isnan(flops.rate_exponent)
     uncounted = exponent_table(frame.drop(columns="flops"))
     assert uncounted[uncounted.metric == "time_s"].work_exponent.isna().all()
+    # Nor does a line with a size whose work is missing: the split is on the time's own
+    # points, or it is not given.
+    frame.loc[(frame.d == 256) & (frame.n == time.range_to), "flops"] = np.nan
+    gap = exponent_table(frame)
+    gap = gap[(gap.metric == "time_s") & (gap.along == "n") & (gap.fixed == 256)].iloc[0]
+    assert np.isnan(gap.work_exponent) and not np.isnan(gap.exponent)
 
 
 def test_the_split_counts_elementwise_work_as_the_theory_does():

@@ -195,8 +195,9 @@ def split_time(
         return dict(NO_SPLIT)
     seconds = line[metric].astype(float)
     done = work.reindex(line.index).astype(float)
-    usable = done.notna() & (done > 0) & (seconds > 0)
-    if usable.sum() < 2:
+    timed = seconds > 0  # the time's own fit leaves the rest out
+    usable = timed & done.notna() & (done > 0)
+    if usable.sum() < 2 or usable.sum() < timed.sum():  # on the time's points, or not at all
         return dict(NO_SPLIT)
     sizes = line.loc[usable, along].tolist()
     rate = done[usable] / seconds[usable]
