@@ -152,7 +152,8 @@ def test_the_notes_split_each_time_exponent_into_work_and_rate() -> None:
     shown = split_display(analyse(run)).set_index("layer")
     assert shown.loc["rnn", "reading"] == "rate rose ×1.5 with n"  # 512/64 = 8, 8^0.2 = 1.5
     assert shown.loc["attention", "reading"] == "rate steady: time follows the work"
-    assert (shown.loc["rnn", "time"], shown.loc["rnn", "÷ rate"]) == ("n^0.80", "n^0.20")
+    assert shown.loc["rnn", "time = work ÷ rate"] == "n^0.80 = n^1.00 ÷ n^0.20"
+    assert shown.loc["rnn", "sizes"] == "n=64..512, d=64"
     # Without counted work there is nothing to split: the note keeps its plain form.
     frame["flops"] = np.nan
     notes = fit_notes(comparison_table(run), run)

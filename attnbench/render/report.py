@@ -123,11 +123,14 @@ def split_display(analysis: Analysis) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "layer": e["layer"],
-            "at d": e["fixed"],
-            "fitted on n": [f"{a}..{b}" for a, b in zip(e.range_from, e.range_to, strict=True)],
-            "time": e["exponent"].map(lambda x: f"n^{x:.2f}"),
-            "= work": e["work_exponent"].map(lambda x: f"n^{x:.2f}"),
-            "÷ rate": e["rate_exponent"].map(lambda x: f"n^{x:.2f}"),
+            "sizes": [
+                f"n={a}..{b}, d={d}"
+                for a, b, d in zip(e.range_from, e.range_to, e.fixed, strict=True)
+            ],
+            "time = work ÷ rate": [
+                f"n^{t:.2f} = n^{w:.2f} ÷ n^{r:.2f}"
+                for t, w, r in zip(e.exponent, e.work_exponent, e.rate_exponent, strict=True)
+            ],
             "rate (work/s)": [
                 f"{a / 1e9:.3g} → {b / 1e9:.3g} G/s"
                 for a, b in zip(e.rate_from, e.rate_to, strict=True)
@@ -263,7 +266,7 @@ def fit_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
     tables = {
         "Growth in n (log-log exponent at the largest d)": exponent_display(analysis, "n"),
         "Growth in d (log-log exponent at the largest n)": exponent_display(analysis, "d"),
-        "Why time grows as it does (at the largest d): time = work ÷ rate": split_display(analysis),
+        "Why time grows as it does in n (at the largest d)": split_display(analysis),
         "Cost models of time (NNLS; relative RMS as google-benchmark reports it)": model_display(
             analysis
         ),
