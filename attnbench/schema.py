@@ -195,6 +195,13 @@ COLUMNS: tuple[Column, ...] = (
         optional=True,
     ),
     Column(
+        "backend", "text", _MEASURE,
+        "the convolution implementations the timed call ran on the CPU (oneDNN's "
+        "mkldnn_convolution, or torch's reference thnn_conv2d / slow_conv_dilated2d, which it "
+        "chooses for small inputs), from the memory pass's profile; empty where none ran",
+        optional=True,
+    ),
+    Column(
         "bytes", "int", _MEASURE,
         "bytes one call reads and writes, over its aten ops (views excluded; in-place ops read "
         "and write; fused kernels at their boundary): the traffic if nothing stays in cache",

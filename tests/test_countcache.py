@@ -22,7 +22,7 @@ from attnbench.spec import build_grid
 runner = CliRunner()
 EXACT = ["flops", "elementwise", "bytes", "product_bytes", "kernels", "seq_steps", "path_len",
          "uncounted_ops", "seq_steps_method", "path_len_method", "bytes_method"]  # fmt: skip
-MEMORY = ["peak_bytes", "ops", "fused_path"]
+MEMORY = ["peak_bytes", "ops", "fused_path", "backend"]
 TINY = ["--n", "16,32", "--d", "8", "--device", "cpu", "--time-budget", "0.002", "--no-charts"]
 
 LAYER = """

@@ -128,6 +128,13 @@ def test_a_fused_kernel_is_profiled_at_n() -> None:
     assert extend.extend_profile(found, 8192) is None
 
 
+def test_a_convolution_is_profiled_at_n() -> None:
+    # torch chooses a convolution's implementation by its size: the probes' is not n's.
+    ran = frozenset({"thnn_conv2d"})
+    found = {m: countcache.Profile(4 * m, 5, frozenset(), backends=ran) for m in extend.PROBES}
+    assert extend.extend_profile(found, 8192) is None
+
+
 def test_a_case_whose_layer_refuses_a_probe_length_is_traced_in_full() -> None:
     def refuse(case: object) -> Counts:
         raise ValueError("n must be a multiple of 100")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -74,3 +76,32 @@ def test_cuda_peak_reads_allocator_stats_above_baseline(monkeypatch: pytest.Monk
 
 def test_devices_without_allocator_stats_report_none() -> None:
     assert peak_bytes(lambda: None, "mps") is None
+
+
+def test_the_memory_pass_records_the_convolution_implementation_torch_chose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch-1 Conv1d runs torch's reference kernel on a small input and oneDNN's on a large
+    one (above about 32k input elements on this CPU build): the rate jumps there, and the
+    ``backend`` column says which ran. A layer without a convolution records none, and the
+    count cache keeps what was recorded."""
+    from attnbench.measure import countcache
+    from attnbench.measure.case import measure_case, memory_pass
+    from attnbench.measure.timing import TimingPolicy
+    from attnbench.spec import build_grid
+
+    grid = build_grid({"layers": "conv,attention", "n": [16, 2048], "d": [128], "device": "cpu"})
+    cases = {(c.layer, c.n): c for c in grid.cases()}
+    found = {key: memory_pass(case, 0).backends for key, case in cases.items()}
+    assert found[("conv", 16)] == {"thnn_conv2d"}
+    assert found[("conv", 2048)] == {"mkldnn_convolution"}
+    assert found[("attention", 16)] == found[("attention", 2048)] == frozenset()
+    monkeypatch.setenv(countcache.NO_CACHE_ENV, "1")  # this pass measured, not read
+    policy = TimingPolicy(warmup_calls=1, min_samples=1, min_time_s=0.0, budget_s=1e-3)
+    result = measure_case(cases[("conv", 16)], policy=policy)
+    assert result.backend == "thnn_conv2d (torch's reference convolution)"
+    assert result.to_row()["backend"] == result.backend
+    monkeypatch.delenv(countcache.NO_CACHE_ENV)
+    profile = countcache.Profile(1, 1, frozenset(), backends=frozenset({"thnn_conv2d"}))
+    countcache.write_profile(cases[("conv", 16)], 0, profile, tmp_path)
+    assert countcache.read_profile(cases[("conv", 16)], 0, tmp_path) == profile

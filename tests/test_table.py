@@ -154,6 +154,13 @@ def test_the_notes_split_each_time_exponent_into_work_and_rate() -> None:
     assert shown.loc["attention", "reading"] == "rate steady: time follows the work"
     assert shown.loc["rnn", "time = work ÷ rate"] == "n^0.80 = n^1.00 ÷ n^0.20"
     assert shown.loc["rnn", "sizes"] == "n=64..512, d=64"
+    # A convolution implementation recorded at the ends of the range, and changed between them.
+    frame["backend"] = ""
+    frame.loc[rnn & (frame["n"] == 512), "backend"] = "mkldnn_convolution (oneDNN convolution)"
+    frame.loc[rnn & (frame["n"] == 64), "backend"] = "thnn_conv2d (torch's reference convolution)"
+    shown = split_display(analyse(run)).set_index("layer")
+    assert shown.loc["rnn", "reading"].endswith("; kernel thnn_conv2d → mkldnn_convolution")
+    assert "kernel" not in shown.loc["attention", "reading"]
     # Without counted work there is nothing to split: the note keeps its plain form.
     frame["flops"] = np.nan
     notes = fit_notes(comparison_table(run), run)
@@ -172,3 +179,6 @@ def test_the_reading_says_whether_the_machine_model_follows_the_bend() -> None:
     assert _reading(row(1.25), (0.38, 0.03)) == (
         "rate fell ÷2 with n; model n^1.25 follows (latency 38% → 3% of it)"
     )
+    switched = _reading(row(np.nan), None, ("thnn_conv2d", "mkldnn_convolution"))
+    assert switched == "rate fell ÷2 with n; kernel thnn_conv2d → mkldnn_convolution"
+    assert _reading(row(np.nan), None, ("mkldnn_convolution",) * 2) == "rate fell ÷2 with n"

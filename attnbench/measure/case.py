@@ -25,8 +25,8 @@ from attnbench.measure.elementwise import ELEMENTWISE_METHOD, count_elementwise
 from attnbench.measure.faults import FaultCounter
 from attnbench.measure.flops import FlopCount, trace_flops
 from attnbench.measure.instructions import InstructionCounter
-from attnbench.measure.memory import is_out_of_memory, peak_bytes
-from attnbench.measure.ops import describe_fused, recording_fused
+from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
+from attnbench.measure.ops import BACKENDS, describe_backend, describe_fused, recording_fused
 from attnbench.measure.record import CaseResult
 from attnbench.measure.structure import PATH_NONE, SEQ_METHOD, path_length, sequential_steps
 from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats, time_call
@@ -187,6 +187,7 @@ def measure_case(
         flops_analytic=case.analytic_flops(),
         uncounted_ops=counts.uncounted_ops,
         fused_path=describe_fused(set(memory.fused)),
+        backend=describe_backend(memory.backends),
         seq_steps=counts.seq_steps,
         seq_steps_method=counts.seq_steps_method,
         path_len=counts.path_len,
@@ -225,13 +226,16 @@ def cached_profile(case: Case, seed: int) -> countcache.Profile | None:
 
 
 def memory_pass(case: Case, seed: int, step: Step | None = None) -> countcache.Profile:
-    """Peak memory of one real call, with the ops it dispatched (a fused kernel is one) and the
-    fused paths it took; a fresh step is called once first, so lazy set-up stays unmeasured."""
+    """Peak memory of one real call, with the ops it dispatched (a fused kernel is one), the
+    fused paths it took and the convolution implementations it ran (``ops.BACKENDS``, on the
+    CPU); a fresh step is called once first, so lazy set-up stays unmeasured."""
     step = step or _called_step(case, seed)
     fused: set[str] = set()
     timed_ops: list[int] = []
-    peak = peak_bytes(recording_fused(step, fused, timed_ops), case.device)
-    return countcache.Profile(peak, timed_ops[0] if timed_ops else None, frozenset(fused))
+    peak, ran = profile_call(recording_fused(step, fused, timed_ops), case.device)
+    return countcache.Profile(
+        peak, timed_ops[0] if timed_ops else None, frozenset(fused), backends=ran & set(BACKENDS)
+    )
 
 
 def probe_counts(short: Case, seed: int, step: Step | None = None) -> countcache.Counts:
@@ -404,7 +408,7 @@ def prime_instruments() -> None:
     Kineto) once per process, before a case's clock starts, so it is not charged to the first
     case traced; ``measure_case`` calls it where it will trace, so a sweep the count cache
     holds whole never pays it. Neither loads torch._dynamo (``ops.TracingMode``,
-    ``memory._cpu_peak``)."""
+    ``memory._cpu_profile``)."""
     if _PRIMED:
         return
     a = torch.ones(4, 4)

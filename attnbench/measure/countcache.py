@@ -62,12 +62,14 @@ class Counts:
 @dataclass(frozen=True)
 class Profile:
     """What the memory pass of one call gives: its peak bytes (None where the device keeps no
-    statistics), the ops its real path dispatched, the fused paths it took, and how."""
+    statistics), the ops its real path dispatched, the fused paths it took, how, and the
+    convolution implementations it ran (``ops.BACKENDS``; none recorded off the CPU)."""
 
     peak_bytes: int | None
     ops: int | None
     fused: frozenset[str]
     method: str = "measured"
+    backends: frozenset[str] = frozenset()
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
@@ -143,7 +145,10 @@ def read_profile(
     """The case's cached memory pass on this CPU and thread count (None: none, off, not CPU)."""
     data = _load(profile_key(case, seed, *_role(probe)), folder)
     try:
-        return None if data is None else Profile(**{**data, "fused": frozenset(data["fused"])})
+        if data is None:
+            return None
+        sets = {name: frozenset(data.get(name, ())) for name in ("fused", "backends")}
+        return Profile(**{**data, **sets})
     except (TypeError, KeyError):
         return None
 
@@ -152,7 +157,7 @@ def write_profile(
     case: Case, seed: int, profile: Profile, folder: Path | None = None, *, probe: bool = False
 ) -> None:
     """Store the case's memory pass (CPU only)."""
-    data = {**asdict(profile), "fused": sorted(profile.fused)}
+    data = {**asdict(profile), "fused": sorted(profile.fused), "backends": sorted(profile.backends)}
     _store(profile_key(case, seed, *_role(probe)), data, folder)
 
 

@@ -121,11 +121,13 @@ def describe(degrees: set[int], lengths: list[int]) -> str:
 
 def extend_profile(found: Mapping[int, Profile], n: int) -> Profile | None:
     """The memory pass at ``n`` from the passes at the probe lengths: peak bytes and the timed
-    path's ops each by its law; None without a law, or where a fused kernel ran."""
+    path's ops each by its law; None without a law, or where a fused kernel or a convolution
+    ran."""
     lengths = sorted(found)
-    if any(p.fused for p in found.values()):
+    if any(p.fused or p.backends for p in found.values()):
         # A fused kernel's scratch memory follows its own rules (oneDNN's lstm at d = 64: a law
         # proven at n = 8..64 misses n = 1024 by 60 kB); it is one op, cheap to profile at n.
+        # A convolution's implementation is chosen by its size: the probes' is not n's.
         return None
     degrees: set[int] = set()
     values = _carry(found, ("peak_bytes", "ops"), n, degrees)

@@ -20,11 +20,18 @@ def peak_bytes(fn: Callable[[], object], device: str) -> int | None:
 
     Returns None where the device exposes no allocator statistics (mps).
     """
+    return profile_call(fn, device)[0]
+
+
+def profile_call(fn: Callable[[], object], device: str) -> tuple[int | None, frozenset[str]]:
+    """``peak_bytes`` of one call of ``fn``, and on the CPU the name of every aten op it ran,
+    nested ones included (the implementation a convolution chose, ``ops.BACKENDS``), from the
+    same profile; none on another device."""
     if device.startswith("cuda"):
-        return _cuda_peak(fn, torch.device(device))
+        return _cuda_peak(fn, torch.device(device)), frozenset()
     if device == "cpu":
-        return _cpu_peak(fn)
-    return None
+        return _cpu_profile(fn)
+    return None, frozenset()
 
 
 def _cuda_peak(fn: Callable[[], object], device: torch.device) -> int:
@@ -38,7 +45,7 @@ def _cuda_peak(fn: Callable[[], object], device: torch.device) -> int:
     return int(peak - baseline)
 
 
-def _cpu_peak(fn: Callable[[], object]) -> int:
+def _cpu_profile(fn: Callable[[], object]) -> tuple[int, frozenset[str]]:
     # Kineto logs two lines per profiling session to stderr, which would break progress output.
     os.environ.setdefault("KINETO_LOG_LEVEL", "10")
     # The autograd profiler that torch.profiler.profile wraps: the wrapper's set-up asks
@@ -46,12 +53,15 @@ def _cpu_peak(fn: Callable[[], object]) -> int:
     with profile(profile_memory=True) as prof:
         out = fn()
         del out
-    deltas = [
-        (event.start_ns(), event.nbytes())
-        for event in prof.kineto_results.events()
-        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU
-    ]
-    return peak_of_deltas(delta for _, delta in sorted(deltas, key=lambda e: e[0]))
+    deltas, names = [], set()
+    for event in prof.kineto_results.events():
+        name = event.name()
+        if name == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU:
+            deltas.append((event.start_ns(), event.nbytes()))
+        elif name.startswith("aten::"):
+            names.add(name.removeprefix("aten::"))
+    peak = peak_of_deltas(delta for _, delta in sorted(deltas, key=lambda e: e[0]))
+    return peak, frozenset(names)
 
 
 def peak_of_deltas(deltas: Iterable[int]) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +92,16 @@ FUSED_PATHS = {
     "mkldnn_rnn": "oneDNN recurrent kernel",
     "_cudnn_rnn": "cuDNN recurrent kernel",
     "miopen_rnn": "MIOpen recurrent kernel",
+}
+# The implementations torch chooses between for a CPU convolution, by its size: oneDNN's, or
+# its own reference kernels (im2col and a GEMM, the dilated one adding the bias channel by
+# channel). A Conv1d at batch 1 takes the reference kernel below about 32k input elements on
+# this project's CPU build, so its rate jumps where its size crosses that (``backend``).
+BACKENDS = {
+    "mkldnn_convolution": "oneDNN convolution",
+    "thnn_conv2d": "torch's reference convolution",
+    "slow_conv_dilated2d": "torch's reference dilated convolution",
+    "slow_conv3d": "torch's reference 3-d convolution",
 }
 
 
@@ -261,6 +271,11 @@ def recording_fused(
 def describe_fused(names: set[str]) -> str:
     """The results' ``fused_path`` text: each fused op the timed call ran, and what it is."""
     return "; ".join(f"{name} ({FUSED_PATHS[name]})" for name in sorted(names))
+
+
+def describe_backend(names: Iterable[str]) -> str:
+    """The results' ``backend`` text: each implementation of ``BACKENDS`` the call ran."""
+    return "; ".join(f"{name} ({BACKENDS[name]})" for name in sorted(set(names) & set(BACKENDS)))
 
 
 def fused_names(text: str) -> set[str]:

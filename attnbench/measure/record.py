@@ -67,6 +67,7 @@ class CaseResult:
     elementwise_method: str = ""  # "traced", or "none: <why>" when it could not be counted
     uncounted_ops: str = ""  # ops no counter could read (measure.ops.Uncounted.describe)
     fused_path: str = ""  # fused ops the timed call ran, which the counts saw through
+    backend: str = ""  # the convolution implementations it ran (measure.ops.BACKENDS)
     bytes: int | None = None  # read and written by one call (measure.traffic)
     bytes_method: str = ""  # "traced", or "none: <why>" when it could not be counted
     ops: int | None = None  # aten ops one call dispatched, views excluded (measure.traffic)

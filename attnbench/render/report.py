@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.fits import LETTERS, Analysis
+from attnbench.measure.ops import fused_names
 from attnbench.render.blocks import Block, to_html, to_markdown
 from attnbench.results.files import write_text_atomic
 from attnbench.results.run import RunResults
@@ -74,10 +75,16 @@ def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
 STEADY_RATE = 0.1
 
 
-def _reading(row: pd.Series, latency: tuple[float, float] | None = None) -> str:
+def _reading(
+    row: pd.Series,
+    latency: tuple[float, float] | None = None,
+    backends: tuple[str, str] | None = None,
+) -> str:
     """How the rate moved over a time line's range, and whether the machine model's slope
     follows the measured one (within 0.1), with the share of the model's time that is latency
-    (per-op costs and set-up) at both ends of the range, where it was predicted."""
+    (per-op costs and set-up) at both ends of the range, where it was predicted; and the
+    convolution implementations at both ends, where they differ (torch chose another kernel
+    as the input grew)."""
     change = row.rate_to / row.rate_from if row.rate_from > 0 else math.nan
     if abs(row.rate_exponent) < STEADY_RATE:
         text = "rate steady: time follows the work"
@@ -90,7 +97,27 @@ def _reading(row: pd.Series, latency: tuple[float, float] | None = None) -> str:
         text += f"; model n^{row.model:.2f}" + (" follows" if follows else ", misses it")
         if latency is not None:
             text += f" (latency {latency[0]:.0%} → {latency[1]:.0%} of it)"
+    if backends is not None and backends[0] != backends[1]:
+        text += f"; kernel {backends[0] or 'none'} → {backends[1] or 'none'}"
     return text
+
+
+def _backends(analysis: Analysis, row: pd.Series) -> tuple[str, str] | None:
+    """The convolution implementations (``backend``, names only) a time line's first and last
+    size ran; None where the run recorded none."""
+    frame = analysis.frame
+    if "backend" not in frame:
+        return None
+    line = frame[(frame["layer"] == row.layer) & (frame["d"] == row.fixed)]
+    names = line.set_index("n")["backend"].map(lambda v: v if isinstance(v, str) else "")
+    if not names.str.strip().any():
+        return None
+
+    def at(n: int) -> str:
+        found = names[names.index == n]
+        return ", ".join(sorted(fused_names(found.iloc[0]))) if len(found) else ""
+
+    return at(int(row.range_from)), at(int(row.range_to))
 
 
 def _latency_shares(analysis: Analysis, row: pd.Series) -> tuple[float, float] | None:
@@ -135,7 +162,10 @@ def split_display(analysis: Analysis) -> pd.DataFrame:
                 f"{a / 1e9:.3g} → {b / 1e9:.3g} G/s"
                 for a, b in zip(e.rate_from, e.rate_to, strict=True)
             ],
-            "reading": [_reading(r, _latency_shares(analysis, r)) for _, r in e.iterrows()],
+            "reading": [
+                _reading(r, _latency_shares(analysis, r), _backends(analysis, r))
+                for _, r in e.iterrows()
+            ],
         }
     )
 
