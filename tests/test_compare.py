@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import jsonschema
+import pandas as pd
 import pytest
 from synthetic import case, cases_grid, make_run, noisy
 
@@ -23,7 +25,8 @@ from attnbench.compare import (
     smallest_p,
 )
 from attnbench.errors import AttnbenchError
-from attnbench.render.verdicts import display_table
+from attnbench.render.verdicts import display_table, schema, to_json
+from attnbench.results.store import load_results
 from attnbench.thresholds import Thresholds, parse_fraction, rounds_to_reach
 
 # ----------------------------------------------------------------------------- time verdicts
@@ -210,6 +213,28 @@ def test_more_flops_steps_or_memory_fail_the_deterministic_gate(tmp_path: Path) 
     # A tolerance on memory lets one byte of peak memory through, never the FLOPs or traffic.
     loose = compare_runs(base, new, Thresholds(memory_tolerance=0.01))
     assert len(loose.regressions("deterministic")) == 3
+
+
+def test_a_change_of_kernel_is_named_beside_the_times_and_not_judged(tmp_path: Path) -> None:
+    """torch choosing another convolution kernel (a torch upgrade, another CPU) explains a
+    change of time: the comparison names it, gates nothing on it, and says nothing where a
+    run did not record it (a run from before the backend column)."""
+    base, new = make_run(tmp_path / "a", cases_grid()), make_run(tmp_path / "b", cases_grid())
+    frame = pd.read_csv(new.path / "results.csv", keep_default_na=False)
+    conv = (frame["layer"] == "conv") & (frame["n"] == 64)
+    frame.loc[conv, "backend"] = "thnn_conv2d (torch's reference convolution)"
+    frame.to_csv(new.path / "results.csv", index=False)
+    c = compare_runs(base, load_results(new.path))
+    row = c.times.set_index("case_id").loc[case("conv", 64).case_id]
+    assert (row["kernel_base"], row["kernel_new"]) == ("", "thnn_conv2d")
+    assert not c.failed("all")
+    shown = display_table(c).set_index(["layer", "n"])
+    assert shown.loc[("conv", "64"), "exact"] == "same; kernel none -> thnn_conv2d"
+    assert "kernel" not in shown.loc[("rnn", "32"), "exact"]
+    jsonschema.validate(to_json(c), schema("compare"))
+    frame.drop(columns="backend").to_csv(new.path / "results.csv", index=False)
+    older = compare_runs(base, load_results(new.path))
+    assert set(older.times["kernel_new"]) == {""}
 
 
 def test_a_case_that_stops_measuring_fails_every_gate(tmp_path: Path) -> None:

@@ -177,6 +177,20 @@ def _scales(run: RunResults, run_s: float | None, by_device: bool) -> dict[str, 
     return scales
 
 
+def _kernels(row: pd.Series, recorded: bool) -> str:
+    """The fused paths and convolution implementations a case's timed call ran, by name
+    ("mkldnn_convolution, mkldnn_rnn_layer"; empty where none, or not recorded): a change
+    between two runs (torch choosing another kernel) explains a change of time."""
+    if not recorded:
+        return ""
+    names: set[str] = set()
+    for column in ("fused_path", "backend"):
+        text = row.get(column)
+        if isinstance(text, str):
+            names |= {part.split(" (")[0].strip() for part in text.split(";") if part.strip()}
+    return ", ".join(sorted(names))
+
+
 def _scaled(rounds: Mapping[int, list[float]], scale: float) -> dict[int, list[float]]:
     return {round_: [s * scale for s in samples] for round_, samples in rounds.items()}
 
@@ -243,6 +257,9 @@ def compare_runs(
     scales_new = _scales(current, calibration.get("new_s"), by_device)
     other_model = 0
 
+    # The kernels a case ran are compared only where both runs recorded the convolution's
+    # (``backend``): a run from before it would read as a change of kernel.
+    recorded = "backend" in base.columns and "backend" in new.columns
     time_rows: list[dict[str, Any]] = []
     count_rows: list[dict[str, Any]] = []
     for base_id, case_id in shared:
@@ -259,6 +276,8 @@ def compare_runs(
             "status_base": b["status"],
             "status_new": n["status"],
             "status_verdict": UNCHANGED,
+            "kernel_base": _kernels(b, recorded),
+            "kernel_new": _kernels(n, recorded),
         }
         both_ok = b["status"] == "ok" and n["status"] == "ok"
         timed = both_ok and (same_model or not by_device)

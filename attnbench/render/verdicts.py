@@ -109,9 +109,10 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
         }
         if normalized:
             row["norm. ratio"] = _ratio(r.ratio_normalized)
-        row.update(
-            p=_p(r.p_value), time=_case_verdict(r), exact=count_changes(comparison, r.case_id)
-        )
+        exact = count_changes(comparison, r.case_id)
+        if r.kernel_base != r.kernel_new:  # torch chose another kernel: why the time moved
+            exact += f"; kernel {r.kernel_base or 'none'} -> {r.kernel_new or 'none'}"
+        row.update(p=_p(r.p_value), time=_case_verdict(r), exact=exact)
         rows.append(row)
     overall: Mapping[str, TimeVerdict] = comparison.overall
     judged = comparison.overall_verdict
