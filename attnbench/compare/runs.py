@@ -27,6 +27,7 @@ from attnbench.compare.verdicts import (
 )
 from attnbench.errors import AttnbenchError
 from attnbench.layers.entry import LayerSource
+from attnbench.measure.ops import fused_names
 from attnbench.results.environment import compare_keys
 from attnbench.results.run import RunResults
 from attnbench.schema import EXACT_METRICS, METRIC
@@ -187,7 +188,7 @@ def _kernels(row: pd.Series, recorded: bool) -> str:
     for column in ("fused_path", "backend"):
         text = row.get(column)
         if isinstance(text, str):
-            names |= {part.split(" (")[0].strip() for part in text.split(";") if part.strip()}
+            names |= fused_names(text)
     return ", ".join(sorted(names))
 
 

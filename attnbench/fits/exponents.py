@@ -184,16 +184,15 @@ NO_SPLIT = {"work_exponent": math.nan, "rate_exponent": math.nan, "rate_from": m
             "rate_to": math.nan}  # fmt: skip
 
 
-def split_time(
-    line: pd.DataFrame, along: str, metric: str, work: pd.Series | None
-) -> dict[str, float]:
+def split_time(line: pd.DataFrame, along: str, work: pd.Series | None) -> dict[str, float]:
     """A time line's exponent split in two, time = work / rate: the slope of the counted work
     and of the rate it ran at (work per second) over the line's points, and that rate at the
     first and the last size. Where the time's exponent leaves the chapter's order while the
-    work's keeps it, the machine ran the layer faster (or slower) per unit of work as n grew."""
-    if metric != "time_s" or work is None:
+    work's keeps it, the machine ran the layer faster (or slower) per unit of work as n grew.
+    ``work`` is None for a line of another metric: nothing to split."""
+    if work is None:
         return dict(NO_SPLIT)
-    seconds = line[metric].astype(float)
+    seconds = line["time_s"].astype(float)
     done = work.reindex(line.index).astype(float)
     timed = seconds > 0  # the time's own fit leaves the rest out
     usable = timed & done.notna() & (done > 0)
@@ -276,7 +275,7 @@ def exponent_table(
                         expected = law.loc[line.index].tolist()
                         theory_fit = loglog_exponent(line[along].tolist(), expected)
                         slope = theory_fit.slope if theory_fit else math.nan
-                    split = split_time(line, along, metric, work)
+                    split = split_time(line, along, work)
                     model = math.nan
                     if predicted is not None and metric == "time_s":
                         seconds = predicted.reindex(line.index).astype(float).tolist()

@@ -101,7 +101,6 @@ BACKENDS = {
     "mkldnn_convolution": "oneDNN convolution",
     "thnn_conv2d": "torch's reference convolution",
     "slow_conv_dilated2d": "torch's reference dilated convolution",
-    "slow_conv3d": "torch's reference 3-d convolution",
 }
 
 
@@ -279,5 +278,6 @@ def describe_backend(names: Iterable[str]) -> str:
 
 
 def fused_names(text: str) -> set[str]:
-    """The op names a ``fused_path`` text (``describe_fused``) lists, read back."""
+    """The op names a ``fused_path`` or ``backend`` text (``describe_fused``,
+    ``describe_backend``) lists, read back."""
     return {part.split(" (")[0].strip() for part in text.split(";") if part.strip()}

@@ -47,12 +47,23 @@ def _agrees(value: object, theory: float) -> str:
     return "–" if math.isnan(theory) else "can't tell"
 
 
+def _at_largest(e: pd.DataFrame) -> pd.DataFrame:
+    """The exponent rows at each layer's largest fixed size (every size is in --json)."""
+    return e[e["fixed"] == e.groupby("layer")["fixed"].transform("max")]
+
+
+def _line(analysis: Analysis, row: pd.Series) -> pd.DataFrame:
+    """The measured cases of an exponent row's line in n: its layer at its fixed d."""
+    frame = analysis.frame
+    return frame[(frame["layer"] == row.layer) & (frame["d"] == row.fixed)]
+
+
 def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
     """Exponents along ``along`` at each layer's largest fixed size (every size is in --json)."""
     e = analysis.exponents[analysis.exponents["along"] == along]
     if e.empty:
         return pd.DataFrame()
-    e = e[e["fixed"] == e.groupby("layer")["fixed"].transform("max")]
+    e = _at_largest(e)
     other = "d" if along == "n" else "n"
     return pd.DataFrame(
         {
@@ -105,11 +116,13 @@ def _reading(
 def _backends(analysis: Analysis, row: pd.Series) -> tuple[str, str] | None:
     """The convolution implementations (``backend``, names only) a time line's first and last
     size ran; None where the run recorded none."""
-    frame = analysis.frame
-    if "backend" not in frame:
+    if "backend" not in analysis.frame:
         return None
-    line = frame[(frame["layer"] == row.layer) & (frame["d"] == row.fixed)]
-    names = line.set_index("n")["backend"].map(lambda v: v if isinstance(v, str) else "")
+    names = (
+        _line(analysis, row)
+        .set_index("n")["backend"]
+        .map(lambda v: v if isinstance(v, str) else "")
+    )
     if not names.str.strip().any():
         return None
 
@@ -123,10 +136,10 @@ def _backends(analysis: Analysis, row: pd.Series) -> tuple[str, str] | None:
 def _latency_shares(analysis: Analysis, row: pd.Series) -> tuple[float, float] | None:
     """The machine model's latency share (latency and faults over its predicted time) of a
     time line's first and last size (median over their cases); None without a prediction."""
-    machine, frame = analysis.machine, analysis.frame
+    machine = analysis.machine
     if machine.empty:
         return None
-    line = frame[(frame["layer"] == row.layer) & (frame["d"] == row.fixed)]
+    line = _line(analysis, row)
     terms = machine.reindex(line.index).dropna(subset=["predicted_time_s"])
     if terms.empty:
         return None
@@ -146,7 +159,7 @@ def split_display(analysis: Analysis) -> pd.DataFrame:
     e = e[(e["metric"] == "time_s") & (e["along"] == "n")].dropna(subset=["rate_exponent"])
     if e.empty:
         return pd.DataFrame()
-    e = e[e["fixed"] == e.groupby("layer")["fixed"].transform("max")]
+    e = _at_largest(e)
     return pd.DataFrame(
         {
             "layer": e["layer"],
