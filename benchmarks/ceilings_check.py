@@ -12,9 +12,10 @@ Each round measures both, interleaved; read the ratios, not the rates (this mach
 
 ``--policies``: how repeatable the whole set of ceilings is (every rate of every curve) and how
 long it takes, under the timing policies it uses now against those it used before (each
-kernel's fastest sample over twice the time; with ``--median``, its median over it, as before
-9d9f999), interleaved for ``--rounds`` rounds in this process: per kernel, the largest reading
-over the smallest across rounds, and its median and 90th percentile over the kernels.
+kernel sampled on past its min_time while its IQR/median was above 5%, up to three times it;
+with ``--median``, its median read instead of its fastest, as before 9d9f999), interleaved for
+``--rounds`` rounds in this process: per kernel, the largest reading over the smallest across
+rounds, and its median and 90th percentile over the kernels.
 """
 
 from __future__ import annotations
@@ -79,11 +80,11 @@ def policies(rounds: int, median: bool = False) -> None:
         return time_call(fn, policy, sync=device_sync("cpu")).median_s  # type: ignore[arg-type]
 
     now = (rates.CURVE_POLICY, ceilings.CEILING_POLICY, ceilings.LATENCY_POLICY, None)
-    # Before: each kernel's fastest sample over twice the time (to 2026-11-25).
+    # Before: each kernel sampled on while its spread was wide (to 2026-11-26).
     before = (
-        dataclasses.replace(rates.CURVE_POLICY, min_time_s=0.015, budget_s=0.05),
-        dataclasses.replace(ceilings.CEILING_POLICY, min_time_s=0.05, budget_s=0.15),
-        dataclasses.replace(ceilings.LATENCY_POLICY, min_time_s=0.1, budget_s=0.2),
+        dataclasses.replace(rates.CURVE_POLICY, target_rel_iqr=0.05, budget_s=0.025),
+        dataclasses.replace(ceilings.CEILING_POLICY, target_rel_iqr=0.05, budget_s=0.075),
+        dataclasses.replace(ceilings.LATENCY_POLICY, budget_s=0.1),
         None if not median else median_s,
     )
     readings: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
