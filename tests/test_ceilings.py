@@ -177,10 +177,10 @@ def test_a_real_measurement_is_consistent() -> None:
 
 
 def test_the_stream_is_well_beyond_the_last_level_cache() -> None:
-    assert stream_elements(4, 32 * 2**20) == 8 * 32 * 2**20 // 4  # 8x a 32 MiB cache
+    assert stream_elements(4, 32 * 2**20) == 4 * 32 * 2**20 // 4  # 4x a 32 MiB cache (STREAM)
     assert stream_elements(4, 1 * 2**20) == 64 * 2**20 // 4  # at least 64 MiB
     assert stream_elements(8, None) == 64 * 2**20 // 8
-    # A server's sysfs names its socket's whole L3: 8x 480 MiB would be 3.75 GiB an array.
+    # A server's sysfs names its socket's whole L3: 4x 480 MiB would be 1.9 GiB an array.
     assert stream_elements(4, 480 * 2**20) == 512 * 2**20 // 4
 
 
@@ -190,7 +190,7 @@ def test_a_cuda_devices_stream_is_sized_by_its_own_l2(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
     assert ceilings.last_level_cache_bytes("cuda:0") == 50 * 2**20
-    assert stream_elements(2, ceilings.last_level_cache_bytes("cuda:0")) == 400 * 2**20 // 2
+    assert stream_elements(2, ceilings.last_level_cache_bytes("cuda:0")) == 200 * 2**20 // 2
 
 
 def test_the_cache_location_follows_the_environment(tmp_path: Path) -> None:
