@@ -286,6 +286,30 @@ def test_a_scan_reads_its_levels_from_the_steps_the_case_traced(
     assert off.value is None and off.method.startswith("none")
 
 
+def test_a_route_probed_at_the_cases_length_reads_the_steps_the_case_traced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At a probe length the case's own census steps stand in for the route's trace there: the
+    same route and path, one trace fewer; steps that leave the recurrence's law change it."""
+    from attnbench.measure import structure
+
+    build = _builder("gru")
+    real = structure.traced_steps
+    monkeypatch.setattr(structure, "_PROBE_CACHE", {})
+    alone = path_length(build, 64, D)
+    traced: list[int] = []
+    monkeypatch.setattr(
+        structure, "traced_steps", lambda m, n, d: traced.append(n) or real(m, n, d)
+    )
+    monkeypatch.setattr(structure, "_PROBE_CACHE", {})
+    steps = real(build(64), 64, D)
+    given = path_length(build, 64, D, steps=steps)
+    assert given == alone and given.value == 64
+    assert traced == [16, 32]  # 64 read from the case's steps
+    monkeypatch.setattr(structure, "_PROBE_CACHE", {})
+    assert route_of(build, D, (16, 32, 64), {64: steps + 1}).kind != "recurrence"
+
+
 @pytest.mark.parametrize(
     "name", ["conv", "conv-dilated", "attention", "attention-sdpa", "attention-local",
              "attention-linear"],

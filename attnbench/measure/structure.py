@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -180,18 +180,28 @@ def _cached(
     return _PROBE_CACHE[key]
 
 
-def route_of(build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...]) -> Route:
-    """The route law of the layer ``build`` builds, from its traced steps at the probes."""
-    return _cached("route", build, d, probes, lambda: _route(build, d, probes))
+def route_of(
+    build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...],
+    known: Mapping[int, int] | None = None,
+) -> Route:  # fmt: skip
+    """The route law of the layer ``build`` builds, from its traced steps at the probes;
+    ``known``: steps a caller traced already at some of them (a case at a probe length), the
+    same count a trace here would give, so that probe is not traced again."""
+    return _cached("route", build, d, probes, lambda: _route(build, d, probes, known or {}))
 
 
-def _route(build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...]) -> Route:
+def _route(
+    build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...], known: Mapping[int, int]
+) -> Route:
     modules = [build(p) for p in probes]
     if any(len(_stages(m)) > 1 for m in modules):
         # A declared stack (a dilated conv) grows stages with n, which a trace could mistake for
         # scan levels: its route is counted stage by stage from its pattern instead.
         return Route("direct")
-    steps = [traced_steps(m, p, d) for m, p in zip(modules, probes, strict=True)]
+    steps = [
+        known[p] if p in known else traced_steps(m, p, d)
+        for m, p in zip(modules, probes, strict=True)
+    ]
     first, second = steps[1] - steps[0], steps[2] - steps[1]
     if first > 0 and second == 2 * first and first % probes[0] == 0:
         per_step = first // probes[0]
@@ -288,14 +298,16 @@ def path_length(
     The route inside one application comes from the traced steps at the probe lengths
     (``route_of``); ``scale`` (the layer's kernel or window) only chooses those lengths.
     ``steps``: the layer's sequential steps at n on a batch of one, where the caller traced
-    them already (a scan's levels are read from them rather than from a trace of its own).
+    them already (a scan's levels are read from them rather than from a trace of its own, and
+    a route probed at n reads them too).
     """
     probes = probe_lengths(scale)
     # Below the probes the route is read at lengths up to n, so a short case never builds a
     # longer layer than its own (one that would not fit is the longer case's to find).
     small = max(1, n // 4)
+    known = {} if steps is None else {n: steps}
     route, probes = _accepted_route(
-        build, d, probes if n >= probes[-1] else (small, 2 * small, 4 * small), n
+        build, d, probes if n >= probes[-1] else (small, 2 * small, 4 * small), n, known
     )
     if route.kind == "scan":  # every route passes all the levels: counted from the trace at n
         levels = route.levels(steps if steps is not None else traced_steps(build(n), n, d))
@@ -335,14 +347,15 @@ def fallback_probes(n: int) -> list[tuple[int, ...]]:
 
 
 def _accepted_route(
-    build: Callable[[int], nn.Module], d: int, preferred: tuple[int, ...], n: int
-) -> tuple[Route, tuple[int, ...]]:
+    build: Callable[[int], nn.Module], d: int, preferred: tuple[int, ...], n: int,
+    known: Mapping[int, int],
+) -> tuple[Route, tuple[int, ...]]:  # fmt: skip
     """The route law, read at the preferred probes or, where the layer refuses one of them,
     at the first ``fallback_probes`` it accepts (the last refusal is raised when none is)."""
     candidates = [preferred, *(t for t in fallback_probes(n) if t != preferred and t[0] > 0)]
     for i, probes in enumerate(candidates):
         try:
-            return route_of(build, d, probes), probes
+            return route_of(build, d, probes, known), probes
         except Exception:
             if i == len(candidates) - 1:
                 raise
