@@ -52,7 +52,7 @@ def machine(
         int,
         typer.Option(
             help="Passes over the whole set of kernels; each keeps its fastest. More passes "
-            "ride out a busy shared machine (about 1.5 s each on a 2-core CPU).",
+            "ride out a busy shared machine (about 0.9 s each on a 2-core CPU).",
         ),
     ] = PASSES,
     as_json: Annotated[bool, json_flag("the ceilings (a file attnbench predict reads)")] = False,
@@ -63,7 +63,8 @@ def machine(
     width (GEMM, convolution, fused attention, a fused LSTM's steps), each elementwise op's
     rate, one tiny op's latency and a page fault's cost, cached per
     machine, torch version, device, dtype and threads under $ATTNBENCH_CACHE_DIR (else
-    ~/.cache/attnbench). A sweep records them in run.json at its start.
+    $XDG_CACHE_HOME/attnbench, else ~/.cache/attnbench). A sweep records them in run.json at
+    its start.
     """
     if threads is not None and threads < 1:
         raise AttnbenchError(f"--threads must be at least 1 (got {threads})")
