@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.fits import analyse, loglog_exponent, upper_half
 from attnbench.render.blocks import markdown_table
-from attnbench.render.report import _reading, split_display
+from attnbench.render.report import SPLIT_NOTE, _reading, model_notes, split_display
 from attnbench.results.run import RunResults
 from attnbench.schema import RESULT_COLUMNS
 from attnbench.table import comparison_table, display, fit_notes
@@ -150,6 +150,7 @@ def test_the_notes_split_each_time_exponent_into_work_and_rate() -> None:
         for note in notes
     ), notes
     shown = split_display(analyse(run)).set_index("layer")
+    assert SPLIT_NOTE in model_notes(analyse(run))  # how to read the table, beside it
     assert shown.loc["rnn", "reading"] == "rate rose ×1.5 with n"  # 512/64 = 8, 8^0.2 = 1.5
     assert shown.loc["attention", "reading"] == "rate steady: time follows the work"
     assert shown.loc["rnn", "time = work ÷ rate"] == "n^0.80 = n^1.00 ÷ n^0.20"
@@ -166,6 +167,7 @@ def test_the_notes_split_each_time_exponent_into_work_and_rate() -> None:
     notes = fit_notes(comparison_table(run), run)
     assert any(note.startswith("rnn: time ~ n fitted at n=64..512") for note in notes)
     assert split_display(analyse(run)).empty
+    assert SPLIT_NOTE not in model_notes(analyse(run))
 
 
 def test_the_reading_says_whether_the_machine_model_follows_the_bend() -> None:

@@ -150,16 +150,21 @@ def _latency_shares(analysis: Analysis, row: pd.Series) -> tuple[float, float] |
     return float(by_n[row.range_from]), float(by_n[row.range_to])
 
 
+def _split_rows(analysis: Analysis) -> pd.DataFrame:
+    """The time exponents in n that were split into work and rate, at each layer's largest d."""
+    e = analysis.exponents
+    e = e[(e["metric"] == "time_s") & (e["along"] == "n")].dropna(subset=["rate_exponent"])
+    return e if e.empty else _at_largest(e)
+
+
 def split_display(analysis: Analysis) -> pd.DataFrame:
     """Each layer's time exponent in n (at its largest d) as time = work / rate: the counted
     work's slope and the slope of the rate it ran at, over the same sizes, so whether a bend
     from the chapter's order is the layer's (its work) or the machine's (its rate) is read, not
     guessed."""
-    e = analysis.exponents
-    e = e[(e["metric"] == "time_s") & (e["along"] == "n")].dropna(subset=["rate_exponent"])
+    e = _split_rows(analysis)
     if e.empty:
         return pd.DataFrame()
-    e = _at_largest(e)
     return pd.DataFrame(
         {
             "layer": e["layer"],
@@ -300,7 +305,7 @@ def model_notes(analysis: Analysis) -> list[str]:
     """Each layer left out of the cost-model table, and why, so a missing row is explained;
     how to read time = work ÷ rate; then the machine model's effective ceilings."""
     unfitted = [f"no cost model for {layer}: {why}" for layer, why in analysis.unfitted.items()]
-    split = [SPLIT_NOTE] if not split_display(analysis).empty else []
+    split = [SPLIT_NOTE] if not _split_rows(analysis).empty else []
     return unfitted + split + machine_notes(analysis)
 
 
