@@ -13,9 +13,11 @@ Each round measures both, interleaved; read the ratios, not the rates (this mach
 ``--policies``: how repeatable the whole set of ceilings is (every rate of every curve) and how
 long it takes, under the timing policies it uses now against those it used before (each
 kernel sampled on past its min_time while its IQR/median was above 5%, up to three times it;
-with ``--median``, its median read instead of its fastest, as before 9d9f999), interleaved for
-``--rounds`` rounds in this process: per kernel, the largest reading over the smallest across
-rounds, and its median and 90th percentile over the kernels.
+with ``--median``, its median read instead of its fastest, as before 9d9f999; with
+``--against curves``, the policies of now but each curve point sampled in blocks of 1 ms for
+8 ms, as before they took 0.5 ms for 4 ms), interleaved for ``--rounds`` rounds in this
+process: per kernel, the largest reading over the smallest across rounds, and its median and
+90th percentile over the kernels.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def flat(ceilings: object) -> dict[str, float]:
     return found
 
 
-def policies(rounds: int, median: bool = False) -> None:
+def policies(rounds: int, median: bool = False, against: str = "spread") -> None:
     import dataclasses
 
     from attnbench.devices import device_sync
@@ -80,13 +82,18 @@ def policies(rounds: int, median: bool = False) -> None:
         return time_call(fn, policy, sync=device_sync("cpu")).median_s  # type: ignore[arg-type]
 
     now = (rates.CURVE_POLICY, ceilings.CEILING_POLICY, ceilings.LATENCY_POLICY, None)
-    # Before: each kernel sampled on while its spread was wide (to 2026-11-26).
-    before = (
-        dataclasses.replace(rates.CURVE_POLICY, target_rel_iqr=0.05, budget_s=0.025),
-        dataclasses.replace(ceilings.CEILING_POLICY, target_rel_iqr=0.05, budget_s=0.075),
-        dataclasses.replace(ceilings.LATENCY_POLICY, budget_s=0.1),
-        None if not median else median_s,
-    )
+    # The curves' points in blocks of 1 ms to 8 ms (to 2026-11-26, the second session).
+    curves = dataclasses.replace(rates.CURVE_POLICY, min_block_s=1e-3, min_time_s=0.008,
+                                 budget_s=0.008)  # fmt: skip
+    if against == "curves":
+        before = (curves, *now[1:])
+    else:  # each kernel sampled on while its spread was wide (to 2026-11-26, the first)
+        before = (
+            dataclasses.replace(curves, target_rel_iqr=0.05, budget_s=0.025),
+            dataclasses.replace(ceilings.CEILING_POLICY, target_rel_iqr=0.05, budget_s=0.075),
+            dataclasses.replace(ceilings.LATENCY_POLICY, budget_s=0.1),
+            None if not median else median_s,
+        )
     readings: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
     seconds: dict[str, list[float]] = {"before": [], "now": []}
     for _ in range(rounds):
@@ -116,9 +123,15 @@ def main() -> None:
     parser.add_argument(
         "--median", action="store_true", help="with --policies: before reads each kernel's median"
     )
+    parser.add_argument(
+        "--against",
+        choices=("spread", "curves"),
+        default="spread",
+        help="with --policies: before is the spread rule, or only the curves' longer points",
+    )
     args = parser.parse_args()
     if args.policies:
-        policies(args.rounds, args.median)
+        policies(args.rounds, args.median, args.against)
         return
     peaks, bandwidths, numpys = [], [], []
     for r in range(args.rounds):
