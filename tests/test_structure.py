@@ -366,3 +366,57 @@ def test_a_pattern_reads_the_module_it_is_given_even_one_that_reads_as_empty(
     build.cache_key = ("falsy-test",)  # type: ignore[attr-defined]
     pattern = structure._pattern_of(build, 8, 2, structure.Route("direct"), Falsy())
     assert builds == [] and pattern.tolist() == np.tril(np.ones((8, 8), dtype=bool)).tolist()
+
+
+@pytest.mark.parametrize(
+    "name", ["conv", "conv-dilated", "rnn", "gru", "lstm", "attention", "attention-sdpa",
+             "attention-local", "attention-linear", "ssm", "ssm-scan"],
+)  # fmt: skip
+def test_the_batched_backward_equals_torchs_own(name: str) -> None:
+    """``batched_vjp`` (vmap over the engine's backward, no sympy) gives exactly the gradients
+    ``torch.autograd.grad(..., is_grads_batched=True)`` does, and so the same pattern."""
+    from attnbench.measure.ops import unfused
+    from attnbench.measure.structure import batched_vjp
+
+    n = 12
+    layer = _builder(name, k=3, window=2)(n).double()
+    x = torch.randn(1, n, D, dtype=torch.float64, requires_grad=True)
+    probe = torch.randn(n, 1, n, D, dtype=torch.float64)  # (n_out, 1, n, D)
+    with unfused():
+        y = layer(x)  # (1, n, D)
+        (public,) = torch.autograd.grad(y, x, probe, is_grads_batched=True, retain_graph=True)
+        ours = batched_vjp(y, x, probe)
+    assert torch.equal(ours, public)
+
+
+def test_the_batched_backward_falls_back_on_torchs_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch whose private engine call refuses these arguments gets the public function."""
+    import torch.autograd.graph as graph
+
+    from attnbench.measure.structure import batched_vjp
+
+    def changed(*args: object, **kwargs: object) -> None:
+        raise TypeError("run_backward(): incompatible function arguments")
+
+    layer = _builder("rnn")(6).double()
+    x = torch.randn(1, 6, D, dtype=torch.float64, requires_grad=True)
+    y = layer(x)  # (1, 6, D)
+    probe = torch.randn(6, 1, 6, D, dtype=torch.float64)  # (6, 1, 6, D)
+    (public,) = torch.autograd.grad(y, x, probe, is_grads_batched=True, retain_graph=True)
+    monkeypatch.setattr(graph, "_engine_run_backward", changed)
+    assert torch.equal(batched_vjp(y, x, probe), public)
+
+
+def test_a_path_measurement_leaves_sympy_unimported() -> None:
+    """The reason for ``batched_vjp``: torch's public batched gradient imports sympy (0.35 s)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from attnbench import build_layer; "
+        "from attnbench.measure.structure import dependency_pattern; "
+        "dependency_pattern(build_layer('rnn', 8, n=16), 16, 8); "
+        "print('sympy' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
