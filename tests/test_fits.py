@@ -219,6 +219,37 @@ def test_time_is_judged_against_all_the_work_flops_and_elementwise():
     assert row.agrees
 
 
+def test_a_time_the_model_calls_memory_bound_is_judged_against_the_bytes_it_moves():
+    """The roofline: where every fitted size is memory-bound, time grows as the bytes moved,
+    whose slope (attention's scores, n² beside n·d² products) differs from the work's. The
+    same line called compute-bound is judged against the work, and disagrees."""
+    from attnbench.fits.exponents import MEMORY_RULE, REGIME_RULE
+
+    theory = theory_of("attention")
+    rows = [{"layer": "attention", "n": n, "d": 64, "batch": 1, "heads": 4, "causal": 0,
+             "dtype": "float32"} for n in NS]  # fmt: skip
+    frame = pd.DataFrame(rows)
+    sizes = [{"b": 1, "n": n, "d": 64, "heads": 4, "causal": 0} for n in NS]
+    moved = [theory.bytes(s, 4) for s in sizes]
+    work = [theory.flops(s) + theory.elements(s) for s in sizes]
+    frame["time_s"] = [1e-11 * b for b in moved]  # (bytes at 100 GB/s)
+    frame["flops"] = [theory.flops(s) for s in sizes]
+    bytes_slope = loglog_exponent(list(NS), moved).slope
+    work_slope = loglog_exponent(list(NS), work).slope
+    assert abs(bytes_slope - work_slope) > 0.1
+
+    def time_row(bound: str) -> pd.Series:
+        table = exponent_table(frame, bounds=pd.Series(bound, index=frame.index))
+        return table[(table.metric == "time_s") & (table.along == "n")].iloc[0]
+
+    memory = time_row("memory")
+    assert memory.range_rule == MEMORY_RULE
+    assert memory.theory == pytest.approx(bytes_slope) and memory.agrees
+    compute = time_row("compute")
+    assert compute.range_rule == REGIME_RULE
+    assert compute.theory == pytest.approx(work_slope) and not compute.agrees
+
+
 def test_exponent_agreement_tolerates_lower_order_terms_of_exact_counts():
     # An RNN traces 3n + 2 steps: slope 0.997 with a tiny interval, still O(n).
     n = [64, 128, 256, 512, 1024]

@@ -213,11 +213,26 @@ def split_time(line: pd.DataFrame, along: str, work: pd.Series | None) -> dict[s
     }
 
 
-def range_rule(metric: str, overhead: float | None, regime: bool = False) -> str:
+# The range rule of a time line fitted where the model says the work bounds it, and of one
+# whose every size it calls memory-bound: that time is judged against the bytes' law.
+REGIME_RULE = "sizes the machine model calls compute- or memory-bound, its work half the time"
+MEMORY_RULE = "sizes the machine model calls memory-bound, judged on the bytes they move"
+
+
+def memory_bound(line: pd.DataFrame, bounds: pd.Series | None) -> bool:
+    """Whether the model calls every case of a (regime) time line memory-bound: its time then
+    grows as the bytes it moves, as the roofline has it, not as its arithmetic."""
+    if bounds is None or line.empty:
+        return False
+    return bool(bounds.reindex(line.index).eq("memory").all())
+
+
+def range_rule(metric: str, overhead: float | None, regime: bool = False,
+               memory: bool = False) -> str:  # fmt: skip
     if not METRIC[metric].overheads:
         return "all sizes (exact count)"
     if regime:
-        return "sizes the machine model calls compute- or memory-bound, its work half the time"
+        return MEMORY_RULE if memory else REGIME_RULE
     if overhead is None:
         return "upper half of sizes"
     return f"sizes where the fitted overhead {overhead * 1e6:.0f} µs is under half the time"
@@ -255,6 +270,8 @@ def exponent_table(
             overheads = METRIC[metric].overheads
             values = numeric(group, metric)
             law = theory_values(values, metric, layers)
+            # a memory-bound time line is judged against the bytes' law (``memory_bound``)
+            traffic = theory_values(values, "bytes", layers) if metric == "time_s" else None
             work = counted_work(values) if metric == "time_s" else None
             values = values[["n", "d", metric]]  # the lines below take rows: no other column
             overhead = own.constant if own is not None and metric == "time_s" else None
@@ -270,9 +287,11 @@ def exponent_table(
                     fit = loglog_exponent(line[along].tolist(), line[metric].astype(float).tolist())
                     if fit is None:
                         continue
+                    memory = regime is not None and memory_bound(line, bounds)
+                    judged = traffic if memory and traffic is not None else law
                     slope = math.nan
-                    if law is not None:
-                        expected = law.loc[line.index].tolist()
+                    if judged is not None:
+                        expected = judged.loc[line.index].tolist()
                         theory_fit = loglog_exponent(line[along].tolist(), expected)
                         slope = theory_fit.slope if theory_fit else math.nan
                     split = split_time(line, along, work)
@@ -297,7 +316,7 @@ def exponent_table(
                             "points": fit.points,
                             "range_from": int(fit.x_min),
                             "range_to": int(fit.x_max),
-                            "range_rule": range_rule(metric, overhead, regime is not None),
+                            "range_rule": range_rule(metric, overhead, regime is not None, memory),
                         }
                     )
     return pd.DataFrame(rows, columns=EXPONENT_COLUMNS)

@@ -200,6 +200,8 @@ SPLIT_NOTE = (
 
 def _where(rule: str) -> str:
     """The sizes an exponent was fitted on, in a word or two (``fits.range_rule``)."""
+    if rule.startswith("sizes the machine model calls memory-bound"):
+        return "memory-bound: bytes"
     if rule.startswith("sizes the machine model"):
         return "compute/memory-bound"
     if rule.startswith("sizes where the fitted overhead"):
