@@ -16,8 +16,9 @@ ceilings on this machine now, and prints each layer's relative RMS under each:
 - ``model``: ``attnbench predict``'s own prediction (the run's ceilings);
 - ``stream``: the model's terms from this re-trace (should read as ``model``);
 - ``footprint``: each op's bytes at an add's bandwidth measured at the op's footprint;
-- ``reuse``: the bytes of pages touched again within the cache's size at the in-cache
-  bandwidth (the add's best), the rest at STREAM's;
+- ``reuse``: the bytes of pages touched again within the cache's size of traffic at the
+  in-cache bandwidth (the add's best), the rest at STREAM's; the cache: ``--cache`` MiB, else
+  the largest footprint at which the add still moves half its best bandwidth;
 - ``views``: each view one view latency (``select`` on a small tensor) besides;
 - ``lists``: and each tensor ``unbind`` makes beyond its first, and each tensor of a list
   argument, at their measured costs (per tensor over 1024);
@@ -49,7 +50,7 @@ from attnbench.fits.roofline import predict, relative_rms
 from attnbench.layers.registry import entry
 from attnbench.measure.allocator import set_allocator
 from attnbench.measure.case import make_step
-from attnbench.measure.ceilings import Ceilings, last_level_cache_bytes
+from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.elementwise import elements_of
 from attnbench.measure.flops import formulas
 from attnbench.measure.ops import TracingMode, is_view, moves_data, op_name, tensors, unfused
@@ -90,6 +91,13 @@ def view_latency() -> float:
     """Seconds of one view (``select``) on a small tensor, the fastest of several rounds."""
     x = torch.rand(8, 8)
     return _fastest(lambda: x.select(0, 3), 20000, rounds=7)
+
+
+def effective_cache(curve: dict[int, float]) -> int:
+    """The cache a process gets: the largest footprint at which the add still moves at least
+    half its best bandwidth (16 MiB on a 2-core VM whose sysfs names a 32 MiB L3)."""
+    best = max(curve.values())
+    return max(k for k, v in curve.items() if v >= best / 2)
 
 
 def bandwidth_at(curve: dict[int, float], footprint: float) -> float:
@@ -249,7 +257,7 @@ def main() -> None:
     parser.add_argument("--layers", default=None)
     parser.add_argument(
         "--cache", type=float, default=None,
-        help="MiB of traffic within which a page is still in cache (default: the LLC's size)",
+        help="MiB of traffic within which a page is still in cache (default: measured)",
     )  # fmt: skip
     args = parser.parse_args()
     run = load_results(args.results)
@@ -263,7 +271,7 @@ def main() -> None:
     curve = bandwidth_curve()
     view_tensor_s, list_tensor_s = list_costs()
     costs = Costs(curve, max(curve.values()), view_latency(), view_tensor_s, list_tensor_s)
-    cache = int(args.cache * 2**20) if args.cache else last_level_cache_bytes("cpu")
+    cache = int(args.cache * 2**20) if args.cache else effective_cache(curve)
     print("add's bandwidth by footprint (GB/s): " + ", ".join(
         f"{k >> 10} KiB {v / 1e9:.0f}" for k, v in curve.items()))  # fmt: skip
     print(f"one view {costs.view_s * 1e6:.2f} µs, a tensor unbind makes "
