@@ -221,3 +221,21 @@ def test_the_start_estimate_counts_the_tracing_a_sweep_will_do(tmp_path: Path) -
     sweep(tmp_path / "a", "--layers", "conv,rnn")
     warm = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
     assert all(in_cache(c, grid.seed) for c in grid.cases()) and warm < cold
+
+
+def test_a_cache_that_cannot_be_written_is_skipped_and_left_without_torn_files(
+    tmp_path: Path, cache_on: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk under the cache: the sweep goes on, traces, and leaves no half entry."""
+    real = Path.write_text
+
+    def full(self: Path, text: str, *args: object, **kwargs: object) -> int:
+        if self.suffix == ".tmp":
+            real(self, text[: len(text) // 2])  # cut short, as a full disk cuts a write
+            raise OSError(28, "No space left on device")
+        return real(self, text, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "write_text", full)
+    frame = sweep(tmp_path / "a", "--layers", "conv")
+    assert (frame["status"] == "ok").all() and (frame["counts_source"] == "traced").all()
+    assert not [p for p in cache_on.rglob("*") if p.is_file()]

@@ -532,3 +532,89 @@ def test_a_stop_request_is_always_answered(running: int, said: str) -> None:
     case = _grid().cases()[0]
     progress(ProgressEvent("stopping", 0, 6, case, running=running))
     assert buf.getvalue().startswith(said) and "press Ctrl-C again" in buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+
+def _disk_full_after(monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
+    """Every ``os.write`` of the results' files after the first ``writes`` takes 3 bytes and
+    then finds the disk full, as a real full disk cuts a write short."""
+    from attnbench.results import files
+
+    real = files.os.write
+    count = {"writes": 0}
+
+    def write(fd: int, data: bytes) -> int:
+        count["writes"] += 1
+        if count["writes"] <= writes:
+            return real(fd, data)
+        if count["writes"] % 2:
+            return real(fd, bytes(data)[:3])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "write", write)
+
+
+def test_a_full_disk_leaves_no_row_half_written_and_no_file_torn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnbench.results.files import append_synced, create_synced, write_text_atomic
+
+    table, meta, fresh = tmp_path / "rows.csv", tmp_path / "run.json", tmp_path / "new.csv"
+    table.write_text("a,b\n1,2\n")
+    meta.write_text('{"status": "running"}\n')
+    _disk_full_after(monkeypatch, 0)
+    for write, path in ((append_synced, table), (write_text_atomic, meta),
+                        (create_synced, fresh)):  # fmt: skip
+        with pytest.raises(AttnbenchError, match=f"cannot write {path}: No space left on device"):
+            write(path, "3,4\n")
+    assert table.read_text() == "a,b\n1,2\n"  # cut back to where it ended
+    assert meta.read_text() == '{"status": "running"}\n'  # the old file, whole
+    assert not fresh.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.csv", "run.json"]  # no temp file
+    with pytest.raises(FileExistsError):
+        create_synced(table, "x\n")
+
+
+def test_a_disk_that_fills_during_a_sweep_is_one_line_and_resume_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from attnbench.cli.app import app
+
+    grid = _grid()
+    out = tmp_path / "run"
+    monkeypatch.setattr(
+        "attnbench.run.sweep.ResultsWriter.append",
+        _failing_after(ResultsWriter.append, 2, monkeypatch),
+    )
+    args = ["sweep", "--layers", "conv,rnn", "--n", "8,16,32", "--d", "8", "--device", "cpu",
+            "--time-budget", "0.002", "--no-charts", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    message = " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert "No space left on device" in message
+    assert f"the 2 finished case(s) are saved: attnbench sweep --resume {out}" in message
+    stopped = load_results(out)
+    # The two rows before the full disk, whole; run.json could not be marked (the disk is
+    # still full), and a run whose writer is gone is resumed as it is.
+    assert len(stopped.frame) == 2 and stopped.status == "running"
+    monkeypatch.undo()
+    run = resume_sweep(out)
+    assert list(run.frame["case_id"]) == _ids(grid) and run.status == "complete"
+
+
+def _failing_after(append, cases: int, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """``ResultsWriter.append`` whose (cases + 1)-th call finds the disk full mid-row."""
+    seen = {"cases": 0}
+
+    def wrapped(self, result, calibration=None):  # type: ignore[no-untyped-def]
+        seen["cases"] += 1
+        if seen["cases"] > cases:
+            _disk_full_after(monkeypatch, 0)
+        return append(self, result, calibration)
+
+    return wrapped

@@ -31,6 +31,7 @@ dtype and thread count (``cache_dir()``), and ``remeasure`` measures again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -322,13 +323,14 @@ def machine_ceilings(
         found = measure_ceilings(device, dtype, threads, passes=passes)
     else:
         found = measure(device, dtype, threads)
+    tmp = path.with_suffix(".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(found.to_dict(), indent=2))
         tmp.replace(path)
-    except OSError:
-        pass  # an unwritable cache costs a measurement next time, nothing else
+    except OSError:  # an unwritable cache costs a measurement next time, nothing else
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return found, False
 
 

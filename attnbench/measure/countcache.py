@@ -20,6 +20,7 @@ environment's ``ATTNBENCH_NO_CACHE=1``, which reaches worker processes) traces e
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -179,10 +180,11 @@ def _store(found: str | None, data: dict[str, Any], folder: Path | None) -> None
     if found is None or not enabled():
         return
     path = _path(found, folder)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)
-    except OSError:
-        pass
+    except OSError:  # a full or read-only cache costs a trace next time, nothing else
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)

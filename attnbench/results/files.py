@@ -60,35 +60,75 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """A file that cannot be written (a full disk, a folder made read-only mid-run) is one
+    line, ``AttnbenchError``, not a traceback; the writers below leave what was there whole."""
+    try:
+        yield
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``data`` written whole to ``fd`` (a write may take part of it), then synced."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Replace ``path`` by ``text`` through a synced temporary file and a rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _writing(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            try:
+                _write_all(fd, text.encode("utf-8"))
+            finally:
+                os.close(fd)
+            os.chmod(tmp, FILE_MODE)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def append_synced(path: Path, text: str) -> None:
-    """Append ``text`` in one write, flushed and fsynced before returning."""
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+    """Append ``text`` whole, synced before returning; where it cannot be (a full disk), the
+    file is cut back to where it ended, so no row is left written in part."""
+    with _writing(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        try:
+            end = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                _write_all(fd, text.encode("utf-8"))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, end)
+                raise
+        finally:
+            os.close(fd)
 
 
 def create_synced(path: Path, text: str) -> None:
-    """Create ``path`` holding ``text``, flushed and fsynced; FileExistsError if it exists."""
-    with open(path, "x", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+    """Create ``path`` holding ``text``, synced; FileExistsError if it exists, and no file
+    where the text cannot be written whole."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write {path}: {exc.strerror or exc}") from None
+    with _writing(path):
+        try:
+            try:
+                _write_all(fd, text.encode("utf-8"))
+            finally:
+                os.close(fd)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
 
 
 def _missing(value: Any) -> bool:

@@ -330,7 +330,8 @@ def _sweep(
         except KeyboardInterrupt:
             stop.signal_name = stop.signal_name or "SIGINT"
         except AttnbenchError as exc:
-            writer.finish("interrupted")
+            with contextlib.suppress(AttnbenchError):  # a full disk takes run.json too
+                writer.finish("interrupted")
             raise AttnbenchError(
                 f"{exc.message}; the {queue.completed} finished case(s) are saved: "
                 f"attnbench sweep --resume {writer.out_dir}"
