@@ -63,30 +63,43 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
 @contextlib.contextmanager
 def _writing(path: Path) -> Iterator[None]:
     """A file that cannot be written (a full disk, a folder made read-only mid-run) is one
-    line, ``AttnbenchError``, not a traceback; the writers below leave what was there whole."""
+    line, ``AttnbenchError``, not a traceback; the writers below leave what was there whole.
+    ``FileExistsError`` passes as it is: ``create_synced``'s callers read it."""
     try:
         yield
+    except FileExistsError:
+        raise
     except OSError as exc:
         raise AttnbenchError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    """``data`` written whole to ``fd`` (a write may take part of it), then synced."""
-    view = memoryview(data)
+def _write_all(fd: int, text: str) -> None:
+    """``text`` written whole to ``fd`` (a write may take part of it), then synced."""
+    view = memoryview(text.encode("utf-8"))
     while view:
         view = view[os.write(fd, view) :]
     os.fsync(fd)
+
+
+def _write_new(fd: int, path: Path, text: str) -> None:
+    """``text`` into the new file ``path`` open as ``fd`` (closed here); no file where it
+    cannot be written whole."""
+    try:
+        try:
+            _write_all(fd, text)
+        finally:
+            os.close(fd)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Replace ``path`` by ``text`` through a synced temporary file and a rename."""
     with _writing(path):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        _write_new(fd, Path(tmp), text)
         try:
-            try:
-                _write_all(fd, text.encode("utf-8"))
-            finally:
-                os.close(fd)
             os.chmod(tmp, FILE_MODE)
             os.replace(tmp, path)
         except BaseException:
@@ -102,7 +115,7 @@ def append_synced(path: Path, text: str) -> None:
         try:
             end = os.lseek(fd, 0, os.SEEK_END)
             try:
-                _write_all(fd, text.encode("utf-8"))
+                _write_all(fd, text)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, end)
@@ -114,21 +127,8 @@ def append_synced(path: Path, text: str) -> None:
 def create_synced(path: Path, text: str) -> None:
     """Create ``path`` holding ``text``, synced; FileExistsError if it exists, and no file
     where the text cannot be written whole."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-    except FileExistsError:
-        raise
-    except OSError as exc:
-        raise AttnbenchError(f"cannot write {path}: {exc.strerror or exc}") from None
     with _writing(path):
-        try:
-            try:
-                _write_all(fd, text.encode("utf-8"))
-            finally:
-                os.close(fd)
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
+        _write_new(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), path, text)
 
 
 def _missing(value: Any) -> bool:
