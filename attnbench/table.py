@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.fits import Analysis, analyse
+from attnbench.fits.exponents import MEMORY_RULE, REGIME_RULE
 from attnbench.results.run import RunResults
 
 COLUMNS = [
@@ -152,11 +153,10 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
     for row in table.itertuples(index=False):
         parts = []
         if row.time_fit_n:
-            regime = (
-                " (compute- or memory-bound there, by the machine model)"
-                if str(row.time_fit_rule or "").startswith("sizes the machine model")
-                else ""
-            )
+            regime = {
+                REGIME_RULE: " (compute- or memory-bound there, by the machine model)",
+                MEMORY_RULE: " (memory-bound there, by the machine model: judged on its bytes)",
+            }.get(str(row.time_fit_rule or ""), "")
             law = "time ~ n"
             if row.time_work_exponent_n is not None and row.time_rate_exponent_n is not None:
                 law = (

@@ -224,6 +224,7 @@ def test_a_time_the_model_calls_memory_bound_is_judged_against_the_bytes_it_move
     whose slope (attention's scores, n² beside n·d² products) differs from the work's. The
     same line called compute-bound is judged against the work, and disagrees."""
     from attnbench.fits.exponents import MEMORY_RULE, REGIME_RULE
+    from attnbench.render.report import _where
 
     theory = theory_of("attention")
     rows = [{"layer": "attention", "n": n, "d": 64, "batch": 1, "heads": 4, "causal": 0,
@@ -245,8 +246,9 @@ def test_a_time_the_model_calls_memory_bound_is_judged_against_the_bytes_it_move
     memory = time_row("memory")
     assert memory.range_rule == MEMORY_RULE
     assert memory.theory == pytest.approx(bytes_slope) and memory.agrees
+    assert _where(memory.range_rule) == "memory-bound: bytes"  # the tables' `where`
     compute = time_row("compute")
-    assert compute.range_rule == REGIME_RULE
+    assert compute.range_rule == REGIME_RULE and _where(REGIME_RULE) == "compute/memory-bound"
     assert compute.theory == pytest.approx(work_slope) and not compute.agrees
 
 

@@ -222,9 +222,7 @@ MEMORY_RULE = "sizes the machine model calls memory-bound, judged on the bytes t
 def memory_bound(line: pd.DataFrame, bounds: pd.Series | None) -> bool:
     """Whether the model calls every case of a (regime) time line memory-bound: its time then
     grows as the bytes it moves, as the roofline has it, not as its arithmetic."""
-    if bounds is None or line.empty:
-        return False
-    return bool(bounds.reindex(line.index).eq("memory").all())
+    return bounds is not None and bool(bounds.reindex(line.index).eq("memory").all())
 
 
 def range_rule(metric: str, overhead: float | None, regime: bool = False,
@@ -271,7 +269,8 @@ def exponent_table(
             values = numeric(group, metric)
             law = theory_values(values, metric, layers)
             # a memory-bound time line is judged against the bytes' law (``memory_bound``)
-            traffic = theory_values(values, "bytes", layers) if metric == "time_s" else None
+            timed = metric == "time_s" and bounds is not None
+            traffic = theory_values(values, "bytes", layers) if timed else None
             work = counted_work(values) if metric == "time_s" else None
             values = values[["n", "d", metric]]  # the lines below take rows: no other column
             overhead = own.constant if own is not None and metric == "time_s" else None

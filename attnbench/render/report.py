@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.fits import LETTERS, Analysis
+from attnbench.fits.exponents import MEMORY_RULE, REGIME_RULE
 from attnbench.measure.ops import fused_names
 from attnbench.render.blocks import Block, to_html, to_markdown
 from attnbench.results.files import write_text_atomic
@@ -200,9 +201,9 @@ SPLIT_NOTE = (
 
 def _where(rule: str) -> str:
     """The sizes an exponent was fitted on, in a word or two (``fits.range_rule``)."""
-    if rule.startswith("sizes the machine model calls memory-bound"):
+    if rule == MEMORY_RULE:
         return "memory-bound: bytes"
-    if rule.startswith("sizes the machine model"):
+    if rule == REGIME_RULE:
         return "compute/memory-bound"
     if rule.startswith("sizes where the fitted overhead"):
         return "overhead < half"
