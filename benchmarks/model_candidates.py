@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,25 +49,21 @@ from attnbench.fits.roofline import predict, relative_rms
 from attnbench.layers.registry import entry
 from attnbench.measure.allocator import set_allocator
 from attnbench.measure.case import make_step
-from attnbench.measure.ceilings import Ceilings
-from attnbench.measure.elementwise import elements_of
+from attnbench.measure.ceilings import CEILING_POLICY, LATENCY_POLICY, Ceilings
 from attnbench.measure.flops import formulas
-from attnbench.measure.ops import TracingMode, is_view, moves_data, op_name, tensors, unfused
-from attnbench.measure.traffic import kernel_kind, op_bytes, product_width
+from attnbench.measure.ops import TracingMode, is_view, moves_data, tensors, unfused
+from attnbench.measure.timing import TimingPolicy, time_call
+from attnbench.measure.traffic import ELEMENTWISE_PREFIX, kernel_of, op_bytes
 from attnbench.results.store import load_results
 from attnbench.spec import Case
 
 FOOTPRINTS = [2**k for k in range(14, 30)]  # 16 KiB .. 512 MiB, bytes read + written
 
 
-def _fastest(fn: Any, calls: int, rounds: int = 5) -> float:
-    best = math.inf
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
+def _fastest(fn: Any, policy: TimingPolicy = LATENCY_POLICY) -> float:
+    """Seconds of one call of ``fn``: the fastest of ``time_call``'s samples, as the ceilings
+    read theirs."""
+    return min(time_call(fn, policy).samples_s)
 
 
 def bandwidth_curve() -> dict[int, float]:
@@ -76,13 +71,13 @@ def bandwidth_curve() -> dict[int, float]:
     several rounds, less one add on one-element tensors (the op latency, charged apart): in
     the caches up to their size, then memory."""
     one, out = torch.ones(1), torch.empty(1)
-    latency = _fastest(lambda: torch.add(one, one, out=out), 20000)
+    latency = _fastest(lambda: torch.add(one, one, out=out))
     curve = {}
     for footprint in FOOTPRINTS:
         n = max(footprint // 12, 1)
         x, y, z = torch.rand(n), torch.rand(n), torch.empty(n)
         torch.add(x, y, out=z)
-        best = _fastest(lambda x=x, y=y, z=z: torch.add(x, y, out=z), max(1, int(4e7 / footprint)))
+        best = _fastest(lambda x=x, y=y, z=z: torch.add(x, y, out=z), CEILING_POLICY)
         curve[footprint] = 12 * n / max(best - latency, best / 20)
     return curve
 
@@ -90,7 +85,7 @@ def bandwidth_curve() -> dict[int, float]:
 def view_latency() -> float:
     """Seconds of one view (``select``) on a small tensor, the fastest of several rounds."""
     x = torch.rand(8, 8)
-    return _fastest(lambda: x.select(0, 3), 20000, rounds=7)
+    return _fastest(lambda: x.select(0, 3))
 
 
 def effective_cache(curve: dict[int, float]) -> int:
@@ -163,15 +158,8 @@ class _Ops(TracingMode):
             moved = op_bytes(func, args, kwargs, out)
             hot = self._hot_share(tensors((args, kwargs)) + tensors(out))
             self.clock += moved
-            formula = self.formulas.get(func._overloadpacket)
-            if formula is not None:
-                width = product_width(func, args)
-                work = int(formula(*args, **kwargs, out_val=out))
-                kind, name = kernel_kind(op_name(func)), str(width or "")
-            else:
-                work = elements_of(func, args, kwargs, out)
-                kind, name = ("ew" if work else "copy"), op_name(func).rstrip("_")
-            self.moved.append((kind, name, work, moved, hot))
+            key, work, product = kernel_of(func, args, kwargs, out, self.formulas)
+            self.moved.append((key, work, moved, hot, product))
         return out
 
 
@@ -209,20 +197,19 @@ def candidate(ops: _Ops, ceilings: Ceilings, costs: Costs, terms: set[str]) -> f
     views and list arguments (``lists``) at their measured costs."""
     total = 0.0
     stream = ceilings.bandwidth_bytes_per_s
-    for kind, name, work, moved, hot in ops.moved:
+    for key, work, moved, hot, product in ops.moved:
         if "footprint" in terms:
             memory = moved / bandwidth_at(costs.curve, moved)
         elif "reuse" in terms:
             memory = moved * hot / costs.cache_bandwidth + moved * (1 - hot) / stream
         else:
             memory = moved / stream
-        if kind == "ew":
-            rate = ceilings.elementwise_rate(name)
-            compute = work / rate if rate else 0.0
-        elif kind == "copy":
-            compute = 0.0
-        else:
-            compute = work / ceilings.rate(kind, int(name) if name.isdigit() else None)
+        if product:  # as the model reads the kernels column (fits.roofline)
+            kind, _, width = key.partition("@")
+            compute = work / ceilings.rate(kind, int(width) if width.isdigit() else None)
+        else:  # an elementwise op, or a copy (no work)
+            rate = ceilings.elementwise_rate(key.removeprefix(ELEMENTWISE_PREFIX))
+            compute = work / rate if rate and work else 0.0
         total += max(compute, memory)
     total += len(ops.moved) * ceilings.op_latency_s
     if "views" in terms:
@@ -237,8 +224,8 @@ def list_costs() -> tuple[float, float]:
     reads) over 1024 small tensors, each the fastest of several rounds."""
     x = torch.rand(1024, 16)
     parts = list(x.unbind(0))
-    unbind = _fastest(lambda: x.unbind(0), 200)
-    return unbind / 1024, _fastest(lambda: torch.stack(parts), 200) / 1024
+    unbind = _fastest(lambda: x.unbind(0), CEILING_POLICY)
+    return unbind / 1024, _fastest(lambda: torch.stack(parts), CEILING_POLICY) / 1024
 
 
 CANDIDATES = {

@@ -171,6 +171,26 @@ def parse_kernels(text: object) -> dict[str, tuple[float, float]]:
     return found
 
 
+def kernel_of(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+    formulas: Mapping[Any, Callable[..., int]],
+) -> tuple[str, int, bool]:  # fmt: skip
+    """One data-moving op as the ``kernels`` column keys it, its work, and whether it is a
+    product: ("gemm@16", FLOPs, True) for a product of a known width, ("ew.exp", elements,
+    False) for any other op (0 elements: a copy, no kernel of its own)."""
+    formula = formulas.get(func._overloadpacket)
+    if formula is not None:
+        width = product_width(func, args)
+        kind = kernel_kind(op_name(func))
+        return (
+            (kind if width is None else f"{kind}@{width}"),
+            int(formula(*args, **kwargs, out_val=out)),
+            True,
+        )
+    work = elements_of(func, args, kwargs, out)
+    return f"{ELEMENTWISE_PREFIX}{op_name(func).rstrip('_')}", work, False
+
+
 class TrafficCounter(TracingMode):
     def __init__(self) -> None:
         super().__init__()
@@ -191,17 +211,10 @@ class TrafficCounter(TracingMode):
             moved = op_bytes(func, args, kwargs, out)
             self.total += moved
             self.ops += 1
-            formula = self.formulas.get(func._overloadpacket)
-            if formula is not None:
+            key, work, product = kernel_of(func, args, kwargs, out, self.formulas)
+            if product:
                 self.products += moved
-                width = product_width(func, args)
-                kind = kernel_kind(op_name(func))
-                key = kind if width is None else f"{kind}@{width}"
-                work = int(formula(*args, **kwargs, out_val=out))
-            else:
-                work = elements_of(func, args, kwargs, out)
-                key = f"{ELEMENTWISE_PREFIX}{op_name(func).rstrip('_')}"
-            if formula is not None or work:
+            if product or work:
                 done_work, done = self.kernels.get(key, (0, 0))
                 self.kernels[key] = (done_work + work, done + moved)
 
