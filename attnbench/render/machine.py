@@ -65,7 +65,8 @@ def roofline_chart(analysis: Analysis) -> Figure | None:
     log_axes(ax, "arithmetic intensity [FLOPs per byte moved]", "achieved FLOP/s", base_x=10)
     ax.set_title(
         f"{ceilings.device_name}, {ceilings.threads} thread(s), {ceilings.dtype}; "
-        "each path: one layer and width, n growing (ringed: the largest n)",
+        "each path: one layer and width, n growing (ringed: the largest n)\n"
+        "bytes counted as if nothing stays in cache: a point above the slope reused it",
         fontsize=8,
     )
     legend(ax)
