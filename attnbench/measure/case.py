@@ -26,7 +26,14 @@ from attnbench.measure.faults import FaultCounter
 from attnbench.measure.flops import FlopCount, trace_flops
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
-from attnbench.measure.ops import BACKENDS, describe_backend, describe_fused, recording_fused
+from attnbench.measure.ops import (
+    BACKENDS,
+    DEVICE_ONLY_FUSED,
+    describe_backend,
+    describe_fused,
+    recording_fused,
+    uncounted_names,
+)
 from attnbench.measure.record import CaseResult
 from attnbench.measure.structure import PATH_NONE, SEQ_METHOD, path_length, sequential_steps
 from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats, time_call
@@ -73,6 +80,10 @@ def make_step(case: Case, seed: int) -> Step:
 
         return Step(layer, x, forward)
 
+    # A training step runs the layer in training mode, as a training loop would: cuDNN's
+    # recurrent backward refuses a module in eval mode, and a layer's dropout or batch norm
+    # is part of what training it costs.
+    layer.train()
     x_train = x.clone().requires_grad_(True)
     grad_out = torch.randn_like(x)  # (B, n, d)
 
@@ -273,21 +284,19 @@ def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, 
     The auxiliary counts each run in their own guard: one that fails (a probe at a length the
     layer refuses) leaves its column empty with the reason, and the case's time, memory and
     FLOPs are still measured.
+
+    A case whose trace on its device dispatched a kernel that only an accelerator runs, with
+    nothing inside it the counters can see (``ops.DEVICE_ONLY_FUSED``: CUDA's LSTM and GRU
+    cells), is counted again on the CPU, where torch runs the same cell as its ops: a count is
+    the layer's, not the device's, and the time is still the device's.
     """
-    found, source = None, extend.EXTENDED
-    vouched = extend.applies(case)  # the theory says the case is long; else the probes say
-    if vouched or extend.probed(case):
-        found = extend.extended_counts(
-            case, lambda short: probe_counts(short, seed), check=not vouched
-        )
-    if found is None:
-        source = countcache.TRACED
-        # A case at a probe length is the probe: one trace serves it and the longer cases.
-        found = (
-            probe_counts(case, seed, step)
-            if extend.is_probe(case)
-            else call_counts(step, case.mode)
-        )
+    found, source = _call_counts(case, step, seed)
+    if case.device != "cpu" and uncounted_names(found.uncounted_ops) & DEVICE_ONLY_FUSED:
+        case = dataclasses.replace(case, device="cpu")
+        found, source = _call_counts(case, None, seed)
+    # The path is measured only now, with the steps of the trace kept: a route law read from
+    # the device's fused steps and the CPU's probes would mix two algorithms (and its cache,
+    # one per layer, would keep the mistake for the twin).
     # The steps just traced at n (batch 1, as the path's own trace) spare a scan's path a trace.
     traced = found.seq_steps_method == SEQ_METHOD and case.batch == 1
     reach = entry(case.layer).reach(case.option_values)
@@ -302,6 +311,26 @@ def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, 
         path_len=None if path is None else path.value,
         path_len_method=path_method if path is None else path.method,
     ), source
+
+
+def _call_counts(case: Case, step: Step | None, seed: int) -> tuple[countcache.Counts, str]:
+    """The counts of one call on the case's own device, traced or extended, without the path;
+    ``step`` None: a fresh one where a trace needs it."""
+    found, source = None, extend.EXTENDED
+    vouched = extend.applies(case)  # the theory says the case is long; else the probes say
+    if vouched or extend.probed(case):
+        found = extend.extended_counts(
+            case, lambda short: probe_counts(short, seed), check=not vouched
+        )
+    if found is None:
+        source = countcache.TRACED
+        # A case at a probe length is the probe: one trace serves it and the longer cases.
+        found = (
+            probe_counts(case, seed, step)
+            if extend.is_probe(case)
+            else call_counts(step or _called_step(case, seed), case.mode)
+        )
+    return found, source
 
 
 def call_counts(step: Step, mode: str) -> countcache.Counts:

@@ -208,6 +208,19 @@ class Uncounted:
         )
 
 
+# Kernels torch runs only on an accelerator, with nothing inside them that the counters could
+# read: with cuDNN off (``unfused``), a CUDA LSTM or GRU runs each step's gate arithmetic as one
+# of these, where the CPU runs the same cell as its ops (sigmoid, tanh, mul, add). A case that
+# dispatched one is counted on the CPU (``measure.case.trace_counts``).
+DEVICE_ONLY_FUSED = frozenset({"_thnn_fused_lstm_cell", "_thnn_fused_gru_cell"})
+
+
+def uncounted_names(text: str) -> set[str]:
+    """The op names, without ``aten.``, of an ``Uncounted.describe`` text."""
+    names = (part.split(" x")[0].strip() for part in text.split(";") if part.strip())
+    return {name.removeprefix("aten.") for name in names}
+
+
 @contextmanager
 def _mha_fastpath_off() -> Iterator[None]:
     mha = getattr(torch.backends, "mha", None)

@@ -1,0 +1,156 @@
+"""The CUDA path for real: these run only where a CUDA device exists (``-m cuda`` selects them,
+and everywhere else they are skipped), and exercise what the mocked tests cannot: synchronised
+timing of asynchronous kernels, the caching allocator's peaks, the FLOPs of the fused attention
+and cuDNN recurrent kernels, and the device's ceilings against an independent measurement.
+
+Times are compared only as ratios, never as absolute figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from attnbench.devices import device_sync
+from attnbench.layers import layer_names
+from attnbench.measure.case import measure_case
+from attnbench.measure.ceilings import measure_ceilings
+from attnbench.measure.memory import peak_bytes
+from attnbench.measure.timing import TimingPolicy, time_call
+from attnbench.spec import build_grid
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+DEVICE = "cuda:0"
+SHORT = TimingPolicy(min_block_s=2e-3, min_samples=5, budget_s=0.05, min_time_s=0.02)
+
+
+def case_of(layer: str, n: int, d: int, device: str = DEVICE, **options: str):  # type: ignore[no-untyped-def]
+    """The one case of a grid of one layer, size and device, built as the CLI builds it."""
+    values = {"layers": layer, "n": str(n), "d": str(d), "device": device, **options}
+    (case,) = build_grid(values).cases()
+    return case
+
+
+def test_timing_waits_for_the_kernels_it_times() -> None:
+    """A kernel that spins a known number of cycles: with the device's sync the time per call
+    doubles when the cycles double; launches alone would read the same microseconds."""
+    cycles = 2_000_000  # about 1 ms at the H100's clocks
+
+    def spin(k: int):  # type: ignore[no-untyped-def]
+        return lambda: torch.cuda._sleep(k * cycles)
+
+    sync = device_sync(DEVICE)
+    one = time_call(spin(1), SHORT, sync=sync).median_s
+    two = time_call(spin(2), SHORT, sync=sync).median_s
+    assert 1.7 < two / one < 2.3
+    # Without the sync a host clock reads the launch alone (a block of many calls would not
+    # show it: once CUDA's launch queue is full, each launch waits for a kernel to finish).
+    start = time.perf_counter()
+    spin(2)()
+    launch = time.perf_counter() - start
+    torch.cuda.synchronize()
+    assert launch < 0.5 * two
+
+
+def test_peak_memory_reads_the_caching_allocator_exactly() -> None:
+    numel = 1 << 20
+    assert peak_bytes(lambda: torch.empty(numel, device=DEVICE), DEVICE) == 4 * numel
+
+    # A temporary freed inside the call still counts: the peak is two arrays.
+    def with_temporary() -> torch.Tensor:
+        scratch = torch.empty(numel, device=DEVICE)
+        return scratch + 1
+
+    assert peak_bytes(with_temporary, DEVICE) == 8 * numel
+
+
+def test_fused_attention_keeps_memory_linear_where_explicit_attention_is_quadratic() -> None:
+    n, d = 4096, 64
+    explicit = measure_case(case_of("attention", n, d), policy=SHORT)
+    fused = measure_case(case_of("attention-sdpa", n, d), policy=SHORT)
+    assert explicit.status == fused.status == "ok"
+    scores = 4 * n * n * 4  # heads x n x n float32 scores
+    assert explicit.peak_bytes >= scores
+    assert fused.peak_bytes < scores / 8
+
+
+@pytest.mark.parametrize("layer", ["attention-sdpa", "rnn", "gru", "lstm"])
+def test_fused_kernels_are_counted_as_on_the_cpu(layer: str) -> None:
+    """Flash / memory-efficient attention and cuDNN's recurrences are single fused ops on CUDA;
+    their FLOPs, steps and path length must equal the CPU's counts and the theory."""
+    gpu = measure_case(case_of(layer, 128, 64), policy=SHORT)
+    cpu = measure_case(case_of(layer, 128, 64, device="cpu"), policy=SHORT)
+    assert gpu.status == "ok", gpu.error
+    assert gpu.flops == cpu.flops > 0
+    assert gpu.flops == pytest.approx(gpu.flops_analytic, rel=1e-9)
+    assert gpu.seq_steps == cpu.seq_steps
+    # By value too: both sides share the process's per-layer probe cache, so a route read
+    # wrong on one side once made both read path 1 for GRU and LSTM.
+    assert gpu.path_len == cpu.path_len == (1 if layer == "attention-sdpa" else 128)
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+@pytest.mark.parametrize("layer", layer_names())
+def test_every_layer_measures_on_cuda_and_counts_as_on_the_cpu(layer: str, mode: str) -> None:
+    result = measure_case(case_of(layer, 128, 64, mode=mode), policy=SHORT)
+    cpu = measure_case(case_of(layer, 128, 64, device="cpu", mode=mode), policy=SHORT)
+    assert result.status == "ok", result.error
+    assert result.timing is not None and result.timing.median_s > 0
+    assert result.peak_bytes is not None and result.peak_bytes > 0
+    assert (result.flops, result.elementwise) == (cpu.flops, cpu.elementwise)
+    assert (result.seq_steps, result.path_len) == (cpu.seq_steps, cpu.path_len)
+
+
+def test_bfloat16_runs_on_cuda() -> None:
+    result = measure_case(case_of("attention", 256, 64, dtype="bfloat16"), policy=SHORT)
+    assert result.status == "ok", result.error
+    assert result.flops == pytest.approx(result.flops_analytic, rel=1e-9)
+
+
+def _event_seconds(fn, repeats: int = 20) -> float:  # type: ignore[no-untyped-def]
+    """Median seconds of ``fn`` between CUDA events, one call at a time: an independent clock."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_ceilings_agree_with_an_independent_gemm_and_copy(dtype: str) -> None:
+    found = measure_ceilings(DEVICE, dtype, passes=1)
+    torch_dtype = getattr(torch, dtype)
+    side = 8192
+    a = torch.randn(side, side, device=DEVICE).to(torch_dtype)  # (s, s)
+    b = torch.randn(side, side, device=DEVICE).to(torch_dtype)  # (s, s)
+    gemm = 2 * side**3 / _event_seconds(lambda: a @ b)
+    src = torch.randn(1 << 28, device=DEVICE).to(torch_dtype)  # 256 Mi elements
+    dst = torch.empty_like(src)
+    copy = 2 * src.numel() * src.element_size() / _event_seconds(lambda: dst.copy_(src))
+    assert found.peak_flops_per_s == pytest.approx(gemm, rel=0.25)
+    assert found.bandwidth_bytes_per_s == pytest.approx(copy, rel=0.25)
+    assert 1e-7 < found.op_latency_s < 1e-4  # a launch: microseconds, not a sync's round trip
+    assert found.page_fault_s is None
+
+
+def test_ab_a_against_a_on_cuda_reports_no_regression(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    command = [sys.executable, "-m", "attnbench", "ab", "--device", "cuda", "--layers",
+               "conv,attention", "--n", "256,1024", "--d", "64", "--time-budget", "0.1",
+               "--json", "--quiet", "--out", str(tmp_path / "ab")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    verdicts = json.loads(done.stdout)
+    assert not [c for c in verdicts["cases"] if c["verdict"] == "regression"]
