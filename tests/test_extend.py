@@ -177,10 +177,13 @@ def test_full_trace_does_not_read_an_extended_entry_from_the_cache(
 
 
 def reference_long_cases() -> list[object]:
-    """Every case of the committed reference runs whose counts are extended."""
+    """Every case of the committed CPU reference runs whose counts are extended (a GPU run's
+    cases need its device; their counts are the CPU's, tests/test_cuda.py)."""
     found = {}
     for run in sorted((ROOT / "results").glob("*/run.json")):
         config = json.loads(run.read_text())["config"]
+        if config.get("device", "cpu") != "cpu":
+            continue
         for case in grid_from_config(config).cases():
             if extend.applies(case, {}):
                 found[case.case_id] = case
