@@ -301,6 +301,22 @@ def test_predict_shows_the_run_on_another_machine_crossovers_and_charts(
     assert "Crossovers on that machine" in table.stdout
 
 
+def test_predict_says_when_the_ceilings_are_of_another_kind_of_device(
+    wide_run: RunResults, tmp_path: Path
+) -> None:
+    """A CPU run's dispatched ops on a GPU's ceilings: the run counts what its device
+    dispatched, and cuDNN fuses what the CPU runs op by op (docs/gpu.md), so predict says so."""
+    notes = {}
+    for device in ("cpu", "cuda:0"):
+        path = tmp_path / f"{device.replace(':', '')}.json"
+        path.write_text(json.dumps(replace(MACHINE, device=device).to_dict()))
+        result = runner.invoke(app, ["predict", str(wide_run.path), "--machine", str(path)])
+        assert result.exit_code == 0, result.output
+        notes[device] = " ".join(result.stderr.split())
+    assert "measured on cpu and the ceilings are of cuda:0" in notes["cuda:0"]
+    assert "ceilings are of" not in notes["cpu"]
+
+
 def test_predict_refuses_bad_input_in_one_line(wide_run: RunResults, tmp_path: Path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text('{"peak_flops_per_s": 0}')

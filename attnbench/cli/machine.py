@@ -257,10 +257,24 @@ def _ceilings_for(run: RunResults, machine_file: Path | None) -> Ceilings:
             ) from None
         count = int(threads.median()) if len(threads) else None
         ceilings, _ = machine_ceilings(here, dtype, count)
-    dtype = run.meta.get("config", {}).get("dtype")
+    config = run.meta.get("config", {})
+    dtype = config.get("dtype")
+    notes = []
     if dtype and dtype != ceilings.dtype:
-        Streams.make().err.print(
-            f"note: the ceilings are for {ceilings.dtype}, the run measured {dtype}",
-            markup=False,
+        notes.append(f"note: the ceilings are for {ceilings.dtype}, the run measured {dtype}")
+    device = str(config.get("device", ""))
+    if device and _kind(device) != _kind(ceilings.device):
+        # Measured: a CPU run predicted on an H200 read gru 111x and rnn 48x too slow there.
+        notes.append(
+            f"note: the run was measured on {device} and the ceilings are of {ceilings.device}: "
+            "the model charges the ops the run's device dispatched, so a layer that the other "
+            "device runs as one fused kernel (cuDNN's recurrences) or op by op is mispredicted"
         )
+    for note in notes:
+        Streams.make().err.print(note, markup=False, soft_wrap=True)
     return ceilings
+
+
+def _kind(device: str) -> str:
+    """The kind of a device: cuda for cuda:1."""
+    return device.split(":")[0]
