@@ -82,6 +82,32 @@ def test_a_device_only_cell_sends_the_count_to_the_cpu(
     assert (found.seq_steps == real.seq_steps) == (counted_on[-1] == "cpu")
 
 
+@pytest.mark.parametrize(
+    ("fused", "counted_on"),
+    [(frozenset({"_cudnn_rnn"}), ["cpu"]),
+     (frozenset({"_native_multi_head_attention"}), ["cuda:0"]),
+     (frozenset(), ["cuda:0"])],
+)  # fmt: skip
+def test_a_fused_recurrent_kernel_in_the_timed_call_sends_the_count_to_the_cpu(
+    monkeypatch: pytest.MonkeyPatch, fused: frozenset[str], counted_on: list[str]
+) -> None:
+    """On the H200, rnn's unfused stand-in for cuDNN read W_ih once per step (one d x d
+    matrix a position over its formula, which follows the CPU's one projection): a case whose
+    timed call ran a fused recurrence is counted on the CPU at once, the device not traced."""
+    cpu_case = small_case("rnn", n=24, d=8, batch=1)
+    real, _ = case_module._call_counts(cpu_case, None, 0)
+    seen: list[str] = []
+
+    def fake(case, step, seed):  # type: ignore[no-untyped-def]
+        seen.append(case.device)
+        return real, "traced"
+
+    monkeypatch.setattr(case_module, "_call_counts", fake)
+    gpu_case = dataclasses.replace(cpu_case, device="cuda:0")
+    trace_counts(gpu_case, None, 0, fused=fused)
+    assert seen == counted_on
+
+
 def test_the_path_of_a_case_counted_on_the_cpu_follows_the_cpu_steps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -29,6 +29,7 @@ from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
 from attnbench.measure.ops import (
     BACKENDS,
     DEVICE_ONLY_FUSED,
+    FUSED_RECURRENT,
     describe_backend,
     describe_fused,
     recording_fused,
@@ -163,8 +164,14 @@ def measure_case(
                 f"{fmt_seconds(max_case_s)}",
             )
         counts, source, memory = cached, countcache.CACHED, cached_memory
+        if memory is None and case.device != "cpu":
+            # On an accelerator the memory pass comes first: the fused kernels the timed call
+            # ran decide where its counts are traced (``trace_counts``).
+            memory = memory_pass(case, seed, step)
+            countcache.write_profile(case, seed, memory)
         if counts is None:
-            counts, source = trace_counts(case, step, seed)
+            fused = memory.fused if memory is not None else frozenset()
+            counts, source = trace_counts(case, step, seed, fused=fused)
             countcache.write(case, seed, counts)
         if memory is None:
             # On the CPU the profiler, which replays every requested allocation, costs as much
@@ -276,7 +283,9 @@ def _called_step(case: Case, seed: int) -> Step:
     return step
 
 
-def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, str]:
+def trace_counts(
+    case: Case, step: Step | None, seed: int, *, fused: frozenset[str] = frozenset()
+) -> tuple[countcache.Counts, str]:
     """Every exact count of the case, traced from its real layer, and how (``counts_source``):
     in full, or for a long recurrent case at short lengths and extended by a law proven there
     (``measure.extend``).
@@ -285,11 +294,16 @@ def trace_counts(case: Case, step: Step, seed: int) -> tuple[countcache.Counts, 
     layer refuses) leaves its column empty with the reason, and the case's time, memory and
     FLOPs are still measured.
 
-    A case whose trace on its device dispatched a kernel that only an accelerator runs, with
-    nothing inside it the counters can see (``ops.DEVICE_ONLY_FUSED``: CUDA's LSTM and GRU
-    cells), is counted again on the CPU, where torch runs the same cell as its ops: a count is
-    the layer's, not the device's, and the time is still the device's.
+    A count is the layer's, not the device's; the time and memory stay the device's. So an
+    accelerator's case is counted on the CPU, where torch runs a recurrence as its ops and the
+    layer's formulas describe it, when its timed call ran a fused recurrent kernel (``fused``,
+    the memory pass's: cuDNN's RNNs, whose unfused stand-in on CUDA projects the input step by
+    step and reads W_ih n times), or when its own trace dispatched a kernel only an
+    accelerator runs, with nothing inside it the counters can see (``ops.DEVICE_ONLY_FUSED``:
+    CUDA's LSTM and GRU cells, where cuDNN is off).
     """
+    if case.device != "cpu" and fused & FUSED_RECURRENT:
+        case, step = dataclasses.replace(case, device="cpu"), None
     found, source = _call_counts(case, step, seed)
     if case.device != "cpu" and uncounted_names(found.uncounted_ops) & DEVICE_ONLY_FUSED:
         case = dataclasses.replace(case, device="cpu")
