@@ -26,6 +26,11 @@ DEVICE_CHOICES = "cpu, cuda, cuda:N, mps, auto"
 DeviceResolver = Callable[[str, str], str]  # (--device, --dtype) -> the device cases run on
 
 
+def device_kind(device: str) -> str:
+    """The kind of a resolved device, what per-device tables are keyed by: cuda for cuda:1."""
+    return device.split(":")[0]
+
+
 def resolve_device(name: str) -> str:
     """Turn ``auto`` / ``cuda`` / ``cuda:N`` / ``mps`` / ``cpu`` into an available device string."""
     name = name.strip().lower()

@@ -15,7 +15,6 @@ from attnbench import register_layer
 from attnbench.measure import case as case_module
 from attnbench.measure import structure
 from attnbench.measure.case import make_step, measure_case, trace_counts
-from attnbench.measure.ops import DEVICE_ONLY_FUSED, uncounted_names
 from attnbench.measure.timing import TimingPolicy
 
 SHORT = TimingPolicy(min_block_s=1e-3, min_samples=3, budget_s=0.01, min_time_s=0.005)
@@ -45,55 +44,21 @@ def test_a_training_step_runs_the_layer_in_training_mode_and_a_forward_in_eval()
     assert result.flops == 3 * 2 * (2 * 16) * 8 * 8  # forward, input and weight gradients
 
 
-def test_uncounted_names_reads_the_describe_text_back() -> None:
-    text = "aten._thnn_fused_lstm_cell x128 (1,024 elements); aten.foo x1 (3 elements)"
-    assert uncounted_names(text) == {"_thnn_fused_lstm_cell", "foo"}
-    assert uncounted_names("") == set()
-    assert {"_thnn_fused_lstm_cell", "_thnn_fused_gru_cell"} <= DEVICE_ONLY_FUSED
-
-
-@pytest.mark.parametrize(
-    ("uncounted", "counted_on"),
-    [("aten._thnn_fused_gru_cell x24 (9,216 elements)", ["cuda:0", "cpu"]),
-     ("aten.some_plugin_op x1 (8 elements)", ["cuda:0"]),
-     ("", ["cuda:0"])],
-)  # fmt: skip
-def test_a_device_only_cell_sends_the_count_to_the_cpu(
-    monkeypatch: pytest.MonkeyPatch, uncounted: str, counted_on: list[str]
-) -> None:
-    """The device's own trace (faked: no GPU here) names the fused cell; the case is traced
-    again on the CPU twin, whose counts are the ones kept. Any other uncounted op is the
-    layer's own and stays as the device's trace found it."""
-    cpu_case = small_case("gru", n=24, d=8, batch=1)
-    real, _ = case_module._call_counts(cpu_case, None, 0)
-    seen: list[str] = []
-
-    def fake(case, step, seed):  # type: ignore[no-untyped-def]
-        seen.append(case.device)
-        if case.device == "cpu":
-            assert dataclasses.replace(case, device="cuda:0") == gpu_case
-            return real, "traced"
-        return dataclasses.replace(real, uncounted_ops=uncounted, seq_steps=3), "traced"
-
-    monkeypatch.setattr(case_module, "_call_counts", fake)
-    gpu_case = dataclasses.replace(cpu_case, device="cuda:0")
-    found, _ = trace_counts(gpu_case, None, 0)  # type: ignore[arg-type]
-    assert seen == counted_on
-    assert (found.seq_steps == real.seq_steps) == (counted_on[-1] == "cpu")
-
-
 @pytest.mark.parametrize(
     ("fused", "counted_on"),
     [(frozenset({"_cudnn_rnn"}), ["cpu"]),
+     (frozenset({"_thnn_fused_gru_cell"}), ["cpu"]),
      (frozenset({"_native_multi_head_attention"}), ["cuda:0"]),
      (frozenset(), ["cuda:0"])],
 )  # fmt: skip
-def test_a_fused_recurrent_kernel_in_the_timed_call_sends_the_count_to_the_cpu(
+def test_a_fused_recurrence_in_the_timed_call_sends_the_count_to_the_cpu(
     monkeypatch: pytest.MonkeyPatch, fused: frozenset[str], counted_on: list[str]
 ) -> None:
     """On the H200, rnn's unfused stand-in for cuDNN read W_ih once per step (one d x d
-    matrix a position over its formula, which follows the CPU's one projection): a case whose
-    timed call ran a fused recurrence is counted on the CPU at once, the device not traced."""
+    matrix a position over its formula, which follows the CPU's one projection), and CUDA's
+    fused GRU and LSTM cells hid their gate arithmetic: a case whose timed call ran either is
+    counted on the CPU (faked here: no GPU), the device not traced. Another fused path (the
+    MultiheadAttention fast path) is counted on the device, through its unfused ops."""
     cpu_case = small_case("rnn", n=24, d=8, batch=1)
     real, _ = case_module._call_counts(cpu_case, None, 0)
     seen: list[str] = []
@@ -111,9 +76,10 @@ def test_a_fused_recurrent_kernel_in_the_timed_call_sends_the_count_to_the_cpu(
 def test_the_path_of_a_case_counted_on_the_cpu_follows_the_cpu_steps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On the H200, GRU and LSTM read path 1 after the twin fix: the path was measured before
-    it, from CUDA's fused steps (2 a position, not the CPU's 10) mixed with the CPU's probes,
-    which made the route look direct, and the per-layer probe cache kept that for the twin."""
+    """On the H200, GRU and LSTM read path 1: the path was measured from CUDA's fused steps
+    (2 a position, not the CPU's 10) mixed with the CPU's probes, which made the route look
+    direct, and the per-layer probe cache kept that for the CPU recount. A device trace (faked
+    with those steps) must not be what the path reads."""
     monkeypatch.setattr(structure, "_PROBE_CACHE", {})
     real_counts = case_module._call_counts
 
@@ -121,12 +87,11 @@ def test_the_path_of_a_case_counted_on_the_cpu_follows_the_cpu_steps(
         found, source = real_counts(dataclasses.replace(case, device="cpu"), None, seed)
         if case.device == "cpu":
             return found, source
-        fused = "aten._thnn_fused_gru_cell x64 (1,536 elements)"
-        return dataclasses.replace(found, seq_steps=2 * case.n + 2, uncounted_ops=fused), source
+        return dataclasses.replace(found, seq_steps=2 * case.n + 2), source
 
     monkeypatch.setattr(case_module, "_call_counts", fake)
     n = 64  # a probe length of the route law: the case's own steps are read there
     gpu = dataclasses.replace(small_case("gru", n=n, d=8, batch=1), device="cuda:0")
-    found, _ = trace_counts(gpu, None, 0)  # type: ignore[arg-type]
+    found, _ = trace_counts(gpu, None, 0, fused=frozenset({"_thnn_fused_gru_cell"}))
     assert found.seq_steps == 10 * n + 2
     assert found.path_len == n

@@ -14,7 +14,7 @@ import typer
 
 from attnbench.cli.options import SavedRun, json_flag
 from attnbench.cli.render import Streams, frame_table
-from attnbench.devices import DEVICE_CHOICES, DTYPES, check_threads, local_device
+from attnbench.devices import DEVICE_CHOICES, DTYPES, check_threads, device_kind, local_device
 from attnbench.errors import AttnbenchError
 from attnbench.fits import Analysis, analyse, roofline
 from attnbench.measure.ceilings import (
@@ -263,7 +263,7 @@ def _ceilings_for(run: RunResults, machine_file: Path | None) -> Ceilings:
     if dtype and dtype != ceilings.dtype:
         notes.append(f"note: the ceilings are for {ceilings.dtype}, the run measured {dtype}")
     device = str(config.get("device", ""))
-    if device and _kind(device) != _kind(ceilings.device):
+    if device and device_kind(device) != device_kind(ceilings.device):
         # Measured: a CPU run predicted on an H200 read gru 111x and rnn 48x too slow there.
         notes.append(
             f"note: the run was measured on {device} and the ceilings are of {ceilings.device}: "
@@ -273,8 +273,3 @@ def _ceilings_for(run: RunResults, machine_file: Path | None) -> Ceilings:
     for note in notes:
         Streams.make().err.print(note, markup=False, soft_wrap=True)
     return ceilings
-
-
-def _kind(device: str) -> str:
-    """The kind of a device: cuda for cuda:1."""
-    return device.split(":")[0]

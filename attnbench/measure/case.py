@@ -28,12 +28,10 @@ from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
 from attnbench.measure.ops import (
     BACKENDS,
-    DEVICE_ONLY_FUSED,
-    FUSED_RECURRENT,
+    COUNTED_ON_CPU,
     describe_backend,
     describe_fused,
     recording_fused,
-    uncounted_names,
 )
 from attnbench.measure.record import CaseResult
 from attnbench.measure.structure import PATH_NONE, SEQ_METHOD, path_length, sequential_steps
@@ -165,8 +163,9 @@ def measure_case(
             )
         counts, source, memory = cached, countcache.CACHED, cached_memory
         if memory is None and case.device != "cpu":
-            # On an accelerator the memory pass comes first: the fused kernels the timed call
-            # ran decide where its counts are traced (``trace_counts``).
+            # On an accelerator the memory pass comes first (its allocator's statistics are
+            # cheap at any n): the fused kernels the timed call ran decide where its counts are
+            # traced (``trace_counts``).
             memory = memory_pass(case, seed, step)
             countcache.write_profile(case, seed, memory)
         if counts is None:
@@ -175,14 +174,13 @@ def measure_case(
             countcache.write(case, seed, counts)
         if memory is None:
             # On the CPU the profiler, which replays every requested allocation, costs as much
-            # as tracing: profiled at the short probes and extended by their law. CUDA's
-            # statistics are cheap at any n, and its allocator rounds sizes into blocks.
-            if case.device == "cpu" and extend.is_extended(counts):
+            # as tracing: profiled at the short probes and extended by their law.
+            if extend.is_extended(counts):
                 memory = extend.extended_profile(case, lambda short: probe_profile(short, seed))
             if memory is None:
                 memory = (
                     probe_profile(case, seed, step)
-                    if case.device == "cpu" and extend.is_probe(case)
+                    if extend.is_probe(case)
                     else memory_pass(case, seed, step)
                 )
             countcache.write_profile(case, seed, memory)
@@ -295,22 +293,16 @@ def trace_counts(
     FLOPs are still measured.
 
     A count is the layer's, not the device's; the time and memory stay the device's. So an
-    accelerator's case is counted on the CPU, where torch runs a recurrence as its ops and the
-    layer's formulas describe it, when its timed call ran a fused recurrent kernel (``fused``,
-    the memory pass's: cuDNN's RNNs, whose unfused stand-in on CUDA projects the input step by
-    step and reads W_ih n times), or when its own trace dispatched a kernel only an
-    accelerator runs, with nothing inside it the counters can see (``ops.DEVICE_ONLY_FUSED``:
-    CUDA's LSTM and GRU cells, where cuDNN is off).
+    accelerator's case whose timed call took one of ``ops.COUNTED_ON_CPU`` (``fused``, the
+    memory pass's) is counted on the CPU, where torch runs the recurrence as its ops and the
+    layer's formulas describe it: on CUDA, cuDNN's unfused stand-in projects the input step by
+    step (reading W_ih n times), and with cuDNN off an LSTM or GRU runs fused cells no counter
+    can see into. The path below reads the steps of that same trace: a route law mixing the
+    device's fused steps with the CPU's probes read the H200's gru and lstm as path 1.
     """
-    if case.device != "cpu" and fused & FUSED_RECURRENT:
+    if case.device != "cpu" and fused & COUNTED_ON_CPU:
         case, step = dataclasses.replace(case, device="cpu"), None
     found, source = _call_counts(case, step, seed)
-    if case.device != "cpu" and uncounted_names(found.uncounted_ops) & DEVICE_ONLY_FUSED:
-        case = dataclasses.replace(case, device="cpu")
-        found, source = _call_counts(case, None, seed)
-    # The path is measured only now, with the steps of the trace kept: a route law read from
-    # the device's fused steps and the CPU's probes would mix two algorithms (and its cache,
-    # one per layer, would keep the mistake for the twin).
     # The steps just traced at n (batch 1, as the path's own trace) spare a scan's path a trace.
     traced = found.seq_steps_method == SEQ_METHOD and case.batch == 1
     reach = entry(case.layer).reach(case.option_values)

@@ -46,7 +46,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnbench.devices import DTYPES, check_dtype, device_name, device_sync, set_threads
+from attnbench.devices import (
+    DTYPES,
+    check_dtype,
+    device_kind,
+    device_name,
+    device_sync,
+    set_threads,
+)
 from attnbench.errors import AttnbenchError
 from attnbench.measure import rates
 from attnbench.measure.allocator import release_freed
@@ -166,7 +173,7 @@ def _interpolate(points: Mapping[int, float], width: int, *, log_values: bool) -
 
 
 def _side(device: str) -> int:
-    return GEMM_SIDE.get(device.split(":")[0], GEMM_SIDE["cpu"])
+    return GEMM_SIDE.get(device_kind(device), GEMM_SIDE["cpu"])
 
 
 def last_level_cache_bytes(device: str = "cpu") -> int | None:

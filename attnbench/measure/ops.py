@@ -92,6 +92,8 @@ FUSED_PATHS = {
     "mkldnn_rnn": "oneDNN recurrent kernel",
     "_cudnn_rnn": "cuDNN recurrent kernel",
     "miopen_rnn": "MIOpen recurrent kernel",
+    "_thnn_fused_lstm_cell": "CUDA fused LSTM cell",
+    "_thnn_fused_gru_cell": "CUDA fused GRU cell",
 }
 # The implementations torch chooses between for a CPU convolution, by its size: oneDNN's, or
 # its own reference kernels (im2col and a GEMM, the dilated one adding the bias channel by
@@ -208,17 +210,11 @@ class Uncounted:
         )
 
 
-# Kernels torch runs only on an accelerator, with nothing inside them that the counters could
-# read: with cuDNN off (``unfused``), a CUDA LSTM or GRU runs each step's gate arithmetic as one
-# of these, where the CPU runs the same cell as its ops (sigmoid, tanh, mul, add). A case that
-# dispatched one is counted on the CPU (``measure.case.trace_counts``).
-DEVICE_ONLY_FUSED = frozenset({"_thnn_fused_lstm_cell", "_thnn_fused_gru_cell"})
-
-
-def uncounted_names(text: str) -> set[str]:
-    """The op names, without ``aten.``, of an ``Uncounted.describe`` text."""
-    names = (part.split(" x")[0].strip() for part in text.split(";") if part.strip())
-    return {name.removeprefix("aten.") for name in names}
+# The fused paths after which an accelerator's case is counted on the CPU
+# (``measure.case.trace_counts``): a fused recurrence, whose unfused stand-in on CUDA differs from
+# the CPU's (it projects the input step by step), and CUDA's LSTM and GRU cells, which torch runs
+# where cuDNN is off and which hide the gate arithmetic the CPU runs as its ops.
+COUNTED_ON_CPU = FUSED_RECURRENT | {"_thnn_fused_lstm_cell", "_thnn_fused_gru_cell"}
 
 
 @contextmanager

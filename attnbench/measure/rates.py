@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
+from attnbench.devices import device_kind
 from attnbench.measure.flops import count_flops
 from attnbench.measure.laws import Law
 from attnbench.measure.ops import unfused
@@ -68,7 +69,7 @@ ELEMENTS = {"cpu": 2**16, "cuda": 2**24, "mps": 2**22}
 
 def _for(table: Mapping[str, int], device: str) -> int:
     """The entry of ``table`` for the kind of ``device`` ("cuda:1" reads "cuda"), else the CPU's."""
-    return table.get(device.split(":")[0], table["cpu"])
+    return table.get(device_kind(device), table["cpu"])
 
 
 def operands(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from attnbench.devices import device_kind
 from attnbench.layers.registry import entry
 from attnbench.measure import countcache, extend
 from attnbench.measure.timing import DEFAULT_POLICY
@@ -58,7 +59,7 @@ def estimate_bounds(
     quiet machine); each further round adds a rebuild, two untimed calls and at least 0.1 s
     of timing.
     """
-    rate = _ASSUMED_FLOP_PER_S[grid.device.split(":")[0]]
+    rate = _ASSUMED_FLOP_PER_S[device_kind(grid.device)]
     low = high = 0.0
     quick = min(DEFAULT_POLICY.min_time_s, grid.time_budget_s / max(1, grid.rounds))
     probed: set[str] = set()  # the probe sets a case before traced (one per layer, d, options)
