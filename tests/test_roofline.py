@@ -54,7 +54,7 @@ def test_each_term_and_the_bound_follow_the_counts() -> None:
     assert on_gpu.loc["faulting", "faults_s"] == 0
 
 
-def test_products_take_a_roofline_and_the_rest_of_the_traffic_adds_to_it() -> None:
+def test_a_products_bytes_add_to_its_arithmetic_and_the_rest_of_the_traffic_too() -> None:
     """Ops run one after another: a compute-bound product and memory-bound elementwise traffic
     add up, where one roofline over the whole call would hide the traffic under the arithmetic."""
     frame = pd.DataFrame(
@@ -67,14 +67,15 @@ def test_products_take_a_roofline_and_the_rest_of_the_traffic_adds_to_it() -> No
     )
     found = predict(frame, MACHINE).set_index("case_id")
     mixed = found.loc["mixed"]
+    # A product's arithmetic and its bytes add up: a narrow product does not hide its traffic.
     assert mixed["compute_s"] == pytest.approx(1e-2)
-    assert mixed["memory_s"] == pytest.approx(5e-3)
-    assert mixed["predicted_time_s"] == pytest.approx(1e-2 + 5e-3 + 10 * 2e-6)
+    assert mixed["memory_s"] == pytest.approx(1e-4 + 5e-3)
+    assert mixed["predicted_time_s"] == pytest.approx(1e-2 + 1e-4 + 5e-3 + 10 * 2e-6)
     assert mixed["bound"] == "compute"
     one_roofline = max(1e9 / 1e11, 5.1e7 / 1e10) + 10 * 2e-6
     assert mixed["predicted_time_s"] > one_roofline * 1.4
     thin = found.loc["thin"]
-    assert thin["compute_s"] == 0 and thin["memory_s"] == pytest.approx(1e-2)
+    assert thin["compute_s"] == pytest.approx(1e-5) and thin["memory_s"] == pytest.approx(1e-2)
     assert thin["bound"] == "memory"
     parts = found[["compute_s", "memory_s", "latency_s", "faults_s"]].sum(axis=1)
     assert parts.to_numpy() == pytest.approx(found["predicted_time_s"].to_numpy())
@@ -163,10 +164,10 @@ def test_a_fused_recurrent_kernel_runs_its_flops_at_its_own_rate() -> None:
     assert fused["compute_s"] == pytest.approx(2e9 / 2e9)  # 64 wide: halfway, 2e9 FLOP/s
     assert fused["memory_s"] == pytest.approx(1e8 / 1e10)  # the copy outside the kernel
     unfused = predict(pd.DataFrame([{**row, "fused_path": ""}]), machine).iloc[0]
-    # each product's 1e9 bytes (0.1 s) over its 1e9 FLOPs at the peak (0.01 s); the sigmoid's
-    # 1e8 elements at 1e9 a second, as long as its bytes: charged to compute
+    # each product's 1e9 bytes (0.1 s) besides its 1e9 FLOPs at the peak (0.01 s); the
+    # sigmoid's 1e8 elements at 1e9 a second, as long as its bytes: charged to compute
     assert unfused["memory_s"] == pytest.approx((2e9 + 1e8) / 1e10)
-    assert unfused["compute_s"] == pytest.approx(0.1)
+    assert unfused["compute_s"] == pytest.approx(2 * 0.01 + 0.1)
     elsewhere = predict(pd.DataFrame([row]), replace(machine, recurrent_rates=None)).iloc[0]
     assert elsewhere["predicted_time_s"] == unfused["predicted_time_s"]
 
@@ -260,7 +261,8 @@ def test_predict_reads_a_run_and_a_ceilings_file(wide_run: RunResults, tmp_path:
     assert len(payload["results"]) == len(rows)
     for case in payload["results"]:
         row = rows.loc[case["case_id"]]
-        products = max(row["flops"] / 1e11, row["product_bytes"] / 1e10)
+        # products: their FLOPs at the peak (no curves in this file) plus their bytes
+        products = row["flops"] / 1e11 + row["product_bytes"] / 1e10
         expected = products + (row["bytes"] - row["product_bytes"]) / 1e10 + row["ops"] * 2e-6
         expected += (row["page_faults"] if pd.notna(row["page_faults"]) else 0) * 1e-6
         assert case["predicted_time_s"] == pytest.approx(expected)

@@ -150,8 +150,9 @@ def predict(
 ) -> None:
     """Predict a run's times from its counts and a machine's ceilings, nothing fitted.
 
-    Each product takes a roofline, max(FLOPs / its kind's rate at its width, its bytes /
-    bandwidth), each elementwise op max(elements / its rate, bytes / bandwidth); the rest of
+    Each product takes FLOPs / its kind's rate at its width plus its bytes / bandwidth
+    (a narrow product does not hide its traffic), each elementwise op a roofline,
+    max(elements / its rate, bytes / bandwidth); the rest of
     the traffic adds bytes / bandwidth; every op adds the op latency, every page fault its
     cost. Nothing is fitted to a layer, so it predicts any layer, on any machine whose
     ceilings you have: beside the measured times it says how far the model is and where the
