@@ -14,6 +14,9 @@ RMS, as ``attnbench fit`` reports it) three ways:
 - ``+ LSTM set-up (the model)``: and that kernel's rate per step, its set-up charged once a
   call as latency: the model itself, where the ceilings measured the set-up;
 - ``all-layer NNLS``: the one least-squares fit of the model's terms over every layer at once.
+- ``rounds (floor)``: how far the run's timing rounds are from each other (``rounds_rms``),
+  the median over pairs of rounds: no model can be checked closer than the machine repeats
+  itself (a layer at 40% beside rounds at 70% misses by the noise; beside 12%, by the model).
 
     python benchmarks/model_accuracy.py RESULTS [--ceilings FILE] [--setup-from FILE]
 
@@ -31,7 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.fits.roofline import effective_ceilings, predict, relative_rms
+from attnbench.fits.roofline import effective_ceilings, predict, relative_rms, rounds_rms
 from attnbench.measure.ceilings import Ceilings, read_ceilings
 from attnbench.measure.rates import lstm_flops
 from attnbench.results.store import load_results
@@ -67,6 +70,7 @@ def main() -> None:
     fitted = effective_ceilings(frame, ceilings)
     if fitted is not None:
         columns["all-layer NNLS"] = _per_layer(frame, fitted.predicted)
+    columns["rounds (floor)"] = rounds_rms(run.samples, frame)
     table = pd.DataFrame(columns)
     table.loc["median"] = table.median()
     print(f"{args.results}: {len(frame)} cases, relative RMS of predicted against measured time")

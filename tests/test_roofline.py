@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -335,3 +336,62 @@ def test_predict_refuses_bad_input_in_one_line(wide_run: RunResults, tmp_path: P
     good.write_text(json.dumps(MACHINE.to_dict()))
     result = runner.invoke(app, ["predict", str(old), "--machine", str(good)])
     assert result.exit_code == 2 and "cannot be predicted (sweep it again)" in result.stderr
+
+
+def test_rounds_rms_is_how_far_the_runs_rounds_are_from_each_other() -> None:
+    """Per layer, the relative RMS between two rounds' per-case medians, the median over
+    every pair of rounds, worked out by hand; NaN for a layer timed in one round only."""
+    from attnbench.fits.roofline import rounds_rms
+
+    # conv: two cases over three rounds, the medians by round (a: 1, 1, 2 ms; b: 2, 2, 2 ms)
+    medians = {("conv/a", 1): 1e-3, ("conv/a", 2): 1e-3, ("conv/a", 3): 2e-3,
+               ("conv/b", 1): 2e-3, ("conv/b", 2): 2e-3, ("conv/b", 3): 2e-3}  # fmt: skip
+    rows = []
+    for (case, rnd), median in medians.items():  # three samples whose median is the median
+        rows += [{"case_id": case, "round": rnd, "time_s": median * f} for f in (0.9, 1, 1.5)]
+    rows += [{"case_id": "rnn/a", "round": 1, "time_s": 5e-3}]  # one round: nothing to compare
+    samples = pd.DataFrame(rows)
+    frame = pd.DataFrame({"case_id": ["conv/a", "conv/b", "rnn/a"],
+                          "layer": ["conv", "conv", "rnn"]})  # fmt: skip
+    found = rounds_rms(samples, frame)
+    # rounds 1-2 agree (0); 1-3 and 2-3 differ by 1 ms on a alone: RMS sqrt(1/2) ms over a
+    # mean of 1.5 ms; the median of (0, x, x) is x
+    assert found["conv"] == pytest.approx(math.sqrt(0.5) * 1e-3 / 1.5e-3)
+    assert math.isnan(found["rnn"])
+    assert rounds_rms(samples.drop(columns="round"), frame).isna().all()
+
+
+def test_the_machine_table_and_predict_show_how_far_the_rounds_are(
+    wide_run: RunResults, tmp_path: Path
+) -> None:
+    """A run of one round has no floor ("–" in the report); one of two rounds has one per layer,
+    in ``fit --json``'s machine rows and in ``predict``'s per-layer lines."""
+    from attnbench.fits import analyse
+    from attnbench.fits.roofline import rounds_rms
+    from attnbench.render.report import machine_display
+
+    one = analyse(wide_run).machine_table()
+    assert one["rounds_rms"].isna().all()
+    twice = wide_run.samples.assign(round=2, time_s=wide_run.samples["time_s"] * 1.5)
+    two = replace(wide_run, samples=pd.concat([wide_run.samples, twice], ignore_index=True))
+    analysis = analyse(two)
+    table = analysis.machine_table().set_index("layer")
+    # every case 1.5x slower in round 2: the rounds differ by half of round 1's median m, so
+    # their relative RMS is 0.5 * sqrt(mean(m²)) / mean(m)
+    first = wide_run.samples.groupby("case_id")["time_s"].median()
+    layer_of = wide_run.measured.set_index("case_id")["layer"]
+    for layer in ("conv", "rnn", "attention"):
+        m = first[layer_of.index[layer_of == layer]]
+        expected = 0.5 * math.sqrt((m**2).mean()) / m.mean()
+        assert table.loc[layer, "rounds_rms"] == pytest.approx(expected)
+    assert rounds_rms(two.samples, two.measured).to_dict() == table["rounds_rms"].to_dict()
+    shown = machine_display(analysis)
+    assert shown["rounds' rel. RMS (the floor)"].str.endswith("%").all()
+    assert (machine_display(analyse(wide_run))["rounds' rel. RMS (the floor)"] == "–").all()
+    folder = tmp_path / "two-rounds"
+    shutil.copytree(wide_run.path, folder)
+    two.samples.to_csv(folder / "samples.csv", index=False)
+    payload = json.loads(runner.invoke(app, ["fit", str(folder), "--json"]).stdout)
+    assert all(row["rounds_rms"] >= 0.5 for row in payload["machine"])
+    printed = runner.invoke(app, ["predict", str(folder)])
+    assert printed.exit_code == 0 and "from each other" in printed.stderr

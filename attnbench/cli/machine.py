@@ -5,6 +5,7 @@ times from its counts and those ceilings (``fits.roofline``)."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -193,11 +194,14 @@ def predict(
         f"({ceilings.device}, {ceilings.threads} thread(s), {ceilings.dtype})"
     )
     frame_table(shown, streams.out, title=title)
+    floor = roofline.rounds_rms(run.samples, rows)
     for layer, group in table.groupby("layer", sort=False):
         rms = roofline.relative_rms(group["time_s"], group["predicted_time_s"])
         bounds = ", ".join(f"{b} {c}" for b, c in group["bound"].value_counts().items())
+        apart = floor.get(layer, math.nan)
+        rounds = "" if math.isnan(apart) else f"; its rounds {apart:.0%} from each other"
         streams.err.print(
-            f"{layer}: relative RMS {rms:.0%} over {len(group)} case(s); bound: {bounds}",
+            f"{layer}: relative RMS {rms:.0%} over {len(group)} case(s){rounds}; bound: {bounds}",
             markup=False,
             soft_wrap=True,
         )

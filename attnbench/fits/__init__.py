@@ -17,6 +17,7 @@ half of the sizes, and exact counts (FLOPs, steps, path length) on all of them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -65,6 +66,7 @@ from attnbench.fits.roofline import (
     effective_ceilings,
     predict,
     relative_rms,
+    rounds_rms,
 )
 from attnbench.measure.ceilings import Ceilings
 from attnbench.results.run import RunResults
@@ -103,6 +105,7 @@ __all__ = [
     "range_rule",
     "relative_rms",
     "rival_layers",
+    "rounds_rms",
     "run_catalog",
     "term_sizes",
     "theory_values",
@@ -113,7 +116,7 @@ __all__ = [
 ]
 
 
-MACHINE_COLUMNS = ["layer", "cases", "bounds", "model_rms", "nnls_rms"]
+MACHINE_COLUMNS = ["layer", "cases", "bounds", "model_rms", "nnls_rms", "rounds_rms"]
 OVERHEAD = "overhead"  # a case whose measured time the model's work terms explain under half
 
 
@@ -169,10 +172,14 @@ class Analysis:
     machine: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=PREDICTION_COLUMNS))
     effective: EffectiveCeilings | None = None
     ceilings: Ceilings | None = None  # the machine the run recorded (None: not recorded)
+    # Per layer, how far the run's timing rounds are from each other (``roofline.rounds_rms``):
+    # the floor under the model's error; empty where the run did not keep rounds.
+    rounds: pd.Series = field(default_factory=lambda: pd.Series(dtype=float))
 
     def machine_table(self) -> pd.DataFrame:
-        """Per layer: cases, the bound of most of them, and how far the machine model (nothing
-        fitted) and the all-layer NNLS fit are from the measured times (relative RMS)."""
+        """Per layer: cases, the bound of most of them, how far the machine model (nothing
+        fitted) and the all-layer NNLS fit are from the measured times (relative RMS), and
+        how far the run's rounds are from each other (the floor under both)."""
         rows = []
         if self.machine.empty:
             return pd.DataFrame(columns=MACHINE_COLUMNS)
@@ -192,6 +199,7 @@ class Analysis:
                     "bounds": ", ".join(f"{b} {c}" for b, c in bounds.items()),
                     "model_rms": relative_rms(group["time_s"], group["predicted_time_s"]),
                     "nnls_rms": fitted,
+                    "rounds_rms": float(self.rounds.get(layer, math.nan)),
                 }
             )
         return pd.DataFrame(rows, columns=MACHINE_COLUMNS)
@@ -230,4 +238,5 @@ def analyse(run: RunResults, layers: Sequence[str] | None = None) -> Analysis:
         machine=machine,
         effective=effective_ceilings(frame, ceilings) if ceilings is not None else None,
         ceilings=ceilings,
+        rounds=rounds_rms(run.samples, frame),
     )

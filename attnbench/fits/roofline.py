@@ -187,6 +187,31 @@ def relative_rms(measured: pd.Series, predicted: pd.Series) -> float:
     return float(np.sqrt(((pairs["p"] - pairs["m"]) ** 2).mean()) / pairs["m"].mean())
 
 
+def rounds_rms(samples: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
+    """Per layer of ``frame``, how far one timing round's times are from another's: the
+    relative RMS (as ``relative_rms``) between two rounds' per-case median times, the median
+    over every pair of rounds. The floor under the model's error: a machine whose rounds,
+    minutes apart, disagree by 35% cannot check a model to 30% (on the shared 2-core VM here,
+    5 to 9 of 11 layers read over 30%). NaN for a layer measured in fewer than two rounds."""
+    layers = list(dict.fromkeys(frame["layer"])) if "layer" in frame else []
+    found = pd.Series(math.nan, index=pd.Index(layers, name="layer"), dtype=float)
+    if samples.empty or "round" not in samples:
+        return found
+    by_round = samples.groupby(["case_id", "round"])["time_s"].median().unstack("round")
+    layer_of = frame.drop_duplicates("case_id").set_index("case_id")["layer"]
+    for layer in layers:
+        rounds = by_round.reindex(layer_of.index[layer_of == layer]).dropna(axis=1, how="all")
+        pairs = [
+            relative_rms(rounds[a], rounds[b])
+            for i, a in enumerate(rounds.columns)
+            for b in rounds.columns[i + 1 :]
+        ]
+        pairs = [p for p in pairs if not math.isnan(p)]
+        if pairs:
+            found[layer] = float(np.median(pairs))
+    return found
+
+
 @dataclass(frozen=True)
 class EffectiveCeilings:
     """The ceilings the run's layers saw: one non-negative least-squares fit over every layer

@@ -225,6 +225,9 @@ def machine_display(analysis: Analysis) -> pd.DataFrame:
             "all-layer NNLS rel. RMS": m["nnls_rms"].map(
                 lambda v: "–" if math.isnan(v) else f"{v:.0%}"
             ),
+            "rounds' rel. RMS (the floor)": m["rounds_rms"].map(
+                lambda v: "–" if math.isnan(v) else f"{v:.0%}"
+            ),
         }
     )
 
@@ -244,6 +247,12 @@ def machine_notes(analysis: Analysis) -> list[str]:
             f"{'–' if bandwidth is None else f'{bandwidth / 1e9:.3g} GB/s'}, "
             f"{found.op_latency_s * 1e6:.3g} µs per op, "
             f"{found.page_fault_s * 1e6:.3g} µs per page fault"
+        )
+    if analysis.rounds.notna().any():
+        notes.append(
+            "rounds' rel. RMS: how far one timing round's times are from another's (the "
+            "median over pairs of rounds): a model cannot be checked closer than the machine "
+            "repeats itself"
         )
     return notes
 
