@@ -8,6 +8,7 @@ counts (``attnbench predict RUN2 --machine CEILINGS1``), and prints per layer th
 relative error |predicted / measured - 1| against the 1-thread run, and over all cases.
 
     python benchmarks/predict_threads.py [--layers conv,rnn,attention] [--n 64,256,1024] [--d 64]
+        [--keep DIR]
 
 Read the ratios: this machine is shared (the issue's target: a median error of at most 30%).
 """
@@ -35,8 +36,13 @@ def main() -> None:
     parser.add_argument("--n", default="64,256,1024")
     parser.add_argument("--d", default="64")
     parser.add_argument("--time-budget", default="0.3")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the two runs and the 1-thread ceilings in this folder "
+                             "(to predict them again with another model)")  # fmt: skip
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.keep or Path(scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
         runs = {}
         for threads in (2, 1):
             out = Path(tmp) / f"t{threads}"
