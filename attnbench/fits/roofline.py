@@ -144,17 +144,17 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     rows = frame[known]
     flops, moved, ops = flops[known], moved[known], ops[known]
     # Without product_bytes (an older run), the whole call is one roofline.
-    split = _column(rows, "product_bytes").notna()
+    apart = _column(rows, "product_bytes").notna()  # the products' bytes known apart
     products = _column(rows, "product_bytes").fillna(moved).clip(upper=moved)
     kernels = rows["kernels"] if "kernels" in rows else pd.Series("", index=rows.index)
     bandwidth = ceilings.bandwidth_bytes_per_s
     fused = rows["fused_path"] if "fused_path" in rows else pd.Series("", index=rows.index)
     cases = pd.DataFrame(
         {"kernels": kernels, "flops": flops, "products": products, "fused_path": fused.fillna(""),
-         "split": split}
+         "apart": apart}
     )  # fmt: skip
     split = pd.DataFrame(
-        [_roofline(case, ceilings, split=bool(case["split"])) for _, case in cases.iterrows()],
+        [_roofline(case, ceilings, split=bool(case["apart"])) for _, case in cases.iterrows()],
         index=rows.index, columns=["compute", "memory", "counted", "set_up"], dtype=float,
     )  # fmt: skip
     compute = split["compute"]
