@@ -103,15 +103,13 @@ def _fused_recurrence(
     return flops / ceilings.rate("recurrent", width), 0.0, inside, set_up
 
 
-def _roofline(
-    case: pd.Series, ceilings: Ceilings, *, split: bool = True
-) -> tuple[float, float, float, float]:
+def _roofline(case: pd.Series, ceilings: Ceilings) -> tuple[float, float, float, float]:
     """(compute, memory) seconds of one case's products and elementwise ops, the bytes they
     account for (the rest of the traffic leaves them out), and the seconds of fused kernels'
     set-up (latency): each product at its kind's rate for its width plus its bytes over the
     bandwidth, each elementwise op at its op's rate or its bytes over the bandwidth,
-    whichever is larger. ``split`` False: a run from before ``product_bytes``, whose whole
-    call is one roofline (the larger of the two)."""
+    whichever is larger. A case whose products' bytes are not known ``apart`` (a run from
+    before ``product_bytes``) takes its whole call as one roofline, the larger of the two."""
     work_list = _work(case["kernels"], case["flops"], case["products"])
     fused = _fused_recurrence(work_list, str(case["fused_path"] or ""), ceilings)
     if fused is not None:
@@ -125,7 +123,7 @@ def _roofline(
             arithmetic = work / ceilings.rate(kind, int(name) if name.isdigit() else None)
         traffic = moved / ceilings.bandwidth_bytes_per_s
         counted += moved
-        if kind != "ew" and split:
+        if kind != "ew" and case["apart"]:
             compute += arithmetic
             memory += traffic
         elif arithmetic >= traffic:
@@ -154,7 +152,7 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
          "apart": apart}
     )  # fmt: skip
     split = pd.DataFrame(
-        [_roofline(case, ceilings, split=bool(case["apart"])) for _, case in cases.iterrows()],
+        [_roofline(case, ceilings) for _, case in cases.iterrows()],
         index=rows.index, columns=["compute", "memory", "counted", "set_up"], dtype=float,
     )  # fmt: skip
     compute = split["compute"]
