@@ -98,3 +98,20 @@ def test_copies_masks_and_matrix_products_are_not_elementwise_work() -> None:
     assert count_elementwise(lambda: x + 1) == 15
     assert count_elementwise(lambda: x.sum(dim=0)) == 15  # a reduction: the elements it reads
     assert count_elementwise(lambda: torch.softmax(x, dim=-1)) == 15
+
+
+@pytest.mark.skipif(not hasattr(torch.ops.aten, "_safe_softmax"), reason="torch < 2.5")
+def test_the_math_attentions_softmax_is_counted_and_has_its_own_rate() -> None:
+    # scaled_dot_product_attention's math backend normalises with _safe_softmax (a softmax
+    # that zeroes fully masked rows): the elements it reads, as any softmax, not uncounted.
+    from attnbench.measure.flops import trace_flops
+    from attnbench.measure.rates import CATALOGUE
+
+    x = torch.randn(3, 5)
+    assert count_elementwise(lambda: torch.ops.aten._safe_softmax(x, -1)) == 15
+    q = torch.randn(1, 2, 6, 4)  # (B, h, n, hs)
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
+        math = lambda: F.scaled_dot_product_attention(q, q, q)  # noqa: E731
+        assert count_elementwise(math) >= 2 * 6 * 6
+        assert trace_flops(math).uncounted == ""
+    torch.testing.assert_close(CATALOGUE["_safe_softmax"](x, x, x > 0), torch.softmax(x, -1))

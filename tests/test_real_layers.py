@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 from synthetic import registry_restored
 from torch import nn
 from typer.testing import CliRunner
@@ -27,6 +28,7 @@ runner = CliRunner()
 
 PLUGINS = """
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnbench.layers import SELF_ATTENTION, LayerEntry
@@ -269,3 +271,81 @@ def test_the_fused_path_of_the_timed_call_is_recorded_and_a_plain_one_is_not():
     # The text reads back as the names (the machine model looks for a fused recurrence).
     two = {"mkldnn_rnn_layer", "_native_multi_head_attention"}
     assert fused_names(describe_fused(two)) == two and fused_names("") == set()
+
+
+def scores_bytes(n: int, heads: int = 4) -> int:
+    """The float32 scores of an explicit attention, per call: written by QK^T, read and
+    written by the softmax, read by the product with V."""
+    return 4 * BATCH * heads * n * n * 4
+
+
+@pytest.mark.parametrize("layer", ["plugins:mha", "plugins:encoder"])
+def test_the_cpu_fast_path_is_counted_as_the_explicit_attention_its_kernel_runs(forward, layer):
+    # On the CPU, MultiheadAttention's fused kernel computes QK^T, a softmax over the n x n
+    # scores and their product with V; the unfused path it is counted on would have run a
+    # flash kernel (``attention@``) that never writes the scores.
+    frame, _ = forward
+    for n in NS:
+        row = frame.loc[(layer, n)]
+        kernels = str(row["kernels"])
+        assert "attention@" not in kernels
+        softmax = BATCH * 4 * n * n  # elements read
+        assert f"ew._softmax:{softmax}:{2 * 4 * softmax}" in kernels.split("; ")
+        head_products = f"gemm@{D // 4}:{BATCH * 4 * n * n * D}:"  # QK^T and AV, 2·n²·d each
+        assert any(k.startswith(head_products) for k in kernels.split("; "))
+        assert row["bytes"] > scores_bytes(n)
+
+
+def test_explicit_attention_counts_the_same_output_and_leaves_a_direct_sdpa_fused():
+    from attnbench.measure.census import take_census
+    from attnbench.measure.ops import explicit_attention
+
+    attn = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(1, 32, 16)  # (B, n, d)
+    with torch.no_grad():
+        real = attn(x, x, x, need_weights=False)[0]  # the fast path
+    with explicit_attention(), unfused(), torch.no_grad():
+        out, weights = attn(x, x, x, need_weights=False)
+    assert weights is None  # the caller gets what it asked for
+    torch.testing.assert_close(out, real)
+    q = torch.randn(1, 4, 32, 4)  # (B, h, n, hs)
+    with explicit_attention():
+        direct = take_census(lambda: F.scaled_dot_product_attention(q, q, q))
+        counted = take_census(lambda: attn(x, x, x, need_weights=False)[0])
+    assert "attention@4" in direct.traffic.kernels_text()
+    assert "ew._softmax:4096:" in counted.traffic.kernels_text()
+    plain = take_census(lambda: attn(x, x, x, need_weights=False)[0])  # off again
+    assert "attention@4" in plain.traffic.kernels_text()
+
+
+def test_the_cpu_fast_path_runs_explicit_scores_in_this_torch():
+    # What ``explicit_attention`` stands on: if a torch ever runs a fused attention kernel
+    # inside the CPU fast path, this fails and the counting must follow it.
+    from torch.profiler import profile
+
+    attn = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(1, 32, 16)  # (B, n, d)
+    with torch.no_grad(), profile() as prof:
+        attn(x, x, x, need_weights=False)
+    names = {event.name for event in prof.events()}
+    assert {"aten::_native_multi_head_attention", "aten::bmm", "aten::_softmax"} <= names
+    assert not any("flash" in name or "efficient" in name for name in names)
+
+
+def test_only_a_layer_holding_multihead_attention_spends_a_call_on_its_fast_paths():
+    from attnbench.measure.case import Step, attention_fast_paths
+
+    def refuse() -> torch.Tensor:
+        raise AssertionError("called")
+
+    x = torch.randn(1, 8, 16)  # (B, n, d)
+    assert attention_fast_paths(Step(nn.Linear(16, 16), x, refuse)) == frozenset()
+    attn = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+
+    def call() -> torch.Tensor:
+        with torch.no_grad():
+            return attn(x, x, x, need_weights=False)[0]
+
+    assert attention_fast_paths(Step(attn, x, call)) == {"_native_multi_head_attention"}
+    attn.train()  # a training call takes the unfused path, counted as it runs
+    assert attention_fast_paths(Step(attn, x, lambda: attn(x, x, x)[0])) == frozenset()

@@ -27,10 +27,12 @@ from attnbench.measure.flops import FlopCount, trace_flops
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
 from attnbench.measure.ops import (
+    ATTENTION_FAST_PATHS,
     BACKENDS,
     COUNTED_ON_CPU,
     describe_backend,
     describe_fused,
+    explicit_attention,
     recording_fused,
 )
 from attnbench.measure.record import CaseResult
@@ -169,7 +171,7 @@ def measure_case(
             memory = memory_pass(case, seed, step)
             countcache.write_profile(case, seed, memory)
         if counts is None:
-            fused = memory.fused if memory is not None else frozenset()
+            fused = memory.fused if memory is not None else attention_fast_paths(step)
             counts, source = trace_counts(case, step, seed, fused=fused)
             countcache.write(case, seed, counts)
         if memory is None:
@@ -274,6 +276,17 @@ def probe_profile(short: Case, seed: int, step: Step | None = None) -> countcach
     return found
 
 
+def attention_fast_paths(step: Step) -> frozenset[str]:
+    """The attention fast paths (``ops.ATTENTION_FAST_PATHS``) the step's real call takes,
+    which decide how its attention is counted (``trace_counts``): recorded from one call where
+    the layer holds an nn.MultiheadAttention, none (and no call) otherwise."""
+    if not any(isinstance(module, nn.MultiheadAttention) for module in step.layer.modules()):
+        return frozenset()
+    seen: set[str] = set()
+    recording_fused(step, seen)()
+    return frozenset(seen & ATTENTION_FAST_PATHS)
+
+
 def _called_step(case: Case, seed: int) -> Step:
     """A fresh step, called once: lazy set-up stays out of a probe's trace, as out of a case's."""
     step = make_step(case, seed)
@@ -299,10 +312,16 @@ def trace_counts(
     step (reading W_ih n times), and with cuDNN off an LSTM or GRU runs fused cells no counter
     can see into. The path below reads the steps of that same trace: a route law mixing the
     device's fused steps with the CPU's probes read the H200's gru and lstm as path 1.
+
+    A CPU call that took nn.MultiheadAttention's fast path (``ops.ATTENTION_FAST_PATHS``) is
+    counted with its attention as that kernel computes it there, explicit scores
+    (``ops.explicit_attention``); on CUDA the fast path runs a fused attention kernel where it
+    can, as the unfused path's scaled_dot_product_attention does.
     """
     if case.device != "cpu" and fused & COUNTED_ON_CPU:
         case, step = dataclasses.replace(case, device="cpu"), None
-    found, source = _call_counts(case, step, seed)
+    with explicit_attention(case.device == "cpu" and bool(fused & ATTENTION_FAST_PATHS)):
+        found, source = _call_counts(case, step, seed)
     # The steps just traced at n (batch 1, as the path's own trace) spare a scan's path a trace.
     traced = found.seq_steps_method == SEQ_METHOD and case.batch == 1
     reach = entry(case.layer).reach(case.option_values)

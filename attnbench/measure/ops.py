@@ -10,13 +10,17 @@ instead of letting them read as zero.
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -39,7 +43,7 @@ COPIES = frozenset({"clone", "copy", "copy_", "_to_copy", "lift_fresh_copy"})
 # Work along a dimension that carries neither the pointwise nor the reduction tag: counted as
 # the elements read (softmaxes, cumulative ops, normalisations).
 ALONG = frozenset({
-    "_softmax", "_log_softmax", "cumsum", "cumprod", "logcumsumexp",
+    "_softmax", "_log_softmax", "_safe_softmax", "cumsum", "cumprod", "logcumsumexp",
     "native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit",
     "_native_batch_norm_legit_no_training", "_fused_rms_norm",
 })  # fmt: skip
@@ -95,6 +99,11 @@ FUSED_PATHS = {
     "_thnn_fused_lstm_cell": "CUDA fused LSTM cell",
     "_thnn_fused_gru_cell": "CUDA fused GRU cell",
 }
+# The fast paths of nn.MultiheadAttention and nn.TransformerEncoderLayer: on the CPU their
+# kernel computes the scores explicitly (QK^T, a softmax over the n x n scores, the product
+# with V), where the unfused path they are counted on calls scaled_dot_product_attention,
+# which picks a flash kernel that never writes the scores (``explicit_attention``).
+ATTENTION_FAST_PATHS = frozenset({"_native_multi_head_attention", "_transformer_encoder_layer_fwd"})
 # The implementations torch chooses between for a CPU convolution, by its size: oneDNN's, or
 # its own reference kernels (im2col and a GEMM, the dilated one adding the bias channel by
 # channel). A Conv1d at batch 1 takes the reference kernel below about 32k input elements on
@@ -231,10 +240,49 @@ def _mha_fastpath_off() -> Iterator[None]:
         mha.set_fastpath_enabled(before)
 
 
+class _ExplicitAttention(TorchFunctionMode):
+    """Runs each ``F.multi_head_attention_forward`` (the unfused MultiheadAttention) on its
+    explicit branch, as torch's own code: QK^T by ``bmm``, ``softmax``, the product with V by
+    ``bmm`` (asked for the weights, unaveraged, which the caller does not get); every other
+    call as it is, so a layer's own scaled_dot_product_attention keeps the kernel it runs."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func is not F.multi_head_attention_forward:
+            return func(*args, **kwargs)
+        call = inspect.signature(func).bind(*args, **kwargs)
+        call.apply_defaults()
+        given = call.arguments
+        # The explicit branch refuses a causal call without a mask; that one is counted as is.
+        if given["need_weights"] or (given["is_causal"] and given["attn_mask"] is None):
+            return func(*args, **kwargs)
+        given["need_weights"], given["average_attn_weights"] = True, False
+        out, _ = func(*call.args, **call.kwargs)
+        return out, None
+
+
+_EXPLICIT = ContextVar("attnbench_explicit_attention", default=False)
+
+
+@contextmanager
+def explicit_attention(on: bool = True) -> Iterator[None]:
+    """Within it, ``unfused`` counts nn.MultiheadAttention's attention as explicit scores.
+    For a CPU call that took one of ``ATTENTION_FAST_PATHS``: the fused kernel there runs
+    QK^T, a softmax over the scores and their product with V (torch's
+    native_multi_head_attention_cpu; torch's profiler lists bmm, _softmax, bmm inside it),
+    so 4 heads at n = 1024, d = 64 move 72 MB a call, not the 4.3 MB a flash kernel would."""
+    token = _EXPLICIT.set(on)
+    try:
+        yield
+    finally:
+        _EXPLICIT.reset(token)
+
+
 def unfused() -> ExitStack:
     """A context in which torch's fused paths are off: oneDNN and cuDNN (recurrent layers run
     their loop as aten ops) and the MultiheadAttention / TransformerEncoderLayer fast paths
-    (their projections and scores run as visible matrix products)."""
+    (their projections and scores run as visible matrix products; within
+    ``explicit_attention``, their scores as the CPU's fast path computes them)."""
     stack = ExitStack()
     # The mkldnn flags context re-applies a TF32 setting that warns on CPU-only builds.
     stack.enter_context(warnings.catch_warnings())
@@ -242,6 +290,8 @@ def unfused() -> ExitStack:
     stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
     stack.enter_context(torch.backends.cudnn.flags(enabled=False))
     stack.enter_context(_mha_fastpath_off())
+    if _EXPLICIT.get():
+        stack.enter_context(_ExplicitAttention())
     return stack
 
 

@@ -60,6 +60,8 @@ CATALOGUE: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object
     "amax": lambda x, y, m: x.amax(-1),
     "cumsum": lambda x, y, m: x.cumsum(-1),
 }
+if hasattr(torch.ops.aten, "_safe_softmax"):  # torch >= 2.5: the math attention's softmax
+    CATALOGUE["_safe_softmax"] = lambda x, y, m: torch.ops.aten._safe_softmax(x, -1)
 WIDTH = 256  # the operands' last dimension
 # Elements of an elementwise op's operand and of a curve product's long operand: 256 KiB at
 # float32 on the CPU (in cache, as a layer's operands at these widths are), large enough to
