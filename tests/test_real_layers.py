@@ -349,3 +349,26 @@ def test_only_a_layer_holding_multihead_attention_spends_a_call_on_its_fast_path
     assert attention_fast_paths(Step(attn, x, call)) == {"_native_multi_head_attention"}
     attn.train()  # a training call takes the unfused path, counted as it runs
     assert attention_fast_paths(Step(attn, x, lambda: attn(x, x, x)[0])) == frozenset()
+
+
+def test_the_timed_devices_rule_decides_which_fast_paths_wrote_scores():
+    # torch's kernels: the CPU's fast path always computes the scores; CUDA's hands them to a
+    # fused kernel at head widths that are a multiple of 8 and writes them at others.
+    from attnbench.measure.census import take_census
+    from attnbench.measure.ops import explicit_attention, scores_explicit
+
+    assert scores_explicit("cpu", 16) and scores_explicit("cpu", 12)
+    assert scores_explicit("cuda", 12) and not scores_explicit("cuda", 16)
+    assert not scores_explicit("mps", 12) and not scores_explicit(None, 12)
+
+    def kernels(d: int, timed_on: str | None) -> str:
+        attn = nn.MultiheadAttention(d, 4, batch_first=True).eval()
+        x = torch.randn(1, 16, d)  # (B, n, d)
+        with explicit_attention(timed_on):
+            return take_census(lambda: attn(x, x, x, need_weights=False)[0]).traffic.kernels_text()
+
+    # Counted here on the CPU, as a case timed on CUDA and counted in its own process would be.
+    assert "ew._softmax:1024:" in kernels(48, "cuda")  # head width 12: explicit there
+    assert "attention@16" in kernels(64, "cuda")  # head width 16: a fused kernel there
+    assert "ew._softmax:1024:" in kernels(64, "cpu")
+    assert "attention@16" in kernels(64, None)

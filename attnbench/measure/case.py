@@ -16,7 +16,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from attnbench.devices import DTYPES, device_sync
+from attnbench.devices import DTYPES, device_kind, device_sync
 from attnbench.errors import AttnbenchError, first_line
 from attnbench.layers.registry import build_layer, entry
 from attnbench.measure import countcache, extend
@@ -313,14 +313,15 @@ def trace_counts(
     can see into. The path below reads the steps of that same trace: a route law mixing the
     device's fused steps with the CPU's probes read the H200's gru and lstm as path 1.
 
-    A CPU call that took nn.MultiheadAttention's fast path (``ops.ATTENTION_FAST_PATHS``) is
-    counted with its attention as that kernel computes it there, explicit scores
-    (``ops.explicit_attention``); on CUDA the fast path runs a fused attention kernel where it
-    can, as the unfused path's scaled_dot_product_attention does.
+    A call that took nn.MultiheadAttention's fast path (``ops.ATTENTION_FAST_PATHS``) is
+    counted with its attention as that kernel computes it on the timed device
+    (``ops.explicit_attention``): explicit scores on the CPU, and on CUDA at head widths where
+    it cannot use a fused attention kernel; elsewhere as the unfused path runs it.
     """
+    timed_on = device_kind(case.device) if fused & ATTENTION_FAST_PATHS else None
     if case.device != "cpu" and fused & COUNTED_ON_CPU:
         case, step = dataclasses.replace(case, device="cpu"), None
-    with explicit_attention(case.device == "cpu" and bool(fused & ATTENTION_FAST_PATHS)):
+    with explicit_attention(timed_on):
         found, source = _call_counts(case, step, seed)
     # The steps just traced at n (batch 1, as the path's own trace) spare a scan's path a trace.
     traced = found.seq_steps_method == SEQ_METHOD and case.batch == 1

@@ -240,11 +240,29 @@ def _mha_fastpath_off() -> Iterator[None]:
         mha.set_fastpath_enabled(before)
 
 
+def scores_explicit(device_kind: str | None, head_width: int) -> bool:
+    """Whether MultiheadAttention's fast path on a device of ``device_kind`` ("cpu", "cuda")
+    writes the scores, as torch's kernels choose: always on the CPU
+    (native_multi_head_attention_cpu); on CUDA only at a head width that is not a multiple of
+    8, where it cannot hand the attention to a fused kernel (native_multi_head_attention_cuda:
+    self-attention, no weights asked and ``dim_per_head % 8 == 0`` go to flash or
+    memory-efficient attention); elsewhere (None: no fast path taken; another device) the
+    unfused path's count stands."""
+    if device_kind == "cpu":
+        return True
+    return device_kind == "cuda" and head_width % 8 != 0
+
+
 class _ExplicitAttention(TorchFunctionMode):
-    """Runs each ``F.multi_head_attention_forward`` (the unfused MultiheadAttention) on its
-    explicit branch, as torch's own code: QK^T by ``bmm``, ``softmax``, the product with V by
-    ``bmm`` (asked for the weights, unaveraged, which the caller does not get); every other
-    call as it is, so a layer's own scaled_dot_product_attention keeps the kernel it runs."""
+    """Runs each ``F.multi_head_attention_forward`` (the unfused MultiheadAttention) whose fast
+    path on the timed device writes the scores (``scores_explicit``) on its explicit branch,
+    as torch's own code: QK^T by ``bmm``, ``softmax``, the product with V by ``bmm`` (asked for
+    the weights, unaveraged, which the caller does not get); every other call as it is, so a
+    layer's own scaled_dot_product_attention keeps the kernel it runs."""
+
+    def __init__(self, device_kind: str) -> None:
+        super().__init__()
+        self.device_kind = device_kind
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -253,25 +271,31 @@ class _ExplicitAttention(TorchFunctionMode):
         call = inspect.signature(func).bind(*args, **kwargs)
         call.apply_defaults()
         given = call.arguments
+        width = given["embed_dim_to_check"] // given["num_heads"]
         # The explicit branch refuses a causal call without a mask; that one is counted as is.
-        if given["need_weights"] or (given["is_causal"] and given["attn_mask"] is None):
+        if (
+            not scores_explicit(self.device_kind, width)
+            or given["need_weights"]
+            or (given["is_causal"] and given["attn_mask"] is None)
+        ):
             return func(*args, **kwargs)
         given["need_weights"], given["average_attn_weights"] = True, False
         out, _ = func(*call.args, **call.kwargs)
         return out, None
 
 
-_EXPLICIT = ContextVar("attnbench_explicit_attention", default=False)
+_EXPLICIT: ContextVar[str | None] = ContextVar("attnbench_explicit_attention", default=None)
 
 
 @contextmanager
-def explicit_attention(on: bool = True) -> Iterator[None]:
-    """Within it, ``unfused`` counts nn.MultiheadAttention's attention as explicit scores.
-    For a CPU call that took one of ``ATTENTION_FAST_PATHS``: the fused kernel there runs
-    QK^T, a softmax over the scores and their product with V (torch's
-    native_multi_head_attention_cpu; torch's profiler lists bmm, _softmax, bmm inside it),
-    so 4 heads at n = 1024, d = 64 move 72 MB a call, not the 4.3 MB a flash kernel would."""
-    token = _EXPLICIT.set(on)
+def explicit_attention(device_kind: str | None = "cpu") -> Iterator[None]:
+    """Within it, ``unfused`` counts nn.MultiheadAttention's attention as the fast path computes
+    it on ``device_kind``, the device the timed call took that path on (None: it took none,
+    and nothing changes). On the CPU that kernel runs QK^T, a softmax over the scores and
+    their product with V (torch's native_multi_head_attention_cpu; torch's profiler lists
+    bmm, _softmax, bmm inside it), so 4 heads at n = 1024, d = 64 move 72 MB a call, not the
+    4.3 MB a flash kernel would."""
+    token = _EXPLICIT.set(device_kind)
     try:
         yield
     finally:
@@ -290,8 +314,9 @@ def unfused() -> ExitStack:
     stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
     stack.enter_context(torch.backends.cudnn.flags(enabled=False))
     stack.enter_context(_mha_fastpath_off())
-    if _EXPLICIT.get():
-        stack.enter_context(_ExplicitAttention())
+    timed_on = _EXPLICIT.get()
+    if timed_on is not None:
+        stack.enter_context(_ExplicitAttention(timed_on))
     return stack
 
 
