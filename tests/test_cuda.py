@@ -166,3 +166,25 @@ def test_ab_a_against_a_on_cuda_reports_no_regression(tmp_path) -> None:  # type
     assert done.returncode == 0, done.stderr[-2000:]
     verdicts = json.loads(done.stdout)
     assert not [c for c in verdicts["cases"] if c["verdict"] == "regression"]
+
+
+@pytest.mark.parametrize(("d", "explicit"), [(64, False), (48, True)])
+def test_the_cuda_fast_path_writes_scores_where_the_count_says(d: int, explicit: bool) -> None:
+    # ``ops.scores_explicit`` reads torch's CUDA source: head width 16 goes to a fused kernel,
+    # 12 to bmm and a softmax. The profiler says what this torch really ran.
+    from torch.profiler import profile
+
+    from attnbench.measure.ops import scores_explicit
+
+    attn = torch.nn.MultiheadAttention(d, 4, batch_first=True).to(DEVICE).eval()
+    x = torch.randn(1, 64, d, device=DEVICE)  # (B, n, d)
+    with torch.no_grad():
+        attn(x, x, x, need_weights=False)
+        with profile() as prof:
+            attn(x, x, x, need_weights=False)
+            torch.cuda.synchronize()
+    names = {event.name for event in prof.events()}
+    assert "aten::_native_multi_head_attention" in names
+    assert ("aten::bmm" in names) is explicit  # QK^T and AV as products, not a fused kernel
+    assert any("softmax" in name for name in names) is explicit
+    assert scores_explicit("cuda", d // 4) is explicit
