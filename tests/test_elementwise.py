@@ -115,3 +115,42 @@ def test_the_math_attentions_softmax_is_counted_and_has_its_own_rate() -> None:
         assert count_elementwise(math) >= 2 * 6 * 6
         assert trace_flops(math).uncounted == ""
     torch.testing.assert_close(CATALOGUE["_safe_softmax"](x, x, x > 0), torch.softmax(x, -1))
+
+
+X = torch.randn(2, 16, 32)  # (B, n, d): 1024 elements
+UNTAGGED = {
+    # activations torch does not tag pointwise: the elements they produce
+    "hardswish": (lambda: F.hardswish(X), 1024),
+    "glu": (lambda: F.glu(X, -1), 512),  # half the width: a gate times a value
+    "rrelu": (lambda: F.rrelu(X), 1024),
+    "prelu": (lambda: F.prelu(X, torch.tensor([0.25])), 1024),
+    "logsigmoid": (lambda: F.logsigmoid(X), 1024),  # read: its second output is a buffer
+    "interpolate linear": (lambda: F.interpolate(X, scale_factor=2, mode="linear"), 2048),
+    # pooling: the elements each window's reduction reads
+    "avg_pool1d": (lambda: F.avg_pool1d(X, 2), 1024),
+    "max_pool1d": (lambda: F.max_pool1d(X, 2), 1024),
+    "adaptive_avg_pool1d": (lambda: F.adaptive_avg_pool1d(X, 8), 1024),
+    "adaptive_max_pool1d": (lambda: F.adaptive_max_pool1d(X, 8), 1024),
+    # moved, not computed
+    "interpolate nearest": (lambda: F.interpolate(X, scale_factor=2), 0),
+    "pixel_shuffle": (lambda: F.pixel_shuffle(torch.randn(1, 4, 4, 4), 2), 0),
+}
+
+
+@pytest.mark.parametrize("name", list(UNTAGGED))
+def test_untagged_activations_pooling_and_moves_are_counted_not_left_uncounted(name: str) -> None:
+    from attnbench.measure.flops import trace_flops
+
+    call, elements = UNTAGGED[name]
+    assert count_elementwise(call) == elements
+    assert trace_flops(call).uncounted == ""  # none of them is named as an op with no count
+
+
+def test_an_in_place_draw_counts_as_its_op() -> None:
+    # Dropout in training draws its mask with the in-place bernoulli_, which torch leaves
+    # untagged: counted as the elements it writes, like bernoulli.
+    from attnbench.measure.flops import trace_flops
+
+    draw = lambda: torch.empty_like(X).bernoulli_(0.9)  # noqa: E731
+    assert count_elementwise(draw) == 1024
+    assert trace_flops(draw).uncounted == ""

@@ -46,11 +46,21 @@ ALONG = frozenset({
     "_softmax", "_log_softmax", "_safe_softmax", "cumsum", "cumprod", "logcumsumexp",
     "native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit",
     "_native_batch_norm_legit_no_training", "_fused_rms_norm",
+    # pooling: a reduction over each window
+    "avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d", "max_pool3d",
+    "max_pool2d_with_indices", "max_pool3d_with_indices", "_adaptive_avg_pool2d",
+    "_adaptive_avg_pool3d", "adaptive_max_pool2d", "adaptive_max_pool3d",
+    # log-sigmoid, by what it reads: its second output is a buffer the CPU keeps for backward
+    "log_sigmoid_forward",
 })  # fmt: skip
 # Elementwise work without the pointwise tag: dropout, and the gradients of elementwise ops
 # (met in a training call's backward pass): counted as the elements they produce.
 UNTAGGED_POINTWISE = frozenset({
     "native_dropout", "native_dropout_backward", "bernoulli",
+    # activations and interpolations torch does not tag pointwise
+    "glu", "hardswish", "rrelu_with_noise", "_prelu_kernel",
+    "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_trilinear3d",
+    "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa",
     "_softmax_backward_data", "_log_softmax_backward_data", "native_layer_norm_backward",
     "native_group_norm_backward", "native_batch_norm_backward", "_fused_rms_norm_backward",
     "elu_backward", "softplus_backward", "tanh_backward", "sigmoid_backward",
@@ -83,7 +93,9 @@ MOVEMENT = frozenset({
     "select_scatter", "slice_scatter", "diagonal_scatter", "expand_copy", "permute_copy",
     "narrow_copy", "transpose_", "t_", "squeeze_", "unsqueeze_", "as_strided_", "split",
     "split_with_sizes", "chunk", "unbind", "col2im", "im2col", "reflection_pad1d_backward",
-    "constant_pad_nd_backward",
+    "constant_pad_nd_backward", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+    "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
 })  # fmt: skip
 # Fused paths torch takes in the user's call that hide their matrix products in one op with no
 # FLOP formula; the counts run with them switched off (``unfused``).
@@ -179,9 +191,10 @@ def elementwise_kind(func: Any) -> str | None:
         return "attention"
     if name in COPIES:
         return None
-    if torch.Tag.reduction in func.tags or name in ALONG:
+    base = name.rstrip("_")  # an in-place variant (bernoulli_, dropout's draw) counts as its op
+    if torch.Tag.reduction in func.tags or base in ALONG:
         return "along"
-    if torch.Tag.pointwise in func.tags or name in UNTAGGED_POINTWISE:
+    if torch.Tag.pointwise in func.tags or base in UNTAGGED_POINTWISE:
         return "pointwise"
     return None
 
