@@ -88,3 +88,25 @@ def test_flops_agree_tolerance() -> None:
     assert not flops_agree(102, 100)
     assert flops_agree(0, 0)
     assert not flops_agree(1, 0)
+
+
+def test_matrix_vector_products_are_counted_as_the_products_they_are() -> None:
+    # torch's table has no mv, addmv, dot or addbmm: a learned query scoring every position
+    # (x @ v with a 1-D v) read as an uncounted op and 0 FLOPs.
+    from attnbench.measure.flops import trace_flops
+    from attnbench.measure.traffic import count_traffic
+
+    x, w, v = torch.randn(2, 16, 32), torch.randn(32, 32), torch.randn(32)  # (B, n, d)
+    zeros = torch.zeros(16, 16)
+    written = {
+        "x @ v": (lambda: x @ v, 2 * 2 * 16 * 32),  # mv over the 32 rows of (B·n, d)
+        "addmv": (lambda: torch.addmv(v, w, v), 2 * 32 * 32),
+        "dot": (lambda: v @ v, 2 * 32),
+        "vdot": (lambda: torch.vdot(v, v), 2 * 32),
+        "addbmm": (lambda: torch.addbmm(zeros, x, x.transpose(1, 2)), 2 * 2 * 16 * 32 * 16),
+    }  # fmt: skip
+    for name, (call, flops) in written.items():
+        count = trace_flops(call)
+        assert (count.total, count.uncounted) == (flops, ""), name
+        (kernel,) = count_traffic(call).kernels
+        assert kernel == ("gemm@16" if name == "addbmm" else "gemm@1"), name  # a vector out: 1 wide

@@ -10,7 +10,8 @@ Three gaps make a plain count silently report 0, and all are closed here:
   count is taken with them switched off (``ops.unfused``), so the same layer runs its products
   as visible ``mm``/``addmm``/``bmm`` ops;
 - the CPU flash-attention op of ``scaled_dot_product_attention`` has no formula in torch: it is
-  mapped to torch's own SDPA formula;
+  mapped to torch's own SDPA formula, and the matrix-vector products (``mv``, ``addmv``,
+  ``dot``, ``addbmm``) get the formula of the matrix product they are;
 - any other op that computes on floating values with no formula and is not elementwise work
   or bookkeeping (``ops``) is named in the count's ``uncounted``: a count that misses work says
   so instead of reading low.
@@ -48,13 +49,38 @@ def _cpu_sdpa_backward_flop(
     return flop_counter.sdpa_backward_flop_count(grad_out, q, k, v)
 
 
+# The matrix-vector and vector products torch's table lacks (shapes in, as its formulas take
+# them; a multiply-add is 2 FLOPs, and an added input is left out, as torch's addmm leaves it):
+# x @ v with a 1-D v (a learned query scoring every position) runs ``mv``.
+def _mv_flop(a: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
+    return 2 * a[0] * a[1]  # (m x k) @ (k)
+
+
+def _addmv_flop(bias: Any, a: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
+    return _mv_flop(a, v)
+
+
+def _dot_flop(a: Any, b: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
+    return 2 * a[0]  # (n) . (n)
+
+
+def _addbmm_flop(bias: Any, a: Any, b: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
+    return 2 * a[0] * a[1] * a[2] * b[2]  # Σ over the batch of (m x k) @ (k x n)
+
+
 def formulas() -> dict[Any, Callable[..., int]]:
-    """torch's per-op formulas, plus the CPU fused-attention ops it lacks."""
+    """torch's per-op formulas, plus the CPU fused-attention ops and the matrix-vector
+    products it lacks."""
     table: dict[Any, Callable[..., int]] = dict(flop_counter.flop_registry)
     aten = torch.ops.aten
     for name, formula in (
         ("_scaled_dot_product_flash_attention_for_cpu", _cpu_sdpa_flop),
         ("_scaled_dot_product_flash_attention_for_cpu_backward", _cpu_sdpa_backward_flop),
+        ("mv", _mv_flop),
+        ("addmv", _addmv_flop),
+        ("dot", _dot_flop),
+        ("vdot", _dot_flop),
+        ("addbmm", _addbmm_flop),
     ):
         if hasattr(aten, name):
             table[getattr(aten, name)] = flop_counter.shape_wrapper(formula)

@@ -152,8 +152,9 @@ def product_width(func: Any, args: tuple[Any, ...]) -> int | None:
         if kind == "attention":
             q, _, v = tensors[1:4] if name.endswith("_backward") else tensors[:3]
             return min(int(q.shape[-1]), int(v.shape[-1]))
-        a, b = tensors[-2:]  # mm, bmm, addmm, baddbmm: the two factors come last
-        return min(int(a.shape[-1]), int(b.shape[-1]))
+        a, b = tensors[-2:]  # mm, bmm, addmm, baddbmm, mv, dot: the two factors come last
+        output = int(b.shape[-1]) if b.dim() > 1 else 1  # a vector out of mv or dot: 1 wide
+        return min(int(a.shape[-1]), output)
     except (IndexError, ValueError):
         return None
 
