@@ -437,3 +437,20 @@ def test_a_long_lstm_call_is_counted_at_three_lengths_and_extended_only_on_a_lin
     with torch.no_grad():
         rates._lstm_flops(cell, x)
     assert traced == [*rates.LAW_STEPS, 256]
+
+
+def test_a_catalogue_that_gains_an_op_reads_no_entry_measured_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Else the model would read the new op at an add's rate from an entry that lacks it.
+    from attnbench.measure import rates
+
+    count: list[int] = []
+    machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
+    _, cached = machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
+    assert cached and count == [1]
+    before = ceilings.cache_key("cpu", "float32", 1)
+    monkeypatch.setitem(rates.CATALOGUE, "erf", lambda x, y, m: torch.erf(x))
+    assert ceilings.cache_key("cpu", "float32", 1) != before
+    _, cached = machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
+    assert not cached and count == [1, 1]

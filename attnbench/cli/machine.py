@@ -62,8 +62,8 @@ def machine(
 
     A large GEMM's FLOP/s, a STREAM-like copy's bandwidth, each kind of product's FLOP/s by
     width (GEMM, convolution, fused attention, a fused LSTM's steps), each elementwise op's
-    rate, one tiny op's latency and a page fault's cost, cached per
-    machine, torch version, device, dtype and threads under $ATTNBENCH_CACHE_DIR (else
+    rate, one tiny op's latency and a page fault's cost, cached per machine, torch version,
+    device, dtype, threads and set of kernels under $ATTNBENCH_CACHE_DIR (else
     $XDG_CACHE_HOME/attnbench, else ~/.cache/attnbench). A sweep records them in run.json at
     its start.
     """

@@ -26,12 +26,14 @@
 Each is the fastest sample of a timed run (``time_call``), as STREAM reports its best trial: a
 neighbour on a shared machine only ever slows a sample. A test drives the arithmetic with a
 fake clock. Measuring takes a few seconds; the result is cached per machine, torch version, device,
-dtype and thread count (``cache_dir()``), and ``remeasure`` measures again.
+dtype, thread count and set of kernels (``cache_key``, ``cache_dir()``), and ``remeasure`` measures
+again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -302,10 +304,19 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path.home() / ".cache" / "attnbench"
 
 
+def kernels_digest() -> str:
+    """A short digest of what a measurement times: the elementwise catalogue and each curve's
+    widths. An attnbench whose catalogue gained an op reads no entry measured without it
+    (the model would read that op at an add's rate) and measures again."""
+    kernels = [*sorted(rates.CATALOGUE), rates.GEMM_WIDTHS, rates.CONV_WIDTHS,
+               rates.HEAD_WIDTHS, rates.RECURRENT_WIDTHS]  # fmt: skip
+    return hashlib.sha256(repr(kernels).encode()).hexdigest()[:8]
+
+
 def cache_key(device: str, dtype: str, threads: int) -> str:
-    """One file per machine, torch version, device, dtype and thread count."""
+    """One file per machine, torch version, device, dtype, set of kernels and thread count."""
     parts = [socket.gethostname(), device_name(device), platform.machine(), torch.__version__,
-             device, dtype, f"{threads}t"]  # fmt: skip
+             device, dtype, f"k{kernels_digest()}", f"{threads}t"]  # fmt: skip
     return "-".join("".join(c if c.isalnum() or c in "._" else "_" for c in p) for p in parts)
 
 
