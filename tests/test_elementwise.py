@@ -154,3 +154,26 @@ def test_an_in_place_draw_counts_as_its_op() -> None:
     draw = lambda: torch.empty_like(X).bernoulli_(0.9)  # noqa: E731
     assert count_elementwise(draw) == 1024
     assert trace_flops(draw).uncounted == ""
+
+
+def test_a_source_folded_in_at_indices_counts_its_elements() -> None:
+    # A mixture of experts gathers its experts' outputs with index_add_ (or scatter_add): one
+    # combination per element of the source, whatever the size of the destination.
+    from attnbench.measure.flops import trace_flops
+
+    tokens = torch.randn(6, 8)  # (routed tokens, d)
+    slots = torch.tensor([0, 2, 2, 5, 1, 0])  # each routed token's position among 7
+
+    def gather() -> torch.Tensor:
+        return torch.zeros(7, 8).index_add_(0, slots, tokens)  # (n, d)
+
+    index = slots[:, None].expand(6, 8)
+    calls = {
+        "index_add_": gather,
+        "scatter_add": lambda: torch.zeros(7, 8).scatter_add(0, index, tokens),
+        "scatter_reduce": lambda: torch.zeros(7, 8).scatter_reduce(0, index, tokens, "amax"),
+        "index_reduce": lambda: torch.zeros(7, 8).index_reduce(0, slots, tokens, "prod"),
+    }
+    for name, call in calls.items():
+        assert count_elementwise(call) == 6 * 8, name
+        assert trace_flops(call).uncounted == "", name

@@ -29,7 +29,15 @@ from typing import Any
 
 import torch
 
-from attnbench.measure.ops import TracingMode, elementwise_kind, floating, tensors, unfused
+from attnbench.measure.ops import (
+    COMBINE,
+    TracingMode,
+    elementwise_kind,
+    floating,
+    op_name,
+    tensors,
+    unfused,
+)
 
 ELEMENTWISE_METHOD = "traced"  # the elementwise_method of a counted case
 
@@ -59,6 +67,9 @@ def elements_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: A
         return fused_attention_elements(args[0], args[1], causal)
     if kind == "along":
         source = args[0] if args else None
+        return source.numel() if floating(source) else 0
+    if kind == "combine":
+        source = _argument(func, args, kwargs, COMBINE[op_name(func).rstrip("_")])
         return source.numel() if floating(source) else 0
     if kind == "pointwise":
         return sum(t.numel() for t in tensors(out) if floating(t))

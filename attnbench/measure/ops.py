@@ -53,6 +53,10 @@ ALONG = frozenset({
     # log-sigmoid, by what it reads: its second output is a buffer the CPU keeps for backward
     "log_sigmoid_forward",
 })  # fmt: skip
+# Ops that fold a source into a destination at given indices (a mixture of experts gathering
+# its experts' outputs, a segment sum): counted as the source's elements, one combination each.
+COMBINE = {"scatter_add": "src", "scatter_reduce": "src", "index_add": "source",
+           "index_reduce": "source"}  # fmt: skip
 # Elementwise work without the pointwise tag: dropout, and the gradients of elementwise ops
 # (met in a training call's backward pass): counted as the elements they produce.
 UNTAGGED_POINTWISE = frozenset({
@@ -184,14 +188,17 @@ def moves_data(func: Any) -> bool:
 @functools.cache
 def elementwise_kind(func: Any) -> str | None:
     """How an op's elementwise work is counted: "attention" (a fused attention kernel), "along"
-    (elements read: reductions, softmaxes, normalisations), "pointwise" (elements produced), or
-    None for an op that does no elementwise work."""
+    (elements read: reductions, softmaxes, normalisations), "pointwise" (elements produced),
+    "combine" (a source's elements folded in at indices: ``COMBINE``), or None for an op that
+    does no elementwise work."""
     name = op_name(func)
     if name in FUSED_ATTENTION:
         return "attention"
     if name in COPIES:
         return None
     base = name.rstrip("_")  # an in-place variant (bernoulli_, dropout's draw) counts as its op
+    if base in COMBINE:
+        return "combine"
     if torch.Tag.reduction in func.tags or base in ALONG:
         return "along"
     if torch.Tag.pointwise in func.tags or base in UNTAGGED_POINTWISE:
