@@ -8,6 +8,7 @@ which, and which cases were measured twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -127,11 +128,25 @@ def _node(cluster: Cluster, node_id: str) -> Any:
     return next(node for node in cluster.worker_nodes if node.node_id == node_id)
 
 
-def _freeze(node: Any) -> None:
-    """SIGSTOP every process of the node: its raylet and everything it started."""
+@pytest.fixture
+def frozen_processes() -> Iterator[list[psutil.Process]]:
+    """The processes a test froze, killed when it ends: shutting the cluster down stops the
+    raylet, but its children stay stopped forever (two Ray agents of about 85 MB each were
+    left behind by every run of the suite)."""
+    frozen: list[psutil.Process] = []
+    yield frozen
+    for process in frozen:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()  # SIGKILL ends a stopped process too
+
+
+def _freeze(node: Any, frozen: list[psutil.Process]) -> None:
+    """SIGSTOP every process of the node: its raylet and everything it started (kept in
+    ``frozen``, for ``frozen_processes`` to kill)."""
     raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
     for process in [raylet, *raylet.children(recursive=True)]:
         process.send_signal(signal.SIGSTOP)
+        frozen.append(process)
 
 
 def _in_background(story: Callable[[], None], marker_dir: Path) -> threading.Thread:
@@ -270,7 +285,11 @@ def test_a_case_whose_second_node_dies_too_is_failed_and_its_larger_cases_skippe
 
 
 def test_a_frozen_node_is_declared_dead_by_ray_and_its_case_measured_elsewhere(
-    tmp_path: Path, marker_dir: Path, two_nodes: Cluster, executor: RayExecutor
+    tmp_path: Path,
+    marker_dir: Path,
+    two_nodes: Cluster,
+    executor: RayExecutor,
+    frozen_processes: list[psutil.Process],
 ) -> None:
     out = tmp_path / "run"
     frozen: dict[str, Any] = {}
@@ -278,7 +297,7 @@ def test_a_frozen_node_is_declared_dead_by_ray_and_its_case_measured_elsewhere(
     def story() -> None:
         pid, node_id = _marker(marker_dir / "lost-once-1")
         frozen.update(pid=pid, node_id=node_id)
-        _freeze(_node(two_nodes, node_id))  # alive to the kernel, silent to Ray
+        _freeze(_node(two_nodes, node_id), frozen_processes)  # alive to the kernel, silent to Ray
 
     thread = _in_background(story, marker_dir)
     run_sweep(_grid(executor, "lost-once,conv"), out, executor=executor)
