@@ -221,15 +221,17 @@ def machine_display(analysis: Analysis) -> pd.DataFrame:
             "layer": m["layer"],
             "cases": m["cases"],
             "bound (cases)": m["bounds"],
-            "model rel. RMS": m["model_rms"].map(lambda v: f"{v:.0%}"),
-            "all-layer NNLS rel. RMS": m["nnls_rms"].map(
-                lambda v: "–" if math.isnan(v) else f"{v:.0%}"
-            ),
-            "rounds' rel. RMS (the floor)": m["rounds_rms"].map(
-                lambda v: "–" if math.isnan(v) else f"{v:.0%}"
-            ),
+            "model rel. RMS": m["model_rms"].map(_share),
+            "all-layer NNLS rel. RMS": m["nnls_rms"].map(_share),
+            "rounds' rel. RMS (the floor)": m["rounds_rms"].map(_share),
         }
     )
+
+
+def _share(value: float) -> str:
+    """A relative RMS as a percentage; "–" where there is none (a fit that could not run, a
+    run with one round)."""
+    return "–" if math.isnan(value) else f"{value:.0%}"
 
 
 def machine_notes(analysis: Analysis) -> list[str]:
