@@ -26,6 +26,11 @@ def fmt_int(value: Any) -> str:
     return "-" if value is None or pd.isna(value) else str(int(value))
 
 
+def fmt_share(value: Any) -> str:
+    """A share as a whole percentage, or "-" when missing."""
+    return "-" if value is None or pd.isna(value) else f"{float(value):.0%}"
+
+
 @dataclass(frozen=True)
 class Column:
     """One column of ``results.csv`` and of the loaded table."""
@@ -95,7 +100,39 @@ COLUMNS: tuple[Column, ...] = (
     Column("time_s", "float", _MEASURE, "median seconds per call", summary="time", fmt=fmt_seconds),
     Column(
         "time_iqr_s", "float", _MEASURE, "interquartile range of the samples, seconds",
-        summary="IQR", fmt=fmt_seconds,
+    ),
+    Column(
+        "time_ci_low_s", "float", _MEASURE,
+        "the median's 95% confidence interval, lower end, seconds (order statistics of the "
+        "samples; empty under 6 samples)", optional=True,
+    ),
+    Column(
+        "time_ci_high_s", "float", _MEASURE, "its upper end, seconds",
+        optional=True, summary="±95%", fmt=fmt_seconds,
+    ),
+    Column(
+        "time_stop", "text", _MEASURE,
+        "which rule ended the sampling: precise (the median's 95% interval within the "
+        "target of it), budget (--time-budget spent first) or max samples",
+        optional=True,
+    ),
+    Column(
+        "kernel_time_s", "float", _MEASURE,
+        "seconds per call the call's kernels ran (CPU: the computing aten ops' own time; "
+        "CUDA: the device kernels' busy time), from profiled calls outside the timed blocks, "
+        "the profiler's own cost taken out; the rest of time_s is overhead",
+        optional=True,
+    ),
+    Column(
+        "kernel_share", "float", _MEASURE,
+        "kernel_time_s / time_s: near 1 where the kernels are the time, low where Python, "
+        "module calls, the dispatcher and launches are",
+        optional=True, summary="kernels", fmt=fmt_share,
+    ),
+    Column(
+        "kernel_method", "text", _MEASURE,
+        "how kernel_time_s was taken (the profiler, its calls and its correction), or "
+        "none: <why>", optional=True,
     ),
     Column("samples", "int", _MEASURE, "timing samples", summary="samples", fmt=fmt_int),
     Column("calls_per_sample", "int", _MEASURE, "calls per timed block (a sample is its mean)"),

@@ -144,7 +144,7 @@ class Grid:
     device: str = "auto"
     mode: str = "forward"
     threads: int | None = None  # CPU threads; None keeps torch's default (and records it)
-    time_budget_s: float = 0.25  # timing budget per case, seconds
+    time_budget_s: float = 0.5  # most seconds of timed calls per case (precise ones stop sooner)
     seed: int = 0
     max_case_s: float | None = None  # a first call slower than this is a timeout; None: no limit
     # Timing rounds: each case is timed once per round, the rounds spread over the whole sweep,
@@ -378,7 +378,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("threads", "threads", int, lambda v: _positive_int(v, "threads"),
            "CPU threads for torch (recorded).", default_text="torch's"),
     Option("time_budget", "time_budget_s", float, lambda v: _positive_seconds(v, "time-budget"),
-           "Seconds of timed calls per case before sampling stops."),
+           "Most seconds of timed calls per case (shared by its rounds): sampling stops "
+           "sooner once the median is known to ±2% (its 95% confidence interval)."),
     Option("seed", "seed", int, _seed, "Seed for weights and inputs."),
     Option("max_case_seconds", "max_case_s", float,
            lambda v: _positive_seconds(v, "max-case-seconds"),

@@ -89,8 +89,8 @@ def policies(rounds: int, median: bool = False, against: str = "spread") -> None
         before = (curves, *now[1:])
     else:  # each kernel sampled on while its spread was wide (to 2026-11-26, the first)
         before = (
-            dataclasses.replace(curves, target_rel_iqr=0.05, budget_s=0.025),
-            dataclasses.replace(ceilings.CEILING_POLICY, target_rel_iqr=0.05, budget_s=0.075),
+            dataclasses.replace(curves, target_rel_ci=0.05, budget_s=0.025),
+            dataclasses.replace(ceilings.CEILING_POLICY, target_rel_ci=0.05, budget_s=0.075),
             dataclasses.replace(ceilings.LATENCY_POLICY, budget_s=0.1),
             None if not median else median_s,
         )

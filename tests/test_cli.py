@@ -168,16 +168,19 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     from attnbench.cli.summary import summary_notes, summary_tables
 
     frame = tiny_run.frame.copy()
-    frame["time_iqr_s"] = 0.0  # a real tiny run may be noisy itself: pin every row first
+    # a real tiny run may be imprecise itself: pin every row's interval first
+    frame["time_ci_low_s"] = frame["time_s"] * 0.99
+    frame["time_ci_high_s"] = frame["time_s"] * 1.01
     frame["flops_check"] = "ok"
-    frame.loc[0, "time_iqr_s"] = frame.loc[0, "time_s"] * 0.5
+    frame.loc[0, "time_ci_high_s"] = frame.loc[0, "time_s"] * 1.5
     frame.loc[1, "flops_check"] = "mismatch"
     buf = io.StringIO()
     console = Console(file=buf, width=200)
     summary_tables(replace(tiny_run, frame=frame), console)
     summary_notes(replace(tiny_run, frame=frame), console)
     text = buf.getvalue()
-    assert "1 case(s) marked ! have IQR/median above 10%" in text
+    assert "1 case(s) marked ! have a median known only to ±5% or worse" in text
+    assert "±50.0% !" in text and "±1.0%" in text
     assert (
         f"counted FLOPs differ from the analytic formula by more than 1% in 1 case(s) "
         f"({frame.loc[1, 'layer']})" in text

@@ -21,6 +21,9 @@ def test_a_timed_case_fills_every_timing_column_from_its_samples() -> None:
     assert timing_columns(timing) == {
         "time_s": 2.5e-3,  # the median of the four samples
         "time_iqr_s": timing.iqr_s,
+        "time_ci_low_s": None,  # under 6 samples: no interval
+        "time_ci_high_s": None,
+        "time_stop": None,  # not recorded
         "samples": 4,
         "calls_per_sample": 5,
         "time_total_s": 0.05,
@@ -31,6 +34,16 @@ def test_a_timed_case_fills_every_timing_column_from_its_samples() -> None:
     row = CaseResult(CASE, "ok", 2, timing=timing, flops=100).to_row()
     assert row["time_s"] == 2.5e-3 and row["samples"] == 4 and row["page_faults"] == 4.0
     assert row["flops_per_s"] == 100 / 2.5e-3
+
+
+def test_the_medians_interval_and_the_rule_that_stopped_sampling_are_columns() -> None:
+    from attnbench.measure.timing import Stop
+
+    samples = (1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3, 7e-3)
+    timing = TimingStats(samples, calls_per_sample=1, total_s=0.028, stop=Stop.BUDGET)
+    found = timing_columns(timing)
+    assert (found["time_ci_low_s"], found["time_ci_high_s"]) == (1e-3, 7e-3)  # 7: the extremes
+    assert found["time_stop"] == "budget"
 
 
 def test_an_untimed_case_leaves_the_timing_columns_empty() -> None:

@@ -499,7 +499,8 @@ def test_a_corrupted_value_gives_a_clear_error(
     path = saved_run / file
     rows = list(csv.reader(path.read_text().splitlines()))
     rows[1][rows[0].index(column)] = value
-    path.write_text("".join(",".join(row) + "\n" for row in rows))
+    with open(path, "w", newline="") as fh:
+        csv.writer(fh, lineterminator="\n").writerows(rows)
     with pytest.raises(AttnbenchError, match=message):
         load_results(saved_run)
 

@@ -225,16 +225,19 @@ def test_estimate_grows_with_the_grid_and_is_bounded_by_the_case_limit() -> None
 
 
 def test_the_estimates_low_end_stops_each_stable_case_at_the_minimum_timing() -> None:
-    """A quiet machine's cases stop at time_call's 0.1 s, a busy one's spend the budget: the
-    start line gives both ends (the default grid: 110 cases of a 0.25 s budget)."""
+    """A quiet machine's cases stop at time_call's minimum time, a busy one's spend the budget:
+    the start line gives both ends (the default grid: 110 cases of a 0.5 s budget)."""
     from attnbench.cli.render import estimate_range
+    from attnbench.measure.timing import DEFAULT_POLICY
 
     grid = build_grid({"device": "cpu"})
+    quick, budget = DEFAULT_POLICY.min_time_s, grid.time_budget_s
+    assert quick < budget == 0.5
     calls = [(c.analytic_flops() or 0) / 2e10 for c in grid.cases()]  # the assumed 20 GFLOP/s
     low, high = estimate_bounds(grid)
-    saved = sum(max(0.25, 11 * call) - max(0.1, 11 * call) for call in calls)
+    saved = sum(max(budget, 11 * call) - max(quick, 11 * call) for call in calls)
     assert saved > 0 and high - low == pytest.approx(saved)
-    assert low > sum(4 * call + max(0.1, 11 * call) for call in calls)  # tracing comes on top
+    assert low > sum(4 * call + max(quick, 11 * call) for call in calls)  # tracing on top
     assert estimate_range(23.4, 45.2) == "about 23-45 s"
     assert estimate_range(100, 200) == "about 100 s-3 min"
     assert estimate_range(30.2, 30.4) == "about 30 s"

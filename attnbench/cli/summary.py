@@ -12,7 +12,7 @@ from rich.table import Table
 
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.faults import FAULT_SHARE
-from attnbench.measure.timing import NOISY_REL_IQR, is_noisy
+from attnbench.measure.timing import IMPRECISE_REL_CI, is_imprecise, rel_ci
 from attnbench.results.run import RunResults
 from attnbench.schema import STATUSES, SUMMARY_COLUMNS
 
@@ -23,8 +23,10 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
     text = spec.fmt(getattr(row, column))
     if column == "time_s" and row.case_id in off_trend:
         return f"[red]{text} ^[/]"
-    if column == "time_iqr_s" and is_noisy(row.time_s, row.time_iqr_s):
-        return f"[yellow]{text} ![/]"
+    if column == "time_ci_high_s":
+        reach = rel_ci(row.time_s, row.time_ci_low_s, row.time_ci_high_s)
+        text = "-" if reach == float("inf") else f"±{reach:.1%}"
+        return f"[yellow]{text} ![/]" if reach > IMPRECISE_REL_CI else text
     if column == "flops_check" and text != "ok":
         return f"[yellow]{text}[/]"
     if column == "path_len" and str(row.path_len_method).startswith("extended"):
@@ -95,12 +97,15 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             f"({', '.join(f'{s}: {STATUSES[s]}' for s in STATUSES if s != 'ok' and counts[s])}); "
             "tables of figures, fits and charts leave them out"
         )
-    noisy = frame[is_noisy(frame["time_s"], frame["time_iqr_s"])]
-    if len(noisy):
+    measured = run.measured
+    imprecise = measured[
+        is_imprecise(measured["time_s"], measured["time_ci_low_s"], measured["time_ci_high_s"])
+    ]
+    if len(imprecise):
         console.print(
-            f"[yellow]note:[/] {len(noisy)} case(s) marked ! have IQR/median above "
-            f"{NOISY_REL_IQR:.0%}: the machine was busy or the budget short; "
-            "a larger --time-budget gives more samples"
+            f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a median known only to "
+            f"±{IMPRECISE_REL_CI:.0%} or worse (its 95% confidence interval): the machine was "
+            "busy or the budget short; a larger --time-budget gives more samples"
         )
     outliers = trend_outliers(run.measured)
     if len(outliers):

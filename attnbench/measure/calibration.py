@@ -10,6 +10,7 @@ three of the default grid's quick ones).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ CALIBRATION_POLICY = TimingPolicy(
     min_block_s=1e-3,
     min_samples=3,
     max_samples=20,
-    target_rel_iqr=1.0,
+    target_rel_ci=math.inf,  # three samples, then stop: a point, not a precise median
     min_time_s=0.0,
     budget_s=0.01,
     max_block_calls=256,

@@ -36,6 +36,7 @@ from attnbench.measure.ops import (
     recording_fused,
 )
 from attnbench.measure.record import CaseResult
+from attnbench.measure.split import KernelSplit, kernel_split
 from attnbench.measure.structure import PATH_NONE, SEQ_METHOD, path_length, sequential_steps
 from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats, time_call
 from attnbench.measure.traffic import TRAFFIC_METHOD, Traffic, count_traffic
@@ -186,11 +187,17 @@ def measure_case(
                     else memory_pass(case, seed, step)
                 )
             countcache.write_profile(case, seed, memory)
+        split: tuple[KernelSplit | None, str] = (None, "")
         if counter is not None:  # counted in its own process, under Callgrind
             timing, instructions = None, counter.count(case, seed)
         else:
             timing = time_call(step, policy, clock=clock, sync=sync, faults=faults)
             instructions = None
+            split = auxiliary(
+                lambda: kernel_split(
+                    step, case.device, timing.median_s, memory.ops, clock=clock, sync=sync
+                )
+            )
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
         status = "oom" if is_out_of_memory(exc) else "failed"
         return _failed(case, status, exc, threads, clock() - start)
@@ -222,6 +229,8 @@ def measure_case(
         product_bytes=counts.product_bytes,
         kernels=counts.kernels,
         counts_source=source,
+        kernel_share=None if split[0] is None else split[0].share,
+        kernel_method=split[1] if split[0] is None else split[0].method,
     )
 
 

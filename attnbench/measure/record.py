@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -15,9 +16,13 @@ from attnbench.spec import Case
 def timing_columns(timing: TimingStats | None) -> dict[str, Any]:
     """The results columns that a case's timing statistics fill (empty when it was not timed)."""
     t = timing
+    low, high = t.ci_s if t else (None, None)
     return {
         "time_s": t.median_s if t else None,
         "time_iqr_s": t.iqr_s if t else None,
+        "time_ci_low_s": None if low is None or math.isnan(low) else low,
+        "time_ci_high_s": None if high is None or math.isnan(high) else high,
+        "time_stop": t.stop.value if t and t.stop else None,
         "samples": t.count if t else None,
         "calls_per_sample": t.calls_per_sample if t else None,
         "time_total_s": t.total_s if t else None,
@@ -77,12 +82,21 @@ class CaseResult:
     counts_source: str = ""  # "traced", "cache" (measure.countcache) or "extended"
     peak_bytes_method: str = ""  # "measured" at n, or "extended: <law>" (measure.extend)
     attempts: int | None = None  # workers that measured it: 2 when the first died in it
+    kernel_share: float | None = None  # the kernels' share of a call (measure.split)
+    kernel_method: str = ""  # how it was read, or "none: <why>"
 
     @property
     def flops_per_s(self) -> float | None:
         if self.timing is None or self.flops is None or self.timing.median_s <= 0:
             return None
         return self.flops / self.timing.median_s
+
+    @property
+    def kernel_time_s(self) -> float | None:
+        """Seconds per call the kernels ran: their measured share of the median time."""
+        if self.timing is None or self.kernel_share is None:
+            return None
+        return self.kernel_share * self.timing.median_s
 
     @property
     def intensity(self) -> float | None:
@@ -120,6 +134,7 @@ class CaseResult:
             "elementwise_check": self.elementwise_check,
             "bytes_check": self.bytes_check,
             "intensity": self.intensity,
+            "kernel_time_s": self.kernel_time_s,
         }
         values.update({f.name: getattr(self, f.name) for f in fields(self) if f.name in COLUMN})
         known = REGISTRY.get(self.case.layer)

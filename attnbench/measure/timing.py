@@ -1,4 +1,4 @@
-"""Wall-clock timing with warm-up, device synchronisation and adaptive repetition.
+"""Wall-clock timing with warm-up, device synchronisation and a precision-based stopping rule.
 
 The clock and the synchronisation are plain callables so that tests can drive the logic with a
 deterministic fake clock.  Raw samples are kept; statistics are derived from them.
@@ -6,23 +6,75 @@ deterministic fake clock.  Raw samples are kept; statistics are derived from the
 
 from __future__ import annotations
 
+import enum
+import functools
 import gc
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from attnbench.measure.faults import FaultCounter
 
 Clock = Callable[[], float]  # returns seconds
-NOISY_REL_IQR = 0.1  # IQR/median above this marks a noisy measurement (as torch.utils.benchmark)
+NOISY_REL_IQR = 0.1  # IQR/median above this: the samples spread (torch.utils.benchmark's warning)
+CONFIDENCE = 0.95  # of the median's confidence interval
+# A median whose confidence interval reaches further than this from it is marked imprecise.
+IMPRECISE_REL_CI = 0.05
+
+
+class Stop(str, enum.Enum):
+    """Which rule ended a case's sampling (results.csv's ``time_stop``)."""
+
+    PRECISE = "precise"  # the median's confidence interval reached the policy's target
+    BUDGET = "budget"  # the timing budget was spent first
+    MAX_SAMPLES = "max samples"
 
 
 def is_noisy(time_s: Any, iqr_s: Any) -> Any:
     """IQR above ``NOISY_REL_IQR`` of the median; works on floats and on pandas columns alike."""
     return iqr_s > NOISY_REL_IQR * time_s
+
+
+def is_imprecise(time_s: Any, ci_low_s: Any, ci_high_s: Any) -> Any:
+    """The median's confidence interval reaches more than ``IMPRECISE_REL_CI`` of it away (or
+    there were too few samples for one); floats and pandas columns alike."""
+    return rel_ci(time_s, ci_low_s, ci_high_s) > IMPRECISE_REL_CI
+
+
+def rel_ci(median: Any, low: Any, high: Any) -> Any:
+    """How far the confidence interval reaches from the median, as a share of it (the larger
+    side); infinite where there is no interval. Floats and pandas columns alike."""
+    if isinstance(median, float | int):
+        if not (median > 0 and math.isfinite(low) and math.isfinite(high)):
+            return math.inf
+        return max(median - low, high - median) / median
+    reach = ((median - low).abs().combine((high - median).abs(), max)) / median
+    return reach.where(median.gt(0) & low.notna() & high.notna(), math.inf)
+
+
+@functools.lru_cache(maxsize=4096)
+def median_ci_ranks(count: int) -> tuple[int, int] | None:
+    """0-based ranks of the sorted samples that bound a distribution-free ``CONFIDENCE``
+    interval of the median (order statistics, the binomial with p = 1/2); None with too few
+    samples for one (under 6 at 95%)."""
+    from scipy import stats  # lazy: scipy costs 0.8 s to import
+
+    j = int(stats.binom.ppf((1 - CONFIDENCE) / 2, count, 0.5))  # P(B <= j - 1) < 2.5%
+    if j < 1:
+        return None
+    return j - 1, count - j
+
+
+def median_ci(samples: Sequence[float]) -> tuple[float, float]:
+    """The median's ``CONFIDENCE`` interval (seconds); (nan, nan) with too few samples."""
+    ranks = median_ci_ranks(len(samples))
+    if ranks is None:
+        return math.nan, math.nan
+    ordered = sorted(samples)
+    return ordered[ranks[0]], ordered[ranks[1]]
 
 
 def _no_sync() -> None:
@@ -40,6 +92,7 @@ class TimingStats:
     # major faults (pages read from disk) of every block together.
     faults: tuple[float, ...] | None = None
     major_faults: int | None = None
+    stop: Stop | None = None  # which rule ended the sampling (None: not recorded)
 
     @property
     def page_faults(self) -> float | None:
@@ -72,6 +125,16 @@ class TimingStats:
     def count(self) -> int:
         return len(self.samples_s)
 
+    @property
+    def ci_s(self) -> tuple[float, float]:
+        """The median's 95% confidence interval, seconds ((nan, nan) under 6 samples)."""
+        return median_ci(self.samples_s)
+
+    @property
+    def rel_ci(self) -> float:
+        """How far that interval reaches from the median, as a share of it (inf: none)."""
+        return float(rel_ci(self.median_s, *self.ci_s))
+
 
 def iqr(samples: tuple[float, ...] | list[float]) -> float:
     """Interquartile range, linearly interpolated as numpy's default percentile (the
@@ -88,19 +151,19 @@ class TimingPolicy:
     """When to stop repeating.
 
     A block is made long enough (``min_block_s``) that the timer's own overhead vanishes.
-    Sampling stops, never before ``min_samples`` samples, once ``budget_s`` of timed time is
-    spent, or earlier once the spread is small (IQR/median at most ``target_rel_iqr``) after at
-    least ``min_time_s`` (as torch.utils.benchmark's adaptive_autorange), or at ``max_samples``.
-    A block never holds more than ``max_block_calls`` calls (a clock that reads 0 for a fast call
-    would otherwise grow it without end).
+    Sampling stops, never before ``min_samples`` samples, once the median is known precisely
+    (its 95% confidence interval within ``target_rel_ci`` of it) after at least ``min_time_s``,
+    as nvbench stops on its noise criterion; else once ``budget_s`` of timed time is spent, or
+    at ``max_samples``. A block never holds more than ``max_block_calls`` calls (a clock that
+    reads 0 for a fast call would otherwise grow it without end).
     """
 
     warmup_calls: int = 2
-    min_block_s: float = 10e-3
+    min_block_s: float = 2e-3
     min_samples: int = 10
     max_samples: int = 10_000
-    target_rel_iqr: float = 0.02
-    min_time_s: float = 0.1
+    target_rel_ci: float = 0.02
+    min_time_s: float = 0.05
     budget_s: float = 0.25
     max_block_calls: int = 1_000_000
 
@@ -181,14 +244,15 @@ def time_call(
     samples: list[float] = [probe / calls]
     total = probe
     del per_block[:-1]  # the calibration's blocks are not samples; its last one is
+    stop = Stop.MAX_SAMPLES
     while len(samples) < policy.max_samples:
         if len(samples) >= policy.min_samples:
-            if total >= policy.budget_s:
+            if total >= min(policy.min_time_s, policy.budget_s) and _precise(samples, policy):
+                stop = Stop.PRECISE
                 break
-            if total >= min(policy.min_time_s, policy.budget_s):  # the spread may end it now
-                median = statistics.median(samples)
-                if median > 0 and iqr(samples) / median <= policy.target_rel_iqr:
-                    break
+            if total >= policy.budget_s:
+                stop = Stop.BUDGET
+                break
         elapsed = timed_block(calls)
         total += elapsed
         samples.append(elapsed / calls)
@@ -198,4 +262,12 @@ def time_call(
         total_s=total,
         faults=tuple(minor / calls for minor, _ in per_block) if faults else None,
         major_faults=sum(major for _, major in per_block) if faults else None,
+        stop=stop,
     )
+
+
+def _precise(samples: list[float], policy: TimingPolicy) -> bool:
+    """Whether the median's confidence interval is within the policy's target of it (a
+    median of zero, a clock that never moved, never is)."""
+    median = statistics.median(samples)
+    return median > 0 and bool(rel_ci(median, *median_ci(samples)) <= policy.target_rel_ci)

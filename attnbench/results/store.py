@@ -386,7 +386,7 @@ def load_results(path: Path | str) -> RunResults:
     if not keep.all():
         warnings.append(f"ignored {int((~keep).sum())} sample(s) of a case that never finished")
         samples = samples[keep].reset_index(drop=True)
-    if len(samples) and samples["round"].max() > 1:
+    if len(samples) and (samples["round"].max() > 1 or frame["time_ci_high_s"].isna().all()):
         frame = _with_all_rounds(frame, samples)
     return RunResults(
         path=path,
@@ -415,8 +415,9 @@ def _read_theories(path: Path) -> dict[str, Any]:
 
 
 def _with_all_rounds(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
-    """A row is written after a case's first round; its timing columns (and FLOP/s) over every
-    round come from ``TimingStats``, the one place timing statistics are derived."""
+    """A row is written after a case's first round; its timing columns (and FLOP/s and the
+    kernels' time) over every round come from ``TimingStats``, the one place timing statistics
+    are derived. A run from before the median's confidence interval was written gets it here."""
     frame = frame.copy()
     by_case = samples.groupby("case_id")["time_s"]
     ok = frame.index[frame["status"].eq("ok") & frame["case_id"].isin(by_case.groups)]
@@ -428,12 +429,17 @@ def _with_all_rounds(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame
             float(row["time_total_s"]),
         )
         flops = row["flops"]
-        frame.loc[i, ["time_s", "time_iqr_s", "samples"]] = [
+        low, high = every.ci_s
+        frame.loc[i, ["time_s", "time_iqr_s", "samples", "time_ci_low_s", "time_ci_high_s"]] = [
             every.median_s,
             every.iqr_s,
             every.count,
+            low,
+            high,
         ]
         frame.loc[i, "flops_per_s"] = float(flops) / every.median_s if pd.notna(flops) else None
+        share = row["kernel_share"]
+        frame.loc[i, "kernel_time_s"] = float(share) * every.median_s if pd.notna(share) else None
         faults = samples.loc[samples["case_id"] == row["case_id"], "page_faults"].dropna()
         if len(faults):  # the median sample's, as time_s (TimingStats.page_faults)
             frame.loc[i, "page_faults"] = float(faults.median())

@@ -55,9 +55,9 @@ def estimate_bounds(
     Per case: about four untimed calls (first call, FLOP count, memory profile, warm-up), the
     tracing of its counts (``tracing_seconds``: little where ``cached`` says the count cache
     holds them), and the timing, which lasts the time budget or at least eleven calls (high),
-    or stops after ``time_call``'s minimum of 0.1 s where its samples agree at once (low: a
-    quiet machine); each further round adds a rebuild, two untimed calls and at least 0.1 s
-    of timing.
+    or stops after ``time_call``'s minimum time where its median is precise at once (low: a
+    quiet machine); each further round adds a rebuild, two untimed calls and at least that
+    minimum of timing.
     """
     rate = _ASSUMED_FLOP_PER_S[device_kind(grid.device)]
     low = high = 0.0
@@ -74,7 +74,7 @@ def estimate_bounds(
         untimed = tracing_seconds(case, hit, probes in probed) + 4 * call
         if extend.applies(case) and not hit:
             probed.add(probes)
-        rounds = (grid.rounds - 1) * (0.02 + 2 * call + max(0.1, 11 * call))
+        rounds = (grid.rounds - 1) * (0.02 + 2 * call + max(quick, 11 * call))
         low += untimed + max(quick, 11 * call) + rounds
         high += untimed + max(grid.time_budget_s, 11 * call) + rounds
     return low, high

@@ -13,11 +13,11 @@ from typing import Any
 
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.record import CaseResult
-from attnbench.measure.timing import TimingPolicy, TimingStats
+from attnbench.measure.timing import Stop, TimingPolicy, TimingStats
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.spec import Case
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: the policy's stopping rule is the median's confidence interval
 
 
 def timing_to_wire(timing: TimingStats | None) -> dict[str, Any] | None:
@@ -27,7 +27,13 @@ def timing_to_wire(timing: TimingStats | None) -> dict[str, Any] | None:
 def timing_from_wire(data: dict[str, Any] | None) -> TimingStats | None:
     if data is None:
         return None
-    return TimingStats(tuple(data["samples_s"]), data["calls_per_sample"], data["total_s"])
+    stop = data.get("stop")
+    return TimingStats(
+        tuple(data["samples_s"]),
+        data["calls_per_sample"],
+        data["total_s"],
+        stop=None if stop is None else Stop(stop),
+    )
 
 
 def job_to_wire(job: Job) -> dict[str, Any]:

@@ -1,0 +1,202 @@
+"""The split of a call's time into its kernels and the overhead: the arithmetic on profiler
+events (fake ones, for the CPU and for CUDA), and the real profiler on real calls, judged by
+ratios within one profile, never by an absolute time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbench.measure.split import (
+    Interval,
+    OpEvent,
+    Profiled,
+    ProfilerCost,
+    busy_seconds,
+    host_kernel_seconds,
+    kernel_split,
+    split_of,
+)
+
+COST = ProfilerCost(per_op_s=1e-6, op_floor_s=0.5e-6)
+
+
+def test_a_host_op_counts_its_own_time_less_its_childrens_recording_and_the_floor() -> None:
+    events = [
+        OpEvent("aten::linear", 4e-6, children=2),  # 4 - 2 x 1 - 0.5 = 1.5 us of its own
+        OpEvent("aten::addmm", 100e-6, children=0),  # 99.5 us
+        OpEvent("aten::t", 3e-6, children=0),  # a view: overhead, whatever it took
+        OpEvent("aten::_unsafe_view", 3e-6, children=0),  # a rename: overhead
+        OpEvent("aten::add", 0.2e-6, children=0),  # under the floor: nothing, never negative
+        OpEvent("ProfilerStep#1", 50e-6, children=0),  # not an aten op
+    ]
+    assert host_kernel_seconds(events, COST) == pytest.approx(1.5e-6 + 99.5e-6)
+
+
+def test_the_device_is_busy_for_the_union_of_its_kernels() -> None:
+    kernels = [Interval(0.0, 1.0), Interval(0.5, 1.5), Interval(3.0, 4.0), Interval(3.2, 3.4)]
+    assert busy_seconds(kernels) == pytest.approx(2.5)
+    assert busy_seconds([]) == 0.0
+
+
+def test_the_share_takes_the_profilers_cost_out_of_the_wall_time_and_stays_in_0_1() -> None:
+    # 10 us of kernels in 30 us of profiled wall time, 10 ops at 1 us each recorded
+    assert split_of(10e-6, 30e-6, 10, COST) == pytest.approx(0.5)
+    assert split_of(50e-6, 30e-6, 10, COST) == 1.0  # kernels on several threads overlap
+    assert split_of(0.0, 30e-6, 10, COST) == 0.0
+    assert split_of(1e-6, 5e-6, 10, COST) == 1.0  # the cost outweighs the wall: all kernels
+
+
+def fake_recorder(profiled: Profiled, seen: list[tuple[int, str]]):  # type: ignore[no-untyped-def]
+    def record(fn, calls, device):  # type: ignore[no-untyped-def]
+        seen.append((calls, device))
+        return profiled
+
+    return record
+
+
+def test_cuda_reads_the_devices_busy_time_against_the_profiled_wall_time() -> None:
+    """A mocked CUDA profile: two calls, each 3 host ops and two kernels that overlap."""
+    host = [
+        OpEvent("aten::mm", 5e-6, 0), OpEvent("aten::add", 3e-6, 0), OpEvent("aten::t", 1e-6, 0)
+    ]  # fmt: skip
+    kernels = [Interval(0.0, 40e-6), Interval(30e-6, 50e-6), Interval(1e-3, 1e-3 + 50e-6)]
+    seen: list[tuple[int, str]] = []
+    found = kernel_split(
+        lambda: None, "cuda:0", 0.5e-3, cost=COST,
+        record=fake_recorder(Profiled(2, 206e-6, host * 2, kernels), seen),
+    )  # fmt: skip
+    assert seen == [(20, "cuda:0")]  # 10 ms of calls at 0.5 ms each, at most 20
+    assert found.kernel_s == pytest.approx(50e-6)  # per call: 100 us busy over 2 calls
+    assert found.wall_s == pytest.approx(100e-6)  # (206 - 6 ops x 1 us) / 2
+    assert found.share == pytest.approx(0.5)
+    assert found.kernel_time_s(1e-3) == pytest.approx(0.5e-3)
+    assert "device's kernels" in found.method
+
+
+def test_the_cpu_reads_the_host_ops_and_profiles_at_least_one_call() -> None:
+    host = [OpEvent("aten::mm", 90e-6, 1), OpEvent("aten::empty", 1e-6, 0)]
+    seen: list[tuple[int, str]] = []
+    found = kernel_split(
+        lambda: None, "cpu", 1.0, cost=COST,
+        record=fake_recorder(Profiled(1, 102e-6, host, []), seen),
+    )  # fmt: skip
+    assert seen == [(1, "cpu")]  # a call longer than the profiling time: one call
+    # mm: 90 - 1 - 0.5; empty: 1 - 0.5; over the wall 102 - 2 x 1
+    assert found.share == pytest.approx((88.5e-6 + 0.5e-6) / 100e-6)
+
+
+def large_product() -> torch.nn.Module:
+    return torch.nn.Linear(1024, 1024, bias=False)
+
+
+def test_one_large_product_is_almost_all_kernel() -> None:
+    layer, x = large_product(), torch.randn(256, 1024)  # 0.5 GFLOP: milliseconds
+    with torch.no_grad():
+        layer(x)
+        found = kernel_split(lambda: layer(x), "cpu", 1e-3)
+    assert found.share > 0.9
+
+
+def test_a_python_loop_of_tiny_ops_is_mostly_overhead() -> None:
+    x = torch.randn(4)
+
+    def loop() -> torch.Tensor:
+        y = x
+        for _ in range(200):
+            y = torch.tanh(y * 1.01 + 0.1)
+        return y
+
+    loop()
+    found = kernel_split(loop, "cpu", 1e-3)
+    assert found.share < 0.3
+
+
+def test_ops_nest_by_their_spans_on_one_thread() -> None:
+    """An op inside another's span is nested in it; the same span on another thread is not."""
+    from attnbench.measure.split import nest
+
+    spans = [
+        (1, 0, 100, "aten::linear"),
+        (1, 10, 20, "aten::t"),
+        (1, 20, 90, "aten::addmm"),
+        (1, 30, 40, "aten::empty"),
+        (2, 15, 50, "aten::add"),  # another thread at the same moment
+        (1, 200, 210, "aten::relu"),
+    ]
+    found = {e.name: (e.self_s * 1e9, e.children) for e in nest(spans)}
+    assert found == {
+        "aten::linear": (pytest.approx(20), 2),
+        "aten::t": (pytest.approx(10), 0),
+        "aten::addmm": (pytest.approx(60), 1),
+        "aten::empty": (pytest.approx(10), 0),
+        "aten::add": (pytest.approx(35), 0),
+        "aten::relu": (pytest.approx(10), 0),
+    }
+
+
+class FakeKinetoEvent:
+    """What torch's profiler hands back for one event, as ``_record`` reads it."""
+
+    def __init__(self, name: str, device: str, start_ns: int, duration_ns: int, thread: int = 1):
+        self._name, self._device = name, device
+        self._start, self._duration, self._thread = start_ns, duration_ns, thread
+
+    def name(self) -> str:
+        return self._name
+
+    def device_type(self) -> torch.autograd.DeviceType:
+        return getattr(torch.autograd.DeviceType, self._device)
+
+    def start_ns(self) -> int:
+        return self._start
+
+    def duration_ns(self) -> int:
+        return self._duration
+
+    def start_thread_id(self) -> int:
+        return self._thread
+
+
+def test_a_cuda_profile_is_read_into_host_ops_and_device_kernels(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The profiler mocked as CUDA's would answer: host ops on the CPU's clock, kernels on the
+    device's; what the profile asked for (the device's activity) and what it read."""
+    from attnbench.measure import split
+
+    events = [
+        FakeKinetoEvent("aten::linear", "CPU", 0, 10_000),
+        FakeKinetoEvent("aten::addmm", "CPU", 2_000, 6_000),
+        FakeKinetoEvent("cudaLaunchKernel", "CPU", 3_000, 2_000),
+        FakeKinetoEvent("ampere_sgemm_128x64_tn", "CUDA", 5_000, 40_000),
+        FakeKinetoEvent("void at::native::vectorized_elementwise_kernel", "CUDA", 50_000, 10_000),
+    ]
+    asked: dict[str, object] = {}
+
+    class FakeProfile:
+        def __init__(self, **options: object) -> None:
+            asked.update(options)
+            self.kineto_results = self
+
+        def events(self) -> list[FakeKinetoEvent]:
+            return events
+
+        def __enter__(self) -> FakeProfile:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(split, "profile", FakeProfile)
+    ticks = iter([0.0, 100e-6])
+    synced: list[int] = []
+    found = split._record(lambda: None, 1, "cuda:0", lambda: next(ticks), lambda: synced.append(1))
+    assert asked == {"use_device": "cuda"} and synced == [1, 1]
+    assert found.wall_s == pytest.approx(100e-6)
+    assert [(e.name, e.children) for e in found.ops] == [
+        ("cudaLaunchKernel", 0), ("aten::addmm", 1), ("aten::linear", 1)
+    ]  # fmt: skip
+    assert busy_seconds(found.device) == pytest.approx(50e-6)
+    cost = ProfilerCost(per_op_s=1e-6, op_floor_s=0.5e-6)
+    assert split_of(busy_seconds(found.device), found.wall_s, len(found.ops), cost) == (
+        pytest.approx(50e-6 / 97e-6)
+    )
