@@ -25,6 +25,7 @@ from attnbench.devices import (
     SYSTEM,
     DeviceResolver,
     check_allocator,
+    device_kind,
     local_device,
 )
 from attnbench.errors import AttnbenchError
@@ -127,6 +128,27 @@ class Case:
         return cls(**{**data, "options": tuple((name, value) for name, value in data["options"])})
 
 
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class AutoN:
+    """``--n auto``: for each layer and width, n doubles from ``start`` until the layer's rate
+    (work per second) settles (``attnbench.regime``), or the next case would not fit (its
+    predicted call time, peak memory, the sweep's budget), up to ``stop``."""
+
+    start: int = 64
+    stop: int = 2**20
+
+    def ladder(self) -> tuple[int, ...]:
+        """Every length the sweep may reach: start, 2·start, ... up to stop."""
+        return parse_int_list(f"{self.start}..{self.stop}", "n")
+
+    def text(self) -> str:
+        """As the user writes it, and as run.json records it."""
+        return AUTO if self == AutoN() else f"{AUTO}:{self.start}..{self.stop}"
+
+
 @dataclass(frozen=True)
 class Grid:
     """A sweep: the cross product of layers, n and d at fixed options, batch, dtype, device.
@@ -152,6 +174,10 @@ class Grid:
     rounds: int = 1
     metric: str = "time"  # or "instructions": counted with Callgrind instead of timed
     allocator: str = DEFAULT_ALLOCATOR  # its state in every measuring process: pinned or system
+    # --n auto: ``ns`` is the ladder of lengths the sweep may reach, and each layer and width
+    # stops where its rate settles or the next case would not fit (``run.auto``)
+    n_auto: AutoN | None = None
+    auto_budget_s: float = 300.0  # --n auto: seconds of cases the whole sweep may spend
 
     def cases(self) -> list[Case]:
         """Cases ordered layer, d, then n ascending (so a larger n always comes later)."""
@@ -177,8 +203,11 @@ class Grid:
 
     def to_dict(self) -> dict[str, Any]:
         """The grid by field, as run.json records it, the layer options given among the fields
-        (``grid_from_config`` reads it back)."""
-        out = {key: _plain(value) for key, value in asdict(self).items() if key != "options"}
+        (``grid_from_config`` reads it back); an auto grid's lengths as ``auto``."""
+        skip = ("options", "n_auto")
+        out = {key: _plain(getattr(self, key)) for key in _field_names() if key not in skip}
+        if self.n_auto is not None:
+            out["ns"] = self.n_auto.text()
         at = list(out).index("ds") + 1
         items = list(out.items())
         return dict([*items[:at], *self.options, *items[at:]])
@@ -186,7 +215,13 @@ class Grid:
     def to_options(self) -> dict[str, Any]:
         """The grid as ``build_grid`` options (the command line's and config file's keys)."""
         plain = {o.key: _plain(getattr(self, o.field)) for o in OPTIONS if o.field}
+        if self.n_auto is not None:
+            plain["n"] = self.n_auto.text()
         return {**plain, **dict(self.options)}
+
+
+def _field_names() -> list[str]:
+    return [f.name for f in fields(Grid)]
 
 
 def _plain(value: Any) -> Any:
@@ -243,6 +278,27 @@ def parse_int_list(text: str | int | Iterable[int], name: str) -> tuple[int, ...
         if v < 1:
             raise AttnbenchError(f"--{name}: values must be >= 1, got {v}")
     return tuple(sorted(set(values)))
+
+
+_AUTO = re.compile(r"^\s*auto\s*(?::\s*(\d+)\s*\.\.\s*(\d+))?\s*$")
+
+
+def parse_lengths(text: Any) -> tuple[int, ...] | AutoN:
+    """``--n``: a list or a doubling range (``parse_int_list``), or ``auto`` /
+    ``auto:START..STOP`` (``AutoN``)."""
+    if isinstance(text, str) and text.strip().startswith(AUTO):
+        match = _AUTO.match(text)
+        if match is None:
+            raise AttnbenchError(
+                f"--n: cannot read {text!r}; write auto, or auto:START..STOP (a doubling range)"
+            )
+        if match.group(1) is None:
+            return AutoN()
+        start, stop = int(match.group(1)), int(match.group(2))
+        if not 1 <= start <= stop:
+            raise AttnbenchError(f"--n {text!r}: write auto:START..STOP with 1 <= START <= STOP")
+        return AutoN(start, stop)
+    return parse_int_list(text, "n")
 
 
 def parse_layers(text: str | Iterable[str]) -> tuple[str, ...]:
@@ -361,8 +417,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("layers", "layers", str, parse_layers,
            f"Comma-separated layers: {', '.join(BUILTIN)}; or plugins: an installed plugin's "
            "name, module.path:factory, path/to/file.py:factory.", default_text="every built-in"),
-    Option("n", "ns", str, lambda v: parse_int_list(v, "n"),
-           "Sequence lengths: a list 64,128 or a doubling range 64..4096."),
+    Option("n", "ns", str, parse_lengths,
+           "Sequence lengths: a list 64,128, a doubling range 64..4096, or auto: for each "
+           "layer and width, n doubles from 64 until the layer's time grows as its counted "
+           "work (its rate within 20% over three doublings), or the next case would not fit "
+           "(--max-case-seconds, free memory, --auto-budget); auto:START..STOP sets the "
+           "ladder. run.json says what stopped each layer.",
+           default_text="64..1024 on the CPU, auto on an accelerator"),
     Option("d", "ds", str, lambda v: parse_int_list(v, "d"), "Widths, as --n."),
     *(_layer_option(o) for o in known_options().values()),
     Option("option", "", str, parse_layer_options,
@@ -393,6 +454,10 @@ OPTIONS: tuple[Option, ...] = (
            "time: seconds per call; instructions: CPU instructions per call, counted with "
            "Valgrind's Callgrind in a worker process (repeatable to ~0.2% on a busy machine; "
            "CPU only)."),
+    Option("auto_budget", "auto_budget_s", float,
+           lambda v: _positive_seconds(v, "auto-budget"),
+           "With --n auto: seconds the sweep's cases may take in all; each layer and width "
+           "gets an equal share of what is left when it starts."),
     Option("allocator", "allocator", str, check_allocator,
            "pinned: glibc keeps freed memory mapped, so a time does not depend on what ran "
            "before; system: glibc's defaults, what your own program pays (page faults)."),
@@ -458,8 +523,15 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
     layer_options |= {key: values.pop(key) for key in list(values) if not OPTION[key].field}
     order = list(known_options())  # as the layers declare them: k, heads, window, ...
     given_options = tuple(sorted(layer_options.items(), key=lambda kv: order.index(kv[0])))
+    lengths = values.pop("n", None)
+    auto = lengths if isinstance(lengths, AutoN) else None
+    if auto is not None:
+        values["n"] = auto.ladder()
+    elif lengths is not None:
+        values["n"] = lengths
     grid = replace(
-        Grid(), **{OPTION[key].field: v for key, v in values.items()}, options=given_options
+        Grid(), **{OPTION[key].field: v for key, v in values.items()}, options=given_options,
+        n_auto=auto,
     )
     for name in grid.layers:
         found = entry(name)
@@ -470,6 +542,9 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
             small = min(min(grid.ns), max(16, 2 * found.reach(resolved) + 1))
             checks.check_output(found, min(grid.ds), (small, min(grid.ns)), resolved)
     grid = replace(grid, device=(resolve or local_device)(grid.device, grid.dtype))
+    if "n" not in given and device_kind(grid.device) != "cpu":
+        # An accelerator's default: at the CPU's lengths its times are the host's fixed cost.
+        grid = replace(grid, ns=AutoN().ladder(), n_auto=AutoN())
     if grid.metric == "instructions":
         if grid.device != "cpu":
             raise AttnbenchError(

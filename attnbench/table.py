@@ -7,12 +7,14 @@ n), each as a fitted log-log exponent from the rows that were measured (status o
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pandas as pd
 
 from attnbench.fits import Analysis, analyse
-from attnbench.fits.exponents import MEMORY_RULE, REGIME_RULE
+from attnbench.fits.exponents import SETTLED_RULE
+from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES
 from attnbench.results.run import RunResults
 
 COLUMNS = [
@@ -28,6 +30,37 @@ COLUMNS = [
 
 def _label(row: pd.Series | None, var: str) -> str:
     return "–" if row is None else f"{var}^{row.exponent:.2f}"
+
+
+# A line with no kernels measured reads as overhead-bound where its rate grew at least this
+# share as fast as its work: its time hardly moved while the work grew.
+FLAT_SHARE = 0.8
+
+
+def _overhead_bound(group: pd.DataFrame, d_fix: int) -> list[int] | None:
+    """The lengths (at d_fix) whose kernels ran under half the time; None where no case of
+    the layer measured its kernels."""
+    line = group[group["d"] == d_fix]
+    if "kernel_share" not in line or line["kernel_share"].isna().all():
+        return None
+    share = pd.to_numeric(line["kernel_share"], errors="coerce")
+    return sorted(int(n) for n in line.loc[share < OVERHEAD_SHARE, "n"])
+
+
+def _time_cell(row: pd.Series | None, overhead: list[int] | None, lengths: list[int]) -> str:
+    """The time's growth in n as the table shows it: the exponent where the rate settled;
+    ``overhead-bound`` where every length's kernels ran under half its time (or, with no
+    kernels measured, where the time hardly grew while the work did); otherwise the exponent,
+    marked unsettled: the machine's rate was still changing at those lengths."""
+    if row is None:
+        return "–"
+    if row["range_rule"] == SETTLED_RULE:
+        return _label(row, "n")
+    work, rate = _finite(row["work_exponent"]), _finite(row["rate_exponent"])
+    flat = overhead is None and work and rate is not None and rate >= FLAT_SHARE * work > 0
+    if flat or (overhead is not None and lengths and set(lengths) <= set(overhead)):
+        return "overhead-bound"
+    return f"{_label(row, 'n')} unsettled"
 
 
 def _value(row: pd.Series | None, column: str) -> Any:
@@ -75,16 +108,20 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
         group = measured[measured["layer"] == layer]
         d_fix = _fixed_at(group, "d", "n")
         n_fix = _fixed_at(group, "n", "d")
-        time_n = time_d = seq_n = path_n = unproven = None
+        time_n = time_d = seq_n = path_n = unproven = overhead = None
+        lengths: list[int] = []
         if d_fix is not None:
             time_n = analysis.exponent(layer, "time_s", "n", d_fix)
+            overhead = _overhead_bound(group, d_fix)
+            lengths = sorted(int(n) for n in group.loc[group["d"] == d_fix, "n"].unique())
             seq_n = analysis.exponent(layer, "seq_steps", "n", d_fix)
             unproven = _path_unproven_from(group, d_fix)
             if unproven is None:
                 path_n = analysis.exponent(layer, "path_len", "n", d_fix)
         if n_fix is not None:
             time_d = analysis.exponent(layer, "time_s", "d", n_fix)
-        compute = _label(time_n, "n") + ("" if time_d is None else " " + _label(time_d, "d"))
+        compute = _time_cell(time_n, overhead, lengths)
+        compute += "" if time_d is None else " " + _label(time_d, "d")
         rows.append(
             {
                 "layer": layer,
@@ -99,6 +136,11 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 "time_exponent_n": _value(time_n, "exponent"),
                 "time_exponent_n_ci95": None if time_n is None else [time_n.ci_low, time_n.ci_high],
                 "time_exponent_d": _value(time_d, "exponent"),
+                # the theory's slope over the same lengths, and whether the time agrees with it
+                "time_theory_exponent_n": _finite(_value(time_n, "theory")),
+                "time_agrees_n": _agrees(time_n),
+                "time_settled_n": None if time_n is None else time_n["range_rule"] == SETTLED_RULE,
+                "overhead_bound_n": overhead,
                 # time = work / rate: the counted work's and the rate's slopes on time_n's sizes
                 "time_work_exponent_n": _finite(_value(time_n, "work_exponent")),
                 "time_rate_exponent_n": _finite(_value(time_n, "rate_exponent")),
@@ -153,10 +195,12 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
     for row in table.itertuples(index=False):
         parts = []
         if row.time_fit_n:
-            regime = {
-                REGIME_RULE: " (compute- or memory-bound there, by the machine model)",
-                MEMORY_RULE: " (memory-bound there, by the machine model: judged on its bytes)",
-            }.get(str(row.time_fit_rule or ""), "")
+            regime = (
+                " (where its rate settled)"
+                if row.time_fit_rule == SETTLED_RULE
+                else f" (its rate not settled within {REGIME_BAND:.0%} over {REGIME_SIZES} "
+                "lengths: --n auto goes on until it is)"
+            )
             law = "time ~ n"
             if row.time_work_exponent_n is not None and row.time_rate_exponent_n is not None:
                 law = (
@@ -166,6 +210,11 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             parts.append(
                 f"{law} fitted at n={row.time_fit_n[0]}..{row.time_fit_n[1]}, "
                 f"d={row.time_fit_d_at}{regime}"
+            )
+        if row.overhead_bound_n:
+            parts.append(
+                f"overhead-bound at n = {_lengths(row.overhead_bound_n)} (its kernels under "
+                f"{OVERHEAD_SHARE:.0%} of the time)"
             )
         if row.time_d_fit_n_at is not None:
             parts.append(f"time ~ d at n={row.time_d_fit_n_at}")
@@ -180,6 +229,14 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             "lengths (see the path_len_method column)"
         )
     return notes
+
+
+def _lengths(values: list[int]) -> str:
+    """Lengths in words: one, a doubling run as a range, or a list."""
+    if len(values) == 1:
+        return str(values[0])
+    doubling = all(b == 2 * a for a, b in itertools.pairwise(values))
+    return f"{values[0]}..{values[-1]}" if doubling else ", ".join(map(str, values))
 
 
 def check_notes(table: pd.DataFrame) -> list[str]:
@@ -210,6 +267,12 @@ def check_notes(table: pd.DataFrame) -> list[str]:
             notes.append(
                 f"{layer}: max path length has no law proven at n ≥ {int(unproven)} (see "
                 "path_len_method), so no exponent is fitted"
+            )
+        if row.get("time_agrees_n") is False and row.get("time_settled_n"):
+            notes.append(
+                f"{layer}: time measured n^{row['time_exponent_n']:.2f} where the rate settled "
+                f"disagrees with the theory's n^{row['time_theory_exponent_n']:.2f} over the "
+                "same lengths"
             )
         for column, what in (("seq_steps", "sequential ops"), ("path_len", "max path length")):
             if row.get(f"{column}_agrees") is False:

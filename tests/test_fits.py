@@ -219,37 +219,30 @@ def test_time_is_judged_against_all_the_work_flops_and_elementwise():
     assert row.agrees
 
 
-def test_a_time_the_model_calls_memory_bound_is_judged_against_the_bytes_it_moves():
-    """The roofline: where every fitted size is memory-bound, time grows as the bytes moved,
-    whose slope (attention's scores, n² beside n·d² products) differs from the work's. The
-    same line called compute-bound is judged against the work, and disagrees."""
-    from attnbench.fits.exponents import MEMORY_RULE, REGIME_RULE
+def test_a_time_line_is_fitted_where_its_rate_settled():
+    """Fixed costs first, then the work: the rate climbs to a plateau. The exponent is fitted
+    on the plateau alone (its rule says so) and reads the work's; a line whose rate never
+    settles is fitted the old way and says so."""
+    from attnbench.fits.exponents import SETTLED_RULE
     from attnbench.render.report import _where
 
-    theory = theory_of("attention")
-    rows = [{"layer": "attention", "n": n, "d": 64, "batch": 1, "heads": 4, "causal": 0,
-             "dtype": "float32"} for n in NS]  # fmt: skip
-    frame = pd.DataFrame(rows)
-    sizes = [{"b": 1, "n": n, "d": 64, "heads": 4, "causal": 0} for n in NS]
-    moved = [theory.bytes(s, 4) for s in sizes]
-    work = [theory.flops(s) + theory.elements(s) for s in sizes]
-    frame["time_s"] = [1e-11 * b for b in moved]  # (bytes at 100 GB/s)
-    frame["flops"] = [theory.flops(s) for s in sizes]
-    bytes_slope = loglog_exponent(list(NS), moved).slope
-    work_slope = loglog_exponent(list(NS), work).slope
-    assert abs(bytes_slope - work_slope) > 0.1
-
-    def time_row(bound: str) -> pd.Series:
-        table = exponent_table(frame, bounds=pd.Series(bound, index=frame.index))
-        return table[(table.metric == "time_s") & (table.along == "n")].iloc[0]
-
-    memory = time_row("memory")
-    assert memory.range_rule == MEMORY_RULE
-    assert memory.theory == pytest.approx(bytes_slope) and memory.agrees
-    assert _where(memory.range_rule) == "memory-bound: bytes"  # the tables' `where`
-    compute = time_row("compute")
-    assert compute.range_rule == REGIME_RULE and _where(REGIME_RULE) == "compute/memory-bound"
-    assert compute.theory == pytest.approx(work_slope) and not compute.agrees
+    ns = [64, 128, 256, 512, 1024, 2048, 4096]
+    work = [1e6 * n for n in ns]
+    rate = [1e9, 3e9, 8e9, 10e9, 10.4e9, 9.8e9, 10.1e9]  # settles from n = 512
+    times = [w / r for w, r in zip(work, rate, strict=True)]
+    frame = pd.DataFrame({"layer": "rnn", "n": ns, "d": 64, "batch": 1, "dtype": "float32",
+                          "flops": work, "time_s": times})  # fmt: skip
+    table = exponent_table(frame)
+    row = table[(table.metric == "time_s") & (table.along == "n")].iloc[0]
+    assert row.range_rule == SETTLED_RULE and _where(row.range_rule) == "rate settled"
+    assert (row.range_from, row.range_to, row.points) == (512, 4096, 4)
+    assert row.exponent == pytest.approx(1.0, abs=0.02) and row.agrees
+    climbing = frame.assign(
+        time_s=[w / (1e9 * n / 64) ** 0.5 for w, n in zip(work, ns, strict=True)]
+    )
+    table = exponent_table(climbing)
+    row = table[(table.metric == "time_s") & (table.along == "n")].iloc[0]
+    assert row.range_rule != SETTLED_RULE and row.exponent == pytest.approx(0.5)
 
 
 def test_exponent_agreement_tolerates_lower_order_terms_of_exact_counts():

@@ -10,13 +10,11 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.fits import analyse, regimes
-from attnbench.fits.exponents import MEMORY_RULE, REGIME_RULE, regime_sizes
+from attnbench.fits import analyse
 from attnbench.measure.case import make_step, measure_case
 from attnbench.measure.ceilings import machine_ceilings
 from attnbench.measure.timing import TimingPolicy
@@ -96,7 +94,6 @@ def test_a_run_without_ceilings_has_no_machine_model(wide_run: RunResults) -> No
     assert analysis.machine.empty and analysis.effective is None
     assert analysis.exponents["model"].isna().all()
     assert analysis.machine_table().empty
-    assert set(analysis.exponents["range_rule"]) & {REGIME_RULE, MEMORY_RULE} == set()
 
 
 def test_predict_reads_the_runs_own_ceilings_by_default(
@@ -115,27 +112,6 @@ def test_predict_reads_the_runs_own_ceilings_by_default(
     for case in payload["results"]:
         row = rows.loc[case["case_id"]]
         assert case["latency_s"] == pytest.approx(row["ops"] * 1e-3)
-
-
-def test_the_time_exponent_is_fitted_where_the_model_says_the_work_bounds_it() -> None:
-    line = pd.DataFrame({"n": [16, 32, 64, 128, 256, 512]}, index=list("abcdef"))
-    bounds = pd.Series(["latency", "latency", "compute", "memory", "compute", "compute"],
-                       index=list("abcdef"))  # fmt: skip
-    assert regime_sizes(line, "n", bounds) == [64, 128, 256, 512]
-    assert regime_sizes(line, "n", bounds.replace({"memory": "latency"})) is None  # 3 sizes
-    assert regime_sizes(line, "n", None) is None
-
-
-def test_a_case_whose_time_the_work_explains_under_half_is_overhead() -> None:
-    """The model may call a small case compute-bound while a fixed per-call cost it does not
-    see makes most of its time: such a case is fitted as overhead, not as work."""
-    machine = pd.DataFrame(
-        {"bound": ["compute", "compute", "memory", "latency"],
-         "compute_s": [1e-5, 6e-4, 0.0, 1e-6], "memory_s": [0.0, 0.0, 3e-4, 0.0]},
-        index=list("abcd"),
-    )  # fmt: skip
-    frame = pd.DataFrame({"time_s": [1e-4, 1e-3, 5e-4, 1e-4]}, index=list("abcd"))
-    assert list(regimes(machine, frame)) == ["overhead", "compute", "memory", "latency"]
 
 
 def test_a_fused_timed_call_counts_its_own_ops_not_the_unfused_trace() -> None:

@@ -40,7 +40,8 @@ def test_exponent_needs_two_sizes_and_skips_what_cannot_be_logged() -> None:
 
 
 def _synthetic_run() -> RunResults:
-    """Exact laws: attention time n^2 d, rnn time n d^2; steps and paths as the table says."""
+    """Exact laws: attention time n^2 d, rnn time n d^2, each its counted work at one rate
+    (settled at every size); steps and paths as the table says."""
     rows = []
     for layer in ("attention", "rnn"):
         for d in (32, 64):
@@ -54,6 +55,7 @@ def _synthetic_run() -> RunResults:
                         "d": d,
                         "status": "ok",
                         "time_s": time,
+                        "flops": int(time * 1e9),
                         "seq_steps": 7 if layer == "attention" else 3 * n + 2,
                         "path_len": 1 if layer == "attention" else n,
                         "path_len_method": "measured",
@@ -184,3 +186,42 @@ def test_the_reading_says_whether_the_machine_model_follows_the_bend() -> None:
     switched = _reading(row(np.nan), None, ("thnn_conv2d", "mkldnn_convolution"))
     assert switched == "rate fell ÷2 with n; kernel thnn_conv2d → mkldnn_convolution"
     assert _reading(row(np.nan), None, ("mkldnn_convolution",) * 2) == "rate fell ÷2 with n"
+
+
+def _line(times: list[float], shares: list[float] | None, layer: str = "conv") -> RunResults:
+    """One layer at d = 64 over n = 64..1024, its work doubling with n."""
+    ns = [64, 128, 256, 512, 1024]
+    frame = pd.DataFrame(
+        {"case_id": [f"{layer}/n={n}" for n in ns], "layer": layer, "n": ns, "d": 64,
+         "status": "ok", "time_s": times, "flops": [1e6 * n for n in ns],
+         "kernel_share": shares or [None] * len(ns), "path_len_method": ""}
+    ).reindex(columns=RESULT_COLUMNS)  # fmt: skip
+    frame["path_len_method"] = frame["path_len_method"].fillna("")
+    return RunResults(Path("synthetic"), frame, pd.DataFrame(), {})
+
+
+def test_a_layer_whose_kernels_are_a_sliver_of_its_time_reads_overhead_bound() -> None:
+    """A GPU's default grid: the time flat while the work grows 16x. With its kernels
+    measured (every length under half the time), or without (the time did not follow the
+    work), the table names the regime instead of reading n^0.01."""
+    flat = [3.0e-4, 3.1e-4, 2.9e-4, 3.0e-4, 3.05e-4]
+    for shares in ([0.02, 0.03, 0.05, 0.1, 0.2], None):
+        table = comparison_table(_line(flat, shares)).set_index("layer")
+        assert table.loc["conv", "compute (measured)"] == "overhead-bound"
+        assert not table.loc["conv", "time_settled_n"]
+    table = comparison_table(_line(flat, [0.02, 0.03, 0.05, 0.1, 0.2]))
+    assert table.loc[0, "overhead_bound_n"] == [64, 128, 256, 512, 1024]
+    notes = fit_notes(table, _line(flat, None))
+    assert any("overhead-bound at n = 64..1024" in note for note in notes)
+
+
+def test_a_rate_still_climbing_reads_unsettled_and_a_settled_one_plain() -> None:
+    climbing = [1e-4 * n**0.5 for n in (64, 128, 256, 512, 1024)]  # rate ~ n^0.5: not settled
+    table = comparison_table(_line(climbing, [0.6, 0.7, 0.8, 0.9, 0.95])).set_index("layer")
+    assert table.loc["conv", "compute (measured)"] == "n^0.50 unsettled"
+    assert table.loc["conv", "overhead_bound_n"] == []
+    steady = [1e-8 * n for n in (64, 128, 256, 512, 1024)]
+    table = comparison_table(_line(steady, [0.3, 0.3, 0.3, 0.3, 0.3])).set_index("layer")
+    # a Python loop: overhead-bound at every length, yet its time grows as its work
+    assert table.loc["conv", "compute (measured)"] == "n^1.00"
+    assert table.loc["conv", "time_agrees_n"]

@@ -106,8 +106,14 @@ class SweepProgress:
             for warning in previous.warnings:
                 self.console.print(f"[yellow]note:[/] {escape(warning)} (repaired)")
         else:
+            cases = (
+                f"{len(grid.cases())} cases"
+                if grid.n_auto is None
+                else f"--n {grid.n_auto.text()} ({len(grid.layers)} layer(s) x {len(grid.ds)} "
+                f"width(s), n from {grid.ns[0]} until each settles)"
+            )
             self.console.print(
-                f"attnbench {__version__}: {len(grid.cases())} cases on {grid.device} "
+                f"attnbench {__version__}: {cases} on {grid.device} "
                 f"({grid.dtype}, {grid.mode}, batch {grid.batch}){workers_text(start.cluster)}, "
                 f"{estimate_range(start.estimate_low_s, start.estimate_s)} -> {start.out_dir}",
                 soft_wrap=True,

@@ -117,20 +117,6 @@ __all__ = [
 
 
 MACHINE_COLUMNS = ["layer", "cases", "bounds", "model_rms", "nnls_rms", "rounds_rms"]
-OVERHEAD = "overhead"  # a case whose measured time the model's work terms explain under half
-
-
-def regimes(machine: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
-    """Each case's regime for the time exponents: the model's bound, but ``overhead`` for a
-    compute- or memory-bound case whose compute and memory seconds make under half the
-    measured time: the time is a fixed per-call cost the counts do not see (Python module
-    calls, small-kernel set-up), and the chapter's order cannot show in it."""
-    work = machine["compute_s"] + machine["memory_s"]
-    measured = pd.to_numeric(frame["time_s"], errors="coerce").reindex(machine.index)
-    working = machine["bound"].isin(("compute", "memory"))
-    return machine["bound"].where(~working | (work >= 0.5 * measured), OVERHEAD)
-
-
 def run_catalog(run: RunResults) -> Catalog:
     """The layers of a run as its analysis reads them: no plugin's code, only its record."""
     return catalog(run.frame["layer"], run.theories)
@@ -223,12 +209,11 @@ def analyse(run: RunResults, layers: Sequence[str] | None = None) -> Analysis:
         if ceilings is not None
         else pd.DataFrame(columns=PREDICTION_COLUMNS)
     )
-    bounds = regimes(machine, frame) if len(machine) else None
     predicted = machine["predicted_time_s"].astype(float) if len(machine) else None
     return Analysis(
         frame=frame,
         fits=found,
-        exponents=exponent_table(frame, found, known, bounds, predicted),
+        exponents=exponent_table(frame, found, known, predicted),
         models=model_table(found),
         crossovers=crossover_table(frame, known)
         if len(frame)

@@ -19,6 +19,7 @@ import pandas as pd
 from attnbench.devices import DTYPES
 from attnbench.fits.agreement import agrees
 from attnbench.fits.models import Layers, ModelFit, layers_or_live, numeric, own_fit, size_rows
+from attnbench.regime import REGIME_BAND, settled_sizes
 from attnbench.schema import METRIC, METRICS
 
 
@@ -150,25 +151,6 @@ def fit_sizes(line: pd.DataFrame, along: str, metric: str, overhead: float | Non
     return keep if len(keep) >= MIN_FIT_POINTS else sizes[-MIN_FIT_POINTS:]
 
 
-# The machine model's bounds in which time grows as the work does (``fits.roofline``), and how
-# many sizes of them a line needs before its exponent is fitted there alone.
-WORK_BOUNDS = ("compute", "memory")
-MIN_REGIME_POINTS = 4
-
-
-def regime_sizes(line: pd.DataFrame, along: str, bounds: pd.Series | None) -> list[int] | None:
-    """The sizes whose every case the machine model calls compute- or memory-bound (its work
-    making at least half the measured time: ``fits.regimes``), where a layer's time should
-    grow as the chapter's order; None with fewer than 4 of them."""
-    if bounds is None:
-        return None
-    known = bounds.reindex(line.index)
-    working = line[known.isin(WORK_BOUNDS)]
-    others = set(line.loc[~known.isin(WORK_BOUNDS), along])
-    sizes = sorted(set(working[along]) - others)
-    return sizes if len(sizes) >= MIN_REGIME_POINTS else None
-
-
 def counted_work(frame: pd.DataFrame) -> pd.Series:
     """Each case's counted work, FLOPs plus elementwise work (an element an operation), as the
     theory's "work" law has it: what a time is the work of (nan where FLOPs were not counted)."""
@@ -213,24 +195,24 @@ def split_time(line: pd.DataFrame, along: str, work: pd.Series | None) -> dict[s
     }
 
 
-# The range rule of a time line fitted where the model says the work bounds it, and of one
-# whose every size it calls memory-bound: that time is judged against the bytes' law.
-REGIME_RULE = "sizes the machine model calls compute- or memory-bound, its work half the time"
-MEMORY_RULE = "sizes the machine model calls memory-bound, judged on the bytes they move"
+# The range rule of a time line fitted where its rate settled (``attnbench.regime``).
+SETTLED_RULE = f"sizes where the rate settled (within {REGIME_BAND:.0%} over the largest)"
 
 
-def memory_bound(line: pd.DataFrame, bounds: pd.Series | None) -> bool:
-    """Whether the model calls every case of a (regime) time line memory-bound: its time then
-    grows as the bytes it moves, as the roofline has it, not as its arithmetic."""
-    return bounds is not None and bool(bounds.reindex(line.index).eq("memory").all())
+def settled_line(line: pd.DataFrame, along: str, work: pd.Series) -> pd.DataFrame | None:
+    """The rows of a time line where its rate (counted work per second) settled: its longest
+    run of sizes at the top within the regime's band (``regime.settled_sizes``); None with
+    too few such sizes."""
+    rate = work.reindex(line.index).astype(float) / line["time_s"].astype(float)
+    sizes = settled_sizes(line[along].tolist(), rate.tolist())
+    return line[line[along].isin(sizes)] if sizes else None
 
 
-def range_rule(metric: str, overhead: float | None, regime: bool = False,
-               memory: bool = False) -> str:  # fmt: skip
+def range_rule(metric: str, overhead: float | None, settled: bool = False) -> str:
     if not METRIC[metric].overheads:
         return "all sizes (exact count)"
-    if regime:
-        return MEMORY_RULE if memory else REGIME_RULE
+    if settled:
+        return SETTLED_RULE
     if overhead is None:
         return "upper half of sizes"
     return f"sizes where the fitted overhead {overhead * 1e6:.0f} µs is under half the time"
@@ -240,19 +222,19 @@ def exponent_table(
     measured: pd.DataFrame,
     fits: Mapping[str, list[ModelFit]] | None = None,
     layers: Layers | None = None,
-    bounds: pd.Series | None = None,
     predicted: pd.Series | None = None,
 ) -> pd.DataFrame:
     """Log-log exponents of each metric along n (for each d) and along d (for each n).
 
-    With ``bounds`` (the machine model's bound of each case, by the frame's index), a time
-    line with at least 4 sizes the model calls compute- or memory-bound is fitted on those
-    alone: the regime where the time is the work's, not the latency of many small ops.
+    A time line whose rate settled over at least ``regime.REGIME_SIZES`` sizes at the top is
+    fitted there alone (``settled_line``): the regime where the time is the work's, not the
+    machine's fixed costs or a rate still changing with size.
 
-    Exact counts use every size. Time uses the sizes where the layer's own fitted cost model
-    says the constant overhead is under half the time (``fits``; upper half without them), and
-    peak memory the upper half. ``theory`` is the slope of the theory's law over the same
-    points, so a mixed formula such as 8·n·d² + 4·n²·d is judged on the range it was measured.
+    Exact counts use every size. Any other time line uses the sizes where the layer's own
+    fitted cost model says the constant overhead is under half the time (``fits``; upper half
+    without them), and peak memory the upper half. ``theory`` is the slope of the theory's law
+    over the same points, so a mixed formula such as 8·n·d² + 4·n²·d is judged on the range
+    it was measured.
     ``model`` (time, with ``predicted``: the machine model's seconds by the frame's index) is
     the slope of the predicted time over the same points: where it sits near the measured
     exponent and away from the theory's, the machine bends the curve, not the layer.
@@ -268,9 +250,6 @@ def exponent_table(
             overheads = METRIC[metric].overheads
             values = numeric(group, metric)
             law = theory_values(values, metric, layers)
-            # a memory-bound time line is judged against the bytes' law (``memory_bound``)
-            timed = metric == "time_s" and bounds is not None
-            traffic = theory_values(values, "bytes", layers) if timed else None
             work = counted_work(values) if metric == "time_s" else None
             values = values[["n", "d", metric]]  # the lines below take rows: no other column
             overhead = own.constant if own is not None and metric == "time_s" else None
@@ -278,19 +257,17 @@ def exponent_table(
                 for fixed, line in values.groupby(other):
                     if line[along].nunique() < 2:
                         continue
-                    regime = regime_sizes(line, along, bounds) if metric == "time_s" else None
-                    if regime is not None:
-                        line = line[line[along].isin(regime)]
+                    settled = settled_line(line, along, work) if work is not None else None
+                    if settled is not None:
+                        line = settled
                     elif overheads:
                         line = line[line[along].isin(fit_sizes(line, along, metric, overhead))]
                     fit = loglog_exponent(line[along].tolist(), line[metric].astype(float).tolist())
                     if fit is None:
                         continue
-                    memory = regime is not None and memory_bound(line, bounds)
-                    judged = traffic if memory and traffic is not None else law
                     slope = math.nan
-                    if judged is not None:
-                        expected = judged.loc[line.index].tolist()
+                    if law is not None:
+                        expected = law.loc[line.index].tolist()
                         theory_fit = loglog_exponent(line[along].tolist(), expected)
                         slope = theory_fit.slope if theory_fit else math.nan
                     split = split_time(line, along, work)
@@ -315,7 +292,7 @@ def exponent_table(
                             "points": fit.points,
                             "range_from": int(fit.x_min),
                             "range_to": int(fit.x_max),
-                            "range_rule": range_rule(metric, overhead, regime is not None, memory),
+                            "range_rule": range_rule(metric, overhead, settled is not None),
                         }
                     )
     return pd.DataFrame(rows, columns=EXPONENT_COLUMNS)

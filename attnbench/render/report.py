@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.fits import LETTERS, Analysis
-from attnbench.fits.exponents import MEMORY_RULE, REGIME_RULE
+from attnbench.fits.exponents import SETTLED_RULE
 from attnbench.measure.ops import fused_names
 from attnbench.render.blocks import Block, to_html, to_markdown
 from attnbench.results.files import write_text_atomic
@@ -201,10 +201,8 @@ SPLIT_NOTE = (
 
 def _where(rule: str) -> str:
     """The sizes an exponent was fitted on, in a word or two (``fits.range_rule``)."""
-    if rule == MEMORY_RULE:
-        return "memory-bound: bytes"
-    if rule == REGIME_RULE:
-        return "compute/memory-bound"
+    if rule == SETTLED_RULE:
+        return "rate settled"
     if rule.startswith("sizes where the fitted overhead"):
         return "overhead < half"
     return "every size" if rule.startswith("all sizes") else "upper half"

@@ -272,11 +272,12 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "fault_cost_s": (float, _OPTIONAL),
     "ceilings": (dict, _OPTIONAL),
     "count_cache": (dict, _OPTIONAL),
+    "auto": (dict, _OPTIONAL),
 }
 # The configuration entries that the reading commands use, by the types they must have.
 CONFIG_TYPES: dict[str, tuple[type, ...]] = {
     "layers": (list,),
-    "ns": (list,),
+    "ns": (list, str),  # a string: --n auto (spec.AutoN.text)
     "ds": (list,),
     "batch": (int, _OPTIONAL),
     "dtype": (str,),
@@ -310,6 +311,8 @@ def _meta_problem(meta: Mapping[str, Any]) -> str | None:
             return f"config {key!r} should be {_kinds(types)}, not {json.dumps(config[key])[:40]}"
     for key in ("layers", "ns", "ds"):
         kind = str if key == "layers" else int
+        if isinstance(config.get(key), str):
+            continue
         if any(_wrong(item, (kind,)) for item in config.get(key, [])):
             return f"config {key!r} holds a value that is not {_kinds((kind,))}"
     for name, source in meta.get("layers", {}).items():

@@ -72,6 +72,11 @@ def side_grids(
         counts = given.get("metric") == "instructions"
         given["rounds"] = 1 if counts else rounds_to_reach(alpha)
     current = build_grid(given)
+    if current.n_auto is not None:
+        raise AttnbenchError(
+            "ab races the same cases on both sides, and --n auto chooses each side's lengths "
+            "as it goes: give the lengths (--n 256,1024, say)"
+        )
     base = build_grid({**given, "layers": base_layers}) if base_layers else current
     if len(base.layers) != len(current.layers):
         raise AttnbenchError(

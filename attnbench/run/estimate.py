@@ -10,6 +10,7 @@ from attnbench.devices import device_kind
 from attnbench.layers.registry import entry
 from attnbench.measure import countcache, extend
 from attnbench.measure.timing import DEFAULT_POLICY
+from attnbench.regime import REGIME_SIZES
 from attnbench.spec import Case, Grid
 
 # Rough throughputs, used only to warn before an absurd sweep starts; never reported as measured.
@@ -63,7 +64,10 @@ def estimate_bounds(
     low = high = 0.0
     quick = min(DEFAULT_POLICY.min_time_s, grid.time_budget_s / max(1, grid.rounds))
     probed: set[str] = set()  # the probe sets a case before traced (one per layer, d, options)
-    for case in grid.cases():
+    cases = grid.cases()
+    if grid.n_auto is not None:  # each line at least its first lengths, in all the budget
+        cases = [c for c in cases if c.n in grid.ns[:REGIME_SIZES]]
+    for case in cases:
         call = (case.analytic_flops() or 0.0) / rate
         if grid.max_case_s is not None and call > grid.max_case_s:
             low += grid.max_case_s  # it would stop as a timeout after its first call
@@ -77,6 +81,8 @@ def estimate_bounds(
         rounds = (grid.rounds - 1) * (0.02 + 2 * call + max(quick, 11 * call))
         low += untimed + max(quick, 11 * call) + rounds
         high += untimed + max(grid.time_budget_s, 11 * call) + rounds
+    if grid.n_auto is not None:
+        return min(low, grid.auto_budget_s), grid.auto_budget_s
     return low, high
 
 
@@ -86,7 +92,10 @@ def estimate_seconds(grid: Grid, cached: Callable[[Case], bool] | None = None) -
 
 
 def size_warning(grid: Grid) -> str | None:
-    """Why this grid is too large to start without confirmation, or None when it is not."""
+    """Why this grid is too large to start without confirmation, or None when it is not (an
+    auto sweep's budget bounds it)."""
+    if grid.n_auto is not None:
+        return None
     cases = len(grid.cases())
     seconds = estimate_seconds(grid)
     if cases <= MAX_CASES and seconds <= MAX_ESTIMATED_S:

@@ -18,6 +18,7 @@ from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingPolicy, TimingStats
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
+from attnbench.run.auto import AutoPlan
 from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.signals import GracefulStop
@@ -102,6 +103,11 @@ class JobQueue:
             for case_id in self.ok:
                 if case_id in self.index:
                     self._queue_next_round(case_id)
+        # --n auto: which lengths of each line run is decided as its cases finish
+        self.auto = AutoPlan(grid) if grid.n_auto is not None else None
+        self.dropped: set[str] = set()  # auto cases no line will reach: never written
+        if self.auto is not None and previous is not None:
+            self.auto.restore(previous.frame)
         self.first = deque(i for i, case in enumerate(self.cases) if case.case_id not in self.done)
 
     def notify(
@@ -115,7 +121,7 @@ class JobQueue:
             ProgressEvent(
                 kind,
                 self.index[case.case_id],
-                len(self.cases),
+                self.planned,
                 case,
                 result,
                 self.completed,
@@ -126,6 +132,11 @@ class JobQueue:
                 **more,
             )
         )
+
+    @property
+    def planned(self) -> int:
+        """Cases the sweep will measure: the grid's, less those an auto sweep will not reach."""
+        return len(self.cases) - len(self.dropped)
 
     @property
     def completed(self) -> int:
@@ -182,10 +193,21 @@ class JobQueue:
             if job.device_name in (None, where.device_name):
                 return job
             self.retries.append(job)
-        while self.first:
-            case = self.cases[self.first.popleft()]
+        for i in list(self.first):
+            case = self.cases[i]
+            if self.auto is not None and case.case_id != self.died:
+                go, why = self.auto.decide(case)
+                if not go and not why:
+                    continue  # its line's case before it is still running
+                if not go:
+                    self.first.remove(i)
+                    self.dropped.add(case.case_id)
+                    continue
+            self.first.remove(i)
             unrun = self._unrun(case)
             if unrun is None:
+                if self.auto is not None:
+                    self.auto.started(case)
                 return self._job(case, 1)
             self._write(unrun)  # never runs: written at once
         passed: list[tuple[int, int]] = []
@@ -217,8 +239,14 @@ class JobQueue:
         case = result.case
         if _blocking(result.status, result.error):
             self.blocks.append(_block(case.layer, case.n, case.d, result.status))
+        if self.auto is not None:
+            self.auto.record(result)
+            if case.n == self.grid.ns[-1]:
+                self.auto.exhausted(case)
         with self.stop.writing():
             self.writer.append(result, point)
+            if self.auto is not None:
+                self.writer.update(auto=self.auto.describe())
         self.done.add(case.case_id)
         if result.status == "ok" and result.timing is not None:
             self.ok.add(case.case_id)

@@ -345,5 +345,7 @@ def _sweep(
             raise SweepInterrupted(
                 str(writer.out_dir), queue.completed, len(cases), str(stop.signal_name)
             )
+    if queue.auto is not None:  # the cases it reached, and what stopped each line
+        writer.update(cases_total=queue.completed, auto=queue.auto.describe())
     writer.finish("complete")
     return load_results(writer.out_dir)

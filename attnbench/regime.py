@@ -1,0 +1,70 @@
+"""Where a layer's time shows its work: the sizes where its rate (work per second) has settled.
+
+Below them a time is the machine's fixed costs (Python, dispatch, launches) or a rate still
+changing with size (caches filling, another backend taking over), and its growth says nothing
+of the chapter's order. One rule, read by the auto sweep (double n until it holds) and by the
+fits (fit the time's exponent where it holds).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+# Rates within this band of each other: the largest at most (1 + band) times the smallest.
+REGIME_BAND = 0.2
+# Over at least this many sizes (three doublings).
+REGIME_SIZES = 4
+# ... with no trend: the rate's log-log slope within this of 0, or its 95% interval holding
+# 0. As time = work / rate, the time's exponent is then the work's, as a fit judges it.
+REGIME_TREND = 0.05
+# A case whose kernels run under this share of its time is overhead-bound.
+OVERHEAD_SHARE = 0.5
+
+
+def within_band(rates: Sequence[float]) -> bool:
+    """Whether positive rates stay within ``REGIME_BAND`` of each other."""
+    return bool(rates) and min(rates) > 0 and max(rates) <= (1 + REGIME_BAND) * min(rates)
+
+
+def trendless(sizes: Sequence[float], rates: Sequence[float]) -> bool:
+    """Whether a rate shows no trend with size: its log-log slope within ``REGIME_TREND`` of
+    0, or 0 inside the slope's 95% interval (scipy's least squares)."""
+    from scipy import stats  # lazy: scipy costs 0.8 s to import
+
+    x, y = [math.log(s) for s in sizes], [math.log(r) for r in rates]
+    if len(set(y)) < 2:
+        return True
+    fit = stats.linregress(x, y)
+    reach = stats.t.ppf(0.975, len(x) - 2) * fit.stderr if len(x) > 2 else math.inf
+    return abs(fit.slope) <= REGIME_TREND or abs(fit.slope) <= reach
+
+
+def settled_sizes(sizes: Sequence[int], rates: Sequence[float]) -> list[int]:
+    """The regime where time grows as the work, smallest first: the longest run of sizes at
+    the top of ``sizes`` whose rates stay within the band with no trend (``trendless``); []
+    when no run of ``REGIME_SIZES`` sizes does. A size with several rates (several cases)
+    reads their median; sizes without a finite positive rate are left out."""
+    by_size: dict[int, list[float]] = {}
+    for size, rate in zip(sizes, rates, strict=True):
+        if rate is not None and math.isfinite(rate) and rate > 0:
+            by_size.setdefault(int(size), []).append(float(rate))
+    top: list[tuple[int, float]] = []  # the run within the band, largest size first
+    for size in sorted(by_size, reverse=True):
+        middle = statistics.median(by_size[size])
+        if not within_band([r for _, r in top] + [middle]):
+            break
+        top.append((size, middle))
+    for length in range(len(top), REGIME_SIZES - 1, -1):
+        window = top[:length]
+        if trendless([s for s, _ in window], [r for _, r in window]):
+            return sorted(s for s, _ in window)
+    return []
+
+
+def overhead_bound(kernel_share: float | None) -> bool:
+    """Whether a case's kernels run under ``OVERHEAD_SHARE`` of its time (False: not known)."""
+    return kernel_share is not None and math.isfinite(kernel_share) and (
+        kernel_share < OVERHEAD_SHARE
+    )

@@ -1,0 +1,292 @@
+"""``--n auto``: each layer and width doubles n until its time grows as its work.
+
+A line (a layer at one width) goes on to its next length only while the case before it
+finished: it stops once its rate has settled (``attnbench.regime``), or where the next case
+would not fit: its call predicted over the per-case limit, its peak predicted over the free
+memory, its wall time over the line's share of the budget, or no length left. Predictions
+read the last cases of the line: the rate they ran at, the growth of their peak, the part of
+their wall time outside the timed calls.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from attnbench.devices import device_kind
+from attnbench.measure.record import CaseResult
+from attnbench.regime import REGIME_BAND, REGIME_SIZES, settled_sizes
+from attnbench.spec import Case, Grid
+
+# A case whose single call is predicted longer than this (seconds) is not started, unless
+# --max-case-seconds says otherwise: its timing alone takes ten calls.
+MAX_CALL_S = 1.0
+# The next case's peak may take at most this share of the free memory.
+MEMORY_SHARE = 0.8
+MIN_SAMPLES = 10  # what the timing takes of a long call (``TimingPolicy.min_samples``)
+UNTIMED_CALLS = 6  # calls a case makes outside its timed blocks, about
+
+
+class Stopped(str, enum.Enum):
+    """Why a line of an auto sweep went no further (run.json's ``auto``)."""
+
+    REGIME = "regime"  # its rate settled: the time grows as the work
+    TIME = "time"  # the next call would take longer than the per-case limit
+    MEMORY = "memory"  # the next case's peak would not fit in the free memory
+    BUDGET = "budget"  # the next case would overrun the line's share of the budget
+    LONGEST = "longest n"  # no length left on the ladder
+    FAILED = "failed"  # a case of the line failed (out of memory, out of time, an error)
+
+
+@dataclass(frozen=True)
+class Point:
+    """A finished case of a line, as the predictions read it."""
+
+    n: int
+    time_s: float
+    work: float  # counted FLOPs and elementwise work (nan where not counted)
+    peak_bytes: float  # nan where not measured
+    wall_s: float  # the whole case
+    timed_s: float  # inside its timed calls
+
+    @property
+    def rate(self) -> float:
+        return self.work / self.time_s if self.time_s > 0 else math.nan
+
+
+@dataclass
+class Line:
+    """One layer at one width (and its options)."""
+
+    points: list[Point] = field(default_factory=list)
+    running: bool = False
+    stopped: Stopped | None = None
+    why: str = ""
+    at_n: int | None = None  # the longest length it measured
+    allowance_s: float = math.inf  # its share of the budget, set as its first case starts
+
+    @property
+    def wall_s(self) -> float:
+        return sum(p.wall_s for p in self.points)
+
+
+def line_key(case: Case) -> tuple[Any, ...]:
+    return (case.layer, case.d, case.options)
+
+
+def case_work(case: Case) -> float | None:
+    """The work the layer's theory gives a case (FLOPs and elementwise work), None without a
+    theory: what the next case's call is predicted from."""
+    flops = case.analytic_flops()
+    if flops is None:
+        return None
+    return flops + (case.analytic_elements() or 0.0)
+
+
+def free_memory(device: str) -> int | None:
+    """Bytes free on the device now (None where it cannot be read)."""
+    if device_kind(device) == "cuda":
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    if device == "cpu":
+        try:
+            with open("/proc/meminfo") as fh:
+                for line in fh:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else None
+        return None if pages is None else int(pages * os.sysconf("SC_PAGE_SIZE"))
+    return None
+
+
+def _finite(value: Any) -> float:
+    try:
+        found = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return found
+
+
+class AutoPlan:
+    """The lines of an auto grid, what each measured, and whether its next case may run."""
+
+    def __init__(
+        self, grid: Grid, memory: Callable[[str], int | None] = free_memory
+    ) -> None:
+        self.grid, self.memory = grid, memory
+        self.lines: dict[tuple[Any, ...], Line] = {}
+        self.keys: dict[str, tuple[Any, ...]] = {}  # case_id -> its line
+        for case in grid.cases():
+            self.lines.setdefault(line_key(case), Line())
+            self.keys[case.case_id] = line_key(case)
+        self.max_call_s = grid.max_case_s if grid.max_case_s is not None else MAX_CALL_S
+
+    def line(self, case: Case) -> Line:
+        return self.lines[line_key(case)]
+
+    def started(self, case: Case) -> None:
+        self.line(case).running = True
+
+    def record(self, result: CaseResult) -> None:
+        """A finished case of a line: a point, or the reason the line stops."""
+        line = self.line(result.case)
+        line.running = False
+        if result.status != "ok" or result.timing is None:
+            if result.status != "skipped":
+                line.stopped, line.why = Stopped.FAILED, f"n={result.case.n} {result.status}"
+            return
+        self.add(result.case.n, {
+            "time_s": result.timing.median_s, "flops": result.flops,
+            "elementwise": result.elementwise, "peak_bytes": result.peak_bytes,
+            "wall_s": result.wall_s, "time_total_s": result.timing.total_s,
+        }, line)  # fmt: skip
+
+    def add(self, n: int, row: Any, line: Line) -> None:
+        """A measured case (a results row or its values): a point; the line stops where its
+        rate has settled."""
+        elements = _finite(row["elementwise"])
+        point = Point(
+            n, _finite(row["time_s"]),
+            _finite(row["flops"]) + (elements if math.isfinite(elements) else 0.0),
+            _finite(row["peak_bytes"]), _finite(row["wall_s"]), _finite(row["time_total_s"]),
+        )  # fmt: skip
+        line.points = sorted([*line.points, point], key=lambda p: p.n)
+        line.at_n = line.points[-1].n
+        settled = settled_sizes([p.n for p in line.points], [p.rate for p in line.points])
+        if settled and settled[-1] == line.at_n:
+            line.stopped = Stopped.REGIME
+            line.why = (
+                f"rate within {REGIME_BAND:.0%}, with no trend, over n={settled[0]}..{settled[-1]} "
+                f"({len(settled)} lengths)"
+            )
+
+    def restore(self, frame: Any) -> None:
+        """The lines of a resumed run, from its rows (in length order)."""
+        for row in frame.sort_values("n").to_dict("records"):
+            key = self.keys.get(str(row["case_id"]))
+            if key is None:
+                continue
+            line = self.lines[key]
+            if row["status"] == "ok":
+                self.add(int(row["n"]), row, line)
+            elif row["status"] != "skipped" and line.stopped is None:
+                line.stopped, line.why = Stopped.FAILED, f"n={row['n']} {row['status']}"
+
+    def decide(self, case: Case) -> tuple[bool, str]:
+        """Whether the line's next case, ``case``, may run now: (True, "") to run it, (False,
+        "") to wait for the line's running case, (False, why) where the line stops."""
+        line = self.line(case)
+        if line.stopped is not None:
+            return False, line.why
+        if line.running:
+            return False, ""
+        if not math.isfinite(line.allowance_s):  # its first case, or a resumed line
+            line.allowance_s = self._allowance()
+        if not line.points:
+            return True, ""
+        stop = self._would_not_fit(case, line)
+        if stop is not None:
+            line.stopped, line.why = stop
+            return False, line.why
+        return True, ""
+
+    def exhausted(self, case: Case) -> None:
+        """The ladder has no length after ``case``'s: its line stops there unless it did."""
+        line = self.line(case)
+        if line.stopped is None and not line.running:
+            line.stopped, line.why = Stopped.LONGEST, f"n={case.n} is the ladder's last"
+
+    def _would_not_fit(self, case: Case, line: Line) -> tuple[Stopped, str] | None:
+        last = line.points[-1]
+        growth = self._growth(case, line)
+        call = last.time_s * growth
+        if call > self.max_call_s:
+            return Stopped.TIME, (
+                f"n={case.n} would take about {call:.2g} s a call (over {self.max_call_s:g} s)"
+            )
+        peak = self._peak(line)
+        free = self.memory(case.device)
+        if peak is not None and free is not None and peak > MEMORY_SHARE * free:
+            return Stopped.MEMORY, (
+                f"n={case.n} would need about {peak / 2**30:.3g} GiB at its peak "
+                f"({free / 2**30:.3g} GiB free)"
+            )
+        # outside its timed calls a case pays a fixed part and a few calls (the first, the
+        # traced ones, the memory pass, the warm-up, the profiled ones): those grow
+        untimed = max(0.0, last.wall_s - last.timed_s - UNTIMED_CALLS * last.time_s)
+        untimed += UNTIMED_CALLS * call
+        timed = max(min(self.grid.time_budget_s, last.timed_s * growth), MIN_SAMPLES * call)
+        wall = untimed + timed * self.grid.rounds
+        left = line.allowance_s - line.wall_s
+        if wall > left:
+            return Stopped.BUDGET, (
+                f"n={case.n} would take about {wall:.2g} s, over the {max(left, 0):.3g} s "
+                f"left of this layer's {line.allowance_s:.3g} s of --auto-budget "
+                f"{self.grid.auto_budget_s:g} s"
+            )
+        return None
+
+    def _growth(self, case: Case, line: Line) -> float:
+        """How much longer the next call is than the last: the theory's work ratio, or the
+        last doubling's measured one (2 where neither is known)."""
+        last = line.points[-1]
+        ahead = case_work(case)
+        before = case_work(_with_n(case, last.n))
+        if ahead and before:
+            return ahead / before
+        if len(line.points) >= 2 and line.points[-2].work > 0:
+            measured = last.work / line.points[-2].work
+            if math.isfinite(measured) and measured > 0:
+                return measured
+        return 2.0
+
+    @staticmethod
+    def _peak(line: Line) -> float | None:
+        """The next case's peak: the last one, grown as it grew over the last doubling."""
+        peaks = [p.peak_bytes for p in line.points if math.isfinite(p.peak_bytes)]
+        if not peaks:
+            return None
+        growth = peaks[-1] / peaks[-2] if len(peaks) >= 2 and peaks[-2] > 0 else 2.0
+        return peaks[-1] * max(1.0, growth)
+
+    def _allowance(self) -> float:
+        """A line's share of the budget as it starts: what no case has spent yet, over the
+        lines not finished (the leftover of a line that settled early goes to the rest)."""
+        spent = sum(line.wall_s for line in self.lines.values())
+        going = sum(line.stopped is None for line in self.lines.values())
+        return max(0.0, self.grid.auto_budget_s - spent) / max(1, going)
+
+    def describe(self) -> dict[str, Any]:
+        """run.json's ``auto``: the rule, and what stopped each line."""
+        lines = []
+        for (layer, d, options), line in self.lines.items():
+            lines.append({
+                "layer": layer, "d": d, **dict(options),
+                "stopped": None if line.stopped is None else line.stopped.value,
+                "at_n": line.at_n, "why": line.why,
+                "wall_s": round(line.wall_s, 3),
+                "allowance_s": round(line.allowance_s, 3) if math.isfinite(line.allowance_s)
+                else None,
+            })  # fmt: skip
+        return {
+            "rule": (
+                f"n doubles from {self.grid.ns[0]} until the rate (counted work per second) "
+                f"stays within {REGIME_BAND:.0%} over {REGIME_SIZES} lengths, or the next "
+                f"case would take over {self.max_call_s:g} s a call, need over "
+                f"{MEMORY_SHARE:.0%} of the free memory, or overrun its share of "
+                f"{self.grid.auto_budget_s:g} s"
+            ),
+            "lines": lines,
+        }
+
+
+def _with_n(case: Case, n: int) -> Case:
+    return replace(case, n=n)

@@ -1,0 +1,193 @@
+"""``--n auto``: each line doubles n until its rate settles or its next case would not fit.
+
+The plan is driven with results made here (no layer is timed), so every stop is exact; one
+small real sweep checks that the queue, the writer and run.json carry it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnbench.errors import AttnbenchError
+from attnbench.measure.record import CaseResult
+from attnbench.measure.timing import TimingStats
+from attnbench.run.auto import AutoPlan, Stopped
+from attnbench.spec import AutoN, build_grid, grid_from_config
+
+GIB = 2**30
+
+
+def grid(**options: object):  # type: ignore[no-untyped-def]
+    return build_grid({"layers": "conv", "d": [64], "n": "auto:64..4096", "device": "cpu",
+                       **options})  # fmt: skip
+
+
+def result(case, time_s: float, *, wall_s: float = 0.3, peak: int = 1000,  # type: ignore[no-untyped-def]
+           status: str = "ok") -> CaseResult:  # fmt: skip
+    timing = TimingStats((time_s,) * 10, calls_per_sample=1, total_s=10 * time_s)
+    ok = status == "ok"
+    return CaseResult(
+        case, status, 2, timing=timing if ok else None, flops=int(1e6 * case.n) if ok else None,
+        elementwise=0, peak_bytes=peak if ok else None, wall_s=wall_s,
+    )  # fmt: skip
+
+
+def run_line(plan: AutoPlan, times: dict[int, float], **more: object) -> list[int]:
+    """Hand the plan's cases out in order as a queue would; the lengths that ran."""
+    ran = []
+    for case in plan.grid.cases():
+        go, why = plan.decide(case)
+        if not go:
+            assert why  # a serial line never waits
+            continue
+        plan.started(case)
+        plan.record(result(case, times[case.n], **more))  # type: ignore[arg-type]
+        ran.append(case.n)
+    return ran
+
+
+def test_auto_parses_and_round_trips_through_run_json() -> None:
+    found = grid()
+    assert found.n_auto == AutoN(64, 4096) and found.ns == (64, 128, 256, 512, 1024, 2048, 4096)
+    recorded = found.to_dict()
+    assert recorded["ns"] == "auto:64..4096"
+    assert grid_from_config(recorded) == found
+    assert build_grid({"n": "auto", "device": "cpu"}).n_auto == AutoN()
+    assert build_grid({"device": "cpu"}).n_auto is None  # the CPU's default grid stays
+    for text in ("auto:5", "auto:64..32", "automatic"):
+        with pytest.raises(AttnbenchError, match="--n"):
+            build_grid({"n": text, "device": "cpu"})
+
+
+def test_a_line_stops_once_its_rate_settles() -> None:
+    plan = AutoPlan(grid())
+    # the rate climbs to 1e12 work/s from n = 256, then holds: 4 lengths settle it at 2048
+    rate = {64: 2e11, 128: 5e11, 256: 1e12, 512: 1.02e12, 1024: 0.99e12, 2048: 1.01e12,
+            4096: 1e12}  # fmt: skip
+    ran = run_line(plan, {n: 1e6 * n / r for n, r in rate.items()})
+    assert ran == [64, 128, 256, 512, 1024, 2048]
+    line = next(iter(plan.lines.values()))
+    assert line.stopped is Stopped.REGIME and line.at_n == 2048
+    assert "n=256..2048" in line.why
+    described = plan.describe()["lines"][0]
+    assert described["stopped"] == "regime" and described["at_n"] == 2048
+
+
+def test_a_line_stops_before_a_call_predicted_over_the_per_case_limit() -> None:
+    plan = AutoPlan(grid(max_case_seconds=0.01))
+    rising = {n: 1e-4 * (n / 64) ** 1.5 for n in (64, 128, 256, 512, 1024, 2048, 4096)}
+    ran = run_line(plan, rising)  # 0.1, 0.28, 0.8 ms ... a rate that never settles
+    line = next(iter(plan.lines.values()))
+    assert line.stopped is Stopped.TIME
+    # the next call is predicted from the last one and the work's growth (x2): over 0.01 s
+    assert ran[-1] == 1024 and rising[1024] * 2 > 0.01 >= rising[1024]
+
+
+def test_a_line_stops_before_a_peak_predicted_over_the_free_memory() -> None:
+    plan = AutoPlan(grid(), memory=lambda device: 10 * GIB)
+    ran = []
+    for case in plan.grid.cases():
+        go, _ = plan.decide(case)
+        if not go:
+            break
+        plan.started(case)
+        # a peak 4x per doubling (an n x n score matrix), a rate that keeps climbing
+        plan.record(result(case, 1e-4 * (case.n / 64) ** 0.5, peak=GIB * (case.n // 64) ** 2 // 64))
+        ran.append(case.n)
+    line = next(iter(plan.lines.values()))
+    assert line.stopped is Stopped.MEMORY and "GiB" in line.why
+    assert ran == [64, 128, 256, 512, 1024]  # 4 GiB at 1024: 16 GiB predicted for 2048
+
+
+def run_cases(plan: AutoPlan, cases: list, times: dict[int, float], **more: object) -> list[int]:  # type: ignore[type-arg]
+    """``run_line`` over some of the plan's cases (one line of several)."""
+    ran = []
+    for case in cases:
+        go, _ = plan.decide(case)
+        if not go:
+            break
+        plan.started(case)
+        plan.record(result(case, times[case.n], **more))  # type: ignore[arg-type]
+        ran.append(case.n)
+    return ran
+
+
+def test_a_line_stops_where_its_share_of_the_budget_runs_out() -> None:
+    two = build_grid({"layers": "conv,rnn", "d": [64], "n": "auto:64..4096", "device": "cpu",
+                      "auto_budget": 10})  # fmt: skip
+    plan = AutoPlan(two)
+    rising = {n: 1e-4 * (n / 64) ** 0.5 for n in (64, 128, 256, 512, 1024, 2048, 4096)}
+    conv = [c for c in two.cases() if c.layer == "conv"]
+    ran = run_cases(plan, conv, rising, wall_s=2.0)
+    line = plan.line(conv[0])
+    assert line.stopped is Stopped.BUDGET and line.allowance_s == pytest.approx(5.0)
+    assert len(ran) == 2  # 2 s each, 4 s spent: a third would overrun the 5 s share
+    # the next line's share is what is left, over the lines still going
+    rnn = next(c for c in two.cases() if c.layer == "rnn")
+    assert plan.decide(rnn) == (True, "")
+    assert plan.line(rnn).allowance_s == pytest.approx(6.0)
+
+
+def test_the_ladders_end_and_a_failed_case_stop_a_line() -> None:
+    plan = AutoPlan(grid())
+    ran = run_line(plan, {n: 1e-4 * (n / 64) ** 0.5 for n in (64, 128, 256, 512, 1024, 2048,
+                                                              4096)})  # fmt: skip
+    assert ran[-1] == 4096
+    for case in plan.grid.cases()[-1:]:
+        plan.exhausted(case)
+    assert next(iter(plan.lines.values())).stopped is Stopped.LONGEST
+    plan = AutoPlan(grid())
+    first, second = plan.grid.cases()[:2]
+    plan.decide(first)
+    plan.started(first)
+    plan.record(result(first, 1e-4, status="oom"))
+    assert plan.decide(second) == (False, "n=64 oom")
+    assert plan.line(second).stopped is Stopped.FAILED
+
+
+def test_a_line_waits_while_its_case_runs_elsewhere() -> None:
+    plan = AutoPlan(grid())
+    first, second = plan.grid.cases()[:2]
+    assert plan.decide(first) == (True, "")
+    plan.started(first)
+    assert plan.decide(second) == (False, "")  # wait: the line's case before it still runs
+
+
+@pytest.mark.slow
+def test_an_auto_sweep_records_what_stopped_each_line(tmp_path: Path) -> None:
+    from attnbench.results.store import load_results
+    from attnbench.run.sweep import resume_sweep, run_sweep
+
+    options = {"layers": "conv,ssm", "n": "auto:16..128", "d": [8], "device": "cpu",
+               "time_budget": 0.02, "auto_budget": 60}  # fmt: skip
+    run = run_sweep(options, tmp_path / "auto", calibration=None)
+    meta = json.loads((tmp_path / "auto" / "run.json").read_text())
+    lines = {line["layer"]: line for line in meta["auto"]["lines"]}
+    assert set(lines) == {"conv", "ssm"} and meta["config"]["ns"] == "auto:16..128"
+    for layer, line in lines.items():
+        assert line["stopped"] in {s.value for s in Stopped}
+        ran = sorted(run.frame.loc[run.frame["layer"] == layer, "n"])
+        assert ran == [16 * 2**i for i in range(len(ran))] and ran[-1] == line["at_n"]
+    assert meta["cases_total"] == len(run.frame)
+    again = resume_sweep(tmp_path / "auto", calibration=None)  # nothing left to measure
+    assert len(again.frame) == len(run.frame) and load_results(tmp_path / "auto").status == (
+        "complete"
+    )
+
+
+def test_an_accelerators_default_lengths_are_auto() -> None:
+    """On a GPU the CPU's lengths are all overhead (the times flat in n): its default is auto;
+    lengths given stay as given."""
+    on_gpu = build_grid({"device": "cuda"}, lambda name, dtype: "cuda:0")
+    assert on_gpu.n_auto == AutoN() and on_gpu.ns[0] == 64
+    given = build_grid({"device": "cuda", "n": "64..1024"}, lambda name, dtype: "cuda:0")
+    assert given.n_auto is None and given.ns == (64, 128, 256, 512, 1024)
+
+
+def test_ab_refuses_auto_lengths() -> None:
+    from attnbench.run.ab import side_grids
+
+    with pytest.raises(AttnbenchError, match="give the lengths"):
+        side_grids({"layers": "conv", "n": "auto", "device": "cpu"}, None, 0.05)
