@@ -300,3 +300,27 @@ def test_log_tick_labels_are_matplotlibs_own_without_mathtext(figures):
             texts = [t.get_text() for t in axis.get_ticklabels(which="both")]
             assert not any("$" in t for t in texts)
         assert any("10⁻" in t.get_text() for t in ax.yaxis.get_ticklabels())
+
+
+def test_the_time_chart_draws_the_kernels_time_beside_the_wall_time(figures, wide_run):
+    """Each layer's kernels' time dotted in its colour, never above its wall time, and its
+    overhead-bound cases (kernels under half the time) hollow on the wall-time line."""
+    ax = figures["time"].get_axes()[-1]  # d = 16
+    at = wide_run.measured[wide_run.measured["d"] == 16]
+    dotted = {x.get_color(): x for x in ax.get_lines() if x.get_linestyle() == ":"}
+    assert "dotted: kernels' time" in ax.get_title()
+    for layer in LAYERS:
+        line = at[at["layer"] == layer].sort_values("n")
+        kernel = dotted[colour(layer)]
+        assert list(kernel.get_ydata()) == pytest.approx(list(line["kernel_time_s"]))
+        assert (line["kernel_time_s"] <= line["time_s"]).all()
+        hollow = [x for x in ax.get_lines() if x.get_markerfacecolor() == "white"
+                  and x.get_markeredgecolor() == colour(layer)]  # fmt: skip
+        bound = line[line["kernel_share"] < 0.5]
+        assert list(hollow[0].get_xdata()) == list(bound["n"])
+    old = dataclasses.replace(
+        wide_run, frame=wide_run.frame.assign(kernel_time_s=np.nan, kernel_share=np.nan)
+    )
+    ax = build_charts(old, analyse(old), ["time"])["time"].get_axes()[-1]
+    assert not [x for x in ax.get_lines() if x.get_linestyle() == ":"]
+    assert "dotted" not in ax.get_title()

@@ -28,11 +28,13 @@ from attnbench.fits import (
     time_ratios,
 )
 from attnbench.render.machine import roofline_chart, time_split_chart
+from attnbench.regime import OVERHEAD_SHARE
 from attnbench.render.style import last, layer_style, legend, log_axes, panels
 from attnbench.results.run import RunResults
 from attnbench.schema import METRICS, Metric
 
 if TYPE_CHECKING:  # imported where a chart is drawn (render.style)
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 CHARTS_DIR = "charts"
@@ -100,12 +102,13 @@ def _time_chart(
     fig, axes = panels(len(fixed_values), title)
     for ax, fixed in zip(axes, fixed_values, strict=True):
         at = frame[frame[other] == fixed]
-        models = 0
+        models = kernels = 0
         for layer, line in at.groupby("layer", sort=False):
             line = line.sort_values(along)
             style = layer_style(str(layer))
             label = _exponent_label(analysis, str(layer), "time_s", along, int(fixed))
             ax.plot(line[along], line["time_s"], label=label, linestyle="-", lw=1.2, **style)
+            kernels += _kernel_line(ax, line, along, style)
             band = q.reindex(line["case_id"])
             ax.fill_between(
                 line[along], band["q1"].to_numpy(), band["q3"].to_numpy(),
@@ -117,11 +120,31 @@ def _time_chart(
                 models += 1
         size = "sequence length n" if along == "n" else "width d"
         log_axes(ax, size, "time per call [s]")
-        # The key names the dashed lines only where a cost model could be fitted and drawn.
-        key = "   (dashed: fitted cost model)" if models else ""
-        ax.set_title(f"{other} = {fixed}{key}", fontsize=9)
+        # The key names the dashed and dotted lines only where some were drawn.
+        keys = ["dashed: fitted cost model"] * bool(models) + [
+            "dotted: kernels' time, hollow: overhead-bound"
+        ] * bool(kernels)
+        ax.set_title(f"{other} = {fixed}" + (f"\n{'; '.join(keys)}" if keys else ""), fontsize=8)
         legend(ax)
     return fig
+
+
+def _kernel_line(ax: Axes, line: pd.DataFrame, along: str, style: dict[str, object]) -> int:
+    """The kernels' time beside the wall time (dotted), and the overhead-bound cases (their
+    kernels under half the time) drawn hollow over the wall-time line; 0 where the run did
+    not measure its kernels."""
+    if "kernel_time_s" not in line:
+        return 0
+    kernel = pd.to_numeric(line["kernel_time_s"], errors="coerce")
+    if not (kernel > 0).any():
+        return 0
+    color = style["color"]
+    ax.plot(line[along], kernel.where(kernel > 0), linestyle=":", lw=1.2, color=color)
+    share = pd.to_numeric(line["kernel_share"], errors="coerce")
+    bound = line[share < OVERHEAD_SHARE]
+    ax.plot(bound[along], bound["time_s"], linestyle="none", marker=style["marker"],
+            markerfacecolor="white", markeredgecolor=color, markersize=6)  # fmt: skip
+    return 1
 
 
 def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:

@@ -20,6 +20,7 @@ _COLOURS = (*(f"C{i}" for i in range(10)), "black", "navy")
 _MARKERS = "osD^v<>Px*h"
 _PANEL_W, _PANEL_H = 5.0, 4.0
 MAX_PANELS = 4
+MAX_X_TICKS = 9  # labelled sizes on a log axis, at most about
 
 
 def layer_style(layer: str) -> dict[str, object]:
@@ -31,7 +32,14 @@ def layer_style(layer: str) -> dict[str, object]:
 
 
 def power_of_two(x: float, _pos: int) -> str:
-    return f"{x:g}" if x < 1 or x != round(x) else f"{int(x)}"
+    """A size on a base-2 axis: 64, 1024, 4096, then 16k, 64k, 1M (k = 1024, M = 1024²) where
+    the digits would run into each other."""
+    if x < 1 or x != round(x):
+        return f"{x:g}"
+    size = int(x)
+    if size < 16384:
+        return str(size)
+    return f"{size // 2**20}M" if size % 2**20 == 0 else f"{size // 1024}k"
 
 
 _SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
@@ -68,9 +76,11 @@ def log_formatter(base: float) -> Formatter:
 
 
 def log_axes(ax: Axes, xlabel: str, ylabel: str, *, base_x: int = 2) -> None:
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     ax.set_xscale("log", base=base_x)
+    # every power of the base while they fit, every other (or fourth...) over a wide range
+    ax.xaxis.set_major_locator(LogLocator(base=base_x, numticks=MAX_X_TICKS))
     ax.set_yscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(power_of_two))
     ax.xaxis.set_minor_formatter(log_formatter(base_x))
