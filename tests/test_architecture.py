@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attnbench"
 FLOORS: list[tuple[str, ...]] = [
     ("attnbench._version", "attnbench.errors", "attnbench.units"),
     ("attnbench.positional", "attnbench.devices", "attnbench.schema", "attnbench.thresholds",
-     "attnbench.regime"),
+     "attnbench.regime", "attnbench.lengths"),
     ("attnbench.theory",),
     ("attnbench.layers",),
     ("attnbench.spec",),

@@ -14,7 +14,8 @@ from attnbench.errors import AttnbenchError
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingStats
 from attnbench.run.auto import AutoPlan, Stopped
-from attnbench.spec import AutoN, build_grid, grid_from_config
+from attnbench.lengths import AutoN
+from attnbench.spec import build_grid, grid_from_config
 
 GIB = 2**30
 
