@@ -395,3 +395,19 @@ def test_the_machine_table_and_predict_show_how_far_the_rounds_are(
     assert all(row["rounds_rms"] >= 0.5 for row in payload["machine"])
     printed = runner.invoke(app, ["predict", str(folder)])
     assert printed.exit_code == 0 and "from each other" in printed.stderr
+
+
+def test_the_models_miss_is_located_on_the_kernels_or_on_the_overhead() -> None:
+    """Two cases of 1 ms: the model's kernel terms miss the measured kernels by 0.3 ms in
+    each, its latency the measured overhead by 0.1 ms: 30% and 10% of the time."""
+    from attnbench.fits.roofline import split_rms
+
+    frame = pd.DataFrame({"time_s": [1e-3, 1e-3], "kernel_time_s": [0.8e-3, 0.6e-3]})
+    machine = pd.DataFrame(
+        {"compute_s": [0.9e-3, 0.5e-3], "memory_s": [0.2e-3, 0.0], "faults_s": [0.0, 0.4e-3],
+         "latency_s": [0.1e-3, 0.5e-3]}
+    )  # fmt: skip
+    kernels, overhead = split_rms(frame, machine)
+    assert kernels == pytest.approx(0.3) and overhead == pytest.approx(0.1)
+    unsplit = frame.assign(kernel_time_s=float("nan"))
+    assert all(math.isnan(x) for x in split_rms(unsplit, machine))

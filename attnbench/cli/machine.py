@@ -171,7 +171,8 @@ def predict(
         )
     rows = measured.loc[found.index]
     options = [c for c in OPTION_COLUMNS if c in rows and rows[c].notna().any()]
-    table = pd.concat([rows[["layer", "n", "d", *options, "time_s"]], found], axis=1)
+    split = [c for c in ("kernel_time_s",) if c in rows]
+    table = pd.concat([rows[["layer", "n", "d", *options, "time_s", *split]], found], axis=1)
     there = _predicted_run(run, ceilings)
     analysis = analyse(there)
     drawn = _draw(there, analysis, charts, ceilings) if charts is not None else []
@@ -197,11 +198,18 @@ def predict(
     floor = roofline.rounds_rms(run.samples, rows)
     for layer, group in table.groupby("layer", sort=False):
         rms = roofline.relative_rms(group["time_s"], group["predicted_time_s"])
+        kernels, overhead = roofline.split_rms(group, group)
+        where = (
+            ""
+            if math.isnan(kernels)
+            else f" (its kernels {kernels:.0%}, its overhead {overhead:.0%} of the time)"
+        )
         bounds = ", ".join(f"{b} {c}" for b, c in group["bound"].value_counts().items())
         apart = floor.get(layer, math.nan)
         rounds = "" if math.isnan(apart) else f"; its rounds {apart:.0%} from each other"
         streams.err.print(
-            f"{layer}: relative RMS {rms:.0%} over {len(group)} case(s){rounds}; bound: {bounds}",
+            f"{layer}: relative RMS {rms:.0%}{where} over {len(group)} case(s){rounds}; "
+            f"bound: {bounds}",
             markup=False,
             soft_wrap=True,
         )

@@ -67,6 +67,7 @@ from attnbench.fits.roofline import (
     predict,
     relative_rms,
     rounds_rms,
+    split_rms,
 )
 from attnbench.measure.ceilings import Ceilings
 from attnbench.results.run import RunResults
@@ -107,6 +108,7 @@ __all__ = [
     "rival_layers",
     "rounds_rms",
     "run_catalog",
+    "split_rms",
     "term_sizes",
     "theory_values",
     "time_ratios",
@@ -116,7 +118,8 @@ __all__ = [
 ]
 
 
-MACHINE_COLUMNS = ["layer", "cases", "bounds", "model_rms", "nnls_rms", "rounds_rms"]
+MACHINE_COLUMNS = ["layer", "cases", "bounds", "model_rms", "kernel_rms", "overhead_rms",
+                   "nnls_rms", "rounds_rms"]  # fmt: skip
 def run_catalog(run: RunResults) -> Catalog:
     """The layers of a run as its analysis reads them: no plugin's code, only its record."""
     return catalog(run.frame["layer"], run.theories)
@@ -164,12 +167,15 @@ class Analysis:
 
     def machine_table(self) -> pd.DataFrame:
         """Per layer: cases, the bound of most of them, how far the machine model (nothing
-        fitted) and the all-layer NNLS fit are from the measured times (relative RMS), and
-        how far the run's rounds are from each other (the floor under both)."""
+        fitted) and the all-layer NNLS fit are from the measured times (relative RMS), the
+        model's kernel terms from the measured kernels' time and its latency from the
+        overhead (``roofline.split_rms``: a miss located), and how far the run's rounds are
+        from each other (the floor under all of them)."""
         rows = []
         if self.machine.empty:
             return pd.DataFrame(columns=MACHINE_COLUMNS)
-        joined = self.frame[["layer", "time_s"]].join(self.machine, how="inner")
+        split = [c for c in ("kernel_time_s",) if c in self.frame]
+        joined = self.frame[["layer", "time_s", *split]].join(self.machine, how="inner")
         nnls = self.effective.predicted if self.effective is not None else None
         for layer, group in joined.groupby("layer", sort=False):
             bounds = group["bound"].value_counts()
@@ -178,12 +184,15 @@ class Analysis:
                 if nnls is not None
                 else float("nan")
             )
+            kernel_rms, overhead_rms = split_rms(group, group)
             rows.append(
                 {
                     "layer": layer,
                     "cases": len(group),
                     "bounds": ", ".join(f"{b} {c}" for b, c in bounds.items()),
                     "model_rms": relative_rms(group["time_s"], group["predicted_time_s"]),
+                    "kernel_rms": kernel_rms,
+                    "overhead_rms": overhead_rms,
                     "nnls_rms": fitted,
                     "rounds_rms": float(self.rounds.get(layer, math.nan)),
                 }

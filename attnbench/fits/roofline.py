@@ -185,6 +185,32 @@ def relative_rms(measured: pd.Series, predicted: pd.Series) -> float:
     return float(np.sqrt(((pairs["p"] - pairs["m"]) ** 2).mean()) / pairs["m"].mean())
 
 
+# The model's terms that are a call's kernels (its work, and the faults its kernels take);
+# the rest, every op's latency and a fused kernel's set-up, is the overhead around them.
+KERNEL_TERMS = ("compute_s", "memory_s", "faults_s")
+
+
+def split_rms(frame: pd.DataFrame, machine: pd.DataFrame) -> tuple[float, float]:
+    """Where the model misses the measured times of the same cases: the RMS of its kernel
+    terms' miss of ``kernel_time_s``, and of its latency's miss of the rest of ``time_s``
+    (the overhead), each over the mean measured time, so the two read as shares of the
+    time the layer takes and a miss is located, not averaged; nan where no case measured
+    its kernels."""
+    time = _column(frame, "time_s").reindex(machine.index)
+    kernel = _column(frame, "kernel_time_s").reindex(machine.index)
+    known = kernel.notna() & time.gt(0)
+    if not known.any():
+        return math.nan, math.nan
+    modelled = machine[list(KERNEL_TERMS)].astype(float).sum(axis=1)
+    scale = float(time[known].mean())
+    kernel_miss = modelled[known] - kernel[known]
+    overhead_miss = machine.loc[known, "latency_s"].astype(float) - (time - kernel)[known]
+    return (
+        float(np.sqrt((kernel_miss**2).mean()) / scale),
+        float(np.sqrt((overhead_miss**2).mean()) / scale),
+    )
+
+
 def rounds_rms(samples: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
     """Per layer of ``frame``, how far one timing round's times are from another's: the
     relative RMS (as ``relative_rms``) between two rounds' per-case median times, the median

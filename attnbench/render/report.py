@@ -220,6 +220,8 @@ def machine_display(analysis: Analysis) -> pd.DataFrame:
             "cases": m["cases"],
             "bound (cases)": m["bounds"],
             "model rel. RMS": m["model_rms"].map(_share),
+            "of it, kernels": m["kernel_rms"].map(_share),
+            "of it, overhead": m["overhead_rms"].map(_share),
             "all-layer NNLS rel. RMS": m["nnls_rms"].map(_share),
             "rounds' rel. RMS (the floor)": m["rounds_rms"].map(_share),
         }
