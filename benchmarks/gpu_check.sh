@@ -8,12 +8,12 @@
 #
 # Steps: environment; a smoke sweep (the script stops there if the CUDA path fails at once);
 # the `cuda` tests; `attnbench machine` at float32 and bfloat16; the default sweep (float32,
-# forward); attnbench against do_bench and torch.utils.benchmark; a wide bfloat16 sweep; `ab`
+# forward; --n auto on a GPU) and its kernels' shares; the CPU's default grid; attnbench against do_bench and torch.utils.benchmark; a wide bfloat16 sweep; `ab`
 # A/A up to five times; the default grid in train mode. Results are tarred into $OUT/results.tgz.
 set -u
 OUT=${OUT:?set OUT to the folder the results go to}
 DEADLINE=${DEADLINE:-480}
-STEPS=${STEPS:-env,smoke,tests,machine,default,agreement,wide,ab,train}
+STEPS=${STEPS:-env,smoke,tests,machine,default,split,fixed,agreement,wide,ab,train}
 WIDE_LAYERS=${WIDE_LAYERS:-conv,rnn,attention,attention-sdpa,attention-linear,attention-local,ssm-scan}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg ATTNBENCH_CACHE_DIR=/tmp/abcache
 PY=${PY:-python3}
@@ -65,7 +65,12 @@ step tests 120 $PY -m pytest -q -m cuda -p no:cacheprovider -rfE tests/test_cuda
 step machine 60 bash -c "$AB machine --device $DEV --json > $OUT/machine-float32.json && \
   $AB machine --device $DEV --dtype bfloat16 --json > $OUT/machine-bfloat16.json && \
   cat $OUT/machine-float32.json | head -c 600"
-step default 120 $AB sweep --device $DEV --out $R/gpu-default
+# the default on a GPU is --n auto: every layer doubles n until its time grows as its work
+step default 200 $AB sweep --device $DEV --auto-budget 170 --out $R/gpu-default
+step split 20 $PY -c "import pandas as pd; f = pd.read_csv('$R/gpu-default/results.csv'); \
+print(f[['layer', 'n', 'time_s', 'kernel_share']].to_string()); \
+print('kernel_time_s > time_s:', int((f.kernel_time_s > f.time_s).sum()))"
+step fixed 120 $AB sweep --device $DEV --n 64..1024 --out $R/gpu-fixed
 step agreement 60 $PY benchmarks/gpu_agreement.py --device $DEV --n 256,4096 --d 128 \
   --json $OUT/agreement.json
 step wide 120 $AB sweep --device $DEV --dtype bfloat16 --n 256..65536 --d 128 \

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from attnbench.errors import AttnbenchError
+from attnbench.lengths import AutoN
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingStats
 from attnbench.run.auto import AutoPlan, Stopped
-from attnbench.lengths import AutoN
 from attnbench.spec import build_grid, grid_from_config
 
 GIB = 2**30

@@ -27,8 +27,8 @@ from attnbench.fits import (
     theory_values,
     time_ratios,
 )
-from attnbench.render.machine import roofline_chart, time_split_chart
 from attnbench.regime import OVERHEAD_SHARE
+from attnbench.render.machine import roofline_chart, time_split_chart
 from attnbench.render.style import last, layer_style, legend, log_axes, panels
 from attnbench.results.run import RunResults
 from attnbench.schema import METRICS, Metric

@@ -1,0 +1,133 @@
+"""How attnbench splits a time into its kernels and the overhead, and what the profiler does to it.
+
+Prints, on this machine:
+
+1. the profiler's own cost: the wall time it adds per recorded op (a loop of one-element adds,
+   plain and profiled), and the self time it reads for an op that computes one element (the
+   dispatcher and the op's set-up): what ``measure.split`` takes out;
+2. for a few calls, the kernels' share three ways: the aten ops' raw self time over the
+   profiled wall time (what the profiler says), over the unprofiled wall time (timed apart),
+   and attnbench's (the profiler's cost out of both, the op floor out of each op);
+3. the checks the split is held to: one large matrix product (a Linear layer) reads a share
+   above 0.9, and its kernel time agrees within 10% with that product timed alone
+   (``torch.mm``); a layer that loops in Python over tiny ops reads under 0.3.
+
+    python benchmarks/kernel_split.py [--repeat 3]
+
+Every figure is a ratio inside one process, the sides measured back to back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from attnbench.measure.allocator import set_allocator
+from attnbench.measure.split import (
+    _record,
+    host_kernel_seconds,
+    kernel_split,
+    profiler_cost,
+    split_of,
+)
+from attnbench.measure.timing import TimingPolicy, time_call
+
+POLICY = TimingPolicy(warmup_calls=2, budget_s=0.3)
+
+
+def linear(n: int, d: int) -> tuple[Callable[[], object], Callable[[], object]]:
+    """A layer that is one large product, and that product alone."""
+    layer = torch.nn.Linear(d, d, bias=False)
+    x = torch.randn(1, n, d)
+
+    def call() -> object:
+        with torch.no_grad():
+            return layer(x)
+
+    flat, weight = x.reshape(n, d), layer.weight.detach().t().contiguous()
+    return call, lambda: torch.mm(flat, weight)
+
+
+def tiny_loop(steps: int = 200) -> Callable[[], object]:
+    """A Python loop over tiny ops: what a hand-written recurrence of small vectors does."""
+    x = torch.randn(4)
+
+    def call() -> object:
+        y = x
+        for _ in range(steps):
+            y = torch.tanh(y * 1.01 + 0.1)
+        return y
+
+    return call
+
+
+def layer_call(name: str, n: int, d: int = 64) -> Callable[[], object]:
+    from attnbench.measure.case import make_step
+    from attnbench.spec import build_grid
+
+    case = build_grid({"layers": name, "n": [n], "d": [d], "device": "cpu"}).cases()[0]
+    step = make_step(case, seed=0)
+    step()
+    return step
+
+
+def shares(call: Callable[[], object]) -> tuple[float, float, float, float]:
+    """(raw self / profiled wall, raw self / plain wall, attnbench's share, plain seconds)."""
+    cost = profiler_cost()
+    plain = time_call(call, POLICY).median_s
+    calls = max(1, min(20, round(0.01 / plain)))
+    found = _record(call, calls, "cpu", time.perf_counter, lambda: None)
+    raw = sum(e.self_s for e in found.ops if e.name.startswith("aten::"))
+    ours = split_of(host_kernel_seconds(found.ops, cost), found.wall_s, len(found.ops), cost)
+    return raw / found.wall_s, raw / (plain * calls), ours, plain
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    set_allocator("pinned")
+    cost = profiler_cost()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+    print(f"1. the profiler: {cost.per_op_s * 1e6:.2f} µs of wall time a recorded op; an op "
+          f"computing one element reads {cost.op_floor_s * 1e6:.2f} µs of self time")  # fmt: skip
+
+    print("\n2. the kernels' share (medians of the repeats)")
+    print(f"{'call':<24} {'time':>9} {'raw/profiled':>13} {'raw/plain':>10} {'attnbench':>10}")
+    big, product = linear(2048, 1024)
+    calls = {
+        "Linear 2048x1024": big,
+        "Python loop, 200 tiny": tiny_loop(),
+        **{f"{name} n={n}": layer_call(name, n) for name, n in (
+            ("conv", 64), ("conv", 4096), ("attention", 64), ("attention", 2048),
+            ("rnn", 256), ("ssm", 256), ("ssm-scan", 1024), ("attention-local", 1024))},
+    }  # fmt: skip
+    found: dict[str, float] = {}
+    for label, call in calls.items():
+        rows = [shares(call) for _ in range(args.repeat)]
+        raw_p, raw_w, ours, plain = (statistics.median(r[i] for r in rows) for i in range(4))
+        found[label] = ours
+        print(f"{label:<24} {plain * 1e3:>7.3f}ms {raw_p:>13.2f} {raw_w:>10.2f} {ours:>10.2f}")
+
+    print("\n3. the checks")
+    ratios = []
+    share = kernel_split(big, "cpu", time_call(big, POLICY).median_s).share
+    for i in range(4 * args.repeat):  # the layer and the product alone, in turn (ABBA)
+        first, second = (big, product) if i % 2 == 0 else (product, big)
+        times = {id(first): time_call(first, POLICY).median_s}
+        times[id(second)] = time_call(second, POLICY).median_s
+        ratios.append(share * times[id(big)] / times[id(product)])
+    ratio = statistics.median(ratios)
+    print(f"one large product: share {found['Linear 2048x1024']:.2f} (target > 0.9); its kernel "
+          f"time / the product timed alone {ratio:.3f} (target within 10%; "
+          f"{min(ratios):.3f}..{max(ratios):.3f} over {len(ratios)} pairs)")  # fmt: skip
+    print(f"a Python loop of tiny ops: share {found['Python loop, 200 tiny']:.2f} "
+          "(target < 0.3)")
+
+
+if __name__ == "__main__":
+    main()
