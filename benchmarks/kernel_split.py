@@ -2,12 +2,13 @@
 
 Prints, on this machine:
 
-1. the profiler's own cost: the wall time it adds per recorded op (a loop of one-element adds,
-   plain and profiled), and the self time it reads for an op that computes one element (the
-   dispatcher and the op's set-up): what ``measure.split`` takes out;
-2. for a few calls, the kernels' share three ways: the aten ops' raw self time over the
-   profiled wall time (what the profiler says), over the unprofiled wall time (timed apart),
-   and attnbench's (the profiler's cost out of both, the op floor out of each op);
+1. the profiler's own cost, calibrated once per process: its wall time per recorded op and
+   the self time it reads for an op that computes one element (the dispatcher and the op's
+   set-up): what ``measure.split`` takes out;
+2. for a few calls, the profiler's own wall time per recorded op (profiled calls against as
+   many unprofiled around them) and the kernels' share three ways: the aten ops' raw self
+   time over the profiled wall time (what the profiler says), over the unprofiled wall time,
+   and attnbench's (the profiler's cost out of each nested op, the floor out of each op);
 3. the checks the split is held to: one large matrix product (a Linear layer) reads a share
    above 0.9, and its kernel time agrees within 10% with that product timed alone
    (``torch.mm``); a layer that loops in Python over tiny ops reads under 0.3.
@@ -29,10 +30,8 @@ import torch
 from attnbench.measure.allocator import set_allocator
 from attnbench.measure.split import (
     _record,
-    host_kernel_seconds,
     kernel_split,
     profiler_cost,
-    split_of,
 )
 from attnbench.measure.timing import TimingPolicy, time_call
 
@@ -75,15 +74,15 @@ def layer_call(name: str, n: int, d: int = 64) -> Callable[[], object]:
     return step
 
 
-def shares(call: Callable[[], object]) -> tuple[float, float, float, float]:
-    """(raw self / profiled wall, raw self / plain wall, attnbench's share, plain seconds)."""
-    cost = profiler_cost()
+def shares(call: Callable[[], object]) -> tuple[float, float, float, float, float]:
+    """(raw self / profiled wall, raw self / plain wall, attnbench's share, the profiler's
+    seconds a recorded op, plain seconds a call) of one profile."""
     plain = time_call(call, POLICY).median_s
     calls = max(1, min(20, round(0.01 / plain)))
     found = _record(call, calls, "cpu", time.perf_counter, lambda: None)
     raw = sum(e.self_s for e in found.ops if e.name.startswith("aten::"))
-    ours = split_of(host_kernel_seconds(found.ops, cost), found.wall_s, len(found.ops), cost)
-    return raw / found.wall_s, raw / (plain * calls), ours, plain
+    ours = kernel_split(call, "cpu", plain, record=lambda fn, k, device: found).share
+    return raw / found.wall_s, raw / found.plain_s, ours, found.per_op_s, plain
 
 
 def main() -> None:
@@ -91,13 +90,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     set_allocator("pinned")
-    cost = profiler_cost()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
-    print(f"1. the profiler: {cost.per_op_s * 1e6:.2f} µs of wall time a recorded op; an op "
-          f"computing one element reads {cost.op_floor_s * 1e6:.2f} µs of self time")  # fmt: skip
+    cost = profiler_cost()
+    print(f"1. the profiler: {cost.per_op_s * 1e6:.2f} µs of wall time a recorded op (a loop "
+          f"of one-element adds); such an add reads {cost.op_floor_s * 1e6:.2f} µs of self "
+          "time")  # fmt: skip
 
     print("\n2. the kernels' share (medians of the repeats)")
-    print(f"{'call':<24} {'time':>9} {'raw/profiled':>13} {'raw/plain':>10} {'attnbench':>10}")
+    print(f"{'call':<24} {'time':>9} {'profiler/op':>11} {'raw/profiled':>13} {'raw/plain':>10} "
+          f"{'attnbench':>10}")  # fmt: skip
     big, product = linear(2048, 1024)
     calls = {
         "Linear 2048x1024": big,
@@ -109,9 +110,12 @@ def main() -> None:
     found: dict[str, float] = {}
     for label, call in calls.items():
         rows = [shares(call) for _ in range(args.repeat)]
-        raw_p, raw_w, ours, plain = (statistics.median(r[i] for r in rows) for i in range(4))
+        raw_p, raw_w, ours, per_op, plain = (
+            statistics.median(r[i] for r in rows) for i in range(5)
+        )
         found[label] = ours
-        print(f"{label:<24} {plain * 1e3:>7.3f}ms {raw_p:>13.2f} {raw_w:>10.2f} {ours:>10.2f}")
+        print(f"{label:<24} {plain * 1e3:>7.3f}ms {per_op * 1e6:>9.2f}µs {raw_p:>13.2f} "
+              f"{raw_w:>10.2f} {ours:>10.2f}")  # fmt: skip
 
     print("\n3. the checks")
     ratios = []

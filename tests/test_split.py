@@ -39,12 +39,17 @@ def test_the_device_is_busy_for_the_union_of_its_kernels() -> None:
     assert busy_seconds([]) == 0.0
 
 
-def test_the_share_takes_the_profilers_cost_out_of_the_wall_time_and_stays_in_0_1() -> None:
-    # 10 us of kernels in 30 us of profiled wall time, 10 ops at 1 us each recorded
-    assert split_of(10e-6, 30e-6, 10, COST) == pytest.approx(0.5)
-    assert split_of(50e-6, 30e-6, 10, COST) == 1.0  # kernels on several threads overlap
-    assert split_of(0.0, 30e-6, 10, COST) == 0.0
-    assert split_of(1e-6, 5e-6, 10, COST) == 1.0  # the cost outweighs the wall: all kernels
+def test_the_share_is_over_the_unprofiled_calls_and_stays_in_0_1() -> None:
+    assert split_of(10e-6, 20e-6) == pytest.approx(0.5)
+    assert split_of(50e-6, 30e-6) == 1.0  # kernels on several threads overlap
+    assert split_of(0.0, 30e-6) == 0.0
+    assert split_of(1e-6, 0.0) == 1.0  # a clock that never moved: all kernels
+
+
+def test_the_profilers_cost_per_op_is_the_profiled_calls_over_the_plain_ones() -> None:
+    ops = [OpEvent("aten::add", 1e-6, 0)] * 100
+    assert Profiled(1, 400e-6, 300e-6, ops, []).per_op_s == pytest.approx(1e-6)
+    assert Profiled(1, 290e-6, 300e-6, ops, []).per_op_s == 0.0  # noise: never negative
 
 
 def fake_recorder(profiled: Profiled, seen: list[tuple[int, str]]):  # type: ignore[no-untyped-def]
@@ -63,12 +68,14 @@ def test_cuda_reads_the_devices_busy_time_against_the_profiled_wall_time() -> No
     kernels = [Interval(0.0, 40e-6), Interval(30e-6, 50e-6), Interval(1e-3, 1e-3 + 50e-6)]
     seen: list[tuple[int, str]] = []
     found = kernel_split(
-        lambda: None, "cuda:0", 0.5e-3, cost=COST,
-        record=fake_recorder(Profiled(2, 206e-6, host * 2, kernels), seen),
+        lambda: None, "cuda:0", 0.5e-3, 3, cost=COST,
+        record=fake_recorder(Profiled(2, 206e-6, 180e-6, host * 2, kernels), seen),
     )  # fmt: skip
-    assert seen == [(20, "cuda:0")]  # 10 ms of calls at 0.5 ms each, at most 20
+    assert seen == [(10, "cuda:0")]  # 5 ms of calls at 0.5 ms each
     assert found.kernel_s == pytest.approx(50e-6)  # per call: 100 us busy over 2 calls
-    assert found.wall_s == pytest.approx(100e-6)  # (206 - 6 ops x 1 us) / 2
+    # 3 ops at 1 us are a sliver of a 0.5 ms call: the calls' own time is theirs
+    # less the host's cost (206 - 6), not the 180 us of the plain calls around them
+    assert found.wall_s == pytest.approx(100e-6)
     assert found.share == pytest.approx(0.5)
     assert found.kernel_time_s(1e-3) == pytest.approx(0.5e-3)
     assert "device's kernels" in found.method
@@ -78,12 +85,26 @@ def test_the_cpu_reads_the_host_ops_and_profiles_at_least_one_call() -> None:
     host = [OpEvent("aten::mm", 90e-6, 1), OpEvent("aten::empty", 1e-6, 0)]
     seen: list[tuple[int, str]] = []
     found = kernel_split(
-        lambda: None, "cpu", 1.0, cost=COST,
-        record=fake_recorder(Profiled(1, 102e-6, host, []), seen),
+        lambda: None, "cpu", 1.0, 2, cost=COST,
+        record=fake_recorder(Profiled(1, 102e-6, 90e-6, host, []), seen),
     )  # fmt: skip
     assert seen == [(1, "cpu")]  # a call longer than the profiling time: one call
-    # mm: 90 - 1 - 0.5; empty: 1 - 0.5; over the wall 102 - 2 x 1
+    # mm: 90 - 1 - 0.5; empty: 1 - 0.5; over the profiled 102 less 2 ops at 1 us
     assert found.share == pytest.approx((88.5e-6 + 0.5e-6) / 100e-6)
+
+
+def test_a_call_of_many_small_ops_reads_the_profilers_cost_on_its_own_calls() -> None:
+    """1000 ops at the host's 1 us a recording would be 1 ms of a 1.5 ms call: its cost is
+    read on the case's own calls, 1.5 us an op (3 ms profiled, 1.5 ms plain), and taken out
+    of each parent (500 nested ops) and of the wall time alike."""
+    host = [OpEvent("aten::linear", 2e-6, 1)] * 500 + [OpEvent("aten::addmm", 1.5e-6, 0)] * 500
+    found = kernel_split(
+        lambda: None, "cpu", 1.5e-3, 1000, cost=COST,
+        record=fake_recorder(Profiled(1, 3e-3, 1.5e-3, host, []), []),
+    )  # fmt: skip
+    # linear: 2 - 1.5 - 0.5 = 0; addmm: 1.5 - 0.5 = 1 us, 500 of them: 0.5 ms of 1.5 ms
+    assert found.share == pytest.approx(0.5e-3 / 1.5e-3)
+    assert "unprofiled around them" in found.method
 
 
 def large_product() -> torch.nn.Module:
@@ -187,16 +208,13 @@ def test_a_cuda_profile_is_read_into_host_ops_and_device_kernels(monkeypatch) ->
             return None
 
     monkeypatch.setattr(split, "profile", FakeProfile)
-    ticks = iter([0.0, 100e-6])
+    ticks = iter([0.0, 90e-6, 100e-6, 200e-6, 300e-6, 410e-6])  # plain, profiled, plain
     synced: list[int] = []
     found = split._record(lambda: None, 1, "cuda:0", lambda: next(ticks), lambda: synced.append(1))
-    assert asked == {"use_device": "cuda"} and synced == [1, 1]
-    assert found.wall_s == pytest.approx(100e-6)
+    assert asked == {"use_device": "cuda"} and len(synced) == 6  # around every timed run
+    assert found.wall_s == pytest.approx(100e-6) and found.plain_s == pytest.approx(100e-6)
     assert [(e.name, e.children) for e in found.ops] == [
         ("cudaLaunchKernel", 0), ("aten::addmm", 1), ("aten::linear", 1)
     ]  # fmt: skip
     assert busy_seconds(found.device) == pytest.approx(50e-6)
-    cost = ProfilerCost(per_op_s=1e-6, op_floor_s=0.5e-6)
-    assert split_of(busy_seconds(found.device), found.wall_s, len(found.ops), cost) == (
-        pytest.approx(50e-6 / 97e-6)
-    )
+    assert split_of(busy_seconds(found.device), found.plain_s) == pytest.approx(0.5)

@@ -2,18 +2,20 @@
 
 The overhead is everything a call pays that is not a kernel computing: Python, module calls,
 the dispatcher, an op's fixed set-up, kernel launches. The split is read by torch's profiler
-over a few calls, outside the timed blocks:
+over a few calls, outside the timed blocks, with as many calls timed unprofiled around them:
 
 - on the CPU, the kernels' time is each computing aten op's own (self) time, less what an op
-  that computes next to nothing costs (``ProfilerCost.op_floor_s``: the dispatcher and the
-  op's set-up) and less the profiler's own cost of recording the ops nested in it;
-  views and renames compute nothing and count as overhead;
+  that computes one element takes (``ProfilerCost.op_floor_s``: the dispatcher and the op's
+  set-up), and less the profiler's own cost of recording the ops nested in it; views and
+  renames compute nothing and count as overhead;
 - on CUDA, it is the time the device was busy with the call's kernels (the union of their
   intervals, copies and fills included).
 
-The share of the kernels is taken within the profiled calls (their wall time, the profiler's
-measured cost per recorded op taken out), so a machine that is busier while they run than
-while the case was timed does not move it; ``kernel_time_s`` is that share of ``time_s``.
+The kernels' share is their time over the calls' own time without the profiler: the
+profiled calls' wall time less the host's calibrated cost per recorded op, or, where the
+recording is a large part of it (thousands of small ops), the unprofiled calls' measured
+around them, whose difference is then the cost. A machine busier while they run than while
+the case was timed does not move it; ``kernel_time_s`` is that share of ``time_s``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.autograd.profiler import profile
@@ -33,11 +36,12 @@ from torch.autograd.profiler import profile
 from attnbench.measure.ops import ALIASES, is_view
 
 Clock = Callable[[], float]
-PROFILED_S = 0.01  # profile calls until about this much wall time (at least one call)
+PROFILED_S = 0.005  # profile calls until about this much wall time (at least one call)
 MAX_PROFILED_CALLS = 20
-# ... and about this many recorded ops: reading them back costs ~5 µs an op, which for a
-# recurrence of thousands of ops a call would cost more than the calls.
-MAX_PROFILED_OPS = 3000
+# ... and about this many dispatched ops: the profiler records about four events an op
+# (views included), each ~15 µs to stop the profiler, read back and nest: a recurrence of
+# thousands of ops a call costs more to read than to run.
+MAX_PROFILED_OPS = 1000
 
 
 @dataclass(frozen=True)
@@ -59,13 +63,13 @@ class Interval:
 
 @dataclass(frozen=True)
 class ProfilerCost:
-    """What the profiler and the dispatcher cost per op on this process's host, measured.
+    """What the profiler and the dispatcher cost per op, measured.
 
-    ``per_op_s``: the wall time the profiler adds per recorded op (profiled minus unprofiled
-    time of a loop of tiny ops); an op's recording runs inside its parent's interval, so it is
-    taken out of the parent's self time, and out of the profiled calls' wall time.
-    ``op_floor_s``: the self time the profiler reads for an op that computes nothing but one
-    element (an ``add`` into a one-element tensor): the dispatcher and the op's set-up.
+    ``per_op_s``: the wall time the profiler adds per recorded op: profiled calls' wall time
+    less the same calls' unprofiled, over the ops recorded. An op's recording runs inside its
+    parent's interval, so it is taken out of the parent's self time.
+    ``op_floor_s``: the self time the profiler reads for an op that computes one element (an
+    ``add`` into a one-element tensor): the dispatcher and the op's set-up.
     """
 
     per_op_s: float
@@ -78,7 +82,7 @@ class KernelSplit:
 
     share: float  # kernels' time / the call's time, in [0, 1]
     kernel_s: float  # kernels' seconds per profiled call (before scaling to time_s)
-    wall_s: float  # wall seconds per profiled call, the profiler's cost taken out
+    wall_s: float  # wall seconds per call, unprofiled, around the profile
     calls: int
     method: str
 
@@ -124,87 +128,109 @@ def busy_seconds(intervals: Iterable[Interval]) -> float:
     return total
 
 
-def split_of(kernel_s: float, wall_s: float, ops: float, cost: ProfilerCost) -> float:
-    """The kernels' share of profiled calls: ``kernel_s`` over the calls' ``wall_s`` with
-    the profiler's cost of ``ops`` recorded ops taken out, in [0, 1] (per call or in total)."""
-    unprofiled = wall_s - ops * cost.per_op_s
-    if unprofiled <= 0:
+def split_of(kernel_s: float, plain_s: float) -> float:
+    """The kernels' share of calls that took ``plain_s`` unprofiled, in [0, 1]."""
+    if plain_s <= 0:
         return 1.0 if kernel_s > 0 else 0.0
-    return min(1.0, max(0.0, kernel_s / unprofiled))
+    return min(1.0, max(0.0, kernel_s / plain_s))
 
 
 @dataclass(frozen=True)
 class Profiled:
-    """What one profile of ``calls`` calls recorded."""
+    """What one profile of ``calls`` calls recorded, and the same calls unprofiled."""
 
     calls: int
     wall_s: float  # all the calls together, profiler running
+    plain_s: float  # as many calls without it, around the profile (their mean)
     ops: list[OpEvent]  # host ops
     device: list[Interval]  # device kernels (empty on the CPU)
 
+    @property
+    def per_op_s(self) -> float:
+        """The wall time the profiler added per recorded op (nan: no unprofiled calls)."""
+        return max(0.0, (self.wall_s - self.plain_s) / len(self.ops)) if self.ops else 0.0
+
 
 def _record(fn: Callable[[], object], calls: int, device: str, clock: Clock,
-            sync: Callable[[], None]) -> Profiled:  # fmt: skip
-    """Profile ``calls`` calls of ``fn``: host ops with their own times, and on CUDA the
-    device's kernels."""
+            sync: Callable[[], None], plain: bool = True) -> Profiled:  # fmt: skip
+    """Profile ``calls`` calls of ``fn`` (with ``plain``, as many timed unprofiled before and
+    after: else ``plain_s`` is nan): host ops with their own times, and on CUDA the device's
+    kernels."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "10")  # keep Kineto's session lines off stderr
     on_cuda = device.startswith("cuda")
+
+    def timed() -> float:
+        sync()
+        start = clock()
+        for _ in range(calls):
+            fn()
+        sync()
+        return clock() - start
+
     collecting = gc.isenabled()
     gc.disable()
     try:
+        before = timed() if plain else math.nan
         with profile(use_device="cuda" if on_cuda else None) as prof:
-            sync()
-            start = clock()
-            for _ in range(calls):
-                fn()
-            sync()
-            wall = clock() - start
+            wall = timed()
+        unprofiled = (before + timed()) / 2 if plain else math.nan
     finally:
         if collecting:
             gc.enable()
-    host: list[tuple[int, int, int, str]] = []  # (thread, start, end, name), ns
-    kernels = []
-    for e in prof.kineto_results.events():
-        kind = e.device_type()
-        if kind == torch.autograd.DeviceType.CPU:
-            start = e.start_ns()
-            host.append((e.start_thread_id(), start, start + e.duration_ns(), e.name()))
-        elif on_cuda and kind == torch.autograd.DeviceType.CUDA:
-            start_s = e.start_ns() * 1e-9
-            kernels.append(Interval(start_s, start_s + e.duration_ns() * 1e-9))
-    return Profiled(calls, wall, nest(host), kernels)
+    events = prof.kineto_results.events()
+    cpu, gpu = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    host = [
+        (e.start_thread_id(), e.start_ns(), e.start_ns() + e.duration_ns(), e.name())
+        for e in events
+        if e.device_type() == cpu
+    ]  # (thread, start, end, name), ns
+    kernels = [
+        Interval(e.start_ns() * 1e-9, (e.start_ns() + e.duration_ns()) * 1e-9)
+        for e in (events if on_cuda else ())
+        if e.device_type() == gpu
+    ]
+    return Profiled(calls, wall, unprofiled, nest(host), kernels)
 
 
 def nest(spans: list[tuple[int, int, int, str]]) -> list[OpEvent]:
     """Host ops from their (thread, start, end, name) spans in nanoseconds: an op inside
     another's span on the same thread is nested in it, and its time is not the outer op's
-    own."""
+    own. (A recurrence records ~200k spans a call: the loop is kept plain.)"""
     found: list[OpEvent] = []
-    ordered = sorted(spans, key=lambda s: (s[0], s[1], -s[2]))
-    stack: list[list] = []  # [thread, end, name, own ns, children] of the ops still open
-
-    def close(frame: list) -> None:
-        found.append(OpEvent(frame[2], frame[3] * 1e-9, frame[4]))
-
-    for thread, start, end, name in ordered:
+    append = found.append
+    # the ops still open, innermost last: [thread, end, name, own ns, children]
+    stack: list[list[Any]] = []
+    for thread, start, end, name in sorted(spans, key=lambda s: (s[0], s[1], -s[2])):
         while stack and (stack[-1][0] != thread or stack[-1][1] <= start):
-            close(stack.pop())
+            done = stack.pop()
+            append(OpEvent(done[2], done[3] * 1e-9, done[4]))
         if stack:
-            stack[-1][3] -= end - start  # the outer op's own time leaves this one out
-            stack[-1][4] += 1
+            outer = stack[-1]
+            outer[3] -= end - start  # the outer op's own time leaves this one out
+            outer[4] += 1
         stack.append([thread, end, name, end - start, 0])
     while stack:
-        close(stack.pop())
+        done = stack.pop()
+        append(OpEvent(done[2], done[3] * 1e-9, done[4]))
     return found
 
 
 Recorder = Callable[[Callable[[], object], int, str], Profiled]
 
 
+# Where the profiler's recording would take at least this share of a call (the host's cost
+# per op times the ops the call dispatches), its cost is measured on the case's own calls (as
+# many timed unprofiled around them); below it, the host's calibrated cost per recorded op is
+# taken out of the profiled calls' own wall time, which keeps the share immune to a slow call
+# outside them.
+OWN_COST_SHARE = 0.05
+
+
 @functools.cache
-def profiler_cost(repeats: int = 5, loop: int = 400) -> ProfilerCost:
+def profiler_cost(repeats: int = 7, loop: int = 200) -> ProfilerCost:
     """``ProfilerCost`` of this process's host, measured once: a loop of one-element adds,
-    timed plain and under the profiler (medians of ``repeats`` each)."""
+    profiled between two plain runs (the median of ``repeats`` such differences), and the
+    self time the profiler reads for one such add."""
     x, y, out = torch.ones(1), torch.ones(1), torch.empty(1)
 
     def tiny() -> None:
@@ -212,17 +238,11 @@ def profiler_cost(repeats: int = 5, loop: int = 400) -> ProfilerCost:
             torch.add(x, y, out=out)
 
     tiny()
-    plain, profiled, floors = [], [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tiny()
-        plain.append(time.perf_counter() - start)
-        found = _record(tiny, 1, "cpu", time.perf_counter, lambda: None)
-        profiled.append(found.wall_s)
-        floors.append(statistics.median(e.self_s for e in found.ops))
-        ops = len(found.ops)
-    per_op = max(0.0, (statistics.median(profiled) - statistics.median(plain)) / ops)
-    return ProfilerCost(per_op, statistics.median(floors))
+    found = [_record(tiny, 1, "cpu", time.perf_counter, lambda: None) for _ in range(repeats)]
+    return ProfilerCost(
+        statistics.median(f.per_op_s for f in found),
+        statistics.median(e.self_s for f in found for e in f.ops),
+    )
 
 
 def kernel_split(
@@ -239,32 +259,45 @@ def kernel_split(
     """Profile a few calls of ``fn`` (one call takes about ``call_s`` and dispatches about
     ``ops`` ops, where known) and split them.
 
-    ``cost`` and ``record`` are this host's profiler cost and the profiler itself by default;
-    tests pass their own.
+    ``cost`` (the host's calibrated profiler cost and op floor) and ``record`` (the profiler)
+    are this host's by default; tests pass their own.
     """
     calls = min(MAX_PROFILED_CALLS, math.ceil(PROFILED_S / max(call_s, 1e-9)))
     if ops:
         calls = min(calls, MAX_PROFILED_OPS // ops)
     calls = max(1, calls)
-    cost = cost if cost is not None else profiler_cost()
+    host = cost if cost is not None else profiler_cost()
+    # the recording a large part of the calls (thousands of small ops): its cost is read on
+    # them, against as many unprofiled around them; ``ops`` unknown, it is read anyway
+    own = ops is None or host.per_op_s * ops >= OWN_COST_SHARE * call_s
     found = (
         record(fn, calls, device)
         if record is not None
-        else _record(fn, calls, device, clock, sync)
+        else _record(fn, calls, device, clock, sync, plain=own)
     )
     on_device = device.startswith("cuda")
+    own = own and math.isfinite(found.plain_s)
+    if own:
+        cost, plain = ProfilerCost(found.per_op_s, host.op_floor_s), found.plain_s
+    else:
+        cost, plain = host, found.wall_s - host.per_op_s * len(found.ops)
+    if on_device:
+        cost = ProfilerCost(cost.per_op_s, 0.0)
     kernel = busy_seconds(found.device) if on_device else host_kernel_seconds(found.ops, cost)
-    share = split_of(kernel, found.wall_s, len(found.ops), cost)
-    where = "the device's kernels' busy time" if on_device else "the aten ops' own time"
+    where = (
+        "the device's kernels' busy time"
+        if on_device
+        else f"the aten ops' own time less an op's floor of {cost.op_floor_s * 1e6:.2f} µs and"
+    )
+    against = "as many unprofiled around them" if own else "themselves"
     method = (
-        f"profiled: {found.calls} call(s), {where}; the profiler's "
-        f"{cost.per_op_s * 1e6:.2f} µs a recorded op and an op's floor "
-        f"{cost.op_floor_s * 1e6:.2f} µs taken out"
+        f"profiled: {found.calls} call(s), against {against}; {where} the profiler's "
+        f"{cost.per_op_s * 1e6:.2f} µs a recorded op taken out"
     )
     return KernelSplit(
-        share=share,
+        share=split_of(kernel, plain),
         kernel_s=kernel / found.calls,
-        wall_s=(found.wall_s - len(found.ops) * cost.per_op_s) / found.calls,
+        wall_s=plain / found.calls,
         calls=found.calls,
         method=method,
     )
