@@ -60,7 +60,7 @@ def _time_cell(row: pd.Series | None, overhead: list[int] | None, lengths: list[
     flat = overhead is None and work and rate is not None and rate >= FLAT_SHARE * work > 0
     if flat or (overhead is not None and lengths and set(lengths) <= set(overhead)):
         return "overhead-bound"
-    return f"{_label(row, 'n')} unsettled"
+    return f"{_label(row, 'n')} (unsettled)"
 
 
 def _value(row: pd.Series | None, column: str) -> Any:

@@ -218,7 +218,7 @@ def test_a_layer_whose_kernels_are_a_sliver_of_its_time_reads_overhead_bound() -
 def test_a_rate_still_climbing_reads_unsettled_and_a_settled_one_plain() -> None:
     climbing = [1e-4 * n**0.5 for n in (64, 128, 256, 512, 1024)]  # rate ~ n^0.5: not settled
     table = comparison_table(_line(climbing, [0.6, 0.7, 0.8, 0.9, 0.95])).set_index("layer")
-    assert table.loc["conv", "compute (measured)"] == "n^0.50 unsettled"
+    assert table.loc["conv", "compute (measured)"] == "n^0.50 (unsettled)"
     assert table.loc["conv", "overhead_bound_n"] == []
     steady = [1e-8 * n for n in (64, 128, 256, 512, 1024)]
     table = comparison_table(_line(steady, [0.3, 0.3, 0.3, 0.3, 0.3])).set_index("layer")

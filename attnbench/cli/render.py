@@ -24,6 +24,7 @@ from rich.table import Table
 
 from attnbench._version import __version__
 from attnbench.compare import Comparison
+from attnbench.measure.timing import TimingStats
 from attnbench.render.verdicts import display_table
 from attnbench.run.ab import ABStart, describe_sides
 from attnbench.run.events import ProgressEvent, SweepStart
@@ -190,20 +191,27 @@ def _case_text(event: ProgressEvent) -> str:
         t = event.timing
         if t is None:
             return f"{head}  failed this round (left out)"
-        return f"{head}  {fmt_seconds(t.median_s)} ± {fmt_seconds(t.iqr_s)} ({t.count} samples)"
+        return f"{head}  {_timed(t)}"
     rounds = f"round 1/{event.rounds}, " if event.rounds > 1 else ""
     head = f"[{rounds}{event.completed:>{width}}/{event.total}] {event.case.label()}"
     result = event.result
     if result is None or result.status != "ok" or result.timing is None:
         status = result.status.upper() if result else "FAILED"
         return f"{head}  {status}: {result.error if result else ''}"
-    t = result.timing
+    kernels = "" if result.kernel_share is None else f"  kernels {result.kernel_share:.0%}"
     return (
-        f"{head}  {fmt_seconds(t.median_s)} ± {fmt_seconds(t.iqr_s)} ({t.count} samples)  "
+        f"{head}  {_timed(result.timing)}{kernels}  "
         f"peak {fmt_bytes(result.peak_bytes)}  {fmt_count(result.flops, 'FLOP')}  "
         f"{fmt_count(result.flops_per_s, 'FLOP/s')}  steps {fmt_int(result.seq_steps)}  "
         f"path {fmt_int(result.path_len)}"
     )
+
+
+def _timed(t: TimingStats) -> str:
+    """A median and how far its 95% confidence interval reaches, with its samples."""
+    reach = t.rel_ci
+    precision = "" if reach == float("inf") else f" ±{reach:.1%}"
+    return f"{fmt_seconds(t.median_s)}{precision} ({t.count} samples)"
 
 
 def estimate_range(low: float | None, high: float) -> str:

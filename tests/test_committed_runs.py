@@ -1,0 +1,39 @@
+"""The committed runs under results/ are what the tool makes of them today: re-plotting each
+draws its committed charts byte for byte, and the README's tables are theirs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnbench.fits import analyse
+from attnbench.render.charts import build_charts, save_charts
+from attnbench.results.store import load_results
+
+ROOT = Path(__file__).resolve().parents[1]
+PLOTTED = sorted(p for p in (ROOT / "results").iterdir() if (p / "charts").is_dir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder", PLOTTED, ids=lambda p: p.name)
+def test_replotting_a_committed_run_draws_its_committed_charts(folder: Path, tmp_path: Path):
+    committed = sorted((folder / "charts").iterdir())
+    names = list(dict.fromkeys(p.stem for p in committed))
+    formats = sorted({p.suffix[1:] for p in committed})
+    run = load_results(folder)
+    figures = build_charts(run, analyse(run), names)
+    assert sorted(figures) == sorted(names)  # every committed chart is drawn again
+    save_charts(figures, tmp_path, formats)
+    differ = [p.name for p in committed if (tmp_path / p.name).read_bytes() != p.read_bytes()]
+    assert not differ, f"attnbench plot {folder} draws other charts: {differ}"
+
+
+def test_the_readmes_tables_are_the_committed_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "readme_tables.py"), "--check"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
