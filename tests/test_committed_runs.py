@@ -20,13 +20,12 @@ PLOTTED = sorted(p for p in (ROOT / "results").iterdir() if (p / "charts").is_di
 @pytest.mark.slow
 @pytest.mark.parametrize("folder", PLOTTED, ids=lambda p: p.name)
 def test_replotting_a_committed_run_draws_its_committed_charts(folder: Path, tmp_path: Path):
-    committed = sorted((folder / "charts").iterdir())
-    names = list(dict.fromkeys(p.stem for p in committed))
-    formats = sorted({p.suffix[1:] for p in committed})
+    committed = sorted((folder / "charts").glob("*.svg"))  # the PNGs rasterise the same figures
+    names = [p.stem for p in committed]
     run = load_results(folder)
     figures = build_charts(run, analyse(run), names)
     assert sorted(figures) == sorted(names)  # every committed chart is drawn again
-    save_charts(figures, tmp_path, formats)
+    save_charts(figures, tmp_path, ["svg"])
     differ = [p.name for p in committed if (tmp_path / p.name).read_bytes() != p.read_bytes()]
     assert not differ, f"attnbench plot {folder} draws other charts: {differ}"
 
