@@ -4,6 +4,8 @@ ratios within one profile, never by an absolute time."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -115,7 +117,7 @@ def test_one_large_product_is_almost_all_kernel() -> None:
     layer, x = large_product(), torch.randn(256, 1024)  # 0.5 GFLOP: milliseconds
     with torch.no_grad():
         layer(x)
-        found = kernel_split(lambda: layer(x), "cpu", 1e-3)
+        found = kernel_split(lambda: layer(x), "cpu", 1e-3, ops=1)  # one product, as a sweep
     assert found.share > 0.9
 
 
@@ -129,7 +131,7 @@ def test_a_python_loop_of_tiny_ops_is_mostly_overhead() -> None:
         return y
 
     loop()
-    found = kernel_split(loop, "cpu", 1e-3)
+    found = kernel_split(loop, "cpu", 1e-3, ops=600)
     assert found.share < 0.3
 
 
@@ -218,3 +220,22 @@ def test_a_cuda_profile_is_read_into_host_ops_and_device_kernels(monkeypatch) ->
     ]  # fmt: skip
     assert busy_seconds(found.device) == pytest.approx(50e-6)
     assert split_of(busy_seconds(found.device), found.plain_s) == pytest.approx(0.5)
+
+
+def test_the_op_floor_is_read_beside_the_calls_and_kept_apart_from_them() -> None:
+    """The one-element adds profiled just before the calls give the floor of that moment;
+    the call's own ops are everything outside their region, on a real profile too."""
+    from attnbench.measure.split import FLOOR_LABEL, FLOOR_OPS, _floor_apart, _record
+
+    spans = [
+        (1, 0, 100, FLOOR_LABEL),
+        (1, 10, 20, "aten::add"), (1, 30, 42, "aten::add"), (1, 50, 64, "aten::add"),
+        (1, 200, 300, "aten::mm"),
+    ]  # fmt: skip
+    floor, own = _floor_apart(spans)
+    assert floor == pytest.approx(12e-9) and [e.name for e in own] == ["aten::mm"]
+    x = torch.randn(64, 64)
+    found = _record(lambda: x @ x, 2, "cpu", time.perf_counter, lambda: None)
+    assert 0 < found.floor_s < 1e-3
+    assert [e.name for e in found.ops].count("aten::mm") == 2  # the calls' own: no add
+    assert FLOOR_OPS >= 50

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.autograd.profiler import profile
+from torch.autograd.profiler import profile, record_function
 
 from attnbench.measure.ops import ALIASES, is_view
 
@@ -69,7 +69,7 @@ class ProfilerCost:
     less the same calls' unprofiled, over the ops recorded. An op's recording runs inside its
     parent's interval, so it is taken out of the parent's self time.
     ``op_floor_s``: the self time the profiler reads for an op that computes one element (an
-    ``add`` into a one-element tensor): the dispatcher and the op's set-up.
+    ``add`` of one-element tensors): the dispatcher, the op's set-up, its output tensor.
     """
 
     per_op_s: float
@@ -144,6 +144,8 @@ class Profiled:
     plain_s: float  # as many calls without it, around the profile (their mean)
     ops: list[OpEvent]  # host ops
     device: list[Interval]  # device kernels (empty on the CPU)
+    # the median self time of one-element adds profiled just before the calls (nan: none)
+    floor_s: float = math.nan
 
     @property
     def per_op_s(self) -> float:
@@ -172,6 +174,8 @@ def _record(fn: Callable[[], object], calls: int, device: str, clock: Clock,
     try:
         before = timed() if plain else math.nan
         with profile(use_device="cuda" if on_cuda else None) as prof:
+            with record_function(FLOOR_LABEL):
+                _tiny_adds(FLOOR_OPS)
             wall = timed()
         unprofiled = (before + timed()) / 2 if plain else math.nan
     finally:
@@ -189,7 +193,32 @@ def _record(fn: Callable[[], object], calls: int, device: str, clock: Clock,
         for e in (events if on_cuda else ())
         if e.device_type() == gpu
     ]
-    return Profiled(calls, wall, unprofiled, nest(host), kernels)
+    floor, ops = _floor_apart(host)
+    return Profiled(calls, wall, unprofiled, ops, kernels, floor)
+
+
+def _tiny_adds(count: int) -> None:
+    """``count`` adds of one-element tensors: ops that compute next to nothing, and pay what
+    an op pays besides (the dispatcher, its set-up, a new output tensor)."""
+    x, y = torch.ones(1), torch.ones(1)
+    for _ in range(count):
+        torch.add(x, y)
+
+
+def _floor_apart(spans: list[tuple[int, int, int, str]]) -> tuple[float, list[OpEvent]]:
+    """The median self time of the ops inside the ``FLOOR_LABEL`` region (nan without one),
+    and the call's own ops: every op outside it."""
+    label = next((s for s in spans if s[3] == FLOOR_LABEL), None)
+    if label is None:
+        return math.nan, nest(spans)
+    thread, start, end, _ = label
+
+    def inside(span: tuple[int, int, int, str]) -> bool:
+        return span[0] == thread and start <= span[1] and span[2] <= end
+
+    floor = [e.self_s for e in nest([s for s in spans if inside(s) and s is not label])]
+    own = nest([s for s in spans if not inside(s)])
+    return (statistics.median(floor) if floor else math.nan), own
 
 
 def nest(spans: list[tuple[int, int, int, str]]) -> list[OpEvent]:
@@ -218,6 +247,9 @@ def nest(spans: list[tuple[int, int, int, str]]) -> list[OpEvent]:
 Recorder = Callable[[Callable[[], object], int, str], Profiled]
 
 
+# Ahead of a case's calls, inside the same profile, this many one-element adds give the op
+# floor of that moment (a machine slowed by a neighbour slows its ops and its floor alike).
+FLOOR_LABEL, FLOOR_OPS = "attnbench.op_floor", 100
 # Where the profiler's recording would take at least this share of a call (the host's cost
 # per op times the ops the call dispatches), its cost is measured on the case's own calls (as
 # many timed unprofiled around them); below it, the host's calibrated cost per recorded op is
@@ -230,12 +262,10 @@ OWN_COST_SHARE = 0.05
 def profiler_cost(repeats: int = 7, loop: int = 200) -> ProfilerCost:
     """``ProfilerCost`` of this process's host, measured once: a loop of one-element adds,
     profiled between two plain runs (the median of ``repeats`` such differences), and the
-    self time the profiler reads for one such add."""
-    x, y, out = torch.ones(1), torch.ones(1), torch.empty(1)
+    self time the profiler reads for one such add (where a profile has no floor of its own)."""
 
     def tiny() -> None:
-        for _ in range(loop):
-            torch.add(x, y, out=out)
+        _tiny_adds(loop)
 
     tiny()
     found = [_record(tiny, 1, "cpu", time.perf_counter, lambda: None) for _ in range(repeats)]
@@ -277,10 +307,13 @@ def kernel_split(
     )
     on_device = device.startswith("cuda")
     own = own and math.isfinite(found.plain_s)
+    floor = found.floor_s if math.isfinite(found.floor_s) else host.op_floor_s
     if own:
-        cost, plain = ProfilerCost(found.per_op_s, host.op_floor_s), found.plain_s
+        cost, plain = ProfilerCost(found.per_op_s, floor), found.plain_s
     else:
-        cost, plain = host, found.wall_s - host.per_op_s * len(found.ops)
+        cost, plain = ProfilerCost(host.per_op_s, floor), found.wall_s - host.per_op_s * len(
+            found.ops
+        )
     if on_device:
         cost = ProfilerCost(cost.per_op_s, 0.0)
     kernel = busy_seconds(found.device) if on_device else host_kernel_seconds(found.ops, cost)
