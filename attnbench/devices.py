@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 import platform
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from attnbench.errors import AttnbenchError
+
+T = TypeVar("T")
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -29,6 +32,12 @@ DeviceResolver = Callable[[str, str], str]  # (--device, --dtype) -> the device 
 def device_kind(device: str) -> str:
     """The kind of a resolved device, what per-device tables are keyed by: cuda for cuda:1."""
     return device.split(":")[0]
+
+
+def for_kind(table: Mapping[str, T], device: str) -> T:
+    """The entry of ``table`` for the kind of ``device`` ("cuda:1" reads "cuda"), else the
+    CPU's."""
+    return table.get(device_kind(device), table["cpu"])
 
 
 def resolve_device(name: str) -> str:

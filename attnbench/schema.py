@@ -9,6 +9,7 @@ adding it here and measuring it; nothing else spells the vocabulary.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,6 +20,14 @@ from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 Kind = Literal["int", "float", "text"]
 Group = Literal["case", "measure", "structure", "placement", "source"]
+
+
+def numeric_column(frame: pd.DataFrame, name: str) -> pd.Series:
+    """A results column as floats: text and blanks read as NaN, and an absent column (a run
+    from before it existed) as all NaN."""
+    if name not in frame:
+        return pd.Series(math.nan, index=frame.index, dtype=float)
+    return pd.to_numeric(frame[name], errors="coerce")
 
 
 def fmt_int(value: Any) -> str:
@@ -305,11 +314,9 @@ COLUMNS: tuple[Column, ...] = (
 )  # fmt: skip
 COLUMN = {c.name: c for c in COLUMNS}
 RESULT_COLUMNS = [c.name for c in COLUMNS]
-CASE_COLUMNS = [c.name for c in COLUMNS if c.group == "case"]
 # Layer options with a column of their own since the first release; a layer's other options
 # get columns after the registry's (``option_columns``).
 OPTION_COLUMNS = ["k", "heads", "window"]
-PLACEMENT_COLUMNS = [c.name for c in COLUMNS if c.group == "placement"]
 OPTIONAL_COLUMNS = [c.name for c in COLUMNS if c.optional]
 SUMMARY_COLUMNS = [c for c in COLUMNS if c.summary]
 

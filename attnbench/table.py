@@ -16,6 +16,7 @@ from attnbench.fits import Analysis, analyse
 from attnbench.fits.exponents import SETTLED_RULE
 from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES
 from attnbench.results.run import RunResults
+from attnbench.schema import numeric_column
 
 COLUMNS = [
     "layer",
@@ -43,7 +44,7 @@ def _overhead_bound(group: pd.DataFrame, d_fix: int) -> list[int] | None:
     line = group[group["d"] == d_fix]
     if "kernel_share" not in line or line["kernel_share"].isna().all():
         return None
-    share = pd.to_numeric(line["kernel_share"], errors="coerce")
+    share = numeric_column(line, "kernel_share")
     return sorted(int(n) for n in line.loc[share < OVERHEAD_SHARE, "n"])
 
 

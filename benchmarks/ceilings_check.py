@@ -75,7 +75,8 @@ def policies(rounds: int, median: bool = False, against: str = "spread") -> None
     import dataclasses
 
     from attnbench.devices import device_sync
-    from attnbench.measure import ceilings, rates
+    from attnbench.measure import machine as ceilings
+    from attnbench.measure import rates
     from attnbench.measure.timing import time_call
 
     def median_s(name: str, fn: object, policy: object) -> float:

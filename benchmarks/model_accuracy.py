@@ -35,7 +35,8 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.fits.roofline import effective_ceilings, predict, relative_rms, rounds_rms
-from attnbench.measure.ceilings import Ceilings, read_ceilings
+from attnbench.measure.ceilings import Ceilings
+from attnbench.measure.ceilings_file import read_ceilings
 from attnbench.measure.rates import lstm_flops
 from attnbench.results.store import load_results
 
@@ -52,9 +53,8 @@ def main() -> None:
         raise SystemExit(f"{args.results}: no ceilings in run.json; pass --ceilings")
     frame = run.measured
     single = dataclasses.replace(
-        ceilings, gemm_rates=None, conv_rates=None, attention_rates=None,
-        elementwise_rates=None, recurrent_rates=None,
-        conv_flops_per_s=ceilings.rate("conv"), attention_flops_per_s=ceilings.rate("attention"),
+        ceilings, gemm_rates=None, elementwise_rates=None, recurrent_rates=None,
+        conv_rates={1: ceilings.rate("conv")}, attention_rates={1: ceilings.rate("attention")},
     )  # fmt: skip
     curves = dataclasses.replace(ceilings, elementwise_rates=None, recurrent_rates=None)
     ops = dataclasses.replace(ceilings, recurrent_rates=None)

@@ -49,8 +49,9 @@ from attnbench.fits.roofline import predict, relative_rms
 from attnbench.layers.registry import entry
 from attnbench.measure.allocator import set_allocator
 from attnbench.measure.case import make_step
-from attnbench.measure.ceilings import CEILING_POLICY, LATENCY_POLICY, Ceilings
+from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.flops import formulas
+from attnbench.measure.machine import CEILING_POLICY, LATENCY_POLICY
 from attnbench.measure.ops import TracingMode, is_view, moves_data, tensors, unfused
 from attnbench.measure.timing import TimingPolicy, time_call
 from attnbench.measure.traffic import ELEMENTWISE_PREFIX, kernel_of, op_bytes

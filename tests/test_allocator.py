@@ -277,7 +277,7 @@ RSS_AFTER_CEILINGS = """
 import json
 import torch
 from attnbench.measure.allocator import set_allocator
-from attnbench.measure.ceilings import measure_ceilings
+from attnbench.measure.machine import measure_ceilings
 
 def rss() -> int:
     line = next(l for l in open("/proc/self/status") if l.startswith("VmRSS"))

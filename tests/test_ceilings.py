@@ -15,16 +15,17 @@ import torch
 from typer.testing import CliRunner
 
 from attnbench.cli import app
+from attnbench.devices import for_kind
 from attnbench.errors import AttnbenchError
-from attnbench.measure import ceilings
-from attnbench.measure.ceilings import (
-    Ceilings,
+from attnbench.measure import ceilings_file, machine
+from attnbench.measure.ceilings import Ceilings
+from attnbench.measure.ceilings_file import (
     cache_dir,
+    ceilings_from,
     machine_ceilings,
-    measure_ceilings,
     read_ceilings,
-    stream_elements,
 )
+from attnbench.measure.machine import measure_ceilings, stream_elements
 
 runner = CliRunner()
 SECONDS = {"gemm": 0.02, "copy": 0.004, "op": 3e-6, "conv": 0.01, "attention": 0.05,
@@ -72,7 +73,7 @@ def test_each_ceiling_is_its_kernels_work_over_its_time() -> None:
     assert found.elementwise_rate("exp") == 2**16 / 8e-5
     assert found.elementwise_rate("erfinv") == 2**16 / 1e-5  # not measured: an add's rate
     # no single rate for a convolution or a fused attention: their curves hold them
-    assert found.conv_flops_per_s is None and found.attention_flops_per_s is None
+    assert "conv_flops_per_s" not in found.to_dict()
     assert found.rate("conv") == found.conv_rates[4]  # an unknown width: the widest
     assert found.rate("attention") == found.attention_rates[8]
     assert found.peak_flops_per_s == 2 * 64**3 / 0.02  # 2·s³ FLOPs of the product
@@ -109,7 +110,8 @@ def test_a_device_off_the_cpu_counts_no_faults_and_waits_for_its_queue() -> None
         **SMALL,
     )  # fmt: skip
     assert found.page_fault_s is None and found.device == "meta"
-    assert ceilings._side("cuda:1") == 8192 and ceilings._side("cpu") == 1024
+    assert for_kind(machine.GEMM_SIDE, "cuda:1") == 8192
+    assert for_kind(machine.GEMM_SIDE, "cpu") == 1024
 
 
 def test_each_kernel_keeps_its_fastest_time_over_the_passes() -> None:
@@ -146,7 +148,7 @@ def test_a_kernels_time_is_its_fastest_sample_not_its_median(
 
     samples = (0.03, 0.02, 0.05)  # median 0.03, fastest 0.02
     monkeypatch.setattr(
-        ceilings, "time_call",
+        machine, "time_call",
         lambda fn, policy, clock, sync: TimingStats(samples, 1, sum(samples)),
     )  # fmt: skip
     found = measure_ceilings(
@@ -189,8 +191,8 @@ def test_a_cuda_devices_stream_is_sized_by_its_own_l2(monkeypatch: pytest.Monkey
         L2_cache_size = 50 * 2**20
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
-    assert ceilings.last_level_cache_bytes("cuda:0") == 50 * 2**20
-    assert stream_elements(2, ceilings.last_level_cache_bytes("cuda:0")) == 200 * 2**20 // 2
+    assert machine.last_level_cache_bytes("cuda:0") == 50 * 2**20
+    assert stream_elements(2, machine.last_level_cache_bytes("cuda:0")) == 200 * 2**20 // 2
 
 
 def test_the_cache_location_follows_the_environment(tmp_path: Path) -> None:
@@ -253,16 +255,18 @@ def test_a_bad_ceilings_file_is_one_clear_error(tmp_path: Path, content: str, me
 
 
 def test_a_ceilings_file_from_before_the_kernel_rates_still_reads(tmp_path: Path) -> None:
-    """Files written before the convolution and attention rates were measured lack them: they
-    read as not measured (the model then uses the GEMM's peak), not as an error."""
+    """Files written before the convolution and attention rates were measured lack them, and
+    files of the time after hold them as null: both read as the curves say, not as an
+    error."""
     found = _fake([])("cpu", "float32", 1)
-    older = {k: v for k, v in found.to_dict().items() if not k.endswith("_flops_per_s")}
-    older["peak_flops_per_s"] = found.peak_flops_per_s
     path = tmp_path / "older.json"
-    path.write_text(json.dumps(older))
-    read = read_ceilings(path)
-    assert read.conv_flops_per_s is None and read.attention_flops_per_s is None
-    assert read.peak_flops_per_s == found.peak_flops_per_s
+    for single in (None, "absent"):
+        older = found.to_dict()
+        if single is None:
+            older |= {"conv_flops_per_s": None, "attention_flops_per_s": None}
+        path.write_text(json.dumps(older))
+        read = read_ceilings(path)
+        assert read == found
     path.write_text(json.dumps({**found.to_dict(), "conv_flops_per_s": 0}))
     with pytest.raises(AttnbenchError, match="conv_flops_per_s must be a positive number"):
         read_ceilings(path)
@@ -284,11 +288,10 @@ def test_a_products_rate_is_read_off_its_kinds_curve_at_its_width() -> None:
     assert found.rate("conv", 1000) == pytest.approx(found.conv_rates[4])
     assert found.rate("conv") == found.conv_rates[4]  # unknown width: the curve's widest
     # a file from before the curves: its single rates, and the GEMM's peak where it has none
-    older = replace(found, attention_rates=None, conv_rates=None, attention_flops_per_s=3e10)
-    assert older.rate("attention", 8) == 3e10
+    data = {**found.to_dict(), "attention_rates": None, "conv_rates": None}
+    older = ceilings_from({**data, "attention_flops_per_s": 3e10, "conv_flops_per_s": None})
+    assert older.rate("attention", 8) == pytest.approx(3e10) and older.rate("attention") == 3e10
     assert older.rate("conv", 8) == found.peak_flops_per_s
-    # with curves, an older file's single rate still answers for a product of unknown width
-    assert replace(found, conv_flops_per_s=5e10).rate("conv") == 5e10
 
 
 def test_the_rate_curves_travel_through_a_file_and_bad_ones_are_one_clear_error(
@@ -367,7 +370,7 @@ def test_the_machine_command_prints_and_caches_the_ceilings(
 ) -> None:
     monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
     count: list[int] = []
-    monkeypatch.setattr(ceilings, "measure_ceilings", _fake(count))
+    monkeypatch.setattr(ceilings_file, "measure_ceilings", _fake(count))
     result = runner.invoke(app, ["machine", "--json", "--threads", "1", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
@@ -449,8 +452,8 @@ def test_a_catalogue_that_gains_an_op_reads_no_entry_measured_without_it(
     machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
     _, cached = machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
     assert cached and count == [1]
-    before = ceilings.cache_key("cpu", "float32", 1)
+    before = ceilings_file.cache_key("cpu", "float32", 1)
     monkeypatch.setitem(rates.CATALOGUE, "erf", lambda x, y, m: torch.erf(x))
-    assert ceilings.cache_key("cpu", "float32", 1) != before
+    assert ceilings_file.cache_key("cpu", "float32", 1) != before
     _, cached = machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))
     assert not cached and count == [1, 1]

@@ -227,15 +227,17 @@ def test_a_cache_that_cannot_be_written_is_skipped_and_left_without_torn_files(
     tmp_path: Path, cache_on: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A full disk under the cache: the sweep goes on, traces, and leaves no half entry."""
-    real = Path.write_text
+    import os
 
-    def full(self: Path, text: str, *args: object, **kwargs: object) -> int:
-        if self.suffix == ".tmp":
-            real(self, text[: len(text) // 2])  # cut short, as a full disk cuts a write
+    real = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        if str(cache_on) in os.readlink(f"/proc/self/fd/{fd}"):  # a cache file's write only
+            real(fd, bytes(data)[:3])  # cut short, as a full disk cuts a write
             raise OSError(28, "No space left on device")
-        return real(self, text, *args, **kwargs)  # type: ignore[arg-type]
+        return real(fd, data)
 
-    monkeypatch.setattr(Path, "write_text", full)
+    monkeypatch.setattr(os, "write", full)
     frame = sweep(tmp_path / "a", "--layers", "conv")
     assert (frame["status"] == "ok").all() and (frame["counts_source"] == "traced").all()
     assert not [p for p in cache_on.rglob("*") if p.is_file()]

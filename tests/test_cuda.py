@@ -18,7 +18,7 @@ import torch
 from attnbench.devices import device_sync
 from attnbench.layers import layer_names
 from attnbench.measure.case import measure_case
-from attnbench.measure.ceilings import measure_ceilings
+from attnbench.measure.machine import measure_ceilings
 from attnbench.measure.memory import peak_bytes
 from attnbench.measure.timing import TimingPolicy, time_call
 from attnbench.spec import build_grid

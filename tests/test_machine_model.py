@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.fits import analyse
 from attnbench.measure.case import make_step, measure_case
-from attnbench.measure.ceilings import machine_ceilings
+from attnbench.measure.ceilings_file import machine_ceilings
 from attnbench.measure.timing import TimingPolicy
 from attnbench.measure.traffic import count_traffic
 from attnbench.results.run import RunResults
@@ -134,21 +134,22 @@ def test_a_sweep_says_it_measures_the_ceilings_first_and_counts_them_in_its_esti
     """On a machine whose ceilings are not cached, the start line says they are measured first
     and its estimate includes them; the next sweep reads them from the cache and says
     nothing."""
-    from attnbench.measure import ceilings
+    from attnbench.measure import ceilings_file, machine
+    from attnbench.measure.ceilings import Ceilings
     from attnbench.run.estimate import CEILINGS_S
 
     monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path / "cache"))
-    real = ceilings.measure_ceilings
+    real = machine.measure_ceilings
     measured: list[int] = []
 
-    def quick(device: str, dtype: str, threads: int, passes: int = 2) -> ceilings.Ceilings:
+    def quick(device: str, dtype: str, threads: int, passes: int = 2) -> Ceilings:
         measured.append(threads)
         return real(device, dtype, threads, gemm_side=32, stream_numel=1000, passes=1,
                     curve_widths={"gemm": (8,), "conv": (8,), "attention": (8,),
                                   "recurrent": (8,)},
                     elementwise_ops=("add",))  # fmt: skip
 
-    monkeypatch.setattr(ceilings, "measure_ceilings", quick)
+    monkeypatch.setattr(ceilings_file, "measure_ceilings", quick)
     args = ["sweep", "--layers", "conv", "--n", "16,32", "--d", "8", "--device", "cpu",
             "--threads", "1", "--time-budget", "0.002", "--no-charts"]  # fmt: skip
     first = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])

@@ -163,8 +163,8 @@ def test_an_atomic_write_gets_the_umasks_mode_not_mkstemps(
 ) -> None:
     """The test above passes under a 077 umask whatever the writer does (0600 both ways):
     with the mode a 022 umask gives, a file renamed from mkstemp's 0600 reads 0644."""
-    from attnbench.results import files
+    from attnbench import storage
 
-    monkeypatch.setattr(files, "FILE_MODE", 0o644)
-    files.write_text_atomic(tmp_path / "x.json", "{}")
+    monkeypatch.setattr(storage, "FILE_MODE", 0o644)
+    storage.write_text_atomic(tmp_path / "x.json", "{}")
     assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o644

@@ -541,7 +541,7 @@ def test_a_stop_request_is_always_answered(running: int, said: str) -> None:
 def _disk_full_after(monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
     """Every ``os.write`` of the results' files after the first ``writes`` takes 3 bytes and
     then finds the disk full, as a real full disk cuts a write short."""
-    from attnbench.results import files
+    from attnbench import storage as files
 
     real = files.os.write
     count = {"writes": 0}
@@ -560,7 +560,7 @@ def _disk_full_after(monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
 def test_a_full_disk_leaves_no_row_half_written_and_no_file_torn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from attnbench.results.files import append_synced, create_synced, write_text_atomic
+    from attnbench.storage import append_synced, create_synced, write_text_atomic
 
     table, meta, fresh = tmp_path / "rows.csv", tmp_path / "run.json", tmp_path / "new.csv"
     table.write_text("a,b\n1,2\n")

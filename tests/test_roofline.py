@@ -86,7 +86,7 @@ def test_each_kind_of_product_runs_at_its_own_rate() -> None:
     """A convolution and a fused attention kernel take the rates the machine measured for
     them; the rest of the products (matrix multiplications) the GEMM's peak; a machine that
     did not measure a kind runs it at the peak."""
-    machine = replace(MACHINE, conv_flops_per_s=5e10, attention_flops_per_s=2e10)
+    machine = replace(MACHINE, conv_rates={1: 5e10}, attention_rates={1: 2e10})
     frame = pd.DataFrame(
         [
             # 1e9 FLOPs of GEMMs and 1e9 of convolution, each over 1e6 bytes

@@ -23,9 +23,10 @@ from attnbench.cli.options import (
 from attnbench.cli.render import ABProgress, Streams
 from attnbench.compare import compare_runs
 from attnbench.render.verdicts import to_json, to_markdown
-from attnbench.results.files import default_out_dir, write_text_atomic
+from attnbench.results.files import default_out_dir
 from attnbench.run.ab import run_ab
 from attnbench.spec import load_config
+from attnbench.storage import write_text_atomic
 from attnbench.thresholds import gate_from
 
 

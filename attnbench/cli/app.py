@@ -19,7 +19,7 @@ from rich.markup import escape
 from attnbench._version import __version__
 from attnbench.cli import ab, analysis, catalog, judge, machine, sweeping
 from attnbench.cli.render import console
-from attnbench.errors import AttnbenchError, SweepInterrupted
+from attnbench.errors import AttnbenchError, SweepInterrupted, first_line
 
 # What a command raises to end with its own exit code or a usage error: passed on untouched.
 # Typer from 0.29 stands without Click; before it, its exits are Click's.
@@ -75,10 +75,9 @@ def handles_errors(command: F, reads_runs: bool = False) -> F:
         except Exception as exc:
             if not reads_runs or os.environ.get("ATTNBENCH_DEBUG"):
                 raise
-            text = (str(exc).strip().splitlines() or [""])[0][:200]
             raise fail(
                 AttnbenchError(
-                    f"cannot read these results ({type(exc).__name__}: {text}); a file of the "
+                    f"cannot read these results ({first_line(exc)[:200]}); a file of the "
                     "results folder is malformed (ATTNBENCH_DEBUG=1 shows where it broke)"
                 )
             ) from None

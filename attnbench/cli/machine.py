@@ -18,13 +18,9 @@ from attnbench.cli.render import Streams, frame_table
 from attnbench.devices import DEVICE_CHOICES, DTYPES, check_threads, device_kind, local_device
 from attnbench.errors import AttnbenchError
 from attnbench.fits import Analysis, analyse, roofline
-from attnbench.measure.ceilings import (
-    PASSES,
-    Ceilings,
-    cache_dir,
-    machine_ceilings,
-    read_ceilings,
-)
+from attnbench.measure.ceilings import Ceilings
+from attnbench.measure.ceilings_file import cache_dir, machine_ceilings, read_ceilings
+from attnbench.measure.machine import PASSES
 from attnbench.render.charts import build_charts, save_charts
 from attnbench.render.report import crossover_display
 from attnbench.results.files import latest_results

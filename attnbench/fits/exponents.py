@@ -20,7 +20,7 @@ from attnbench.devices import DTYPES
 from attnbench.fits.agreement import agrees
 from attnbench.fits.models import Layers, ModelFit, layers_or_live, numeric, own_fit, size_rows
 from attnbench.regime import REGIME_BAND, settled_sizes
-from attnbench.schema import METRIC, METRICS
+from attnbench.schema import METRIC, METRICS, numeric_column
 
 
 @dataclass(frozen=True)
@@ -156,10 +156,10 @@ def counted_work(frame: pd.DataFrame) -> pd.Series:
     theory's "work" law has it: what a time is the work of (nan where FLOPs were not counted)."""
     if "flops" not in frame:
         return pd.Series(math.nan, index=frame.index)
-    flops = pd.to_numeric(frame["flops"], errors="coerce")
+    flops = numeric_column(frame, "flops")
     if "elementwise" not in frame:
         return flops
-    return flops + pd.to_numeric(frame["elementwise"], errors="coerce").fillna(0.0)
+    return flops + numeric_column(frame, "elementwise").fillna(0.0)
 
 
 NO_SPLIT = {"work_exponent": math.nan, "rate_exponent": math.nan, "rate_from": math.nan,

@@ -17,6 +17,7 @@ import pandas as pd
 
 from attnbench.layers.entry import CUSTOM, LayerEntry, LayerOption
 from attnbench.layers.registry import REGISTRY
+from attnbench.schema import numeric_column
 from attnbench.theory import Term, sizes
 
 # The layers an analysis reads, by name: a run's catalog (``results.theories``), which holds no
@@ -38,8 +39,8 @@ def options_of(layers: Layers | None) -> dict[str, LayerOption]:
 
 
 def numeric(frame: pd.DataFrame, column: str) -> pd.DataFrame:
-    values = pd.to_numeric(frame[column], errors="coerce")
-    return frame.assign(**{column: values}).dropna(subset=[column])
+    """The rows of ``frame`` whose ``column`` holds a number, that column as floats."""
+    return frame.assign(**{column: numeric_column(frame, column)}).dropna(subset=[column])
 
 
 LETTERS = "αβδεζηθκλμ"  # the coefficients' names in a formula, term by term (γ: constant)

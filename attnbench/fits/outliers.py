@@ -15,6 +15,8 @@ import re
 
 import pandas as pd
 
+from attnbench.schema import numeric_column
+
 TREND_FACTOR = 5.0  # a real layer is never this much slower at a smaller size
 GROWTH_MAX = 3.0  # no layer here grows faster than cubic in n or d
 
@@ -28,7 +30,7 @@ def _without(case_id: str, axis: str) -> str:
 def trend_outliers(measured: pd.DataFrame, factor: float = TREND_FACTOR) -> pd.DataFrame:
     """One row per flagged case (the larger ratio where both n and d flag it): its time, the
     bound it broke (``bound_s``), along which size, and time / bound."""
-    frame = measured[pd.to_numeric(measured["time_s"], errors="coerce") > 0]
+    frame = measured[numeric_column(measured, "time_s") > 0]
     found: dict[str, dict[str, object]] = {}
     for along in ("n", "d"):
         keys = frame["case_id"].map(lambda c, a=along: _without(str(c), a))

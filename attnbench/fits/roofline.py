@@ -48,15 +48,10 @@ import pandas as pd
 from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.ops import FUSED_RECURRENT, fused_names
 from attnbench.measure.traffic import ELEMENTWISE_PREFIX, parse_kernels
+from attnbench.schema import numeric_column
 
 BOUNDS = ("compute", "memory", "latency", "faults")
 PREDICTION_COLUMNS = ["case_id", "predicted_time_s", "bound", *(f"{b}_s" for b in BOUNDS)]
-
-
-def _column(frame: pd.DataFrame, name: str) -> pd.Series:
-    if name not in frame:
-        return pd.Series(np.nan, index=frame.index)
-    return pd.to_numeric(frame[name], errors="coerce")
 
 
 def _work(text: object, flops: float, product_bytes: float) -> list[tuple[str, str, float, float]]:
@@ -137,13 +132,13 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     """One row per case of ``frame`` with the counts the model needs (flops, bytes, ops):
     its predicted seconds per call, the seconds charged to each bound, and the bound. Cases
     missing a count are left out (a layer whose bytes could not be traced)."""
-    flops, moved, ops = (_column(frame, c) for c in ("flops", "bytes", "ops"))
+    flops, moved, ops = (numeric_column(frame, c) for c in ("flops", "bytes", "ops"))
     known = flops.notna() & moved.notna() & ops.notna()
     rows = frame[known]
     flops, moved, ops = flops[known], moved[known], ops[known]
     # Without product_bytes (an older run), the whole call is one roofline.
-    apart = _column(rows, "product_bytes").notna()  # the products' bytes known apart
-    products = _column(rows, "product_bytes").fillna(moved).clip(upper=moved)
+    apart = numeric_column(rows, "product_bytes").notna()  # the products' bytes known apart
+    products = numeric_column(rows, "product_bytes").fillna(moved).clip(upper=moved)
     kernels = rows["kernels"] if "kernels" in rows else pd.Series("", index=rows.index)
     bandwidth = ceilings.bandwidth_bytes_per_s
     fused = rows["fused_path"] if "fused_path" in rows else pd.Series("", index=rows.index)
@@ -163,7 +158,8 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
             "compute_s": compute,
             "memory_s": memory,
             "latency_s": ops * ceilings.op_latency_s + split["set_up"],
-            "faults_s": _column(rows, "page_faults").fillna(0.0) * (ceilings.page_fault_s or 0.0),
+            "faults_s": numeric_column(rows, "page_faults").fillna(0.0)
+            * (ceilings.page_fault_s or 0.0),
         },
         index=rows.index,
     )
@@ -196,8 +192,8 @@ def split_rms(frame: pd.DataFrame, machine: pd.DataFrame) -> tuple[float, float]
     (the overhead), each over the mean measured time, so the two read as shares of the
     time the layer takes and a miss is located, not averaged; nan where no case measured
     its kernels."""
-    time = _column(frame, "time_s").reindex(machine.index)
-    kernel = _column(frame, "kernel_time_s").reindex(machine.index)
+    time = numeric_column(frame, "time_s").reindex(machine.index)
+    kernel = numeric_column(frame, "kernel_time_s").reindex(machine.index)
     known = kernel.notna() & time.gt(0)
     if not known.any():
         return math.nan, math.nan
@@ -281,9 +277,9 @@ def effective_ceilings(
                  "latency_s": ceilings.op_latency_s,
                  "faults_s": ceilings.page_fault_s or 0.0}  # fmt: skip
     else:
-        terms = pd.DataFrame({c: _column(frame, c) for c in FIT_COUNTS}, index=frame.index)
+        terms = pd.DataFrame({c: numeric_column(frame, c) for c in FIT_COUNTS}, index=frame.index)
         terms["page_faults"] = terms["page_faults"].fillna(0.0)
-    time = _column(frame, "time_s").reindex(terms.index)
+    time = numeric_column(frame, "time_s").reindex(terms.index)
     known = terms.notna().all(axis=1) & time.gt(0)
     if known.sum() < 2:
         return None
@@ -324,5 +320,5 @@ def predicted_frame(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     rows = frame.loc[found.index].copy()
     rows["time_s"] = found["predicted_time_s"]
     rows["time_iqr_s"] = 0.0
-    rows["flops_per_s"] = _column(rows, "flops") / rows["time_s"]
+    rows["flops_per_s"] = numeric_column(rows, "flops") / rows["time_s"]
     return rows

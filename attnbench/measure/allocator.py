@@ -119,11 +119,6 @@ def release_freed(libc: Libc | None = None) -> bool:
     return True
 
 
-def current_state() -> AllocatorState | None:
-    """The state this process was put in (None: never set, glibc's defaults)."""
-    return _current
-
-
 def run_state(workers: list[dict[str, Any]]) -> dict[str, Any]:
     """The state a run measured in, from its workers' records (run.json ``allocator``):
     theirs when they agree, "mixed" when they do not, "unrecorded" for a worker that predates

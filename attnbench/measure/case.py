@@ -433,13 +433,8 @@ def auxiliary(count: Callable[[], T], method: str = "") -> tuple[T | None, str]:
 
 
 def _failed(case: Case, status: str, exc: BaseException, threads: int, wall: float) -> CaseResult:
-    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return CaseResult(
-        case=case,
-        status=status,
-        threads=threads,
-        wall_s=wall,
-        error=f"{type(exc).__name__}: {message}"[:300],
+        case=case, status=status, threads=threads, wall_s=wall, error=first_line(exc)[:300]
     )
 
 

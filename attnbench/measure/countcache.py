@@ -20,7 +20,6 @@ environment's ``ATTNBENCH_NO_CACHE=1``, which reaches worker processes) traces e
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -32,9 +31,11 @@ from typing import Any
 import torch
 
 from attnbench.devices import cpu_model
+from attnbench.errors import AttnbenchError
 from attnbench.layers.registry import entry
-from attnbench.measure.ceilings import cache_dir
+from attnbench.measure.ceilings_file import cache_dir
 from attnbench.spec import Case
+from attnbench.storage import write_text_atomic
 
 COUNTS_VERSION = 1
 NO_CACHE_ENV = "ATTNBENCH_NO_CACHE"
@@ -180,11 +181,8 @@ def _store(found: str | None, data: dict[str, Any], folder: Path | None) -> None
     if found is None or not enabled():
         return
     path = _path(found, folder)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
+    try:  # a full or read-only cache costs a trace next time, nothing else
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
-    except OSError:  # a full or read-only cache costs a trace next time, nothing else
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        write_text_atomic(path, json.dumps(data))
+    except (OSError, AttnbenchError):
+        pass

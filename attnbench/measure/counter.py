@@ -12,6 +12,7 @@ from typing import IO, Any
 
 import torch
 
+from attnbench.errors import first_line
 from attnbench.layers import plugins
 from attnbench.measure.allocator import DEFAULT_ALLOCATOR, set_allocator
 from attnbench.measure.case import make_step
@@ -39,8 +40,7 @@ def serve(incoming: IO[str], channel: IO[str]) -> None:
                 blocks = callgrind.count(step)
                 answer = {"op": "counted", "blocks": blocks, "calls": CALLS_PER_BLOCK}
         except Exception as exc:  # one line back; the case fails, the sweep goes on
-            text = (str(exc).strip().splitlines() or [""])[0]
-            answer = {"op": "error", "message": f"{type(exc).__name__}: {text}"}
+            answer = {"op": "error", "message": first_line(exc)}
         channel.write(json.dumps(answer) + "\n")
         channel.flush()
 

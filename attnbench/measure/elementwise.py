@@ -31,7 +31,7 @@ import torch
 
 from attnbench.measure.ops import (
     COMBINE,
-    TracingMode,
+    ObservingMode,
     elementwise_kind,
     floating,
     op_name,
@@ -76,16 +76,10 @@ def elements_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: A
     return 0
 
 
-class ElementCounter(TracingMode):
+class ElementCounter(ObservingMode):
     def __init__(self) -> None:
         super().__init__()
         self.total = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        self.observe(func, args, kwargs, out)
-        return out
 
     def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         self.total += elements_of(func, args, kwargs, out)

@@ -27,7 +27,7 @@ import torch
 from torch.utils import flop_counter
 
 from attnbench.measure.ops import (
-    TracingMode,
+    ObservingMode,
     Uncounted,
     elements_touched,
     elementwise_kind,
@@ -95,7 +95,7 @@ class FlopCount:
     uncounted: str = ""  # ``ops.Uncounted.describe``: empty when every op was accounted for
 
 
-class FlopCounter(TracingMode):
+class FlopCounter(ObservingMode):
     """Adds up the formula of every op that has one; names ops that are neither counted,
     elementwise work nor bookkeeping."""
 
@@ -104,12 +104,6 @@ class FlopCounter(TracingMode):
         self.formulas = formulas
         self.total = 0
         self.uncounted = Uncounted({})
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        self.observe(func, args, kwargs, out)
-        return out
 
     def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """Count one op that ran (``measure.census`` calls this for several counters at once)."""

@@ -39,6 +39,21 @@ class TracingMode(TorchDispatchMode):
         return False
 
 
+class ObservingMode(TracingMode):
+    """A counter that runs each op and then observes it (``observe``): the counters of FLOPs,
+    elementwise work, bytes and chains, each used alone or several at once by
+    ``measure.census``."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.observe(func, args, kwargs, out)
+        return out
+
+    def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        raise NotImplementedError
+
+
 COPIES = frozenset({"clone", "copy", "copy_", "_to_copy", "lift_fresh_copy"})
 # Work along a dimension that carries neither the pointwise nor the reduction tag: counted as
 # the elements read (softmaxes, cumulative ops, normalisations).

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
-from attnbench.devices import device_kind
+from attnbench.devices import for_kind
 from attnbench.measure.flops import count_flops
 from attnbench.measure.laws import Law
 from attnbench.measure.ops import unfused
@@ -69,14 +69,9 @@ WIDTH = 256  # the operands' last dimension
 ELEMENTS = {"cpu": 2**16, "cuda": 2**24, "mps": 2**22}
 
 
-def _for(table: Mapping[str, int], device: str) -> int:
-    """The entry of ``table`` for the kind of ``device`` ("cuda:1" reads "cuda"), else the CPU's."""
-    return table.get(device_kind(device), table["cpu"])
-
-
 def operands(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, y (rows, 256) of ``dtype`` on ``device`` (y positive) and a mask of x's shape."""
-    elements = _for(ELEMENTS, device)
+    elements = for_kind(ELEMENTS, device)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(elements // WIDTH, WIDTH, generator=gen)  # (rows, 256)
     y = torch.rand(elements // WIDTH, WIDTH, generator=gen) + 0.5  # (rows, 256), positive
@@ -209,7 +204,7 @@ def rate_curves(
     attention of 4 heads of width w over 512 positions on the CPU."""
     chosen = {"gemm": GEMM_WIDTHS, "conv": CONV_WIDTHS, "attention": HEAD_WIDTHS,
               **(widths or {})}  # fmt: skip
-    elements = _for(ELEMENTS, device)
+    elements = for_kind(ELEMENTS, device)
     gen = torch.Generator().manual_seed(0)
 
     def randn(*shape: int) -> torch.Tensor:
@@ -229,7 +224,7 @@ def rate_curves(
             CURVE_POLICY,
         )
         conv[w] = 2 * w * w * 3 * length / seconds
-    n = _for(CURVE_ATTENTION_LENGTH, device)
+    n = for_kind(CURVE_ATTENTION_LENGTH, device)
     for w in chosen["attention"]:
         q, k, v = (randn(1, 4, n, w) for _ in range(3))  # (1, 4, n, w) each
         seconds = timed(

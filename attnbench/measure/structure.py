@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from attnbench.measure.ops import TracingMode, is_view, tensors, unfused
+from attnbench.measure.ops import ObservingMode, is_view, tensors, unfused
 from attnbench.measure.patterns import BlockBand, shape_of
 
 PATH_MEASURE_MAX = 64  # measure the dependency pattern directly up to this length
@@ -65,18 +65,12 @@ PATH_NONE = "none"  # above PATH_MEASURE_MAX with no law proven: no value
 # ----------------------------------------------------------------------------- sequential steps
 
 
-class _ChainTracer(TracingMode):
+class _ChainTracer(ObservingMode):
     """Gives every tensor the length of the longest op chain that produced it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.depth: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        self.observe(func, args, kwargs, out)
-        return out
 
     def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         inputs = tensors((args, kwargs))

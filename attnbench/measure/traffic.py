@@ -37,7 +37,7 @@ from attnbench.measure.elementwise import elements_of
 from attnbench.measure.flops import formulas
 from attnbench.measure.ops import (
     FUSED_ATTENTION,
-    TracingMode,
+    ObservingMode,
     moves_data,
     op_name,
     tensors,
@@ -192,7 +192,7 @@ def kernel_of(
     return f"{ELEMENTWISE_PREFIX}{op_name(func).rstrip('_')}", work, False
 
 
-class TrafficCounter(TracingMode):
+class TrafficCounter(ObservingMode):
     def __init__(self) -> None:
         super().__init__()
         self.total = 0
@@ -200,12 +200,6 @@ class TrafficCounter(TracingMode):
         self.products = 0
         self.kernels: dict[str, tuple[int, int]] = {}
         self.formulas = formulas()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        self.observe(func, args, kwargs, out)
-        return out
 
     def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         if moves_data(func):

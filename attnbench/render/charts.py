@@ -31,7 +31,7 @@ from attnbench.regime import OVERHEAD_SHARE
 from attnbench.render.machine import roofline_chart, time_split_chart
 from attnbench.render.style import last, layer_style, legend, log_axes, panels
 from attnbench.results.run import RunResults
-from attnbench.schema import METRICS, Metric
+from attnbench.schema import METRICS, Metric, numeric_column
 
 if TYPE_CHECKING:  # imported where a chart is drawn (render.style)
     from matplotlib.axes import Axes
@@ -135,12 +135,12 @@ def _kernel_line(ax: Axes, line: pd.DataFrame, along: str, style: dict[str, obje
     not measure its kernels."""
     if "kernel_time_s" not in line:
         return 0
-    kernel = pd.to_numeric(line["kernel_time_s"], errors="coerce")
+    kernel = numeric_column(line, "kernel_time_s")
     if not (kernel > 0).any():
         return 0
     color = style["color"]
     ax.plot(line[along], kernel.where(kernel > 0), linestyle=":", lw=1.2, color=color)
-    share = pd.to_numeric(line["kernel_share"], errors="coerce")
+    share = numeric_column(line, "kernel_share")
     bound = line[share < OVERHEAD_SHARE]
     ax.plot(bound[along], bound["time_s"], linestyle="none", marker=style["marker"],
             markerfacecolor="white", markeredgecolor=color, markersize=6)  # fmt: skip
@@ -186,7 +186,7 @@ def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
 
 def _normalized_chart(analysis: Analysis) -> Figure | None:
     frame = analysis.frame.copy()
-    frame["per_flop"] = frame["time_s"] / pd.to_numeric(frame["flops_analytic"], errors="coerce")
+    frame["per_flop"] = frame["time_s"] / numeric_column(frame, "flops_analytic")
     frame = frame.replace([np.inf], np.nan).dropna(subset=["per_flop"])
     ds = [d for d in last(frame["d"]) if frame[frame["d"] == d]["n"].nunique() > 1]
     if not ds:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from attnbench.fits import Analysis
 from attnbench.render.style import layer_style, legend, log_axes, panels
+from attnbench.schema import numeric_column
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -27,10 +27,6 @@ TERM_STYLE = {
 }
 
 
-def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:
-    return pd.to_numeric(frame[column], errors="coerce")
-
-
 def roofline_chart(analysis: Analysis) -> Figure | None:
     """Achieved FLOP/s against FLOPs per byte, log-log, under the measured ceilings: one point
     per case, a path per layer and width with n growing along it (the largest n ringed)."""
@@ -38,8 +34,8 @@ def roofline_chart(analysis: Analysis) -> Figure | None:
     if ceilings is None:
         return None
     frame = analysis.frame.assign(
-        intensity=_numeric(analysis.frame, "flops") / _numeric(analysis.frame, "bytes"),
-        achieved=_numeric(analysis.frame, "flops") / _numeric(analysis.frame, "time_s"),
+        intensity=numeric_column(analysis.frame, "flops") / numeric_column(analysis.frame, "bytes"),
+        achieved=numeric_column(analysis.frame, "flops") / numeric_column(analysis.frame, "time_s"),
     )
     frame = frame.replace([np.inf, -np.inf], np.nan).dropna(subset=["intensity", "achieved"])
     frame = frame[(frame["intensity"] > 0) & (frame["achieved"] > 0)]

@@ -14,7 +14,6 @@ from attnbench.positional import binary_digits, sinusoidal_table
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-PE_CHARTS = ("pe-columns", "pe-heatmap", "pe-binary")
 
 
 def pe_figures(

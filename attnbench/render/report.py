@@ -19,13 +19,12 @@ from attnbench.fits import LETTERS, Analysis
 from attnbench.fits.exponents import SETTLED_RULE
 from attnbench.measure.ops import fused_names
 from attnbench.render.blocks import Block, to_html, to_markdown
-from attnbench.results.files import write_text_atomic
 from attnbench.results.run import RunResults
 from attnbench.schema import METRIC
+from attnbench.storage import write_text_atomic
 from attnbench.table import comparison_table, display, fit_notes
 
 REPORT_FILE = "report.md"
-HTML_FILE = "report.html"
 
 
 def _num(x: float, digits: int = 2) -> str:

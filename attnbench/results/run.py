@@ -9,8 +9,9 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.measure.ceilings import Ceilings, ceilings_from
-from attnbench.schema import CALIBRATION_COLUMNS, STATUSES
+from attnbench.measure.ceilings import Ceilings
+from attnbench.measure.ceilings_file import ceilings_from
+from attnbench.schema import CALIBRATION_COLUMNS, STATUSES, numeric_column
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,9 @@ class RunResults:
         measured = self.measured
         if not isinstance(cost, float) or "page_faults" not in measured:
             return pd.Series(dtype="float64")
-        faults = pd.to_numeric(measured["page_faults"], errors="coerce")
-        threads = pd.to_numeric(measured["threads"], errors="coerce").fillna(1).clip(lower=1)
-        shares = faults * cost / threads / pd.to_numeric(measured["time_s"], errors="coerce")
+        faults = numeric_column(measured, "page_faults")
+        threads = numeric_column(measured, "threads").fillna(1).clip(lower=1)
+        shares = faults * cost / threads / numeric_column(measured, "time_s")
         return shares.dropna()
 
     @property

@@ -28,14 +28,11 @@ from attnbench.results.files import (
     SAMPLES_FILE,
     SCHEMA_VERSION,
     THEORY_FILE,
-    append_synced,
-    create_synced,
     csv_line,
     now_iso,
     read_csv,
     rewrite_csv,
     write_json_atomic,
-    write_text_atomic,
 )
 from attnbench.results.run import RunResults
 from attnbench.results.theories import record_problem
@@ -48,6 +45,7 @@ from attnbench.schema import (
     columns_of,
 )
 from attnbench.spec import Case
+from attnbench.storage import append_synced, create_synced, write_text_atomic
 
 
 class ResultsWriter:

@@ -25,7 +25,7 @@ from attnbench.layers import plugins
 from attnbench.measure import countcache
 from attnbench.measure.allocator import run_state
 from attnbench.measure.calibration import DEFAULT_CALIBRATION, Calibration
-from attnbench.measure.ceilings import cache_dir, ceilings_cached, machine_ceilings
+from attnbench.measure.ceilings_file import cache_dir, ceilings_cached, machine_ceilings
 from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import Clock, TimingPolicy
 from attnbench.results.environment import changes, resume_keys

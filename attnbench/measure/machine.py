@@ -1,0 +1,161 @@
+"""Measuring a device's ceilings: a large GEMM, a STREAM-like copy, one tiny op, a page
+fault, and the rate curves of narrow products and elementwise ops (``measure.rates``).
+
+Each is the fastest sample of a timed run (``time_call``), as STREAM reports its best trial: a
+neighbour on a shared machine only ever slows a sample. A test drives the arithmetic with a
+fake clock. What each policy and size was chosen on is in docs/machine.md.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+
+from attnbench.devices import (
+    DTYPES,
+    check_dtype,
+    device_name,
+    device_sync,
+    for_kind,
+    set_threads,
+)
+from attnbench.measure import rates
+from attnbench.measure.allocator import release_freed
+from attnbench.measure.ceilings import Ceilings
+from attnbench.measure.faults import fault_cost_s
+from attnbench.measure.rates import KernelTimer
+from attnbench.measure.timing import Clock, TimingPolicy, time_call
+
+# Each kernel is timed in each of PASSES passes, for its min_time, and its fastest sample
+# kept (benchmarks/ceilings_check.py --policies measures the choice).
+CEILING_POLICY = TimingPolicy(
+    warmup_calls=1, min_block_s=5e-3, min_samples=5, max_samples=50, min_time_s=0.025,
+    budget_s=0.025,
+)  # fmt: skip
+LATENCY_POLICY = TimingPolicy(
+    warmup_calls=100, min_block_s=5e-3, min_samples=10, min_time_s=0.05, budget_s=0.05
+)
+GEMM_SIDE = {"cpu": 1024, "cuda": 8192, "mps": 4096}
+MIN_STREAM_BYTES = 64 * 2**20
+STREAM_CACHE_MULTIPLE = 4  # STREAM's rule: each array at least 4x the last-level cache
+# ... and at most this: a server's sysfs reports its socket's whole L3, far beyond the VM's
+MAX_STREAM_BYTES = 512 * 2**20
+# Passes over the whole set of kernels; each kernel's fastest is kept (measure_ceilings).
+PASSES = 2
+
+
+def last_level_cache_bytes(device: str = "cpu") -> int | None:
+    """The largest cache: a CUDA device's L2, else the CPU's largest from sysfs (None where it
+    cannot be read)."""
+    if device.startswith("cuda"):
+        properties = torch.cuda.get_device_properties(torch.device(device))
+        return getattr(properties, "L2_cache_size", None)
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        try:
+            sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+        except (ValueError, IndexError):
+            continue
+    return max(sizes) if sizes else None
+
+
+def stream_elements(element_size: int, cache: int | None) -> int:
+    """Elements of one array of the copy: 4x the last-level cache (STREAM's rule), at least
+    64 MiB and at most 512 MiB (two arrays of 512 MiB are over twice any cache a copy could
+    reuse)."""
+    target = min(MAX_STREAM_BYTES, max(MIN_STREAM_BYTES, STREAM_CACHE_MULTIPLE * (cache or 0)))
+    return target // element_size
+
+
+def measure_ceilings(
+    device: str = "cpu",
+    dtype: str = "float32",
+    threads: int | None = None,
+    *,
+    clock: Clock = time.perf_counter,
+    sync: Callable[[], None] | None = None,
+    gemm_side: int | None = None,
+    stream_numel: int | None = None,
+    curve_widths: Mapping[str, tuple[int, ...]] | None = None,
+    elementwise_ops: tuple[str, ...] | None = None,
+    fault_cost: Callable[[], float | None] = fault_cost_s,
+    timer: KernelTimer | None = None,
+    passes: int = PASSES,
+) -> Ceilings:
+    """Measure the four ceilings on ``device`` at ``dtype`` with ``threads`` CPU threads (the
+    process's count where None; restored after). ``timer`` times each kernel (default: the
+    fastest sample of ``time_call`` with ``clock`` and the device's ``sync``); ``curve_widths``
+    gives the widths of each rate curve ({"gemm": ..., "conv": ..., "attention": ...}; default:
+    ``rates.GEMM_WIDTHS`` and its kin); ``elementwise_ops`` the ops whose rates are measured
+    (default: all of ``rates.CATALOGUE``). Every kernel is timed once in each
+    of ``passes`` passes over the whole set and its fastest time kept: a ceiling is the best
+    the device does, and a neighbour's burst of a few seconds slows one pass, not both."""
+    check_dtype(dtype, device)
+    torch_dtype = DTYPES[dtype]
+    waits = sync or device_sync(device)
+
+    def fastest_s(name: str, fn: Callable[[], object], policy: TimingPolicy) -> float:
+        return min(time_call(fn, policy, clock=clock, sync=waits).samples_s)
+
+    fastest: dict[str, float] = {}
+
+    def timed(name: str, fn: Callable[[], object], policy: TimingPolicy) -> float:
+        seconds = (timer or fastest_s)(name, fn, policy)
+        fastest[name] = min(seconds, fastest.get(name, seconds))
+        return fastest[name]
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        set_threads(threads)
+    side = gemm_side or for_kind(GEMM_SIDE, device)
+    numel = stream_numel or stream_elements(torch_dtype.itemsize, last_level_cache_bytes(device))
+    src = torch.ones(numel, dtype=torch_dtype, device=device)  # (numel,): mapped once, not a pass
+    dst = torch.empty_like(src)  # (numel,)
+    try:
+        for _ in range(max(1, passes)):  # the last pass reads every kernel's fastest time
+            gemm = _gemm_s(device, torch_dtype, side, timed)
+            copy = timed("copy", lambda src=src, dst=dst: dst.copy_(src), CEILING_POLICY)
+            x = torch.ones(1, dtype=torch_dtype, device=device)  # (1,)
+            out = torch.empty_like(x)  # (1,)
+            tiny = timed("op", lambda x=x, out=out: torch.add(x, x, out=out), LATENCY_POLICY)
+            curves = rates.rate_curves(device, torch_dtype, timed, curve_widths)
+            recurrent = rates.recurrent_rates(device, torch_dtype, timed, curve_widths)
+            elementwise = rates.elementwise_rates(device, torch_dtype, timed, elementwise_ops)
+        used = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    del src, dst
+    release_freed()  # a pinned allocator would keep the copy's arrays mapped for the whole run
+    return Ceilings(
+        peak_flops_per_s=2 * side**3 / gemm,
+        bandwidth_bytes_per_s=2 * numel * torch_dtype.itemsize / copy,
+        op_latency_s=tiny,
+        page_fault_s=fault_cost() if device == "cpu" else None,
+        device=device,
+        device_name=device_name(device),
+        dtype=dtype,
+        threads=used,
+        torch_version=torch.__version__,
+        hostname=socket.gethostname(),
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        gemm_side=side,
+        stream_bytes=2 * numel * torch_dtype.itemsize,
+        **curves,
+        elementwise_rates=elementwise,
+        recurrent_rates=recurrent[0] if recurrent else None,
+        recurrent_call_s=recurrent[1] if recurrent else None,
+    )
+
+
+def _gemm_s(device: str, dtype: torch.dtype, side: int, timed: KernelTimer) -> float:
+    """Median seconds of one (side x side) @ (side x side) product."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(side, side, generator=gen).to(device=device, dtype=dtype)  # (s, s)
+    b = torch.randn(side, side, generator=gen).to(device=device, dtype=dtype)  # (s, s)
+    return timed("gemm", lambda: a @ b, CEILING_POLICY)
