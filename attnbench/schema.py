@@ -10,13 +10,29 @@ adding it here and measuring it; nothing else spells the vocabulary.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Literal
 
 import pandas as pd
 
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # Python 3.10: the same, by hand
+
+    class StrEnum(str, Enum):
+        """Members that are their values wherever printed, as 3.11's ``enum.StrEnum``."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return str(self.value).__format__(spec)
+
 
 Kind = Literal["int", "float", "text"]
 Group = Literal["case", "measure", "structure", "placement", "source"]
@@ -391,10 +407,30 @@ EXACT_METRICS = [m for m in METRICS if m.exact and not m.device_bound] + [
 SAMPLE_COLUMNS = ["case_id", "sample", "time_s", "round", "load_1m", "page_faults"]
 CALIBRATION_COLUMNS = ["point", "before_case", "sample", "time_s"]
 
-STATUSES = {
-    "ok": "measured",
-    "oom": "ran out of memory",
-    "timeout": "one call took longer than --max-case-seconds",
-    "skipped": "not run: a smaller case of the same layer ran out of memory or time",
-    "failed": "raised an error (see the error column)",
+class Status(StrEnum):
+    """A case's outcome, as the results' ``status`` column holds it."""
+
+    OK = "ok"
+    OOM = "oom"
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+STATUSES: dict[Status, str] = {
+    Status.OK: "measured",
+    Status.OOM: "ran out of memory",
+    Status.TIMEOUT: "one call took longer than --max-case-seconds",
+    Status.SKIPPED: "not run: a smaller case of the same layer ran out of memory or time",
+    Status.FAILED: "raised an error (see the error column)",
 }
+# What a smaller case's outcome says of larger ones of its layer: they would fail the same way.
+BLOCKING: dict[Status, str] = {Status.OOM: "ran out of memory", Status.TIMEOUT: "ran out of time"}
+
+
+class RunStatus(StrEnum):
+    """A run's state, as run.json's ``status`` holds it."""
+
+    RUNNING = "running"
+    COMPLETE = "complete"
+    INTERRUPTED = "interrupted"

@@ -14,6 +14,7 @@ import pandas as pd
 
 from attnbench.fits import Analysis, analyse
 from attnbench.fits.exponents import SETTLED_RULE
+from attnbench.provenance import Source, sources
 from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES
 from attnbench.results.run import RunResults
 from attnbench.schema import numeric_column
@@ -91,7 +92,7 @@ def _path_unproven_from(group: pd.DataFrame, d_fix: int) -> int | None:
     """The shortest n (at d_fix) whose path had no law, so no value: an exponent fitted on the
     lengths that did get one would describe the probes, not the layer (None: all had one)."""
     at_d = group[group["d"] == d_fix]
-    unproven = at_d[at_d["path_len_method"].astype(str).str.startswith("none")]
+    unproven = at_d[sources(at_d["path_len_method"]) == Source.NONE]
     return int(unproven["n"].min()) if len(unproven) else None
 
 
@@ -223,7 +224,7 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             parts.append(f"{row.left_out_cases} unmeasured case(s) left out")
         notes.append(f"{row.layer}: " + "; ".join(parts or ["too few measured cases to fit"]))
     notes.extend(check_notes(table))
-    extended = run.measured["path_len_method"].str.startswith("extended").sum()
+    extended = (sources(run.measured["path_len_method"]) == Source.EXTENDED).sum()
     if extended:
         notes.append(
             f"path_len of {extended} case(s) is extended from a band or block law proven at probe "

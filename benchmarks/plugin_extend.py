@@ -20,8 +20,8 @@ import time
 import torch
 
 from attnbench.layers import REGISTRY, LayerEntry
-from attnbench.measure import extend
 from attnbench.measure.case import measure_case
+from attnbench.measure.countcache import Counting
 from attnbench.measure.timing import TimingPolicy
 from attnbench.spec import build_grid
 
@@ -61,12 +61,10 @@ def seconds(layer: str, n: int, d: int, full: bool) -> tuple[float, str]:
     case = build_grid({"layers": layer, "n": [n], "d": [d], "device": "cpu"}).cases()[0]
     with tempfile.TemporaryDirectory() as cache:
         os.environ["ATTNBENCH_CACHE_DIR"] = cache
-        if full:
-            os.environ[extend.FULL_TRACE_ENV] = "1"
-        else:
-            os.environ.pop(extend.FULL_TRACE_ENV, None)
         start = time.perf_counter()
-        result = measure_case(case, policy=NO_TIMING)
+        result = measure_case(
+            case, policy=NO_TIMING, counting=Counting(cache=True, full_trace=full)
+        )
         return time.perf_counter() - start, str(result.counts_source)
 
 

@@ -19,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attnbench"
 FLOORS: list[tuple[str, ...]] = [
     ("attnbench._version", "attnbench.errors", "attnbench.units", "attnbench.storage"),
     ("attnbench.positional", "attnbench.devices", "attnbench.schema", "attnbench.thresholds",
+     "attnbench.provenance",
      "attnbench.regime", "attnbench.lengths"),
     ("attnbench.theory",),
     ("attnbench.layers",),
@@ -150,3 +151,14 @@ def test_a_case_result_row_fills_exactly_the_registrys_columns(tiny_run) -> None
     assert list(row) == RESULT_COLUMNS
     # Options without a fixed column follow the registry's, in the order the layers declare them.
     assert list(tiny_run.frame.columns) == [*RESULT_COLUMNS, "causal", "state"]
+
+
+def test_the_development_map_names_every_module() -> None:
+    """docs/development.md's map lists each module of the package, so a newcomer finds it."""
+    text = (PACKAGE.parent / "docs" / "development.md").read_text()
+    missing = [
+        str(p.relative_to(PACKAGE))
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if f"`{p.relative_to(PACKAGE)}`" not in text
+    ]
+    assert not missing, f"add to docs/development.md's map: {missing}"

@@ -48,7 +48,7 @@ def make(d):
 @pytest.fixture(autouse=True)
 def cache_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The cache on, in a folder of this test's own."""
-    monkeypatch.delenv(countcache.NO_CACHE_ENV, raising=False)
+    monkeypatch.delenv("ATTNBENCH_NO_CACHE", raising=False)  # the command line's cache on
     monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path / "cache"))
     with registry_restored():
         yield tmp_path / "cache"
@@ -155,7 +155,8 @@ def test_what_the_key_covers() -> None:
     key = countcache.key(case, 0)
     assert key is not None and key == countcache.key(case, 0)
     assert key != countcache.key(other, 0) and key != countcache.key(case, 1)
-    assert countcache.enabled({}) and not countcache.enabled({"ATTNBENCH_NO_CACHE": "1"})
+    # from Python the cache is asked for; the command line asks for it unless --no-cache
+    assert not countcache.DEFAULT_COUNTING.cache
 
 
 def test_the_memory_pass_is_kept_per_cpu_model_and_thread_count(
@@ -217,10 +218,11 @@ def test_the_start_estimate_counts_the_tracing_a_sweep_will_do(tmp_path: Path) -
     assert estimate_seconds(long) == pytest.approx(shared + 3 * long.time_budget_s, rel=0.01)
     grid = build_grid({"layers": "conv,rnn", "n": "16,32", "d": "8", "device": "cpu",
                        "time_budget": 0.002})  # fmt: skip
-    cold = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
+    on = countcache.Counting(cache=True)
+    cold = estimate_seconds(grid, lambda c: in_cache(c, grid.seed, on), on)
     sweep(tmp_path / "a", "--layers", "conv,rnn")
-    warm = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
-    assert all(in_cache(c, grid.seed) for c in grid.cases()) and warm < cold
+    warm = estimate_seconds(grid, lambda c: in_cache(c, grid.seed, on), on)
+    assert all(in_cache(c, grid.seed, on) for c in grid.cases()) and warm < cold
 
 
 def test_a_cache_that_cannot_be_written_is_skipped_and_left_without_torn_files(

@@ -16,12 +16,13 @@ from synthetic import small_case
 from attnbench.layers import REGISTRY, LayerEntry
 from attnbench.measure import countcache, extend, laws
 from attnbench.measure.case import make_step, measure_case, memory_pass, trace_counts
-from attnbench.measure.countcache import Counts
+from attnbench.measure.countcache import Counting, Counts
 from attnbench.measure.timing import TimingPolicy
 from attnbench.results.store import load_results
 from attnbench.spec import grid_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
+FULL = Counting(full_trace=True)
 QUICK = TimingPolicy(warmup_calls=0, min_block_s=0.0, min_samples=1, max_samples=1, budget_s=0.0)
 
 
@@ -100,7 +101,7 @@ def test_only_long_sequential_cases_are_extended_and_full_trace_turns_it_off() -
     assert not extend.applies(small_case("rnn", n=64))  # a probe length: traced in full
     assert not extend.applies(small_case("attention", n=4096))  # one step: cheap to trace
     assert not extend.applies(small_case("ssm-scan", n=4096))  # log n steps
-    assert not extend.applies(small_case("rnn", n=4096), {extend.FULL_TRACE_ENV: "1"})
+    assert not extend.applies(small_case("rnn", n=4096), full=True)
 
 
 def test_a_case_at_a_probe_length_of_an_extended_layer_is_its_probe() -> None:
@@ -108,7 +109,7 @@ def test_a_case_at_a_probe_length_of_an_extended_layer_is_its_probe() -> None:
     assert extend.is_probe(small_case("rnn", n=64)) and extend.is_probe(small_case("ssm", n=8))
     assert not extend.is_probe(small_case("rnn", n=48))  # not a probe length
     assert not extend.is_probe(small_case("attention", n=64))  # never extended
-    assert not extend.is_probe(small_case("rnn", n=64), {extend.FULL_TRACE_ENV: "1"})
+    assert not extend.is_probe(small_case("rnn", n=64), full=True)
 
 
 def test_the_memory_pass_is_extended_by_its_own_law() -> None:
@@ -143,13 +144,10 @@ def test_a_case_whose_layer_refuses_a_probe_length_is_traced_in_full() -> None:
     assert extend.extended_counts(small_case("rnn", n=4096), refuse) is None
 
 
-def test_a_long_rnn_case_is_extended_and_equals_its_full_trace(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_long_rnn_case_is_extended_and_equals_its_full_trace() -> None:
     case = small_case("rnn", n=1024, d=4)
     short, how = trace_counts(case, make_step(case, 0), 0)
-    monkeypatch.setenv(extend.FULL_TRACE_ENV, "1")
-    full, full_how = trace_counts(case, make_step(case, 0), 0)
+    full, full_how = trace_counts(case, make_step(case, 0), 0, counting=FULL)
     assert (how, full_how) == (extend.EXTENDED, countcache.TRACED)
     assert short.bytes_method.startswith("extended") and not extend.is_extended(full)
     assert short == dataclasses.replace(
@@ -163,15 +161,14 @@ def test_a_long_rnn_case_is_extended_and_equals_its_full_trace(
 def test_full_trace_does_not_read_an_extended_entry_from_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(countcache.NO_CACHE_ENV, raising=False)
     monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path))
     case = small_case("rnn", n=1024, d=4)
-    first = measure_case(case, policy=QUICK)
+    cached = Counting(cache=True)
+    first = measure_case(case, policy=QUICK, counting=cached)
     assert (first.counts_source, first.bytes_method[:8]) == (extend.EXTENDED, "extended")
     assert first.peak_bytes_method.startswith("extended")
-    assert measure_case(case, policy=QUICK).counts_source == countcache.CACHED
-    monkeypatch.setenv(extend.FULL_TRACE_ENV, "1")
-    full = measure_case(case, policy=QUICK)
+    assert measure_case(case, policy=QUICK, counting=cached).counts_source == countcache.CACHED
+    full = measure_case(case, policy=QUICK, counting=Counting(cache=True, full_trace=True))
     assert full.counts_source == countcache.TRACED
     assert not full.bytes_method.startswith("extended") and full.bytes == first.bytes
     assert (full.peak_bytes_method, full.peak_bytes) == ("measured", first.peak_bytes)
@@ -201,10 +198,8 @@ def test_extended_counts_equal_full_traces_on_every_long_case_of_the_reference_r
     assert {c.layer for c in cases} == {"rnn", "gru", "lstm", "ssm"}  # the sequential ones
     unproven: set[str] = set()
     for case in cases:
-        monkeypatch.delenv(extend.FULL_TRACE_ENV, raising=False)
         short, how = trace_counts(case, make_step(case, 0), 0)
-        monkeypatch.setenv(extend.FULL_TRACE_ENV, "1")
-        full, _ = trace_counts(case, make_step(case, 0), 0)
+        full, _ = trace_counts(case, make_step(case, 0), 0, counting=FULL)
         assert how == extend.EXTENDED, case.case_id
         methods = {c: getattr(full, c) for c in extend.METHODS.values()}
         assert dataclasses.replace(short, **methods) == full, case.case_id
@@ -253,14 +248,11 @@ def plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     ):
         build = (lambda d: torch.nn.Linear(d, d)) if module is torch.nn.Linear else module
         monkeypatch.setitem(REGISTRY, name, LayerEntry(name, build))
-    monkeypatch.delenv(extend.FULL_TRACE_ENV, raising=False)
 
 
 def _both(case: object, monkeypatch: pytest.MonkeyPatch) -> tuple[Counts, str, Counts]:
     short, how = trace_counts(case, make_step(case, 0), 0)
-    monkeypatch.setenv(extend.FULL_TRACE_ENV, "1")
-    full, _ = trace_counts(case, make_step(case, 0), 0)
-    monkeypatch.delenv(extend.FULL_TRACE_ENV)
+    full, _ = trace_counts(case, make_step(case, 0), 0, counting=FULL)
     return short, how, full
 
 
@@ -304,5 +296,5 @@ def test_a_plugin_with_few_steps_is_traced_in_full_and_a_short_case_never_probed
     short, how, full = _both(case, monkeypatch)
     assert how == countcache.TRACED and short == full
     assert not extend.probed(small_case("loop-rnn", n=256, d=8, batch=1))
-    assert not extend.probed(case, {extend.FULL_TRACE_ENV: "1"})
+    assert not extend.probed(case, full=True)
     assert extend.check_length(1024) == 256 and extend.check_length(300) == 128

@@ -13,6 +13,7 @@ from attnbench import build_layer
 from attnbench.layers.dilated import dilated_depth
 from attnbench.measure.structure import (
     PATH_MEASURE_MAX,
+    LayerBuilder,
     _ChainTracer,
     dependency_pattern,
     path_from_pattern,
@@ -29,8 +30,7 @@ def _builder(name: str, **options: int):  # type: ignore[no-untyped-def]
     def build(n: int) -> nn.Module:
         return build_layer(name, D, n=n, heads=2, **options)
 
-    build.cache_key = (name, tuple(sorted(options.items())))  # type: ignore[attr-defined]
-    return build
+    return LayerBuilder(build, (name, tuple(sorted(options.items()))))
 
 
 def _seq(name: str, n: int, **options: int) -> int:
@@ -228,11 +228,11 @@ def test_blocked_attention_gets_a_path_at_every_n_equal_to_a_count_by_hand(
         torch.manual_seed(0)
         return BlockedAttention(D, width, back, ahead)
 
-    build.cache_key = ("blocked", width, back, ahead)  # type: ignore[attr-defined]
+    keyed = LayerBuilder(build, ("blocked", width, back, ahead))
     for n in (40, 64, 100, 131, 256, 1000):
         blocks = math.ceil(n / width)
         hand = max(1, *(math.ceil((blocks - 1) / r) for r in (back, ahead) if r))
-        result = path_length(build, n, D)
+        result = path_length(keyed, n, D)
         assert result.value == hand, (n, result.method)
         expected = "measured" if n <= PATH_MEASURE_MAX else f"extended: blocks of {width}"
         assert result.method.startswith(expected)
@@ -258,8 +258,8 @@ def test_a_probe_lengths_jacobian_is_taken_once_for_every_case_that_needs_it(
     def build(n: int) -> nn.Module:
         return build_layer("attention-local", 8, heads=2, window=16, n=n)
 
-    build.cache_key = ("attention-local", "w16", 0)  # type: ignore[attr-defined]
-    values = [structure.path_length(build, n, 8, scale=16).value for n in (128, 256, 512)]
+    keyed = LayerBuilder(build, ("attention-local", "w16", 0))
+    values = [structure.path_length(keyed, n, 8, scale=16).value for n in (128, 256, 512)]
     assert values == [8, 16, 32]  # ⌈(n - 1) / 16⌉ hops of a band of 16
     assert sorted(taken) == [32, 64, 128]
 
@@ -363,8 +363,8 @@ def test_a_pattern_reads_the_module_it_is_given_even_one_that_reads_as_empty(
         builds.append(n)
         return Falsy()
 
-    build.cache_key = ("falsy-test",)  # type: ignore[attr-defined]
-    pattern = structure._pattern_of(build, 8, 2, structure.Route("direct"), Falsy())
+    keyed = LayerBuilder(build, ("falsy-test",))
+    pattern = structure._pattern_of(keyed, 8, 2, structure.Route("direct"), Falsy())
     assert builds == [] and pattern.tolist() == np.tril(np.ones((8, 8), dtype=bool)).tolist()
 
 

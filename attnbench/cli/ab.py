@@ -21,7 +21,9 @@ from attnbench.cli.options import (
     with_options,
 )
 from attnbench.cli.render import ABProgress, Streams
+from attnbench.cli.sweeping import NO_CACHE_HELP
 from attnbench.compare import compare_runs
+from attnbench.measure.countcache import Counting
 from attnbench.render.verdicts import to_json, to_markdown
 from attnbench.results.files import default_out_dir
 from attnbench.run.ab import run_ab
@@ -64,6 +66,9 @@ def ab(
         bool,
         typer.Option("--yes", "-y", help="Start a very large run (over 2000 cases or an hour)."),
     ] = False,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help=NO_CACHE_HELP, envvar="ATTNBENCH_NO_CACHE")
+    ] = False,
     as_json: Annotated[bool, json_flag("the verdicts")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress, table or notes.")] = False,
     **options: Any,
@@ -93,7 +98,7 @@ def ab(
         run = run_ab(
             values, folder, base_layers=layers, base_python=base_python,
             alpha=thresholds.alpha, progress=progress, on_start=progress.started,
-            allow_large=yes,
+            allow_large=yes, counting=Counting(cache=not no_cache),
         )  # fmt: skip
     comparison = compare_runs(run.base, run.current, thresholds, pairs=run.pairs, paired=True)
     write_text_atomic(run.out_dir / "verdicts.json", json.dumps(to_json(comparison, gate)) + "\n")

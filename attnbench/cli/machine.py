@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +16,8 @@ from attnbench.cli.options import SavedRun, json_flag
 from attnbench.cli.render import Streams, frame_table
 from attnbench.devices import DEVICE_CHOICES, DTYPES, check_threads, device_kind, local_device
 from attnbench.errors import AttnbenchError
-from attnbench.fits import Analysis, analyse, roofline
+from attnbench.fits import Analysis
+from attnbench.fits.prediction import predict_run
 from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.ceilings_file import cache_dir, machine_ceilings, read_ceilings
 from attnbench.measure.machine import PASSES
@@ -26,7 +26,6 @@ from attnbench.render.report import crossover_display
 from attnbench.results.files import latest_results
 from attnbench.results.run import RunResults
 from attnbench.results.store import load_results
-from attnbench.schema import OPTION_COLUMNS
 from attnbench.units import fmt_seconds
 
 
@@ -158,20 +157,9 @@ def predict(
     """
     run = load_results(folder if folder is not None else latest_results())
     ceilings = _ceilings_for(run, machine_file)
-    measured = run.measured
-    found = roofline.predict(measured, ceilings)
-    if found.empty:
-        raise AttnbenchError(
-            f"{run.path} has no case with FLOPs, bytes and ops counted: a run made before "
-            "attnbench counted bytes cannot be predicted (sweep it again)"
-        )
-    rows = measured.loc[found.index]
-    options = [c for c in OPTION_COLUMNS if c in rows and rows[c].notna().any()]
-    split = [c for c in ("kernel_time_s",) if c in rows]
-    table = pd.concat([rows[["layer", "n", "d", *options, "time_s", *split]], found], axis=1)
-    there = _predicted_run(run, ceilings)
-    analysis = analyse(there)
-    drawn = _draw(there, analysis, charts, ceilings) if charts is not None else []
+    found = predict_run(run, ceilings)
+    table, options, analysis = found.table, found.options, found.analysis
+    drawn = _draw(found.run, analysis, charts, ceilings) if charts is not None else []
     if as_json:
         records = json.loads(table.to_json(orient="records", double_precision=15))
         crossings = json.loads(analysis.crossovers.to_json(orient="records"))
@@ -191,21 +179,18 @@ def predict(
         f"({ceilings.device}, {ceilings.threads} thread(s), {ceilings.dtype})"
     )
     frame_table(shown, streams.out, title=title)
-    floor = roofline.rounds_rms(run.samples, rows)
-    for layer, group in table.groupby("layer", sort=False):
-        rms = roofline.relative_rms(group["time_s"], group["predicted_time_s"])
-        kernels, overhead = roofline.split_rms(group, group)
+    for miss in found.misses:
         where = (
             ""
-            if math.isnan(kernels)
-            else f" (its kernels {kernels:.0%}, its overhead {overhead:.0%} of the time)"
+            if math.isnan(miss.kernels)
+            else f" (its kernels {miss.kernels:.0%}, its overhead {miss.overhead:.0%} of the time)"
         )
-        bounds = ", ".join(f"{b} {c}" for b, c in group["bound"].value_counts().items())
-        apart = floor.get(layer, math.nan)
+        bounds = ", ".join(f"{b} {c}" for b, c in miss.bounds.items())
+        apart = miss.rounds
         rounds = "" if math.isnan(apart) else f"; its rounds {apart:.0%} from each other"
         streams.err.print(
-            f"{layer}: relative RMS {rms:.0%}{where} over {len(group)} case(s){rounds}; "
-            f"bound: {bounds}",
+            f"{miss.layer}: relative RMS {miss.rms:.0%}{where} over {miss.cases} case(s)"
+            f"{rounds}; bound: {bounds}",
             markup=False,
             soft_wrap=True,
         )
@@ -220,19 +205,6 @@ def predict(
 
 
 PREDICTED_CHARTS = ("time", "crossover", "time-split", "roofline")
-
-
-def _predicted_run(run: RunResults, ceilings: Ceilings) -> RunResults:
-    """The run as the model says it would time on the machine of ``ceilings``: its measured
-    cases with the predicted times, no samples, that machine's ceilings."""
-    frame = roofline.predicted_frame(run.measured, ceilings).reset_index(drop=True)
-    return replace(
-        run,
-        frame=frame,
-        samples=run.samples.iloc[0:0],
-        calibration=run.calibration.iloc[0:0],
-        meta={**run.meta, "ceilings": ceilings.to_dict()},
-    )
 
 
 def _draw(run: RunResults, analysis: Analysis, folder: Path, ceilings: Ceilings) -> list[Path]:

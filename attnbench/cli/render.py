@@ -28,7 +28,7 @@ from attnbench.measure.timing import TimingStats
 from attnbench.render.verdicts import display_table
 from attnbench.run.ab import ABStart, describe_sides
 from attnbench.run.events import ProgressEvent, SweepStart
-from attnbench.schema import fmt_int
+from attnbench.schema import Status, fmt_int
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 
@@ -195,7 +195,7 @@ def _case_text(event: ProgressEvent) -> str:
     rounds = f"round 1/{event.rounds}, " if event.rounds > 1 else ""
     head = f"[{rounds}{event.completed:>{width}}/{event.total}] {event.case.label()}"
     result = event.result
-    if result is None or result.status != "ok" or result.timing is None:
+    if result is None or result.status != Status.OK or result.timing is None:
         status = result.status.upper() if result else "FAILED"
         return f"{head}  {status}: {result.error if result else ''}"
     kernels = "" if result.kernel_share is None else f"  kernels {result.kernel_share:.0%}"

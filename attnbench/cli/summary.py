@@ -13,8 +13,9 @@ from rich.table import Table
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.faults import FAULT_SHARE
 from attnbench.measure.timing import IMPRECISE_REL_CI, is_imprecise, rel_ci
+from attnbench.provenance import Provenance, Source, sources
 from attnbench.results.run import RunResults
-from attnbench.schema import STATUSES, SUMMARY_COLUMNS
+from attnbench.schema import STATUSES, SUMMARY_COLUMNS, RunStatus, Status
 
 
 def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()) -> str:
@@ -29,7 +30,7 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
         return f"[yellow]{text} ![/]" if reach > IMPRECISE_REL_CI else text
     if column == "flops_check" and text != "ok":
         return f"[yellow]{text}[/]"
-    if column == "path_len" and str(row.path_len_method).startswith("extended"):
+    if column == "path_len" and Provenance.parse(row.path_len_method).extended:
         return f"{text}*"
     return text
 
@@ -47,14 +48,14 @@ def summary_tables(run: RunResults, console: Console) -> None:
         table.add_column("n", justify="right", no_wrap=True)
         table.add_column("d", justify="right", no_wrap=True)
         # The columns this layer measured (a time run has no instructions, and the reverse).
-        ok = group[group["status"] == "ok"]
+        ok = group[group["status"] == Status.OK]
         shown = [c for c in SUMMARY_COLUMNS if ok[c.name].notna().any()] or SUMMARY_COLUMNS[:1]
         for column in shown:
             justify = "left" if column.kind == "text" else "right"
             table.add_column(column.summary, justify=justify, no_wrap=True)  # type: ignore[arg-type]
         for row in group.sort_values(["d", "n"]).itertuples():
-            if row.status != "ok":
-                color = "yellow" if row.status == "skipped" else "red"
+            if row.status != Status.OK:
+                color = "yellow" if row.status == Status.SKIPPED else "red"
                 blank = [""] * (len(shown) - 1)
                 table.add_row(str(row.n), str(row.d), f"[{color}]{row.status}[/]", *blank)
                 continue
@@ -62,7 +63,8 @@ def summary_tables(run: RunResults, console: Console) -> None:
             table.add_row(str(row.n), str(row.d), *cells)
         console.print(table)
         for row in group.sort_values(["d", "n"]).itertuples():
-            if row.status not in ("ok", "skipped"):  # a skipped case's reason is the case above
+            # a skipped case's reason is the case above
+            if row.status not in (Status.OK, Status.SKIPPED):
                 line = f"  n={row.n} d={row.d} {row.status}: {row.error}"
                 console.print(line, soft_wrap=True, markup=False)
     counts = run.counts()
@@ -90,7 +92,7 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
     """What a reader of the summary tables should know, and where the results are."""
     frame = run.frame
     counts = run.counts()
-    unmeasured = len(frame) - counts["ok"]
+    unmeasured = len(frame) - counts[Status.OK]
     if unmeasured:
         console.print(
             f"[yellow]note:[/] {unmeasured} case(s) have no measurements "
@@ -133,7 +135,7 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             "takes the ceilings of the machine that ran the cases",
             soft_wrap=True,
         )
-    if frame["path_len_method"].str.startswith("extended").any():
+    if (sources(frame["path_len_method"]) == Source.EXTENDED).any():
         console.print(
             "[dim]path*: extended from a band or block law proven at probe lengths "
             "(see path_len_method)[/]"
@@ -171,7 +173,7 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
     for warning in run.warnings:
         console.print(f"[yellow]note:[/] {escape(warning)}")
     console.print(f"results {verb} [bold]{run.path}[/] (results.csv, samples.csv, run.json)")
-    if run.status != "complete":
+    if run.status != RunStatus.COMPLETE:
         console.print(
             f"[yellow]this run is unfinished ({run.status}):[/] finish it with "
             f"attnbench sweep --resume {run.path}",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,7 +24,8 @@ from attnbench.cli.render import Streams, SweepProgress
 from attnbench.cli.summary import summary_notes, summary_tables
 from attnbench.compare import compare_runs
 from attnbench.errors import AttnbenchError
-from attnbench.measure import countcache, extend
+from attnbench.measure import extend
+from attnbench.measure.countcache import Counting
 from attnbench.render.charts import plot_run
 from attnbench.render.verdicts import to_json
 from attnbench.results.run import RunResults
@@ -130,8 +130,12 @@ def sweep(
             show_default=False,
         ),
     ] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help=NO_CACHE_HELP)] = False,
-    full_trace: Annotated[bool, typer.Option("--full-trace", help=FULL_TRACE_HELP)] = False,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help=NO_CACHE_HELP, envvar="ATTNBENCH_NO_CACHE")
+    ] = False,
+    full_trace: Annotated[
+        bool, typer.Option("--full-trace", help=FULL_TRACE_HELP, envvar="ATTNBENCH_FULL_TRACE")
+    ] = False,
     **options: Any,
 ) -> None:
     """Measure time, memory, FLOPs, elementwise work, bytes, steps and path length over n x d.
@@ -141,10 +145,6 @@ def sweep(
     the current case and exits 130; --resume DIR finishes the run. With --baseline DIR the run
     is compared with DIR when it completes, and the exit code is compare's (0, 1 on regression).
     """
-    if no_cache:  # the environment reaches the worker processes too
-        os.environ[countcache.NO_CACHE_ENV] = "1"
-    if full_trace:
-        os.environ[extend.FULL_TRACE_ENV] = "1"
     thresholds, gate = gate_from(options)
     fmt = verdict_format(options)
     output = options.get("output")
@@ -175,7 +175,8 @@ def sweep(
             contextlib.redirect_stdout(sys.stderr),
             SweepProgress(streams.err, quiet=quiet) as progress,
         ):
-            measure = {"progress": progress, "on_start": progress.started, "executor": runs_on}
+            measure = {"progress": progress, "on_start": progress.started, "executor": runs_on,
+                       "counting": Counting(cache=not no_cache, full_trace=full_trace)}  # fmt: skip
             if resume is not None:
                 run = resume_sweep(resume, values or None, force=force, retry=retry, **measure)
             else:

@@ -30,7 +30,7 @@ from attnbench.layers.entry import LayerSource
 from attnbench.measure.ops import fused_names
 from attnbench.results.environment import compare_keys
 from attnbench.results.run import RunResults
-from attnbench.schema import EXACT_METRICS, METRIC
+from attnbench.schema import EXACT_METRICS, METRIC, Status
 from attnbench.spec import OPTIONS
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, check_gate
 
@@ -280,13 +280,13 @@ def compare_runs(
             "kernel_base": _kernels(b, recorded),
             "kernel_new": _kernels(n, recorded),
         }
-        both_ok = b["status"] == "ok" and n["status"] == "ok"
+        both_ok = b["status"] == Status.OK and n["status"] == Status.OK
         timed = both_ok and (same_model or not by_device)
         if both_ok and not timed:
             other_model += 1
-        if b["status"] == "ok" and n["status"] != "ok":
+        if b["status"] == Status.OK and n["status"] != Status.OK:
             row["status_verdict"] = REGRESSION  # it measured before; now it fails or is skipped
-        elif b["status"] != "ok" and n["status"] == "ok":
+        elif b["status"] != Status.OK and n["status"] == Status.OK:
             row["status_verdict"] = IMPROVEMENT
         norm_base = scales_base.get(device_base, scales_base.get("", math.nan))
         norm_new = scales_new.get(device_new, scales_new.get("", math.nan))

@@ -40,92 +40,89 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.ops import FUSED_RECURRENT, fused_names
-from attnbench.measure.traffic import ELEMENTWISE_PREFIX, parse_kernels
+from attnbench.measure.traffic import Kernel, kernel_records
 from attnbench.schema import numeric_column
 
 BOUNDS = ("compute", "memory", "latency", "faults")
 PREDICTION_COLUMNS = ["case_id", "predicted_time_s", "bound", *(f"{b}_s" for b in BOUNDS)]
 
 
-def _work(text: object, flops: float, product_bytes: float) -> list[tuple[str, str, float, float]]:
-    """One case's work as (kind, name, work, bytes): the ``kernels`` column's products
-    ("gemm", "conv", "attention"; name: the width, "" where a run from before widths were kept
-    lists only ``conv`` and ``attention``; work: FLOPs) and elementwise ops ("ew"; name: the
-    op; work: elements); whatever of the products' FLOPs and bytes it does not list, as GEMMs
-    of unknown width."""
-    found = []
-    for key, (work, moved) in parse_kernels(text).items():
-        if key.startswith(ELEMENTWISE_PREFIX):
-            found.append(("ew", key.removeprefix(ELEMENTWISE_PREFIX), work, moved))
-        else:
-            kind, _, width = key.partition("@")
-            found.append((kind, width, work, moved))
-    listed_f = sum(w for kind, _, w, _ in found if kind != "ew")
-    listed_b = sum(b for kind, *_, b in found if kind != "ew")
+def _work(text: object, flops: float, product_bytes: float) -> list[Kernel]:
+    """One case's kernels (``measure.traffic.Kernel``), and whatever of the products' FLOPs
+    and bytes they do not list as GEMMs of unknown width."""
+    found = kernel_records(text)
+    listed_f = sum(k.work for k in found if k.product)
+    listed_b = sum(k.moved for k in found if k.product)
     rest_f, rest_b = max(flops - listed_f, 0.0), max(product_bytes - listed_b, 0.0)
     if rest_f > 0 or rest_b > 0:
-        found.append(("gemm", "", rest_f, rest_b))
+        found.append(Kernel("gemm", None, "", rest_f, rest_b))
     return found
 
 
-def _fused_recurrence(
-    work: list[tuple[str, str, float, float]], fused_path: str, ceilings: Ceilings
-) -> tuple[float, float, float, float] | None:
+class Split(NamedTuple):
+    """One case's roofline: compute and memory seconds of its kernels, the bytes they account
+    for (the rest of the traffic is left to the caller), and fused kernels' set-up seconds."""
+
+    compute: float
+    memory: float
+    counted: float
+    set_up: float
+
+
+def _fused_recurrence(work: list[Kernel], fused_path: str, ceilings: Ceilings) -> Split | None:
     """A call whose timed path ran a fused recurrent kernel (oneDNN's LSTM): its products and
-    elementwise ops are one kernel, whose steps the trace shows apart. Its FLOPs run at the
-    fused kernel's measured rate for the products' width, and what the trace saw them move
-    stays inside it (the weights are re-read at every step in the trace, in cache in the
-    kernel); each fused kernel it ran costs one call's set-up besides (latency). None for any
-    other call, or where the machine has no such rate."""
+    elementwise ops are one kernel. Its FLOPs run at the fused kernel's measured rate for the
+    products' width; the bytes the trace saw stay inside it (the weights are re-read at every
+    step in the trace, in cache in the kernel); each fused kernel costs one call's set-up.
+    None for any other call, or where the machine has no such rate."""
     names = fused_names(fused_path) & FUSED_RECURRENT
     if not names or not ceilings.recurrent_rates:
         return None
-    products = [(name, w, b) for kind, name, w, b in work if kind != "ew"]
-    widths = [int(name) for name, w, _ in products if name.isdigit() and w > 0]
-    flops = sum(w for _, w, _ in products)
+    products = [k for k in work if k.product]
+    widths = [k.width for k in products if k.width is not None and k.work > 0]
+    flops = sum(k.work for k in products)
     if not widths or flops <= 0:
         return None
-    inside = sum(b for *_, b in work)
+    inside = sum(k.moved for k in work)
     width = max(widths)
     set_up = len(names) * ceilings.recurrent_call(width)
-    return flops / ceilings.rate("recurrent", width), 0.0, inside, set_up
+    return Split(flops / ceilings.rate("recurrent", width), 0.0, inside, set_up)
 
 
-def _roofline(case: pd.Series, ceilings: Ceilings) -> tuple[float, float, float, float]:
-    """(compute, memory) seconds of one case's products and elementwise ops, the bytes they
-    account for (the rest of the traffic leaves them out), and the seconds of fused kernels'
-    set-up (latency): each product at its kind's rate for its width plus its bytes over the
-    bandwidth, each elementwise op at its op's rate or its bytes over the bandwidth,
-    whichever is larger. A case whose products' bytes are not known ``apart`` (a run from
-    before ``product_bytes``) takes its whole call as one roofline, the larger of the two."""
-    work_list = _work(case["kernels"], case["flops"], case["products"])
-    fused = _fused_recurrence(work_list, str(case["fused_path"] or ""), ceilings)
+def _roofline(case: pd.Series, ceilings: Ceilings) -> Split:
+    """One case's products and elementwise ops on the roofline: each product at its kind's
+    rate for its width plus its bytes over the bandwidth, each elementwise op at its op's rate
+    or its bytes over the bandwidth, whichever is larger. A case whose products' bytes are not
+    known ``apart`` (a run from before ``product_bytes``) takes its whole call as one roofline,
+    the larger of the two."""
+    work = _work(case["kernels"], case["flops"], case["products"])
+    fused = _fused_recurrence(work, str(case["fused_path"] or ""), ceilings)
     if fused is not None:
         return fused
     compute = memory = counted = 0.0
-    for kind, name, work, moved in work_list:
-        if kind == "ew":
-            rate = ceilings.elementwise_rate(name)
-            arithmetic = work / rate if rate else 0.0
+    for kernel in work:
+        if kernel.product:
+            arithmetic = kernel.work / ceilings.rate(kernel.kind, kernel.width)
         else:
-            arithmetic = work / ceilings.rate(kind, int(name) if name.isdigit() else None)
-        traffic = moved / ceilings.bandwidth_bytes_per_s
-        counted += moved
-        if kind != "ew" and case["apart"]:
+            rate = ceilings.elementwise_rate(kernel.op)
+            arithmetic = kernel.work / rate if rate else 0.0
+        traffic = kernel.moved / ceilings.bandwidth_bytes_per_s
+        counted += kernel.moved
+        if kernel.product and case["apart"]:
             compute += arithmetic
             memory += traffic
         elif arithmetic >= traffic:
             compute += arithmetic
         else:
             memory += traffic
-    return compute, memory, counted, 0.0
+    return Split(compute, memory, counted, 0.0)
 
 
 def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
@@ -148,7 +145,7 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     )  # fmt: skip
     split = pd.DataFrame(
         [_roofline(case, ceilings) for _, case in cases.iterrows()],
-        index=rows.index, columns=["compute", "memory", "counted", "set_up"], dtype=float,
+        index=rows.index, columns=list(Split._fields), dtype=float,
     )  # fmt: skip
     compute = split["compute"]
     # the traffic no product or elementwise op accounts for (copies, the rest): memory-bound

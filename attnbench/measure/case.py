@@ -7,6 +7,7 @@ executor), so it depends on nothing but the case, the seed and the timing policy
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from attnbench.errors import AttnbenchError, first_line
 from attnbench.layers.registry import build_layer, entry
 from attnbench.measure import countcache, extend
 from attnbench.measure.census import take_census
+from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.elementwise import ELEMENTWISE_METHOD, count_elementwise
 from attnbench.measure.faults import FaultCounter
 from attnbench.measure.flops import FlopCount, trace_flops
@@ -37,9 +39,17 @@ from attnbench.measure.ops import (
 )
 from attnbench.measure.record import CaseResult
 from attnbench.measure.split import KernelSplit, kernel_split
-from attnbench.measure.structure import PATH_NONE, SEQ_METHOD, path_length, sequential_steps
+from attnbench.measure.structure import (
+    PATH_NONE,
+    SEQ_METHOD,
+    LayerBuilder,
+    path_length,
+    sequential_steps,
+)
 from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats, time_call
 from attnbench.measure.traffic import TRAFFIC_METHOD, Traffic, count_traffic
+from attnbench.provenance import CACHED_MARK, Provenance
+from attnbench.schema import Status
 from attnbench.spec import Case
 from attnbench.units import fmt_seconds
 
@@ -99,15 +109,15 @@ def make_step(case: Case, seed: int) -> Step:
     return Step(layer, x, train)
 
 
-def layer_builder(case: Case, seed: int) -> Callable[[int], nn.Module]:
-    """Builds the case's layer for any length n (for path-length probes); carries a cache key."""
+def layer_builder(case: Case, seed: int) -> LayerBuilder:
+    """Builds the case's layer for any length n (for path-length probes), keyed by its layer,
+    options and seed."""
     options = case.layer_options()
 
     def build(n: int) -> nn.Module:
         return build_layer(case.layer, case.d, seed=seed, **{**options, "n": n})
 
-    build.cache_key = (case.layer, case.options, seed)  # type: ignore[attr-defined]
-    return build
+    return LayerBuilder(build, (case.layer, case.options, seed))
 
 
 def release_memory(device: str) -> None:
@@ -128,10 +138,13 @@ def measure_case(
     max_case_s: float | None = None,
     counter: InstructionCounter | None = None,
     faults: FaultCounter | None = None,
+    counting: Counting = DEFAULT_COUNTING,
 ) -> CaseResult:
     """Measure one case: FLOPs and elementwise work (counted), sequential steps and path length
     (traced), peak memory (one call), then time (many calls), or
-    with a Callgrind ``counter`` the instructions of one call instead of its time.
+    with a Callgrind ``counter`` the instructions of one call instead of its time. ``counting``
+    says whether the counts go through the count cache and whether a long recurrence's come
+    from its probes.
 
     A first call slower than ``max_case_s`` ends the case as ``timeout`` before the many timed
     calls; an allocation failure ends it as ``oom``; any other error as ``failed``.
@@ -140,7 +153,8 @@ def measure_case(
     # count cache when this code measured this case before. Where something will be traced, the
     # tracers' start-up (once per process) is paid before the case's clock starts.
     try:
-        cached, cached_memory = cached_counts(case, seed), cached_profile(case, seed)
+        cached = cached_counts(case, seed, counting)
+        cached_memory = cached_profile(case, seed, counting)
     except AttnbenchError:  # an unknown layer: the case fails below, as it would uncached
         cached = cached_memory = None
     if cached is None or cached_memory is None:
@@ -158,7 +172,7 @@ def measure_case(
         if max_case_s is not None and first > max_case_s:
             return CaseResult(
                 case=case,
-                status="timeout",
+                status=Status.TIMEOUT,
                 threads=threads,
                 wall_s=clock() - start,
                 error=f"one call took {fmt_seconds(first)}, over --max-case-seconds "
@@ -170,23 +184,25 @@ def measure_case(
             # cheap at any n): the fused kernels the timed call ran decide where its counts are
             # traced (``trace_counts``).
             memory = memory_pass(case, seed, step)
-            countcache.write_profile(case, seed, memory)
+            countcache.write_profile(case, seed, memory, enabled=counting.cache)
         if counts is None:
             fused = memory.fused if memory is not None else attention_fast_paths(step)
-            counts, source = trace_counts(case, step, seed, fused=fused)
-            countcache.write(case, seed, counts)
+            counts, source = trace_counts(case, step, seed, fused=fused, counting=counting)
+            countcache.write(case, seed, counts, enabled=counting.cache)
         if memory is None:
             # On the CPU the profiler, which replays every requested allocation, costs as much
             # as tracing: profiled at the short probes and extended by their law.
             if extend.is_extended(counts):
-                memory = extend.extended_profile(case, lambda short: probe_profile(short, seed))
+                memory = extend.extended_profile(
+                    case, lambda short: probe_profile(short, seed, counting=counting)
+                )
             if memory is None:
                 memory = (
-                    probe_profile(case, seed, step)
-                    if extend.is_probe(case)
+                    probe_profile(case, seed, step, counting)
+                    if extend.is_probe(case, counting.full_trace)
                     else memory_pass(case, seed, step)
                 )
-            countcache.write_profile(case, seed, memory)
+            countcache.write_profile(case, seed, memory, enabled=counting.cache)
         split: tuple[KernelSplit | None, str] = (None, "")
         if counter is not None:  # counted in its own process, under Callgrind
             timing, instructions = None, counter.count(case, seed)
@@ -199,11 +215,11 @@ def measure_case(
                 )
             )
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
-        status = "oom" if is_out_of_memory(exc) else "failed"
+        status = Status.OOM if is_out_of_memory(exc) else Status.FAILED
         return _failed(case, status, exc, threads, clock() - start)
     return CaseResult(
         case=case,
-        status="ok",
+        status=Status.OK,
         threads=threads,
         timing=timing,
         peak_bytes=memory.peak_bytes,
@@ -234,22 +250,22 @@ def measure_case(
     )
 
 
-def cached_counts(case: Case, seed: int) -> countcache.Counts | None:
+def cached_counts(case: Case, seed: int, counting: Counting) -> countcache.Counts | None:
     """The case's counts from the count cache; None when there are none, or they were
-    extended and the user asked for full traces."""
-    found = countcache.read(case, seed)
-    if found is None or (extend.full_trace() and extend.is_extended(found)):
+    extended and ``counting`` asks for full traces."""
+    found = countcache.read(case, seed, enabled=counting.cache)
+    if found is None or (counting.full_trace and extend.is_extended(found)):
         return None
     return found
 
 
-def cached_profile(case: Case, seed: int) -> countcache.Profile | None:
+def cached_profile(case: Case, seed: int, counting: Counting) -> countcache.Profile | None:
     """The case's memory pass from the count cache, its method marked "(cache)"; None when
-    there is none, or it was extended and the user asked for full traces."""
-    found = countcache.read_profile(case, seed)
-    if found is None or (extend.full_trace() and found.method.startswith(extend.EXTENDED)):
+    there is none, or it was extended and ``counting`` asks for full traces."""
+    found = countcache.read_profile(case, seed, enabled=counting.cache)
+    if found is None or (counting.full_trace and Provenance.parse(found.method).extended):
         return None
-    return dataclasses.replace(found, method=f"{found.method} {countcache.CACHED_MARK}")
+    return dataclasses.replace(found, method=f"{found.method} {CACHED_MARK}")
 
 
 def memory_pass(case: Case, seed: int, step: Step | None = None) -> countcache.Profile:
@@ -265,23 +281,27 @@ def memory_pass(case: Case, seed: int, step: Step | None = None) -> countcache.P
     )
 
 
-def probe_counts(short: Case, seed: int, step: Step | None = None) -> countcache.Counts:
+def probe_counts(
+    short: Case, seed: int, step: Step | None = None, counting: Counting = DEFAULT_COUNTING
+) -> countcache.Counts:
     """The counts at a probe length, for a longer case's law: traced once per layer, d and
     options, then read from the count cache by every other long case (and every later sweep).
     ``step``: the case's own, called once already, where the case is at a probe length."""
-    found = countcache.read(short, seed, probe=True)
+    found = countcache.read(short, seed, probe=True, enabled=counting.cache)
     if found is None:
         found = call_counts(step or _called_step(short, seed), short.mode)
-        countcache.write(short, seed, found, probe=True)
+        countcache.write(short, seed, found, probe=True, enabled=counting.cache)
     return found
 
 
-def probe_profile(short: Case, seed: int, step: Step | None = None) -> countcache.Profile:
+def probe_profile(
+    short: Case, seed: int, step: Step | None = None, counting: Counting = DEFAULT_COUNTING
+) -> countcache.Profile:
     """The memory pass at a probe length (CPU), cached as ``probe_counts`` are."""
-    found = countcache.read_profile(short, seed, probe=True)
+    found = countcache.read_profile(short, seed, probe=True, enabled=counting.cache)
     if found is None:
         found = memory_pass(short, seed, step)
-        countcache.write_profile(short, seed, found, probe=True)
+        countcache.write_profile(short, seed, found, probe=True, enabled=counting.cache)
     return found
 
 
@@ -304,8 +324,9 @@ def _called_step(case: Case, seed: int) -> Step:
 
 
 def trace_counts(
-    case: Case, step: Step | None, seed: int, *, fused: frozenset[str] = frozenset()
-) -> tuple[countcache.Counts, str]:
+    case: Case, step: Step | None, seed: int, *, fused: frozenset[str] = frozenset(),
+    counting: Counting = DEFAULT_COUNTING,
+) -> tuple[countcache.Counts, str]:  # fmt: skip
     """Every exact count of the case, traced from its real layer, and how (``counts_source``):
     in full, or for a long recurrent case at short lengths and extended by a law proven there
     (``measure.extend``).
@@ -331,7 +352,7 @@ def trace_counts(
     if case.device != "cpu" and fused & COUNTED_ON_CPU:
         case, step = dataclasses.replace(case, device="cpu"), None
     with explicit_attention(timed_on):
-        found, source = _call_counts(case, step, seed)
+        found, source = _call_counts(case, step, seed, counting)
     # The steps just traced at n (batch 1, as the path's own trace) spare a scan's path a trace.
     traced = found.seq_steps_method == SEQ_METHOD and case.batch == 1
     reach = entry(case.layer).reach(case.option_values)
@@ -348,21 +369,24 @@ def trace_counts(
     ), source
 
 
-def _call_counts(case: Case, step: Step | None, seed: int) -> tuple[countcache.Counts, str]:
+def _call_counts(
+    case: Case, step: Step | None, seed: int, counting: Counting
+) -> tuple[countcache.Counts, str]:
     """The counts of one call on the case's own device, traced or extended, without the path;
     ``step`` None: a fresh one where a trace needs it."""
     found, source = None, extend.EXTENDED
-    vouched = extend.applies(case)  # the theory says the case is long; else the probes say
-    if vouched or extend.probed(case):
+    full = counting.full_trace
+    vouched = extend.applies(case, full)  # the theory says the case is long; else the probes
+    if vouched or extend.probed(case, full):
         found = extend.extended_counts(
-            case, lambda short: probe_counts(short, seed), check=not vouched
+            case, lambda short: probe_counts(short, seed, counting=counting), check=not vouched
         )
     if found is None:
         source = countcache.TRACED
         # A case at a probe length is the probe: one trace serves it and the longer cases.
         found = (
-            probe_counts(case, seed, step)
-            if extend.is_probe(case)
+            probe_counts(case, seed, step, counting)
+            if extend.is_probe(case, full)
             else call_counts(step or _called_step(case, seed), case.mode)
         )
     return found, source
@@ -459,18 +483,13 @@ def retime_case(
         return None
 
 
-_PRIMED: list[bool] = []  # whether this process paid the instruments' start-up
-
-
+@functools.cache  # once a process
 def prime_instruments() -> None:
     """Pay the dispatch-mode and profiler start-up (the profiler's first session sets up
     Kineto) once per process, before a case's clock starts, so it is not charged to the first
     case traced; ``measure_case`` calls it where it will trace, so a sweep the count cache
     holds whole never pays it. Neither loads torch._dynamo (``ops.TracingMode``,
     ``memory._cpu_profile``)."""
-    if _PRIMED:
-        return
     a = torch.ones(4, 4)
     trace_flops(lambda: a @ a)
     peak_bytes(lambda: a @ a, "cpu")
-    _PRIMED.append(True)

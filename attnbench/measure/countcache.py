@@ -14,8 +14,8 @@ count, which choose oneDNN's kernels):
 - a digest of attnbench's own source files (every counter and layer), and torch's version.
 
 A changed layer, counter or torch therefore never reads an entry made before the change. The
-entries live under ``cache_dir()/counts`` (``$ATTNBENCH_CACHE_DIR``, ...); ``--no-cache`` (the
-environment's ``ATTNBENCH_NO_CACHE=1``, which reaches worker processes) traces every case.
+entries live under ``cache_dir()/counts`` (``$ATTNBENCH_CACHE_DIR``, ...); a sweep's
+``Counting`` says whether it reads and writes them (``--no-cache``: it traces every case).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,9 +37,7 @@ from attnbench.spec import Case
 from attnbench.storage import write_text_atomic
 
 COUNTS_VERSION = 1
-NO_CACHE_ENV = "ATTNBENCH_NO_CACHE"
 TRACED, CACHED = "traced", "cache"  # the results' counts_source
-CACHED_MARK = "(cache)"  # after peak_bytes_method when the memory pass was read from the cache
 
 
 @dataclass(frozen=True)
@@ -74,10 +71,18 @@ class Profile:
     backends: frozenset[str] = frozenset()
 
 
-def enabled(environ: dict[str, str] | None = None) -> bool:
-    """Whether counts are read from and written to the cache (not with ATTNBENCH_NO_CACHE=1)."""
-    env = os.environ if environ is None else environ
-    return env.get(NO_CACHE_ENV, "").strip().lower() not in ("1", "true", "yes", "on")
+@dataclass(frozen=True)
+class Counting:
+    """How a sweep takes every case's exact counts, passed to each case and sent to every
+    worker: through the count cache (``cache``: the command line's default, off with
+    --no-cache), and a long recurrence's from its probes unless every case is traced in full
+    (``full_trace``; --full-trace)."""
+
+    cache: bool = False
+    full_trace: bool = False
+
+
+DEFAULT_COUNTING = Counting()  # from Python: every count traced, long recurrences extended
 
 
 @functools.lru_cache(maxsize=1)
@@ -123,11 +128,12 @@ PROBE = "probe"
 
 
 def read(
-    case: Case, seed: int, folder: Path | None = None, *, probe: bool = False
-) -> Counts | None:
-    """The case's cached counts (None: none, off, or an entry that does not read); ``probe``:
-    those traced at its length for a longer case's law."""
-    data = _load(key(case, seed, *_role(probe)), folder)
+    case: Case, seed: int, folder: Path | None = None, *, probe: bool = False,
+    enabled: bool = True,
+) -> Counts | None:  # fmt: skip
+    """The case's cached counts (None: none, not ``enabled``, or an entry that does not read);
+    ``probe``: those traced at its length for a longer case's law."""
+    data = _load(key(case, seed, *_role(probe)), folder) if enabled else None
     try:
         return None if data is None else Counts(**data)
     except TypeError:
@@ -135,17 +141,22 @@ def read(
 
 
 def write(
-    case: Case, seed: int, counts: Counts, folder: Path | None = None, *, probe: bool = False
-) -> None:
-    """Store the case's counts (atomically; an unwritable cache costs a trace next time)."""
-    _store(key(case, seed, *_role(probe)), asdict(counts), folder)
+    case: Case, seed: int, counts: Counts, folder: Path | None = None, *, probe: bool = False,
+    enabled: bool = True,
+) -> None:  # fmt: skip
+    """Store the case's counts where ``enabled`` (atomically; an unwritable cache costs a
+    trace next time)."""
+    if enabled:
+        _store(key(case, seed, *_role(probe)), asdict(counts), folder)
 
 
 def read_profile(
-    case: Case, seed: int, folder: Path | None = None, *, probe: bool = False
-) -> Profile | None:
-    """The case's cached memory pass on this CPU and thread count (None: none, off, not CPU)."""
-    data = _load(profile_key(case, seed, *_role(probe)), folder)
+    case: Case, seed: int, folder: Path | None = None, *, probe: bool = False,
+    enabled: bool = True,
+) -> Profile | None:  # fmt: skip
+    """The case's cached memory pass on this CPU and thread count (None: none, not
+    ``enabled``, not CPU)."""
+    data = _load(profile_key(case, seed, *_role(probe)), folder) if enabled else None
     try:
         if data is None:
             return None
@@ -156,11 +167,13 @@ def read_profile(
 
 
 def write_profile(
-    case: Case, seed: int, profile: Profile, folder: Path | None = None, *, probe: bool = False
-) -> None:
-    """Store the case's memory pass (CPU only)."""
+    case: Case, seed: int, profile: Profile, folder: Path | None = None, *, probe: bool = False,
+    enabled: bool = True,
+) -> None:  # fmt: skip
+    """Store the case's memory pass where ``enabled`` (CPU only)."""
     data = {**asdict(profile), "fused": sorted(profile.fused), "backends": sorted(profile.backends)}
-    _store(profile_key(case, seed, *_role(probe)), data, folder)
+    if enabled:
+        _store(profile_key(case, seed, *_role(probe)), data, folder)
 
 
 def _role(probe: bool) -> tuple[str, ...]:
@@ -168,7 +181,7 @@ def _role(probe: bool) -> tuple[str, ...]:
 
 
 def _load(found: str | None, folder: Path | None) -> Any:
-    if found is None or not enabled():
+    if found is None:
         return None
     try:
         data = json.loads(_path(found, folder).read_text())
@@ -178,7 +191,7 @@ def _load(found: str | None, folder: Path | None) -> Any:
 
 
 def _store(found: str | None, data: dict[str, Any], folder: Path | None) -> None:
-    if found is None or not enabled():
+    if found is None:
         return
     path = _path(found, folder)
     try:  # a full or read-only cache costs a trace next time, nothing else

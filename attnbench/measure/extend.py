@@ -24,7 +24,6 @@ traces and profiles every case in full.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -33,9 +32,9 @@ from attnbench.measure.countcache import Counts, Profile
 from attnbench.measure.laws import fit_law
 from attnbench.measure.memory import is_out_of_memory
 from attnbench.measure.traffic import format_kernels, parse_kernels
+from attnbench.provenance import Provenance
 from attnbench.spec import Case
 
-FULL_TRACE_ENV = "ATTNBENCH_FULL_TRACE"
 EXTENDED = "extended"  # the results' counts_source for counts extended in this run
 PROBES = (8, 16, 32, 64)  # traced lengths: the law through the first three, proven on the last
 EXTEND_ABOVE_STEPS = 256  # extend a plugin's case only where the probes' law gives more steps
@@ -46,49 +45,44 @@ METHODS = {"seq_steps": "seq_steps_method", "elementwise": "elementwise_method",
            "bytes": "bytes_method"}  # fmt: skip
 
 
-def full_trace(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether every case is traced in full (``ATTNBENCH_FULL_TRACE=1``)."""
-    env = os.environ if environ is None else environ
-    return env.get(FULL_TRACE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def applies(case: Case, environ: Mapping[str, str] | None = None) -> bool:
+def applies(case: Case, full: bool = False) -> bool:
     """Whether the case's counts are extended from the probes rather than traced at its n: it
     is longer than the probes, its layer's theory says its sequential steps grow with n (more
     than n = ``PROBES[-1]`` of them: a recurrence, not a log-depth scan or one attention step),
-    and the user did not ask for full traces. A layer without a theory is ``probed`` instead."""
-    if not _long(case, environ, vouched=True):
+    and no full trace was asked for (``full``). A layer without a theory is ``probed``
+    instead."""
+    if not _long(case, full, vouched=True):
         return False
     theory = entry(case.layer).theory
     return theory is not None and theory.sequential_law(case.sizes()) > PROBES[-1]
 
 
-def probed(case: Case, environ: Mapping[str, str] | None = None) -> bool:
+def probed(case: Case, full: bool = False) -> bool:
     """Whether a long case of a layer without a theory (a plugin) asks the probes: extended
     only if they show more than ``EXTEND_ABOVE_STEPS`` steps at n and the law holds at a
     check length of n / 4 too (``extended_counts``); traced in full otherwise."""
-    return _long(case, environ, vouched=False) and entry(case.layer).theory is None
+    return _long(case, full, vouched=False) and entry(case.layer).theory is None
 
 
-def is_probe(case: Case, environ: Mapping[str, str] | None = None) -> bool:
+def is_probe(case: Case, full: bool = False) -> bool:
     """Whether the case is at a probe length of a layer whose longer cases are extended (or
     may be): its own full trace and memory pass are then the probe's, shared through the
     count cache rather than taken twice."""
     if case.n not in PROBES:
         return False
     longer = dataclasses.replace(case, n=8 * PROBES[-1])
-    return applies(longer, environ) or probed(longer, environ)
+    return applies(longer, full) or probed(longer, full)
 
 
-def _long(case: Case, environ: Mapping[str, str] | None, *, vouched: bool) -> bool:
+def _long(case: Case, full: bool, *, vouched: bool) -> bool:
     """Longer than the probes (a plugin: than four times the longest, so that the law's check
     at n / 4 lies past them), and no full trace asked for."""
-    return not full_trace(environ) and case.n > (1 if vouched else 4) * PROBES[-1]
+    return not full and case.n > (1 if vouched else 4) * PROBES[-1]
 
 
 def is_extended(counts: Counts) -> bool:
     """Whether the counts were extended from the probes (cached so, or traced so now)."""
-    return any(getattr(counts, column).startswith(EXTENDED) for column in METHODS.values())
+    return any(Provenance.parse(getattr(counts, column)).extended for column in METHODS.values())
 
 
 def extend(found: Mapping[int, Counts], n: int) -> Counts | None:

@@ -9,7 +9,7 @@ from typing import Any
 from attnbench.layers.registry import REGISTRY
 from attnbench.measure.flops import flops_agree
 from attnbench.measure.timing import TimingStats
-from attnbench.schema import COLUMN, RESULT_COLUMNS
+from attnbench.schema import COLUMN, RESULT_COLUMNS, Status
 from attnbench.spec import Case
 
 
@@ -48,7 +48,7 @@ class CaseResult:
     """
 
     case: Case
-    status: str
+    status: Status
     threads: int
     timing: TimingStats | None = None
     peak_bytes: int | None = None
@@ -84,6 +84,7 @@ class CaseResult:
     attempts: int | None = None  # workers that measured it: 2 when the first died in it
     kernel_share: float | None = None  # the kernels' share of a call (measure.split)
     kernel_method: str = ""  # how it was read, or "none: <why>"
+    died: bool = False  # its process died in it (not a column: the error says so)
 
     @property
     def flops_per_s(self) -> float | None:

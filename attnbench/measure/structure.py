@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -182,8 +182,21 @@ def traced_steps(module: nn.Module, n: int, d: int) -> int:
     return sequential_steps(lambda: module(x))
 
 
-# Probe results of a built-in or plugin layer (a builder with a ``cache_key``), per kind, d and
-# probe lengths: a sweep asks the same question for every n of a layer.
+@dataclass(frozen=True)
+class LayerBuilder:
+    """Builds a case's layer at any length n (a path's probes need several lengths), and says
+    what it builds (``key``: the layer, its options and seed), so the probes' results are
+    kept for every case of the same layer."""
+
+    build: Callable[[int], nn.Module]
+    key: Hashable
+
+    def __call__(self, n: int) -> nn.Module:
+        return self.build(n)
+
+
+# Probe results of a keyed builder, per kind, d and probe lengths: a sweep asks the same
+# question for every n of a layer.
 _PROBE_CACHE: dict[Any, Any] = {}
 T = TypeVar("T")
 
@@ -192,9 +205,9 @@ def _cached(
     kind: str, build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...],
     compute: Callable[[], T],
 ) -> T:  # fmt: skip
-    tag = getattr(build, "cache_key", None)
-    if tag is None:
+    if not isinstance(build, LayerBuilder):  # a builder of no name: nothing to share
         return compute()
+    tag = build.key
     key = (kind, tag, d, probes)
     if key not in _PROBE_CACHE:
         _PROBE_CACHE[key] = compute()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -169,6 +169,38 @@ def parse_kernels(text: object) -> dict[str, tuple[float, float]]:
                 found[pieces[0]] = (float(pieces[1]), float(pieces[2]))
             except ValueError:
                 continue
+    return found
+
+
+class Kernel(NamedTuple):
+    """One entry of the ``kernels`` column: a product (kind "gemm", "conv" or "attention";
+    ``width`` its inner width, None where unknown or from a run before widths were kept; work in
+    FLOPs) or an elementwise op (kind "ew"; ``op`` its name; work in elements), and its bytes."""
+
+    kind: str
+    width: int | None
+    op: str
+    work: float
+    moved: float
+
+    @property
+    def product(self) -> bool:
+        return self.kind != ELEMENTWISE
+
+
+ELEMENTWISE = "ew"
+
+
+def kernel_records(text: object) -> list[Kernel]:
+    """The ``kernels`` column as typed records, each key read once."""
+    found = []
+    for key, (work, moved) in parse_kernels(text).items():
+        if key.startswith(ELEMENTWISE_PREFIX):
+            op = key.removeprefix(ELEMENTWISE_PREFIX)
+            found.append(Kernel(ELEMENTWISE, None, op, work, moved))
+        else:
+            kind, _, width = key.partition("@")
+            found.append(Kernel(kind, int(width) if width.isdigit() else None, "", work, moved))
     return found
 
 

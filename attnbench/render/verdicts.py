@@ -29,7 +29,7 @@ from attnbench.compare import (
 )
 from attnbench.render.blocks import Block
 from attnbench.render.blocks import to_markdown as blocks_to_markdown
-from attnbench.schema import EXACT_METRICS, METRIC
+from attnbench.schema import EXACT_METRICS, METRIC, Status
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 JSON_SCHEMA_ID = "attnbench-compare/1"
@@ -85,7 +85,7 @@ def count_changes(comparison: Comparison, case_id: str) -> str:
 def _case_verdict(row: Any) -> str:
     if row.status_verdict == REGRESSION:
         return f"REGRESSION ({row.status_base} -> {row.status_new})"
-    if row.status_base != "ok" or row.status_new != "ok":
+    if row.status_base != Status.OK or row.status_new != Status.OK:
         return f"not compared ({row.status_base} -> {row.status_new})"
     return "REGRESSION" if row.verdict == REGRESSION else row.verdict
 

@@ -11,7 +11,7 @@ import pandas as pd
 from attnbench.errors import AttnbenchError
 from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.ceilings_file import ceilings_from
-from attnbench.schema import CALIBRATION_COLUMNS, STATUSES, numeric_column
+from attnbench.schema import CALIBRATION_COLUMNS, STATUSES, RunStatus, Status, numeric_column
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class RunResults:
     @property
     def measured(self) -> pd.DataFrame:
         """The rows with measurements (status ``ok``): what charts, fits and comparisons use."""
-        return self.frame[self.frame["status"] == "ok"]
+        return self.frame[self.frame["status"] == Status.OK]
 
     @property
     def devices(self) -> list[str]:
@@ -125,12 +125,12 @@ class RunResults:
         )
 
     @property
-    def status(self) -> str:
+    def status(self) -> RunStatus:
         """``complete``, ``interrupted``, or ``running`` (also what a killed run leaves)."""
         status = self.meta.get("status")
-        if status in ("complete", "interrupted", "running"):
-            return str(status)
-        return "complete" if self.meta.get("end_time") else "running"
+        if status in tuple(RunStatus):
+            return RunStatus(status)
+        return RunStatus.COMPLETE if self.meta.get("end_time") else RunStatus.RUNNING
 
     @property
     def cases_total(self) -> int:

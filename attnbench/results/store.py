@@ -42,6 +42,8 @@ from attnbench.schema import (
     RESULT_COLUMNS,
     SAMPLE_COLUMNS,
     STATUSES,
+    RunStatus,
+    Status,
     columns_of,
 )
 from attnbench.spec import Case
@@ -103,7 +105,7 @@ class ResultsWriter:
             "environment": dict(environment),
             "start_time": now_iso(),
             "end_time": None,
-            "status": "running",
+            "status": RunStatus.RUNNING,
             "pid": os.getpid(),
             "current_case": None,
             "cases_total": None,
@@ -135,7 +137,7 @@ class ResultsWriter:
             rewrite_csv(run.path / name, columns, rows)
         meta = dict(run.meta)
         meta["resumes"] = [*meta.get("resumes", []), dict(resume)]
-        meta.update(status="running", pid=os.getpid(), end_time=None)
+        meta.update(status=RunStatus.RUNNING, pid=os.getpid(), end_time=None)
         points = int(run.calibration["point"].max()) + 1 if len(run.calibration) else 0
         writer = cls(Path(run.path), meta, points, header)
         writer._save_meta()
@@ -204,7 +206,7 @@ class ResultsWriter:
         ]
         self._append(SAMPLES_FILE, "".join(lines))
 
-    def finish(self, status: str = "complete") -> None:
+    def finish(self, status: RunStatus = RunStatus.COMPLETE) -> None:
         """Close the run as ``complete`` or ``interrupted``, adding this session's seconds,
         from opening the run to its last result written, to ``duration_s`` (the seconds the
         sweep has run over every session: a resume adds its own; end_time - start_time would
@@ -421,7 +423,7 @@ def _with_all_rounds(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame
     are derived. A run from before the median's confidence interval was written gets it here."""
     frame = frame.copy()
     by_case = samples.groupby("case_id")["time_s"]
-    ok = frame.index[frame["status"].eq("ok") & frame["case_id"].isin(by_case.groups)]
+    ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
     for i in ok:
         row = frame.loc[i]
         every = TimingStats(

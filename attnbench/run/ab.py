@@ -20,6 +20,7 @@ from typing import Any
 from attnbench.errors import AttnbenchError
 from attnbench.measure.allocator import run_state
 from attnbench.measure.calibration import Calibration
+from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import TimingPolicy
 from attnbench.results.files import new_out_dir, prepare_out_dir
@@ -32,6 +33,7 @@ from attnbench.run.executors.base import Job, Placement
 from attnbench.run.executors.process import SubprocessExecutor
 from attnbench.run.queue import JobQueue
 from attnbench.run.signals import GracefulStop
+from attnbench.schema import RunStatus
 from attnbench.spec import Grid, build_grid
 from attnbench.thresholds import DEFAULT_THRESHOLDS, rounds_to_reach
 
@@ -118,12 +120,13 @@ def run_ab(
     on_start: Callable[[ABStart], None] | None = None,
     calibration: Calibration | None = None,
     allow_large: bool = True,
+    counting: Counting = DEFAULT_COUNTING,
 ) -> ABRun:
     """Measure the base side and the current side alternately into ``out_dir``/base and
     ``out_dir``/current; the pairs to judge. Both sides run on this machine at once, so no
     calibration GEMM is needed to compare them (``calibration`` times one anyway). Raises an
     ``AttnbenchError`` with exit code 130 after SIGINT / SIGTERM (what was measured stays on
-    disk)."""
+    disk). ``counting`` says how both sides take their cases' exact counts."""
     grids = side_grids(options, base_layers, alpha)
     warning = None if allow_large else size_warning(grids["current"])
     if warning:
@@ -164,7 +167,7 @@ def run_ab(
             low, high = sum(e[0] for e in ends), sum(e[1] for e in ends)
             notes = _too_few(grids["current"], alpha)
             on_start(ABStart(grids, out_dir, clusters, environments, high, notes, low))
-        _interleave(grids, writers, executors, clusters, progress, calibration)
+        _interleave(grids, writers, executors, clusters, progress, calibration, counting)
     runs = {side: load_results(out_dir / side) for side in SIDES}
     ids = {side: [c.case_id for c in grids[side].cases()] for side in SIDES}
     pairs = tuple(zip(ids["base"], ids["current"], strict=True))
@@ -178,6 +181,7 @@ def _interleave(
     clusters: Mapping[str, Mapping[str, Any]],
     progress: SideProgress | None,
     calibration: Calibration | None,
+    counting: Counting,
 ) -> None:
     """Hand one job to each side in turn, A B then B A, until both queues are empty."""
 
@@ -200,7 +204,7 @@ def _interleave(
             policy = TimingPolicy(budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1)
             queues[side] = JobQueue(
                 grid, writer, None, died=None, policy=policy, calibration=calibration,
-                in_process=False, progress=tell(side), stop=stop,
+                in_process=False, progress=tell(side), stop=stop, counting=counting,
             )  # fmt: skip
         where = {side: _placement(clusters[side]) for side in SIDES}
         pair = 0
@@ -219,7 +223,7 @@ def _interleave(
             stop.signal_name = stop.signal_name or "SIGINT"
         finally:
             for writer in writers.values():
-                writer.finish("interrupted" if stop.requested else "complete")
+                writer.finish(RunStatus.INTERRUPTED if stop.requested else RunStatus.COMPLETE)
         if stop.requested:
             out = writers["base"].out_dir.parent
             raise AttnbenchError(

@@ -22,6 +22,7 @@ import torch
 from attnbench.devices import device_kind
 from attnbench.measure.record import CaseResult
 from attnbench.regime import REGIME_BAND, REGIME_SIZES, settled_sizes
+from attnbench.schema import Status
 from attnbench.spec import Case, Grid
 
 # A case whose single call is predicted longer than this (seconds) is not started, unless
@@ -139,8 +140,8 @@ class AutoPlan:
         """A finished case of a line: a point, or the reason the line stops."""
         line = self.line(result.case)
         line.running = False
-        if result.status != "ok" or result.timing is None:
-            if result.status != "skipped":
+        if result.status != Status.OK or result.timing is None:
+            if result.status != Status.SKIPPED:
                 line.stopped, line.why = Stopped.FAILED, f"n={result.case.n} {result.status}"
             return
         self.add(result.case.n, {
@@ -175,9 +176,9 @@ class AutoPlan:
             if key is None:
                 continue
             line = self.lines[key]
-            if row["status"] == "ok":
+            if row["status"] == Status.OK:
                 self.add(int(row["n"]), row, line)
-            elif row["status"] != "skipped" and line.stopped is None:
+            elif row["status"] != Status.SKIPPED and line.stopped is None:
                 line.stopped, line.why = Stopped.FAILED, f"n={row['n']} {row['status']}"
 
     def decide(self, case: Case) -> tuple[bool, str]:

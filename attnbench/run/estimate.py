@@ -9,6 +9,7 @@ from collections.abc import Callable
 from attnbench.devices import device_kind
 from attnbench.layers.registry import entry
 from attnbench.measure import countcache, extend
+from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.timing import DEFAULT_POLICY
 from attnbench.regime import REGIME_SIZES
 from attnbench.spec import Case, Grid
@@ -28,13 +29,15 @@ _TRACE_CASE_S, _TRACE_STEP_S, _CACHED_CASE_S = 0.04, 2e-3, 0.05
 CEILINGS_S = 1.5
 
 
-def tracing_seconds(case: Case, cached: bool, probes_traced: bool = False) -> float:
+def tracing_seconds(
+    case: Case, cached: bool, probes_traced: bool = False, counting: Counting = DEFAULT_COUNTING
+) -> float:
     """A rough estimate of the seconds a case spends outside its timing, tracing its counts;
     ``probes_traced``: an earlier case of the sweep traced the probes this one extends from
     (they are kept in the count cache), so it pays for its path length only."""
     if cached:
         return _CACHED_CASE_S
-    if extend.applies(case):  # traced at the short probe lengths, then extended
+    if extend.applies(case, counting.full_trace):  # traced at the probe lengths, then extended
         if probes_traced:
             return _TRACE_CASE_S
         return _TRACE_CASE_S * len(extend.PROBES) + _TRACE_STEP_S * sum(extend.PROBES)
@@ -43,14 +46,15 @@ def tracing_seconds(case: Case, cached: bool, probes_traced: bool = False) -> fl
     return _TRACE_CASE_S + _TRACE_STEP_S * (steps if steps > 1 else 0.0)
 
 
-def in_cache(case: Case, seed: int) -> bool:
+def in_cache(case: Case, seed: int, counting: Counting = DEFAULT_COUNTING) -> bool:
     """Whether a case's counts would be read from the count cache (``measure.countcache``)."""
-    return countcache.read(case, seed) is not None
+    return countcache.read(case, seed, enabled=counting.cache) is not None
 
 
 def estimate_bounds(
-    grid: Grid, cached: Callable[[Case], bool] | None = None
-) -> tuple[float, float]:
+    grid: Grid, cached: Callable[[Case], bool] | None = None,
+    counting: Counting = DEFAULT_COUNTING,
+) -> tuple[float, float]:  # fmt: skip
     """A rough (low, high) estimate of a sweep's duration from the analytic FLOPs of each case.
 
     Per case: about four untimed calls (first call, FLOP count, memory profile, warm-up), the
@@ -75,8 +79,8 @@ def estimate_bounds(
             continue
         hit = cached(case) if cached is not None else False
         probes = dataclasses.replace(case, n=extend.PROBES[-1]).case_id
-        untimed = tracing_seconds(case, hit, probes in probed) + 4 * call
-        if extend.applies(case) and not hit:
+        untimed = tracing_seconds(case, hit, probes in probed, counting) + 4 * call
+        if extend.applies(case, counting.full_trace) and not hit:
             probed.add(probes)
         rounds = (grid.rounds - 1) * (0.02 + 2 * call + max(quick, 11 * call))
         low += untimed + max(quick, 11 * call) + rounds
@@ -86,9 +90,12 @@ def estimate_bounds(
     return low, high
 
 
-def estimate_seconds(grid: Grid, cached: Callable[[Case], bool] | None = None) -> float:
+def estimate_seconds(
+    grid: Grid, cached: Callable[[Case], bool] | None = None,
+    counting: Counting = DEFAULT_COUNTING,
+) -> float:  # fmt: skip
     """The high end of ``estimate_bounds``: every case spends its whole time budget."""
-    return estimate_bounds(grid, cached)[1]
+    return estimate_bounds(grid, cached, counting)[1]
 
 
 def size_warning(grid: Grid) -> str | None:

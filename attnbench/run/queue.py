@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from attnbench.measure.calibration import Calibration
+from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingPolicy, TimingStats
 from attnbench.results.run import RunResults
@@ -22,6 +23,7 @@ from attnbench.run.auto import AutoPlan
 from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.signals import GracefulStop
+from attnbench.schema import BLOCKING, Status
 from attnbench.spec import Case, Grid
 
 # What a process killed inside a case leaves behind; ``resume`` records that case with this error.
@@ -30,11 +32,11 @@ DIED_ERROR = "the process died while measuring this case (killed, or out of memo
 WORKER_DIED_ERROR = "the worker died while measuring this case, twice"
 
 
-def _blocking(status: str, error: str) -> bool:
-    """Whether a case with this outcome means larger cases of its layer would fail too."""
-    return (
-        status in ("oom", "timeout") or error == DIED_ERROR or error.startswith(WORKER_DIED_ERROR)
-    )
+def died_in(row: Any) -> bool:
+    """Whether a stored row records a case its process died in (read once, from the error this
+    module wrote: results.csv has no column of its own for it)."""
+    error = str(row.error) if isinstance(row.error, str) else ""
+    return error == DIED_ERROR or error.startswith(WORKER_DIED_ERROR)
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,14 @@ class _Block:
         return case.layer == self.layer and case.n >= self.n and case.d >= self.d
 
 
-def _block(layer: str, n: int, d: int, status: str) -> _Block:
-    why = {"oom": "ran out of memory", "timeout": "ran out of time"}.get(status, "crashed")
-    return _Block(layer, int(n), int(d), f"{layer} n={n} d={d} {why}")
-
+def _block(case: Case | Any, status: Status, died: bool) -> _Block | None:
+    """What a case's outcome says of the larger cases of its layer: they would fail the same
+    way (out of memory, out of time, a dead process); None when it says nothing of them."""
+    why = BLOCKING.get(status, "crashed" if died else None)
+    if why is None:
+        return None
+    layer, n, d = case.layer, int(case.n), int(case.d)
+    return _Block(layer, n, d, f"{layer} n={n} d={d} {why}")
 
 
 class JobQueue:
@@ -73,12 +79,14 @@ class JobQueue:
         in_process: bool,
         progress: ProgressCallback | None,
         stop: GracefulStop,
+        counting: Counting = DEFAULT_COUNTING,
     ) -> None:
         self.grid, self.writer, self.progress, self.stop = grid, writer, progress, stop
         self.last: Case | None = None  # the case the latest event was about
         self.cases = grid.cases()
         self.index = {case.case_id: i for i, case in enumerate(self.cases)}
         self.died, self.policy, self.calibration = died, policy, calibration
+        self.counting = counting
         self.in_process = in_process
         self.done: set[str] = set()
         self.ok: set[str] = set()
@@ -92,11 +100,12 @@ class JobQueue:
         if previous is not None:
             for row in previous.frame.itertuples():
                 self.done.add(row.case_id)
-                if row.status == "ok":
+                if row.status == Status.OK:
                     self.ok.add(row.case_id)
                     self.device_of[row.case_id] = row.device_name
-                if _blocking(row.status, row.error):
-                    self.blocks.append(_block(row.layer, row.n, row.d, row.status))
+                block = _block(row, Status(row.status), died_in(row))
+                if block is not None:
+                    self.blocks.append(block)
             for case_id, group in previous.samples.groupby("case_id"):
                 self.rounds_done[str(case_id)] = set(group["round"].tolist())
                 self.next_sample[str(case_id)] = int(group["sample"].max()) + 1
@@ -163,6 +172,7 @@ class JobQueue:
             max_case_s=self.grid.max_case_s,
             calibration=self.calibration,
             device_name=self.device_of.get(case.case_id) if round_ > 1 else None,
+            counting=self.counting,
         )
 
     def _queue_next_round(self, case_id: str) -> None:
@@ -227,18 +237,21 @@ class JobQueue:
         """The row of a case that is not to be run (died in before, or blocked), else None."""
         threads = self.grid.threads or torch.get_num_threads()
         if case.case_id == self.died:
-            return CaseResult(case=case, status="failed", threads=threads, error=DIED_ERROR)
+            return CaseResult(
+                case=case, status=Status.FAILED, threads=threads, error=DIED_ERROR, died=True
+            )
         for block in self.blocks:
             if block.covers(case):
                 return CaseResult(
-                    case=case, status="skipped", threads=threads, error=f"after {block.why}"
+                    case=case, status=Status.SKIPPED, threads=threads, error=f"after {block.why}"
                 )
         return None
 
     def _write(self, result: CaseResult, point: TimingStats | None = None) -> None:
         case = result.case
-        if _blocking(result.status, result.error):
-            self.blocks.append(_block(case.layer, case.n, case.d, result.status))
+        block = _block(case, result.status, result.died)
+        if block is not None:
+            self.blocks.append(block)
         if self.auto is not None:
             self.auto.record(result)
             if case.n == self.grid.ns[-1]:
@@ -248,7 +261,7 @@ class JobQueue:
             if self.auto is not None:
                 self.writer.update(auto=self.auto.describe())
         self.done.add(case.case_id)
-        if result.status == "ok" and result.timing is not None:
+        if result.status == Status.OK and result.timing is not None:
             self.ok.add(case.case_id)
             self.rounds_done[case.case_id] = {1}
             self.next_sample[case.case_id] = result.timing.count
@@ -271,9 +284,10 @@ class JobQueue:
                 where = done.where
                 result = CaseResult(
                     case=case,
-                    status="failed",
+                    status=Status.FAILED,
                     threads=where.threads if where else self.grid.threads or 0,
                     error=f"{WORKER_DIED_ERROR}: {done.lost or 'no result came back'}"[:300],
+                    died=True,
                     node=where.node if where else "",
                     device_id=where.device_id if where else "",
                     device_name=where.device_name if where else "",

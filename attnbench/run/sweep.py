@@ -14,7 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,10 @@ import torch
 
 from attnbench.errors import AttnbenchError, SweepInterrupted, first_line
 from attnbench.layers import plugins
-from attnbench.measure import countcache
 from attnbench.measure.allocator import run_state
 from attnbench.measure.calibration import DEFAULT_CALIBRATION, Calibration
 from attnbench.measure.ceilings_file import cache_dir, ceilings_cached, machine_ceilings
+from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import Clock, TimingPolicy
 from attnbench.results.environment import changes, resume_keys
@@ -36,7 +36,6 @@ from attnbench.results.theories import merge, record
 from attnbench.run.estimate import (
     CEILINGS_S,
     estimate_bounds,
-    estimate_seconds,
     in_cache,
     size_warning,
 )
@@ -45,6 +44,7 @@ from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.queue import JobQueue
 from attnbench.run.signals import GracefulStop
+from attnbench.schema import RunStatus, Status
 from attnbench.spec import Grid, build_grid, grid_from_config
 
 
@@ -59,6 +59,7 @@ def run_sweep(
     calibration: Calibration | None = DEFAULT_CALIBRATION,
     executor: Executor | None = None,
     allow_large: bool = True,
+    counting: Counting = DEFAULT_COUNTING,
 ) -> RunResults:
     """Measure every case of ``grid`` into ``out_dir`` (default: a new folder under results/).
 
@@ -69,7 +70,8 @@ def run_sweep(
     point at most every ``calibration.every_s``).
     ``executor`` (default: serial, in this process, timed with ``clock``) runs the cases; a
     given ``Grid``'s device must have been resolved by it. ``on_start`` hears what the sweep is
-    about to do once its workers are up. Raises ``SweepInterrupted`` (exit code 130) after
+    about to do once its workers are up. ``counting`` says how every case's exact counts are
+    taken (the count cache, full traces). Raises ``SweepInterrupted`` (exit code 130) after
     SIGINT / SIGTERM.
     """
     with _executor(executor, clock) as runs_on:
@@ -88,25 +90,61 @@ def run_sweep(
             layers=grid.sources(),
             allocator=run_state(cluster.get("workers", [])),
             fault_cost_s=cost,  # what one page fault costs here (measure.faults)
-            count_cache={"enabled": countcache.enabled(), "folder": str(cache_dir() / "counts")},
+            count_cache={"enabled": counting.cache, "folder": str(cache_dir() / "counts")},
         )
         writer.record_theories(record(grid))
-        threads = grid.threads or torch.get_num_threads()
-        known = ceilings_cached(grid.device, grid.dtype, threads)
-        if on_start is not None:
-            low, high = estimate_bounds(grid, lambda c: in_cache(c, grid.seed))
-            workers, first = max(1, runs_on.workers), 0.0 if known else CEILINGS_S
-            start = SweepStart(
-                grid, folder, cluster, runs_on.workers, high / workers + first,
-                ceilings_cached=known, estimate_low_s=low / workers + first,
-            )  # fmt: skip
-            on_start(start)
-        with _stopped_before_cases(writer, len(grid.cases())):
-            writer.update(**run_ceilings(grid, cost))
-        return _sweep(
-            writer, grid, None, progress=progress, policy=policy, calibration=calibration,
-            executor=runs_on,
+        measuring = Measuring(progress, policy, calibration, counting)
+        return _start(
+            writer, grid, None, runs_on, cluster, measuring, on_start=on_start, fault_cost=cost
+        )
+
+
+@dataclass(frozen=True)
+class Measuring:
+    """What every case of a sweep is measured with, from its caller to its worker."""
+
+    progress: ProgressCallback | None
+    policy: TimingPolicy | None
+    calibration: Calibration | None
+    counting: Counting
+
+
+def _start(
+    writer: ResultsWriter,
+    grid: Grid,
+    previous: RunResults | None,
+    runs_on: Executor,
+    cluster: dict[str, Any],
+    measuring: Measuring,
+    *,
+    on_start: StartCallback | None,
+    fault_cost: float | None,
+    died: str | None = None,
+    retried: int = 0,
+) -> RunResults:
+    """What a new sweep and a resumed one do alike once their folder is open: tell the caller
+    what is about to run and how long it should take, get the machine's ceilings (from the
+    cache, or measured; not again for a run that has them), then measure the cases."""
+    has_ceilings = previous is not None and previous.meta.get("ceilings") is not None
+    threads = grid.threads or torch.get_num_threads()
+    known = has_ceilings or ceilings_cached(grid.device, grid.dtype, threads)
+    done = 0 if previous is None else len(previous.frame)
+    if on_start is not None:
+        counting = measuring.counting
+        low, high = estimate_bounds(grid, lambda c: in_cache(c, grid.seed, counting), counting)
+        total = len(grid.cases())
+        left = max(0, total - done) / max(1, total) / max(1, runs_on.workers)
+        first = 0.0 if known else CEILINGS_S
+        on_start(
+            SweepStart(
+                grid, writer.out_dir, cluster, runs_on.workers, high * left + first, previous,
+                ceilings_cached=known, estimate_low_s=low * left + first, retried=retried,
+            )
         )  # fmt: skip
+    if not has_ceilings:
+        with _stopped_before_cases(writer, len(grid.cases()), done):
+            writer.update(**run_ceilings(grid, fault_cost))
+    return _sweep(writer, grid, previous, died=died, measuring=measuring, executor=runs_on)
 
 
 @contextlib.contextmanager
@@ -116,7 +154,7 @@ def _stopped_before_cases(writer: ResultsWriter, total: int, done: int = 0) -> I
     try:
         yield
     except KeyboardInterrupt:
-        writer.finish("interrupted")
+        writer.finish(RunStatus.INTERRUPTED)
         raise SweepInterrupted(str(writer.out_dir), done, total, "SIGINT") from None
 
 
@@ -156,7 +194,7 @@ def _still_running(meta: Mapping[str, Any]) -> int | None:
     """The pid of a live process on this host that may still be writing the run, if any."""
     pid = meta.get("pid")
     host = meta.get("environment", {}).get("hostname")
-    if meta.get("status") != "running" or not isinstance(pid, int) or pid == os.getpid():
+    if meta.get("status") != RunStatus.RUNNING or not isinstance(pid, int) or pid == os.getpid():
         return None
     if host != socket.gethostname():
         return None
@@ -181,6 +219,7 @@ def resume_sweep(
     policy: TimingPolicy | None = None,
     calibration: Calibration | None = DEFAULT_CALIBRATION,
     executor: Executor | None = None,
+    counting: Counting = DEFAULT_COUNTING,
 ) -> RunResults:
     """Measure the cases of a results folder that are not in it yet, with its recorded grid.
 
@@ -195,10 +234,10 @@ def resume_sweep(
     run = load_results(out_dir)  # the one read of the folder before it is reopened
     # The case a killed process was in: recorded failed (it may be what killed it), or with
     # ``retry`` measured again like every case not ok.
-    died = run.meta.get("current_case") if run.status == "running" else None
+    died = run.meta.get("current_case") if run.status == RunStatus.RUNNING else None
     retried: list[str] = []
     if retry:
-        retried = sorted(run.frame.loc[run.frame["status"] != "ok", "case_id"])
+        retried = sorted(run.frame.loc[run.frame["status"] != Status.OK, "case_id"])
         run = run.without(set(retried))
         retried += [died] if died else []
         died = None
@@ -263,27 +302,10 @@ def resume_sweep(
             writer.update(config=grid.to_dict())
         # A run stopped while its ceilings were measured (or where they could not be) gets
         # them now, from the cache or measured, as a new run would.
-        recorded = run.meta.get("ceilings") is not None
-        known = recorded or ceilings_cached(
-            grid.device, grid.dtype, grid.threads or torch.get_num_threads()
-        )
-        if on_start is not None:
-            missing = len(grid.cases()) - len(run.frame)
-            whole = estimate_seconds(grid, lambda c: in_cache(c, grid.seed))
-            estimate = whole * max(0, missing) / max(1, len(grid.cases()))
-            estimate += 0.0 if known else CEILINGS_S
-            on_start(
-                SweepStart(
-                    grid, out_dir, cluster, runs_on.workers, estimate, run,
-                    ceilings_cached=known, retried=len(retried),
-                )
-            )  # fmt: skip
-        if not recorded:
-            with _stopped_before_cases(writer, len(grid.cases()), len(run.frame)):
-                writer.update(**run_ceilings(grid, run.meta.get("fault_cost_s")))
-        return _sweep(
-            writer, grid, run, died=died, progress=progress, policy=policy,
-            calibration=calibration, executor=runs_on,
+        measuring = Measuring(progress, policy, calibration, counting)
+        return _start(
+            writer, grid, run, runs_on, cluster, measuring, on_start=on_start,
+            fault_cost=run.meta.get("fault_cost_s"), died=died, retried=len(retried),
         )  # fmt: skip
 
 
@@ -293,14 +315,13 @@ def _sweep(
     previous: RunResults | None,
     *,
     died: str | None = None,
-    progress: ProgressCallback | None,
-    policy: TimingPolicy | None,
-    calibration: Calibration | None,
+    measuring: Measuring,
     executor: Executor,
 ) -> RunResults:
     # The first call, the FLOP count and the memory profile precede timing: one more warm-up does.
     # The time budget is shared by the rounds.
-    policy = policy or TimingPolicy(budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1)
+    budget = TimingPolicy(budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1)
+    policy, calibration = measuring.policy or budget, measuring.calibration
     cases = grid.cases()
     writer.update(cases_total=len(cases))
     if calibration is not None:
@@ -321,8 +342,9 @@ def _sweep(
             policy=policy,
             calibration=calibration,
             in_process=executor.in_process,
-            progress=progress,
+            progress=measuring.progress,
             stop=stop,
+            counting=measuring.counting,
         )
         try:
             for done in executor.run(queue.take):
@@ -331,7 +353,7 @@ def _sweep(
             stop.signal_name = stop.signal_name or "SIGINT"
         except AttnbenchError as exc:
             with contextlib.suppress(AttnbenchError):  # a full disk takes run.json too
-                writer.finish("interrupted")
+                writer.finish(RunStatus.INTERRUPTED)
             raise AttnbenchError(
                 f"{exc.message}; the {queue.completed} finished case(s) are saved: "
                 f"attnbench sweep --resume {writer.out_dir}"
@@ -341,11 +363,11 @@ def _sweep(
             stopped = getattr(executor, "stopped", None)
             if stopped is not None:
                 stopped()
-            writer.finish("interrupted")
+            writer.finish(RunStatus.INTERRUPTED)
             raise SweepInterrupted(
                 str(writer.out_dir), queue.completed, len(cases), str(stop.signal_name)
             )
     if queue.auto is not None:  # the cases it reached, and what stopped each line
         writer.update(cases_total=queue.completed, auto=queue.auto.describe())
-    writer.finish("complete")
+    writer.finish(RunStatus.COMPLETE)
     return load_results(writer.out_dir)

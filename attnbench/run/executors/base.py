@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from attnbench.measure.calibration import Calibration
+from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingPolicy, TimingStats
 from attnbench.spec import Case, Grid
@@ -40,6 +41,7 @@ class Job:
     calibration: Calibration | None = None  # timed just before the case, on the same device
     attempt: int = 1  # 2 when the first worker died in it
     device_name: str | None = None  # later rounds: the device model round 1 ran on
+    counting: Counting = DEFAULT_COUNTING  # how the case's exact counts are taken
 
 
 @dataclass(frozen=True)

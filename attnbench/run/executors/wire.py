@@ -12,12 +12,14 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from attnbench.measure.calibration import Calibration
+from attnbench.measure.countcache import Counting
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import Stop, TimingPolicy, TimingStats
 from attnbench.run.executors.base import Job, JobDone, Placement
+from attnbench.schema import Status
 from attnbench.spec import Case
 
-PROTOCOL = 2  # 2: the policy's stopping rule is the median's confidence interval
+PROTOCOL = 3  # 3: a job carries its Counting (2: the median's confidence interval stops)
 
 
 def timing_to_wire(timing: TimingStats | None) -> dict[str, Any] | None:
@@ -57,6 +59,7 @@ def job_from_wire(data: dict[str, Any]) -> Job:
             "case": Case.from_dict(data["case"]),
             "policy": TimingPolicy(**data["policy"]),
             "calibration": None if calibration is None else calibration_from_wire(calibration),
+            "counting": Counting(**data["counting"]),
         }
     )
 
@@ -93,7 +96,8 @@ def done_from_wire(job: Job, data: dict[str, Any]) -> JobDone:
         else CaseResult(
             case=job.case,
             timing=timing_from_wire(result.get("timing")),
-            **{name: result[name] for name in _RESULT_FIELDS if name in result},
+            **{name: result[name] for name in _RESULT_FIELDS if name in result}
+            | {"status": Status(result["status"])},
         ),
         timing=timing_from_wire(data["timing"]),
         point=timing_from_wire(data["point"]),

@@ -25,6 +25,7 @@ from attnbench.measure.faults import FaultCounter, fault_counter
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.timing import Clock, TimingStats
 from attnbench.run.executors.base import Job, JobDone, Placement
+from attnbench.schema import Status
 
 
 def machine_load() -> float | None:
@@ -106,8 +107,9 @@ class Worker:
             max_case_s=job.max_case_s,
             counter=self.counter,
             faults=self.faults(case.device),
+            counting=job.counting,
         )
-        if result.status != "ok":
+        if result.status != Status.OK:
             release_memory(case.device)
         where, load = self.where, machine_load()
         result = replace(
