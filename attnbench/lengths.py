@@ -34,7 +34,6 @@ class AutoN:
         return AUTO if self == AutoN() else f"{AUTO}:{self.start}..{self.stop}"
 
 
-
 _RANGE = re.compile(r"^\s*(\d+)\s*\.\.\s*(\d+)\s*$")
 
 

@@ -45,6 +45,8 @@ class SinusoidalPositionalEncoding(nn.Module):
     rebuilt, on the same device and dtype, whenever a longer sequence arrives.
     """
 
+    P: torch.Tensor  # (n, d), a buffer
+
     def __init__(self, d: int, initial_len: int = 0) -> None:
         super().__init__()
         self.d = d

@@ -38,7 +38,7 @@ def trendless(sizes: Sequence[float], rates: Sequence[float]) -> bool:
         return True
     fit = stats.linregress(x, y)
     reach = stats.t.ppf(0.975, len(x) - 2) * fit.stderr if len(x) > 2 else math.inf
-    return abs(fit.slope) <= REGIME_TREND or abs(fit.slope) <= reach
+    return bool(abs(fit.slope) <= REGIME_TREND or abs(fit.slope) <= reach)
 
 
 def settled_sizes(sizes: Sequence[int], rates: Sequence[float]) -> list[int]:
@@ -65,6 +65,6 @@ def settled_sizes(sizes: Sequence[int], rates: Sequence[float]) -> list[int]:
 
 def overhead_bound(kernel_share: float | None) -> bool:
     """Whether a case's kernels run under ``OVERHEAD_SHARE`` of its time (False: not known)."""
-    return kernel_share is not None and math.isfinite(kernel_share) and (
-        kernel_share < OVERHEAD_SHARE
+    return (
+        kernel_share is not None and math.isfinite(kernel_share) and (kernel_share < OVERHEAD_SHARE)
     )

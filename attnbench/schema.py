@@ -14,14 +14,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import pandas as pd
 
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 if sys.version_info >= (3, 11):
-    from enum import StrEnum
+    from enum import StrEnum as StrEnum  # re-exported: the enums elsewhere use it
 else:  # Python 3.10: the same, by hand
 
     class StrEnum(str, Enum):
@@ -102,7 +102,10 @@ class Metric:
     tolerance: str = ""  # the Thresholds field giving the growth allowed ("": none at all)
 
 
-_CASE, _MEASURE, _STRUCTURE, _PLACEMENT = "case", "measure", "structure", "placement"
+_CASE: Final = "case"
+_MEASURE: Final = "measure"
+_STRUCTURE: Final = "structure"
+_PLACEMENT: Final = "placement"
 _EXTENDED = (
     "extended: <law> (a long recurrent case traced at short lengths and extended by a law "
     "proven there; --full-trace traces it at n)"
@@ -327,7 +330,7 @@ COLUMNS: tuple[Column, ...] = (
         "major page faults (pages read from disk) per call over the timed blocks",
         optional=True,
     ),
-)  # fmt: skip
+)  # fmt: skip  # the registry, one entry to a paragraph
 COLUMN = {c.name: c for c in COLUMNS}
 RESULT_COLUMNS = [c.name for c in COLUMNS]
 # Layer options with a column of their own since the first release; a layer's other options
@@ -394,7 +397,7 @@ METRICS: tuple[Metric, ...] = (
         "instructions", "instructions", "instr.", "instructions", exact=True,
         device_bound=True, tolerance="instructions_tolerance", theory="work",
     ),
-)  # fmt: skip
+)  # fmt: skip  # the registry, one entry to a paragraph
 METRIC = {m.column: m for m in METRICS}
 # What compare judges exactly: device-independent counts first, then what depends on the device.
 EXACT_METRICS = [m for m in METRICS if m.exact and not m.device_bound] + [
@@ -406,6 +409,7 @@ EXACT_METRICS = [m for m in METRICS if m.exact and not m.device_bound] + [
 # as with round).
 SAMPLE_COLUMNS = ["case_id", "sample", "time_s", "round", "load_1m", "page_faults"]
 CALIBRATION_COLUMNS = ["point", "before_case", "sample", "time_s"]
+
 
 class Status(StrEnum):
     """A case's outcome, as the results' ``status`` column holds it."""

@@ -209,6 +209,7 @@ def _plain(value: Any) -> Any:
 
 # ----------------------------------------------------------------------------- parsing
 
+
 def parse_layers(text: str | Iterable[str]) -> tuple[str, ...]:
     """Layer names, built-in or plugin (``module:factory``, ``path/to/file.py:factory``, an
     installed plugin's name); plugins are loaded and registered here."""
@@ -369,7 +370,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("allocator", "allocator", str, check_allocator,
            "pinned: glibc keeps freed memory mapped, so a time does not depend on what ran "
            "before; system: glibc's defaults, what your own program pays (page faults)."),
-)  # fmt: skip
+)  # fmt: skip  # the option table, one option to a paragraph
 OPTION = {o.key: o for o in OPTIONS}
 # Keys a config file may hold: the sweep options, and where the results go.
 CONFIG_KEYS = (*OPTION, "out")
@@ -438,7 +439,9 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
     elif lengths is not None:
         values["n"] = lengths
     grid = replace(
-        Grid(), **{OPTION[key].field: v for key, v in values.items()}, options=given_options,
+        Grid(),
+        **{OPTION[key].field: v for key, v in values.items()},
+        options=given_options,
         n_auto=auto,
     )
     for name in grid.layers:

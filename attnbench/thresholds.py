@@ -44,8 +44,7 @@ class Thresholds:
             raise AttnbenchError(f"--alpha must lie between 0 and 1, got {self.alpha}")
         if min(self.max_slowdown, self.memory_tolerance, self.instructions_tolerance) < 0:
             raise AttnbenchError(
-                "--max-slowdown, --memory-tolerance and --instructions-tolerance cannot be "
-                "negative"
+                "--max-slowdown, --memory-tolerance and --instructions-tolerance cannot be negative"
             )
         if self.min_samples < 2:
             raise AttnbenchError(f"--min-samples must be at least 2, got {self.min_samples}")
@@ -102,25 +101,49 @@ class GateOption:
 
 
 GATE_OPTIONS: tuple[GateOption, ...] = (
-    GateOption("max_slowdown", str, lambda v: parse_fraction(v, "--max-slowdown"),
-               "Allowed time growth before a case can regress: a percentage (10%) or fraction.",
-               _percent),
-    GateOption("alpha", float, float,
-               "Significance level of the one-sided test on the samples or rounds."),
-    GateOption("min_samples", int, int,
-               "Fewest timing samples a side for a time verdict (else: too few)."),
-    GateOption("memory_tolerance", str, lambda v: parse_fraction(v, "--memory-tolerance"),
-               "Allowed peak-memory growth (same device only).", _percent),
-    GateOption("instructions_tolerance", str,
-               lambda v: parse_fraction(v, "--instructions-tolerance"),
-               "Allowed growth of instructions per call (--metric instructions).", _percent),
-    GateOption("normalize", bool, bool,
-               "Judge times divided by each run's calibration GEMM, so runs on different "
-               "machines compare (both ratios are shown either way).", None),
-    GateOption("fail_on", str, check_gate,
-               "What fails (exit 1): all; deterministic (FLOPs, steps, path, memory); time; "
-               "none (report only). A case that stops measuring fails all but none."),
-)  # fmt: skip
+    GateOption(
+        "max_slowdown",
+        str,
+        lambda v: parse_fraction(v, "--max-slowdown"),
+        "Allowed time growth before a case can regress: a percentage (10%) or fraction.",
+        _percent,
+    ),
+    GateOption(
+        "alpha", float, float, "Significance level of the one-sided test on the samples or rounds."
+    ),
+    GateOption(
+        "min_samples", int, int, "Fewest timing samples a side for a time verdict (else: too few)."
+    ),
+    GateOption(
+        "memory_tolerance",
+        str,
+        lambda v: parse_fraction(v, "--memory-tolerance"),
+        "Allowed peak-memory growth (same device only).",
+        _percent,
+    ),
+    GateOption(
+        "instructions_tolerance",
+        str,
+        lambda v: parse_fraction(v, "--instructions-tolerance"),
+        "Allowed growth of instructions per call (--metric instructions).",
+        _percent,
+    ),
+    GateOption(
+        "normalize",
+        bool,
+        bool,
+        "Judge times divided by each run's calibration GEMM, so runs on different "
+        "machines compare (both ratios are shown either way).",
+        None,
+    ),
+    GateOption(
+        "fail_on",
+        str,
+        check_gate,
+        "What fails (exit 1): all; deterministic (FLOPs, steps, path, memory); time; "
+        "none (report only). A case that stops measuring fails all but none.",
+    ),
+)
 
 
 def gate_from(options: Mapping[str, Any]) -> tuple[Thresholds, str]:

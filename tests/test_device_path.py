@@ -63,7 +63,7 @@ def test_a_fused_recurrence_in_the_timed_call_sends_the_count_to_the_cpu(
     real, _ = case_module._call_counts(cpu_case, None, 0)
     seen: list[str] = []
 
-    def fake(case, step, seed):  # type: ignore[no-untyped-def]
+    def fake(case, step, seed, counting=None):  # type: ignore[no-untyped-def]
         seen.append(case.device)
         return real, "traced"
 
@@ -83,7 +83,7 @@ def test_the_path_of_a_case_counted_on_the_cpu_follows_the_cpu_steps(
     monkeypatch.setattr(structure, "_PROBE_CACHE", {})
     real_counts = case_module._call_counts
 
-    def fake(case, step, seed):  # type: ignore[no-untyped-def]
+    def fake(case, step, seed, counting=None):  # type: ignore[no-untyped-def]
         found, source = real_counts(dataclasses.replace(case, device="cpu"), None, seed)
         if case.device == "cpu":
             return found, source

@@ -96,10 +96,16 @@ def ab(
         ABProgress(streams.err, quiet=quiet) as progress,
     ):
         run = run_ab(
-            values, folder, base_layers=layers, base_python=base_python,
-            alpha=thresholds.alpha, progress=progress, on_start=progress.started,
-            allow_large=yes, counting=Counting(cache=not no_cache),
-        )  # fmt: skip
+            values,
+            folder,
+            base_layers=layers,
+            base_python=base_python,
+            alpha=thresholds.alpha,
+            progress=progress,
+            on_start=progress.started,
+            allow_large=yes,
+            counting=Counting(cache=not no_cache),
+        )
     comparison = compare_runs(run.base, run.current, thresholds, pairs=run.pairs, paired=True)
     write_text_atomic(run.out_dir / "verdicts.json", json.dumps(to_json(comparison, gate)) + "\n")
     write_text_atomic(run.out_dir / "verdicts.md", to_markdown(comparison, gate))

@@ -102,9 +102,11 @@ def table(
         return
     streams = Streams.make()
     frame_table(
-        display(rows), streams.out, title=f"comparison table, measured in {run.path}",
+        display(rows),
+        streams.out,
+        title=f"comparison table, measured in {run.path}",
         headers=HEADERS,
-    )  # fmt: skip
+    )
     for note in fit_notes(rows, run):
         streams.err.print(f"  {note}", soft_wrap=True, markup=False)
 

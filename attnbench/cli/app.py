@@ -82,7 +82,7 @@ def handles_errors(command: F, reads_runs: bool = False) -> F:
                 )
             ) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]  # the wrapper keeps the command signature typer reads
 
 
 def _version(value: bool) -> None:
@@ -108,10 +108,11 @@ def help_text(doc: str | None) -> str:
     whose lines start with a list's dash or an indent stays as written."""
     paragraphs = inspect.cleandoc(doc or "").split("\n\n")
     kept = [
-        p if any(line.startswith(("- ", " ")) for line in p.splitlines()[1:]) else
-        " ".join(line.strip() for line in p.splitlines())
+        p
+        if any(line.startswith(("- ", " ")) for line in p.splitlines()[1:])
+        else " ".join(line.strip() for line in p.splitlines())
         for p in paragraphs
-    ]  # fmt: skip
+    ]
     return "\n\n".join(kept)
 
 

@@ -75,22 +75,32 @@ def machine(
         typer.echo(json.dumps({**found.to_dict(), "cached": cached}, indent=2))
         return
     rows = [
-        ("peak FLOP/s", f"{found.peak_flops_per_s / 1e9:.1f} GFLOP/s",
-         f"{found.gemm_side}x{found.gemm_side} matrix product, {found.dtype}"),
-        ("memory bandwidth", f"{found.bandwidth_bytes_per_s / 1e9:.1f} GB/s",
-         f"copy of {found.stream_bytes // 2 // 2**20} MiB (read + written)"),
+        (
+            "peak FLOP/s",
+            f"{found.peak_flops_per_s / 1e9:.1f} GFLOP/s",
+            f"{found.gemm_side}x{found.gemm_side} matrix product, {found.dtype}",
+        ),
+        (
+            "memory bandwidth",
+            f"{found.bandwidth_bytes_per_s / 1e9:.1f} GB/s",
+            f"copy of {found.stream_bytes // 2 // 2**20} MiB (read + written)",
+        ),
         *_curve_rows(found),
         ("op latency", fmt_seconds(found.op_latency_s), "one add on one-element tensors"),
-        ("page fault", "–" if found.page_fault_s is None else fmt_seconds(found.page_fault_s),
-         "a fresh 4 KiB page touched once" if found.page_fault_s else "not counted here"),
-    ]  # fmt: skip
+        (
+            "page fault",
+            "–" if found.page_fault_s is None else fmt_seconds(found.page_fault_s),
+            "a fresh 4 KiB page touched once" if found.page_fault_s else "not counted here",
+        ),
+    ]
     streams = Streams.make()
     title = (
         f"{found.device_name} ({found.device}, {found.threads} thread(s), "
         f"torch {found.torch_version})"
     )
-    frame_table(pd.DataFrame(rows, columns=["ceiling", "value", "measured with"]), streams.out,
-                title=title)  # fmt: skip
+    frame_table(
+        pd.DataFrame(rows, columns=["ceiling", "value", "measured with"]), streams.out, title=title
+    )
     where = "read from the cache" if cached else "measured now and cached"
     streams.err.print(f"{where} in {cache_dir()} (--remeasure measures again)", markup=False)
 
@@ -113,11 +123,16 @@ def _curve_rows(found: Ceilings) -> list[tuple[str, str, str]]:
         rows.append(("fused LSTM call", value, "its set-up, beyond its steps, by width"))
     if found.elementwise_rates:
         rates = found.elementwise_rates
-        slow = ", ".join(f"{op} {rates[op] / 1e9:.2f}" for op in sorted(rates, key=rates.get)[:4])
-        rows.append((
-            "elementwise ops", f"{len(rates)} ops, add {rates.get('add', 0) / 1e9:.1f} G/s",
-            f"slowest (G elements/s): {slow}",
-        ))  # fmt: skip
+        slow = ", ".join(
+            f"{op} {rates[op] / 1e9:.2f}" for op in sorted(rates, key=lambda op: rates[op])[:4]
+        )
+        rows.append(
+            (
+                "elementwise ops",
+                f"{len(rates)} ops, add {rates.get('add', 0) / 1e9:.1f} G/s",
+                f"slowest (G elements/s): {slow}",
+            )
+        )
     return rows
 
 
@@ -163,9 +178,17 @@ def predict(
     if as_json:
         records = json.loads(table.to_json(orient="records", double_precision=15))
         crossings = json.loads(analysis.crossovers.to_json(orient="records"))
-        typer.echo(json.dumps({"machine": ceilings.to_dict(), "results": records,
-                               "crossovers": crossings, "charts": [str(p) for p in drawn]},
-                              indent=2))  # fmt: skip
+        typer.echo(
+            json.dumps(
+                {
+                    "machine": ceilings.to_dict(),
+                    "results": records,
+                    "crossovers": crossings,
+                    "charts": [str(p) for p in drawn],
+                },
+                indent=2,
+            )
+        )
         return
     streams = Streams.make(width=140)
     shown = table.assign(

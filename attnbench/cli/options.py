@@ -71,7 +71,7 @@ def with_options(
         signature = inspect.signature(func, eval_str=True)  # Typer reads it as it is
         own = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
         keyword = [p.replace(kind=p.KEYWORD_ONLY) for p in own]
-        func.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        func.__signature__ = signature.replace(  # type: ignore[attr-defined]  # typer reads __signature__, which functions allow
             parameters=[*before, *keyword, *after]
         )
         return func

@@ -286,7 +286,7 @@ def comparison_table(comparison: Comparison, gate: str, console: Console) -> Non
     )
     for column in frame.columns:
         justify = "left" if column in ("layer", "time", "exact") else "right"
-        grid.add_column(column, justify=justify)  # type: ignore[arg-type]
+        grid.add_column(column, justify=justify)  # type: ignore[arg-type]  # rich types justify as a Literal; these are its values
     for row in frame.itertuples(index=False):
         cells = [escape(str(v)) for v in row]
         verdict = str(row.time)

@@ -52,7 +52,7 @@ def summary_tables(run: RunResults, console: Console) -> None:
         shown = [c for c in SUMMARY_COLUMNS if ok[c.name].notna().any()] or SUMMARY_COLUMNS[:1]
         for column in shown:
             justify = "left" if column.kind == "text" else "right"
-            table.add_column(column.summary, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+            table.add_column(column.summary, justify=justify, no_wrap=True)  # type: ignore[arg-type]  # rich types justify as a Literal; these are its values
         for row in group.sort_values(["d", "n"]).itertuples():
             if row.status != Status.OK:
                 color = "yellow" if row.status == Status.SKIPPED else "red"

@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 
@@ -175,8 +175,12 @@ def sweep(
             contextlib.redirect_stdout(sys.stderr),
             SweepProgress(streams.err, quiet=quiet) as progress,
         ):
-            measure = {"progress": progress, "on_start": progress.started, "executor": runs_on,
-                       "counting": Counting(cache=not no_cache, full_trace=full_trace)}  # fmt: skip
+            measure: dict[str, Any] = {
+                "progress": progress,
+                "on_start": progress.started,
+                "executor": runs_on,
+                "counting": Counting(cache=not no_cache, full_trace=full_trace),
+            }
             if resume is not None:
                 run = resume_sweep(resume, values or None, force=force, retry=retry, **measure)
             else:
@@ -235,4 +239,4 @@ def _charts_after_sweep(run: RunResults, streams: Streams) -> list[str]:
 
 def records(run: RunResults) -> list[dict[str, Any]]:
     """One JSON object per case (pandas turns NaN and NA into null)."""
-    return json.loads(run.frame.to_json(orient="records"))
+    return cast("list[dict[str, Any]]", json.loads(run.frame.to_json(orient="records")))

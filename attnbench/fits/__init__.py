@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from attnbench.fits.agreement import agrees as agrees
 from attnbench.fits.crossovers import (
     CROSSOVER_COLUMNS,
     crossover_table,
@@ -36,7 +37,6 @@ from attnbench.fits.crossovers import (
 from attnbench.fits.exponents import (
     EXPONENT_COLUMNS,
     Exponent,
-    agrees,
     exponent_table,
     fit_sizes,
     loglog_exponent,
@@ -118,8 +118,18 @@ __all__ = [
 ]
 
 
-MACHINE_COLUMNS = ["layer", "cases", "bounds", "model_rms", "kernel_rms", "overhead_rms",
-                   "nnls_rms", "rounds_rms"]  # fmt: skip
+MACHINE_COLUMNS = [
+    "layer",
+    "cases",
+    "bounds",
+    "model_rms",
+    "kernel_rms",
+    "overhead_rms",
+    "nnls_rms",
+    "rounds_rms",
+]
+
+
 def run_catalog(run: RunResults) -> Catalog:
     """The layers of a run as its analysis reads them: no plugin's code, only its record."""
     return catalog(run.frame["layer"], run.theories)

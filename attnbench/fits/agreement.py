@@ -10,9 +10,12 @@ from typing import Protocol
 class Interval(Protocol):
     """A fitted exponent with its 95% interval (``fits.Exponent``)."""
 
-    slope: float
-    low: float
-    high: float
+    @property
+    def slope(self) -> float: ...
+    @property
+    def low(self) -> float: ...
+    @property
+    def high(self) -> float: ...
 
 
 # Exact counts carry lower-order terms (an RNN's 3n + 2 steps), which make a tiny interval miss

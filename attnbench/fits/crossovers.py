@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.fits.models import Layers, layers_or_live, size_rows
+from attnbench.theory import LayerTheory, Sizes
 
 CROSSOVER_COLUMNS = [
     "d",
@@ -124,11 +125,23 @@ def crossover_table(measured: pd.DataFrame, layers: Layers | None = None) -> pd.
         theirs = size_rows(at_d[at_d["layer"] == rival].iloc[:1], known)[0]
         d_ = int(d)
 
-        def flops_gap(n: float, a=a, o=o, mine=mine, theirs=theirs) -> float:
-            return a.flops({**mine, "n": n}) - o.flops({**theirs, "n": n})
+        def flops_gap(
+            n: float,
+            a: LayerTheory = a,
+            o: LayerTheory = o,
+            mine: Sizes = mine,
+            theirs: Sizes = theirs,
+        ) -> float:
+            return float(a.flops({**mine, "n": n}) - o.flops({**theirs, "n": n}))
 
-        def order_gap(n: float, a=a, o=o, mine=mine, theirs=theirs) -> float:
-            return a.order({**mine, "n": n}) - o.order({**theirs, "n": n})
+        def order_gap(
+            n: float,
+            a: LayerTheory = a,
+            o: LayerTheory = o,
+            mine: Sizes = mine,
+            theirs: Sizes = theirs,
+        ) -> float:
+            return float(a.order({**mine, "n": n}) - o.order({**theirs, "n": n}))
 
         # A theory that states no order reads 0 at every size (``LayerTheory.order``'s default):
         # a race against it would be against a free layer, so it is not predicted.

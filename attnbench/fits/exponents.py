@@ -116,8 +116,8 @@ def theory_values(
         elif law == "path":
             values.append(theory.path_law(case))
         elif law == "elementwise":
-            found = theory.elements(case)
-            values.append(math.nan if found is None else found)
+            elements = theory.elements(case)
+            values.append(math.nan if elements is None else elements)
         elif law == "work":
             # FLOPs and elementwise work (an element an operation) together: ssm-scan's
             # n·log n scan is elementwise, beside products linear in n, and its time follows
@@ -125,8 +125,8 @@ def theory_values(
             values.append(theory.flops(case) + (theory.elements(case) or 0.0))
         elif law == "traffic":
             dtype_of = DTYPES.get(str(dtype))
-            found = None if dtype_of is None else theory.bytes(case, dtype_of.itemsize)
-            values.append(math.nan if found is None else found)
+            moved = None if dtype_of is None else theory.bytes(case, dtype_of.itemsize)
+            values.append(math.nan if moved is None else moved)
         else:
             values.append(theory.flops(case))
     return pd.Series(values, index=frame.index, dtype=float)
@@ -162,8 +162,12 @@ def counted_work(frame: pd.DataFrame) -> pd.Series:
     return flops + numeric_column(frame, "elementwise").fillna(0.0)
 
 
-NO_SPLIT = {"work_exponent": math.nan, "rate_exponent": math.nan, "rate_from": math.nan,
-            "rate_to": math.nan}  # fmt: skip
+NO_SPLIT = {
+    "work_exponent": math.nan,
+    "rate_exponent": math.nan,
+    "rate_from": math.nan,
+    "rate_to": math.nan,
+}
 
 
 def split_time(line: pd.DataFrame, along: str, work: pd.Series | None) -> dict[str, float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -94,7 +94,7 @@ class ModelFit:
 
     def predict(self, sizes: np.ndarray) -> np.ndarray:
         """Time for rows of term sizes, shape (points, terms)."""
-        return sizes @ np.array(self.coefficients) + self.constant
+        return cast("np.ndarray", sizes @ np.array(self.coefficients) + self.constant)
 
     def throughput(self, unit: str) -> dict[str, float]:
         """Each ``unit`` term's implied throughput (FLOP/s or elements/s): its count per unit
@@ -231,9 +231,7 @@ def model_fits(
     fits: dict[str, list[ModelFit]] = {}
     models = cost_models(layers)
     for layer, group in measured.groupby("layer", sort=False):
-        found = [
-            f for m in models if (f := fit_cost_model(group, m, metric, layers)) is not None
-        ]
+        found = [f for m in models if (f := fit_cost_model(group, m, metric, layers)) is not None]
         found.sort(key=lambda f: (round(f.aicc, 6), str(layer) not in f.model.layers))
         if found:
             fits[str(layer)] = found

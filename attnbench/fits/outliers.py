@@ -49,10 +49,15 @@ def trend_outliers(measured: pd.DataFrame, factor: float = TREND_FACTOR) -> pd.D
                 ratio = times[i] / bound
                 row = group.iloc[i]
                 case = str(row["case_id"])
-                if ratio > factor and ratio > float(found.get(case, {}).get("ratio", 0.0)):  # type: ignore[arg-type]
+                if ratio > factor and ratio > float(found.get(case, {}).get("ratio", 0.0)):  # type: ignore[arg-type]  # the entries are dicts of floats
                     found[case] = {
-                        "case_id": case, "layer": row["layer"], "n": int(row["n"]),
-                        "d": int(row["d"]), "time_s": float(times[i]), "along": along,
-                        "bound_s": float(bound), "ratio": float(ratio),
-                    }  # fmt: skip
+                        "case_id": case,
+                        "layer": row["layer"],
+                        "n": int(row["n"]),
+                        "d": int(row["d"]),
+                        "time_s": float(times[i]),
+                        "along": along,
+                        "bound_s": float(bound),
+                        "ratio": float(ratio),
+                    }
     return pd.DataFrame(list(found.values()), columns=OUTLIER_COLUMNS)

@@ -140,13 +140,20 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     bandwidth = ceilings.bandwidth_bytes_per_s
     fused = rows["fused_path"] if "fused_path" in rows else pd.Series("", index=rows.index)
     cases = pd.DataFrame(
-        {"kernels": kernels, "flops": flops, "products": products, "fused_path": fused.fillna(""),
-         "apart": apart}
-    )  # fmt: skip
+        {
+            "kernels": kernels,
+            "flops": flops,
+            "products": products,
+            "fused_path": fused.fillna(""),
+            "apart": apart,
+        }
+    )
     split = pd.DataFrame(
         [_roofline(case, ceilings) for _, case in cases.iterrows()],
-        index=rows.index, columns=list(Split._fields), dtype=float,
-    )  # fmt: skip
+        index=rows.index,
+        columns=list(Split._fields),
+        dtype=float,
+    )
     compute = split["compute"]
     # the traffic no product or elementwise op accounts for (copies, the rest): memory-bound
     memory = split["memory"] + (moved - split["counted"]).clip(lower=0) / bandwidth
@@ -247,8 +254,12 @@ class EffectiveCeilings:
 
     def to_dict(self) -> dict[str, Any]:
         found = {f: getattr(self, f) for f in ("peak_flops_per_s", "bandwidth_bytes_per_s")}
-        return {**found, "op_latency_s": self.op_latency_s, "page_fault_s": self.page_fault_s,
-                "cases": self.cases}  # fmt: skip
+        return {
+            **found,
+            "op_latency_s": self.op_latency_s,
+            "page_fault_s": self.page_fault_s,
+            "cases": self.cases,
+        }
 
 
 FIT_COUNTS = ("flops", "bytes", "ops", "page_faults")
@@ -269,10 +280,12 @@ def effective_ceilings(
     if ceilings is not None:
         found = predict(frame, ceilings)
         terms = found[[f"{b}_s" for b in BOUNDS]].astype(float)
-        units = {"compute_s": ceilings.peak_flops_per_s,
-                 "memory_s": ceilings.bandwidth_bytes_per_s,
-                 "latency_s": ceilings.op_latency_s,
-                 "faults_s": ceilings.page_fault_s or 0.0}  # fmt: skip
+        units = {
+            "compute_s": ceilings.peak_flops_per_s,
+            "memory_s": ceilings.bandwidth_bytes_per_s,
+            "latency_s": ceilings.op_latency_s,
+            "faults_s": ceilings.page_fault_s or 0.0,
+        }
     else:
         terms = pd.DataFrame({c: numeric_column(frame, c) for c in FIT_COUNTS}, index=frame.index)
         terms["page_faults"] = terms["page_faults"].fillna(0.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from functools import partial
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +55,7 @@ class SelfAttentionLayer(nn.Module):
             weights = torch.softmax(scores, dim=-1)  # (B, h, n, n)
             y = weights @ v  # (B, h, n, hs)
         y = y.transpose(1, 2).reshape(B, n, d)  # (B, n, d)
-        return self.W_o(y)  # (B, n, d)
+        return cast("torch.Tensor", self.W_o(y))  # (B, n, d)
 
     def mixing_stages(self) -> list[nn.Module]:
         return [self]
@@ -64,12 +65,15 @@ class SelfAttentionLayer(nn.Module):
 
 HEADS = LayerOption("heads", 4, "h", "Attention heads; d must divide by it.", divides_d=True)
 CAUSAL = LayerOption(
-    "causal", 0, "causal",
+    "causal",
+    0,
+    "causal",
     "Decoder-style attention: each position attends to itself and the positions before it. "
     "FLOPs are counted dense (every score, as the explicit layer computes and masks them); "
     "a fused kernel skips the masked blocks, which only its time shows.",
-    minimum=0, flag=True,
-)  # fmt: skip
+    minimum=0,
+    flag=True,
+)
 SELF_ATTENTION = Family("self-attention", rank=40, pairwise=True)
 
 # The four projections Q, K, V, O (4·2·b·n·d²), shared by every layer built on this one.

@@ -4,6 +4,7 @@ route from the first token to the last takes about n / (k / 2) layers (the table
 from __future__ import annotations
 
 import warnings
+from typing import cast
 
 import torch
 from torch import nn
@@ -22,7 +23,9 @@ class ConvLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
         if not self._first_call:
-            return self.conv(x.transpose(1, 2)).transpose(1, 2)  # (B, d, n) -> (B, n, d)
+            return cast(
+                "torch.Tensor", self.conv(x.transpose(1, 2)).transpose(1, 2)
+            )  # (B, d, n) -> (B, n, d)
         # Even k pads asymmetrically through a zero-padded copy; that copy is real cost and is
         # measured, so torch's warning adds nothing. torch warns once per process, on a first
         # call: silenced there only, since catch_warnings costs 24 us a call (a third of a
@@ -31,7 +34,7 @@ class ConvLayer(nn.Module):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Using padding='same' with even kernel")
             y = self.conv(x.transpose(1, 2))  # (B, d, n)
-        return y.transpose(1, 2)  # (B, n, d)
+        return cast("torch.Tensor", y.transpose(1, 2))  # (B, n, d)
 
     def mixing_stages(self) -> list[nn.Module]:
         return [self]

@@ -5,6 +5,7 @@ sees every earlier input, so the path is the table's O(log_k n) and the cost O(k
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,7 @@ class CausalConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
         y = F.pad(x.transpose(1, 2), (self.left, 0))  # (B, d, left + n)
-        return self.conv(y).transpose(1, 2)  # (B, n, d)
+        return cast("torch.Tensor", self.conv(y).transpose(1, 2))  # (B, n, d)
 
 
 class DilatedConvLayer(nn.Module):
@@ -75,7 +76,7 @@ DILATED = Family("convolutional (dilated)", rank=20, rival=True)
 
 def _depth(s: Sizes) -> float:
     # n may be fractional (a chart's dense line, a crossover search): the depth covers it.
-    return float(dilated_depth(s["n"], s["k"]))  # type: ignore[arg-type]
+    return float(dilated_depth(s["n"], s["k"]))  # type: ignore[arg-type]  # a theory reads sizes as floats; the depth is exact in ints
 
 
 def _layers_size(s: Sizes) -> float:

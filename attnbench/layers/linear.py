@@ -9,6 +9,8 @@ exists, and every output still depends on every input (path length 1).
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 
@@ -45,7 +47,7 @@ class LinearAttentionLayer(SelfAttentionLayer):
             num = q @ kv  # (B, h, n, hs)
             den = q @ z.transpose(-2, -1)  # (B, h, n, 1)
         y = (num / den).transpose(1, 2).reshape(B, n, d)  # (B, n, d)
-        return self.W_o(y)  # (B, n, d)
+        return cast("torch.Tensor", self.W_o(y))  # (B, n, d)
 
 
 LINEAR = Family("linear self-attention", rank=60, rival=True)
@@ -83,7 +85,7 @@ _TRAFFIC = (
     values(2, "(1-causal)·b·d", lambda s: (1 - s["causal"]) * s["b"] * s["d"]),
     values(2, "b·h·n", lambda s: s["b"] * s["heads"] * s["n"]),
     values(4, "causal·b·n·d²/h", lambda s: s["causal"] * _bnd(s) * s["d"] / s["heads"]),
-)  # fmt: skip
+)
 
 ENTRIES = (
     LayerEntry(

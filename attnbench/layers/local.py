@@ -8,6 +8,7 @@ Positions further than r apart are masked inside those 3r-wide windows.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -67,15 +68,19 @@ class LocalAttentionLayer(SelfAttentionLayer):
         y = weights @ v.transpose(-2, -1)  # (B, h, blocks, r, hs)
         y = y.flatten(2, 3)[:, :, :n]  # (B, h, n, hs)
         y = y.transpose(1, 2).reshape(B, n, d)  # (B, n, d)
-        return self.W_o(y)  # (B, n, d)
+        return cast("torch.Tensor", self.W_o(y))  # (B, n, d)
 
 
 # ----------------------------------------------------------------------------- entries
 
 WINDOW = LayerOption(
-    "window", 16, "r", "attention-local: neighbours r on each side (r <= the smallest n).",
-    at_most_n=True, reach=True,
-)  # fmt: skip
+    "window",
+    16,
+    "r",
+    "attention-local: neighbours r on each side (r <= the smallest n).",
+    at_most_n=True,
+    reach=True,
+)
 RESTRICTED = Family("restricted self-attention", rank=50)
 
 
@@ -137,12 +142,15 @@ _TRAFFIC = (
     values(2, "[merged by a copy]·b·n·d", lambda s: _merge_copy(s) * s["b"] * s["n"] * s["d"]),
     values(3, "b·P·d", _padded),
     values(12, "[h>1 or b>1]·b·P·d", lambda s: _copied(s) * _padded(s)),
-    values(2, "[h>1]·[r divides n]·b·P·d",
-           lambda s: _split(s) * float(s["n"] % s["window"] == 0) * _padded(s)),
+    values(
+        2,
+        "[h>1]·[r divides n]·b·P·d",
+        lambda s: _split(s) * float(s["n"] % s["window"] == 0) * _padded(s),
+    ),
     values(4, "b·(P+2r)·d", _framed),
     values(8, "3·b·h·P·r", lambda s: 3 * _local_weights(s)),
     raw_bytes(1, "mask(r, ⌈n/r⌉)", _mask),
-)  # fmt: skip
+)
 
 ENTRIES = (
     LayerEntry(

@@ -307,8 +307,8 @@ def _now(name: str, recorded: LayerSource) -> tuple[LayerSource, Path | None]:
                 f"{recorded.spec}, {recorded.distribution or 'no version recorded'})"
             )
         dist = point.dist
-        found = f"{dist.name} {dist.version}" if dist is not None else ""
-        return LayerSource("entry point", point.value, "", found), None
+        version = f"{dist.name} {dist.version}" if dist is not None else ""
+        return LayerSource("entry point", point.value, "", version), None
     raise AttnbenchError(
         f"layer {name} was registered from Python ({recorded.spec}); register it "
         "again (attnbench.register_layer) before resuming"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import cast
 
 import torch
 from torch import nn
@@ -10,7 +11,11 @@ from torch import nn
 from attnbench.layers.entry import Family, LayerEntry
 from attnbench.theory import LayerTheory, Sizes, Term, elements, values
 
-_CELLS: dict[str, type[nn.RNNBase]] = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
+_CELLS: dict[str, type[nn.RNN] | type[nn.GRU] | type[nn.LSTM]] = {
+    "rnn": nn.RNN,
+    "gru": nn.GRU,
+    "lstm": nn.LSTM,
+}
 
 
 class RecurrentLayer(nn.Module):
@@ -23,7 +28,7 @@ class RecurrentLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
         out, _ = self.rnn(x)  # (B, n, d): h_1 .. h_n
-        return out
+        return cast("torch.Tensor", out)
 
 
 RECURRENT = Family("recurrent", rank=30, rival=True)
@@ -80,10 +85,25 @@ def _theory(gates: int, gate_work: int, step_values: int, states: int) -> LayerT
 
 
 ENTRIES = (
-    LayerEntry("rnn", partial(RecurrentLayer, "rnn"), RECURRENT, "Elman RNN (tanh), hidden d",
-               theory=_theory(1, 2, step_values=5, states=1)),
-    LayerEntry("gru", partial(RecurrentLayer, "gru"), RECURRENT, "GRU, hidden d",
-               theory=_theory(3, 10, step_values=27, states=1)),
-    LayerEntry("lstm", partial(RecurrentLayer, "lstm"), RECURRENT, "LSTM, hidden d",
-               theory=_theory(4, 13, step_values=34, states=2)),
-)  # fmt: skip
+    LayerEntry(
+        "rnn",
+        partial(RecurrentLayer, "rnn"),
+        RECURRENT,
+        "Elman RNN (tanh), hidden d",
+        theory=_theory(1, 2, step_values=5, states=1),
+    ),
+    LayerEntry(
+        "gru",
+        partial(RecurrentLayer, "gru"),
+        RECURRENT,
+        "GRU, hidden d",
+        theory=_theory(3, 10, step_values=27, states=1),
+    ),
+    LayerEntry(
+        "lstm",
+        partial(RecurrentLayer, "lstm"),
+        RECURRENT,
+        "LSTM, hidden d",
+        theory=_theory(4, 13, step_values=34, states=2),
+    ),
+)

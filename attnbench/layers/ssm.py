@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,7 @@ class SelectiveSSM(nn.Module):
         b = (delta * x).unsqueeze(-1) * B_t.unsqueeze(2)  # (B, n, d, N): the input it takes in
         h = associative_scan(a, b) if self.scan else sequential_scan(a, b)  # (B, n, d, N)
         y = (h @ C_t.unsqueeze(-1)).squeeze(-1)  # (B, n, d): Σ_s h[..., s] C_t[s]
-        return y + self.D * x  # (B, n, d)
+        return cast("torch.Tensor", y + self.D * x)  # (B, n, d)
 
 
 def sequential_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -64,7 +64,7 @@ def _libc() -> Libc | None:
         libc.gnu_get_libc_version.restype = ctypes.c_char_p
     except (OSError, AttributeError):
         return None  # not glibc (macOS, musl, Windows)
-    return libc  # type: ignore[return-value]
+    return libc
 
 
 def glibc_version(libc: Libc | None) -> str | None:
@@ -93,7 +93,7 @@ def set_allocator(state: str, libc: Libc | None = None) -> AllocatorState:
         )
     libc = libc if libc is not None else _libc()
     version = glibc_version(libc)
-    if version is None:  # nothing to pin: record the platform's state as it is
+    if libc is None or version is None:  # nothing to pin: record the platform's state as it is
         _current = AllocatorState(SYSTEM, "not glibc: the platform's allocator, unchanged", "")
         return _current
     if state == SYSTEM:
@@ -113,7 +113,7 @@ def release_freed(libc: Libc | None = None) -> bool:
     process frees it otherwise keeps mapped for its whole life. For memory that no case will
     reuse (the ceilings' 1 GiB copy), freed before any case runs. False where not glibc."""
     libc = libc if libc is not None else _libc()
-    if glibc_version(libc) is None or not hasattr(libc, "malloc_trim"):
+    if libc is None or glibc_version(libc) is None or not hasattr(libc, "malloc_trim"):
         return False
     libc.malloc_trim(0)
     return True
@@ -123,8 +123,9 @@ def run_state(workers: list[dict[str, Any]]) -> dict[str, Any]:
     """The state a run measured in, from its workers' records (run.json ``allocator``):
     theirs when they agree, "mixed" when they do not, "unrecorded" for a worker that predates
     the record (an older attnbench behind ``ab --base-python``)."""
-    states = [w.get("allocator") or {"state": "unrecorded", "mechanism": "", "libc": ""}
-              for w in workers]  # fmt: skip
+    states = [
+        w.get("allocator") or {"state": "unrecorded", "mechanism": "", "libc": ""} for w in workers
+    ]
     if not states:
         return {"state": "unrecorded", "mechanism": "", "libc": ""}
     if all(s == states[0] for s in states):

@@ -12,7 +12,7 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 from torch import nn
@@ -76,7 +76,7 @@ class Step:
     def forward(self) -> torch.Tensor:
         """A plain forward call (what ``seq_steps`` describes, in either mode)."""
         with torch.no_grad():
-            return self.layer(self.x)
+            return cast("torch.Tensor", self.layer(self.x))
 
 
 def make_step(case: Case, seed: int) -> Step:
@@ -88,7 +88,7 @@ def make_step(case: Case, seed: int) -> Step:
 
         def forward() -> torch.Tensor:
             with torch.no_grad():
-                return layer(x)
+                return cast("torch.Tensor", layer(x))
 
         return Step(layer, x, forward)
 
@@ -104,7 +104,7 @@ def make_step(case: Case, seed: int) -> Step:
         x_train.grad = None
         out = layer(x_train)
         out.backward(grad_out)
-        return out
+        return cast("torch.Tensor", out)
 
     return Step(layer, x, train)
 
@@ -326,7 +326,7 @@ def _called_step(case: Case, seed: int) -> Step:
 def trace_counts(
     case: Case, step: Step | None, seed: int, *, fused: frozenset[str] = frozenset(),
     counting: Counting = DEFAULT_COUNTING,
-) -> tuple[countcache.Counts, str]:  # fmt: skip
+) -> tuple[countcache.Counts, str]:  # fmt: skip  # the arguments as the callers pass them
     """Every exact count of the case, traced from its real layer, and how (``counts_source``):
     in full, or for a long recurrent case at short lengths and extended by a law proven there
     (``measure.extend``).
@@ -361,7 +361,7 @@ def trace_counts(
             layer_builder(case, seed), case.n, case.d, scale=reach,
             steps=found.seq_steps if traced else None,
         )
-    )  # fmt: skip
+    )  # fmt: skip  # the builder and its sizes on one line, as path_length reads them
     return dataclasses.replace(
         found,
         path_len=None if path is None else path.value,
@@ -370,7 +370,7 @@ def trace_counts(
 
 
 def _call_counts(
-    case: Case, step: Step | None, seed: int, counting: Counting
+    case: Case, step: Step | None, seed: int, counting: Counting = DEFAULT_COUNTING
 ) -> tuple[countcache.Counts, str]:
     """The counts of one call on the case's own device, traced or extended, without the path;
     ``step`` None: a fresh one where a trace needs it."""
@@ -456,9 +456,9 @@ def auxiliary(count: Callable[[], T], method: str = "") -> tuple[T | None, str]:
         return None, f"{PATH_NONE}: {first_line(exc)}"[:300]
 
 
-def _failed(case: Case, status: str, exc: BaseException, threads: int, wall: float) -> CaseResult:
+def _failed(case: Case, status: Status, e: BaseException, threads: int, wall: float) -> CaseResult:
     return CaseResult(
-        case=case, status=status, threads=threads, wall_s=wall, error=first_line(exc)[:300]
+        case=case, status=status, threads=threads, wall_s=wall, error=first_line(e)[:300]
     )
 
 

@@ -45,15 +45,28 @@ def kernels_digest() -> str:
     """A short digest of what a measurement times: the elementwise catalogue and each curve's
     widths. An attnbench whose catalogue gained an op reads no entry measured without it
     (the model would read that op at an add's rate) and measures again."""
-    kernels = [*sorted(rates.CATALOGUE), rates.GEMM_WIDTHS, rates.CONV_WIDTHS,
-               rates.HEAD_WIDTHS, rates.RECURRENT_WIDTHS]  # fmt: skip
+    kernels = [
+        *sorted(rates.CATALOGUE),
+        rates.GEMM_WIDTHS,
+        rates.CONV_WIDTHS,
+        rates.HEAD_WIDTHS,
+        rates.RECURRENT_WIDTHS,
+    ]
     return hashlib.sha256(repr(kernels).encode()).hexdigest()[:8]
 
 
 def cache_key(device: str, dtype: str, threads: int) -> str:
     """One file per machine, torch version, device, dtype, set of kernels and thread count."""
-    parts = [socket.gethostname(), device_name(device), platform.machine(), torch.__version__,
-             device, dtype, f"k{kernels_digest()}", f"{threads}t"]  # fmt: skip
+    parts = [
+        socket.gethostname(),
+        device_name(device),
+        platform.machine(),
+        torch.__version__,
+        device,
+        dtype,
+        f"k{kernels_digest()}",
+        f"{threads}t",
+    ]
     return "-".join("".join(c if c.isalnum() or c in "._" else "_" for c in p) for p in parts)
 
 

@@ -48,7 +48,13 @@ class _CensusMode(TracingMode):
         self.observers = observers
         self.errors: dict[str, str] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         for name, observer in self.observers.items():
@@ -68,7 +74,7 @@ class _CensusMode(TracingMode):
 
 def take_census(forward: Callable[[], torch.Tensor]) -> Census:
     """Trace one forward call once, with the fused paths off and gradients off, and count."""
-    observers = {
+    observers: dict[str, Any] = {
         "flops": FlopCounter(formulas()),
         "elementwise": ElementCounter(),
         "traffic": TrafficCounter(),

@@ -103,8 +103,15 @@ def key(case: Case, seed: int, *machine: object) -> str | None:
     source = entry(case.layer).source
     if source.kind != "builtin" and not (source.digest or source.distribution):
         return None
-    parts = [COUNTS_VERSION, package_digest(), torch.__version__, source.to_dict(),
-             case.case_id, seed, *machine]  # fmt: skip
+    parts = [
+        COUNTS_VERSION,
+        package_digest(),
+        torch.__version__,
+        source.to_dict(),
+        case.case_id,
+        seed,
+        *machine,
+    ]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -128,9 +135,13 @@ PROBE = "probe"
 
 
 def read(
-    case: Case, seed: int, folder: Path | None = None, *, probe: bool = False,
+    case: Case,
+    seed: int,
+    folder: Path | None = None,
+    *,
+    probe: bool = False,
     enabled: bool = True,
-) -> Counts | None:  # fmt: skip
+) -> Counts | None:
     """The case's cached counts (None: none, not ``enabled``, or an entry that does not read);
     ``probe``: those traced at its length for a longer case's law."""
     data = _load(key(case, seed, *_role(probe)), folder) if enabled else None
@@ -141,9 +152,14 @@ def read(
 
 
 def write(
-    case: Case, seed: int, counts: Counts, folder: Path | None = None, *, probe: bool = False,
+    case: Case,
+    seed: int,
+    counts: Counts,
+    folder: Path | None = None,
+    *,
+    probe: bool = False,
     enabled: bool = True,
-) -> None:  # fmt: skip
+) -> None:
     """Store the case's counts where ``enabled`` (atomically; an unwritable cache costs a
     trace next time)."""
     if enabled:
@@ -151,9 +167,13 @@ def write(
 
 
 def read_profile(
-    case: Case, seed: int, folder: Path | None = None, *, probe: bool = False,
+    case: Case,
+    seed: int,
+    folder: Path | None = None,
+    *,
+    probe: bool = False,
     enabled: bool = True,
-) -> Profile | None:  # fmt: skip
+) -> Profile | None:
     """The case's cached memory pass on this CPU and thread count (None: none, not
     ``enabled``, not CPU)."""
     data = _load(profile_key(case, seed, *_role(probe)), folder) if enabled else None
@@ -167,9 +187,14 @@ def read_profile(
 
 
 def write_profile(
-    case: Case, seed: int, profile: Profile, folder: Path | None = None, *, probe: bool = False,
+    case: Case,
+    seed: int,
+    profile: Profile,
+    folder: Path | None = None,
+    *,
+    probe: bool = False,
     enabled: bool = True,
-) -> None:  # fmt: skip
+) -> None:
     """Store the case's memory pass where ``enabled`` (CPU only)."""
     data = {**asdict(profile), "fused": sorted(profile.fused), "backends": sorted(profile.backends)}
     if enabled:

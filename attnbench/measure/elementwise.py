@@ -67,7 +67,7 @@ def elements_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: A
         return fused_attention_elements(args[0], args[1], causal)
     if kind == "along":
         source = args[0] if args else None
-        return source.numel() if floating(source) else 0
+        return source.numel() if source is not None and floating(source) else 0
     if kind == "combine":
         source = _argument(func, args, kwargs, COMBINE[op_name(func).rstrip("_")])
         return source.numel() if floating(source) else 0

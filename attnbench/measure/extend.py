@@ -41,8 +41,11 @@ EXTEND_ABOVE_STEPS = 256  # extend a plugin's case only where the probes' law gi
 # The counts a law carries from the probes to n (uncounted_ops must be empty; path length
 # has its own probes in measure.structure).
 NUMBERS = ("flops", "seq_steps", "elementwise", "bytes", "product_bytes")
-METHODS = {"seq_steps": "seq_steps_method", "elementwise": "elementwise_method",
-           "bytes": "bytes_method"}  # fmt: skip
+METHODS = {
+    "seq_steps": "seq_steps_method",
+    "elementwise": "elementwise_method",
+    "bytes": "bytes_method",
+}
 
 
 def applies(case: Case, full: bool = False) -> bool:
@@ -104,7 +107,7 @@ def extend(found: Mapping[int, Counts], n: int) -> Counts | None:
         column: how if laws[name] is not None else getattr(first, column)
         for name, column in METHODS.items()
     }
-    return dataclasses.replace(first, **laws, **methods, kernels=kernels)  # type: ignore[arg-type]
+    return dataclasses.replace(first, **laws, **methods, kernels=kernels)  # type: ignore[arg-type]  # the laws and methods are the fields named
 
 
 def describe(degrees: set[int], lengths: list[int]) -> str:
@@ -217,7 +220,7 @@ def extended_counts(
         for column in METHODS.values()
         if (value := getattr(counts, column)) is not None
     }
-    return dataclasses.replace(counts, **checked)  # type: ignore[arg-type]
+    return dataclasses.replace(counts, **checked)  # type: ignore[arg-type]  # the checked methods are the fields named
 
 
 def check_length(n: int) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 try:
     import resource
 except ImportError:  # Windows: no getrusage
-    resource = None  # type: ignore[assignment]
+    resource = None  # type: ignore[assignment]  # no resource module off POSIX
 
 # Cumulative (minor, major) page faults of this process.
 FaultCounter = Callable[[], tuple[int, int]]
@@ -53,7 +53,7 @@ def fault_cost_s(
     """
     faults = faults or (process_faults if resource is not None else None)
     if faults is None:
-        return None
+        return None  # type: ignore[unreachable]  # resource is None off POSIX
     area = mmap.mmap(-1, pages * PAGE)
     try:
         before = faults()[0]

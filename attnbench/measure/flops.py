@@ -40,20 +40,20 @@ RELATIVE_TOLERANCE = 0.01  # counted vs analytic: agreement within 1%
 
 
 def _cpu_sdpa_flop(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
-    return flop_counter.sdpa_flop_count(q, k, v)
+    return int(flop_counter.sdpa_flop_count(q, k, v))
 
 
 def _cpu_sdpa_backward_flop(
     grad_out: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any
 ) -> int:
-    return flop_counter.sdpa_backward_flop_count(grad_out, q, k, v)
+    return int(flop_counter.sdpa_backward_flop_count(grad_out, q, k, v))
 
 
 # The matrix-vector and vector products torch's table lacks (shapes in, as its formulas take
 # them; a multiply-add is 2 FLOPs, and an added input is left out, as torch's addmm leaves it):
 # x @ v with a 1-D v (a learned query scoring every position) runs ``mv``.
 def _mv_flop(a: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
-    return 2 * a[0] * a[1]  # (m x k) @ (k)
+    return int(2 * a[0] * a[1])  # (m x k) @ (k)
 
 
 def _addmv_flop(bias: Any, a: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
@@ -61,11 +61,11 @@ def _addmv_flop(bias: Any, a: Any, v: Any, *args: Any, out_shape: Any = None, **
 
 
 def _dot_flop(a: Any, b: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
-    return 2 * a[0]  # (n) . (n)
+    return int(2 * a[0])  # (n) . (n)
 
 
 def _addbmm_flop(bias: Any, a: Any, b: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
-    return 2 * a[0] * a[1] * a[2] * b[2]  # Σ over the batch of (m x k) @ (k x n)
+    return int(2 * a[0] * a[1] * a[2] * b[2])  # Σ over the batch of (m x k) @ (k x n)
 
 
 def formulas() -> dict[Any, Callable[..., int]]:

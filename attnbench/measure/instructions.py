@@ -26,7 +26,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -138,9 +138,13 @@ class InstructionCounter:
             "PYTHONHASHSEED": "0",
         }
         self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
             stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         answer = self._ask({"op": "start", "layers": layers, "allocator": allocator})
         if answer.get("op") != "ready":
             self.close()
@@ -156,14 +160,14 @@ class InstructionCounter:
             line = ""
         if not line:
             raise AttnbenchError("the Callgrind counter process ended (see valgrind.log)")
-        return json.loads(line)
+        return cast("dict[str, Any]", json.loads(line))
 
     def count(self, case: Case, seed: int) -> int:
         """Instructions of one call of the case's layer: the median block over its calls."""
         answer = self._ask({"op": "count", "case": case.to_dict(), "seed": seed})
         if answer.get("op") != "counted":
             raise RuntimeError(f"counting instructions failed: {answer.get('message')}")
-        return round(statistics.median(answer["blocks"]) / answer["calls"])
+        return round(float(statistics.median(answer["blocks"])) / float(answer["calls"]))
 
     def close(self) -> None:
         if self.process.poll() is None:

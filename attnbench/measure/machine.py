@@ -33,9 +33,13 @@ from attnbench.measure.timing import Clock, TimingPolicy, time_call
 # Each kernel is timed in each of PASSES passes, for its min_time, and its fastest sample
 # kept (benchmarks/ceilings_check.py --policies measures the choice).
 CEILING_POLICY = TimingPolicy(
-    warmup_calls=1, min_block_s=5e-3, min_samples=5, max_samples=50, min_time_s=0.025,
+    warmup_calls=1,
+    min_block_s=5e-3,
+    min_samples=5,
+    max_samples=50,
+    min_time_s=0.025,
     budget_s=0.025,
-)  # fmt: skip
+)
 LATENCY_POLICY = TimingPolicy(
     warmup_calls=100, min_block_s=5e-3, min_samples=10, min_time_s=0.05, budget_s=0.05
 )
@@ -120,10 +124,18 @@ def measure_ceilings(
     try:
         for _ in range(max(1, passes)):  # the last pass reads every kernel's fastest time
             gemm = _gemm_s(device, torch_dtype, side, timed)
-            copy = timed("copy", lambda src=src, dst=dst: dst.copy_(src), CEILING_POLICY)
+            copy = timed(
+                "copy",
+                lambda src=src, dst=dst: dst.copy_(src),  # type: ignore[misc]  # bound by default, freed below
+                CEILING_POLICY,
+            )
             x = torch.ones(1, dtype=torch_dtype, device=device)  # (1,)
             out = torch.empty_like(x)  # (1,)
-            tiny = timed("op", lambda x=x, out=out: torch.add(x, x, out=out), LATENCY_POLICY)
+
+            def tiny_call(x: torch.Tensor = x, out: torch.Tensor = out) -> torch.Tensor:
+                return torch.add(x, x, out=out)
+
+            tiny = timed("op", tiny_call, LATENCY_POLICY)
             curves = rates.rate_curves(device, torch_dtype, timed, curve_widths)
             recurrent = rates.recurrent_rates(device, torch_dtype, timed, curve_widths)
             elementwise = rates.elementwise_rates(device, torch_dtype, timed, elementwise_ops)

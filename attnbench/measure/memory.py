@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Iterable
 
 import torch
+from torch.autograd import DeviceType  # type: ignore[attr-defined]  # exported, not declared
 from torch.autograd.profiler import profile
 
 
@@ -56,7 +57,7 @@ def _cpu_profile(fn: Callable[[], object]) -> tuple[int, frozenset[str]]:
     deltas, names = [], set()
     for event in prof.kineto_results.events():
         name = event.name()
-        if name == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU:
+        if name == "[memory]" and event.device_type() == DeviceType.CPU:
             deltas.append((event.start_ns(), event.nbytes()))
         elif name.startswith("aten::"):
             names.add(name.removeprefix("aten::"))

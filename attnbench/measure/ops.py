@@ -34,6 +34,9 @@ class TracingMode(TorchDispatchMode):
     compiles itself runs eagerly under them either way: the wrapper buys nothing here.
     """
 
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's own __init__ is unannotated
+
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False
@@ -44,7 +47,13 @@ class ObservingMode(TracingMode):
     elementwise work, bytes and chains, each used alone or several at once by
     ``measure.census``."""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         self.observe(func, args, kwargs, out)
@@ -67,11 +76,15 @@ ALONG = frozenset({
     "_adaptive_avg_pool3d", "adaptive_max_pool2d", "adaptive_max_pool3d",
     # log-sigmoid, by what it reads: its second output is a buffer the CPU keeps for backward
     "log_sigmoid_forward",
-})  # fmt: skip
+})  # fmt: skip  # a catalogue of op names, grouped as torch groups them
 # Ops that fold a source into a destination at given indices (a mixture of experts gathering
 # its experts' outputs, a segment sum): counted as the source's elements, one combination each.
-COMBINE = {"scatter_add": "src", "scatter_reduce": "src", "index_add": "source",
-           "index_reduce": "source"}  # fmt: skip
+COMBINE = {
+    "scatter_add": "src",
+    "scatter_reduce": "src",
+    "index_add": "source",
+    "index_reduce": "source",
+}
 # Elementwise work without the pointwise tag: dropout, and the gradients of elementwise ops
 # (met in a training call's backward pass): counted as the elements they produce.
 UNTAGGED_POINTWISE = frozenset({
@@ -86,13 +99,13 @@ UNTAGGED_POINTWISE = frozenset({
     "threshold_backward", "gelu_backward", "silu_backward", "mish_backward", "hardtanh_backward",
     "leaky_relu_backward", "hardswish_backward", "hardsigmoid_backward", "logit_backward",
     "softshrink_backward", "hardshrink_backward", "glu_backward",
-})  # fmt: skip
+})  # fmt: skip  # a catalogue of op names, grouped as torch groups them
 FUSED_ATTENTION = frozenset({
     "_scaled_dot_product_flash_attention_for_cpu",
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention",
-})  # fmt: skip
+})  # fmt: skip  # a catalogue of op names, grouped as torch groups them
 # Ops that make a tensor without computing on another one's values.
 CREATION = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros",
@@ -100,7 +113,7 @@ CREATION = frozenset({
     "arange", "linspace", "logspace", "eye", "scalar_tensor", "rand", "rand_like", "randn",
     "randn_like", "randint", "randperm", "normal", "uniform", "fill", "fill_", "zero_",
     "_local_scalar_dense", "detach", "alias", "lift_fresh", "resize_", "set_",
-})  # fmt: skip
+})  # fmt: skip  # a catalogue of op names, grouped as torch groups them
 # Ops that move or gather values into place, computing nothing (their gradients included).
 MOVEMENT = frozenset({
     "_unsafe_view", "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk", "stack", "cat",
@@ -115,7 +128,7 @@ MOVEMENT = frozenset({
     "constant_pad_nd_backward", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
     "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
     "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
-})  # fmt: skip
+})  # fmt: skip  # a catalogue of op names, grouped as torch groups them
 # Fused paths torch takes in the user's call that hide their matrix products in one op with no
 # FLOP formula; the counts run with them switched off (``unfused``).
 # The fused recurrent kernels among them: one op runs a whole recurrence (``fits.roofline``).
@@ -152,7 +165,7 @@ ALIASES = frozenset({
     "_unsafe_view", "alias", "_reshape_alias", "lift_fresh", "detach", "unsafe_split",
     "unsafe_split_with_sizes", "unsafe_chunk", "transpose_", "t_", "squeeze_", "unsqueeze_",
     "as_strided_", "swapaxes_", "swapdims_",
-})  # fmt: skip
+})  # fmt: skip  # a catalogue of op names, grouped as torch groups them
 
 
 def op_name(func: Any) -> str:
@@ -299,7 +312,13 @@ class _ExplicitAttention(TorchFunctionMode):
         super().__init__()
         self.device_kind = device_kind
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if func is not F.multi_head_attention_forward:
             return func(*args, **kwargs)
@@ -361,7 +380,13 @@ class _OpNames(TracingMode):
         self.names: set[str] = set()
         self.ops = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         self.names.add(op_name(func))
         self.ops += moves_data(func)
         return func(*args, **(kwargs or {}))

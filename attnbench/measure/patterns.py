@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -69,7 +70,7 @@ class BlockBand:
             keep &= ~((ahead == 0) & (offset > 0))
         elif self.within == "upper":
             keep &= ~((ahead == 0) & (offset < 0))
-        return keep
+        return cast("np.ndarray", keep)
 
     @property
     def is_band(self) -> bool:
@@ -95,7 +96,7 @@ class BlockBand:
         return stacked_path(min(reach[0], m - 1), min(reach[1], m - 1), m, stages)
 
     def describe(self) -> str:
-        side = {None: "all"}
+        side: dict[int | None, int | str] = {None: "all"}
         text = (
             f"blocks of {self.width}, block j-i in "
             f"[-{side.get(self.left, self.left)}, {side.get(self.right, self.right)}]"
@@ -155,7 +156,7 @@ def shape_of(patterns: dict[int, np.ndarray]) -> BlockBand | None:
     right = _reach_law([(full, ahead) for full, _, ahead in reaches])
     if left is False or right is False:
         return None
-    shape = BlockBand(shape.width, left, right, shape.dilation, shape.within)  # type: ignore[arg-type]
+    shape = BlockBand(shape.width, left, right, shape.dilation, shape.within)
     if all(np.array_equal(pattern, shape.pattern(n)) for n, pattern in patterns.items()):
         return shape
     return None

@@ -95,9 +95,13 @@ CURVE_ATTENTION_LENGTH = {"cpu": 512, "cuda": 4096, "mps": 2048}
 # 1.004, 0.98-1.04), and a measurement takes 1.13 s, not 1.65 (ceilings_check.py --policies
 # --against curves).
 CURVE_POLICY = TimingPolicy(
-    warmup_calls=1, min_block_s=5e-4, min_samples=5, max_samples=30, min_time_s=0.004,
+    warmup_calls=1,
+    min_block_s=5e-4,
+    min_samples=5,
+    max_samples=30,
+    min_time_s=0.004,
     budget_s=0.004,
-)  # fmt: skip
+)
 # (kernel name, the call, its policy) -> seconds per call; tests pass their own.
 KernelTimer = Callable[[str, Callable[[], object], TimingPolicy], float]
 
@@ -188,7 +192,7 @@ def elementwise_rates(
     found = {}
     for name in ops if ops is not None else tuple(CATALOGUE):
         op = CATALOGUE[name]
-        seconds = timed(f"ew.{name}", lambda op=op: op(x, y, mask), CURVE_POLICY)
+        seconds = timed(f"ew.{name}", lambda op=op: op(x, y, mask), CURVE_POLICY)  # type: ignore[misc]  # binds the loop's tensors by default
         found[name] = x.numel() / seconds
     return found
 
@@ -202,8 +206,7 @@ def rate_curves(
     """Each kind of product's FLOP/s at each narrow width: a (rows x w) @ (w x w) product, a
     Conv1d(w, w, 3) over as many positions (the CPU's: operands of about 256 KiB), an
     attention of 4 heads of width w over 512 positions on the CPU."""
-    chosen = {"gemm": GEMM_WIDTHS, "conv": CONV_WIDTHS, "attention": HEAD_WIDTHS,
-              **(widths or {})}  # fmt: skip
+    chosen = {"gemm": GEMM_WIDTHS, "conv": CONV_WIDTHS, "attention": HEAD_WIDTHS, **(widths or {})}
     elements = for_kind(ELEMENTS, device)
     gen = torch.Generator().manual_seed(0)
 
@@ -214,13 +217,17 @@ def rate_curves(
     for w in chosen["gemm"]:
         rows = max(w, elements // w)
         a, b = randn(rows, w), randn(w, w)  # (rows, w), (w, w)
-        gemm[w] = 2 * rows * w * w / timed(f"gemm@{w}", lambda a=a, b=b: a @ b, CURVE_POLICY)
+
+        def call(a: torch.Tensor = a, b: torch.Tensor = b) -> torch.Tensor:
+            return a @ b
+
+        gemm[w] = 2 * rows * w * w / timed(f"gemm@{w}", call, CURVE_POLICY)
     for w in chosen["conv"]:
         length = max(w, elements // w)
         x, k = randn(1, w, length), randn(w, w, 3)  # (1, w, L), (w, w, 3)
         seconds = timed(
             f"conv@{w}",
-            lambda x=x, k=k: torch.nn.functional.conv1d(x, k, padding=1),
+            lambda x=x, k=k: torch.nn.functional.conv1d(x, k, padding=1),  # type: ignore[misc]  # binds the loop's tensors by default
             CURVE_POLICY,
         )
         conv[w] = 2 * w * w * 3 * length / seconds
@@ -229,7 +236,7 @@ def rate_curves(
         q, k, v = (randn(1, 4, n, w) for _ in range(3))  # (1, 4, n, w) each
         seconds = timed(
             f"attention@{w}",
-            lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+            lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v),  # type: ignore[misc]  # binds the loop's tensors by default
             CURVE_POLICY,
         )
         attention[w] = 4 * 4 * n * n * w / seconds

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType  # type: ignore[attr-defined]  # exported, not declared
 from torch.autograd.profiler import profile, record_function
 
 from attnbench.measure.ops import ALIASES, is_view
@@ -153,8 +154,14 @@ class Profiled:
         return max(0.0, (self.wall_s - self.plain_s) / len(self.ops)) if self.ops else 0.0
 
 
-def _record(fn: Callable[[], object], calls: int, device: str, clock: Clock,
-            sync: Callable[[], None], plain: bool = True) -> Profiled:  # fmt: skip
+def _record(
+    fn: Callable[[], object],
+    calls: int,
+    device: str,
+    clock: Clock,
+    sync: Callable[[], None],
+    plain: bool = True,
+) -> Profiled:
     """Profile ``calls`` calls of ``fn`` (with ``plain``, as many timed unprofiled before and
     after: else ``plain_s`` is nan): host ops with their own times, and on CUDA the device's
     kernels."""
@@ -182,7 +189,7 @@ def _record(fn: Callable[[], object], calls: int, device: str, clock: Clock,
         if collecting:
             gc.enable()
     events = prof.kineto_results.events()
-    cpu, gpu = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
     host = [
         (e.start_thread_id(), e.start_ns(), e.start_ns() + e.duration_ns(), e.name())
         for e in events
@@ -311,8 +318,9 @@ def kernel_split(
     if own:
         cost, plain = ProfilerCost(found.per_op_s, floor), found.plain_s
     else:
-        cost, plain = ProfilerCost(host.per_op_s, floor), found.wall_s - host.per_op_s * len(
-            found.ops
+        cost, plain = (
+            ProfilerCost(host.per_op_s, floor),
+            found.wall_s - host.per_op_s * len(found.ops),
         )
     if on_device:
         cost = ProfilerCost(cost.per_op_s, 0.0)

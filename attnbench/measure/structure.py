@@ -30,7 +30,7 @@ import copy
 import math
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -129,7 +129,7 @@ def batched_vjp(y: torch.Tensor, x: torch.Tensor, probe: torch.Tensor) -> torch.
         from torch._vmap_internals import _vmap
         from torch.autograd.graph import _engine_run_backward
     except ImportError:
-        _vmap = None
+        _vmap = None  # type: ignore[assignment]  # a torch without them takes the loop below
     if _vmap is not None and tuple(probe.shape[1:]) == tuple(y.shape):
 
         def vjp(cotangent: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -138,7 +138,7 @@ def batched_vjp(y: torch.Tensor, x: torch.Tensor, probe: torch.Tensor) -> torch.
 
         try:
             (grad,) = _vmap(vjp, 0, 0, allow_none_pass_through=True)(probe)
-            return grad
+            return cast("torch.Tensor", grad)
         except TypeError:  # a torch whose private signatures changed
             pass
     (grad,) = torch.autograd.grad(y, x, probe, is_grads_batched=True)
@@ -202,22 +202,27 @@ T = TypeVar("T")
 
 
 def _cached(
-    kind: str, build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...],
+    kind: str,
+    build: Callable[[int], nn.Module],
+    d: int,
+    probes: tuple[Any, ...],
     compute: Callable[[], T],
-) -> T:  # fmt: skip
+) -> T:
     if not isinstance(build, LayerBuilder):  # a builder of no name: nothing to share
         return compute()
     tag = build.key
     key = (kind, tag, d, probes)
     if key not in _PROBE_CACHE:
         _PROBE_CACHE[key] = compute()
-    return _PROBE_CACHE[key]
+    return cast("T", _PROBE_CACHE[key])
 
 
 def route_of(
-    build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...],
+    build: Callable[[int], nn.Module],
+    d: int,
+    probes: tuple[int, ...],
     known: Mapping[int, int] | None = None,
-) -> Route:  # fmt: skip
+) -> Route:
     """The route law of the layer ``build`` builds, from its traced steps at the probes;
     ``known``: steps a caller traced already at some of them (a case at a probe length), the
     same count a trace here would give, so that probe is not traced again."""
@@ -252,11 +257,14 @@ def _pattern_of(
     route's dtype, once per layer, d and n: a case at a probe length and the longer cases
     probing it share one."""
     return _cached(
-        "pattern", build, d, (n, route.dtype),
+        "pattern",
+        build,
+        d,
+        (n, route.dtype),
         lambda: dependency_pattern(
             module if module is not None else build(n), n, d, dtype=route.dtype
         ),
-    )  # fmt: skip
+    )
 
 
 def _path_of(build: Callable[[int], nn.Module], n: int, d: int, route: Route) -> int:
@@ -373,7 +381,7 @@ def path_length(
 def fallback_probes(n: int) -> list[tuple[int, ...]]:
     """Doubling probe lengths built from the case's own n, for a layer that refuses the usual
     ones (a length that must be a multiple of its block): n's divisors first, then multiples."""
-    triples = [(n // 4, n // 2, n)] if n % 4 == 0 else []
+    triples: list[tuple[int, ...]] = [(n // 4, n // 2, n)] if n % 4 == 0 else []
     if n % 2 == 0:
         triples.append((n // 2, n, 2 * n))
     triples.append((n, 2 * n, 4 * n))
@@ -381,9 +389,12 @@ def fallback_probes(n: int) -> list[tuple[int, ...]]:
 
 
 def _accepted_route(
-    build: Callable[[int], nn.Module], d: int, preferred: tuple[int, ...], n: int,
+    build: Callable[[int], nn.Module],
+    d: int,
+    preferred: tuple[int, ...],
+    n: int,
     known: Mapping[int, int],
-) -> tuple[Route, tuple[int, ...]]:  # fmt: skip
+) -> tuple[Route, tuple[int, ...]]:
     """The route law, read at the preferred probes or, where the layer refuses one of them,
     at the first ``fallback_probes`` it accepts (the last refusal is raised when none is)."""
     candidates = [preferred, *(t for t in fallback_probes(n) if t != preferred and t[0] > 0)]

@@ -50,10 +50,22 @@ ELEMENTWISE_PREFIX = "ew."
 # Reserve memory without writing it.
 NO_WRITE = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 # Make a tensor shaped like their tensor argument, reading only its shape, dtype and device.
-NO_READ = frozenset({
-    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
-    "randint_like", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full",
-})  # fmt: skip
+NO_READ = frozenset(
+    {
+        "empty_like",
+        "zeros_like",
+        "ones_like",
+        "full_like",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "new_empty",
+        "new_empty_strided",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+    }
+)
 # In-place ops that overwrite ``self`` without reading it.
 OVERWRITE = frozenset({"fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "bernoulli_"})
 
@@ -205,9 +217,12 @@ def kernel_records(text: object) -> list[Kernel]:
 
 
 def kernel_of(
-    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out: Any,
     formulas: Mapping[Any, Callable[..., int]],
-) -> tuple[str, int, bool]:  # fmt: skip
+) -> tuple[str, int, bool]:
     """One data-moving op as the ``kernels`` column keys it, its work, and whether it is a
     product: ("gemm@16", FLOPs, True) for a product of a known width, ("ew.exp", elements,
     False) for any other op (0 elements: a copy, no kernel of its own)."""

@@ -7,10 +7,11 @@ interquartile band from the raw samples, and theory is drawn dashed.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -75,7 +76,7 @@ def _exponent_label(analysis: Analysis, layer: str, metric: str, along: str, fix
     return f"{layer}  {power}  [{row.ci_low:.2f}, {row.ci_high:.2f}]"
 
 
-def _model_line(analysis: Analysis, layer: str, line: pd.DataFrame, along: str) -> tuple:
+def _model_line(analysis: Analysis, layer: str, line: pd.DataFrame, along: str) -> tuple[Any, Any]:
     """The layer's own fitted cost model on a dense grid along ``along`` (others held)."""
     fit = own_fit(analysis.fits, layer)
     if fit is None:
@@ -111,9 +112,13 @@ def _time_chart(
             kernels += _kernel_line(ax, line, along, style)
             band = q.reindex(line["case_id"])
             ax.fill_between(
-                line[along], band["q1"].to_numpy(), band["q3"].to_numpy(),
-                color=style["color"], alpha=0.18, lw=0,
-            )  # fmt: skip
+                line[along],
+                band["q1"].to_numpy(),
+                band["q3"].to_numpy(),
+                color=style["color"],
+                alpha=0.18,
+                lw=0,
+            )
             xs, ys = _model_line(analysis, str(layer), line, along)
             if xs is not None:
                 ax.plot(xs, ys, linestyle="--", lw=1, color=style["color"])
@@ -129,7 +134,7 @@ def _time_chart(
     return fig
 
 
-def _kernel_line(ax: Axes, line: pd.DataFrame, along: str, style: dict[str, object]) -> int:
+def _kernel_line(ax: Axes, line: pd.DataFrame, along: str, style: dict[str, Any]) -> int:
     """The kernels' time beside the wall time (dotted), and the overhead-bound cases (their
     kernels under half the time) drawn hollow over the wall-time line; 0 where the run did
     not measure its kernels."""
@@ -142,8 +147,15 @@ def _kernel_line(ax: Axes, line: pd.DataFrame, along: str, style: dict[str, obje
     ax.plot(line[along], kernel.where(kernel > 0), linestyle=":", lw=1.2, color=color)
     share = numeric_column(line, "kernel_share")
     bound = line[share < OVERHEAD_SHARE]
-    ax.plot(bound[along], bound["time_s"], linestyle="none", marker=style["marker"],
-            markerfacecolor="white", markeredgecolor=color, markersize=6)  # fmt: skip
+    ax.plot(
+        bound[along],
+        bound["time_s"],
+        linestyle="none",
+        marker=style["marker"],
+        markerfacecolor="white",
+        markeredgecolor=color,
+        markersize=6,
+    )
     return 1
 
 
@@ -195,8 +207,13 @@ def _normalized_chart(analysis: Analysis) -> Figure | None:
     for ax, d in zip(axes, ds, strict=True):
         for layer, line in frame[frame["d"] == d].groupby("layer", sort=False):
             line = line.sort_values("n")
-            ax.plot(line["n"], line["per_flop"] * 1e12, label=str(layer), lw=1.2,
-                    **layer_style(str(layer)))  # fmt: skip
+            ax.plot(
+                line["n"],
+                line["per_flop"] * 1e12,
+                label=str(layer),
+                lw=1.2,
+                **layer_style(str(layer)),
+            )
         log_axes(ax, "sequence length n", "time / analytic FLOPs [ps per FLOP]")
         ax.set_title(f"d = {d}", fontsize=9)
         legend(ax)
@@ -220,15 +237,26 @@ def _crossover_chart(analysis: Analysis) -> Figure | None:
                 continue
             style = layer_style(rival)
             ax.plot(
-                ratio.index / d, ratio, linestyle=styles[d], lw=1.2,
-                color=style["color"], marker=style["marker"], markersize=4,
+                ratio.index / d,
+                ratio,
+                linestyle=styles[d],
+                lw=1.2,
+                color=style["color"],
+                marker=style["marker"],
+                markersize=4,
                 label=f"/ {rival}, d = {d}",
-            )  # fmt: skip
+            )
             drew = True
         ax.axhline(1.0, color="black", lw=1)
         ax.axvline(1.0, color="grey", lw=1, linestyle=":")
-        ax.text(1.0, 0.02, " n = d (chapter: n²d = nd²)", transform=ax.get_xaxis_transform(),
-                fontsize=7, color="grey")  # fmt: skip
+        ax.text(
+            1.0,
+            0.02,
+            " n = d (chapter: n²d = nd²)",
+            transform=ax.get_xaxis_transform(),
+            fontsize=7,
+            color="grey",
+        )
         log_axes(ax, "n / d", f"{layer} time / rival time")
         ax.set_title(f"{layer}: above 1, attention is slower", fontsize=9)
         legend(ax)
@@ -269,7 +297,7 @@ def build_charts(
         "time": lambda: _time_chart(analysis, q, "n", "d", "Time per call against sequence length"),
         "time-d": lambda: _time_chart(analysis, q, "d", "n", "Time per call against width"),
         **{
-            m.chart.name: (lambda m=m: _metric_chart(analysis, m))
+            m.chart.name: functools.partial(_metric_chart, analysis, m)
             for m in METRICS
             if m.chart is not None
         },

@@ -47,17 +47,36 @@ def roofline_chart(analysis: Analysis) -> Figure | None:
     low = min(frame["intensity"].min(), peak / bandwidth) / 2
     high = max(frame["intensity"].max(), peak / bandwidth) * 2
     x = np.geomspace(low, high, 200)
-    ax.plot(x, np.minimum(peak, bandwidth * x), color="black", lw=1.5,
-            label=f"ceilings: {peak / 1e9:.3g} GFLOP/s, {bandwidth / 1e9:.3g} GB/s")  # fmt: skip
+    ax.plot(
+        x,
+        np.minimum(peak, bandwidth * x),
+        color="black",
+        lw=1.5,
+        label=f"ceilings: {peak / 1e9:.3g} GFLOP/s, {bandwidth / 1e9:.3g} GB/s",
+    )
     ax.axvline(peak / bandwidth, color="grey", lw=0.8, linestyle=":")
     for (layer, d), line in frame.groupby(["layer", "d"], sort=False):
         style = layer_style(str(layer))
         line = line.sort_values("n")
         first = d == frame.loc[frame["layer"] == layer, "d"].min()
-        ax.plot(line["intensity"], line["achieved"], lw=0.8, alpha=0.7, markersize=4,
-                label=str(layer) if first else None, **style)  # fmt: skip
-        ax.plot(line["intensity"].iloc[-1], line["achieved"].iloc[-1], marker="o",
-                markersize=9, fillstyle="none", color=style["color"], lw=0)  # fmt: skip
+        ax.plot(
+            line["intensity"],
+            line["achieved"],
+            lw=0.8,
+            alpha=0.7,
+            markersize=4,
+            label=str(layer) if first else None,
+            **style,
+        )
+        ax.plot(
+            line["intensity"].iloc[-1],
+            line["achieved"].iloc[-1],
+            marker="o",
+            markersize=9,
+            fillstyle="none",
+            color=style["color"],
+            lw=0,
+        )
     log_axes(ax, "arithmetic intensity [FLOPs per byte moved]", "achieved FLOP/s", base_x=10)
     ax.set_title(
         f"{ceilings.device_name}, {ceilings.threads} thread(s), {ceilings.dtype}; "
@@ -87,10 +106,23 @@ def time_split_chart(analysis: Analysis) -> Figure | None:
             values = line[column].where(line[column] > 0)
             if values.notna().any():
                 ax.plot(line["n"], values, color=colour, lw=1.2, label=label)
-        ax.plot(line["n"], line["predicted_time_s"], color="black", lw=1, linestyle="--",
-                label="predicted (their sum)")  # fmt: skip
-        ax.plot(line["n"], line["time_s"], color="black", lw=0, marker="o", markersize=4,
-                label="measured")  # fmt: skip
+        ax.plot(
+            line["n"],
+            line["predicted_time_s"],
+            color="black",
+            lw=1,
+            linestyle="--",
+            label="predicted (their sum)",
+        )
+        ax.plot(
+            line["n"],
+            line["time_s"],
+            color="black",
+            lw=0,
+            marker="o",
+            markersize=4,
+            label="measured",
+        )
         log_axes(ax, "sequence length n", "seconds per call")
         ax.set_title(f"{layer}, d = {int(line['d'].iloc[0])}", fontsize=9)
         legend(ax)

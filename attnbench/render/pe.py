@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-
 def pe_figures(
     n: int = 60, d: int = 32, columns: Sequence[int] = (6, 7, 8, 9)
 ) -> dict[str, Figure]:
@@ -32,8 +31,9 @@ def pe_figures(
     ax.set_xlabel("row (position i)")
     ax.set_ylabel("p[i, column]")
     ax.set_title(f"Sinusoidal encoding, columns {columns[0]}..{columns[-1]} (d = {d})")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(columns),
-              frameon=False)  # fmt: skip
+    ax.legend(
+        fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(columns), frameon=False
+    )
     ax.grid(True, alpha=0.3)
     figures["pe-columns"] = fig
 
@@ -49,8 +49,9 @@ def pe_figures(
     bits = max(1, (n - 1).bit_length())
     fig = Figure(figsize=(8, 5), layout="constrained")
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    left.imshow(binary_digits(n, bits).numpy(), cmap="Blues", aspect="auto",
-                interpolation="nearest")  # fmt: skip
+    left.imshow(
+        binary_digits(n, bits).numpy(), cmap="Blues", aspect="auto", interpolation="nearest"
+    )
     left.set_xticks(range(bits))
     left.set_xlabel("bit (lowest first)")
     left.set_ylabel("number i")

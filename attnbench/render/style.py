@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attnbench.layers import BUILTIN
 
@@ -23,7 +23,7 @@ MAX_PANELS = 4
 MAX_X_TICKS = 9  # labelled sizes on a log axis, at most about
 
 
-def layer_style(layer: str) -> dict[str, object]:
+def layer_style(layer: str) -> dict[str, Any]:
     """The same colour and marker for a layer in every chart."""
     names = BUILTIN  # a plugin's style must not depend on what else this process loaded
     # zlib.crc32, not hash(): the same colour in every process, so re-plotting is reproducible.

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -47,7 +47,7 @@ def schema(name: str) -> dict[str, Any]:
     if name == "compare":
         metrics = loaded["properties"]["cases"]["items"]["properties"]["metrics"]
         metrics["required"] = [m.column for m in EXACT_METRICS]
-    return loaded
+    return cast("dict[str, Any]", loaded)
 
 
 def _ratio(x: float) -> str:

@@ -45,9 +45,7 @@ ENVIRONMENT_KEYS: tuple[EnvironmentKey, ...] = (
 )
 
 
-def changes(
-    before: Mapping[str, Any], after: Mapping[str, Any], keys: Any
-) -> dict[str, list[Any]]:
+def changes(before: Mapping[str, Any], after: Mapping[str, Any], keys: Any) -> dict[str, list[Any]]:
     """``{key: [before, after]}`` for each of ``keys`` whose value differs."""
     return {
         key: [before.get(key), after.get(key)] for key in keys if before.get(key) != after.get(key)

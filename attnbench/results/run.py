@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -40,7 +40,9 @@ class RunResults:
 
     def samples_for(self, case_id: str) -> list[float]:
         """Every timing sample of a case, all rounds, in seconds per call."""
-        return self.samples.loc[self.samples["case_id"] == case_id, "time_s"].tolist()
+        return cast(
+            "list[float]", self.samples.loc[self.samples["case_id"] == case_id, "time_s"].tolist()
+        )
 
     def rounds_for(self, case_id: str) -> list[list[float]]:
         """A case's samples grouped by timing round, first round first."""
@@ -144,8 +146,9 @@ class RunResults:
         loads = self.samples.dropna(subset=["load_1m"]).drop_duplicates(["case_id", "round"])
         cpus = self.frame.set_index("case_id")["cpu_count"]
         loads = loads.assign(cpu_count=loads["case_id"].map(cpus)).dropna(subset=["cpu_count"])
-        return loads.loc[loads["load_1m"] > loads["cpu_count"], ["case_id", "round", "load_1m",
-                                                                   "cpu_count"]]  # fmt: skip
+        return loads.loc[
+            loads["load_1m"] > loads["cpu_count"], ["case_id", "round", "load_1m", "cpu_count"]
+        ]
 
     def counts(self) -> dict[str, int]:
         """Cases per status, every status named (zeros included), in ``STATUSES`` order."""

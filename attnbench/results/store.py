@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -414,7 +414,7 @@ def _read_theories(path: Path) -> dict[str, Any]:
     problem = record_problem(found)
     if problem:
         raise AttnbenchError(f"{str(file)!r} is malformed: {problem}")
-    return found
+    return cast("dict[str, Any]", found)
 
 
 def _with_all_rounds(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:

@@ -139,10 +139,13 @@ def _sizes_ok(found: Any) -> bool:
 
 def _terms_ok(found: Any, units: tuple[str, ...] = ("FLOP", "element")) -> bool:
     return isinstance(found, list) and all(
-        isinstance(t, list) and len(t) == 3 and _numbers(t[:1], 1, nulls=False)
-        and isinstance(t[1], str) and t[2] in units
+        isinstance(t, list)
+        and len(t) == 3
+        and _numbers(t[:1], 1, nulls=False)
+        and isinstance(t[1], str)
+        and t[2] in units
         for t in found
-    )  # fmt: skip
+    )
 
 
 def _law_count(theory: Mapping[str, Any]) -> int:
@@ -204,15 +207,16 @@ def _layer_problem(found: Any) -> str | None:
         return "its record is not an object"
     try:
         Family(**found["family"])
-        options = [LayerOption(**o) for o in found["options"]]
+        for o in found["options"]:
+            LayerOption(**o)
         LayerSource(**found["source"])
     except (KeyError, TypeError) as exc:
         return f"its family, options or source do not read ({exc})"
     family = found["family"]
     if not isinstance(family.get("row"), str) or _wrong_flags(family, ("pairwise", "rival")):
         return "its family is malformed"
-    for option in options:
-        if not isinstance(option.name, str) or not isinstance(option.default, int):
+    for raw in found["options"]:  # LayerOption(**raw) checks the names, not the types
+        if not isinstance(raw.get("name"), str) or not isinstance(raw.get("default"), int):
             return "an option is malformed"
     if not isinstance(found.get("description"), str):
         return "its description is not a string"
@@ -229,7 +233,9 @@ class _Lookup:
     """One law of a recorded layer as a function of sizes: exact at the recorded cases,
     interpolated along n on a recorded curve, NaN anywhere else."""
 
-    def __init__(self, names: Sequence[str], points: dict, curves: dict, index: int) -> None:
+    def __init__(
+        self, names: Sequence[str], points: dict[Any, Any], curves: dict[Any, Any], index: int
+    ) -> None:
         self.names, self.points, self.curves, self.index = names, points, curves, index
 
     def __call__(self, at: Sizes) -> float:
@@ -252,7 +258,7 @@ def _interpolate(n: float, values: Sequence[float | None]) -> float:
     """A law between the points of ``CURVE_N``: log-log where both ends are positive."""
     if not CURVE_N[0] <= n <= CURVE_N[-1]:
         return math.nan
-    i = int(min(np.searchsorted(CURVE_N, n, side="right"), len(CURVE_N) - 1))
+    i = min(int(np.searchsorted(CURVE_N, n, side="right")), len(CURVE_N) - 1)
     lo, hi = values[i - 1], values[i]
     if lo is None or hi is None:
         return math.nan
@@ -260,7 +266,7 @@ def _interpolate(n: float, values: Sequence[float | None]) -> float:
     t = (x - x0) / (x1 - x0)
     if lo > 0 and hi > 0:
         return math.exp(math.log(lo) + t * (math.log(hi) - math.log(lo)))
-    return lo + t * (hi - lo)
+    return float(lo + t * (hi - lo))
 
 
 def _terms(items: Iterable[Sequence[Any]], fns: Iterator[_Lookup]) -> tuple[Term, ...]:

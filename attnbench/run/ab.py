@@ -150,9 +150,11 @@ def run_ab(
         for side in SIDES:
             grid = grids[side]
             writer = ResultsWriter.create(
-                prepare_out_dir(out_dir / side), grid.to_dict(), environments[side],
+                prepare_out_dir(out_dir / side),
+                grid.to_dict(),
+                environments[side],
                 grid.option_names(),
-            )  # fmt: skip
+            )
             writer.update(
                 cluster=clusters[side],
                 layers=executors[side].layers,
@@ -203,9 +205,17 @@ def _interleave(
                 writer.update(calibration=calibration.describe())
             policy = TimingPolicy(budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1)
             queues[side] = JobQueue(
-                grid, writer, None, died=None, policy=policy, calibration=calibration,
-                in_process=False, progress=tell(side), stop=stop, counting=counting,
-            )  # fmt: skip
+                grid,
+                writer,
+                None,
+                died=None,
+                policy=policy,
+                calibration=calibration,
+                in_process=False,
+                progress=tell(side),
+                stop=stop,
+                counting=counting,
+            )
         where = {side: _placement(clusters[side]) for side in SIDES}
         pair = 0
         try:

@@ -119,9 +119,7 @@ def _finite(value: Any) -> float:
 class AutoPlan:
     """The lines of an auto grid, what each measured, and whether its next case may run."""
 
-    def __init__(
-        self, grid: Grid, memory: Callable[[str], int | None] = free_memory
-    ) -> None:
+    def __init__(self, grid: Grid, memory: Callable[[str], int | None] = free_memory) -> None:
         self.grid, self.memory = grid, memory
         self.lines: dict[tuple[Any, ...], Line] = {}
         self.keys: dict[str, tuple[Any, ...]] = {}  # case_id -> its line
@@ -144,21 +142,31 @@ class AutoPlan:
             if result.status != Status.SKIPPED:
                 line.stopped, line.why = Stopped.FAILED, f"n={result.case.n} {result.status}"
             return
-        self.add(result.case.n, {
-            "time_s": result.timing.median_s, "flops": result.flops,
-            "elementwise": result.elementwise, "peak_bytes": result.peak_bytes,
-            "wall_s": result.wall_s, "time_total_s": result.timing.total_s,
-        }, line)  # fmt: skip
+        self.add(
+            result.case.n,
+            {
+                "time_s": result.timing.median_s,
+                "flops": result.flops,
+                "elementwise": result.elementwise,
+                "peak_bytes": result.peak_bytes,
+                "wall_s": result.wall_s,
+                "time_total_s": result.timing.total_s,
+            },
+            line,
+        )
 
     def add(self, n: int, row: Any, line: Line) -> None:
         """A measured case (a results row or its values): a point; the line stops where its
         rate has settled."""
         elements = _finite(row["elementwise"])
         point = Point(
-            n, _finite(row["time_s"]),
+            n,
+            _finite(row["time_s"]),
             _finite(row["flops"]) + (elements if math.isfinite(elements) else 0.0),
-            _finite(row["peak_bytes"]), _finite(row["wall_s"]), _finite(row["time_total_s"]),
-        )  # fmt: skip
+            _finite(row["peak_bytes"]),
+            _finite(row["wall_s"]),
+            _finite(row["time_total_s"]),
+        )
         line.points = sorted([*line.points, point], key=lambda p: p.n)
         line.at_n = line.points[-1].n
         settled = settled_sizes([p.n for p in line.points], [p.rate for p in line.points])
@@ -269,14 +277,20 @@ class AutoPlan:
         """run.json's ``auto``: the rule, and what stopped each line."""
         lines = []
         for (layer, d, options), line in self.lines.items():
-            lines.append({
-                "layer": layer, "d": d, **dict(options),
-                "stopped": None if line.stopped is None else line.stopped.value,
-                "at_n": line.at_n, "why": line.why,
-                "wall_s": round(line.wall_s, 3),
-                "allowance_s": round(line.allowance_s, 3) if math.isfinite(line.allowance_s)
-                else None,
-            })  # fmt: skip
+            lines.append(
+                {
+                    "layer": layer,
+                    "d": d,
+                    **dict(options),
+                    "stopped": None if line.stopped is None else line.stopped.value,
+                    "at_n": line.at_n,
+                    "why": line.why,
+                    "wall_s": round(line.wall_s, 3),
+                    "allowance_s": round(line.allowance_s, 3)
+                    if math.isfinite(line.allowance_s)
+                    else None,
+                }
+            )
         return {
             "rule": (
                 f"n doubles from {self.grid.ns[0]} until the rate (counted work per second) "

@@ -52,9 +52,10 @@ def in_cache(case: Case, seed: int, counting: Counting = DEFAULT_COUNTING) -> bo
 
 
 def estimate_bounds(
-    grid: Grid, cached: Callable[[Case], bool] | None = None,
+    grid: Grid,
+    cached: Callable[[Case], bool] | None = None,
     counting: Counting = DEFAULT_COUNTING,
-) -> tuple[float, float]:  # fmt: skip
+) -> tuple[float, float]:
     """A rough (low, high) estimate of a sweep's duration from the analytic FLOPs of each case.
 
     Per case: about four untimed calls (first call, FLOP count, memory profile, warm-up), the
@@ -91,9 +92,10 @@ def estimate_bounds(
 
 
 def estimate_seconds(
-    grid: Grid, cached: Callable[[Case], bool] | None = None,
+    grid: Grid,
+    cached: Callable[[Case], bool] | None = None,
     counting: Counting = DEFAULT_COUNTING,
-) -> float:  # fmt: skip
+) -> float:
     """The high end of ``estimate_bounds``: every case spends its whole time budget."""
     return estimate_bounds(grid, cached, counting)[1]
 

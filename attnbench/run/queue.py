@@ -119,9 +119,7 @@ class JobQueue:
             self.auto.restore(previous.frame)
         self.first = deque(i for i, case in enumerate(self.cases) if case.case_id not in self.done)
 
-    def notify(
-        self, kind: Any, case: Case, result: CaseResult | None = None, **more: Any
-    ) -> None:
+    def notify(self, kind: Any, case: Case, result: CaseResult | None = None, **more: Any) -> None:
         """Tell the caller's progress callback what happened to ``case``."""
         self.last = case
         if self.progress is None:

@@ -137,10 +137,17 @@ def _start(
         first = 0.0 if known else CEILINGS_S
         on_start(
             SweepStart(
-                grid, writer.out_dir, cluster, runs_on.workers, high * left + first, previous,
-                ceilings_cached=known, estimate_low_s=low * left + first, retried=retried,
+                grid,
+                writer.out_dir,
+                cluster,
+                runs_on.workers,
+                high * left + first,
+                previous,
+                ceilings_cached=known,
+                estimate_low_s=low * left + first,
+                retried=retried,
             )
-        )  # fmt: skip
+        )
     if not has_ceilings:
         with _stopped_before_cases(writer, len(grid.cases()), done):
             writer.update(**run_ceilings(grid, fault_cost))
@@ -304,9 +311,17 @@ def resume_sweep(
         # them now, from the cache or measured, as a new run would.
         measuring = Measuring(progress, policy, calibration, counting)
         return _start(
-            writer, grid, run, runs_on, cluster, measuring, on_start=on_start,
-            fault_cost=run.meta.get("fault_cost_s"), died=died, retried=len(retried),
-        )  # fmt: skip
+            writer,
+            grid,
+            run,
+            runs_on,
+            cluster,
+            measuring,
+            on_start=on_start,
+            fault_cost=run.meta.get("fault_cost_s"),
+            died=died,
+            retried=len(retried),
+        )
 
 
 def _sweep(

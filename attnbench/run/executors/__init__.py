@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from attnbench.errors import AttnbenchError
 from attnbench.run.executors.base import Executor
@@ -58,4 +58,4 @@ def make_executor(name: str, **options: Any) -> Executor:
             f"{flags} apply only with --executor {' or '.join(users) or 'none'}, not {name}"
         )
     factory = getattr(importlib.import_module(entry.module), entry.cls)  # may say: install Ray
-    return factory(**given)
+    return cast("Executor", factory(**given))

@@ -42,10 +42,16 @@ def serve(incoming: IO[str], channel: IO[str]) -> int:
             return 0
         if message["op"] == "start":
             if message["protocol"] != PROTOCOL:
-                _reply(channel, {"op": "error", "message": (
-                    f"attnbench {__version__} there speaks protocol {PROTOCOL}, the driver "
-                    f"{message['protocol']}: install the same attnbench on both sides"
-                )})  # fmt: skip
+                _reply(
+                    channel,
+                    {
+                        "op": "error",
+                        "message": (
+                            f"attnbench {__version__} there speaks protocol {PROTOCOL}, the driver "
+                            f"{message['protocol']}: install the same attnbench on both sides"
+                        ),
+                    },
+                )
                 return 2
             plugins.receive(message["layers"], message.get("verify_modules", True))
             names = [plugins.resolve(name).name for name in message["names"]]
@@ -56,13 +62,16 @@ def serve(incoming: IO[str], channel: IO[str]) -> int:
                 layers=message["layers"],
                 allocator=message.get("allocator", DEFAULT_ALLOCATOR),
             )
-            _reply(channel, {
-                "op": "ready",
-                "protocol": PROTOCOL,
-                "worker": worker.describe(),
-                "environment": environment(message["device"]),
-                "layers": {name: entry(name).source.to_dict() for name in names},
-            })  # fmt: skip
+            _reply(
+                channel,
+                {
+                    "op": "ready",
+                    "protocol": PROTOCOL,
+                    "worker": worker.describe(),
+                    "environment": environment(message["device"]),
+                    "layers": {name: entry(name).source.to_dict() for name in names},
+                },
+            )
         elif message["op"] == "job" and worker is not None:
             done = worker.run(job_from_wire(message["job"]))
             _reply(channel, {"op": "done", "done": done_to_wire(done)})

@@ -60,11 +60,15 @@ class SubprocessExecutor:
         command = [self.python, "-m", CHILD]
         stderr = open(self._folder / "stderr.txt", "a", encoding="utf-8")  # noqa: SIM115
         self._process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
             # Not this directory: python -m puts its working directory first on sys.path, and
             # a checkout here would shadow the attnbench installed beside the child's Python.
             cwd=self._folder,
-        )  # fmt: skip
+        )
         stderr.close()
         answer = self._ask({"op": "start", **self._start})
         if answer is None or answer.get("op") != "ready":
@@ -158,8 +162,9 @@ class SubprocessExecutor:
         if not self._ready:
             raise AttnbenchError("the subprocess executor was not started")
         worker = self._ready["worker"]
-        where = Placement(worker["node"], worker["device_id"], worker["device_name"],
-                          worker["threads"])  # fmt: skip
+        where = Placement(
+            worker["node"], worker["device_id"], worker["device_name"], worker["threads"]
+        )
         while (job := take(where)) is not None:
             answer = self._ask({"op": "job", "job": job_to_wire(job)})
             if answer is not None and answer.get("op") == "done":

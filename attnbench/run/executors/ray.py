@@ -79,9 +79,13 @@ class RayWorker:
             ids = ray.get_gpu_ids()  # the physical GPU; the actor sees it as cuda:0
             device_id = f"cuda:{ids[0]}" if ids else device
         self.worker = Worker(
-            device, threads, device_id=device_id, metric=metric, layers=layers,
+            device,
+            threads,
+            device_id=device_id,
+            metric=metric,
+            layers=layers,
             allocator=allocator,
-        )  # fmt: skip
+        )
 
     def describe(self) -> dict[str, Any]:
         # Ray's id of the node: two nodes on one machine share a host name, never an id.
@@ -257,7 +261,7 @@ class RayExecutor:
             .options(max_restarts=0, max_task_retries=0, **self.worker_resources)
             .remote(*self._args)
         )
-        ref = actor.describe.remote()
+        ref = actor.describe.remote()  # type: ignore[attr-defined]  # ray adds .remote at runtime
         self._starting_actors[ref] = actor
         return ref
 

@@ -53,8 +53,8 @@ def quiet_ray_errors() -> None:
             return
         original(data, ignore_prefix)
 
-    to_log.quiet = True  # type: ignore[attr-defined]
-    module.print_to_stdstream = to_log  # type: ignore[union-attr]
+    to_log.quiet = True  # type: ignore[attr-defined]  # ray's logger hook reads this attribute
+    module.print_to_stdstream = to_log  # type: ignore[union-attr]  # ray's untyped module attribute
 
 
 def death_reason(exc: BaseException) -> str:

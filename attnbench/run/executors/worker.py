@@ -95,9 +95,12 @@ class Worker:
         case = job.case
         if job.round > 1:
             timing = retime_case(
-                case, seed=job.seed, policy=job.policy, clock=self.clock,
+                case,
+                seed=job.seed,
+                policy=job.policy,
+                clock=self.clock,
                 faults=self.faults(case.device),
-            )  # fmt: skip
+            )
             return JobDone(job, self.where, timing=timing, point=point, load_1m=machine_load())
         result = measure_case(
             case,
