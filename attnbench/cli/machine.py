@@ -249,7 +249,7 @@ def _ceilings_for(run: RunResults, machine_file: Path | None) -> Ceilings:
     elif run.ceilings is not None:
         ceilings = run.ceilings  # the machine it was measured on, recorded at its start
     else:
-        config = run.meta.get("config", {})
+        config = run.record.config
         device, dtype = str(config.get("device", "cpu")), str(config.get("dtype", "float32"))
         threads = pd.to_numeric(run.measured.get("threads"), errors="coerce").dropna()
         try:
@@ -261,14 +261,14 @@ def _ceilings_for(run: RunResults, machine_file: Path | None) -> Ceilings:
             ) from None
         count = int(threads.median()) if len(threads) else None
         ceilings, _ = machine_ceilings(here, dtype, count)
-    config = run.meta.get("config", {})
-    dtype = config.get("dtype")
+    recorded = run.record.config
+    measured_in = recorded.get("dtype")
     notes = []
-    if dtype and dtype != ceilings.dtype:
-        notes.append(f"note: the ceilings are for {ceilings.dtype}, the run measured {dtype}")
-    device = str(config.get("device", ""))
+    if measured_in and measured_in != ceilings.dtype:
+        notes.append(f"note: the ceilings are for {ceilings.dtype}, the run measured {measured_in}")
+    device = str(recorded.get("device", ""))
     if device and device_kind(device) != device_kind(ceilings.device):
-        # Measured: a CPU run predicted on an H200 read gru 111x and rnn 48x too slow there.
+        # The model charges the ops of the run's device: another kind's fused kernels differ.
         notes.append(
             f"note: the run was measured on {device} and the ceilings are of {ceilings.device}: "
             "the model charges the ops the run's device dispatched, so a layer that the other "

@@ -128,10 +128,10 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             f"in them (attempts = 2): {names}",
             soft_wrap=True,
         )
-    if run.meta.get("ceilings_error"):
+    if run.record.ceilings_error:
         console.print(
             f"[yellow]note:[/] no machine ceilings, so no predicted times or bounds: "
-            f"{escape(str(run.meta['ceilings_error']))}; attnbench predict --machine FILE "
+            f"{escape(run.record.ceilings_error)}; attnbench predict --machine FILE "
             "takes the ceilings of the machine that ran the cases",
             soft_wrap=True,
         )
@@ -189,7 +189,7 @@ def fault_notes(run: RunResults) -> list[str]:
     heavy = shares[shares > FAULT_SHARE]
     if len(heavy):
         layers = ", ".join(dict.fromkeys(run.measured.loc[heavy.index, "layer"]))
-        cost = run.meta["fault_cost_s"]
+        cost = run.record.fault_cost_s or 0.0  # heavy cases exist only where it was measured
         advice = (
             "--allocator pinned (the default) keeps freed memory mapped"
             if run.allocator != "pinned"

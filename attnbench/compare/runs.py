@@ -111,9 +111,11 @@ def _environment_warnings(base: RunResults, new: RunResults) -> list[str]:
     code of each layer both measured."""
     config_keys = {o.field: o.key for o in OPTIONS if o.compare}
     warnings = []
-    for source, keys in (("config", config_keys), ("environment", compare_keys())):
-        before: Mapping[str, Any] = base.meta.get(source, {})
-        after: Mapping[str, Any] = new.meta.get(source, {})
+    sides: list[tuple[Mapping[str, Any], Mapping[str, Any], dict[str, str]]] = [
+        (base.record.config, new.record.config, config_keys),
+        (base.record.environment, new.record.environment, compare_keys()),
+    ]
+    for before, after, keys in sides:
         for key, label in keys.items():
             if before.get(key) != after.get(key):
                 warnings.append(
@@ -126,7 +128,7 @@ def _environment_warnings(base: RunResults, new: RunResults) -> list[str]:
             "current run; CPU times under one state pay page faults the other does not "
             "(see --allocator)"
         )
-    return warnings + layer_differences(base.meta.get("layers", {}), new.meta.get("layers", {}))
+    return warnings + layer_differences(base.record.layers, new.record.layers)
 
 
 def layer_differences(
@@ -146,7 +148,7 @@ def layer_differences(
 
 def _calibration(base: RunResults, new: RunResults, normalize: bool) -> dict[str, float]:
     base_s, new_s = base.calibration_s, new.calibration_s
-    same_kernel = base.meta.get("calibration") == new.meta.get("calibration")
+    same_kernel = base.record.calibration == new.record.calibration
     if normalize:
         for run, value in ((base, base_s), (new, new_s)):
             if value is None:
@@ -157,7 +159,7 @@ def _calibration(base: RunResults, new: RunResults, normalize: bool) -> dict[str
         if not same_kernel:
             raise AttnbenchError(
                 "--normalize: the two runs timed different calibration kernels "
-                f"({base.meta.get('calibration')} and {new.meta.get('calibration')})"
+                f"({base.record.calibration} and {new.record.calibration})"
             )
     if base_s is None or new_s is None or not same_kernel:
         return {}
@@ -226,9 +228,9 @@ def compare_runs(
             "device"
         )
     warnings = _environment_warnings(baseline, current)
-    same_device = baseline.meta.get("environment", {}).get("device_name") == current.meta.get(
-        "environment", {}
-    ).get("device_name")
+    same_device = baseline.record.environment.get("device_name") == current.record.environment.get(
+        "device_name"
+    )
     devices = list(dict.fromkeys([*baseline.devices, *current.devices]))
     by_device = len(devices) > 1  # a run spread over device models (a mixed cluster)
     if by_device:

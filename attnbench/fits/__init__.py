@@ -142,7 +142,7 @@ def fit_frame(run: RunResults, layers: Layers | None = None) -> pd.DataFrame:
     cases, say); the run's own options are used (an option's default where the run gave none),
     so the coefficients read in its units.
     """
-    config = run.meta.get("config", {})
+    config = run.record.config
     frame = run.measured.copy()
     for name, option in options_of(layers if layers is not None else run_catalog(run)).items():
         given = config.get(name)

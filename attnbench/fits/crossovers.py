@@ -4,6 +4,7 @@ sizes) and predicted (FLOP formulas, chapter orders)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -112,6 +113,13 @@ def time_ratios(
     return ratios
 
 
+def _gap(law: str, a: LayerTheory, o: LayerTheory, mine: Sizes, theirs: Sizes, n: float) -> float:
+    """Attention's ``law`` (its FLOPs or its order) less its rival's, at length n."""
+    if law == "flops":
+        return float(a.flops({**mine, "n": n}) - o.flops({**theirs, "n": n}))
+    return float(a.order({**mine, "n": n}) - o.order({**theirs, "n": n}))
+
+
 def crossover_table(measured: pd.DataFrame, layers: Layers | None = None) -> pd.DataFrame:
     """For each d and each (attention, rival) pair: measured and predicted crossover n."""
     known = layers_or_live(layers)
@@ -125,23 +133,8 @@ def crossover_table(measured: pd.DataFrame, layers: Layers | None = None) -> pd.
         theirs = size_rows(at_d[at_d["layer"] == rival].iloc[:1], known)[0]
         d_ = int(d)
 
-        def flops_gap(
-            n: float,
-            a: LayerTheory = a,
-            o: LayerTheory = o,
-            mine: Sizes = mine,
-            theirs: Sizes = theirs,
-        ) -> float:
-            return float(a.flops({**mine, "n": n}) - o.flops({**theirs, "n": n}))
-
-        def order_gap(
-            n: float,
-            a: LayerTheory = a,
-            o: LayerTheory = o,
-            mine: Sizes = mine,
-            theirs: Sizes = theirs,
-        ) -> float:
-            return float(a.order({**mine, "n": n}) - o.order({**theirs, "n": n}))
+        flops_gap = functools.partial(_gap, "flops", a, o, mine, theirs)
+        order_gap = functools.partial(_gap, "order", a, o, mine, theirs)
 
         # A theory that states no order reads 0 at every size (``LayerTheory.order``'s default):
         # a race against it would be against a free layer, so it is not predicted.

@@ -340,8 +340,8 @@ def trace_counts(
     memory pass's) is counted on the CPU, where torch runs the recurrence as its ops and the
     layer's formulas describe it: on CUDA, cuDNN's unfused stand-in projects the input step by
     step (reading W_ih n times), and with cuDNN off an LSTM or GRU runs fused cells no counter
-    can see into. The path below reads the steps of that same trace: a route law mixing the
-    device's fused steps with the CPU's probes read the H200's gru and lstm as path 1.
+    can see into. The path below reads the steps of that same trace, so steps and path come
+    from one computation.
 
     A call that took nn.MultiheadAttention's fast path (``ops.ATTENTION_FAST_PATHS``) is
     counted with its attention as that kernel computes it on the timed device

@@ -22,7 +22,7 @@ from attnbench.errors import first_line
 from attnbench.measure.elementwise import ElementCounter
 from attnbench.measure.flops import FlopCount, FlopCounter, formulas
 from attnbench.measure.memory import is_out_of_memory
-from attnbench.measure.ops import TracingMode, unfused
+from attnbench.measure.ops import Args, Kw, TracingMode, unfused
 from attnbench.measure.structure import PATH_NONE, _ChainTracer
 from attnbench.measure.traffic import Traffic, TrafficCounter
 
@@ -48,13 +48,7 @@ class _CensusMode(TracingMode):
         self.observers = observers
         self.errors: dict[str, str] = {}
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Args = (), kwargs: Kw = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         for name, observer in self.observers.items():

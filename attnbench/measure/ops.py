@@ -23,6 +23,9 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+Args = tuple[Any, ...]  # a dispatched op's positional arguments
+Kw = dict[str, Any] | None  # and its keyword arguments
+
 
 class TracingMode(TorchDispatchMode):
     """The base of the tool's dispatch-mode counters.
@@ -47,13 +50,7 @@ class ObservingMode(TracingMode):
     elementwise work, bytes and chains, each used alone or several at once by
     ``measure.census``."""
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Args = (), kwargs: Kw = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         self.observe(func, args, kwargs, out)
@@ -312,13 +309,7 @@ class _ExplicitAttention(TorchFunctionMode):
         super().__init__()
         self.device_kind = device_kind
 
-    def __torch_function__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Args = (), kwargs: Kw = None) -> Any:
         kwargs = kwargs or {}
         if func is not F.multi_head_attention_forward:
             return func(*args, **kwargs)
@@ -380,13 +371,7 @@ class _OpNames(TracingMode):
         self.names: set[str] = set()
         self.ops = 0
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Args = (), kwargs: Kw = None) -> Any:
         self.names.add(op_name(func))
         self.ops += moves_data(func)
         return func(*args, **(kwargs or {}))

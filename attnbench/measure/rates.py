@@ -155,7 +155,7 @@ def line_through(seconds: Mapping[int, float]) -> tuple[float, float]:
 _LSTM_FLOPS: dict[tuple[int, str, int], int] = {}
 # A call longer than the last of these is counted at them and extended, when its FLOPs grow by
 # the same count every step at all three (each step is the same products): 112 steps traced
-# for a 256-step call, 0.37 -> 0.15 s of a cold sweep's ceilings on a 2-core CPU.
+# for a 256-step call instead of 256.
 LAW_STEPS = (RECURRENT_SHORT, 2 * RECURRENT_SHORT, 4 * RECURRENT_SHORT)
 
 

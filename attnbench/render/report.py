@@ -343,14 +343,14 @@ def fit_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
 
 def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: Path) -> list[Block]:
     counts = ", ".join(f"{v} {k}" for k, v in run.counts().items() if v)
-    config = run.meta.get("config", {})
-    env = run.meta.get("environment", {})
+    config = run.record.config
+    env = run.record.environment
     blocks = [
         Block("h1", f"attnbench report: {run.path.name}"),
         Block(
             "p",
             f"{len(run.frame)} cases ({counts}), run {run.status}, started "
-            f"{run.meta.get('start_time', '?')}. Layers {', '.join(config.get('layers', []))}; "
+            f"{run.record.start_time or '?'}. Layers {', '.join(config.get('layers', []))}; "
             f"n = {config.get('ns')}, d = {config.get('ds')}, batch {config.get('batch')}, "
             f"{config.get('dtype')}, {config.get('mode')} on {config.get('device')}.",
         ),

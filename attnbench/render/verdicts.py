@@ -182,11 +182,11 @@ def method_note(comparison: Comparison) -> str:
 
 
 def _run_line(label: str, run: Any) -> str:
-    env = run.meta.get("environment", {})
+    env = run.record.environment
     commit = (env.get("git_commit") or "")[:10] or "no commit"
     dirty = " (dirty)" if env.get("git_dirty") else ""
     return (
-        f"{label}: `{run.path}`, {run.meta.get('start_time', '?')}, {commit}{dirty}, "
+        f"{label}: `{run.path}`, {run.record.start_time or '?'}, {commit}{dirty}, "
         f"{env.get('device_name', '?')}, torch {env.get('torch_version', '?')}"
     )
 
@@ -277,9 +277,9 @@ def to_json(comparison: Comparison, gate: str = "all") -> dict[str, Any]:
 
 
 def _side(run: Any) -> dict[str, Any]:
-    env = run.meta.get("environment", {})
+    env = run.record.environment
     return {
-        "start_time": run.meta.get("start_time"),
+        "start_time": run.record.start_time,
         "git_commit": env.get("git_commit"),
         "device_name": env.get("device_name"),
         "torch_version": env.get("torch_version"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -11,6 +12,7 @@ import pandas as pd
 from attnbench.errors import AttnbenchError
 from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.ceilings_file import ceilings_from
+from attnbench.results.record import RunRecord
 from attnbench.schema import CALIBRATION_COLUMNS, STATUSES, RunStatus, Status, numeric_column
 
 
@@ -21,7 +23,7 @@ class RunResults:
     path: Path
     frame: pd.DataFrame  # one row per case, RESULT_COLUMNS
     samples: pd.DataFrame  # raw samples, SAMPLE_COLUMNS
-    meta: dict[str, Any]  # run.json
+    meta: dict[str, Any]  # run.json as written; code reads ``record``
     warnings: tuple[str, ...] = ()  # what was repaired on reading (a torn line, orphan samples)
     # The calibration GEMM's samples, CALIBRATION_COLUMNS (empty for runs made before it).
     calibration: pd.DataFrame = field(
@@ -30,6 +32,11 @@ class RunResults:
     # theory.json: the plugin layers' families, options and evaluated theories ({} for runs
     # made before it was written, or without plugins).
     theories: dict[str, Any] = field(default_factory=dict)
+
+    @functools.cached_property
+    def record(self) -> RunRecord:
+        """run.json, read once into typed fields."""
+        return RunRecord.parse(self.meta)
 
     @property
     def calibration_s(self) -> float | None:
@@ -62,16 +69,15 @@ class RunResults:
     def allocator(self) -> str:
         """The allocator's state the run measured in: pinned, system, mixed, or "unrecorded"
         (a run made before attnbench recorded it: glibc's defaults)."""
-        found = self.meta.get("allocator")
-        return str(found.get("state", "unrecorded")) if isinstance(found, dict) else "unrecorded"
+        return str(self.record.allocator.get("state", "unrecorded"))
 
     def fault_shares(self) -> pd.Series:
         """Per measured case, the share of its median time its page faults cost, at the run's
         measured cost of one fault, shared by the case's threads (torch's threads fill a
         fresh tensor together, and fault in parallel); empty where either is missing."""
-        cost = self.meta.get("fault_cost_s")
+        cost = self.record.fault_cost_s
         measured = self.measured
-        if not isinstance(cost, float) or "page_faults" not in measured:
+        if cost is None or "page_faults" not in measured:
             return pd.Series(dtype="float64")
         faults = numeric_column(measured, "page_faults")
         threads = numeric_column(measured, "threads").fillna(1).clip(lower=1)
@@ -82,8 +88,8 @@ class RunResults:
     def ceilings(self) -> Ceilings | None:
         """The ceilings of the machine the run measured on (``attnbench machine``), recorded at
         its start; None for a run made before they were, or where they could not be measured."""
-        found = self.meta.get("ceilings")
-        if not isinstance(found, dict):
+        found = self.record.ceilings
+        if found is None:
             return None
         try:
             return ceilings_from(found, f"{self.path}/run.json ceilings")
@@ -129,15 +135,12 @@ class RunResults:
     @property
     def status(self) -> RunStatus:
         """``complete``, ``interrupted``, or ``running`` (also what a killed run leaves)."""
-        status = self.meta.get("status")
-        if status in tuple(RunStatus):
-            return RunStatus(status)
-        return RunStatus.COMPLETE if self.meta.get("end_time") else RunStatus.RUNNING
+        return self.record.status
 
     @property
     def cases_total(self) -> int:
         """Cases the run's grid holds (those on disk, for a record that does not say)."""
-        return int(self.meta.get("cases_total") or len(self.frame))
+        return self.record.cases_total or len(self.frame)
 
     def busy(self) -> pd.DataFrame:
         """The rounds measured while the machine's 1-minute load average exceeded its CPU count:

@@ -24,8 +24,7 @@ MAX_ESTIMATED_S = 3600.0  # a longer estimated sweep needs --yes
 # with n (each position is several ops, each traced by four counters); a case whose counts are
 # cached pays 0.05 s.
 _TRACE_CASE_S, _TRACE_STEP_S, _CACHED_CASE_S = 0.04, 2e-3, 0.05
-# Measuring the machine's ceilings, once per machine (two passes on the 2-core CPU: 1.1-1.2 s
-# with the copy's arrays mapped, once the curves' points took 4 ms, 2026-11-26).
+# Measuring the machine's ceilings, once per machine (docs/benchmarks.md has the timings).
 CEILINGS_S = 1.5
 
 

@@ -30,6 +30,7 @@ from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import Clock, TimingPolicy
 from attnbench.results.environment import changes, resume_keys
 from attnbench.results.files import default_out_dir, new_out_dir, now_iso
+from attnbench.results.record import RunRecord
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter, load_results
 from attnbench.results.theories import merge, record
@@ -125,7 +126,7 @@ def _start(
     """What a new sweep and a resumed one do alike once their folder is open: tell the caller
     what is about to run and how long it should take, get the machine's ceilings (from the
     cache, or measured; not again for a run that has them), then measure the cases."""
-    has_ceilings = previous is not None and previous.meta.get("ceilings") is not None
+    has_ceilings = previous is not None and previous.record.ceilings is not None
     threads = grid.threads or torch.get_num_threads()
     known = has_ceilings or ceilings_cached(grid.device, grid.dtype, threads)
     done = 0 if previous is None else len(previous.frame)
@@ -197,11 +198,11 @@ def _executor(executor: Executor | None, clock: Clock) -> Iterator[Executor]:
         serial.close()
 
 
-def _still_running(meta: Mapping[str, Any]) -> int | None:
+def _still_running(run: RunRecord) -> int | None:
     """The pid of a live process on this host that may still be writing the run, if any."""
-    pid = meta.get("pid")
-    host = meta.get("environment", {}).get("hostname")
-    if meta.get("status") != RunStatus.RUNNING or not isinstance(pid, int) or pid == os.getpid():
+    pid = run.pid
+    host = run.environment.get("hostname")
+    if run.status != RunStatus.RUNNING or pid is None or pid == os.getpid():
         return None
     if host != socket.gethostname():
         return None
@@ -241,7 +242,7 @@ def resume_sweep(
     run = load_results(out_dir)  # the one read of the folder before it is reopened
     # The case a killed process was in: recorded failed (it may be what killed it), or with
     # ``retry`` measured again like every case not ok.
-    died = run.meta.get("current_case") if run.status == RunStatus.RUNNING else None
+    died = run.record.current_case if run.status == RunStatus.RUNNING else None
     retried: list[str] = []
     if retry:
         retried = sorted(run.frame.loc[run.frame["status"] != Status.OK, "case_id"])
@@ -252,12 +253,12 @@ def resume_sweep(
     # checked against the record before any of its code runs.
     named = (overrides or {}).get("layers") or ()
     layer_changes = plugins.restore(
-        run.meta.get("layers", {}),
+        run.record.layers,
         force=force,
         results=out_dir,
         named=plugins.named_files(named.split(",") if isinstance(named, str) else named),
     )
-    pid = _still_running(run.meta)
+    pid = _still_running(run.record)
     if pid is not None and not force:
         raise AttnbenchError(
             f"--resume {str(out_dir)!r}: process {pid} on this machine may still be writing "
@@ -265,7 +266,7 @@ def resume_sweep(
         )
     with _executor(executor, clock) as runs_on:
         try:
-            recorded = grid_from_config(run.meta.get("config", {}), runs_on.resolve_device)
+            recorded = grid_from_config(run.record.config, runs_on.resolve_device)
         except AttnbenchError as exc:
             raise AttnbenchError(
                 f"--resume {str(out_dir)!r}: cannot rebuild the recorded sweep: {exc.message}"
@@ -278,7 +279,7 @@ def resume_sweep(
         cluster = runs_on.start(grid)  # before the environment: the workers' devices, threads
         now_env = runs_on.environment(grid.device)
         config_changes = changes(recorded.to_dict(), grid.to_dict(), grid.to_dict())
-        env_changes = changes(run.meta.get("environment", {}), now_env, resume_keys())
+        env_changes = changes(run.record.environment, now_env, resume_keys())
         env_changes |= {f"layer {name}": change for name, change in layer_changes.items()}
         if (config_changes or env_changes) and not force:
             listed = ", ".join(
@@ -303,7 +304,7 @@ def resume_sweep(
             },
             grid.option_names(),
         )
-        writer.update(layers={**run.meta.get("layers", {}), **grid.sources()})
+        writer.update(layers={**run.record.layers, **grid.sources()})
         writer.record_theories(merge(run.theories, record(grid)))
         if config_changes:
             writer.update(config=grid.to_dict())
@@ -318,7 +319,7 @@ def resume_sweep(
             cluster,
             measuring,
             on_start=on_start,
-            fault_cost=run.meta.get("fault_cost_s"),
+            fault_cost=run.record.fault_cost_s,
             died=died,
             retried=len(retried),
         )
