@@ -34,6 +34,15 @@ def device_kind(device: str) -> str:
     return device.split(":")[0]
 
 
+# Devices whose kernels run while the host goes on issuing the next (a queue per stream): a
+# call there costs the larger of the host's time and the device's, not their sum.
+ASYNCHRONOUS = frozenset({"cuda", "mps"})
+
+
+def is_asynchronous(device: str) -> bool:
+    return device_kind(device) in ASYNCHRONOUS
+
+
 def for_kind(table: Mapping[str, T], device: str) -> T:
     """The entry of ``table`` for the kind of ``device`` ("cuda:1" reads "cuda"), else the
     CPU's."""

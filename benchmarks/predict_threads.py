@@ -4,7 +4,8 @@ The counts of a call (FLOPs, bytes, ops) do not depend on the machine, so a run 
 threads and the ceilings measured with 1 thread should predict the times a 1-thread run
 measures. This sweeps the same grid twice (``--threads 2``, then ``--threads 1``), measures the
 1-thread ceilings (``attnbench machine --threads 1 --json``), predicts from the 2-thread run's
-counts (``attnbench predict RUN2 --machine CEILINGS1``), and prints per layer the median
+counts (``attnbench predict RUN2 --machine CEILINGS1 --method counts``) and carries its
+measured times there (``--method carried``), and prints for each method, per layer, the median
 relative error |predicted / measured - 1| against the 1-thread run, and over all cases.
 
     python benchmarks/predict_threads.py [--layers conv,rnn,attention] [--n 64,256,1024] [--d 64]
@@ -54,12 +55,27 @@ def main() -> None:
         ceilings.write_text(
             cli("machine", "--threads", "1", "--json", "--device", "cpu", "--remeasure")
         )
-        predicted = json.loads(cli("predict", str(runs[2]), "--machine", str(ceilings), "--json"))
-        measured = json.loads(cli("predict", str(runs[1]), "--machine", str(ceilings), "--json"))
+        predicted = {
+            method: json.loads(
+                cli("predict", str(runs[2]), "--machine", str(ceilings), "--method", method,
+                    "--json")
+            )
+            for method in ("counts", "carried")
+        }  # fmt: skip  # the command as it is typed
+        measured = json.loads(
+            cli("predict", str(runs[1]), "--machine", str(ceilings), "--method", "counts", "--json")
+        )
     one = {r["case_id"].replace("/cpu/", "/"): r for r in measured["results"]}
     print(f"1-thread ceilings: {measured['machine']['peak_flops_per_s'] / 1e9:.1f} GFLOP/s, "
           f"{measured['machine']['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
           f"{measured['machine']['op_latency_s'] * 1e6:.2f} µs an op")  # fmt: skip
+    for method, found in predicted.items():
+        print(f"\n{method}: {found['method_why']}")
+        report(found, one)
+
+
+def report(predicted: dict, one: dict) -> None:
+    """Per layer, the median relative error of the predicted 1-thread times, then overall."""
     header = f"{'layer':<16} {'cases':>5} {'median |pred/meas - 1|':>24}"
     print(f"{header}  ratios (predicted / measured)")
     errors: dict[str, list[float]] = {}

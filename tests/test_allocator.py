@@ -138,6 +138,7 @@ class Ticking:
         return self.minor, self.major
 
 
+@pytest.mark.slow
 def test_faults_are_counted_per_timed_block_outside_the_warm_up() -> None:
     # Warm-up calls fault 5000 each; every later call 40, except call 12, which faults 8000.
     tick = Ticking([5000, 5000, *[40] * 10, 8000, *[40] * 100])
@@ -294,6 +295,7 @@ print(json.dumps({"grew": rss() - before}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's VmRSS")
 def test_a_pinned_process_keeps_nothing_of_the_ceilings_copy() -> None:
     """Two 256 MiB arrays are copied; a pinned heap would keep them (512 MiB) for the run."""

@@ -96,6 +96,7 @@ def graph() -> dict[str, set[str]]:
     return {_module(p): _imports(p) for p in PACKAGE.rglob("*.py")}
 
 
+@pytest.mark.slow
 def test_every_module_is_on_a_floor_and_imports_only_its_own_or_lower(graph) -> None:
     assert upward_imports(graph) == []
 
@@ -141,6 +142,7 @@ def test_the_shipped_compare_schema_names_the_registrys_exact_metrics() -> None:
     assert served["required"] == expected
 
 
+@pytest.mark.slow
 def test_a_case_result_row_fills_exactly_the_registrys_columns(tiny_run) -> None:  # type: ignore[no-untyped-def]
     from attnbench.measure.record import CaseResult
     from attnbench.schema import RESULT_COLUMNS

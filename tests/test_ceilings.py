@@ -28,7 +28,7 @@ from attnbench.measure.ceilings_file import (
 from attnbench.measure.machine import measure_ceilings, stream_elements
 
 runner = CliRunner()
-SECONDS = {"gemm": 0.02, "copy": 0.004, "op": 3e-6, "conv": 0.01, "attention": 0.05,
+SECONDS = {"gemm": 0.02, "copy": 0.004, "op": 3e-6, "host": 6.4e-4, "conv": 0.01, "attention": 0.05,
            "gemm@8": 0.004, "gemm@16": 0.002, "recurrent": 2e-3,
            "recurrent-short": 3e-4}  # fmt: skip
 CURVES = {"gemm": (8, 16), "conv": (4,), "attention": (8,), "recurrent": (4,)}
@@ -52,7 +52,7 @@ def test_each_ceiling_is_its_kernels_work_over_its_time() -> None:
         "cpu", "float32", 1, gemm_side=64, stream_numel=1000, timer=fake_timer(calls),
         fault_cost=lambda: 7e-6, **SMALL,
     )  # fmt: skip
-    one_pass = ["gemm", "copy", "op",
+    one_pass = ["gemm", "copy", "op", "host",
                 "gemm@8", "gemm@16", "conv@4", "attention@8", "recurrent-short@4",
                 "recurrent@4", *EW]  # fmt: skip
     assert calls == one_pass * 2  # two passes over the whole set
@@ -80,6 +80,8 @@ def test_each_ceiling_is_its_kernels_work_over_its_time() -> None:
     assert found.bandwidth_bytes_per_s == 2 * 1000 * 4 / 0.004  # read + written, 4 bytes each
     assert found.stream_bytes == 8000 and found.gemm_side == 64
     assert found.op_latency_s == 3e-6 and found.page_fault_s == 7e-6
+    # the host probe: 16 module calls of a Linear (addmm) and a tanh each, 32 ops a call
+    assert found.host_op_s == pytest.approx(6.4e-4 / (2 * machine.HOST_PROBE_DEPTH))
     assert found.threads == 1 and found.dtype == "float32" and found.device == "cpu"
     assert found.torch_version == torch.__version__
 
@@ -95,11 +97,12 @@ def test_the_thread_count_is_set_while_measuring_and_restored() -> None:
     found = measure_ceilings(
         "cpu", "float16", 1, gemm_side=8, stream_numel=10, timer=timer, **SMALL
     )
-    assert seen == [1] * 2 * (9 + len(EW)) and found.threads == 1
+    assert seen == [1] * 2 * (10 + len(EW)) and found.threads == 1
     assert found.bandwidth_bytes_per_s == 2 * 10 * 2 / 0.004  # float16: 2 bytes an element
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.slow
 def test_a_device_off_the_cpu_counts_no_faults_and_waits_for_its_queue() -> None:
     """The `meta` device stands in for CUDA here: tensors with no data, kernels that run
     nowhere. The sync the timer is given is the device's, and a fault is not its cost."""

@@ -67,6 +67,7 @@ def test_a_counter_that_fails_leaves_the_others_and_the_case(
     assert result.flops == _case("conv").analytic_flops() and result.bytes is not None
 
 
+@pytest.mark.slow
 def test_counting_a_case_never_imports_torch_dynamo() -> None:
     """Every tracer and the memory profiler run without torch._dynamo and torch._inductor:
     importing them was 1.3 s of a cold sweep. A fresh process measures an ssm case (dispatch

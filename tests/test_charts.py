@@ -45,6 +45,7 @@ def test_every_built_in_layer_has_a_style_of_its_own():
     assert len({s["marker"] for s in styles}) == len(styles)
 
 
+@pytest.mark.slow
 def test_every_chart_is_built_for_a_full_run(figures):
     assert list(figures) == list(CHARTS)
     assert all(isinstance(f, Figure) for f in figures.values())
@@ -85,6 +86,7 @@ def test_iqr_band_is_the_samples_quartiles(figures, wide_run):
     assert np.isclose(ys, expected["q3"].max()).any()
 
 
+@pytest.mark.slow
 def test_model_line_follows_the_fitted_cost_model(figures, wide_run):
     analysis = analyse(wide_run)
     ax = figures["time"].get_axes()[1]  # d = 16
@@ -164,6 +166,7 @@ def test_roofline_places_each_case_by_its_intensity_and_achieved_rate(figures, w
     assert {t.get_text() for t in ax.get_legend().get_texts()} >= set(LAYERS)
 
 
+@pytest.mark.slow
 def test_time_split_draws_the_models_terms_and_the_measured_time(figures, wide_run):
     analysis = analyse(wide_run)
     axes = figures["time-split"].get_axes()
@@ -179,6 +182,7 @@ def test_time_split_draws_the_models_terms_and_the_measured_time(figures, wide_r
     assert np.allclose(latency.get_ydata(), predicted["latency_s"])
 
 
+@pytest.mark.slow
 def test_machine_charts_need_the_runs_ceilings(wide_run, tmp_path):
     meta = {k: v for k, v in wide_run.meta.items() if k != "ceilings"}
     old = dataclasses.replace(wide_run, meta=meta)
@@ -198,6 +202,7 @@ def test_layers_and_chart_selection(wide_run):
     assert [x.split()[0] for x in labels] == ["rnn"]
 
 
+@pytest.mark.slow
 def test_a_run_with_one_length_has_no_charts_against_n(tiny_run: RunResults):
     # The tiny run has one d and two n: charts against n exist, against d do not.
     figures = build_charts(tiny_run, analyse(tiny_run))
@@ -228,6 +233,7 @@ def test_parse_options():
         parse_formats("gif")
 
 
+@pytest.mark.slow
 def test_a_run_over_two_device_models_gets_charts_per_model(wide_run: RunResults, tmp_path):
     """Cases of one grid on two GPU models (a mixed cluster): one set of charts per model."""
     from dataclasses import replace
@@ -253,6 +259,7 @@ def test_elementwise_chart_leaves_out_a_layer_without_elementwise_work(figures):
     assert {line.get_label().split()[0] for line in solid(ax)} == {"rnn", "attention"}
 
 
+@pytest.mark.slow
 def test_the_time_chart_names_dashed_lines_only_when_it_draws_them(wide_run, monkeypatch):
     monkeypatch.setattr(charts, "own_fit", lambda fits, layer: None)  # no cost model fitted
     fig = build_charts(wide_run, analyse(wide_run), ["time"])["time"]
@@ -261,6 +268,7 @@ def test_the_time_chart_names_dashed_lines_only_when_it_draws_them(wide_run, mon
         assert ax.get_title().startswith("d = ")
 
 
+@pytest.mark.slow
 def test_matplotlib_is_imported_only_to_draw() -> None:
     """The command line and a sweep start without matplotlib (0.4 s of imports); the first
     chart drawn imports it."""
@@ -302,6 +310,7 @@ def test_log_tick_labels_are_matplotlibs_own_without_mathtext(figures):
         assert any("10⁻" in t.get_text() for t in ax.yaxis.get_ticklabels())
 
 
+@pytest.mark.slow
 def test_the_time_chart_draws_the_kernels_time_beside_the_wall_time(figures, wide_run):
     """Each layer's kernels' time dotted in its colour, never above its wall time, and its
     overhead-bound cases (kernels under half the time) hollow on the wall-time line."""

@@ -109,6 +109,7 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return out, result.stderr
 
 
+@pytest.mark.slow
 def test_a_formula_that_disagrees_with_the_count_is_a_mismatch(checked: tuple[Path, str]):
     out, summary = checked
     frame = load_results(out).frame.set_index("layer")
@@ -130,6 +131,7 @@ def test_a_formula_that_disagrees_with_the_count_is_a_mismatch(checked: tuple[Pa
     assert "rnn: counted FLOPs" not in notes
 
 
+@pytest.mark.slow
 def test_a_sequential_law_the_steps_contradict_is_reported(checked: tuple[Path, str]):
     out, _ = checked
     table = runner.invoke(app, ["table", str(out), "--json"])

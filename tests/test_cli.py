@@ -17,6 +17,7 @@ runner = CliRunner()
 TINY = ["--n", "16", "--d", "8", "--heads", "2", "--device", "cpu", "--time-budget", "0.005"]
 
 
+@pytest.mark.slow
 def test_sweep_writes_results_prints_progress_and_json(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = runner.invoke(
@@ -35,6 +36,7 @@ def test_sweep_writes_results_prints_progress_and_json(tmp_path: Path) -> None:
         assert (out / name).is_file()
 
 
+@pytest.mark.slow
 def test_config_file_with_options_overriding_it(tmp_path: Path) -> None:
     config = tmp_path / "sweep.toml"
     out = tmp_path / "run"
@@ -88,6 +90,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert len(lines) == 1 and lines[0].startswith("error:")
 
 
+@pytest.mark.slow
 def test_resume_with_retry_measures_a_failed_case_again(tmp_path: Path) -> None:
     out = tmp_path / "run"
     first = runner.invoke(app, ["sweep", *TINY, "--layers", "conv", "--out", str(out)])
@@ -105,6 +108,7 @@ def test_resume_with_retry_measures_a_failed_case_again(tmp_path: Path) -> None:
     assert [r["status"] for r in json.loads(again.stdout)["results"]] == ["ok"]
 
 
+@pytest.mark.slow
 def test_unwritable_or_taken_out_is_refused(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -136,6 +140,7 @@ def test_help_explains_the_commands() -> None:
         assert option in result.stdout
 
 
+@pytest.mark.slow
 def test_every_commands_help_wraps_at_the_terminals_width() -> None:
     """Typer keeps a docstring's line breaks: a paragraph wrapped at 96 columns in the source
     broke again at 80 ("... round after" / "round, so ..."). A line may end early only where
@@ -244,6 +249,7 @@ def test_resume_through_the_cli(tmp_path: Path) -> None:
     assert "2 of 2 cases: 2 measured, 0 oom, 0 timeout, 0 skipped, 0 failed" in resumed.stderr
 
 
+@pytest.mark.slow
 def test_oom_cases_are_counted_and_the_exit_code_stays_0(tmp_path: Path, add_layer) -> None:  # type: ignore[no-untyped-def]
     import torch
 
@@ -270,6 +276,7 @@ def test_oom_cases_are_counted_and_the_exit_code_stays_0(tmp_path: Path, add_lay
     assert "2 case(s) have no measurements" in result.stderr
 
 
+@pytest.mark.slow
 def test_show_prints_a_saved_run_and_refuses_what_is_not_one(tiny_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     shown = runner.invoke(app, ["show", str(tiny_run.path)])
     assert shown.exit_code == 0
@@ -295,6 +302,7 @@ def test_show_prints_a_saved_run_and_refuses_what_is_not_one(tiny_run, tmp_path:
     )
 
 
+@pytest.mark.slow
 def test_the_cli_stands_without_click() -> None:
     """Typer 0.29 no longer installs Click: `pip install attnbench` alone has none, and a
     command must still run and refuse bad input in one line."""

@@ -24,6 +24,7 @@ def wide(wide_run: RunResults, tmp_path: Path) -> Path:
     return Path(shutil.copytree(wide_run.path, tmp_path / "wide"))
 
 
+@pytest.mark.slow
 def test_plot_writes_the_chosen_charts_and_formats(wide: Path):
     result = runner.invoke(
         app, ["plot", str(wide), "--metric", "time,crossover", "--format", "png"]
@@ -44,6 +45,7 @@ def test_plot_all_charts_as_json_into_another_folder(wide: Path, tmp_path: Path)
     assert all(Path(p).parent == out for p in payload["charts"])
 
 
+@pytest.mark.slow
 def test_plot_does_not_draw_an_empty_log_chart(wide: Path):
     """conv has no elementwise work: alone, its chart has nothing to draw on log axes."""
     args = ["--layers", "conv", "--metric", "time,elementwise"]
@@ -52,6 +54,7 @@ def test_plot_does_not_draw_an_empty_log_chart(wide: Path):
     assert "not drawn: elementwise" in result.stderr
 
 
+@pytest.mark.slow
 def test_plot_says_which_charts_had_no_data(wide: Path):
     result = runner.invoke(
         app, ["plot", str(wide), "--layers", "rnn", "--metric", "time,crossover"]
@@ -80,6 +83,7 @@ def test_plot_refuses_a_folder_that_is_not_a_run(tmp_path: Path):
     assert result.exit_code == 2 and "error:" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("keep", "why"),
     [
@@ -105,6 +109,7 @@ def test_plot_of_a_run_without_measurements(wide: Path):
     assert result.exit_code == 2 and "no measured cases to plot" in result.stderr
 
 
+@pytest.mark.slow
 def test_fit_prints_tables_and_json(wide: Path):
     result = runner.invoke(app, ["fit", str(wide)])
     assert result.exit_code == 0, result.output
@@ -128,6 +133,7 @@ def test_fit_prints_tables_and_json(wide: Path):
     assert rnn_steps and all(abs(e["exponent"] - 1) < 0.1 for e in rnn_steps)
 
 
+@pytest.mark.slow
 def test_fit_says_why_a_layer_has_no_cost_model(wide: Path):
     frame = pd.read_csv(wide / "results.csv", keep_default_na=False)
     frame[(frame["d"] == 16) | (frame["layer"] != "attention")].to_csv(
@@ -158,6 +164,7 @@ def test_report_writes_markdown_and_html_with_the_charts(wide: Path):
     assert "<table" in page
 
 
+@pytest.mark.slow
 def test_report_no_charts_embeds_those_already_drawn(wide: Path):
     runner.invoke(app, ["plot", str(wide), "--metric", "memory", "--format", "svg"])
     result = runner.invoke(app, ["report", str(wide), "--no-charts"])
@@ -166,6 +173,7 @@ def test_report_no_charts_embeds_those_already_drawn(wide: Path):
     assert "![memory](charts/memory.svg)" in text and "time.png" not in text
 
 
+@pytest.mark.slow
 def test_report_without_charts(wide: Path, tmp_path: Path):
     out = tmp_path / "elsewhere" / "r.md"
     result = runner.invoke(app, ["report", str(wide), "--no-charts", "--out", str(out)])
@@ -173,6 +181,7 @@ def test_report_without_charts(wide: Path, tmp_path: Path):
     assert "## Charts" not in out.read_text() and not (wide / "charts").exists()
 
 
+@pytest.mark.slow
 def test_pe_prints_the_check_and_writes_the_figures(tmp_path: Path):
     result = runner.invoke(app, ["pe", "--out", str(tmp_path), "--format", "png", "--json"])
     assert result.exit_code == 0, result.output
@@ -243,6 +252,7 @@ def test_a_chart_failure_keeps_the_results(tmp_path: Path, monkeypatch: pytest.M
     assert len(load_results(out).measured) == 4
 
 
+@pytest.mark.slow
 def test_the_split_reads_the_models_latency_share_at_both_ends_of_a_range(wide: Path):
     """Where the run recorded its ceilings, the reading gives the share of the machine model's
     time that is latency at the first and last size fitted: what makes a rate rise when the

@@ -68,6 +68,7 @@ def test_exit_1_on_a_regression_with_each_named(pair: tuple[Path, Path, Path]) -
     assert "rnn/n=128" in result.stdout and "FLOPs 64000 -> 128000" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("gate", "code"), [("time", 1), ("deterministic", 1), ("none", 0), ("all", 1)]
 )
@@ -176,6 +177,7 @@ def test_the_benchmark_list_skips_what_a_run_lacks(tmp_path: Path) -> None:
     assert all(e["unit"] in ("ms", "bytes") for e in entries)
 
 
+@pytest.mark.slow
 def test_markdown_goes_to_stdout_and_to_the_job_summary_only_when_set(
     pair: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -231,6 +233,7 @@ def tiny_baseline(tmp_path_factory: pytest.TempPathFactory) -> RunResults:
     return run_sweep(grid, tmp_path_factory.mktemp("baseline") / "run")
 
 
+@pytest.mark.slow
 def test_sweep_with_baseline_compares_when_done(tiny_baseline: RunResults, tmp_path: Path):
     out = tmp_path / "current"
     result = runner.invoke(
@@ -249,6 +252,7 @@ def test_sweep_with_baseline_compares_when_done(tiny_baseline: RunResults, tmp_p
     }
 
 
+@pytest.mark.slow
 def test_sweep_with_baseline_exits_1_when_the_layer_got_heavier(
     tiny_baseline: RunResults, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,6 +305,7 @@ def test_sweep_keeps_its_results_when_nothing_matches_the_baseline(
     assert len(load_results(out).frame) == 1
 
 
+@pytest.mark.slow
 def test_the_committed_ci_reference_is_a_calibrated_five_round_run(tmp_path: Path) -> None:
     """What .ci/run compares against: it loads, has rounds and calibration, judges on rounds,
     and the gate fails a copy of it with one layer slower in every round or one count grown."""
@@ -333,6 +338,7 @@ def test_the_committed_ci_reference_is_a_calibrated_five_round_run(tmp_path: Pat
             assert c.failed("deterministic") and not c.failed("time")
 
 
+@pytest.mark.slow
 def test_sweep_with_baseline_takes_every_compare_format(
     tiny_baseline: RunResults, tmp_path: Path
 ) -> None:
@@ -350,6 +356,7 @@ def test_sweep_with_baseline_takes_every_compare_format(
     assert both.exit_code == 2 and "both print on stdout: choose one" in both.stderr
 
 
+@pytest.mark.slow
 def test_the_product_goes_to_stdout_and_moves_aside_for_a_format(
     pair: tuple[Path, Path, Path],
 ) -> None:

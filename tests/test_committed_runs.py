@@ -30,6 +30,7 @@ def test_replotting_a_committed_run_draws_its_committed_charts(folder: Path, tmp
     assert not differ, f"attnbench plot {folder} draws other charts: {differ}"
 
 
+@pytest.mark.slow
 def test_the_readmes_tables_are_the_committed_runs() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "readme_tables.py"), "--check"],

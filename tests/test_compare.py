@@ -45,6 +45,7 @@ def test_a_clear_speed_up_is_an_improvement() -> None:
     assert v.p_value < 1e-6
 
 
+@pytest.mark.slow
 def test_noise_alone_is_rarely_a_regression() -> None:
     """Same distribution, 10% spread, 400 draws: independent samples pass for a regression at
     most as often as alpha allows (1%), and at 2% spread never (the ratio rule holds them)."""
@@ -123,6 +124,7 @@ def test_exact_metrics_fail_on_any_increase() -> None:
     assert judge_count(100, 101, tolerance=0.02) == UNCHANGED
 
 
+@pytest.mark.slow
 def test_overall_is_the_geometric_mean_tested_across_cases() -> None:
     v = judge_overall([1.2] * 5 + [1.3] * 5)
     assert v.ratio == pytest.approx(math.sqrt(1.2 * 1.3))
@@ -215,6 +217,7 @@ def test_more_flops_steps_or_memory_fail_the_deterministic_gate(tmp_path: Path) 
     assert len(loose.regressions("deterministic")) == 3
 
 
+@pytest.mark.slow
 def test_a_change_of_kernel_is_named_beside_the_times_and_not_judged(tmp_path: Path) -> None:
     """torch choosing another convolution kernel (a torch upgrade, another CPU) explains a
     change of time: the comparison names it, gates nothing on it, and says nothing where a
@@ -250,6 +253,7 @@ def test_a_case_that_stops_measuring_fails_every_gate(tmp_path: Path) -> None:
     assert not compare_runs(new, base).failed()
 
 
+@pytest.mark.slow
 def test_cases_on_one_side_only_are_listed_not_dropped(tmp_path: Path) -> None:
     grid = cases_grid()
     fewer = {k: v for k, v in grid.items() if k != ("rnn", 256)}

@@ -60,6 +60,7 @@ def sweep(out: Path, *args: str) -> object:
     return load_results(out).frame.set_index("case_id")
 
 
+@pytest.mark.slow
 def test_a_second_sweep_reads_the_counts_the_first_traced(tmp_path: Path, cache_on: Path) -> None:
     layers = ["--layers", "conv,rnn,attention,ssm-scan"]
     first = sweep(tmp_path / "a", *layers)
@@ -80,6 +81,7 @@ def test_a_second_sweep_reads_the_counts_the_first_traced(tmp_path: Path, cache_
     assert set(third["counts_source"]) == {"traced"} and third[EXACT].equals(first[EXACT])
 
 
+@pytest.mark.slow
 def test_a_sweep_the_cache_holds_never_pays_the_tracers_start_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -96,6 +98,7 @@ def test_a_sweep_the_cache_holds_never_pays_the_tracers_start_up(
     assert primed == []
 
 
+@pytest.mark.slow
 def test_the_probes_are_traced_once_for_every_long_case_of_a_layer(
     tmp_path: Path, cache_on: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -136,6 +139,7 @@ def test_the_probes_are_traced_once_for_every_long_case_of_a_layer(
     assert second[EXACT].equals(first[EXACT])
 
 
+@pytest.mark.slow
 def test_a_changed_layer_never_reads_a_stale_entry(tmp_path: Path) -> None:
     path = tmp_path / "mixer.py"
     path.write_text(textwrap.dedent(LAYER.replace("{width}", "2")))
@@ -193,6 +197,7 @@ def test_a_layer_from_python_or_a_damaged_entry_is_traced(add_layer, cache_on: P
     assert countcache.read(conv, 0) is None
 
 
+@pytest.mark.slow
 def test_the_start_estimate_counts_the_tracing_a_sweep_will_do(tmp_path: Path) -> None:
     """A recurrence traces every position, attention does not; a cached case traces nothing."""
     from attnbench.run.estimate import estimate_seconds, in_cache, tracing_seconds
@@ -225,6 +230,7 @@ def test_the_start_estimate_counts_the_tracing_a_sweep_will_do(tmp_path: Path) -
     assert all(in_cache(c, grid.seed, on) for c in grid.cases()) and warm < cold
 
 
+@pytest.mark.slow
 def test_a_cache_that_cannot_be_written_is_skipped_and_left_without_torn_files(
     tmp_path: Path, cache_on: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -171,6 +171,7 @@ def test_a_job_whose_worker_dies_twice_is_failed_and_blocks_larger_cases(tmp_pat
     assert set(rows.loc[rows["layer"] == "conv", "status"]) == {"ok"}
 
 
+@pytest.mark.slow
 def test_a_lost_later_round_is_retried_then_left_out(tmp_path: Path) -> None:
     target = "conv/n=8/d=4/k=3/b=1/float32/cpu/forward"
     cluster = FakeCluster(die=lambda job: job.case.case_id == target and job.round == 2)
@@ -192,6 +193,7 @@ def test_later_rounds_stay_on_the_device_model_of_the_first(tmp_path: Path) -> N
     assert set(run.samples.groupby("case_id")["round"].nunique()) == {3}
 
 
+@pytest.mark.slow
 def test_a_signal_lets_running_jobs_finish_and_resume_completes(tmp_path: Path) -> None:
     out = tmp_path / "run"
 
@@ -221,6 +223,7 @@ def test_an_executor_that_fails_keeps_what_was_measured(tmp_path: Path) -> None:
     assert len(run.frame) == 2 and run.status == "interrupted"
 
 
+@pytest.mark.slow
 def test_out_of_process_workers_leave_no_case_for_resume_to_blame(tmp_path: Path) -> None:
     """A case runs in a worker, so the sweep's own death says nothing about the case."""
     out = tmp_path / "run"
@@ -299,6 +302,7 @@ def grid_policy(grid: Grid) -> Any:
     return TimingPolicy(budget_s=grid.time_budget_s, warmup_calls=1)
 
 
+@pytest.mark.slow
 def test_a_serial_sweep_leaves_the_callers_thread_count(tmp_path: Path) -> None:
     import torch
 

@@ -144,6 +144,7 @@ def test_a_case_whose_layer_refuses_a_probe_length_is_traced_in_full() -> None:
     assert extend.extended_counts(small_case("rnn", n=4096), refuse) is None
 
 
+@pytest.mark.slow
 def test_a_long_rnn_case_is_extended_and_equals_its_full_trace() -> None:
     case = small_case("rnn", n=1024, d=4)
     short, how = trace_counts(case, make_step(case, 0), 0)
@@ -158,6 +159,7 @@ def test_a_long_rnn_case_is_extended_and_equals_its_full_trace() -> None:
     assert dataclasses.replace(profile, method="measured") == memory_pass(case, 0)
 
 
+@pytest.mark.slow
 def test_full_trace_does_not_read_an_extended_entry_from_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -256,6 +258,7 @@ def _both(case: object, monkeypatch: pytest.MonkeyPatch) -> tuple[Counts, str, C
     return short, how, full
 
 
+@pytest.mark.slow
 def test_a_plugin_recurrence_is_extended_once_the_law_holds_at_a_quarter_of_n(
     plugin: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

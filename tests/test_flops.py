@@ -35,6 +35,7 @@ def test_conv_count_follows_the_real_kernel(k: int) -> None:
     assert count_flops(make_step(case, seed=0)) == 2 * 2 * 24 * k * 16 * 16
 
 
+@pytest.mark.slow
 def test_lstm_is_counted_even_where_its_fused_kernel_hides_the_products() -> None:
     case = _case("lstm")
     step = make_step(case, seed=0)

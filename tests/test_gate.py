@@ -248,6 +248,7 @@ GROWTH = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", sorted(GROWTH))
 def test_compare_fails_the_deterministic_gate_on_each_exact_metric(
     tmp_path: Path, metric: str

@@ -24,6 +24,7 @@ def _counted(tmp_path: Path, name: str, factor: float):  # type: ignore[no-untyp
     return make_run(tmp_path / name, grid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("factor", "verdict"),
     [(1.0, UNCHANGED), (1.005, UNCHANGED), (1.02, REGRESSION), (0.97, IMPROVEMENT)],

@@ -95,6 +95,7 @@ def test_its_memory_grows_linearly_where_attention_grows_quadratically() -> None
     assert peak("attention", 1024) / peak("attention", 512) > 3.0
 
 
+@pytest.mark.slow
 def test_steps_are_constant_and_every_output_sees_every_input() -> None:
     measured = {n: measure_case(_case(n, 8, 2, batch=1)) for n in (8, 40, 131)}
     assert {r.status for r in measured.values()} == {"ok"}

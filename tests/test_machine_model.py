@@ -37,6 +37,7 @@ def test_a_sweep_records_the_ceilings_of_its_machine(tiny_run: RunResults) -> No
     assert tiny_run.meta["ceilings"]["threads"] == threads
 
 
+@pytest.mark.slow
 def test_the_analysis_predicts_every_measured_case_from_the_runs_ceilings(
     wide_run: RunResults,
 ) -> None:
@@ -55,6 +56,7 @@ def test_the_analysis_predicts_every_measured_case_from_the_runs_ceilings(
     assert payload["effective_ceilings"]["cases"] == 24
 
 
+@pytest.mark.slow
 def test_each_time_exponent_has_the_machine_models_own_slope_beside_it(
     wide_run: RunResults,
 ) -> None:
@@ -87,6 +89,7 @@ def test_each_time_exponent_has_the_machine_models_own_slope_beside_it(
     assert {r["metric"] for r in rows if r["model"] is not None} == {"time_s"}
 
 
+@pytest.mark.slow
 def test_a_run_without_ceilings_has_no_machine_model(wide_run: RunResults) -> None:
     meta = {k: v for k, v in wide_run.meta.items() if k != "ceilings"}
     old = RunResults(wide_run.path, wide_run.frame, wide_run.samples, meta)
@@ -96,6 +99,7 @@ def test_a_run_without_ceilings_has_no_machine_model(wide_run: RunResults) -> No
     assert analysis.machine_table().empty
 
 
+@pytest.mark.slow
 def test_predict_reads_the_runs_own_ceilings_by_default(
     wide_run: RunResults, tmp_path: Path
 ) -> None:
@@ -103,15 +107,23 @@ def test_predict_reads_the_runs_own_ceilings_by_default(
     shutil.copytree(wide_run.path, copy)
     meta = json.loads((copy / "run.json").read_text())
     meta["ceilings"].update(peak_flops_per_s=1e9, bandwidth_bytes_per_s=1e8, op_latency_s=1e-3)
+    meta["ceilings"].update(host_op_s=2e-3)
     (copy / "run.json").write_text(json.dumps(meta))
     result = runner.invoke(app, ["predict", str(copy), "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["machine"]["op_latency_s"] == 1e-3
+    assert payload["method"] == "counts"  # its own machine: carried would read as measured
     rows = load_results(copy).measured.set_index("case_id")
     for case in payload["results"]:
         row = rows.loc[case["case_id"]]
-        assert case["latency_s"] == pytest.approx(row["ops"] * 1e-3)
+        assert case["latency_s"] == pytest.approx(row["ops"] * 2e-3)  # the host's cost per op
+    # ceilings from before the host was measured charge one bare op's latency instead
+    del meta["ceilings"]["host_op_s"]
+    (copy / "run.json").write_text(json.dumps(meta))
+    payload = json.loads(runner.invoke(app, ["predict", str(copy), "--json"]).stdout)
+    for case in payload["results"]:
+        assert case["latency_s"] == pytest.approx(rows.loc[case["case_id"], "ops"] * 1e-3)
 
 
 def test_a_fused_timed_call_counts_its_own_ops_not_the_unfused_trace() -> None:
@@ -128,6 +140,7 @@ def test_a_fused_timed_call_counts_its_own_ops_not_the_unfused_trace() -> None:
     assert plain.fused_path == "" and plain.ops == count_traffic(make_step(rnn, seed=0)).ops
 
 
+@pytest.mark.slow
 def test_a_sweep_says_it_measures_the_ceilings_first_and_counts_them_in_its_estimate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -213,6 +213,7 @@ def test_a_mangled_run_gets_one_line_from_every_reading_command(
     read_mangled(good_run, mangles)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mangle",
     [

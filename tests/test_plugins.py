@@ -86,6 +86,7 @@ def sweep(*args: str) -> object:
     return runner.invoke(app, ["sweep", *TINY, "--no-charts", *args])
 
 
+@pytest.mark.slow
 def test_a_file_plugin_without_theory_is_measured_in_every_column(tmp_path: Path) -> None:
     path = plugin(tmp_path)
     out = tmp_path / "run"
@@ -119,6 +120,7 @@ def test_a_plugin_option_is_set_with_option(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "--option depth: no registered layer takes it" in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_module_plugin_from_the_current_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -132,6 +134,7 @@ def test_a_module_plugin_from_the_current_directory(
     assert rows[0]["layer_source"].startswith("mixer_module:make (sha256 ")
 
 
+@pytest.mark.slow
 def test_a_plugin_that_fails_in_a_case_fails_that_case_only(tmp_path: Path) -> None:
     path = plugin(tmp_path, fail_above=8)
     out = tmp_path / "run"

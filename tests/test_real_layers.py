@@ -132,6 +132,7 @@ def forward(tmp_path_factory: pytest.TempPathFactory) -> tuple[pd.DataFrame, str
     return sweep(tmp_path_factory.mktemp("real"), "mha,encoder,FOURIER,blocked,NoGradients")
 
 
+@pytest.mark.slow
 def test_multihead_attention_is_counted_through_its_fast_path(forward):
     frame, _ = forward
     for n in NS:
@@ -188,6 +189,7 @@ def test_an_auxiliary_count_that_fails_keeps_the_case(forward):
         assert row["seq_steps"] > 0  # the other counts are kept
 
 
+@pytest.mark.slow
 def test_the_train_row_describes_one_code_path(tmp_path: Path):
     frame, _ = sweep(tmp_path, "mha,encoder", "--mode", "train")
     for n in NS:

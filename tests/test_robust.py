@@ -180,6 +180,7 @@ def _signal_after(done: int, *signals: int) -> Callable[[ProgressEvent], None]:
     return progress
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_after_the_current_case_and_resume_finishes(
     tmp_path: Path, sig: int
@@ -277,6 +278,7 @@ def test_ceilings_that_cannot_be_measured_say_why_and_the_run_goes_on(
     assert "no machine ceilings, so no predicted times or bounds: --threads 8" in buffer.getvalue()
 
 
+@pytest.mark.slow
 def test_a_second_signal_stops_at_once_and_the_torn_case_is_measured_again(
     tmp_path: Path,
 ) -> None:
@@ -578,6 +580,7 @@ def test_a_full_disk_leaves_no_row_half_written_and_no_file_torn(
         create_synced(table, "x\n")
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_during_a_sweep_is_one_line_and_resume_finishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -249,15 +249,17 @@ def test_relative_rms_is_over_the_mean_time() -> None:
     assert math.isnan(relative_rms(pd.Series([], dtype=float), pd.Series([], dtype=float)))
 
 
+@pytest.mark.slow
 def test_predict_reads_a_run_and_a_ceilings_file(wide_run: RunResults, tmp_path: Path) -> None:
     ceilings = tmp_path / "other-machine.json"
     ceilings.write_text(json.dumps(MACHINE.to_dict()))
     result = runner.invoke(
-        app, ["predict", str(wide_run.path), "--machine", str(ceilings), "--json"]
+        app,
+        ["predict", str(wide_run.path), "--machine", str(ceilings), "--method", "counts", "--json"],
     )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    assert payload["machine"]["device_name"] == "a cpu"
+    assert payload["machine"]["device_name"] == "a cpu" and payload["method"] == "counts"
     rows = wide_run.measured.set_index("case_id")
     assert len(payload["results"]) == len(rows)
     for case in payload["results"]:
@@ -268,11 +270,14 @@ def test_predict_reads_a_run_and_a_ceilings_file(wide_run: RunResults, tmp_path:
         expected += (row["page_faults"] if pd.notna(row["page_faults"]) else 0) * 1e-6
         assert case["predicted_time_s"] == pytest.approx(expected)
         assert {"layer", "n", "d", "time_s", "bound"} <= set(case)
-    table = runner.invoke(app, ["predict", str(wide_run.path), "--machine", str(ceilings)])
+    table = runner.invoke(
+        app, ["predict", str(wide_run.path), "--machine", str(ceilings), "--method", "counts"]
+    )
     assert table.exit_code == 0 and "relative RMS" in table.stderr
-    assert "Predicted from the counts and the ceilings of a cpu" in " ".join(table.stdout.split())
+    assert "Predicted (counts) on the ceilings of a cpu" in " ".join(table.stdout.split())
 
 
+@pytest.mark.slow
 def test_predict_shows_the_run_on_another_machine_crossovers_and_charts(
     wide_run: RunResults, tmp_path: Path
 ) -> None:
@@ -304,6 +309,7 @@ def test_predict_shows_the_run_on_another_machine_crossovers_and_charts(
     assert "Crossovers on that machine" in table.stdout
 
 
+@pytest.mark.slow
 def test_predict_says_when_the_ceilings_are_of_another_kind_of_device(
     wide_run: RunResults, tmp_path: Path
 ) -> None:
@@ -361,6 +367,7 @@ def test_rounds_rms_is_how_far_the_runs_rounds_are_from_each_other() -> None:
     assert rounds_rms(samples.drop(columns="round"), frame).isna().all()
 
 
+@pytest.mark.slow
 def test_the_machine_table_and_predict_show_how_far_the_rounds_are(
     wide_run: RunResults, tmp_path: Path
 ) -> None:

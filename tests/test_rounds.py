@@ -77,6 +77,7 @@ def test_rounds_run_in_grid_order_after_the_first(three_rounds: tuple[RunResults
     assert run.calibration["point"].nunique() == 4 * 3
 
 
+@pytest.mark.slow
 def test_a_case_that_did_not_measure_is_not_timed_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -98,6 +99,7 @@ def test_a_case_that_did_not_measure_is_not_timed_again(
     assert set(rounds) == {3}
 
 
+@pytest.mark.slow
 def test_an_interrupted_round_is_finished_by_resume(tmp_path: Path) -> None:
     out = tmp_path / "run"
 

@@ -80,6 +80,7 @@ def test_train_mode_measures_forward_and_backward(tmp_path: Path) -> None:
     assert result.flops == 3 * forward.flops  # type: ignore[operator]
 
 
+@pytest.mark.slow
 def test_threads_option_is_applied_and_recorded(tmp_path: Path) -> None:
     before = torch.get_num_threads()
     try:
@@ -100,6 +101,7 @@ def test_threads_option_is_applied_and_recorded(tmp_path: Path) -> None:
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_more_threads_than_cpus_are_refused_before_anything_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

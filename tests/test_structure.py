@@ -147,6 +147,7 @@ def test_the_pattern_is_what_the_layer_computes() -> None:
     assert np.array_equal(dependency_pattern(rnn, 6, D), offsets >= 0)  # causal, all earlier
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "options"),
     [
@@ -407,6 +408,7 @@ def test_the_batched_backward_falls_back_on_torchs_own(monkeypatch: pytest.Monke
     assert torch.equal(batched_vjp(y, x, probe), public)
 
 
+@pytest.mark.slow
 def test_a_path_measurement_leaves_sympy_unimported() -> None:
     """The reason for ``batched_vjp``: torch's public batched gradient imports sympy (0.35 s)."""
     import subprocess

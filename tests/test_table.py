@@ -115,6 +115,7 @@ def test_a_path_with_no_law_beyond_the_probes_gets_no_exponent() -> None:
     assert not any(note.startswith("rnn: max path length has no law") for note in notes)
 
 
+@pytest.mark.slow
 def test_table_command(tiny_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     result = runner.invoke(app, ["table", str(tiny_run.path), "--markdown"])
     assert result.exit_code == 0, result.output
@@ -135,6 +136,7 @@ def test_table_command(tiny_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert latest.exit_code == 0 and "comparison table" in latest.stdout
 
 
+@pytest.mark.slow
 def test_the_notes_split_each_time_exponent_into_work_and_rate() -> None:
     """rnn's counted work grows as n·d², and the machine ran it faster as n grew (rate ~
     n^0.2): the note says time n^0.80 is that work over that rate, and the fit's table reads

@@ -106,6 +106,7 @@ def blocks_to_cross(n: int, width: int, reach: int) -> int:
     return max(1, math.ceil((math.ceil(n / width) - 1) / reach))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("layer", "reach"), [("local", 1), ("local_causal", 2)])
 def test_blocked_local_attention_gets_a_path_at_every_n(
     swept: pd.DataFrame, layer: str, reach: int

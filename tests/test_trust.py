@@ -186,6 +186,7 @@ def resume(run: Path, *extra: str) -> object:
     return runner.invoke(app, ["sweep", "--resume", str(run), "--no-charts", *extra])
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_plugin_file_before_it_runs(tmp_path: Path, fresh: Path) -> None:
     plugin, run = sweep_marked(tmp_path, "--n", "8,16", "--d", "8", "--no-charts")
     truncate_last_row(run)
@@ -204,6 +205,7 @@ def test_resume_refuses_a_changed_plugin_file_before_it_runs(tmp_path: Path, fre
     assert "layer marked" in changes
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_module_before_importing_it(
     tmp_path: Path, fresh: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -222,6 +224,7 @@ def test_resume_refuses_a_changed_module_before_importing_it(
     assert not fresh.exists()
 
 
+@pytest.mark.slow
 def test_resume_refuses_code_inside_the_results_folder(tmp_path: Path, fresh: Path) -> None:
     plugin, run = sweep_marked(tmp_path, "--n", "8,16", "--d", "8", "--no-charts")
     truncate_last_row(run)

@@ -53,7 +53,8 @@ def machine(
     ] = PASSES,
     as_json: Annotated[bool, json_flag("the ceilings (a file attnbench predict reads)")] = False,
 ) -> None:
-    """Measure this device's ceilings: peak FLOP/s, memory bandwidth, op latency, page fault.
+    """Measure this device's ceilings: peak FLOP/s, memory bandwidth, op latency, the host's
+    cost per op, page fault.
 
     A large GEMM's FLOP/s, a STREAM-like copy's bandwidth, each kind of product's FLOP/s by
     width (GEMM, convolution, fused attention, a fused LSTM's steps), each elementwise op's
@@ -87,6 +88,13 @@ def machine(
         ),
         *_curve_rows(found),
         ("op latency", fmt_seconds(found.op_latency_s), "one add on one-element tensors"),
+        (
+            "host per op",
+            "–" if found.host_op_s is None else fmt_seconds(found.host_op_s),
+            "an op inside a module call, calls not synchronised one by one"
+            if found.host_op_s
+            else "not measured (a file from before it was)",
+        ),
         (
             "page fault",
             "–" if found.page_fault_s is None else fmt_seconds(found.page_fault_s),
@@ -157,22 +165,36 @@ def predict(
             show_default=False,
         ),
     ] = None,
+    method: Annotated[
+        str | None,
+        typer.Option(
+            "--method",
+            help="carried: each measured time scaled by the two machines' ceilings (its "
+            "kernels' part by their rates and bandwidths for the case's own work, the rest by "
+            "their hosts), for a run that recorded its machine's ceilings, on a device of the "
+            "same kind; counts: the counts alone on the target's ceilings. Default: carried "
+            "where it can be, else counts.",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, json_flag("the predicted times and crossovers")] = False,
 ) -> None:
-    """Predict a run's times from its counts and a machine's ceilings, nothing fitted.
+    """Predict a run's times on a machine from its ceilings: the run's measured times carried
+    there, or its counts alone, nothing fitted.
 
-    Each product takes FLOPs / its kind's rate at its width plus its bytes / bandwidth
-    (a narrow product does not hide its traffic), each elementwise op a roofline,
-    max(elements / its rate, bytes / bandwidth); the rest of
-    the traffic adds bytes / bandwidth; every op adds the op latency, every page fault its
-    cost. Nothing is fitted to a layer, so it predicts any layer, on any machine whose
-    ceilings you have: beside the measured times it says how far the model is and where the
-    time goes, then the crossovers on that machine; --charts draws the run as it would look
-    there.
+    Carried (a GPU run to another GPU, a CPU run to another CPU): each case's measured time is
+    split into its kernels' part (kernel_time_s where the run has it, else the counts model's
+    share) and the host's, and each is scaled by the two machines' ceilings. Counts: each
+    product takes FLOPs / its kind's rate at its width plus its bytes / bandwidth, each
+    elementwise op max(elements / its rate, bytes / bandwidth), the rest of the traffic
+    bytes / bandwidth, every op the host's cost per op, every page fault its cost; on a GPU a
+    call costs the larger of the host's time and the device's. Beside the measured times it
+    says which method ran, how far it is and where the time goes, then the crossovers on that
+    machine; --charts draws the run as it would look there.
     """
     run = load_results(folder if folder is not None else latest_results())
     ceilings = _ceilings_for(run, machine_file)
-    found = predict_run(run, ceilings)
+    found = predict_run(run, ceilings, method)
     table, options, analysis = found.table, found.options, found.analysis
     drawn = _draw(found.run, analysis, charts, ceilings) if charts is not None else []
     if as_json:
@@ -182,6 +204,8 @@ def predict(
             json.dumps(
                 {
                     "machine": ceilings.to_dict(),
+                    "method": found.method,
+                    "method_why": found.why,
                     "results": records,
                     "crossovers": crossings,
                     "charts": [str(p) for p in drawn],
@@ -198,10 +222,11 @@ def predict(
         ratio=(table["predicted_time_s"] / table["time_s"]).map(lambda r: f"{r:.2f}"),
     )[["layer", "n", "d", *options, "measured", "predicted", "ratio", "bound"]]
     title = (
-        f"Predicted from the counts and the ceilings of {ceilings.device_name} "
+        f"Predicted ({found.method}) on the ceilings of {ceilings.device_name} "
         f"({ceilings.device}, {ceilings.threads} thread(s), {ceilings.dtype})"
     )
     frame_table(shown, streams.out, title=title)
+    streams.err.print(f"method: {found.why}", markup=False, soft_wrap=True)
     for miss in found.misses:
         where = (
             ""

@@ -1,5 +1,11 @@
-"""A run's times predicted on a machine from its counts and that machine's ceilings, and how
-far the prediction is from what was measured: the core of ``attnbench predict``."""
+"""A run's times predicted on a machine, and how far the prediction is from what was
+measured: the core of ``attnbench predict``.
+
+Two methods (``fits.carry``): ``carried`` scales each case's measured time by the two
+machines' ceilings, for a run with its own machine's ceilings predicted on a device of the
+same kind; ``counts`` predicts from the counts and the target's ceilings alone (``fits.roofline``),
+for any run on any machine. Left to choose, it carries where it can.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +16,10 @@ import pandas as pd
 
 from attnbench.errors import AttnbenchError
 from attnbench.fits import Analysis, analyse, roofline
+from attnbench.fits.carry import CARRIED, COUNTS, METHODS, can_carry, carry, host_ratio
 from attnbench.measure.ceilings import Ceilings
 from attnbench.results.run import RunResults
-from attnbench.schema import OPTION_COLUMNS
+from attnbench.schema import OPTION_COLUMNS, numeric_column
 
 
 @dataclass(frozen=True)
@@ -25,16 +32,18 @@ class LayerMiss:
     kernels: float  # the kernels' part of the miss, as a share of the layer's time (nan: no split)
     overhead: float  # the overhead's part, likewise
     rounds: float  # how far its rounds are from each other (nan: one round): the noise floor
-    bounds: dict[str, int]  # cases per bound (compute, memory, latency, faults)
+    bounds: dict[str, int]  # cases per bound
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """One run predicted on one machine: per case, its measured and predicted seconds and their
-    bounds (``table``); the run as it would look there (``run``, ``analysis``); each layer's
-    miss."""
+    """One run predicted on one machine: per case, its measured and predicted seconds and
+    their bounds (``table``); the run as it would look there (``run``, ``analysis``); each
+    layer's miss; the method used and why."""
 
     ceilings: Ceilings
+    method: str  # CARRIED or COUNTS
+    why: str  # how the method was chosen, in a sentence
     table: pd.DataFrame
     options: list[str]  # the layer-option columns ``table`` keeps
     run: RunResults
@@ -42,10 +51,36 @@ class Prediction:
     misses: list[LayerMiss]
 
 
-def predict_run(run: RunResults, ceilings: Ceilings) -> Prediction:
+def choose_method(run: RunResults, ceilings: Ceilings, method: str | None) -> tuple[str, str]:
+    """The method to predict ``run`` on ``ceilings`` with, and why: ``method`` if given (one
+    clear error where it cannot be), else carried where the run can be carried."""
+    if method is not None and method not in METHODS:
+        raise AttnbenchError(f"--method must be one of {', '.join(METHODS)} (got {method!r})")
+    device = str(run.record.config.get("device", ""))
+    refused = can_carry(device, run.ceilings, ceilings)
+    if method == CARRIED and refused is not None:
+        raise AttnbenchError(f"cannot carry {run.path}: {refused}; --method counts predicts it")
+    if method == COUNTS:
+        return COUNTS, "asked for: the counts alone on the target's ceilings"
+    if refused is None:
+        assert run.ceilings is not None
+        hosts = host_ratio(run.ceilings, ceilings)
+        return CARRIED, (
+            f"carried: the measured times scaled by the two machines' ceilings (host ratio "
+            f"{hosts.ratio:.2f}, from {hosts.basis})"
+        )
+    return COUNTS, f"the counts alone on the target's ceilings ({refused})"
+
+
+def predict_run(run: RunResults, ceilings: Ceilings, method: str | None = None) -> Prediction:
     """Predict every measured case of ``run`` on the machine of ``ceilings``."""
+    chosen, why = choose_method(run, ceilings, method)
     measured = run.measured
-    found = roofline.predict(measured, ceilings)
+    if chosen == CARRIED:
+        assert run.ceilings is not None
+        found = carry(measured, run.ceilings, ceilings)
+    else:
+        found = roofline.predict(measured, ceilings)
     if found.empty:
         raise AttnbenchError(
             f"{run.path} has no case with FLOPs, bytes and ops counted: a run made before "
@@ -55,11 +90,14 @@ def predict_run(run: RunResults, ceilings: Ceilings) -> Prediction:
     options = [c for c in OPTION_COLUMNS if c in rows and rows[c].notna().any()]
     split = [c for c in ("kernel_time_s",) if c in rows]
     table = pd.concat([rows[["layer", "n", "d", *options, "time_s", *split]], found], axis=1)
-    there = predicted_run(run, ceilings)
+    there = predicted_run(run, ceilings, found["predicted_time_s"])
     floor = roofline.rounds_rms(run.samples, rows)
     misses = []
     for layer, group in table.groupby("layer", sort=False):
-        kernels, overhead = roofline.split_rms(group, group)
+        if chosen == COUNTS:
+            kernels, overhead = roofline.split_rms(group, group)
+        else:
+            kernels = overhead = math.nan
         misses.append(
             LayerMiss(
                 layer=str(layer),
@@ -71,16 +109,20 @@ def predict_run(run: RunResults, ceilings: Ceilings) -> Prediction:
                 bounds={str(b): int(c) for b, c in group["bound"].value_counts().items()},
             )
         )
-    return Prediction(ceilings, table, options, there, analyse(there), misses)
+    return Prediction(ceilings, chosen, why, table, options, there, analyse(there), misses)
 
 
-def predicted_run(run: RunResults, ceilings: Ceilings) -> RunResults:
-    """The run as the model says it would time on the machine of ``ceilings``: its measured
-    cases with the predicted times, no samples, that machine's ceilings."""
-    frame = roofline.predicted_frame(run.measured, ceilings).reset_index(drop=True)
+def predicted_run(run: RunResults, ceilings: Ceilings, times: pd.Series) -> RunResults:
+    """The run as it would time on the machine of ``ceilings``: its predicted cases with the
+    predicted ``times`` (by the frame's index), no spread, no samples, that machine's
+    ceilings."""
+    rows = run.measured.loc[times.index].copy()
+    rows["time_s"] = times
+    rows["time_iqr_s"] = 0.0
+    rows["flops_per_s"] = numeric_column(rows, "flops") / rows["time_s"]
     return replace(
         run,
-        frame=frame,
+        frame=rows.reset_index(drop=True),
         samples=run.samples.iloc[0:0],
         calibration=run.calibration.iloc[0:0],
         meta={**run.meta, "ceilings": ceilings.to_dict()},

@@ -1,6 +1,6 @@
 """A machine model: each case's time predicted from its counts and the device's ceilings alone.
 
-The ops of a call run one after another, so their times add up:
+On the CPU the ops of a call run one after another, so their times add up:
 
     products = Σ over products of FLOPs / rate + their bytes / bandwidth
                matrix multiplications, convolutions and fused attention kernels each at
@@ -18,10 +18,13 @@ The ops of a call run one after another, so their times add up:
      unfused trace shows stays inside it; the kernel's set-up, measured per call, is latency)
     traffic  = (bytes - the bytes above) / bandwidth                 copies and the rest
                compute nothing: memory-bound on any machine
-    latency  = ops x op latency                                      every dispatched op pays it
+    latency  = ops x the host's cost per op                          every dispatched op pays it
+               (``host_op_s``, an op inside a module call; an older file: one bare op's)
                + each fused recurrent kernel's set-up (measured per call)
     faults   = page faults x fault cost                              CPU only
-    predicted = products + pointwise + traffic + latency + faults
+    predicted = products + pointwise + traffic + latency + faults    on the CPU
+    predicted = max(products + pointwise + traffic, latency)         on CUDA and MPS, whose
+               host issues the next ops while the device runs the last
 
 Each part is charged to one of four bounds: the products' arithmetic to compute and their
 bytes to memory, an elementwise op's time to whichever of the two is larger, the traffic to
@@ -45,6 +48,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
+from attnbench.devices import is_asynchronous
 from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.ops import FUSED_RECURRENT, fused_names
 from attnbench.measure.traffic import Kernel, kernel_records
@@ -125,6 +129,12 @@ def _roofline(case: pd.Series, ceilings: Ceilings) -> Split:
     return Split(compute, memory, counted, 0.0)
 
 
+def per_op(ceilings: Ceilings) -> float:
+    """What the model charges each dispatched op: the host's cost per op inside a module call
+    (``host_op_s``) where the ceilings have it, else one bare op's latency (older files)."""
+    return ceilings.host_op_s or ceilings.op_latency_s
+
+
 def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     """One row per case of ``frame`` with the counts the model needs (flops, bytes, ops):
     its predicted seconds per call, the seconds charged to each bound, and the bound. Cases
@@ -161,13 +171,17 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
         {
             "compute_s": compute,
             "memory_s": memory,
-            "latency_s": ops * ceilings.op_latency_s + split["set_up"],
+            "latency_s": ops * per_op(ceilings) + split["set_up"],
             "faults_s": numeric_column(rows, "page_faults").fillna(0.0)
             * (ceilings.page_fault_s or 0.0),
         },
         index=rows.index,
     )
-    predicted = terms.sum(axis=1)
+    if is_asynchronous(ceilings.device):  # the host issues while the device runs
+        device = terms["compute_s"] + terms["memory_s"]
+        predicted = pd.concat([device, terms["latency_s"] + terms["faults_s"]], axis=1).max(axis=1)
+    else:
+        predicted = terms.sum(axis=1)
     bound = terms.idxmax(axis=1).str.removesuffix("_s") if len(terms) else pd.Series(dtype=str)
     out = pd.DataFrame(
         {"case_id": rows["case_id"], "predicted_time_s": predicted, "bound": bound, **terms},
@@ -319,16 +333,3 @@ def effective_ceilings(
         cases=int(known.sum()),
         predicted=predicted,
     )
-
-
-def predicted_frame(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
-    """The measured cases of ``frame`` with their times replaced by the model's on the
-    machine of ``ceilings`` (no spread, no samples: a prediction has none): what the fits,
-    crossovers and charts read to show the run on that machine. Cases the model cannot
-    predict are left out."""
-    found = predict(frame, ceilings)
-    rows = frame.loc[found.index].copy()
-    rows["time_s"] = found["predicted_time_s"]
-    rows["time_iqr_s"] = 0.0
-    rows["flops_per_s"] = numeric_column(rows, "flops") / rows["time_s"]
-    return rows

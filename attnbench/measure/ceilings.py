@@ -6,6 +6,9 @@
 - ``op_latency_s``: one dispatched operation on one-element tensors, the price every op of a
   call pays before it does any work (on CUDA, that includes the kernel launch);
 - ``page_fault_s``: one minor page fault (CPU only);
+- ``host_op_s``: what the host pays per op dispatched inside a module call, with no
+  synchronisation per call: on an asynchronous device, the rate at which the host can issue a
+  layer's ops, which a call cannot beat however fast the device;
 - ``gemm_rates``, ``conv_rates``, ``attention_rates``: each kind of product's FLOP/s by its
   narrow dimension, which ``Ceilings.rate`` reads a product's rate from;
 - ``elementwise_rates``: elements per second of each elementwise op of a catalogue;
@@ -57,6 +60,9 @@ class Ceilings:
     # beyond its steps (None: not measured, or none on this device)
     recurrent_rates: dict[int, float] | None = None
     recurrent_call_s: dict[int, float] | None = None
+    # Seconds the host spends per op dispatched inside a module call (Python, the module, the
+    # dispatcher, a launch), nothing synchronised per call (None: measured before it was).
+    host_op_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -114,7 +114,8 @@ def _cache_path(device: str, dtype: str, threads: int, folder: Path | None) -> P
 
 def _cached_entry(path: Path) -> Ceilings | None:
     """The cache entry at ``path``, if whole: a damaged entry, or one from before the rate
-    curves or the fused LSTM's call cost, reads as none (and is measured again, all of it)."""
+    curves, the fused LSTM's call cost or the host's cost per op, reads as none (and is
+    measured again, all of it)."""
     try:
         found = read_ceilings(path)
     except AttnbenchError:
@@ -123,6 +124,7 @@ def _cached_entry(path: Path) -> Ceilings | None:
         found.gemm_rates is None
         or found.elementwise_rates is None
         or (found.recurrent_rates is not None and found.recurrent_call_s is None)
+        or found.host_op_s is None
     )
     return None if stale else found
 
@@ -155,7 +157,8 @@ def ceilings_from(data: Any, where: str = "ceilings") -> Ceilings:
         if rate is not None and data.get(curve) is None:
             data[curve] = {"1": rate}
     names = {f.name for f in fields(Ceilings)}
-    missing = sorted(names - set(data) - {*RATE_CURVES, *CALL_CURVES, "elementwise_rates"})
+    optional = {*RATE_CURVES, *CALL_CURVES, "elementwise_rates", "host_op_s"}  # newer than 1.0
+    missing = sorted(names - set(data) - optional)
     if missing:
         raise AttnbenchError(f"{where}: missing {', '.join(missing)}")
     curves = {key: _curve(data.get(key), f"{where}: {key}") for key in RATE_CURVES}
@@ -169,6 +172,11 @@ def ceilings_from(data: Any, where: str = "ceilings") -> Ceilings:
         )
     ):
         raise AttnbenchError(f"{where}: elementwise_rates must map op names to positive rates")
+    host = data.get("host_op_s")
+    if host is not None and (
+        isinstance(host, bool) or not isinstance(host, int | float) or host <= 0
+    ):
+        raise AttnbenchError(f"{where}: host_op_s must be a positive number (got {host!r})")
     return Ceilings(**{**{k: data[k] for k in names if k in data}, **curves})
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from attnbench.devices import (
     DTYPES,
@@ -27,6 +28,7 @@ from attnbench.measure import rates
 from attnbench.measure.allocator import release_freed
 from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.faults import fault_cost_s
+from attnbench.measure.ops import recording_fused
 from attnbench.measure.rates import KernelTimer
 from attnbench.measure.timing import Clock, TimingPolicy, time_call
 
@@ -136,6 +138,7 @@ def measure_ceilings(
                 return torch.add(x, x, out=out)
 
             tiny = timed("op", tiny_call, LATENCY_POLICY)
+            host = host_op_s(device, torch_dtype, timed)
             curves = rates.rate_curves(device, torch_dtype, timed, curve_widths)
             recurrent = rates.recurrent_rates(device, torch_dtype, timed, curve_widths)
             elementwise = rates.elementwise_rates(device, torch_dtype, timed, elementwise_ops)
@@ -148,6 +151,7 @@ def measure_ceilings(
         peak_flops_per_s=2 * side**3 / gemm,
         bandwidth_bytes_per_s=2 * numel * torch_dtype.itemsize / copy,
         op_latency_s=tiny,
+        host_op_s=host,
         page_fault_s=fault_cost() if device == "cpu" else None,
         device=device,
         device_name=device_name(device),
@@ -163,6 +167,38 @@ def measure_ceilings(
         recurrent_rates=recurrent[0] if recurrent else None,
         recurrent_call_s=recurrent[1] if recurrent else None,
     )
+
+
+HOST_PROBE_DEPTH = 16  # module calls in one call of the host probe
+HOST_PROBE_WIDTH = 8
+
+
+class HostProbe(nn.Module):
+    """A call that is all host work: ``HOST_PROBE_DEPTH`` blocks, each a module call of a
+    Linear and an activation on a few features, as a layer's Python issues its ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        width = HOST_PROBE_WIDTH
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(HOST_PROBE_DEPTH))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (1, width)
+        for block in self.blocks:
+            x = torch.tanh(block(x))  # (1, width)
+        return x
+
+
+def host_op_s(device: str, dtype: torch.dtype, timed: KernelTimer) -> float:
+    """Seconds per op the host spends inside module calls: the probe's time per call, its
+    calls not synchronised one by one (``time_call`` waits per block), over the ops it
+    dispatches. On an asynchronous device its kernels are too small to hold the host back."""
+    probe = HostProbe().to(device=device, dtype=dtype)
+    x = torch.ones(1, HOST_PROBE_WIDTH, device=device, dtype=dtype)  # (1, width)
+    ops: list[int] = []
+    with torch.no_grad():
+        recording_fused(lambda: probe(x), set(), ops)()
+        seconds = timed("host", lambda: probe(x), LATENCY_POLICY)
+    return seconds / max(ops[0], 1)
 
 
 def _gemm_s(device: str, dtype: torch.dtype, side: int, timed: KernelTimer) -> float:
