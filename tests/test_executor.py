@@ -18,6 +18,7 @@ from rich.console import Console
 from attnbench.cli.summary import summary_notes
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.measure.calibration import Calibration
+from attnbench.measure.record import WORKER_DIED_ERROR
 from attnbench.results.files import RUN_FILE
 from attnbench.results.store import load_results
 from attnbench.run.events import ProgressEvent
@@ -25,7 +26,6 @@ from attnbench.run.executors import make_executor
 from attnbench.run.executors.base import Job, JobDone, Placement, Take
 from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.executors.worker import Worker
-from attnbench.run.queue import WORKER_DIED_ERROR
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid
 

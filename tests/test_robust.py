@@ -16,14 +16,13 @@ import torch
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.measure.case import is_out_of_memory, measure_case, release_memory
-from attnbench.measure.record import CaseResult
+from attnbench.measure.record import DIED_ERROR, CaseResult
 from attnbench.results.environment import environment
 from attnbench.results.files import RESULTS_FILE, RUN_FILE, SAMPLES_FILE
 from attnbench.results.store import ResultsWriter, load_results
 from attnbench.run.events import ProgressEvent, SweepStart
 from attnbench.run.executors import serial as serial_module
 from attnbench.run.executors import worker as worker_module
-from attnbench.run.queue import DIED_ERROR
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Case, Grid, build_grid
 

@@ -48,7 +48,7 @@ from attnbench.measure.structure import (
 )
 from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats, time_call
 from attnbench.measure.traffic import TRAFFIC_METHOD, Traffic, count_traffic
-from attnbench.provenance import CACHED_MARK, Provenance
+from attnbench.provenance import CACHED_MARK, Provenance, Source
 from attnbench.schema import Status
 from attnbench.spec import Case
 from attnbench.units import fmt_seconds
@@ -354,7 +354,8 @@ def trace_counts(
     with explicit_attention(timed_on):
         found, source = _call_counts(case, step, seed, counting)
     # The steps just traced at n (batch 1, as the path's own trace) spare a scan's path a trace.
-    traced = found.seq_steps_method == SEQ_METHOD and case.batch == 1
+    steps = Provenance.parse(found.seq_steps_method)
+    traced = steps.source is Source.TRACED and not steps.cached and case.batch == 1
     reach = entry(case.layer).reach(case.option_values)
     path, path_method = auxiliary(
         lambda: path_length(

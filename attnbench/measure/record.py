@@ -12,6 +12,18 @@ from attnbench.measure.timing import TimingStats
 from attnbench.schema import COLUMN, RESULT_COLUMNS, Status
 from attnbench.spec import Case
 
+# What a process killed inside a case leaves behind; ``resume`` records that case with this error.
+DIED_ERROR = "the process died while measuring this case (killed, or out of memory?)"
+# How a case whose worker died on both tries is recorded (the reason follows).
+WORKER_DIED_ERROR = "the worker died while measuring this case, twice"
+
+
+def died_in(error: object) -> bool:
+    """Whether a stored row's error says its process died in the case (results.csv has no
+    column of its own for it): read once, where a run is loaded (``RunResults.died_cases``)."""
+    text = error if isinstance(error, str) else ""
+    return text == DIED_ERROR or text.startswith(WORKER_DIED_ERROR)
+
 
 def timing_columns(timing: TimingStats | None) -> dict[str, Any]:
     """The results columns that a case's timing statistics fill (empty when it was not timed)."""

@@ -12,6 +12,7 @@ import pandas as pd
 from attnbench.errors import AttnbenchError
 from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.ceilings_file import ceilings_from
+from attnbench.measure.record import died_in
 from attnbench.results.record import RunRecord
 from attnbench.schema import CALIBRATION_COLUMNS, STATUSES, RunStatus, Status, numeric_column
 
@@ -32,6 +33,12 @@ class RunResults:
     # theory.json: the plugin layers' families, options and evaluated theories ({} for runs
     # made before it was written, or without plugins).
     theories: dict[str, Any] = field(default_factory=dict)
+
+    @functools.cached_property
+    def died_cases(self) -> frozenset[str]:
+        """The cases a process died in, read once from their rows' errors."""
+        errors = self.frame["error"] if "error" in self.frame else pd.Series(dtype=object)
+        return frozenset(self.frame.loc[errors.map(died_in).astype(bool), "case_id"].astype(str))
 
     @functools.cached_property
     def record(self) -> RunRecord:

@@ -15,7 +15,7 @@ import torch
 
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
-from attnbench.measure.record import CaseResult
+from attnbench.measure.record import DIED_ERROR, WORKER_DIED_ERROR, CaseResult
 from attnbench.measure.timing import TimingPolicy, TimingStats
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
@@ -25,18 +25,6 @@ from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import BLOCKING, Status
 from attnbench.spec import Case, Grid
-
-# What a process killed inside a case leaves behind; ``resume`` records that case with this error.
-DIED_ERROR = "the process died while measuring this case (killed, or out of memory?)"
-# How a case whose worker died on both tries is recorded (the reason follows).
-WORKER_DIED_ERROR = "the worker died while measuring this case, twice"
-
-
-def died_in(row: Any) -> bool:
-    """Whether a stored row records a case its process died in (read once, from the error this
-    module wrote: results.csv has no column of its own for it)."""
-    error = str(row.error) if isinstance(row.error, str) else ""
-    return error == DIED_ERROR or error.startswith(WORKER_DIED_ERROR)
 
 
 @dataclass(frozen=True)
@@ -103,7 +91,7 @@ class JobQueue:
                 if row.status == Status.OK:
                     self.ok.add(row.case_id)
                     self.device_of[row.case_id] = row.device_name
-                block = _block(row, Status(row.status), died_in(row))
+                block = _block(row, Status(row.status), row.case_id in previous.died_cases)
                 if block is not None:
                     self.blocks.append(block)
             for case_id, group in previous.samples.groupby("case_id"):
