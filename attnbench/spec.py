@@ -33,7 +33,7 @@ from attnbench.layers.entry import LayerOption
 from attnbench.layers.registry import BUILTIN, entry, known_options
 from attnbench.lengths import AutoN, parse_int_list, parse_lengths
 from attnbench.schema import OPTION_COLUMNS
-from attnbench.theory import TRAIN_FLOP_FACTOR, sizes
+from attnbench.theory import sizes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -75,8 +75,8 @@ class Case:
         theory = entry(self.layer).theory
         if theory is None:
             return None
-        forward = theory.flops(self.sizes())
-        return forward * TRAIN_FLOP_FACTOR if self.mode == "train" else forward
+        found = self.sizes()
+        return theory.train_flops(found) if self.mode == "train" else theory.flops(found)
 
     def analytic_elements(self) -> float | None:
         """Elementwise work of one forward call from the layer's theory (any mode: the count

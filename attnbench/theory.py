@@ -86,7 +86,8 @@ class LayerTheory:
     the sequential steps and path length up to a constant. ``elementwise`` is the elementwise
     work of one forward call (None: the theory does not say; () for none at all, a convolution).
     ``traffic`` is what one forward call reads and writes, op by op (``measure.traffic``),
-    in values of the run's dtype and raw bytes (None: the theory does not say).
+    in values of the run's dtype and raw bytes (None: the theory does not say). ``recompute``
+    is what a training call's backward computes again (``train_flops``).
     """
 
     complexity: str  # computational complexity, e.g. "O(k n d^2)"
@@ -98,6 +99,9 @@ class LayerTheory:
     path_law: SizeFn = _one
     elementwise: tuple[Term, ...] | None = None
     traffic: tuple[Term, ...] | None = None  # bytes moved (``values`` and ``raw_bytes`` terms)
+    # FLOP terms a training call's backward computes again rather than keep from the forward
+    # (a fused attention kernel recomputes its scores): added to the three forward passes.
+    recompute: tuple[Term, ...] = ()
 
     def bytes(self, sizes: Sizes, itemsize: int) -> float | None:
         """Bytes one forward call reads and writes if nothing stays in cache (None without a
@@ -109,6 +113,11 @@ class LayerTheory:
     def flops(self, sizes: Sizes) -> float:
         """Forward FLOPs of one call."""
         return total(self.terms, sizes)
+
+    def train_flops(self, sizes: Sizes) -> float:
+        """FLOPs of one training call (forward and backward): three forward passes, and what
+        the backward recomputes."""
+        return TRAIN_FLOP_FACTOR * self.flops(sizes) + total(self.recompute, sizes)
 
     def elements(self, sizes: Sizes) -> float | None:
         """Elementwise work of one forward call, in elements (None without a formula)."""

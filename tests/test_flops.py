@@ -74,12 +74,39 @@ def test_train_mode_counts_a_forward_and_a_backward_of_twice_its_cost(layer: str
     assert flops_agree(count_flops(make_step(case, seed=0)), forward + 2 * forward)
 
 
-def test_fused_attention_backward_recomputes_and_is_flagged() -> None:
-    """The flash backward recomputes QK^T: more FLOPs than 3 forward passes, and we say so."""
+def test_fused_attention_backward_recomputes_its_scores_and_the_formula_says_so() -> None:
+    """The flash backward recomputes QKᵀ rather than keep it: a training call counts three
+    forward passes and one n x n product more, and the layer's formula says exactly that."""
     case = _case("attention-sdpa", mode="train")
-    counted = count_flops(make_step(case, seed=0))
-    assert counted > _analytic(case)
-    assert not flops_agree(counted, _analytic(case))
+    b, n, d = 2, 24, 16
+    forward = WRITTEN["attention"](b, n, d)
+    assert _analytic(case) == 3 * forward + 2 * b * n * n * d
+    assert flops_agree(count_flops(make_step(case, seed=0)), _analytic(case))
+    # the explicit layer keeps its scores: three forward passes
+    assert _analytic(_case("attention", mode="train")) == 3 * forward
+
+
+def test_the_recomputed_scores_are_what_the_cuda_kernels_backward_formulas_count() -> None:
+    """torch's FLOP formula for the fused attention backward, registered for the CUDA flash,
+    memory-efficient and cuDNN kernels, counts five n x n products a head: the forward's two
+    twice, and QKᵀ once more, the recompute the theory adds."""
+    from torch.utils.flop_counter import flop_registry
+
+    from attnbench.layers.registry import entry
+
+    b, heads, n, d = 2, 4, 96, 64
+    q = (b, heads, n, d // heads)  # (B, h, n, d/h)
+    theory = entry("attention-sdpa").theory
+    assert theory is not None
+    sizes = {"b": b, "n": n, "d": d, "heads": heads, "causal": 0}
+    scores = 4 * b * n * n * d  # QKᵀ and AV, forward
+    recompute = theory.train_flops(sizes) - 3 * theory.flops(sizes)
+    for op in (
+        torch.ops.aten._scaled_dot_product_flash_attention_backward,
+        torch.ops.aten._scaled_dot_product_efficient_attention_backward,
+        torch.ops.aten._scaled_dot_product_cudnn_attention_backward,
+    ):
+        assert flop_registry[op](q, q, q, q) == 2 * scores + recompute, op
 
 
 def test_flops_agree_tolerance() -> None:

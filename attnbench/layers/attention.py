@@ -140,7 +140,12 @@ _FUSED_TRAFFIC = (
     values(1, "b·h·n", lambda s: s["b"] * s["heads"] * s["n"]),
 )
 
-# The fused layer computes the same function, so it shares the same theory but for its bytes.
+# The fused kernels' backward (flash attention's, on the CPU and on CUDA) recomputes the scores
+# QKᵀ from q and k rather than keep the n x n matrix: one product more in a training call.
+_RECOMPUTED = Term(2, "b·n²·d", lambda s: s["b"] * s["n"] * s["n"] * s["d"])
+
+# The fused layer computes the same function, so it shares the same theory but for its bytes
+# and the scores its backward recomputes.
 ATTENTION_THEORY = LayerTheory(
     "O(n^2 d)",
     (PROJECTIONS, _SCORES),
@@ -164,6 +169,6 @@ ENTRIES = (
         SELF_ATTENTION,
         "the same layer through scaled_dot_product_attention (fused kernels)",
         (HEADS, CAUSAL),
-        replace(ATTENTION_THEORY, traffic=_FUSED_TRAFFIC),
+        replace(ATTENTION_THEORY, traffic=_FUSED_TRAFFIC, recompute=(_RECOMPUTED,)),
     ),
 )
