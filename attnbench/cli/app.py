@@ -147,4 +147,7 @@ for command in (
 
 
 def main() -> None:
+    # Kineto, the profiler's tracer, logs two lines a profiling session to stderr, through the
+    # progress lines; set here, before any session, so every worker process inherits it.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "10")
     app()

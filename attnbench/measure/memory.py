@@ -8,7 +8,6 @@ highest running total; RSS would miss memory freed and reused inside the call.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 
 import torch
@@ -47,8 +46,6 @@ def _cuda_peak(fn: Callable[[], object], device: torch.device) -> int:
 
 
 def _cpu_profile(fn: Callable[[], object]) -> tuple[int, frozenset[str]]:
-    # Kineto logs two lines per profiling session to stderr, which would break progress output.
-    os.environ.setdefault("KINETO_LOG_LEVEL", "10")
     # The autograd profiler that torch.profiler.profile wraps: the wrapper's set-up asks
     # ``hasattr(torch, "_inductor")``, which imports torch._inductor and torch._dynamo (1.3 s).
     with profile(profile_memory=True) as prof:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import gc
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -165,7 +164,6 @@ def _record(
     """Profile ``calls`` calls of ``fn`` (with ``plain``, as many timed unprofiled before and
     after: else ``plain_s`` is nan): host ops with their own times, and on CUDA the device's
     kernels."""
-    os.environ.setdefault("KINETO_LOG_LEVEL", "10")  # keep Kineto's session lines off stderr
     on_cuda = device.startswith("cuda")
 
     def timed() -> float:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnbench.devices import is_asynchronous
 from attnbench.fits import Analysis
 from attnbench.render.style import layer_style, legend, log_axes, panels
 from attnbench.schema import numeric_column
@@ -99,6 +100,10 @@ def time_split_chart(analysis: Analysis) -> Figure | None:
     layers = [x for x, line in frame.groupby("layer", sort=False) if line["n"].nunique() > 1]
     if not layers:
         return None
+    overlap = analysis.ceilings is not None and is_asynchronous(analysis.ceilings.device)
+    total = (
+        "predicted (host and device overlap: the larger)" if overlap else "predicted (their sum)"
+    )
     fig, axes = panels(len(layers), "Where the time goes: the machine model's terms against n")
     for ax, layer in zip(axes, layers, strict=True):
         line = frame[frame["layer"] == layer].sort_values("n")
@@ -112,7 +117,7 @@ def time_split_chart(analysis: Analysis) -> Figure | None:
             color="black",
             lw=1,
             linestyle="--",
-            label="predicted (their sum)",
+            label=total,
         )
         ax.plot(
             line["n"],
