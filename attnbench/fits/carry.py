@@ -13,7 +13,6 @@ only model's device share on the source's own ceilings.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import pandas as pd
@@ -57,11 +56,9 @@ def carry(frame: pd.DataFrame, source: Ceilings, target: Ceilings) -> pd.DataFra
     device_there = there["compute_s"] + there["memory_s"]
     host_here = here["latency_s"] + here["faults_s"]
     modelled = (device_here / (device_here + host_here)).where(device_here + host_here > 0, 0.0)
-    kernel = numeric_column(rows, "kernel_time_s") if "kernel_time_s" in rows else None
-    measured = kernel.notna() & time.gt(0) if kernel is not None else time.lt(0)
-    share = modelled.copy()
-    if kernel is not None:
-        share[measured] = (kernel[measured] / time[measured]).clip(0.0, 1.0)
+    kernel = numeric_column(rows, "kernel_time_s")  # all NaN in a run from before the split
+    measured = kernel.notna() & time.gt(0)
+    share = (kernel / time).clip(0.0, 1.0).where(measured, modelled)
     device_ratio = (device_there / device_here).where(device_here > 0, 1.0)
     hosts = host_ratio(source, target)
     kernels_s = time * share * device_ratio
@@ -90,13 +87,3 @@ def can_carry(run_device: str, source: Ceilings | None, target: Ceilings) -> str
     if (source.device_name, source.measured_at) == (target.device_name, target.measured_at):
         return "the ceilings are the run's own machine's: carried, it would read as measured"
     return None
-
-
-def relative_error(measured: pd.Series, predicted: pd.Series) -> pd.Series:
-    """|predicted / measured - 1| per case."""
-    return (predicted / measured - 1).abs()
-
-
-def median_error(measured: pd.Series, predicted: pd.Series) -> float:
-    found = relative_error(measured, predicted).dropna()
-    return float(found.median()) if len(found) else math.nan

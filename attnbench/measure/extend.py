@@ -32,10 +32,12 @@ from attnbench.measure.countcache import Counts, Profile
 from attnbench.measure.laws import fit_law
 from attnbench.measure.memory import is_out_of_memory
 from attnbench.measure.traffic import format_kernels, parse_kernels
-from attnbench.provenance import Provenance
+from attnbench.provenance import Provenance, Source
 from attnbench.spec import Case
 
-EXTENDED = "extended"  # the results' counts_source for counts extended in this run
+EXTENDED = (
+    Source.EXTENDED.value
+)  # counts_source of counts extended in this run, and their methods' word
 PROBES = (8, 16, 32, 64)  # traced lengths: the law through the first three, proven on the last
 EXTEND_ABOVE_STEPS = 256  # extend a plugin's case only where the probes' law gives more steps
 # The counts a law carries from the probes to n (uncounted_ops must be empty; path length
@@ -216,7 +218,7 @@ def extended_counts(
     ):
         return None
     checked = {
-        column: f"{value}, checked at n={m}" if value.startswith(EXTENDED) else value
+        column: f"{value}, checked at n={m}" if Provenance.parse(value).extended else value
         for column in METHODS.values()
         if (value := getattr(counts, column)) is not None
     }

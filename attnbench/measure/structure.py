@@ -39,6 +39,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from attnbench.measure.ops import ObservingMode, is_view, tensors, unfused
 from attnbench.measure.patterns import BlockBand, shape_of
+from attnbench.provenance import Source
 
 PATH_MEASURE_MAX = 64  # measure the dependency pattern directly up to this length
 
@@ -56,9 +57,9 @@ def probe_lengths(scale: int = 0) -> tuple[int, ...]:
 
 
 # How each value was obtained, as the results' *_method columns say it.
-SEQ_METHOD = "traced"  # longest chain of dependent aten ops, fused RNN kernels disabled
+SEQ_METHOD = Source.TRACED.value  # longest chain of dependent aten ops, fused RNN kernels disabled
 PATH_MEASURED = "measured"  # Jacobian pattern at this n
-PATH_EXTENDED = "extended"  # band shape proven at the probe lengths, extended to this n
+PATH_EXTENDED = Source.EXTENDED.value  # band shape proven at the probe lengths, extended to this n
 PATH_NONE = "none"  # above PATH_MEASURE_MAX with no law proven: no value
 
 
