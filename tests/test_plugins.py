@@ -365,3 +365,32 @@ def test_a_plugins_bytes_formula_is_checked_recorded_and_read_back(tmp_path: Pat
     assert theory.bytes(sizes, 4) == 4 * (2 * 16 * d + d * d + d)
     bytes_n = analyse(run).exponent("lin", "bytes", "n", d)
     assert bytes_n is not None and bytes_n["agrees"]
+
+
+def test_a_factory_that_takes_n_is_built_for_each_cases_length(tmp_path: Path) -> None:
+    """A layer built for one length (Linformer's projections along n, a learned positional
+    table) names ``n`` among its factory's parameters: it is given each case's n, and n is not
+    one of its options."""
+    from torch import nn
+
+    from attnbench.layers.registry import build_layer
+
+    class LearnedPositions(nn.Module):
+        def __init__(self, d: int, n: int) -> None:
+            super().__init__()
+            self.table = nn.Parameter(torch.zeros(n, d))  # (n, d)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
+            return x + self.table
+
+    def positions(d: int, n: int, scale: int = 1) -> nn.Module:
+        return LearnedPositions(d, n)
+
+    with registry_restored():
+        found = register_layer(positions, "learned-positions")
+        assert found.needs_length and [o.name for o in found.options] == ["scale"]
+        layer = build_layer("learned-positions", 8, n=48)
+        assert tuple(layer.table.shape) == (48, 8)
+        grid = {"layers": "learned-positions", "n": [16, 32], "d": [8], "time_budget": 0.01}
+        run = run_sweep(build_grid(grid), tmp_path / "run")
+    assert run.frame["status"].tolist() == ["ok", "ok"]

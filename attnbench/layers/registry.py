@@ -59,7 +59,9 @@ def known_options() -> dict[str, LayerOption]:
 def as_entry(obj: Any, name: str, source: LayerSource) -> LayerEntry:
     """A ``LayerEntry`` for ``obj``: an entry (renamed to ``name``) or a factory
     ``factory(d, **options)``, whose keyword parameters with integer defaults are its options
-    (one named like a built-in option keeps that option's checks and tag)."""
+    (one named like a built-in option keeps that option's checks and tag); a factory with a
+    parameter ``n`` builds its layer for one length (Linformer's projections, a learned
+    positional table) and is given each case's n."""
     if isinstance(obj, LayerEntry):
         return replace(obj, name=name, source=source)
     if isinstance(obj, nn.Module) or not callable(obj):
@@ -73,13 +75,18 @@ def as_entry(obj: Any, name: str, source: LayerSource) -> LayerEntry:
         parameters = list(inspect.signature(obj).parameters.values())[1:]
     except (TypeError, ValueError):  # a builtin or C callable: no options to read
         parameters = []
+    needs_length = any(p.name == "n" for p in parameters)
     for p in parameters:
+        if p.name == "n":
+            continue
         if isinstance(p.default, int) and not isinstance(p.default, bool):
             own = LayerOption(p.name, p.default, p.name, f"{name}: {p.name}.")
             base = shared.get(p.name) or own
             options.append(replace(base, default=p.default))
     doc = (inspect.getdoc(obj) or "").split("\n")[0]
-    return LayerEntry(name, obj, CUSTOM, doc, tuple(options), source=source)
+    return LayerEntry(
+        name, obj, CUSTOM, doc, tuple(options), source=source, needs_length=needs_length
+    )
 
 
 def register(
