@@ -51,34 +51,38 @@ class Prediction:
     misses: list[LayerMiss]
 
 
-def choose_method(run: RunResults, ceilings: Ceilings, method: str | None) -> tuple[str, str]:
-    """The method to predict ``run`` on ``ceilings`` with, and why: ``method`` if given (one
-    clear error where it cannot be), else carried where the run can be carried."""
+def choose_method(
+    run: RunResults, ceilings: Ceilings, method: str | None
+) -> tuple[str, str, Ceilings | None]:
+    """The method to predict ``run`` on ``ceilings`` with, why, and the ceilings it carries
+    from (None: counts): ``method`` if given (one clear error where it cannot be), else
+    carried where the run can be carried."""
     if method is not None and method not in METHODS:
         raise AttnbenchError(f"--method must be one of {', '.join(METHODS)} (got {method!r})")
     device = str(run.record.config.get("device", ""))
     refused = can_carry(device, run.ceilings, ceilings)
     if method == CARRIED and refused is not None:
         raise AttnbenchError(f"cannot carry {run.path}: {refused}; --method counts predicts it")
+    source = run.ceilings
     if method == COUNTS:
-        return COUNTS, "asked for: the counts alone on the target's ceilings"
-    if refused is None:
-        assert run.ceilings is not None
-        hosts = host_ratio(run.ceilings, ceilings)
-        return CARRIED, (
+        return COUNTS, "asked for: the counts alone on the target's ceilings", None
+    if refused is None and source is not None:
+        hosts = host_ratio(source, ceilings)
+        return (
+            CARRIED,
             f"carried: the measured times scaled by the two machines' ceilings (host ratio "
-            f"{hosts.ratio:.2f}, from {hosts.basis})"
+            f"{hosts.ratio:.2f}, from {hosts.basis})",
+            source,
         )
-    return COUNTS, f"the counts alone on the target's ceilings ({refused})"
+    return COUNTS, f"the counts alone on the target's ceilings ({refused})", None
 
 
 def predict_run(run: RunResults, ceilings: Ceilings, method: str | None = None) -> Prediction:
     """Predict every measured case of ``run`` on the machine of ``ceilings``."""
-    chosen, why = choose_method(run, ceilings, method)
+    chosen, why, source = choose_method(run, ceilings, method)
     measured = run.measured
-    if chosen == CARRIED:
-        assert run.ceilings is not None
-        found = carry(measured, run.ceilings, ceilings)
+    if source is not None:
+        found = carry(measured, source, ceilings)
     else:
         found = roofline.predict(measured, ceilings)
     if found.empty:

@@ -1,7 +1,8 @@
 """run.json read once into a typed record: what code decides on, never the raw mapping.
 
-Every field has the value a run made before it was recorded reads as (an empty mapping, None),
-so older folders load; the writer keeps the mapping it writes (``results.store``).
+The loader checks each entry's type (``results.store.META_TYPES``); every field has the value
+a run made before it was recorded reads as (an empty mapping, None), so older folders load.
+The writer keeps the mapping it writes (``results.store``).
 """
 
 from __future__ import annotations
@@ -11,18 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnbench.schema import RunStatus
-
-
-def _mapping(value: object) -> dict[str, Any]:
-    return dict(value) if isinstance(value, Mapping) else {}
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)
@@ -47,29 +36,28 @@ class RunRecord:
 
     @classmethod
     def parse(cls, meta: Mapping[str, Any]) -> RunRecord:
-        """The record of a run.json mapping (a run killed before it finished reads
-        ``running``)."""
+        """The record of a run.json mapping, whose types the loader has checked
+        (``results.store.META_TYPES``); a run killed before it finished reads ``running``."""
         raw = meta.get("status")
-        if isinstance(raw, str) and raw in tuple(RunStatus):
+        if raw in tuple(RunStatus):
             status = RunStatus(raw)
         else:
             status = RunStatus.COMPLETE if meta.get("end_time") else RunStatus.RUNNING
-        pid, total = meta.get("pid"), meta.get("cases_total")
         ceilings = meta.get("ceilings")
         return cls(
             status=status,
-            config=_mapping(meta.get("config")),
-            environment=_mapping(meta.get("environment")),
-            layers=_mapping(meta.get("layers")),
-            start_time=_text(meta.get("start_time")),
-            end_time=_text(meta.get("end_time")),
-            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
-            current_case=_text(meta.get("current_case")),
-            cases_total=total if isinstance(total, int) and total > 0 else None,
-            duration_s=_number(meta.get("duration_s")),
-            fault_cost_s=_number(meta.get("fault_cost_s")),
-            allocator=_mapping(meta.get("allocator")),
-            ceilings=dict(ceilings) if isinstance(ceilings, Mapping) else None,
-            ceilings_error=_text(meta.get("ceilings_error")) or None,
+            config=dict(meta.get("config") or {}),
+            environment=dict(meta.get("environment") or {}),
+            layers=dict(meta.get("layers") or {}),
+            start_time=meta.get("start_time"),
+            end_time=meta.get("end_time"),
+            pid=meta.get("pid"),
+            current_case=meta.get("current_case"),
+            cases_total=meta.get("cases_total") or None,
+            duration_s=meta.get("duration_s"),
+            fault_cost_s=meta.get("fault_cost_s"),
+            allocator=dict(meta.get("allocator") or {}),
+            ceilings=None if ceilings is None else dict(ceilings),
+            ceilings_error=meta.get("ceilings_error") or None,
             calibration=meta.get("calibration"),
         )
