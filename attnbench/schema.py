@@ -162,6 +162,28 @@ COLUMNS: tuple[Column, ...] = (
         "how kernel_time_s was taken (the profiler, its calls and its correction), or "
         "none: <why>", optional=True,
     ),
+    Column(
+        "time_method", "text", _MEASURE,
+        "what a sample timed (--timer): blocks (synchronised blocks of back-to-back calls), "
+        "kernels (CUDA graph replays, or events behind a held stream where the call cannot "
+        "be captured) or cold (each call between CUDA events, the L2 flushed before it)",
+        optional=True,
+    ),
+    Column(
+        "sm_clock_mhz", "float", _MEASURE,
+        "the GPU's SM clock (NVML) over the samples, their median, MHz; empty where it "
+        "cannot be read (the CPU, no nvidia-ml-py)", optional=True,
+    ),
+    Column(
+        "sm_clock_max_mhz", "float", _MEASURE, "the device's maximum SM clock, MHz",
+        optional=True,
+    ),
+    Column(
+        "throttled_share", "float", _MEASURE,
+        "the share of samples taken below 75% of the maximum SM clock (nvbench's threshold): "
+        "a time taken there is the card's state, and ab does not call it a regression",
+        optional=True,
+    ),
     Column("samples", "int", _MEASURE, "timing samples", summary="samples", fmt=fmt_int),
     Column("calls_per_sample", "int", _MEASURE, "calls per timed block (a sample is its mean)"),
     Column("time_total_s", "float", _MEASURE, "seconds spent inside timed calls"),
@@ -405,10 +427,26 @@ EXACT_METRICS = [m for m in METRICS if m.exact and not m.device_bound] + [
 ]
 
 # load_1m: the 1-minute load average at the end of the sample's round; page_faults: the
-# sample's minor page faults per call (both added later: older folders load with them empty,
-# as with round).
-SAMPLE_COLUMNS = ["case_id", "sample", "time_s", "round", "load_1m", "page_faults"]
+# sample's minor page faults per call; sm_clock_mhz: the GPU's SM clock read after the sample
+# (all added later: older folders load with them empty, as with round).
+SAMPLE_COLUMNS = ["case_id", "sample", "time_s", "round", "load_1m", "page_faults", "sm_clock_mhz"]
 CALIBRATION_COLUMNS = ["point", "before_case", "sample", "time_s"]
+
+
+class Timer(StrEnum):
+    """What a sample times (``--timer``; ``measure.gputimers`` holds the CUDA ones; results.csv's
+    ``time_method`` begins with its value).
+
+    ``blocks``: synchronised blocks of back-to-back calls, what a model called in a loop pays
+    (torch.utils.benchmark's way). ``kernels``: the kernels alone, as a compiled or captured
+    model pays them: replays of a CUDA graph of the call (Triton's ``do_bench_cudagraph``).
+    ``cold``: the kernels of one call with a cold L2, the cache flushed before each call and
+    its launches queued behind a held stream (Triton's ``do_bench``, nvbench's cold samples).
+    """
+
+    BLOCKS = "blocks"
+    KERNELS = "kernels"
+    COLD = "cold"
 
 
 class Status(StrEnum):

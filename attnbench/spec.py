@@ -32,7 +32,7 @@ from attnbench.layers import checks, plugins
 from attnbench.layers.entry import LayerOption
 from attnbench.layers.registry import BUILTIN, entry, known_options
 from attnbench.lengths import AutoN, parse_int_list, parse_lengths
-from attnbench.schema import OPTION_COLUMNS
+from attnbench.schema import OPTION_COLUMNS, Timer
 from attnbench.theory import sizes
 
 if sys.version_info >= (3, 11):
@@ -152,6 +152,7 @@ class Grid:
     # so its samples see the machine at several moments (what compare tests across runs).
     rounds: int = 1
     metric: str = "time"  # or "instructions": counted with Callgrind instead of timed
+    timer: str = Timer.BLOCKS.value  # what a sample times (``schema.Timer``)
     allocator: str = DEFAULT_ALLOCATOR  # its state in every measuring process: pinned or system
     # --n auto: ``ns`` is the ladder of lengths the sweep may reach, and each layer and width
     # stops where its rate settles or the next case would not fit (``run.auto``)
@@ -363,6 +364,12 @@ OPTIONS: tuple[Option, ...] = (
            "time: seconds per call; instructions: CPU instructions per call, counted with "
            "Valgrind's Callgrind in a worker process (repeatable to ~0.2% on a busy machine; "
            "CPU only)."),
+    Option("timer", "timer", str, lambda v: _choice(v, "timer", [t.value for t in Timer]),
+           "What a sample times. blocks: synchronised blocks of back-to-back calls, what a "
+           "model called in a loop pays. kernels (CUDA): the kernels alone, as a captured or "
+           "compiled model pays them (replays of a CUDA graph of the call). cold (CUDA): each "
+           "call's kernels with the L2 flushed before it (CUDA events around the call, its "
+           "launches queued behind a held stream).", compare=True),
     Option("auto_budget", "auto_budget_s", float,
            lambda v: _positive_seconds(v, "auto-budget"),
            "With --n auto: seconds the sweep's cases may take in all; each layer and width "
@@ -456,6 +463,12 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
     if "n" not in given and device_kind(grid.device) != "cpu":
         # An accelerator's default: at the CPU's lengths its times are the host's fixed cost.
         grid = replace(grid, ns=AutoN().ladder(), n_auto=AutoN())
+    if grid.timer != Timer.BLOCKS and device_kind(grid.device) != "cuda":
+        raise AttnbenchError(
+            f"--timer {grid.timer} times CUDA kernels; --device {grid.device} is not a CUDA "
+            "GPU (use --timer blocks: there kernel_time_s splits a time into kernels and "
+            "overhead)"
+        )
     if grid.metric == "instructions":
         if grid.device != "cpu":
             raise AttnbenchError(

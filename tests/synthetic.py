@@ -68,7 +68,7 @@ def make_run(
 ) -> RunResults:
     """A results folder written by the real writer from synthetic measurements.
 
-    ``cases`` maps (layer, n) to overrides: samples, status, flops, elements, peak, steps, path,
+    ``cases`` maps (layer, n) to overrides: samples, round_sizes, status, flops, elements, peak, steps, path,
     device
     (the model the row names), calibration (that case's GEMM seconds), instructions and load
     (the 1-minute load average it was measured under, on 2 CPUs) and faults (minor page
@@ -83,7 +83,11 @@ def make_run(
     for i, ((layer, n), spec) in enumerate(cases.items()):
         status = spec.get("status", "ok")
         samples = spec.get("samples", noisy(1e-3, seed=i))
-        chunks = [list(c) for c in np.array_split(np.asarray(samples), rounds)]
+        sizes = spec.get("round_sizes")  # samples in each round (else equal rounds)
+        if sizes is not None:
+            chunks = [list(c) for c in np.split(np.asarray(samples), np.cumsum(sizes)[:-1])]
+        else:
+            chunks = [list(c) for c in np.array_split(np.asarray(samples), rounds)]
         first = chunks[0]
         faults = spec.get("faults")
 

@@ -216,3 +216,66 @@ def test_a_measured_case_splits_its_time_and_never_reads_more_kernel_than_time()
         assert result.status == "ok", result.error
         assert 0 <= result.kernel_share <= 1 and "device's kernels" in result.kernel_method
         assert result.kernel_time_s <= result.timing.median_s
+
+
+def _launches(count: int = 200):  # type: ignore[no-untyped-def]
+    """A call of ``count`` tiny adds: the host's launches, not the kernels, are its time."""
+    x = torch.ones(4, device=DEVICE)
+
+    def call() -> None:
+        for _ in range(count):
+            x.add_(1.0)
+
+    return call
+
+
+def test_the_kernels_timer_leaves_the_launches_out_and_keeps_the_kernels() -> None:
+    from attnbench.measure.gputimers import time_on
+
+    sync = device_sync(DEVICE)
+    kernels = TimingPolicy(**{**SHORT.__dict__, "timer": "kernels"})
+    launches = _launches()
+    eager = time_call(launches, SHORT, sync=sync).median_s
+    replayed = time_on(launches, kernels, DEVICE, sync=sync)
+    assert replayed.method.startswith("kernels: CUDA graph replays")
+    assert replayed.stats.median_s < 0.5 * eager  # 200 launches vanish in a replay
+    spin = lambda: torch.cuda._sleep(2_000_000)  # noqa: E731  # a kernel of about 1 ms
+    assert time_on(spin, kernels, DEVICE, sync=sync).stats.median_s == pytest.approx(
+        time_call(spin, SHORT, sync=sync).median_s, rel=0.1
+    )
+
+
+def test_the_cold_timer_holds_the_stream_and_flushes_the_l2() -> None:
+    from attnbench.measure.gputimers import cuda_timers, time_on
+
+    sync = device_sync(DEVICE)
+    cold = TimingPolicy(**{**SHORT.__dict__, "timer": "cold"})
+    launches = _launches()
+    found = time_on(launches, cold, DEVICE, sync=sync)
+    assert "flushed" in found.method
+    assert found.stats.median_s < 0.5 * time_call(launches, SHORT, sync=sync).median_s
+    # a read of a buffer that fits the L2 is slower with the cache flushed before it
+    x = torch.randn(4 * 2**20, device=DEVICE)  # 16 MB, well inside an H100's 50 MB L2
+    read = lambda: x.sum()  # noqa: E731
+    timers = cuda_timers(DEVICE)
+    hot = sorted(timers.event_time(read, 1e-4, False) for _ in range(21))[10]
+    flushed = sorted(timers.event_time(read, 1e-4, True) for _ in range(21))[10]
+    assert flushed > 1.1 * hot
+
+
+@pytest.mark.parametrize("layer", layer_names())
+def test_every_layer_is_captured_into_a_graph(layer: str) -> None:
+    policy = TimingPolicy(**{**SHORT.__dict__, "timer": "kernels"})
+    result = measure_case(case_of(layer, 256, 64), policy=policy)
+    assert result.status == "ok", result.error
+    assert result.time_method.startswith("kernels: CUDA graph replays"), result.time_method
+    assert result.kernel_time_s <= result.timing.median_s * (1 + 1e-9)
+
+
+def test_the_sm_clock_is_on_record_where_nvml_is() -> None:
+    pytest.importorskip("pynvml")
+    result = measure_case(case_of("attention-sdpa", 1024, 128), policy=SHORT)
+    assert result.sm_clock_max_mhz and result.sm_clock_max_mhz > 500
+    assert result.sm_clock_mhz and 100 < result.sm_clock_mhz <= result.sm_clock_max_mhz * 1.01
+    assert result.timing.clocks_mhz and len(result.timing.clocks_mhz) == result.timing.count
+    assert 0 <= result.throttled_share <= 1

@@ -18,12 +18,14 @@ from attnbench.compare.verdicts import (
     IMPROVEMENT,
     NOT_COMPARED,
     REGRESSION,
+    THROTTLED,
     UNCHANGED,
     TimeVerdict,
     judge_count,
     judge_overall,
     judge_pairs,
     judge_rounds,
+    throttle,
 )
 from attnbench.errors import AttnbenchError
 from attnbench.layers.entry import LayerSource
@@ -194,6 +196,20 @@ def _kernels(row: pd.Series, recorded: bool) -> str:
     return ", ".join(sorted(names))
 
 
+def _clock_ratio(base: pd.Series, new: pd.Series) -> float:
+    """The current side's median SM clock over the base side's (NaN where either was not
+    read: the CPU, a run from before clocks were read)."""
+    values = [row.get("sm_clock_mhz") for row in (base, new)]
+    if any(v is None or pd.isna(v) or not v > 0 for v in values):
+        return math.nan
+    return float(values[1]) / float(values[0])
+
+
+def _share(row: pd.Series) -> float | None:
+    value = row.get("throttled_share")
+    return None if value is None or pd.isna(value) else float(value)
+
+
 def _scaled(rounds: Mapping[int, list[float]], scale: float) -> dict[int, list[float]]:
     return {round_: [s * scale for s in samples] for round_, samples in rounds.items()}
 
@@ -301,6 +317,8 @@ def compare_runs(
             judged, unit = judge_rounds(
                 list(base_rounds.values()), list(new_rounds.values()), thresholds
             )
+        clocks = _clock_ratio(b, n) if timed else math.nan
+        judged = throttle(judged, clocks, (_share(b), _share(n)))
         raw_ratio = n["time_s"] / b["time_s"] if both_ok else math.nan
         norm_ratio = raw_ratio * norm_new / norm_base
         row.update(
@@ -314,6 +332,7 @@ def compare_runs(
             ratio=raw_ratio,
             ratio_normalized=norm_ratio,
             ratio_judged=judged.ratio,
+            clock_ratio=clocks,
             p_value=judged.p_value,
             verdict=judged.verdict,
         )
@@ -342,8 +361,11 @@ def compare_runs(
     times = pd.DataFrame(time_rows)
     if by_device:  # grouped by device model, grid order within each
         times = times.sort_values("device_new", kind="stable").reset_index(drop=True)
-    ok = times[times["verdict"] != NOT_COMPARED]
-    overall = {"raw": judge_overall(ok["ratio"].tolist(), thresholds)}
+    ok = times[~times["verdict"].isin((NOT_COMPARED, THROTTLED))]
+    # An interleaved run's cases are judged on their paired ratios, and so is the whole: the
+    # ratio of two pooled medians weighs each round by the samples it took, and a run whose
+    # machine changed state between rounds moves it while every pair reads 1.
+    overall = {"raw": judge_overall(ok["ratio_judged" if paired else "ratio"].tolist(), thresholds)}
     if calibration:
         overall["normalized"] = judge_overall(ok["ratio_normalized"].tolist(), thresholds)
     return Comparison(

@@ -29,7 +29,14 @@ UNCHANGED = "unchanged"
 NOT_SIGNIFICANT = "not significant"  # past the threshold, but the samples could be noise
 TOO_FEW = "too few samples"  # no test at this alpha can be significant with so few
 NOT_COMPARED = "not compared"  # missing on a side, not measured, or another device
-VERDICTS = (REGRESSION, NOT_SIGNIFICANT, TOO_FEW, UNCHANGED, IMPROVEMENT, NOT_COMPARED)
+THROTTLED = "throttled"  # moved, but the GPU's clock moved too: the card's state, not the code
+VERDICTS = (
+    REGRESSION, NOT_SIGNIFICANT, THROTTLED, TOO_FEW, UNCHANGED, IMPROVEMENT, NOT_COMPARED
+)  # fmt: skip  # worst first, on one line
+# A GPU's SM clock that differs between two sides by more than this share, or a side with at
+# least ``THROTTLED_MOST`` of its samples taken throttled, makes a time's move "throttled".
+CLOCK_TOLERANCE = 0.05
+THROTTLED_MOST = 0.5
 
 # ----------------------------------------------------------------------------- verdicts
 
@@ -168,6 +175,26 @@ def judge_overall(
         return TimeVerdict(geomean, 1.0, UNCHANGED)
     p = float(stats.wilcoxon(logs, alternative="greater" if slower else "less").pvalue)
     return _verdict(geomean, p, thresholds)
+
+
+def throttle(
+    verdict: TimeVerdict,
+    clock_ratio: float,
+    throttled: tuple[float | None, float | None] = (None, None),
+) -> TimeVerdict:
+    """A time that moved (a regression, an improvement, or past the threshold without
+    significance) while the GPU's SM clock moved more than ``CLOCK_TOLERANCE`` between the
+    sides (``clock_ratio``, current over base; NaN where not read), or while most of a side's
+    samples were throttled (``throttled``: each side's share), is "throttled": the card's state
+    changed, so the move says nothing of the code."""
+    if verdict.verdict not in (REGRESSION, IMPROVEMENT, NOT_SIGNIFICANT):
+        return verdict
+    moved = math.isfinite(clock_ratio) and clock_ratio > 0
+    moved = moved and abs(math.log(clock_ratio)) > math.log1p(CLOCK_TOLERANCE)
+    held = any(share is not None and share >= THROTTLED_MOST for share in throttled)
+    if moved or held:
+        return TimeVerdict(verdict.ratio, verdict.p_value, THROTTLED)
+    return verdict
 
 
 def judge_count(base: Any, new: Any, tolerance: float = 0.0) -> str:

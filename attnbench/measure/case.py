@@ -22,10 +22,12 @@ from attnbench.errors import AttnbenchError, first_line
 from attnbench.layers.registry import build_layer, entry
 from attnbench.measure import countcache, extend
 from attnbench.measure.census import take_census
+from attnbench.measure.clocks import device_clock_max
 from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.elementwise import ELEMENTWISE_METHOD, count_elementwise
 from attnbench.measure.faults import FaultCounter
 from attnbench.measure.flops import FlopCount, trace_flops
+from attnbench.measure.gputimers import time_on
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
 from attnbench.measure.ops import (
@@ -38,7 +40,7 @@ from attnbench.measure.ops import (
     recording_fused,
 )
 from attnbench.measure.record import CaseResult
-from attnbench.measure.split import KernelSplit, kernel_split
+from attnbench.measure.split import KernelSplit, kernel_share, kernel_split
 from attnbench.measure.structure import (
     PATH_NONE,
     SEQ_METHOD,
@@ -46,7 +48,7 @@ from attnbench.measure.structure import (
     path_length,
     sequential_steps,
 )
-from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats, time_call
+from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats
 from attnbench.measure.traffic import TRAFFIC_METHOD, Traffic, count_traffic
 from attnbench.provenance import CACHED_MARK, Provenance, Source
 from attnbench.schema import Status
@@ -205,10 +207,10 @@ def measure_case(
             countcache.write_profile(case, seed, memory, enabled=counting.cache)
         split: tuple[KernelSplit | None, str] = (None, "")
         if counter is not None:  # counted in its own process, under Callgrind
-            timing, instructions = None, counter.count(case, seed)
+            timing, instructions, time_method = None, counter.count(case, seed), ""
         else:
-            timing = time_call(step, policy, clock=clock, sync=sync, faults=faults)
-            instructions = None
+            timed = time_on(step, policy, case.device, clock=clock, sync=sync, faults=faults)
+            timing, time_method, instructions = timed.stats, timed.method, None
             split = auxiliary(
                 lambda: kernel_split(
                     step, case.device, timing.median_s, memory.ops, clock=clock, sync=sync
@@ -245,8 +247,10 @@ def measure_case(
         product_bytes=counts.product_bytes,
         kernels=counts.kernels,
         counts_source=source,
-        kernel_share=None if split[0] is None else split[0].share,
+        kernel_share=kernel_share(split[0], timing, policy),
         kernel_method=split[1] if split[0] is None else split[0].method,
+        time_method=time_method,
+        sm_clock_max_mhz=device_clock_max(case.device) if timing is not None else None,
     )
 
 
@@ -478,7 +482,7 @@ def retime_case(
         step = make_step(case, seed)
         step()  # (B, n, d): lazy initialisation stays unmeasured, as in the first round
         sync()
-        return time_call(step, policy, clock=clock, sync=sync, faults=faults)
+        return time_on(step, policy, case.device, clock=clock, sync=sync, faults=faults).stats
     except Exception:
         release_memory(case.device)
         return None

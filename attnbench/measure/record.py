@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from attnbench.layers.registry import REGISTRY
+from attnbench.measure.clocks import median_clock, throttled_share
 from attnbench.measure.flops import flops_agree
 from attnbench.measure.timing import TimingStats
 from attnbench.schema import COLUMN, RESULT_COLUMNS, Status
@@ -97,6 +98,20 @@ class CaseResult:
     kernel_share: float | None = None  # the kernels' share of a call (measure.split)
     kernel_method: str = ""  # how it was read, or "none: <why>"
     died: bool = False  # its process died in it (not a column: the error says so)
+    time_method: str = ""  # what a sample timed (measure.gputimers)
+    sm_clock_max_mhz: float | None = None  # the device's maximum SM clock (measure.clocks)
+
+    @property
+    def sm_clock_mhz(self) -> float | None:
+        """The median SM clock over the timed samples (None: not read)."""
+        return None if self.timing is None else median_clock(self.timing.clocks_mhz or ())
+
+    @property
+    def throttled_share(self) -> float | None:
+        """The share of samples taken below ``THROTTLED_BELOW`` of the maximum clock."""
+        if self.timing is None:
+            return None
+        return throttled_share(self.timing.clocks_mhz or (), self.sm_clock_max_mhz)
 
     @property
     def flops_per_s(self) -> float | None:
@@ -148,6 +163,8 @@ class CaseResult:
             "bytes_check": self.bytes_check,
             "intensity": self.intensity,
             "kernel_time_s": self.kernel_time_s,
+            "sm_clock_mhz": self.sm_clock_mhz,
+            "throttled_share": self.throttled_share,
         }
         values.update({f.name: getattr(self, f.name) for f in fields(self) if f.name in COLUMN})
         known = REGISTRY.get(self.case.layer)

@@ -34,6 +34,8 @@ from torch.autograd import DeviceType  # type: ignore[attr-defined]  # exported,
 from torch.autograd.profiler import profile, record_function
 
 from attnbench.measure.ops import ALIASES, is_view
+from attnbench.measure.timing import TimingPolicy, TimingStats
+from attnbench.schema import Timer
 
 Clock = Callable[[], float]
 PROFILED_S = 0.005  # profile calls until about this much wall time (at least one call)
@@ -126,6 +128,19 @@ def busy_seconds(intervals: Iterable[Interval]) -> float:
             total += interval.end_s - start
         end = max(end, interval.end_s)
     return total
+
+
+def kernel_share(
+    split: KernelSplit | None, timing: TimingStats | None, policy: TimingPolicy
+) -> float | None:
+    """The kernels' share of ``time_s``. The profiled calls are eager calls, as the blocks
+    timer's are: their share carries over. The other timers time the kernels themselves, so
+    the share is the profiled kernels' seconds over the time they read (at most 1)."""
+    if split is None:
+        return None
+    if Timer(policy.timer) is Timer.BLOCKS or timing is None:
+        return split.share
+    return split_of(split.kernel_s, timing.median_s)
 
 
 def split_of(kernel_s: float, plain_s: float) -> float:

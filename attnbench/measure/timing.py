@@ -13,10 +13,11 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from attnbench.measure.faults import FaultCounter
+from attnbench.schema import Timer
 
 Clock = Callable[[], float]  # returns seconds
 NOISY_REL_IQR = 0.1  # IQR/median above this: the samples spread (torch.utils.benchmark's warning)
@@ -93,6 +94,17 @@ class TimingStats:
     faults: tuple[float, ...] | None = None
     major_faults: int | None = None
     stop: Stop | None = None  # which rule ended the sampling (None: not recorded)
+    # The device's SM clock read after each sample, MHz (None: not read, as on the CPU).
+    clocks_mhz: tuple[float | None, ...] | None = None
+
+    def per_call(self, calls: int) -> TimingStats:
+        """These statistics with each sample divided among ``calls`` calls (a sample that
+        timed a CUDA graph of ``calls`` captured calls)."""
+        return replace(
+            self,
+            samples_s=tuple(s / calls for s in self.samples_s),
+            calls_per_sample=self.calls_per_sample * calls,
+        )
 
     @property
     def page_faults(self) -> float | None:
@@ -166,6 +178,7 @@ class TimingPolicy:
     min_time_s: float = 0.05
     budget_s: float = 0.25
     max_block_calls: int = 1_000_000
+    timer: str = Timer.BLOCKS.value  # what a sample times (``schema.Timer``): text on the wire
 
 
 DEFAULT_POLICY = TimingPolicy()
@@ -181,17 +194,20 @@ def time_call(
     clock: Clock = time.perf_counter,
     sync: Callable[[], None] = _no_sync,
     faults: FaultCounter | None = None,
+    read_clock: Callable[[], float | None] | None = None,
 ) -> TimingStats:
     """Time ``fn`` (one layer call) and return per-call samples.
 
     ``sync`` waits for queued device work (``torch.cuda.synchronize`` on CUDA); it runs before a
     block starts and before its end is read, so asynchronous kernels are inside the measurement.
-    ``faults`` (a process's fault counters) is read around each block, outside the clock.
+    ``faults`` (a process's fault counters) is read around each block, outside the clock, and
+    ``read_clock`` (the device's SM clock) after it.
     Python's cyclic garbage collector is off inside each block, as timeit and
     torch.utils.benchmark have it: its pauses grow with every object the process holds (the
     tool's own, pandas'), not with the layer; ``ssm``, a Python loop, read 3% slower with it on.
     """
     per_block: list[tuple[int, int]] = []  # (minor, major) faults of each timed block
+    clocks: list[float | None] = []  # the device's clock after each timed block
 
     def timed_block(calls: int) -> float:
         sync()
@@ -210,6 +226,8 @@ def time_call(
         if faults:
             after = faults()
             per_block.append((after[0] - before[0], after[1] - before[1]))
+        if read_clock is not None:
+            clocks.append(read_clock())
         return elapsed
 
     # The last warm-up call is timed, never a sample: it sizes the first block, so a fast call
@@ -244,6 +262,7 @@ def time_call(
     samples: list[float] = [probe / calls]
     total = probe
     del per_block[:-1]  # the calibration's blocks are not samples; its last one is
+    del clocks[:-1]
     stop = Stop.MAX_SAMPLES
     while len(samples) < policy.max_samples:
         if len(samples) >= policy.min_samples:
@@ -263,6 +282,50 @@ def time_call(
         faults=tuple(minor / calls for minor, _ in per_block) if faults else None,
         major_faults=sum(major for _, major in per_block) if faults else None,
         stop=stop,
+        clocks_mhz=tuple(clocks) if read_clock is not None else None,
+    )
+
+
+def sample_until(
+    sample: Callable[[], float],
+    policy: TimingPolicy = DEFAULT_POLICY,
+    *,
+    clock: Clock = time.perf_counter,
+    read_clock: Callable[[], float | None] | None = None,
+    wall_factor: float = 4.0,
+) -> TimingStats:
+    """Samples that time themselves (``sample()`` returns one call's seconds, read on the
+    device's own clock: CUDA events), under ``time_call``'s stopping rule: ``policy``'s
+    warm-up samples thrown away, then at least ``min_samples``, until the median is precise
+    or the sampled seconds reach the budget. What each sample costs besides itself (a held
+    stream, a flushed cache, the synchronisation) is bounded too: sampling stops once
+    ``wall_factor`` times the budget has passed on ``clock``."""
+    for _ in range(policy.warmup_calls):
+        sample()
+    samples: list[float] = []
+    clocks: list[float | None] = []
+    total = 0.0
+    begin = clock()
+    stop = Stop.MAX_SAMPLES
+    while len(samples) < policy.max_samples:
+        if len(samples) >= policy.min_samples:
+            if total >= min(policy.min_time_s, policy.budget_s) and _precise(samples, policy):
+                stop = Stop.PRECISE
+                break
+            if total >= policy.budget_s or clock() - begin >= wall_factor * policy.budget_s:
+                stop = Stop.BUDGET
+                break
+        seconds = sample()
+        if read_clock is not None:
+            clocks.append(read_clock())
+        total += seconds
+        samples.append(seconds)
+    return TimingStats(
+        samples_s=tuple(samples),
+        calls_per_sample=1,
+        total_s=total,
+        stop=stop,
+        clocks_mhz=tuple(clocks) if read_clock is not None else None,
     )
 
 

@@ -19,6 +19,7 @@ import pandas as pd
 
 from attnbench._version import __version__
 from attnbench.errors import AttnbenchError
+from attnbench.measure.clocks import median_clock, throttled_share
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingStats
 from attnbench.results.files import (
@@ -200,9 +201,10 @@ class ResultsWriter:
         self, case_id: str, round_: int, first: int, timing: TimingStats, load: float | None
     ) -> None:
         faults = timing.faults or (None,) * timing.count
+        clocks = timing.clocks_mhz or (None,) * timing.count
         lines = [
-            csv_line([case_id, first + i, s, round_, load, f])
-            for i, (s, f) in enumerate(zip(timing.samples_s, faults, strict=True))
+            csv_line([case_id, first + i, s, round_, load, f, c])
+            for i, (s, f, c) in enumerate(zip(timing.samples_s, faults, clocks, strict=True))
         ]
         self._append(SAMPLES_FILE, "".join(lines))
 
@@ -349,15 +351,15 @@ def _read_tables(path: Path, warnings: list[str]) -> tuple[pd.DataFrame, ...]:
     frame, samples, calibration = tables
     if "round" not in samples.columns:  # written before timing rounds existed
         samples["round"] = "1"
-    for later in ("load_1m", "page_faults"):  # written before these were recorded
-        if later not in samples.columns:
+    for later in ("load_1m", "page_faults", "sm_clock_mhz"):  # written before these were
+        if later not in samples.columns:  # recorded
             samples[later] = ""
     for table in (samples, calibration):
         table["sample"] = pd.to_numeric(table["sample"]).astype("int64")
         table["time_s"] = pd.to_numeric(table["time_s"]).astype("float64")
     calibration["point"] = pd.to_numeric(calibration["point"]).astype("int64")
     samples["round"] = pd.to_numeric(samples["round"]).astype("int64")
-    for column in ("load_1m", "page_faults"):
+    for column in ("load_1m", "page_faults", "sm_clock_mhz"):
         samples[column] = pd.to_numeric(samples[column].where(samples[column] != ""))
     return _typed_results(frame), samples[SAMPLE_COLUMNS], calibration
 
@@ -443,9 +445,17 @@ def _with_all_rounds(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame
         frame.loc[i, "flops_per_s"] = float(flops) / every.median_s if pd.notna(flops) else None
         share = row["kernel_share"]
         frame.loc[i, "kernel_time_s"] = float(share) * every.median_s if pd.notna(share) else None
-        faults = samples.loc[samples["case_id"] == row["case_id"], "page_faults"].dropna()
+        own = samples.loc[samples["case_id"] == row["case_id"]]
+        faults = own["page_faults"].dropna()
         if len(faults):  # the median sample's, as time_s (TimingStats.page_faults)
             frame.loc[i, "page_faults"] = float(faults.median())
+        clocks = own["sm_clock_mhz"].dropna().tolist()
+        if clocks:  # over every round, as time_s
+            frame.loc[i, "sm_clock_mhz"] = median_clock(clocks)
+            top = row["sm_clock_max_mhz"]
+            frame.loc[i, "throttled_share"] = throttled_share(
+                clocks, None if pd.isna(top) else float(top)
+            )
     return frame
 
 

@@ -203,7 +203,9 @@ def _interleave(
             writer.update(cases_total=len(grid.cases()))
             if calibration is not None:
                 writer.update(calibration=calibration.describe())
-            policy = TimingPolicy(budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1)
+            policy = TimingPolicy(
+                budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1, timer=grid.timer
+            )
             queues[side] = JobQueue(
                 grid,
                 writer,

@@ -336,7 +336,9 @@ def _sweep(
 ) -> RunResults:
     # The first call, the FLOP count and the memory profile precede timing: one more warm-up does.
     # The time budget is shared by the rounds.
-    budget = TimingPolicy(budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1)
+    budget = TimingPolicy(
+        budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1, timer=grid.timer
+    )
     policy, calibration = measuring.policy or budget, measuring.calibration
     cases = grid.cases()
     writer.update(cases_total=len(cases))

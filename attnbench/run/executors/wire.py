@@ -19,7 +19,8 @@ from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.schema import Status
 from attnbench.spec import Case
 
-PROTOCOL = 3  # 3: a job carries its Counting (2: the median's confidence interval stops)
+# 4: a job's policy names its timer, a result its clocks (3: a job carries its Counting)
+PROTOCOL = 4
 
 
 def timing_to_wire(timing: TimingStats | None) -> dict[str, Any] | None:
@@ -30,11 +31,13 @@ def timing_from_wire(data: dict[str, Any] | None) -> TimingStats | None:
     if data is None:
         return None
     stop = data.get("stop")
+    clocks = data.get("clocks_mhz")  # (a partner from before clocks were read sends none)
     return TimingStats(
         tuple(data["samples_s"]),
         data["calls_per_sample"],
         data["total_s"],
         stop=None if stop is None else Stop(stop),
+        clocks_mhz=None if clocks is None else tuple(clocks),
     )
 
 

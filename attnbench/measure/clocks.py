@@ -1,0 +1,115 @@
+"""The GPU's SM clock, read with each timing sample (NVML, through ``nvidia-ml-py``).
+
+A GPU runs at the clock its power and temperature allow: a card held back by a neighbour's heat
+or its power cap computes slower, and a time taken then is the card's state, not the code's.
+nvbench reads the clock with each sample and flags the samples taken under 75% of the card's
+maximum clock; so does attnbench. Where NVML is missing (no ``nvidia-ml-py``, no driver, not a
+CUDA device) nothing is read and the columns stay empty.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# A sample taken below this share of the device's maximum SM clock is throttled (nvbench's
+# default threshold).
+THROTTLED_BELOW = 0.75
+
+ClockProbe = Callable[[], float | None]  # the SM clock now, MHz (None: not read)
+
+
+@dataclass(frozen=True)
+class ClockReader:
+    """Reads one device's SM clock: ``read()`` now, in MHz, and its maximum (``max_mhz``)."""
+
+    read: ClockProbe
+    max_mhz: float | None
+
+
+def throttled_share(clocks_mhz: Sequence[float | None], max_mhz: float | None) -> float | None:
+    """The share of samples taken under ``THROTTLED_BELOW`` of ``max_mhz`` (None: no clock
+    read, or no maximum known)."""
+    read = [c for c in clocks_mhz if c is not None]
+    if not read or not max_mhz:
+        return None
+    return sum(c < THROTTLED_BELOW * max_mhz for c in read) / len(read)
+
+
+def median_clock(clocks_mhz: Sequence[float | None]) -> float | None:
+    read = [c for c in clocks_mhz if c is not None]
+    return statistics.median(read) if read else None
+
+
+def clock_reader(device: str, nvml: Any = None) -> ClockReader | None:
+    """The SM clock reader of a CUDA ``device`` ("cuda:0"); None where it cannot be read.
+    ``nvml``: the ``pynvml`` module (tests pass a fake)."""
+    if not device.startswith("cuda"):
+        return None
+    if nvml is None:
+        nvml = _pynvml()
+        if nvml is None:
+            return None
+    try:
+        handle = _handle(nvml, device)
+        top = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
+    except Exception:  # NVML present but unusable (no driver, a device it does not list)
+        return None
+
+    def read() -> float | None:
+        try:
+            return float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+        except Exception:
+            return None
+
+    return ClockReader(read, top if top > 0 else None)
+
+
+@functools.cache
+def device_clock(device: str) -> ClockReader | None:
+    """``clock_reader`` of ``device``, made once a process."""
+    return clock_reader(device)
+
+
+def clock_probe(device: str) -> ClockProbe | None:
+    """The device's SM clock reader (None where none can be read: the CPU, no NVML)."""
+    reader = device_clock(device)
+    return None if reader is None else reader.read
+
+
+def device_clock_max(device: str) -> float | None:
+    reader = device_clock(device)
+    return None if reader is None else reader.max_mhz
+
+
+@functools.cache
+def _pynvml() -> Any:
+    """``pynvml``, initialised once; None without it or without a driver."""
+    try:
+        import pynvml  # type: ignore[import-not-found]  # optional: nvidia-ml-py
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    return pynvml
+
+
+def _handle(nvml: Any, device: str) -> Any:
+    """NVML's handle of torch's ``device``: found by its UUID (CUDA_VISIBLE_DEVICES renumbers
+    torch's devices, not NVML's), by torch's index where torch gives no UUID."""
+    import torch
+
+    index = int(device.split(":")[1]) if ":" in device else 0
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is not None:
+        text = str(uuid)
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(
+                text if text.startswith("GPU-") else f"GPU-{text}"
+            )
+        except Exception:
+            pass
+    return nvml.nvmlDeviceGetHandleByIndex(index)
