@@ -109,7 +109,11 @@ EOF
 fi
 
 # the default on a GPU is --n auto: every layer doubles n until its time grows as its work
-step auto 175 $AB sweep --device $DEV --auto-budget 120 --out $R/gpu-auto
+step gaps 45 $PY benchmarks/timer_gaps.py
+step splittests 60 $PY -m pytest -q -m cuda -p no:cacheprovider -rfE -k \
+  "kernels_share or splits_its_time or captured or kernels_timer or cold_timer or sm_clock" \
+  tests/test_cuda.py
+step auto ${AUTO_LIMIT:-175} $AB sweep --device $DEV --auto-budget ${AUTO_BUDGET:-120} --out $R/gpu-auto
 step spread 45 $PY benchmarks/process_spread.py --device $DEV --processes 4
 step machine 50 bash -c "$AB machine --device $DEV --json > $R/machine-float32.json && \
   head -c 400 $R/machine-float32.json"

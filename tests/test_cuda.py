@@ -191,30 +191,35 @@ def test_the_cuda_fast_path_writes_scores_where_the_count_says(d: int, explicit:
 
 
 def test_the_kernels_share_is_the_devices_busy_time() -> None:
-    """A kernel that spins about 2 ms reads a share near 1 and its busy time near the call;
-    the same spin split into 200 launches of a tiny add reads launches, not kernels."""
+    """A kernel that spins about 2 ms reads a share near 1 and its kernels' time near the call;
+    the same spin split into 200 launches of a tiny add reads launches, not kernels. Read from
+    graph replays (``device_split``), and from the profiler where it sees the device's kernels
+    (not under gVisor, whose H200 recorded none)."""
+    from attnbench.measure.gputimers import device_split
     from attnbench.measure.split import kernel_split
 
     sync = device_sync(DEVICE)
     spin = lambda: torch.cuda._sleep(4_000_000)  # noqa: E731
-    call = time_call(spin, SHORT, sync=sync).median_s
-    busy = kernel_split(spin, DEVICE, call, sync=sync)
-    assert busy.share > 0.9 and busy.kernel_s == pytest.approx(call, rel=0.1)
-    x = torch.ones(4, device=DEVICE)
-
-    def launches() -> None:
-        for _ in range(200):
-            x.add_(1.0)
-
+    spin_s = time_call(spin, SHORT, sync=sync).median_s
+    busy = device_split(spin, DEVICE, spin_s, sync=sync)
+    assert "graph replays" in busy.method
+    assert busy.share > 0.9 and busy.kernel_s == pytest.approx(spin_s, rel=0.1)
+    launches = _launches()
     call = time_call(launches, SHORT, sync=sync).median_s
-    assert kernel_split(launches, DEVICE, call, sync=sync).share < 0.5
+    assert device_split(launches, DEVICE, call, sync=sync).share < 0.5
+    try:
+        profiled = kernel_split(spin, DEVICE, spin_s, sync=sync)
+    except ValueError as exc:  # no CUPTI: the profiler records no kernel
+        assert "no kernel on the device" in str(exc)
+    else:
+        assert profiled.share > 0.9
 
 
 def test_a_measured_case_splits_its_time_and_never_reads_more_kernel_than_time() -> None:
     for layer, n in (("attention-sdpa", 4096), ("conv", 64)):
         result = measure_case(case_of(layer, n, 128), policy=SHORT)
         assert result.status == "ok", result.error
-        assert 0 <= result.kernel_share <= 1 and "device's kernels" in result.kernel_method
+        assert 0 <= result.kernel_share <= 1 and "graph replays" in result.kernel_method
         assert result.kernel_time_s <= result.timing.median_s
 
 

@@ -260,3 +260,37 @@ def test_a_move_the_gpus_clock_explains_is_throttled(
     judged = throttle(TimeVerdict(1.3, 1e-4, verdict), clock_ratio, shares)
     assert judged.verdict == expected
     assert judged.ratio == 1.3 and judged.p_value == 1e-4
+
+
+def test_the_split_on_cuda_reads_the_kernels_from_graph_replays() -> None:
+    clock = FakeClock()
+    device = FakeDevice(clock, host_s=50e-6, kernel_s=10e-6)
+    found = gputimers.device_split(device.call, "cuda:0", 50e-6, clock=clock, timers=device)
+    assert found.kernel_s == pytest.approx(10e-6)
+    assert found.share == pytest.approx(0.2)
+    assert found.method.startswith("CUDA graph replays")
+
+
+def test_a_split_of_a_call_that_cannot_be_captured_falls_back_to_the_profiler(
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    from attnbench.measure import split
+
+    clock = FakeClock()
+    device = FakeDevice(clock, host_s=50e-6, kernel_s=10e-6, capturable=False)
+    profiled = split.KernelSplit(0.3, 15e-6, 50e-6, 3, "profiled: the device's kernels")
+    monkeypatch.setattr(gputimers, "kernel_split", lambda *a, **k: profiled)
+    found = gputimers.device_split(device.call, "cuda:0", 50e-6, clock=clock, timers=device)
+    assert found.share == 0.3
+    assert found.method.startswith("profiled") and "(no graph: RuntimeError" in found.method
+
+
+def test_a_profile_with_ops_and_no_device_kernel_is_no_split() -> None:
+    from attnbench.measure.split import OpEvent, Profiled, ProfilerCost, kernel_split
+
+    empty = Profiled(2, 1e-4, 1e-4, [OpEvent("aten::mm", 5e-6, 0)], [])
+    with pytest.raises(ValueError, match="no kernel on the device"):
+        kernel_split(
+            lambda: None, "cuda:0", 1e-4, 1, cost=ProfilerCost(1e-6, 1e-6),
+            record=lambda fn, calls, device: empty,
+        )  # fmt: skip

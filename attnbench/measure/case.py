@@ -27,7 +27,7 @@ from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.elementwise import ELEMENTWISE_METHOD, count_elementwise
 from attnbench.measure.faults import FaultCounter
 from attnbench.measure.flops import FlopCount, trace_flops
-from attnbench.measure.gputimers import time_on
+from attnbench.measure.gputimers import device_split, time_on
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
 from attnbench.measure.ops import (
@@ -40,7 +40,7 @@ from attnbench.measure.ops import (
     recording_fused,
 )
 from attnbench.measure.record import CaseResult
-from attnbench.measure.split import KernelSplit, kernel_share, kernel_split
+from attnbench.measure.split import KernelSplit, kernel_share
 from attnbench.measure.structure import (
     PATH_NONE,
     SEQ_METHOD,
@@ -212,7 +212,7 @@ def measure_case(
             timed = time_on(step, policy, case.device, clock=clock, sync=sync, faults=faults)
             timing, time_method, instructions = timed.stats, timed.method, None
             split = auxiliary(
-                lambda: kernel_split(
+                lambda: device_split(
                     step, case.device, timing.median_s, memory.ops, clock=clock, sync=sync
                 )
             )

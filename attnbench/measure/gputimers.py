@@ -25,12 +25,13 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from attnbench.errors import first_line
 from attnbench.measure.clocks import clock_probe
 from attnbench.measure.faults import FaultCounter
+from attnbench.measure.split import KernelSplit, kernel_split, split_of
 from attnbench.measure.timing import (
     Clock,
     TimingPolicy,
@@ -124,6 +125,46 @@ def time_on(
     return time_step(
         fn, policy, device=device, clock=clock, sync=sync, faults=faults, read_clock=read
     )
+
+
+# A split's graph replays: a few samples suffice, their median is a kernel's steady time.
+SPLIT_POLICY = TimingPolicy(warmup_calls=1, min_samples=5, budget_s=0.05, min_time_s=0.01)
+
+
+def device_split(
+    fn: Callable[[], object],
+    device: str,
+    call_s: float,
+    ops: int | None = None,
+    *,
+    clock: Clock = time.perf_counter,
+    sync: Callable[[], None] = lambda: None,
+    timers: DeviceTimers | None = None,
+) -> KernelSplit:
+    """A call's split into kernels and overhead (``measure.split``). On CUDA the kernels' time is
+    that of a CUDA graph of the call, its replays timed back to back: the kernels the call
+    runs, without the host's Python, dispatch and launches. Where the call cannot be captured,
+    the profiler's busy time of the device is taken (``kernel_split``); elsewhere the
+    profiler's split is the only one."""
+    if device.startswith("cuda"):
+        timers = timers if timers is not None else cuda_timers(device)
+        try:
+            calls, replay = graph_of(fn, timers, clock=clock, sync=sync)
+        except Exception as exc:
+            why = first_line(exc)[:100]
+            found = kernel_split(fn, device, call_s, ops, clock=clock, sync=sync)
+            return replace(found, method=f"{found.method} (no graph: {why})")
+        stats = time_call(replay, SPLIT_POLICY, clock=clock, sync=sync).per_call(calls)
+        kernel = stats.median_s
+        return KernelSplit(
+            share=split_of(kernel, call_s),
+            kernel_s=kernel,
+            wall_s=call_s,
+            calls=stats.count * stats.calls_per_sample,
+            method=f"CUDA graph replays, {calls} call(s) a graph: the call's kernels without "
+            "the host's launches",
+        )
+    return kernel_split(fn, device, call_s, ops, clock=clock, sync=sync)
 
 
 def graph_of(

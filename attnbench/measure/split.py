@@ -337,6 +337,10 @@ def kernel_split(
         )
     if on_device:
         cost = ProfilerCost(cost.per_op_s, 0.0)
+    if on_device and not found.device and found.ops:
+        raise ValueError(
+            "the profiler recorded the call's ops but no kernel on the device (no CUPTI here?)"
+        )
     kernel = busy_seconds(found.device) if on_device else host_kernel_seconds(found.ops, cost)
     where = (
         "the device's kernels' busy time"
