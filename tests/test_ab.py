@@ -208,3 +208,31 @@ def test_an_interleaved_runs_overall_is_judged_on_its_pairs(tmp_path: Path) -> N
     assert set(paired.times["ratio_judged"]) == {1.0}
     assert paired.overall_verdict.verdict == "unchanged"
     assert paired.overall_verdict.ratio == 1.0
+
+
+def test_each_side_goes_through_fresh_worker_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process has a speed of its own: with --processes 3 each side's rounds are split among
+    three worker processes, one after another, and every case is still measured every round."""
+    pids: dict[str, list[int]] = {}
+    restart = SubprocessExecutor.restart
+
+    def spy(self: SubprocessExecutor) -> None:
+        before = self._process.pid if self._process else -1
+        restart(self)
+        assert self._process is not None
+        pids.setdefault(self.label, [before]).append(self._process.pid)
+
+    monkeypatch.setattr(SubprocessExecutor, "restart", spy)
+    grid = {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "time_budget": 0.02,
+            "rounds": 3}  # fmt: skip
+    ab = run_ab(grid, tmp_path / "ab", processes=3)
+    assert len(pids) == 2  # both sides
+    for seen in pids.values():
+        assert len(seen) == 3 and len(set(seen)) == 3  # three distinct processes a side
+    for run in (ab.base, ab.current):
+        assert run.rounds == 3 and set(run.frame["status"]) == {"ok"}
+        assert len(run.samples.groupby(["case_id", "round"])) == 6  # 2 cases x 3 rounds
+    with pytest.raises(Exception, match="--processes must be at least 1"):
+        run_ab(grid, tmp_path / "ab0", processes=0)

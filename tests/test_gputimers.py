@@ -294,3 +294,16 @@ def test_a_profile_with_ops_and_no_device_kernel_is_no_split() -> None:
             lambda: None, "cuda:0", 1e-4, 1, cost=ProfilerCost(1e-6, 1e-6),
             record=lambda fn, calls, device: empty,
         )  # fmt: skip
+
+
+def test_the_clock_is_read_at_most_every_period_and_carried_between() -> None:
+    from attnbench.measure.clocks import every
+
+    now = [0.0]
+    reads = iter([1980.0, 1410.0, 1755.0])
+    limited = every(lambda: next(reads), 0.05, clock=lambda: now[0])
+    seen = []
+    for t in (0.0, 0.01, 0.049, 0.05, 0.07, 0.2):
+        now[0] = t
+        seen.append(limited())
+    assert seen == [1980.0, 1980.0, 1980.0, 1410.0, 1410.0, 1755.0]

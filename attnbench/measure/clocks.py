@@ -10,14 +10,22 @@ CUDA device) nothing is read and the columns stay empty.
 from __future__ import annotations
 
 import functools
+import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 # A sample taken below this share of the device's maximum SM clock is throttled (nvbench's
 # default threshold).
 THROTTLED_BELOW = 0.75
+# NVML is read at most this often; a sample in between carries the last reading. Read after
+# every block, the H200's blocks timer read GPU-bound cases 16-22% above torch.utils.benchmark,
+# which reads no clock: the query, a call into the driver between two blocks, is the one thing
+# those blocks do that its blocks do not (suspected, not yet measured apart on a GPU). A card's
+# clock moves over tens of milliseconds, and a median ignores the few samples beside a query.
+READ_EVERY_S = 0.05
 
 ClockProbe = Callable[[], float | None]  # the SM clock now, MHz (None: not read)
 
@@ -75,9 +83,25 @@ def device_clock(device: str) -> ClockReader | None:
 
 
 def clock_probe(device: str) -> ClockProbe | None:
-    """The device's SM clock reader (None where none can be read: the CPU, no NVML)."""
+    """The device's SM clock, read at most every ``READ_EVERY_S`` (None where it cannot be
+    read: the CPU, no NVML)."""
     reader = device_clock(device)
-    return None if reader is None else reader.read
+    return None if reader is None else every(reader.read, READ_EVERY_S)
+
+
+def every(
+    read: ClockProbe, period_s: float, clock: Callable[[], float] = time.monotonic
+) -> ClockProbe:
+    """``read``, called at most once every ``period_s``; in between, its last reading."""
+    last: list[Any] = [None, -math.inf]  # the reading, when it was taken
+
+    def limited() -> float | None:
+        now = clock()
+        if now - last[1] >= period_s:
+            last[:] = [read(), now]
+        return cast("float | None", last[0])
+
+    return limited
 
 
 def device_clock_max(device: str) -> float | None:

@@ -12,6 +12,7 @@ ordinary results folder, ``base/`` and ``current/``.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,12 @@ from attnbench.thresholds import DEFAULT_THRESHOLDS, rounds_to_reach
 
 SIDES = ("base", "current")
 SideProgress = Callable[[str, ProgressEvent], None]
+# Worker processes each side goes through, one after another. A process has a speed of its own
+# (where it landed on the machine, its memory layout): on the H200, four fresh processes read
+# the same cases 1.12-1.19x apart, and one A/A run of five, one process a side, read an
+# "improvement" of 0.86 with every round paired. With three, a process that runs fast holds a
+# third of the rounds, and the median of the paired ratios follows the other two.
+DEFAULT_PROCESSES = 3
 
 
 @dataclass(frozen=True)
@@ -121,12 +128,16 @@ def run_ab(
     calibration: Calibration | None = None,
     allow_large: bool = True,
     counting: Counting = DEFAULT_COUNTING,
+    processes: int = DEFAULT_PROCESSES,
 ) -> ABRun:
     """Measure the base side and the current side alternately into ``out_dir``/base and
     ``out_dir``/current; the pairs to judge. Both sides run on this machine at once, so no
     calibration GEMM is needed to compare them (``calibration`` times one anyway). Raises an
     ``AttnbenchError`` with exit code 130 after SIGINT / SIGTERM (what was measured stays on
-    disk). ``counting`` says how both sides take their cases' exact counts."""
+    disk). ``counting`` says how both sides take their cases' exact counts. Each side's worker
+    is replaced by a fresh process ``processes - 1`` times, at even steps through the run."""
+    if processes < 1:
+        raise AttnbenchError(f"--processes must be at least 1, got {processes}")
     grids = side_grids(options, base_layers, alpha)
     warning = None if allow_large else size_warning(grids["current"])
     if warning:
@@ -169,7 +180,7 @@ def run_ab(
             low, high = sum(e[0] for e in ends), sum(e[1] for e in ends)
             notes = _too_few(grids["current"], alpha)
             on_start(ABStart(grids, out_dir, clusters, environments, high, notes, low))
-        _interleave(grids, writers, executors, clusters, progress, calibration, counting)
+        _interleave(grids, writers, executors, clusters, progress, calibration, counting, processes)
     runs = {side: load_results(out_dir / side) for side in SIDES}
     ids = {side: [c.case_id for c in grids[side].cases()] for side in SIDES}
     pairs = tuple(zip(ids["base"], ids["current"], strict=True))
@@ -184,8 +195,10 @@ def _interleave(
     progress: SideProgress | None,
     calibration: Calibration | None,
     counting: Counting,
+    processes: int = 1,
 ) -> None:
-    """Hand one job to each side in turn, A B then B A, until both queues are empty."""
+    """Hand one job to each side in turn, A B then B A, until both queues are empty; after
+    each ``processes``-th part of the pairs, both sides continue in fresh worker processes."""
 
     def tell(side: str) -> Callable[[ProgressEvent], None] | None:
         return None if progress is None else (lambda event: progress(side, event))
@@ -219,12 +232,17 @@ def _interleave(
                 counting=counting,
             )
         where = {side: _placement(clusters[side]) for side in SIDES}
+        total = max(len(grids[side].cases()) * grids[side].rounds for side in SIDES)
+        every = max(1, math.ceil(total / processes))
         pair = 0
         try:
             while not stop.requested:
                 jobs = {side: queues[side].take(where[side]) for side in SIDES}
                 if all(job is None for job in jobs.values()):
                     break
+                if pair and pair % every == 0:
+                    for side in SIDES if pair % 2 == 0 else SIDES[::-1]:
+                        executors[side].restart()
                 for side in SIDES if pair % 2 == 0 else SIDES[::-1]:  # ABBA
                     job = jobs[side]
                     if job is not None:
@@ -264,4 +282,12 @@ def describe_sides(start: ABStart) -> list[str]:
     return lines
 
 
-__all__ = ["SIDES", "ABRun", "ABStart", "describe_sides", "run_ab", "side_grids"]
+__all__ = [
+    "DEFAULT_PROCESSES",
+    "SIDES",
+    "ABRun",
+    "ABStart",
+    "describe_sides",
+    "run_ab",
+    "side_grids",
+]

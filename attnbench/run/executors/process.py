@@ -175,6 +175,13 @@ class SubprocessExecutor:
             self._ready = self._spawn()  # a new child for the jobs that follow
             yield JobDone(job, where, lost=reason)
 
+    def restart(self) -> None:
+        """A fresh child for the jobs that follow (``ab`` changes processes during a run)."""
+        if not self._ready:
+            raise AttnbenchError("the subprocess executor was not started")
+        self._stop()
+        self._ready = self._spawn()
+
     def _death(self) -> str:
         code = self._process.wait(timeout=10) if self._process is not None else None
         tail = self._stderr_tail()
