@@ -35,7 +35,8 @@ for _ in range(2):  # the second pass is the one printed: the first warms the pr
         step = make_step(case, seed=0)
         step()
         policy = TimingPolicy(budget_s=budget, warmup_calls=1)
-        out[spec] = time_on(step.call, policy, case.device, sync=device_sync(case.device)).stats.median_s
+        timed = time_on(step.call, policy, case.device, sync=device_sync(case.device))
+        out[spec] = timed.stats.median_s
 print(json.dumps(out))
 """
 

@@ -68,8 +68,8 @@ def make_run(
 ) -> RunResults:
     """A results folder written by the real writer from synthetic measurements.
 
-    ``cases`` maps (layer, n) to overrides: samples, round_sizes, status, flops, elements, peak, steps, path,
-    device
+    ``cases`` maps (layer, n) to overrides: samples, round_sizes (samples per round), status,
+    flops, elements, peak, steps, path, device
     (the model the row names), calibration (that case's GEMM seconds), instructions and load
     (the 1-minute load average it was measured under, on 2 CPUs) and faults (minor page
     faults per call, every sample). The samples are split into ``rounds`` timing rounds,

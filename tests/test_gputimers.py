@@ -100,7 +100,8 @@ def test_the_kernels_timer_replays_a_graph_and_reads_the_kernels_alone() -> None
     found = timed(device, clock, Timer.KERNELS)
     assert found.stats.median_s == pytest.approx(10e-6)
     # one call's graph, then one of enough calls for a replay of about GRAPH_S
-    assert device.captured == [1, min(gputimers.MAX_GRAPH_CALLS, math.ceil(gputimers.GRAPH_S / 10e-6))]
+    calls = min(gputimers.MAX_GRAPH_CALLS, math.ceil(gputimers.GRAPH_S / 10e-6))
+    assert device.captured == [1, calls]
     assert found.method == f"kernels: CUDA graph replays, {device.captured[-1]} call(s) a graph"
     assert found.stats.calls_per_sample % device.captured[-1] == 0
 
@@ -121,7 +122,8 @@ def test_a_call_that_cannot_be_captured_is_timed_by_events_behind_a_held_stream(
     assert all(h >= device.host_s for h in device.holds)
     assert found.stats.median_s == pytest.approx(10e-6)
     assert device.flushes == 0
-    assert "behind a" in found.method and "no graph: RuntimeError: operation not permitted" in found.method
+    assert "behind a" in found.method
+    assert "no graph: RuntimeError: operation not permitted" in found.method
     assert "\n" not in found.method
 
 
@@ -207,18 +209,18 @@ class FakeNvml:
     def __init__(self, clocks: list[float], top: float = 1980.0, fail: bool = False) -> None:
         self.clocks, self.top, self.fail = iter(clocks), top, fail
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:  # noqa: N802  # NVML's names
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:  # NVML's names
         raise RuntimeError("not found")
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
         if self.fail:
             raise RuntimeError("NVML_ERROR_UNINITIALIZED")
         return f"gpu{index}"
 
-    def nvmlDeviceGetMaxClockInfo(self, handle: str, kind: int) -> float:  # noqa: N802
+    def nvmlDeviceGetMaxClockInfo(self, handle: str, kind: int) -> float:
         return self.top
 
-    def nvmlDeviceGetClockInfo(self, handle: str, kind: int) -> float:  # noqa: N802
+    def nvmlDeviceGetClockInfo(self, handle: str, kind: int) -> float:
         return next(self.clocks)
 
 
