@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 
 from attnbench._version import __version__
-from attnbench.cli import ab, analysis, catalog, judge, machine, sweeping
+from attnbench.cli import ab, analysis, catalog, history, judge, machine, sweeping
 from attnbench.cli.render import console
 from attnbench.errors import AttnbenchError, SweepInterrupted, first_line
 
@@ -144,6 +144,28 @@ for command in (
     app.command(help=help_text(command.__doc__))(
         handles_errors(command, reads_runs=command in READERS)
     )
+
+
+history_app = typer.Typer(
+    help="Runs across commits: file a run (add), find the change points of every series (the "
+    "command alone), publish them as a static site (publish).",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    invoke_without_command=True,
+)
+history_app.callback(invoke_without_command=True, help=help_text(history.show.__doc__))(
+    handles_errors(history.show, reads_runs=True)
+)
+history_app.command("add", help=help_text(history.add.__doc__))(
+    handles_errors(history.add, reads_runs=True)
+)
+history_app.command("publish", help=help_text(history.publish_site.__doc__))(
+    handles_errors(history.publish_site, reads_runs=True)
+)
+app.add_typer(history_app, name="history")
+app.command("bisect", help=help_text(history.bisect_command.__doc__))(
+    handles_errors(history.bisect_command)
+)
 
 
 def main() -> None:

@@ -122,6 +122,7 @@ def run_ab(
     *,
     base_layers: Sequence[str] | None = None,
     base_python: str | None = None,
+    current_python: str | None = None,
     alpha: float = DEFAULT_THRESHOLDS.alpha,
     progress: SideProgress | None = None,
     on_start: Callable[[ABStart], None] | None = None,
@@ -144,9 +145,9 @@ def run_ab(
         raise AttnbenchError(warning.replace("this sweep", "each side"))
     labels = {
         "base": f"the base side ({base_python or 'this interpreter'})",
-        "current": "the current side",
+        "current": f"the current side ({current_python or 'this interpreter'})",
     }
-    pythons = {"base": base_python, "current": None}
+    pythons = {"base": base_python, "current": current_python}
     with contextlib.ExitStack() as stack:
         out_dir = stack.enter_context(new_out_dir(Path(out_dir)))  # none left by a refused start
         executors = {}

@@ -1,0 +1,288 @@
+"""``attnbench history``: runs filed across commits, their change points and a static site;
+``attnbench bisect``: the first commit where a case got slower."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import pandas as pd
+import typer
+
+from attnbench.cli.options import json_flag
+from attnbench.cli.render import Streams, frame_table
+from attnbench.compare.bisect import Race, bisect
+from attnbench.compare.changes import history_steps
+from attnbench.errors import AttnbenchError
+from attnbench.render.dashboard import github_commit_url, publish
+from attnbench.results.history import add_run, load_history
+from attnbench.results.store import load_results
+from attnbench.run.ab import DEFAULT_PROCESSES
+from attnbench.thresholds import Thresholds, parse_fraction
+
+DEFAULT_HISTORY = Path("attnbench-history")
+HistoryOption = Annotated[
+    Path,
+    typer.Option(
+        "--history",
+        help="The history folder (cache or commit it in CI).",
+        envvar="ATTNBENCH_HISTORY",
+    ),
+]
+
+
+def show(
+    ctx: typer.Context,
+    history: HistoryOption = DEFAULT_HISTORY,
+    metric: Annotated[
+        str, typer.Option(help="time_s, flops, elementwise, bytes, seq_steps, path_len or all.")
+    ] = "all",
+    as_json: Annotated[bool, json_flag("the change points")] = False,
+    markdown: Annotated[
+        bool,
+        typer.Option(
+            "--markdown",
+            help="Print the change points as a Markdown table "
+            "(for a pull request's comment or a job summary).",
+        ),
+    ] = False,
+    last: Annotated[
+        int | None,
+        typer.Option(
+            help="Only the change points among the last N commits of each series.",
+            show_default=False,
+            min=1,
+        ),
+    ] = None,
+) -> None:
+    """The change points of every series in a history: where each case's time (or an exact
+    count) stepped, between which commits, by how much and how surely.
+
+    Times are searched with PELT (the ruptures library) on their logs and each step is
+    confirmed by a Mann-Whitney test on the commits either side; an exact count steps at any
+    change. Runs of different machines, devices, dtypes or allocator states are different
+    series.
+    """
+    if ctx.invoked_subcommand is not None:  # history add / publish: not this
+        return
+    frame = load_history(history)
+    steps = history_steps(frame)
+    if metric != "all":
+        if metric not in set(steps["metric"]) | {
+            "time_s",
+            "flops",
+            "elementwise",
+            "bytes",
+            "seq_steps",
+            "path_len",
+        }:
+            raise AttnbenchError(f"unknown --metric {metric!r}")
+        steps = steps[steps["metric"] == metric]
+    if last is not None:
+        steps = steps[steps["points"] - steps["index"] <= last]
+    if markdown:
+        typer.echo(markdown_table(steps, int(frame["file"].nunique())))
+        return
+    if as_json:
+        records = steps.to_dict(orient="records")
+        for r in records:
+            r.update({k: None for k, v in r.items() if isinstance(v, float) and math.isnan(v)})
+        typer.echo(
+            json.dumps(
+                {
+                    "history": str(history),
+                    "runs": int(frame["file"].nunique()),
+                    "change_points": records,
+                },
+                indent=1,
+                default=str,
+            )
+        )
+        return
+    streams = Streams.make()
+    out = streams.out
+    out.print(
+        f"{frame['file'].nunique()} run(s) of {frame['commit'].nunique()} commit(s), "
+        f"{frame['machine'].nunique()} machine(s): {len(steps)} change point(s)"
+    )
+    if steps.empty:
+        return
+    shown = pd.DataFrame(
+        {
+            "layer": steps["layer"],
+            "n": steps["n"],
+            "d": steps["d"],
+            "metric": steps["metric"],
+            "change": [f"x{r:.3f}" for r in steps["ratio"]],
+            "p": [f"{p:.2g}" for p in steps["p_value"]],
+            "before": [c[:10] for c in steps["before"]],
+            "after": [c[:10] for c in steps["after"]],
+            "subject": steps["subject"],
+            "machine": steps["machine"],
+        }
+    )
+    frame_table(shown, out)
+
+
+def markdown_table(steps: pd.DataFrame, runs: int) -> str:
+    """The change points as Markdown: one row a step, slower ones first."""
+    head = f"**attnbench history**: {len(steps)} change point(s) over {runs} run(s)\n"
+    if steps.empty:
+        return head
+    lines = [
+        head,
+        "| layer | n | d | metric | change | p | last before | first after | subject |",
+        "|---|---:|---:|---|---:|---:|---|---|---|",
+    ]
+    for s in steps.sort_values("ratio", ascending=False).to_dict(orient="records"):
+        lines.append(
+            f"| {s['layer']} | {s['n']} | {s['d']} | {s['metric']} | x{s['ratio']:.3f} | "
+            f"{s['p_value']:.2g} | {s['before'][:10]} | {s['after'][:10]} | "
+            f"{str(s['subject']).replace('|', '/')[:60]} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def add(
+    run: Annotated[Path, typer.Argument(help="A results folder (attnbench sweep --out).")],
+    history: HistoryOption = DEFAULT_HISTORY,
+    commit: Annotated[
+        str | None,
+        typer.Option(
+            help="The commit the run measured. Default: the one its run.json records.",
+            show_default=False,
+        ),
+    ] = None,
+    machine: Annotated[
+        str | None,
+        typer.Option(
+            help="The machine's name in the history (runs of one name form a series). "
+            "Default: its CPU model, core count and device.",
+            show_default=False,
+        ),
+    ] = None,
+    repo: Annotated[Path, typer.Option(help="The git repository the commit is in.")] = Path("."),
+) -> None:
+    """File a run in the history under its commit and machine (one JSON file)."""
+    filed = add_run(load_results(run), history, commit=commit, machine=machine, repo=repo)
+    typer.echo(f"filed {run} as {filed.commit[:10]} on {filed.machine!r}: {filed.path}")
+
+
+def publish_site(
+    out: Annotated[Path, typer.Argument(help="The folder to write the site into.")],
+    history: HistoryOption = DEFAULT_HISTORY,
+    commit_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Link to a commit, {commit} replaced by its hash. Default: the "
+            "GitHub page of the repository's origin, if it is on GitHub.",
+            show_default=False,
+        ),
+    ] = None,
+    repo: Annotated[Path, typer.Option(help="The git repository (for --commit-url).")] = Path("."),
+) -> None:
+    """Write the history as a static site: index.html with every change point, and a page
+    per layer plotting each series over its commits with its steps marked. It opens from
+    disk: no server, no script."""
+    frame = load_history(history)
+    url = commit_url or _origin_url(repo)
+    pages = publish(frame, history_steps(frame), out, commit_url=url)
+    typer.echo(f"{len(pages)} page(s) in {out}: open {out / 'index.html'}")
+
+
+def _origin_url(repo: Path) -> str | None:
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), "remote", "get-url", "origin"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except OSError:
+        return None
+    return github_commit_url(done.stdout.strip()) if done.returncode == 0 else None
+
+
+def bisect_command(
+    good: Annotated[str, typer.Argument(help="A commit the case was fast at.")],
+    bad: Annotated[str, typer.Argument(help="A later commit it was slower at.")],
+    layers: Annotated[
+        str,
+        typer.Option(
+            help="The layer(s): a name, or a file of the repository "
+            "(layers.py:factory), read from each commit's worktree."
+        ),
+    ],
+    n: Annotated[str, typer.Option(help="Sequence length(s), as sweep takes them.")],
+    d: Annotated[str, typer.Option(help="Width(s).")],
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N, mps, auto.")] = "auto",
+    time_budget: Annotated[
+        float, typer.Option(help="Seconds of timed calls a case, a race.")
+    ] = 0.5,
+    max_slowdown: Annotated[
+        str, typer.Option(help="The slowdown that makes a commit slower (as ab's gate).")
+    ] = "10%",
+    processes: Annotated[
+        int, typer.Option(help="Worker processes each side of a race goes through.", min=1)
+    ] = DEFAULT_PROCESSES,
+    repo: Annotated[Path, typer.Option(help="The git repository.")] = Path("."),
+    as_json: Annotated[bool, json_flag("the races and the first slower commit")] = False,
+) -> None:
+    """Find the first commit after GOOD, up to BAD, where a case got slower.
+
+    Each commit is checked out in a worktree of its own (your checkout is not touched; it must
+    have no uncommitted changes) and raced against GOOD with ab's gate: BAD first, then the
+    commits between halved, about log2 of them races in all.
+    """
+    slowdown = parse_fraction(max_slowdown, "--max-slowdown")
+    streams = Streams.make(stdout_taken=as_json)
+
+    def heard(race: Race) -> None:
+        if streams.notes is not None:
+            verdict = "slower" if race.slower else "as fast"
+            streams.notes.print(
+                f"raced {race.commit[:10]} ({race.subject[:60]}): x{race.ratio:.3f}, {verdict}",
+                soft_wrap=True,
+            )
+
+    options: dict[str, Any] = {
+        "layers": layers,
+        "n": n,
+        "d": d,
+        "device": device,
+        "time_budget": time_budget,
+    }
+    found = bisect(
+        good,
+        bad,
+        options,
+        repo=repo,
+        processes=processes,
+        thresholds=Thresholds(max_slowdown=slowdown),
+        on_race=heard,
+    )
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "first_bad": found.first_bad,
+                    "subject": found.subject,
+                    "commits": found.commits,
+                    "races": [r.__dict__ for r in found.races],
+                },
+                indent=1,
+            )
+        )
+        return
+    typer.echo(
+        f"first slower commit: {found.first_bad} {found.subject} "
+        f"({len(found.races)} races over {found.commits} commits)"
+    )
+
+
+__all__ = ["add", "bisect_command", "publish_site", "show"]

@@ -1,0 +1,211 @@
+"""``attnbench bisect GOOD BAD``: the first commit where a case got slower, found by races.
+
+Each commit is checked out in a git worktree of its own (the user's checkout, its index and
+its files are never touched) and raced against GOOD with ``ab``'s gate: both sides in worker
+processes whose Python path starts with their worktree, a layer given as a file of the
+repository (``layers.py:factory``) read from each side's worktree. BAD is raced first (it must
+be slower than GOOD, or there is nothing to find), then the commits between are halved: about
+log2 of them races in all, as ``git bisect`` and asv's ``find`` do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnbench.compare.runs import compare_runs
+from attnbench.compare.verdicts import REGRESSION
+from attnbench.errors import AttnbenchError
+from attnbench.run.ab import DEFAULT_PROCESSES, run_ab
+from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds
+
+
+@dataclass(frozen=True)
+class Race:
+    """One commit raced against GOOD: the slowest case's paired ratio and its verdict."""
+
+    commit: str
+    subject: str
+    ratio: float
+    p_value: float
+    slower: bool
+
+
+@dataclass(frozen=True)
+class Bisected:
+    """The first slower commit, every race run, and how many commits lay between."""
+
+    first_bad: str
+    subject: str
+    races: tuple[Race, ...]
+    commits: int  # in GOOD..BAD (BAD included)
+
+
+def git(repo: Path, *args: str) -> str:
+    """A git command's output in ``repo``; one line saying why where it fails."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AttnbenchError(f"git {args[0]} in {str(repo)!r} failed: {exc}") from None
+    if done.returncode:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise AttnbenchError(f"git {' '.join(args[:2])} in {str(repo)!r}: {why}")
+    return done.stdout
+
+
+def commits_between(repo: Path, good: str, bad: str) -> tuple[str, list[str]]:
+    """GOOD's full hash and the commits after it up to BAD (oldest first, BAD last)."""
+    if git(repo, "status", "--porcelain", "--untracked-files=no").strip():
+        raise AttnbenchError(
+            f"the checkout at {str(repo)!r} has uncommitted changes: commit or stash them "
+            "(bisect races commits, each in a worktree of its own, and leaves yours untouched)"
+        )
+    full = []
+    for given in (good, bad):
+        try:
+            full.append(git(repo, "rev-parse", "--verify", "--quiet", f"{given}^{{commit}}"))
+        except AttnbenchError:
+            raise AttnbenchError(f"{given!r} is no commit of {str(repo)!r}") from None
+    full = [f.strip() for f in full]
+    path = git(repo, "rev-list", "--ancestry-path", "--reverse", f"{full[0]}..{full[1]}").split()
+    if not path:
+        raise AttnbenchError(f"{bad} does not come after {good}: give GOOD, then a later BAD")
+    return full[0], path
+
+
+@contextlib.contextmanager
+def worktrees(repo: Path) -> Iterator[Callable[[str], Path]]:
+    """Worktrees of ``repo`` made on demand, one a commit, all removed at the end."""
+    made: dict[str, Path] = {}
+    with tempfile.TemporaryDirectory(prefix="attnbench-bisect-") as root:
+
+        def tree(commit: str) -> Path:
+            if commit not in made:
+                path = Path(root) / commit[:12]
+                git(repo, "worktree", "add", "--detach", "--quiet", str(path), commit)
+                made[commit] = path
+            return made[commit]
+
+        try:
+            yield tree
+        finally:
+            for path in made.values():
+                with contextlib.suppress(AttnbenchError):
+                    git(repo, "worktree", "remove", "--force", str(path))
+            with contextlib.suppress(AttnbenchError):
+                git(repo, "worktree", "prune")
+
+
+def python_at(tree: Path, folder: Path) -> str:
+    """An interpreter (this one) whose Python path starts with ``tree``: a script in
+    ``folder``, so a worker of ``ab`` imports that commit's modules."""
+    script = folder / f"python-{tree.name}"
+    path = f'PYTHONPATH="{tree}${{PYTHONPATH:+:$PYTHONPATH}}"'
+    script.write_text(f'#!/bin/sh\n{path} exec "{sys.executable}" "$@"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def layers_at(layers: Sequence[str], repo: Path, tree: Path, commit: str) -> list[str]:
+    """The layers as a side at ``tree`` names them. A file of the repository
+    (``path.py:factory``, relative to it or inside it) is read from the worktree, through a
+    copy beside it named for the commit (``path__<commit>.py``): two sides' files of one name
+    would be one layer name in the driver."""
+    out = []
+    for spec in layers:
+        path, colon, factory = spec.rpartition(":")
+        if colon and path.endswith(".py"):
+            file = Path(path)
+            inside = file if not file.is_absolute() else file.resolve().relative_to(repo.resolve())
+            source = tree / inside
+            if not source.is_file():
+                raise AttnbenchError(f"{inside} is not in the repository at {commit[:10]}")
+            copy = source.with_name(f"{source.stem}__{commit[:10]}.py")
+            copy.write_bytes(source.read_bytes())
+            out.append(f"{copy}:{factory}")
+        else:
+            out.append(spec)
+    return out
+
+
+def bisect(
+    good: str,
+    bad: str,
+    options: Mapping[str, Any],
+    *,
+    repo: Path = Path("."),
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    processes: int = DEFAULT_PROCESSES,
+    on_race: Callable[[Race], None] | None = None,
+) -> Bisected:
+    """The first commit after GOOD up to BAD whose cases ``ab`` calls a regression against
+    GOOD. ``options`` are the races' grid options (layers, n, d, device, time budget...)."""
+    repo = Path(git(Path(repo), "rev-parse", "--show-toplevel").strip())
+    layers = [t.strip() for t in str(options.get("layers") or "").split(",") if t.strip()]
+    if not layers:
+        raise AttnbenchError("give the layer(s) to race: --layers NAME or --layers file.py:factory")
+    good_full, path = commits_between(repo, good, bad)
+    races: list[Race] = []
+    with worktrees(repo) as tree, tempfile.TemporaryDirectory(prefix="attnbench-races-") as tmp:
+        folder = Path(tmp)
+        base = tree(good_full)
+        base_python = python_at(base, folder)
+
+        def race(commit: str) -> bool:
+            here = tree(commit)
+            run = run_ab(
+                {**options, "layers": ",".join(layers_at(layers, repo, here, commit))},
+                folder / f"ab-{len(races)}",
+                base_layers=layers_at(layers, repo, base, good_full),
+                base_python=base_python,
+                current_python=python_at(here, folder),
+                alpha=thresholds.alpha,
+                processes=processes,
+            )
+            judged = compare_runs(run.base, run.current, thresholds, pairs=run.pairs, paired=True)
+            worst = judged.times.sort_values("ratio_judged", ascending=False).iloc[0]
+            subject = git(repo, "show", "-s", "--format=%s", commit).strip()
+            found = Race(
+                commit,
+                subject,
+                float(worst["ratio_judged"]),
+                float(worst["p_value"]),
+                bool((judged.times["verdict"] == REGRESSION).any()),
+            )
+            races.append(found)
+            if on_race is not None:
+                on_race(found)
+            return found.slower
+
+        if not race(path[-1]):
+            last = races[-1]
+            raise AttnbenchError(
+                f"{bad} is not slower than {good} (x{last.ratio:.3f}, p = {last.p_value:.2g}): "
+                "nothing to bisect"
+            )
+        low, high = -1, len(path) - 1  # path[low] is as fast as GOOD (-1: GOOD), path[high] slower
+        while high - low > 1:
+            middle = (low + high) // 2
+            if race(path[middle]):
+                high = middle
+            else:
+                low = middle
+    first = path[high]
+    subject = next(r.subject for r in races if r.commit == first)
+    return Bisected(first, subject, tuple(races), len(path))
+
+
+__all__ = ["Bisected", "Race", "bisect", "commits_between", "layers_at"]

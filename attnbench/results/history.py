@@ -1,0 +1,208 @@
+"""A history of runs across commits: one JSON file a run, filed under its machine.
+
+``attnbench history add RUN`` files a results folder in a history folder that a CI job can
+cache or commit (a results branch): ``<history>/<machine>/<commit>-<run start>.json``, each
+holding the run's commit, the series it belongs to (machine, device, dtype, allocator state,
+mode, batch) and every case's time with its interval and exact counts. Reading a history reads
+JSON only; it runs no code. Runs of different machines or series are never mixed in one series.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnbench.errors import AttnbenchError
+from attnbench.results.run import RunResults
+from attnbench.schema import Status
+from attnbench.storage import write_text_atomic
+
+SCHEMA = "attnbench-history/1"
+# Each case's figures a history keeps: the time with its interval, and the exact counts.
+CASE_FIELDS = ("time_s", "time_ci_low_s", "time_ci_high_s")
+EXACT_FIELDS = ("flops", "elementwise", "bytes", "seq_steps", "path_len", "peak_bytes")
+# What a series is, beside its machine: a run of another device, dtype, allocator state, mode
+# or batch is another series.
+SERIES_KEYS = ("device_name", "dtype", "allocator", "mode", "batch")
+
+
+@dataclass(frozen=True)
+class Filed:
+    """Where ``add_run`` filed a run, and under what."""
+
+    path: Path
+    machine: str
+    commit: str
+
+
+def machine_name(environment: Mapping[str, Any]) -> str:
+    """A machine's name from a run's environment: its CPU model, core count and device."""
+    cpu = str(environment.get("cpu_model") or "cpu")
+    cores = environment.get("cpu_count")
+    device = str(environment.get("device_name") or environment.get("device") or "")
+    parts = [cpu, f"{cores} cores" if cores else "", device if device != cpu else ""]
+    return " / ".join(p for p in parts if p)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:80] or "machine"
+
+
+def git_commit_info(commit: str, repo: Path) -> tuple[str, str, str] | None:
+    """(full hash, committer date ISO 8601, subject) of ``commit`` in ``repo``; None where git
+    or the commit is not there."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), "show", "-s", "--format=%H%n%cI%n%s", commit],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.splitlines()
+    if done.returncode or len(lines) < 2:
+        return None
+    return lines[0], lines[1], lines[2] if len(lines) > 2 else ""
+
+
+def entry_of(
+    run: RunResults, *, commit: str | None = None, machine: str | None = None, repo: Path
+) -> dict[str, Any]:
+    """The history entry of a run: its commit (``commit``, else the one run.json records),
+    its machine (``machine``, else named from its environment) and its cases."""
+    record = run.record
+    env = record.environment
+    given = commit or env.get("git_commit")
+    if not given:
+        raise AttnbenchError(
+            f"{str(run.path)!r} records no git commit: give the commit it measured (--commit)"
+        )
+    found = git_commit_info(str(given), repo)
+    full, when, subject = found if found else (str(given), str(run.meta.get("start_time")), "")
+    config = record.config
+    series = {
+        "device_name": env.get("device_name") or "",
+        "dtype": config.get("dtype"),
+        "allocator": run.allocator,
+        "mode": config.get("mode"),
+        "batch": config.get("batch"),
+    }
+    cases = []
+    for row in run.frame[run.frame["status"] == Status.OK].itertuples(index=False):
+        values = row._asdict()
+        case = {
+            "case_id": values["case_id"],
+            "layer": values["layer"],
+            "n": int(values["n"]),
+            "d": int(values["d"]),
+        }
+        for name in (*CASE_FIELDS, *EXACT_FIELDS):
+            value = values.get(name)
+            case[name] = None if value is None or pd.isna(value) else float(value)
+        cases.append(case)
+    if not cases:
+        raise AttnbenchError(f"{str(run.path)!r} has no case measured ok: nothing to file")
+    return {
+        "schema": SCHEMA,
+        "commit": full,
+        "commit_time": when,
+        "subject": subject,
+        "dirty": bool(env.get("git_dirty")) and not commit,
+        "machine": machine or machine_name(env),
+        "series": series,
+        "run": {
+            "start_time": run.meta.get("start_time"),
+            "attnbench_version": env.get("attnbench_version"),
+            "torch_version": env.get("torch_version"),
+        },
+        "cases": cases,
+    }
+
+
+def add_run(
+    run: RunResults,
+    history: Path,
+    *,
+    commit: str | None = None,
+    machine: str | None = None,
+    repo: Path = Path("."),
+) -> Filed:
+    """File ``run`` in the ``history`` folder (made if missing); the same run filed twice
+    replaces its own file."""
+    entry = entry_of(run, commit=commit, machine=machine, repo=repo)
+    stamp = re.sub(r"[^0-9]", "", str(entry["run"]["start_time"] or ""))[:14] or "0"
+    folder = Path(history) / slug(entry["machine"])
+    path = folder / f"{entry['commit'][:12]}-{stamp}.json"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(entry, indent=1) + "\n")
+    except OSError as exc:
+        raise AttnbenchError(f"cannot write to the history {str(history)!r}: {exc}") from None
+    return Filed(path, entry["machine"], entry["commit"])
+
+
+def _problem(entry: Any) -> str | None:
+    """What is wrong with a history entry (None: nothing)."""
+    if not isinstance(entry, dict):
+        return "not a JSON object"
+    if entry.get("schema") != SCHEMA:
+        return f"schema {entry.get('schema')!r}, not {SCHEMA!r}"
+    for key, kind in (
+        ("commit", str),
+        ("commit_time", str),
+        ("machine", str),
+        ("series", dict),
+        ("cases", list),
+    ):
+        if not isinstance(entry.get(key), kind):
+            return f"its {key!r} is missing or not a {kind.__name__}"
+    for case in entry["cases"]:
+        if not isinstance(case, dict) or not isinstance(case.get("case_id"), str):
+            return "a case without a case_id"
+        for name in (*CASE_FIELDS, *EXACT_FIELDS):
+            value = case.get(name)
+            if value is not None and not isinstance(value, int | float):
+                return f"case {case['case_id']!r}: {name} is not a number"
+    return None
+
+
+def load_history(history: Path) -> pd.DataFrame:
+    """Every case of every run filed in ``history``, one row each (tidy): the run's commit,
+    commit time, subject, machine and series columns, the case's columns; in commit-time
+    order. A file that is not a history entry is a one-line error naming it."""
+    history = Path(history)
+    if not history.is_dir():
+        raise AttnbenchError(f"history {str(history)!r} is not a folder (attnbench history add)")
+    rows: list[dict[str, Any]] = []
+    for path in sorted(history.glob("*/*.json")):
+        try:
+            entry = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise AttnbenchError(f"history file {str(path)!r} is unreadable: {first}") from None
+        problem = _problem(entry)
+        if problem:
+            raise AttnbenchError(f"history file {str(path)!r} is malformed: {problem}")
+        base = {
+            "commit": entry["commit"],
+            "commit_time": entry["commit_time"],
+            "subject": entry.get("subject", ""),
+            "machine": entry["machine"],
+            "file": str(path),
+            **{key: entry["series"].get(key) for key in SERIES_KEYS},
+        }
+        rows += [{**base, **case} for case in entry["cases"]]
+    if not rows:
+        raise AttnbenchError(f"history {str(history)!r} holds no runs (attnbench history add)")
+    frame = pd.DataFrame(rows)
+    frame["when"] = pd.to_datetime(frame["commit_time"], utc=True, errors="coerce")
+    return frame.sort_values(["when", "file"], kind="stable").reset_index(drop=True)

@@ -1,0 +1,214 @@
+"""attnbench history: runs filed across commits, their change points (validated on seeded
+synthetic histories), the static site (in a real browser), and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from histories import history, score
+from synthetic import make_run
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.compare.changes import exact_steps, find_steps, history_steps
+from attnbench.errors import AttnbenchError
+from attnbench.results.history import SCHEMA, add_run, load_history
+
+runner = CliRunner()
+CASE = "conv/n=64/d=16/k=3/b=1/float32/cpu/forward"
+
+
+def entry(i: int, time_s: float, *, machine: str = "box", flops: float = 1e6) -> dict:
+    return {
+        "schema": SCHEMA,
+        "commit": f"{i:040x}",
+        "commit_time": f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}+00:00",
+        "subject": f"commit {i}",
+        "machine": machine,
+        "series": {"device_name": "cpu", "dtype": "float32", "allocator": "pinned",
+                   "mode": "forward", "batch": 1},
+        "cases": [{"case_id": CASE, "layer": "conv", "n": 64, "d": 16, "time_s": time_s,
+                   "time_ci_low_s": None, "time_ci_high_s": None, "flops": flops,
+                   "elementwise": 0.0, "bytes": 1.0, "seq_steps": 1.0, "path_len": 63.0,
+                   "peak_bytes": 10.0}],
+    }  # fmt: skip
+
+
+def write_history(folder: Path, times: list[float], **kw) -> Path:  # type: ignore[no-untyped-def]
+    for i, t in enumerate(times):
+        made = entry(i, t, **kw)
+        path = folder / made["machine"] / f"{i:04d}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(made))
+    return folder
+
+
+def stepped(count: int = 40, at: int = 25, size: float = 0.3, seed: int = 0) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return [1e-3 * (1 + size * (i >= at)) * math.exp(rng.normal(0, 0.02)) for i in range(count)]
+
+
+def test_a_run_is_filed_under_its_commit_and_machine(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", {("conv", 64): {}, ("rnn", 64): {"status": "oom"}})
+    filed = add_run(run, tmp_path / "h", commit="abc123", machine="ci box", repo=tmp_path)
+    assert filed.path.parent.name == "ci-box" and filed.path.name.startswith("abc123")
+    data = json.loads(filed.path.read_text())
+    assert data["schema"] == SCHEMA and data["commit"] == "abc123"
+    assert [c["layer"] for c in data["cases"]] == ["conv"]  # only what measured ok
+    assert data["cases"][0]["time_s"] == pytest.approx(run.frame["time_s"].iloc[0])
+    assert data["series"]["allocator"] == run.allocator
+    frame = load_history(tmp_path / "h")
+    assert list(frame["commit"]) == ["abc123"] and frame["machine"].iloc[0] == "ci box"
+
+
+def test_a_run_without_a_commit_asks_for_one(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", {("conv", 64): {}}, env={"git_commit": None})
+    with pytest.raises(AttnbenchError, match="--commit"):
+        add_run(run, tmp_path / "h", repo=tmp_path)
+
+
+def test_a_step_is_found_where_it_was_put_and_an_outlier_is_not_one() -> None:
+    (step,) = find_steps(stepped())
+    assert step.index == 25 and step.ratio == pytest.approx(1.3, rel=0.05)
+    assert step.p_value < 1e-3
+    flat = stepped(size=0.0)
+    flat[17] *= 1.8  # one run on a busy machine
+    assert find_steps(flat) == []
+
+
+def test_exact_counts_step_at_any_change() -> None:
+    steps = exact_steps([10, 10, 12, 12, 12, 11])
+    assert [(s.index, s.ratio) for s in steps] == [(2, 1.2), (5, 11 / 12)]
+
+
+def test_series_of_other_machines_are_never_mixed(tmp_path: Path) -> None:
+    write_history(tmp_path, stepped(), machine="a")
+    write_history(tmp_path, stepped(size=0.0, seed=1), machine="b")
+    steps = history_steps(load_history(tmp_path))
+    times = steps[steps["metric"] == "time_s"]
+    assert list(times["machine"]) == ["a"] and list(times["index"]) == [25]
+    assert times["before"].iloc[0] == f"{24:040x}" and times["after"].iloc[0] == f"{25:040x}"
+
+
+def test_the_cli_lists_change_points_as_a_table_and_as_json(tmp_path: Path) -> None:
+    times = stepped()
+    write_history(tmp_path / "h", times)
+    (tmp_path / "h" / "box" / "0030.json").write_text(
+        json.dumps(entry(30, times[30], flops=2e6))
+    )  # one commit's FLOPs moved: a step there and back
+    done = runner.invoke(app, ["history", "--history", str(tmp_path / "h"), "--json"])
+    assert done.exit_code == 0, done.output
+    found = json.loads(done.stdout)["change_points"]
+    assert sorted((c["metric"], c["index"]) for c in found) == [
+        ("flops", 30), ("flops", 31), ("time_s", 25)
+    ]
+    table = runner.invoke(app, ["history", "--history", str(tmp_path / "h")])
+    assert table.exit_code == 0 and "3 change point(s)" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("{not json", "unreadable"),
+        (json.dumps({"schema": "other"}), "malformed: schema"),
+        (json.dumps({**entry(0, 1.0), "cases": [{"case_id": "x", "time_s": "fast"}]}),
+         "time_s is not a number"),
+        (json.dumps([1, 2]), "not a JSON object"),
+    ],
+)  # fmt: skip
+def test_a_mangled_history_file_is_one_line_and_exit_2(
+    tmp_path: Path, content: str, says: str
+) -> None:
+    write_history(tmp_path / "h", stepped(count=12))
+    (tmp_path / "h" / "box" / "9999.json").write_text(content)
+    for command in (["history"], ["history", "publish", str(tmp_path / "site")]):
+        done = runner.invoke(app, [*command, "--history", str(tmp_path / "h")])
+        assert done.exit_code == 2, done.output
+        assert says in done.output and "9999.json" in done.output
+        assert "Traceback" not in done.output and len(done.output.strip().splitlines()) <= 2
+    missing = runner.invoke(app, ["history", "--history", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "is not a folder" in missing.output
+
+
+@pytest.mark.slow
+def test_change_points_on_seeded_histories_meet_the_targets() -> None:
+    """200 seeded histories (tests/histories.py): at most 5% of the steps found are false and
+    at most 5% of the steps of 10% or more are missed (Mozilla's t-test alerts: 12.5%, 6.8%)."""
+    made = [history(seed) for seed in range(200)]
+    result = score([[s.index for s in find_steps(h.times)] for h in made], made)
+    assert result["steps_10pct"] > 150 and result["found"] > 150
+    assert result["false_positive"] <= 0.05, result
+    assert result["missed"] <= 0.05, result
+
+
+def test_the_site_has_a_page_per_layer_and_the_change_points(tmp_path: Path) -> None:
+    write_history(tmp_path / "h", stepped())
+    done = runner.invoke(app, ["history", "publish", str(tmp_path / "site"), "--history",
+                               str(tmp_path / "h"), "--commit-url",
+                               "https://example.org/c/{commit}"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    index = (tmp_path / "site" / "index.html").read_text()
+    page = (tmp_path / "site" / "layer-conv.html").read_text()
+    assert 'href="layer-conv.html' in index and "x1.3" in index
+    assert f"https://example.org/c/{25:040x}" in index  # the first commit after the step
+    assert page.count("<svg") == 1 and 'id="step-' in page and "<script" not in page
+
+
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
+# Where the site is tested in a browser (CI installs Debian's chromium), its absence fails.
+NEED_BROWSER = os.environ.get("ATTNBENCH_REQUIRE_BROWSER") == "1"
+
+PROBE = """<!DOCTYPE html><html><body>
+<iframe id="page" src="%s" width="1200" height="900"></iframe>
+<script>
+document.getElementById('page').addEventListener('load', () => {
+  const doc = document.getElementById('page').contentDocument;
+  const box = (el) => { const r = el.getBoundingClientRect(); return [r.x, r.width, r.height]; };
+  const svgs = [...doc.querySelectorAll('svg')].map(box);
+  const axes = doc.querySelector('[id^="area-"]');
+  const steps = [...doc.querySelectorAll('[id^="step-"]')].map(el => [el.id, box(el)]);
+  const lines = [...doc.querySelectorAll('[id^="axes-"] path')].length;
+  document.body.dataset.found = JSON.stringify({
+    title: doc.title, svgs, axes: axes ? box(axes) : null, steps, lines});
+});
+</script></body></html>"""
+
+
+@pytest.mark.skipif(BROWSER is None and not NEED_BROWSER, reason="needs chromium")
+def test_the_site_renders_in_a_browser_with_the_step_where_the_data_put_it(
+    tmp_path: Path,
+) -> None:
+    assert BROWSER is not None, "ATTNBENCH_REQUIRE_BROWSER=1 and no chromium on PATH"
+    count, at = 40, 25
+    write_history(tmp_path / "h", stepped(count=count, at=at))
+    done = runner.invoke(app, ["history", "publish", str(tmp_path / "site"), "--history",
+                               str(tmp_path / "h")])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    page = tmp_path / "site" / "layer-conv.html"
+    probe = tmp_path / "probe.html"
+    probe.write_text(PROBE % page.as_uri())
+    shown = subprocess.run(
+        [BROWSER, "--headless=new", "--no-sandbox", "--disable-gpu",
+         "--allow-file-access-from-files", "--virtual-time-budget=5000", "--dump-dom",
+         probe.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    dom = shown.stdout
+    start = dom.index('data-found="') + len('data-found="')
+    found = json.loads(dom[start : dom.index('"', start)].replace("&quot;", '"'))
+    assert found["title"] == "conv: time over commits"
+    assert found["svgs"] and all(w > 300 and h > 100 for _, w, h in found["svgs"])  # drawn
+    assert found["lines"] > 0
+    (step_id, (x, _, height)), = found["steps"]
+    assert step_id.endswith(f"-{at}") and height > 50
+    # the axes span commits -0.5 .. count - 0.5: the step lies between commit at-1 and at
+    left, width, _ = found["axes"]
+    commit = (x - left) / width * count - 0.5
+    assert abs(commit - (at - 0.5)) < 0.5, (commit, found)
