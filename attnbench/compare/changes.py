@@ -71,9 +71,10 @@ def find_steps(values: Sequence[float]) -> list[Step]:
         found = tested(breaks)
         weak = [f for f in found if not f[1] < CONFIRM_P]
         if not weak:
-            return [Step(b, ratio, p) for b, p, ratio in found]
+            break
         drop = max(weak, key=lambda f: f[1])[0]
         breaks = [b for b in breaks if b != drop]
+    return [Step(b, ratio, p) for b, p, ratio in found]
 
 
 def exact_steps(values: Sequence[float]) -> list[Step]:
