@@ -75,11 +75,11 @@ step agreement 130 $PY benchmarks/gpu_agreement.py --device $DEV --n 256,2048 --
   --budget 0.15 --json $R/agreement.json
 
 if want ab; then
-  AB_END=$((SECONDS + 150))
+  AB_END=$((SECONDS + 300))  # ab goes through 3 worker processes a side (--processes)
   for i in 1 2 3 4 5; do  # as many as the ab step's time and the deadline leave room for
-    (( $(left) < 60 || AB_END - SECONDS < 30 )) && break
+    (( $(left) < 90 || AB_END - SECONDS < 60 )) && break
     start=$SECONDS
-    timeout -k 5 45 $AB ab --device $DEV --layers conv,rnn,attention,attention-sdpa \
+    timeout -k 5 75 $AB ab --device $DEV --layers conv,rnn,attention,attention-sdpa \
       --n 256,2048 --d 64 --time-budget 0.1 --json --quiet --out $R/ab-aa-$i \
       > "$R/ab-aa-$i.json" 2>> "$LOG"
     echo "== ab A/A $i: exit $? in $((SECONDS - start))s" | tee -a "$LOG"
