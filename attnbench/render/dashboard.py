@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from matplotlib import rcParams
-from matplotlib.figure import Figure
 
 from attnbench.errors import AttnbenchError
 from attnbench.results.history import SERIES_KEYS, slug
@@ -57,6 +55,8 @@ def chart(commits: list[str], times: list[float], steps: list[int], ident: str) 
     line between the last commit before it and the first after (group id
     ``step-<ident>-<index>``); the axes' group id is ``axes-<ident>``, their plotting area's
     ``area-<ident>``."""
+    from matplotlib.figure import Figure  # lazy: the command line starts without matplotlib
+
     figure = Figure(figsize=(7.5, 2.6), dpi=100)
     ax = figure.add_subplot()
     ax.set_gid(f"axes-{ident}")
@@ -85,13 +85,16 @@ class SvgSalt:
     """Deterministic SVG ids for one chart (matplotlib salts them at random otherwise)."""
 
     def __init__(self, salt: str) -> None:
+        from matplotlib import rcParams
+
+        self.params = rcParams
         self.salt, self.before = salt, rcParams["svg.hashsalt"]
 
     def __enter__(self) -> None:
-        rcParams["svg.hashsalt"] = self.salt
+        self.params["svg.hashsalt"] = self.salt
 
     def __exit__(self, *exc: object) -> None:
-        rcParams["svg.hashsalt"] = self.before
+        self.params["svg.hashsalt"] = self.before
 
 
 def publish(
