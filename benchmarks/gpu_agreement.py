@@ -30,7 +30,7 @@ import torch.utils.benchmark as tub
 from attnbench.devices import device_sync
 from attnbench.layers import layer_names
 from attnbench.measure.case import make_step, memory_pass
-from attnbench.measure.gputimers import time_on
+from attnbench.measure.gputimers import time_step
 from attnbench.measure.split import kernel_split
 from attnbench.measure.timing import TimingPolicy
 from attnbench.schema import Timer
@@ -46,7 +46,7 @@ BUSY = 0.8  # kernel_time_s is checked against the kernels timer where kernel_sh
 
 def ours(fn: Callable[[], object], device: str, timer: Timer, budget: float) -> float:
     policy = TimingPolicy(budget_s=budget, warmup_calls=1, timer=timer.value)
-    return time_on(fn, policy, device, sync=device_sync(device)).stats.median_s
+    return time_step(fn, policy, device, sync=device_sync(device)).stats.median_s
 
 
 def reference(name: str, fn: Callable[[], object]) -> float | None:

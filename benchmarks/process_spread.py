@@ -22,7 +22,7 @@ CHILD = """
 import json, sys
 from attnbench.devices import device_sync
 from attnbench.measure.case import make_step
-from attnbench.measure.gputimers import time_on
+from attnbench.measure.gputimers import time_step
 from attnbench.measure.timing import TimingPolicy
 from attnbench.spec import build_grid
 
@@ -35,7 +35,7 @@ for _ in range(2):  # the second pass is the one printed: the first warms the pr
         step = make_step(case, seed=0)
         step()
         policy = TimingPolicy(budget_s=budget, warmup_calls=1)
-        timed = time_on(step.call, policy, case.device, sync=device_sync(case.device))
+        timed = time_step(step.call, policy, case.device, sync=device_sync(case.device))
         out[spec] = timed.stats.median_s
 print(json.dumps(out))
 """

@@ -19,7 +19,7 @@ import torch
 
 from attnbench.devices import device_sync
 from attnbench.measure.case import make_step
-from attnbench.measure.gputimers import cuda_timers, graph_of, time_on
+from attnbench.measure.gputimers import cuda_timers, graph_of, time_step
 from attnbench.measure.timing import TimingPolicy
 from attnbench.spec import build_grid
 
@@ -66,7 +66,7 @@ def main() -> None:
         fn()
         sync()
         policy = TimingPolicy(budget_s=0.2, warmup_calls=1, timer="kernels")
-        ours = time_on(fn, policy, case.device, sync=sync)
+        ours = time_step(fn, policy, case.device, sync=sync)
         calls, replay = graph_of(fn, cuda_timers(case.device), sync=sync)
         single = []
         for _ in range(20):

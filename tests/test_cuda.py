@@ -235,28 +235,28 @@ def _launches(count: int = 200):  # type: ignore[no-untyped-def]
 
 
 def test_the_kernels_timer_leaves_the_launches_out_and_keeps_the_kernels() -> None:
-    from attnbench.measure.gputimers import time_on
+    from attnbench.measure.gputimers import time_step
 
     sync = device_sync(DEVICE)
     kernels = TimingPolicy(**{**SHORT.__dict__, "timer": "kernels"})
     launches = _launches()
     eager = time_call(launches, SHORT, sync=sync).median_s
-    replayed = time_on(launches, kernels, DEVICE, sync=sync)
+    replayed = time_step(launches, kernels, DEVICE, sync=sync)
     assert replayed.method.startswith("kernels: CUDA graph replays")
     assert replayed.stats.median_s < 0.5 * eager  # 200 launches vanish in a replay
     spin = lambda: torch.cuda._sleep(2_000_000)  # noqa: E731  # a kernel of about 1 ms
-    assert time_on(spin, kernels, DEVICE, sync=sync).stats.median_s == pytest.approx(
+    assert time_step(spin, kernels, DEVICE, sync=sync).stats.median_s == pytest.approx(
         time_call(spin, SHORT, sync=sync).median_s, rel=0.1
     )
 
 
 def test_the_cold_timer_holds_the_stream_and_flushes_the_l2() -> None:
-    from attnbench.measure.gputimers import cuda_timers, time_on
+    from attnbench.measure.gputimers import cuda_timers, time_step
 
     sync = device_sync(DEVICE)
     cold = TimingPolicy(**{**SHORT.__dict__, "timer": "cold"})
     launches = _launches()
-    found = time_on(launches, cold, DEVICE, sync=sync)
+    found = time_step(launches, cold, DEVICE, sync=sync)
     assert "flushed" in found.method
     assert found.stats.median_s < 0.5 * time_call(launches, SHORT, sync=sync).median_s
     # a read of a buffer that fits the L2 is slower with the cache flushed before it

@@ -17,6 +17,7 @@ from attnbench.compare.bisect import Race, bisect
 from attnbench.compare.changes import history_steps
 from attnbench.errors import AttnbenchError
 from attnbench.render.dashboard import github_commit_url, publish
+from attnbench.results.environment import git_output
 from attnbench.results.history import add_run, load_history
 from attnbench.results.store import load_results
 from attnbench.run.ab import DEFAULT_PROCESSES
@@ -31,6 +32,8 @@ HistoryOption = Annotated[
         envvar="ATTNBENCH_HISTORY",
     ),
 ]
+
+RepoOption = Annotated[Path, typer.Option(help="The git repository of the commits.")]
 
 
 def show(
@@ -163,7 +166,7 @@ def add(
             show_default=False,
         ),
     ] = None,
-    repo: Annotated[Path, typer.Option(help="The git repository the commit is in.")] = Path("."),
+    repo: RepoOption = Path("."),
 ) -> None:
     """File a run in the history under its commit and machine (one JSON file)."""
     filed = add_run(load_results(run), history, commit=commit, machine=machine, repo=repo)
@@ -181,7 +184,7 @@ def publish_site(
             show_default=False,
         ),
     ] = None,
-    repo: Annotated[Path, typer.Option(help="The git repository (for --commit-url).")] = Path("."),
+    repo: RepoOption = Path("."),
 ) -> None:
     """Write the history as a static site: index.html with every change point, and a page
     per layer plotting each series over its commits with its steps marked. It opens from
@@ -193,19 +196,8 @@ def publish_site(
 
 
 def _origin_url(repo: Path) -> str | None:
-    import subprocess
-
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(repo), "remote", "get-url", "origin"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except OSError:
-        return None
-    return github_commit_url(done.stdout.strip()) if done.returncode == 0 else None
+    remote = git_output(repo, "remote", "get-url", "origin", timeout=10)
+    return None if remote is None else github_commit_url(remote.strip())
 
 
 def bisect_command(
@@ -230,7 +222,7 @@ def bisect_command(
     processes: Annotated[
         int, typer.Option(help="Worker processes each side of a race goes through.", min=1)
     ] = DEFAULT_PROCESSES,
-    repo: Annotated[Path, typer.Option(help="The git repository.")] = Path("."),
+    repo: RepoOption = Path("."),
     as_json: Annotated[bool, json_flag("the races and the first slower commit")] = False,
 ) -> None:
     """Find the first commit after GOOD, up to BAD, where a case got slower.

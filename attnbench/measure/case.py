@@ -27,7 +27,7 @@ from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.elementwise import ELEMENTWISE_METHOD, count_elementwise
 from attnbench.measure.faults import FaultCounter
 from attnbench.measure.flops import FlopCount, trace_flops
-from attnbench.measure.gputimers import device_split, time_on
+from attnbench.measure.gputimers import device_split, time_step
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
 from attnbench.measure.ops import (
@@ -209,7 +209,7 @@ def measure_case(
         if counter is not None:  # counted in its own process, under Callgrind
             timing, instructions, time_method = None, counter.count(case, seed), ""
         else:
-            timed = time_on(step, policy, case.device, clock=clock, sync=sync, faults=faults)
+            timed = time_step(step, policy, case.device, clock=clock, sync=sync, faults=faults)
             timing, time_method, instructions = timed.stats, timed.method, None
             split = auxiliary(
                 lambda: device_split(
@@ -482,7 +482,7 @@ def retime_case(
         step = make_step(case, seed)
         step()  # (B, n, d): lazy initialisation stays unmeasured, as in the first round
         sync()
-        return time_on(step, policy, case.device, clock=clock, sync=sync, faults=faults).stats
+        return time_step(step, policy, case.device, clock=clock, sync=sync, faults=faults).stats
     except Exception:
         release_memory(case.device)
         return None

@@ -78,16 +78,18 @@ class Timed:
 def time_step(
     fn: Callable[[], object],
     policy: TimingPolicy,
-    *,
     device: str,
+    *,
     clock: Clock = time.perf_counter,
     sync: Callable[[], None] = lambda: None,
     faults: FaultCounter | None = None,
     read_clock: Probe | None = None,
     timers: DeviceTimers | None = None,
 ) -> Timed:
-    """Time ``fn`` (one call of a case's layer) with ``policy.timer``."""
+    """Time ``fn`` (one call of a case's layer) with ``policy.timer``, reading ``read_clock``
+    with the samples (by default the device's SM clock, where it can be read)."""
     timer = Timer(policy.timer)
+    read_clock = read_clock if read_clock is not None else clock_probe(device)
     if timer is Timer.BLOCKS:
         stats = time_call(fn, policy, clock=clock, sync=sync, faults=faults, read_clock=read_clock)
         return Timed(stats, BLOCKS_METHOD)
@@ -109,22 +111,6 @@ def time_step(
         return Timed(stats, f"kernels: CUDA graph replays, {calls} call(s) a graph")
     found = _events(fn, policy, timers, cold=True, clock=clock, sync=sync, read_clock=read_clock)
     return Timed(found.stats, f"cold: {found.method}")
-
-
-def time_on(
-    fn: Callable[[], object],
-    policy: TimingPolicy,
-    device: str,
-    *,
-    clock: Clock = time.perf_counter,
-    sync: Callable[[], None] = lambda: None,
-    faults: FaultCounter | None = None,
-) -> Timed:
-    """``time_step`` on ``device``, its SM clock read with each sample where it can be."""
-    read = clock_probe(device)
-    return time_step(
-        fn, policy, device=device, clock=clock, sync=sync, faults=faults, read_clock=read
-    )
 
 
 # A split's graph replays: a few samples suffice, their median is a kernel's steady time.

@@ -263,15 +263,7 @@ def time_call(
     total = probe
     del per_block[:-1]  # the calibration's blocks are not samples; its last one is
     del clocks[:-1]
-    stop = Stop.MAX_SAMPLES
-    while len(samples) < policy.max_samples:
-        if len(samples) >= policy.min_samples:
-            if total >= min(policy.min_time_s, policy.budget_s) and _precise(samples, policy):
-                stop = Stop.PRECISE
-                break
-            if total >= policy.budget_s:
-                stop = Stop.BUDGET
-                break
+    while (stop := _stop(samples, total, policy)) is None:
         elapsed = timed_block(calls)
         total += elapsed
         samples.append(elapsed / calls)
@@ -306,15 +298,8 @@ def sample_until(
     clocks: list[float | None] = []
     total = 0.0
     begin = clock()
-    stop = Stop.MAX_SAMPLES
-    while len(samples) < policy.max_samples:
-        if len(samples) >= policy.min_samples:
-            if total >= min(policy.min_time_s, policy.budget_s) and _precise(samples, policy):
-                stop = Stop.PRECISE
-                break
-            if total >= policy.budget_s or clock() - begin >= wall_factor * policy.budget_s:
-                stop = Stop.BUDGET
-                break
+    overrun = lambda: clock() - begin >= wall_factor * policy.budget_s  # noqa: E731
+    while (stop := _stop(samples, total, policy, overrun)) is None:
         seconds = sample()
         if read_clock is not None:
             clocks.append(read_clock())
@@ -327,6 +312,26 @@ def sample_until(
         stop=stop,
         clocks_mhz=tuple(clocks) if read_clock is not None else None,
     )
+
+
+def _stop(
+    samples: list[float],
+    total: float,
+    policy: TimingPolicy,
+    overrun: Callable[[], bool] = lambda: False,
+) -> Stop | None:
+    """The rule that ends sampling now (None: take another sample): never before
+    ``min_samples``; precise once the median is known to the target after ``min_time_s``;
+    budget once ``total`` seconds of samples (or ``overrun``) reach it; else max samples."""
+    if len(samples) >= policy.max_samples:
+        return Stop.MAX_SAMPLES
+    if len(samples) < policy.min_samples:
+        return None
+    if total >= min(policy.min_time_s, policy.budget_s) and _precise(samples, policy):
+        return Stop.PRECISE
+    if total >= policy.budget_s or overrun():
+        return Stop.BUDGET
+    return None
 
 
 def _precise(samples: list[float], policy: TimingPolicy) -> bool:

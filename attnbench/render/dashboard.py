@@ -55,7 +55,8 @@ def chart(commits: list[str], times: list[float], steps: list[int], ident: str) 
     line between the last commit before it and the first after (group id
     ``step-<ident>-<index>``); the axes' group id is ``axes-<ident>``, their plotting area's
     ``area-<ident>``."""
-    from matplotlib.figure import Figure  # lazy: the command line starts without matplotlib
+    from matplotlib import rc_context  # lazy: the command line starts without matplotlib
+    from matplotlib.figure import Figure
 
     figure = Figure(figsize=(7.5, 2.6), dpi=100)
     ax = figure.add_subplot()
@@ -75,26 +76,10 @@ def chart(commits: list[str], times: list[float], steps: list[int], ident: str) 
     ax.grid(True, which="both", alpha=0.3)
     figure.tight_layout()
     buffer = io.StringIO()
-    with SvgSalt(ident):
+    with rc_context({"svg.hashsalt": ident}):  # the SVG's ids: the same for the same chart
         figure.savefig(buffer, format="svg")
     text = buffer.getvalue()
     return text[text.index("<svg") :]
-
-
-class SvgSalt:
-    """Deterministic SVG ids for one chart (matplotlib salts them at random otherwise)."""
-
-    def __init__(self, salt: str) -> None:
-        from matplotlib import rcParams
-
-        self.params = rcParams
-        self.salt, self.before = salt, rcParams["svg.hashsalt"]
-
-    def __enter__(self) -> None:
-        self.params["svg.hashsalt"] = self.salt
-
-    def __exit__(self, *exc: object) -> None:
-        self.params["svg.hashsalt"] = self.before
 
 
 def publish(

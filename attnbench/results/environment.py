@@ -60,22 +60,24 @@ def compare_keys() -> dict[str, str]:
     return {k.key: k.label for k in ENVIRONMENT_KEYS if k.compare}
 
 
+def git_output(where: Path, *args: str, timeout: float = 30) -> str | None:
+    """A git command's output in the checkout holding ``where`` (None where git, the checkout
+    or the answer is not there)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=timeout
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 def git_info(where: Path) -> dict[str, Any]:
     """Commit and dirty flag of the git checkout holding ``where`` (None outside one)."""
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=5
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout if out.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
+    commit = git_output(where, "rev-parse", "HEAD", timeout=5)
     if commit is None:
         return {"git_commit": None, "git_dirty": None}
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git_output(where, "status", "--porcelain", "--untracked-files=no", timeout=5)
     return {"git_commit": commit.strip(), "git_dirty": bool(status and status.strip())}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
+from attnbench.results.environment import git_output
 from attnbench.results.run import RunResults
 from attnbench.schema import Status
 from attnbench.storage import write_text_atomic
@@ -58,18 +58,9 @@ def slug(text: str) -> str:
 def git_commit_info(commit: str, repo: Path) -> tuple[str, str, str] | None:
     """(full hash, committer date ISO 8601, subject) of ``commit`` in ``repo``; None where git
     or the commit is not there."""
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(repo), "show", "-s", "--format=%H%n%cI%n%s", commit],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = done.stdout.splitlines()
-    if done.returncode or len(lines) < 2:
+    found = git_output(repo, "show", "-s", "--format=%H%n%cI%n%s", commit)
+    lines = (found or "").splitlines()
+    if len(lines) < 2:
         return None
     return lines[0], lines[1], lines[2] if len(lines) > 2 else ""
 
