@@ -94,3 +94,5 @@ def test_bisect_refuses_a_dirty_tree_and_an_unknown_commit(
     assert unknown.exit_code == 2 and "nosuchref" in unknown.output
     backwards = runner.invoke(app, ["bisect", commits[-1], commits[0], *base])
     assert backwards.exit_code == 2 and "does not come after" in backwards.output
+    elsewhere = runner.invoke(app, ["bisect", "a", "b", *base[:-1], str(root.parent)])
+    assert elsewhere.exit_code == 2 and "is not in a git repository" in elsewhere.output

@@ -309,3 +309,15 @@ def test_the_clock_is_read_at_most_every_period_and_carried_between() -> None:
         now[0] = t
         seen.append(limited())
     assert seen == [1980.0, 1980.0, 1980.0, 1410.0, 1410.0, 1755.0]
+
+
+def test_a_time_taken_from_graph_replays_is_not_split_again() -> None:
+    clock = FakeClock()
+    device = FakeDevice(clock, host_s=50e-6, kernel_s=10e-6)
+    timed = time_step(device.call, TimingPolicy(**{**POLICY.__dict__, "timer": "kernels"}),
+                               "cuda:0", clock=clock, timers=device)  # fmt: skip
+    captured = list(device.captured)
+    found = gputimers.device_split(device.call, "cuda:0", timed.stats.median_s, clock=clock,
+                                   timed=timed.method, timers=device)  # fmt: skip
+    assert device.captured == captured  # no graph captured again
+    assert found.share == 1.0 and found.kernel_s == timed.stats.median_s

@@ -153,7 +153,10 @@ def bisect(
 ) -> Bisected:
     """The first commit after GOOD up to BAD whose cases ``ab`` calls a regression against
     GOOD. ``options`` are the races' grid options (layers, n, d, device, time budget...)."""
-    repo = Path(git(Path(repo), "rev-parse", "--show-toplevel").strip())
+    try:
+        repo = Path(git(Path(repo), "rev-parse", "--show-toplevel").strip())
+    except AttnbenchError:
+        raise AttnbenchError(f"{str(repo)!r} is not in a git repository (--repo)") from None
     layers = [t.strip() for t in str(options.get("layers") or "").split(",") if t.strip()]
     if not layers:
         raise AttnbenchError("give the layer(s) to race: --layers NAME or --layers file.py:factory")

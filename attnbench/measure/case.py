@@ -213,7 +213,7 @@ def measure_case(
             timing, time_method, instructions = timed.stats, timed.method, None
             split = auxiliary(
                 lambda: device_split(
-                    step, case.device, timing.median_s, memory.ops, clock=clock, sync=sync
+                    step, case.device, timing.median_s, memory.ops, clock, sync, timed.method
                 )
             )
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on

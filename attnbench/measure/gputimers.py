@@ -46,6 +46,7 @@ MAX_GRAPH_CALLS = 64
 HOLD_MARGIN = 1.5  # the stream is held this many times the host's time for one call
 MAX_HOLD_S = 0.25  # ... and never longer: a slower host's launches show in the time
 BLOCKS_METHOD = "blocks: synchronised blocks of back-to-back calls"
+REPLAYS_METHOD = "kernels: CUDA graph replays"  # how time_method begins for graph replays
 Probe = Callable[[], float | None]
 
 
@@ -108,7 +109,7 @@ def time_step(
         stats = time_call(replay, policy, clock=clock, sync=sync, read_clock=read_clock).per_call(
             calls
         )
-        return Timed(stats, f"kernels: CUDA graph replays, {calls} call(s) a graph")
+        return Timed(stats, f"{REPLAYS_METHOD}, {calls} call(s) a graph")
     found = _events(fn, policy, timers, cold=True, clock=clock, sync=sync, read_clock=read_clock)
     return Timed(found.stats, f"cold: {found.method}")
 
@@ -122,16 +123,20 @@ def device_split(
     device: str,
     call_s: float,
     ops: int | None = None,
-    *,
     clock: Clock = time.perf_counter,
     sync: Callable[[], None] = lambda: None,
+    timed: str = "",
+    *,
     timers: DeviceTimers | None = None,
 ) -> KernelSplit:
     """A call's split into kernels and overhead (``measure.split``). On CUDA the kernels' time is
     that of a CUDA graph of the call, its replays timed back to back: the kernels the call
     runs, without the host's Python, dispatch and launches. Where the call cannot be captured,
     the profiler's busy time of the device is taken (``kernel_split``); elsewhere the
-    profiler's split is the only one."""
+    profiler's split is the only one. A time ``timed`` from graph replays (its ``time_method``)
+    is the kernels' time itself: it is not taken again."""
+    if timed.startswith(REPLAYS_METHOD):  # the time was taken from graph replays already
+        return KernelSplit(1.0, call_s, call_s, 0, "the timed CUDA graph replays themselves")
     if device.startswith("cuda"):
         timers = timers if timers is not None else cuda_timers(device)
         try:
