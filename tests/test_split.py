@@ -5,6 +5,7 @@ ratios within one profile, never by an absolute time."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from attnbench.measure.split import (
     kernel_split,
     split_of,
 )
+from attnbench.regime import OVERHEAD_SHARE
 
 COST = ProfilerCost(per_op_s=1e-6, op_floor_s=0.5e-6)
 
@@ -113,15 +115,7 @@ def large_product() -> torch.nn.Module:
     return torch.nn.Linear(1024, 1024, bias=False)
 
 
-def test_one_large_product_is_almost_all_kernel() -> None:
-    layer, x = large_product(), torch.randn(256, 1024)  # 0.5 GFLOP: milliseconds
-    with torch.no_grad():
-        layer(x)
-        found = kernel_split(lambda: layer(x), "cpu", 1e-3, ops=1)  # one product, as a sweep
-    assert found.share > 0.9
-
-
-def test_a_python_loop_of_tiny_ops_is_mostly_overhead() -> None:
+def tiny_loop() -> Callable[[], torch.Tensor]:
     x = torch.randn(4)
 
     def loop() -> torch.Tensor:
@@ -130,9 +124,24 @@ def test_a_python_loop_of_tiny_ops_is_mostly_overhead() -> None:
             y = torch.tanh(y * 1.01 + 0.1)
         return y
 
-    loop()
-    found = kernel_split(loop, "cpu", 1e-3, ops=600)
-    assert found.share < 0.3
+    return loop
+
+
+def test_a_large_product_reads_kernel_bound_and_a_python_loop_overhead_bound() -> None:
+    """The verdict the split feeds (``regime.OVERHEAD_SHARE``), on the real profiler: one
+    0.5 GFLOP product is kernel-bound, a Python loop of 600 tiny ops overhead-bound, and the
+    product's share is several times the loop's. The margins are the verdict's, not a tuned
+    figure: the shares read 0.89-0.97 and 0.12-0.31 on this project's machines, and their
+    exact values are held by ``benchmarks/kernel_split.py``, which prints them."""
+    layer, x = large_product(), torch.randn(256, 1024)
+    loop = tiny_loop()
+    with torch.no_grad():
+        layer(x)
+        loop()
+        product = kernel_split(lambda: layer(x), "cpu", 1e-3, ops=1)  # one product, as a sweep
+        python = kernel_split(loop, "cpu", 1e-3, ops=600)
+    assert product.share > OVERHEAD_SHARE > python.share
+    assert product.share > 2 * python.share
 
 
 def test_ops_nest_by_their_spans_on_one_thread() -> None:
