@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from histories import history, score
-from synthetic import make_run
+from synthetic import make_run, noisy
 from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.compare.changes import exact_steps, find_steps, history_steps
 from attnbench.errors import AttnbenchError
 from attnbench.results.history import SCHEMA, add_run, load_history
+from attnbench.results.run import RunResults
 
 runner = CliRunner()
 CASE = "conv/n=64/d=16/k=3/b=1/float32/cpu/forward"
@@ -64,7 +65,7 @@ def test_a_run_is_filed_under_its_commit_and_machine(tmp_path: Path) -> None:
     assert [c["layer"] for c in data["cases"]] == ["conv"]  # only what measured ok
     assert data["cases"][0]["time_s"] == pytest.approx(run.frame["time_s"].iloc[0])
     assert data["series"]["allocator"] == run.allocator
-    frame = load_history(tmp_path / "h")
+    frame = load_history(tmp_path / "h", repo=tmp_path).frame
     assert list(frame["commit"]) == ["abc123"] and frame["machine"].iloc[0] == "ci box"
 
 
@@ -91,7 +92,7 @@ def test_exact_counts_step_at_any_change() -> None:
 def test_series_of_other_machines_are_never_mixed(tmp_path: Path) -> None:
     write_history(tmp_path, stepped(), machine="a")
     write_history(tmp_path, stepped(size=0.0, seed=1), machine="b")
-    steps = history_steps(load_history(tmp_path))
+    steps = history_steps(load_history(tmp_path, repo=tmp_path).frame)
     times = steps[steps["metric"] == "time_s"]
     assert list(times["machine"]) == ["a"] and list(times["index"]) == [25]
     assert times["before"].iloc[0] == f"{24:040x}" and times["after"].iloc[0] == f"{25:040x}"
@@ -111,6 +112,113 @@ def test_the_cli_lists_change_points_as_a_table_and_as_json(tmp_path: Path) -> N
     ]
     table = runner.invoke(app, ["history", "--history", str(tmp_path / "h")])
     assert table.exit_code == 0 and "3 change point(s)" in table.stdout
+
+
+START = 1767225600  # 2026-01-01T00:00:00Z, seconds since the epoch
+
+
+def git(repo: Path, *args: str, when: int = START) -> str:
+    """A git command in ``repo``, its commits dated ``when`` (author and committer), away from
+    the user's git configuration."""
+    stamp = f"@{when} +0000"
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org",
+           "GIT_AUTHOR_DATE": stamp, "GIT_COMMITTER_DATE": stamp}  # fmt: skip
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          env=env, check=True)  # fmt: skip
+    return done.stdout.strip()
+
+
+def commit_line(repo: Path, count: int, *, spacing_s: int = 0, label: str = "commit") -> list[str]:
+    """``count`` commits on HEAD, each ``spacing_s`` seconds after the one before (0: all in
+    one second, as a script, a rebase or a batch of merges makes them); oldest first."""
+    for i in range(count):
+        git(repo, "commit", "-q", "--allow-empty", "-m", f"{label} {i}", when=START + i * spacing_s)
+    return git(repo, "rev-list", "--reverse", f"-{count}", "HEAD").split()
+
+
+def new_repo(root: Path) -> Path:
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    return root
+
+
+@pytest.fixture(scope="module")
+def stepped_runs(tmp_path_factory: pytest.TempPathFactory) -> list[RunResults]:
+    """40 results folders of one case, its time 30% slower from the 26th (index 25) on."""
+    folder = tmp_path_factory.mktemp("runs")
+    return [
+        make_run(folder / f"run{i}", {("conv", 64): {"samples": noisy(t, spread=0.01, seed=i)}},
+                 calibration_s=None, rounds=1)
+        for i, t in enumerate(stepped())
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("spacing_s", [0, 60], ids=["in-one-second", "a-minute-apart"])
+def test_a_step_among_commits_of_one_second_is_found_at_its_commit(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stepped_runs: list[RunResults],
+    spacing_s: int,
+) -> None:
+    """Issue 61: 40 commits made in one second have one commit date, which cannot order them;
+    their ancestry does, and the step is found at exactly the commit it was put at, as when
+    they are a minute apart. ``history`` reads the repository it is run in."""
+    repo = new_repo(tmp_path / "repo")
+    commits = commit_line(repo, len(stepped_runs), spacing_s=spacing_s)
+    for run, commit in zip(stepped_runs, commits, strict=True):
+        add_run(run, tmp_path / "h", commit=commit, machine="box", repo=repo)
+    monkeypatch.chdir(repo)
+    done = runner.invoke(app, ["history", "--history", str(tmp_path / "h"), "--json"])
+    assert done.exit_code == 0, done.output
+    found = json.loads(done.stdout)["change_points"]
+    times = [c for c in found if c["metric"] == "time_s"]
+    assert [(c["index"], c["before"], c["after"]) for c in times] == [
+        (25, commits[24], commits[25])
+    ], times
+    assert times[0]["subject"] == "commit 25" and "warning" not in done.stderr
+
+
+def test_runs_are_ordered_by_ancestry_and_by_date_where_git_cannot_place_them(
+    tmp_path: Path,
+) -> None:
+    """Commits of two branches, all made in one second, come each after its parents; a commit
+    the repository lacks goes by its date, with a warning naming it; and with no repository
+    at all, every run goes by date, with one warning line on stderr."""
+    repo = new_repo(tmp_path / "repo")
+    base = commit_line(repo, 3, label="base")
+    git(repo, "checkout", "-q", "-b", "side")
+    side = commit_line(repo, 3, label="side")
+    git(repo, "checkout", "-q", "main")
+    main = commit_line(repo, 3, label="main")
+    git(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
+    merge = git(repo, "rev-parse", "HEAD")
+    known = [*base, *side, *main, merge]
+    early, late = f"{1:040x}", f"{2:040x}"  # in no repository: one a day before, one after
+    dates = {early: "2025-12-31", late: "2026-01-02"}
+    for i, commit in enumerate([merge, *reversed(known[:-1]), late, early]):
+        when = f"{dates.get(commit, '2026-01-01')}T00:00:00+00:00"
+        made = {**entry(i, 1e-3), "commit": commit, "commit_time": when}
+        path = tmp_path / "h" / "box" / f"{i:04d}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(made))
+    loaded = load_history(tmp_path / "h", repo=repo)
+    order = list(loaded.frame.drop_duplicates("commit")["commit"])
+    assert order[0] == early and order[-1] == late and order[-2] == merge
+    for line in git(repo, "rev-list", "--parents", "HEAD").splitlines():
+        child, *parents = line.split()
+        assert all(order.index(p) < order.index(child) for p in parents), (child, order)
+    (warning,) = loaded.warnings
+    assert "2 of 12 commit(s) are not in the git repository" in warning
+    assert early[:10] in warning and late[:10] in warning
+
+    done = runner.invoke(app, ["history", "--history", str(tmp_path / "h"), "--repo",
+                               str(tmp_path / "nowhere"), "--json"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["runs"] == 12
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("warning:") and "is not a git repository" in line
 
 
 @pytest.mark.parametrize(

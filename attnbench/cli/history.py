@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import pandas as pd
 import typer
+from rich.markup import escape
 
 from attnbench.cli.options import json_flag
 from attnbench.cli.render import Streams, frame_table
@@ -20,7 +21,6 @@ from attnbench.render.dashboard import github_commit_url, publish
 from attnbench.results.environment import git_output
 from attnbench.results.history import add_run, load_history
 from attnbench.results.store import load_results
-from attnbench.run.ab import DEFAULT_PROCESSES
 from attnbench.thresholds import Thresholds, parse_fraction
 
 DEFAULT_HISTORY = Path("attnbench-history")
@@ -59,6 +59,7 @@ def show(
             min=1,
         ),
     ] = None,
+    repo: RepoOption = Path("."),
 ) -> None:
     """The change points of every series in a history: where each case's time (or an exact
     count) stepped, between which commits, by how much and how surely.
@@ -66,11 +67,15 @@ def show(
     Times are searched with PELT (the ruptures library) on their logs and each step is
     confirmed by a Mann-Whitney test on the commits either side; an exact count steps at any
     change. Runs of different machines, devices, dtypes or allocator states are different
-    series.
+    series. Commits are taken in the order of the repository's ancestry (--repo), by commit
+    date only where a commit is not in it (a warning says so).
     """
     if ctx.invoked_subcommand is not None:  # history add / publish: not this
         return
-    frame = load_history(history)
+    streams = Streams.make(stdout_taken=as_json or markdown)
+    loaded = load_history(history, repo=repo)
+    warn(loaded.warnings, streams)
+    frame = loaded.frame
     steps = history_steps(frame)
     if metric != "all":
         if metric not in set(steps["metric"]) | {
@@ -104,7 +109,6 @@ def show(
             )
         )
         return
-    streams = Streams.make()
     out = streams.out
     out.print(
         f"{frame['file'].nunique()} run(s) of {frame['commit'].nunique()} commit(s), "
@@ -127,6 +131,13 @@ def show(
         }
     )
     frame_table(shown, out)
+
+
+def warn(warnings: tuple[str, ...], streams: Streams) -> None:
+    """Each of a core's warnings as one line on stderr."""
+    if streams.notes is not None:
+        for warning in warnings:
+            streams.notes.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
 
 
 def markdown_table(steps: pd.DataFrame, runs: int) -> str:
@@ -189,9 +200,10 @@ def publish_site(
     """Write the history as a static site: index.html with every change point, and a page
     per layer plotting each series over its commits with its steps marked. It opens from
     disk: no server, no script."""
-    frame = load_history(history)
+    loaded = load_history(history, repo=repo)
+    warn(loaded.warnings, Streams.make())
     url = commit_url or _origin_url(repo)
-    pages = publish(frame, history_steps(frame), out, commit_url=url)
+    pages = publish(loaded.frame, history_steps(loaded.frame), out, commit_url=url)
     typer.echo(f"{len(pages)} page(s) in {out}: open {out / 'index.html'}")
 
 
@@ -219,9 +231,6 @@ def bisect_command(
     max_slowdown: Annotated[
         str, typer.Option(help="The slowdown that makes a commit slower (as ab's gate).")
     ] = "10%",
-    processes: Annotated[
-        int, typer.Option(help="Worker processes each side of a race goes through.", min=1)
-    ] = DEFAULT_PROCESSES,
     repo: RepoOption = Path("."),
     as_json: Annotated[bool, json_flag("the races and the first slower commit")] = False,
 ) -> None:
@@ -254,7 +263,6 @@ def bisect_command(
         bad,
         options,
         repo=repo,
-        processes=processes,
         thresholds=Thresholds(max_slowdown=slowdown),
         on_race=heard,
     )

@@ -89,9 +89,10 @@ def exact_steps(values: Sequence[float]) -> list[Step]:
 
 
 def history_steps(frame: pd.DataFrame) -> pd.DataFrame:
-    """Every step of every series in a history (``results.history.load_history``): one row
-    per step, with its series, case, metric, the last commit before and the first after it,
-    its size and confidence. A commit run more than once counts once, at its runs' median."""
+    """Every step of every series in a history (``results.history.load_history``'s frame): one
+    row per step, with its series, case, metric, the last commit before and the first after it,
+    its size and confidence. Commits are taken in the history's ``order`` (the repository's
+    ancestry); a commit run more than once counts once, at its runs' median."""
     from attnbench.results.history import SERIES_KEYS
 
     rows = []
@@ -100,14 +101,14 @@ def history_steps(frame: pd.DataFrame) -> pd.DataFrame:
         ordered = (
             group.groupby("commit", sort=False)
             .agg(
-                when=("when", "first"),
+                order=("order", "first"),
                 subject=("subject", "first"),
                 layer=("layer", "first"),
                 n=("n", "first"),
                 d=("d", "first"),
                 **{m: (m, "median") for m in ("time_s", *EXACT)},
             )
-            .sort_values("when", kind="stable")
+            .sort_values("order", kind="stable")
         )
         commits = ordered.index.tolist()
         for metric in ("time_s", *EXACT):

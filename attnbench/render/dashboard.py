@@ -152,8 +152,10 @@ def _layer_page(layer: str, frame: pd.DataFrame, steps: pd.DataFrame, url: str |
         ident = series_id(row)
         per_commit = (
             group.groupby("commit", sort=False)
-            .agg(when=("when", "first"), time_s=("time_s", "median"), subject=("subject", "first"))
-            .sort_values("when", kind="stable")
+            .agg(
+                order=("order", "first"), time_s=("time_s", "median"), subject=("subject", "first")
+            )
+            .sort_values("order", kind="stable")
         )
         commits = per_commit.index.tolist()
         found = (

@@ -4,14 +4,17 @@
 cache or commit (a results branch): ``<history>/<machine>/<commit>-<run start>.json``, each
 holding the run's commit, the series it belongs to (machine, device, dtype, allocator state,
 mode, batch) and every case's time with its interval and exact counts. Reading a history reads
-JSON only; it runs no code. Runs of different machines or series are never mixed in one series.
+its JSON and asks git for the commits' ancestry (their order); it runs no code. Runs of
+different machines or series are never mixed in one series.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,8 @@ EXACT_FIELDS = ("flops", "elementwise", "bytes", "seq_steps", "path_len", "peak_
 # What a series is, beside its machine: a run of another device, dtype, allocator state, mode
 # or batch is another series.
 SERIES_KEYS = ("device_name", "dtype", "allocator", "mode", "batch")
+# A commit's full name, SHA-1 or SHA-256: a shorter name is not looked up (it may be ambiguous).
+FULL_HASH = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,15 @@ class Filed:
     path: Path
     machine: str
     commit: str
+
+
+@dataclass(frozen=True)
+class LoadedHistory:
+    """A history's runs, one row a case a run, oldest commit first (column ``order``); and,
+    where the order fell back to commit dates, why."""
+
+    frame: pd.DataFrame
+    warnings: tuple[str, ...]
 
 
 def machine_name(environment: Mapping[str, Any]) -> str:
@@ -166,10 +180,11 @@ def _problem(entry: Any) -> str | None:
     return None
 
 
-def load_history(history: Path) -> pd.DataFrame:
+def load_history(history: Path, *, repo: Path = Path(".")) -> LoadedHistory:
     """Every case of every run filed in ``history``, one row each (tidy): the run's commit,
-    commit time, subject, machine and series columns, the case's columns; in commit-time
-    order. A file that is not a history entry is a one-line error naming it."""
+    commit time, subject, machine and series columns, the case's columns; in the order of the
+    commits in ``repo`` (``commit_order``). A file that is not a history entry is a one-line
+    error naming it."""
     history = Path(history)
     if not history.is_dir():
         raise AttnbenchError(f"history {str(history)!r} is not a folder (attnbench history add)")
@@ -196,4 +211,52 @@ def load_history(history: Path) -> pd.DataFrame:
         raise AttnbenchError(f"history {str(history)!r} holds no runs (attnbench history add)")
     frame = pd.DataFrame(rows)
     frame["when"] = pd.to_datetime(frame["commit_time"], utc=True, errors="coerce")
-    return frame.sort_values(["when", "file"], kind="stable").reset_index(drop=True)
+    by_date = frame.sort_values(["when", "file"], kind="stable").drop_duplicates("commit")
+    dated = [
+        (str(commit), math.inf if pd.isna(when) else float(when.timestamp()))
+        for commit, when in zip(by_date["commit"], by_date["when"], strict=True)
+    ]
+    order, warning = commit_order(dated, repo)
+    frame["order"] = frame["commit"].map({commit: i for i, commit in enumerate(order)})
+    frame = frame.sort_values(["order", "file"], kind="stable").reset_index(drop=True)
+    return LoadedHistory(frame, () if warning is None else (warning,))
+
+
+def ancestry(commits: Iterable[str], repo: Path) -> list[str] | None:
+    """Every commit of ``repo`` that ``commits`` descend from, themselves included, oldest
+    first: no commit before its parents, otherwise by commit date (``git rev-list
+    --date-order``, as asv numbers its revisions). Names that are not full hashes of commits
+    there are left out; None where ``repo`` is not a git repository."""
+    names = sorted({c for c in commits if FULL_HASH.fullmatch(c)})
+    if not names:
+        return None if git_output(repo, "rev-parse", "--git-dir", timeout=10) is None else []
+    found = git_output(repo, "rev-list", "--date-order", "--reverse", "--ignore-missing", *names)
+    return None if found is None else found.split()
+
+
+def commit_order(dated: Sequence[tuple[str, float]], repo: Path) -> tuple[list[str], str | None]:
+    """A history's commits, oldest first, and a warning where the order falls back to dates.
+
+    ``dated`` is each commit with its commit time (seconds since the epoch, inf if unknown), in
+    date order. Commits in ``repo`` keep its ancestry's order (dates cannot order commits made
+    in one second: a scripted series, a rebase); the others are merged in by their dates."""
+    lineage = ancestry((commit for commit, _ in dated), repo)
+    if lineage is None:
+        return [commit for commit, _ in dated], (
+            f"{str(repo)!r} is not a git repository: runs are ordered by commit date, which "
+            "cannot order commits made in the same second (--repo names the repository)"
+        )
+    rank = {commit: i for i, commit in enumerate(lineage)}
+    placed = sorted((item for item in dated if item[0] in rank), key=lambda item: rank[item[0]])
+    unplaced = [item for item in dated if item[0] not in rank]
+    merged = heapq.merge(placed, unplaced, key=lambda item: item[1])
+    order = [commit for commit, _ in merged]
+    if not unplaced:
+        return order, None
+    names = ", ".join(commit[:10] for commit, _ in unplaced[:3])
+    more = ", ..." if len(unplaced) > 3 else ""
+    return order, (
+        f"{len(unplaced)} of {len(dated)} commit(s) are not in the git repository "
+        f"{str(repo)!r} ({names}{more}): their runs are ordered by commit date (a shallow "
+        "clone? fetch the whole history, or name the repository with --repo)"
+    )
