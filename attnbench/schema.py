@@ -278,7 +278,8 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "fused_path", "text", _MEASURE,
         "fused ops the timed call ran (MultiheadAttention fast path, oneDNN/cuDNN RNN kernels) "
-        "whose work the counts read on the unfused path; empty when both took the same path",
+        "whose work the counts read on the unfused path, and the one op nn.RNN, nn.GRU or "
+        "nn.LSTM issues (rnn_tanh, gru, lstm: its steps run in C++); empty when none ran",
         optional=True,
     ),
     Column(

@@ -15,8 +15,9 @@ from synthetic import small_case
 
 from attnbench.layers import REGISTRY, LayerEntry
 from attnbench.measure import countcache, extend, laws
-from attnbench.measure.case import make_step, measure_case, memory_pass, trace_counts
+from attnbench.measure.case import measure_case, memory_pass, trace_counts
 from attnbench.measure.countcache import Counting, Counts
+from attnbench.measure.step import make_step
 from attnbench.measure.timing import TimingPolicy
 from attnbench.results.store import load_results
 from attnbench.spec import grid_from_config
@@ -128,6 +129,14 @@ def test_a_fused_kernel_is_profiled_at_n() -> None:
     fused = frozenset({"mkldnn_rnn_layer"})
     found = {m: countcache.Profile(4 * m, 5, fused) for m in extend.PROBES}
     assert extend.extend_profile(found, 8192) is None
+
+
+def test_torch_s_recurrent_op_whose_steps_the_dispatcher_sees_is_extended() -> None:
+    """nn.GRU's one op (``ops.RECURRENT_OPS``) dispatches each step's ops, which follow the
+    law: the profile is extended, and keeps the op's name at n."""
+    found = {m: countcache.Profile(4 * m, 11 * m + 4, frozenset({"gru"})) for m in extend.PROBES}
+    profile = extend.extend_profile(found, 8192)
+    assert profile is not None and (profile.ops, profile.fused) == (11 * 8192 + 4, {"gru"})
 
 
 def test_a_convolution_is_profiled_at_n() -> None:

@@ -193,6 +193,29 @@ def test_a_fused_recurrent_kernels_set_up_is_latency_once_a_call() -> None:
     assert plain["latency_s"] == pytest.approx(5 * MACHINE.op_latency_s)  # no fused kernel
 
 
+def test_the_host_issues_a_fused_recurrent_op_once_and_its_inner_ops_pay_one_dispatch() -> None:
+    """nn.RNN, nn.GRU and nn.LSTM each issue one aten op from Python, which runs the whole
+    recurrence in torch's C++ (oneDNN's kernel, or each step's ops dispatched from its loop):
+    the host's cost per op is charged once per such op, each other op of the call one bare
+    op's latency. A call without one charges the host's cost for every op."""
+    machine = replace(MACHINE, host_op_s=8e-6)  # a bare op: 2e-6
+    row = {"case_id": "gru", "flops": 1e3, "bytes": 1e3, "product_bytes": 1e3, "ops": 200,
+           "kernels": "gemm@64:1000:1000", "fused_path": "gru (torch's GRU op)"}  # fmt: skip
+    once = 8e-6 + 199 * 2e-6  # not 200 x 8e-6
+    assert predict(pd.DataFrame([row]), machine).iloc[0]["latency_s"] == pytest.approx(once)
+    # oneDNN's kernel, as a run names it that records the kernel and not torch's op
+    kernel = {**row, "fused_path": "mkldnn_rnn_layer (oneDNN recurrent kernel)"}
+    assert predict(pd.DataFrame([kernel]), machine).iloc[0]["latency_s"] == pytest.approx(once)
+    both = {**row, "fused_path": "lstm (torch's LSTM op); mkldnn_rnn_layer (oneDNN kernel)"}
+    assert predict(pd.DataFrame([both]), machine).iloc[0]["latency_s"] == pytest.approx(once)
+    issued = {**row, "fused_path": ""}  # a loop in Python: every op issued by the host
+    found = predict(pd.DataFrame([issued]), machine).iloc[0]
+    assert found["latency_s"] == pytest.approx(200 * 8e-6)
+    # ceilings from before host_op_s charge every op the bare latency, as before
+    older = predict(pd.DataFrame([row]), MACHINE).iloc[0]
+    assert older["latency_s"] == pytest.approx(200 * 2e-6)
+
+
 def test_effective_ceilings_recover_the_machine_that_made_the_times() -> None:
     """Times made by a known additive machine are fitted back to its ceilings, over layers
     of very different sizes (each layer weighted alike)."""

@@ -29,7 +29,7 @@ from attnbench.compare.verdicts import (
 )
 from attnbench.errors import AttnbenchError
 from attnbench.layers.entry import LayerSource
-from attnbench.measure.ops import fused_names
+from attnbench.measure.ops import RECURRENT_OPS, fused_names
 from attnbench.results.environment import compare_keys
 from attnbench.results.run import RunResults
 from attnbench.schema import EXACT_METRICS, METRIC, Status
@@ -192,7 +192,7 @@ def _kernels(row: pd.Series, recorded: bool) -> str:
     for column in ("fused_path", "backend"):
         text = row.get(column)
         if isinstance(text, str):
-            names |= fused_names(text)
+            names |= fused_names(text) - RECURRENT_OPS  # the module's op, not a kernel choice
     return ", ".join(sorted(names))
 
 

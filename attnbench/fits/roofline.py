@@ -18,9 +18,12 @@ On the CPU the ops of a call run one after another, so their times add up:
      unfused trace shows stays inside it; the kernel's set-up, measured per call, is latency)
     traffic  = (bytes - the bytes above) / bandwidth                 copies and the rest
                compute nothing: memory-bound on any machine
-    latency  = ops x the host's cost per op                          every dispatched op pays it
+    latency  = host ops x the host's cost per op                     each op Python issued
                (``host_op_s``, an op inside a module call; an older file: one bare op's)
+               + the other ops x one bare op's latency                dispatched from C++
                + each fused recurrent kernel's set-up (measured per call)
+               (a call that ran a recurrent op torch runs as one, ``host_ops``: the host
+                issues that op once; every other op of the call is dispatched inside it)
     faults   = page faults x fault cost                              CPU only
     predicted = products + pointwise + traffic + latency + faults    on the CPU
     predicted = max(products + pointwise + traffic, latency)         on CUDA and MPS, whose
@@ -50,7 +53,7 @@ import pandas as pd
 
 from attnbench.devices import is_asynchronous
 from attnbench.measure.ceilings import Ceilings
-from attnbench.measure.ops import FUSED_RECURRENT, fused_names
+from attnbench.measure.ops import FUSED_RECURRENT, RECURRENT_OPS, fused_names
 from attnbench.measure.traffic import Kernel, kernel_records
 from attnbench.schema import numeric_column
 
@@ -130,9 +133,19 @@ def _roofline(case: pd.Series, ceilings: Ceilings) -> Split:
 
 
 def per_op(ceilings: Ceilings) -> float:
-    """What the model charges each dispatched op: the host's cost per op inside a module call
-    (``host_op_s``) where the ceilings have it, else one bare op's latency (older files)."""
+    """What the model charges each op the host issues: the host's cost per op inside a module
+    call (``host_op_s``) where the ceilings have it, else one bare op's latency (older files)."""
     return ceilings.host_op_s or ceilings.op_latency_s
+
+
+def host_ops(ops: float, fused_path: str) -> float:
+    """How many of a call's ``ops`` its host issued: all of them, but in a call whose timed
+    path ran a recurrent op torch runs as one (``fused_path``: torch's own, ``RECURRENT_OPS``,
+    else its fused kernel, ``FUSED_RECURRENT``), one per such op: the rest were dispatched
+    inside it by torch's C++, which pays the dispatcher's cost, not Python's."""
+    names = fused_names(fused_path)
+    calls = len(names & RECURRENT_OPS) or len(names & FUSED_RECURRENT)
+    return float(min(ops, calls)) if calls else ops
 
 
 def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
@@ -158,6 +171,11 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
             "apart": apart,
         }
     )
+    host = pd.Series(
+        [host_ops(o, p) for o, p in zip(ops, cases["fused_path"], strict=True)],
+        index=rows.index,
+        dtype=float,
+    )
     split = pd.DataFrame(
         [_roofline(case, ceilings) for _, case in cases.iterrows()],
         index=rows.index,
@@ -171,7 +189,9 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
         {
             "compute_s": compute,
             "memory_s": memory,
-            "latency_s": ops * per_op(ceilings) + split["set_up"],
+            "latency_s": host * per_op(ceilings)
+            + (ops - host) * ceilings.op_latency_s
+            + split["set_up"],
             "faults_s": numeric_column(rows, "page_faults").fillna(0.0)
             * (ceilings.page_fault_s or 0.0),
         },

@@ -31,6 +31,7 @@ from attnbench.layers.registry import entry
 from attnbench.measure.countcache import Counts, Profile
 from attnbench.measure.laws import fit_law
 from attnbench.measure.memory import is_out_of_memory
+from attnbench.measure.ops import RECURRENT_OPS
 from attnbench.measure.traffic import format_kernels, parse_kernels
 from attnbench.provenance import Provenance, Source
 from attnbench.spec import Case
@@ -123,7 +124,8 @@ def extend_profile(found: Mapping[int, Profile], n: int) -> Profile | None:
     path's ops each by its law; None without a law, or where a fused kernel or a convolution
     ran."""
     lengths = sorted(found)
-    if any(p.fused or p.backends for p in found.values()):
+    # torch's recurrent op whose steps the dispatcher sees (rnn_tanh, gru) follows the law
+    if any(p.fused - RECURRENT_OPS or p.backends for p in found.values()):
         # A fused kernel's scratch memory follows its own rules (oneDNN's lstm at d = 64: a law
         # proven at n = 8..64 misses n = 1024 by 60 kB); it is one op, cheap to profile at n.
         # A convolution's implementation is chosen by its size: the probes' is not n's.
@@ -132,7 +134,8 @@ def extend_profile(found: Mapping[int, Profile], n: int) -> Profile | None:
     values = _carry(found, ("peak_bytes", "ops"), n, degrees)
     if values is None:
         return None
-    return Profile(values["peak_bytes"], values["ops"], frozenset(), describe(degrees, lengths))
+    recurrent = found[lengths[0]].fused  # only RECURRENT_OPS get here: the same at every n
+    return Profile(values["peak_bytes"], values["ops"], recurrent, describe(degrees, lengths))
 
 
 def _carry(

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -130,6 +132,11 @@ MOVEMENT = frozenset({
 # FLOP formula; the counts run with them switched off (``unfused``).
 # The fused recurrent kernels among them: one op runs a whole recurrence (``fits.roofline``).
 FUSED_RECURRENT = frozenset({"mkldnn_rnn_layer", "mkldnn_rnn", "_cudnn_rnn", "miopen_rnn"})
+# The op each of nn.RNN, nn.GRU and nn.LSTM issues once a call, which runs the whole recurrence
+# in torch's C++ (a fused kernel above, or each step's ops dispatched from its loop). They are
+# CompositeImplicitAutograd: a dispatch mode sees only what they dispatch, never them.
+RECURRENT_OPS = frozenset({"rnn_tanh", "rnn_relu", "gru", "lstm"})
+_RECURRENT_MODES = {"RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu", "GRU": "gru", "LSTM": "lstm"}
 FUSED_PATHS = {
     "_native_multi_head_attention": "nn.MultiheadAttention fast path",
     "_transformer_encoder_layer_fwd": "nn.TransformerEncoderLayer fast path",
@@ -139,6 +146,10 @@ FUSED_PATHS = {
     "miopen_rnn": "MIOpen recurrent kernel",
     "_thnn_fused_lstm_cell": "CUDA fused LSTM cell",
     "_thnn_fused_gru_cell": "CUDA fused GRU cell",
+    **{
+        op: "torch's recurrent op: one call from Python, its steps run in C++"
+        for op in sorted(RECURRENT_OPS)
+    },
 }
 # The fast paths of nn.MultiheadAttention and nn.TransformerEncoderLayer: on the CPU their
 # kernel computes the scores explicitly (QK^T, a softmax over the n x n scores, the product
@@ -376,6 +387,12 @@ class _OpNames(TracingMode):
         self.ops += moves_data(func)
         return func(*args, **(kwargs or {}))
 
+    def module_called(self, module: nn.Module, args: object) -> None:
+        """Names the op a torch recurrent module issues (``RECURRENT_OPS``), which the
+        dispatcher never shows."""
+        if isinstance(module, nn.RNNBase):
+            self.names.add(_RECURRENT_MODES[module.mode])
+
 
 def recording_fused(
     fn: Callable[[], object], seen: set[str], ops: list[int] | None = None
@@ -386,8 +403,12 @@ def recording_fused(
 
     def call() -> object:
         recorder = _OpNames()
-        with recorder:
-            out = fn()
+        hook = register_module_forward_pre_hook(recorder.module_called)
+        try:
+            with recorder:
+                out = fn()
+        finally:
+            hook.remove()
         seen.update(name for name in recorder.names if name in FUSED_PATHS)
         if ops is not None:
             ops.append(recorder.ops)
