@@ -9,8 +9,8 @@ from attnbench.layers import LayerEntry, build_layer, layer_names
 from attnbench.layers import register as register_layer
 from attnbench.measure.case import measure_case
 from attnbench.positional import SinusoidalPositionalEncoding, sinusoidal_table
+from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
-from attnbench.results.store import load_results
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Case, Grid, build_grid
 

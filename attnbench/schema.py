@@ -125,14 +125,21 @@ COLUMNS: tuple[Column, ...] = (
     Column("mode", "text", _CASE, "forward, or train (forward + backward)"),
     Column("threads", "int", _MEASURE, "CPU threads torch used"),
     Column("status", "text", _MEASURE, "ok, oom, timeout, skipped or failed (STATUSES)"),
-    Column("time_s", "float", _MEASURE, "median seconds per call", summary="time", fmt=fmt_seconds),
+    Column(
+        "time_s", "float", _MEASURE,
+        "seconds per call: the samples' median in one round; over several rounds (each a "
+        "fresh process), the geometric mean of the rounds' medians, rounds taken on a "
+        "disturbed machine left out (estimators.estimate)",
+        summary="time", fmt=fmt_seconds,
+    ),
     Column(
         "time_iqr_s", "float", _MEASURE, "interquartile range of the samples, seconds",
     ),
     Column(
         "time_ci_low_s", "float", _MEASURE,
-        "the median's 95% confidence interval, lower end, seconds (order statistics of the "
-        "samples; empty under 6 samples)", optional=True,
+        "the time's 95% confidence interval, lower end, seconds: a Student-t interval on the "
+        "logs of the rounds' medians (one round: order statistics of its samples, empty "
+        "under 6)", optional=True,
     ),
     Column(
         "time_ci_high_s", "float", _MEASURE, "its upper end, seconds",
@@ -140,9 +147,32 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "time_stop", "text", _MEASURE,
-        "which rule ended the sampling: precise (the median's 95% interval within the "
-        "target of it), budget (--time-budget spent first) or max samples",
+        "which rule ended the sampling: precise (the 95% interval within the target of the "
+        "time), budget (--time-budget spent first), max samples, or max rounds (as many "
+        "rounds as a sweep adds, the interval still wider than the target)",
         optional=True,
+    ),
+    Column(
+        "rounds", "int", _MEASURE,
+        "timing rounds the time is over, each a fresh process under --executor fork "
+        "(samples.csv's process column names them)", optional=True, summary="rounds",
+        fmt=fmt_int,
+    ),
+    Column(
+        "rounds_disturbed", "int", _MEASURE,
+        "rounds whose machine reference read the machine disturbed (a neighbour slowing "
+        "small ops), left out of the time while two quiet rounds remain",
+        optional=True,
+    ),
+    Column(
+        "spread_between", "float", _MEASURE,
+        "how far the rounds' medians spread: the standard deviation of their logs (about a "
+        "relative spread)", optional=True,
+    ),
+    Column(
+        "spread_within", "float", _MEASURE,
+        "how far one round's samples spread: its IQR / 1.349 over its median (the median "
+        "round's)", optional=True,
     ),
     Column(
         "kernel_time_s", "float", _MEASURE,
@@ -430,7 +460,13 @@ EXACT_METRICS = [m for m in METRICS if m.exact and not m.device_bound] + [
 # load_1m: the 1-minute load average at the end of the sample's round; page_faults: the
 # sample's minor page faults per call; sm_clock_mhz: the GPU's SM clock read after the sample
 # (all added later: older folders load with them empty, as with round).
-SAMPLE_COLUMNS = ["case_id", "sample", "time_s", "round", "load_1m", "page_faults", "sm_clock_mhz"]
+# ``process``: the sweep's number for the process that took the sample (0, 1, ... in the order
+# processes first measured; every round of a case in one process under --executor serial);
+# ``reference_s``: the machine's reference read around the sample's round (measure.reference).
+SAMPLE_COLUMNS = [
+    "case_id", "sample", "time_s", "round", "load_1m", "page_faults", "sm_clock_mhz", "process",
+    "reference_s",
+]  # fmt: skip
 CALIBRATION_COLUMNS = ["point", "before_case", "sample", "time_s"]
 
 

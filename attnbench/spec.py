@@ -41,6 +41,13 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 MODES = ("forward", "train")
+# Rounds a case is timed in at the least (``--processes``), and how many times that a sweep may
+# reach while the case's interval is still wider than its target (``run.queue``).
+DEFAULT_PROCESSES = 3
+MORE_PROCESSES = 2
+# The share of the memory available as a case's process starts that it may take, unless
+# --max-case-memory says otherwise (``run.executors.fresh`` watches it).
+MEMORY_SHARE = 0.85
 METRICS = ("time", "instructions")  # what a sweep measures of each call
 
 
@@ -148,9 +155,14 @@ class Grid:
     time_budget_s: float = 0.5  # most seconds of timed calls per case (precise ones stop sooner)
     seed: int = 0
     max_case_s: float | None = None  # a first call slower than this is a timeout; None: no limit
-    # Timing rounds: each case is timed once per round, the rounds spread over the whole sweep,
-    # so its samples see the machine at several moments (what compare tests across runs).
-    rounds: int = 1
+    # A case's process that grows past this many bytes is ended and the case recorded oom (a
+    # fresh process a round: the fork executor); None: a share of the memory free when it starts.
+    max_case_memory: int | None = None
+    # Timing rounds: each case is timed in at least this many rounds, spread over the sweep,
+    # each (under the fork executor) a fresh process; its time and interval are over them.
+    processes: int = DEFAULT_PROCESSES
+    # At most this many rounds a case (None: MORE_PROCESSES times ``processes``).
+    max_processes: int | None = None
     metric: str = "time"  # or "instructions": counted with Callgrind instead of timed
     timer: str = Timer.BLOCKS.value  # what a sample times (``schema.Timer``)
     allocator: str = DEFAULT_ALLOCATOR  # its state in every measuring process: pinned or system
@@ -267,6 +279,26 @@ def _positive_seconds(value: Any, name: str) -> float:
     return float(value)
 
 
+_SIZE_UNITS = {"": 1, "B": 1, "K": 2**10, "KIB": 2**10, "M": 2**20, "MIB": 2**20,
+               "G": 2**30, "GIB": 2**30, "T": 2**40, "TIB": 2**40}  # fmt: skip
+
+
+def _positive_bytes(value: Any, name: str) -> int:
+    """A size: bytes as an integer, or a number with a binary unit (512MiB, 4G, 1.5GiB)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    text = str(value).strip().upper().replace(" ", "")
+    number = text.rstrip("BKMGTI")
+    unit = text[len(number) :]
+    try:
+        size = float(number) * _SIZE_UNITS[unit]
+    except (KeyError, ValueError):
+        size = math.nan
+    if not 1 <= size < math.inf:
+        raise AttnbenchError(f"--{name}: expected a size such as 4GiB or 512MiB, got {value!r}")
+    return int(size)
+
+
 def _choice(value: Any, name: str, accepted: Iterable[str]) -> str:
     accepted = tuple(accepted)
     if str(value) not in accepted:
@@ -356,10 +388,20 @@ OPTIONS: tuple[Option, ...] = (
            lambda v: _positive_seconds(v, "max-case-seconds"),
            "A case whose single call takes longer is recorded as timeout and the larger cases "
            "of its layer are skipped.", default_text="no limit"),
-    Option("rounds", "rounds", int, lambda v: _positive_int(v, "rounds"),
-           "Time every case in this many rounds spread over the sweep (sharing --time-budget), "
-           "so its samples see the machine at several moments; compare tests the rounds against "
-           "each other. 5 or more for CI."),
+    Option("max_case_memory", "max_case_memory", str,
+           lambda v: _positive_bytes(v, "max-case-memory"),
+           "A case whose process grows past this (4GiB, 512MiB) is ended and recorded oom, and "
+           "the larger cases of its layer are skipped; the sweep goes on (--executor fork).",
+           default_text=f"{MEMORY_SHARE:.0%} of the memory available as each process starts"),
+    Option("processes", "processes", int, lambda v: _positive_int(v, "processes"),
+           "Time every case in at least this many rounds, each a fresh process (--executor "
+           "fork), spread over the sweep in a shuffled order, sharing --time-budget: a case's "
+           "time and its 95% interval are taken over its processes, so they hold what a re-run "
+           "finds; a sweep adds rounds, up to --max-processes, while the interval is wider "
+           "than ±2% or rounds ran on a disturbed machine.", default_text=str(DEFAULT_PROCESSES)),
+    Option("max_processes", "max_processes", int, lambda v: _positive_int(v, "max-processes"),
+           "The most rounds a case gets (--processes at the least).",
+           default_text=f"{MORE_PROCESSES} x --processes"),
     Option("metric", "metric", str, lambda v: _choice(v, "metric", METRICS),
            "time: seconds per call; instructions: CPU instructions per call, counted with "
            "Valgrind's Callgrind in a worker process (repeatable to ~0.2% on a busy machine; "
@@ -397,6 +439,9 @@ def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None =
             f"the recorded configuration has unknown key(s) {', '.join(unknown)}; "
             "was it written by a newer attnbench, or by a plugin layer not loaded?"
         )
+    config = dict(config)
+    if "rounds" in config:  # recorded before rounds became processes (one format: see store)
+        config["processes"] = config.pop("rounds")
     options = {key: value for key, value in config.items() if key in layer_options}
     fields_ = {by_field[key]: value for key, value in config.items() if key in by_field}
     fields_.setdefault("allocator", SYSTEM)  # a run from before --allocator: glibc's defaults
@@ -414,6 +459,11 @@ def load_config(path: Path) -> dict[str, Any]:
         raise AttnbenchError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise AttnbenchError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    if "rounds" in data:
+        raise AttnbenchError(
+            f"config file {str(path)!r}: 'rounds' is now 'processes' (each round of a case "
+            "is timed in a fresh process): rename it"
+        )
     unknown = sorted(set(data) - set(CONFIG_KEYS))
     if unknown:
         raise AttnbenchError(
@@ -433,6 +483,10 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
     ``resolve`` turns the device name into the device cases run on, checked to exist with the
     dtype: this machine's by default, an executor's workers' otherwise.
     """
+    if "rounds" in options:
+        raise AttnbenchError(
+            "'rounds' is now 'processes': each round of a case is timed in a fresh process"
+        )
     given = {key: v for key, v in options.items() if v is not None and key in OPTION}
     values = {key: OPTION[key].parse(v) for key, v in given.items()}
     layer_options = values.pop("option", {})
@@ -475,9 +529,14 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
                 f"--metric instructions counts CPU instructions; --device {grid.device} is not "
                 "the CPU (use --device cpu)"
             )
-        if grid.rounds > 1:
+        if "processes" in given and grid.processes > 1:
             raise AttnbenchError(
-                "--metric instructions: counts repeat to ~0.2%, so there is one round "
-                f"(got --rounds {grid.rounds})"
+                "--metric instructions: counts repeat to ~0.2%, so there is one process a case "
+                f"(got --processes {grid.processes})"
             )
+        grid = replace(grid, processes=1, max_processes=1)
+    if grid.max_processes is not None and grid.max_processes < grid.processes:
+        raise AttnbenchError(
+            f"--max-processes {grid.max_processes} is below --processes {grid.processes}"
+        )
     return grid

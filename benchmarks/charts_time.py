@@ -14,7 +14,7 @@ from pathlib import Path
 from attnbench.fits import analyse
 from attnbench.render.charts import build_charts, save_charts
 from attnbench.render.report import write_report
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 
 
 def main(folder: str = "results/cpu-wide", rounds: int = 3) -> None:

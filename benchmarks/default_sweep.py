@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 
 
 def main() -> None:

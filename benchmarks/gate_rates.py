@@ -76,7 +76,7 @@ def gate_rep(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     slowed = [f"{SLOWED}:slowed" if x == args.slow_layer else x for x in layers]
     percent = ["--option", f"percent={round(args.slowdown * 100)}"]
     gate = ["--max-slowdown", args.max_slowdown, "--fail-on", "time"]
-    sweep = ["sweep", *g, "--layers", args.layers, "--rounds", str(args.rounds), "--no-charts"]
+    sweep = ["sweep", *g, "--layers", args.layers, "--processes", str(args.rounds), "--no-charts"]
     walls = {name: cli(*sweep, "--out", str(root / name))[2] for name in ("A1", "A2")}
     walls["ab-aa"] = cli("ab", *g, "--layers", args.layers, "--json", "--out",
                          str(root / "ab-aa"), *gate)[2]
@@ -171,7 +171,7 @@ def run_suite(args: argparse.Namespace) -> None:
         ci = HERE.parent / "ci.toml"
         with neighbour(args.neighbour, seed=99):
             _, _, wall = cli("sweep", "--config", str(ci), "--metric", "instructions",
-                             "--rounds", "1", "--no-charts", "--quiet", "--out",
+                             "--processes", "1", "--no-charts", "--quiet", "--out",
                              str(root / "ci-instructions"))
         print(f"\nan instruction-count sweep of ci.toml's grid took {wall:.0f} s")
     summarise(args, record)

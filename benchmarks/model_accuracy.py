@@ -38,7 +38,7 @@ from attnbench.fits.roofline import effective_ceilings, predict, relative_rms, r
 from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.ceilings_file import read_ceilings
 from attnbench.measure.rates import lstm_flops
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 
 
 def main() -> None:

@@ -48,14 +48,14 @@ import torch
 from attnbench.fits.roofline import predict, relative_rms
 from attnbench.layers.registry import entry
 from attnbench.measure.allocator import set_allocator
-from attnbench.measure.case import make_step
 from attnbench.measure.ceilings import Ceilings
 from attnbench.measure.flops import formulas
 from attnbench.measure.machine import CEILING_POLICY, LATENCY_POLICY
 from attnbench.measure.ops import TracingMode, is_view, moves_data, tensors, unfused
+from attnbench.measure.step import make_step
 from attnbench.measure.timing import TimingPolicy, time_call
 from attnbench.measure.traffic import ELEMENTWISE_PREFIX, kernel_of, op_bytes
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 from attnbench.spec import Case
 
 FOOTPRINTS = [2**k for k in range(14, 30)]  # 16 KiB .. 512 MiB, bytes read + written

@@ -43,7 +43,7 @@ SEPARATE = ("steps", "flops", "elementwise", "bytes")
 
 
 def run_table(folder: Path) -> None:
-    from attnbench.results.store import load_results
+    from attnbench.results.loader import load_results
 
     run = load_results(folder)
     frame = run.measured.assign(
@@ -154,7 +154,7 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
 
 
 def sweeps(layers: str | None, ns: str | None, ds: str | None) -> None:
-    from attnbench.results.store import load_results
+    from attnbench.results.loader import load_results
 
     grid = [f"--{k}={v}" for k, v in (("layers", layers), ("n", ns), ("d", ds)) if v]
     print("\nsweeps (attnbench sweep --no-charts; cold: an empty cache folder, warm: again)")

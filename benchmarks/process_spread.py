@@ -21,7 +21,7 @@ import sys
 CHILD = """
 import json, sys
 from attnbench.devices import device_sync
-from attnbench.measure.case import make_step
+from attnbench.measure.step import make_step
 from attnbench.measure.gputimers import time_step
 from attnbench.measure.timing import TimingPolicy
 from attnbench.spec import build_grid

@@ -34,7 +34,7 @@ PAGES = {
 
 def reference_table(folder: Path, d: int = 64) -> str:
     """Median time / peak memory per layer (rows) and length (columns) at width ``d``."""
-    from attnbench.results.store import load_results
+    from attnbench.results.loader import load_results
     from attnbench.units import fmt_bytes, fmt_seconds
 
     frame = load_results(folder).measured
@@ -56,7 +56,7 @@ def reference_table(folder: Path, d: int = 64) -> str:
 def comparison_table(folder: Path) -> str:
     """``attnbench table --markdown`` of a run."""
     from attnbench.render.blocks import markdown_table
-    from attnbench.results.store import load_results
+    from attnbench.results.loader import load_results
     from attnbench.table import comparison_table as table
     from attnbench.table import display
 

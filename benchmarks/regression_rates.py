@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from attnbench.compare import REGRESSION, Comparison, compare_runs
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 from attnbench.thresholds import Thresholds, parse_fraction
 
 HERE = Path(__file__).resolve().parent
@@ -44,7 +44,7 @@ def sweep(out: Path, args: argparse.Namespace, *extra: str, slowed: bool = False
     prefix = [str(HERE / "slowed_cli.py"), args.slow_layer, str(args.slowdown)] if slowed else []
     command = [sys.executable, *(prefix or ["-m", "attnbench"]), "sweep", "--quiet"]
     command += ["--no-charts", "--layers", args.layers, "--n", args.n, "--d", args.d]
-    command += ["--time-budget", str(args.time_budget), "--rounds", str(args.rounds)]
+    command += ["--time-budget", str(args.time_budget), "--processes", str(args.rounds)]
     command += ["--out", str(out), *extra]
     start = time.perf_counter()
     subprocess.run(command, check=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.fits import describe_crossover, loglog_exponent, measured_crossover
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 
 LAYERS = ("ssm", "ssm-scan", "attention-sdpa", "attention")
 PAIRS = (
@@ -38,7 +38,7 @@ def sweep(args: argparse.Namespace, out: Path) -> None:
     """The race itself: one real sweep, its rounds interleaving the layers."""
     subprocess.run(
         [sys.executable, "-m", "attnbench", "sweep", "--layers", ",".join(LAYERS),
-         "--n", args.n, "--d", args.d, "--rounds", str(args.rounds), "--time-budget",
+         "--n", args.n, "--d", args.d, "--processes", str(args.rounds), "--time-budget",
          args.time_budget, "--no-charts", "--quiet", "--yes", "--out", str(out)],
         check=True,
     )  # fmt: skip

@@ -18,8 +18,8 @@ import statistics
 import torch
 
 from attnbench.devices import device_sync
-from attnbench.measure.case import make_step
 from attnbench.measure.gputimers import cuda_timers, graph_of, time_step
+from attnbench.measure.step import make_step
 from attnbench.measure.timing import TimingPolicy
 from attnbench.spec import build_grid
 

@@ -118,7 +118,7 @@ def one(layer: str, n: int, allocator: str, torch_first: bool) -> None:
     import torch.utils.benchmark as tb
 
     from attnbench.measure import TimingPolicy, time_call
-    from attnbench.measure.case import make_step
+    from attnbench.measure.step import make_step
     from attnbench.spec import build_grid
 
     case = build_grid({"layers": layer, "n": [n], "d": [D], "device": "cpu"}).cases()[0]

@@ -18,6 +18,9 @@ def pytest_configure(config: pytest.Config) -> None:
     that changes a counter must see it count (tests/test_countcache.py turns it on)."""
     os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-cache-")
     os.environ["ATTNBENCH_NO_CACHE"] = "1"
+    # The command line's sweeps run in this process unless a test asks for the fork server
+    # (tests/test_fork.py): a server costs an import of torch, a case a fork and a first call.
+    os.environ.setdefault("ATTNBENCH_EXECUTOR", "serial")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

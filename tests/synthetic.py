@@ -13,8 +13,9 @@ from attnbench.layers import REGISTRY
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingStats
+from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
-from attnbench.results.store import ResultsWriter, load_results
+from attnbench.results.store import ResultsWriter
 from attnbench.spec import Case
 
 ENV = {
@@ -50,7 +51,7 @@ def small_case(layer: str, n: int = 24, d: int = 16, batch: int = 2, **options: 
 
 def warm_step(case: Case):  # type: ignore[no-untyped-def]
     """The case's measured call, called once (lazy set-up done), ready to be traced."""
-    from attnbench.measure.case import make_step
+    from attnbench.measure.step import make_step
 
     step = make_step(case, seed=0)
     step()

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.compare import REGRESSION, compare_runs
 from attnbench.render.verdicts import schema
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 from attnbench.run.ab import run_ab
 from attnbench.run.executors.process import SubprocessExecutor
 from attnbench.run.sweep import run_sweep
@@ -71,7 +71,7 @@ def test_sides_are_measured_in_turn_abba_round_after_round(tmp_path: Path) -> No
     assert [r for _, _, r in heard[::8]][:3] == [1, 2, 3]  # round after round
     for run in (ab.base, ab.current):
         assert run.rounds == 10 and set(run.frame["status"]) == {"ok"}  # enough pairs
-        assert run.meta["cluster"]["executor"] == "subprocess"
+        assert run.meta["cluster"]["executor"] == "fork"  # a fresh process every job
     c = compare_runs(ab.base, ab.current, pairs=ab.pairs, paired=True)
     assert set(c.times["unit"]) == {"pairs"} and c.paired
     assert not c.failed("deterministic")
@@ -174,12 +174,12 @@ def test_instruction_counts_repeat_and_gate_an_ab_run(tmp_path: Path) -> None:
 def test_too_few_rounds_are_announced_with_what_they_mean(rounds: int, says: str | None) -> None:
     from attnbench.run.ab import _too_few
 
-    notes = _too_few(build_grid({"layers": "conv", "rounds": rounds}), 0.01)
+    notes = _too_few(build_grid({"layers": "conv", "processes": rounds}), 0.01)
     if says is None:
         assert notes == ()
     else:
-        assert len(notes) == 1 and f"--rounds {rounds}" in notes[0] and says in notes[0]
-    counted = build_grid({"layers": "conv", "rounds": 1, "metric": "instructions"})
+        assert len(notes) == 1 and f"--processes {rounds}" in notes[0] and says in notes[0]
+    counted = build_grid({"layers": "conv", "processes": 1, "metric": "instructions"})
     assert _too_few(counted, 0.01) == ()
 
 
@@ -210,29 +210,21 @@ def test_an_interleaved_runs_overall_is_judged_on_its_pairs(tmp_path: Path) -> N
     assert paired.overall_verdict.ratio == 1.0
 
 
-def test_each_side_goes_through_fresh_worker_processes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A process has a speed of its own: with --processes 3 each side's rounds are split among
-    three worker processes, one after another, and every case is still measured every round."""
-    pids: dict[str, list[int]] = {}
-    restart = SubprocessExecutor.restart
-
-    def spy(self: SubprocessExecutor) -> None:
-        before = self._process.pid if self._process else -1
-        restart(self)
-        assert self._process is not None
-        pids.setdefault(self.label, [before]).append(self._process.pid)
-
-    monkeypatch.setattr(SubprocessExecutor, "restart", spy)
+def test_every_job_of_either_side_is_a_fresh_process(tmp_path: Path) -> None:
+    """A process has a speed of its own: each pair's halves run in processes of their own,
+    so a fast process weighs on one pair, and every case is still measured every round."""
     grid = {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "time_budget": 0.02,
-            "rounds": 3}  # fmt: skip
-    ab = run_ab(grid, tmp_path / "ab", processes=3)
-    assert len(pids) == 2  # both sides
-    for seen in pids.values():
-        assert len(seen) == 3 and len(set(seen)) == 3  # three distinct processes a side
+            "processes": 3}  # fmt: skip
+    ab = run_ab(grid, tmp_path / "ab")
+    numbers = []
     for run in (ab.base, ab.current):
         assert run.rounds == 3 and set(run.frame["status"]) == {"ok"}
-        assert len(run.samples.groupby(["case_id", "round"])) == 6  # 2 cases x 3 rounds
-    with pytest.raises(Exception, match="--processes must be at least 1"):
-        run_ab(grid, tmp_path / "ab0", processes=0)
+        per_job = run.samples.groupby(["case_id", "round"])["process"]
+        assert len(per_job) == 6 and (per_job.nunique() == 1).all()  # 2 cases x 3 rounds
+        numbers.append(per_job.first().tolist())
+        assert len(set(numbers[-1])) == 6  # six processes a side
+        assert run.meta["cluster"]["executor"] == "fork"
+    with pytest.raises(Exception, match="--processes must be >= 1"):
+        run_ab({**grid, "processes": 0}, tmp_path / "ab0")
+
+

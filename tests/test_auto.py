@@ -158,7 +158,7 @@ def test_a_line_waits_while_its_case_runs_elsewhere() -> None:
 
 @pytest.mark.slow
 def test_an_auto_sweep_records_what_stopped_each_line(tmp_path: Path) -> None:
-    from attnbench.results.store import load_results
+    from attnbench.results.loader import load_results
     from attnbench.run.sweep import resume_sweep, run_sweep
 
     options = {"layers": "conv,ssm", "n": "auto:16..128", "d": [8], "device": "cpu",

@@ -67,7 +67,7 @@ def test_bisect_finds_the_commit_that_made_a_layer_slower(repo: tuple[Path, list
     before = (git(root, "rev-parse", "HEAD"), git(root, "status", "--porcelain"))
     done = runner.invoke(app, [
         "bisect", commits[0], commits[-1], "--layers", "timed.py:make", "--n", "16", "--d", "8",
-        "--device", "cpu", "--time-budget", "0.1", "--processes", "1", "--repo", str(root),
+        "--device", "cpu", "--time-budget", "0.1", "--repo", str(root),
         "--json",
     ])  # fmt: skip
     assert done.exit_code == 0, done.output

@@ -10,8 +10,8 @@ import pytest
 from attnbench.measure.calibration import CALIBRATION_POLICY, Calibration
 from attnbench.measure.timing import TimingPolicy, time_call
 from attnbench.results.files import CALIBRATION_FILE
+from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
-from attnbench.results.store import load_results
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import build_grid
 
@@ -82,7 +82,7 @@ def test_a_sweep_times_the_calibration_between_its_measured_cases(tiny_run: RunR
     measured = list(tiny_run.frame.loc[tiny_run.frame["status"] == "ok", "case_id"])
     points = list(cal.groupby("point")["before_case"].first())
     assert points[0] == measured[0]  # the first case always has one
-    assert points == [case for case in measured if case in points]  # in order, one at most
+    assert set(points) <= set(measured)  # each before one of the measured cases' rounds
     assert (cal.groupby("point").size() >= CALIBRATION_POLICY.min_samples).all()
     assert (cal["time_s"] > 0).all()
     assert tiny_run.calibration_s == pytest.approx(cal["time_s"].median())
@@ -107,6 +107,7 @@ def test_calibration_can_be_turned_off_and_old_runs_still_load(tmp_path: Path) -
 def test_a_resumed_run_numbers_its_calibration_points_on(tmp_path: Path) -> None:
     grid = build_grid(
         {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "time_budget": 0.001}
+        | {"processes": 1}  # one job a case: a point before each
     )
     out = tmp_path / "run"
     calibration = Calibration(size=16, every_s=0.0)  # before every case

@@ -8,10 +8,11 @@ from torch import nn
 
 from attnbench import layer_names
 from attnbench.measure import census as census_module
-from attnbench.measure.case import make_step, measure_case, traced_counts
+from attnbench.measure.case import measure_case, traced_counts
 from attnbench.measure.census import take_census
 from attnbench.measure.elementwise import count_elementwise
 from attnbench.measure.flops import trace_flops
+from attnbench.measure.step import make_step
 from attnbench.measure.structure import sequential_steps
 from attnbench.measure.timing import TimingPolicy
 from attnbench.measure.traffic import count_traffic

@@ -21,7 +21,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.layers.checks import check_output
 from attnbench.layers.entry import LayerEntry, LayerOption
 from attnbench.layers.registry import register
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 
 runner = CliRunner()
 

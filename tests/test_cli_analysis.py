@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.render.charts import CHARTS
+from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
-from attnbench.results.store import load_results
 
 runner = CliRunner()
 

@@ -24,8 +24,8 @@ from attnbench.render.verdicts import (
     schema,
     to_json,
 )
+from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
-from attnbench.results.store import load_results
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import build_grid, load_config
 

@@ -11,7 +11,7 @@ import pytest
 
 from attnbench.fits import analyse
 from attnbench.render.charts import build_charts, save_charts
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 PLOTTED = sorted(p for p in (ROOT / "results").iterdir() if (p / "charts").is_dir())

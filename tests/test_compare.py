@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pandas as pd
 import pytest
 from synthetic import case, cases_grid, make_run, noisy
@@ -26,7 +27,7 @@ from attnbench.compare import (
 )
 from attnbench.errors import AttnbenchError
 from attnbench.render.verdicts import display_table, schema, to_json
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 from attnbench.thresholds import Thresholds, parse_fraction, rounds_to_reach
 
 # ----------------------------------------------------------------------------- time verdicts
@@ -90,26 +91,37 @@ def test_too_few_samples_get_no_verdict_even_when_twice_as_slow() -> None:
 
 
 def test_rounds_are_the_test_unit_when_there_are_enough() -> None:
-    """One slow round in five is a busy moment, not a regression; five slow rounds are one."""
+    """One slow round in five is a busy moment, not a regression; five slow rounds are one.
+    The test is Welch's on the logs of the rounds' medians, the ratio that of the two times
+    over their rounds (geometric means of the rounds' medians)."""
+    from scipy import stats
+
     base = [noisy(1.0, 10, seed=r) for r in range(5)]
     one_slow = [noisy(1.0, 10, seed=10 + r) for r in range(4)] + [noisy(1.8, 10, seed=20)]
     verdict, unit = judge_rounds(base, one_slow)
-    assert unit == "rounds" and verdict.verdict == UNCHANGED
+    assert unit == "rounds" and verdict.verdict in (UNCHANGED, NOT_SIGNIFICANT)
+    assert verdict.p_value > 0.05
     # Pooled as plain samples, the same data is "significant": why rounds are the unit.
     flat = judge_time([s for r in base for s in r], [s for r in one_slow for s in r])
     assert flat.p_value < 0.01
     all_slow = [noisy(1.3, 10, seed=30 + r) for r in range(5)]
     verdict, unit = judge_rounds(base, all_slow)
     assert unit == "rounds" and verdict.verdict == REGRESSION
-    assert verdict.p_value == pytest.approx(1 / 252)  # every round slower: the smallest p
+    logs = [np.log([np.median(r) for r in side]) for side in (all_slow, base)]
+    welch = stats.ttest_ind(*logs, equal_var=False, alternative="greater").pvalue
+    assert verdict.p_value == pytest.approx(welch)
+    assert verdict.ratio == pytest.approx(np.exp(logs[0].mean() - logs[1].mean()))
     assert verdict.ratio == pytest.approx(1.3, rel=0.03)
 
 
-def test_too_few_rounds_fall_back_to_the_samples() -> None:
-    base = [noisy(1.0, 10, seed=r) for r in range(3)]
-    new = [noisy(1.3, 10, seed=10 + r) for r in range(3)]
-    verdict, unit = judge_rounds(base, new)  # 3 against 3: the smallest p is 1/20
+def test_one_round_a_side_falls_back_to_the_samples() -> None:
+    base = [noisy(1.0, 10, seed=1)]
+    new = [noisy(1.3, 10, seed=10)]
+    verdict, unit = judge_rounds(base, new)
     assert unit == "samples" and verdict.verdict == REGRESSION
+    three = judge_rounds([noisy(1.0, 10, seed=r) for r in range(3)],
+                         [noisy(1.3, 10, seed=10 + r) for r in range(3)])  # fmt: skip
+    assert three[1] == "rounds" and three[0].verdict == REGRESSION  # Welch's reaches 3 v 3
 
 
 def test_missing_samples_are_not_compared() -> None:

@@ -20,7 +20,7 @@ from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.record import WORKER_DIED_ERROR
 from attnbench.results.files import RUN_FILE
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 from attnbench.run.events import ProgressEvent
 from attnbench.run.executors import make_executor
 from attnbench.run.executors.base import Job, JobDone, Placement, Take
@@ -32,9 +32,11 @@ from attnbench.spec import Grid, build_grid
 SMALL_GEMM = Calibration(size=16, every_s=0.0)  # a point before every job
 
 
-def _grid(**extra: Any) -> Grid:
+def _grid(rounds: int = 1, **extra: Any) -> Grid:
+    """``rounds`` rounds a case, no more (one: a job is a case)."""
     options = {"layers": "conv,rnn", "n": "8,16,32", "d": "4", "device": "cpu"}
-    return build_grid({**options, "time_budget": 0.003, **extra})
+    fixed = {"processes": rounds, "max_processes": rounds}
+    return build_grid({**options, "time_budget": 0.003, **fixed, **extra})
 
 
 class FakeCluster:

@@ -19,7 +19,7 @@ from attnbench.measure.case import measure_case, memory_pass, trace_counts
 from attnbench.measure.countcache import Counting, Counts
 from attnbench.measure.step import make_step
 from attnbench.measure.timing import TimingPolicy
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 from attnbench.spec import grid_from_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,8 +5,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnbench import layer_names
-from attnbench.measure.case import make_step
 from attnbench.measure.flops import count_flops, flops_agree
+from attnbench.measure.step import make_step
 from attnbench.spec import Case, build_grid
 
 

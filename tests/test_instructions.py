@@ -51,8 +51,8 @@ def test_a_time_run_has_no_instructions_to_compare(tmp_path: Path) -> None:
 def test_instructions_are_counted_on_the_cpu_in_one_round() -> None:
     with pytest.raises(AttnbenchError, match="counts CPU instructions; --device cuda:0"):
         build_grid({"layers": "conv", "metric": "instructions"}, lambda name, dtype: "cuda:0")
-    with pytest.raises(AttnbenchError, match="there is one round"):
-        build_grid({"layers": "conv", "metric": "instructions", "rounds": 3, "device": "cpu"})
+    with pytest.raises(AttnbenchError, match="there is one process a case"):
+        build_grid({"layers": "conv", "metric": "instructions", "processes": 3, "device": "cpu"})
     with pytest.raises(AttnbenchError, match="unknown metric 'cycles'"):
         build_grid({"metric": "cycles", "device": "cpu"})
 

@@ -56,7 +56,7 @@ def good_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     result = runner.invoke(app, [
         "sweep", "--layers", f"{plugin}:ENTRY,attention", "--n", "8,16,32", "--d", "8",
         "--heads", "2", "--device", "cpu", "--time-budget", "0.002", "--no-charts",
-        "--out", str(folder / "run"), "--rounds", "2",
+        "--out", str(folder / "run"), "--processes", "2",
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     REGISTRY.clear()

@@ -18,7 +18,7 @@ from attnbench import build_grid, register_layer, run_sweep
 from attnbench.cli import app
 from attnbench.layers import REGISTRY
 from attnbench.results.files import RESULTS_FILE
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 
 runner = CliRunner()
 TINY = ["--n", "8,16", "--d", "8", "--device", "cpu", "--time-budget", "0.002"]

@@ -21,7 +21,7 @@ from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.measure.record import WORKER_DIED_ERROR
 from attnbench.results.files import RUN_FILE
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 from attnbench.run.events import ProgressEvent
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid

@@ -21,7 +21,7 @@ from attnbench.cli import app
 from attnbench.measure.flops import trace_flops
 from attnbench.measure.ops import unfused
 from attnbench.measure.record import CaseResult
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 from attnbench.spec import Case
 
 runner = CliRunner()

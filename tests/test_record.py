@@ -29,6 +29,10 @@ def test_a_timed_case_fills_every_timing_column_from_its_samples() -> None:
         "time_total_s": 0.05,
         "page_faults": 4.0,  # the median sample's faults per call
         "major_faults": 2.0,  # 40 over 4 blocks of 5 calls
+        "rounds": 1,  # one round: its samples' median and their interval
+        "rounds_disturbed": 0,
+        "spread_between": None,  # one round: no spread between rounds
+        "spread_within": timing.iqr_s / 1.349 / 2.5e-3,
     }
     assert timing.iqr_s > 0
     row = CaseResult(CASE, "ok", 2, timing=timing, flops=100).to_row()

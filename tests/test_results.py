@@ -11,7 +11,8 @@ from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import TimingStats
 from attnbench.results.environment import environment
 from attnbench.results.files import prepare_out_dir
-from attnbench.results.store import ResultsWriter, load_results
+from attnbench.results.loader import load_results
+from attnbench.results.store import ResultsWriter
 from attnbench.schema import RESULT_COLUMNS
 from attnbench.spec import Case
 

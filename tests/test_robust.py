@@ -15,11 +15,13 @@ import torch
 
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
-from attnbench.measure.case import is_out_of_memory, measure_case, release_memory
+from attnbench.measure.case import is_out_of_memory, measure_case
 from attnbench.measure.record import DIED_ERROR, CaseResult
+from attnbench.measure.step import release_memory
 from attnbench.results.environment import environment
 from attnbench.results.files import RESULTS_FILE, RUN_FILE, SAMPLES_FILE
-from attnbench.results.store import ResultsWriter, load_results
+from attnbench.results.loader import load_results
+from attnbench.results.store import ResultsWriter
 from attnbench.run.events import ProgressEvent, SweepStart
 from attnbench.run.executors import serial as serial_module
 from attnbench.run.executors import worker as worker_module
@@ -28,9 +30,9 @@ from attnbench.spec import Case, Grid, build_grid
 
 
 def _grid(layers: str = "conv,rnn", n: str = "8,16,32", d: str = "8", **extra: object) -> Grid:
-    return build_grid(
-        {"layers": layers, "n": n, "d": d, "device": "cpu", "time_budget": 0.002, **extra}
-    )
+    """One round a case unless told: these tests are about cases, not rounds."""
+    options = {"layers": layers, "n": n, "d": d, "device": "cpu", "time_budget": 0.002}
+    return build_grid({**options, "processes": 1, **extra})
 
 
 def _ids(grid: Grid) -> list[str]:
@@ -614,10 +616,10 @@ def _failing_after(append, cases: int, monkeypatch: pytest.MonkeyPatch):  # type
     """``ResultsWriter.append`` whose (cases + 1)-th call finds the disk full mid-row."""
     seen = {"cases": 0}
 
-    def wrapped(self, result, calibration=None):  # type: ignore[no-untyped-def]
+    def wrapped(self, result, calibration=None, process=""):  # type: ignore[no-untyped-def]
         seen["cases"] += 1
         if seen["cases"] > cases:
             _disk_full_after(monkeypatch, 0)
-        return append(self, result, calibration)
+        return append(self, result, calibration, process)
 
     return wrapped

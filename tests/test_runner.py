@@ -19,17 +19,20 @@ from attnbench.spec import Case, Grid, build_grid
 @pytest.mark.slow
 def test_every_case_is_written_before_the_next_starts(tiny_grid: Grid, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    seen: list[tuple[str, int, int]] = []
+    seen: list[tuple[str, int, int, int]] = []
 
     def progress(event: ProgressEvent) -> None:
         rows = len(pd.read_csv(out / "results.csv"))
-        seen.append((event.kind, event.index, rows))
+        seen.append((event.kind, event.index, event.round, rows))
 
     run = run_sweep(tiny_grid, out, progress=progress)
     total = len(tiny_grid.cases())
     assert len(run.frame) == total
-    for kind, index, rows in seen:
-        assert rows == (index + 1 if kind == "done" else index)
+    for kind, index, round_, rows in seen:
+        if round_ == 1:  # a case's row is written after its first round
+            assert rows == (index + 1 if kind == "done" else index)
+        else:  # later rounds add samples, not rows
+            assert rows == total
     assert (run.frame["status"] == "ok").all()
     assert set(run.frame["case_id"]) == {c.case_id for c in tiny_grid.cases()}
 

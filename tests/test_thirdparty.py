@@ -20,7 +20,7 @@ from synthetic import registry_restored
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 
 for package in ("local_attention", "performer_pytorch", "linear_attention_transformer"):
     pytest.importorskip(package, reason='the thirdparty tests need pip install -e ".[thirdparty]"')

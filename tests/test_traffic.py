@@ -10,8 +10,8 @@ from synthetic import small_case, warm_step
 from torch import nn
 
 from attnbench import layer_names
-from attnbench.measure.case import make_step
 from attnbench.measure.record import CaseResult
+from attnbench.measure.step import make_step
 from attnbench.measure.traffic import (
     Traffic,
     count_bytes,

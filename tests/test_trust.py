@@ -20,7 +20,7 @@ from attnbench.cli import app
 from attnbench.errors import AttnbenchError
 from attnbench.layers import REGISTRY, plugins
 from attnbench.results.files import RESULTS_FILE, RUN_FILE
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 
 runner = CliRunner()
 

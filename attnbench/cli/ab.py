@@ -26,7 +26,7 @@ from attnbench.compare import compare_runs
 from attnbench.measure.countcache import Counting
 from attnbench.render.verdicts import to_json, to_markdown
 from attnbench.results.files import default_out_dir
-from attnbench.run.ab import DEFAULT_PROCESSES, run_ab
+from attnbench.run.ab import run_ab
 from attnbench.spec import load_config
 from attnbench.storage import write_text_atomic
 from attnbench.thresholds import gate_from
@@ -69,27 +69,18 @@ def ab(
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help=NO_CACHE_HELP, envvar="ATTNBENCH_NO_CACHE")
     ] = False,
-    processes: Annotated[
-        int,
-        typer.Option(
-            help="Worker processes each side goes through, one after another, the rounds "
-            "split among them: a process has a speed of its own (1.12-1.19x between fresh "
-            "processes on an H200), and with one a side it could pass for a change.",
-            min=1,
-        ),
-    ] = DEFAULT_PROCESSES,
     as_json: Annotated[bool, json_flag("the verdicts")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress, table or notes.")] = False,
     **options: Any,
 ) -> None:
     """Race the current side against a base side, measured in turn: exit 1 on a regression.
 
-    Each side runs in its own worker process (--processes of them, one after another); cases
-    are measured in ABBA order, round after round, so a busy moment of the machine slows both
-    halves of a pair alike. Time regresses
+    Every job of either side runs in a fresh process of its side; cases are measured in ABBA
+    order, pair after pair, so a busy moment of the machine slows both halves of a pair alike,
+    and a process's own speed weighs on one pair only. Time regresses
     when the median of the paired per-round ratios (current / base) exceeds --max-slowdown and
-    a one-sided Wilcoxon signed-rank test on them gives p < --alpha; --rounds defaults to
-    enough pairs for that test (10 at alpha 0.01). FLOPs, steps, path length, memory and, with
+    a one-sided Wilcoxon signed-rank test on them gives p < --alpha; --processes (the pairs)
+    defaults to enough for that test (10 at alpha 0.01). FLOPs, steps, path length, memory and, with
     --metric instructions, Callgrind's instruction counts are compared as compare does.
     """
     thresholds, gate = gate_from(options)
@@ -115,7 +106,6 @@ def ab(
             on_start=progress.started,
             allow_large=yes,
             counting=Counting(cache=not no_cache),
-            processes=processes,
         )
     comparison = compare_runs(run.base, run.current, thresholds, pairs=run.pairs, paired=True)
     write_text_atomic(run.out_dir / "verdicts.json", json.dumps(to_json(comparison, gate)) + "\n")

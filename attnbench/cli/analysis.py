@@ -41,8 +41,8 @@ from attnbench.render.pe import parse_columns, pe_figures
 from attnbench.render.report import fit_tables, model_notes, write_report
 from attnbench.results.environment import environment
 from attnbench.results.files import latest_results
+from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
-from attnbench.results.store import load_results
 from attnbench.table import HEADERS, comparison_table, display, fit_notes
 
 

@@ -20,7 +20,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.render.dashboard import github_commit_url, publish
 from attnbench.results.environment import git_output
 from attnbench.results.history import add_run, load_history
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 from attnbench.thresholds import Thresholds, parse_fraction
 
 DEFAULT_HISTORY = Path("attnbench-history")

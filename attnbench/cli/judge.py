@@ -12,7 +12,7 @@ from attnbench.cli.render import Streams, comparison_table, comparison_warnings
 from attnbench.compare import Comparison, compare_runs
 from attnbench.errors import AttnbenchError
 from attnbench.render.verdicts import FORMATS, append_step_summary
-from attnbench.results.store import load_results
+from attnbench.results.loader import load_results
 from attnbench.storage import write_text_atomic
 from attnbench.thresholds import gate_from
 

@@ -24,8 +24,8 @@ from attnbench.measure.machine import PASSES
 from attnbench.render.charts import build_charts, save_charts
 from attnbench.render.report import crossover_display
 from attnbench.results.files import latest_results
+from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
-from attnbench.results.store import load_results
 from attnbench.units import fmt_seconds
 
 

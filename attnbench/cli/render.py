@@ -351,7 +351,7 @@ class ABProgress:
             return
         grid = start.grids["current"]
         self.console.print(
-            f"attnbench {__version__} ab: {len(grid.cases())} cases a side x {grid.rounds} "
+            f"attnbench {__version__} ab: {len(grid.cases())} cases a side x {grid.processes} "
             f"round(s), measured in turn (ABBA) on {grid.device} ({grid.dtype}, {grid.mode}, "
             f"batch {grid.batch}), {estimate_range(start.estimate_low_s, start.estimate_s)} "
             f"-> {start.out_dir}",

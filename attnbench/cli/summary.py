@@ -10,9 +10,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from attnbench.estimators import rel_ci
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.faults import FAULT_SHARE
-from attnbench.measure.timing import IMPRECISE_REL_CI, is_imprecise, rel_ci
+from attnbench.measure.timing import IMPRECISE_REL_CI, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
 from attnbench.results.run import RunResults
 from attnbench.schema import STATUSES, SUMMARY_COLUMNS, RunStatus, Status

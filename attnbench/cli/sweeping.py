@@ -28,9 +28,9 @@ from attnbench.measure import extend
 from attnbench.measure.countcache import Counting
 from attnbench.render.charts import plot_run
 from attnbench.render.verdicts import to_json
+from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
-from attnbench.results.store import load_results
-from attnbench.run.executors import EXECUTORS, make_executor
+from attnbench.run.executors import EXECUTORS, default_executor, make_executor
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import load_config
 from attnbench.thresholds import gate_from
@@ -111,8 +111,14 @@ def sweep(
         ),
     ] = None,
     executor: Annotated[
-        str, typer.Option(help=EXECUTOR_HELP, envvar="ATTNBENCH_EXECUTOR")
-    ] = "serial",
+        str | None,
+        typer.Option(
+            help=EXECUTOR_HELP + " Default: fork (serial for --metric instructions, or where "
+            "this system cannot fork).",
+            envvar="ATTNBENCH_EXECUTOR",
+            show_default=False,
+        ),
+    ] = None,
     address: Annotated[
         str | None,
         typer.Option(
@@ -166,7 +172,11 @@ def sweep(
     if resume is not None and "out" in values:
         raise AttnbenchError("--resume continues a run in its own folder; leave out --out")
     streams = Streams.make(stdout_taken=as_json or (fmt != "table" and output is None), quiet=quiet)
-    runs_on = make_executor(executor, address=address, workers=workers)
+    runs_on = make_executor(
+        executor or default_executor(str(values.get("metric") or "")),
+        address=address,
+        workers=workers,
+    )
     try:
         with (
             contextlib.closing(runs_on),

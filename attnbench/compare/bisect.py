@@ -23,7 +23,7 @@ from typing import Any
 from attnbench.compare.runs import compare_runs
 from attnbench.compare.verdicts import REGRESSION
 from attnbench.errors import AttnbenchError
-from attnbench.run.ab import DEFAULT_PROCESSES, run_ab
+from attnbench.run.ab import run_ab
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds
 
 
@@ -148,7 +148,6 @@ def bisect(
     *,
     repo: Path = Path("."),
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
-    processes: int = DEFAULT_PROCESSES,
     on_race: Callable[[Race], None] | None = None,
 ) -> Bisected:
     """The first commit after GOOD up to BAD whose cases ``ab`` calls a regression against
@@ -176,7 +175,6 @@ def bisect(
                 base_python=base_python,
                 current_python=python_at(here, folder),
                 alpha=thresholds.alpha,
-                processes=processes,
             )
             judged = compare_runs(run.base, run.current, thresholds, pairs=run.pairs, paired=True)
             worst = judged.times.sort_values("ratio_judged", ascending=False).iloc[0]

@@ -2,8 +2,10 @@
 
 A shared CI runner swings timings by 2x between jobs, so one ratio is no verdict. A time
 regression needs both a median ratio above the allowed slowdown and a one-sided test below
-``alpha``: Mann-Whitney U on the raw samples or the rounds' medians of two runs, or Wilcoxon's
-signed-rank test on the paired per-round ratios of an interleaved run (``attnbench ab``). The
+``alpha``: Welch's t-test on the logs of the rounds' medians of two runs (each round a process:
+what a re-run varies by), Mann-Whitney U on the raw samples where a run has one round, or
+Wilcoxon's signed-rank test on the paired per-round ratios of an interleaved run
+(``attnbench ab``). The
 overall row is the geometric mean of the ratios, tested across cases with Wilcoxon's test.
 Exact metrics (FLOPs, steps, path length, memory and instructions on the same device) fail on
 any increase beyond their tolerance.
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from attnbench.estimators import estimate, group_medians
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds
 
 # Verdicts, worst first: what a case, a metric or the overall row can be judged.
@@ -76,18 +79,30 @@ def judge_rounds(
     new: Sequence[Sequence[float]],
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
 ) -> tuple[TimeVerdict, str]:
-    """A case timed in rounds: the test compares the rounds' medians (``"rounds"``), each an
-    independent look at the machine, when both runs have enough rounds for the test to reach
-    alpha; otherwise all samples (``"samples"``). The ratio is of the medians of all samples."""
-    if min(len(base), len(new)) >= 2 and smallest_p(len(base), len(new)) < thresholds.alpha:
-        flat_base = np.concatenate([np.asarray(r, dtype=float) for r in base])
-        flat_new = np.concatenate([np.asarray(r, dtype=float) for r in new])
-        base_units = np.array([np.median(r) for r in base])
-        new_units = np.array([np.median(r) for r in new])
-        ratio = _median_ratio(flat_base, flat_new)
-        return _judge(ratio, base_units, new_units, thresholds), "rounds"
-    flat = [[s for r in side for s in r] for side in (base, new)]
-    return judge_time(flat[0], flat[1], thresholds), "samples"
+    """A case timed in rounds (each, by default, a process of its own): with two or more on
+    each side, the ratio of the two times over their rounds (``estimators.estimate``) and a
+    one-sided Welch t-test on the logs of the rounds' medians (``"rounds"``), the statistics
+    the interval is made of; with one round a side, all samples (``"samples"``)."""
+    base_kept = [list(r) for r in base if len(r)]
+    new_kept = [list(r) for r in new if len(r)]
+    if min(len(base_kept), len(new_kept)) < 2:
+        flat = [[s for r in side for s in r] for side in (base_kept, new_kept)]
+        return judge_time(flat[0], flat[1], thresholds), "samples"
+    from scipy import stats  # lazy: scipy costs 0.8 s to import
+
+    before, after = estimate(base_kept).center_s, estimate(new_kept).center_s
+    ratio = after / before if before > 0 else math.inf
+    base_logs = np.log([m for m in group_medians(base_kept) if m > 0])
+    new_logs = np.log([m for m in group_medians(new_kept) if m > 0])
+    if min(base_logs.size, new_logs.size) < 2:
+        return TimeVerdict(ratio, math.nan, TOO_FEW), "rounds"
+    if not (np.ptp(base_logs) or np.ptp(new_logs)):  # no spread: the medians say it all
+        p = 0.0 if ratio != 1 else 1.0
+    else:
+        alternative = "greater" if ratio >= 1 else "less"
+        found = stats.ttest_ind(new_logs, base_logs, equal_var=False, alternative=alternative)
+        p = float(found.pvalue)
+    return _verdict(ratio, p, thresholds), "rounds"
 
 
 def _median_ratio(base: np.ndarray, new: np.ndarray) -> float:

@@ -1,4 +1,4 @@
-"""One case, measured: build the layer, then count, profile and time its real call.
+"""One case, measured: build the layer, then time, count and profile its real call.
 
 Everything here runs where the case runs (this process for a serial sweep, a worker for another
 executor), so it depends on nothing but the case, the seed and the timing policy.
@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import torch
 from torch import nn
 
-from attnbench.devices import DTYPES, device_kind, device_sync
+from attnbench.devices import device_kind, device_sync
 from attnbench.errors import AttnbenchError, first_line
-from attnbench.layers.registry import build_layer, entry
+from attnbench.layers.registry import entry
 from attnbench.measure import countcache, extend
 from attnbench.measure.census import take_census
 from attnbench.measure.clocks import device_clock_max
@@ -27,7 +25,7 @@ from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.elementwise import ELEMENTWISE_METHOD, count_elementwise
 from attnbench.measure.faults import FaultCounter
 from attnbench.measure.flops import FlopCount, trace_flops
-from attnbench.measure.gputimers import device_split, time_step
+from attnbench.measure.gputimers import Timed, device_split, time_step
 from attnbench.measure.instructions import InstructionCounter
 from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
 from attnbench.measure.ops import (
@@ -40,11 +38,12 @@ from attnbench.measure.ops import (
     recording_fused,
 )
 from attnbench.measure.record import CaseResult
+from attnbench.measure.reference import around
 from attnbench.measure.split import KernelSplit, kernel_share
+from attnbench.measure.step import Step, layer_builder, make_step, release_memory
 from attnbench.measure.structure import (
     PATH_NONE,
     SEQ_METHOD,
-    LayerBuilder,
     path_length,
     sequential_steps,
 )
@@ -54,81 +53,6 @@ from attnbench.provenance import CACHED_MARK, Provenance, Source
 from attnbench.schema import Status
 from attnbench.spec import Case
 from attnbench.units import fmt_seconds
-
-
-def make_input(case: Case, seed: int) -> torch.Tensor:
-    """The seeded (batch, n, d) input every layer of a case gets."""
-    # seed + 1: the input must not be the same random stream as the layer's weights.
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(case.batch, case.n, case.d, generator=gen)  # (B, n, d)
-    return x.to(device=case.device, dtype=DTYPES[case.dtype])
-
-
-@dataclass(frozen=True)
-class Step:
-    """One measured call of a case's layer on its input (calling it runs the call)."""
-
-    layer: nn.Module
-    x: torch.Tensor  # (B, n, d)
-    call: Callable[[], torch.Tensor]
-
-    def __call__(self) -> torch.Tensor:
-        return self.call()
-
-    def forward(self) -> torch.Tensor:
-        """A plain forward call (what ``seq_steps`` describes, in either mode)."""
-        with torch.no_grad():
-            return cast("torch.Tensor", self.layer(self.x))
-
-
-def make_step(case: Case, seed: int) -> Step:
-    """One measured call: forward, or forward + backward (input and weight gradients)."""
-    layer = build_layer(case.layer, case.d, seed=seed, **case.layer_options())
-    layer = layer.to(device=case.device, dtype=DTYPES[case.dtype])
-    x = make_input(case, seed)  # (B, n, d)
-    if case.mode == "forward":
-
-        def forward() -> torch.Tensor:
-            with torch.no_grad():
-                return cast("torch.Tensor", layer(x))
-
-        return Step(layer, x, forward)
-
-    # A training step runs the layer in training mode, as a training loop would: cuDNN's
-    # recurrent backward refuses a module in eval mode, and a layer's dropout or batch norm
-    # is part of what training it costs.
-    layer.train()
-    x_train = x.clone().requires_grad_(True)
-    grad_out = torch.randn_like(x)  # (B, n, d)
-
-    def train() -> torch.Tensor:
-        layer.zero_grad(set_to_none=True)
-        x_train.grad = None
-        out = layer(x_train)
-        out.backward(grad_out)
-        return cast("torch.Tensor", out)
-
-    return Step(layer, x, train)
-
-
-def layer_builder(case: Case, seed: int) -> LayerBuilder:
-    """Builds the case's layer for any length n (for path-length probes), keyed by its layer,
-    options and seed."""
-    options = case.layer_options()
-
-    def build(n: int) -> nn.Module:
-        return build_layer(case.layer, case.d, seed=seed, **{**options, "n": n})
-
-    return LayerBuilder(build, (case.layer, case.options, seed))
-
-
-def release_memory(device: str) -> None:
-    """Give memory held by a failed case back, so the next case starts clean."""
-    gc.collect()  # the failed call's tensors may sit in reference cycles through its traceback
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    elif device == "mps":
-        torch.mps.empty_cache()
 
 
 def measure_case(
@@ -142,8 +66,8 @@ def measure_case(
     faults: FaultCounter | None = None,
     counting: Counting = DEFAULT_COUNTING,
 ) -> CaseResult:
-    """Measure one case: FLOPs and elementwise work (counted), sequential steps and path length
-    (traced), peak memory (one call), then time (many calls), or
+    """Measure one case: time (many calls), then FLOPs and elementwise work (counted),
+    sequential steps and path length (traced) and peak memory (one call), or
     with a Callgrind ``counter`` the instructions of one call instead of its time. ``counting``
     says whether the counts go through the count cache and whether a long recurrence's come
     from its probes.
@@ -152,15 +76,12 @@ def measure_case(
     calls; an allocation failure ends it as ``oom``; any other error as ``failed``.
     """
     # The exact counts and the memory pass depend on the code and the case only: read from the
-    # count cache when this code measured this case before. Where something will be traced, the
-    # tracers' start-up (once per process) is paid before the case's clock starts.
+    # count cache when this code measured this case before.
     try:
         cached = cached_counts(case, seed, counting)
         cached_memory = cached_profile(case, seed, counting)
     except AttnbenchError:  # an unknown layer: the case fails below, as it would uncached
         cached = cached_memory = None
-    if cached is None or cached_memory is None:
-        prime_instruments()
     start = clock()
     threads = torch.get_num_threads()
     sync = device_sync(case.device)
@@ -180,42 +101,25 @@ def measure_case(
                 error=f"one call took {fmt_seconds(first)}, over --max-case-seconds "
                 f"{fmt_seconds(max_case_s)}",
             )
-        counts, source, memory = cached, countcache.CACHED, cached_memory
-        if memory is None and case.device != "cpu":
-            # On an accelerator the memory pass comes first (its allocator's statistics are
-            # cheap at any n): the fused kernels the timed call ran decide where its counts are
-            # traced (``trace_counts``).
-            memory = memory_pass(case, seed, step)
-            countcache.write_profile(case, seed, memory, enabled=counting.cache)
-        if counts is None:
-            fused = memory.fused if memory is not None else attention_fast_paths(step)
-            counts, source = trace_counts(case, step, seed, fused=fused, counting=counting)
-            countcache.write(case, seed, counts, enabled=counting.cache)
-        if memory is None:
-            # On the CPU the profiler, which replays every requested allocation, costs as much
-            # as tracing: profiled at the short probes and extended by their law.
-            if extend.is_extended(counts):
-                memory = extend.extended_profile(
-                    case, lambda short: probe_profile(short, seed, counting=counting)
-                )
-            if memory is None:
-                memory = (
-                    probe_profile(case, seed, step, counting)
-                    if extend.is_probe(case, counting.full_trace)
-                    else memory_pass(case, seed, step)
-                )
-            countcache.write_profile(case, seed, memory, enabled=counting.cache)
-        split: tuple[KernelSplit | None, str] = (None, "")
-        if counter is not None:  # counted in its own process, under Callgrind
-            timing, instructions, time_method = None, counter.count(case, seed), ""
-        else:
-            timed = time_step(step, policy, case.device, clock=clock, sync=sync, faults=faults)
-            timing, time_method, instructions = timed.stats, timed.method, None
-            split = auxiliary(
-                lambda: device_split(
-                    step, case.device, timing.median_s, memory.ops, clock, sync, timed.method
-                )
+        # Timed first, in the state every later round of the case times it in: a process that
+        # has made the layer and called it once; the counts' traces come after.
+        timed = None
+        if counter is None:
+            timed = referenced(
+                lambda: time_step(step, policy, case.device, clock=clock, sync=sync, faults=faults),
+                clock,
             )
+        counts, source, memory = exact_counts(case, seed, step, cached, cached_memory, counting)
+        split: tuple[KernelSplit | None, str] = (None, "")
+        if timed is not None:
+            timing, time_method, instructions = timed.stats, timed.method, None
+            median, ops, method = timing.median_s, memory.ops, timed.method
+            split = auxiliary(
+                lambda: device_split(step, case.device, median, ops, clock, sync, method)
+            )
+        else:  # counted in its own process, under Callgrind
+            timing, time_method = None, ""
+            instructions = counter.count(case, seed) if counter is not None else None
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
         status = Status.OOM if is_out_of_memory(exc) else Status.FAILED
         return _failed(case, status, exc, threads, clock() - start)
@@ -252,6 +156,54 @@ def measure_case(
         time_method=time_method,
         sm_clock_max_mhz=device_clock_max(case.device) if timing is not None else None,
     )
+
+
+def exact_counts(
+    case: Case,
+    seed: int,
+    step: Step,
+    cached: countcache.Counts | None,
+    cached_memory: countcache.Profile | None,
+    counting: Counting,
+) -> tuple[countcache.Counts, str, countcache.Profile]:
+    """The case's counts, how they were taken, and its memory pass: from the count cache
+    where it holds them, else traced (and written to it)."""
+    if cached is None or cached_memory is None:
+        prime_instruments()  # the tracers' start-up, once a process, after the timing
+    counts, source, memory = cached, countcache.CACHED, cached_memory
+    if memory is None and case.device != "cpu":
+        # On an accelerator the memory pass comes first (its allocator's statistics are cheap
+        # at any n): the fused kernels the timed call ran decide where its counts are traced
+        # (``trace_counts``).
+        memory = memory_pass(case, seed, step)
+        countcache.write_profile(case, seed, memory, enabled=counting.cache)
+    if counts is None:
+        fused = memory.fused if memory is not None else attention_fast_paths(step)
+        counts, source = trace_counts(case, step, seed, fused=fused, counting=counting)
+        countcache.write(case, seed, counts, enabled=counting.cache)
+    if memory is None:
+        # On the CPU the profiler, which replays every requested allocation, costs as much as
+        # tracing: profiled at the short probes and extended by their law.
+        if extend.is_extended(counts):
+            memory = extend.extended_profile(
+                case, lambda short: probe_profile(short, seed, counting=counting)
+            )
+        if memory is None:
+            memory = (
+                probe_profile(case, seed, step, counting)
+                if extend.is_probe(case, counting.full_trace)
+                else memory_pass(case, seed, step)
+            )
+        countcache.write_profile(case, seed, memory, enabled=counting.cache)
+    return counts, source, memory
+
+
+def referenced(timing: Callable[[], Timed], clock: Clock) -> Timed:
+    """A round's timing between two readings of the machine's reference, which its samples
+    carry (``measure.reference``)."""
+    timed, reference = around(timing, clock)
+    stats = dataclasses.replace(timed.stats, references_s=(reference,) * timed.stats.count)
+    return dataclasses.replace(timed, stats=stats)
 
 
 def cached_counts(case: Case, seed: int, counting: Counting) -> countcache.Counts | None:
@@ -482,7 +434,10 @@ def retime_case(
         step = make_step(case, seed)
         step()  # (B, n, d): lazy initialisation stays unmeasured, as in the first round
         sync()
-        return time_step(step, policy, case.device, clock=clock, sync=sync, faults=faults).stats
+        return referenced(
+            lambda: time_step(step, policy, case.device, clock=clock, sync=sync, faults=faults),
+            clock,
+        ).stats
     except Exception:
         release_memory(case.device)
         return None
@@ -491,9 +446,9 @@ def retime_case(
 @functools.cache  # once a process
 def prime_instruments() -> None:
     """Pay the dispatch-mode and profiler start-up (the profiler's first session sets up
-    Kineto) once per process, before a case's clock starts, so it is not charged to the first
-    case traced; ``measure_case`` calls it where it will trace, so a sweep the count cache
-    holds whole never pays it. Neither loads torch._dynamo (``ops.TracingMode``,
+    Kineto) once per process, after the case's timing, so neither the timing nor the first
+    trace carries it; ``measure_case`` calls it where it will trace, so a sweep the count
+    cache holds whole never pays it. Neither loads torch._dynamo (``ops.TracingMode``,
     ``memory._cpu_profile``)."""
     a = torch.ones(4, 4)
     trace_flops(lambda: a @ a)

@@ -15,8 +15,8 @@ import torch
 from attnbench.errors import first_line
 from attnbench.layers import plugins
 from attnbench.measure.allocator import DEFAULT_ALLOCATOR, set_allocator
-from attnbench.measure.case import make_step
 from attnbench.measure.instructions import CALLS_PER_BLOCK, Callgrind
+from attnbench.measure.step import make_step
 from attnbench.spec import Case
 
 

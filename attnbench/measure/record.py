@@ -30,18 +30,28 @@ def timing_columns(timing: TimingStats | None) -> dict[str, Any]:
     """The results columns that a case's timing statistics fill (empty when it was not timed)."""
     t = timing
     low, high = t.ci_s if t else (None, None)
+    found = t.estimate if t else None
+    stop = t.overall_stop if t else None
     return {
         "time_s": t.median_s if t else None,
         "time_iqr_s": t.iqr_s if t else None,
         "time_ci_low_s": None if low is None or math.isnan(low) else low,
         "time_ci_high_s": None if high is None or math.isnan(high) else high,
-        "time_stop": t.stop.value if t and t.stop else None,
+        "time_stop": stop.value if stop else None,
+        "rounds": found.groups if found else None,
+        "rounds_disturbed": found.disturbed if found else None,
+        "spread_between": _finite(found.between_rel) if found else None,
+        "spread_within": _finite(found.within_rel) if found else None,
         "samples": t.count if t else None,
         "calls_per_sample": t.calls_per_sample if t else None,
         "time_total_s": t.total_s if t else None,
         "page_faults": t.page_faults if t else None,
         "major_faults": t.major_per_call if t else None,
     }
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def _check(counted: int | None, analytic: float | None) -> str:

@@ -12,16 +12,24 @@ import gc
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from attnbench.estimators import (
+    Estimate,
+    Prior,
+    estimate,
+    iqr,
+    kept_rounds,
+    log_variance,
+    median_ci,
+    rel_ci,
+)
 from attnbench.measure.faults import FaultCounter
 from attnbench.schema import Timer
 
 Clock = Callable[[], float]  # returns seconds
-NOISY_REL_IQR = 0.1  # IQR/median above this: the samples spread (torch.utils.benchmark's warning)
-CONFIDENCE = 0.95  # of the median's confidence interval
 # A median whose confidence interval reaches further than this from it is marked imprecise.
 IMPRECISE_REL_CI = 0.05
 
@@ -32,11 +40,7 @@ class Stop(str, enum.Enum):
     PRECISE = "precise"  # the median's confidence interval reached the policy's target
     BUDGET = "budget"  # the timing budget was spent first
     MAX_SAMPLES = "max samples"
-
-
-def is_noisy(time_s: Any, iqr_s: Any) -> Any:
-    """IQR above ``NOISY_REL_IQR`` of the median; works on floats and on pandas columns alike."""
-    return iqr_s > NOISY_REL_IQR * time_s
+    MAX_ROUNDS = "max rounds"  # the rounds a sweep adds ran out, the interval still wide
 
 
 def is_imprecise(time_s: Any, ci_low_s: Any, ci_high_s: Any) -> Any:
@@ -45,46 +49,18 @@ def is_imprecise(time_s: Any, ci_low_s: Any, ci_high_s: Any) -> Any:
     return rel_ci(time_s, ci_low_s, ci_high_s) > IMPRECISE_REL_CI
 
 
-def rel_ci(median: Any, low: Any, high: Any) -> Any:
-    """How far the confidence interval reaches from the median, as a share of it (the larger
-    side); infinite where there is no interval. Floats and pandas columns alike."""
-    if isinstance(median, float | int):
-        if not (median > 0 and math.isfinite(low) and math.isfinite(high)):
-            return math.inf
-        return max(median - low, high - median) / median
-    reach = ((median - low).abs().combine((high - median).abs(), max)) / median
-    return reach.where(median.gt(0) & low.notna() & high.notna(), math.inf)
-
-
-@functools.lru_cache(maxsize=4096)
-def median_ci_ranks(count: int) -> tuple[int, int] | None:
-    """0-based ranks of the sorted samples that bound a distribution-free ``CONFIDENCE``
-    interval of the median (order statistics, the binomial with p = 1/2); None with too few
-    samples for one (under 6 at 95%)."""
-    from scipy import stats  # lazy: scipy costs 0.8 s to import
-
-    j = int(stats.binom.ppf((1 - CONFIDENCE) / 2, count, 0.5))  # P(B <= j - 1) < 2.5%
-    if j < 1:
-        return None
-    return j - 1, count - j
-
-
-def median_ci(samples: Sequence[float]) -> tuple[float, float]:
-    """The median's ``CONFIDENCE`` interval (seconds); (nan, nan) with too few samples."""
-    ranks = median_ci_ranks(len(samples))
-    if ranks is None:
-        return math.nan, math.nan
-    ordered = sorted(samples)
-    return ordered[ranks[0]], ordered[ranks[1]]
-
-
 def _no_sync() -> None:
     return None
 
 
 @dataclass(frozen=True)
 class TimingStats:
-    """Per-call times of one case: each sample is a block of ``calls_per_sample`` calls, divided."""
+    """Per-call times of one case: each sample is a block of ``calls_per_sample`` calls, divided.
+
+    Samples of several timing rounds (each, by default, a process of its own) carry their
+    round in ``rounds``; the time and its interval are then taken over the rounds
+    (``estimators.estimate``), never over the samples pooled.
+    """
 
     samples_s: tuple[float, ...]
     calls_per_sample: int
@@ -96,6 +72,12 @@ class TimingStats:
     stop: Stop | None = None  # which rule ended the sampling (None: not recorded)
     # The device's SM clock read after each sample, MHz (None: not read, as on the CPU).
     clocks_mhz: tuple[float | None, ...] | None = None
+    rounds: tuple[int, ...] | None = None  # each sample's timing round (None: all one round)
+    # Each sample's round's machine reference (``measure.reference``, seconds; None: not read),
+    # and the run's quiet level of it: rounds read disturbed are left out of the estimate.
+    references_s: tuple[float | None, ...] | None = None
+    quiet_s: float | None = None
+    prior: Prior | None = None  # the run's typical spread between rounds (estimators.Prior)
 
     def per_call(self, calls: int) -> TimingStats:
         """These statistics with each sample divided among ``calls`` calls (a sample that
@@ -119,43 +101,65 @@ class TimingStats:
             return None
         return self.major_faults / (self.count * self.calls_per_sample)
 
+    def groups(self) -> list[list[float]]:
+        """The samples by timing round, first round first (one group without rounds)."""
+        return [samples for samples, _ in self._rounds()]
+
+    def _rounds(self) -> list[tuple[list[float], float | None]]:
+        """Each round's samples and its machine reference, first round first."""
+        rounds = self.rounds or (0,) * self.count
+        references = self.references_s or (None,) * self.count
+        by_round: dict[int, tuple[list[float], float | None]] = {}
+        for round_, sample, ref in zip(rounds, self.samples_s, references, strict=True):
+            by_round.setdefault(round_, ([], ref))[0].append(sample)
+        return [by_round[r] for r in sorted(by_round)]
+
+    @functools.cached_property
+    def estimate(self) -> Estimate:
+        """The time and its interval over the rounds (``estimators.estimate``), rounds read
+        disturbed left out."""
+        rounds = self._rounds()
+        references = [ref for _, ref in rounds]
+        return estimate([s for s, _ in rounds], references, self.quiet_s, self.prior)
+
+    def kept_variance(self) -> float | None:
+        """The variance of the logs of its kept rounds' medians (a run's ``Prior`` reads it)."""
+        rounds = self._rounds()
+        kept, _, _ = kept_rounds([s for s, _ in rounds], [r for _, r in rounds], self.quiet_s)
+        return log_variance(kept)
+
     @property
     def median_s(self) -> float:
-        return statistics.median(self.samples_s)
+        """Seconds per call: the samples' median in one round; over several, the rounds'
+        medians' geometric mean (``estimators.estimate``)."""
+        return self.estimate.center_s
 
     @property
     def iqr_s(self) -> float:
         return iqr(self.samples_s)
 
     @property
-    def rel_iqr(self) -> float:
-        """IQR / median; torch.utils.benchmark warns above 0.1."""
-        median = self.median_s
-        return self.iqr_s / median if median > 0 else math.inf
-
-    @property
     def count(self) -> int:
         return len(self.samples_s)
 
     @property
+    def overall_stop(self) -> Stop | None:
+        """The rule that ended the case: one round's own, or over several, whether their
+        interval reached ``DEFAULT_POLICY``'s target (precise) or the rounds ran out."""
+        if len(set(self.rounds or ())) < 2:
+            return self.stop
+        return Stop.PRECISE if self.rel_ci <= DEFAULT_POLICY.target_rel_ci else Stop.MAX_ROUNDS
+
+    @property
     def ci_s(self) -> tuple[float, float]:
-        """The median's 95% confidence interval, seconds ((nan, nan) under 6 samples)."""
-        return median_ci(self.samples_s)
+        """The time's 95% confidence interval, seconds ((nan, nan) where there is none: one
+        round of under 6 samples)."""
+        return self.estimate.low_s, self.estimate.high_s
 
     @property
     def rel_ci(self) -> float:
         """How far that interval reaches from the median, as a share of it (inf: none)."""
         return float(rel_ci(self.median_s, *self.ci_s))
-
-
-def iqr(samples: tuple[float, ...] | list[float]) -> float:
-    """Interquartile range, linearly interpolated as numpy's default percentile (the
-    "inclusive" method), in 1 µs rather than numpy's 30: the stopping rule reads it between
-    blocks, and a sweep reads it tens of thousands of times."""
-    if len(samples) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
-    return float(q3 - q1)
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,9 @@ class TimingPolicy:
     budget_s: float = 0.25
     max_block_calls: int = 1_000_000
     timer: str = Timer.BLOCKS.value  # what a sample times (``schema.Timer``): text on the wire
+    # Seconds of calls after the warm-up calls, before the first sample: a fresh process's
+    # first blocks run slow while its pages fault in and its caches fill.
+    warmup_s: float = 0.0
 
 
 DEFAULT_POLICY = TimingPolicy()
@@ -234,20 +241,23 @@ def time_call(
     # is not probed again by a one-call block that would be thrown away.
     for _ in range(policy.warmup_calls - 1):
         fn()
-    estimate = None
+    first_call_s = None
     if policy.warmup_calls > 0:
         sync()
         begin = clock()
         fn()
         sync()
-        estimate = clock() - begin
+        first_call_s = clock() - begin
+    if first_call_s is not None and first_call_s > 0 and policy.warmup_s > first_call_s:
+        for _ in range(min(math.ceil(policy.warmup_s / first_call_s) - 1, policy.max_block_calls)):
+            fn()
     sync()
 
     # Size the block from that call (or from a one-call probe), then grow it until a block is
     # long enough; a block sized BLOCK_MARGIN past min_block_s rarely falls short and is wasted.
     calls = 1
-    if estimate is not None and 0 < estimate < policy.min_block_s:
-        calls = math.ceil(BLOCK_MARGIN * policy.min_block_s / estimate)
+    if first_call_s is not None and 0 < first_call_s < policy.min_block_s:
+        calls = math.ceil(BLOCK_MARGIN * policy.min_block_s / first_call_s)
         calls = min(calls, policy.max_block_calls)
     probe = timed_block(calls)
     while (

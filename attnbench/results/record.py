@@ -1,6 +1,6 @@
 """run.json read once into a typed record: what code decides on, never the raw mapping.
 
-The loader checks each entry's type (``results.store.META_TYPES``); every field has the value
+The loader checks each entry's type (``results.loader.META_TYPES``); every field has the value
 a run made before it was recorded reads as (an empty mapping, None), so older folders load.
 The writer keeps the mapping it writes (``results.store``).
 """
@@ -37,7 +37,7 @@ class RunRecord:
     @classmethod
     def parse(cls, meta: Mapping[str, Any]) -> RunRecord:
         """The record of a run.json mapping, whose types the loader has checked
-        (``results.store.META_TYPES``); a run killed before it finished reads ``running``."""
+        (``results.loader.META_TYPES``); a run killed before it finished reads ``running``."""
         raw = meta.get("status")
         if raw in tuple(RunStatus):
             status = RunStatus(raw)

@@ -1,18 +1,19 @@
 """Interleaved A/B runs: a base side and a current side measured alternately in one run.
 
 A stored baseline cannot tell a slower machine from slower code: a shared runner slows down by
-1.2-1.8x for tens of seconds at a time. Here each side runs in its own long-lived worker process
-(a ``SubprocessExecutor``, the base side possibly in another interpreter), and the runner hands
-out one job to each in turn, case by case and round after round, in ABBA order (A B, B A, A B,
-...): the two halves of a pair share the machine's state, so a busy stretch slows both alike,
-and the verdict is drawn from the pairs (``compare.judge_pairs``). Each side is written to an
-ordinary results folder, ``base/`` and ``current/``.
+1.2-1.8x for tens of seconds at a time. Here each side has its own fork server (a
+``ForkExecutor``, the base side possibly in another interpreter), each job a fresh process of
+its side, and the runner hands out one job to each in turn, case by case and round after round,
+in ABBA order (A B, B A, A B, ...): the two halves of a pair share the machine's state, so a
+busy stretch slows both alike, and no pair shares a process with another (a process has a
+speed of its own: on the H200 four fresh processes read the same cases 1.12-1.19x apart). The
+verdict is drawn from the pairs (``compare.judge_pairs``). Each side is written to an ordinary
+results folder, ``base/`` and ``current/``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,16 +24,16 @@ from attnbench.measure.allocator import run_state
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.faults import fault_cost_s
-from attnbench.measure.timing import TimingPolicy
 from attnbench.results.files import new_out_dir, prepare_out_dir
+from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
-from attnbench.results.store import ResultsWriter, load_results
+from attnbench.results.store import ResultsWriter
 from attnbench.results.theories import record
 from attnbench.run.estimate import estimate_bounds, size_warning
 from attnbench.run.events import ProgressEvent
 from attnbench.run.executors.base import Job, Placement
-from attnbench.run.executors.process import SubprocessExecutor
-from attnbench.run.queue import JobQueue
+from attnbench.run.executors.process import ForkExecutor, SubprocessExecutor
+from attnbench.run.queue import JobQueue, Replication, round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus
 from attnbench.spec import Grid, build_grid
@@ -40,12 +41,6 @@ from attnbench.thresholds import DEFAULT_THRESHOLDS, rounds_to_reach
 
 SIDES = ("base", "current")
 SideProgress = Callable[[str, ProgressEvent], None]
-# Worker processes each side goes through, one after another. A process has a speed of its own
-# (where it landed on the machine, its memory layout): on the H200, four fresh processes read
-# the same cases 1.12-1.19x apart, and one A/A run of five, one process a side, read an
-# "improvement" of 0.86 with every round paired. With three, a process that runs fast holds a
-# third of the rounds, and the median of the paired ratios follows the other two.
-DEFAULT_PROCESSES = 3
 
 
 @dataclass(frozen=True)
@@ -75,11 +70,11 @@ def side_grids(
     options: Mapping[str, Any], base_layers: Sequence[str] | None, alpha: float
 ) -> dict[str, Grid]:
     """The two sides' grids: the same options, layers matched by position. Unless given, the
-    rounds are enough for the paired test to reach ``alpha`` (one for instruction counts)."""
+    pairs (one process a side each) are enough for the paired test to reach ``alpha`` (one for
+    instruction counts)."""
     given = dict(options)
-    if given.get("rounds") is None:
-        counts = given.get("metric") == "instructions"
-        given["rounds"] = 1 if counts else rounds_to_reach(alpha)
+    if given.get("processes") is None and given.get("metric") != "instructions":
+        given["processes"] = rounds_to_reach(alpha)
     current = build_grid(given)
     if current.n_auto is not None:
         raise AttnbenchError(
@@ -98,15 +93,15 @@ def side_grids(
 def _too_few(grid: Grid, alpha: float) -> tuple[str, ...]:
     """A note when ``--rounds`` leaves the paired test short of ``alpha``."""
     needed, least = rounds_to_reach(alpha), rounds_to_reach(alpha, slack=1)
-    if grid.metric == "instructions" or grid.rounds >= needed:
+    if grid.metric == "instructions" or grid.processes >= needed:
         return ()
     outcome = (
         "every time verdict will be 'too few samples'"
-        if grid.rounds < least
+        if grid.processes < least
         else "a pair or two going the other way make a verdict 'not significant'"
     )
     return (
-        f"--rounds {grid.rounds}: the paired test reaches alpha {alpha:g} with {least} pairs "
+        f"--processes {grid.processes}: the paired test reaches alpha {alpha:g} with {least} pairs "
         f"at the least and tolerates noisy pairs from {needed} (the default); here {outcome}",
     )
 
@@ -129,16 +124,14 @@ def run_ab(
     calibration: Calibration | None = None,
     allow_large: bool = True,
     counting: Counting = DEFAULT_COUNTING,
-    processes: int = DEFAULT_PROCESSES,
 ) -> ABRun:
     """Measure the base side and the current side alternately into ``out_dir``/base and
     ``out_dir``/current; the pairs to judge. Both sides run on this machine at once, so no
     calibration GEMM is needed to compare them (``calibration`` times one anyway). Raises an
     ``AttnbenchError`` with exit code 130 after SIGINT / SIGTERM (what was measured stays on
-    disk). ``counting`` says how both sides take their cases' exact counts. Each side's worker
-    is replaced by a fresh process ``processes - 1`` times, at even steps through the run."""
-    if processes < 1:
-        raise AttnbenchError(f"--processes must be at least 1, got {processes}")
+    disk). ``counting`` says how both sides take their cases' exact counts. Every job of
+    either side runs in a fresh process of its side (``--metric instructions``: one process a
+    side, which counts under Callgrind)."""
     grids = side_grids(options, base_layers, alpha)
     warning = None if allow_large else size_warning(grids["current"])
     if warning:
@@ -152,7 +145,8 @@ def run_ab(
         out_dir = stack.enter_context(new_out_dir(Path(out_dir)))  # none left by a refused start
         executors = {}
         for side in SIDES:
-            made = SubprocessExecutor(pythons[side], label=labels[side])
+            kind = SubprocessExecutor if grids[side].metric == "instructions" else ForkExecutor
+            made = kind(pythons[side], label=labels[side])
             stack.callback(made.close)
             executors[side] = made
         clusters = {side: executors[side].start(grids[side]) for side in SIDES}
@@ -181,7 +175,7 @@ def run_ab(
             low, high = sum(e[0] for e in ends), sum(e[1] for e in ends)
             notes = _too_few(grids["current"], alpha)
             on_start(ABStart(grids, out_dir, clusters, environments, high, notes, low))
-        _interleave(grids, writers, executors, clusters, progress, calibration, counting, processes)
+        _interleave(grids, writers, executors, clusters, progress, calibration, counting)
     runs = {side: load_results(out_dir / side) for side in SIDES}
     ids = {side: [c.case_id for c in grids[side].cases()] for side in SIDES}
     pairs = tuple(zip(ids["base"], ids["current"], strict=True))
@@ -191,15 +185,13 @@ def run_ab(
 def _interleave(
     grids: Mapping[str, Grid],
     writers: Mapping[str, ResultsWriter],
-    executors: Mapping[str, SubprocessExecutor],
+    executors: Mapping[str, SubprocessExecutor | ForkExecutor],
     clusters: Mapping[str, Mapping[str, Any]],
     progress: SideProgress | None,
     calibration: Calibration | None,
     counting: Counting,
-    processes: int = 1,
 ) -> None:
-    """Hand one job to each side in turn, A B then B A, until both queues are empty; after
-    each ``processes``-th part of the pairs, both sides continue in fresh worker processes."""
+    """Hand one job to each side in turn, A B then B A, until both queues are empty."""
 
     def tell(side: str) -> Callable[[ProgressEvent], None] | None:
         return None if progress is None else (lambda event: progress(side, event))
@@ -217,33 +209,26 @@ def _interleave(
             writer.update(cases_total=len(grid.cases()))
             if calibration is not None:
                 writer.update(calibration=calibration.describe())
-            policy = TimingPolicy(
-                budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1, timer=grid.timer
-            )
             queues[side] = JobQueue(
                 grid,
                 writer,
                 None,
                 died=None,
-                policy=policy,
+                policy=round_policy(grid),
                 calibration=calibration,
                 in_process=False,
                 progress=tell(side),
                 stop=stop,
                 counting=counting,
+                replication=Replication(grid.processes, grid.processes),  # the pairs asked for
             )
         where = {side: _placement(clusters[side]) for side in SIDES}
-        total = max(len(grids[side].cases()) * grids[side].rounds for side in SIDES)
-        every = max(1, math.ceil(total / processes))
         pair = 0
         try:
             while not stop.requested:
                 jobs = {side: queues[side].take(where[side]) for side in SIDES}
                 if all(job is None for job in jobs.values()):
                     break
-                if pair and pair % every == 0:
-                    for side in SIDES if pair % 2 == 0 else SIDES[::-1]:
-                        executors[side].restart()
                 for side in SIDES if pair % 2 == 0 else SIDES[::-1]:  # ABBA
                     job = jobs[side]
                     if job is not None:
@@ -284,7 +269,6 @@ def describe_sides(start: ABStart) -> list[str]:
 
 
 __all__ = [
-    "DEFAULT_PROCESSES",
     "SIDES",
     "ABRun",
     "ABStart",

@@ -233,7 +233,7 @@ class AutoPlan:
         untimed = max(0.0, last.wall_s - last.timed_s - UNTIMED_CALLS * last.time_s)
         untimed += UNTIMED_CALLS * call
         timed = max(min(self.grid.time_budget_s, last.timed_s * growth), MIN_SAMPLES * call)
-        wall = untimed + timed * self.grid.rounds
+        wall = untimed + timed * self.grid.processes
         left = line.allowance_s - line.wall_s
         if wall > left:
             return Stopped.BUDGET, (

@@ -12,7 +12,8 @@ from attnbench.measure import countcache, extend
 from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.timing import DEFAULT_POLICY
 from attnbench.regime import REGIME_SIZES
-from attnbench.spec import Case, Grid
+from attnbench.run.queue import ROUND_WARMUP_S
+from attnbench.spec import MORE_PROCESSES, Case, Grid
 
 # Rough throughputs, used only to warn before an absurd sweep starts; never reported as measured.
 _ASSUMED_FLOP_PER_S = {"cpu": 2e10, "cuda": 2e13, "mps": 2e12}
@@ -26,6 +27,8 @@ MAX_ESTIMATED_S = 3600.0  # a longer estimated sweep needs --yes
 _TRACE_CASE_S, _TRACE_STEP_S, _CACHED_CASE_S = 0.04, 2e-3, 0.05
 # Measuring the machine's ceilings, once per machine (docs/benchmarks.md has the timings).
 CEILINGS_S = 1.5
+# A timing round's own process: its fork and its layer made (about 0.03 s here).
+ROUND_S = 0.03
 
 
 def tracing_seconds(
@@ -61,12 +64,15 @@ def estimate_bounds(
     tracing of its counts (``tracing_seconds``: little where ``cached`` says the count cache
     holds them), and the timing, which lasts the time budget or at least eleven calls (high),
     or stops after ``time_call``'s minimum time where its median is precise at once (low: a
-    quiet machine); each further round adds a rebuild, two untimed calls and at least that
-    minimum of timing.
+    quiet machine); each round is a process of its own, with its fork, its layer, its first
+    call and warm-up, and at least that minimum of timing; a sweep may add rounds, up to
+    ``MORE_PROCESSES`` times as many, to a case whose interval is wide (high).
     """
     rate = _ASSUMED_FLOP_PER_S[device_kind(grid.device)]
     low = high = 0.0
-    quick = min(DEFAULT_POLICY.min_time_s, grid.time_budget_s / max(1, grid.rounds))
+    share = grid.time_budget_s / max(1, grid.processes)  # each round's
+    quick = min(DEFAULT_POLICY.min_time_s, share)
+    most = grid.processes * (MORE_PROCESSES if grid.processes > 1 else 1)
     probed: set[str] = set()  # the probe sets a case before traced (one per layer, d, options)
     cases = grid.cases()
     if grid.n_auto is not None:  # each line at least its first lengths, in all the budget
@@ -82,9 +88,9 @@ def estimate_bounds(
         untimed = tracing_seconds(case, hit, probes in probed, counting) + 4 * call
         if extend.applies(case, counting.full_trace) and not hit:
             probed.add(probes)
-        rounds = (grid.rounds - 1) * (0.02 + 2 * call + max(quick, 11 * call))
-        low += untimed + max(quick, 11 * call) + rounds
-        high += untimed + max(grid.time_budget_s, 11 * call) + rounds
+        fixed = ROUND_S + 2 * call + ROUND_WARMUP_S  # a round's process, first call, warm-up
+        low += untimed + grid.processes * (fixed + max(quick, 5 * call))
+        high += untimed + most * (fixed + max(share, 5 * call))
     if grid.n_auto is not None:
         return min(low, grid.auto_budget_s), grid.auto_budget_s
     return low, high

@@ -1,30 +1,118 @@
 """The sweep's state and the jobs it hands out: order, skips after a failure, retries, rounds.
 
 Cases covered by a failure of a smaller one (out of memory, out of time, a crash), and one the
-previous process died in, are written as they come up, without a worker.
+previous process died in, are written as they come up, without a worker. Each case is timed in
+rounds (under the fork executor, each a fresh process): its first round with its counts, in
+grid order; the later ones after every first round, in a shuffled order, so no case is timed
+at the same moment of the sweep or after the same neighbour twice. A sweep adds rounds to a case
+while the interval over its rounds is wider than the target (``Replication``).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+import random
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
+import pandas as pd
 import torch
 
+from attnbench.estimators import (
+    Prior,
+    estimate,
+    is_disturbed,
+    kept_rounds,
+    log_variance,
+    prior_of,
+    quiet_level,
+)
 from attnbench.measure.calibration import Calibration
 from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import DIED_ERROR, WORKER_DIED_ERROR, CaseResult
-from attnbench.measure.timing import TimingPolicy, TimingStats
+from attnbench.measure.timing import DEFAULT_POLICY, TimingPolicy, TimingStats
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
 from attnbench.run.auto import AutoPlan
 from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
+from attnbench.run.executors.fresh import Ending
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import BLOCKING, Status
-from attnbench.spec import Case, Grid
+from attnbench.spec import MORE_PROCESSES, Case, Grid
+
+# How a job whose process the fork server ended for its memory or its time is recorded: no
+# retry, since the next process would end the same way.
+ENDED_STATUS = {Ending.OOM.value: Status.OOM, Ending.TIMEOUT.value: Status.TIMEOUT}
+
+
+# What a round's process times before its first sample, past the layer's first call: a fresh
+# process's first blocks run slow (its pages fault in, its caches fill).
+ROUND_WARMUP_S = 0.01
+
+
+def round_policy(grid: Grid) -> TimingPolicy:
+    """How one timing round samples: its share of ``--time-budget``; with several rounds,
+    fewer samples at the least, since the interval is taken over the rounds, not the samples
+    (one round keeps the ten its own order-statistic interval needs)."""
+    return TimingPolicy(
+        budget_s=grid.time_budget_s / grid.processes,
+        warmup_calls=1,
+        warmup_s=ROUND_WARMUP_S,
+        min_samples=DEFAULT_POLICY.min_samples if grid.processes == 1 else 4,
+        timer=grid.timer,
+    )
+
+
+# What a case's process may run before it is ended as a hang: ten minutes, or, where the first
+# call has a limit (--max-case-seconds), a minute plus the twenty calls a round can make.
+HANG_S = 600.0
+
+
+def wall_limit(grid: Grid) -> float:
+    """Seconds a case's process may run (``Job.wall_limit_s``)."""
+    return HANG_S if grid.max_case_s is None else 60.0 + 20 * grid.max_case_s
+
+
+@dataclass(frozen=True)
+class Replication:
+    """How many timing rounds a case gets: ``least``, then more, up to ``most``, while the
+    interval over its rounds reaches further than ``target_rel_ci`` of its time."""
+
+    least: int
+    most: int
+    target_rel_ci: float = 0.02
+
+    @classmethod
+    def of(cls, grid: Grid, target_rel_ci: float) -> Replication:
+        """A sweep's: ``--processes`` at the least, ``--max-processes`` at the most (by
+        default ``MORE_PROCESSES`` times the least, or one where the least is one)."""
+        most = grid.max_processes
+        if most is None:
+            most = grid.processes * MORE_PROCESSES if grid.processes > 1 else 1
+        return cls(grid.processes, max(grid.processes, most), target_rel_ci)
+
+    def wants_more(
+        self,
+        rounds: list[list[float]],
+        done: int,
+        references: list[float | None] | None = None,
+        quiet: float | None = None,
+        prior: Prior | None = None,
+    ) -> bool:
+        """Whether a case with ``done`` rounds finished (``rounds``: the samples of those that
+        measured, ``references`` their machine references against the sweep's ``quiet``
+        level so far) gets another: a round read disturbed does not count toward ``least``."""
+        if done >= self.most:
+            return False
+        disturbed = sum(is_disturbed(r, quiet) for r in references or ())
+        if done - disturbed < self.least:
+            return True
+        if len(rounds) < 2:
+            return False
+        return estimate(rounds, references, quiet, prior).rel_ci > self.target_rel_ci
 
 
 @dataclass(frozen=True)
@@ -39,6 +127,16 @@ class _Block:
         return case.layer == self.layer and case.n >= self.n and case.d >= self.d
 
 
+def _first(references: tuple[float | None, ...] | None) -> float | None:
+    """A round's machine reference (its samples all carry it)."""
+    return references[0] if references else None
+
+
+def _reference(value: Any) -> float | None:
+    """A reference read back from samples.csv (NaN: not read)."""
+    return None if value is None or pd.isna(value) else float(value)
+
+
 def _block(case: Case | Any, status: Status, died: bool) -> _Block | None:
     """What a case's outcome says of the larger cases of its layer: they would fail the same
     way (out of memory, out of time, a dead process); None when it says nothing of them."""
@@ -51,9 +149,10 @@ def _block(case: Case | Any, status: Status, died: bool) -> _Block | None:
 
 class JobQueue:
     """The sweep's state, and the jobs it hands to idle workers in order: retries first, then
-    each case's first round in grid order, then later rounds (round by round, in grid order,
-    each on the device model its first round ran on).  Cases covered by a failure of a smaller
-    one, and one the previous process died in, are written as they come up, without a worker."""
+    each case's first round in grid order, then later rounds (round by round, shuffled with the
+    grid's seed, each on the device model its first round ran on).  Cases covered by a failure
+    of a smaller one, and one the previous process died in, are written as they come up,
+    without a worker."""
 
     def __init__(
         self,
@@ -68,6 +167,7 @@ class JobQueue:
         progress: ProgressCallback | None,
         stop: GracefulStop,
         counting: Counting = DEFAULT_COUNTING,
+        replication: Replication | None = None,
     ) -> None:
         self.grid, self.writer, self.progress, self.stop = grid, writer, progress, stop
         self.last: Case | None = None  # the case the latest event was about
@@ -79,12 +179,16 @@ class JobQueue:
         self.done: set[str] = set()
         self.ok: set[str] = set()
         self.rounds_done: dict[str, set[int]] = {}  # case_id -> rounds finished (or failed)
+        self.samples: dict[str, dict[int, list[float]]] = {}  # case_id -> round -> samples
+        self.references: dict[str, dict[int, float | None]] = {}  # its rounds' references
+        self.replication = replication or Replication.of(grid, policy.target_rel_ci)
+        self.shuffle = random.Random(grid.seed)  # the later rounds' order: shuffled, seeded
         self.next_sample: dict[str, int] = {}
         self.device_of: dict[str, str] = {}  # case_id -> device model of its first round
         self.blocks: list[_Block] = []
         self.running: set[tuple[str, int]] = set()  # (case_id, round) of the jobs out
         self.retries: deque[Job] = deque()
-        self.later: list[tuple[int, int]] = []  # heap of (round, grid index)
+        self.later: list[tuple[int, float, int]] = []  # heap of (round, shuffled key, grid index)
         if previous is not None:
             for row in previous.frame.itertuples():
                 self.done.add(row.case_id)
@@ -97,6 +201,12 @@ class JobQueue:
             for case_id, group in previous.samples.groupby("case_id"):
                 self.rounds_done[str(case_id)] = set(group["round"].tolist())
                 self.next_sample[str(case_id)] = int(group["sample"].max()) + 1
+                self.samples[str(case_id)] = {
+                    int(r): g["time_s"].tolist() for r, g in group.groupby("round")
+                }
+                self.references[str(case_id)] = {
+                    int(r): _reference(g["reference_s"].iloc[0]) for r, g in group.groupby("round")
+                }
             for case_id in self.ok:
                 if case_id in self.index:
                     self._queue_next_round(case_id)
@@ -121,7 +231,7 @@ class JobQueue:
                 result,
                 self.completed,
                 more.pop("round_", 1),
-                self.grid.rounds,
+                self.replication.least,
                 self.units_done(),
                 running=len(self.running),
                 **more,
@@ -139,14 +249,16 @@ class JobQueue:
         return sum(case.case_id in self.done for case in self.cases)
 
     def units_done(self) -> int:
-        """(case, round) pairs done: a case that did not measure has nothing left to do."""
+        """(case, round) pairs done, out of ``least`` a case: a case that did not measure has
+        nothing left to do (the rounds added past ``least`` are not counted)."""
+        least = self.replication.least
         total = 0
         for case in self.cases:
             if case.case_id in self.ok:
                 rounds = self.rounds_done.get(case.case_id, set())
-                total += len(rounds & set(range(1, self.grid.rounds + 1)))
+                total += len(rounds & set(range(1, least + 1)))
             elif case.case_id in self.done:
-                total += self.grid.rounds
+                total += least
         return total
 
     def _job(self, case: Case, round_: int) -> Job:
@@ -159,12 +271,40 @@ class JobQueue:
             calibration=self.calibration,
             device_name=self.device_of.get(case.case_id) if round_ > 1 else None,
             counting=self.counting,
+            wall_limit_s=wall_limit(self.grid),
+            memory_limit_bytes=self.grid.max_case_memory,
         )
 
     def _queue_next_round(self, case_id: str) -> None:
-        missing = set(range(2, self.grid.rounds + 1)) - self.rounds_done.get(case_id, set())
-        if missing:
-            heapq.heappush(self.later, (min(missing), self.index[case_id]))
+        """Another round of the case, if ``Replication`` wants one (one at a time: each later
+        round is decided on the ones before it)."""
+        done = self.rounds_done.get(case_id, set())
+        if any(round_ == 1 + max(done) for round_, _, i in self.later if i == self.index[case_id]):
+            return
+        measured = sorted(self.samples.get(case_id, {}).items())
+        rounds = [samples for _, samples in measured]
+        mine = self.references.get(case_id, {})
+        references = [mine.get(r) for r, _ in measured]
+        quiet = self.quiet()
+        prior = self.prior(quiet)
+        if self.replication.wants_more(rounds, len(done), references, quiet, prior):
+            key = (1 + max(done), self.shuffle.random(), self.index[case_id])
+            heapq.heappush(self.later, key)
+
+    def quiet(self) -> float | None:
+        """The sweep's quiet machine reference so far (``estimators.quiet_level``)."""
+        seen = [r for mine in self.references.values() for r in mine.values() if r is not None]
+        found = quiet_level(seen)
+        return None if math.isnan(found) else found
+
+    def prior(self, quiet: float | None) -> Prior | None:
+        """The sweep's typical spread between a case's rounds so far (``estimators.Prior``)."""
+        variances = []
+        for case_id, rounds in self.samples.items():
+            mine = self.references.get(case_id, {})
+            kept, _, _ = kept_rounds(list(rounds.values()), [mine.get(r) for r in rounds], quiet)
+            variances.append(log_variance(kept))
+        return prior_of(variances)
 
     def take(self, where: Placement) -> Job | None:
         """The next job for a worker at ``where``, or None when there is none for it now."""
@@ -206,14 +346,14 @@ class JobQueue:
                     self.auto.started(case)
                 return self._job(case, 1)
             self._write(unrun)  # never runs: written at once
-        passed: list[tuple[int, int]] = []
+        passed: list[tuple[int, float, int]] = []
         try:
             while self.later:
-                round_, i = heapq.heappop(self.later)
+                round_, key, i = heapq.heappop(self.later)
                 case = self.cases[i]
                 if self.device_of.get(case.case_id, where.device_name) == where.device_name:
                     return self._job(case, round_)
-                passed.append((round_, i))  # for a worker on its own device model
+                passed.append((round_, key, i))  # for a worker on its own device model
         finally:
             for item in passed:
                 heapq.heappush(self.later, item)
@@ -233,7 +373,9 @@ class JobQueue:
                 )
         return None
 
-    def _write(self, result: CaseResult, point: TimingStats | None = None) -> None:
+    def _write(
+        self, result: CaseResult, point: TimingStats | None = None, process: str = ""
+    ) -> None:
         case = result.case
         block = _block(case, result.status, result.died)
         if block is not None:
@@ -243,51 +385,70 @@ class JobQueue:
             if case.n == self.grid.ns[-1]:
                 self.auto.exhausted(case)
         with self.stop.writing():
-            self.writer.append(result, point)
+            self.writer.append(result, point, process)
             if self.auto is not None:
                 self.writer.update(auto=self.auto.describe())
         self.done.add(case.case_id)
         if result.status == Status.OK and result.timing is not None:
             self.ok.add(case.case_id)
             self.rounds_done[case.case_id] = {1}
+            self.samples[case.case_id] = {1: list(result.timing.samples_s)}
+            self.references[case.case_id] = {1: _first(result.timing.references_s)}
             self.next_sample[case.case_id] = result.timing.count
             self.device_of[case.case_id] = result.device_name
             self._queue_next_round(case.case_id)
         self.notify("done", case, result)
 
     def finish(self, done: JobDone) -> None:
-        """Write what a worker sends back; a job whose worker died runs once more elsewhere."""
+        """Write what a worker sends back. A job whose worker died runs once more elsewhere;
+        one whose process was ended for its memory or its time is recorded so at once."""
         job = done.job
         case = job.case
         self.running.discard((case.case_id, job.round))
-        if done.lost and job.attempt == 1:
+        ended = ENDED_STATUS.get(done.ended)
+        if done.lost and job.attempt == 1 and ended is None:
             self.retries.append(replace(job, attempt=2))
             self.notify("retry", case, round_=job.round, where=done.where, error=done.lost)
             return
         if job.round == 1:
             result = done.result
             if done.lost or result is None:
-                where = done.where
-                result = CaseResult(
-                    case=case,
-                    status=Status.FAILED,
-                    threads=where.threads if where else self.grid.threads or 0,
-                    error=f"{WORKER_DIED_ERROR}: {done.lost or 'no result came back'}"[:300],
-                    died=True,
-                    node=where.node if where else "",
-                    device_id=where.device_id if where else "",
-                    device_name=where.device_name if where else "",
-                )
-            self._write(replace(result, attempts=job.attempt), done.point)
+                result = self._lost(job, done, ended)
+            self._write(replace(result, attempts=job.attempt), done.point, done.process)
             return
         timing = None if done.lost else done.timing
         if timing is not None:
             first = self.next_sample.get(case.case_id, 0)
             with self.stop.writing():
                 self.writer.append_round(
-                    case.case_id, job.round, first, timing, done.point, done.load_1m
+                    case.case_id,
+                    job.round,
+                    first,
+                    timing,
+                    done.point,
+                    done.load_1m,
+                    done.process,
                 )
             self.next_sample[case.case_id] = first + timing.count
+            self.samples.setdefault(case.case_id, {})[job.round] = list(timing.samples_s)
+            self.references.setdefault(case.case_id, {})[job.round] = _first(timing.references_s)
         self.rounds_done.setdefault(case.case_id, set()).add(job.round)  # failed: not retried
         self._queue_next_round(case.case_id)
         self.notify("done", case, round_=job.round, timing=timing, where=done.where)
+
+    def _lost(self, job: Job, done: JobDone, ended: Status | None) -> CaseResult:
+        """The row of a first round that brought no result: out of memory or time where its
+        process was ended for it, else failed, its worker dead."""
+        where = done.where
+        reason = done.lost or "no result came back"
+        error = reason if ended is not None else f"{WORKER_DIED_ERROR}: {reason}"
+        return CaseResult(
+            case=job.case,
+            status=ended or Status.FAILED,
+            threads=where.threads if where else self.grid.threads or 0,
+            error=error[:300],
+            died=ended is None,
+            node=where.node if where else "",
+            device_id=where.device_id if where else "",
+            device_name=where.device_name if where else "",
+        )

@@ -30,9 +30,10 @@ from attnbench.measure.faults import fault_cost_s
 from attnbench.measure.timing import Clock, TimingPolicy
 from attnbench.results.environment import changes, resume_keys
 from attnbench.results.files import default_out_dir, new_out_dir, now_iso
+from attnbench.results.loader import load_results
 from attnbench.results.record import RunRecord
 from attnbench.results.run import RunResults
-from attnbench.results.store import ResultsWriter, load_results
+from attnbench.results.store import ResultsWriter
 from attnbench.results.theories import merge, record
 from attnbench.run.estimate import (
     CEILINGS_S,
@@ -43,7 +44,7 @@ from attnbench.run.estimate import (
 from attnbench.run.events import ProgressCallback, StartCallback, SweepStart
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
-from attnbench.run.queue import JobQueue
+from attnbench.run.queue import JobQueue, round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus, Status
 from attnbench.spec import Grid, build_grid, grid_from_config
@@ -334,12 +335,7 @@ def _sweep(
     measuring: Measuring,
     executor: Executor,
 ) -> RunResults:
-    # The first call, the FLOP count and the memory profile precede timing: one more warm-up does.
-    # The time budget is shared by the rounds.
-    budget = TimingPolicy(
-        budget_s=grid.time_budget_s / grid.rounds, warmup_calls=1, timer=grid.timer
-    )
-    policy, calibration = measuring.policy or budget, measuring.calibration
+    policy, calibration = measuring.policy or round_policy(grid), measuring.calibration
     cases = grid.cases()
     writer.update(cases_total=len(cases))
     if calibration is not None:

@@ -7,6 +7,7 @@ made: Ray is imported for ``--executor ray`` alone, and no executor module impor
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -23,6 +24,14 @@ class ExecutorEntry:
 
 
 EXECUTORS: dict[str, ExecutorEntry] = {
+    "fork": ExecutorEntry(
+        "attnbench.run.executors.process",
+        "ForkExecutor",
+        "each job (a case's timing round) in a fresh process, forked from a server that has "
+        "imported torch and attnbench: a process costs milliseconds, and one that dies, runs "
+        "out of memory or hangs takes its case with it, never the sweep",
+        ("python",),
+    ),
     "serial": ExecutorEntry(
         "attnbench.run.executors.serial",
         "SerialExecutor",
@@ -42,6 +51,13 @@ EXECUTORS: dict[str, ExecutorEntry] = {
         ("python",),
     ),
 }
+
+
+def default_executor(metric: str = "") -> str:
+    """The executor a sweep runs on unless told: a fresh process for every timing round
+    (fork), except for instruction counts (serial: Callgrind's counts do not vary between
+    processes, and each would start it again) and where this system cannot fork."""
+    return "serial" if metric == "instructions" or not hasattr(os, "fork") else "fork"
 
 
 def make_executor(name: str, **options: Any) -> Executor:

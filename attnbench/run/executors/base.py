@@ -42,12 +42,18 @@ class Job:
     attempt: int = 1  # 2 when the first worker died in it
     device_name: str | None = None  # later rounds: the device model round 1 ran on
     counting: Counting = DEFAULT_COUNTING  # how the case's exact counts are taken
+    # What the job's process may take before it is ended (a fresh process only): seconds of
+    # wall time (a hang), and bytes of memory (None: a share of what is available).
+    wall_limit_s: float = 900.0
+    memory_limit_bytes: int | None = None
 
 
 @dataclass(frozen=True)
 class JobDone:
     """A finished job: ``result`` for round 1, ``timing`` for a later round (None: it failed),
-    ``point`` the calibration timed before it; ``lost`` says why the worker died, if it did."""
+    ``point`` the calibration timed before it; ``lost`` says why the worker died, if it did,
+    and ``ended`` how, where the process was watched (``oom``, ``timeout``; "" otherwise).
+    ``process`` names the process that measured it, unique within the sweep."""
 
     job: Job
     where: Placement | None
@@ -56,6 +62,8 @@ class JobDone:
     point: TimingStats | None = None
     lost: str = ""
     load_1m: float | None = None  # the machine's load when the job ended
+    process: str = ""
+    ended: str = ""
 
 
 Take = Callable[[Placement], Job | None]  # the next job for a worker there, or None (none now)

@@ -10,12 +10,18 @@ stderr, so stdout carries the protocol only.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from attnbench._version import __version__
 from attnbench.errors import AttnbenchError, first_line
+from attnbench.run.executors.fresh import Limits
+
+if TYPE_CHECKING:
+    from attnbench.run.executors.base import Job
+    from attnbench.run.executors.worker import Worker
 
 
 def _reply(channel: IO[str], message: dict[str, Any]) -> None:
@@ -24,16 +30,19 @@ def _reply(channel: IO[str], message: dict[str, Any]) -> None:
 
 
 def serve(incoming: IO[str], channel: IO[str]) -> int:
-    """Answer the driver until it says stop (or goes away); the exit status."""
+    """Answer the driver until it says stop (or goes away); the exit status.
+
+    With ``fresh`` in the start message this process is a fork server: it imports and loads
+    the plugins once, then runs each job (and the description of a worker) in a process
+    forked for it (``fresh.run_fresh``), so no torch op ever runs here.
+    """
     # Imported here: a child that cannot import torch still answers with one line.
     from attnbench.layers import plugins
-    from attnbench.layers.registry import entry
-    from attnbench.measure.allocator import DEFAULT_ALLOCATOR
-    from attnbench.results.environment import environment
-    from attnbench.run.executors.wire import PROTOCOL, done_to_wire, job_from_wire
-    from attnbench.run.executors.worker import Worker
+    from attnbench.run.executors.fresh import run_fresh
+    from attnbench.run.executors.wire import PROTOCOL, job_from_wire, lost_to_wire
 
     worker: Worker | None = None
+    start: dict[str, Any] | None = None  # a fork server's start message
     for line in incoming:
         message = json.loads(line)
         if message["op"] == "stop":
@@ -55,27 +64,89 @@ def serve(incoming: IO[str], channel: IO[str]) -> int:
                 return 2
             plugins.receive(message["layers"], message.get("verify_modules", True))
             names = [plugins.resolve(name).name for name in message["names"]]
-            worker = Worker(
-                message["device"],
-                message["threads"],
-                metric=message["metric"],
-                layers=message["layers"],
-                allocator=message.get("allocator", DEFAULT_ALLOCATOR),
-            )
-            _reply(
-                channel,
-                {
-                    "op": "ready",
-                    "protocol": PROTOCOL,
-                    "worker": worker.describe(),
-                    "environment": environment(message["device"]),
-                    "layers": {name: entry(name).source.to_dict() for name in names},
-                },
-            )
+            if message.get("fresh"):
+                _preload()
+                start = message
+                outcome = run_fresh(functools.partial(_describe, message, names), _LIMITS)
+                if outcome.answer is None:
+                    raise AttnbenchError(
+                        f"the first worker process did not start: {outcome.reason}"
+                    )
+                _reply(channel, outcome.answer)
+                continue
+            worker = _worker(message)
+            _reply(channel, _ready(worker, message, names))
+        elif message["op"] == "job" and start is not None:
+            job = job_from_wire(message["job"])
+            outcome = run_fresh(functools.partial(_run_in, start, job), job_limits(job))
+            answer = outcome.answer
+            if answer is None:
+                answer = {"op": "done", "done": lost_to_wire(outcome)}
+            _reply(channel, answer)
         elif message["op"] == "job" and worker is not None:
-            done = worker.run(job_from_wire(message["job"]))
-            _reply(channel, {"op": "done", "done": done_to_wire(done)})
+            _reply(channel, _run(worker, job_from_wire(message["job"])))
     return 0
+
+
+# The first process of a fork server only describes itself: a minute is plenty.
+_LIMITS = Limits(wall_s=60.0)
+
+
+def job_limits(job: Job) -> Limits:
+    """What the process of one job may take (``Job.wall_limit_s``, ``Job.memory_limit_bytes``)."""
+    return Limits(wall_s=job.wall_limit_s, memory_bytes=job.memory_limit_bytes)
+
+
+def _preload() -> None:
+    """What every job's process runs, imported once here (the fork shares it): torch, the
+    worker, the measurements, scipy's statistics. Importing runs no torch op."""
+    import scipy.stats  # noqa: F401
+
+    import attnbench.measure.case
+    import attnbench.results.environment
+    import attnbench.run.executors.wire
+    import attnbench.run.executors.worker  # noqa: F401
+
+
+def _worker(message: dict[str, Any]) -> Worker:
+    from attnbench.measure.allocator import DEFAULT_ALLOCATOR
+    from attnbench.run.executors.worker import Worker
+
+    return Worker(
+        message["device"],
+        message["threads"],
+        metric=message["metric"],
+        layers=message["layers"],
+        allocator=message.get("allocator", DEFAULT_ALLOCATOR),
+    )
+
+
+def _ready(worker: Worker, message: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    from attnbench.layers.registry import entry
+    from attnbench.results.environment import environment
+    from attnbench.run.executors.wire import PROTOCOL
+
+    return {
+        "op": "ready",
+        "protocol": PROTOCOL,
+        "worker": worker.describe(),
+        "environment": environment(message["device"]),
+        "layers": {name: entry(name).source.to_dict() for name in names},
+    }
+
+
+def _describe(message: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return _ready(_worker(message), message, names)
+
+
+def _run_in(message: dict[str, Any], job: Job) -> dict[str, Any]:
+    return _run(_worker(message), job)
+
+
+def _run(worker: Worker, job: Job) -> dict[str, Any]:
+    from attnbench.run.executors.wire import done_to_wire
+
+    return {"op": "done", "done": done_to_wire(worker.run(job))}
 
 
 def main() -> int:

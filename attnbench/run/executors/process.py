@@ -1,10 +1,12 @@
-"""The subprocess executor: jobs run in one long-lived child process, in any Python interpreter
-(``attnbench ab --base-python``).
+"""The subprocess and fork executors: jobs run through a child process of any Python
+interpreter (``attnbench ab --base-python``): in it (subprocess), or each in a fresh process it
+forks (fork, the default of ``attnbench sweep`` and ``ab``).
 
 The child is ``attnbench.run.executors.child``, driven in JSON lines (``wire``): torch's import
-and the profiler's start-up are paid once per run. A child
-that dies in a job loses only that job: it is started again, and the runner decides whether the
-job runs once more.
+is paid once per run. A child that dies in a job loses only that job: it is started again, and
+the runner decides whether the job runs once more. A fork server's child never runs a case
+itself, so a case that kills its process (out of memory, a crash, a hang) comes back as a lost
+job, with how it ended.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +28,7 @@ from attnbench._version import __version__
 from attnbench.devices import local_device
 from attnbench.errors import AttnbenchError
 from attnbench.layers import plugins
-from attnbench.run.executors.base import JobDone, Placement, Take
+from attnbench.run.executors.base import Job, JobDone, Placement, Take
 from attnbench.run.executors.wire import PROTOCOL, done_from_wire, job_to_wire
 from attnbench.spec import Grid
 
@@ -44,6 +48,7 @@ class SubprocessExecutor:
 
     name = "subprocess"
     in_process = False
+    fresh = False  # each job in a process forked for it (a ForkExecutor's server)
 
     def __init__(self, python: str | None = None, label: str = "the worker process") -> None:
         self.python = check_python(python or sys.executable)
@@ -57,6 +62,11 @@ class SubprocessExecutor:
     # -- the child
 
     def _spawn(self) -> dict[str, Any]:
+        self._launch()
+        return self._handshake()
+
+    def _launch(self) -> None:
+        """Start the child and send it the start message (it imports torch on reading it)."""
         command = [self.python, "-m", CHILD]
         stderr = open(self._folder / "stderr.txt", "a", encoding="utf-8")  # noqa: SIM115
         self._process = subprocess.Popen(
@@ -70,22 +80,36 @@ class SubprocessExecutor:
             cwd=self._folder,
         )
         stderr.close()
-        answer = self._ask({"op": "start", **self._start})
+        self._send({"op": "start", **self._start})
+
+    def _handshake(self) -> dict[str, Any]:
+        """The child's answer to its start message: ready, or one line saying why not."""
+        answer = self._read()
         if answer is None or answer.get("op") != "ready":
             raise AttnbenchError(self._why_not(answer))
         return answer
 
-    def _ask(self, message: dict[str, Any]) -> dict[str, Any] | None:
-        """Send one line and read the answer; None when the child is gone."""
+    def _send(self, message: dict[str, Any]) -> bool:
+        """Send one line; False when the child is gone."""
         process = self._process
-        assert process is not None and process.stdin is not None and process.stdout is not None
+        assert process is not None and process.stdin is not None
         try:
             process.stdin.write(json.dumps(message) + "\n")
             process.stdin.flush()
         except (BrokenPipeError, OSError):
-            return None
+            return False
+        return True
+
+    def _read(self) -> dict[str, Any] | None:
+        """The child's next line; None when it is gone."""
+        process = self._process
+        assert process is not None and process.stdout is not None
         line = process.stdout.readline()
         return json.loads(line) if line else None
+
+    def _ask(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """Send one line and read the answer; None when the child is gone."""
+        return self._read() if self._send(message) else None
 
     def _stderr_tail(self) -> str:
         try:
@@ -125,6 +149,12 @@ class SubprocessExecutor:
     def start(self, grid: Grid) -> dict[str, Any]:
         if self._record:
             return self._record
+        self.prepare(grid)
+        self._ready = self._spawn()
+        return self.describe()
+
+    def prepare(self, grid: Grid) -> None:
+        """What the child is started with, for ``grid``."""
         self._start = {
             "protocol": PROTOCOL,
             "device": grid.device,
@@ -136,8 +166,11 @@ class SubprocessExecutor:
             "verify_modules": os.path.abspath(self.python) == os.path.abspath(sys.executable),
             "metric": grid.metric,
             "allocator": grid.allocator,
+            "fresh": self.fresh,
         }
-        self._ready = self._spawn()
+
+    def describe(self) -> dict[str, Any]:
+        """run.json's cluster record, once the child is ready."""
         worker = self._ready["worker"]
         self._record = {
             "executor": self.name,
@@ -166,21 +199,17 @@ class SubprocessExecutor:
             worker["node"], worker["device_id"], worker["device_name"], worker["threads"]
         )
         while (job := take(where)) is not None:
-            answer = self._ask({"op": "job", "job": job_to_wire(job)})
-            if answer is not None and answer.get("op") == "done":
-                yield done_from_wire(job, answer["done"])
-                continue
-            reason = self._why_not(answer) if answer else self._death()
-            self._stop()
-            self._ready = self._spawn()  # a new child for the jobs that follow
-            yield JobDone(job, where, lost=reason)
+            yield self.send(job, where)
 
-    def restart(self) -> None:
-        """A fresh child for the jobs that follow (``ab`` changes processes during a run)."""
-        if not self._ready:
-            raise AttnbenchError("the subprocess executor was not started")
+    def send(self, job: Job, where: Placement) -> JobDone:
+        """Run one job through the child; a child that dies in it is started again."""
+        answer = self._ask({"op": "job", "job": job_to_wire(job)})
+        if answer is not None and answer.get("op") == "done":
+            return done_from_wire(job, answer["done"])
+        reason = self._why_not(answer) if answer else self._death()
         self._stop()
-        self._ready = self._spawn()
+        self._ready = self._spawn()  # a new child for the jobs that follow
+        return JobDone(job, where, lost=reason)
 
     def _death(self) -> str:
         code = self._process.wait(timeout=10) if self._process is not None else None
@@ -204,3 +233,88 @@ class SubprocessExecutor:
     def close(self) -> None:
         self._stop()
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+# Fork servers a fork executor runs: a fork shares its server's address-space layout (where
+# exec placed the libraries and the heap), which gives a process a speed of its own as much as
+# the fork does (``benchmarks/coverage.py``: 2-3% between servers, as between forks of one), so
+# a case's rounds go to different servers.
+SERVERS = 3
+
+
+class ForkExecutor:
+    """Every job in a fresh process, forked from one of ``servers`` children of ``python``
+    that have imported torch and attnbench (round r of a case from server r mod ``servers``):
+    each timing round of a case is a process of its own, no two of its first rounds share a
+    server, and no case runs after another in the same process."""
+
+    name = "fork"
+    in_process = False
+
+    def __init__(
+        self, python: str | None = None, label: str = "the worker process", servers: int = SERVERS
+    ) -> None:
+        self.servers = [_Server(python, label) for _ in range(max(1, servers))]
+        self.python = self.servers[0].python
+        self._record: dict[str, Any] = {}
+        self._last_point: float | None = None  # when a job last took a calibration point
+
+    def resolve_device(self, name: str, dtype: str) -> str:
+        return local_device(name, dtype)  # the servers run on this machine
+
+    def environment(self, device: str) -> dict[str, Any]:
+        return self.servers[0].environment(device)
+
+    def start(self, grid: Grid) -> dict[str, Any]:
+        """Start every server at once (each imports torch: a second or two, together)."""
+        if self._record:
+            return self._record
+        for server in self.servers:
+            server.prepare(grid)
+            server._launch()
+        for server in self.servers:
+            server._ready = server._handshake()
+        self._record = {**self.servers[0].describe(), "executor": self.name}
+        self._record["servers"] = len(self.servers)
+        return self._record
+
+    @property
+    def workers(self) -> int:
+        return 1
+
+    @property
+    def layers(self) -> dict[str, Any]:
+        return self.servers[0].layers
+
+    def run(self, take: Take) -> Iterator[JobDone]:
+        if not self._record:
+            raise AttnbenchError("the fork executor was not started")
+        worker = self.servers[0]._ready["worker"]
+        where = Placement(
+            worker["node"], worker["device_id"], worker["device_name"], worker["threads"]
+        )
+        while (job := take(where)) is not None:
+            server = self.servers[(job.round - 1) % len(self.servers)]
+            yield server.send(self._calibrated(job), where)
+
+    def _calibrated(self, job: Job) -> Job:
+        """The job as sent: a fresh process would time the calibration kernel every job, so
+        the driver keeps its pace (a point at most every ``every_s``)."""
+        calibration = job.calibration
+        if calibration is None:
+            return job
+        now = time.monotonic()
+        if self._last_point is not None and now - self._last_point < calibration.every_s:
+            return replace(job, calibration=None)
+        self._last_point = now
+        return job
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+
+class _Server(SubprocessExecutor):
+    """One fork server of a ``ForkExecutor``: its child forks a fresh process for every job."""
+
+    fresh = True

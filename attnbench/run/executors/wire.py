@@ -16,11 +16,13 @@ from attnbench.measure.countcache import Counting
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing import Stop, TimingPolicy, TimingStats
 from attnbench.run.executors.base import Job, JobDone, Placement
+from attnbench.run.executors.fresh import Ending, Outcome
 from attnbench.schema import Status
 from attnbench.spec import Case
 
-# 4: a job's policy names its timer, a result its clocks (3: a job carries its Counting)
-PROTOCOL = 4
+# 5: a fork server (start's "fresh"), a job's wall limit, a result's process and how a
+# watched process ended (4: a job's policy names its timer, a result its clocks)
+PROTOCOL = 5
 
 
 def timing_to_wire(timing: TimingStats | None) -> dict[str, Any] | None:
@@ -38,6 +40,9 @@ def timing_from_wire(data: dict[str, Any] | None) -> TimingStats | None:
         data["total_s"],
         stop=None if stop is None else Stop(stop),
         clocks_mhz=None if clocks is None else tuple(clocks),
+        faults=None if data.get("faults") is None else tuple(data["faults"]),
+        major_faults=data.get("major_faults"),
+        references_s=None if data.get("references_s") is None else tuple(data["references_s"]),
     )
 
 
@@ -84,6 +89,23 @@ def done_to_wire(done: JobDone) -> dict[str, Any]:
         "point": timing_to_wire(done.point),
         "lost": done.lost,
         "load_1m": done.load_1m,
+        "process": done.process,
+        "ended": done.ended,
+    }
+
+
+def lost_to_wire(outcome: Outcome) -> dict[str, Any]:
+    """A job whose fresh process brought no answer, as ``done_from_wire`` reads it."""
+    ended = outcome.ending.value if outcome.ending is not None else Ending.DIED.value
+    return {
+        "where": None,
+        "result": None,
+        "timing": None,
+        "point": None,
+        "lost": outcome.reason or "the process brought no answer",
+        "load_1m": None,
+        "process": "",
+        "ended": ended,
     }
 
 
@@ -106,4 +128,6 @@ def done_from_wire(job: Job, data: dict[str, Any]) -> JobDone:
         point=timing_from_wire(data["point"]),
         lost=data["lost"],
         load_1m=data.get("load_1m"),
+        process=data.get("process", ""),
+        ended=data.get("ended", ""),
     )

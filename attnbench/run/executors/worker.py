@@ -20,9 +20,10 @@ from attnbench.devices import device_name, device_sync, set_threads
 from attnbench.layers.registry import entry
 from attnbench.measure.allocator import DEFAULT_ALLOCATOR, set_allocator
 from attnbench.measure.calibration import Calibration
-from attnbench.measure.case import measure_case, release_memory, retime_case
+from attnbench.measure.case import measure_case, retime_case
 from attnbench.measure.faults import FaultCounter, fault_counter
 from attnbench.measure.instructions import InstructionCounter
+from attnbench.measure.step import release_memory
 from attnbench.measure.timing import Clock, TimingStats
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.schema import Status
@@ -73,6 +74,8 @@ class Worker:
             device_name=device_name(device),
             threads=torch.get_num_threads(),
         )
+        # This process, unique within a sweep: a pid can be given again to a later process.
+        self.process = f"{self.where.node}:{os.getpid()}:{time.time_ns()}"
         self._timers: dict[Calibration, Callable[[], TimingStats]] = {}
         self._last_point: float | None = None  # when this worker's last calibration point began
 
@@ -101,7 +104,14 @@ class Worker:
                 clock=self.clock,
                 faults=self.faults(case.device),
             )
-            return JobDone(job, self.where, timing=timing, point=point, load_1m=machine_load())
+            return JobDone(
+                job,
+                self.where,
+                timing=timing,
+                point=point,
+                load_1m=machine_load(),
+                process=self.process,
+            )
         result = measure_case(
             case,
             seed=job.seed,
@@ -124,7 +134,7 @@ class Worker:
             load_1m=load,
             cpu_count=os.cpu_count(),
         )
-        return JobDone(job, where, result=result, point=point, load_1m=load)
+        return JobDone(job, where, result=result, point=point, load_1m=load, process=self.process)
 
     def _calibration_point(self, calibration: Calibration | None) -> TimingStats | None:
         """One calibration point, or None: off, less than ``calibration.every_s`` since this

@@ -1,0 +1,218 @@
+"""The estimators every figure of a time is derived from: pure functions of raw samples.
+
+One module, as asv keeps its ``statistics.py``: each function names its source. A case's
+samples come in groups, one per timing round; under the default executor each round is a
+fresh process, and the between-process spread (a process has a speed of its own, and the
+machine's moment changes with it) is the larger part of what a re-run finds. So a case's time
+and its interval are taken over the rounds' medians, never over the samples pooled.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CONFIDENCE = 0.95  # of every interval here
+# A round whose machine reference (``measure.reference``) read more than this factor over the
+# run's quiet level ran on a disturbed machine; the quiet level is this quantile of the run's
+# rounds' references (the fast end: a run may spend half its time disturbed).
+QUIET_FACTOR = 1.25
+QUIET_QUANTILE = 0.1
+# The weight, in rounds' degrees of freedom, of the run's typical spread between rounds in each
+# case's own (``Prior``): with three rounds a case's own spread is a guess, and a run has many.
+PRIOR_DF = 4.0
+
+
+@functools.lru_cache(maxsize=4096)
+def median_ci_ranks(count: int) -> tuple[int, int] | None:
+    """0-based ranks of the sorted samples that bound a distribution-free ``CONFIDENCE``
+    interval of the median: order statistics, the binomial with p = 1/2 (Hahn & Meeker,
+    *Statistical Intervals*, 1991, §5.2; scipy's ``quantile_test`` gives the same). None with
+    too few samples for one (under 6 at 95%)."""
+    from scipy import stats  # lazy: scipy costs 0.8 s to import
+
+    j = int(stats.binom.ppf((1 - CONFIDENCE) / 2, count, 0.5))  # P(B <= j - 1) < 2.5%
+    if j < 1:
+        return None
+    return j - 1, count - j
+
+
+def median_ci(samples: Sequence[float]) -> tuple[float, float]:
+    """The median's ``CONFIDENCE`` interval from one group's samples (order statistics);
+    (nan, nan) with too few samples."""
+    ranks = median_ci_ranks(len(samples))
+    if ranks is None:
+        return math.nan, math.nan
+    ordered = sorted(samples)
+    return ordered[ranks[0]], ordered[ranks[1]]
+
+
+def iqr(samples: Sequence[float]) -> float:
+    """Interquartile range, linearly interpolated as numpy's default percentile (the
+    "inclusive" method, Hyndman & Fan's type 7), in 1 µs rather than numpy's 30: the stopping
+    rule reads it between blocks, tens of thousands of times a sweep."""
+    if len(samples) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return float(q3 - q1)
+
+
+def rel_ci(median: Any, low: Any, high: Any) -> Any:
+    """How far an interval reaches from its centre, as a share of it (the larger side);
+    infinite where there is no interval. Floats and pandas columns alike."""
+    if isinstance(median, float | int):
+        if not (median > 0 and math.isfinite(low) and math.isfinite(high)):
+            return math.inf
+        return max(median - low, high - median) / median
+    reach = ((median - low).abs().combine((high - median).abs(), max)) / median
+    return reach.where(median.gt(0) & low.notna() & high.notna(), math.inf)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A case's time from its samples in groups (one group a timing round)."""
+
+    center_s: float  # seconds per call
+    low_s: float  # the ``CONFIDENCE`` interval (nan where there is none)
+    high_s: float
+    groups: int  # rounds the estimate is over (1: one group, its samples' interval)
+    # Relative standard deviations: of the groups' medians (of their logs), and of the samples
+    # within one group (the median group's IQR / 1.349 over its median, the normal's ratio);
+    # nan where not defined.
+    between_rel: float = math.nan
+    within_rel: float = math.nan
+    disturbed: int = 0  # rounds whose reference read the machine disturbed
+    left_out: int = 0  # of those, left out (all are kept where fewer than two would remain)
+
+    @property
+    def rel_ci(self) -> float:
+        return float(rel_ci(self.center_s, self.low_s, self.high_s))
+
+
+def group_medians(groups: Sequence[Sequence[float]]) -> list[float]:
+    return [statistics.median(g) for g in groups if len(g)]
+
+
+def quiet_level(references: Sequence[float]) -> float:
+    """A run's quiet reference: the ``QUIET_QUANTILE`` of its rounds' readings (nan: none)."""
+    found = sorted(r for r in references if r > 0 and math.isfinite(r))
+    if not found:
+        return math.nan
+    return found[min(len(found) - 1, int(QUIET_QUANTILE * len(found)))]
+
+
+def is_disturbed(reference: float | None, quiet: float | None) -> bool:
+    """Whether a round's reference read more than ``QUIET_FACTOR`` over the quiet level."""
+    if reference is None or quiet is None or not (quiet > 0 and math.isfinite(reference)):
+        return False
+    return reference > QUIET_FACTOR * quiet
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A run's typical variance of the logs of a case's rounds' medians, and its weight in
+    degrees of freedom: the prior of a moderated t (Smyth, "Linear models and empirical Bayes
+    methods for assessing differential expression", 2004), which each case's own variance is
+    shrunk toward."""
+
+    variance: float
+    df: float = PRIOR_DF
+
+
+def kept_rounds(
+    groups: Sequence[Sequence[float]],
+    references: Sequence[float | None] | None = None,
+    quiet: float | None = None,
+) -> tuple[list[list[float]], int, int]:
+    """The groups an estimate is over (those not read disturbed, while two or more remain),
+    how many were read disturbed, and how many were left out."""
+    refs = list(references) if references is not None else [None] * len(groups)
+    pairs = [(list(g), r) for g, r in zip(groups, refs, strict=True) if len(g)]
+    marks = [is_disturbed(r, quiet) for _, r in pairs]
+    quiet_groups = [g for (g, _), bad in zip(pairs, marks, strict=True) if not bad]
+    use_quiet = len(quiet_groups) >= 2 and len(quiet_groups) < len(pairs)
+    kept = quiet_groups if use_quiet else [g for g, _ in pairs]
+    return kept, sum(marks), len(pairs) - len(kept)
+
+
+def log_variance(groups: Sequence[Sequence[float]]) -> float | None:
+    """The variance of the logs of the groups' medians (None under two, or a median not
+    positive)."""
+    medians = group_medians(groups)
+    if len(medians) < 2 or min(medians) <= 0:
+        return None
+    return statistics.variance([math.log(m) for m in medians])
+
+
+def prior_of(variances: Sequence[float | None]) -> Prior | None:
+    """A run's prior: the median of its cases' variances (None without two cases that have
+    one)."""
+    found = [v for v in variances if v is not None and math.isfinite(v)]
+    return Prior(statistics.median(found)) if len(found) >= 2 else None
+
+
+def estimate(
+    groups: Sequence[Sequence[float]],
+    references: Sequence[float | None] | None = None,
+    quiet: float | None = None,
+    prior: Prior | None = None,
+) -> Estimate:
+    """The time and its interval from samples in groups; ``references``, one a group, with the
+    run's ``quiet`` level, leave out the groups taken on a disturbed machine (while two or more
+    undisturbed ones remain); ``prior``, the run's, moderates the groups' own variance.
+
+    One group: its median, and the order-statistic interval of that median (``median_ci``).
+    Several: each group is summarised by its median, and the time is their geometric mean with
+    a Student-t interval on their logs: the analysis of cluster means, exact for a nested
+    design whose cluster effects are log-normal, and valid from two clusters (Cameron &
+    Miller, "A Practitioner's Guide to Cluster-Robust Inference", 2015, §VI). The variance of
+    a group's median holds both the between-process spread and its own sampling noise, so
+    both are inside the interval. The order statistics of the group medians would need six
+    groups for any 95% interval, and a bootstrap over groups covers too little with a few
+    (``benchmarks/coverage.py`` compares them on the same runs). Logs, because a process's
+    speed and a busy machine scale a time rather than add to it. With a few rounds a case's own
+    variance may come out small by chance, and the run's other cases say what is typical: the
+    moderated variance (``Prior``) is their weighted mean, with their degrees of freedom
+    added."""
+    kept, disturbed, left_out = kept_rounds(groups, references, quiet)
+    counted = {"disturbed": disturbed, "left_out": left_out}
+    if not kept:
+        return Estimate(math.nan, math.nan, math.nan, 0)
+    within = [w for w in map(_within, kept) if math.isfinite(w)]
+    within_rel = statistics.median(within) if within else math.nan
+    if len(kept) == 1:
+        center = statistics.median(kept[0])
+        low, high = median_ci(kept[0])
+        return Estimate(center, low, high, 1, within_rel=within_rel, **counted)
+    medians = group_medians(kept)
+    if min(medians) <= 0:  # a clock that never moved: no logs, no interval
+        return Estimate(statistics.median(medians), math.nan, math.nan, len(medians), **counted)
+    from scipy import stats  # lazy: scipy costs 0.8 s to import
+
+    logs = [math.log(m) for m in medians]
+    mean, spread = statistics.fmean(logs), statistics.stdev(logs)
+    variance, df = spread**2, len(logs) - 1.0
+    if prior is not None and math.isfinite(prior.variance):
+        variance = (prior.df * prior.variance + df * variance) / (prior.df + df)
+        df += prior.df
+    reach = float(stats.t.ppf((1 + CONFIDENCE) / 2, df)) * math.sqrt(variance / len(logs))
+    return Estimate(
+        math.exp(mean),
+        math.exp(mean - reach),
+        math.exp(mean + reach),
+        len(logs),
+        between_rel=spread,
+        within_rel=within_rel,
+        **counted,
+    )
+
+
+def _within(samples: Sequence[float]) -> float:
+    """One group's relative spread: IQR / 1.349 (a normal's standard deviation) over its
+    median; nan where the median is not positive."""
+    center = statistics.median(samples)
+    return iqr(samples) / 1.349 / center if center > 0 else math.nan

@@ -1,0 +1,314 @@
+"""Loading a results folder: clear errors for anything that is not one, a torn last line
+dropped, and every case's statistics derived from its raw samples over all its rounds.
+
+What the writer appends (``results.store``) is read back here, and only here: a kill in the
+middle of an append leaves at most one torn last line, which this drops and
+``ResultsWriter.reopen`` repairs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
+
+import pandas as pd
+
+from attnbench.errors import AttnbenchError
+from attnbench.estimators import prior_of, quiet_level
+from attnbench.measure.clocks import median_clock, throttled_share
+from attnbench.measure.record import timing_columns
+from attnbench.measure.timing import TimingStats
+from attnbench.results.files import (
+    CALIBRATION_FILE,
+    RESULTS_FILE,
+    RUN_FILE,
+    SAMPLES_FILE,
+    SCHEMA_VERSION,
+    THEORY_FILE,
+    read_csv,
+)
+from attnbench.results.run import RunResults
+from attnbench.results.theories import record_problem
+from attnbench.schema import (
+    CALIBRATION_COLUMNS,
+    OPTIONAL_COLUMNS,
+    RESULT_COLUMNS,
+    SAMPLE_COLUMNS,
+    STATUSES,
+    Status,
+    columns_of,
+)
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise AttnbenchError(f"{str(path)!r} is not a folder")
+    run_file = path / RUN_FILE
+    if not run_file.is_file() or not (path / RESULTS_FILE).is_file():
+        raise AttnbenchError(
+            f"{str(path)!r} is not an attnbench results folder (no {RUN_FILE} / {RESULTS_FILE})"
+        )
+    try:
+        meta = json.loads(run_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise AttnbenchError(f"{str(run_file)!r} is unreadable or corrupt: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("tool", "attnbench") != "attnbench":
+        raise AttnbenchError(f"{str(run_file)!r} is not an attnbench run record")
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise AttnbenchError(
+            f"{str(path)!r} has results schema version {version!r}; this attnbench reads "
+            f"version {SCHEMA_VERSION}"
+        )
+    problem = _meta_problem(meta)
+    if problem:
+        raise AttnbenchError(f"{str(run_file)!r} is malformed: {problem}")
+    return meta
+
+
+_OPTIONAL = type(None)
+# What each entry of run.json must be, where it is present (older runs lack some).
+META_TYPES: dict[str, tuple[type, ...]] = {
+    "attnbench_version": (str,),
+    "config": (dict,),
+    "environment": (dict,),
+    "start_time": (str, _OPTIONAL),
+    "end_time": (str, _OPTIONAL),
+    "duration_s": (float, int, _OPTIONAL),
+    "status": (str, _OPTIONAL),
+    "pid": (int, _OPTIONAL),
+    "current_case": (str, _OPTIONAL),
+    "cases_total": (int, _OPTIONAL),
+    "resumes": (list,),
+    "cluster": (dict, _OPTIONAL),
+    "layers": (dict,),
+    "calibration": (dict, _OPTIONAL),
+    "ab": (int,),
+    "allocator": (dict,),
+    "fault_cost_s": (float, _OPTIONAL),
+    "ceilings": (dict, _OPTIONAL),
+    "count_cache": (dict, _OPTIONAL),
+    "auto": (dict, _OPTIONAL),
+}
+# The configuration entries that the reading commands use, by the types they must have.
+CONFIG_TYPES: dict[str, tuple[type, ...]] = {
+    "layers": (list,),
+    "ns": (list, str),  # a string: --n auto (spec.AutoN.text)
+    "ds": (list,),
+    "batch": (int, _OPTIONAL),
+    "dtype": (str,),
+    "device": (str,),
+    "mode": (str,),
+    "rounds": (int,),
+    "metric": (str,),
+}
+SOURCE_KEYS = ("kind", "spec", "digest", "distribution")
+
+
+def _wrong(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in types:
+        return True  # JSON's true is no count
+    return not isinstance(value, types)
+
+
+def _kinds(types: tuple[type, ...]) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", int: "an integer"}
+    return " or ".join(names.get(t, "null") for t in types)
+
+
+def _meta_problem(meta: Mapping[str, Any]) -> str | None:
+    """What is wrong with a run record's types, in words; None when it reads as a run."""
+    for key, types in META_TYPES.items():
+        if key in meta and _wrong(meta[key], types):
+            return f"{key!r} should be {_kinds(types)}, not {json.dumps(meta[key])[:40]}"
+    config = meta.get("config", {})
+    for key, types in CONFIG_TYPES.items():
+        if key in config and _wrong(config[key], types):
+            return f"config {key!r} should be {_kinds(types)}, not {json.dumps(config[key])[:40]}"
+    for key in ("layers", "ns", "ds"):
+        kind = str if key == "layers" else int
+        if isinstance(config.get(key), str):
+            continue
+        if any(_wrong(item, (kind,)) for item in config.get(key, [])):
+            return f"config {key!r} holds a value that is not {_kinds((kind,))}"
+    for name, source in meta.get("layers", {}).items():
+        if not isinstance(source, dict) or set(source) != set(SOURCE_KEYS):
+            return f"layer {name!r}'s source should name {', '.join(SOURCE_KEYS)}"
+        if any(not isinstance(v, str) for v in source.values()):
+            return f"layer {name!r}'s source holds a value that is not a string"
+    return None
+
+
+def _read_tables(path: Path, warnings: list[str]) -> tuple[pd.DataFrame, ...]:
+    """results, samples and calibration, typed; a torn last line of each is dropped."""
+    required = [c for c in RESULT_COLUMNS if c not in OPTIONAL_COLUMNS]
+    tables = []
+    for name, columns, what in (
+        (RESULTS_FILE, required, "results file"),
+        (SAMPLES_FILE, SAMPLE_COLUMNS[:3], "samples file"),  # round: added later
+        (CALIBRATION_FILE, CALIBRATION_COLUMNS, "calibration file"),
+    ):
+        if (path / name).exists() and not (path / name).is_file():
+            raise AttnbenchError(f"{str(path / name)!r} is not a file")
+        if not (path / name).is_file():
+            if name != CALIBRATION_FILE:  # written since the first version: its rows' samples
+                raise AttnbenchError(f"{str(path)!r} has no {name}")
+            tables.append(pd.DataFrame(columns=columns))  # written before the file existed
+            continue
+        table, torn = read_csv(path / name, columns, what)
+        if torn:
+            warnings.append(
+                f"dropped a torn last line of {name}"
+                + (" (an interrupted write)" if name == RESULTS_FILE else "")
+            )
+        tables.append(table)
+    frame, samples, calibration = tables
+    if "round" not in samples.columns:  # written before timing rounds existed
+        samples["round"] = "1"
+    for later in ("load_1m", "page_faults", "sm_clock_mhz", "reference_s"):  # written before
+        if later not in samples.columns:  # these were recorded
+            samples[later] = ""
+    if "process" not in samples.columns:  # written before processes were: one, unnamed
+        samples["process"] = "0"
+    for table in (samples, calibration):
+        table["sample"] = pd.to_numeric(table["sample"]).astype("int64")
+        table["time_s"] = pd.to_numeric(table["time_s"]).astype("float64")
+    calibration["point"] = pd.to_numeric(calibration["point"]).astype("int64")
+    samples["round"] = pd.to_numeric(samples["round"]).astype("int64")
+    samples["process"] = pd.to_numeric(samples["process"]).astype("int64")
+    for column in ("load_1m", "page_faults", "sm_clock_mhz", "reference_s"):
+        samples[column] = pd.to_numeric(samples[column].where(samples[column] != ""))
+    return _typed_results(frame), samples[SAMPLE_COLUMNS], calibration
+
+
+def load_results(path: Path | str) -> RunResults:
+    """Load a results folder written by ``attnbench sweep``; clear errors for anything else.
+
+    A torn last line (a kill in the middle of an append) is dropped with a warning, and so are
+    samples whose case has no row: every complete case is kept.
+    """
+    path = Path(path)
+    meta = _read_meta(path)
+    warnings: list[str] = []
+    try:
+        frame, samples, calibration = _read_tables(path, warnings)
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, pd.errors.ParserError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise AttnbenchError(f"results in {str(path)!r} are corrupt: {message}") from None
+    unknown = sorted(set(frame["status"]) - set(STATUSES))
+    if unknown:
+        raise AttnbenchError(
+            f"results in {str(path)!r} are corrupt: unknown status {unknown[0]!r} "
+            f"(accepted: {', '.join(STATUSES)})"
+        )
+    if frame["case_id"].duplicated().any():
+        dup = frame.loc[frame["case_id"].duplicated(), "case_id"].iloc[0]
+        raise AttnbenchError(f"results in {str(path)!r} are corrupt: case {dup!r} appears twice")
+    keep = samples["case_id"].isin(set(frame["case_id"])).to_numpy()
+    if not keep.all():
+        warnings.append(f"ignored {int((~keep).sum())} sample(s) of a case that never finished")
+        samples = samples[keep].reset_index(drop=True)
+    if len(samples) and (samples["round"].max() > 1 or frame["time_ci_high_s"].isna().all()):
+        frame = _with_all_rounds(frame, samples)
+    return RunResults(
+        path=path,
+        frame=frame,
+        samples=samples,
+        meta=meta,
+        warnings=tuple(warnings),
+        calibration=calibration,
+        theories=_read_theories(path),
+    )
+
+
+def _read_theories(path: Path) -> dict[str, Any]:
+    """theory.json, or {} where the run has none; its content is checked where it is read."""
+    file = path / THEORY_FILE
+    if not file.exists():
+        return {}
+    try:
+        found = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise AttnbenchError(f"{str(file)!r} is unreadable or corrupt: {exc}") from None
+    problem = record_problem(found)
+    if problem:
+        raise AttnbenchError(f"{str(file)!r} is malformed: {problem}")
+    return cast("dict[str, Any]", found)
+
+
+# The columns a case's rounds together decide (``measure.record.timing_columns``).
+OVER_ROUNDS = (
+    "time_s", "time_iqr_s", "samples", "time_ci_low_s", "time_ci_high_s", "time_stop",
+    "rounds", "rounds_disturbed", "spread_between", "spread_within",
+)  # fmt: skip
+
+
+def _with_all_rounds(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """A row is written after a case's first round; its timing columns (and FLOP/s and the
+    kernels' time) over every round come from ``TimingStats``, the one place timing statistics
+    are derived. A run from before the median's confidence interval was written gets it here."""
+    frame = frame.copy()
+    by_case = samples.groupby("case_id")["time_s"]
+    ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
+    rounds = samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
+    quiet = quiet_level(rounds.tolist())
+    stats = {}
+    for i in ok:
+        row = frame.loc[i]
+        own = samples.loc[samples["case_id"] == row["case_id"]]
+        stats[i] = TimingStats(
+            tuple(own["time_s"]),
+            int(row["calls_per_sample"]),
+            float(row["time_total_s"]),
+            rounds=tuple(int(r) for r in own["round"]),
+            references_s=tuple(None if pd.isna(r) else float(r) for r in own["reference_s"]),
+            quiet_s=None if math.isnan(quiet) else quiet,
+        )
+    prior = prior_of([timing.kept_variance() for timing in stats.values()])
+    for i in ok:
+        row = frame.loc[i]
+        own = samples.loc[samples["case_id"] == row["case_id"]]
+        every = replace(stats[i], prior=prior)
+        flops = row["flops"]
+        columns = timing_columns(every)
+        for name in OVER_ROUNDS:
+            frame.loc[i, name] = columns[name]
+        frame.loc[i, "flops_per_s"] = float(flops) / every.median_s if pd.notna(flops) else None
+        share = row["kernel_share"]
+        frame.loc[i, "kernel_time_s"] = float(share) * every.median_s if pd.notna(share) else None
+        faults = own["page_faults"].dropna()
+        if len(faults):  # the median sample's, as time_s (TimingStats.page_faults)
+            frame.loc[i, "page_faults"] = float(faults.median())
+        clocks = own["sm_clock_mhz"].dropna().tolist()
+        if clocks:  # over every round, as time_s
+            frame.loc[i, "sm_clock_mhz"] = median_clock(clocks)
+            top = row["sm_clock_max_mhz"]
+            frame.loc[i, "throttled_share"] = throttled_share(
+                clocks, None if pd.isna(top) else float(top)
+            )
+    return frame
+
+
+def _typed_results(frame: pd.DataFrame) -> pd.DataFrame:
+    """Typed columns from the all-text read: nullable integers, floats and plain strings; the
+    columns after the registry's are layer options (integers)."""
+    frame = frame.copy()
+    for col in OPTIONAL_COLUMNS:
+        if col not in frame.columns:
+            frame[col] = ""
+    options = [c for c in frame.columns if c not in RESULT_COLUMNS]
+    frame = frame[[*RESULT_COLUMNS, *options]]
+    for col in [*columns_of("int"), *options]:
+        values = pd.to_numeric(frame[col].where(frame[col] != ""))
+        if not values.dropna().eq(values.dropna().round()).all():
+            raise ValueError(f"column {col!r} holds a non-integer")
+        frame[col] = values.astype("Int64")
+    for col in columns_of("float"):
+        frame[col] = pd.to_numeric(frame[col].where(frame[col] != "")).astype("float64")
+    for col in columns_of("text"):
+        frame[col] = frame[col].astype(str)
+    return frame

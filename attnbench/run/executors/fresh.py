@@ -1,0 +1,183 @@
+"""One piece of work in a fresh process, forked from a server that has imported torch and
+attnbench but never run a torch op (a process that has run one must not fork: the child's
+first parallel op waits forever on OpenMP's threads, which fork did not copy).
+
+The forked process writes its answer to a pipe and exits; the server watches it meanwhile and
+ends it when it outgrows its memory or its time, so whatever kills the work of one case (the
+kernel's out-of-memory killer, a segfault in a plugin's extension, a hang) kills this process,
+never the sweep. A process costs a fork and what its work sets up (about 6 ms and the layer's
+first call here), not the second of an import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import os
+import select
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from attnbench.errors import first_line
+from attnbench.spec import MEMORY_SHARE
+
+# How often the server reads the process's memory while it works.
+WATCH_S = 0.02
+READ_CHUNK = 1 << 16
+
+
+class Ending(str, enum.Enum):
+    """How a process's work ended, when it brought no answer."""
+
+    OOM = "oom"  # it outgrew its memory (stopped here, or by the kernel)
+    TIMEOUT = "timeout"  # it outlived its time
+    DIED = "died"  # it died otherwise (a signal, an exit without an answer)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a fresh process brought back: its answer, or how it ended without one."""
+
+    answer: dict[str, Any] | None
+    ending: Ending | None = None
+    reason: str = ""
+    peak_rss_bytes: int | None = None  # the process's largest resident set
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one process may take: seconds of wall time, and bytes of resident memory (None:
+    ``MEMORY_SHARE`` of what is available when it starts)."""
+
+    wall_s: float
+    memory_bytes: int | None = None
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is none)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _status_bytes(pid: int, key: str) -> int | None:
+    """A memory figure (VmRSS, VmHWM) of a live process, in bytes; None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _child(work: Callable[[], dict[str, Any]], out: int) -> None:
+    """In the forked process: do the work, write the answer as one JSON document, exit
+    without running the server's exit handlers (they are the server's)."""
+    code = 0
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)  # the server's protocol stays the server's: no reading it
+        os.dup2(2, 1)  # and anything written to stdout, even by C code, goes to stderr
+        try:
+            with open("/proc/self/oom_score_adj", "w", encoding="ascii") as fh:
+                fh.write("1000")  # the kernel's first choice, should memory run out
+        except OSError:
+            pass
+        try:
+            answer = work()
+        except BaseException as exc:  # one line for the driver, whatever broke
+            answer, code = {"op": "error", "message": first_line(exc)}, 1
+        data = json.dumps(answer).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(out, view) :]
+    finally:
+        os._exit(code)
+
+
+def run_fresh(work: Callable[[], dict[str, Any]], limits: Limits) -> Outcome:
+    """Run ``work`` in a process forked from this one, watched until it answers or ends."""
+    read, write = os.pipe()
+    free = available_bytes()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the forked process; its outcome is what the tests read
+        os.close(read)
+        _child(work, write)
+    os.close(write)
+    start = time.monotonic()
+    allowed = limits.memory_bytes
+    if allowed is None and free is not None:
+        allowed = int(MEMORY_SHARE * free) + (_status_bytes(pid, "VmRSS") or 0)
+    chunks: list[bytes] = []
+    ending, reason, peak = None, "", 0
+    try:
+        while True:
+            ready, _, _ = select.select([read], [], [], WATCH_S)
+            if ready:
+                chunk = os.read(read, READ_CHUNK)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                continue
+            rss = _status_bytes(pid, "VmRSS")
+            peak = max(peak, _status_bytes(pid, "VmHWM") or 0)
+            if allowed is not None and rss is not None and rss > allowed:
+                ending = Ending.OOM
+                reason = (
+                    f"the process grew to {rss / 2**30:.3g} GiB, past the "
+                    f"{allowed / 2**30:.3g} GiB it may take"
+                )
+                break
+            if time.monotonic() - start > limits.wall_s:
+                ending, reason = Ending.TIMEOUT, f"the process ran past {limits.wall_s:g} s"
+                break
+    finally:
+        os.close(read)
+        if ending is not None:
+            _kill(pid)
+    _, status = os.waitpid(pid, 0)
+    if ending is not None:
+        return Outcome(None, ending, reason, peak or None)
+    answer = _parse(b"".join(chunks))
+    if answer is not None and os.WIFEXITED(status):
+        return Outcome(answer, peak_rss_bytes=peak or None)
+    return Outcome(None, *_death(status, answer), peak_rss_bytes=peak or None)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _parse(data: bytes) -> dict[str, Any] | None:
+    try:
+        found = json.loads(data) if data else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _death(status: int, answer: dict[str, Any] | None) -> tuple[Ending, str]:
+    """How a process that brought no (whole) answer ended, in words."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else ""
+        if number == signal.SIGKILL:
+            return (
+                Ending.OOM,
+                "the process was killed (SIGKILL: the kernel's out-of-memory killer?)",
+            )
+        return Ending.DIED, f"the process died of signal {number}" + (f" ({name})" if name else "")
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
+    return Ending.DIED, f"the process exited with status {code} and no answer"

@@ -1,0 +1,238 @@
+"""Does a case's stated 95% interval hold what a re-run finds? The same grid swept in several
+independent invocations of ``attnbench sweep`` (each a fresh command, one after another); for
+each run and case, whether its interval holds the median of the other runs' times.
+
+Two ways of measuring take turns, invocation by invocation, so a busy stretch of the machine
+falls on both:
+
+- ``processes``: the default (each round a fresh process, the interval over the rounds);
+- ``one``: what attnbench did before, every case in the sweep's own process, one round, the
+  interval from that process's samples (``--executor serial --processes 1``).
+
+Then, from the ``processes`` runs' raw samples, the same question for other estimators over the
+same rounds (the evidence for ``estimators.estimate``), and for fewer rounds (the evidence for
+``--processes``' default): each run cut to its first k rounds.
+
+    python benchmarks/coverage.py [--invocations 6] [--ways processes,one]
+        [--layers conv,lstm,attention,attention-sdpa] [--n 512,2048] [--d 64] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from attnbench.estimators import (
+    estimate,
+    kept_rounds,
+    log_variance,
+    median_ci,
+    prior_of,
+    quiet_level,
+)
+from attnbench.results.loader import load_results
+from attnbench.results.run import RunResults
+
+WAYS = {
+    "processes": [],
+    "one": ["--executor", "serial", "--processes", "1"],
+}
+Interval = tuple[float, float, float]  # centre, low, high
+
+
+def sweep(way: str, out: Path, args: argparse.Namespace) -> float:
+    """One invocation, as a user runs it; its wall seconds."""
+    command = [
+        *("attnbench", "sweep", "--layers", args.layers, "--n", args.n, "--d", args.d),
+        *("--device", "cpu", "--out", str(out), "--no-charts", "--quiet"),
+        *WAYS[way],
+    ]
+    begin = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - begin
+
+
+def stated(run: RunResults) -> dict[str, Interval]:
+    """Each measured case's time and interval, as the run states them."""
+    rows = run.measured
+    return {
+        str(r.case_id): (float(r.time_s), float(r.time_ci_low_s), float(r.time_ci_high_s))
+        for r in rows.itertuples()
+    }
+
+
+def held(runs: Sequence[dict[str, Interval]]) -> dict[str, list[bool]]:
+    """Per case, for each run: does its interval hold the median of the other runs' times?"""
+    out: dict[str, list[bool]] = {}
+    for case in sorted(set.intersection(*(set(r) for r in runs))):
+        for i, run in enumerate(runs):
+            others = statistics.median(r[case][0] for j, r in enumerate(runs) if j != i)
+            _, low, high = run[case]
+            out.setdefault(case, []).append(bool(low <= others <= high))
+    return out
+
+
+def reach(intervals: Sequence[dict[str, Interval]]) -> list[float]:
+    """How far each stated interval reaches from its centre, as a share of it."""
+    out = []
+    for run in intervals:
+        for center, low, high in run.values():
+            ok = center > 0 and math.isfinite(low) and math.isfinite(high)
+            out.append(max(center - low, high - center) / center if ok else math.inf)
+    return out
+
+
+def report(title: str, runs: Sequence[dict[str, Interval]]) -> None:
+    found = held(runs)
+    total = sum(len(v) for v in found.values())
+    hits = sum(sum(v) for v in found.values())
+    widths = reach(runs)
+    wide = sum(w > 0.05 for w in widths)
+    print(f"{title}: {hits} of {total} intervals hold the others' median ({hits / total:.0%}); "
+          f"median reach ±{100 * statistics.median(widths):.1f}%, {wide} of {len(widths)} "
+          "wider than ±5%")  # fmt: skip
+    for case, marks in found.items():
+        centers = [r[case][0] for r in runs]
+        spread = max(centers) / min(centers)
+        print(f"  {case.split('/b=')[0]:32} {sum(marks)}/{len(marks)} hold; "
+              f"the runs' times {spread:.3f}x apart")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- estimators
+
+
+Rounds = tuple[list[list[float]], list[float | None], float | None]  # samples, refs, quiet
+
+
+def rounds_of(run: RunResults, case_id: str, first: int | None = None) -> Rounds:
+    """A case's rounds' samples and machine references, and the run's quiet level."""
+    mine = run.samples[run.samples["case_id"] == case_id]
+    groups, refs = [], []
+    for _, group in mine.groupby("round", sort=True):
+        groups.append(group["time_s"].tolist())
+        ref = group["reference_s"].iloc[0]
+        refs.append(None if math.isnan(ref) else float(ref))
+    every = run.samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
+    quiet = quiet_level(every.tolist())
+    cut = slice(0, first)
+    return groups[cut], refs[cut], None if math.isnan(quiet) else quiet
+
+
+def over(run: RunResults, rule: Callable[[Rounds], Interval], first: int | None = None):  # type: ignore[no-untyped-def]
+    return {str(c): rule(rounds_of(run, str(c), first)) for c in run.measured["case_id"]}
+
+
+def attnbench_over(run: RunResults, first: int | None = None) -> dict[str, Interval]:
+    """attnbench's estimate of every case over its first rounds: disturbed rounds out, each
+    case's spread moderated by the run's (``estimators.Prior``)."""
+    cases = [str(c) for c in run.measured["case_id"]]
+    rounds = {c: rounds_of(run, c, first) for c in cases}
+    prior = prior_of([log_variance(kept_rounds(*r)[0]) for r in rounds.values()])
+    out = {}
+    for case, (groups, refs, quiet) in rounds.items():
+        found = estimate(groups, refs, quiet, prior)
+        out[case] = (found.center_s, found.low_s, found.high_s)
+    return out
+
+
+def t_every_round(rounds: Rounds) -> Interval:
+    found = estimate(rounds[0])
+    return found.center_s, found.low_s, found.high_s
+
+
+def yuen(rounds: Rounds, trim: float = 0.2) -> Interval:
+    """The 20%-trimmed mean of the rounds' log medians and Yuen's interval (Wilcox, 2012)."""
+    from scipy import stats
+
+    x = np.sort(np.log([statistics.median(g) for g in rounds[0]]))
+    n = x.size
+    g = int(trim * n)
+    center = x[g : n - g].mean()
+    w = np.clip(x, x[g], x[n - g - 1])
+    se = w.std(ddof=1) / ((1 - 2 * trim) * math.sqrt(n)) if g else x.std(ddof=1) / math.sqrt(n)
+    reach = float(stats.t.ppf(0.975, n - 2 * g - 1)) * se
+    return math.exp(center), math.exp(center - reach), math.exp(center + reach)
+
+
+def order_of_medians(rounds: Rounds) -> Interval:
+    medians = [statistics.median(g) for g in rounds[0]]
+    low, high = median_ci(medians)
+    return statistics.median(medians), low, high
+
+
+def pooled(rounds: Rounds) -> Interval:
+    flat = [s for g in rounds[0] for s in g]
+    low, high = median_ci(flat)
+    return statistics.median(flat), low, high
+
+
+def bootstrap(rounds: Rounds, draws: int = 2000) -> Interval:
+    """Hierarchical: resample the rounds, then each round's samples; the median of the rounds'
+    medians, its 2.5 and 97.5 percentiles."""
+    rng = np.random.default_rng(0)
+    arrays = [np.asarray(g) for g in rounds[0]]
+    values = []
+    for _ in range(draws):
+        picked = rng.integers(0, len(arrays), len(arrays))
+        values.append(np.median([np.median(rng.choice(arrays[i], arrays[i].size)) for i in picked]))
+    center = float(np.median([np.median(a) for a in arrays]))
+    return center, float(np.quantile(values, 0.025)), float(np.quantile(values, 0.975))
+
+
+ESTIMATORS = {
+    "t on every round's log median, unmoderated": t_every_round,
+    "Yuen's trimmed mean of the rounds' log medians": yuen,
+    "order statistics of the rounds' medians": order_of_medians,
+    "hierarchical bootstrap over the rounds": bootstrap,
+    "the samples pooled, order statistics": pooled,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--invocations", type=int, default=6)
+    parser.add_argument("--ways", default="processes,one")
+    parser.add_argument("--layers", default="conv,lstm,attention,attention-sdpa")
+    parser.add_argument("--n", default="512,2048")
+    parser.add_argument("--d", default="64")
+    parser.add_argument(
+        "--keep", type=Path, help="keep the runs here (default: a temporary folder)"
+    )
+    parser.add_argument("--analyse", type=Path, help="only read the runs kept in this folder")
+    args = parser.parse_args()
+    ways = args.ways.split(",")
+    folder = args.analyse or args.keep or Path(tempfile.mkdtemp(prefix="attnbench-coverage-"))
+    if args.analyse is None:
+        for i in range(args.invocations):
+            for way in ways if i % 2 == 0 else ways[::-1]:
+                seconds = sweep(way, folder / f"{way}-{i}", args)
+                print(f"{way} {i + 1}/{args.invocations}: {seconds:.1f} s", file=sys.stderr)
+    runs = {
+        way: [load_results(p) for p in sorted(folder.glob(f"{way}-*"))]
+        for way in ways
+        if any(folder.glob(f"{way}-*"))
+    }
+    print(f"{args.invocations} invocations a way, runs in {folder}")
+    for way, loaded in runs.items():
+        report(f"{way}: as stated", [stated(r) for r in loaded])
+    if "processes" in runs:
+        loaded = runs["processes"]
+        rounds = [int(r.samples.groupby("case_id")["round"].nunique().median()) for r in loaded]
+        print(f"\nthe processes runs' rounds a case: median {statistics.median(rounds)}")
+        for name, rule in ESTIMATORS.items():
+            report(f"same rounds, {name}", [over(r, rule) for r in loaded])
+        for first in (2, 3, 4, 5):
+            report(f"first {first} rounds, attnbench", [attnbench_over(r, first) for r in loaded])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The estimators, pinned with synthetic samples: fake processes with known offsets, so an
+interval that ignores the process level fails here."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from attnbench.estimators import Estimate, estimate, median_ci
+
+TRUE_S = 1e-3  # the typical process's median: what a re-run's time scatters around
+
+
+def processes(rng: np.random.Generator, count: int, between: float, within: float = 0.01):
+    """``count`` fake processes of 30 samples each: each process runs at its own speed (a
+    log-normal offset of ``between``), its samples scatter by ``within`` around it."""
+    speeds = TRUE_S * np.exp(rng.normal(0.0, between, size=count))
+    return [list(s * np.exp(rng.normal(0.0, within, size=30))) for s in speeds]
+
+
+def pooled(groups: list[list[float]]) -> tuple[float, float]:
+    """What the interval was before processes: order statistics of every sample at once."""
+    return median_ci([s for g in groups for s in g])
+
+
+def test_one_group_is_its_median_and_the_order_statistics_of_its_samples() -> None:
+    samples = [5.0, 1.0, 4.0, 2.0, 3.0, 7.0, 6.0, 9.0, 8.0, 10.0]
+    found = estimate([samples])
+    assert found.center_s == 5.5 and found.groups == 1
+    assert (found.low_s, found.high_s) == median_ci(samples) == (2.0, 9.0)
+    assert math.isnan(found.between_rel)
+    assert math.isnan(estimate([[1.0, 2.0, 3.0]]).low_s)  # under 6 samples: no interval
+
+
+def test_groups_give_the_geometric_mean_of_their_medians_and_a_t_interval_on_their_logs() -> None:
+    from scipy import stats
+
+    groups = [[1.0, 1.0, 1.1], [2.0, 2.2, 2.0], [4.0, 4.0, 3.0]]  # medians 1, 2, 4
+    found = estimate(groups)
+    logs = np.log([1.0, 2.0, 4.0])
+    reach = stats.t.ppf(0.975, 2) * logs.std(ddof=1) / math.sqrt(3)
+    assert found.center_s == pytest.approx(2.0)  # (1 x 2 x 4) ** (1/3)
+    assert found.low_s == pytest.approx(2.0 * math.exp(-reach))
+    assert found.high_s == pytest.approx(2.0 * math.exp(reach))
+    assert found.between_rel == pytest.approx(logs.std(ddof=1))
+    assert found.groups == 3
+
+
+def test_identical_groups_are_known_exactly_and_empty_groups_are_left_out() -> None:
+    found = estimate([[2.0, 2.0], [], [2.0, 2.0]])
+    assert (found.center_s, found.low_s, found.high_s, found.groups) == (2.0, 2.0, 2.0, 2)
+    assert math.isnan(estimate([]).center_s)
+    zero = estimate([[0.0, 0.0], [0.0, 0.0]])  # a clock that never moved: no logs
+    assert zero.center_s == 0.0 and math.isnan(zero.low_s)
+
+
+def coverage(interval, count: int, between: float, trials: int = 400) -> float:
+    """How often ``interval(groups) -> (low, high)`` holds the typical process's median."""
+    rng = np.random.default_rng(7)
+    held = 0
+    for _ in range(trials):
+        low, high = interval(processes(rng, count, between))
+        held += low <= TRUE_S <= high
+    return held / trials
+
+
+@pytest.mark.parametrize("count", [3, 5])
+def test_the_interval_holds_the_typical_process_95_times_in_100(count: int) -> None:
+    """Processes 8% apart, each timed precisely (1%): the interval over processes holds the
+    typical process's time about as often as it says; the pooled samples' interval, which
+    sees one process's precision, almost never does."""
+
+    def over_processes(groups: list[list[float]]) -> tuple[float, float]:
+        found: Estimate = estimate(groups)
+        return found.low_s, found.high_s
+
+    assert 0.92 <= coverage(over_processes, count, between=0.08) <= 0.98
+    assert coverage(pooled, count, between=0.08) < 0.5
+
+
+def test_the_interval_widens_with_the_spread_between_processes() -> None:
+    """Same samples' scatter, processes 1% or 20% apart: only the second is wide, and says
+    its spread is between the processes (``between_rel`` over ``within_rel``)."""
+    rng = np.random.default_rng(3)
+    close = [estimate(processes(rng, 5, between=0.01, within=0.05)) for _ in range(20)]
+    apart = [estimate(processes(rng, 5, between=0.2, within=0.05)) for _ in range(20)]
+    assert np.median([e.rel_ci for e in apart]) > 5 * np.median([e.rel_ci for e in close])
+    assert all(e.between_rel > e.within_rel for e in apart)
+    assert np.median([e.between_rel for e in close]) < np.median([e.within_rel for e in close])

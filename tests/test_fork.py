@@ -1,0 +1,196 @@
+"""The fork executor: every timing round of a case in a fresh process forked from a server that
+has imported torch, and a case that kills its process (a crash, too much memory, a hang) is a
+recorded case, never the end of the sweep."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.measure.record import WORKER_DIED_ERROR
+from attnbench.results.loader import load_results
+from attnbench.run import queue
+from attnbench.run.executors import default_executor, make_executor
+from attnbench.run.executors.fresh import Ending, Limits, run_fresh
+from attnbench.run.sweep import run_sweep
+from attnbench.spec import build_grid
+
+pytestmark = pytest.mark.slow  # each sweep starts a fork server: an import of torch
+
+runner = CliRunner()
+
+BREAKING = """
+import os
+import time
+
+import torch
+from torch import nn
+
+
+class Breaking(nn.Module):
+    '''A linear layer that breaks its process from n = 32 on, in the way its factory says.'''
+
+    def __init__(self, d, how):
+        super().__init__()
+        self.lin, self.how, self.kept = nn.Linear(d, d), how, []
+
+    def forward(self, x):
+        if x.shape[1] >= 32:
+            if self.how == "abort":
+                os.abort()
+            if self.how == "memory":
+                self.kept.append(torch.ones(2**28))  # 1 GiB, kept
+            if self.how == "hang":
+                time.sleep(3600)
+        return self.lin(x)
+
+
+def aborts(d):
+    return Breaking(d, "abort")
+
+
+def hogs(d):
+    return Breaking(d, "memory")
+
+
+def hangs(d):
+    return Breaking(d, "hang")
+"""
+
+
+@pytest.fixture
+def breaking(tmp_path: Path) -> Path:
+    path = tmp_path / "breaking.py"
+    path.write_text(textwrap.dedent(BREAKING))
+    return path
+
+
+@pytest.fixture
+def fork() -> Iterator[object]:
+    executor = make_executor("fork")
+    try:
+        yield executor
+    finally:
+        executor.close()
+
+
+def _sweep(layers: str, out: Path, executor: object, **extra: object):  # type: ignore[no-untyped-def]
+    grid = build_grid(
+        {"layers": layers, "n": "16,32,64", "d": "8", "device": "cpu", "time_budget": 0.01}
+        | {"processes": 2}
+        | extra
+    )
+    return run_sweep(grid, out, executor=executor, calibration=None)  # type: ignore[arg-type]
+
+
+def test_every_round_is_a_process_of_its_own(tmp_path: Path, fork: object) -> None:
+    run = _sweep("conv,rnn", tmp_path / "run", fork)
+    assert set(run.frame["status"]) == {"ok"} and run.meta["cluster"]["executor"] == "fork"
+    per_job = run.samples.groupby(["case_id", "round"])["process"]
+    assert (per_job.nunique() == 1).all()  # a round's samples come from one process
+    assert per_job.first().is_unique  # and no two rounds share one
+    assert run.samples.groupby("case_id")["round"].nunique().min() >= 2
+
+
+def test_a_case_that_aborts_its_process_is_recorded_and_the_sweep_goes_on(
+    tmp_path: Path, breaking: Path, fork: object
+) -> None:
+    run = _sweep(f"{breaking}:aborts,conv", tmp_path / "run", fork)
+    rows = run.frame.set_index("n").groupby("layer")
+    mine = rows.get_group("breaking:aborts")
+    assert mine.loc[16, "status"] == "ok"
+    assert mine.loc[32, "status"] == "failed" and mine.loc[32, "attempts"] == 2  # tried twice
+    assert mine.loc[32, "error"].startswith(WORKER_DIED_ERROR)
+    assert "signal 6 (SIGABRT)" in mine.loc[32, "error"]
+    assert mine.loc[64, "status"] == "skipped"  # a larger case would die the same way
+    assert set(rows.get_group("conv")["status"]) == {"ok"}  # measured after it
+    assert run.status == "complete"
+
+
+def test_a_case_that_outgrows_its_memory_is_oom_at_once(
+    tmp_path: Path, breaking: Path, fork: object
+) -> None:
+    run = _sweep(f"{breaking}:hogs,conv", tmp_path / "run", fork, max_case_memory="600MiB")
+    mine = run.frame[run.frame["layer"] == "breaking:hogs"].set_index("n")
+    assert mine.loc[16, "status"] == "ok"
+    assert mine.loc[32, "status"] == "oom" and mine.loc[32, "attempts"] == 1  # no second try
+    assert "past the 0.586 GiB it may take" in mine.loc[32, "error"]
+    assert mine.loc[64, "status"] == "skipped"
+    assert set(run.frame.loc[run.frame["layer"] == "conv", "status"]) == {"ok"}
+    assert run.status == "complete" and run.record.config["max_case_memory"] == 600 * 2**20
+
+
+def test_a_case_that_hangs_is_a_timeout(
+    tmp_path: Path, breaking: Path, fork: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(queue, "wall_limit", lambda grid: 5.0)
+    run = _sweep(f"{breaking}:hangs,conv", tmp_path / "run", fork)
+    mine = run.frame[run.frame["layer"] == "breaking:hangs"].set_index("n")
+    assert mine.loc[32, "status"] == "timeout" and "ran past 5 s" in mine.loc[32, "error"]
+    assert mine.loc[64, "status"] == "skipped"
+    assert run.status == "complete"
+
+
+def test_the_command_line_sweeps_in_fresh_processes_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ATTNBENCH_EXECUTOR", raising=False)
+    assert default_executor() == "fork" and default_executor("instructions") == "serial"
+    out = tmp_path / "run"
+    result = runner.invoke(app, [
+        "sweep", "--layers", "conv", "--n", "16", "--d", "8", "--device", "cpu",
+        "--time-budget", "0.01", "--out", str(out), "--no-charts", "--json",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["results"][0]["status"] == "ok"
+    assert load_results(out).meta["cluster"]["executor"] == "fork"
+
+
+def test_a_fresh_process_brings_its_answer_or_how_it_ended() -> None:
+    assert run_fresh(lambda: {"op": "done", "x": 1}, Limits(wall_s=10)).answer == {
+        "op": "done",
+        "x": 1,
+    }
+    failed = run_fresh(lambda: 1 / 0, Limits(wall_s=10))  # type: ignore[arg-type, return-value]
+    assert failed.answer == {"op": "error", "message": "ZeroDivisionError: division by zero"}
+
+    def exits() -> dict[str, object]:
+        import os
+
+        os._exit(3)
+
+    gone = run_fresh(exits, Limits(wall_s=10))
+    assert gone.answer is None and gone.ending == Ending.DIED
+    assert gone.reason == "the process exited with status 3 and no answer"
+
+
+def test_a_cases_rounds_go_to_different_fork_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork shares its server's address-space layout, which gives it a speed of its own:
+    round r of a case goes to server r mod 3."""
+    from attnbench.run.executors.process import ForkExecutor, _Server
+
+    seen: list[tuple[int, int]] = []
+    send = _Server.send
+
+    def spy(self, job, where):  # type: ignore[no-untyped-def]
+        seen.append((id(self), job.round))
+        return send(self, job, where)
+
+    monkeypatch.setattr(_Server, "send", spy)
+    executor = ForkExecutor()
+    try:
+        run = _sweep("conv", tmp_path / "run", executor, processes=3, max_processes=3)
+    finally:
+        executor.close()
+    assert run.meta["cluster"]["servers"] == 3
+    servers = {round_: {server for server, r in seen if r == round_} for _, round_ in seen}
+    assert all(len(ids) == 1 for ids in servers.values())  # a round, one server
+    assert len({next(iter(ids)) for ids in servers.values()}) == 3  # three rounds, three servers
