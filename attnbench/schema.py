@@ -155,8 +155,7 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "rounds", "int", _MEASURE,
         "timing rounds the time is over, each a fresh process under --executor fork "
-        "(samples.csv's process column names them)", optional=True, summary="rounds",
-        fmt=fmt_int,
+        "(samples.csv's process column names them)", optional=True,
     ),
     Column(
         "rounds_disturbed", "int", _MEASURE,
@@ -167,7 +166,7 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "spread_between", "float", _MEASURE,
         "how far the rounds' medians spread: the standard deviation of their logs (about a "
-        "relative spread)", optional=True,
+        "relative spread)", optional=True, summary="between", fmt=fmt_share,
     ),
     Column(
         "spread_within", "float", _MEASURE,

@@ -152,7 +152,7 @@ class Grid:
     device: str = "auto"
     mode: str = "forward"
     threads: int | None = None  # CPU threads; None keeps torch's default (and records it)
-    time_budget_s: float = 0.5  # most seconds of timed calls per case (precise ones stop sooner)
+    time_budget_s: float = 0.2  # most seconds of timed calls per case, its rounds together
     seed: int = 0
     max_case_s: float | None = None  # a first call slower than this is a timeout; None: no limit
     # A case's process that grows past this many bytes is ended and the case recorded oom (a
@@ -365,8 +365,9 @@ OPTIONS: tuple[Option, ...] = (
            "work (its rate within 20% over three doublings), or the next case would not fit "
            "(--max-case-seconds, free memory, --auto-budget); auto:START..STOP sets the "
            "ladder. run.json says what stopped each layer.",
-           default_text="64..1024 on the CPU, auto on an accelerator"),
-    Option("d", "ds", str, lambda v: parse_int_list(v, "d"), "Widths, as --n."),
+           default_text="auto (a fixed grid is one option away: --n 64..1024)"),
+    Option("d", "ds", str, lambda v: parse_int_list(v, "d"), "Widths, as --n.",
+           default_text="64 on the CPU with the default lengths, else 64,128"),
     *(_layer_option(o) for o in known_options().values()),
     Option("option", "", str, parse_layer_options,
            "Options of plugin layers, NAME=VALUE, comma-separated.", default_text="none"),
@@ -415,7 +416,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("auto_budget", "auto_budget_s", float,
            lambda v: _positive_seconds(v, "auto-budget"),
            "With --n auto: seconds the sweep's cases may take in all; each layer and width "
-           "gets an equal share of what is left when it starts."),
+           "gets an equal share of what is left when it starts.",
+           default_text="300, or 30 in the CPU's default sweep"),
     Option("allocator", "allocator", str, check_allocator,
            "pinned: glibc keeps freed memory mapped, so a time does not depend on what ran "
            "before; system: glibc's defaults, what your own program pays (page faults)."),
@@ -446,6 +448,26 @@ def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None =
     fields_ = {by_field[key]: value for key, value in config.items() if key in by_field}
     fields_.setdefault("allocator", SYSTEM)  # a run from before --allocator: glibc's defaults
     return build_grid({**fields_, "option": options or None}, resolve)
+
+
+# The CPU's default sweep: one width, and this many seconds of cases in all (where every line
+# has settled sooner, less): a first sweep of under a minute that reaches each layer's regime.
+CPU_DEFAULT_D = (64,)
+CPU_DEFAULT_AUTO_BUDGET_S = 30.0
+
+
+def _default_lengths(grid: Grid, given: Mapping[str, Any]) -> Grid:
+    """The lengths of a sweep that names none: ``--n auto`` on every device, since at fixed
+    short lengths a layer's time is the machine's fixed cost, not its order. On the CPU, one
+    width and a budget of ``CPU_DEFAULT_AUTO_BUDGET_S`` unless given."""
+    grid = replace(grid, ns=AutoN().ladder(), n_auto=AutoN())
+    if device_kind(grid.device) != "cpu":
+        return grid
+    if "d" not in given:
+        grid = replace(grid, ds=CPU_DEFAULT_D)
+    if "auto_budget" not in given:
+        grid = replace(grid, auto_budget_s=CPU_DEFAULT_AUTO_BUDGET_S)
+    return grid
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -514,9 +536,8 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
             small = min(min(grid.ns), max(16, 2 * found.reach(resolved) + 1))
             checks.check_output(found, min(grid.ds), (small, min(grid.ns)), resolved)
     grid = replace(grid, device=(resolve or local_device)(grid.device, grid.dtype))
-    if "n" not in given and device_kind(grid.device) != "cpu":
-        # An accelerator's default: at the CPU's lengths its times are the host's fixed cost.
-        grid = replace(grid, ns=AutoN().ladder(), n_auto=AutoN())
+    if "n" not in given:
+        grid = _default_lengths(grid, given)
     if grid.timer != Timer.BLOCKS and device_kind(grid.device) != "cuda":
         raise AttnbenchError(
             f"--timer {grid.timer} times CUDA kernels; --device {grid.device} is not a CUDA "

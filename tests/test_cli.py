@@ -184,7 +184,7 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     summary_tables(replace(tiny_run, frame=frame), console)
     summary_notes(replace(tiny_run, frame=frame), console)
     text = buf.getvalue()
-    assert "1 case(s) marked ! have a median known only to ±5% or worse" in text
+    assert "1 case(s) marked ! have a time known only to ±5% or worse" in text
     assert "±50.0% !" in text and "±1.0%" in text
     assert (
         f"counted FLOPs differ from the analytic formula by more than 1% in 1 case(s) "

@@ -67,6 +67,24 @@ def test_exponent_recovers_slope_and_interval_covers_truth():
     assert 0.88 <= covered / 200 <= 0.99
 
 
+def test_the_exponents_interval_is_no_narrower_than_its_points_intervals_allow():
+    """Four times 5% uncertain (their intervals over processes) that happen to fall exactly on
+    a line: the residuals say the slope is exact, the points say it is not; the interval is
+    the wider, and the points' own standard errors decide it."""
+    x = [512.0, 1024.0, 2048.0, 4096.0]
+    y = [1e-3 * (n / 512) ** 2 for n in x]
+    exact = loglog_exponent(x, y)
+    assert exact.slope == pytest.approx(2.0) and exact.high - exact.low < 1e-9
+    se = [0.05] * 4
+    found = loglog_exponent(x, y, se)
+    lx = np.log(x)
+    expected = 1.959964 * 0.05 * math.sqrt(1 / np.sum((lx - lx.mean()) ** 2))
+    assert found.slope == pytest.approx(2.0)
+    assert (found.high - found.low) / 2 == pytest.approx(expected, rel=1e-4)
+    noisy = [y[0] * 1.3, y[1] * 0.8, y[2] * 1.25, y[3] * 0.85]  # residuals wider than 5%
+    assert loglog_exponent(x, noisy, se).high == loglog_exponent(x, noisy).high
+
+
 def test_constant_metric_has_zero_exponent_and_zero_width():
     fit = loglog_exponent([64, 128, 256], [13.0, 13.0, 13.0])
     assert (fit.slope, fit.low, fit.high) == (0.0, 0.0, 0.0)

@@ -86,4 +86,4 @@ def test_the_summary_marks_the_case_and_says_what_to_do(tmp_path) -> None:  # ty
     assert len(marked) == 1 and marked[0].startswith("│  256 │ 64 │ 53.6 ms ^")
     note = " ".join(text.split())
     assert "1 case(s) marked ^ are over 5x slower than their layer's trend" in note
-    assert "worst attention n=256 d=64, 38x" in note and "--rounds 3" in note
+    assert "worst attention n=256 d=64, 38x" in note and "More --processes" in note

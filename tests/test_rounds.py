@@ -155,6 +155,6 @@ def test_the_cli_takes_rounds_and_prints_each_round(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "[round 1/2, 1/1] conv n=8 d=4 k=3" in result.stderr
-    assert "[round 2/2] conv n=8 d=4 k=3" in result.stderr
+    assert "[1/1] conv n=8 d=4 k=3" in result.stderr  # the first round: the case
+    assert "[round 2] conv n=8 d=4 k=3" in result.stderr
     assert load_results(out).meta["config"]["processes"] == 2

@@ -40,7 +40,7 @@ def test_every_case_is_written_before_the_next_starts(tiny_grid: Grid, tmp_path:
 def test_results_hold_measured_values(tiny_run: RunResults) -> None:
     frame = tiny_run.frame
     assert (frame["time_s"] > 0).all()
-    assert (frame["samples"] >= 10).all()
+    assert (frame["samples"] >= 3 * frame["rounds"]).all()  # three a round at the least
     assert (frame["peak_bytes"] > 0).all()
     assert (frame["flops_check"] == "ok").all()
     assert np.allclose(frame["flops_per_s"], frame["flops"] / frame["time_s"], rtol=1e-12)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from attnbench.devices import check_dtype, resolve_device
 from attnbench.errors import AttnbenchError
 from attnbench.layers import BUILTIN
+from attnbench.lengths import AutoN
 from attnbench.run.estimate import estimate_bounds, estimate_seconds, size_warning
 from attnbench.spec import (
     CONFIG_KEYS,
@@ -113,9 +115,16 @@ def test_cases_order_and_ids() -> None:
 
 
 def test_default_grid_covers_every_layer() -> None:
+    """The default reaches each layer's regime (--n auto); on the CPU at one width, in a
+    budget of 30 s of cases."""
     grid = build_grid({"device": "cpu"})
-    assert grid == Grid(device="cpu")
-    assert len(grid.cases()) == len(BUILTIN) * 5 * 2
+    ladder = AutoN().ladder()
+    assert grid == replace(
+        Grid(device="cpu"), ns=ladder, n_auto=AutoN(), ds=(64,), auto_budget_s=30.0
+    )
+    assert len(grid.cases()) == len(BUILTIN) * len(ladder)
+    fixed = build_grid({"device": "cpu", "n": "64..1024"})
+    assert fixed == Grid(device="cpu") and len(fixed.cases()) == len(BUILTIN) * 5 * 2
 
 
 @pytest.mark.parametrize(
@@ -225,19 +234,24 @@ def test_estimate_grows_with_the_grid_and_is_bounded_by_the_case_limit() -> None
 
 
 def test_the_estimates_low_end_stops_each_stable_case_at_the_minimum_timing() -> None:
-    """A quiet machine's cases stop at time_call's minimum time, a busy one's spend the budget:
-    the start line gives both ends (the default grid: 110 cases of a 0.5 s budget)."""
+    """A quiet machine's rounds stop at their minimum time, a busy one's spend the budget and
+    add rounds up to --max-processes: the start line gives both ends (the fixed grid: 110
+    cases, three rounds each at the least, each a process of its own)."""
     from attnbench.cli.render import estimate_range
-    from attnbench.measure.timing import DEFAULT_POLICY
+    from attnbench.run.estimate import ROUND_S
+    from attnbench.run.queue import ROUND_WARMUP_S, round_policy
 
-    grid = build_grid({"device": "cpu"})
-    quick, budget = DEFAULT_POLICY.min_time_s, grid.time_budget_s
-    assert quick < budget == 0.5
+    grid = build_grid({"device": "cpu", "n": "64..1024"})
+    policy = round_policy(grid)
+    quick, share = policy.min_time_s, grid.time_budget_s / grid.processes
+    assert quick < share and grid.processes == 3
     calls = [(c.analytic_flops() or 0) / 2e10 for c in grid.cases()]  # the assumed 20 GFLOP/s
     low, high = estimate_bounds(grid)
-    saved = sum(max(budget, 11 * call) - max(quick, 11 * call) for call in calls)
-    assert saved > 0 and high - low == pytest.approx(saved)
-    assert low > sum(4 * call + max(quick, 11 * call) for call in calls)  # tracing on top
+    rounds = [ROUND_S + 2 * call + ROUND_WARMUP_S for call in calls]  # each round's own cost
+    timed_low = sum(3 * (r + max(quick, 5 * c)) for r, c in zip(rounds, calls, strict=True))
+    timed_high = sum(6 * (r + max(share, 5 * c)) for r, c in zip(rounds, calls, strict=True))
+    assert high - low == pytest.approx(timed_high - timed_low)
+    assert low > timed_low  # tracing on top
     assert estimate_range(23.4, 45.2) == "about 23-45 s"
     assert estimate_range(100, 200) == "about 100 s-3 min"
     assert estimate_range(30.2, 30.4) == "about 30 s"

@@ -29,6 +29,7 @@ from attnbench.render.verdicts import display_table
 from attnbench.run.ab import ABStart, describe_sides
 from attnbench.run.events import ProgressEvent, SweepStart
 from attnbench.schema import Status, fmt_int
+from attnbench.spec import MORE_PROCESSES, Grid
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 
@@ -115,7 +116,8 @@ class SweepProgress:
             )
             self.console.print(
                 f"attnbench {__version__}: {cases} on {grid.device} "
-                f"({grid.dtype}, {grid.mode}, batch {grid.batch}){workers_text(start.cluster)}, "
+                f"({grid.dtype}, {grid.mode}, batch {grid.batch})"
+                f"{workers_text(start.cluster, grid)}, "
                 f"{estimate_range(start.estimate_low_s, start.estimate_s)} -> {start.out_dir}",
                 soft_wrap=True,
             )
@@ -163,7 +165,7 @@ class SweepProgress:
                 total = event.total * event.rounds  # one unit per case and timing round
                 self.task = self.bar.add_task("sweep", total=total, completed=event.units_done)
             if event.kind == "start":
-                prefix = f"round {event.round}/{event.rounds} " if event.rounds > 1 else ""
+                prefix = f"round {event.round} " if event.round > 1 else ""
                 if event.running > 1:
                     prefix = f"{event.running} running, latest: {prefix}"
                 self.bar.update(self.task, description=prefix + event.case.label())
@@ -186,14 +188,13 @@ def case_line(event: ProgressEvent, *, where: bool = False) -> str:
 
 def _case_text(event: ProgressEvent) -> str:
     width = len(str(event.total))
-    if event.round > 1:  # a later timing round: only times are new
-        head = f"[round {event.round}/{event.rounds}] {event.case.label()}"
+    if event.round > 1:  # a later timing round, in a process of its own: its median is new
+        head = f"[round {event.round}] {event.case.label()}"
         t = event.timing
         if t is None:
             return f"{head}  failed this round (left out)"
-        return f"{head}  {_timed(t)}"
-    rounds = f"round 1/{event.rounds}, " if event.rounds > 1 else ""
-    head = f"[{rounds}{event.completed:>{width}}/{event.total}] {event.case.label()}"
+        return f"{head}  {fmt_seconds(t.median_s)} ({t.count} samples)"
+    head = f"[{event.completed:>{width}}/{event.total}] {event.case.label()}"
     result = event.result
     if result is None or result.status != Status.OK or result.timing is None:
         status = result.status.upper() if result else "FAILED"
@@ -208,7 +209,8 @@ def _case_text(event: ProgressEvent) -> str:
 
 
 def _timed(t: TimingStats) -> str:
-    """A median and how far its 95% confidence interval reaches, with its samples."""
+    """A first round's median and how far its own 95% interval reaches, with its samples (the
+    case's interval, over its rounds, is the summary's)."""
     reach = t.rel_ci
     precision = "" if reach == float("inf") else f" ±{reach:.1%}"
     return f"{fmt_seconds(t.median_s)}{precision} ({t.count} samples)"
@@ -252,10 +254,17 @@ def shared_cpu_nodes(cluster: dict[str, Any], device: str) -> str:
     return ", ".join(crowded)
 
 
-def workers_text(cluster: dict[str, Any]) -> str:
-    """ ", through Ray on 4 workers (2 nodes: NVIDIA H100 ...)"; nothing for a serial sweep."""
+def workers_text(cluster: dict[str, Any], grid: Grid | None = None) -> str:
+    """ ", through Ray on 4 workers (2 nodes: NVIDIA H100 ...)", ", each case in 3-6 fresh
+    processes (3 fork servers)"; nothing for a serial sweep."""
     if cluster.get("executor") == "serial":
         return ""
+    if cluster.get("executor") == "fork":
+        if grid is None:
+            return ", each round in a fresh process"
+        most = grid.max_processes or grid.processes * MORE_PROCESSES
+        count = str(grid.processes) if most <= grid.processes else f"{grid.processes}-{most}"
+        return f", each case in {count} fresh processes ({cluster.get('servers', 1)} fork servers)"
     workers = cluster.get("workers", [])
     nodes = sorted({w["node"] for w in workers})
     devices = sorted({w["device_name"] for w in workers})

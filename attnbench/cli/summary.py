@@ -6,17 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.estimators import rel_ci
+from attnbench.estimators import QUIET_FACTOR, rel_ci
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.faults import FAULT_SHARE
 from attnbench.measure.timing import IMPRECISE_REL_CI, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
 from attnbench.results.run import RunResults
-from attnbench.schema import STATUSES, SUMMARY_COLUMNS, RunStatus, Status
+from attnbench.schema import STATUSES, SUMMARY_COLUMNS, RunStatus, Status, numeric_column
 
 
 def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()) -> str:
@@ -25,6 +26,9 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
     text = spec.fmt(getattr(row, column))
     if column == "time_s" and row.case_id in off_trend:
         return f"[red]{text} ^[/]"
+    if column == "spread_between":  # shown where the processes spread more than the samples
+        wider = row.spread_between > row.spread_within
+        return f"±{row.spread_between:.1%}" if wider and not pd.isna(wider) else ""
     if column == "time_ci_high_s":
         reach = rel_ci(row.time_s, row.time_ci_low_s, row.time_ci_high_s)
         text = "-" if reach == float("inf") else f"±{reach:.1%}"
@@ -106,10 +110,14 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
     ]
     if len(imprecise):
         console.print(
-            f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a median known only to "
-            f"±{IMPRECISE_REL_CI:.0%} or worse (its 95% confidence interval): the machine was "
-            "busy or the budget short; a larger --time-budget gives more samples"
+            f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a time known only to "
+            f"±{IMPRECISE_REL_CI:.0%} or worse (its 95% interval over its processes): their "
+            "processes read it that far apart, or the machine was disturbed in most of their "
+            "rounds; more --processes narrow it, a quieter machine more",
+            soft_wrap=True,
         )
+    for note in replication_notes(run):
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     outliers = trend_outliers(run.measured)
     if len(outliers):
         worst = outliers.loc[outliers["ratio"].idxmax()]
@@ -117,8 +125,8 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             f"[yellow]note:[/] {len(outliers)} case(s) marked ^ are over {TREND_FACTOR:g}x "
             "slower than their layer's trend (slower than its next two larger cases, or growing "
             f"faster than cubic; worst {worst['layer']} n={worst['n']} d={worst['d']}, "
-            f"{worst['ratio']:.0f}x): a burst of load, likely. --rounds 3 times every case "
-            "at several moments of the sweep, so one burst does not decide its median",
+            f"{worst['ratio']:.0f}x): a burst of load, likely. More --processes time every "
+            "case at more moments of the sweep, so one burst does not decide its time",
             soft_wrap=True,
         )
     rerun = frame[frame["attempts"].fillna(1) > 1] if "attempts" in frame else frame.iloc[:0]
@@ -180,6 +188,40 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             f"attnbench sweep --resume {run.path}",
             soft_wrap=True,
         )
+
+
+def replication_notes(run: RunResults) -> list[str]:
+    """What the rounds say of the machine: rounds left out because it was disturbed, cases
+    whose processes spread more than their samples did, and a run whose rounds shared one
+    process (no process's own speed is inside its intervals)."""
+    measured, notes = run.measured, []
+    disturbed = numeric_column(measured, "rounds_disturbed").fillna(0)
+    if disturbed.sum():
+        notes.append(
+            f"{int(disturbed.sum())} round(s) of {int((disturbed > 0).sum())} case(s) ran while "
+            "the machine was disturbed (their reference read over "
+            f"{QUIET_FACTOR:g}x its quiet level): left out of their times where two quiet "
+            "rounds remained (rounds_disturbed)"
+        )
+    between = numeric_column(measured, "spread_between")
+    wider = measured[between > numeric_column(measured, "spread_within")]
+    if len(wider):
+        notes.append(
+            f"{len(wider)} case(s) read further apart between their processes than within one "
+            "(the between column): a process has a speed of its own, which their intervals hold"
+        )
+    if "process" not in run.samples:
+        return notes
+    rounds = run.samples.groupby("case_id")["round"].nunique()
+    processes = run.samples.groupby("case_id")["process"].nunique()
+    shared = rounds[(rounds > 1) & (processes < rounds)]
+    if len(shared):
+        notes.append(
+            f"{len(shared)} case(s) were timed in rounds that shared a process (--executor "
+            f"{run.meta.get('cluster', {}).get('executor', 'serial')}): their intervals hold "
+            "the moments of the sweep, not a process's own speed"
+        )
+    return notes
 
 
 def fault_notes(run: RunResults) -> list[str]:

@@ -38,28 +38,51 @@ class Exponent:
         return f"{var}^{self.slope:.2f}"
 
 
-def loglog_exponent(x: Sequence[float], y: Sequence[float]) -> Exponent | None:
-    """Least-squares slope of log y on log x, with its 95% t-interval; None below two points.
+def loglog_exponent(
+    x: Sequence[float], y: Sequence[float], log_se: Sequence[float] | None = None
+) -> Exponent | None:
+    """Least-squares slope of log y on log x, with its 95% interval; None below two points.
 
-    Non-positive values (a constant zero, say) cannot be logged and are left out.
+    The interval is the wider of the residuals' t-interval and the one the points' own
+    standard errors imply (``log_se``: of log y, one a point; a time's, from its interval over
+    processes): four points that happen to fall on a line do not make the slope known better
+    than each point is. Non-positive values (a constant zero, say) cannot be logged and are
+    left out.
     """
     from scipy import stats  # lazy: scipy costs 0.8 s to import
 
-    pairs = [(a, b) for a, b in zip(x, y, strict=True) if a > 0 and b > 0 and np.isfinite(b)]
-    xs = np.array(sorted({a for a, _ in pairs}), dtype=float)
+    errors = list(log_se) if log_se is not None else [0.0] * len(x)
+    points = [
+        (a, b, e if np.isfinite(e) else 0.0)
+        for a, b, e in zip(x, y, errors, strict=True)
+        if a > 0 and b > 0 and np.isfinite(b)
+    ]
+    xs = np.array(sorted({a for a, _, _ in points}), dtype=float)
     if len(xs) < 2:
         return None
-    lx = np.log([a for a, _ in pairs])
-    ly = np.log([b for _, b in pairs])
+    lx = np.log([a for a, _, _ in points])
+    ly = np.log([b for _, b, _ in points])
     if np.ptp(ly) == 0:  # a constant: slope exactly 0 (linregress would give nan bounds)
-        return Exponent(0.0, 0.0, 0.0, len(pairs), xs[0], xs[-1])
+        return Exponent(0.0, 0.0, 0.0, len(points), xs[0], xs[-1])
     fit = stats.linregress(lx, ly)
-    if len(pairs) > 2:
-        t = stats.t.ppf(0.975, len(pairs) - 2)
-        low, high = fit.slope - t * fit.stderr, fit.slope + t * fit.stderr
-    else:
-        low = high = math.nan
-    return Exponent(float(fit.slope), float(low), float(high), len(pairs), xs[0], xs[-1])
+    weights = (lx - lx.mean()) / np.sum((lx - lx.mean()) ** 2)  # slope = sum(w_i log y_i)
+    measured = float(np.sqrt(np.sum((weights * np.array([e for _, _, e in points])) ** 2)))
+    reach = stats.norm.ppf(0.975) * measured
+    if len(points) > 2:
+        reach = max(reach, stats.t.ppf(0.975, len(points) - 2) * fit.stderr)
+    known = len(points) > 2 or measured > 0  # two points alone leave no residuals
+    low, high = (fit.slope - reach, fit.slope + reach) if known else (math.nan, math.nan)
+    return Exponent(float(fit.slope), float(low), float(high), len(points), xs[0], xs[-1])
+
+
+def log_errors(line: pd.DataFrame) -> list[float] | None:
+    """Each time's standard error on a log scale, from its 95% interval over processes (nan
+    where it has none); None for a line without intervals."""
+    if "time_ci_low_s" not in line or "time_ci_high_s" not in line:
+        return None
+    low, high = numeric_column(line, "time_ci_low_s"), numeric_column(line, "time_ci_high_s")
+    spread = np.log(high.where(high > 0)) - np.log(low.where(low > 0))
+    return [float(v) for v in spread / (2 * 1.96)]
 
 
 def upper_half(values: Sequence[int], minimum: int = 3) -> list[int]:
@@ -255,7 +278,10 @@ def exponent_table(
             values = numeric(group, metric)
             law = theory_values(values, metric, layers)
             work = counted_work(values) if metric == "time_s" else None
-            values = values[["n", "d", metric]]  # the lines below take rows: no other column
+            kept = ["n", "d", metric]  # the lines below take rows: no other column
+            if metric == "time_s":  # and the intervals a time's exponent's reads
+                kept += [c for c in ("time_ci_low_s", "time_ci_high_s") if c in group]
+            values = values.reindex(columns=kept)
             overhead = own.constant if own is not None and metric == "time_s" else None
             for along, other in (("n", "d"), ("d", "n")):
                 for fixed, line in values.groupby(other):
@@ -266,7 +292,10 @@ def exponent_table(
                         line = settled
                     elif overheads:
                         line = line[line[along].isin(fit_sizes(line, along, metric, overhead))]
-                    fit = loglog_exponent(line[along].tolist(), line[metric].astype(float).tolist())
+                    errors = log_errors(line) if metric == "time_s" else None
+                    fit = loglog_exponent(
+                        line[along].tolist(), line[metric].astype(float).tolist(), errors
+                    )
                     if fit is None:
                         continue
                     slope = math.nan

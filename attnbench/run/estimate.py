@@ -10,9 +10,8 @@ from attnbench.devices import device_kind
 from attnbench.layers.registry import entry
 from attnbench.measure import countcache, extend
 from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
-from attnbench.measure.timing import DEFAULT_POLICY
 from attnbench.regime import REGIME_SIZES
-from attnbench.run.queue import ROUND_WARMUP_S
+from attnbench.run.queue import ROUND_WARMUP_S, round_policy
 from attnbench.spec import MORE_PROCESSES, Case, Grid
 
 # Rough throughputs, used only to warn before an absurd sweep starts; never reported as measured.
@@ -71,7 +70,7 @@ def estimate_bounds(
     rate = _ASSUMED_FLOP_PER_S[device_kind(grid.device)]
     low = high = 0.0
     share = grid.time_budget_s / max(1, grid.processes)  # each round's
-    quick = min(DEFAULT_POLICY.min_time_s, share)
+    quick = round_policy(grid).min_time_s
     most = grid.processes * (MORE_PROCESSES if grid.processes > 1 else 1)
     probed: set[str] = set()  # the probe sets a case before traced (one per layer, d, options)
     cases = grid.cases()

@@ -51,17 +51,23 @@ ENDED_STATUS = {Ending.OOM.value: Status.OOM, Ending.TIMEOUT.value: Status.TIMEO
 # What a round's process times before its first sample, past the layer's first call: a fresh
 # process's first blocks run slow (its pages fault in, its caches fill).
 ROUND_WARMUP_S = 0.01
+# A round of several stops once its median is precise after this many seconds of samples: the
+# interval is the rounds', and a round's own median needs a few blocks, not the 50 ms one alone
+# takes (``TimingPolicy.min_time_s``).
+ROUND_MIN_S = 0.02
 
 
 def round_policy(grid: Grid) -> TimingPolicy:
     """How one timing round samples: its share of ``--time-budget``; with several rounds,
     fewer samples at the least, since the interval is taken over the rounds, not the samples
     (one round keeps the ten its own order-statistic interval needs)."""
+    share = grid.time_budget_s / grid.processes
     return TimingPolicy(
-        budget_s=grid.time_budget_s / grid.processes,
+        budget_s=share,
         warmup_calls=1,
         warmup_s=ROUND_WARMUP_S,
-        min_samples=DEFAULT_POLICY.min_samples if grid.processes == 1 else 4,
+        min_samples=DEFAULT_POLICY.min_samples if grid.processes == 1 else 3,
+        min_time_s=min(DEFAULT_POLICY.min_time_s, ROUND_MIN_S, share),
         timer=grid.timer,
     )
 
@@ -84,6 +90,7 @@ class Replication:
     least: int
     most: int
     target_rel_ci: float = 0.02
+    budget_s: float = math.inf  # seconds of timed calls a case; no round past least beyond it
 
     @classmethod
     def of(cls, grid: Grid, target_rel_ci: float) -> Replication:
@@ -92,7 +99,7 @@ class Replication:
         most = grid.max_processes
         if most is None:
             most = grid.processes * MORE_PROCESSES if grid.processes > 1 else 1
-        return cls(grid.processes, max(grid.processes, most), target_rel_ci)
+        return cls(grid.processes, max(grid.processes, most), target_rel_ci, grid.time_budget_s)
 
     def wants_more(
         self,
@@ -101,16 +108,18 @@ class Replication:
         references: list[float | None] | None = None,
         quiet: float | None = None,
         prior: Prior | None = None,
+        spent_s: float = 0.0,
     ) -> bool:
         """Whether a case with ``done`` rounds finished (``rounds``: the samples of those that
         measured, ``references`` their machine references against the sweep's ``quiet``
-        level so far) gets another: a round read disturbed does not count toward ``least``."""
+        level so far, ``spent_s`` seconds of timed calls) gets another: a round read
+        disturbed does not count toward ``least``, and past it a round must fit the budget."""
         if done >= self.most:
             return False
         disturbed = sum(is_disturbed(r, quiet) for r in references or ())
         if done - disturbed < self.least:
             return True
-        if len(rounds) < 2:
+        if len(rounds) < 2 or spent_s >= self.budget_s:
             return False
         return estimate(rounds, references, quiet, prior).rel_ci > self.target_rel_ci
 
@@ -181,6 +190,7 @@ class JobQueue:
         self.rounds_done: dict[str, set[int]] = {}  # case_id -> rounds finished (or failed)
         self.samples: dict[str, dict[int, list[float]]] = {}  # case_id -> round -> samples
         self.references: dict[str, dict[int, float | None]] = {}  # its rounds' references
+        self.timed_s: dict[str, float] = {}  # case_id -> seconds of timed calls, every round
         self.replication = replication or Replication.of(grid, policy.target_rel_ci)
         self.shuffle = random.Random(grid.seed)  # the later rounds' order: shuffled, seeded
         self.next_sample: dict[str, int] = {}
@@ -207,6 +217,11 @@ class JobQueue:
                 self.references[str(case_id)] = {
                     int(r): _reference(g["reference_s"].iloc[0]) for r, g in group.groupby("round")
                 }
+            calls = previous.frame.set_index("case_id")["calls_per_sample"]
+            for case_id, group in previous.samples.groupby("case_id"):
+                per = calls.get(case_id)
+                per = 1 if per is None or pd.isna(per) else int(per)
+                self.timed_s[str(case_id)] = float(group["time_s"].sum()) * per
             for case_id in self.ok:
                 if case_id in self.index:
                     self._queue_next_round(case_id)
@@ -287,7 +302,8 @@ class JobQueue:
         references = [mine.get(r) for r, _ in measured]
         quiet = self.quiet()
         prior = self.prior(quiet)
-        if self.replication.wants_more(rounds, len(done), references, quiet, prior):
+        spent = self.timed_s.get(case_id, 0.0)
+        if self.replication.wants_more(rounds, len(done), references, quiet, prior, spent):
             key = (1 + max(done), self.shuffle.random(), self.index[case_id])
             heapq.heappush(self.later, key)
 
@@ -394,6 +410,7 @@ class JobQueue:
             self.rounds_done[case.case_id] = {1}
             self.samples[case.case_id] = {1: list(result.timing.samples_s)}
             self.references[case.case_id] = {1: _first(result.timing.references_s)}
+            self.timed_s[case.case_id] = result.timing.total_s
             self.next_sample[case.case_id] = result.timing.count
             self.device_of[case.case_id] = result.device_name
             self._queue_next_round(case.case_id)
