@@ -186,3 +186,29 @@ def check_allocator(state: str) -> str:
     if not isinstance(state, str) or state not in ALLOCATORS:
         raise AttnbenchError(f"--allocator {state!r}: accepted: {', '.join(ALLOCATORS)}")
     return state
+
+
+def available_bytes() -> int | None:
+    """The machine's memory available to a new process (MemAvailable in /proc/meminfo), bytes;
+    None where there is no /proc."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def process_bytes(key: str, pid: int | str = "self") -> int | None:
+    """A memory figure of a live process from /proc/PID/status (VmRSS, VmHWM), bytes; None
+    where unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None

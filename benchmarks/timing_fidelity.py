@@ -2,14 +2,12 @@
 
 Three tables, every measurement in a fresh process, the sides of each pair interleaved:
 
-1. history: does what ran before in a sweep change a layer's time? Two timing rounds in one
-   sweep, the layer listed first (``--layers LAYER,A,B --rounds 2``): its round 1 runs with
-   nothing but itself before it, its round 2 after A and B. round 2 / round 1 is paired inside
-   one process, so the fresh process's own speed (this machine moves a layer 0.5-1.9x between
-   fresh processes) cancels. The same ratio of the layer swept alone (``--layers LAYER
-   --rounds 2``) is the control: what a second round changes by itself. The history effect is
-   (round 2 / round 1 after others) / (round 2 / round 1 alone), median of the pairs, with a
-   95% interval (bootstrap of the pairs). Target: within 10%.
+1. history: does what ran before in a sweep change a layer's time? Pairs of fresh sweeps, one
+   after the other (which goes first alternates): the layer swept after two others
+   (``--layers A,B,LAYER``) and swept alone (``--layers LAYER``); the effect is the ratio of
+   the two sweeps' times of it, median of the pairs, with a 95% interval (bootstrap of the
+   pairs). Target: within 5%. ``--executor serial`` measures what it was when every case ran
+   in the sweep's own process, one after another.
 2. fidelity: attnbench's median (``time_call``) against torch.utils.benchmark's
    ``blocked_autorange`` on the same module and input, in one fresh process whose allocator is
    in the same state for both: four measurements each, in ABBA order twice (which starts
@@ -19,7 +17,7 @@ Three tables, every measurement in a fresh process, the sides of each pair inter
    README shows them.
 
     python benchmarks/timing_fidelity.py [--rounds 5] [--layers conv,attention] [--only history]
-                                         [--time-budget 1]
+                                         [--time-budget 1] [--executor serial]
 
 Read the ratios, not the times: this machine is shared.
 """
@@ -73,34 +71,38 @@ def interval(values: list[float], seed: int = 0) -> tuple[float, float]:
     return float(found.low), float(found.high)
 
 
-def history(layers: list[str], rounds: int, budget: str | None = None) -> list[float]:
-    print(f"\n1. history: round 2 / round 1 after two other layers, over the same alone "
-          f"(d={D}, pinned), {rounds} pairs of fresh sweeps")  # fmt: skip
-    print(f"{'layer':<18} {'n':>5} {'drift alone':>11} {'drift after':>11} {'effect':>7} "
-          f"{'95% interval':>15}  effects")  # fmt: skip
+def history(
+    layers: list[str], pairs: int, budget: str | None = None, executor: str | None = None
+) -> list[float]:
+    way = f"--executor {executor}" if executor else "the default executor"
+    print(f"\n1. history: a layer's time swept after two others over swept alone (d={D}, "
+          f"{way}), {pairs} pairs of fresh sweeps")  # fmt: skip
+    print(f"{'layer':<18} {'n':>5} {'after':>10} {'alone':>10} {'effect':>7} {'95% interval':>15}"
+          "  effects")  # fmt: skip
     worst = []
+    extra = (*(("--time-budget", budget) if budget else ()),
+             *(("--executor", executor) if executor else ()))  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for layer in layers:
             others = [x for x in ("conv", "rnn", "attention") if x != layer][:2]
             ns = BUILTIN_SIZES["history"]
-            drift: dict[str, dict[int, list[float]]] = {"alone": {}, "after": {}}
-            for r in range(rounds):
+            times: dict[str, dict[int, list[float]]] = {"alone": {}, "after": {}}
+            for r in range(pairs):
                 for side in ("alone", "after") if r % 2 == 0 else ("after", "alone"):
-                    names = layer if side == "alone" else ",".join([layer, *others])
+                    names = layer if side == "alone" else ",".join([*others, layer])
                     out = Path(tmp) / f"{layer}-{side}-{r}"
-                    extra = ("--rounds", "2", *(("--time-budget", budget) if budget else ()))
-                    med = round_medians(out, sweep(names, ns, "pinned", out, *extra))
+                    rows = sweep(names, ns, "pinned", out, *extra)
                     for n in ns:
-                        second = med[(layer, n, 2)] / med[(layer, n, 1)]
-                        drift[side].setdefault(n, []).append(second)
+                        times[side].setdefault(n, []).append(float(rows[(layer, n)]["time_s"]))
             for n in ns:
-                effects = [a / b for a, b in zip(drift["after"][n], drift["alone"][n], strict=True)]
+                pairs_ = zip(times["after"][n], times["alone"][n], strict=True)
+                effects = [a / b for a, b in pairs_]
                 effect = statistics.median(effects)
                 low, high = interval(effects)
                 worst.append(abs(effect - 1))
-                alone, after = (statistics.median(drift[s][n]) for s in ("alone", "after"))
+                after, alone = (statistics.median(times[s][n]) * 1e3 for s in ("after", "alone"))
                 each = " ".join(f"{x:.2f}" for x in effects)
-                print(f"{layer:<18} {n:>5} {alone:>11.3f} {after:>11.3f} {effect:>7.3f} "
+                print(f"{layer:<18} {n:>5} {after:>7.3f} ms {alone:>7.3f} ms {effect:>7.3f} "
                       f"  [{low:.2f}, {high:.2f}]  {each}")  # fmt: skip
     return worst
 
@@ -202,6 +204,7 @@ def main() -> None:
     parser.add_argument("--layers", default=None, help="comma-separated (default: built-in)")
     parser.add_argument("--only", choices=("history", "fidelity", "allocator"), default=None)
     parser.add_argument("--time-budget", default=None, help="history: each sweep's budget")
+    parser.add_argument("--executor", default=None, help="history: each sweep's executor")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -212,8 +215,8 @@ def main() -> None:
 
     layers = args.layers.split(",") if args.layers else list(BUILTIN)
     if args.only in (None, "history"):
-        worst = history(layers, args.rounds, args.time_budget)
-        print(f"largest history disagreement: {max(worst):.1%} (target < 10%)")
+        worst = history(layers, args.rounds, args.time_budget, args.executor)
+        print(f"largest history disagreement: {max(worst):.1%} (target < 5%)")
     if args.only in (None, "fidelity"):
         worst = fidelity(layers, args.rounds)
         print(f"largest disagreement with torch.utils.benchmark: {max(worst):.1%} (target < 10%)")

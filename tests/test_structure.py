@@ -11,6 +11,7 @@ from torch import nn
 
 from attnbench import build_layer
 from attnbench.layers.dilated import dilated_depth
+from attnbench.measure import structure
 from attnbench.measure.structure import (
     PATH_MEASURE_MAX,
     LayerBuilder,
@@ -422,3 +423,54 @@ def test_a_path_measurement_leaves_sympy_unimported() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+class Blocked(nn.Module):
+    """Attention inside blocks of 32, each block also seeing its neighbours: a length that is
+    not a multiple of 32 is refused, as a windowed layer without padding refuses it."""
+
+    def __init__(self, d: int, block: int = 32) -> None:
+        super().__init__()
+        self.block, self.mix = block, nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d)
+        b, n, d = x.shape
+        if n % self.block:
+            raise ValueError(f"n={n} is not a multiple of {self.block}")
+        blocks = x.view(b, n // self.block, self.block, d).mean(dim=2)  # (B, n/block, d)
+        padded = nn.functional.pad(blocks, (0, 0, 1, 1))  # (B, n/block + 2, d)
+        near = padded[:, :-2] + padded[:, 1:-1] + padded[:, 2:]  # a block and its neighbours
+        return self.mix(x + near.repeat_interleave(self.block, dim=1))  # (B, n, d)
+
+
+def test_probes_a_layer_refuses_are_taken_at_the_shortest_lengths_it_accepts() -> None:
+    """The usual probes (16, 32, 64) are refused; the shortest doubling lengths the layer
+    accepts come first, so its law is proven where it is cheap and extended to n."""
+    assert structure.fallback_probes(1024)[:3] == [(32, 64, 128), (64, 128, 256), (128, 256, 512)]
+    assert structure.fallback_probes(96) == [(24, 48, 96), (48, 96, 192), (96, 192, 384)]
+    found = path_length(lambda n: Blocked(D), 1024, D)
+    assert found.value == 31  # 32 blocks, a dependency moves one block an application
+    assert found.method.startswith("extended: blocks of 32") and "n=32..128" in found.method
+
+
+def test_a_pattern_that_would_not_fit_is_stated_not_measured_and_the_rest_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its first positions, under the allocator's watch, take more than the pattern may: the
+    path is not measured, and says why; a pattern that fits is taken in chunks, the same."""
+    layer = build_layer("attention", D)
+    whole = dependency_pattern(layer, 64, D)
+    seen: list[int] = []
+    chunk = structure._next_chunk
+    monkeypatch.setattr(structure, "_next_chunk", lambda *a: seen.append(a[3]) or chunk(*a))
+    dependency_pattern(layer, 64, D)
+    first = seen[-1]  # what the first 8 positions took at their peak
+    monkeypatch.setattr(structure, "PATTERN_BYTES", 2 * first)  # chunks of about 16
+    assert np.array_equal(dependency_pattern(layer, 64, D), whole)
+    monkeypatch.setattr(structure, "PATTERN_BYTES", first // 2)  # not even the first positions
+    with pytest.raises(structure.PatternTooCostly, match="not measured"):
+        dependency_pattern(layer, 64, D)
+    from attnbench.measure.case import auxiliary
+
+    value, method = auxiliary(lambda: path_length(lambda n: build_layer("attention", D), 64, D))
+    assert value is None and method.startswith("none: PatternTooCostly: the dependency pattern")

@@ -58,6 +58,10 @@ def local48(d):  # blocks of 48, no padding: a length that is not a multiple of 
     return Local(d, 48, autopad=False)
 
 
+def local128(d):  # blocks of 128, no padding: refuses the usual probes (16, 32, 64)
+    return Local(d, 128, autopad=False)
+
+
 def performer(d):
     return PerformerAttention(dim=d, heads=4, dim_head=16, nb_features=8)
 
@@ -163,3 +167,31 @@ def test_a_window_that_refuses_other_lengths_is_measured_at_every_length_it_acce
         assert row["status"] == "ok" and row["time_s"] > 0, row["error"]
         assert row["path_len"] == blocks_to_cross(n, 48, 1)  # 1 at n = 96, 3 at n = 192
         assert row["seq_steps"] > 0 and row["flops"] > 0
+
+
+@pytest.mark.slow
+def test_a_window_past_the_probes_is_extended_from_lengths_it_accepts_between_other_layers(
+    tmp_path: Path,
+) -> None:
+    """The issue's case: a window of 128 swept at lengths past it, after attention and before
+    rnn in one command. Its dependency patterns are taken at the shortest lengths it accepts
+    (128..512), in chunks that fit, never the whole n x n x d at once (17 GB at n = 1024 once
+    ended a sweep), and every row after it is measured."""
+    path = tmp_path / "plugins.py"
+    path.write_text(textwrap.dedent(PLUGINS))
+    out = tmp_path / "run"
+    result = runner.invoke(app, [
+        "sweep", "--layers", f"attention,{path}:local128,rnn", "--n", "256,1024", "--d", str(D),
+        "--device", "cpu", "--time-budget", "0.002", "--no-charts", "--out", str(out),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    run = load_results(out)
+    frame = run.frame.set_index(["layer", "n"])
+    assert run.status == "complete" and set(frame["status"]) == {"ok"} and len(frame) == 6
+    for n in (256, 1024):
+        row = frame.loc[("plugins:local128", n)]
+        assert row["path_len"] == blocks_to_cross(n, 128, 1)  # 1 at n = 256, 7 at n = 1024
+    assert frame.loc[("plugins:local128", 256), "path_len_method"] == "measured"
+    extended = frame.loc[("plugins:local128", 1024), "path_len_method"]
+    assert extended.startswith("extended: blocks of 128") and "n=128..512" in extended
+    assert frame.loc[("rnn", 1024), "path_len"] == 1024  # measured after it

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -37,11 +38,24 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from attnbench.devices import available_bytes
+from attnbench.measure.memory import peak_bytes
 from attnbench.measure.ops import ObservingMode, is_view, tensors, unfused
 from attnbench.measure.patterns import BlockBand, shape_of
 from attnbench.provenance import Source
 
 PATH_MEASURE_MAX = 64  # measure the dependency pattern directly up to this length
+# What one dependency pattern may take: its cotangents, gradients and the backward passes'
+# intermediates, batched over output positions, grow as n^2 d and more (a windowed plugin's at
+# n = 1024 grew past 17 GB at once). Output positions are taken in chunks that fit the smaller
+# of these bytes and a share of the memory available, and a pattern predicted to take longer
+# than this many seconds is not measured (its path is stated as not measured, and why).
+PATTERN_BYTES = 512 * 2**20
+PATTERN_MEMORY_SHARE = 0.25
+PATTERN_SECONDS = 60.0
+# Output positions of a pattern taken first, alone: what they cost (the process's growth, their
+# seconds) sizes the chunks after them, and stops a pattern that would not fit.
+FIRST_CHUNK = 8
 
 
 def probe_lengths(scale: int = 0) -> tuple[int, ...]:
@@ -108,15 +122,63 @@ def dependency_pattern(
     module = copy.deepcopy(module).to(device="cpu", dtype=dtype)
     x = torch.randn(1, n, d, generator=gen, dtype=torch.float64)  # (1, n, d)
     x = x.to(dtype).requires_grad_(True)
+    budget = pattern_budget()
+    cotangents = torch.randn(n, d, generator=gen, dtype=torch.float64).to(dtype)  # (n, d)
+
+    def rows_of(first: int, count: int) -> np.ndarray:
+        at = torch.arange(first, min(n, first + count))
+        # Cotangent of output i on position i only: c x d random values, not n x n x d drawn
+        # and masked (a fifth of a probe's time at n = 128).
+        probe = torch.zeros(len(at), 1, n, d, dtype=dtype)  # (c, 1, n, d)
+        probe[torch.arange(len(at)), 0, at] = cotangents[at]
+        grad = batched_vjp(y, x, probe)  # (c, 1, n_in, d)
+        return (grad[:, 0].abs().amax(dim=-1) > 0).numpy()
+
     with unfused():
         y = module(x)  # (1, n, d)
-        # Cotangent of output i on position i only: n x d random values, not n x n x d drawn
-        # and masked (a fifth of a probe's time at n = 128).
-        at = torch.arange(n)
-        probe = torch.zeros(n, 1, n, d, dtype=dtype)  # (n_out, 1, n, d)
-        probe[at, 0, at] = torch.randn(n, d, generator=gen, dtype=torch.float64).to(dtype)
-        grad = batched_vjp(y, x, probe)  # (n_out, 1, n_in, d)
-    return (grad[:, 0].abs().amax(dim=-1) > 0).numpy()
+        # A few positions first, under the allocator's watch: what one costs sizes the chunks
+        # after them, and stops a pattern that would not fit.
+        done = min(n, FIRST_CHUNK)
+        start = time.perf_counter()
+        found: list[np.ndarray] = []
+        cost = peak_bytes(lambda: found.append(rows_of(0, done)), "cpu") or 0
+        chunk = _next_chunk(n, done, time.perf_counter() - start, cost, budget)
+        for first in range(done, n, chunk):
+            found.append(rows_of(first, chunk))
+    return np.concatenate(found)
+
+
+class PatternTooCostly(RuntimeError):
+    """A dependency pattern that would not fit its memory or its time (the path is then stated
+    as not measured, with this message)."""
+
+
+def pattern_budget() -> int:
+    """Bytes one dependency pattern may take: ``PATTERN_BYTES`` or ``PATTERN_MEMORY_SHARE`` of
+    the memory available, the smaller."""
+    free = available_bytes()
+    share = int(PATTERN_MEMORY_SHARE * free) if free is not None else PATTERN_BYTES
+    return max(1, min(PATTERN_BYTES, share))
+
+
+def _next_chunk(n: int, done: int, seconds: float, peak: int, budget: int) -> int:
+    """After a pattern's first ``done`` output positions (``peak``: the bytes they took at
+    their peak, the allocator's events): how many to take at once from there on, so a chunk
+    fits the budget; ``PatternTooCostly`` where even they took more than it, or the positions
+    left would take too long (their seconds include the allocator's watch)."""
+    if peak > budget:
+        raise PatternTooCostly(
+            f"the dependency pattern at n={n} took {peak / 2**30:.2g} GiB for {done} of its "
+            f"{n} output positions (over {budget / 2**30:.2g} GiB): not measured"
+        )
+    total = seconds / done * n
+    if total > PATTERN_SECONDS:
+        raise PatternTooCostly(
+            f"the dependency pattern at n={n} would take about {total:.0f} s "
+            f"(over {PATTERN_SECONDS:g} s): not measured"
+        )
+    per_position = max(peak / done, 1.0)
+    return max(1, min(n, int(budget / per_position)))
 
 
 def batched_vjp(y: torch.Tensor, x: torch.Tensor, probe: torch.Tensor) -> torch.Tensor:
@@ -380,13 +442,20 @@ def path_length(
 
 
 def fallback_probes(n: int) -> list[tuple[int, ...]]:
-    """Doubling probe lengths built from the case's own n, for a layer that refuses the usual
-    ones (a length that must be a multiple of its block): n's divisors first, then multiples."""
-    triples: list[tuple[int, ...]] = [(n // 4, n // 2, n)] if n % 4 == 0 else []
+    """Doubling probe lengths for a layer that refuses the usual ones (a length that must be a
+    multiple of its block or window), shortest first, so the probes cost least: powers of two
+    from 32 below n, then triples built from the case's own n (its divisors, then multiples)."""
+    triples: list[tuple[int, ...]] = []
+    start = 32
+    while 4 * start < n:
+        triples.append((start, 2 * start, 4 * start))
+        start *= 2
+    if n % 4 == 0:
+        triples.append((n // 4, n // 2, n))
     if n % 2 == 0:
         triples.append((n // 2, n, 2 * n))
     triples.append((n, 2 * n, 4 * n))
-    return triples
+    return list(dict.fromkeys(triples))
 
 
 def _accepted_route(

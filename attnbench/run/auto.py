@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from attnbench.devices import device_kind
+from attnbench.devices import available_bytes, device_kind
 from attnbench.measure.record import CaseResult
 from attnbench.regime import REGIME_BAND, REGIME_SIZES, settled_sizes
 from attnbench.schema import Status
@@ -96,13 +96,9 @@ def free_memory(device: str) -> int | None:
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return int(free)
     if device == "cpu":
-        try:
-            with open("/proc/meminfo") as fh:
-                for line in fh:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
+        found = available_bytes()
+        if found is not None:
+            return found
         pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else None
         return None if pages is None else int(pages * os.sysconf("SC_PAGE_SIZE"))
     return None

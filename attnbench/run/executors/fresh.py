@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from attnbench.devices import available_bytes, process_bytes
 from attnbench.errors import first_line
 from attnbench.spec import MEMORY_SHARE
 
@@ -55,30 +56,6 @@ class Limits:
 
     wall_s: float
     memory_bytes: int | None = None
-
-
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None where there is none)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _status_bytes(pid: int, key: str) -> int | None:
-    """A memory figure (VmRSS, VmHWM) of a live process, in bytes; None where unreadable."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def _child(work: Callable[[], dict[str, Any]], out: int) -> None:
@@ -118,7 +95,7 @@ def run_fresh(work: Callable[[], dict[str, Any]], limits: Limits) -> Outcome:
     start = time.monotonic()
     allowed = limits.memory_bytes
     if allowed is None and free is not None:
-        allowed = int(MEMORY_SHARE * free) + (_status_bytes(pid, "VmRSS") or 0)
+        allowed = int(MEMORY_SHARE * free) + (process_bytes("VmRSS", pid) or 0)
     chunks: list[bytes] = []
     ending, reason, peak = None, "", 0
     try:
@@ -130,8 +107,8 @@ def run_fresh(work: Callable[[], dict[str, Any]], limits: Limits) -> Outcome:
                     break
                 chunks.append(chunk)
                 continue
-            rss = _status_bytes(pid, "VmRSS")
-            peak = max(peak, _status_bytes(pid, "VmHWM") or 0)
+            rss = process_bytes("VmRSS", pid)
+            peak = max(peak, process_bytes("VmHWM", pid) or 0)
             if allowed is not None and rss is not None and rss > allowed:
                 ending = Ending.OOM
                 reason = (
