@@ -152,7 +152,7 @@ class Grid:
     device: str = "auto"
     mode: str = "forward"
     threads: int | None = None  # CPU threads; None keeps torch's default (and records it)
-    time_budget_s: float = 0.2  # most seconds of timed calls per case, its rounds together
+    time_budget_s: float = 0.3  # most seconds a case's rounds may cost past the least
     seed: int = 0
     max_case_s: float | None = None  # a first call slower than this is a timeout; None: no limit
     # A case's process that grows past this many bytes is ended and the case recorded oom (a
@@ -382,8 +382,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("threads", "threads", int, lambda v: _positive_int(v, "threads"),
            "CPU threads for torch (recorded).", default_text="torch's"),
     Option("time_budget", "time_budget_s", float, lambda v: _positive_seconds(v, "time-budget"),
-           "Most seconds of timed calls per case (shared by its rounds): sampling stops "
-           "sooner once the median is known to ±2% (its 95% confidence interval)."),
+           "Seconds a case's rounds may take, their processes' own costs and timed calls "
+           "together: the --processes rounds always run, each with a share of it for its "
+           "samples; more only within it, while the interval is wider than ±2%."),
     Option("seed", "seed", int, _seed, "Seed for weights and inputs."),
     Option("max_case_seconds", "max_case_s", float,
            lambda v: _positive_seconds(v, "max-case-seconds"),
@@ -417,7 +418,7 @@ OPTIONS: tuple[Option, ...] = (
            lambda v: _positive_seconds(v, "auto-budget"),
            "With --n auto: seconds the sweep's cases may take in all; each layer and width "
            "gets an equal share of what is left when it starts.",
-           default_text="300, or 30 in the CPU's default sweep"),
+           default_text="300, or 60 in the CPU's default sweep"),
     Option("allocator", "allocator", str, check_allocator,
            "pinned: glibc keeps freed memory mapped, so a time does not depend on what ran "
            "before; system: glibc's defaults, what your own program pays (page faults)."),
@@ -453,7 +454,7 @@ def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None =
 # The CPU's default sweep: one width, and this many seconds of cases in all (where every line
 # has settled sooner, less): a first sweep of under a minute that reaches each layer's regime.
 CPU_DEFAULT_D = (64,)
-CPU_DEFAULT_AUTO_BUDGET_S = 30.0
+CPU_DEFAULT_AUTO_BUDGET_S = 60.0
 
 
 def _default_lengths(grid: Grid, given: Mapping[str, Any]) -> Grid:

@@ -57,7 +57,7 @@ def test_auto_parses_and_round_trips_through_run_json() -> None:
     assert grid_from_config(recorded) == found
     assert build_grid({"n": "auto", "device": "cpu"}).n_auto == AutoN()
     default = build_grid({"device": "cpu"})  # a sweep that names no lengths: auto, everywhere
-    assert default.n_auto == AutoN() and default.ds == (64,) and default.auto_budget_s == 30.0
+    assert default.n_auto == AutoN() and default.ds == (64,) and default.auto_budget_s == 60.0
     fixed = build_grid({"n": "64..1024", "device": "cpu"})  # a fixed grid, one option away
     assert fixed.n_auto is None and fixed.ds == (64, 128) and fixed.auto_budget_s == 300.0
     for text in ("auto:5", "auto:64..32", "automatic"):
@@ -131,7 +131,10 @@ def test_a_line_stops_where_its_share_of_the_budget_runs_out() -> None:
     # the next line's share is what is left, over the lines still going
     rnn = next(c for c in two.cases() if c.layer == "rnn")
     assert plan.decide(rnn) == (True, "")
-    assert plan.line(rnn).allowance_s == pytest.approx(6.0)
+    # what conv spent: its two cases' 4 s and what their later rounds will cost
+    later = sum(p.later_s for p in line.points)
+    assert later > 0 and line.wall_s == pytest.approx(4.0 + later)
+    assert plan.line(rnn).allowance_s == pytest.approx(10.0 - line.wall_s)
 
 
 def test_the_ladders_end_and_a_failed_case_stop_a_line() -> None:

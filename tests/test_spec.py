@@ -116,11 +116,11 @@ def test_cases_order_and_ids() -> None:
 
 def test_default_grid_covers_every_layer() -> None:
     """The default reaches each layer's regime (--n auto); on the CPU at one width, in a
-    budget of 30 s of cases."""
+    budget of 60 s of cases."""
     grid = build_grid({"device": "cpu"})
     ladder = AutoN().ladder()
     assert grid == replace(
-        Grid(device="cpu"), ns=ladder, n_auto=AutoN(), ds=(64,), auto_budget_s=30.0
+        Grid(device="cpu"), ns=ladder, n_auto=AutoN(), ds=(64,), auto_budget_s=60.0
     )
     assert len(grid.cases()) == len(BUILTIN) * len(ladder)
     fixed = build_grid({"device": "cpu", "n": "64..1024"})
@@ -238,16 +238,15 @@ def test_the_estimates_low_end_stops_each_stable_case_at_the_minimum_timing() ->
     add rounds up to --max-processes: the start line gives both ends (the fixed grid: 110
     cases, three rounds each at the least, each a process of its own)."""
     from attnbench.cli.render import estimate_range
-    from attnbench.run.estimate import ROUND_S
-    from attnbench.run.queue import ROUND_WARMUP_S, round_policy
+    from attnbench.run.rounds import ROUND_PROCESS_S, ROUND_WARMUP_S, round_policy
 
     grid = build_grid({"device": "cpu", "n": "64..1024"})
     policy = round_policy(grid)
-    quick, share = policy.min_time_s, grid.time_budget_s / grid.processes
+    quick, share = policy.min_time_s, policy.budget_s
     assert quick < share and grid.processes == 3
     calls = [(c.analytic_flops() or 0) / 2e10 for c in grid.cases()]  # the assumed 20 GFLOP/s
     low, high = estimate_bounds(grid)
-    rounds = [ROUND_S + 2 * call + ROUND_WARMUP_S for call in calls]  # each round's own cost
+    rounds = [ROUND_PROCESS_S + 2 * call + ROUND_WARMUP_S for call in calls]  # a round's own
     timed_low = sum(3 * (r + max(quick, 5 * c)) for r, c in zip(rounds, calls, strict=True))
     timed_high = sum(6 * (r + max(share, 5 * c)) for r, c in zip(rounds, calls, strict=True))
     assert high - low == pytest.approx(timed_high - timed_low)

@@ -23,7 +23,7 @@ import torch
 from attnbench.measure.timing import Clock
 
 T = TypeVar("T")
-CALLS = 10  # calls each side of a round: about 3 ms on a 2-core CPU
+CALLS = 7  # calls each side of a round: about 2 ms on a 2-core CPU
 STEPS = 20  # a call: this many small products, each through a tanh
 
 

@@ -33,7 +33,8 @@ from attnbench.run.estimate import estimate_bounds, size_warning
 from attnbench.run.events import ProgressEvent
 from attnbench.run.executors.base import Job, Placement
 from attnbench.run.executors.process import ForkExecutor, SubprocessExecutor
-from attnbench.run.queue import JobQueue, Replication, round_policy
+from attnbench.run.queue import JobQueue, Replication
+from attnbench.run.rounds import round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus
 from attnbench.spec import Grid, build_grid

@@ -22,6 +22,7 @@ import torch
 from attnbench.devices import available_bytes, device_kind
 from attnbench.measure.record import CaseResult
 from attnbench.regime import REGIME_BAND, REGIME_SIZES, settled_sizes
+from attnbench.run.rounds import cost_of
 from attnbench.schema import Status
 from attnbench.spec import Case, Grid
 
@@ -30,7 +31,7 @@ from attnbench.spec import Case, Grid
 MAX_CALL_S = 1.0
 # The next case's peak may take at most this share of the free memory.
 MEMORY_SHARE = 0.8
-MIN_SAMPLES = 10  # what the timing takes of a long call (``TimingPolicy.min_samples``)
+MIN_SAMPLES = 4  # calls a round times of a long call (``rounds.round_policy``: 3 and a probe)
 UNTIMED_CALLS = 6  # calls a case makes outside its timed blocks, about
 
 
@@ -53,8 +54,9 @@ class Point:
     time_s: float
     work: float  # counted FLOPs and elementwise work (nan where not counted)
     peak_bytes: float  # nan where not measured
-    wall_s: float  # the whole case
+    wall_s: float  # the whole case, its first round
     timed_s: float  # inside its timed calls
+    later_s: float = 0.0  # what its later rounds will cost, about (``rounds.cost_of``)
 
     @property
     def rate(self) -> float:
@@ -74,7 +76,8 @@ class Line:
 
     @property
     def wall_s(self) -> float:
-        return sum(p.wall_s for p in self.points)
+        """What the line's cases cost, their later rounds included."""
+        return sum(p.wall_s + p.later_s for p in self.points)
 
 
 def line_key(case: Case) -> tuple[Any, ...]:
@@ -155,13 +158,16 @@ class AutoPlan:
         """A measured case (a results row or its values): a point; the line stops where its
         rate has settled."""
         elements = _finite(row["elementwise"])
+        seconds, timed = _finite(row["time_s"]), _finite(row["time_total_s"])
+        later = (self.grid.processes - 1) * cost_of(timed, seconds)
         point = Point(
             n,
-            _finite(row["time_s"]),
+            seconds,
             _finite(row["flops"]) + (elements if math.isfinite(elements) else 0.0),
             _finite(row["peak_bytes"]),
             _finite(row["wall_s"]),
-            _finite(row["time_total_s"]),
+            timed,
+            later if math.isfinite(later) else 0.0,
         )
         line.points = sorted([*line.points, point], key=lambda p: p.n)
         line.at_n = line.points[-1].n
@@ -228,8 +234,8 @@ class AutoPlan:
         # traced ones, the memory pass, the warm-up, the profiled ones): those grow
         untimed = max(0.0, last.wall_s - last.timed_s - UNTIMED_CALLS * last.time_s)
         untimed += UNTIMED_CALLS * call
-        timed = max(min(self.grid.time_budget_s, last.timed_s * growth), MIN_SAMPLES * call)
-        wall = untimed + timed * self.grid.processes
+        timed = max(last.timed_s * growth, MIN_SAMPLES * call)
+        wall = untimed + timed + (self.grid.processes - 1) * cost_of(timed, call)
         left = line.allowance_s - line.wall_s
         if wall > left:
             return Stopped.BUDGET, (

@@ -11,7 +11,7 @@ from attnbench.layers.registry import entry
 from attnbench.measure import countcache, extend
 from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
 from attnbench.regime import REGIME_SIZES
-from attnbench.run.queue import ROUND_WARMUP_S, round_policy
+from attnbench.run.rounds import ROUND_PROCESS_S, ROUND_WARMUP_S, round_policy
 from attnbench.spec import MORE_PROCESSES, Case, Grid
 
 # Rough throughputs, used only to warn before an absurd sweep starts; never reported as measured.
@@ -26,8 +26,6 @@ MAX_ESTIMATED_S = 3600.0  # a longer estimated sweep needs --yes
 _TRACE_CASE_S, _TRACE_STEP_S, _CACHED_CASE_S = 0.04, 2e-3, 0.05
 # Measuring the machine's ceilings, once per machine (docs/benchmarks.md has the timings).
 CEILINGS_S = 1.5
-# A timing round's own process: its fork and its layer made (about 0.03 s here).
-ROUND_S = 0.03
 
 
 def tracing_seconds(
@@ -69,7 +67,7 @@ def estimate_bounds(
     """
     rate = _ASSUMED_FLOP_PER_S[device_kind(grid.device)]
     low = high = 0.0
-    share = grid.time_budget_s / max(1, grid.processes)  # each round's
+    share = round_policy(grid).budget_s  # each round's
     quick = round_policy(grid).min_time_s
     most = grid.processes * (MORE_PROCESSES if grid.processes > 1 else 1)
     probed: set[str] = set()  # the probe sets a case before traced (one per layer, d, options)
@@ -87,7 +85,9 @@ def estimate_bounds(
         untimed = tracing_seconds(case, hit, probes in probed, counting) + 4 * call
         if extend.applies(case, counting.full_trace) and not hit:
             probed.add(probes)
-        fixed = ROUND_S + 2 * call + ROUND_WARMUP_S  # a round's process, first call, warm-up
+        fixed = (
+            ROUND_PROCESS_S + 2 * call + ROUND_WARMUP_S
+        )  # a round's process, first call, warm-up
         low += untimed + grid.processes * (fixed + max(quick, 5 * call))
         high += untimed + most * (fixed + max(share, 5 * call))
     if grid.n_auto is not None:

@@ -39,6 +39,7 @@ from attnbench.run.auto import AutoPlan
 from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.executors.fresh import Ending
+from attnbench.run.rounds import cost_of, round_cost
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import BLOCKING, Status
 from attnbench.spec import MORE_PROCESSES, Case, Grid
@@ -46,30 +47,6 @@ from attnbench.spec import MORE_PROCESSES, Case, Grid
 # How a job whose process the fork server ended for its memory or its time is recorded: no
 # retry, since the next process would end the same way.
 ENDED_STATUS = {Ending.OOM.value: Status.OOM, Ending.TIMEOUT.value: Status.TIMEOUT}
-
-
-# What a round's process times before its first sample, past the layer's first call: a fresh
-# process's first blocks run slow (its pages fault in, its caches fill).
-ROUND_WARMUP_S = 0.01
-# A round of several stops once its median is precise after this many seconds of samples: the
-# interval is the rounds', and a round's own median needs a few blocks, not the 50 ms one alone
-# takes (``TimingPolicy.min_time_s``).
-ROUND_MIN_S = 0.02
-
-
-def round_policy(grid: Grid) -> TimingPolicy:
-    """How one timing round samples: its share of ``--time-budget``; with several rounds,
-    fewer samples at the least, since the interval is taken over the rounds, not the samples
-    (one round keeps the ten its own order-statistic interval needs)."""
-    share = grid.time_budget_s / grid.processes
-    return TimingPolicy(
-        budget_s=share,
-        warmup_calls=1,
-        warmup_s=ROUND_WARMUP_S,
-        min_samples=DEFAULT_POLICY.min_samples if grid.processes == 1 else 3,
-        min_time_s=min(DEFAULT_POLICY.min_time_s, ROUND_MIN_S, share),
-        timer=grid.timer,
-    )
 
 
 # What a case's process may run before it is ended as a hang: ten minutes, or, where the first
@@ -90,7 +67,7 @@ class Replication:
     least: int
     most: int
     target_rel_ci: float = 0.02
-    budget_s: float = math.inf  # seconds of timed calls a case; no round past least beyond it
+    budget_s: float = math.inf  # seconds a case's rounds may cost; none past least beyond it
 
     @classmethod
     def of(cls, grid: Grid, target_rel_ci: float) -> Replication:
@@ -112,8 +89,9 @@ class Replication:
     ) -> bool:
         """Whether a case with ``done`` rounds finished (``rounds``: the samples of those that
         measured, ``references`` their machine references against the sweep's ``quiet``
-        level so far, ``spent_s`` seconds of timed calls) gets another: a round read
-        disturbed does not count toward ``least``, and past it a round must fit the budget."""
+        level so far, ``spent_s`` seconds its rounds cost, ``round_cost``) gets another: a
+        round read disturbed does not count toward ``least``, and past it a round must fit
+        the budget."""
         if done >= self.most:
             return False
         disturbed = sum(is_disturbed(r, quiet) for r in references or ())
@@ -190,8 +168,8 @@ class JobQueue:
         self.rounds_done: dict[str, set[int]] = {}  # case_id -> rounds finished (or failed)
         self.samples: dict[str, dict[int, list[float]]] = {}  # case_id -> round -> samples
         self.references: dict[str, dict[int, float | None]] = {}  # its rounds' references
-        self.timed_s: dict[str, float] = {}  # case_id -> seconds of timed calls, every round
-        self.replication = replication or Replication.of(grid, policy.target_rel_ci)
+        self.spent_s: dict[str, float] = {}  # case_id -> what its rounds cost (round_cost)
+        self.replication = replication or Replication.of(grid, DEFAULT_POLICY.target_rel_ci)
         self.shuffle = random.Random(grid.seed)  # the later rounds' order: shuffled, seeded
         self.next_sample: dict[str, int] = {}
         self.device_of: dict[str, str] = {}  # case_id -> device model of its first round
@@ -221,7 +199,10 @@ class JobQueue:
             for case_id, group in previous.samples.groupby("case_id"):
                 per = calls.get(case_id)
                 per = 1 if per is None or pd.isna(per) else int(per)
-                self.timed_s[str(case_id)] = float(group["time_s"].sum()) * per
+                self.spent_s[str(case_id)] = sum(
+                    cost_of(float(g["time_s"].sum()) * per, float(g["time_s"].median()))
+                    for _, g in group.groupby("round")
+                )
             for case_id in self.ok:
                 if case_id in self.index:
                     self._queue_next_round(case_id)
@@ -302,7 +283,7 @@ class JobQueue:
         references = [mine.get(r) for r, _ in measured]
         quiet = self.quiet()
         prior = self.prior(quiet)
-        spent = self.timed_s.get(case_id, 0.0)
+        spent = self.spent_s.get(case_id, 0.0)
         if self.replication.wants_more(rounds, len(done), references, quiet, prior, spent):
             key = (1 + max(done), self.shuffle.random(), self.index[case_id])
             heapq.heappush(self.later, key)
@@ -410,7 +391,7 @@ class JobQueue:
             self.rounds_done[case.case_id] = {1}
             self.samples[case.case_id] = {1: list(result.timing.samples_s)}
             self.references[case.case_id] = {1: _first(result.timing.references_s)}
-            self.timed_s[case.case_id] = result.timing.total_s
+            self.spent_s[case.case_id] = round_cost(result.timing)
             self.next_sample[case.case_id] = result.timing.count
             self.device_of[case.case_id] = result.device_name
             self._queue_next_round(case.case_id)

@@ -44,7 +44,8 @@ from attnbench.run.estimate import (
 from attnbench.run.events import ProgressCallback, StartCallback, SweepStart
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
-from attnbench.run.queue import JobQueue, round_policy
+from attnbench.run.queue import JobQueue
+from attnbench.run.rounds import round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus, Status
 from attnbench.spec import Grid, build_grid, grid_from_config

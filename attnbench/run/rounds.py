@@ -1,0 +1,52 @@
+"""A timing round: how it samples, and what it costs (a process of its own, its calls).
+
+Read by the job queue (how many rounds a case gets), the auto plan (what the next case of a line
+will cost) and the size guard (how long a sweep should take).
+"""
+
+from __future__ import annotations
+
+from attnbench.measure.timing import DEFAULT_POLICY, TimingPolicy, TimingStats
+from attnbench.spec import MORE_PROCESSES, Grid
+
+# What a round's process times before its first sample, past the layer's first call: a fresh
+# process's first blocks run slow (its pages fault in, its caches fill).
+ROUND_WARMUP_S = 0.005
+# A round of several stops once its own median is known to ``ROUND_TARGET`` after this many
+# seconds of samples: the interval is the rounds', whose medians spread by more than that
+# (2-3% between processes here), so a round's median needs a few blocks, not the 50 ms and
+# ±2% one alone takes (``TimingPolicy``).
+ROUND_MIN_S = 0.02
+ROUND_TARGET = 0.05
+
+
+def round_policy(grid: Grid) -> TimingPolicy:
+    """How one timing round samples: its share of ``--time-budget`` (as many shares as rounds
+    a case may get); with several rounds, fewer samples at the least and a looser target for
+    its own median, since the interval is taken over the rounds, not the samples (one round
+    keeps the ten samples and ±2% its own order-statistic interval needs)."""
+    share = grid.time_budget_s / (MORE_PROCESSES * grid.processes)
+    return TimingPolicy(
+        budget_s=share,
+        warmup_calls=1,
+        warmup_s=ROUND_WARMUP_S,
+        min_samples=DEFAULT_POLICY.min_samples if grid.processes == 1 else 3,
+        min_time_s=min(DEFAULT_POLICY.min_time_s, ROUND_MIN_S, share),
+        target_rel_ci=DEFAULT_POLICY.target_rel_ci if grid.processes == 1 else ROUND_TARGET,
+        timer=grid.timer,
+    )
+
+
+# A round's own process, beyond its calls: the fork and exit, the layer made, its machine
+# reference, the driver's share (about 60 ms here, measured around the jobs of a sweep).
+ROUND_PROCESS_S = 0.06
+
+
+def round_cost(timing: TimingStats) -> float:
+    """What a round cost, about: its timed calls, its process, its first call and warm-up."""
+    return cost_of(timing.total_s, timing.median_s)
+
+
+def cost_of(timed_s: float, call_s: float) -> float:
+    """A round's cost from its timed seconds and one call's."""
+    return timed_s + ROUND_PROCESS_S + ROUND_WARMUP_S + 2 * call_s
