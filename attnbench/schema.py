@@ -213,7 +213,7 @@ COLUMNS: tuple[Column, ...] = (
         "a time taken there is the card's state, and ab does not call it a regression",
         optional=True,
     ),
-    Column("samples", "int", _MEASURE, "timing samples", summary="samples", fmt=fmt_int),
+    Column("samples", "int", _MEASURE, "timing samples, every round together"),
     Column("calls_per_sample", "int", _MEASURE, "calls per timed block (a sample is its mean)"),
     Column("time_total_s", "float", _MEASURE, "seconds spent inside timed calls"),
     Column(

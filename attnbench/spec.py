@@ -434,6 +434,9 @@ def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None =
     Layer options sit among the fields (older runs recorded k, heads and window always)."""
     if not isinstance(config, Mapping):
         raise AttnbenchError("the recorded configuration is not a table of options")
+    config = dict(config)
+    if "rounds" in config:  # recorded before rounds became processes: the same count
+        config["processes"] = config.pop("rounds")
     by_field = {o.field: o.key for o in OPTIONS if o.field}
     layer_options = set(known_options())
     unknown = sorted(set(config) - set(by_field) - layer_options)
@@ -442,9 +445,6 @@ def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None =
             f"the recorded configuration has unknown key(s) {', '.join(unknown)}; "
             "was it written by a newer attnbench, or by a plugin layer not loaded?"
         )
-    config = dict(config)
-    if "rounds" in config:  # recorded before rounds became processes (one format: see store)
-        config["processes"] = config.pop("rounds")
     options = {key: value for key, value in config.items() if key in layer_options}
     fields_ = {by_field[key]: value for key, value in config.items() if key in by_field}
     fields_.setdefault("allocator", SYSTEM)  # a run from before --allocator: glibc's defaults

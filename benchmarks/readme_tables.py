@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Each page, and the tables it holds.
 PAGES = {
-    ROOT / "README.md": ("reference-table", "comparison-table", "wide-table"),
+    ROOT / "README.md": ("reference-table", "comparison-table"),
     ROOT / "docs" / "getting-started.md": ("reference-table", "wide-table"),
 }
 

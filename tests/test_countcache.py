@@ -219,8 +219,12 @@ def test_the_start_estimate_counts_the_tracing_a_sweep_will_do(tmp_path: Path) -
     shared = tracing_seconds(first, False) + sum(
         tracing_seconds(c, False, probes_traced=True) for c in later
     )
-    # Three cases of a few kFLOP: their timing is the time budget's.
-    assert estimate_seconds(long) == pytest.approx(shared + 3 * long.time_budget_s, rel=0.01)
+    # Three cases of a few kFLOP: their high end is the rounds' (up to six), each its process's
+    # cost and its share of the time budget.
+    from attnbench.run.rounds import ROUND_PROCESS_S, ROUND_WARMUP_S, round_policy
+
+    rounds = 6 * (ROUND_PROCESS_S + ROUND_WARMUP_S + round_policy(long).budget_s)
+    assert estimate_seconds(long) == pytest.approx(shared + 3 * rounds, rel=0.01)
     grid = build_grid({"layers": "conv,rnn", "n": "16,32", "d": "8", "device": "cpu",
                        "time_budget": 0.002})  # fmt: skip
     on = countcache.Counting(cache=True)

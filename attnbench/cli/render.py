@@ -94,7 +94,7 @@ class SweepProgress:
 
     def started(self, start: SweepStart) -> None:
         """The start line: what is measured where, how long it should take, and where it goes."""
-        self.where = start.cluster.get("executor") != "serial"
+        self.where = start.cluster.get("executor") not in ("serial", "fork")  # else: here
         if self.quiet:
             return
         grid, previous = start.grid, start.previous

@@ -155,8 +155,9 @@ def theory_values(
     return pd.Series(values, index=frame.index, dtype=float)
 
 
-# A fixed overhead "dominates" a case while it is more than this share of the case's time.
-OVERHEAD_SHARE = 0.5
+# A fitted fixed cost "dominates" a case while it is more than this share of the case's time
+# (not ``regime.OVERHEAD_SHARE``, the kernels' measured share a case is overhead-bound under).
+FIXED_COST_SHARE = 0.5
 MIN_FIT_POINTS = 3
 
 
@@ -170,7 +171,7 @@ def fit_sizes(line: pd.DataFrame, along: str, metric: str, overhead: float | Non
     if overhead is None:
         return upper_half(sizes, MIN_FIT_POINTS)
     slowest = line.groupby(along)[metric].min()
-    keep = [s for s in sizes if overhead <= OVERHEAD_SHARE * slowest[s]]
+    keep = [s for s in sizes if overhead <= FIXED_COST_SHARE * slowest[s]]
     return keep if len(keep) >= MIN_FIT_POINTS else sizes[-MIN_FIT_POINTS:]
 
 
