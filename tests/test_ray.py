@@ -90,9 +90,8 @@ def executor() -> Iterator[RayExecutor]:
 def test_a_ray_sweep_has_the_rows_of_a_serial_one(tmp_path: Path, executor: RayExecutor) -> None:
     serial = run_sweep(_grid(processes=2, max_processes=2), tmp_path / "serial")
     events: list[ProgressEvent] = []
-    run = run_sweep(
-        _grid(executor, processes=2, max_processes=2), tmp_path / "ray", executor=executor, progress=events.append
-    )
+    grid = _grid(executor, processes=2, max_processes=2)
+    run = run_sweep(grid, tmp_path / "ray", executor=executor, progress=events.append)
     assert sorted(run.frame["case_id"]) == sorted(serial.frame["case_id"])
     for column in ("status", "flops", "seq_steps", "path_len", "threads", "device_name"):
         assert (
