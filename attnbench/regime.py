@@ -12,6 +12,10 @@ import math
 import statistics
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
+from numpy.typing import ArrayLike
+
 # Rates within this band of each other: the largest at most (1 + band) times the smallest.
 REGIME_BAND = 0.2
 # Over at least this many sizes (three doublings).
@@ -63,8 +67,9 @@ def settled_sizes(sizes: Sequence[int], rates: Sequence[float]) -> list[int]:
     return []
 
 
-def overhead_bound(kernel_share: float | None) -> bool:
-    """Whether a case's kernels run under ``OVERHEAD_SHARE`` of its time (False: not known)."""
-    return (
-        kernel_share is not None and math.isfinite(kernel_share) and (kernel_share < OVERHEAD_SHARE)
-    )
+def overhead_bound(kernel_share: ArrayLike) -> npt.NDArray[np.bool_]:
+    """Which cases' kernels run under ``OVERHEAD_SHARE`` of their time (False where not
+    known): the cases the table and the charts call overhead-bound."""
+    shares = np.asarray(kernel_share, dtype=float)
+    bound: npt.NDArray[np.bool_] = np.isfinite(shares) & (shares < OVERHEAD_SHARE)
+    return bound

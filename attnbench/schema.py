@@ -455,6 +455,9 @@ METRIC = {m.column: m for m in METRICS}
 EXACT_METRICS = [m for m in METRICS if m.exact and not m.device_bound] + [
     m for m in METRICS if m.exact and m.device_bound
 ]
+# The counts that read the same on any device (the same code counted): where any step in a
+# history is a change of the code, and a difference between two runs is one too.
+DEVICE_FREE_COUNTS = tuple(m.column for m in METRICS if m.exact and not m.device_bound)
 
 # load_1m: the 1-minute load average at the end of the sample's round; page_faults: the
 # sample's minor page faults per call; sm_clock_mhz: the GPU's SM clock read after the sample

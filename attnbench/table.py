@@ -15,7 +15,7 @@ import pandas as pd
 from attnbench.fits import Analysis, analyse
 from attnbench.fits.exponents import SETTLED_RULE
 from attnbench.provenance import Source, sources
-from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES
+from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES, overhead_bound
 from attnbench.results.run import RunResults
 from attnbench.schema import numeric_column
 
@@ -46,7 +46,7 @@ def _overhead_bound(group: pd.DataFrame, d_fix: int) -> list[int] | None:
     if "kernel_share" not in line or line["kernel_share"].isna().all():
         return None
     share = numeric_column(line, "kernel_share")
-    return sorted(int(n) for n in line.loc[share < OVERHEAD_SHARE, "n"])
+    return sorted(int(n) for n in line.loc[overhead_bound(share), "n"])
 
 
 def _time_cell(row: pd.Series | None, overhead: list[int] | None, lengths: list[int]) -> str:

@@ -162,3 +162,13 @@ def registry_restored() -> Iterator[None]:
     finally:
         REGISTRY.clear()
         REGISTRY.update(before)
+
+
+def samples_for(run: RunResults, case_id: str) -> list[float]:
+    """Every timing sample of a case, all rounds, in seconds per call."""
+    return [float(x) for x in run.samples.loc[run.samples["case_id"] == case_id, "time_s"]]
+
+
+def rounds_for(run: RunResults, case_id: str) -> list[list[float]]:
+    """A case's samples grouped by timing round, first round first."""
+    return list(run.rounds_of(case_id).values())

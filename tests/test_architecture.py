@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attnbench"
 
 # Lowest first. A module belongs to the first floor one of whose prefixes it starts with.
 FLOORS: list[tuple[str, ...]] = [
-    ("attnbench._version", "attnbench.errors", "attnbench.units", "attnbench.storage"),
+    ("attnbench._version", "attnbench.errors", "attnbench.units", "attnbench.storage",
+     "attnbench.vcs"),
     ("attnbench.positional", "attnbench.devices", "attnbench.schema", "attnbench.thresholds",
      "attnbench.provenance", "attnbench.estimators",
      "attnbench.regime", "attnbench.lengths"),

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from synthetic import samples_for
 
 from attnbench import load_results
 
@@ -104,7 +105,7 @@ def test_a_signal_keeps_every_finished_case_and_resume_completes_the_sweep(
     assert list(stopped.frame["case_id"]) == _expected_ids()[: len(stopped.frame)]
     assert stopped.status == "interrupted" and (stopped.frame["status"] == "ok").all()
     for row in stopped.frame.itertuples():
-        assert len(stopped.samples_for(row.case_id)) == row.samples
+        assert len(samples_for(stopped, row.case_id)) == row.samples
 
     resumed = _resume(out)
     assert resumed.returncode == 0, resumed.stderr.decode()
@@ -112,7 +113,7 @@ def test_a_signal_keeps_every_finished_case_and_resume_completes_the_sweep(
     assert list(run.frame["case_id"]) == _expected_ids()  # as an uninterrupted sweep
     assert (run.frame["status"] == "ok").all() and run.status == "complete"
     for row in run.frame.itertuples():
-        assert len(run.samples_for(row.case_id)) == row.samples
+        assert len(samples_for(run, row.case_id)) == row.samples
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from synthetic import samples_for
 
 from attnbench.errors import AttnbenchError
 from attnbench.measure.record import CaseResult
@@ -58,7 +59,7 @@ def test_round_trip_keeps_values_and_raw_samples(tmp_path: Path) -> None:
     assert row["flops_per_s"] == pytest.approx(1000 / 2e-3)
     assert row["flops_check"] == "ok"
     assert pd.isna(row["k"]) and row["heads"] == 4
-    assert run.samples_for(CASE.case_id) == [1e-3, 2e-3, 4e-3]
+    assert samples_for(run, CASE.case_id) == [1e-3, 2e-3, 4e-3]
     failed = frame.iloc[1]
     assert failed["status"] == "failed" and failed["error"] == "RuntimeError: boom, with a comma"
     assert pd.isna(failed["time_s"])

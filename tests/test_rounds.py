@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from synthetic import rounds_for, samples_for
 from typer.testing import CliRunner
 
 from attnbench.cli import app
@@ -51,7 +52,7 @@ def test_every_measured_case_has_every_round(three_rounds: tuple[RunResults, lis
     for case_id in run.frame["case_id"]:
         mine = run.samples[run.samples["case_id"] == case_id]
         assert list(mine["sample"]) == list(range(len(mine)))  # numbered on across rounds
-        assert [len(r) for r in run.rounds_for(case_id)] == list(mine.groupby("round").size())
+        assert [len(r) for r in rounds_for(run, case_id)] == list(mine.groupby("round").size())
 
 
 def test_statistics_come_from_all_rounds(three_rounds: tuple[RunResults, list]) -> None:
@@ -59,10 +60,10 @@ def test_statistics_come_from_all_rounds(three_rounds: tuple[RunResults, list]) 
     samples', and results.csv holds them once the sweep is over."""
     run, _ = three_rounds
     row = run.frame.iloc[0]
-    samples = run.samples_for(row["case_id"])
-    unmoderated = estimate(run.rounds_for(row["case_id"]))  # every round, no run's prior
+    samples = samples_for(run, row["case_id"])
+    unmoderated = estimate(rounds_for(run, row["case_id"]))  # every round, no run's prior
     assert row["samples"] == len(samples)
-    assert row["rounds"] + row["rounds_disturbed"] >= len(run.rounds_for(row["case_id"]))
+    assert row["rounds"] + row["rounds_disturbed"] >= len(rounds_for(run, row["case_id"]))
     if row["rounds_disturbed"] == 0:  # the same rounds: the same centre
         assert row["time_s"] == pytest.approx(unmoderated.center_s)
     assert row["time_ci_low_s"] < row["time_s"] < row["time_ci_high_s"]

@@ -3,6 +3,8 @@ be written out by hand."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,7 +16,6 @@ from attnbench.measure.record import CaseResult
 from attnbench.measure.step import make_step
 from attnbench.measure.traffic import (
     Traffic,
-    count_bytes,
     count_traffic,
     parse_kernels,
     tensor_bytes,
@@ -22,6 +23,11 @@ from attnbench.measure.traffic import (
 from attnbench.spec import Case
 
 F32 = 4
+
+
+def count_bytes(fn: Callable[[], object]) -> int:
+    """Bytes read and written by one call of ``fn``: every aten op's operands and results."""
+    return count_traffic(fn).bytes
 
 
 def test_a_linear_layer_moves_its_one_products_operands_and_result() -> None:

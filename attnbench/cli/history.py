@@ -18,10 +18,10 @@ from attnbench.compare.bisect import Race, bisect
 from attnbench.compare.changes import history_steps
 from attnbench.errors import AttnbenchError
 from attnbench.render.dashboard import github_commit_url, publish
-from attnbench.results.environment import git_output
 from attnbench.results.history import add_run, load_history
 from attnbench.results.loader import load_results
 from attnbench.thresholds import Thresholds, parse_fraction
+from attnbench.vcs import git_output
 
 DEFAULT_HISTORY = Path("attnbench-history")
 HistoryOption = Annotated[

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import stat
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,6 +24,7 @@ from attnbench.compare.verdicts import REGRESSION
 from attnbench.errors import AttnbenchError
 from attnbench.run.ab import run_ab
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from attnbench.vcs import run_git
 
 
 @dataclass(frozen=True)
@@ -48,27 +48,9 @@ class Bisected:
     commits: int  # in GOOD..BAD (BAD included)
 
 
-def git(repo: Path, *args: str) -> str:
-    """A git command's output in ``repo``; one line saying why where it fails."""
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(repo), *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise AttnbenchError(f"git {args[0]} in {str(repo)!r} failed: {exc}") from None
-    if done.returncode:
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise AttnbenchError(f"git {' '.join(args[:2])} in {str(repo)!r}: {why}")
-    return done.stdout
-
-
 def commits_between(repo: Path, good: str, bad: str) -> tuple[str, list[str]]:
     """GOOD's full hash and the commits after it up to BAD (oldest first, BAD last)."""
-    if git(repo, "status", "--porcelain", "--untracked-files=no").strip():
+    if run_git(repo, "status", "--porcelain", "--untracked-files=no").strip():
         raise AttnbenchError(
             f"the checkout at {str(repo)!r} has uncommitted changes: commit or stash them "
             "(bisect races commits, each in a worktree of its own, and leaves yours untouched)"
@@ -76,11 +58,13 @@ def commits_between(repo: Path, good: str, bad: str) -> tuple[str, list[str]]:
     full = []
     for given in (good, bad):
         try:
-            full.append(git(repo, "rev-parse", "--verify", "--quiet", f"{given}^{{commit}}"))
+            full.append(run_git(repo, "rev-parse", "--verify", "--quiet", f"{given}^{{commit}}"))
         except AttnbenchError:
             raise AttnbenchError(f"{given!r} is no commit of {str(repo)!r}") from None
     full = [f.strip() for f in full]
-    path = git(repo, "rev-list", "--ancestry-path", "--reverse", f"{full[0]}..{full[1]}").split()
+    path = run_git(
+        repo, "rev-list", "--ancestry-path", "--reverse", f"{full[0]}..{full[1]}"
+    ).split()
     if not path:
         raise AttnbenchError(f"{bad} does not come after {good}: give GOOD, then a later BAD")
     return full[0], path
@@ -95,7 +79,7 @@ def worktrees(repo: Path) -> Iterator[Callable[[str], Path]]:
         def tree(commit: str) -> Path:
             if commit not in made:
                 path = Path(root) / commit[:12]
-                git(repo, "worktree", "add", "--detach", "--quiet", str(path), commit)
+                run_git(repo, "worktree", "add", "--detach", "--quiet", str(path), commit)
                 made[commit] = path
             return made[commit]
 
@@ -104,9 +88,9 @@ def worktrees(repo: Path) -> Iterator[Callable[[str], Path]]:
         finally:
             for path in made.values():
                 with contextlib.suppress(AttnbenchError):
-                    git(repo, "worktree", "remove", "--force", str(path))
+                    run_git(repo, "worktree", "remove", "--force", str(path))
             with contextlib.suppress(AttnbenchError):
-                git(repo, "worktree", "prune")
+                run_git(repo, "worktree", "prune")
 
 
 def python_at(tree: Path, folder: Path) -> str:
@@ -153,7 +137,7 @@ def bisect(
     """The first commit after GOOD up to BAD whose cases ``ab`` calls a regression against
     GOOD. ``options`` are the races' grid options (layers, n, d, device, time budget...)."""
     try:
-        repo = Path(git(Path(repo), "rev-parse", "--show-toplevel").strip())
+        repo = Path(run_git(Path(repo), "rev-parse", "--show-toplevel").strip())
     except AttnbenchError:
         raise AttnbenchError(f"{str(repo)!r} is not in a git repository (--repo)") from None
     layers = [t.strip() for t in str(options.get("layers") or "").split(",") if t.strip()]
@@ -178,7 +162,7 @@ def bisect(
             )
             judged = compare_runs(run.base, run.current, thresholds, pairs=run.pairs, paired=True)
             worst = judged.times.sort_values("ratio_judged", ascending=False).iloc[0]
-            subject = git(repo, "show", "-s", "--format=%s", commit).strip()
+            subject = run_git(repo, "show", "-s", "--format=%s", commit).strip()
             found = Race(
                 commit,
                 subject,

@@ -271,8 +271,3 @@ def count_traffic(fn: Callable[[], object]) -> Traffic:
     with unfused(), counter:
         fn()
     return counter.result()
-
-
-def count_bytes(fn: Callable[[], object]) -> int:
-    """Bytes read and written by one call of ``fn``, every aten op's operands and results."""
-    return count_traffic(fn).bytes

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 
 from attnbench._version import __version__
 from attnbench.devices import cpu_model, device_name
+from attnbench.vcs import git_output
 
 
 @dataclass(frozen=True)
@@ -58,18 +58,6 @@ def resume_keys() -> list[str]:
 
 def compare_keys() -> dict[str, str]:
     return {k.key: k.label for k in ENVIRONMENT_KEYS if k.compare}
-
-
-def git_output(where: Path, *args: str, timeout: float = 30) -> str | None:
-    """A git command's output in the checkout holding ``where`` (None where git, the checkout
-    or the answer is not there)."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=timeout
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout if out.returncode == 0 else None
 
 
 def git_info(where: Path) -> dict[str, Any]:

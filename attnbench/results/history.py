@@ -22,15 +22,15 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.results.environment import git_output
 from attnbench.results.run import RunResults
-from attnbench.schema import Status
+from attnbench.schema import EXACT_METRICS, Status
 from attnbench.storage import write_text_atomic
+from attnbench.vcs import git_output
 
 SCHEMA = "attnbench-history/1"
 # Each case's figures a history keeps: the time with its interval, and the exact counts.
 CASE_FIELDS = ("time_s", "time_ci_low_s", "time_ci_high_s")
-EXACT_FIELDS = ("flops", "elementwise", "bytes", "seq_steps", "path_len", "peak_bytes")
+EXACT_FIELDS = tuple(m.column for m in EXACT_METRICS)
 # What a series is, beside its machine: a run of another device, dtype, allocator state, mode
 # or batch is another series.
 SERIES_KEYS = ("device_name", "dtype", "allocator", "mode", "batch")

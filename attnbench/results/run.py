@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pandas as pd
 
@@ -51,16 +51,6 @@ class RunResults:
         if self.calibration.empty:
             return None
         return float(self.calibration["time_s"].median())
-
-    def samples_for(self, case_id: str) -> list[float]:
-        """Every timing sample of a case, all rounds, in seconds per call."""
-        return cast(
-            "list[float]", self.samples.loc[self.samples["case_id"] == case_id, "time_s"].tolist()
-        )
-
-    def rounds_for(self, case_id: str) -> list[list[float]]:
-        """A case's samples grouped by timing round, first round first."""
-        return list(self.rounds_of(case_id).values())
 
     def rounds_of(self, case_id: str) -> dict[int, list[float]]:
         """A case's samples by timing round number (a round that failed is absent)."""
