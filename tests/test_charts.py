@@ -263,8 +263,9 @@ def test_elementwise_chart_leaves_out_a_layer_without_elementwise_work(figures):
 def test_the_time_chart_names_dashed_lines_only_when_it_draws_them(wide_run, monkeypatch):
     monkeypatch.setattr(charts, "own_fit", lambda fits, layer: None)  # no cost model fitted
     fig = build_charts(wide_run, analyse(wide_run), ["time"])["time"]
+    assert "dashed" not in fig.get_suptitle()
     for ax in fig.get_axes():
-        assert dashed(ax) == [] and "dashed" not in ax.get_title()
+        assert dashed(ax) == []
         assert ax.get_title().startswith("d = ")
 
 
@@ -317,7 +318,7 @@ def test_the_time_chart_draws_the_kernels_time_beside_the_wall_time(figures, wid
     ax = figures["time"].get_axes()[-1]  # d = 16
     at = wide_run.measured[wide_run.measured["d"] == 16]
     dotted = {x.get_color(): x for x in ax.get_lines() if x.get_linestyle() == ":"}
-    assert "dotted: kernels' time" in ax.get_title()
+    assert "dotted: kernels' time" in figures["time"].get_suptitle()  # the key, once a figure
     for layer in LAYERS:
         line = at[at["layer"] == layer].sort_values("n")
         kernel = dotted[colour(layer)]
@@ -330,6 +331,67 @@ def test_the_time_chart_draws_the_kernels_time_beside_the_wall_time(figures, wid
     old = dataclasses.replace(
         wide_run, frame=wide_run.frame.assign(kernel_time_s=np.nan, kernel_share=np.nan)
     )
-    ax = build_charts(old, analyse(old), ["time"])["time"].get_axes()[-1]
-    assert not [x for x in ax.get_lines() if x.get_linestyle() == ":"]
-    assert "dotted" not in ax.get_title()
+    fig = build_charts(old, analyse(old), ["time"])["time"]
+    assert not [x for x in fig.get_axes()[-1].get_lines() if x.get_linestyle() == ":"]
+    assert "dotted" not in fig.get_suptitle()
+
+
+def test_many_layers_are_drawn_as_small_multiples_by_kin():
+    """Eleven layers would be 33 lines in one axis: one panel for the chapter's three rows,
+    then one per kin of families, each layer in its colour, on one scale."""
+    known = {name: entry(name) for name in BUILTIN}
+    found = style.layer_panels(BUILTIN, known)
+    assert [(p.title, p.layers) for p in found] == [
+        ("the chapter's table", ("conv", "rnn", "attention")),
+        ("convolutional", ("conv", "conv-dilated")),
+        ("recurrent", ("rnn", "gru", "lstm")),
+        ("self-attention", ("attention", "attention-sdpa", "attention-local", "attention-linear")),
+        ("state space", ("ssm", "ssm-scan")),
+    ]
+    assert all(len(p.layers) <= style.PANEL_LAYERS for p in found)
+    # a few layers stay in one panel, as before; a crowd of plugins is split
+    assert style.layer_panels(["rnn", "attention"], known) == [
+        style.Panel("", ("rnn", "attention"))
+    ]
+    many = style.layer_panels([*BUILTIN[:2], *(f"mine{i}" for i in range(6))], known)
+    assert [p.title for p in many] == [
+        "convolutional",
+        "your layers (1 of 2)",
+        "your layers (2 of 2)",
+    ]
+    assert many[1].layers == ("mine0", "mine1", "mine2", "mine3")
+
+
+@pytest.mark.slow
+def test_the_time_chart_of_every_layer_has_a_panel_per_kin(wide_run):
+    """The wide run's layers copied under the other built-in names: each layer's series sits
+    in its kin's panel and in the chapter's table, the panels share their scales."""
+    frames = []
+    for name, twin in zip(
+        BUILTIN,
+        ["conv", "conv", "rnn", "rnn", "rnn", *["attention"] * 4, "rnn", "rnn"],
+        strict=True,
+    ):
+        frames.append(
+            wide_run.frame[wide_run.frame.layer == twin].assign(
+                layer=name, case_id=lambda f, n=name, t=twin: f.case_id.str.replace(t, n, n=1)
+            )
+        )
+    import pandas as pd
+
+    many = dataclasses.replace(wide_run, frame=pd.concat(frames, ignore_index=True))
+    fig = build_charts(many, analyse(many, layers=None), ["time"])["time"]
+    axes = fig.get_axes()
+    titles = [ax.get_title() for ax in axes]
+    assert titles[0] == "the chapter's table · d = 8" and len(axes) == 2 * 5
+    first = {line.get_label().split()[0] for line in solid(axes[0])}
+    assert first == {"conv", "rnn", "attention"}
+    attention = axes[titles.index("self-attention · d = 16")]
+    assert {line.get_label().split()[0] for line in solid(attention)} == {
+        "attention",
+        "attention-sdpa",
+        "attention-local",
+        "attention-linear",
+    }
+    assert all(ax.get_shared_y_axes().joined(axes[0], ax) for ax in axes)
+    assert "dashed: fitted cost model" in fig.get_suptitle()

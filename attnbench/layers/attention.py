@@ -74,7 +74,7 @@ CAUSAL = LayerOption(
     minimum=0,
     flag=True,
 )
-SELF_ATTENTION = Family("self-attention", rank=40, pairwise=True)
+SELF_ATTENTION = Family("self-attention", rank=40, pairwise=True, chapter=True)
 
 # The four projections Q, K, V, O (4·2·b·n·d²), shared by every layer built on this one.
 PROJECTIONS = Term(8, "b·n·d²", lambda s: s["b"] * s["n"] * s["d"] * s["d"])

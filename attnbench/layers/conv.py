@@ -48,7 +48,7 @@ def _even_padding(s: Sizes) -> float:
 
 
 K = LayerOption("k", 3, "k", "Conv kernel size.", at_most_n=True, reach=True)
-CONVOLUTIONAL = Family("convolutional", rank=10, rival=True)
+CONVOLUTIONAL = Family("convolutional", rank=10, rival=True, chapter=True)
 
 
 ENTRIES = (

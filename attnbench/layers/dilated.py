@@ -71,7 +71,7 @@ class DilatedConvLayer(nn.Module):
 
 # ----------------------------------------------------------------------------- entries
 
-DILATED = Family("convolutional (dilated)", rank=20, rival=True)
+DILATED = Family("convolutional (dilated)", rank=20, rival=True, kin="convolutional")
 
 
 def _depth(s: Sizes) -> float:

@@ -69,9 +69,16 @@ class Family:
     rank: int  # where its layers stand among the built-in ones (the default order)
     pairwise: bool = False  # every position meets every other: the quadratic side of a crossover
     rival: bool = False  # the chapter sets attention against it: crossovers are reported
+    chapter: bool = False  # a row of the chapter's own table (convolutional, recurrent, attention)
+    kin: str = ""  # the charts' panel it shares with kindred families (empty: its row)
+
+    @property
+    def panel(self) -> str:
+        """The title of the chart panel its layers are drawn in, beside their kin."""
+        return self.kin or self.row
 
 
-CUSTOM = Family("custom", rank=1000)
+CUSTOM = Family("custom", rank=1000, kin="your layers")
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ class LinearAttentionLayer(SelfAttentionLayer):
         return cast("torch.Tensor", self.W_o(y))  # (B, n, d)
 
 
-LINEAR = Family("linear self-attention", rank=60, rival=True)
+LINEAR = Family("linear self-attention", rank=60, rival=True, kin="self-attention")
 _PREFIX_SUMS = elements(
     1, "causal·b·n·d²/h", lambda s: s["causal"] * s["b"] * s["n"] * s["d"] * s["d"] / s["heads"]
 )

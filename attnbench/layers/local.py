@@ -81,7 +81,7 @@ WINDOW = LayerOption(
     at_most_n=True,
     reach=True,
 )
-RESTRICTED = Family("restricted self-attention", rank=50)
+RESTRICTED = Family("restricted self-attention", rank=50, kin="self-attention")
 
 
 def _local_scores(s: Sizes) -> float:

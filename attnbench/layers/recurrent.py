@@ -31,7 +31,7 @@ class RecurrentLayer(nn.Module):
         return cast("torch.Tensor", out)
 
 
-RECURRENT = Family("recurrent", rank=30, rival=True)
+RECURRENT = Family("recurrent", rank=30, rival=True, chapter=True)
 
 
 def _unfused_bias(s: Sizes) -> float:

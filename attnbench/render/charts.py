@@ -28,9 +28,18 @@ from attnbench.fits import (
     theory_values,
     time_ratios,
 )
-from attnbench.regime import OVERHEAD_SHARE
+from attnbench.regime import overhead_bound
 from attnbench.render.machine import roofline_chart, time_split_chart
-from attnbench.render.style import last, layer_style, legend, log_axes, panels
+from attnbench.render.style import (
+    GRID_COLUMNS,
+    Panel,
+    last,
+    layer_panels,
+    layer_style,
+    legend,
+    log_axes,
+    panels,
+)
 from attnbench.results.run import RunResults
 from attnbench.schema import METRICS, Metric, numeric_column
 
@@ -93,6 +102,36 @@ def _model_line(analysis: Analysis, layer: str, line: pd.DataFrame, along: str) 
     return at[along].to_numpy(), fit.predict(term_sizes(at, fit.model.terms, analysis.layers))
 
 
+def _small_multiples(
+    analysis: Analysis, frame: pd.DataFrame, other: str, fixed_values: Sequence[Any], title: str
+) -> tuple[Figure, list[tuple[Any, Panel, Axes]]]:
+    """A figure of one panel per value of ``other`` and kin of layers (``layer_panels``). With
+    the layers in several panels they share one scale: one value's panels three a row, or,
+    for several values, a row each."""
+    chosen = [
+        [
+            (fixed, panel)
+            for panel in layer_panels(list(frame[frame[other] == fixed]["layer"]), analysis.layers)
+        ]
+        for fixed in fixed_values
+    ]
+    grid = any(len(row) > 1 for row in chosen)
+    if len(chosen) == 1 or not grid:  # one value (or one panel a value): wrapped
+        flat = [cell for row in chosen for cell in row]
+        fig, axes = panels(len(flat), title, columns=GRID_COLUMNS if grid else 2, shared=grid)
+    else:
+        flat, positions = [], []
+        width = max(len(row) for row in chosen)
+        for i, row in enumerate(chosen):
+            flat += row
+            positions += [i * width + j for j in range(len(row))]
+        fig, axes = panels(len(flat), title, columns=width, shared=True, positions=positions)
+    for ax, (fixed, panel) in zip(axes, flat, strict=True):
+        heading = f"{other} = {fixed}" if len(fixed_values) > 1 or not panel.title else ""
+        ax.set_title(" · ".join(x for x in (panel.title, heading) if x), fontsize=9)
+    return fig, [(fixed, panel, ax) for ax, (fixed, panel) in zip(axes, flat, strict=True)]
+
+
 def _time_chart(
     analysis: Analysis, q: pd.DataFrame, along: str, other: str, title: str
 ) -> Figure | None:
@@ -100,10 +139,10 @@ def _time_chart(
     fixed_values = [v for v in last(frame[other]) if frame[frame[other] == v][along].nunique() > 1]
     if not fixed_values:
         return None
-    fig, axes = panels(len(fixed_values), title)
-    for ax, fixed in zip(axes, fixed_values, strict=True):
-        at = frame[frame[other] == fixed]
-        models = kernels = 0
+    fig, cells = _small_multiples(analysis, frame, other, fixed_values, title)
+    models = kernels = 0
+    for fixed, panel, ax in cells:
+        at = frame[(frame[other] == fixed) & frame["layer"].isin(panel.layers)]
         for layer, line in at.groupby("layer", sort=False):
             line = line.sort_values(along)
             style = layer_style(str(layer))
@@ -125,12 +164,13 @@ def _time_chart(
                 models += 1
         size = "sequence length n" if along == "n" else "width d"
         log_axes(ax, size, "time per call [s]")
-        # The key names the dashed and dotted lines only where some were drawn.
-        keys = ["dashed: fitted cost model"] * bool(models) + [
-            "dotted: kernels' time, hollow: overhead-bound"
-        ] * bool(kernels)
-        ax.set_title(f"{other} = {fixed}" + (f"\n{'; '.join(keys)}" if keys else ""), fontsize=8)
         legend(ax)
+    # The key names the dashed and dotted lines only where some were drawn: once, under the title.
+    keys = ["dashed: fitted cost model"] * bool(models) + [
+        "dotted: kernels' time, hollow: overhead-bound"
+    ] * bool(kernels)
+    if keys:
+        fig.suptitle(f"{title}\n{'; '.join(keys)}")
     return fig
 
 
@@ -146,7 +186,7 @@ def _kernel_line(ax: Axes, line: pd.DataFrame, along: str, style: dict[str, Any]
     color = style["color"]
     ax.plot(line[along], kernel.where(kernel > 0), linestyle=":", lw=1.2, color=color)
     share = numeric_column(line, "kernel_share")
-    bound = line[share < OVERHEAD_SHARE]
+    bound = line[overhead_bound(share)]
     ax.plot(
         bound[along],
         bound["time_s"],
@@ -173,9 +213,10 @@ def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
     if not ds:
         return None
     ds = ds if chart.per_d else ds[-1:]
-    fig, axes = panels(len(ds), chart.title)
-    for ax, d in zip(axes, ds, strict=True):
-        at = frame[frame["d"] == d]
+    title = chart.title + (f"\n(dashed: {chart.theory_note})" if chart.theory_note else "")
+    fig, cells = _small_multiples(analysis, frame, "d", ds, title)
+    for d, panel, ax in cells:
+        at = frame[(frame["d"] == d) & frame["layer"].isin(panel.layers)]
         for layer, line in at.groupby("layer", sort=False):
             line = line.sort_values("n")
             style = layer_style(str(layer))
@@ -188,10 +229,6 @@ def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
                     expected = expected * line[column].iloc[-1] / expected[-1]
                 ax.plot(line["n"], expected, linestyle="--", lw=1, color=style["color"])
         log_axes(ax, "sequence length n", chart.ylabel)
-        ax.set_title(
-            f"d = {d}" + (f"   (dashed: {chart.theory_note})" if chart.theory_note else ""),
-            fontsize=9,
-        )
         legend(ax)
     return fig
 
@@ -203,9 +240,11 @@ def _normalized_chart(analysis: Analysis) -> Figure | None:
     ds = [d for d in last(frame["d"]) if frame[frame["d"] == d]["n"].nunique() > 1]
     if not ds:
         return None
-    fig, axes = panels(len(ds), "Time divided by the analytic FLOPs: flat where the theory holds")
-    for ax, d in zip(axes, ds, strict=True):
-        for layer, line in frame[frame["d"] == d].groupby("layer", sort=False):
+    title = "Time divided by the analytic FLOPs: flat where the theory holds"
+    fig, cells = _small_multiples(analysis, frame, "d", ds, title)
+    for d, panel, ax in cells:
+        at = frame[(frame["d"] == d) & frame["layer"].isin(panel.layers)]
+        for layer, line in at.groupby("layer", sort=False):
             line = line.sort_values("n")
             ax.plot(
                 line["n"],
@@ -215,7 +254,6 @@ def _normalized_chart(analysis: Analysis) -> Figure | None:
                 **layer_style(str(layer)),
             )
         log_axes(ax, "sequence length n", "time / analytic FLOPs [ps per FLOP]")
-        ax.set_title(f"d = {d}", fontsize=9)
         legend(ax)
     return fig
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnbench.layers import BUILTIN
+from attnbench.layers import BUILTIN, CUSTOM, LayerEntry
 
 if TYPE_CHECKING:  # matplotlib is imported where a chart is drawn: a sweep starts 0.4 s sooner
     from matplotlib.axes import Axes
@@ -21,6 +22,44 @@ _MARKERS = "osD^v<>Px*h"
 _PANEL_W, _PANEL_H = 5.0, 4.0
 MAX_PANELS = 4
 MAX_X_TICKS = 9  # labelled sizes on a log axis, at most about
+# Layers one panel draws: a layer is up to three lines (measured, model, kernels), so four is
+# about a dozen lines, which a reader still tells apart by colour; more go to small multiples.
+PANEL_LAYERS = 4
+GRID_COLUMNS = 3  # small multiples: panels a row
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel of a chart of several layers: what its title says, and the layers it draws."""
+
+    title: str
+    layers: tuple[str, ...]
+
+
+def layer_panels(layers: Sequence[str], known: Mapping[str, LayerEntry]) -> list[Panel]:
+    """The layers of a chart as small multiples: all in one panel when there are at most
+    ``PANEL_LAYERS``; otherwise the chapter's table first (the first layer of each of its
+    families: conv, rnn, attention), then one panel per kin of families (convolutional,
+    recurrent, self-attention, state space, your layers), at most ``PANEL_LAYERS`` each."""
+    layers = list(dict.fromkeys(layers))
+    if len(layers) <= PANEL_LAYERS:
+        return [Panel("", tuple(layers))]
+    family = {x: known[x].family if x in known else CUSTOM for x in layers}
+    chapter: dict[str, str] = {}
+    kin: dict[str, list[str]] = {}
+    for layer in layers:
+        if family[layer].chapter:
+            chapter.setdefault(family[layer].row, layer)
+        kin.setdefault(family[layer].panel, []).append(layer)
+    found = []
+    if len(chapter) > 1:
+        found.append(Panel("the chapter's table", tuple(chapter.values())))
+    for title, members in kin.items():
+        parts = [members[i : i + PANEL_LAYERS] for i in range(0, len(members), PANEL_LAYERS)]
+        for i, part in enumerate(parts):
+            more = f" ({i + 1} of {len(parts)})" if len(parts) > 1 else ""
+            found.append(Panel(title + more, tuple(part)))
+    return found
 
 
 def layer_style(layer: str) -> dict[str, Any]:
@@ -91,13 +130,27 @@ def log_axes(ax: Axes, xlabel: str, ylabel: str, *, base_x: int = 2) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-def panels(count: int, title: str) -> tuple[Figure, list[Axes]]:
+def panels(
+    count: int,
+    title: str,
+    *,
+    columns: int = 2,
+    shared: bool = False,
+    positions: Sequence[int] | None = None,
+) -> tuple[Figure, list[Axes]]:
+    """A figure of ``count`` panels, ``columns`` a row (at ``positions`` of that grid, row by
+    row, where given); ``shared``: one scale on both axes for all of them, so that small
+    multiples compare at a glance."""
     from matplotlib.figure import Figure
 
-    cols = min(count, 2)
-    rows = -(-count // cols)
+    places = list(positions) if positions is not None else list(range(count))
+    cols = min(max(places) + 1, columns)
+    rows = max(places) // cols + 1
     fig = Figure(figsize=(_PANEL_W * cols, _PANEL_H * rows + 0.4), layout="constrained")
-    axes = [fig.add_subplot(rows, cols, i + 1) for i in range(count)]
+    axes: list[Axes] = []
+    for place in places:
+        share = axes[0] if shared and axes else None
+        axes.append(fig.add_subplot(rows, cols, place + 1, sharex=share, sharey=share))
     fig.suptitle(title)
     return fig, axes
 
