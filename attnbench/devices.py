@@ -173,7 +173,8 @@ def set_threads(threads: int) -> None:
     torch.set_num_threads(check_threads(threads))
 
 
-# The memory allocator's states a sweep can measure in (measure.allocator puts a process in one).
+# The memory allocator's states a sweep can measure in (measure.timing.allocator puts a process
+# in one).
 PINNED, SYSTEM = "pinned", "system"
 ALLOCATORS = {
     PINNED: "glibc keeps freed memory mapped (no mmap, no trim, one arena): no history",

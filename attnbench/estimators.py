@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 CONFIDENCE = 0.95  # of every interval here
-# A round whose machine reference (``measure.reference``) read more than this factor over the
+# A round whose machine reference (``measure.timing.reference``) read more than this factor over the
 # run's quiet level ran on a disturbed machine; the quiet level is this quantile of the run's
 # rounds' references (the fast end: a run may spend half its time disturbed).
 QUIET_FACTOR = 1.25

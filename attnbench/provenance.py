@@ -18,7 +18,8 @@ class Source(StrEnum):
 
     TRACED = "traced"  # counted on the call at its own n
     MEASURED = "measured"  # read at its own n (peak memory, path length)
-    EXTENDED = "extended"  # carried from probe lengths by a law proven there (measure.extend)
+    # carried from probe lengths by a law proven there (measure.counts.extend)
+    EXTENDED = "extended"
     NONE = "none"  # not obtained; the text says why
     OTHER = "other"  # anything else (a plugin's, or a newer version's)
 

@@ -464,7 +464,8 @@ DEVICE_FREE_COUNTS = tuple(m.column for m in METRICS if m.exact and not m.device
 # (all added later: older folders load with them empty, as with round).
 # ``process``: the sweep's number for the process that took the sample (0, 1, ... in the order
 # processes first measured; every round of a case in one process under --executor serial);
-# ``reference_s``: the machine's reference read around the sample's round (measure.reference).
+# ``reference_s``: the machine's reference read around the sample's round
+# (measure.timing.reference).
 SAMPLE_COLUMNS = [
     "case_id", "sample", "time_s", "round", "load_1m", "page_faults", "sm_clock_mhz", "process",
     "reference_s",
@@ -473,8 +474,8 @@ CALIBRATION_COLUMNS = ["point", "before_case", "sample", "time_s"]
 
 
 class Timer(StrEnum):
-    """What a sample times (``--timer``; ``measure.gputimers`` holds the CUDA ones; results.csv's
-    ``time_method`` begins with its value).
+    """What a sample times (``--timer``; ``measure.timing.gputimers`` holds the CUDA ones;
+    results.csv's ``time_method`` begins with its value).
 
     ``blocks``: synchronised blocks of back-to-back calls, what a model called in a loop pays
     (torch.utils.benchmark's way). ``kernels``: the kernels alone, as a compiled or captured

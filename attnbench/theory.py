@@ -6,8 +6,8 @@ comparison table, the fits and the charts all read it from there.
 Conventions: a multiply-add is 2 FLOPs; only matrix products are counted (softmax, biases,
 activations, the positional-encoding add and other elementwise work are not), which is also what
 ``torch.utils.flop_counter`` counts. That other work has its own formula, ``elementwise``: the
-elements produced by pointwise ops and combined by reductions (``measure.elementwise``). Sizes
-are read from a mapping: ``b`` batch, ``n`` sequence length, ``d`` width, and each of the
+elements produced by pointwise ops and combined by reductions (``measure.counts.elementwise``).
+Sizes are read from a mapping: ``b`` batch, ``n`` sequence length, ``d`` width, and each of the
 layer's options by name (``k``, ``heads``, ``window``, ``causal``...).
 """
 
@@ -85,7 +85,7 @@ class LayerTheory:
     (leading term, constant 1: n²·d for attention); ``sequential_law`` and ``path_law`` give
     the sequential steps and path length up to a constant. ``elementwise`` is the elementwise
     work of one forward call (None: the theory does not say; () for none at all, a convolution).
-    ``traffic`` is what one forward call reads and writes, op by op (``measure.traffic``),
+    ``traffic`` is what one forward call reads and writes, op by op (``measure.counts.traffic``),
     in values of the run's dtype and raw bytes (None: the theory does not say). ``recompute``
     is what a training call's backward computes again (``train_flops``).
     """

@@ -24,7 +24,7 @@ import pandas as pd
 
 from attnbench.fits import roofline
 from attnbench.fits.carry import carry, host_ratio
-from attnbench.measure.ceilings_file import read_ceilings
+from attnbench.measure.machine.ceilings_file import read_ceilings
 from attnbench.results.loader import load_results
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

@@ -75,9 +75,9 @@ def policies(rounds: int, median: bool = False, against: str = "spread") -> None
     import dataclasses
 
     from attnbench.devices import device_sync
-    from attnbench.measure import machine as ceilings
-    from attnbench.measure import rates
-    from attnbench.measure.timing import time_call
+    from attnbench.measure.machine import probes as ceilings
+    from attnbench.measure.machine import rates
+    from attnbench.measure.timing.loop import time_call
 
     def median_s(name: str, fn: object, policy: object) -> float:
         return time_call(fn, policy, sync=device_sync("cpu")).median_s  # type: ignore[arg-type]

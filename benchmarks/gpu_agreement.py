@@ -30,10 +30,10 @@ import torch.utils.benchmark as tub
 from attnbench.devices import device_sync
 from attnbench.layers import layer_names
 from attnbench.measure.case import memory_pass
-from attnbench.measure.gputimers import time_step
-from attnbench.measure.split import kernel_split
 from attnbench.measure.step import make_step
-from attnbench.measure.timing import TimingPolicy
+from attnbench.measure.timing.gputimers import time_step
+from attnbench.measure.timing.loop import TimingPolicy
+from attnbench.measure.timing.split import kernel_split
 from attnbench.schema import Timer
 from attnbench.spec import build_grid
 

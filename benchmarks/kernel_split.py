@@ -4,7 +4,7 @@ Prints, on this machine:
 
 1. the profiler's own cost, calibrated once per process: its wall time per recorded op and
    the self time it reads for an op that computes one element (the dispatcher and the op's
-   set-up): what ``measure.split`` takes out;
+   set-up): what ``measure.timing.split`` takes out;
 2. for a few calls, the profiler's own wall time per recorded op (profiled calls against as
    many unprofiled around them) and the kernels' share three ways: the aten ops' raw self
    time over the profiled wall time (what the profiler says), over the unprofiled wall time,
@@ -27,13 +27,13 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.measure.allocator import set_allocator
-from attnbench.measure.split import (
+from attnbench.measure.timing.allocator import set_allocator
+from attnbench.measure.timing.loop import TimingPolicy, time_call
+from attnbench.measure.timing.split import (
     _record,
     kernel_split,
     profiler_cost,
 )
-from attnbench.measure.timing import TimingPolicy, time_call
 
 POLICY = TimingPolicy(warmup_calls=2, budget_s=0.3)
 

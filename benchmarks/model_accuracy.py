@@ -35,9 +35,9 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.fits.roofline import effective_ceilings, predict, relative_rms, rounds_rms
-from attnbench.measure.ceilings import Ceilings
-from attnbench.measure.ceilings_file import read_ceilings
-from attnbench.measure.rates import lstm_flops
+from attnbench.measure.machine.ceilings import Ceilings
+from attnbench.measure.machine.ceilings_file import read_ceilings
+from attnbench.measure.machine.rates import lstm_flops
 from attnbench.results.loader import load_results
 
 

@@ -47,14 +47,14 @@ import torch
 
 from attnbench.fits.roofline import predict, relative_rms
 from attnbench.layers.registry import entry
-from attnbench.measure.allocator import set_allocator
-from attnbench.measure.ceilings import Ceilings
-from attnbench.measure.flops import formulas
-from attnbench.measure.machine import CEILING_POLICY, LATENCY_POLICY
-from attnbench.measure.ops import TracingMode, is_view, moves_data, tensors, unfused
+from attnbench.measure.counts.flops import formulas
+from attnbench.measure.counts.ops import TracingMode, is_view, moves_data, tensors, unfused
+from attnbench.measure.counts.traffic import ELEMENTWISE_PREFIX, kernel_of, op_bytes
+from attnbench.measure.machine.ceilings import Ceilings
+from attnbench.measure.machine.probes import CEILING_POLICY, LATENCY_POLICY
 from attnbench.measure.step import make_step
-from attnbench.measure.timing import TimingPolicy, time_call
-from attnbench.measure.traffic import ELEMENTWISE_PREFIX, kernel_of, op_bytes
+from attnbench.measure.timing.allocator import set_allocator
+from attnbench.measure.timing.loop import TimingPolicy, time_call
 from attnbench.results.loader import load_results
 from attnbench.spec import Case
 

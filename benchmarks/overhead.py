@@ -6,7 +6,7 @@
 2. ``--phases``: every case of a grid (default: the default sweep's) measured phase by phase in
    this process, as ``measure_case`` does it: build and first call, path length, the traced
    counts (``trace_counts``: one census pass in forward mode; a long recurrent case traced at
-   the short probe lengths and extended, ``measure.extend``; a case at a probe length shared
+   the short probe lengths and extended, ``measure.counts.extend``; a case at a probe length shared
    with its probe), the memory profile, and timing; seconds per phase
    and layer, the four separate passes the census replaced (steps, FLOPs, elementwise work,
    bytes) beside it (not for the extended cases), and the cases furthest outside their timing.
@@ -61,12 +61,12 @@ def run_table(folder: Path) -> None:
 
 def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
     from attnbench.measure import case as measured
-    from attnbench.measure import extend
-    from attnbench.measure.elementwise import count_elementwise
-    from attnbench.measure.flops import trace_flops
-    from attnbench.measure.structure import sequential_steps
-    from attnbench.measure.timing import TimingPolicy, time_call
-    from attnbench.measure.traffic import count_traffic
+    from attnbench.measure.counts import extend
+    from attnbench.measure.counts.elementwise import count_elementwise
+    from attnbench.measure.counts.flops import trace_flops
+    from attnbench.measure.counts.structure import sequential_steps
+    from attnbench.measure.counts.traffic import count_traffic
+    from attnbench.measure.timing.loop import TimingPolicy, time_call
     from attnbench.spec import build_grid
 
     options = {"device": "cpu"}

@@ -21,8 +21,8 @@ import torch
 
 from attnbench.layers import REGISTRY, LayerEntry
 from attnbench.measure.case import measure_case
-from attnbench.measure.countcache import Counting
-from attnbench.measure.timing import TimingPolicy
+from attnbench.measure.counts.countcache import Counting
+from attnbench.measure.timing.loop import TimingPolicy
 from attnbench.spec import build_grid
 
 NO_TIMING = TimingPolicy(

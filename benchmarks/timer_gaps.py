@@ -18,9 +18,9 @@ import statistics
 import torch
 
 from attnbench.devices import device_sync
-from attnbench.measure.gputimers import cuda_timers, graph_of, time_step
 from attnbench.measure.step import make_step
-from attnbench.measure.timing import TimingPolicy
+from attnbench.measure.timing.gputimers import cuda_timers, graph_of, time_step
+from attnbench.measure.timing.loop import TimingPolicy
 from attnbench.spec import build_grid
 
 

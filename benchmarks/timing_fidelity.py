@@ -113,7 +113,7 @@ def ms(values: list[float]) -> str:
 
 def one(layer: str, n: int, allocator: str, torch_first: bool) -> None:
     """In a fresh process: both timers on one module, in the given allocator state."""
-    from attnbench.measure.allocator import set_allocator
+    from attnbench.measure.timing.allocator import set_allocator
 
     set_allocator(allocator)  # before torch allocates anything for the layer
     import torch

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from attnbench.layers import REGISTRY
-from attnbench.measure.calibration import Calibration
 from attnbench.measure.record import CaseResult
-from attnbench.measure.timing import TimingStats
+from attnbench.measure.timing.calibration import Calibration
+from attnbench.measure.timing.loop import TimingStats
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter

@@ -20,17 +20,17 @@ from attnbench.cli import app
 from attnbench.cli.summary import fault_notes, summary_notes
 from attnbench.compare import compare_runs
 from attnbench.errors import AttnbenchError
-from attnbench.measure import allocator
-from attnbench.measure.allocator import (
+from attnbench.measure.case import measure_case
+from attnbench.measure.timing import allocator
+from attnbench.measure.timing.allocator import (
     M_ARENA_MAX,
     M_MMAP_MAX,
     M_TRIM_THRESHOLD,
     run_state,
     set_allocator,
 )
-from attnbench.measure.case import measure_case
-from attnbench.measure.faults import fault_cost_s, fault_counter
-from attnbench.measure.timing import TimingPolicy, time_call
+from attnbench.measure.timing.faults import fault_cost_s, fault_counter
+from attnbench.measure.timing.loop import TimingPolicy, time_call
 from attnbench.spec import build_grid, grid_from_config
 
 runner = CliRunner()
@@ -277,8 +277,8 @@ def test_freed_memory_is_given_back_only_where_glibc_can() -> None:
 RSS_AFTER_CEILINGS = """
 import json
 import torch
-from attnbench.measure.allocator import set_allocator
-from attnbench.measure.machine import measure_ceilings
+from attnbench.measure.timing.allocator import set_allocator
+from attnbench.measure.machine.probes import measure_ceilings
 
 def rss() -> int:
     line = next(l for l in open("/proc/self/status") if l.startswith("VmRSS"))

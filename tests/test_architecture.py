@@ -175,3 +175,20 @@ def test_the_development_map_names_every_module() -> None:
         if f"`{p.relative_to(PACKAGE)}`" not in text
     ]
     assert not missing, f"add to docs/development.md's map: {missing}"
+
+
+def test_measure_is_in_rooms_of_one_concern_each() -> None:
+    """measure/ holds one case, its call, its memory and its record at the top, and its
+    timing, counting and machine probes in rooms of their own, each saying its concern first;
+    a new module goes into its room, not beside them."""
+    measure = PACKAGE / "measure"
+    top = sorted(
+        p.name for p in measure.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()
+    )
+    assert len(top) <= 10, top
+    rooms = {p.name: p for p in measure.iterdir() if (p / "__init__.py").exists()}
+    assert set(rooms) == {"timing", "counts", "machine"}
+    for name, room in rooms.items():
+        concern = ast.get_docstring(ast.parse((room / "__init__.py").read_text()))
+        assert concern and concern.split()[0] in {"Timing", "Counting", "Measuring"}, name
+        assert not list(room.glob("*/__init__.py")), f"measure/{name} has rooms of its own"

@@ -13,7 +13,7 @@ import pytest
 from attnbench.errors import AttnbenchError
 from attnbench.lengths import AutoN
 from attnbench.measure.record import CaseResult
-from attnbench.measure.timing import TimingStats
+from attnbench.measure.timing.loop import TimingStats
 from attnbench.run.auto import AutoPlan, Stopped
 from attnbench.spec import build_grid, grid_from_config
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attnbench.measure.calibration import CALIBRATION_POLICY, Calibration
-from attnbench.measure.timing import TimingPolicy, time_call
+from attnbench.measure.timing.calibration import CALIBRATION_POLICY, Calibration
+from attnbench.measure.timing.loop import TimingPolicy, time_call
 from attnbench.results.files import CALIBRATION_FILE
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.fits.carry import can_carry, carry, host_ratio
 from attnbench.fits.roofline import predict
-from attnbench.measure.ceilings import Ceilings
+from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.results.run import RunResults
 
 runner = CliRunner()

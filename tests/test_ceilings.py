@@ -17,15 +17,16 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.devices import for_kind
 from attnbench.errors import AttnbenchError
-from attnbench.measure import ceilings_file, machine
-from attnbench.measure.ceilings import Ceilings
-from attnbench.measure.ceilings_file import (
+from attnbench.measure.machine import ceilings_file
+from attnbench.measure.machine import probes as machine
+from attnbench.measure.machine.ceilings import Ceilings
+from attnbench.measure.machine.ceilings_file import (
     cache_dir,
     ceilings_from,
     machine_ceilings,
     read_ceilings,
 )
-from attnbench.measure.machine import measure_ceilings, stream_elements
+from attnbench.measure.machine.probes import measure_ceilings, stream_elements
 
 runner = CliRunner()
 SECONDS = {"gemm": 0.02, "copy": 0.004, "op": 3e-6, "host": 6.4e-4, "conv": 0.01, "attention": 0.05,
@@ -147,7 +148,7 @@ def test_a_kernels_time_is_its_fastest_sample_not_its_median(
 ) -> None:
     """As STREAM reports its best trial: a neighbour only ever slows a sample, so the fastest
     one is the device's own time."""
-    from attnbench.measure.timing import TimingStats
+    from attnbench.measure.timing.loop import TimingStats
 
     samples = (0.03, 0.02, 0.05)  # median 0.03, fastest 0.02
     monkeypatch.setattr(
@@ -334,7 +335,7 @@ def test_a_call_cost_may_be_zero_but_not_negative_and_an_older_file_has_none(
 
 
 def test_a_fused_kernels_call_cost_is_the_line_through_two_lengths() -> None:
-    from attnbench.measure.rates import line_through
+    from attnbench.measure.machine.rates import line_through
 
     per_step, call = line_through({256: 2.0e-3, 16: 3.0e-4})  # any order
     assert per_step == pytest.approx(1.7e-3 / 240) and call == pytest.approx(3e-4 - 16 * per_step)
@@ -402,7 +403,7 @@ def test_the_machine_command_prints_and_caches_the_ceilings(
 
 
 def test_an_lstm_calls_flops_are_counted_and_follow_its_steps_and_width() -> None:
-    from attnbench.measure.rates import lstm_flops
+    from attnbench.measure.machine.rates import lstm_flops
 
     # 4 gates x (w x w input + w x w recurrent) products a step, 2 FLOPs a multiply-add
     assert lstm_flops(4, 16) == 16 * 4 * 2 * (2 * 4 * 4)
@@ -416,9 +417,9 @@ def test_a_long_lstm_call_is_counted_at_three_lengths_and_extended_only_on_a_lin
     a line, and equal a full trace; a count that is not a line is traced in full."""
     import torch
 
-    from attnbench.measure import rates
-    from attnbench.measure.flops import count_flops
-    from attnbench.measure.ops import unfused
+    from attnbench.measure.counts.flops import count_flops
+    from attnbench.measure.counts.ops import unfused
+    from attnbench.measure.machine import rates
 
     monkeypatch.setattr(rates, "_LSTM_FLOPS", {})
     cell = torch.nn.LSTM(8, 8, batch_first=True).eval()
@@ -449,7 +450,7 @@ def test_a_catalogue_that_gains_an_op_reads_no_entry_measured_without_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Else the model would read the new op at an add's rate from an entry that lacks it.
-    from attnbench.measure import rates
+    from attnbench.measure.machine import rates
 
     count: list[int] = []
     machine_ceilings("cpu", "float32", 1, folder=tmp_path, measure=_fake(count))

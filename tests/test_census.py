@@ -7,15 +7,15 @@ import torch
 from torch import nn
 
 from attnbench import layer_names
-from attnbench.measure import census as census_module
 from attnbench.measure.case import measure_case, traced_counts
-from attnbench.measure.census import take_census
-from attnbench.measure.elementwise import count_elementwise
-from attnbench.measure.flops import trace_flops
+from attnbench.measure.counts import census as census_module
+from attnbench.measure.counts.census import take_census
+from attnbench.measure.counts.elementwise import count_elementwise
+from attnbench.measure.counts.flops import trace_flops
+from attnbench.measure.counts.structure import sequential_steps
+from attnbench.measure.counts.traffic import count_traffic
 from attnbench.measure.step import make_step
-from attnbench.measure.structure import sequential_steps
-from attnbench.measure.timing import TimingPolicy
-from attnbench.measure.traffic import count_traffic
+from attnbench.measure.timing.loop import TimingPolicy
 from attnbench.spec import build_grid
 
 
@@ -79,7 +79,7 @@ def test_counting_a_case_never_imports_torch_dynamo() -> None:
     code = (
         "import sys; from attnbench.spec import Case; "
         "from attnbench.measure.case import measure_case; "
-        "from attnbench.measure.timing import TimingPolicy; "
+        "from attnbench.measure.timing.loop import TimingPolicy; "
         "policy = TimingPolicy(warmup_calls=0, min_block_s=0, min_samples=1, budget_s=0); "
         "r = measure_case(Case('ssm', 16, 8, 1, 'float32', 'cpu', 'train'), policy=policy); "
         "print(r.status, r.flops > 0, r.peak_bytes > 0, "
@@ -94,7 +94,7 @@ def test_the_counters_find_every_tensor_pytree_finds() -> None:
     lists of tensors (cat), kwargs, structseq outputs (max), and no tensor at all."""
     from torch.utils._pytree import tree_flatten
 
-    from attnbench.measure.ops import tensors
+    from attnbench.measure.counts.ops import tensors
 
     a, b = torch.ones(2, 3), torch.zeros(4)
     trees = [

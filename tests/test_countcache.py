@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.layers import REGISTRY
-from attnbench.measure import countcache
+from attnbench.measure.counts import countcache
 from attnbench.results.loader import load_results
 from attnbench.spec import build_grid
 

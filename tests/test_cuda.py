@@ -18,9 +18,9 @@ import torch
 from attnbench.devices import device_sync
 from attnbench.layers import layer_names
 from attnbench.measure.case import measure_case
-from attnbench.measure.machine import measure_ceilings
+from attnbench.measure.machine.probes import measure_ceilings
 from attnbench.measure.memory import peak_bytes
-from attnbench.measure.timing import TimingPolicy, time_call
+from attnbench.measure.timing.loop import TimingPolicy, time_call
 from attnbench.spec import build_grid
 
 pytestmark = [
@@ -174,7 +174,7 @@ def test_the_cuda_fast_path_writes_scores_where_the_count_says(d: int, explicit:
     # 12 to bmm and a softmax. The profiler says what this torch really ran.
     from torch.profiler import profile
 
-    from attnbench.measure.ops import scores_explicit
+    from attnbench.measure.counts.ops import scores_explicit
 
     attn = torch.nn.MultiheadAttention(d, 4, batch_first=True).to(DEVICE).eval()
     x = torch.randn(1, 64, d, device=DEVICE)  # (B, n, d)
@@ -195,8 +195,8 @@ def test_the_kernels_share_is_the_devices_busy_time() -> None:
     the same spin split into 200 launches of a tiny add reads launches, not kernels. Read from
     graph replays (``device_split``), and from the profiler where it sees the device's kernels
     (not under gVisor, whose H200 recorded none)."""
-    from attnbench.measure.gputimers import device_split
-    from attnbench.measure.split import kernel_split
+    from attnbench.measure.timing.gputimers import device_split
+    from attnbench.measure.timing.split import kernel_split
 
     sync = device_sync(DEVICE)
     spin = lambda: torch.cuda._sleep(4_000_000)  # noqa: E731
@@ -235,7 +235,7 @@ def _launches(count: int = 200):  # type: ignore[no-untyped-def]
 
 
 def test_the_kernels_timer_leaves_the_launches_out_and_keeps_the_kernels() -> None:
-    from attnbench.measure.gputimers import time_step
+    from attnbench.measure.timing.gputimers import time_step
 
     sync = device_sync(DEVICE)
     kernels = TimingPolicy(**{**SHORT.__dict__, "timer": "kernels"})
@@ -251,7 +251,7 @@ def test_the_kernels_timer_leaves_the_launches_out_and_keeps_the_kernels() -> No
 
 
 def test_the_cold_timer_holds_the_stream_and_flushes_the_l2() -> None:
-    from attnbench.measure.gputimers import cuda_timers, time_step
+    from attnbench.measure.timing.gputimers import cuda_timers, time_step
 
     sync = device_sync(DEVICE)
     cold = TimingPolicy(**{**SHORT.__dict__, "timer": "cold"})

@@ -13,10 +13,10 @@ from torch import nn
 
 from attnbench import register_layer
 from attnbench.measure import case as case_module
-from attnbench.measure import structure
 from attnbench.measure.case import measure_case, trace_counts
+from attnbench.measure.counts import structure
 from attnbench.measure.step import make_step
-from attnbench.measure.timing import TimingPolicy
+from attnbench.measure.timing.loop import TimingPolicy
 
 SHORT = TimingPolicy(min_block_s=1e-3, min_samples=3, budget_s=0.01, min_time_s=0.005)
 

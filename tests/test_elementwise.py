@@ -9,7 +9,7 @@ from synthetic import small_case, warm_step
 from torch import nn
 
 from attnbench import layer_names
-from attnbench.measure.elementwise import count_elementwise
+from attnbench.measure.counts.elementwise import count_elementwise
 from attnbench.spec import Case
 
 _case = small_case
@@ -104,8 +104,8 @@ def test_copies_masks_and_matrix_products_are_not_elementwise_work() -> None:
 def test_the_math_attentions_softmax_is_counted_and_has_its_own_rate() -> None:
     # scaled_dot_product_attention's math backend normalises with _safe_softmax (a softmax
     # that zeroes fully masked rows): the elements it reads, as any softmax, not uncounted.
-    from attnbench.measure.flops import trace_flops
-    from attnbench.measure.rates import CATALOGUE
+    from attnbench.measure.counts.flops import trace_flops
+    from attnbench.measure.machine.rates import CATALOGUE
 
     x = torch.randn(3, 5)
     assert count_elementwise(lambda: torch.ops.aten._safe_softmax(x, -1)) == 15
@@ -139,7 +139,7 @@ UNTAGGED = {
 
 @pytest.mark.parametrize("name", list(UNTAGGED))
 def test_untagged_activations_pooling_and_moves_are_counted_not_left_uncounted(name: str) -> None:
-    from attnbench.measure.flops import trace_flops
+    from attnbench.measure.counts.flops import trace_flops
 
     call, elements = UNTAGGED[name]
     assert count_elementwise(call) == elements
@@ -149,7 +149,7 @@ def test_untagged_activations_pooling_and_moves_are_counted_not_left_uncounted(n
 def test_an_in_place_draw_counts_as_its_op() -> None:
     # Dropout in training draws its mask with the in-place bernoulli_, which torch leaves
     # untagged: counted as the elements it writes, like bernoulli.
-    from attnbench.measure.flops import trace_flops
+    from attnbench.measure.counts.flops import trace_flops
 
     draw = lambda: torch.empty_like(X).bernoulli_(0.9)  # noqa: E731
     assert count_elementwise(draw) == 1024
@@ -159,7 +159,7 @@ def test_an_in_place_draw_counts_as_its_op() -> None:
 def test_a_source_folded_in_at_indices_counts_its_elements() -> None:
     # A mixture of experts gathers its experts' outputs with index_add_ (or scatter_add): one
     # combination per element of the source, whatever the size of the destination.
-    from attnbench.measure.flops import trace_flops
+    from attnbench.measure.counts.flops import trace_flops
 
     tokens = torch.randn(6, 8)  # (routed tokens, d)
     slots = torch.tensor([0, 2, 2, 5, 1, 0])  # each routed token's position among 7

@@ -17,8 +17,8 @@ from rich.console import Console
 
 from attnbench.cli.summary import summary_notes
 from attnbench.errors import AttnbenchError, SweepInterrupted
-from attnbench.measure.calibration import Calibration
 from attnbench.measure.record import WORKER_DIED_ERROR
+from attnbench.measure.timing.calibration import Calibration
 from attnbench.results.files import RUN_FILE
 from attnbench.results.loader import load_results
 from attnbench.run.events import ProgressEvent
@@ -323,8 +323,8 @@ def test_a_serial_sweep_leaves_the_callers_thread_count(tmp_path: Path) -> None:
 def test_a_job_crosses_the_wire_with_its_calibration_spacing() -> None:
     """A Ray worker rebuilds the job from plain data: the calibration's size, spacing and
     policy all arrive (a message from before the spacing existed gets the defaults)."""
-    from attnbench.measure.calibration import CALIBRATION_EVERY_S
-    from attnbench.measure.timing import DEFAULT_POLICY
+    from attnbench.measure.timing.calibration import CALIBRATION_EVERY_S
+    from attnbench.measure.timing.loop import DEFAULT_POLICY
     from attnbench.run.executors.wire import job_from_wire, job_to_wire
 
     case = _grid().cases()[0]

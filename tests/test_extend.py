@@ -14,11 +14,11 @@ import torch
 from synthetic import small_case
 
 from attnbench.layers import REGISTRY, LayerEntry
-from attnbench.measure import countcache, extend, laws
 from attnbench.measure.case import measure_case, memory_pass, trace_counts
-from attnbench.measure.countcache import Counting, Counts
+from attnbench.measure.counts import countcache, extend, laws
+from attnbench.measure.counts.countcache import Counting, Counts
 from attnbench.measure.step import make_step
-from attnbench.measure.timing import TimingPolicy
+from attnbench.measure.timing.loop import TimingPolicy
 from attnbench.results.loader import load_results
 from attnbench.spec import grid_from_config
 

@@ -5,7 +5,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnbench import layer_names
-from attnbench.measure.flops import count_flops, flops_agree
+from attnbench.measure.counts.flops import count_flops, flops_agree
 from attnbench.measure.step import make_step
 from attnbench.spec import Case, build_grid
 
@@ -121,8 +121,8 @@ def test_flops_agree_tolerance() -> None:
 def test_matrix_vector_products_are_counted_as_the_products_they_are() -> None:
     # torch's table has no mv, addmv, dot or addbmm: a learned query scoring every position
     # (x @ v with a 1-D v) read as an uncounted op and 0 FLOPs.
-    from attnbench.measure.flops import trace_flops
-    from attnbench.measure.traffic import count_traffic
+    from attnbench.measure.counts.flops import trace_flops
+    from attnbench.measure.counts.traffic import count_traffic
 
     x, w, v = torch.randn(2, 16, 32), torch.randn(32, 32), torch.randn(32)  # (B, n, d)
     zeros = torch.zeros(16, 16)

@@ -18,10 +18,10 @@ from attnbench.compare.verdicts import (
     throttle,
 )
 from attnbench.errors import AttnbenchError
-from attnbench.measure import gputimers
-from attnbench.measure.clocks import clock_reader, median_clock, throttled_share
-from attnbench.measure.gputimers import BLOCKS_METHOD, time_step
-from attnbench.measure.timing import Stop, TimingPolicy, sample_until
+from attnbench.measure.timing import gputimers
+from attnbench.measure.timing.clocks import clock_reader, median_clock, throttled_share
+from attnbench.measure.timing.gputimers import BLOCKS_METHOD, time_step
+from attnbench.measure.timing.loop import Stop, TimingPolicy, sample_until
 from attnbench.schema import Timer
 from attnbench.spec import build_grid
 
@@ -276,7 +276,7 @@ def test_the_split_on_cuda_reads_the_kernels_from_graph_replays() -> None:
 def test_a_split_of_a_call_that_cannot_be_captured_falls_back_to_the_profiler(
     monkeypatch,  # type: ignore[no-untyped-def]
 ) -> None:
-    from attnbench.measure import split
+    from attnbench.measure.timing import split
 
     clock = FakeClock()
     device = FakeDevice(clock, host_s=50e-6, kernel_s=10e-6, capturable=False)
@@ -288,7 +288,7 @@ def test_a_split_of_a_call_that_cannot_be_captured_falls_back_to_the_profiler(
 
 
 def test_a_profile_with_ops_and_no_device_kernel_is_no_split() -> None:
-    from attnbench.measure.split import OpEvent, Profiled, ProfilerCost, kernel_split
+    from attnbench.measure.timing.split import OpEvent, Profiled, ProfilerCost, kernel_split
 
     empty = Profiled(2, 1e-4, 1e-4, [OpEvent("aten::mm", 5e-6, 0)], [])
     with pytest.raises(ValueError, match="no kernel on the device"):
@@ -299,7 +299,7 @@ def test_a_profile_with_ops_and_no_device_kernel_is_no_split() -> None:
 
 
 def test_the_clock_is_read_at_most_every_period_and_carried_between() -> None:
-    from attnbench.measure.clocks import every
+    from attnbench.measure.timing.clocks import every
 
     now = [0.0]
     reads = iter([1980.0, 1410.0, 1755.0])

@@ -11,7 +11,7 @@ from reference import chapter_encoding
 from attnbench import build_grid, build_layer, layer_names
 from attnbench.layers import entry
 from attnbench.measure.case import measure_case
-from attnbench.measure.flops import count_flops, flops_agree
+from attnbench.measure.counts.flops import count_flops, flops_agree
 from attnbench.measure.memory import peak_bytes
 from attnbench.measure.step import make_step
 

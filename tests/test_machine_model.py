@@ -17,10 +17,10 @@ from attnbench.cli import app
 from attnbench.fits import analyse
 from attnbench.fits.roofline import host_ops
 from attnbench.measure.case import measure_case
-from attnbench.measure.ceilings_file import machine_ceilings
+from attnbench.measure.counts.traffic import count_traffic
+from attnbench.measure.machine.ceilings_file import machine_ceilings
 from attnbench.measure.step import make_step
-from attnbench.measure.timing import TimingPolicy
-from attnbench.measure.traffic import count_traffic
+from attnbench.measure.timing.loop import TimingPolicy
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.spec import build_grid
@@ -152,8 +152,9 @@ def test_a_sweep_says_it_measures_the_ceilings_first_and_counts_them_in_its_esti
     """On a machine whose ceilings are not cached, the start line says they are measured first
     and its estimate includes them; the next sweep reads them from the cache and says
     nothing."""
-    from attnbench.measure import ceilings_file, machine
-    from attnbench.measure.ceilings import Ceilings
+    from attnbench.measure.machine import ceilings_file
+    from attnbench.measure.machine import probes as machine
+    from attnbench.measure.machine.ceilings import Ceilings
     from attnbench.run.estimate import CEILINGS_S
 
     monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path / "cache"))

@@ -85,9 +85,9 @@ def test_the_memory_pass_records_the_convolution_implementation_torch_chose(
     one (above about 32k input elements on this CPU build): the rate jumps there, and the
     ``backend`` column says which ran. A layer without a convolution records none, and the
     count cache keeps what was recorded."""
-    from attnbench.measure import countcache
     from attnbench.measure.case import measure_case, memory_pass
-    from attnbench.measure.timing import TimingPolicy
+    from attnbench.measure.counts import countcache
+    from attnbench.measure.timing.loop import TimingPolicy
     from attnbench.spec import build_grid
 
     grid = build_grid({"layers": "conv,attention", "n": [16, 2048], "d": [128], "device": "cpu"})

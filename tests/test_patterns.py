@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from torch import nn
 
-from attnbench.measure.patterns import BlockBand, shape_of
-from attnbench.measure.structure import path_from_pattern
+from attnbench.measure.counts.patterns import BlockBand, shape_of
+from attnbench.measure.counts.structure import path_from_pattern
 
 PROBES = (16, 32, 64)
 

@@ -18,8 +18,8 @@ from torch import nn
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.measure.flops import trace_flops
-from attnbench.measure.ops import unfused
+from attnbench.measure.counts.flops import trace_flops
+from attnbench.measure.counts.ops import unfused
 from attnbench.measure.record import CaseResult
 from attnbench.results.loader import load_results
 from attnbench.spec import Case
@@ -258,7 +258,7 @@ def test_unfused_turns_the_attention_fast_path_off_and_back_on():
 
 
 def test_the_fused_path_of_the_timed_call_is_recorded_and_a_plain_one_is_not():
-    from attnbench.measure.ops import describe_fused, fused_names, recording_fused
+    from attnbench.measure.counts.ops import describe_fused, fused_names, recording_fused
 
     x = torch.randn(2, 16, 8)  # (B, n, d)
     lstm = nn.LSTM(8, 8, batch_first=True).eval()
@@ -305,8 +305,8 @@ def test_the_cpu_fast_path_is_counted_as_the_explicit_attention_its_kernel_runs(
 
 
 def test_explicit_attention_counts_the_same_output_and_leaves_a_direct_sdpa_fused():
-    from attnbench.measure.census import take_census
-    from attnbench.measure.ops import explicit_attention
+    from attnbench.measure.counts.census import take_census
+    from attnbench.measure.counts.ops import explicit_attention
 
     attn = nn.MultiheadAttention(16, 4, batch_first=True).eval()
     x = torch.randn(1, 32, 16)  # (B, n, d)
@@ -363,8 +363,8 @@ def test_only_a_layer_holding_multihead_attention_spends_a_call_on_its_fast_path
 def test_the_timed_devices_rule_decides_which_fast_paths_wrote_scores():
     # torch's kernels: the CPU's fast path always computes the scores; CUDA's hands them to a
     # fused kernel at head widths that are a multiple of 8 and writes them at others.
-    from attnbench.measure.census import take_census
-    from attnbench.measure.ops import explicit_attention, scores_explicit
+    from attnbench.measure.counts.census import take_census
+    from attnbench.measure.counts.ops import explicit_attention, scores_explicit
 
     assert scores_explicit("cpu", 16) and scores_explicit("cpu", 12)
     assert scores_explicit("cuda", 12) and not scores_explicit("cuda", 16)

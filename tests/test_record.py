@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from attnbench.measure.record import CaseResult, timing_columns
-from attnbench.measure.timing import TimingStats
+from attnbench.measure.timing.loop import TimingStats
 from attnbench.spec import Case
 from attnbench.theory import formula
 
@@ -41,7 +41,7 @@ def test_a_timed_case_fills_every_timing_column_from_its_samples() -> None:
 
 
 def test_the_medians_interval_and_the_rule_that_stopped_sampling_are_columns() -> None:
-    from attnbench.measure.timing import Stop
+    from attnbench.measure.timing.loop import Stop
 
     samples = (1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3, 7e-3)
     timing = TimingStats(samples, calls_per_sample=1, total_s=0.028, stop=Stop.BUDGET)

@@ -9,7 +9,7 @@ from synthetic import samples_for
 
 from attnbench.errors import AttnbenchError
 from attnbench.measure.record import CaseResult
-from attnbench.measure.timing import TimingStats
+from attnbench.measure.timing.loop import TimingStats
 from attnbench.results.environment import environment
 from attnbench.results.files import prepare_out_dir
 from attnbench.results.loader import load_results

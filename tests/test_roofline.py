@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.fits.roofline import effective_ceilings, predict, relative_rms
-from attnbench.measure.ceilings import Ceilings
+from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.results.run import RunResults
 
 runner = CliRunner()

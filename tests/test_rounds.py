@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.estimators import estimate, iqr
-from attnbench.measure.calibration import Calibration
+from attnbench.measure.timing.calibration import Calibration
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.run.estimate import estimate_seconds

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from attnbench.measure.split import (
+from attnbench.measure.timing.split import (
     Interval,
     OpEvent,
     Profiled,
@@ -133,7 +133,7 @@ def test_a_large_product_reads_kernel_bound_and_a_python_loop_overhead_bound() -
     600 ops a call, each near the floor. Their real shares (0.89-0.97 and 0.12-0.31 on this
     project's machines, and 1.0 for the loop once beside a busy neighbour) are a timing:
     ``benchmarks/kernel_split.py`` prints them; the verdict is taken here on recorded ops."""
-    from attnbench.measure.split import _record
+    from attnbench.measure.timing.split import _record
 
     layer, x = large_product(), torch.randn(256, 1024)
     loop = tiny_loop()
@@ -164,7 +164,7 @@ def test_a_large_product_reads_kernel_bound_and_a_python_loop_overhead_bound() -
 
 def test_ops_nest_by_their_spans_on_one_thread() -> None:
     """An op inside another's span is nested in it; the same span on another thread is not."""
-    from attnbench.measure.split import nest
+    from attnbench.measure.timing.split import nest
 
     spans = [
         (1, 0, 100, "aten::linear"),
@@ -211,7 +211,7 @@ class FakeKinetoEvent:
 def test_a_cuda_profile_is_read_into_host_ops_and_device_kernels(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The profiler mocked as CUDA's would answer: host ops on the CPU's clock, kernels on the
     device's; what the profile asked for (the device's activity) and what it read."""
-    from attnbench.measure import split
+    from attnbench.measure.timing import split
 
     events = [
         FakeKinetoEvent("aten::linear", "CPU", 0, 10_000),
@@ -252,7 +252,7 @@ def test_a_cuda_profile_is_read_into_host_ops_and_device_kernels(monkeypatch) ->
 def test_the_op_floor_is_read_beside_the_calls_and_kept_apart_from_them() -> None:
     """The one-element adds profiled just before the calls give the floor of that moment;
     the call's own ops are everything outside their region, on a real profile too."""
-    from attnbench.measure.split import FLOOR_LABEL, FLOOR_OPS, _floor_apart, _record
+    from attnbench.measure.timing.split import FLOOR_LABEL, FLOOR_OPS, _floor_apart, _record
 
     spans = [
         (1, 0, 100, FLOOR_LABEL),

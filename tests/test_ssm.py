@@ -12,7 +12,7 @@ from attnbench import build_layer
 from attnbench.fits import loglog_exponent
 from attnbench.layers.registry import entry
 from attnbench.layers.ssm import associative_scan, levels, sequential_scan
-from attnbench.measure.structure import path_length, traced_steps
+from attnbench.measure.counts.structure import path_length, traced_steps
 
 
 def _pair(d: int, state: int, seed: int = 3) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -92,7 +92,7 @@ def test_path_length_of_the_scan_past_the_measured_range_still_comes_from_its_tr
 
 @pytest.mark.parametrize("layer", ["attention", "attention-sdpa", "attention-linear"])
 def test_causal_attention_is_one_sided_and_still_one_step(layer: str) -> None:
-    from attnbench.measure.structure import dependency_pattern
+    from attnbench.measure.counts.structure import dependency_pattern
 
     module = build_layer(layer, 8, heads=2, causal=1)
     pattern = dependency_pattern(module, 12, 8)

@@ -11,8 +11,8 @@ from torch import nn
 
 from attnbench import build_layer
 from attnbench.layers.dilated import dilated_depth
-from attnbench.measure import structure
-from attnbench.measure.structure import (
+from attnbench.measure.counts import structure
+from attnbench.measure.counts.structure import (
     PATH_MEASURE_MAX,
     LayerBuilder,
     _ChainTracer,
@@ -245,7 +245,7 @@ def test_a_probe_lengths_jacobian_is_taken_once_for_every_case_that_needs_it(
 ) -> None:
     """The case at n = 128 (a probe length of a window-16 layer) and the longer cases that probe
     n = 32, 64, 128 share each length's dependency pattern."""
-    from attnbench.measure import structure
+    from attnbench.measure.counts import structure
 
     monkeypatch.setattr(structure, "_PROBE_CACHE", {})
     taken: list[int] = []
@@ -271,7 +271,7 @@ def test_a_scan_reads_its_levels_from_the_steps_the_case_traced(
 ) -> None:
     """A case's census traced its steps at n already: given them, the scan's path takes no
     trace at n of its own, and reads the same levels; steps off the scan's law give no value."""
-    from attnbench.measure import structure
+    from attnbench.measure.counts import structure
 
     build = _builder("ssm-scan")
     alone = path_length(build, 128, D)
@@ -293,7 +293,7 @@ def test_a_route_probed_at_the_cases_length_reads_the_steps_the_case_traced(
 ) -> None:
     """At a probe length the case's own census steps stand in for the route's trace there: the
     same route and path, one trace fewer; steps that leave the recurrence's law change it."""
-    from attnbench.measure import structure
+    from attnbench.measure.counts import structure
 
     build = _builder("gru")
     real = structure.traced_steps
@@ -326,7 +326,7 @@ def test_a_direct_route_reads_the_same_pattern_in_float32(name: str) -> None:
 
 
 def test_a_route_chooses_the_dtype_of_its_jacobians(monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnbench.measure import structure
+    from attnbench.measure.counts import structure
 
     seen: dict[str, set[torch.dtype]] = {}
     real = structure.dependency_pattern
@@ -349,7 +349,7 @@ def test_a_pattern_reads_the_module_it_is_given_even_one_that_reads_as_empty(
 ) -> None:
     """The path code hands the layer it built to the pattern: a module that is falsy (an empty
     container's ``__len__``) is still that layer, not a reason to build another."""
-    from attnbench.measure import structure
+    from attnbench.measure.counts import structure
 
     class Falsy(nn.Module):
         def __len__(self) -> int:
@@ -377,8 +377,8 @@ def test_a_pattern_reads_the_module_it_is_given_even_one_that_reads_as_empty(
 def test_the_batched_backward_equals_torchs_own(name: str) -> None:
     """``batched_vjp`` (vmap over the engine's backward, no sympy) gives exactly the gradients
     ``torch.autograd.grad(..., is_grads_batched=True)`` does, and so the same pattern."""
-    from attnbench.measure.ops import unfused
-    from attnbench.measure.structure import batched_vjp
+    from attnbench.measure.counts.ops import unfused
+    from attnbench.measure.counts.structure import batched_vjp
 
     n = 12
     layer = _builder(name, k=3, window=2)(n).double()
@@ -395,7 +395,7 @@ def test_the_batched_backward_falls_back_on_torchs_own(monkeypatch: pytest.Monke
     """A torch whose private engine call refuses these arguments gets the public function."""
     import torch.autograd.graph as graph
 
-    from attnbench.measure.structure import batched_vjp
+    from attnbench.measure.counts.structure import batched_vjp
 
     def changed(*args: object, **kwargs: object) -> None:
         raise TypeError("run_backward(): incompatible function arguments")
@@ -417,7 +417,7 @@ def test_a_path_measurement_leaves_sympy_unimported() -> None:
 
     code = (
         "import sys; from attnbench import build_layer; "
-        "from attnbench.measure.structure import dependency_pattern; "
+        "from attnbench.measure.counts.structure import dependency_pattern; "
         "dependency_pattern(build_layer('rnn', 8, n=16), 16, 8); "
         "print('sympy' in sys.modules)"
     )

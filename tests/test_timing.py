@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from attnbench.estimators import iqr, median_ci
-from attnbench.measure.timing import Stop, TimingPolicy, TimingStats, time_call
+from attnbench.measure.timing.loop import Stop, TimingPolicy, TimingStats, time_call
 
 
 class FakeLayer:
@@ -210,7 +210,7 @@ def test_imprecise_rule_on_floats_and_columns() -> None:
     has none."""
     import pandas as pd
 
-    from attnbench.measure.timing import is_imprecise
+    from attnbench.measure.timing.loop import is_imprecise
 
     assert is_imprecise(1.0, 0.99, 1.06) and not is_imprecise(1.0, 0.96, 1.04)
     assert is_imprecise(1.0, float("nan"), float("nan"))

@@ -12,14 +12,14 @@ from synthetic import small_case, warm_step
 from torch import nn
 
 from attnbench import layer_names
-from attnbench.measure.record import CaseResult
-from attnbench.measure.step import make_step
-from attnbench.measure.traffic import (
+from attnbench.measure.counts.traffic import (
     Traffic,
     count_traffic,
     parse_kernels,
     tensor_bytes,
 )
+from attnbench.measure.record import CaseResult
+from attnbench.measure.step import make_step
 from attnbench.spec import Case
 
 F32 = 4

@@ -23,7 +23,7 @@ from attnbench.cli.options import (
 from attnbench.cli.render import ABProgress, Streams
 from attnbench.cli.sweeping import NO_CACHE_HELP
 from attnbench.compare import compare_runs
-from attnbench.measure.countcache import Counting
+from attnbench.measure.counts.countcache import Counting
 from attnbench.render.verdicts import to_json, to_markdown
 from attnbench.results.files import default_out_dir
 from attnbench.run.ab import run_ab

@@ -18,9 +18,9 @@ from attnbench.devices import DEVICE_CHOICES, DTYPES, check_threads, device_kind
 from attnbench.errors import AttnbenchError
 from attnbench.fits import Analysis
 from attnbench.fits.prediction import predict_run
-from attnbench.measure.ceilings import Ceilings
-from attnbench.measure.ceilings_file import cache_dir, machine_ceilings, read_ceilings
-from attnbench.measure.machine import PASSES
+from attnbench.measure.machine.ceilings import Ceilings
+from attnbench.measure.machine.ceilings_file import cache_dir, machine_ceilings, read_ceilings
+from attnbench.measure.machine.probes import PASSES
 from attnbench.render.charts import build_charts, save_charts
 from attnbench.render.report import crossover_display
 from attnbench.results.files import latest_results

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from attnbench._version import __version__
 from attnbench.compare import Comparison
-from attnbench.measure.timing import TimingStats
+from attnbench.measure.timing.loop import TimingStats
 from attnbench.render.verdicts import display_table
 from attnbench.run.ab import ABStart, describe_sides
 from attnbench.run.events import ProgressEvent, SweepStart

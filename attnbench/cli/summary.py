@@ -13,8 +13,8 @@ from rich.table import Table
 
 from attnbench.estimators import QUIET_FACTOR, rel_ci
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
-from attnbench.measure.faults import FAULT_SHARE
-from attnbench.measure.timing import IMPRECISE_REL_CI, is_imprecise
+from attnbench.measure.timing.faults import FAULT_SHARE
+from attnbench.measure.timing.loop import IMPRECISE_REL_CI, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
 from attnbench.results.run import RunResults
 from attnbench.schema import STATUSES, SUMMARY_COLUMNS, RunStatus, Status, numeric_column

@@ -24,8 +24,8 @@ from attnbench.cli.render import Streams, SweepProgress
 from attnbench.cli.summary import summary_notes, summary_tables
 from attnbench.compare import compare_runs
 from attnbench.errors import AttnbenchError
-from attnbench.measure import extend
-from attnbench.measure.countcache import Counting
+from attnbench.measure.counts import extend
+from attnbench.measure.counts.countcache import Counting
 from attnbench.render.charts import plot_run
 from attnbench.render.verdicts import to_json
 from attnbench.results.loader import load_results

@@ -29,7 +29,7 @@ from attnbench.compare.verdicts import (
 )
 from attnbench.errors import AttnbenchError
 from attnbench.layers.entry import LayerSource
-from attnbench.measure.ops import RECURRENT_OPS, fused_names
+from attnbench.measure.counts.ops import RECURRENT_OPS, fused_names
 from attnbench.results.environment import compare_keys
 from attnbench.results.run import RunResults
 from attnbench.schema import EXACT_METRICS, METRIC, Status

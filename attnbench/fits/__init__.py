@@ -69,7 +69,7 @@ from attnbench.fits.roofline import (
     rounds_rms,
     split_rms,
 )
-from attnbench.measure.ceilings import Ceilings
+from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.results.run import RunResults
 from attnbench.results.theories import Catalog, catalog
 

@@ -19,7 +19,7 @@ import pandas as pd
 
 from attnbench.devices import device_kind
 from attnbench.fits import roofline
-from attnbench.measure.ceilings import Ceilings
+from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.schema import numeric_column
 
 CARRIED = "carried"  # the measured times, scaled by the two devices' ceilings

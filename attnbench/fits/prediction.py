@@ -17,7 +17,7 @@ import pandas as pd
 from attnbench.errors import AttnbenchError
 from attnbench.fits import Analysis, analyse, roofline
 from attnbench.fits.carry import CARRIED, COUNTS, METHODS, can_carry, carry, host_ratio
-from attnbench.measure.ceilings import Ceilings
+from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.results.run import RunResults
 from attnbench.schema import OPTION_COLUMNS, numeric_column
 

@@ -52,9 +52,9 @@ import numpy as np
 import pandas as pd
 
 from attnbench.devices import is_asynchronous
-from attnbench.measure.ceilings import Ceilings
-from attnbench.measure.ops import FUSED_RECURRENT, RECURRENT_OPS, fused_names
-from attnbench.measure.traffic import Kernel, kernel_records
+from attnbench.measure.counts.ops import FUSED_RECURRENT, RECURRENT_OPS, fused_names
+from attnbench.measure.counts.traffic import Kernel, kernel_records
+from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.schema import numeric_column
 
 BOUNDS = ("compute", "memory", "latency", "faults")
@@ -62,7 +62,7 @@ PREDICTION_COLUMNS = ["case_id", "predicted_time_s", "bound", *(f"{b}_s" for b i
 
 
 def _work(text: object, flops: float, product_bytes: float) -> list[Kernel]:
-    """One case's kernels (``measure.traffic.Kernel``), and whatever of the products' FLOPs
+    """One case's kernels (``measure.counts.traffic.Kernel``), and whatever of the products' FLOPs
     and bytes they do not list as GEMMs of unknown width."""
     found = kernel_records(text)
     listed_f = sum(k.work for k in found if k.product)

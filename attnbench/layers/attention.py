@@ -88,7 +88,7 @@ POSITIONS = elements(1, "b·n·d", lambda s: s["b"] * s["n"] * s["d"])
 _SCALED = elements(2, "b·h·n²", lambda s: s["b"] * s["heads"] * s["n"] * s["n"])
 _MASKED = elements(1, "causal·b·h·n²", lambda s: s["causal"] * s["b"] * s["heads"] * s["n"] ** 2)
 
-# Bytes moved, op by op (measure.traffic), shared by every layer built on this one: the
+# Bytes moved, op by op (measure.counts.traffic), shared by every layer built on this one: the
 # positional add reads x and the table's n rows (once, whatever the batch) and writes x + P;
 # each projection reads its input and d x d weight and writes its output.
 POSITION_TRAFFIC = (

@@ -1,7 +1,7 @@
 """Measurements of one call: time, peak memory, FLOPs."""
 
-from attnbench.measure.flops import count_flops, flops_agree
+from attnbench.measure.counts.flops import count_flops, flops_agree
 from attnbench.measure.memory import peak_bytes
-from attnbench.measure.timing import TimingPolicy, TimingStats, time_call
+from attnbench.measure.timing.loop import TimingPolicy, TimingStats, time_call
 
 __all__ = ["TimingPolicy", "TimingStats", "count_flops", "flops_agree", "peak_bytes", "time_call"]

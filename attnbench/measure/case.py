@@ -18,17 +18,13 @@ from torch import nn
 from attnbench.devices import device_kind, device_sync
 from attnbench.errors import AttnbenchError, first_line
 from attnbench.layers.registry import entry
-from attnbench.measure import countcache, extend
-from attnbench.measure.census import take_census
-from attnbench.measure.clocks import device_clock_max
-from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
-from attnbench.measure.elementwise import ELEMENTWISE_METHOD, count_elementwise
-from attnbench.measure.faults import FaultCounter
-from attnbench.measure.flops import FlopCount, trace_flops
-from attnbench.measure.gputimers import Timed, device_split, time_step
-from attnbench.measure.instructions import InstructionCounter
-from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
-from attnbench.measure.ops import (
+from attnbench.measure.counts import countcache, extend
+from attnbench.measure.counts.census import take_census
+from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
+from attnbench.measure.counts.elementwise import ELEMENTWISE_METHOD, count_elementwise
+from attnbench.measure.counts.flops import FlopCount, trace_flops
+from attnbench.measure.counts.instructions import InstructionCounter
+from attnbench.measure.counts.ops import (
     ATTENTION_FAST_PATHS,
     BACKENDS,
     COUNTED_ON_CPU,
@@ -37,18 +33,22 @@ from attnbench.measure.ops import (
     explicit_attention,
     recording_fused,
 )
-from attnbench.measure.record import CaseResult
-from attnbench.measure.reference import around
-from attnbench.measure.split import KernelSplit, kernel_share
-from attnbench.measure.step import Step, layer_builder, make_step, release_memory
-from attnbench.measure.structure import (
+from attnbench.measure.counts.structure import (
     PATH_NONE,
     SEQ_METHOD,
     path_length,
     sequential_steps,
 )
-from attnbench.measure.timing import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats
-from attnbench.measure.traffic import TRAFFIC_METHOD, Traffic, count_traffic
+from attnbench.measure.counts.traffic import TRAFFIC_METHOD, Traffic, count_traffic
+from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
+from attnbench.measure.record import CaseResult
+from attnbench.measure.step import Step, layer_builder, make_step, release_memory
+from attnbench.measure.timing.clocks import device_clock_max
+from attnbench.measure.timing.faults import FaultCounter
+from attnbench.measure.timing.gputimers import Timed, device_split, time_step
+from attnbench.measure.timing.loop import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats
+from attnbench.measure.timing.reference import around
+from attnbench.measure.timing.split import KernelSplit, kernel_share
 from attnbench.provenance import CACHED_MARK, Provenance, Source
 from attnbench.schema import Status
 from attnbench.spec import Case
@@ -200,7 +200,7 @@ def exact_counts(
 
 def referenced(timing: Callable[[], Timed], clock: Clock) -> Timed:
     """A round's timing between two readings of the machine's reference, which its samples
-    carry (``measure.reference``)."""
+    carry (``measure.timing.reference``)."""
     timed, reference = around(timing, clock)
     stats = dataclasses.replace(timed.stats, references_s=(reference,) * timed.stats.count)
     return dataclasses.replace(timed, stats=stats)
@@ -285,7 +285,7 @@ def trace_counts(
 ) -> tuple[countcache.Counts, str]:  # fmt: skip  # the arguments as the callers pass them
     """Every exact count of the case, traced from its real layer, and how (``counts_source``):
     in full, or for a long recurrent case at short lengths and extended by a law proven there
-    (``measure.extend``).
+    (``measure.counts.extend``).
 
     The auxiliary counts each run in their own guard: one that fails (a probe at a length the
     layer refuses) leaves its column empty with the reason, and the case's time, memory and

@@ -7,9 +7,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from attnbench.layers.registry import REGISTRY
-from attnbench.measure.clocks import median_clock, throttled_share
-from attnbench.measure.flops import flops_agree
-from attnbench.measure.timing import TimingStats
+from attnbench.measure.counts.flops import flops_agree
+from attnbench.measure.timing.clocks import median_clock, throttled_share
+from attnbench.measure.timing.loop import TimingStats
 from attnbench.schema import COLUMN, RESULT_COLUMNS, Status
 from attnbench.spec import Case
 
@@ -90,26 +90,26 @@ class CaseResult:
     instructions: int | None = None  # per call, counted by Callgrind (--metric instructions)
     load_1m: float | None = None  # the machine's 1-minute load average when it was measured
     cpu_count: int | None = None
-    elementwise: int | None = None  # elements, one forward call (measure.elementwise)
+    elementwise: int | None = None  # elements, one forward call (measure.counts.elementwise)
     elementwise_analytic: float | None = None
     elementwise_method: str = ""  # "traced", or "none: <why>" when it could not be counted
-    uncounted_ops: str = ""  # ops no counter could read (measure.ops.Uncounted.describe)
+    uncounted_ops: str = ""  # ops no counter could read (measure.counts.ops.Uncounted.describe)
     fused_path: str = ""  # fused ops the timed call ran, which the counts saw through
-    backend: str = ""  # the convolution implementations it ran (measure.ops.BACKENDS)
-    bytes: int | None = None  # read and written by one call (measure.traffic)
+    backend: str = ""  # the convolution implementations it ran (measure.counts.ops.BACKENDS)
+    bytes: int | None = None  # read and written by one call (measure.counts.traffic)
     bytes_method: str = ""  # "traced", or "none: <why>" when it could not be counted
-    ops: int | None = None  # aten ops one call dispatched, views excluded (measure.traffic)
+    ops: int | None = None  # aten ops one call dispatched, views excluded (measure.counts.traffic)
     product_bytes: int | None = None  # the part of bytes the matrix products moved
     bytes_analytic: float | None = None  # from the layer's traffic formula (forward only)
     kernels: str = ""  # products, kind@width:FLOPs:bytes; elementwise ops, ew.op:elements:bytes
-    counts_source: str = ""  # "traced", "cache" (measure.countcache) or "extended"
-    peak_bytes_method: str = ""  # "measured" at n, or "extended: <law>" (measure.extend)
+    counts_source: str = ""  # "traced", "cache" (measure.counts.countcache) or "extended"
+    peak_bytes_method: str = ""  # "measured" at n, or "extended: <law>" (measure.counts.extend)
     attempts: int | None = None  # workers that measured it: 2 when the first died in it
-    kernel_share: float | None = None  # the kernels' share of a call (measure.split)
+    kernel_share: float | None = None  # the kernels' share of a call (measure.timing.split)
     kernel_method: str = ""  # how it was read, or "none: <why>"
     died: bool = False  # its process died in it (not a column: the error says so)
-    time_method: str = ""  # what a sample timed (measure.gputimers)
-    sm_clock_max_mhz: float | None = None  # the device's maximum SM clock (measure.clocks)
+    time_method: str = ""  # what a sample timed (measure.timing.gputimers)
+    sm_clock_max_mhz: float | None = None  # the device's maximum SM clock (measure.timing.clocks)
 
     @property
     def sm_clock_mhz(self) -> float | None:

@@ -13,7 +13,7 @@ from torch import nn
 
 from attnbench.devices import DTYPES
 from attnbench.layers.registry import build_layer
-from attnbench.measure.structure import LayerBuilder
+from attnbench.measure.counts.structure import LayerBuilder
 from attnbench.spec import Case
 
 

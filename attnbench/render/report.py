@@ -17,7 +17,7 @@ import pandas as pd
 
 from attnbench.fits import LETTERS, Analysis
 from attnbench.fits.exponents import SETTLED_RULE
-from attnbench.measure.ops import fused_names
+from attnbench.measure.counts.ops import fused_names
 from attnbench.render.blocks import Block, to_html, to_markdown
 from attnbench.results.run import RunResults
 from attnbench.schema import METRIC

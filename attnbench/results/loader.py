@@ -19,9 +19,9 @@ import pandas as pd
 
 from attnbench.errors import AttnbenchError
 from attnbench.estimators import prior_of, quiet_level
-from attnbench.measure.clocks import median_clock, throttled_share
 from attnbench.measure.record import timing_columns
-from attnbench.measure.timing import TimingStats
+from attnbench.measure.timing.clocks import median_clock, throttled_share
+from attnbench.measure.timing.loop import TimingStats
 from attnbench.results.files import (
     CALIBRATION_FILE,
     RESULTS_FILE,

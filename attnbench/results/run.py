@@ -10,8 +10,8 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.measure.ceilings import Ceilings
-from attnbench.measure.ceilings_file import ceilings_from
+from attnbench.measure.machine.ceilings import Ceilings
+from attnbench.measure.machine.ceilings_file import ceilings_from
 from attnbench.measure.record import died_in
 from attnbench.results.record import RunRecord
 from attnbench.schema import CALIBRATION_COLUMNS, STATUSES, RunStatus, Status, numeric_column

@@ -17,7 +17,7 @@ from typing import Any
 from attnbench._version import __version__
 from attnbench.errors import AttnbenchError
 from attnbench.measure.record import CaseResult
-from attnbench.measure.timing import TimingStats
+from attnbench.measure.timing.loop import TimingStats
 from attnbench.results.files import (
     CALIBRATION_FILE,
     RESULTS_FILE,

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.errors import AttnbenchError
-from attnbench.measure.allocator import run_state
-from attnbench.measure.calibration import Calibration
-from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
-from attnbench.measure.faults import fault_cost_s
+from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
+from attnbench.measure.timing.allocator import run_state
+from attnbench.measure.timing.calibration import Calibration
+from attnbench.measure.timing.faults import fault_cost_s
 from attnbench.results.files import new_out_dir, prepare_out_dir
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
@@ -153,7 +153,7 @@ def run_ab(
         clusters = {side: executors[side].start(grids[side]) for side in SIDES}
         environments = {side: executors[side].environment(grids[side].device) for side in SIDES}
         writers = {}
-        cost = fault_cost_s()  # what one page fault costs here (measure.faults)
+        cost = fault_cost_s()  # what one page fault costs here (measure.timing.faults)
         for side in SIDES:
             grid = grids[side]
             writer = ResultsWriter.create(

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from attnbench.devices import device_kind
 from attnbench.layers.registry import entry
-from attnbench.measure import countcache, extend
-from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
+from attnbench.measure.counts import countcache, extend
+from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.regime import REGIME_SIZES
 from attnbench.run.rounds import ROUND_PROCESS_S, ROUND_WARMUP_S, round_policy
 from attnbench.spec import MORE_PROCESSES, Case, Grid
@@ -46,7 +46,8 @@ def tracing_seconds(
 
 
 def in_cache(case: Case, seed: int, counting: Counting = DEFAULT_COUNTING) -> bool:
-    """Whether a case's counts would be read from the count cache (``measure.countcache``)."""
+    """Whether a case's counts would be read from the count cache
+    (``measure.counts.countcache``)."""
     return countcache.read(case, seed, enabled=counting.cache) is not None
 
 

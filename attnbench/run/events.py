@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from attnbench.measure.record import CaseResult
-from attnbench.measure.timing import TimingStats
+from attnbench.measure.timing.loop import TimingStats
 from attnbench.results.run import RunResults
 from attnbench.run.executors.base import Placement
 from attnbench.spec import Case, Grid

@@ -29,10 +29,10 @@ from attnbench.estimators import (
     prior_of,
     quiet_level,
 )
-from attnbench.measure.calibration import Calibration
-from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
+from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import DIED_ERROR, WORKER_DIED_ERROR, CaseResult
-from attnbench.measure.timing import DEFAULT_POLICY, TimingPolicy, TimingStats
+from attnbench.measure.timing.calibration import Calibration
+from attnbench.measure.timing.loop import DEFAULT_POLICY, TimingPolicy, TimingStats
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
 from attnbench.run.auto import AutoPlan

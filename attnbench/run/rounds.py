@@ -6,7 +6,7 @@ will cost) and the size guard (how long a sweep should take).
 
 from __future__ import annotations
 
-from attnbench.measure.timing import DEFAULT_POLICY, TimingPolicy, TimingStats
+from attnbench.measure.timing.loop import DEFAULT_POLICY, TimingPolicy, TimingStats
 from attnbench.spec import MORE_PROCESSES, Grid
 
 # What a round's process times before its first sample, past the layer's first call: a fresh

@@ -22,12 +22,12 @@ import torch
 
 from attnbench.errors import AttnbenchError, SweepInterrupted, first_line
 from attnbench.layers import plugins
-from attnbench.measure.allocator import run_state
-from attnbench.measure.calibration import DEFAULT_CALIBRATION, Calibration
-from attnbench.measure.ceilings_file import cache_dir, ceilings_cached, machine_ceilings
-from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
-from attnbench.measure.faults import fault_cost_s
-from attnbench.measure.timing import Clock, TimingPolicy
+from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
+from attnbench.measure.machine.ceilings_file import cache_dir, ceilings_cached, machine_ceilings
+from attnbench.measure.timing.allocator import run_state
+from attnbench.measure.timing.calibration import DEFAULT_CALIBRATION, Calibration
+from attnbench.measure.timing.faults import fault_cost_s
+from attnbench.measure.timing.loop import Clock, TimingPolicy
 from attnbench.results.environment import changes, resume_keys
 from attnbench.results.files import default_out_dir, new_out_dir, now_iso
 from attnbench.results.loader import load_results
@@ -92,7 +92,7 @@ def run_sweep(
             cluster=cluster,
             layers=grid.sources(),
             allocator=run_state(cluster.get("workers", [])),
-            fault_cost_s=cost,  # what one page fault costs here (measure.faults)
+            fault_cost_s=cost,  # what one page fault costs here (measure.timing.faults)
             count_cache={"enabled": counting.cache, "folder": str(cache_dir() / "counts")},
         )
         writer.record_theories(record(grid))

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from attnbench.measure.calibration import Calibration
-from attnbench.measure.countcache import DEFAULT_COUNTING, Counting
+from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import CaseResult
-from attnbench.measure.timing import TimingPolicy, TimingStats
+from attnbench.measure.timing.calibration import Calibration
+from attnbench.measure.timing.loop import TimingPolicy, TimingStats
 from attnbench.spec import Case, Grid
 
 

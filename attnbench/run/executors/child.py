@@ -109,7 +109,7 @@ def _preload() -> None:
 
 
 def _worker(message: dict[str, Any]) -> Worker:
-    from attnbench.measure.allocator import DEFAULT_ALLOCATOR
+    from attnbench.measure.timing.allocator import DEFAULT_ALLOCATOR
     from attnbench.run.executors.worker import Worker
 
     return Worker(

@@ -26,7 +26,7 @@ from attnbench._version import __version__
 from attnbench.devices import DEVICE_CHOICES, check_dtype
 from attnbench.errors import AttnbenchError
 from attnbench.layers import plugins
-from attnbench.measure.allocator import DEFAULT_ALLOCATOR
+from attnbench.measure.timing.allocator import DEFAULT_ALLOCATOR
 from attnbench.results.environment import environment
 from attnbench.results.files import now_iso
 from attnbench.run.executors.base import Job, JobDone, Placement, Take

@@ -11,7 +11,7 @@ import torch
 from attnbench.devices import local_device
 from attnbench.errors import AttnbenchError
 from attnbench.layers import plugins
-from attnbench.measure.timing import Clock
+from attnbench.measure.timing.loop import Clock
 from attnbench.results.environment import environment
 from attnbench.run.executors.base import JobDone, Take
 from attnbench.run.executors.worker import Worker

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from typing import Any
 
-from attnbench.measure.calibration import Calibration
-from attnbench.measure.countcache import Counting
+from attnbench.measure.counts.countcache import Counting
 from attnbench.measure.record import CaseResult
-from attnbench.measure.timing import Stop, TimingPolicy, TimingStats
+from attnbench.measure.timing.calibration import Calibration
+from attnbench.measure.timing.loop import Stop, TimingPolicy, TimingStats
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.executors.fresh import Ending, Outcome
 from attnbench.schema import Status

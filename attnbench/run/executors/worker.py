@@ -18,13 +18,13 @@ import torch
 from attnbench._version import __version__
 from attnbench.devices import device_name, device_sync, set_threads
 from attnbench.layers.registry import entry
-from attnbench.measure.allocator import DEFAULT_ALLOCATOR, set_allocator
-from attnbench.measure.calibration import Calibration
 from attnbench.measure.case import measure_case, retime_case
-from attnbench.measure.faults import FaultCounter, fault_counter
-from attnbench.measure.instructions import InstructionCounter
+from attnbench.measure.counts.instructions import InstructionCounter
 from attnbench.measure.step import release_memory
-from attnbench.measure.timing import Clock, TimingStats
+from attnbench.measure.timing.allocator import DEFAULT_ALLOCATOR, set_allocator
+from attnbench.measure.timing.calibration import Calibration
+from attnbench.measure.timing.faults import FaultCounter, fault_counter
+from attnbench.measure.timing.loop import Clock, TimingStats
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.schema import Status
 

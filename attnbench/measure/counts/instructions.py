@@ -11,7 +11,7 @@ CPU model executes the same instructions (to about 0.2% here), whatever else the
 Calls are counted on one thread, as torch.utils.benchmark counts them: the spinning of a thread
 pool would add instructions that depend on timing.
 
-    python -m attnbench.measure.counter   (started by InstructionCounter, under Valgrind)
+    python -m attnbench.measure.counts.counter   (started by InstructionCounter, under Valgrind)
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from typing import Any, cast
 import torch
 
 from attnbench.errors import AttnbenchError
-from attnbench.measure.allocator import DEFAULT_ALLOCATOR
+from attnbench.measure.timing.allocator import DEFAULT_ALLOCATOR
 from attnbench.spec import Case
 
 # Where the counter asked Callgrind to write its dumps (--callgrind-out-file=$DIR/cg.%p).
 DUMP_DIR_ENV = "ATTNBENCH_CALLGRIND_DIR"
-COUNTER = "attnbench.measure.counter"  # the program the counting process runs
+COUNTER = "attnbench.measure.counts.counter"  # the program the counting process runs
 DUMP_PREFIX = "cg"
 CALLS_PER_BLOCK = 10
 BLOCKS = 3

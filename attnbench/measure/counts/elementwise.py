@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from attnbench.measure.ops import (
+from attnbench.measure.counts.ops import (
     COMBINE,
     ObservingMode,
     elementwise_kind,

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import torch
 
-from attnbench.measure.timing import Clock
+from attnbench.measure.timing.loop import Clock
 
 T = TypeVar("T")
 CALLS = 7  # calls each side of a round: about 2 ms on a 2-core CPU

@@ -21,9 +21,9 @@ import torch
 
 from attnbench.devices import device_name
 from attnbench.errors import AttnbenchError
-from attnbench.measure import rates
-from attnbench.measure.ceilings import CALL_CURVES, CEILING_KEYS, RATE_CURVES, Ceilings
-from attnbench.measure.machine import PASSES, measure_ceilings
+from attnbench.measure.machine import rates
+from attnbench.measure.machine.ceilings import CALL_CURVES, CEILING_KEYS, RATE_CURVES, Ceilings
+from attnbench.measure.machine.probes import PASSES, measure_ceilings
 from attnbench.storage import write_text_atomic
 
 # Files from before the rate curves gave a convolution's and a fused attention's single rate;

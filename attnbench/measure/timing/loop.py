@@ -26,7 +26,7 @@ from attnbench.estimators import (
     median_ci,
     rel_ci,
 )
-from attnbench.measure.faults import FaultCounter
+from attnbench.measure.timing.faults import FaultCounter
 from attnbench.schema import Timer
 
 Clock = Callable[[], float]  # returns seconds
@@ -73,7 +73,8 @@ class TimingStats:
     # The device's SM clock read after each sample, MHz (None: not read, as on the CPU).
     clocks_mhz: tuple[float | None, ...] | None = None
     rounds: tuple[int, ...] | None = None  # each sample's timing round (None: all one round)
-    # Each sample's round's machine reference (``measure.reference``, seconds; None: not read),
+    # Each sample's round's machine reference (``measure.timing.reference``, seconds; None: not
+    # read),
     # and the run's quiet level of it: rounds read disturbed are left out of the estimate.
     references_s: tuple[float | None, ...] | None = None
     quiet_s: float | None = None

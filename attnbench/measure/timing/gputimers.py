@@ -29,16 +29,16 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from attnbench.errors import first_line
-from attnbench.measure.clocks import clock_probe
-from attnbench.measure.faults import FaultCounter
-from attnbench.measure.split import KernelSplit, kernel_split, split_of
-from attnbench.measure.timing import (
+from attnbench.measure.timing.clocks import clock_probe
+from attnbench.measure.timing.faults import FaultCounter
+from attnbench.measure.timing.loop import (
     Clock,
     TimingPolicy,
     TimingStats,
     sample_until,
     time_call,
 )
+from attnbench.measure.timing.split import KernelSplit, kernel_split, split_of
 from attnbench.schema import Timer
 
 GRAPH_S = 1e-3  # a graph holds enough calls for one replay to run about this long
@@ -129,8 +129,8 @@ def device_split(
     *,
     timers: DeviceTimers | None = None,
 ) -> KernelSplit:
-    """A call's split into kernels and overhead (``measure.split``). On CUDA the kernels' time is
-    that of a CUDA graph of the call, its replays timed back to back: the kernels the call
+    """A call's split into kernels and overhead (``measure.timing.split``). On CUDA the kernels'
+    time is that of a CUDA graph of the call, its replays timed back to back: the kernels the call
     runs, without the host's Python, dispatch and launches. Where the call cannot be captured,
     the profiler's busy time of the device is taken (``kernel_split``); elsewhere the
     profiler's split is the only one. A time ``timed`` from graph replays (its ``time_method``)

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 
 from attnbench.errors import first_line
-from attnbench.measure.elementwise import ElementCounter
-from attnbench.measure.flops import FlopCount, FlopCounter, formulas
+from attnbench.measure.counts.elementwise import ElementCounter
+from attnbench.measure.counts.flops import FlopCount, FlopCounter, formulas
+from attnbench.measure.counts.ops import Args, Kw, TracingMode, unfused
+from attnbench.measure.counts.structure import PATH_NONE, _ChainTracer
+from attnbench.measure.counts.traffic import Traffic, TrafficCounter
 from attnbench.measure.memory import is_out_of_memory
-from attnbench.measure.ops import Args, Kw, TracingMode, unfused
-from attnbench.measure.structure import PATH_NONE, _ChainTracer
-from attnbench.measure.traffic import Traffic, TrafficCounter
 
 # The counts a failure leaves empty; a failing FLOP count fails the case, as it always has.
 GUARDED = ("elementwise", "traffic", "steps")

@@ -50,7 +50,7 @@ class TracingMode(TorchDispatchMode):
 class ObservingMode(TracingMode):
     """A counter that runs each op and then observes it (``observe``): the counters of FLOPs,
     elementwise work, bytes and chains, each used alone or several at once by
-    ``measure.census``."""
+    ``measure.counts.census``."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Args = (), kwargs: Kw = None) -> Any:
         kwargs = kwargs or {}

@@ -33,8 +33,8 @@ import torch
 from torch.autograd import DeviceType  # type: ignore[attr-defined]  # exported, not declared
 from torch.autograd.profiler import profile, record_function
 
-from attnbench.measure.ops import ALIASES, is_view
-from attnbench.measure.timing import TimingPolicy, TimingStats
+from attnbench.measure.counts.ops import ALIASES, is_view
+from attnbench.measure.timing.loop import TimingPolicy, TimingStats
 from attnbench.schema import Timer
 
 Clock = Callable[[], float]

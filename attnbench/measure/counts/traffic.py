@@ -33,9 +33,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from attnbench.measure.elementwise import elements_of
-from attnbench.measure.flops import formulas
-from attnbench.measure.ops import (
+from attnbench.measure.counts.elementwise import elements_of
+from attnbench.measure.counts.flops import formulas
+from attnbench.measure.counts.ops import (
     FUSED_ATTENTION,
     ObservingMode,
     moves_data,

@@ -1,7 +1,7 @@
 """The counting process: run under Callgrind by ``InstructionCounter``, it counts the calls of
 each case it is asked for, one JSON line each way, until its input ends.
 
-    valgrind --tool=callgrind --instr-atstart=no ... python -m attnbench.measure.counter
+    valgrind --tool=callgrind --instr-atstart=no ... python -m attnbench.measure.counts.counter
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import torch
 
 from attnbench.errors import first_line
 from attnbench.layers import plugins
-from attnbench.measure.allocator import DEFAULT_ALLOCATOR, set_allocator
-from attnbench.measure.instructions import CALLS_PER_BLOCK, Callgrind
+from attnbench.measure.counts.instructions import CALLS_PER_BLOCK, Callgrind
 from attnbench.measure.step import make_step
+from attnbench.measure.timing.allocator import DEFAULT_ALLOCATOR, set_allocator
 from attnbench.spec import Case
 
 

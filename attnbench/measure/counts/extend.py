@@ -28,11 +28,11 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from attnbench.layers.registry import entry
-from attnbench.measure.countcache import Counts, Profile
-from attnbench.measure.laws import fit_law
+from attnbench.measure.counts.countcache import Counts, Profile
+from attnbench.measure.counts.laws import fit_law
+from attnbench.measure.counts.ops import RECURRENT_OPS
+from attnbench.measure.counts.traffic import format_kernels, parse_kernels
 from attnbench.measure.memory import is_out_of_memory
-from attnbench.measure.ops import RECURRENT_OPS
-from attnbench.measure.traffic import format_kernels, parse_kernels
 from attnbench.provenance import Provenance, Source
 from attnbench.spec import Case
 
@@ -42,7 +42,7 @@ EXTENDED = (
 PROBES = (8, 16, 32, 64)  # traced lengths: the law through the first three, proven on the last
 EXTEND_ABOVE_STEPS = 256  # extend a plugin's case only where the probes' law gives more steps
 # The counts a law carries from the probes to n (uncounted_ops must be empty; path length
-# has its own probes in measure.structure).
+# has its own probes in measure.counts.structure).
 NUMBERS = ("flops", "seq_steps", "elementwise", "bytes", "product_bytes")
 METHODS = {
     "seq_steps": "seq_steps_method",

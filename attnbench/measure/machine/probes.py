@@ -1,5 +1,5 @@
 """Measuring a device's ceilings: a large GEMM, a STREAM-like copy, one tiny op, a page
-fault, and the rate curves of narrow products and elementwise ops (``measure.rates``).
+fault, and the rate curves of narrow products and elementwise ops (``measure.machine.rates``).
 
 Each is the fastest sample of a timed run (``time_call``), as STREAM reports its best trial: a
 neighbour on a shared machine only ever slows a sample. A test drives the arithmetic with a
@@ -24,13 +24,13 @@ from attnbench.devices import (
     for_kind,
     set_threads,
 )
-from attnbench.measure import rates
-from attnbench.measure.allocator import release_freed
-from attnbench.measure.ceilings import Ceilings
-from attnbench.measure.faults import fault_cost_s
-from attnbench.measure.ops import recording_fused
-from attnbench.measure.rates import KernelTimer
-from attnbench.measure.timing import Clock, TimingPolicy, time_call
+from attnbench.measure.counts.ops import recording_fused
+from attnbench.measure.machine import rates
+from attnbench.measure.machine.ceilings import Ceilings
+from attnbench.measure.machine.rates import KernelTimer
+from attnbench.measure.timing.allocator import release_freed
+from attnbench.measure.timing.faults import fault_cost_s
+from attnbench.measure.timing.loop import Clock, TimingPolicy, time_call
 
 # Each kernel is timed in each of PASSES passes, for its min_time, and its fastest sample
 # kept (benchmarks/ceilings_check.py --policies measures the choice).

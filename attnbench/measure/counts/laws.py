@@ -1,8 +1,9 @@
 """Exact laws through traced counts: the polynomial of degree 2 at most through three (n, count)
 points, in rational arithmetic, trusted only where it reproduces every further point.
 
-``measure.extend`` extends a long recurrent case's counts by it, and ``measure.rates`` a long
-fused-LSTM call's FLOPs; this module depends on nothing, so both can.
+``measure.counts.extend`` extends a long recurrent case's counts by it, and
+``measure.machine.rates`` a long fused-LSTM call's FLOPs; this module depends on nothing, so both
+can.
 """
 
 from __future__ import annotations

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from attnbench.devices import for_kind
-from attnbench.measure.flops import count_flops
-from attnbench.measure.laws import Law
-from attnbench.measure.ops import unfused
-from attnbench.measure.timing import TimingPolicy
+from attnbench.measure.counts.flops import count_flops
+from attnbench.measure.counts.laws import Law
+from attnbench.measure.counts.ops import unfused
+from attnbench.measure.timing.loop import TimingPolicy
 
 # Each op by its aten name (trailing "_" of in-place variants dropped, as ``kernels`` writes
 # it), as a call on x and y (rows, 256), a boolean mask of x's shape: the elements it computes

@@ -15,7 +15,8 @@
 - ``recurrent_rates``, ``recurrent_call_s``: a fused LSTM kernel's FLOP/s by width, and the
   seconds each of its calls costs beyond its steps.
 
-Measured by ``measure.machine``, cached and read from files by ``measure.ceilings_file``.
+Measured by ``measure.machine.probes``, cached and read from files by
+``measure.machine.ceilings_file``.
 """
 
 from __future__ import annotations

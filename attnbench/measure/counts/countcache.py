@@ -32,7 +32,7 @@ import torch
 from attnbench.devices import cpu_model
 from attnbench.errors import AttnbenchError
 from attnbench.layers.registry import entry
-from attnbench.measure.ceilings_file import cache_dir
+from attnbench.measure.machine.ceilings_file import cache_dir
 from attnbench.spec import Case
 from attnbench.storage import write_text_atomic
 
@@ -89,7 +89,7 @@ DEFAULT_COUNTING = Counting()  # from Python: every count traced, long recurrenc
 def package_digest() -> str:
     """sha256 of every attnbench source file, in path order: any change to a counter or a
     built-in layer changes every key."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())
@@ -128,7 +128,7 @@ def _path(found: str, folder: Path | None) -> Path:
     return (folder or cache_dir()) / "counts" / found[:2] / f"{found}.json"
 
 
-# The role of an entry traced at a probe length for a longer case's law (``measure.extend``):
+# The role of an entry traced at a probe length for a longer case's law (``measure.counts.extend``):
 # kept apart from the entry of a case of that length (which also holds its path length), and
 # shared by every long case of the same layer, d and options.
 PROBE = "probe"

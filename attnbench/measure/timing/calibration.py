@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from attnbench.measure.timing import Clock, TimingPolicy, TimingStats, time_call
+from attnbench.measure.timing.loop import Clock, TimingPolicy, TimingStats, time_call
 
 # Three short blocks: about 6 ms per case on a 2-core CPU (one 512^3 GEMM each), 3% of a
 # default sweep. The run's calibration is the median over every case's samples (hundreds),

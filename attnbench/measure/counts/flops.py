@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils import flop_counter
 
-from attnbench.measure.ops import (
+from attnbench.measure.counts.ops import (
     ObservingMode,
     Uncounted,
     elements_touched,
@@ -106,7 +106,8 @@ class FlopCounter(ObservingMode):
         self.uncounted = Uncounted({})
 
     def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        """Count one op that ran (``measure.census`` calls this for several counters at once)."""
+        """Count one op that ran (``measure.counts.census`` calls this for several counters at
+        once)."""
         formula = self.formulas.get(func._overloadpacket)
         if formula is not None:
             self.total += int(formula(*args, **kwargs, out_val=out))

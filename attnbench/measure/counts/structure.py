@@ -39,9 +39,9 @@ from torch import nn
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from attnbench.devices import available_bytes
+from attnbench.measure.counts.ops import ObservingMode, is_view, tensors, unfused
+from attnbench.measure.counts.patterns import BlockBand, shape_of
 from attnbench.measure.memory import peak_bytes
-from attnbench.measure.ops import ObservingMode, is_view, tensors, unfused
-from attnbench.measure.patterns import BlockBand, shape_of
 from attnbench.provenance import Source
 
 PATH_MEASURE_MAX = 64  # measure the dependency pattern directly up to this length
