@@ -318,6 +318,6 @@ def test_a_time_taken_from_graph_replays_is_not_split_again() -> None:
                                "cuda:0", clock=clock, timers=device)  # fmt: skip
     captured = list(device.captured)
     found = gputimers.device_split(device.call, "cuda:0", timed.stats.median_s, clock=clock,
-                                   timed=timed.method, timers=device)  # fmt: skip
+                                   replays=timed.replays, timers=device)  # fmt: skip
     assert device.captured == captured  # no graph captured again
     assert found.share == 1.0 and found.kernel_s == timed.stats.median_s

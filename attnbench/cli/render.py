@@ -24,8 +24,9 @@ from rich.table import Table
 
 from attnbench._version import __version__
 from attnbench.compare import Comparison
+from attnbench.compare.verdicts import IMPROVEMENT, REGRESSION
 from attnbench.measure.timing.loop import TimingStats
-from attnbench.render.verdicts import display_table
+from attnbench.render.verdicts import display_table, row_marks
 from attnbench.run.ab import ABStart, describe_sides
 from attnbench.run.events import ProgressEvent, SweepStart
 from attnbench.schema import Status, fmt_int
@@ -296,14 +297,13 @@ def comparison_table(comparison: Comparison, gate: str, console: Console) -> Non
     for column in frame.columns:
         justify = "left" if column in ("layer", "time", "exact") else "right"
         grid.add_column(column, justify=justify)  # type: ignore[arg-type]  # rich types justify as a Literal; these are its values
-    for row in frame.itertuples(index=False):
+    for row, mark in zip(frame.itertuples(index=False), row_marks(comparison), strict=True):
         cells = [escape(str(v)) for v in row]
-        verdict = str(row.time)
-        if verdict.startswith("REGRESSION"):
+        if mark.time == REGRESSION:
             cells[-2] = f"[bold red]{cells[-2]}[/]"
-        elif verdict == "improvement":
+        elif mark.time == IMPROVEMENT:
             cells[-2] = f"[green]{cells[-2]}[/]"
-        if "!" in str(row.exact):
+        if mark.exact_regressed:
             cells[-1] = f"[bold red]{cells[-1]}[/]"
         grid.add_row(*cells)
     console.print(grid)

@@ -8,6 +8,7 @@ half of the sizes, and exact counts (FLOPs, steps, path length) on all of them.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -236,14 +237,38 @@ def settled_line(line: pd.DataFrame, along: str, work: pd.Series) -> pd.DataFram
     return line[line[along].isin(sizes)] if sizes else None
 
 
-def range_rule(metric: str, overhead: float | None, settled: bool = False) -> str:
+class RangeKind(enum.StrEnum):
+    """Which sizes an exponent was fitted on."""
+
+    EXACT = "exact"  # every size: an exact count
+    SETTLED = "settled"  # where the rate settled (``regime``)
+    OVERHEAD = "overhead"  # where the fitted overhead is under half the time
+    UPPER_HALF = "upper half"  # the upper half of the sizes
+
+
+class RangeRule(str):
+    """A range rule: the words the exponent table carries (``fit --json``, the report), and
+    its ``kind``, which is what code reads."""
+
+    kind: RangeKind
+
+    def __new__(cls, kind: RangeKind, text: str) -> RangeRule:
+        rule = super().__new__(cls, text)
+        rule.kind = kind
+        return rule
+
+
+def range_rule(metric: str, overhead: float | None, settled: bool = False) -> RangeRule:
     if not METRIC[metric].overheads:
-        return "all sizes (exact count)"
+        return RangeRule(RangeKind.EXACT, "all sizes (exact count)")
     if settled:
-        return SETTLED_RULE
+        return RangeRule(RangeKind.SETTLED, SETTLED_RULE)
     if overhead is None:
-        return "upper half of sizes"
-    return f"sizes where the fitted overhead {overhead * 1e6:.0f} µs is under half the time"
+        return RangeRule(RangeKind.UPPER_HALF, "upper half of sizes")
+    return RangeRule(
+        RangeKind.OVERHEAD,
+        f"sizes where the fitted overhead {overhead * 1e6:.0f} µs is under half the time",
+    )
 
 
 def exponent_table(

@@ -113,9 +113,9 @@ def measure_case(
         split: tuple[KernelSplit | None, str] = (None, "")
         if timed is not None:
             timing, time_method, instructions = timed.stats, timed.method, None
-            median, ops, method = timing.median_s, memory.ops, timed.method
+            median, ops, replays = timing.median_s, memory.ops, timed.replays
             split = auxiliary(
-                lambda: device_split(step, case.device, median, ops, clock, sync, method)
+                lambda: device_split(step, case.device, median, ops, clock, sync, replays)
             )
         else:  # counted in its own process, under Callgrind
             timing, time_method = None, ""

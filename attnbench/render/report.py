@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.fits import LETTERS, Analysis
-from attnbench.fits.exponents import SETTLED_RULE
+from attnbench.fits.exponents import RangeKind, RangeRule
 from attnbench.measure.counts.ops import fused_names
 from attnbench.render.blocks import Block, to_html, to_markdown
 from attnbench.results.run import RunResults
@@ -198,13 +198,17 @@ SPLIT_NOTE = (
 )
 
 
-def _where(rule: str) -> str:
+_WHERE = {
+    RangeKind.SETTLED: "rate settled",
+    RangeKind.OVERHEAD: "overhead < half",
+    RangeKind.EXACT: "every size",
+    RangeKind.UPPER_HALF: "upper half",
+}
+
+
+def _where(rule: RangeRule) -> str:
     """The sizes an exponent was fitted on, in a word or two (``fits.range_rule``)."""
-    if rule == SETTLED_RULE:
-        return "rate settled"
-    if rule.startswith("sizes where the fitted overhead"):
-        return "overhead < half"
-    return "every size" if rule.startswith("all sizes") else "upper half"
+    return _WHERE[rule.kind]
 
 
 def machine_display(analysis: Analysis) -> pd.DataFrame:

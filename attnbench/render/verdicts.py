@@ -62,6 +62,29 @@ def _amount(metric: str, value: float) -> str:
     return fmt_bytes(value) if METRIC[metric].unit == "bytes" else fmt_count(value)
 
 
+@dataclass(frozen=True)
+class RowMark:
+    """How a terminal marks one row of ``display_table``: its time's verdict and whether an
+    exact count regressed, read from the comparison, never from the row's words."""
+
+    time: str  # REGRESSION, IMPROVEMENT, or another verdict
+    exact_regressed: bool = False
+
+
+def row_marks(comparison: Comparison) -> list[RowMark]:
+    """One mark per row of ``display_table``, in its order (the OVERALL row last)."""
+    counts = comparison.counts
+    regressed = set(counts.loc[counts["verdict"] == REGRESSION, "case_id"])
+    marks = []
+    for r in comparison.times.itertuples():
+        worse = REGRESSION in (r.verdict, r.status_verdict)
+        healthy = r.status_base == Status.OK and r.status_new == Status.OK
+        time = REGRESSION if worse else (r.verdict if healthy else NOT_COMPARED)
+        marks.append(RowMark(str(time), r.case_id in regressed))
+    marks.append(RowMark(str(comparison.overall_verdict.verdict)))
+    return marks
+
+
 def count_changes(comparison: Comparison, case_id: str) -> str:
     """The exact metrics of one case in a few words: "same", or what moved and by how much."""
     rows = comparison.counts[comparison.counts["case_id"] == case_id]

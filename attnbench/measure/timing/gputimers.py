@@ -74,6 +74,7 @@ class Timed:
 
     stats: TimingStats
     method: str
+    replays: bool = False  # the samples are CUDA graph replays: the call's kernels alone
 
 
 def time_step(
@@ -109,7 +110,7 @@ def time_step(
         stats = time_call(replay, policy, clock=clock, sync=sync, read_clock=read_clock).per_call(
             calls
         )
-        return Timed(stats, f"{REPLAYS_METHOD}, {calls} call(s) a graph")
+        return Timed(stats, f"{REPLAYS_METHOD}, {calls} call(s) a graph", replays=True)
     found = _events(fn, policy, timers, cold=True, clock=clock, sync=sync, read_clock=read_clock)
     return Timed(found.stats, f"cold: {found.method}")
 
@@ -125,7 +126,7 @@ def device_split(
     ops: int | None = None,
     clock: Clock = time.perf_counter,
     sync: Callable[[], None] = lambda: None,
-    timed: str = "",
+    replays: bool = False,
     *,
     timers: DeviceTimers | None = None,
 ) -> KernelSplit:
@@ -133,9 +134,9 @@ def device_split(
     time is that of a CUDA graph of the call, its replays timed back to back: the kernels the call
     runs, without the host's Python, dispatch and launches. Where the call cannot be captured,
     the profiler's busy time of the device is taken (``kernel_split``); elsewhere the
-    profiler's split is the only one. A time ``timed`` from graph replays (its ``time_method``)
+    profiler's split is the only one. A time taken from graph ``replays`` (``Timed.replays``)
     is the kernels' time itself: it is not taken again."""
-    if timed.startswith(REPLAYS_METHOD):  # the time was taken from graph replays already
+    if replays:  # the time was taken from graph replays already
         return KernelSplit(1.0, call_s, call_s, 0, "the timed CUDA graph replays themselves")
     if device.startswith("cuda"):
         timers = timers if timers is not None else cuda_timers(device)
