@@ -383,7 +383,7 @@ def test_the_time_chart_of_every_layer_has_a_panel_per_kin(wide_run):
     fig = build_charts(many, analyse(many, layers=None), ["time"])["time"]
     axes = fig.get_axes()
     titles = [ax.get_title() for ax in axes]
-    assert titles[0] == "the chapter's table · d = 8" and len(axes) == 2 * 5
+    assert titles[0].splitlines()[0] == "the chapter's table · d = 8" and len(axes) == 2 * 5
     first = {line.get_label().split()[0] for line in solid(axes[0])}
     assert first == {"conv", "rnn", "attention"}
     attention = axes[titles.index("self-attention · d = 16")]
@@ -394,4 +394,19 @@ def test_the_time_chart_of_every_layer_has_a_panel_per_kin(wide_run):
         "attention-linear",
     }
     assert all(ax.get_shared_y_axes().joined(axes[0], ax) for ax in axes)
-    assert "dashed: fitted cost model" in fig.get_suptitle()
+    assert "dashed: fitted cost model" in fig.get_suptitle()  # the grid is full: the key there
+    one_d = dataclasses.replace(many, frame=many.frame[many.frame.d == 8])
+    fig = build_charts(one_d, analyse(one_d), ["time"])["time"]
+    *panels, key = fig.get_axes()  # five panels three a row, and the key in the sixth cell
+    assert len(panels) == 5 and not key.axison
+    assert panels[0].get_title().splitlines() == [
+        "the chapter's table",
+        "conv O(k n d²), rnn O(n d²), attention O(n² d)",
+    ]
+    texts = [t.get_text() for t in key.get_legend().get_texts()]
+    assert texts[:3] == [
+        "the median time per call",
+        "its samples' quartiles",
+        "the layer's fitted cost model",
+    ]
+    assert "dashed" not in fig.get_suptitle()

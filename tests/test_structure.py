@@ -474,3 +474,28 @@ def test_a_pattern_that_would_not_fit_is_stated_not_measured_and_the_rest_is_kep
 
     value, method = auxiliary(lambda: path_length(lambda n: build_layer("attention", D), 64, D))
     assert value is None and method.startswith("none: PatternTooCostly: the dependency pattern")
+
+
+def test_the_probe_cache_is_bounded_and_keyed_by_the_layers_code(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A second sweep in the same process reads only what the same code gave: a builder's key
+    names the layer's source; and the oldest answers go once the cache holds its size."""
+    from dataclasses import replace
+
+    from attnbench.layers.registry import REGISTRY
+    from attnbench.measure.step import layer_builder
+    from attnbench.spec import build_grid
+
+    case = build_grid({"layers": "conv", "n": [16], "d": [8], "device": "cpu"}).cases()[0]
+    before = layer_builder(case, 0).key
+    entry = REGISTRY["conv"]
+    monkeypatch.setitem(REGISTRY, "conv", replace(entry, source=replace(entry.source, digest="x")))
+    assert layer_builder(case, 0).key != before  # the same name, other code: another key
+    monkeypatch.setattr(structure, "_PROBE_CACHE", type(structure._PROBE_CACHE)())
+    monkeypatch.setattr(structure, "PROBE_CACHE_SIZE", 2)
+    computed = []
+    for tag in ("a", "b", "a", "c", "b"):
+        builder = structure.LayerBuilder(lambda n: nn.Identity(), tag)
+        structure._cached("route", builder, 8, (4,), lambda t=tag: computed.append(t) or t)
+    # "a" was read again before "c" came, so "b" went first; "b" is computed again at the end
+    assert computed == ["a", "b", "c", "b"]
+    assert list(structure._PROBE_CACHE) == [("route", "c", 8, (4,)), ("route", "b", 8, (4,))]

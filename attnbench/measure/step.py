@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from attnbench.devices import DTYPES
-from attnbench.layers.registry import build_layer
+from attnbench.layers.registry import build_layer, entry
 from attnbench.measure.counts.structure import LayerBuilder
 from attnbench.spec import Case
 
@@ -74,13 +74,14 @@ def make_step(case: Case, seed: int) -> Step:
 
 def layer_builder(case: Case, seed: int) -> LayerBuilder:
     """Builds the case's layer for any length n (for path-length probes), keyed by its layer,
-    options and seed."""
+    its code (the source it was registered from: a plugin registered again with other code
+    under the same name is another layer), options and seed."""
     options = case.layer_options()
 
     def build(n: int) -> nn.Module:
         return build_layer(case.layer, case.d, seed=seed, **{**options, "n": n})
 
-    return LayerBuilder(build, (case.layer, case.options, seed))
+    return LayerBuilder(build, (case.layer, entry(case.layer).source, case.options, seed))
 
 
 def release_memory(device: str) -> None:

@@ -39,6 +39,7 @@ from attnbench.render.style import (
     legend,
     log_axes,
     panels,
+    spare_cell,
 )
 from attnbench.results.run import RunResults
 from attnbench.schema import METRICS, Metric, numeric_column
@@ -132,6 +133,50 @@ def _small_multiples(
     return fig, [(fixed, panel, ax) for ax, (fixed, panel) in zip(axes, flat, strict=True)]
 
 
+def _claim(analysis: Analysis, panel: Panel) -> str:
+    """The chapter's orders of a panel's layers, as its table states them:
+    "conv O(k n d^2), rnn O(n d^2), attention O(n^2 d)"."""
+    orders = []
+    for layer in panel.layers:
+        known = analysis.layers.get(layer)
+        theory = known.theory if known is not None else None
+        if theory is not None:
+            orders.append(f"{layer} {theory.complexity.replace('^2', '²')}")
+    return ", ".join(orders)
+
+
+def _time_key(cell: Axes, models: bool, kernels: bool) -> None:
+    """How to read a panel of the time chart, drawn in a spare cell of its grid."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    grey = "0.3"
+    entries: list[tuple[Any, str]] = [
+        (Line2D([], [], color=grey, marker="o", lw=1.2), "the median time per call"),
+        (Patch(color=grey, alpha=0.18, lw=0), "its samples' quartiles"),
+    ]
+    if models:
+        entries.append((Line2D([], [], color=grey, ls="--", lw=1), "the layer's fitted cost model"))
+    if kernels:
+        entries += [
+            (Line2D([], [], color=grey, ls=":", lw=1.2), "the kernels' time alone"),
+            (
+                Line2D([], [], color=grey, marker="o", ls="none", markerfacecolor="white"),
+                "overhead-bound: kernels under half the time",
+            ),
+        ]
+    handles, labels = zip(*entries, strict=True)
+    cell.legend(
+        handles,
+        labels,
+        title="how to read a panel\n(n^a [lo, hi]: the fitted exponent, its 95% interval)",
+        loc="center",
+        fontsize=9,
+        title_fontsize=9,
+        frameon=False,
+    )
+
+
 def _time_chart(
     analysis: Analysis, q: pd.DataFrame, along: str, other: str, title: str
 ) -> Figure | None:
@@ -165,7 +210,14 @@ def _time_chart(
         size = "sequence length n" if along == "n" else "width d"
         log_axes(ax, size, "time per call [s]")
         legend(ax)
-    # The key names the dashed and dotted lines only where some were drawn: once, under the title.
+        if panel.chapter and along == "n":
+            ax.set_title(f"{ax.get_title()}\n{_claim(analysis, panel)}", fontsize=9)
+    # The key names the dashed and dotted lines only where some were drawn: in a spare cell of
+    # the grid, or once under the title.
+    cell = spare_cell(fig, [ax for _, _, ax in cells]) if len(cells) > 1 else None
+    if cell is not None:
+        _time_key(cell, bool(models), bool(kernels))
+        return fig
     keys = ["dashed: fitted cost model"] * bool(models) + [
         "dotted: kernels' time, hollow: overhead-bound"
     ] * bool(kernels)

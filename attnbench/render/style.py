@@ -34,6 +34,7 @@ class Panel:
 
     title: str
     layers: tuple[str, ...]
+    chapter: bool = False  # the chapter's own table: one layer of each of its rows
 
 
 def layer_panels(layers: Sequence[str], known: Mapping[str, LayerEntry]) -> list[Panel]:
@@ -53,7 +54,7 @@ def layer_panels(layers: Sequence[str], known: Mapping[str, LayerEntry]) -> list
         kin.setdefault(family[layer].panel, []).append(layer)
     found = []
     if len(chapter) > 1:
-        found.append(Panel("the chapter's table", tuple(chapter.values())))
+        found.append(Panel("the chapter's table", tuple(chapter.values()), chapter=True))
     for title, members in kin.items():
         parts = [members[i : i + PANEL_LAYERS] for i in range(0, len(members), PANEL_LAYERS)]
         for i, part in enumerate(parts):
@@ -165,5 +166,21 @@ def legend(ax: Axes) -> None:
     handles, _ = ax.get_legend_handles_labels()
     if handles:
         ax.legend(
-            fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False
+            fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False
         )
+
+
+def spare_cell(fig: Figure, axes: Sequence[Axes]) -> Axes | None:
+    """The first cell of the panels' grid that no panel took, as an empty axes (for a key);
+    None where the grid is full."""
+    specs = [spec for spec in (ax.get_subplotspec() for ax in axes) if spec is not None]
+    if len(specs) != len(axes):
+        return None
+    rows, cols = specs[0].get_gridspec().get_geometry()
+    taken = {spec.num1 for spec in specs}
+    free = [i for i in range(rows * cols) if i not in taken]
+    if not free:
+        return None
+    cell = fig.add_subplot(rows, cols, free[0] + 1)
+    cell.set_axis_off()
+    return cell

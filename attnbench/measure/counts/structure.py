@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -259,8 +260,10 @@ class LayerBuilder:
 
 
 # Probe results of a keyed builder, per kind, d and probe lengths: a sweep asks the same
-# question for every n of a layer.
-_PROBE_CACHE: dict[Any, Any] = {}
+# question for every n of a layer. The key names the layer's code, so a later sweep in the
+# same process reads only what the same code gave; the oldest go past PROBE_CACHE_SIZE.
+PROBE_CACHE_SIZE = 256
+_PROBE_CACHE: OrderedDict[Any, Any] = OrderedDict()
 T = TypeVar("T")
 
 
@@ -275,8 +278,12 @@ def _cached(
         return compute()
     tag = build.key
     key = (kind, tag, d, probes)
-    if key not in _PROBE_CACHE:
+    if key in _PROBE_CACHE:
+        _PROBE_CACHE.move_to_end(key)
+    else:
         _PROBE_CACHE[key] = compute()
+        while len(_PROBE_CACHE) > PROBE_CACHE_SIZE:
+            _PROBE_CACHE.popitem(last=False)
     return cast("T", _PROBE_CACHE[key])
 
 
