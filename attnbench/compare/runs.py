@@ -214,6 +214,23 @@ def _scaled(rounds: Mapping[int, list[float]], scale: float) -> dict[int, list[f
     return {round_: [s * scale for s in samples] for round_, samples in rounds.items()}
 
 
+@dataclass(frozen=True)
+class _Sides:
+    """What judging one pair of cases needs of the two runs, worked out once for all pairs."""
+
+    baseline: RunResults
+    current: RunResults
+    base: pd.DataFrame  # the runs' rows by case id
+    new: pd.DataFrame
+    thresholds: Thresholds
+    paired: bool
+    same_device: bool  # the runs name the same device model
+    by_device: bool  # a run spread over device models (a mixed cluster)
+    scales_base: dict[str, float]  # what normalising multiplies times by, per model
+    scales_new: dict[str, float]
+    recorded: bool  # both runs recorded the kernels they ran
+
+
 def compare_runs(
     baseline: RunResults,
     current: RunResults,
@@ -231,128 +248,35 @@ def compare_runs(
     calibration = _calibration(baseline, current, thresholds.normalize)
     base = baseline.frame.set_index("case_id")
     new = current.frame.set_index("case_id")
-    if pairs is None:
-        pairs = [(c, c) for c in base.index if c in new.index]
-    shared = [(b, n) for b, n in pairs if b in base.index and n in new.index]
-    only_baseline = tuple(c for c in base.index if c not in {b for b, _ in shared})
-    only_current = tuple(c for c in new.index if c not in {n for _, n in shared})
-    if not shared:
-        raise AttnbenchError(
-            f"{str(baseline.path)!r} and {str(current.path)!r} have no case in common "
-            f"(e.g. {base.index[0] if len(base) else '-'} against "
-            f"{new.index[0] if len(new) else '-'}); compare runs of the same grid, dtype and "
-            "device"
-        )
-    warnings = _environment_warnings(baseline, current)
-    same_device = baseline.record.environment.get("device_name") == current.record.environment.get(
-        "device_name"
-    )
+    shared, only_baseline, only_current = _matched(baseline, current, base, new, pairs)
     devices = list(dict.fromkeys([*baseline.devices, *current.devices]))
-    by_device = len(devices) > 1  # a run spread over device models (a mixed cluster)
-    if by_device:
-        warnings.append(
-            f"the runs span {len(devices)} device models ({', '.join(devices)}): each case is "
-            "compared only with the same model"
-            + (", normalised by that model's calibration" if thresholds.normalize else "")
-        )
-    elif not same_device:
-        warnings.append("peak memory is compared only between runs on the same device")
-    single = [
-        name for name, run in (("baseline", baseline), ("current", current)) if run.rounds == 1
-    ]
-    if single and not paired:
-        warnings.append(
-            f"the {' and the '.join(single)} run{'s' if len(single) > 1 else ''} timed each case "
-            "in one round: samples taken back to back cannot show the machine's slower moments, "
-            "so a busy moment can pass for a regression; sweep with --rounds 5 or more for CI"
-        )
-    if only_baseline or only_current:
-        warnings.append(
-            f"{len(only_baseline)} case(s) only in the baseline and {len(only_current)} only "
-            "in the current run are listed, not judged"
-        )
-    # Empty when the runs cannot be normalised against each other (see _calibration).
-    scales_base = _scales(baseline, calibration.get("base_s"), by_device)
-    scales_new = _scales(current, calibration.get("new_s"), by_device)
-    other_model = 0
-
-    # The kernels a case ran are compared only where both runs recorded the convolution's
-    # (``backend``): a run from before it would read as a change of kernel.
-    recorded = "backend" in base.columns and "backend" in new.columns
+    by_device = len(devices) > 1
+    sides = _Sides(
+        baseline=baseline,
+        current=current,
+        base=base,
+        new=new,
+        thresholds=thresholds,
+        paired=paired,
+        same_device=baseline.record.environment.get("device_name")
+        == current.record.environment.get("device_name"),
+        by_device=by_device,
+        # Empty when the runs cannot be normalised against each other (see _calibration).
+        scales_base=_scales(baseline, calibration.get("base_s"), by_device),
+        scales_new=_scales(current, calibration.get("new_s"), by_device),
+        # The kernels a case ran are compared only where both runs recorded the convolution's
+        # (``backend``): a run from before it would read as a change of kernel.
+        recorded="backend" in base.columns and "backend" in new.columns,
+    )
+    warnings = _warnings(sides, devices, len(only_baseline), len(only_current))
     time_rows: list[dict[str, Any]] = []
     count_rows: list[dict[str, Any]] = []
+    other_model = 0
     for base_id, case_id in shared:
-        b, n = base.loc[base_id], new.loc[case_id]
-        device_base, device_new = str(b["device_name"]), str(n["device_name"])
-        # Rows name their device model; rows of older runs do not, and the runs' do.
-        same_model = device_base == device_new if device_base and device_new else same_device
-        layer = b["layer"] if b["layer"] == n["layer"] else f"{b['layer']} -> {n['layer']}"
-        ident = {"case_id": case_id, "layer": layer, "n": int(b["n"]), "d": int(b["d"])}
-        row: dict[str, Any] = {
-            **ident,
-            "device_base": device_base,
-            "device_new": device_new,
-            "status_base": b["status"],
-            "status_new": n["status"],
-            "status_verdict": UNCHANGED,
-            "kernel_base": _kernels(b, recorded),
-            "kernel_new": _kernels(n, recorded),
-        }
-        both_ok = b["status"] == Status.OK and n["status"] == Status.OK
-        timed = both_ok and (same_model or not by_device)
-        if both_ok and not timed:
-            other_model += 1
-        if b["status"] == Status.OK and n["status"] != Status.OK:
-            row["status_verdict"] = REGRESSION  # it measured before; now it fails or is skipped
-        elif b["status"] != Status.OK and n["status"] == Status.OK:
-            row["status_verdict"] = IMPROVEMENT
-        norm_base = scales_base.get(device_base, scales_base.get("", math.nan))
-        norm_new = scales_new.get(device_new, scales_new.get("", math.nan))
-        scale_base, scale_new = (norm_base, norm_new) if thresholds.normalize else (1.0, 1.0)
-        base_rounds = _scaled(baseline.rounds_of(base_id), scale_base) if timed else {}
-        new_rounds = _scaled(current.rounds_of(case_id), scale_new) if timed else {}
-        if paired:
-            judged, unit = judge_pairs(base_rounds, new_rounds, thresholds), "pairs"
-        else:
-            judged, unit = judge_rounds(
-                list(base_rounds.values()), list(new_rounds.values()), thresholds
-            )
-        clocks = _clock_ratio(b, n) if timed else math.nan
-        judged = throttle(judged, clocks, (_share(b), _share(n)))
-        raw_ratio = n["time_s"] / b["time_s"] if both_ok else math.nan
-        norm_ratio = raw_ratio * norm_new / norm_base
-        row.update(
-            time_base_s=b["time_s"] if both_ok else math.nan,
-            time_new_s=n["time_s"] if both_ok else math.nan,
-            samples_base=sum(len(r) for r in base_rounds.values()),
-            samples_new=sum(len(r) for r in new_rounds.values()),
-            rounds_base=len(base_rounds),
-            rounds_new=len(new_rounds),
-            unit=unit if timed else "",
-            ratio=raw_ratio,
-            ratio_normalized=norm_ratio,
-            ratio_judged=judged.ratio,
-            clock_ratio=clocks,
-            p_value=judged.p_value,
-            verdict=judged.verdict,
-        )
+        row, counts, timed = _judged_pair(sides, base_id, case_id)
         time_rows.append(row)
-        for m in EXACT_METRICS:
-            metric = m.column
-            comparable = both_ok and (not m.device_bound or same_model)
-            tolerance = getattr(thresholds, m.tolerance) if m.tolerance else 0.0
-            base_v = float(b[metric]) if comparable and not pd.isna(b[metric]) else math.nan
-            new_v = float(n[metric]) if comparable and not pd.isna(n[metric]) else math.nan
-            count_rows.append(
-                {
-                    **ident,
-                    "metric": metric,
-                    "base": base_v,
-                    "new": new_v,
-                    "change": new_v / base_v - 1 if base_v else math.nan,
-                    "verdict": judge_count(base_v, new_v, tolerance),
-                }
-            )
+        count_rows += counts
+        other_model += row["status_base"] == row["status_new"] == Status.OK and not timed
     if other_model:
         warnings.append(
             f"{other_model} case(s) ran on another device model in each run: their times are "
@@ -381,3 +305,147 @@ def compare_runs(
         calibration=calibration,
         paired=paired,
     )
+
+
+def _matched(
+    baseline: RunResults,
+    current: RunResults,
+    base: pd.DataFrame,
+    new: pd.DataFrame,
+    pairs: Sequence[tuple[str, str]] | None,
+) -> tuple[list[tuple[str, str]], tuple[str, ...], tuple[str, ...]]:
+    """The pairs of cases both runs have, and the cases only one of them has; one line where
+    they share none."""
+    if pairs is None:
+        pairs = [(c, c) for c in base.index if c in new.index]
+    shared = [(b, n) for b, n in pairs if b in base.index and n in new.index]
+    only_baseline = tuple(c for c in base.index if c not in {b for b, _ in shared})
+    only_current = tuple(c for c in new.index if c not in {n for _, n in shared})
+    if not shared:
+        raise AttnbenchError(
+            f"{str(baseline.path)!r} and {str(current.path)!r} have no case in common "
+            f"(e.g. {base.index[0] if len(base) else '-'} against "
+            f"{new.index[0] if len(new) else '-'}); compare runs of the same grid, dtype and "
+            "device"
+        )
+    return shared, only_baseline, only_current
+
+
+def _warnings(sides: _Sides, devices: list[str], only_base: int, only_new: int) -> list[str]:
+    """What a reader of the comparison should know before its verdicts."""
+    warnings = _environment_warnings(sides.baseline, sides.current)
+    if sides.by_device:
+        warnings.append(
+            f"the runs span {len(devices)} device models ({', '.join(devices)}): each case is "
+            "compared only with the same model"
+            + (", normalised by that model's calibration" if sides.thresholds.normalize else "")
+        )
+    elif not sides.same_device:
+        warnings.append("peak memory is compared only between runs on the same device")
+    single = [
+        name
+        for name, run in (("baseline", sides.baseline), ("current", sides.current))
+        if run.rounds == 1
+    ]
+    if single and not sides.paired:
+        warnings.append(
+            f"the {' and the '.join(single)} run{'s' if len(single) > 1 else ''} timed each case "
+            "in one round: samples taken back to back cannot show the machine's slower moments, "
+            "so a busy moment can pass for a regression; sweep with --rounds 5 or more for CI"
+        )
+    if only_base or only_new:
+        warnings.append(
+            f"{only_base} case(s) only in the baseline and {only_new} only "
+            "in the current run are listed, not judged"
+        )
+    return warnings
+
+
+def _judged_pair(
+    sides: _Sides, base_id: str, case_id: str
+) -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
+    """One pair of cases judged: its time row, its exact counts' rows, and whether its times
+    were compared (both measured, on the same device model)."""
+    thresholds = sides.thresholds
+    b, n = sides.base.loc[base_id], sides.new.loc[case_id]
+    device_base, device_new = str(b["device_name"]), str(n["device_name"])
+    # Rows name their device model; rows of older runs do not, and the runs' do.
+    same_model = device_base == device_new if device_base and device_new else sides.same_device
+    layer = b["layer"] if b["layer"] == n["layer"] else f"{b['layer']} -> {n['layer']}"
+    ident = {"case_id": case_id, "layer": layer, "n": int(b["n"]), "d": int(b["d"])}
+    row: dict[str, Any] = {
+        **ident,
+        "device_base": device_base,
+        "device_new": device_new,
+        "status_base": b["status"],
+        "status_new": n["status"],
+        "status_verdict": UNCHANGED,
+        "kernel_base": _kernels(b, sides.recorded),
+        "kernel_new": _kernels(n, sides.recorded),
+    }
+    both_ok = b["status"] == Status.OK and n["status"] == Status.OK
+    timed = both_ok and (same_model or not sides.by_device)
+    if b["status"] == Status.OK and n["status"] != Status.OK:
+        row["status_verdict"] = REGRESSION  # it measured before; now it fails or is skipped
+    elif b["status"] != Status.OK and n["status"] == Status.OK:
+        row["status_verdict"] = IMPROVEMENT
+    norm_base = sides.scales_base.get(device_base, sides.scales_base.get("", math.nan))
+    norm_new = sides.scales_new.get(device_new, sides.scales_new.get("", math.nan))
+    scale_base, scale_new = (norm_base, norm_new) if thresholds.normalize else (1.0, 1.0)
+    base_rounds = _scaled(sides.baseline.rounds_of(base_id), scale_base) if timed else {}
+    new_rounds = _scaled(sides.current.rounds_of(case_id), scale_new) if timed else {}
+    if sides.paired:
+        judged, unit = judge_pairs(base_rounds, new_rounds, thresholds), "pairs"
+    else:
+        judged, unit = judge_rounds(
+            list(base_rounds.values()), list(new_rounds.values()), thresholds
+        )
+    clocks = _clock_ratio(b, n) if timed else math.nan
+    judged = throttle(judged, clocks, (_share(b), _share(n)))
+    raw_ratio = n["time_s"] / b["time_s"] if both_ok else math.nan
+    row.update(
+        time_base_s=b["time_s"] if both_ok else math.nan,
+        time_new_s=n["time_s"] if both_ok else math.nan,
+        samples_base=sum(len(r) for r in base_rounds.values()),
+        samples_new=sum(len(r) for r in new_rounds.values()),
+        rounds_base=len(base_rounds),
+        rounds_new=len(new_rounds),
+        unit=unit if timed else "",
+        ratio=raw_ratio,
+        ratio_normalized=raw_ratio * norm_new / norm_base,
+        ratio_judged=judged.ratio,
+        clock_ratio=clocks,
+        p_value=judged.p_value,
+        verdict=judged.verdict,
+    )
+    comparable = (both_ok, both_ok and same_model)  # for every count, for device-bound ones
+    return row, _count_rows(sides.thresholds, ident, b, n, comparable), timed
+
+
+def _count_rows(
+    thresholds: Thresholds,
+    ident: dict[str, Any],
+    b: pd.Series,
+    n: pd.Series,
+    comparable: tuple[bool, bool],
+) -> list[dict[str, Any]]:
+    """The exact counts of one pair of cases, each judged within its tolerance; ``comparable``:
+    whether counts are (both measured), and whether device-bound ones are (the same model)."""
+    rows = []
+    for m in EXACT_METRICS:
+        metric = m.column
+        here = comparable[1] if m.device_bound else comparable[0]
+        tolerance = getattr(thresholds, m.tolerance) if m.tolerance else 0.0
+        base_v = float(b[metric]) if here and not pd.isna(b[metric]) else math.nan
+        new_v = float(n[metric]) if here and not pd.isna(n[metric]) else math.nan
+        rows.append(
+            {
+                **ident,
+                "metric": metric,
+                "base": base_v,
+                "new": new_v,
+                "change": new_v / base_v - 1 if base_v else math.nan,
+                "verdict": judge_count(base_v, new_v, tolerance),
+            }
+        )
+    return rows
