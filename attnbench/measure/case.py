@@ -111,18 +111,40 @@ def measure_case(
             )
         counts, source, memory = exact_counts(case, seed, step, cached, cached_memory, counting)
         split: tuple[KernelSplit | None, str] = (None, "")
+        instructions = None
         if timed is not None:
-            timing, time_method, instructions = timed.stats, timed.method, None
-            median, ops, replays = timing.median_s, memory.ops, timed.replays
+            median, ops, replays = timed.stats.median_s, memory.ops, timed.replays
             split = auxiliary(
                 lambda: device_split(step, case.device, median, ops, clock, sync, replays)
             )
-        else:  # counted in its own process, under Callgrind
-            timing, time_method = None, ""
-            instructions = counter.count(case, seed) if counter is not None else None
+        elif counter is not None:  # counted in its own process, under Callgrind
+            instructions = counter.count(case, seed)
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
         status = Status.OOM if is_out_of_memory(exc) else Status.FAILED
         return _failed(case, status, exc, threads, clock() - start)
+    taken = _Taken(counts, source, memory, timed, instructions, split)
+    return _measured(case, threads, clock() - start, taken, policy)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Taken:
+    """What measuring a case took: its counts (and how), its memory pass, its time (or its
+    instructions, under Callgrind) and the time's split."""
+
+    counts: countcache.Counts
+    source: str
+    memory: countcache.Profile
+    timed: Timed | None
+    instructions: int | None
+    split: tuple[KernelSplit | None, str]
+
+
+def _measured(
+    case: Case, threads: int, wall_s: float, taken: _Taken, policy: TimingPolicy
+) -> CaseResult:
+    """The record of a case measured in full."""
+    counts, memory, split = taken.counts, taken.memory, taken.split
+    timing = taken.timed.stats if taken.timed is not None else None
     return CaseResult(
         case=case,
         status=Status.OK,
@@ -139,8 +161,8 @@ def measure_case(
         seq_steps_method=counts.seq_steps_method,
         path_len=counts.path_len,
         path_len_method=counts.path_len_method,
-        wall_s=clock() - start,
-        instructions=instructions,
+        wall_s=wall_s,
+        instructions=taken.instructions,
         elementwise=counts.elementwise,
         elementwise_method=counts.elementwise_method,
         elementwise_analytic=case.analytic_elements(),
@@ -150,10 +172,10 @@ def measure_case(
         ops=memory.ops,
         product_bytes=counts.product_bytes,
         kernels=counts.kernels,
-        counts_source=source,
+        counts_source=taken.source,
         kernel_share=kernel_share(split[0], timing, policy),
         kernel_method=split[1] if split[0] is None else split[0].method,
-        time_method=time_method,
+        time_method=taken.timed.method if taken.timed is not None else "",
         sm_clock_max_mhz=device_clock_max(case.device) if timing is not None else None,
     )
 

@@ -13,7 +13,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -241,16 +241,7 @@ def resume_sweep(
     or a failure since mended. The cases retried are listed under ``resumes`` in run.json.
     """
     out_dir = Path(out_dir)
-    run = load_results(out_dir)  # the one read of the folder before it is reopened
-    # The case a killed process was in: recorded failed (it may be what killed it), or with
-    # ``retry`` measured again like every case not ok.
-    died = run.record.current_case if run.status == RunStatus.RUNNING else None
-    retried: list[str] = []
-    if retry:
-        retried = sorted(run.frame.loc[run.frame["status"] != Status.OK, "case_id"])
-        run = run.without(set(retried))
-        retried += [died] if died else []
-        died = None
+    run, died, retried = _left_to_measure(load_results(out_dir), retry)
     # Plugin layers are loaded again from where they came, before the grid is rebuilt; each is
     # checked against the record before any of its code runs.
     named = (overrides or {}).get("layers") or ()
@@ -283,16 +274,8 @@ def resume_sweep(
         config_changes = changes(recorded.to_dict(), grid.to_dict(), grid.to_dict())
         env_changes = changes(run.record.environment, now_env, resume_keys())
         env_changes |= {f"layer {name}": change for name, change in layer_changes.items()}
-        if (config_changes or env_changes) and not force:
-            listed = ", ".join(
-                f"{key} {old!r} -> {new!r}"
-                for key, (old, new) in {**config_changes, **env_changes}.items()
-            )
-            what = "configuration" if config_changes else "environment"
-            raise AttnbenchError(
-                f"--resume {str(out_dir)!r}: the {what} differs from the recorded run ({listed}); "
-                "pass --force to resume anyway (the changes are recorded in run.json)"
-            )
+        if not force:
+            _refuse_changes(out_dir, config_changes, env_changes)
         writer = ResultsWriter.reopen(
             run,
             {
@@ -325,6 +308,39 @@ def resume_sweep(
             died=died,
             retried=len(retried),
         )
+
+
+def _left_to_measure(run: RunResults, retry: bool) -> tuple[RunResults, str | None, list[str]]:
+    """A run to resume (the one read of its folder), less what ``retry`` measures again: the
+    run, the case a killed process was in (recorded failed: it may be what killed it; with
+    ``retry`` measured again like every case not ok), and the cases retried."""
+    died = run.record.current_case if run.status == RunStatus.RUNNING else None
+    retried: list[str] = []
+    if retry:
+        retried = sorted(run.frame.loc[run.frame["status"] != Status.OK, "case_id"])
+        run = run.without(set(retried))
+        retried += [died] if died else []
+        died = None
+    return run, died, retried
+
+
+def _refuse_changes(
+    out_dir: Path,
+    config_changes: Mapping[str, Sequence[Any]],
+    env_changes: Mapping[str, Sequence[Any]],
+) -> None:
+    """One line naming what differs from the recorded run, where anything does (without
+    --force, a resumed run is the same sweep on the same machine)."""
+    if not (config_changes or env_changes):
+        return
+    listed = ", ".join(
+        f"{key} {old!r} -> {new!r}" for key, (old, new) in {**config_changes, **env_changes}.items()
+    )
+    what = "configuration" if config_changes else "environment"
+    raise AttnbenchError(
+        f"--resume {str(out_dir)!r}: the {what} differs from the recorded run ({listed}); "
+        "pass --force to resume anyway (the changes are recorded in run.json)"
+    )
 
 
 def _sweep(
