@@ -32,6 +32,7 @@ from attnbench.regime import overhead_bound
 from attnbench.render.machine import roofline_chart, time_split_chart
 from attnbench.render.style import (
     GRID_COLUMNS,
+    GRID_ROWS,
     Panel,
     last,
     layer_panels,
@@ -108,7 +109,7 @@ def _small_multiples(
 ) -> tuple[Figure, list[tuple[Any, Panel, Axes]]]:
     """A figure of one panel per value of ``other`` and kin of layers (``layer_panels``). With
     the layers in several panels they share one scale: one value's panels three a row, or,
-    for several values, a row each."""
+    for several values, a row each, for the largest ``GRID_ROWS`` of them."""
     chosen = [
         [
             (fixed, panel)
@@ -117,6 +118,9 @@ def _small_multiples(
         for fixed in fixed_values
     ]
     grid = any(len(row) > 1 for row in chosen)
+    if grid:  # the kins of layers a row: the largest GRID_ROWS values (--layers for the rest)
+        chosen = chosen[-GRID_ROWS:]
+        fixed_values = fixed_values[-GRID_ROWS:]
     if len(chosen) == 1 or not grid:  # one value (or one panel a value): wrapped
         flat = [cell for row in chosen for cell in row]
         fig, axes = panels(len(flat), title, columns=GRID_COLUMNS if grid else 2, shared=grid)

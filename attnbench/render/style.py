@@ -26,6 +26,9 @@ MAX_X_TICKS = 9  # labelled sizes on a log axis, at most about
 # about a dozen lines, which a reader still tells apart by colour; more go to small multiples.
 PANEL_LAYERS = 4
 GRID_COLUMNS = 3  # small multiples: panels a row
+# ... and rows of kins, one per d (or n): the largest two; a chart of a few layers (--layers)
+# draws every d, two panels a row.
+GRID_ROWS = 2
 
 
 @dataclass(frozen=True)
