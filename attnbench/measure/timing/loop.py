@@ -238,38 +238,8 @@ def time_call(
             clocks.append(read_clock())
         return elapsed
 
-    # The last warm-up call is timed, never a sample: it sizes the first block, so a fast call
-    # is not probed again by a one-call block that would be thrown away.
-    for _ in range(policy.warmup_calls - 1):
-        fn()
-    first_call_s = None
-    if policy.warmup_calls > 0:
-        sync()
-        begin = clock()
-        fn()
-        sync()
-        first_call_s = clock() - begin
-    if first_call_s is not None and first_call_s > 0 and policy.warmup_s > first_call_s:
-        for _ in range(min(math.ceil(policy.warmup_s / first_call_s) - 1, policy.max_block_calls)):
-            fn()
-    sync()
-
-    # Size the block from that call (or from a one-call probe), then grow it until a block is
-    # long enough; a block sized BLOCK_MARGIN past min_block_s rarely falls short and is wasted.
-    calls = 1
-    if first_call_s is not None and 0 < first_call_s < policy.min_block_s:
-        calls = math.ceil(BLOCK_MARGIN * policy.min_block_s / first_call_s)
-        calls = min(calls, policy.max_block_calls)
-    probe = timed_block(calls)
-    while (
-        probe < policy.min_block_s
-        and probe * 2 < policy.budget_s
-        and calls < policy.max_block_calls
-    ):
-        grown = math.ceil(calls * BLOCK_MARGIN * policy.min_block_s / max(probe, 1e-9))
-        calls = min(max(calls * 2, grown), policy.max_block_calls)
-        probe = timed_block(calls)
-
+    first_call_s = _warm_up(fn, policy, clock, sync)
+    calls, probe = _block_size(timed_block, first_call_s, policy)
     samples: list[float] = [probe / calls]
     total = probe
     del per_block[:-1]  # the calibration's blocks are not samples; its last one is
@@ -287,6 +257,50 @@ def time_call(
         stop=stop,
         clocks_mhz=tuple(clocks) if read_clock is not None else None,
     )
+
+
+def _warm_up(
+    fn: Callable[[], object], policy: TimingPolicy, clock: Clock, sync: Callable[[], None]
+) -> float | None:
+    """The policy's warm-up calls; the last is timed, never a sample (None: no warm-up): it
+    sizes the first block, so a fast call is not probed again by a one-call block that would
+    be thrown away."""
+    for _ in range(policy.warmup_calls - 1):
+        fn()
+    first_call_s = None
+    if policy.warmup_calls > 0:
+        sync()
+        begin = clock()
+        fn()
+        sync()
+        first_call_s = clock() - begin
+    if first_call_s is not None and first_call_s > 0 and policy.warmup_s > first_call_s:
+        for _ in range(min(math.ceil(policy.warmup_s / first_call_s) - 1, policy.max_block_calls)):
+            fn()
+    sync()
+    return first_call_s
+
+
+def _block_size(
+    timed_block: Callable[[int], float], first_call_s: float | None, policy: TimingPolicy
+) -> tuple[int, float]:
+    """Calls a block, and the last block's seconds: sized from the warm-up's timed call (or a
+    one-call probe), then grown until a block is long enough; a block sized BLOCK_MARGIN past
+    min_block_s rarely falls short and is wasted."""
+    calls = 1
+    if first_call_s is not None and 0 < first_call_s < policy.min_block_s:
+        calls = math.ceil(BLOCK_MARGIN * policy.min_block_s / first_call_s)
+        calls = min(calls, policy.max_block_calls)
+    probe = timed_block(calls)
+    while (
+        probe < policy.min_block_s
+        and probe * 2 < policy.budget_s
+        and calls < policy.max_block_calls
+    ):
+        grown = math.ceil(calls * BLOCK_MARGIN * policy.min_block_s / max(probe, 1e-9))
+        calls = min(max(calls * 2, grown), policy.max_block_calls)
+        probe = timed_block(calls)
+    return calls, probe
 
 
 def sample_until(
