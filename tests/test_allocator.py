@@ -278,7 +278,7 @@ RSS_AFTER_CEILINGS = """
 import json
 import torch
 from attnbench.measure.timing.allocator import set_allocator
-from attnbench.measure.machine.probes import measure_ceilings
+from attnbench.measure.machine.probes import Probes, measure_ceilings
 
 def rss() -> int:
     line = next(l for l in open("/proc/self/status") if l.startswith("VmRSS"))
@@ -286,11 +286,10 @@ def rss() -> int:
 
 set_allocator("pinned")
 before = rss()
-measure_ceilings(
-    "cpu", "float32", 1, gemm_side=64, stream_numel=2**26,
-    elementwise_ops=("add",), passes=1,
+measure_ceilings("cpu", "float32", 1, probes=Probes(
+    gemm_side=64, stream_numel=2**26, elementwise_ops=("add",), passes=1,
     curve_widths={"gemm": (8,), "conv": (8,), "attention": (8,), "recurrent": (8,)},
-)
+))
 print(json.dumps({"grew": rss() - before}))
 """
 

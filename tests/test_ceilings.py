@@ -26,7 +26,12 @@ from attnbench.measure.machine.ceilings_file import (
     machine_ceilings,
     read_ceilings,
 )
-from attnbench.measure.machine.probes import measure_ceilings, stream_elements
+from attnbench.measure.machine.probes import (
+    DEFAULT_PROBES,
+    Probes,
+    measure_ceilings,
+    stream_elements,
+)
 
 runner = CliRunner()
 SECONDS = {"gemm": 0.02, "copy": 0.004, "op": 3e-6, "host": 6.4e-4, "conv": 0.01, "attention": 0.05,
@@ -50,8 +55,8 @@ def fake_timer(calls: list[str]):  # type: ignore[no-untyped-def]
 def test_each_ceiling_is_its_kernels_work_over_its_time() -> None:
     calls: list[str] = []
     found = measure_ceilings(
-        "cpu", "float32", 1, gemm_side=64, stream_numel=1000, timer=fake_timer(calls),
-        fault_cost=lambda: 7e-6, **SMALL,
+        "cpu", "float32", 1, probes=Probes(gemm_side=64, stream_numel=1000, **SMALL),
+        timer=fake_timer(calls), fault_cost=lambda: 7e-6,
     )  # fmt: skip
     one_pass = ["gemm", "copy", "op", "host",
                 "gemm@8", "gemm@16", "conv@4", "attention@8", "recurrent-short@4",
@@ -96,7 +101,7 @@ def test_the_thread_count_is_set_while_measuring_and_restored() -> None:
         return SECONDS[name.partition("@")[0]]
 
     found = measure_ceilings(
-        "cpu", "float16", 1, gemm_side=8, stream_numel=10, timer=timer, **SMALL
+        "cpu", "float16", 1, probes=Probes(gemm_side=8, stream_numel=10, **SMALL), timer=timer
     )
     assert seen == [1] * 2 * (10 + len(EW)) and found.threads == 1
     assert found.bandwidth_bytes_per_s == 2 * 10 * 2 / 0.004  # float16: 2 bytes an element
@@ -109,9 +114,9 @@ def test_a_device_off_the_cpu_counts_no_faults_and_waits_for_its_queue() -> None
     nowhere. The sync the timer is given is the device's, and a fault is not its cost."""
     waited: list[str] = []
     found = measure_ceilings(
-        "meta", "float32", None, gemm_side=32, stream_numel=100, timer=fake_timer([]),
-        sync=lambda: waited.append("sync"), fault_cost=lambda: pytest.fail("faults read"),
-        **SMALL,
+        "meta", "float32", None, probes=Probes(gemm_side=32, stream_numel=100, **SMALL),
+        timer=fake_timer([]), sync=lambda: waited.append("sync"),
+        fault_cost=lambda: pytest.fail("faults read"),
     )  # fmt: skip
     assert found.page_fault_s is None and found.device == "meta"
     assert for_kind(machine.GEMM_SIDE, "cuda:1") == 8192
@@ -129,16 +134,16 @@ def test_each_kernel_keeps_its_fastest_time_over_the_passes() -> None:
         return 4 * base if burst else base  # four times slower in the first pass
 
     found = measure_ceilings(
-        "cpu", "float32", 1, gemm_side=64, stream_numel=1000, timer=timer,
-        fault_cost=lambda: 1e-6, **SMALL,
+        "cpu", "float32", 1, probes=Probes(gemm_side=64, stream_numel=1000, **SMALL),
+        timer=timer, fault_cost=lambda: 1e-6,
     )  # fmt: skip
     assert found.peak_flops_per_s == 2 * 64**3 / 0.02
     assert found.bandwidth_bytes_per_s == 2 * 1000 * 4 / 0.004
     assert found.gemm_rates is not None and found.gemm_rates[8] == 2 * 8192 * 8 * 8 / 0.004
     seen.clear()
     once = measure_ceilings(
-        "cpu", "float32", 1, gemm_side=64, stream_numel=1000, timer=timer,
-        fault_cost=lambda: 1e-6, passes=1, **SMALL,
+        "cpu", "float32", 1, probes=Probes(gemm_side=64, stream_numel=1000, passes=1, **SMALL),
+        timer=timer, fault_cost=lambda: 1e-6,
     )  # fmt: skip
     assert once.peak_flops_per_s == 2 * 64**3 / 0.08  # one pass: the burst stays
 
@@ -156,8 +161,8 @@ def test_a_kernels_time_is_its_fastest_sample_not_its_median(
         lambda fn, policy, clock, sync: TimingStats(samples, 1, sum(samples)),
     )  # fmt: skip
     found = measure_ceilings(
-        "cpu", "float32", 1, gemm_side=64, stream_numel=1000, fault_cost=lambda: None,
-        passes=1, **SMALL,
+        "cpu", "float32", 1, probes=Probes(gemm_side=64, stream_numel=1000, passes=1, **SMALL),
+        fault_cost=lambda: None,
     )  # fmt: skip
     assert found.peak_flops_per_s == 2 * 64**3 / 0.02
     assert found.op_latency_s == 0.02
@@ -168,9 +173,10 @@ def test_a_real_measurement_is_consistent() -> None:
     one op on one element cheaper than a 256³ product, the copy's bytes as stated, a 128-wide
     product faster than an 8-wide one, and an exp slower than an add."""
     found = measure_ceilings(
-        "cpu", "float32", 1, gemm_side=256, stream_numel=2**22,
-        elementwise_ops=("add", "exp"), passes=1,
-        curve_widths={"gemm": (8, 128), "conv": (16,), "attention": (16,), "recurrent": (16,)},
+        "cpu", "float32", 1, probes=Probes(
+            gemm_side=256, stream_numel=2**22, elementwise_ops=("add", "exp"), passes=1,
+            curve_widths={"gemm": (8, 128), "conv": (16,), "attention": (16,), "recurrent": (16,)},
+        ),
     )  # fmt: skip
     assert found.peak_flops_per_s > 0 and found.bandwidth_bytes_per_s > 0
     assert found.gemm_rates is not None and found.gemm_rates[128] > 2 * found.gemm_rates[8]
@@ -209,12 +215,12 @@ PASSES_ASKED: list[int] = []
 
 
 def _fake(count: list[int]):  # type: ignore[no-untyped-def]
-    def measure(device: str, dtype: str, threads: int, passes: int = 2) -> Ceilings:
+    def measure(device: str, dtype: str, threads: int, probes: Probes = DEFAULT_PROBES) -> Ceilings:
         count.append(threads)
-        PASSES_ASKED.append(passes)
-        return measure_ceilings(device, dtype, threads, gemm_side=8, stream_numel=10,
-                                timer=fake_timer([]), fault_cost=lambda: 1e-6,
-                                **SMALL)  # fmt: skip
+        PASSES_ASKED.append(probes.passes)
+        return measure_ceilings(device, dtype, threads,
+                                probes=Probes(gemm_side=8, stream_numel=10, **SMALL),
+                                timer=fake_timer([]), fault_cost=lambda: 1e-6)  # fmt: skip
 
     return measure
 

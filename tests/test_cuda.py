@@ -18,7 +18,7 @@ import torch
 from attnbench.devices import device_sync
 from attnbench.layers import layer_names
 from attnbench.measure.case import measure_case
-from attnbench.measure.machine.probes import measure_ceilings
+from attnbench.measure.machine.probes import Probes, measure_ceilings
 from attnbench.measure.memory import peak_bytes
 from attnbench.measure.timing.loop import TimingPolicy, time_call
 from attnbench.spec import build_grid
@@ -133,7 +133,7 @@ def _event_seconds(fn, repeats: int = 20) -> float:  # type: ignore[no-untyped-d
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_ceilings_agree_with_an_independent_gemm_and_copy(dtype: str) -> None:
-    found = measure_ceilings(DEVICE, dtype, passes=1)
+    found = measure_ceilings(DEVICE, dtype, probes=Probes(passes=1))
     torch_dtype = getattr(torch, dtype)
     side = 8192
     a = torch.randn(side, side, device=DEVICE).to(torch_dtype)  # (s, s)

@@ -161,12 +161,13 @@ def test_a_sweep_says_it_measures_the_ceilings_first_and_counts_them_in_its_esti
     real = machine.measure_ceilings
     measured: list[int] = []
 
-    def quick(device: str, dtype: str, threads: int, passes: int = 2) -> Ceilings:
+    def quick(device: str, dtype: str, threads: int, probes: object = None) -> Ceilings:
         measured.append(threads)
-        return real(device, dtype, threads, gemm_side=32, stream_numel=1000, passes=1,
-                    curve_widths={"gemm": (8,), "conv": (8,), "attention": (8,),
-                                  "recurrent": (8,)},
-                    elementwise_ops=("add",))  # fmt: skip
+        small = machine.Probes(
+            gemm_side=32, stream_numel=1000, passes=1, elementwise_ops=("add",),
+            curve_widths={"gemm": (8,), "conv": (8,), "attention": (8,), "recurrent": (8,)},
+        )  # fmt: skip
+        return real(device, dtype, threads, probes=small)
 
     monkeypatch.setattr(ceilings_file, "measure_ceilings", quick)
     args = ["sweep", "--layers", "conv", "--n", "16,32", "--d", "8", "--device", "cpu",

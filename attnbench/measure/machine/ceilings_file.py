@@ -23,7 +23,7 @@ from attnbench.devices import device_name
 from attnbench.errors import AttnbenchError
 from attnbench.measure.machine import rates
 from attnbench.measure.machine.ceilings import CALL_CURVES, CEILING_KEYS, RATE_CURVES, Ceilings
-from attnbench.measure.machine.probes import PASSES, measure_ceilings
+from attnbench.measure.machine.probes import PASSES, Probes, measure_ceilings
 from attnbench.storage import write_text_atomic
 
 # Files from before the rate curves gave a convolution's and a fused attention's single rate;
@@ -88,7 +88,7 @@ def machine_ceilings(
     if cached is not None:
         return cached, True
     if measure is None:
-        found = measure_ceilings(device, dtype, threads, passes=passes)
+        found = measure_ceilings(device, dtype, threads, probes=Probes(passes=passes))
     else:
         found = measure(device, dtype, threads)
     try:  # an unwritable cache costs a measurement next time, nothing else

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -79,29 +80,42 @@ def stream_elements(element_size: int, cache: int | None) -> int:
     return target // element_size
 
 
+@dataclass(frozen=True)
+class Probes:
+    """What the ceilings are read on (None: the device's own sizes). ``gemm_side``: the square
+    product's side (``GEMM_SIDE``); ``stream_numel``: the copy's elements (past the last-level
+    cache); ``curve_widths``: the widths of each rate curve ({"gemm": ..., "conv": ...,
+    "attention": ...}; default: ``rates.GEMM_WIDTHS`` and its kin); ``elementwise_ops``: the
+    ops whose rates are measured (default: all of ``rates.CATALOGUE``); ``passes``: every
+    kernel is timed once in each pass over the whole set and its fastest time kept: a ceiling
+    is the best the device does, and a neighbour's burst of a few seconds slows one pass, not
+    both."""
+
+    gemm_side: int | None = None
+    stream_numel: int | None = None
+    curve_widths: Mapping[str, tuple[int, ...]] | None = None
+    elementwise_ops: tuple[str, ...] | None = None
+    passes: int = PASSES
+
+
+DEFAULT_PROBES = Probes()
+
+
 def measure_ceilings(
     device: str = "cpu",
     dtype: str = "float32",
     threads: int | None = None,
     *,
+    probes: Probes = DEFAULT_PROBES,
     clock: Clock = time.perf_counter,
     sync: Callable[[], None] | None = None,
-    gemm_side: int | None = None,
-    stream_numel: int | None = None,
-    curve_widths: Mapping[str, tuple[int, ...]] | None = None,
-    elementwise_ops: tuple[str, ...] | None = None,
     fault_cost: Callable[[], float | None] = fault_cost_s,
     timer: KernelTimer | None = None,
-    passes: int = PASSES,
 ) -> Ceilings:
     """Measure the four ceilings on ``device`` at ``dtype`` with ``threads`` CPU threads (the
-    process's count where None; restored after). ``timer`` times each kernel (default: the
-    fastest sample of ``time_call`` with ``clock`` and the device's ``sync``); ``curve_widths``
-    gives the widths of each rate curve ({"gemm": ..., "conv": ..., "attention": ...}; default:
-    ``rates.GEMM_WIDTHS`` and its kin); ``elementwise_ops`` the ops whose rates are measured
-    (default: all of ``rates.CATALOGUE``). Every kernel is timed once in each
-    of ``passes`` passes over the whole set and its fastest time kept: a ceiling is the best
-    the device does, and a neighbour's burst of a few seconds slows one pass, not both."""
+    process's count where None; restored after), on ``probes``. ``timer`` times each kernel
+    (default: the fastest sample of ``time_call`` with ``clock`` and the device's ``sync``)."""
+    curve_widths, elementwise_ops = probes.curve_widths, probes.elementwise_ops
     check_dtype(dtype, device)
     torch_dtype = DTYPES[dtype]
     waits = sync or device_sync(device)
@@ -119,12 +133,14 @@ def measure_ceilings(
     before = torch.get_num_threads()
     if threads is not None:
         set_threads(threads)
-    side = gemm_side or for_kind(GEMM_SIDE, device)
-    numel = stream_numel or stream_elements(torch_dtype.itemsize, last_level_cache_bytes(device))
+    side = probes.gemm_side or for_kind(GEMM_SIDE, device)
+    numel = probes.stream_numel or stream_elements(
+        torch_dtype.itemsize, last_level_cache_bytes(device)
+    )
     src = torch.ones(numel, dtype=torch_dtype, device=device)  # (numel,): mapped once, not a pass
     dst = torch.empty_like(src)  # (numel,)
     try:
-        for _ in range(max(1, passes)):  # the last pass reads every kernel's fastest time
+        for _ in range(max(1, probes.passes)):  # the last pass reads every kernel's fastest
             gemm = _gemm_s(device, torch_dtype, side, timed)
             copy = timed(
                 "copy",
