@@ -55,93 +55,108 @@ EXECUTOR_HELP = (
 )
 
 
+# The command's own options, each a type: its signature reads as a list of names.
+Out = Annotated[Path | None, typer.Option(help="Results folder. Default: results/<timestamp>.")]
+Config = Annotated[
+    Path | None,
+    typer.Option(help="TOML file with the same keys (layers, n, d, ...); options override it."),
+]
+Resume = Annotated[
+    Path | None,
+    typer.Option(
+        help="Finish an interrupted run in this folder: measure only its missing cases, "
+        "with its recorded configuration.",
+        show_default=False,
+    ),
+]
+Force = Annotated[
+    bool,
+    typer.Option(
+        help="With --resume: go on although options or the environment changed "
+        "(the changes are recorded in run.json)."
+    ),
+]
+Retry = Annotated[
+    bool,
+    typer.Option(
+        help="With --resume: measure again the cases recorded failed, oom, timeout or "
+        "skipped, and the one a killed process was in (a kill or a power cut that was "
+        "blamed on a case, or a failure since mended)."
+    ),
+]
+Yes = Annotated[
+    bool,
+    typer.Option(
+        "--yes", "-y", help="Start a very large sweep (over 2000 cases or about an hour)."
+    ),
+]
+Quiet = Annotated[bool, typer.Option(help="No progress, tables or notes.")]
+Charts = Annotated[
+    bool,
+    typer.Option(
+        "--charts/--no-charts",
+        help="Draw the charts into <results>/charts when the sweep completes (PNG, SVG).",
+    ),
+]
+Baseline = Annotated[
+    Path | None,
+    typer.Option(
+        help="Compare with this earlier run when the sweep completes (as attnbench compare); "
+        "exit 1 on a regression.",
+        show_default=False,
+    ),
+]
+ExecutorName = Annotated[
+    str | None,
+    typer.Option(
+        help=EXECUTOR_HELP + " Default: fork (serial for --metric instructions, or where "
+        "this system cannot fork).",
+        envvar="ATTNBENCH_EXECUTOR",
+        show_default=False,
+    ),
+]
+Address = Annotated[
+    str | None,
+    typer.Option(
+        help="With --executor ray: the cluster, as ray.init takes it (auto: the one "
+        "`ray start` made here; ray://host:10001). Default: a new local Ray instance, "
+        "or $RAY_ADDRESS.",
+        show_default=False,
+    ),
+]
+Workers = Annotated[
+    int | None,
+    typer.Option(
+        help="With --executor ray: run at most this many cases at once. Default: as many as "
+        "the cluster has GPUs (--device cuda) or CPUs / --threads.",
+        show_default=False,
+    ),
+]
+NoCache = Annotated[
+    bool, typer.Option("--no-cache", help=NO_CACHE_HELP, envvar="ATTNBENCH_NO_CACHE")
+]
+FullTrace = Annotated[
+    bool, typer.Option("--full-trace", help=FULL_TRACE_HELP, envvar="ATTNBENCH_FULL_TRACE")
+]
+
+
 @with_options(before=GRID, after=(*GATE, *VERDICT_OUTPUT))
 def sweep(
-    out: Annotated[
-        Path | None, typer.Option(help="Results folder. Default: results/<timestamp>.")
-    ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option(help="TOML file with the same keys (layers, n, d, ...); options override it."),
-    ] = None,
-    resume: Annotated[
-        Path | None,
-        typer.Option(
-            help="Finish an interrupted run in this folder: measure only its missing cases, "
-            "with its recorded configuration.",
-            show_default=False,
-        ),
-    ] = None,
-    force: Annotated[
-        bool,
-        typer.Option(
-            help="With --resume: go on although options or the environment changed "
-            "(the changes are recorded in run.json)."
-        ),
-    ] = False,
-    retry: Annotated[
-        bool,
-        typer.Option(
-            help="With --resume: measure again the cases recorded failed, oom, timeout or "
-            "skipped, and the one a killed process was in (a kill or a power cut that was "
-            "blamed on a case, or a failure since mended)."
-        ),
-    ] = False,
-    yes: Annotated[
-        bool,
-        typer.Option(
-            "--yes", "-y", help="Start a very large sweep (over 2000 cases or about an hour)."
-        ),
-    ] = False,
+    out: Out = None,
+    config: Config = None,
+    resume: Resume = None,
+    force: Force = False,
+    retry: Retry = False,
+    yes: Yes = False,
     as_json: Annotated[bool, json_flag("the results")] = False,
-    quiet: Annotated[bool, typer.Option(help="No progress, tables or notes.")] = False,
-    charts: Annotated[
-        bool,
-        typer.Option(
-            "--charts/--no-charts",
-            help="Draw the charts into <results>/charts when the sweep completes (PNG, SVG).",
-        ),
-    ] = True,
-    baseline: Annotated[
-        Path | None,
-        typer.Option(
-            help="Compare with this earlier run when the sweep completes (as attnbench compare); "
-            "exit 1 on a regression.",
-            show_default=False,
-        ),
-    ] = None,
-    executor: Annotated[
-        str | None,
-        typer.Option(
-            help=EXECUTOR_HELP + " Default: fork (serial for --metric instructions, or where "
-            "this system cannot fork).",
-            envvar="ATTNBENCH_EXECUTOR",
-            show_default=False,
-        ),
-    ] = None,
-    address: Annotated[
-        str | None,
-        typer.Option(
-            help="With --executor ray: the cluster, as ray.init takes it (auto: the one "
-            "`ray start` made here; ray://host:10001). Default: a new local Ray instance, "
-            "or $RAY_ADDRESS.",
-            show_default=False,
-        ),
-    ] = None,
-    workers: Annotated[
-        int | None,
-        typer.Option(
-            help="With --executor ray: run at most this many cases at once. Default: as many as "
-            "the cluster has GPUs (--device cuda) or CPUs / --threads.",
-            show_default=False,
-        ),
-    ] = None,
-    no_cache: Annotated[
-        bool, typer.Option("--no-cache", help=NO_CACHE_HELP, envvar="ATTNBENCH_NO_CACHE")
-    ] = False,
-    full_trace: Annotated[
-        bool, typer.Option("--full-trace", help=FULL_TRACE_HELP, envvar="ATTNBENCH_FULL_TRACE")
-    ] = False,
+    quiet: Quiet = False,
+    charts: Charts = True,
+    baseline: Baseline = None,
+    executor: ExecutorName = None,
+    address: Address = None,
+    workers: Workers = None,
+    no_cache: NoCache = False,
+    full_trace: FullTrace = False,
     **options: Any,
 ) -> None:
     """Measure time, memory, FLOPs, elementwise work, bytes, steps and path length over n x d.
@@ -154,23 +169,14 @@ def sweep(
     thresholds, gate = gate_from(options)
     fmt = verdict_format(options)
     output = options.get("output")
-    if baseline is None and (fmt != "table" or output is not None):
-        flag = "--markdown" if fmt == "markdown" else f"--format {fmt}"
-        raise AttnbenchError(f"{flag} prints the comparison: it needs --baseline DIR")
-    if as_json and fmt != "table" and output is None:
-        raise AttnbenchError(f"--json and --format {fmt} both print on stdout: choose one")
+    _check_flags(fmt, output, baseline=baseline, as_json=as_json)
     # Checked before measuring: a mistyped baseline must not cost a whole sweep.
     base_run = load_results(baseline) if baseline is not None else None
     values: dict[str, Any] = load_config(config) if config is not None else {}
     values.update(pick(options, GRID))
     if out is not None:
         values["out"] = str(out)
-    if force and resume is None:
-        raise AttnbenchError("--force applies only with --resume DIR")
-    if retry and resume is None:
-        raise AttnbenchError("--retry applies only with --resume DIR")
-    if resume is not None and "out" in values:
-        raise AttnbenchError("--resume continues a run in its own folder; leave out --out")
+    _check_resume(resume, values, force=force, retry=retry)
     streams = Streams.make(stdout_taken=as_json or (fmt != "table" and output is None), quiet=quiet)
     runs_on = make_executor(
         executor or default_executor(str(values.get("metric") or "")),
@@ -218,6 +224,26 @@ def sweep(
         typer.echo(json.dumps(payload, indent=2))
     if comparison is not None and comparison.failed(gate):
         raise typer.Exit(1)
+
+
+def _check_flags(fmt: str, output: object, *, baseline: Path | None, as_json: bool) -> None:
+    """One line where the flags that print a comparison have nothing to compare, or where two
+    of them would print on stdout."""
+    if baseline is None and (fmt != "table" or output is not None):
+        flag = "--markdown" if fmt == "markdown" else f"--format {fmt}"
+        raise AttnbenchError(f"{flag} prints the comparison: it needs --baseline DIR")
+    if as_json and fmt != "table" and output is None:
+        raise AttnbenchError(f"--json and --format {fmt} both print on stdout: choose one")
+
+
+def _check_resume(resume: Path | None, values: dict[str, Any], *, force: bool, retry: bool) -> None:
+    """One line where a flag of --resume comes without it, or --out with it."""
+    if force and resume is None:
+        raise AttnbenchError("--force applies only with --resume DIR")
+    if retry and resume is None:
+        raise AttnbenchError("--retry applies only with --resume DIR")
+    if resume is not None and "out" in values:
+        raise AttnbenchError("--resume continues a run in its own folder; leave out --out")
 
 
 def _charts_after_sweep(run: RunResults, streams: Streams) -> list[str]:
