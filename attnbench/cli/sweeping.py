@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -22,7 +23,7 @@ from attnbench.cli.options import (
 )
 from attnbench.cli.render import Streams, SweepProgress
 from attnbench.cli.summary import summary_notes, summary_tables
-from attnbench.compare import compare_runs
+from attnbench.compare import Comparison, compare_runs
 from attnbench.errors import AttnbenchError
 from attnbench.measure.counts import extend
 from attnbench.measure.counts.countcache import Counting
@@ -33,7 +34,7 @@ from attnbench.results.run import RunResults
 from attnbench.run.executors import EXECUTORS, default_executor, make_executor
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import load_config
-from attnbench.thresholds import gate_from
+from attnbench.thresholds import Thresholds, gate_from
 
 FULL_TRACE_HELP = (
     "Trace every case's counts at its own n. By default a case of a recurrent layer longer "
@@ -209,14 +210,8 @@ def sweep(
     if streams.notes is not None:
         summary_notes(run, streams.notes)
     drawn = _charts_after_sweep(run, streams) if charts else []
-    comparison = None
-    if base_run is not None:
-        try:
-            comparison = compare_runs(base_run, run, thresholds)
-        except AttnbenchError:
-            streams.err.print(f"the results are saved in {run.path}", soft_wrap=True)
-            raise
-        show_verdicts(comparison, gate, fmt, output, streams)
+    judging = _Judging(base_run, thresholds, gate, fmt, cast("Path | None", output))
+    comparison = judging.judge(run, streams)
     if as_json:
         payload: dict[str, Any] = {"path": str(run.path), "results": records(run), "charts": drawn}
         if comparison is not None:
@@ -224,6 +219,29 @@ def sweep(
         typer.echo(json.dumps(payload, indent=2))
     if comparison is not None and comparison.failed(gate):
         raise typer.Exit(1)
+
+
+@dataclass(frozen=True)
+class _Judging:
+    """--baseline and how its verdicts are shown: what a finished sweep is judged against."""
+
+    baseline: RunResults | None
+    thresholds: Thresholds
+    gate: str
+    fmt: str
+    output: Path | None
+
+    def judge(self, run: RunResults, streams: Streams) -> Comparison | None:
+        """The run against the baseline, its verdicts shown (None without a baseline)."""
+        if self.baseline is None:
+            return None
+        try:
+            comparison = compare_runs(self.baseline, run, self.thresholds)
+        except AttnbenchError:
+            streams.err.print(f"the results are saved in {run.path}", soft_wrap=True)
+            raise
+        show_verdicts(comparison, self.gate, self.fmt, self.output, streams)
+        return comparison
 
 
 def _check_flags(fmt: str, output: object, *, baseline: Path | None, as_json: bool) -> None:

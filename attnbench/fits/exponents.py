@@ -271,6 +271,15 @@ def range_rule(metric: str, overhead: float | None, settled: bool = False) -> Ra
     )
 
 
+def _slope_over(line: pd.DataFrame, along: str, values: pd.Series | None) -> float:
+    """The log-log slope of ``values`` (by the frame's index: the theory's law, the machine
+    model's seconds) over a fitted line's sizes; nan without them."""
+    if values is None:
+        return math.nan
+    found = loglog_exponent(line[along].tolist(), values.reindex(line.index).astype(float).tolist())
+    return found.slope if found else math.nan
+
+
 def exponent_table(
     measured: pd.DataFrame,
     fits: Mapping[str, list[ModelFit]] | None = None,
@@ -324,17 +333,9 @@ def exponent_table(
                     )
                     if fit is None:
                         continue
-                    slope = math.nan
-                    if law is not None:
-                        expected = law.loc[line.index].tolist()
-                        theory_fit = loglog_exponent(line[along].tolist(), expected)
-                        slope = theory_fit.slope if theory_fit else math.nan
+                    slope = _slope_over(line, along, law)
                     split = split_time(line, along, work)
-                    model = math.nan
-                    if predicted is not None and metric == "time_s":
-                        seconds = predicted.reindex(line.index).astype(float).tolist()
-                        model_fit = loglog_exponent(line[along].tolist(), seconds)
-                        model = model_fit.slope if model_fit else math.nan
+                    model = _slope_over(line, along, predicted if metric == "time_s" else None)
                     rows.append(
                         {
                             "layer": layer,

@@ -276,23 +276,16 @@ def resume_sweep(
         env_changes |= {f"layer {name}": change for name, change in layer_changes.items()}
         if not force:
             _refuse_changes(out_dir, config_changes, env_changes)
-        writer = ResultsWriter.reopen(
-            run,
-            {
-                "time": now_iso(),
-                "forced": bool(force and (config_changes or env_changes or pid)),
-                "config_changes": config_changes,
-                "environment_changes": env_changes,
-                "environment": now_env,
-                "cluster": cluster,
-                **({"retried": retried} if retry else {}),
-            },
-            grid.option_names(),
-        )
-        writer.update(layers={**run.record.layers, **grid.sources()})
-        writer.record_theories(merge(run.theories, record(grid)))
-        if config_changes:
-            writer.update(config=grid.to_dict())
+        resumed = {
+            "time": now_iso(),
+            "forced": bool(force and (config_changes or env_changes or pid)),
+            "config_changes": config_changes,
+            "environment_changes": env_changes,
+            "environment": now_env,
+            "cluster": cluster,
+            **({"retried": retried} if retry else {}),
+        }
+        writer = _reopened(run, grid, resumed)
         # A run stopped while its ceilings were measured (or where they could not be) gets
         # them now, from the cache or measured, as a new run would.
         measuring = Measuring(progress, policy, calibration, counting)
@@ -308,6 +301,17 @@ def resume_sweep(
             died=died,
             retried=len(retried),
         )
+
+
+def _reopened(run: RunResults, grid: Grid, resumed: dict[str, Any]) -> ResultsWriter:
+    """The run's folder opened again for its missing cases, with what this resume is (listed
+    under ``resumes``), the layers and theories of both processes, and a forced grid."""
+    writer = ResultsWriter.reopen(run, resumed, grid.option_names())
+    writer.update(layers={**run.record.layers, **grid.sources()})
+    writer.record_theories(merge(run.theories, record(grid)))
+    if resumed["config_changes"]:
+        writer.update(config=grid.to_dict())
+    return writer
 
 
 def _left_to_measure(run: RunResults, retry: bool) -> tuple[RunResults, str | None, list[str]]:

@@ -147,13 +147,7 @@ def measure_ceilings(
                 lambda src=src, dst=dst: dst.copy_(src),  # type: ignore[misc]  # bound by default, freed below
                 CEILING_POLICY,
             )
-            x = torch.ones(1, dtype=torch_dtype, device=device)  # (1,)
-            out = torch.empty_like(x)  # (1,)
-
-            def tiny_call(x: torch.Tensor = x, out: torch.Tensor = out) -> torch.Tensor:
-                return torch.add(x, x, out=out)
-
-            tiny = timed("op", tiny_call, LATENCY_POLICY)
+            tiny = _tiny_op_s(device, torch_dtype, timed)
             host = host_op_s(device, torch_dtype, timed)
             curves = rates.rate_curves(device, torch_dtype, timed, curve_widths)
             recurrent = rates.recurrent_rates(device, torch_dtype, timed, curve_widths)
@@ -183,6 +177,13 @@ def measure_ceilings(
         recurrent_rates=recurrent[0] if recurrent else None,
         recurrent_call_s=recurrent[1] if recurrent else None,
     )
+
+
+def _tiny_op_s(device: str, dtype: torch.dtype, timed: KernelTimer) -> float:
+    """One op on one element, into a tensor it already has: an op's latency."""
+    x = torch.ones(1, dtype=dtype, device=device)  # (1,)
+    out = torch.empty_like(x)  # (1,)
+    return timed("op", lambda: torch.add(x, x, out=out), LATENCY_POLICY)
 
 
 HOST_PROBE_DEPTH = 16  # module calls in one call of the host probe
