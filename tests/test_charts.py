@@ -403,6 +403,11 @@ def test_the_time_chart_of_every_layer_has_a_panel_per_kin(wide_run):
         "the chapter's table",
         "conv O(k n d²), rnn O(n d²), attention O(n² d)",
     ]
+    guides = [x for x in panels[0].get_lines() if x.get_label() in ("_∝ n", "_∝ n²")]
+    (x0, x1), (y0, y1) = guides[1].get_xdata(), guides[1].get_ydata()
+    assert len(guides) == 2 and y1 / y0 == pytest.approx((x1 / x0) ** 2)  # the n² slope
+    assert y1 <= max(line.get_ydata().max() for line in solid(panels[0]))  # within the data
+    assert not [x for x in panels[1].get_lines() if x.get_label().startswith("_∝")]
     texts = [t.get_text() for t in key.get_legend().get_texts()]
     assert texts[:3] == [
         "the median time per call",

@@ -149,6 +149,21 @@ def _claim(analysis: Analysis, panel: Panel) -> str:
     return ", ".join(orders)
 
 
+def _guides(ax: Axes, at: pd.DataFrame) -> None:
+    """Faint slopes of n and n² from the panel's fastest first point, so the chapter's two
+    orders can be read off the lines at a glance (the fits' exponents are in the legend)."""
+    n0, n1 = float(at["n"].min()), float(at["n"].max())
+    t0, top = float(at.loc[at["n"] == n0, "time_s"].min()), float(at["time_s"].max())
+    if not (n1 > n0 and top > t0 > 0):
+        return
+    for power, name in ((1, "∝ n"), (2, "∝ n²")):
+        # up to the panel's longest time: a guide never widens the shared scale
+        ns = np.array([n0, min(n1, n0 * (top / t0) ** (1 / power))])
+        ys = t0 * (ns / n0) ** power
+        ax.plot(ns, ys, color="0.6", lw=0.8, ls="-.", label=f"_{name}", zorder=0)
+        ax.annotate(name, (ns[-1], ys[-1]), fontsize=8, color="0.45", ha="right", va="bottom")
+
+
 def _time_key(cell: Axes, models: bool, kernels: bool) -> None:
     """How to read a panel of the time chart, drawn in a spare cell of its grid."""
     from matplotlib.lines import Line2D
@@ -216,6 +231,7 @@ def _time_chart(
         legend(ax)
         if panel.chapter and along == "n":
             ax.set_title(f"{ax.get_title()}\n{_claim(analysis, panel)}", fontsize=9)
+            _guides(ax, at)
     # The key names the dashed and dotted lines only where some were drawn: in a spare cell of
     # the grid, or once under the title.
     cell = spare_cell(fig, [ax for _, _, ax in cells]) if len(cells) > 1 else None
