@@ -31,16 +31,16 @@ from attnbench.fits import (
 from attnbench.regime import overhead_bound
 from attnbench.render.machine import roofline_chart, time_split_chart
 from attnbench.render.style import (
-    GRID_COLUMNS,
-    GRID_ROWS,
     Panel,
     last,
-    layer_panels,
     layer_style,
     legend,
     log_axes,
+    order_guides,
     panels,
+    small_multiples,
     spare_cell,
+    time_key,
 )
 from attnbench.results.run import RunResults
 from attnbench.schema import METRICS, Metric, numeric_column
@@ -104,39 +104,6 @@ def _model_line(analysis: Analysis, layer: str, line: pd.DataFrame, along: str) 
     return at[along].to_numpy(), fit.predict(term_sizes(at, fit.model.terms, analysis.layers))
 
 
-def _small_multiples(
-    analysis: Analysis, frame: pd.DataFrame, other: str, fixed_values: Sequence[Any], title: str
-) -> tuple[Figure, list[tuple[Any, Panel, Axes]]]:
-    """A figure of one panel per value of ``other`` and kin of layers (``layer_panels``). With
-    the layers in several panels they share one scale: one value's panels three a row, or,
-    for several values, a row each, for the largest ``GRID_ROWS`` of them."""
-    chosen = [
-        [
-            (fixed, panel)
-            for panel in layer_panels(list(frame[frame[other] == fixed]["layer"]), analysis.layers)
-        ]
-        for fixed in fixed_values
-    ]
-    grid = any(len(row) > 1 for row in chosen)
-    if grid:  # the kins of layers a row: the largest GRID_ROWS values (--layers for the rest)
-        chosen = chosen[-GRID_ROWS:]
-        fixed_values = fixed_values[-GRID_ROWS:]
-    if len(chosen) == 1 or not grid:  # one value (or one panel a value): wrapped
-        flat = [cell for row in chosen for cell in row]
-        fig, axes = panels(len(flat), title, columns=GRID_COLUMNS if grid else 2, shared=grid)
-    else:
-        flat, positions = [], []
-        width = max(len(row) for row in chosen)
-        for i, row in enumerate(chosen):
-            flat += row
-            positions += [i * width + j for j in range(len(row))]
-        fig, axes = panels(len(flat), title, columns=width, shared=True, positions=positions)
-    for ax, (fixed, panel) in zip(axes, flat, strict=True):
-        heading = f"{other} = {fixed}" if len(fixed_values) > 1 or not panel.title else ""
-        ax.set_title(" · ".join(x for x in (panel.title, heading) if x), fontsize=9)
-    return fig, [(fixed, panel, ax) for ax, (fixed, panel) in zip(axes, flat, strict=True)]
-
-
 def _claim(analysis: Analysis, panel: Panel) -> str:
     """The chapter's orders of a panel's layers, as its table states them:
     "conv O(k n d^2), rnn O(n d^2), attention O(n^2 d)"."""
@@ -149,53 +116,6 @@ def _claim(analysis: Analysis, panel: Panel) -> str:
     return ", ".join(orders)
 
 
-def _guides(ax: Axes, at: pd.DataFrame) -> None:
-    """Faint slopes of n and n² from the panel's fastest first point, so the chapter's two
-    orders can be read off the lines at a glance (the fits' exponents are in the legend)."""
-    n0, n1 = float(at["n"].min()), float(at["n"].max())
-    t0, top = float(at.loc[at["n"] == n0, "time_s"].min()), float(at["time_s"].max())
-    if not (n1 > n0 and top > t0 > 0):
-        return
-    for power, name in ((1, "∝ n"), (2, "∝ n²")):
-        # up to the panel's longest time: a guide never widens the shared scale
-        ns = np.array([n0, min(n1, n0 * (top / t0) ** (1 / power))])
-        ys = t0 * (ns / n0) ** power
-        ax.plot(ns, ys, color="0.6", lw=0.8, ls="-.", label=f"_{name}", zorder=0)
-        ax.annotate(name, (ns[-1], ys[-1]), fontsize=8, color="0.45", ha="right", va="bottom")
-
-
-def _time_key(cell: Axes, models: bool, kernels: bool) -> None:
-    """How to read a panel of the time chart, drawn in a spare cell of its grid."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    grey = "0.3"
-    entries: list[tuple[Any, str]] = [
-        (Line2D([], [], color=grey, marker="o", lw=1.2), "the median time per call"),
-        (Patch(color=grey, alpha=0.18, lw=0), "its samples' quartiles"),
-    ]
-    if models:
-        entries.append((Line2D([], [], color=grey, ls="--", lw=1), "the layer's fitted cost model"))
-    if kernels:
-        entries += [
-            (Line2D([], [], color=grey, ls=":", lw=1.2), "the kernels' time alone"),
-            (
-                Line2D([], [], color=grey, marker="o", ls="none", markerfacecolor="white"),
-                "overhead-bound: kernels under half the time",
-            ),
-        ]
-    handles, labels = zip(*entries, strict=True)
-    cell.legend(
-        handles,
-        labels,
-        title="how to read a panel\n(n^a [lo, hi]: the fitted exponent, its 95% interval)",
-        loc="center",
-        fontsize=9,
-        title_fontsize=9,
-        frameon=False,
-    )
-
-
 def _time_chart(
     analysis: Analysis, q: pd.DataFrame, along: str, other: str, title: str
 ) -> Figure | None:
@@ -203,7 +123,7 @@ def _time_chart(
     fixed_values = [v for v in last(frame[other]) if frame[frame[other] == v][along].nunique() > 1]
     if not fixed_values:
         return None
-    fig, cells = _small_multiples(analysis, frame, other, fixed_values, title)
+    fig, cells = small_multiples(analysis.layers, frame, other, fixed_values, title)
     models = kernels = 0
     for fixed, panel, ax in cells:
         at = frame[(frame[other] == fixed) & frame["layer"].isin(panel.layers)]
@@ -231,12 +151,12 @@ def _time_chart(
         legend(ax)
         if panel.chapter and along == "n":
             ax.set_title(f"{ax.get_title()}\n{_claim(analysis, panel)}", fontsize=9)
-            _guides(ax, at)
+            order_guides(ax, at)
     # The key names the dashed and dotted lines only where some were drawn: in a spare cell of
     # the grid, or once under the title.
     cell = spare_cell(fig, [ax for _, _, ax in cells]) if len(cells) > 1 else None
     if cell is not None:
-        _time_key(cell, bool(models), bool(kernels))
+        time_key(cell, bool(models), bool(kernels))
         return fig
     keys = ["dashed: fitted cost model"] * bool(models) + [
         "dotted: kernels' time, hollow: overhead-bound"
@@ -286,7 +206,7 @@ def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
         return None
     ds = ds if chart.per_d else ds[-1:]
     title = chart.title + (f"\n(dashed: {chart.theory_note})" if chart.theory_note else "")
-    fig, cells = _small_multiples(analysis, frame, "d", ds, title)
+    fig, cells = small_multiples(analysis.layers, frame, "d", ds, title)
     for d, panel, ax in cells:
         at = frame[(frame["d"] == d) & frame["layer"].isin(panel.layers)]
         for layer, line in at.groupby("layer", sort=False):
@@ -313,7 +233,7 @@ def _normalized_chart(analysis: Analysis) -> Figure | None:
     if not ds:
         return None
     title = "Time divided by the analytic FLOPs: flat where the theory holds"
-    fig, cells = _small_multiples(analysis, frame, "d", ds, title)
+    fig, cells = small_multiples(analysis.layers, frame, "d", ds, title)
     for d, panel, ax in cells:
         at = frame[(frame["d"] == d) & frame["layer"].isin(panel.layers)]
         for layer, line in at.groupby("layer", sort=False):

@@ -1,4 +1,5 @@
-"""The look every chart shares: a layer's colour and marker, log-log axes, panels, legends."""
+"""The look every chart shares: a layer's colour and marker, log-log axes, panels and small
+multiples of kin, legends, and the time chart's key and guides."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
 
 from attnbench.layers import BUILTIN, CUSTOM, LayerEntry
 
@@ -187,3 +191,87 @@ def spare_cell(fig: Figure, axes: Sequence[Axes]) -> Axes | None:
     cell = fig.add_subplot(rows, cols, free[0] + 1)
     cell.set_axis_off()
     return cell
+
+
+def small_multiples(
+    known: Mapping[str, LayerEntry],
+    frame: pd.DataFrame,
+    other: str,
+    fixed_values: Sequence[Any],
+    title: str,
+) -> tuple[Figure, list[tuple[Any, Panel, Axes]]]:
+    """A figure of one panel per value of ``other`` and kin of layers (``layer_panels``). With
+    the layers in several panels they share one scale: one value's panels three a row, or,
+    for several values, a row each, for the largest ``GRID_ROWS`` of them."""
+    chosen = [
+        [
+            (fixed, panel)
+            for panel in layer_panels(list(frame[frame[other] == fixed]["layer"]), known)
+        ]
+        for fixed in fixed_values
+    ]
+    grid = any(len(row) > 1 for row in chosen)
+    if grid:  # the kins of layers a row: the largest GRID_ROWS values (--layers for the rest)
+        chosen = chosen[-GRID_ROWS:]
+        fixed_values = fixed_values[-GRID_ROWS:]
+    if len(chosen) == 1 or not grid:  # one value (or one panel a value): wrapped
+        flat = [cell for row in chosen for cell in row]
+        fig, axes = panels(len(flat), title, columns=GRID_COLUMNS if grid else 2, shared=grid)
+    else:
+        flat, positions = [], []
+        width = max(len(row) for row in chosen)
+        for i, row in enumerate(chosen):
+            flat += row
+            positions += [i * width + j for j in range(len(row))]
+        fig, axes = panels(len(flat), title, columns=width, shared=True, positions=positions)
+    for ax, (fixed, panel) in zip(axes, flat, strict=True):
+        heading = f"{other} = {fixed}" if len(fixed_values) > 1 or not panel.title else ""
+        ax.set_title(" · ".join(x for x in (panel.title, heading) if x), fontsize=9)
+    return fig, [(fixed, panel, ax) for ax, (fixed, panel) in zip(axes, flat, strict=True)]
+
+
+def order_guides(ax: Axes, at: pd.DataFrame) -> None:
+    """Faint slopes of n and n² from the panel's fastest first point, so the chapter's two
+    orders can be read off the lines at a glance (the fits' exponents are in the legend)."""
+    n0, n1 = float(at["n"].min()), float(at["n"].max())
+    t0, top = float(at.loc[at["n"] == n0, "time_s"].min()), float(at["time_s"].max())
+    if not (n1 > n0 and top > t0 > 0):
+        return
+    for power, name in ((1, "∝ n"), (2, "∝ n²")):
+        # up to the panel's longest time: a guide never widens the shared scale
+        ns = np.array([n0, min(n1, n0 * (top / t0) ** (1 / power))])
+        ys = t0 * (ns / n0) ** power
+        ax.plot(ns, ys, color="0.6", lw=0.8, ls="-.", label=f"_{name}", zorder=0)
+        ax.annotate(name, (ns[-1], ys[-1]), fontsize=8, color="0.45", ha="right", va="bottom")
+
+
+def time_key(cell: Axes, models: bool, kernels: bool) -> None:
+    """How to read a panel of the time chart, drawn in a spare cell of its grid."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    grey = "0.3"
+    entries: list[tuple[Any, str]] = [
+        (Line2D([], [], color=grey, marker="o", lw=1.2), "the median time per call"),
+        (Patch(color=grey, alpha=0.18, lw=0), "its samples' quartiles"),
+    ]
+    if models:
+        entries.append((Line2D([], [], color=grey, ls="--", lw=1), "the layer's fitted cost model"))
+    if kernels:
+        entries += [
+            (Line2D([], [], color=grey, ls=":", lw=1.2), "the kernels' time alone"),
+            (
+                Line2D([], [], color=grey, marker="o", ls="none", markerfacecolor="white"),
+                "overhead-bound: kernels under half the time",
+            ),
+        ]
+    handles, labels = zip(*entries, strict=True)
+    cell.legend(
+        handles,
+        labels,
+        title="how to read a panel\n(n^a [lo, hi]: the fitted exponent, its 95% interval)",
+        loc="center",
+        fontsize=9,
+        title_fontsize=9,
+        frameon=False,
+    )
