@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import pandas as pd
 import typer
@@ -17,7 +17,7 @@ from attnbench.cli.render import Streams, frame_table
 from attnbench.devices import DEVICE_CHOICES, DTYPES, check_threads, device_kind, local_device
 from attnbench.errors import AttnbenchError
 from attnbench.fits import Analysis
-from attnbench.fits.prediction import predict_run
+from attnbench.fits.prediction import LayerMiss, Prediction, predict_run
 from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.measure.machine.ceilings_file import cache_dir, machine_ceilings, read_ceilings
 from attnbench.measure.machine.probes import PASSES
@@ -144,39 +144,44 @@ def _curve_rows(found: Ceilings) -> list[tuple[str, str, str]]:
     return rows
 
 
+MachineFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--machine",
+        help="A ceilings file (attnbench machine --json, here or on another machine). "
+        "Default: the ceilings the run recorded when it started (its own machine's), or "
+        "for an older run this machine's, for its device, dtype and threads (cached).",
+        show_default=False,
+    ),
+]
+PredictedCharts = Annotated[
+    Path | None,
+    typer.Option(
+        "--charts",
+        help="Draw the predicted run's charts (time, crossover, time-split, roofline) into "
+        "this folder: the run as it would look on that machine.",
+        show_default=False,
+    ),
+]
+Method = Annotated[
+    str | None,
+    typer.Option(
+        "--method",
+        help="carried: each measured time scaled by the two machines' ceilings (its "
+        "kernels' part by their rates and bandwidths for the case's own work, the rest by "
+        "their hosts), for a run that recorded its machine's ceilings, on a device of the "
+        "same kind; counts: the counts alone on the target's ceilings. Default: carried "
+        "where it can be, else counts.",
+        show_default=False,
+    ),
+]
+
+
 def predict(
     folder: SavedRun = None,
-    machine_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--machine",
-            help="A ceilings file (attnbench machine --json, here or on another machine). "
-            "Default: the ceilings the run recorded when it started (its own machine's), or "
-            "for an older run this machine's, for its device, dtype and threads (cached).",
-            show_default=False,
-        ),
-    ] = None,
-    charts: Annotated[
-        Path | None,
-        typer.Option(
-            "--charts",
-            help="Draw the predicted run's charts (time, crossover, time-split, roofline) into "
-            "this folder: the run as it would look on that machine.",
-            show_default=False,
-        ),
-    ] = None,
-    method: Annotated[
-        str | None,
-        typer.Option(
-            "--method",
-            help="carried: each measured time scaled by the two machines' ceilings (its "
-            "kernels' part by their rates and bandwidths for the case's own work, the rest by "
-            "their hosts), for a run that recorded its machine's ceilings, on a device of the "
-            "same kind; counts: the counts alone on the target's ceilings. Default: carried "
-            "where it can be, else counts.",
-            show_default=False,
-        ),
-    ] = None,
+    machine_file: MachineFile = None,
+    charts: PredictedCharts = None,
+    method: Method = None,
     as_json: Annotated[bool, json_flag("the predicted times and crossovers")] = False,
 ) -> None:
     """Predict a run's times on a machine from its ceilings: the run's measured times carried
@@ -198,21 +203,7 @@ def predict(
     table, options, analysis = found.table, found.options, found.analysis
     drawn = _draw(found.run, analysis, charts, ceilings) if charts is not None else []
     if as_json:
-        records = json.loads(table.to_json(orient="records", double_precision=15))
-        crossings = json.loads(analysis.crossovers.to_json(orient="records"))
-        typer.echo(
-            json.dumps(
-                {
-                    "machine": ceilings.to_dict(),
-                    "method": found.method,
-                    "method_why": found.why,
-                    "results": records,
-                    "crossovers": crossings,
-                    "charts": [str(p) for p in drawn],
-                },
-                indent=2,
-            )
-        )
+        typer.echo(json.dumps(_predicted_json(found, ceilings, drawn), indent=2))
         return
     streams = Streams.make(width=140)
     shown = table.assign(
@@ -228,20 +219,7 @@ def predict(
     frame_table(shown, streams.out, title=title)
     streams.err.print(f"method: {found.why}", markup=False, soft_wrap=True)
     for miss in found.misses:
-        where = (
-            ""
-            if math.isnan(miss.kernels)
-            else f" (its kernels {miss.kernels:.0%}, its overhead {miss.overhead:.0%} of the time)"
-        )
-        bounds = ", ".join(f"{b} {c}" for b, c in miss.bounds.items())
-        apart = miss.rounds
-        rounds = "" if math.isnan(apart) else f"; its rounds {apart:.0%} from each other"
-        streams.err.print(
-            f"{miss.layer}: relative RMS {miss.rms:.0%}{where} over {miss.cases} case(s)"
-            f"{rounds}; bound: {bounds}",
-            markup=False,
-            soft_wrap=True,
-        )
+        streams.err.print(_miss_line(miss), markup=False, soft_wrap=True)
     crossings = crossover_display(analysis)
     if not crossings.empty:
         shown = crossings.rename(columns={"measured n": "predicted n"})
@@ -250,6 +228,33 @@ def predict(
         )
     for path in drawn:
         streams.err.print(f"drew {path}", markup=False, soft_wrap=True)
+
+
+def _predicted_json(found: Prediction, ceilings: Ceilings, drawn: list[Path]) -> dict[str, Any]:
+    """``predict --json``: the machine, the method and why, each case, the crossovers."""
+    return {
+        "machine": ceilings.to_dict(),
+        "method": found.method,
+        "method_why": found.why,
+        "results": json.loads(found.table.to_json(orient="records", double_precision=15)),
+        "crossovers": json.loads(found.analysis.crossovers.to_json(orient="records")),
+        "charts": [str(p) for p in drawn],
+    }
+
+
+def _miss_line(miss: LayerMiss) -> str:
+    """How far one layer's prediction is, and where its time goes, in one line."""
+    where = (
+        ""
+        if math.isnan(miss.kernels)
+        else f" (its kernels {miss.kernels:.0%}, its overhead {miss.overhead:.0%} of the time)"
+    )
+    bounds = ", ".join(f"{b} {c}" for b, c in miss.bounds.items())
+    rounds = "" if math.isnan(miss.rounds) else f"; its rounds {miss.rounds:.0%} from each other"
+    return (
+        f"{miss.layer}: relative RMS {miss.rms:.0%}{where} over {miss.cases} case(s)"
+        f"{rounds}; bound: {bounds}"
+    )
 
 
 PREDICTED_CHARTS = ("time", "crossover", "time-split", "roofline")
