@@ -75,7 +75,23 @@ def machine(
     if as_json:
         typer.echo(json.dumps({**found.to_dict(), "cached": cached}, indent=2))
         return
-    rows = [
+    streams = Streams.make()
+    title = (
+        f"{found.device_name} ({found.device}, {found.threads} thread(s), "
+        f"torch {found.torch_version})"
+    )
+    frame_table(
+        pd.DataFrame(_ceiling_rows(found), columns=["ceiling", "value", "measured with"]),
+        streams.out,
+        title=title,
+    )
+    where = "read from the cache" if cached else "measured now and cached"
+    streams.err.print(f"{where} in {cache_dir()} (--remeasure measures again)", markup=False)
+
+
+def _ceiling_rows(found: Ceilings) -> list[tuple[str, str, str]]:
+    """Each ceiling, its value and what measured it, for people."""
+    return [
         (
             "peak FLOP/s",
             f"{found.peak_flops_per_s / 1e9:.1f} GFLOP/s",
@@ -101,16 +117,6 @@ def machine(
             "a fresh 4 KiB page touched once" if found.page_fault_s else "not counted here",
         ),
     ]
-    streams = Streams.make()
-    title = (
-        f"{found.device_name} ({found.device}, {found.threads} thread(s), "
-        f"torch {found.torch_version})"
-    )
-    frame_table(
-        pd.DataFrame(rows, columns=["ceiling", "value", "measured with"]), streams.out, title=title
-    )
-    where = "read from the cache" if cached else "measured now and cached"
-    streams.err.print(f"{where} in {cache_dir()} (--remeasure measures again)", markup=False)
 
 
 def _curve_rows(found: Ceilings) -> list[tuple[str, str, str]]:
