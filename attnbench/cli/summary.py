@@ -95,6 +95,34 @@ def busy_while_measuring(run: RunResults) -> str:
 
 def summary_notes(run: RunResults, console: Console, *, verb: str = "written to") -> None:
     """What a reader of the summary tables should know, and where the results are."""
+    _time_notes(run, console)
+    if run.record.ceilings_error:
+        console.print(
+            f"[yellow]note:[/] no machine ceilings, so no predicted times or bounds: "
+            f"{escape(run.record.ceilings_error)}; attnbench predict --machine FILE "
+            "takes the ceilings of the machine that ran the cases",
+            soft_wrap=True,
+        )
+    _count_notes(run.frame, console)
+    for note in fault_notes(run):
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    busy = busy_while_measuring(run)
+    if busy:
+        console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)
+    for warning in run.warnings:
+        console.print(f"[yellow]note:[/] {escape(warning)}")
+    console.print(f"results {verb} [bold]{run.path}[/] (results.csv, samples.csv, run.json)")
+    if run.status != RunStatus.COMPLETE:
+        console.print(
+            f"[yellow]this run is unfinished ({run.status}):[/] finish it with "
+            f"attnbench sweep --resume {run.path}",
+            soft_wrap=True,
+        )
+
+
+def _time_notes(run: RunResults, console: Console) -> None:
+    """What to know of the times: cases not measured, imprecise, spread over processes, off
+    their trend, or measured on a second worker."""
     frame = run.frame
     counts = run.counts()
     unmeasured = len(frame) - counts[Status.OK]
@@ -137,13 +165,11 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             f"in them (attempts = 2): {names}",
             soft_wrap=True,
         )
-    if run.record.ceilings_error:
-        console.print(
-            f"[yellow]note:[/] no machine ceilings, so no predicted times or bounds: "
-            f"{escape(run.record.ceilings_error)}; attnbench predict --machine FILE "
-            "takes the ceilings of the machine that ran the cases",
-            soft_wrap=True,
-        )
+
+
+def _count_notes(frame: pd.DataFrame, console: Console) -> None:
+    """What to know of the counts: path lengths extended, and counts that differ from their
+    formula or missed ops."""
     if (sources(frame["path_len_method"]) == Source.EXTENDED).any():
         console.print(
             "[dim]path*: extended from a band or block law proven at probe lengths "
@@ -172,20 +198,6 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             f"[yellow]note:[/] {len(incomplete)} case(s) "
             f"({', '.join(sorted(set(incomplete['layer'])))}) ran ops with no FLOP formula "
             f"({', '.join(ops)}): their FLOPs are a lower bound; see the uncounted_ops column",
-            soft_wrap=True,
-        )
-    for note in fault_notes(run):
-        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    busy = busy_while_measuring(run)
-    if busy:
-        console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)
-    for warning in run.warnings:
-        console.print(f"[yellow]note:[/] {escape(warning)}")
-    console.print(f"results {verb} [bold]{run.path}[/] (results.csv, samples.csv, run.json)")
-    if run.status != RunStatus.COMPLETE:
-        console.print(
-            f"[yellow]this run is unfinished ({run.status}):[/] finish it with "
-            f"attnbench sweep --resume {run.path}",
             soft_wrap=True,
         )
 
