@@ -20,8 +20,12 @@ from attnbench.errors import AttnbenchError
 from attnbench.render.dashboard import github_commit_url, publish
 from attnbench.results.history import add_run, load_history
 from attnbench.results.loader import load_results
+from attnbench.schema import DEVICE_FREE_COUNTS
 from attnbench.thresholds import Thresholds, parse_fraction
 from attnbench.vcs import git_output
+
+# What a history's change points are found in: the time, and the counts the same on any device.
+HISTORY_METRICS = ("time_s", *DEVICE_FREE_COUNTS)
 
 DEFAULT_HISTORY = Path("attnbench-history")
 HistoryOption = Annotated[
@@ -39,9 +43,7 @@ RepoOption = Annotated[Path, typer.Option(help="The git repository of the commit
 def show(
     ctx: typer.Context,
     history: HistoryOption = DEFAULT_HISTORY,
-    metric: Annotated[
-        str, typer.Option(help="time_s, flops, elementwise, bytes, seq_steps, path_len or all.")
-    ] = "all",
+    metric: Annotated[str, typer.Option(help=f"{', '.join(HISTORY_METRICS)} or all.")] = "all",
     as_json: Annotated[bool, json_flag("the change points")] = False,
     markdown: Annotated[
         bool,
@@ -76,47 +78,44 @@ def show(
     loaded = load_history(history, repo=repo)
     warn(loaded.warnings, streams)
     frame = loaded.frame
-    steps = history_steps(frame)
-    if metric != "all":
-        if metric not in set(steps["metric"]) | {
-            "time_s",
-            "flops",
-            "elementwise",
-            "bytes",
-            "seq_steps",
-            "path_len",
-        }:
-            raise AttnbenchError(f"unknown --metric {metric!r}")
-        steps = steps[steps["metric"] == metric]
-    if last is not None:
-        steps = steps[steps["points"] - steps["index"] <= last]
+    steps = _chosen(history_steps(frame), metric, last)
     if markdown:
         typer.echo(markdown_table(steps, int(frame["file"].nunique())))
         return
     if as_json:
-        records = steps.to_dict(orient="records")
-        for r in records:
-            r.update({k: None for k, v in r.items() if isinstance(v, float) and math.isnan(v)})
-        typer.echo(
-            json.dumps(
-                {
-                    "history": str(history),
-                    "runs": int(frame["file"].nunique()),
-                    "change_points": records,
-                },
-                indent=1,
-                default=str,
-            )
-        )
+        typer.echo(json.dumps(_history_json(history, frame, steps), indent=1, default=str))
         return
     out = streams.out
     out.print(
         f"{frame['file'].nunique()} run(s) of {frame['commit'].nunique()} commit(s), "
         f"{frame['machine'].nunique()} machine(s): {len(steps)} change point(s)"
     )
-    if steps.empty:
-        return
-    shown = pd.DataFrame(
+    if not steps.empty:
+        frame_table(_steps_display(steps), out)
+
+
+def _chosen(steps: pd.DataFrame, metric: str, last: int | None) -> pd.DataFrame:
+    """The change points of ``--metric`` among ``--last`` commits of each series."""
+    if metric != "all":
+        if metric not in set(steps["metric"]) | set(HISTORY_METRICS):
+            raise AttnbenchError(f"unknown --metric {metric!r}")
+        steps = steps[steps["metric"] == metric]
+    if last is not None:
+        steps = steps[steps["points"] - steps["index"] <= last]
+    return steps
+
+
+def _history_json(history: Path, frame: pd.DataFrame, steps: pd.DataFrame) -> dict[str, Any]:
+    """``history --json``: the history, its runs, and each change point (NaN as null)."""
+    records = steps.to_dict(orient="records")
+    for r in records:
+        r.update({k: None for k, v in r.items() if isinstance(v, float) and math.isnan(v)})
+    return {"history": str(history), "runs": int(frame["file"].nunique()), "change_points": records}
+
+
+def _steps_display(steps: pd.DataFrame) -> pd.DataFrame:
+    """The change points for people: the ratio, p, the commits shortened."""
+    return pd.DataFrame(
         {
             "layer": steps["layer"],
             "n": steps["n"],
@@ -130,7 +129,6 @@ def show(
             "machine": steps["machine"],
         }
     )
-    frame_table(shown, out)
 
 
 def warn(warnings: tuple[str, ...], streams: Streams) -> None:
