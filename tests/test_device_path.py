@@ -5,6 +5,7 @@ and CUDA's fused LSTM and GRU cells, which hide their work from the counters."""
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -81,7 +82,7 @@ def test_the_path_of_a_case_counted_on_the_cpu_follows_the_cpu_steps(
     (2 a position, not the CPU's 10) mixed with the CPU's probes, which made the route look
     direct, and the per-layer probe cache kept that for the CPU recount. A device trace (faked
     with those steps) must not be what the path reads."""
-    monkeypatch.setattr(structure, "_PROBE_CACHE", {})
+    monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
     real_counts = case_module._call_counts
 
     def fake(case, step, seed, counting=None):  # type: ignore[no-untyped-def]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -247,7 +248,7 @@ def test_a_probe_lengths_jacobian_is_taken_once_for_every_case_that_needs_it(
     n = 32, 64, 128 share each length's dependency pattern."""
     from attnbench.measure.counts import structure
 
-    monkeypatch.setattr(structure, "_PROBE_CACHE", {})
+    monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
     taken: list[int] = []
     real = structure.dependency_pattern
 
@@ -280,7 +281,8 @@ def test_a_scan_reads_its_levels_from_the_steps_the_case_traced(
     monkeypatch.setattr(
         structure, "traced_steps", lambda m, n, d: traced.append(n) or real(m, n, d)
     )
-    monkeypatch.setattr(structure, "_PROBE_CACHE", {})  # the route's probes traced afresh
+    # the route's probes traced afresh
+    monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
     given = path_length(build, 128, D, steps=real(build(128), 128, D))
     assert given == alone and given.value == 7  # ⌈log₂ 128⌉ levels
     assert 128 not in traced  # only the probes' traces, for the route
@@ -297,18 +299,18 @@ def test_a_route_probed_at_the_cases_length_reads_the_steps_the_case_traced(
 
     build = _builder("gru")
     real = structure.traced_steps
-    monkeypatch.setattr(structure, "_PROBE_CACHE", {})
+    monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
     alone = path_length(build, 64, D)
     traced: list[int] = []
     monkeypatch.setattr(
         structure, "traced_steps", lambda m, n, d: traced.append(n) or real(m, n, d)
     )
-    monkeypatch.setattr(structure, "_PROBE_CACHE", {})
+    monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
     steps = real(build(64), 64, D)
     given = path_length(build, 64, D, steps=steps)
     assert given == alone and given.value == 64
     assert traced == [16, 32]  # 64 read from the case's steps
-    monkeypatch.setattr(structure, "_PROBE_CACHE", {})
+    monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
     assert route_of(build, D, (16, 32, 64), {64: steps + 1}).kind != "recurrence"
 
 
@@ -330,7 +332,8 @@ def test_a_route_chooses_the_dtype_of_its_jacobians(monkeypatch: pytest.MonkeyPa
 
     seen: dict[str, set[torch.dtype]] = {}
     real = structure.dependency_pattern
-    monkeypatch.setattr(structure, "_PROBE_CACHE", {})  # no pattern read from an earlier test
+    # no pattern read from an earlier test
+    monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
     for name in ("attention", "rnn"):
         found: set[torch.dtype] = set()
 
@@ -358,7 +361,7 @@ def test_a_pattern_reads_the_module_it_is_given_even_one_that_reads_as_empty(
         def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d)
             return x.cumsum(dim=1)
 
-    monkeypatch.setattr(structure, "_PROBE_CACHE", {})
+    monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
     builds: list[int] = []
 
     def build(n: int) -> nn.Module:
