@@ -31,46 +31,54 @@ from attnbench.spec import load_config
 from attnbench.storage import write_text_atomic
 from attnbench.thresholds import gate_from
 
+BasePython = Annotated[
+    str | None,
+    typer.Option(
+        help="The Python interpreter of the base side, e.g. a venv with your main branch "
+        "installed (../base/.venv/bin/python). Default: this one.",
+        show_default=False,
+    ),
+]
+BaseLayers = Annotated[
+    str | None,
+    typer.Option(
+        help="The base side's layers, one for each of --layers, in the same order (race "
+        "attention-sdpa against attention with --base-layers attention --layers "
+        "attention-sdpa). Default: the same layers.",
+        show_default=False,
+    ),
+]
+AbOut = Annotated[
+    Path | None,
+    typer.Option(
+        help="Folder for base/ and current/ (two ordinary results folders) and the "
+        "verdicts. Default: results/ab-<timestamp>."
+    ),
+]
+AbConfig = Annotated[
+    Path | None,
+    typer.Option(help="TOML file with sweep keys (layers, n, d, ...); options override it."),
+]
+AbYes = Annotated[
+    bool,
+    typer.Option("--yes", "-y", help="Start a very large run (over 2000 cases or an hour)."),
+]
+AbNoCache = Annotated[
+    bool, typer.Option("--no-cache", help=NO_CACHE_HELP, envvar="ATTNBENCH_NO_CACHE")
+]
+AbQuiet = Annotated[bool, typer.Option(help="No progress, table or notes.")]
+
 
 @with_options(before=GRID, after=(*GATE, *VERDICT_OUTPUT))
 def ab(
-    base_python: Annotated[
-        str | None,
-        typer.Option(
-            help="The Python interpreter of the base side, e.g. a venv with your main branch "
-            "installed (../base/.venv/bin/python). Default: this one.",
-            show_default=False,
-        ),
-    ] = None,
-    base_layers: Annotated[
-        str | None,
-        typer.Option(
-            help="The base side's layers, one for each of --layers, in the same order (race "
-            "attention-sdpa against attention with --base-layers attention --layers "
-            "attention-sdpa). Default: the same layers.",
-            show_default=False,
-        ),
-    ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            help="Folder for base/ and current/ (two ordinary results folders) and the "
-            "verdicts. Default: results/ab-<timestamp>."
-        ),
-    ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option(help="TOML file with sweep keys (layers, n, d, ...); options override it."),
-    ] = None,
-    yes: Annotated[
-        bool,
-        typer.Option("--yes", "-y", help="Start a very large run (over 2000 cases or an hour)."),
-    ] = False,
-    no_cache: Annotated[
-        bool, typer.Option("--no-cache", help=NO_CACHE_HELP, envvar="ATTNBENCH_NO_CACHE")
-    ] = False,
+    base_python: BasePython = None,
+    base_layers: BaseLayers = None,
+    out: AbOut = None,
+    config: AbConfig = None,
+    yes: AbYes = False,
+    no_cache: AbNoCache = False,
     as_json: Annotated[bool, json_flag("the verdicts")] = False,
-    quiet: Annotated[bool, typer.Option(help="No progress, table or notes.")] = False,
+    quiet: AbQuiet = False,
     **options: Any,
 ) -> None:
     """Race the current side against a base side, measured in turn: exit 1 on a regression.
