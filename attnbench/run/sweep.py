@@ -242,21 +242,7 @@ def resume_sweep(
     """
     out_dir = Path(out_dir)
     run, died, retried = _left_to_measure(load_results(out_dir), retry)
-    # Plugin layers are loaded again from where they came, before the grid is rebuilt; each is
-    # checked against the record before any of its code runs.
-    named = (overrides or {}).get("layers") or ()
-    layer_changes = plugins.restore(
-        run.record.layers,
-        force=force,
-        results=out_dir,
-        named=plugins.named_files(named.split(",") if isinstance(named, str) else named),
-    )
-    pid = _still_running(run.record)
-    if pid is not None and not force:
-        raise AttnbenchError(
-            f"--resume {str(out_dir)!r}: process {pid} on this machine may still be writing "
-            "this run; stop it first (or pass --force if that process is something else)"
-        )
+    layer_changes, pid = _may_resume(run, out_dir, overrides, force)
     with _executor(executor, clock) as runs_on:
         try:
             recorded = grid_from_config(run.record.config, runs_on.resolve_device)
@@ -301,6 +287,28 @@ def resume_sweep(
             died=died,
             retried=len(retried),
         )
+
+
+def _may_resume(
+    run: RunResults, out_dir: Path, overrides: Mapping[str, Any] | None, force: bool
+) -> tuple[dict[str, list[str]], int | None]:
+    """Its plugin layers loaded again from where they came, before the grid is rebuilt (each
+    checked against the record before any of its code runs): how they changed, and the
+    process that may still be writing the run (one line, unless ``force``)."""
+    named = (overrides or {}).get("layers") or ()
+    layer_changes = plugins.restore(
+        run.record.layers,
+        force=force,
+        results=out_dir,
+        named=plugins.named_files(named.split(",") if isinstance(named, str) else named),
+    )
+    pid = _still_running(run.record)
+    if pid is not None and not force:
+        raise AttnbenchError(
+            f"--resume {str(out_dir)!r}: process {pid} on this machine may still be writing "
+            "this run; stop it first (or pass --force if that process is something else)"
+        )
+    return layer_changes, pid
 
 
 def _reopened(run: RunResults, grid: Grid, resumed: dict[str, Any]) -> ResultsWriter:
