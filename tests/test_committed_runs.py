@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.fits import analyse
-from attnbench.render.charts import build_charts, save_charts
+from attnbench.render.charts import plot_run
 from attnbench.results.loader import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,9 +27,8 @@ def test_replotting_a_committed_run_draws_its_committed_charts(folder: Path, tmp
     committed = sorted((folder / "charts").glob("*.svg"))  # the PNGs rasterise the same figures
     names = [p.stem for p in committed]
     run = load_results(folder)
-    figures = build_charts(run, analyse(run), names)
-    assert sorted(figures) == sorted(names)  # every committed chart is drawn again
-    save_charts(figures, tmp_path, ["svg"])
+    drawn = plot_run(run, names=names, formats=["svg"], out_dir=tmp_path)  # as `plot` draws
+    assert sorted(p.stem for p in drawn) == sorted(names)  # every committed chart drawn again
     differ = [p.name for p in committed if (tmp_path / p.name).read_bytes() != p.read_bytes()]
     assert not differ, f"attnbench plot {folder} draws other charts: {differ}"
 

@@ -30,6 +30,7 @@ from attnbench.fits import (
 )
 from attnbench.regime import overhead_bound
 from attnbench.render.machine import roofline_chart, time_split_chart
+from attnbench.render.parallel import draw_in_two
 from attnbench.render.style import (
     Panel,
     last,
@@ -471,15 +472,25 @@ def plot_run(
             )
         return written
     analysis = analysis or analyse(run, layers)
-    figures = build_charts(run, analysis, names)
-    if not figures and names:  # the charts asked for, each with its own reason
+    chosen = analysis  # bound for the drawing below
+
+    def draw(some: Sequence[str]) -> list[Path]:
+        return save_charts(build_charts(run, chosen, some), out_dir, formats)
+
+    asked = list(names or CHARTS)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)  # before the two processes draw into it
+    except OSError as exc:
+        raise AttnbenchError(f"cannot create {str(out_dir)!r}: {exc.strerror}") from exc
+    written = draw_in_two(draw, asked)
+    if not written and names:  # the charts asked for, each with its own reason
         reasons = "; ".join(f"{name}: {not_drawn_reason(name, run, layers)}" for name in names)
         raise AttnbenchError(f"nothing to plot in {run.path}: {reasons}")
-    if not figures:
+    if not written:
         raise AttnbenchError(
             f"nothing to plot in {run.path}: each chart needs a layer measured at two sizes or more"
         )
-    return save_charts(figures, out_dir, formats)
+    return written
 
 
 def device_folder(device: str) -> str:

@@ -1,0 +1,55 @@
+"""Charts drawn in two processes: each half drawn once, the paths in the asked order, and a
+half whose process fails drawn again here."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from attnbench.render import parallel
+
+NAMES = ["time", "memory", "flops", "elementwise", "seq_steps"]
+
+
+def drawer(folder: Path, fail_elsewhere: bool = False):  # type: ignore[no-untyped-def]
+    here = os.getpid()
+
+    def draw(names: Sequence[str]) -> list[Path]:
+        if fail_elsewhere and os.getpid() != here:
+            raise RuntimeError("the forked half breaks")
+        written = []
+        for name in names:
+            for fmt in ("png", "svg"):
+                path = folder / f"{name}.{fmt}"
+                path.write_text(str(os.getpid()))  # who drew it
+                written.append(path)
+        return written
+
+    return draw
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or (os.cpu_count() or 1) < 2, reason="needs fork")
+def test_the_other_half_is_drawn_in_a_forked_process(tmp_path: Path) -> None:
+    found = parallel.draw_in_two(drawer(tmp_path), NAMES)
+    assert [p.name for p in found] == [f"{n}.{f}" for n in NAMES for f in ("png", "svg")]
+    drew = {p.stem: int(p.read_text()) for p in found}
+    assert {drew[n] for n in NAMES[0::2]} == {os.getpid()}  # every second one here
+    assert len({drew[n] for n in NAMES[1::2]}) == 1 and drew["memory"] != os.getpid()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or (os.cpu_count() or 1) < 2, reason="needs fork")
+def test_a_half_whose_process_fails_is_drawn_here(tmp_path: Path) -> None:
+    found = parallel.draw_in_two(drawer(tmp_path, fail_elsewhere=True), NAMES)
+    assert [p.stem for p in found][::2] == NAMES
+    assert {int(p.read_text()) for p in found} == {os.getpid()}
+
+
+def test_one_core_or_one_chart_draws_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    found = parallel.draw_in_two(drawer(tmp_path), NAMES)
+    assert {int(p.read_text()) for p in found} == {os.getpid()} and len(found) == 10
+    monkeypatch.undo()
+    assert [p.stem for p in parallel.draw_in_two(drawer(tmp_path), ["time"])] == ["time"] * 2
