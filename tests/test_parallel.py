@@ -53,3 +53,23 @@ def test_one_core_or_one_chart_draws_here(tmp_path: Path, monkeypatch: pytest.Mo
     assert {int(p.read_text()) for p in found} == {os.getpid()} and len(found) == 10
     monkeypatch.undo()
     assert [p.stem for p in parallel.draw_in_two(drawer(tmp_path), ["time"])] == ["time"] * 2
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or (os.cpu_count() or 1) < 2, reason="needs fork")
+def test_a_half_whose_process_hangs_is_killed_and_drawn_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    monkeypatch.setattr(parallel, "MIN_WAIT_S", 0.3)
+    monkeypatch.setattr(parallel, "WAIT_FACTOR", 1.0)
+    here, inner = os.getpid(), drawer(tmp_path)
+
+    def draw(names: Sequence[str]) -> list[Path]:
+        if os.getpid() != here:
+            time.sleep(3600)  # stuck: the parent must not wait for it
+        return inner(names)
+
+    found = parallel.draw_in_two(draw, NAMES)
+    assert [p.stem for p in found][::2] == NAMES
+    assert {int(p.read_text()) for p in found} == {os.getpid()}

@@ -6,12 +6,18 @@ draws them all."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 READ_CHUNK = 1 << 16
+MIN_WAIT_S = 60.0  # how long the other half may take, at the least ...
+WAIT_FACTOR = 3.0  # ... or this many times this half's time
 
 
 def draw_in_two(draw: Callable[[Sequence[str]], list[Path]], names: Sequence[str]) -> list[Path]:
@@ -35,14 +41,13 @@ def draw_in_two(draw: Callable[[Sequence[str]], list[Path]], names: Sequence[str
         finally:
             os._exit(code)
     os.close(write)
+    start = time.monotonic()
     try:
         drawn = draw(mine)
     finally:
-        chunks = []
-        while chunk := os.read(read, READ_CHUNK):
-            chunks.append(chunk)
-        os.close(read)
-        _, status = os.waitpid(pid, 0)
+        # the other half takes about as long as this one: a child far past that is stuck
+        deadline = time.monotonic() + max(MIN_WAIT_S, WAIT_FACTOR * (time.monotonic() - start))
+        chunks, status = _collect(read, pid, deadline)
     try:
         found = json.loads(b"".join(chunks)) if status == 0 else None
     except ValueError:
@@ -50,3 +55,24 @@ def draw_in_two(draw: Callable[[Sequence[str]], list[Path]], names: Sequence[str
     others = [Path(p) for p in found] if isinstance(found, list) else draw(theirs)
     order = {name: i for i, name in enumerate(names)}
     return sorted([*drawn, *others], key=lambda p: (order.get(p.stem, len(order)), p.suffix))
+
+
+def _collect(read: int, pid: int, deadline: float) -> tuple[list[bytes], int]:
+    """What the child wrote, and how it ended (killed, status -1, past ``deadline``)."""
+    chunks: list[bytes] = []
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([read], [], [], left)
+            if not ready:
+                break
+            chunk = os.read(read, READ_CHUNK)
+            if not chunk:
+                _, status = os.waitpid(pid, 0)
+                return chunks, status
+            chunks.append(chunk)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return [], -1
+    finally:
+        os.close(read)
