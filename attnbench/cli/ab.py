@@ -15,13 +15,16 @@ from attnbench.cli.options import (
     GATE,
     GRID,
     VERDICT_OUTPUT,
+    ConfigFile,
+    LargeRun,
+    NoCache,
+    Quiet,
     json_flag,
     pick,
     verdict_format,
     with_options,
 )
 from attnbench.cli.render import ABProgress, Streams
-from attnbench.cli.sweeping import NO_CACHE_HELP
 from attnbench.compare import compare_runs
 from attnbench.measure.counts.countcache import Counting
 from attnbench.render.verdicts import to_json, to_markdown
@@ -55,18 +58,6 @@ AbOut = Annotated[
         "verdicts. Default: results/ab-<timestamp>."
     ),
 ]
-AbConfig = Annotated[
-    Path | None,
-    typer.Option(help="TOML file with sweep keys (layers, n, d, ...); options override it."),
-]
-AbYes = Annotated[
-    bool,
-    typer.Option("--yes", "-y", help="Start a very large run (over 2000 cases or an hour)."),
-]
-AbNoCache = Annotated[
-    bool, typer.Option("--no-cache", help=NO_CACHE_HELP, envvar="ATTNBENCH_NO_CACHE")
-]
-AbQuiet = Annotated[bool, typer.Option(help="No progress, table or notes.")]
 
 
 @with_options(before=GRID, after=(*GATE, *VERDICT_OUTPUT))
@@ -74,11 +65,11 @@ def ab(
     base_python: BasePython = None,
     base_layers: BaseLayers = None,
     out: AbOut = None,
-    config: AbConfig = None,
-    yes: AbYes = False,
-    no_cache: AbNoCache = False,
+    config: ConfigFile = None,
+    yes: LargeRun = False,
+    no_cache: NoCache = False,
     as_json: Annotated[bool, json_flag("the verdicts")] = False,
-    quiet: AbQuiet = False,
+    quiet: Quiet = False,
     **options: Any,
 ) -> None:
     """Race the current side against a base side, measured in turn: exit 1 on a regression.

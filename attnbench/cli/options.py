@@ -121,3 +121,25 @@ RunLayers = Annotated[
 def json_flag(what: str) -> Any:
     """``--json``: print ``what`` as JSON on stdout instead of the tables."""
     return typer.Option("--json", help=f"Print {what} as JSON on stdout.")
+
+
+# Flags that `sweep` and `ab` both take, declared once.
+NO_CACHE_HELP = (
+    "Trace every case's exact counts (FLOPs, elementwise work, bytes, steps, path length) "
+    "instead of reading those this code traced before from the count cache "
+    "($ATTNBENCH_CACHE_DIR/counts); results.csv's counts_source says which were read."
+)
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option(help="TOML file with sweep keys (layers, n, d, ...); options override it."),
+]
+LargeRun = Annotated[
+    bool,
+    typer.Option(
+        "--yes", "-y", help="Start a very large sweep (over 2000 cases or about an hour)."
+    ),
+]
+Quiet = Annotated[bool, typer.Option(help="No progress, tables or notes.")]
+NoCache = Annotated[
+    bool, typer.Option("--no-cache", help=NO_CACHE_HELP, envvar="ATTNBENCH_NO_CACHE")
+]

@@ -16,6 +16,10 @@ from attnbench.cli.options import (
     GATE,
     GRID,
     VERDICT_OUTPUT,
+    ConfigFile,
+    LargeRun,
+    NoCache,
+    Quiet,
     json_flag,
     pick,
     verdict_format,
@@ -43,11 +47,6 @@ FULL_TRACE_HELP = (
     f"n = {', '.join(map(str, extend.PROBES))} and its counts extended by the law those traces "
     "prove (the *_method columns say extended)."
 )
-NO_CACHE_HELP = (
-    "Trace every case's exact counts (FLOPs, elementwise work, bytes, steps, path length) "
-    "instead of reading those this code traced before from the count cache "
-    "($ATTNBENCH_CACHE_DIR/counts); results.csv's counts_source says which were read."
-)
 # Rich reads [ray] as markup in help texts: escaped.
 EXECUTOR_HELP = (
     "Where cases run: "
@@ -58,10 +57,6 @@ EXECUTOR_HELP = (
 
 # The command's own options, each a type: its signature reads as a list of names.
 Out = Annotated[Path | None, typer.Option(help="Results folder. Default: results/<timestamp>.")]
-Config = Annotated[
-    Path | None,
-    typer.Option(help="TOML file with the same keys (layers, n, d, ...); options override it."),
-]
 Resume = Annotated[
     Path | None,
     typer.Option(
@@ -85,13 +80,6 @@ Retry = Annotated[
         "blamed on a case, or a failure since mended)."
     ),
 ]
-Yes = Annotated[
-    bool,
-    typer.Option(
-        "--yes", "-y", help="Start a very large sweep (over 2000 cases or about an hour)."
-    ),
-]
-Quiet = Annotated[bool, typer.Option(help="No progress, tables or notes.")]
 Charts = Annotated[
     bool,
     typer.Option(
@@ -133,9 +121,6 @@ Workers = Annotated[
         show_default=False,
     ),
 ]
-NoCache = Annotated[
-    bool, typer.Option("--no-cache", help=NO_CACHE_HELP, envvar="ATTNBENCH_NO_CACHE")
-]
 FullTrace = Annotated[
     bool, typer.Option("--full-trace", help=FULL_TRACE_HELP, envvar="ATTNBENCH_FULL_TRACE")
 ]
@@ -144,11 +129,11 @@ FullTrace = Annotated[
 @with_options(before=GRID, after=(*GATE, *VERDICT_OUTPUT))
 def sweep(
     out: Out = None,
-    config: Config = None,
+    config: ConfigFile = None,
     resume: Resume = None,
     force: Force = False,
     retry: Retry = False,
-    yes: Yes = False,
+    yes: LargeRun = False,
     as_json: Annotated[bool, json_flag("the results")] = False,
     quiet: Quiet = False,
     charts: Charts = True,
