@@ -385,3 +385,24 @@ def test_normalising_uses_each_models_own_calibration(tmp_path: Path) -> None:
     rnn = normalized.times[normalized.times["layer"] == "rnn"]
     assert rnn["ratio_normalized"].between(0.9, 1.1).all()
     assert rnn["ratio"].between(1.8, 2.2).all()
+
+
+def test_a_terminals_marks_come_from_the_verdicts_not_the_words(tmp_path: Path) -> None:
+    """Each row of the displayed table is marked by its case's typed verdicts: the slower case
+    red in time, the case whose FLOPs grew red in its counts, the OVERALL row last."""
+    from attnbench.render.verdicts import row_marks
+
+    base = make_run(tmp_path / "a", cases_grid())
+    new = make_run(
+        tmp_path / "b",
+        cases_grid(rnn_128={"samples": noisy(1.5e-3, seed=9)}, conv_64={"flops": 128_000}),
+    )
+    c = compare_runs(base, new)
+    marks = row_marks(c)
+    assert len(marks) == len(display_table(c)) == len(c.times) + 1
+    by_case = dict(zip(c.times["case_id"], marks, strict=False))
+    assert by_case[case("rnn", 128).case_id].time == REGRESSION
+    assert by_case[case("conv", 64).case_id].exact_regressed
+    others = [m for cid, m in by_case.items() if cid != case("rnn", 128).case_id]
+    assert {m.time for m in others} == {UNCHANGED}
+    assert marks[-1].time == c.overall_verdict.verdict
