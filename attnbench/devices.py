@@ -99,8 +99,8 @@ def check_dtype(dtype: str, device: str) -> None:
     if dtype not in DTYPES:
         raise AttnbenchError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
     if dtype == "bfloat16" and device.startswith("cuda"):
-        # Native bfloat16 arithmetic starts with compute capability 8.0 (Ampere); older GPUs only
-        # emulate it, which would time the emulation, not the layer.
+        # Native bfloat16 arithmetic starts with compute capability 8.0 (Ampere); earlier GPUs
+        # only emulate it, which would time the emulation, not the layer.
         major, minor = torch.cuda.get_device_capability(torch.device(device).index or 0)
         if major < 8:
             raise AttnbenchError(

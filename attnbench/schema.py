@@ -1,6 +1,6 @@
 """The column and metric registry: every column of a results table, and every metric, named once.
 
-The writer and the loader read ``COLUMNS`` (name, type, whether older folders lack it); the
+The writer and the loader read ``COLUMNS`` (name, type, group); the
 summary tables read each column's header and format; fits, compare, the CI outputs, the report,
 the charts and the JSON schemas read ``METRICS`` (display and short names, unit, whether it is
 exact, what law of the theory predicts it, which chart draws it). Adding a metric column means
@@ -39,8 +39,8 @@ Group = Literal["case", "measure", "structure", "placement", "source"]
 
 
 def numeric_column(frame: pd.DataFrame, name: str) -> pd.Series:
-    """A results column as floats: text and blanks read as NaN, and an absent column (a run
-    from before it existed) as all NaN."""
+    """A results column as floats: text and blanks read as NaN, and an absent column as all
+    NaN."""
     if name not in frame:
         return pd.Series(math.nan, index=frame.index, dtype=float)
     return pd.to_numeric(frame[name], errors="coerce")
@@ -64,7 +64,6 @@ class Column:
     kind: Kind
     group: Group
     doc: str
-    optional: bool = False  # added after the first release: older folders load with it empty
     summary: str = ""  # its header in the summary tables ("": not shown there)
     fmt: Callable[[Any], str] = str  # how the summary tables write a value
 
@@ -118,7 +117,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("d", "int", _CASE, "width"),
     Column("k", "int", _CASE, "convolution kernel (empty for layers without one)"),
     Column("heads", "int", _CASE, "attention heads (empty for layers without them)"),
-    Column("window", "int", _CASE, "restricted attention: neighbours each side", optional=True),
+    Column("window", "int", _CASE, "restricted attention: neighbours each side"),
     Column("batch", "int", _CASE, "batch size"),
     Column("dtype", "text", _CASE, "float32, float16 or bfloat16"),
     Column("device", "text", _CASE, "the device the case was asked for"),
@@ -139,79 +138,73 @@ COLUMNS: tuple[Column, ...] = (
         "time_ci_low_s", "float", _MEASURE,
         "the time's 95% confidence interval, lower end, seconds: a Student-t interval on the "
         "logs of the rounds' medians (one round: order statistics of its samples, empty "
-        "under 6)", optional=True,
+        "under 6)",
     ),
     Column(
         "time_ci_high_s", "float", _MEASURE, "its upper end, seconds",
-        optional=True, summary="±95%", fmt=fmt_seconds,
+        summary="±95%", fmt=fmt_seconds,
     ),
     Column(
         "time_stop", "text", _MEASURE,
         "which rule ended the sampling: precise (the 95% interval within the target of the "
         "time), budget (--time-budget spent first), max samples, or max rounds (as many "
         "rounds as a sweep adds, the interval still wider than the target)",
-        optional=True,
     ),
     Column(
         "rounds", "int", _MEASURE,
         "timing rounds the time is over, each a fresh process under --executor fork "
-        "(samples.csv's process column names them)", optional=True,
+        "(samples.csv's process column names them)",
     ),
     Column(
         "rounds_disturbed", "int", _MEASURE,
         "rounds whose machine reference read the machine disturbed (a neighbour slowing "
         "small ops), left out of the time while two quiet rounds remain",
-        optional=True,
     ),
     Column(
         "spread_between", "float", _MEASURE,
         "how far the rounds' medians spread: the standard deviation of their logs (about a "
-        "relative spread)", optional=True, summary="between", fmt=fmt_share,
+        "relative spread)", summary="between", fmt=fmt_share,
     ),
     Column(
         "spread_within", "float", _MEASURE,
         "how far one round's samples spread: its IQR / 1.349 over its median (the median "
-        "round's)", optional=True,
+        "round's)",
     ),
     Column(
         "kernel_time_s", "float", _MEASURE,
         "seconds per call the call's kernels ran (CPU: the computing aten ops' own time; "
         "CUDA: the device kernels' busy time), from profiled calls outside the timed blocks, "
         "the profiler's own cost taken out; the rest of time_s is overhead",
-        optional=True,
     ),
     Column(
         "kernel_share", "float", _MEASURE,
         "kernel_time_s / time_s: near 1 where the kernels are the time, low where Python, "
         "module calls, the dispatcher and launches are",
-        optional=True, summary="kernels", fmt=fmt_share,
+        summary="kernels", fmt=fmt_share,
     ),
     Column(
         "kernel_method", "text", _MEASURE,
         "how kernel_time_s was taken (the profiler, its calls and its correction), or "
-        "none: <why>", optional=True,
+        "none: <why>",
     ),
     Column(
         "time_method", "text", _MEASURE,
         "what a sample timed (--timer): blocks (synchronised blocks of back-to-back calls), "
         "kernels (CUDA graph replays, or events behind a held stream where the call cannot "
         "be captured) or cold (each call between CUDA events, the L2 flushed before it)",
-        optional=True,
     ),
     Column(
         "sm_clock_mhz", "float", _MEASURE,
         "the GPU's SM clock (NVML) over the samples, their median, MHz; empty where it "
-        "cannot be read (the CPU, no nvidia-ml-py)", optional=True,
+        "cannot be read (the CPU, no nvidia-ml-py)",
     ),
     Column(
         "sm_clock_max_mhz", "float", _MEASURE, "the device's maximum SM clock, MHz",
-        optional=True,
     ),
     Column(
         "throttled_share", "float", _MEASURE,
         "the share of samples taken below 75% of the maximum SM clock (nvbench's threshold): "
         "a time taken there is the card's state, and ab does not call it a regression",
-        optional=True,
     ),
     Column("samples", "int", _MEASURE, "timing samples, every round together"),
     Column("calls_per_sample", "int", _MEASURE, "calls per timed block (a sample is its mean)"),
@@ -239,123 +232,107 @@ COLUMNS: tuple[Column, ...] = (
     Column("error", "text", _MEASURE, "first line of the error, when status is not ok"),
     Column(
         "seq_steps", "int", _STRUCTURE, "longest chain of dependent ops in one forward call",
-        optional=True, summary="steps", fmt=fmt_int,
+        summary="steps", fmt=fmt_int,
     ),
     Column(
         "seq_steps_method", "text", _STRUCTURE,
         f"traced; {_EXTENDED}; or none: <why>",
-        optional=True,
     ),
     Column(
         "path_len", "int", _STRUCTURE, "maximum path length in position-mixing steps",
-        optional=True, summary="path", fmt=fmt_int,
+        summary="path", fmt=fmt_int,
     ),
     Column(
         "path_len_method", "text", _STRUCTURE, "measured, extended: <law>, or none: <why>",
-        optional=True,
     ),
-    Column("node", "text", _PLACEMENT, "host name of the machine it ran on", optional=True),
-    Column("device_id", "text", _PLACEMENT, "the device there: cuda:<i> or cpu", optional=True),
+    Column("node", "text", _PLACEMENT, "host name of the machine it ran on"),
+    Column("device_id", "text", _PLACEMENT, "the device there: cuda:<i> or cpu"),
     Column(
         "device_name", "text", _PLACEMENT, "its model: what charts and compare group by",
-        optional=True,
     ),
     Column(
         "attempts", "int", _PLACEMENT,
         "workers that measured it: 1, or 2 when the first died in it (--executor ray) and the "
         "case ran again on another",
-        optional=True,
     ),
     Column(
         "layer_source", "text", "source",
         "where the layer's code came from: its module or file and version or sha256",
-        optional=True,
     ),
     Column(
         "instructions", "int", _MEASURE,
         "CPU instructions per call, counted by Valgrind's Callgrind (--metric instructions)",
-        optional=True, summary="instr.", fmt=fmt_count,
+        summary="instr.", fmt=fmt_count,
     ),
     Column("load_1m", "float", _MEASURE, "the machine's 1-minute load average when the case "
-           "was measured", optional=True),
-    Column("cpu_count", "int", _MEASURE, "CPUs of the machine it was measured on",
-           optional=True),
+           "was measured"),
+    Column("cpu_count", "int", _MEASURE, "CPUs of the machine it was measured on"),
     Column(
         "elementwise", "int", _MEASURE,
         "elementwise work of one forward call: elements of the pointwise ops, and read by the "
         "reductions and softmaxes (counted from the real call)",
-        optional=True, summary="elem.", fmt=fmt_count,
+        summary="elem.", fmt=fmt_count,
     ),
-    Column("elementwise_analytic", "float", _MEASURE, "elementwise work from the layer's theory",
-           optional=True),
+    Column("elementwise_analytic", "float", _MEASURE, "elementwise work from the layer's theory"),
     Column(
         "elementwise_check", "text", _MEASURE,
-        "ok, or mismatch (counted vs analytic beyond 1%)", optional=True,
+        "ok, or mismatch (counted vs analytic beyond 1%)",
     ),
     Column(
         "elementwise_method", "text", _MEASURE,
         f"traced; {_EXTENDED}; or none: <why> when the count could not be taken "
         "(the case is kept)",
-        optional=True,
     ),
     Column(
         "uncounted_ops", "text", _MEASURE,
         "ops of the call that computed on floating values with no FLOP formula and are not "
         "elementwise work, views, copies or data movement: name xcalls (elements touched)",
-        optional=True,
     ),
     Column(
         "fused_path", "text", _MEASURE,
         "fused ops the timed call ran (MultiheadAttention fast path, oneDNN/cuDNN RNN kernels) "
         "whose work the counts read on the unfused path, and the one op nn.RNN, nn.GRU or "
         "nn.LSTM issues (rnn_tanh, gru, lstm: its steps run in C++); empty when none ran",
-        optional=True,
     ),
     Column(
         "backend", "text", _MEASURE,
         "the convolution implementations the timed call ran on the CPU (oneDNN's "
         "mkldnn_convolution, or torch's reference thnn_conv2d / slow_conv_dilated2d, which it "
         "chooses for small inputs), from the memory pass's profile; empty where none ran",
-        optional=True,
     ),
     Column(
         "bytes", "int", _MEASURE,
         "bytes one call reads and writes, over its aten ops (views excluded; in-place ops read "
         "and write; fused kernels at their boundary): the traffic if nothing stays in cache",
-        optional=True,
     ),
     Column("bytes_analytic", "float", _MEASURE,
-           "bytes one forward call moves by the layer's traffic formula", optional=True),
+           "bytes one forward call moves by the layer's traffic formula"),
     Column("bytes_check", "text", _MEASURE,
-           "ok, or mismatch (counted bytes vs the formula beyond 1%)", optional=True),
+           "ok, or mismatch (counted bytes vs the formula beyond 1%)"),
     Column(
         "product_bytes", "int", _MEASURE,
         "the part of bytes the matrix products (the ops with a FLOP formula) read and write; "
         "the rest is elementwise and copy traffic, memory-bound on any machine",
-        optional=True,
     ),
     Column(
         "kernels", "text", _MEASURE,
         "every product as kind@width:FLOPs:bytes (gemm, conv, attention: a fused attention "
         "kernel; width: its narrow dimension) and every elementwise op as ew.op:elements:"
         "bytes; each runs at its own measured rate (a product's read at its width)",
-        optional=True,
     ),
     Column(
         "bytes_method", "text", _MEASURE,
         f"traced; {_EXTENDED}; or none: <why> when the count could not be taken "
         "(the case is kept)",
-        optional=True,
     ),
     Column(
         "ops", "int", _MEASURE,
         "aten operations the timed call dispatches (views excluded; a fused kernel is one): "
-        "each pays the device's per-op latency", optional=True,
+        "each pays the device's per-op latency",
     ),
     Column(
         "intensity", "float", _MEASURE,
         "arithmetic intensity: counted FLOPs per counted byte (the roofline's x axis)",
-        optional=True,
     ),
     Column(
         "counts_source", "text", _MEASURE,
@@ -363,24 +340,21 @@ COLUMNS: tuple[Column, ...] = (
         "traced for this case; cache: read from the count cache, where the same code traced "
         "the same case before (--no-cache traces every case); extended: traced at short "
         "lengths and extended by a law proven there (the *_method columns say which)",
-        optional=True,
     ),
     Column(
         "peak_bytes_method", "text", _MEASURE,
         "measured: one call at n; extended: <law> (a long recurrent case's memory pass taken at "
         "short lengths and extended by a law proven there, as its counts are)",
-        optional=True,
     ),
     Column(
         "page_faults", "float", _MEASURE,
         "minor page faults per call in the median timed block (getrusage, every thread; "
         "empty on CUDA and MPS, whose tensors live in device memory)",
-        optional=True, summary="faults", fmt=fmt_count,
+        summary="faults", fmt=fmt_count,
     ),
     Column(
         "major_faults", "float", _MEASURE,
         "major page faults (pages read from disk) per call over the timed blocks",
-        optional=True,
     ),
 )  # fmt: skip  # the registry, one entry to a paragraph
 COLUMN = {c.name: c for c in COLUMNS}
@@ -388,7 +362,6 @@ RESULT_COLUMNS = [c.name for c in COLUMNS]
 # Layer options with a column of their own since the first release; a layer's other options
 # get columns after the registry's (``option_columns``).
 OPTION_COLUMNS = ["k", "heads", "window"]
-OPTIONAL_COLUMNS = [c.name for c in COLUMNS if c.optional]
 SUMMARY_COLUMNS = [c for c in COLUMNS if c.summary]
 
 
@@ -460,8 +433,7 @@ EXACT_METRICS = [m for m in METRICS if m.exact and not m.device_bound] + [
 DEVICE_FREE_COUNTS = tuple(m.column for m in METRICS if m.exact and not m.device_bound)
 
 # load_1m: the 1-minute load average at the end of the sample's round; page_faults: the
-# sample's minor page faults per call; sm_clock_mhz: the GPU's SM clock read after the sample
-# (all added later: older folders load with them empty, as with round).
+# sample's minor page faults per call; sm_clock_mhz: the GPU's SM clock read after the sample.
 # ``process``: the sweep's number for the process that took the sample (0, 1, ... in the order
 # processes first measured; every round of a case in one process under --executor serial);
 # ``reference_s``: the machine's reference read around the sample's round

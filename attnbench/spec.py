@@ -21,7 +21,6 @@ from attnbench.devices import (
     DEFAULT_ALLOCATOR,
     DEVICE_CHOICES,
     DTYPES,
-    SYSTEM,
     DeviceResolver,
     check_allocator,
     device_kind,
@@ -431,12 +430,11 @@ CONFIG_KEYS = (*OPTION, "out")
 def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None = None) -> Grid:
     """Rebuild (and re-validate) the grid a results folder recorded with ``Grid.to_dict``.
 
-    Layer options sit among the fields (older runs recorded k, heads and window always)."""
+    Layer options sit among the fields (``attnbench.formats`` brought the mapping to today's
+    keys)."""
     if not isinstance(config, Mapping):
         raise AttnbenchError("the recorded configuration is not a table of options")
     config = dict(config)
-    if "rounds" in config:  # recorded before rounds became processes: the same count
-        config["processes"] = config.pop("rounds")
     by_field = {o.field: o.key for o in OPTIONS if o.field}
     layer_options = set(known_options())
     unknown = sorted(set(config) - set(by_field) - layer_options)
@@ -447,7 +445,6 @@ def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None =
         )
     options = {key: value for key, value in config.items() if key in layer_options}
     fields_ = {by_field[key]: value for key, value in config.items() if key in by_field}
-    fields_.setdefault("allocator", SYSTEM)  # a run from before --allocator: glibc's defaults
     return build_grid({**fields_, "option": options or None}, resolve)
 
 

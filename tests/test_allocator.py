@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from rich.console import Console
 from synthetic import cases_grid, make_run
@@ -20,6 +21,7 @@ from attnbench.cli import app
 from attnbench.cli.summary import fault_notes, summary_notes
 from attnbench.compare import compare_runs
 from attnbench.errors import AttnbenchError
+from attnbench.formats import RawRun, migrate_run
 from attnbench.measure.case import measure_case
 from attnbench.measure.timing import allocator
 from attnbench.measure.timing.allocator import (
@@ -103,8 +105,13 @@ def test_the_grid_pins_by_default_and_an_old_run_resumes_as_it_was_measured() ->
     assert build_grid({"layers": "conv"}).allocator == "pinned"
     assert build_grid({"layers": "conv", "allocator": "system"}).allocator == "system"
     old = {"layers": ["conv"], "ns": [64], "ds": [64], "device": "cpu"}  # before --allocator
-    assert grid_from_config(old).allocator == "system"
-    assert grid_from_config({**old, "allocator": "pinned"}).allocator == "pinned"
+
+    def recorded(config: dict[str, object]) -> str:  # as a version-1 folder loads
+        raw = RawRun({"schema_version": 1, "config": config}, *[pd.DataFrame()] * 2, None, {})
+        return grid_from_config(migrate_run(raw, "old").meta["config"]).allocator
+
+    assert recorded(old) == "system"
+    assert recorded({**old, "allocator": "pinned"}) == "pinned"
     bad = runner.invoke(app, ["sweep", "--allocator", "tcmalloc", "--out", "never"])
     assert bad.exit_code == 2
     assert "--allocator 'tcmalloc': accepted: pinned, system" in bad.stderr

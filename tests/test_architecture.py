@@ -20,7 +20,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("attnbench._version", "attnbench.errors", "attnbench.units", "attnbench.storage",
      "attnbench.vcs"),
     ("attnbench.positional", "attnbench.devices", "attnbench.schema", "attnbench.thresholds",
-     "attnbench.provenance", "attnbench.estimators",
+     "attnbench.provenance", "attnbench.estimators", "attnbench.formats",
      "attnbench.regime", "attnbench.lengths"),
     ("attnbench.theory",),
     ("attnbench.layers",),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from attnbench.errors import AttnbenchError
 from attnbench.measure.timing.calibration import CALIBRATION_POLICY, Calibration
 from attnbench.measure.timing.loop import TimingPolicy, time_call
 from attnbench.results.files import CALIBRATION_FILE
@@ -94,7 +96,12 @@ def test_calibration_can_be_turned_off_and_old_runs_still_load(tmp_path: Path) -
     run = run_sweep(grid, tmp_path / "off", calibration=None)
     assert run.calibration.empty and run.calibration_s is None
     assert "calibration" not in run.meta
-    (tmp_path / "off" / CALIBRATION_FILE).unlink()  # a folder from before calibration existed
+    (tmp_path / "off" / CALIBRATION_FILE).unlink()
+    with pytest.raises(AttnbenchError, match=r"has no calibration\.csv"):  # today's: damaged
+        load_results(tmp_path / "off")
+    meta = json.loads((tmp_path / "off" / "run.json").read_text())
+    meta["schema_version"] = 1  # a folder from before calibration existed
+    (tmp_path / "off" / "run.json").write_text(json.dumps(meta))
     old = load_results(tmp_path / "off")
     assert old.calibration.empty and list(old.calibration.columns) == [
         "point",

@@ -297,7 +297,7 @@ def test_show_prints_a_saved_run_and_refuses_what_is_not_one(tiny_run, tmp_path:
     shutil.copytree(tiny_run.path, broken)
     (broken / "run.json").write_text('{"schema_version": 0}')
     result = runner.invoke(app, ["show", str(broken)])
-    assert result.exit_code == 2 and "schema version 0; this attnbench reads version 1" in (
+    assert result.exit_code == 2 and "schema version 0; this attnbench reads versions 1 to 2" in (
         result.stderr
     )
 

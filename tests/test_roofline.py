@@ -357,8 +357,9 @@ def test_predict_refuses_bad_input_in_one_line(wide_run: RunResults, tmp_path: P
     assert result.stderr.strip().endswith("peak_flops_per_s must be a positive number (got 0)")
     old = tmp_path / "old"
     old.mkdir()
-    for name in ("run.json", "samples.csv"):
-        (old / name).write_bytes((wide_run.path / name).read_bytes())
+    meta = json.loads((wide_run.path / "run.json").read_text())
+    (old / "run.json").write_text(json.dumps({**meta, "schema_version": 1}))  # before bytes
+    (old / "samples.csv").write_bytes((wide_run.path / "samples.csv").read_bytes())
     frame = pd.read_csv(wide_run.path / "results.csv", keep_default_na=False)
     frame.drop(columns=["bytes", "ops"]).to_csv(old / "results.csv", index=False)
     good = tmp_path / "good.json"

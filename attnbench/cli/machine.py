@@ -109,7 +109,7 @@ def _ceiling_rows(found: Ceilings) -> list[tuple[str, str, str]]:
             "–" if found.host_op_s is None else fmt_seconds(found.host_op_s),
             "an op inside a module call, calls not synchronised one by one"
             if found.host_op_s
-            else "not measured (a file from before it was)",
+            else "not measured (the file does not hold it)",
         ),
         (
             "page fault",
@@ -120,8 +120,8 @@ def _ceiling_rows(found: Ceilings) -> list[tuple[str, str, str]]:
 
 
 def _curve_rows(found: Ceilings) -> list[tuple[str, str, str]]:
-    """The rates by width and the elementwise ops' rates, a row each (absent from a file
-    written before they were measured)."""
+    """The rates by width and the elementwise ops' rates, a row each (where the file holds
+    them)."""
     rows = []
     for label, curve, what in (
         ("GEMM by width", found.gemm_rates, "(rows x w) @ (w x w), operands in cache"),
@@ -155,8 +155,9 @@ MachineFile = Annotated[
     typer.Option(
         "--machine",
         help="A ceilings file (attnbench machine --json, here or on another machine). "
-        "Default: the ceilings the run recorded when it started (its own machine's), or "
-        "for an older run this machine's, for its device, dtype and threads (cached).",
+        "Default: the ceilings the run recorded when it started (its own machine's), or, "
+        "for a run that recorded none, this machine's, for its device, dtype and threads "
+        "(cached).",
         show_default=False,
     ),
 ]

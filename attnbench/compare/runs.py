@@ -198,7 +198,7 @@ def _kernels(row: pd.Series, recorded: bool) -> str:
 
 def _clock_ratio(base: pd.Series, new: pd.Series) -> float:
     """The current side's median SM clock over the base side's (NaN where either was not
-    read: the CPU, a run from before clocks were read)."""
+    read: the CPU, a run that did not read them)."""
     values = [row.get("sm_clock_mhz") for row in (base, new)]
     if any(v is None or pd.isna(v) or not v > 0 for v in values):
         return math.nan
@@ -265,8 +265,8 @@ def compare_runs(
         scales_base=_scales(baseline, calibration.get("base_s"), by_device),
         scales_new=_scales(current, calibration.get("new_s"), by_device),
         # The kernels a case ran are compared only where both runs recorded the convolution's
-        # (``backend``): a run from before it would read as a change of kernel.
-        recorded="backend" in base.columns and "backend" in new.columns,
+        # (``backend``): a run that did not would read as a change of kernel.
+        recorded=not {"backend"} & {*baseline.record.unrecorded, *current.record.unrecorded},
     )
     warnings = _warnings(sides, devices, len(only_baseline), len(only_current))
     time_rows: list[dict[str, Any]] = []
@@ -369,7 +369,7 @@ def _judged_pair(
     thresholds = sides.thresholds
     b, n = sides.base.loc[base_id], sides.new.loc[case_id]
     device_base, device_new = str(b["device_name"]), str(n["device_name"])
-    # Rows name their device model; rows of older runs do not, and the runs' do.
+    # Rows name their device model; where a row does not (not recorded), the runs' do.
     same_model = device_base == device_new if device_base and device_new else sides.same_device
     layer = b["layer"] if b["layer"] == n["layer"] else f"{b['layer']} -> {n['layer']}"
     ident = {"case_id": case_id, "layer": layer, "n": int(b["n"]), "d": int(b["d"])}

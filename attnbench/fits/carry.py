@@ -56,7 +56,7 @@ def carry(frame: pd.DataFrame, source: Ceilings, target: Ceilings) -> pd.DataFra
     device_there = there["compute_s"] + there["memory_s"]
     host_here = here["latency_s"] + here["faults_s"]
     modelled = (device_here / (device_here + host_here)).where(device_here + host_here > 0, 0.0)
-    kernel = numeric_column(rows, "kernel_time_s")  # all NaN in a run from before the split
+    kernel = numeric_column(rows, "kernel_time_s")  # NaN where the split was not measured
     measured = kernel.notna() & time.gt(0)
     share = (kernel / time).clip(0.0, 1.0).where(measured, modelled)
     device_ratio = (device_there / device_here).where(device_here > 0, 1.0)

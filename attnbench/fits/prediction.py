@@ -87,8 +87,8 @@ def predict_run(run: RunResults, ceilings: Ceilings, method: str | None = None) 
         found = roofline.predict(measured, ceilings)
     if found.empty:
         raise AttnbenchError(
-            f"{run.path} has no case with FLOPs, bytes and ops counted: a run made before "
-            "attnbench counted bytes cannot be predicted (sweep it again)"
+            f"{run.path} has no case with FLOPs, bytes and ops counted: a run that did not "
+            "count bytes cannot be predicted (sweep it again)"
         )
     rows = measured.loc[found.index]
     options = [c for c in OPTION_COLUMNS if c in rows and rows[c].notna().any()]

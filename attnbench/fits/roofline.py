@@ -19,7 +19,7 @@ On the CPU the ops of a call run one after another, so their times add up:
     traffic  = (bytes - the bytes above) / bandwidth                 copies and the rest
                compute nothing: memory-bound on any machine
     latency  = host ops x the host's cost per op                     each op Python issued
-               (``host_op_s``, an op inside a module call; an older file: one bare op's)
+               (``host_op_s``, an op inside a module call; not measured: one bare op's)
                + the other ops x one bare op's latency                dispatched from C++
                + each fused recurrent kernel's set-up (measured per call)
                (a call that ran a recurrent op torch runs as one, ``host_ops``: the host
@@ -32,7 +32,7 @@ On the CPU the ops of a call run one after another, so their times add up:
 Each part is charged to one of four bounds: the products' arithmetic to compute and their
 bytes to memory, an elementwise op's time to whichever of the two is larger, the traffic to
 memory. ``bound`` names the largest share: where the time
-goes. A run from before ``product_bytes`` was counted takes the whole call as one roofline,
+goes. A case whose ``product_bytes`` were not counted takes the whole call as one roofline,
 max(FLOPs / peak, bytes / bandwidth).
 
 Nothing is fitted to a layer: the counts come from tracing the call and the ceilings from
@@ -107,8 +107,8 @@ def _roofline(case: pd.Series, ceilings: Ceilings) -> Split:
     """One case's products and elementwise ops on the roofline: each product at its kind's
     rate for its width plus its bytes over the bandwidth, each elementwise op at its op's rate
     or its bytes over the bandwidth, whichever is larger. A case whose products' bytes are not
-    known ``apart`` (a run from before ``product_bytes``) takes its whole call as one roofline,
-    the larger of the two."""
+    known ``apart`` (``product_bytes`` not counted) takes its whole call as one roofline, the
+    larger of the two."""
     work = _work(case["kernels"], case["flops"], case["products"])
     fused = _fused_recurrence(work, str(case["fused_path"] or ""), ceilings)
     if fused is not None:
@@ -134,7 +134,7 @@ def _roofline(case: pd.Series, ceilings: Ceilings) -> Split:
 
 def per_op(ceilings: Ceilings) -> float:
     """What the model charges each op the host issues: the host's cost per op inside a module
-    call (``host_op_s``) where the ceilings have it, else one bare op's latency (older files)."""
+    call (``host_op_s``) where the ceilings have it, else one bare op's latency."""
     return ceilings.host_op_s or ceilings.op_latency_s
 
 
@@ -156,7 +156,7 @@ def predict(frame: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     known = flops.notna() & moved.notna() & ops.notna()
     rows = frame[known]
     flops, moved, ops = flops[known], moved[known], ops[known]
-    # Without product_bytes (an older run), the whole call is one roofline.
+    # Without product_bytes (not counted), the whole call is one roofline.
     apart = numeric_column(rows, "product_bytes").notna()  # the products' bytes known apart
     products = numeric_column(rows, "product_bytes").fillna(moved).clip(upper=moved)
     kernels = rows["kernels"] if "kernels" in rows else pd.Series("", index=rows.index)

@@ -311,8 +311,8 @@ def not_drawn_reason(name: str, run: RunResults, layers: Sequence[str] | None = 
         return "attention and a rival were not both measured at two lengths of one width"
     if name in ("roofline", "time-split") and run.ceilings is None:
         return (
-            "the run recorded no machine ceilings (a run made before attnbench measured them; "
-            "sweep it again, or see attnbench predict --machine)"
+            "the run recorded no machine ceilings (sweep it again, or see attnbench predict "
+            "--machine)"
         )
     return "the run has no data for it: a line needs two sizes"
 

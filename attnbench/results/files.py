@@ -29,7 +29,6 @@ import pandas as pd
 from attnbench.errors import AttnbenchError
 from attnbench.storage import write_text_atomic
 
-SCHEMA_VERSION = 1
 RESULTS_FILE = "results.csv"
 SAMPLES_FILE = "samples.csv"
 CALIBRATION_FILE = "calibration.csv"
@@ -77,24 +76,28 @@ def complete_lines(path: Path) -> tuple[str, list[str], bool]:
     return lines[0], lines[1:], torn
 
 
-def read_csv(path: Path, columns: Sequence[str], what: str) -> tuple[pd.DataFrame, bool]:
-    """The complete records of an appended CSV, as text, and whether a torn line was cut."""
+def read_csv(path: Path, what: str) -> tuple[pd.DataFrame | None, bool]:
+    """The complete records of an appended CSV, as text (None: not even a header), and whether
+    a torn line was cut."""
     header, rows, torn = complete_lines(path)
     if not header:
-        return pd.DataFrame(columns=list(columns)), torn
-    found = next(csv.reader([header]))
-    missing = [c for c in columns if c not in found]
-    if missing:
-        raise AttnbenchError(
-            f"{str(path)!r} lacks column(s) {', '.join(missing)}; is it truncated or from "
-            f"another tool?"
-        )
+        return None, torn
     frame = pd.read_csv(io.StringIO(header + "".join(rows)), dtype=str, keep_default_na=False)
     if len(frame) != len(rows):
         raise AttnbenchError(
             f"{what} {str(path)!r} is corrupt: {len(rows)} lines but {len(frame)} records"
         )
     return frame, torn
+
+
+def check_columns(frame: pd.DataFrame, columns: Sequence[str], path: Path) -> None:
+    """One clear error where a table lacks a column its format has."""
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise AttnbenchError(
+            f"{str(path)!r} lacks column(s) {', '.join(missing)}; is it truncated or from "
+            f"another tool?"
+        )
 
 
 # ----------------------------------------------------------------------------- folders

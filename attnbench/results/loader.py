@@ -13,12 +13,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
 from attnbench.estimators import prior_of, quiet_level
+from attnbench.formats import RawRun, folder_version, migrate_run
 from attnbench.measure.record import timing_columns
 from attnbench.measure.timing.clocks import median_clock, throttled_share
 from attnbench.measure.timing.loop import TimingStats
@@ -27,15 +28,14 @@ from attnbench.results.files import (
     RESULTS_FILE,
     RUN_FILE,
     SAMPLES_FILE,
-    SCHEMA_VERSION,
     THEORY_FILE,
+    check_columns,
     read_csv,
 )
 from attnbench.results.run import RunResults
 from attnbench.results.theories import record_problem
 from attnbench.schema import (
     CALIBRATION_COLUMNS,
-    OPTIONAL_COLUMNS,
     RESULT_COLUMNS,
     SAMPLE_COLUMNS,
     STATUSES,
@@ -58,12 +58,7 @@ def _read_meta(path: Path) -> dict[str, Any]:
         raise AttnbenchError(f"{str(run_file)!r} is unreadable or corrupt: {exc}") from None
     if not isinstance(meta, dict) or meta.get("tool", "attnbench") != "attnbench":
         raise AttnbenchError(f"{str(run_file)!r} is not an attnbench run record")
-    version = meta.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise AttnbenchError(
-            f"{str(path)!r} has results schema version {version!r}; this attnbench reads "
-            f"version {SCHEMA_VERSION}"
-        )
+    folder_version(meta, str(path))
     problem = _meta_problem(meta)
     if problem:
         raise AttnbenchError(f"{str(run_file)!r} is malformed: {problem}")
@@ -71,7 +66,8 @@ def _read_meta(path: Path) -> dict[str, Any]:
 
 
 _OPTIONAL = type(None)
-# What each entry of run.json must be, where it is present (older runs lack some).
+# What each entry of run.json must be, where it is present (a run killed at its start has
+# written only some).
 META_TYPES: dict[str, tuple[type, ...]] = {
     "attnbench_version": (str,),
     "config": (dict,),
@@ -93,6 +89,7 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "ceilings": (dict, _OPTIONAL),
     "count_cache": (dict, _OPTIONAL),
     "auto": (dict, _OPTIONAL),
+    "unrecorded": (list,),
 }
 # The configuration entries that the reading commands use, by the types they must have.
 CONFIG_TYPES: dict[str, tuple[type, ...]] = {
@@ -143,37 +140,50 @@ def _meta_problem(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _read_tables(path: Path, warnings: list[str]) -> tuple[pd.DataFrame, ...]:
-    """results, samples and calibration, typed; a torn last line of each is dropped."""
-    required = [c for c in RESULT_COLUMNS if c not in OPTIONAL_COLUMNS]
-    tables = []
-    for name, columns, what in (
-        (RESULTS_FILE, required, "results file"),
-        (SAMPLES_FILE, SAMPLE_COLUMNS[:3], "samples file"),  # round: added later
-        (CALIBRATION_FILE, CALIBRATION_COLUMNS, "calibration file"),
+def _read_raw(path: Path, meta: dict[str, Any], warnings: list[str]) -> RawRun:
+    """The folder's files as text, in the format its run.json states; a torn last line of each
+    table is dropped."""
+    tables: list[pd.DataFrame | None] = []
+    for name, what in (
+        (RESULTS_FILE, "results file"),
+        (SAMPLES_FILE, "samples file"),
+        (CALIBRATION_FILE, "calibration file"),
     ):
         if (path / name).exists() and not (path / name).is_file():
             raise AttnbenchError(f"{str(path / name)!r} is not a file")
         if not (path / name).is_file():
-            if name != CALIBRATION_FILE:  # written since the first version: its rows' samples
+            if name != CALIBRATION_FILE:
                 raise AttnbenchError(f"{str(path)!r} has no {name}")
-            tables.append(pd.DataFrame(columns=columns))  # written before the file existed
+            tables.append(None)  # the format's steps say whether that may be
             continue
-        table, torn = read_csv(path / name, columns, what)
+        table, torn = read_csv(path / name, what)
         if torn:
             warnings.append(
                 f"dropped a torn last line of {name}"
                 + (" (an interrupted write)" if name == RESULTS_FILE else "")
             )
         tables.append(table)
-    frame, samples, calibration = tables
-    if "round" not in samples.columns:  # written before timing rounds existed
-        samples["round"] = "1"
-    for later in ("load_1m", "page_faults", "sm_clock_mhz", "reference_s"):  # written before
-        if later not in samples.columns:  # these were recorded
-            samples[later] = ""
-    if "process" not in samples.columns:  # written before processes were: one, unnamed
-        samples["process"] = "0"
+    results, samples, calibration = tables
+    return RawRun(
+        meta=meta,
+        results=pd.DataFrame(columns=RESULT_COLUMNS) if results is None else results,
+        samples=pd.DataFrame(columns=SAMPLE_COLUMNS) if samples is None else samples,
+        calibration=calibration,
+        theories=_read_theories(path),
+    )
+
+
+def _typed_tables(path: Path, raw: RawRun) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """results, samples and calibration of a folder in today's format, typed."""
+    if raw.calibration is None:
+        raise AttnbenchError(f"{str(path)!r} has no {CALIBRATION_FILE}")
+    frame, samples, calibration = raw.results, raw.samples.copy(), raw.calibration.copy()
+    for table, columns, name in (
+        (frame, RESULT_COLUMNS, RESULTS_FILE),
+        (samples, SAMPLE_COLUMNS, SAMPLES_FILE),
+        (calibration, CALIBRATION_COLUMNS, CALIBRATION_FILE),
+    ):
+        check_columns(table, columns, path / name)
     for table in (samples, calibration):
         table["sample"] = pd.to_numeric(table["sample"]).astype("int64")
         table["time_s"] = pd.to_numeric(table["time_s"]).astype("float64")
@@ -192,10 +202,10 @@ def load_results(path: Path | str) -> RunResults:
     samples whose case has no row: every complete case is kept.
     """
     path = Path(path)
-    meta = _read_meta(path)
     warnings: list[str] = []
     try:
-        frame, samples, calibration = _read_tables(path, warnings)
+        raw = migrate_run(_read_raw(path, _read_meta(path), warnings), str(path))
+        frame, samples, calibration = _typed_tables(path, raw)
     except (OSError, UnicodeDecodeError, ValueError, TypeError, pd.errors.ParserError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise AttnbenchError(f"results in {str(path)!r} are corrupt: {message}") from None
@@ -218,15 +228,15 @@ def load_results(path: Path | str) -> RunResults:
         path=path,
         frame=frame,
         samples=samples,
-        meta=meta,
+        meta=raw.meta,
         warnings=tuple(warnings),
         calibration=calibration,
-        theories=_read_theories(path),
+        theories=_checked_theories(path, raw.theories),
     )
 
 
 def _read_theories(path: Path) -> dict[str, Any]:
-    """theory.json, or {} where the run has none; its content is checked where it is read."""
+    """theory.json as read, or {} where the run has none."""
     file = path / THEORY_FILE
     if not file.exists():
         return {}
@@ -234,10 +244,17 @@ def _read_theories(path: Path) -> dict[str, Any]:
         found = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise AttnbenchError(f"{str(file)!r} is unreadable or corrupt: {exc}") from None
+    if not isinstance(found, dict):
+        raise AttnbenchError(f"{str(file)!r} is malformed: not an object of layers")
+    return found
+
+
+def _checked_theories(path: Path, found: dict[str, Any]) -> dict[str, Any]:
+    """theory.json in today's format, checked where it is read."""
     problem = record_problem(found)
     if problem:
-        raise AttnbenchError(f"{str(file)!r} is malformed: {problem}")
-    return cast("dict[str, Any]", found)
+        raise AttnbenchError(f"{str(path / THEORY_FILE)!r} is malformed: {problem}")
+    return found
 
 
 # The columns a case's rounds together decide (``measure.record.timing_columns``).
@@ -250,7 +267,7 @@ OVER_ROUNDS = (
 def _with_all_rounds(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     """A row is written after a case's first round; its timing columns (and FLOP/s and the
     kernels' time) over every round come from ``TimingStats``, the one place timing statistics
-    are derived. A run from before the median's confidence interval was written gets it here."""
+    are derived. Rows that hold no interval get it here."""
     frame = frame.copy()
     by_case = samples.groupby("case_id")["time_s"]
     ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
@@ -297,9 +314,6 @@ def _typed_results(frame: pd.DataFrame) -> pd.DataFrame:
     """Typed columns from the all-text read: nullable integers, floats and plain strings; the
     columns after the registry's are layer options (integers)."""
     frame = frame.copy()
-    for col in OPTIONAL_COLUMNS:
-        if col not in frame.columns:
-            frame[col] = ""
     options = [c for c in frame.columns if c not in RESULT_COLUMNS]
     frame = frame[[*RESULT_COLUMNS, *options]]
     for col in [*columns_of("int"), *options]:

@@ -1,8 +1,8 @@
 """run.json read once into a typed record: what code decides on, never the raw mapping.
 
-The loader checks each entry's type (``results.loader.META_TYPES``); every field has the value
-a run made before it was recorded reads as (an empty mapping, None), so older folders load.
-The writer keeps the mapping it writes (``results.store``).
+The loader checks each entry's type (``results.loader.META_TYPES``) and brings the mapping to
+today's format (``attnbench.formats``); an entry a run has not written (yet) reads as not
+recorded (an empty mapping, None). The writer keeps the mapping it writes (``results.store``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ class RunRecord:
     ceilings: dict[str, Any] | None = None  # the machine's, recorded at the start
     ceilings_error: str | None = None  # why they could not be measured
     calibration: Any = None  # the calibration kernel's description
+    # Columns of results.csv the run did not record (empty in every row it has).
+    unrecorded: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, meta: Mapping[str, Any]) -> RunRecord:
@@ -60,4 +62,5 @@ class RunRecord:
             ceilings=None if ceilings is None else dict(ceilings),
             ceilings_error=meta.get("ceilings_error") or None,
             calibration=meta.get("calibration"),
+            unrecorded=tuple(meta.get("unrecorded") or ()),
         )

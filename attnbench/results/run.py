@@ -26,12 +26,12 @@ class RunResults:
     samples: pd.DataFrame  # raw samples, SAMPLE_COLUMNS
     meta: dict[str, Any]  # run.json as written; code reads ``record``
     warnings: tuple[str, ...] = ()  # what was repaired on reading (a torn line, orphan samples)
-    # The calibration GEMM's samples, CALIBRATION_COLUMNS (empty for runs made before it).
+    # The calibration GEMM's samples, CALIBRATION_COLUMNS (empty where none were taken).
     calibration: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=CALIBRATION_COLUMNS)
     )
     # theory.json: the plugin layers' families, options and evaluated theories ({} for runs
-    # made before it was written, or without plugins).
+    # without it).
     theories: dict[str, Any] = field(default_factory=dict)
 
     @functools.cached_property
@@ -65,7 +65,7 @@ class RunResults:
     @property
     def allocator(self) -> str:
         """The allocator's state the run measured in: pinned, system, mixed, or "unrecorded"
-        (a run made before attnbench recorded it: glibc's defaults)."""
+        (glibc's defaults, unnamed)."""
         return str(self.record.allocator.get("state", "unrecorded"))
 
     def fault_shares(self) -> pd.Series:
@@ -84,7 +84,7 @@ class RunResults:
     @property
     def ceilings(self) -> Ceilings | None:
         """The ceilings of the machine the run measured on (``attnbench machine``), recorded at
-        its start; None for a run made before they were, or where they could not be measured."""
+        its start; None where they were not, or could not be, measured."""
         found = self.record.ceilings
         if found is None:
             return None
@@ -100,8 +100,8 @@ class RunResults:
 
     @property
     def devices(self) -> list[str]:
-        """The device models the measured cases ran on, in order of appearance (none for runs
-        made before rows named their device)."""
+        """The device models the measured cases ran on, in order of appearance (none where rows
+        do not name theirs)."""
         names = self.measured["device_name"]
         return list(dict.fromkeys(names[names != ""]))
 
@@ -141,7 +141,7 @@ class RunResults:
 
     def busy(self) -> pd.DataFrame:
         """The rounds measured while the machine's 1-minute load average exceeded its CPU count:
-        one row per (case, round) with its load and CPUs (empty for runs made before loads were
+        one row per (case, round) with its load and CPUs (empty where loads were not
         recorded)."""
         loads = self.samples.dropna(subset=["load_1m"]).drop_duplicates(["case_id", "round"])
         cpus = self.frame.set_index("case_id")["cpu_count"]

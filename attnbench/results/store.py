@@ -16,6 +16,7 @@ from typing import Any
 
 from attnbench._version import __version__
 from attnbench.errors import AttnbenchError
+from attnbench.formats import FORMAT_VERSION
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing.loop import TimingStats
 from attnbench.results.files import (
@@ -23,7 +24,6 @@ from attnbench.results.files import (
     RESULTS_FILE,
     RUN_FILE,
     SAMPLES_FILE,
-    SCHEMA_VERSION,
     THEORY_FILE,
     csv_line,
     now_iso,
@@ -92,7 +92,7 @@ class ResultsWriter:
                 f"--out {str(out_dir)!r} already holds a run; results are never overwritten"
             ) from None
         meta: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": FORMAT_VERSION,
             "tool": "attnbench",
             "attnbench_version": __version__,
             "config": dict(config),
@@ -117,8 +117,8 @@ class ResultsWriter:
         run.json.
 
         Every file is rewritten from its typed table, atomically: a torn last line and samples
-        of a case without a row (both dropped by the loader) are gone, and a folder from before
-        a column (or the calibration file) was added gains it, with one header for all rows.
+        of a case without a row (both dropped by the loader) are gone, and the folder is
+        written in today's format (the loader migrated it), with one header for all rows.
         """
         header = _header([*run.frame.columns[len(RESULT_COLUMNS) :], *option_columns])
         frame = run.frame.reindex(columns=header)

@@ -51,7 +51,7 @@ def _laws(theory: LayerTheory) -> list[SizeFn]:
         theory.order,
         theory.sequential_law,
         theory.path_law,
-        *(t.size for t in theory.traffic or ()),  # last: records from before it still read
+        *(t.size for t in theory.traffic or ()),  # last: a record without it reads the rest
     ]
 
 
@@ -115,7 +115,7 @@ def record(grid: Grid) -> dict[str, Any]:
 
 
 def merge(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """A resumed run's record: the new grid's layers over those recorded before."""
+    """A resumed run's record: the new grid's layers over those its first session recorded."""
     return {"version": RECORD_VERSION, "layers": {**old.get("layers", {}), **new["layers"]}}
 
 
@@ -150,7 +150,7 @@ def _terms_ok(found: Any, units: tuple[str, ...] = ("FLOP", "element")) -> bool:
 
 def _law_count(theory: Mapping[str, Any]) -> int:
     """How many laws a record's points and curves hold: its terms, elementwise terms, the three
-    orders, and its traffic terms (absent from records made before bytes had formulas)."""
+    orders, and its traffic terms (None: the layer has no traffic formula)."""
     traffic = theory.get("traffic") or ()
     return len(theory["terms"]) + len(theory["elementwise"] or ()) + 3 + len(traffic)
 

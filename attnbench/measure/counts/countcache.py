@@ -13,7 +13,7 @@ count, which choose oneDNN's kernels):
   Python has no digest to prove it unchanged, so its counts are never cached;
 - a digest of attnbench's own source files (every counter and layer), and torch's version.
 
-A changed layer, counter or torch therefore never reads an entry made before the change. The
+A changed layer, counter or torch therefore never reads an entry of the code it replaced. The
 entries live under ``cache_dir()/counts`` (``$ATTNBENCH_CACHE_DIR``, ...); a sweep's
 ``Counting`` says whether it reads and writes them (``--no-cache``: it traces every case).
 """

@@ -62,7 +62,7 @@ class Ceilings:
     recurrent_rates: dict[int, float] | None = None
     recurrent_call_s: dict[int, float] | None = None
     # Seconds the host spends per op dispatched inside a module call (Python, the module, the
-    # dispatcher, a launch), nothing synchronised per call (None: measured before it was).
+    # dispatcher, a launch), nothing synchronised per call (None: not measured).
     host_op_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:

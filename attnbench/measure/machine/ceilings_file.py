@@ -2,7 +2,7 @@
 
 One file per machine, torch version, device, dtype, set of kernels and thread count
 (``cache_key``), under ``cache_dir()``; ``machine_ceilings`` reads it or measures and writes it.
-Every older file shape is read here, in ``ceilings_from``, and nowhere else.
+``ceilings_from`` reads today's shape, which ``attnbench.formats`` makes of any other.
 """
 
 from __future__ import annotations
@@ -21,14 +21,11 @@ import torch
 
 from attnbench.devices import device_name
 from attnbench.errors import AttnbenchError
+from attnbench.formats import migrate_ceilings
 from attnbench.measure.machine import rates
 from attnbench.measure.machine.ceilings import CALL_CURVES, CEILING_KEYS, RATE_CURVES, Ceilings
 from attnbench.measure.machine.probes import PASSES, Probes, measure_ceilings
 from attnbench.storage import write_text_atomic
-
-# Files from before the rate curves gave a convolution's and a fused attention's single rate;
-# read as a one-point curve of their kind (null in files written since, and not written now).
-SINGLE_RATES = {"conv_flops_per_s": "conv_rates", "attention_flops_per_s": "attention_rates"}
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -113,9 +110,9 @@ def _cache_path(device: str, dtype: str, threads: int, folder: Path | None) -> P
 
 
 def _cached_entry(path: Path) -> Ceilings | None:
-    """The cache entry at ``path``, if whole: a damaged entry, or one from before the rate
-    curves, the fused LSTM's call cost or the host's cost per op, reads as none (and is
-    measured again, all of it)."""
+    """The cache entry at ``path``, if whole: a damaged entry, or one without the rate curves,
+    the fused LSTM's call cost or the host's cost per op, reads as none (and is measured again,
+    all of it)."""
     try:
         found = read_ceilings(path)
     except AttnbenchError:
@@ -140,25 +137,20 @@ def read_ceilings(path: Path) -> Ceilings:
 
 
 def ceilings_from(data: Any, where: str = "ceilings") -> Ceilings:
-    """Ceilings from their JSON (a file, or run.json's record), checked, whatever shape an
-    older attnbench wrote them in; one clear error if they are not ceilings."""
+    """Ceilings from their JSON (a file, or run.json's record), checked, in today's shape
+    whatever shape it was written in; one clear error if they are not ceilings."""
     if not isinstance(data, dict):
         raise AttnbenchError(f"{where}: not a JSON object of ceilings")
-    for key in (*CEILING_KEYS, *SINGLE_RATES):
+    data = migrate_ceilings(data, where)
+    for key in CEILING_KEYS:
         value = data.get(key)
-        allowed_none = key in ("page_fault_s", *SINGLE_RATES) and value is None
+        allowed_none = key == "page_fault_s" and value is None
         if not allowed_none and (
             isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
         ):
             raise AttnbenchError(f"{where}: {key} must be a positive number (got {value!r})")
-    data = {**data}
-    for single, curve in SINGLE_RATES.items():  # before the curves: one rate of its kind
-        rate = data.pop(single, None)
-        if rate is not None and data.get(curve) is None:
-            data[curve] = {"1": rate}
     names = {f.name for f in fields(Ceilings)}
-    optional = {*RATE_CURVES, *CALL_CURVES, "elementwise_rates", "host_op_s"}  # newer than 1.0
-    missing = sorted(names - set(data) - optional)
+    missing = sorted(names - set(data))
     if missing:
         raise AttnbenchError(f"{where}: missing {', '.join(missing)}")
     curves = {key: _curve(data.get(key), f"{where}: {key}") for key in RATE_CURVES}

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from attnbench.devices import DEFAULT_ALLOCATOR, PINNED, SYSTEM, check_allocator
 from attnbench.errors import AttnbenchError
+from attnbench.formats import UNRECORDED_ALLOCATOR, partner_message
 
 __all__ = ["DEFAULT_ALLOCATOR", "PINNED", "SYSTEM", "AllocatorState", "set_allocator"]
 
@@ -121,13 +122,11 @@ def release_freed(libc: Libc | None = None) -> bool:
 
 def run_state(workers: list[dict[str, Any]]) -> dict[str, Any]:
     """The state a run measured in, from its workers' records (run.json ``allocator``):
-    theirs when they agree, "mixed" when they do not, "unrecorded" for a worker that predates
-    the record (an older attnbench behind ``ab --base-python``)."""
-    states = [
-        w.get("allocator") or {"state": "unrecorded", "mechanism": "", "libc": ""} for w in workers
-    ]
+    theirs when they agree, "mixed" when they do not, "unrecorded" where a worker did not say
+    (``formats.partner_message``) or there is none."""
+    states = [partner_message("worker", w)["allocator"] for w in workers]
     if not states:
-        return {"state": "unrecorded", "mechanism": "", "libc": ""}
+        return dict(UNRECORDED_ALLOCATOR)
     if all(s == states[0] for s in states):
         return dict(states[0])
     mechanisms = sorted({f"{s.get('state')}: {s.get('mechanism')}" for s in states})

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from typing import Any
 
+from attnbench.formats import partner_message
 from attnbench.measure.counts.countcache import Counting
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing.calibration import Calibration
@@ -32,17 +33,17 @@ def timing_to_wire(timing: TimingStats | None) -> dict[str, Any] | None:
 def timing_from_wire(data: dict[str, Any] | None) -> TimingStats | None:
     if data is None:
         return None
-    stop = data.get("stop")
-    clocks = data.get("clocks_mhz")  # (a partner from before clocks were read sends none)
+    data = partner_message("timing", data)
+    stop, clocks, faults, refs = (data[k] for k in ("stop", "clocks_mhz", "faults", "references_s"))
     return TimingStats(
         tuple(data["samples_s"]),
         data["calls_per_sample"],
         data["total_s"],
         stop=None if stop is None else Stop(stop),
         clocks_mhz=None if clocks is None else tuple(clocks),
-        faults=None if data.get("faults") is None else tuple(data["faults"]),
-        major_faults=data.get("major_faults"),
-        references_s=None if data.get("references_s") is None else tuple(data["references_s"]),
+        faults=None if faults is None else tuple(faults),
+        major_faults=data["major_faults"],
+        references_s=None if refs is None else tuple(refs),
     )
 
 
@@ -53,8 +54,8 @@ def job_to_wire(job: Job) -> dict[str, Any]:
 
 
 def calibration_from_wire(data: dict[str, Any]) -> Calibration:
-    """A job's calibration kernel back from plain data (a message from an older driver holds
-    its size only: the rest is the default)."""
+    """A job's calibration kernel back from plain data (the fields a message does not hold
+    take the kernel's defaults)."""
     policy = data.get("policy")
     return Calibration(**{**data, **({"policy": TimingPolicy(**policy)} if policy else {})})
 
@@ -112,6 +113,7 @@ def lost_to_wire(outcome: Outcome) -> dict[str, Any]:
 def done_from_wire(job: Job, data: dict[str, Any]) -> JobDone:
     """The result of ``job`` as the child sent it (fields this version does not know of are
     dropped, so a child of a newer version still answers)."""
+    data = partner_message("done", data)
     result = data["result"]
     return JobDone(
         job,
@@ -127,7 +129,7 @@ def done_from_wire(job: Job, data: dict[str, Any]) -> JobDone:
         timing=timing_from_wire(data["timing"]),
         point=timing_from_wire(data["point"]),
         lost=data["lost"],
-        load_1m=data.get("load_1m"),
-        process=data.get("process", ""),
-        ended=data.get("ended", ""),
+        load_1m=data["load_1m"],
+        process=data["process"],
+        ended=data["ended"],
     )

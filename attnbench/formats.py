@@ -1,0 +1,204 @@
+"""Every older format attnbench reads, brought to today's here, once, as it is read (pyperf's
+way: a file carries its format's version and loading migrates it step by step).
+
+What an older attnbench wrote, and how each shape becomes today's:
+
+- **A results folder** carries ``schema_version`` in run.json. Version 1 grew columns and
+  entries over its life without a new version, so a version-1 folder may lack any of the
+  columns listed in ``V1_LATER_RESULTS``, the samples' later columns, the calibration file,
+  a theory's traffic terms, and several run.json entries. ``migrate_run`` fills each with what
+  "not recorded" reads as, and stamps the folder ``FORMAT_VERSION``; version 2 is written
+  whole, so a folder of today's version that lacks a column is damaged, not old.
+- **A ceilings file** (or run.json's ceilings) from before the rate curves holds one rate for a
+  convolution and one for a fused attention: ``migrate_ceilings`` reads each as a one-point
+  curve, and gives the entries added since their "not measured".
+- **A partner process of another version** (``ab --base-python`` drives an older attnbench):
+  ``partner_message`` gives what it does not send its "not recorded".
+
+No other module knows a run, a file or a message could be old: each reads today's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pandas as pd
+
+from attnbench.errors import AttnbenchError
+from attnbench.schema import CALIBRATION_COLUMNS
+
+FORMAT_VERSION = 2  # of a results folder, in run.json's ``schema_version``
+
+# The columns of results.csv added during version 1 (its first release wrote the others).
+V1_LATER_RESULTS = (
+    "window", "time_ci_low_s", "time_ci_high_s", "time_stop", "rounds", "rounds_disturbed",
+    "spread_between", "spread_within", "kernel_time_s", "kernel_share", "kernel_method",
+    "time_method", "sm_clock_mhz", "sm_clock_max_mhz", "throttled_share", "seq_steps",
+    "seq_steps_method", "path_len", "path_len_method", "node", "device_id", "device_name",
+    "attempts", "layer_source", "instructions", "load_1m", "cpu_count", "elementwise",
+    "elementwise_analytic", "elementwise_check", "elementwise_method", "uncounted_ops",
+    "fused_path", "backend", "bytes", "bytes_analytic", "bytes_check", "product_bytes",
+    "kernels", "bytes_method", "ops", "intensity", "counts_source", "peak_bytes_method",
+    "page_faults", "major_faults",
+)  # fmt: skip
+# samples.csv's columns added during version 1, and what a sample without them reads as: its
+# case's one round, in the one process a run then had; the rest not recorded.
+V1_LATER_SAMPLES = {
+    "round": "1",
+    "load_1m": "",
+    "page_faults": "",
+    "sm_clock_mhz": "",
+    "process": "0",
+    "reference_s": "",
+}
+# run.json's allocator entry of a run made before it was recorded: glibc's defaults, unnamed.
+UNRECORDED_ALLOCATOR = {"state": "unrecorded", "mechanism": "", "libc": ""}
+
+
+@dataclass(frozen=True)
+class RawRun:
+    """A results folder's files as read, before any is typed: run.json, the three tables as text
+    (``calibration`` None where the folder has no such file) and theory.json ({}: none)."""
+
+    meta: dict[str, Any]
+    results: pd.DataFrame
+    samples: pd.DataFrame
+    calibration: pd.DataFrame | None
+    theories: dict[str, Any]
+
+
+def folder_version(meta: Mapping[str, Any], where: str) -> int:
+    """The format version run.json states, checked to be one this attnbench reads."""
+    version = meta.get("schema_version")
+    if (
+        isinstance(version, bool)
+        or not isinstance(version, int)
+        or not (1 <= version <= FORMAT_VERSION)
+    ):
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > 1
+        raise AttnbenchError(
+            f"{where!r} has results schema version {version!r}; this attnbench reads versions "
+            f"1 to {FORMAT_VERSION}" + (" (was it written by a newer attnbench?)" if newer else "")
+        )
+    return version
+
+
+def migrate_run(raw: RawRun, where: str) -> RawRun:
+    """A folder's files in today's format, whatever version wrote them (one step a version)."""
+    version = folder_version(raw.meta, where)
+    for step in _STEPS[version - 1 :]:
+        raw = step(raw)
+    return raw
+
+
+def _v1_to_v2(raw: RawRun) -> RawRun:
+    results = raw.results.copy()
+    unrecorded = [c for c in V1_LATER_RESULTS if c not in results.columns]
+    for column in unrecorded:
+        results[column] = ""
+    samples = raw.samples.copy()
+    for column, value in V1_LATER_SAMPLES.items():
+        if column not in samples.columns:
+            samples[column] = value
+    calibration = raw.calibration
+    if calibration is None:  # the file came later than the folder
+        calibration = pd.DataFrame(columns=CALIBRATION_COLUMNS)
+    meta = dict(raw.meta)
+    config = dict(meta.get("config") or {})
+    if "rounds" in config and "processes" not in config:  # rounds became processes: one each
+        config["processes"] = config.pop("rounds")
+    config.setdefault("allocator", "system")  # before --allocator: glibc's defaults
+    meta["config"] = config
+    if "status" not in meta:  # before the status was written: a finished run has an end
+        meta["status"] = "complete" if meta.get("end_time") else "running"
+    meta.setdefault("resumes", [])
+    meta.setdefault("layers", {})
+    meta.setdefault("ab", 0)
+    if not meta.get("allocator"):
+        meta["allocator"] = dict(UNRECORDED_ALLOCATOR)
+    meta["unrecorded"] = unrecorded  # a run says which columns it did not record
+    meta["schema_version"] = 2
+    layers = raw.theories.get("layers")
+    theories = raw.theories
+    if isinstance(layers, dict):  # a theory's traffic terms came with the bytes' formulas
+        theories = {**theories, "layers": {k: _with_traffic(v) for k, v in layers.items()}}
+    return replace(
+        raw,
+        meta=meta,
+        results=results,
+        samples=samples,
+        calibration=calibration,
+        theories=theories,
+    )
+
+
+def _with_traffic(entry: Any) -> Any:
+    theory = entry.get("theory") if isinstance(entry, dict) else None
+    if not isinstance(theory, dict):
+        return entry
+    return {**entry, "theory": {"traffic": None, **theory}}
+
+
+_STEPS = (_v1_to_v2,)  # _STEPS[v - 1] takes version v to v + 1
+assert len(_STEPS) == FORMAT_VERSION - 1
+
+
+# ----------------------------------------------------------------------------- ceilings
+
+# Before the rate curves: a convolution's and a fused attention's single rate, each read as a
+# one-point curve of its kind (null in files written since, and not written now).
+SINGLE_RATES = {"conv_flops_per_s": "conv_rates", "attention_flops_per_s": "attention_rates"}
+# The entries added since the first ceilings files (None: not measured).
+LATER_CEILINGS = (
+    "gemm_rates", "conv_rates", "attention_rates", "recurrent_rates", "recurrent_call_s",
+    "elementwise_rates", "host_op_s",
+)  # fmt: skip
+
+
+def migrate_ceilings(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Ceilings' JSON (a file, or run.json's record) in today's shape; one clear error for a
+    single rate that is not a positive number."""
+    found = dict(data)
+    for single, curve in SINGLE_RATES.items():
+        rate = found.pop(single, None)
+        if rate is None:
+            continue
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+            raise AttnbenchError(f"{where}: {single} must be a positive number (got {rate!r})")
+        if found.get(curve) is None:
+            found[curve] = {"1": rate}
+    for key in LATER_CEILINGS:
+        found.setdefault(key, None)
+    return found
+
+
+# ----------------------------------------------------------------------------- partners
+
+# What a partner of another version may not send, by message, and what it reads as: a
+# timing's stop, clocks, faults and references, a result's load and process, not recorded; a
+# worker's allocator, unrecorded. (A calibration it describes by its size alone: the kernel's
+# other fields take their defaults.)
+_PARTNER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "timing": {
+        "stop": None,
+        "clocks_mhz": None,
+        "faults": None,
+        "major_faults": None,
+        "references_s": None,
+    },
+    "done": {"load_1m": None, "process": "", "ended": ""},
+    "worker": {"allocator": UNRECORDED_ALLOCATOR},
+}
+
+
+def partner_message(kind: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """A message of ``kind`` from a partner process with every entry today's reader reads
+    (those it did not send take what "not recorded" reads as)."""
+    defaults = _PARTNER_DEFAULTS[kind]
+    found = dict(data)
+    for key, value in defaults.items():
+        if found.get(key) is None:
+            found[key] = value.copy() if isinstance(value, dict) else value
+    return found

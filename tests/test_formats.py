@@ -1,0 +1,137 @@
+"""Older formats are migrated in one module, on load: a folder an older attnbench wrote reads
+as it did, today's writes the current version, and no other module knows a run could be old.
+
+``tests/formats/v1-0e122b0`` is a sweep made by the code at commit 0e122b0 (format 1, before
+processes, time methods and clocks); ``v1-0e122b0.json`` is what `table --json` and `fit --json`
+read in it with the code before the migration existed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_golden import readings
+
+from attnbench.errors import AttnbenchError
+from attnbench.formats import (
+    FORMAT_VERSION,
+    UNRECORDED_ALLOCATOR,
+    V1_LATER_RESULTS,
+    RawRun,
+    migrate_ceilings,
+    migrate_run,
+    partner_message,
+)
+from attnbench.measure.machine.ceilings import Ceilings
+from attnbench.results.loader import load_results
+from attnbench.results.store import ResultsWriter
+from attnbench.schema import RESULT_COLUMNS
+
+HERE = Path(__file__).resolve().parent
+OLD = HERE / "formats" / "v1-0e122b0"
+PACKAGE = HERE.parent / "attnbench"
+
+
+def test_a_folder_written_by_0e122b0_reads_as_it_did() -> None:
+    expected = json.loads((OLD.with_suffix(".json")).read_text())
+    assert readings(OLD) == expected
+
+
+def test_loading_migrates_once_and_says_what_the_run_did_not_record() -> None:
+    header = pd.read_csv(OLD / "results.csv", nrows=0).columns
+    lacking = [c for c in RESULT_COLUMNS if c not in header]
+    assert lacking  # the fixture is old: it lacks columns today's writer writes
+    run = load_results(OLD)
+    assert run.meta["schema_version"] == FORMAT_VERSION
+    assert list(run.frame.columns[: len(RESULT_COLUMNS)]) == RESULT_COLUMNS
+    assert sorted(run.record.unrecorded) == sorted(lacking)
+    assert run.record.config["processes"] == 2  # recorded as rounds
+    assert run.record.config["allocator"] == "pinned"  # as recorded (kept)
+    assert set(run.samples["process"]) == {0} and run.samples["reference_s"].isna().all()
+
+
+def test_a_resumed_old_folder_is_written_in_todays_format(tmp_path: Path) -> None:
+    copy = tmp_path / "old"
+    shutil.copytree(OLD, copy)
+    ResultsWriter.reopen(load_results(copy), {"time": "now"})
+    assert json.loads((copy / "run.json").read_text())["schema_version"] == FORMAT_VERSION
+    header = pd.read_csv(copy / "results.csv", nrows=0).columns
+    assert set(RESULT_COLUMNS) <= set(header)
+    again = load_results(copy)  # now today's format: nothing left to migrate
+    assert again.record.unrecorded == load_results(OLD).record.unrecorded
+    assert again.frame[RESULT_COLUMNS].equals(load_results(OLD).frame[RESULT_COLUMNS])
+
+
+def test_a_folder_of_todays_version_that_lacks_a_column_is_damaged(tmp_path: Path) -> None:
+    copy = tmp_path / "v2"
+    shutil.copytree(OLD, copy)
+    ResultsWriter.reopen(load_results(copy), {"time": "now"})
+    frame = pd.read_csv(copy / "results.csv", dtype=str, keep_default_na=False)
+    frame.drop(columns=["backend"]).to_csv(copy / "results.csv", index=False)
+    with pytest.raises(AttnbenchError, match="lacks column"):
+        load_results(copy)
+    meta = json.loads((copy / "run.json").read_text())
+    (copy / "run.json").write_text(json.dumps({**meta, "schema_version": FORMAT_VERSION + 1}))
+    with pytest.raises(AttnbenchError, match="newer attnbench"):
+        load_results(copy)
+
+
+def test_each_step_fills_what_a_version_1_folder_may_lack() -> None:
+    raw = RawRun(
+        meta={"schema_version": 1, "config": {"rounds": 3}, "end_time": "t"},
+        results=pd.DataFrame({"case_id": ["a"]}),
+        samples=pd.DataFrame({"case_id": ["a"], "sample": ["0"], "time_s": ["1.0"]}),
+        calibration=None,
+        theories={"layers": {"mine": {"theory": {"terms": []}}, "none": {"theory": None}}},
+    )
+    new = migrate_run(raw, "x")
+    assert set(V1_LATER_RESULTS) <= set(new.results.columns)
+    assert new.samples.loc[0, "round"] == "1" and new.samples.loc[0, "process"] == "0"
+    assert new.calibration is not None and new.calibration.empty
+    assert new.meta["status"] == "complete" and new.meta["config"] == {
+        "processes": 3,
+        "allocator": "system",
+    }
+    assert new.meta["allocator"] == UNRECORDED_ALLOCATOR and new.meta["resumes"] == []
+    assert new.theories["layers"]["mine"]["theory"]["traffic"] is None
+    assert new.theories["layers"]["none"]["theory"] is None
+    assert raw.meta["schema_version"] == 1  # the step copies: what was read is left alone
+    assert migrate_run(new, "x") == new  # today's version: nothing to do
+
+
+def test_old_ceilings_and_partners_read_in_todays_shape() -> None:
+    old = {"peak_flops_per_s": 1.0, "conv_flops_per_s": 5.0, "attention_flops_per_s": None}
+    found = migrate_ceilings(old, "old")
+    assert found["conv_rates"] == {"1": 5.0} and "conv_flops_per_s" not in found
+    assert found["host_op_s"] is None and found["attention_rates"] is None
+    names = {f for f in Ceilings.__dataclass_fields__}
+    assert set(found) - {"peak_flops_per_s"} <= names
+    with pytest.raises(AttnbenchError, match="conv_flops_per_s must be a positive number"):
+        migrate_ceilings({"conv_flops_per_s": -1}, "old")
+    assert partner_message("worker", {})["allocator"] == UNRECORDED_ALLOCATOR
+    assert partner_message("done", {"process": "p"})["process"] == "p"
+    assert partner_message("timing", {"samples_s": [1]})["clocks_mhz"] is None
+
+
+# Words that say a run, a file or a message could be old.
+OLD_WORDS = re.compile(
+    r"\bolder\b|\bfrom before\b|\bmade before\b|\bwritten before\b|\brecorded before\b"
+    r"|\bpredates?\b|\bold (?:run|file|folder|format|driver|partner)s?\b",
+    re.IGNORECASE,
+)
+
+
+def test_only_the_formats_module_knows_a_run_could_be_old() -> None:
+    found = [
+        f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "formats.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if OLD_WORDS.search(line)
+    ]
+    assert not found, "\n".join(found)
