@@ -5,7 +5,6 @@ recurrent case of the reference runs."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from fractions import Fraction
 from pathlib import Path
 
@@ -190,10 +189,11 @@ def reference_long_cases() -> list[object]:
     cases need its device; their counts are the CPU's, tests/test_cuda.py)."""
     found = {}
     for run in sorted((ROOT / "results").glob("*/run.json")):
-        config = json.loads(run.read_text())["config"]
+        loaded = load_results(run.parent)  # its config in today's format
+        config = loaded.record.config
         if config.get("device", "cpu") != "cpu":
             continue
-        measured = set(load_results(run.parent).frame["case_id"])  # an auto run's, not its ladder
+        measured = set(loaded.frame["case_id"])  # an auto run's, not its ladder
         for case in grid_from_config(config).cases():
             # up to the fixed grids' longest: a full trace of an auto run's n = 8192 takes minutes
             if case.case_id in measured and case.n <= 2048 and extend.applies(case, {}):

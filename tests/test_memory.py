@@ -101,5 +101,5 @@ def test_the_memory_pass_records_the_convolution_implementation_torch_chose(
     assert result.backend == "thnn_conv2d (torch's reference convolution)"
     assert result.to_row()["backend"] == result.backend  # measured: the cache is off
     profile = countcache.Profile(1, 1, frozenset(), backends=frozenset({"thnn_conv2d"}))
-    countcache.write_profile(cases[("conv", 16)], 0, profile, tmp_path)
-    assert countcache.read_profile(cases[("conv", 16)], 0, tmp_path) == profile
+    countcache.CountCache(tmp_path).write_profile(cases[("conv", 16)], 0, profile)
+    assert countcache.CountCache(tmp_path).read_profile(cases[("conv", 16)], 0) == profile

@@ -193,16 +193,19 @@ def exact_counts(
     if cached is None or cached_memory is None:
         prime_instruments()  # the tracers' start-up, once a process, after the timing
     counts, source, memory = cached, countcache.CACHED, cached_memory
+    store = counting.store
     if memory is None and case.device != "cpu":
         # On an accelerator the memory pass comes first (its allocator's statistics are cheap
         # at any n): the fused kernels the timed call ran decide where its counts are traced
         # (``trace_counts``).
         memory = memory_pass(case, seed, step)
-        countcache.write_profile(case, seed, memory, enabled=counting.cache)
+        if store:
+            store.write_profile(case, seed, memory)
     if counts is None:
         fused = memory.fused if memory is not None else attention_fast_paths(step)
         counts, source = trace_counts(case, step, seed, fused=fused, counting=counting)
-        countcache.write(case, seed, counts, enabled=counting.cache)
+        if store:
+            store.write(case, seed, counts)
     if memory is None:
         # On the CPU the profiler, which replays every requested allocation, costs as much as
         # tracing: profiled at the short probes and extended by their law.
@@ -216,7 +219,8 @@ def exact_counts(
                 if extend.is_probe(case, counting.full_trace)
                 else memory_pass(case, seed, step)
             )
-        countcache.write_profile(case, seed, memory, enabled=counting.cache)
+        if store:
+            store.write_profile(case, seed, memory)
     return counts, source, memory
 
 
@@ -231,7 +235,7 @@ def referenced(timing: Callable[[], Timed], clock: Clock) -> Timed:
 def cached_counts(case: Case, seed: int, counting: Counting) -> countcache.Counts | None:
     """The case's counts from the count cache; None when there are none, or they were
     extended and ``counting`` asks for full traces."""
-    found = countcache.read(case, seed, enabled=counting.cache)
+    found = counting.store.read(case, seed) if counting.store else None
     if found is None or (counting.full_trace and extend.is_extended(found)):
         return None
     return found
@@ -240,7 +244,7 @@ def cached_counts(case: Case, seed: int, counting: Counting) -> countcache.Count
 def cached_profile(case: Case, seed: int, counting: Counting) -> countcache.Profile | None:
     """The case's memory pass from the count cache, its method marked "(cache)"; None when
     there is none, or it was extended and ``counting`` asks for full traces."""
-    found = countcache.read_profile(case, seed, enabled=counting.cache)
+    found = counting.store.read_profile(case, seed) if counting.store else None
     if found is None or (counting.full_trace and Provenance.parse(found.method).extended):
         return None
     return dataclasses.replace(found, method=f"{found.method} {CACHED_MARK}")
@@ -265,10 +269,12 @@ def probe_counts(
     """The counts at a probe length, for a longer case's law: traced once per layer, d and
     options, then read from the count cache by every other long case (and every later sweep).
     ``step``: the case's own, called once already, where the case is at a probe length."""
-    found = countcache.read(short, seed, probe=True, enabled=counting.cache)
+    store = counting.store.probes() if counting.store else None
+    found = store.read(short, seed) if store else None
     if found is None:
         found = call_counts(step or _called_step(short, seed), short.mode)
-        countcache.write(short, seed, found, probe=True, enabled=counting.cache)
+        if store:
+            store.write(short, seed, found)
     return found
 
 
@@ -276,10 +282,12 @@ def probe_profile(
     short: Case, seed: int, step: Step | None = None, counting: Counting = DEFAULT_COUNTING
 ) -> countcache.Profile:
     """The memory pass at a probe length (CPU), cached as ``probe_counts`` are."""
-    found = countcache.read_profile(short, seed, probe=True, enabled=counting.cache)
+    store = counting.store.probes() if counting.store else None
+    found = store.read_profile(short, seed) if store else None
     if found is None:
         found = memory_pass(short, seed, step)
-        countcache.write_profile(short, seed, found, probe=True, enabled=counting.cache)
+        if store:
+            store.write_profile(short, seed, found)
     return found
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from attnbench.devices import device_kind
 from attnbench.layers.registry import entry
-from attnbench.measure.counts import countcache, extend
+from attnbench.measure.counts import extend
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.regime import REGIME_SIZES
 from attnbench.run.rounds import ROUND_PROCESS_S, ROUND_WARMUP_S, round_policy
@@ -48,7 +48,7 @@ def tracing_seconds(
 def in_cache(case: Case, seed: int, counting: Counting = DEFAULT_COUNTING) -> bool:
     """Whether a case's counts would be read from the count cache
     (``measure.counts.countcache``)."""
-    return countcache.read(case, seed, enabled=counting.cache) is not None
+    return counting.store is not None and counting.store.read(case, seed) is not None
 
 
 def estimate_bounds(

@@ -20,6 +20,7 @@ entries live under ``cache_dir()/counts`` (``$ATTNBENCH_CACHE_DIR``, ...); a swe
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -81,6 +82,11 @@ class Counting:
     cache: bool = False
     full_trace: bool = False
 
+    @property
+    def store(self) -> CountCache | None:
+        """The count cache the sweep reads and writes; None without one."""
+        return CountCache() if self.cache else None
+
 
 DEFAULT_COUNTING = Counting()  # from Python: every count traced, long recurrences extended
 
@@ -128,81 +134,51 @@ def _path(found: str, folder: Path | None) -> Path:
     return (folder or cache_dir()) / "counts" / found[:2] / f"{found}.json"
 
 
-# The role of an entry traced at a probe length for a longer case's law (``measure.counts.extend``):
-# kept apart from the entry of a case of that length (which also holds its path length), and
-# shared by every long case of the same layer, d and options.
-PROBE = "probe"
+PROBE = "probe"  # the role of an entry traced at a probe length (``CountCache.probes``)
 
 
-def read(
-    case: Case,
-    seed: int,
-    folder: Path | None = None,
-    *,
-    probe: bool = False,
-    enabled: bool = True,
-) -> Counts | None:
-    """The case's cached counts (None: none, not ``enabled``, or an entry that does not read);
-    ``probe``: those traced at its length for a longer case's law."""
-    data = _load(key(case, seed, *_role(probe)), folder) if enabled else None
-    try:
-        return None if data is None else Counts(**data)
-    except TypeError:
-        return None
+@dataclass(frozen=True)
+class CountCache:
+    """The count cache in ``folder`` (None: ``cache_dir()``'s). A sweep without a cache
+    (--no-cache) has none (``Counting.store``), rather than a cache told not to work.
+    ``probes()`` is the same cache's entries traced at a probe length for a longer case's law:
+    kept apart from the entry of a case of that length (which also holds its path length), and
+    shared by every long case of the same layer, d and options."""
 
+    folder: Path | None = None
+    role: tuple[str, ...] = ()
 
-def write(
-    case: Case,
-    seed: int,
-    counts: Counts,
-    folder: Path | None = None,
-    *,
-    probe: bool = False,
-    enabled: bool = True,
-) -> None:
-    """Store the case's counts where ``enabled`` (atomically; an unwritable cache costs a
-    trace next time)."""
-    if enabled:
-        _store(key(case, seed, *_role(probe)), asdict(counts), folder)
+    def probes(self) -> CountCache:
+        return dataclasses.replace(self, role=(PROBE,))
 
-
-def read_profile(
-    case: Case,
-    seed: int,
-    folder: Path | None = None,
-    *,
-    probe: bool = False,
-    enabled: bool = True,
-) -> Profile | None:
-    """The case's cached memory pass on this CPU and thread count (None: none, not
-    ``enabled``, not CPU)."""
-    data = _load(profile_key(case, seed, *_role(probe)), folder) if enabled else None
-    try:
-        if data is None:
+    def read(self, case: Case, seed: int) -> Counts | None:
+        """The case's cached counts (None: none, or an entry that does not read)."""
+        data = _load(key(case, seed, *self.role), self.folder)
+        try:
+            return None if data is None else Counts(**data)
+        except TypeError:
             return None
-        sets = {name: frozenset(data.get(name, ())) for name in ("fused", "backends")}
-        return Profile(**{**data, **sets})
-    except (TypeError, KeyError):
-        return None
 
+    def write(self, case: Case, seed: int, counts: Counts) -> None:
+        """Store the case's counts (atomically; an unwritable cache costs a trace next time)."""
+        _store(key(case, seed, *self.role), asdict(counts), self.folder)
 
-def write_profile(
-    case: Case,
-    seed: int,
-    profile: Profile,
-    folder: Path | None = None,
-    *,
-    probe: bool = False,
-    enabled: bool = True,
-) -> None:
-    """Store the case's memory pass where ``enabled`` (CPU only)."""
-    data = {**asdict(profile), "fused": sorted(profile.fused), "backends": sorted(profile.backends)}
-    if enabled:
-        _store(profile_key(case, seed, *_role(probe)), data, folder)
+    def read_profile(self, case: Case, seed: int) -> Profile | None:
+        """The case's cached memory pass on this CPU and thread count (None: none, or not
+        CPU)."""
+        data = _load(profile_key(case, seed, *self.role), self.folder)
+        try:
+            if data is None:
+                return None
+            sets = {name: frozenset(data.get(name, ())) for name in ("fused", "backends")}
+            return Profile(**{**data, **sets})
+        except (TypeError, KeyError):
+            return None
 
-
-def _role(probe: bool) -> tuple[str, ...]:
-    return (PROBE,) if probe else ()
+    def write_profile(self, case: Case, seed: int, profile: Profile) -> None:
+        """Store the case's memory pass (CPU only)."""
+        sets = {"fused": sorted(profile.fused), "backends": sorted(profile.backends)}
+        _store(profile_key(case, seed, *self.role), {**asdict(profile), **sets}, self.folder)
 
 
 def _load(found: str | None, folder: Path | None) -> Any:
