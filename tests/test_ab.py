@@ -18,6 +18,7 @@ from attnbench.render.verdicts import schema
 from attnbench.results.loader import load_results
 from attnbench.run.ab import run_ab
 from attnbench.run.executors.process import SubprocessExecutor
+from attnbench.run.queue import Measuring
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import build_grid
 
@@ -144,7 +145,8 @@ def make(d):
     try:
         grid = build_grid({"layers": f"{plugin}:make,conv", "n": "8,16", "d": "4",
                            "device": "cpu", "time_budget": 0.01})  # fmt: skip
-        run = run_sweep(grid, tmp_path / "run", executor=executor, calibration=None)
+        uncalibrated = Measuring(calibration=None)
+        run = run_sweep(grid, tmp_path / "run", executor=executor, measuring=uncalibrated)
     finally:
         executor.close()
     assert marker.exists() and set(run.frame["status"]) == {"ok"}  # run once more, elsewhere

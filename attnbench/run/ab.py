@@ -33,8 +33,7 @@ from attnbench.run.estimate import estimate_bounds, size_warning
 from attnbench.run.events import ProgressEvent
 from attnbench.run.executors.base import Job, Placement
 from attnbench.run.executors.process import ForkExecutor, SubprocessExecutor
-from attnbench.run.queue import JobQueue, Replication
-from attnbench.run.rounds import round_policy
+from attnbench.run.queue import JobQueue, Measuring, Replication
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus
 from attnbench.spec import Grid, build_grid
@@ -213,14 +212,10 @@ def _interleave(
             queues[side] = JobQueue(
                 grid,
                 writer,
-                None,
-                died=None,
-                policy=round_policy(grid),
-                calibration=calibration,
+                measuring=Measuring(calibration=calibration, counting=counting),
                 in_process=False,
                 progress=tell(side),
                 stop=stop,
-                counting=counting,
                 replication=Replication(grid.processes, grid.processes),  # the pairs asked for
             )
         where = {side: _placement(clusters[side]) for side in SIDES}
