@@ -11,6 +11,8 @@ from attnbench.measure.case import measure_case
 from attnbench.positional import SinusoidalPositionalEncoding, sinusoidal_table
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
+from attnbench.run.events import Listeners
+from attnbench.run.queue import Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Case, Grid, build_grid
 
@@ -19,6 +21,8 @@ __all__ = [
     "Case",
     "Grid",
     "LayerEntry",
+    "Listeners",
+    "Measuring",
     "RunResults",
     "SinusoidalPositionalEncoding",
     "SweepInterrupted",

@@ -16,8 +16,9 @@ from attnbench.cli import app
 from attnbench.compare import REGRESSION, compare_runs
 from attnbench.render.verdicts import schema
 from attnbench.results.loader import load_results
-from attnbench.run.ab import run_ab
+from attnbench.run.ab import ABListeners, run_ab
 from attnbench.run.executors.process import SubprocessExecutor
+from attnbench.run.queue import Measuring
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import build_grid
 
@@ -61,9 +62,9 @@ def plugin(tmp_path: Path) -> Path:
 def test_sides_are_measured_in_turn_abba_round_after_round(tmp_path: Path) -> None:
     heard: list[tuple[str, str, int]] = []
     grid = {"layers": "conv,rnn", "n": "8,16", "d": "4", "device": "cpu", "time_budget": 0.02}
-    ab = run_ab(grid, tmp_path / "ab",
+    ab = run_ab(grid, tmp_path / "ab", listeners=ABListeners(
                 progress=lambda side, e: heard.append((side, e.case.case_id, e.round))
-                if e.kind == "done" else None)  # fmt: skip
+                if e.kind == "done" else None))  # fmt: skip
     sides = [side for side, _, _ in heard]
     assert sides[:8] == ["base", "current", "current", "base"] * 2  # A B, B A, ...
     for first, second in zip(heard[::2], heard[1::2], strict=True):
@@ -144,7 +145,8 @@ def make(d):
     try:
         grid = build_grid({"layers": f"{plugin}:make,conv", "n": "8,16", "d": "4",
                            "device": "cpu", "time_budget": 0.01})  # fmt: skip
-        run = run_sweep(grid, tmp_path / "run", executor=executor, calibration=None)
+        uncalibrated = Measuring(calibration=None)
+        run = run_sweep(grid, tmp_path / "run", executor=executor, measuring=uncalibrated)
     finally:
         executor.close()
     assert marker.exists() and set(run.frame["status"]) == {"ok"}  # run once more, elsewhere

@@ -14,6 +14,7 @@ from attnbench.measure.timing.loop import TimingPolicy, time_call
 from attnbench.results.files import CALIBRATION_FILE
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
+from attnbench.run.queue import Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import build_grid
 
@@ -93,7 +94,7 @@ def test_a_sweep_times_the_calibration_between_its_measured_cases(tiny_run: RunR
 
 def test_calibration_can_be_turned_off_and_old_runs_still_load(tmp_path: Path) -> None:
     grid = build_grid({"layers": "conv", "n": "8", "d": "4", "device": "cpu", "time_budget": 0.001})
-    run = run_sweep(grid, tmp_path / "off", calibration=None)
+    run = run_sweep(grid, tmp_path / "off", measuring=Measuring(calibration=None))
     assert run.calibration.empty and run.calibration_s is None
     assert "calibration" not in run.meta
     (tmp_path / "off" / CALIBRATION_FILE).unlink()
@@ -118,7 +119,7 @@ def test_a_resumed_run_numbers_its_calibration_points_on(tmp_path: Path) -> None
     )
     out = tmp_path / "run"
     calibration = Calibration(size=16, every_s=0.0)  # before every case
-    run_sweep(grid, out, calibration=calibration)
+    run_sweep(grid, out, measuring=Measuring(calibration=calibration))
     # Cut the last case (row, samples and calibration), as if the run had stopped before it.
     run = load_results(out)
     last = run.frame["case_id"].iloc[-1]
@@ -127,7 +128,7 @@ def test_a_resumed_run_numbers_its_calibration_points_on(tmp_path: Path) -> None
         frame[frame[column] != last].to_csv(out / name, index=False)
     samples = pd.read_csv(out / "samples.csv")
     samples[samples["case_id"] != last].to_csv(out / "samples.csv", index=False)
-    resumed = resume_sweep(out, calibration=calibration)
+    resumed = resume_sweep(out, measuring=Measuring(calibration=calibration))
     points = resumed.calibration.groupby("point")["before_case"].first()
     assert list(points.index) == [0, 1]
     assert list(points) == list(resumed.frame["case_id"])

@@ -22,7 +22,7 @@ from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.measure.record import WORKER_DIED_ERROR
 from attnbench.results.files import RUN_FILE
 from attnbench.results.loader import load_results
-from attnbench.run.events import ProgressEvent
+from attnbench.run.events import Listeners, ProgressEvent
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid
 
@@ -91,7 +91,9 @@ def test_a_ray_sweep_has_the_rows_of_a_serial_one(tmp_path: Path, executor: RayE
     serial = run_sweep(_grid(processes=2, max_processes=2), tmp_path / "serial")
     events: list[ProgressEvent] = []
     grid = _grid(executor, processes=2, max_processes=2)
-    run = run_sweep(grid, tmp_path / "ray", executor=executor, progress=events.append)
+    run = run_sweep(
+        grid, tmp_path / "ray", executor=executor, listeners=Listeners(progress=events.append)
+    )
     assert sorted(run.frame["case_id"]) == sorted(serial.frame["case_id"])
     for column in ("status", "flops", "seq_steps", "path_len", "threads", "device_name"):
         assert (
@@ -140,7 +142,9 @@ def test_a_worker_killed_in_a_case_is_survived_and_the_case_retried(
     watcher = _kill_when_written(marker_dir / "pid", killed)
     events: list[ProgressEvent] = []
     grid = _grid(executor, layers="killed-once,conv")
-    run = run_sweep(grid, tmp_path / "run", executor=executor, progress=events.append)
+    run = run_sweep(
+        grid, tmp_path / "run", executor=executor, listeners=Listeners(progress=events.append)
+    )
     watcher.join(timeout=1)
     assert killed, "the layer never started"
     retries = [e for e in events if e.kind == "retry"]
@@ -173,7 +177,9 @@ def test_a_case_that_kills_every_worker_is_failed_with_the_reason(
 ) -> None:
     events: list[ProgressEvent] = []
     grid = _grid(executor, layers="doomed,conv", n="8,16,32,64")
-    run = run_sweep(grid, tmp_path / "run", executor=executor, progress=events.append)
+    run = run_sweep(
+        grid, tmp_path / "run", executor=executor, listeners=Listeners(progress=events.append)
+    )
     rows = run.frame.set_index("case_id")
     doomed = rows[rows["layer"] == "doomed"]
     assert doomed.loc["doomed/n=8/d=8/b=1/float32/cpu/forward", "status"] == "failed"
@@ -195,7 +201,9 @@ def test_an_interrupted_ray_sweep_is_finished_by_resume(
             os.kill(os.getpid(), signal.SIGINT)
 
     with pytest.raises(SweepInterrupted):
-        run_sweep(_grid(executor), out, executor=executor, progress=stop_after_first)
+        run_sweep(
+            _grid(executor), out, executor=executor, listeners=Listeners(progress=stop_after_first)
+        )
     stopped = load_results(out)
     assert stopped.status == "interrupted" and 1 <= len(stopped.frame) <= 2
     run = resume_sweep(out, executor=executor)

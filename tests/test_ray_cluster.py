@@ -27,7 +27,7 @@ from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.measure.record import WORKER_DIED_ERROR
 from attnbench.results.files import RUN_FILE
 from attnbench.results.loader import load_results
-from attnbench.run.events import ProgressEvent
+from attnbench.run.events import Listeners, ProgressEvent
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid
 
@@ -215,7 +215,12 @@ def test_a_node_killed_mid_case_is_on_record_and_its_case_measured_by_the_replac
             # (here, in the main thread: a Ray node registers signal handlers as it starts)
             killed["joined"] = _add_node(two_nodes).node_id
 
-    run_sweep(_grid(executor, "lost-once,held"), out, executor=executor, progress=progress)
+    run_sweep(
+        _grid(executor, "lost-once,held"),
+        out,
+        executor=executor,
+        listeners=Listeners(progress=progress),
+    )
     _joined(thread)
 
     # results.csv: both cases measured, the lost one on its second attempt.

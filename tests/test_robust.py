@@ -23,9 +23,10 @@ from attnbench.results.environment import environment
 from attnbench.results.files import RESULTS_FILE, RUN_FILE, SAMPLES_FILE
 from attnbench.results.loader import load_results
 from attnbench.results.store import ResultsWriter
-from attnbench.run.events import ProgressEvent, SweepStart
+from attnbench.run.events import Listeners, ProgressEvent, SweepStart
 from attnbench.run.executors import serial as serial_module
 from attnbench.run.executors import worker as worker_module
+from attnbench.run.queue import Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Case, Grid, build_grid
 
@@ -95,7 +96,7 @@ def test_oom_is_recorded_larger_cases_skipped_and_memory_released(
         {"layers": "conv", "n": "8..64", "d": "8,16", "device": "cpu", "time_budget": 0.002}
     )
     grid = Grid(**{**grid.__dict__, "layers": ("hungry", "conv")})
-    run = run_sweep(grid, tmp_path / "run", calibration=None)
+    run = run_sweep(grid, tmp_path / "run", measuring=Measuring(calibration=None))
     status = {(r.layer, r.n, r.d): r.status for r in run.frame.itertuples()}
     assert status[("hungry", 8, 8)] == "ok" and status[("hungry", 16, 8)] == "ok"
     assert status[("hungry", 32, 8)] == "oom"
@@ -158,7 +159,7 @@ def test_a_slow_first_call_is_a_timeout_and_larger_cases_are_skipped(
     )
     grid = Grid(**{**grid.__dict__, "layers": ("slow",), "time_budget_s": 1.0})
     # No calibration: under a clock that never moves, its GEMM blocks would grow to their cap.
-    run = run_sweep(grid, tmp_path / "run", clock=clock, calibration=None)
+    run = run_sweep(grid, tmp_path / "run", clock=clock, measuring=Measuring(calibration=None))
     status = dict(zip(run.frame["n"], run.frame["status"], strict=True))
     assert status == {8: "ok", 16: "ok", 32: "timeout", 64: "skipped"}
     timeout = run.frame[run.frame["status"] == "timeout"].iloc[0]
@@ -198,7 +199,7 @@ def test_a_signal_stops_after_the_current_case_and_resume_finishes(
         signal_after_two(event)
 
     with pytest.raises(SweepInterrupted) as info:
-        run_sweep(grid, out, progress=progress)
+        run_sweep(grid, out, listeners=Listeners(progress=progress))
     # The signal came after a case was written, with none running: it is still answered.
     stopping = [e for e in heard if e.kind == "stopping"]
     assert len(stopping) == 1 and stopping[0].running == 0
@@ -209,7 +210,7 @@ def test_a_signal_stops_after_the_current_case_and_resume_finishes(
     assert signal.getsignal(signal.SIGINT) is before  # handlers restored
 
     events: list[ProgressEvent] = []
-    run = resume_sweep(out, progress=events.append)
+    run = resume_sweep(out, listeners=Listeners(progress=events.append))
     assert list(run.frame["case_id"]) == _ids(grid)  # exactly the uninterrupted sweep's cases
     assert (run.frame["status"] == "ok").all() and run.status == "complete"
     assert [e.completed for e in events if e.kind == "done"] == [3, 4, 5, 6]
@@ -247,7 +248,7 @@ def test_ctrl_c_while_the_ceilings_are_measured_is_a_recorded_stop_and_resume_re
     monkeypatch.setattr(sweep_module, "run_ceilings", real)
     cached = sweep_module.ceilings_cached("cpu", "float32", torch.get_num_threads())
     starts: list[SweepStart] = []
-    run = resume_sweep(out, on_start=starts.append)
+    run = resume_sweep(out, listeners=Listeners(on_start=starts.append))
     assert starts[0].ceilings_cached is cached  # the start line says when they are measured
     assert run.status == "complete" and len(run.frame) == 2
     assert run.meta["ceilings"]["peak_flops_per_s"] > 0
@@ -295,7 +296,7 @@ def test_a_second_signal_stops_at_once_and_the_torn_case_is_measured_again(
             os.kill(os.getpid(), signal.SIGINT)  # ... and now: the case is abandoned
 
     with pytest.raises(SweepInterrupted):
-        run_sweep(grid, out, progress=progress)
+        run_sweep(grid, out, listeners=Listeners(progress=progress))
     assert "stopping" in seen
     stopped = load_results(out)
     assert len(stopped.frame) == 1 and stopped.status == "interrupted"
@@ -308,7 +309,7 @@ def test_resume_refuses_changes_unless_forced(
 ) -> None:
     out = tmp_path / "run"
     with pytest.raises(SweepInterrupted):
-        run_sweep(_grid(), out, progress=_signal_after(1, signal.SIGINT))
+        run_sweep(_grid(), out, listeners=Listeners(progress=_signal_after(1, signal.SIGINT)))
     with pytest.raises(AttnbenchError, match=r"configuration differs .*ns \[8, 16, 32\] -> \[8"):
         resume_sweep(out, {"n": "8,16"})
     real = environment

@@ -19,7 +19,8 @@ from attnbench.measure.timing.calibration import Calibration
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.run.estimate import estimate_seconds
-from attnbench.run.events import ProgressEvent
+from attnbench.run.events import Listeners, ProgressEvent
+from attnbench.run.queue import Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import build_grid
 
@@ -37,8 +38,8 @@ def three_rounds(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunResults, 
     run = run_sweep(
         _grid(),
         tmp_path_factory.mktemp("r") / "run",
-        progress=events.append,
-        calibration=SMALL_GEMM,
+        listeners=Listeners(progress=events.append),
+        measuring=Measuring(calibration=SMALL_GEMM),
     )
     return run, events
 
@@ -92,7 +93,12 @@ def test_later_rounds_run_after_the_first_shuffled_and_seeded(
     # A calibration point before every job.
     assert run.calibration["point"].nunique() == len(run.samples.groupby(["case_id", "round"]))
     again: list[ProgressEvent] = []
-    run_sweep(_grid(), tmp_path / "again", progress=again.append, calibration=None)
+    run_sweep(
+        _grid(),
+        tmp_path / "again",
+        listeners=Listeners(progress=again.append),
+        measuring=Measuring(calibration=None),
+    )
     seen = [(e.round, e.case.label()) for e in again if e.kind == "done" and e.round in (2, 3)]
     assert seen == [(r, label) for r, label in done if r in (2, 3)]  # the seed's order
 
@@ -113,7 +119,7 @@ def test_a_case_that_did_not_measure_is_not_timed_again(
         return real(case, **kwargs)
 
     monkeypatch.setattr(worker_module, "measure_case", oom_for_rnn)
-    run = run_sweep(_grid(), tmp_path / "run", calibration=None)
+    run = run_sweep(_grid(), tmp_path / "run", measuring=Measuring(calibration=None))
     rounds = run.samples.groupby("case_id")["round"].nunique()
     assert "rnn/n=16/d=4/b=1/float32/cpu/forward" not in rounds.index
     assert rounds.between(3, 6).all()
@@ -128,11 +134,16 @@ def test_an_interrupted_round_is_finished_by_resume(tmp_path: Path) -> None:
             os.kill(os.getpid(), signal.SIGINT)
 
     with pytest.raises(SweepInterrupted):
-        run_sweep(_grid(), out, progress=stop_in_round_two, calibration=None)
+        run_sweep(
+            _grid(),
+            out,
+            listeners=Listeners(progress=stop_in_round_two),
+            measuring=Measuring(calibration=None),
+        )
     stopped = load_results(out)
     assert len(stopped.frame) == 4  # every row was written in round 1
     assert sorted(stopped.samples.groupby("round")["case_id"].nunique()) == [1, 4]
-    resumed = resume_sweep(out, calibration=None)
+    resumed = resume_sweep(out, measuring=Measuring(calibration=None))
     per_round = resumed.samples.groupby("round")["case_id"].nunique()
     assert {r: per_round[r] for r in (1, 2, 3)} == {1: 4, 2: 4, 3: 4}
     assert not resumed.samples.duplicated(["case_id", "sample"]).any()

@@ -12,7 +12,7 @@ from attnbench.devices import device_sync
 from attnbench.errors import AttnbenchError
 from attnbench.measure.case import measure_case
 from attnbench.results.run import RunResults
-from attnbench.run.events import ProgressEvent
+from attnbench.run.events import Listeners, ProgressEvent
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import Case, Grid, build_grid
 
@@ -26,7 +26,7 @@ def test_every_case_is_written_before_the_next_starts(tiny_grid: Grid, tmp_path:
         rows = len(pd.read_csv(out / "results.csv"))
         seen.append((event.kind, event.index, event.round, rows))
 
-    run = run_sweep(tiny_grid, out, progress=progress)
+    run = run_sweep(tiny_grid, out, listeners=Listeners(progress=progress))
     total = len(tiny_grid.cases())
     assert len(run.frame) == total
     for kind, index, round_, rows in seen:

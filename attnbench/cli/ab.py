@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,7 +30,7 @@ from attnbench.compare import compare_runs
 from attnbench.measure.counts.countcache import Counting
 from attnbench.render.verdicts import to_json, to_markdown
 from attnbench.results.files import default_out_dir
-from attnbench.run.ab import run_ab
+from attnbench.run.ab import AB_MEASURING, ABListeners, ABSides, run_ab
 from attnbench.spec import load_config
 from attnbench.storage import write_text_atomic
 from attnbench.thresholds import gate_from
@@ -98,13 +99,11 @@ def ab(
         run = run_ab(
             values,
             folder,
-            base_layers=layers,
-            base_python=base_python,
+            sides=ABSides(base_layers=layers, base_python=base_python),
             alpha=thresholds.alpha,
-            progress=progress,
-            on_start=progress.started,
+            measuring=replace(AB_MEASURING, counting=Counting(cache=not no_cache)),
+            listeners=ABListeners(progress, progress.started),
             allow_large=yes,
-            counting=Counting(cache=not no_cache),
         )
     comparison = compare_runs(run.base, run.current, thresholds, pairs=run.pairs, paired=True)
     write_text_atomic(run.out_dir / "verdicts.json", json.dumps(to_json(comparison, gate)) + "\n")

@@ -35,7 +35,9 @@ from attnbench.render.charts import plot_run
 from attnbench.render.verdicts import to_json
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
+from attnbench.run.events import Listeners
 from attnbench.run.executors import EXECUTORS, default_executor, make_executor
+from attnbench.run.queue import Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import load_config
 from attnbench.thresholds import Thresholds, gate_from
@@ -177,16 +179,27 @@ def sweep(
             contextlib.redirect_stdout(sys.stderr),
             SweepProgress(streams.err, quiet=quiet) as progress,
         ):
-            measure: dict[str, Any] = {
-                "progress": progress,
-                "on_start": progress.started,
-                "executor": runs_on,
-                "counting": Counting(cache=not no_cache, full_trace=full_trace),
-            }
+            measuring = Measuring(counting=Counting(cache=not no_cache, full_trace=full_trace))
+            listeners = Listeners(progress, progress.started)
             if resume is not None:
-                run = resume_sweep(resume, values or None, force=force, retry=retry, **measure)
+                run = resume_sweep(
+                    resume,
+                    values or None,
+                    force=force,
+                    retry=retry,
+                    executor=runs_on,
+                    measuring=measuring,
+                    listeners=listeners,
+                )
             else:
-                run = run_sweep(values, values.get("out"), allow_large=yes, **measure)
+                run = run_sweep(
+                    values,
+                    values.get("out"),
+                    executor=runs_on,
+                    measuring=measuring,
+                    listeners=listeners,
+                    allow_large=yes,
+                )
     except KeyboardInterrupt:  # before the first case started: nothing was measured yet
         streams.err.print("[bold yellow]interrupted:[/] before any case was measured")
         raise typer.Exit(130) from None

@@ -22,7 +22,7 @@ from typing import Any
 from attnbench.compare.runs import compare_runs
 from attnbench.compare.verdicts import REGRESSION
 from attnbench.errors import AttnbenchError
-from attnbench.run.ab import run_ab
+from attnbench.run.ab import ABSides, run_ab
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from attnbench.vcs import run_git
 
@@ -152,14 +152,13 @@ def bisect(
 
         def race(commit: str) -> bool:
             here = tree(commit)
-            run = run_ab(
-                {**options, "layers": ",".join(layers_at(layers, repo, here, commit))},
-                folder / f"ab-{len(races)}",
+            current = {**options, "layers": ",".join(layers_at(layers, repo, here, commit))}
+            sides = ABSides(
                 base_layers=layers_at(layers, repo, base, good_full),
                 base_python=base_python,
                 current_python=python_at(here, folder),
-                alpha=thresholds.alpha,
             )
+            run = run_ab(current, folder / f"ab-{len(races)}", sides=sides, alpha=thresholds.alpha)
             judged = compare_runs(run.base, run.current, thresholds, pairs=run.pairs, paired=True)
             worst = judged.times.sort_values("ratio_judged", ascending=False).iloc[0]
             subject = run_git(repo, "show", "-s", "--format=%s", commit).strip()

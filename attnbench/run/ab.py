@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.errors import AttnbenchError
-from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.timing.allocator import run_state
-from attnbench.measure.timing.calibration import Calibration
 from attnbench.measure.timing.faults import fault_cost_s
 from attnbench.results.files import new_out_dir, prepare_out_dir
 from attnbench.results.loader import load_results
@@ -33,8 +31,7 @@ from attnbench.run.estimate import estimate_bounds, size_warning
 from attnbench.run.events import ProgressEvent
 from attnbench.run.executors.base import Job, Placement
 from attnbench.run.executors.process import ForkExecutor, SubprocessExecutor
-from attnbench.run.queue import JobQueue, Replication
-from attnbench.run.rounds import round_policy
+from attnbench.run.queue import JobQueue, Measuring, Replication
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus
 from attnbench.spec import Grid, build_grid
@@ -55,6 +52,34 @@ class ABStart:
     estimate_s: float  # a rough estimate of the duration, both sides together
     notes: tuple[str, ...] = ()  # what the caller should know before it starts
     estimate_low_s: float | None = None  # where every case's timing stops early
+
+
+@dataclass(frozen=True)
+class ABSides:
+    """What sets the two sides apart: the base side's layers (None: the current side's; else
+    one for each of its layers, in order) and each side's interpreter (None: this one)."""
+
+    base_layers: Sequence[str] | None = None
+    base_python: str | None = None
+    current_python: str | None = None
+
+
+SAME_SIDES = ABSides()  # an A/A run: the same layers in this interpreter on both sides
+
+
+@dataclass(frozen=True)
+class ABListeners:
+    """Who hears what an A/B run does: ``progress`` each case's events with its side, and
+    ``on_start`` what is about to be measured once both sides' workers are up."""
+
+    progress: SideProgress | None = None
+    on_start: Callable[[ABStart], None] | None = None
+
+
+NO_AB_LISTENERS = ABListeners()
+
+# Both sides run on this machine at once: no calibration GEMM is needed to compare them.
+AB_MEASURING = Measuring(calibration=None)
 
 
 @dataclass(frozen=True)
@@ -116,32 +141,26 @@ def run_ab(
     options: Mapping[str, Any],
     out_dir: Path | str,
     *,
-    base_layers: Sequence[str] | None = None,
-    base_python: str | None = None,
-    current_python: str | None = None,
+    sides: ABSides = SAME_SIDES,
     alpha: float = DEFAULT_THRESHOLDS.alpha,
-    progress: SideProgress | None = None,
-    on_start: Callable[[ABStart], None] | None = None,
-    calibration: Calibration | None = None,
+    measuring: Measuring = AB_MEASURING,
+    listeners: ABListeners = NO_AB_LISTENERS,
     allow_large: bool = True,
-    counting: Counting = DEFAULT_COUNTING,
 ) -> ABRun:
     """Measure the base side and the current side alternately into ``out_dir``/base and
-    ``out_dir``/current; the pairs to judge. Both sides run on this machine at once, so no
-    calibration GEMM is needed to compare them (``calibration`` times one anyway). Raises an
+    ``out_dir``/current; the pairs to judge. ``sides`` says how the base side differs (by
+    default it is the current side: an A/A run). Both sides run on this machine at once, so no
+    calibration GEMM is needed to compare them (a ``measuring`` with one times it anyway);
+    ``measuring.counting`` says how both sides take their cases' exact counts. Raises an
     ``AttnbenchError`` with exit code 130 after SIGINT / SIGTERM (what was measured stays on
-    disk). ``counting`` says how both sides take their cases' exact counts. Every job of
-    either side runs in a fresh process of its side (``--metric instructions``: one process a
-    side, which counts under Callgrind)."""
-    grids = side_grids(options, base_layers, alpha)
+    disk). Every job of either side runs in a fresh process of its side (``--metric
+    instructions``: one process a side, which counts under Callgrind)."""
+    grids = side_grids(options, sides.base_layers, alpha)
     warning = None if allow_large else size_warning(grids["current"])
     if warning:
         raise AttnbenchError(warning.replace("this sweep", "each side"))
-    labels = {
-        "base": f"the base side ({base_python or 'this interpreter'})",
-        "current": f"the current side ({current_python or 'this interpreter'})",
-    }
-    pythons = {"base": base_python, "current": current_python}
+    pythons = {"base": sides.base_python, "current": sides.current_python}
+    labels = {side: f"the {side} side ({pythons[side] or 'this interpreter'})" for side in SIDES}
     with contextlib.ExitStack() as stack:
         out_dir = stack.enter_context(new_out_dir(Path(out_dir)))  # none left by a refused start
         executors = {}
@@ -171,12 +190,12 @@ def run_ab(
             )
             writer.record_theories(record(grid))
             writers[side] = writer
-        if on_start is not None:
+        if listeners.on_start is not None:
             ends = [estimate_bounds(g) for g in grids.values()]
             low, high = sum(e[0] for e in ends), sum(e[1] for e in ends)
             notes = _too_few(grids["current"], alpha)
-            on_start(ABStart(grids, out_dir, clusters, environments, high, notes, low))
-        _interleave(grids, writers, executors, clusters, progress, calibration, counting)
+            listeners.on_start(ABStart(grids, out_dir, clusters, environments, high, notes, low))
+        _interleave(grids, writers, executors, clusters, listeners.progress, measuring)
     runs = {side: load_results(out_dir / side) for side in SIDES}
     ids = {side: [c.case_id for c in grids[side].cases()] for side in SIDES}
     pairs = tuple(zip(ids["base"], ids["current"], strict=True))
@@ -189,8 +208,7 @@ def _interleave(
     executors: Mapping[str, SubprocessExecutor | ForkExecutor],
     clusters: Mapping[str, Mapping[str, Any]],
     progress: SideProgress | None,
-    calibration: Calibration | None,
-    counting: Counting,
+    measuring: Measuring,
 ) -> None:
     """Hand one job to each side in turn, A B then B A, until both queues are empty."""
 
@@ -208,19 +226,15 @@ def _interleave(
         for side in SIDES:
             grid, writer = grids[side], writers[side]
             writer.update(cases_total=len(grid.cases()))
-            if calibration is not None:
-                writer.update(calibration=calibration.describe())
+            if measuring.calibration is not None:
+                writer.update(calibration=measuring.calibration.describe())
             queues[side] = JobQueue(
                 grid,
                 writer,
-                None,
-                died=None,
-                policy=round_policy(grid),
-                calibration=calibration,
+                measuring=measuring,
                 in_process=False,
                 progress=tell(side),
                 stop=stop,
-                counting=counting,
                 replication=Replication(grid.processes, grid.processes),  # the pairs asked for
             )
         where = {side: _placement(clusters[side]) for side in SIDES}
@@ -270,8 +284,11 @@ def describe_sides(start: ABStart) -> list[str]:
 
 
 __all__ = [
+    "AB_MEASURING",
     "SIDES",
+    "ABListeners",
     "ABRun",
+    "ABSides",
     "ABStart",
     "describe_sides",
     "run_ab",

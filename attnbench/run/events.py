@@ -57,3 +57,15 @@ class ProgressEvent:
 
 ProgressCallback = Callable[[ProgressEvent], None]
 StartCallback = Callable[[SweepStart], None]
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """Who hears what a sweep does, from its caller: ``progress`` each case's events, and
+    ``on_start`` what the sweep is about to do once its workers are up (None: nobody)."""
+
+    progress: ProgressCallback | None = None
+    on_start: StartCallback | None = None
+
+
+NO_LISTENERS = Listeners()

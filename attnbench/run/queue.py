@@ -31,7 +31,7 @@ from attnbench.estimators import (
 )
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import DIED_ERROR, WORKER_DIED_ERROR, CaseResult
-from attnbench.measure.timing.calibration import Calibration
+from attnbench.measure.timing.calibration import DEFAULT_CALIBRATION, Calibration
 from attnbench.measure.timing.loop import DEFAULT_POLICY, TimingPolicy, TimingStats
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
@@ -39,7 +39,7 @@ from attnbench.run.auto import AutoPlan
 from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.executors.fresh import Ending
-from attnbench.run.rounds import cost_of, round_cost
+from attnbench.run.rounds import cost_of, round_cost, round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import BLOCKING, Status
 from attnbench.spec import MORE_PROCESSES, Case, Grid
@@ -134,6 +134,31 @@ def _block(case: Case | Any, status: Status, died: bool) -> _Block | None:
     return _Block(layer, n, d, f"{layer} n={n} d={d} {why}")
 
 
+@dataclass(frozen=True)
+class Measuring:
+    """What every case of a sweep is measured with, the same on every worker: ``policy`` how
+    each round samples (None: ``round_policy`` of the grid), ``calibration`` the GEMM timed
+    between cases (None: off), ``counting`` how the exact counts are taken."""
+
+    policy: TimingPolicy | None = None
+    calibration: Calibration | None = DEFAULT_CALIBRATION
+    counting: Counting = DEFAULT_COUNTING
+
+
+DEFAULT_MEASURING = Measuring()
+
+
+@dataclass(frozen=True)
+class Previous:
+    """What a resumed run brings to its queue: the rows and samples already on disk, the case
+    its process died in (recorded failed unless retried), and how many cases ``retry`` measures
+    again."""
+
+    run: RunResults
+    died: str | None = None
+    retried: int = 0
+
+
 class JobQueue:
     """The sweep's state, and the jobs it hands to idle workers in order: retries first, then
     each case's first round in grid order, then later rounds (round by round, shuffled with the
@@ -145,23 +170,21 @@ class JobQueue:
         self,
         grid: Grid,
         writer: ResultsWriter,
-        previous: RunResults | None,
+        previous: Previous | None = None,
         *,
-        died: str | None,
-        policy: TimingPolicy,
-        calibration: Calibration | None,
+        measuring: Measuring,
         in_process: bool,
         progress: ProgressCallback | None,
         stop: GracefulStop,
-        counting: Counting = DEFAULT_COUNTING,
         replication: Replication | None = None,
     ) -> None:
         self.grid, self.writer, self.progress, self.stop = grid, writer, progress, stop
         self.last: Case | None = None  # the case the latest event was about
         self.cases = grid.cases()
         self.index = {case.case_id: i for i, case in enumerate(self.cases)}
-        self.died, self.policy, self.calibration = died, policy, calibration
-        self.counting = counting
+        self.died = previous.died if previous is not None else None
+        self.policy = measuring.policy or round_policy(grid)
+        self.calibration, self.counting = measuring.calibration, measuring.counting
         self.in_process = in_process
         self.done: set[str] = set()
         self.ok: set[str] = set()
@@ -178,15 +201,15 @@ class JobQueue:
         self.retries: deque[Job] = deque()
         self.later: list[tuple[int, float, int]] = []  # heap of (round, shuffled key, grid index)
         if previous is not None:
-            for row in previous.frame.itertuples():
+            for row in previous.run.frame.itertuples():
                 self.done.add(row.case_id)
                 if row.status == Status.OK:
                     self.ok.add(row.case_id)
                     self.device_of[row.case_id] = row.device_name
-                block = _block(row, Status(row.status), row.case_id in previous.died_cases)
+                block = _block(row, Status(row.status), row.case_id in previous.run.died_cases)
                 if block is not None:
                     self.blocks.append(block)
-            for case_id, group in previous.samples.groupby("case_id"):
+            for case_id, group in previous.run.samples.groupby("case_id"):
                 self.rounds_done[str(case_id)] = set(group["round"].tolist())
                 self.next_sample[str(case_id)] = int(group["sample"].max()) + 1
                 self.samples[str(case_id)] = {
@@ -195,8 +218,8 @@ class JobQueue:
                 self.references[str(case_id)] = {
                     int(r): _reference(g["reference_s"].iloc[0]) for r, g in group.groupby("round")
                 }
-            calls = previous.frame.set_index("case_id")["calls_per_sample"]
-            for case_id, group in previous.samples.groupby("case_id"):
+            calls = previous.run.frame.set_index("case_id")["calls_per_sample"]
+            for case_id, group in previous.run.samples.groupby("case_id"):
                 per = calls.get(case_id)
                 per = 1 if per is None or pd.isna(per) else int(per)
                 self.spent_s[str(case_id)] = sum(
@@ -210,7 +233,7 @@ class JobQueue:
         self.auto = AutoPlan(grid) if grid.n_auto is not None else None
         self.dropped: set[str] = set()  # auto cases no line will reach: never written
         if self.auto is not None and previous is not None:
-            self.auto.restore(previous.frame)
+            self.auto.restore(previous.run.frame)
         self.first = deque(i for i, case in enumerate(self.cases) if case.case_id not in self.done)
 
     def notify(self, kind: Any, case: Case, result: CaseResult | None = None, **more: Any) -> None:

@@ -14,7 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,10 @@ import torch
 
 from attnbench.errors import AttnbenchError, SweepInterrupted, first_line
 from attnbench.layers import plugins
-from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.machine.ceilings_file import cache_dir, ceilings_cached, machine_ceilings
 from attnbench.measure.timing.allocator import run_state
-from attnbench.measure.timing.calibration import DEFAULT_CALIBRATION, Calibration
 from attnbench.measure.timing.faults import fault_cost_s
-from attnbench.measure.timing.loop import Clock, TimingPolicy
+from attnbench.measure.timing.loop import Clock
 from attnbench.results.environment import changes, resume_keys
 from attnbench.results.files import default_out_dir, new_out_dir, now_iso
 from attnbench.results.loader import load_results
@@ -41,11 +39,10 @@ from attnbench.run.estimate import (
     in_cache,
     size_warning,
 )
-from attnbench.run.events import ProgressCallback, StartCallback, SweepStart
+from attnbench.run.events import NO_LISTENERS, Listeners, SweepStart
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
-from attnbench.run.queue import JobQueue
-from attnbench.run.rounds import round_policy
+from attnbench.run.queue import DEFAULT_MEASURING, JobQueue, Measuring, Previous
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus, Status
 from attnbench.spec import Grid, build_grid, grid_from_config
@@ -55,27 +52,24 @@ def run_sweep(
     grid: Grid | Mapping[str, Any],
     out_dir: Path | str | None = None,
     *,
-    progress: ProgressCallback | None = None,
-    on_start: StartCallback | None = None,
-    clock: Clock = time.perf_counter,
-    policy: TimingPolicy | None = None,
-    calibration: Calibration | None = DEFAULT_CALIBRATION,
     executor: Executor | None = None,
+    measuring: Measuring = DEFAULT_MEASURING,
+    listeners: Listeners = NO_LISTENERS,
+    clock: Clock = time.perf_counter,
     allow_large: bool = True,
-    counting: Counting = DEFAULT_COUNTING,
 ) -> RunResults:
     """Measure every case of ``grid`` into ``out_dir`` (default: a new folder under results/).
 
     ``grid`` is a ``Grid``, or ``build_grid`` options, whose device is then resolved by the
     executor (``allow_large=False`` refuses a grid ``size_warning`` warns about). Each case is
     on disk as soon as it finishes, so an interruption keeps what was measured.
-    ``calibration`` (None: off) is timed between the measured cases, on their worker (a
-    point at most every ``calibration.every_s``).
     ``executor`` (default: serial, in this process, timed with ``clock``) runs the cases; a
-    given ``Grid``'s device must have been resolved by it. ``on_start`` hears what the sweep is
-    about to do once its workers are up. ``counting`` says how every case's exact counts are
-    taken (the count cache, full traces). Raises ``SweepInterrupted`` (exit code 130) after
-    SIGINT / SIGTERM.
+    given ``Grid``'s device must have been resolved by it. ``measuring`` says how each case is
+    measured: its timing policy, the calibration GEMM timed between the cases on their worker
+    (None: off; a point at most every ``calibration.every_s``), and how its exact counts are
+    taken (the count cache, full traces). ``listeners`` hear each case's progress and, once the
+    workers are up, what the sweep is about to do. Raises ``SweepInterrupted`` (exit code 130)
+    after SIGINT / SIGTERM.
     """
     with _executor(executor, clock) as runs_on:
         if not isinstance(grid, Grid):
@@ -93,45 +87,35 @@ def run_sweep(
             layers=grid.sources(),
             allocator=run_state(cluster.get("workers", [])),
             fault_cost_s=cost,  # what one page fault costs here (measure.timing.faults)
-            count_cache={"enabled": counting.cache, "folder": str(cache_dir() / "counts")},
+            count_cache={
+                "enabled": measuring.counting.cache,
+                "folder": str(cache_dir() / "counts"),
+            },
         )
         writer.record_theories(record(grid))
-        measuring = Measuring(progress, policy, calibration, counting)
-        return _start(
-            writer, grid, None, runs_on, cluster, measuring, on_start=on_start, fault_cost=cost
-        )
-
-
-@dataclass(frozen=True)
-class Measuring:
-    """What every case of a sweep is measured with, from its caller to its worker."""
-
-    progress: ProgressCallback | None
-    policy: TimingPolicy | None
-    calibration: Calibration | None
-    counting: Counting
+        return _start(writer, grid, None, runs_on, cluster, measuring, listeners, fault_cost=cost)
 
 
 def _start(
     writer: ResultsWriter,
     grid: Grid,
-    previous: RunResults | None,
+    previous: Previous | None,
     runs_on: Executor,
     cluster: dict[str, Any],
     measuring: Measuring,
+    listeners: Listeners,
     *,
-    on_start: StartCallback | None,
     fault_cost: float | None,
-    died: str | None = None,
-    retried: int = 0,
 ) -> RunResults:
     """What a new sweep and a resumed one do alike once their folder is open: tell the caller
     what is about to run and how long it should take, get the machine's ceilings (from the
     cache, or measured; not again for a run that has them), then measure the cases."""
-    has_ceilings = previous is not None and previous.record.ceilings is not None
+    earlier = previous.run if previous is not None else None
+    has_ceilings = earlier is not None and earlier.record.ceilings is not None
     threads = grid.threads or torch.get_num_threads()
     known = has_ceilings or ceilings_cached(grid.device, grid.dtype, threads)
-    done = 0 if previous is None else len(previous.frame)
+    done = 0 if earlier is None else len(earlier.frame)
+    on_start = listeners.on_start
     if on_start is not None:
         counting = measuring.counting
         low, high = estimate_bounds(grid, lambda c: in_cache(c, grid.seed, counting), counting)
@@ -145,16 +129,16 @@ def _start(
                 cluster,
                 runs_on.workers,
                 high * left + first,
-                previous,
+                earlier,
                 ceilings_cached=known,
                 estimate_low_s=low * left + first,
-                retried=retried,
+                retried=0 if previous is None else previous.retried,
             )
         )
     if not has_ceilings:
         with _stopped_before_cases(writer, len(grid.cases()), done):
             writer.update(**run_ceilings(grid, fault_cost))
-    return _sweep(writer, grid, previous, died=died, measuring=measuring, executor=runs_on)
+    return _sweep(writer, grid, previous, measuring, listeners, executor=runs_on)
 
 
 @contextlib.contextmanager
@@ -223,13 +207,10 @@ def resume_sweep(
     *,
     force: bool = False,
     retry: bool = False,
-    progress: ProgressCallback | None = None,
-    on_start: StartCallback | None = None,
-    clock: Clock = time.perf_counter,
-    policy: TimingPolicy | None = None,
-    calibration: Calibration | None = DEFAULT_CALIBRATION,
     executor: Executor | None = None,
-    counting: Counting = DEFAULT_COUNTING,
+    measuring: Measuring = DEFAULT_MEASURING,
+    listeners: Listeners = NO_LISTENERS,
+    clock: Clock = time.perf_counter,
 ) -> RunResults:
     """Measure the cases of a results folder that are not in it yet, with its recorded grid.
 
@@ -239,6 +220,7 @@ def resume_sweep(
     ``retry`` measures again every case not recorded ``ok`` (failed, oom, timeout, skipped)
     and the one the previous process died in: a kill or a power cut that was blamed on a case,
     or a failure since mended. The cases retried are listed under ``resumes`` in run.json.
+    ``executor``, ``measuring``, ``listeners`` and ``clock`` are as ``run_sweep`` takes them.
     """
     out_dir = Path(out_dir)
     run, died, retried = _left_to_measure(load_results(out_dir), retry)
@@ -274,18 +256,16 @@ def resume_sweep(
         writer = _reopened(run, grid, resumed)
         # A run stopped while its ceilings were measured (or where they could not be) gets
         # them now, from the cache or measured, as a new run would.
-        measuring = Measuring(progress, policy, calibration, counting)
+        previous = Previous(run, died, len(retried))
         return _start(
             writer,
             grid,
-            run,
+            previous,
             runs_on,
             cluster,
             measuring,
-            on_start=on_start,
+            listeners,
             fault_cost=run.record.fault_cost_s,
-            died=died,
-            retried=len(retried),
         )
 
 
@@ -358,13 +338,13 @@ def _refuse_changes(
 def _sweep(
     writer: ResultsWriter,
     grid: Grid,
-    previous: RunResults | None,
-    *,
-    died: str | None = None,
+    previous: Previous | None,
     measuring: Measuring,
+    listeners: Listeners,
+    *,
     executor: Executor,
 ) -> RunResults:
-    policy, calibration = measuring.policy or round_policy(grid), measuring.calibration
+    calibration = measuring.calibration
     cases = grid.cases()
     writer.update(cases_total=len(cases))
     if calibration is not None:
@@ -381,13 +361,10 @@ def _sweep(
             grid,
             writer,
             previous,
-            died=died,
-            policy=policy,
-            calibration=calibration,
+            measuring=measuring,
             in_process=executor.in_process,
-            progress=measuring.progress,
+            progress=listeners.progress,
             stop=stop,
-            counting=measuring.counting,
         )
         try:
             for done in executor.run(queue.take):
