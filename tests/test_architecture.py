@@ -17,11 +17,24 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attnbench"
 
 # Lowest first. A module belongs to the first floor one of whose prefixes it starts with.
 FLOORS: list[tuple[str, ...]] = [
-    ("attnbench._version", "attnbench.errors", "attnbench.units", "attnbench.storage",
-     "attnbench.vcs"),
-    ("attnbench.positional", "attnbench.devices", "attnbench.schema", "attnbench.thresholds",
-     "attnbench.provenance", "attnbench.estimators", "attnbench.formats",
-     "attnbench.regime", "attnbench.lengths"),
+    (
+        "attnbench._version",
+        "attnbench.errors",
+        "attnbench.units",
+        "attnbench.storage",
+        "attnbench.vcs",
+    ),
+    (
+        "attnbench.positional",
+        "attnbench.devices",
+        "attnbench.schema",
+        "attnbench.thresholds",
+        "attnbench.provenance",
+        "attnbench.estimators",
+        "attnbench.formats",
+        "attnbench.regime",
+        "attnbench.lengths",
+    ),
     ("attnbench.theory",),
     ("attnbench.layers",),
     ("attnbench.spec",),
@@ -137,6 +150,58 @@ def test_no_module_is_longer_than_500_lines(path: Path) -> None:
     if path.relative_to(PACKAGE).as_posix() in TABLES:
         pytest.skip(f"{path.name} is a table: {TABLES[path.name]}")
     assert len(path.read_text().splitlines()) <= 500
+
+
+def _commands() -> set[str]:
+    """The Typer command functions (registered in cli/app.py or by a decorator): a command
+    takes one parameter an option, which is what reads as a long signature."""
+    found: set[str] = set()
+    for path in (PACKAGE / "cli").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                found.add(node.attr)  # app.py: handles_errors(module.command), (module.x, ...)
+            if isinstance(node, ast.FunctionDef) and any(
+                isinstance(d, ast.Call)
+                and isinstance(d.func, ast.Attribute)
+                and d.func.attr in ("command", "callback")
+                for d in node.decorator_list
+            ):
+                found.add(node.name)
+    return found
+
+
+def long_functions(root: Path) -> list[str]:
+    """Functions with more than 8 parameters (self and Typer commands aside) or a body over 80
+    lines: a record or a step of their own reads better."""
+    commands = _commands() if root == PACKAGE else set()
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            args = node.args
+            names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+            names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+            names = [n for n in names if n not in ("self", "cls")]
+            where = f"{path.relative_to(root)}:{node.lineno} {node.name}"
+            command = "cli" in path.relative_to(root).parts and node.name in commands
+            if len(names) > 8 and not command:
+                found.append(f"{where} takes {len(names)} parameters")
+            lines = (node.end_lineno or node.lineno) - node.body[0].lineno + 1  # its body
+            if lines > 80:
+                found.append(f"{where} runs {lines} lines")
+    return found
+
+
+def test_no_function_takes_more_than_8_parameters_or_runs_over_80_lines(tmp_path: Path) -> None:
+    assert long_functions(PACKAGE) == []
+    many = ", ".join(f"a{i}" for i in range(9))
+    body = "\n".join(["    x = 1"] * 81)
+    (tmp_path / "m.py").write_text(f"def wide({many}):\n    pass\n\ndef tall():\n{body}\n")
+    assert long_functions(tmp_path) == [
+        "m.py:1 wide takes 9 parameters",
+        "m.py:4 tall runs 81 lines",
+    ]
 
 
 def test_the_shipped_compare_schema_names_the_registrys_exact_metrics() -> None:
