@@ -49,6 +49,7 @@ class SubprocessExecutor:
     name = "subprocess"
     in_process = False
     fresh = False  # each job in a process forked for it (a ForkExecutor's server)
+    workers = 1  # one job at a time
 
     def __init__(self, python: str | None = None, label: str = "the worker process") -> None:
         self.python = check_python(python or sys.executable)
@@ -183,10 +184,6 @@ class SubprocessExecutor:
         return self._record
 
     @property
-    def workers(self) -> int:
-        return 1
-
-    @property
     def layers(self) -> dict[str, Any]:
         """Where each layer the child loaded came from (its own registry's sources)."""
         return dict(self._ready.get("layers", {}))
@@ -250,6 +247,7 @@ class ForkExecutor:
 
     name = "fork"
     in_process = False
+    workers = 1  # one job at a time
 
     def __init__(
         self, python: str | None = None, label: str = "the worker process", servers: int = SERVERS
@@ -277,10 +275,6 @@ class ForkExecutor:
         self._record = {**self.servers[0].describe(), "executor": self.name}
         self._record["servers"] = len(self.servers)
         return self._record
-
-    @property
-    def workers(self) -> int:
-        return 1
 
     @property
     def layers(self) -> dict[str, Any]:
