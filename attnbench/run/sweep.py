@@ -77,14 +77,16 @@ def run_sweep(
         warning = None if allow_large else size_warning(grid)
         if warning:
             raise AttnbenchError(warning)
+        config, options, sources = grid.to_dict(), grid.option_names(), grid.sources()
+        theories = record(grid)
         with new_out_dir(Path(out_dir) if out_dir is not None else default_out_dir()) as folder:
             cluster = runs_on.start(grid)  # before the environment, which records its threads
         environment = runs_on.environment(grid.device)
-        writer = ResultsWriter.create(folder, grid.to_dict(), environment, grid.option_names())
+        writer = ResultsWriter.create(folder, config, environment, options)
         cost = fault_cost_s()
         writer.update(
             cluster=cluster,
-            layers=grid.sources(),
+            layers=sources,
             allocator=run_state(cluster.get("workers", [])),
             fault_cost_s=cost,  # what one page fault costs here (measure.timing.faults)
             count_cache={
@@ -92,7 +94,7 @@ def run_sweep(
                 "folder": str(cache_dir() / "counts"),
             },
         )
-        writer.record_theories(record(grid))
+        writer.record_theories(theories)
         return _start(writer, grid, None, runs_on, cluster, measuring, listeners, fault_cost=cost)
 
 
