@@ -113,15 +113,16 @@ def _start(
     what is about to run and how long it should take, get the machine's ceilings (from the
     cache, or measured; not again for a run that has them), then measure the cases."""
     earlier = previous.run if previous is not None else None
-    has_ceilings = earlier is not None and earlier.record.ceilings is not None
-    threads = grid.threads or torch.get_num_threads()
-    known = has_ceilings or ceilings_cached(grid.device, grid.dtype, threads)
     done = 0 if earlier is None else len(earlier.frame)
+    total = len(grid.cases())
     on_start = listeners.on_start
     if on_start is not None:
         counting = measuring.counting
         low, high = estimate_bounds(grid, lambda c: in_cache(c, grid.seed, counting), counting)
-        total = len(grid.cases())
+    has_ceilings = earlier is not None and earlier.record.ceilings is not None
+    threads = grid.threads or torch.get_num_threads()
+    known = has_ceilings or ceilings_cached(grid.device, grid.dtype, threads)
+    if on_start is not None:
         left = max(0, total - done) / max(1, total) / max(1, runs_on.workers)
         first = 0.0 if known else CEILINGS_S
         on_start(
@@ -138,7 +139,7 @@ def _start(
             )
         )
     if not has_ceilings:
-        with _stopped_before_cases(writer, len(grid.cases()), done):
+        with _stopped_before_cases(writer, total, done):
             writer.update(**run_ceilings(grid, fault_cost))
     return _sweep(writer, grid, previous, measuring, listeners, executor=runs_on)
 
@@ -347,10 +348,6 @@ def _sweep(
     executor: Executor,
 ) -> RunResults:
     calibration = measuring.calibration
-    cases = grid.cases()
-    writer.update(cases_total=len(cases))
-    if calibration is not None:
-        writer.update(calibration=calibration.describe())
 
     def on_stop(_: str) -> None:
         # Always answered once a case has been seen: a signal between two cases (none running)
@@ -368,6 +365,9 @@ def _sweep(
             progress=listeners.progress,
             stop=stop,
         )
+        writer.update(cases_total=len(queue.cases))
+        if calibration is not None:
+            writer.update(calibration=calibration.describe())
         try:
             for done in executor.run(queue.take):
                 queue.finish(done)
@@ -387,7 +387,7 @@ def _sweep(
                 stopped()
             writer.finish(RunStatus.INTERRUPTED)
             raise SweepInterrupted(
-                str(writer.out_dir), queue.completed, len(cases), str(stop.signal_name)
+                str(writer.out_dir), queue.completed, len(queue.cases), str(stop.signal_name)
             )
     if queue.auto is not None:  # the cases it reached, and what stopped each line
         writer.update(cases_total=queue.completed, auto=queue.auto.describe())
