@@ -15,7 +15,8 @@ What an older attnbench wrote, and how each shape becomes today's:
 - **A partner process of another version** (``ab --base-python`` drives an older attnbench):
   ``partner_message`` gives what it does not send its "not recorded".
 
-No other module knows a run, a file or a message could be old: each reads today's shape.
+No other module handles an older shape: each reads today's (where an entry may be absent in
+today's format too, the reader gives it its default, as for any record).
 """
 
 from __future__ import annotations
@@ -107,8 +108,9 @@ def _v1_to_v2(raw: RawRun) -> RawRun:
         calibration = pd.DataFrame(columns=CALIBRATION_COLUMNS)
     meta = dict(raw.meta)
     config = dict(meta.get("config") or {})
-    if "rounds" in config and "processes" not in config:  # rounds became processes: one each
-        config["processes"] = config.pop("rounds")
+    rounds = config.pop("rounds", None)  # rounds became processes: one each
+    if rounds is not None:
+        config.setdefault("processes", rounds)
     config.setdefault("allocator", "system")  # before --allocator: glibc's defaults
     meta["config"] = config
     if "status" not in meta:  # before the status was written: a finished run has an end

@@ -157,6 +157,8 @@ def _read_raw(path: Path, meta: dict[str, Any], warnings: list[str]) -> RawRun:
             tables.append(None)  # the format's steps say whether that may be
             continue
         table, torn = read_csv(path / name, what)
+        if table is None:  # not even a header: a file cut at its creation holds no rows
+            table = pd.DataFrame(columns=CALIBRATION_COLUMNS) if name == CALIBRATION_FILE else None
         if torn:
             warnings.append(
                 f"dropped a torn last line of {name}"
@@ -228,11 +230,24 @@ def load_results(path: Path | str) -> RunResults:
         path=path,
         frame=frame,
         samples=samples,
-        meta=raw.meta,
+        meta=_with_unrecorded(raw.meta, frame),
         warnings=tuple(warnings),
         calibration=calibration,
         theories=_checked_theories(path, raw.theories),
     )
+
+
+def _with_unrecorded(meta: dict[str, Any], frame: pd.DataFrame) -> dict[str, Any]:
+    """run.json with ``unrecorded`` naming only the columns empty in every row: a column the
+    loader derives from the samples, or a resumed session wrote, is recorded."""
+    if "unrecorded" not in meta:
+        return meta
+    empty = [
+        c
+        for c in meta["unrecorded"]
+        if c in frame and (frame[c].isna() | frame[c].astype(str).eq("")).all()
+    ]
+    return {**meta, "unrecorded": empty}
 
 
 def _read_theories(path: Path) -> dict[str, Any]:

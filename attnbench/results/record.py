@@ -33,7 +33,8 @@ class RunRecord:
     ceilings: dict[str, Any] | None = None  # the machine's, recorded at the start
     ceilings_error: str | None = None  # why they could not be measured
     calibration: Any = None  # the calibration kernel's description
-    # Columns of results.csv the run did not record (empty in every row it has).
+    # Columns of results.csv the run did not record (empty in every row it has; the loader
+    # keeps the list so as it reads the rows).
     unrecorded: tuple[str, ...] = ()
 
     @classmethod

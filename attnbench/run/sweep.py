@@ -349,10 +349,12 @@ def _sweep(
 ) -> RunResults:
     calibration = measuring.calibration
 
+    queue: JobQueue | None = None
+
     def on_stop(_: str) -> None:
         # Always answered once a case has been seen: a signal between two cases (none running)
-        # is as much a request as one inside a case.
-        if queue.last is not None:
+        # is as much a request as one inside a case (and before the queue is made, none).
+        if queue is not None and queue.last is not None:
             queue.notify("stopping", queue.last)
 
     with GracefulStop(on_stop) as stop:

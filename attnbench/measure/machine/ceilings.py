@@ -50,8 +50,8 @@ class Ceilings:
     measured_at: str
     gemm_side: int
     stream_bytes: int  # the bytes one copy moves (read + written)
-    # {narrow dimension: FLOP/s} of each kind of product (None: not measured; a file from
-    # before the curves gives its single rate as a one-point curve, ``ceilings_file``).
+    # {narrow dimension: FLOP/s} of each kind of product (None: not measured; ``formats``
+    # reads a single rate of a kind as a one-point curve).
     gemm_rates: dict[int, float] | None = None
     conv_rates: dict[int, float] | None = None
     attention_rates: dict[int, float] | None = None
