@@ -307,6 +307,27 @@ def test_pair_ratios_take_the_rounds_both_sides_measured_above_zero() -> None:
     assert pair_ratios(base, new) == [2.0]
 
 
+@pytest.mark.filterwarnings("ignore:Precision loss occurred")  # a side with no spread
+def test_rounds_judge_either_direction_and_their_edges() -> None:
+    base = [tight(1.0 + 0.01 * r, 4) for r in range(4)]  # rounds apart by 1%: a spread
+    faster = [tight(0.7 + 0.01 * r, 4) for r in range(4)]
+    verdict, unit = judge_rounds(base, faster)
+    assert (unit, verdict.verdict) == ("rounds", IMPROVEMENT) and verdict.p_value < 0.01
+    same = [tight(1.0, 4)] * 3  # no spread on either side: the medians say it all
+    assert judge_rounds(same, same)[0].p_value == 1.0
+    assert judge_rounds(same, [tight(1.2, 4)] * 3)[0].p_value == 0.0
+    spread_new = [tight(1.3 + 0.01 * r, 4) for r in range(3)]  # one side spread: the t-test
+    verdict, _ = judge_rounds(same, spread_new)
+    assert verdict.verdict == REGRESSION and 0 < verdict.p_value < 0.01
+    stopped = [[0.0] * 4, [0.0] * 4, tight(1.0, 4)]  # a clock that never moved in two rounds
+    verdict, unit = judge_rounds(base, stopped)
+    assert unit == "rounds" and verdict.verdict == TOO_FEW and math.isnan(verdict.p_value)
+    assert verdict.ratio is not None and math.isfinite(verdict.ratio)
+    never = [[0.0] * 4] * 3
+    verdict, unit = judge_rounds(never, base)
+    assert (unit, verdict.verdict, verdict.ratio) == ("rounds", TOO_FEW, math.inf)
+
+
 def test_rounds_and_their_fallback_judge_with_the_thresholds_given() -> None:
     five = [tight(1.0, 4)] * 5
     assert judge_rounds(five, [tight(2.0, 4)] * 2, Thresholds(alpha=0.5))[1] == "rounds"
