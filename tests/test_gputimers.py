@@ -254,6 +254,9 @@ def test_samples_under_three_quarters_of_the_maximum_clock_are_throttled() -> No
         (REGRESSION, 1.0, (0.0, 0.6), THROTTLED),  # most of a side's samples throttled
         (REGRESSION, 1.0, (0.2, 0.1), REGRESSION),
         (UNCHANGED, 0.5, (1.0, 1.0), UNCHANGED),  # nothing moved: nothing to explain
+        (REGRESSION, 1.0, (0.5, None), THROTTLED),  # half its samples: most, at the edge
+        (REGRESSION, 0.0, (None, None), REGRESSION),  # no clock (a ratio that reads nothing)
+        (REGRESSION, math.inf, (None, None), REGRESSION),
     ],
 )
 def test_a_move_the_gpus_clock_explains_is_throttled(
