@@ -5,6 +5,7 @@ import shutil
 import tempfile
 
 import pytest
+import torch
 
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.results.run import RunResults
@@ -21,6 +22,27 @@ def pytest_configure(config: pytest.Config) -> None:
     # The command line's sweeps run in this process unless a test asks for the fork server
     # (tests/test_fork.py): a server costs an import of torch, a case a fork and a first call.
     os.environ.setdefault("ATTNBENCH_EXECUTOR", "serial")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        one_thread_per_worker()
+
+
+def one_thread_per_worker() -> None:
+    """Under pytest-xdist (``-n auto``, the addopts: a worker per core) each worker, and every
+    process it starts, computes on one thread. Two workers of two threads each on this 2-core
+    machine leave every parallel op waiting at its barriers for a descheduled thread: the
+    LSTM probes of the machine's ceilings took 40 s instead of 5."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: xdist's count (one worker per core), but none where every argument names a
+    test (``pytest tests/test_x.py::test_y``): workers would cost more than the test (two
+    imports of torch and a collection, 8 s)."""
+    if config.args and all("::" in arg for arg in config.args):
+        return 0
+    return None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
