@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -9,6 +10,7 @@ import torch
 
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.results.run import RunResults
+from attnbench.run.executors.process import ForkExecutor
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import Grid, build_grid
 
@@ -67,6 +69,19 @@ def add_layer(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 def _tiny_grid() -> Grid:
     """Two lengths, one width, every layer: a sweep of seconds."""
     return build_grid({"n": "16,32", "d": "8", "device": "cpu", "time_budget": 0.005, "heads": 2})
+
+
+@pytest.fixture
+def one_fork_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ab``'s sides (and so bisect's races) fork their rounds from one server each, not
+    ``ForkExecutor``'s three. A server is an import of torch (2 s of a core): three a side were
+    most of what an ``ab`` run of a tiny grid cost (a bisect race: 20 s, 7.5 s with one).
+    Where a test's layer sleeps or the test counts processes, a server's address-space layout
+    moves nothing it checks; tests/test_fork.py and tests/test_ab.py keep the three where the
+    servers are what they test."""
+    import attnbench.run.ab as ab
+
+    monkeypatch.setattr(ab, "ForkExecutor", functools.partial(ForkExecutor, servers=1))
 
 
 @pytest.fixture
