@@ -38,6 +38,36 @@ def one_thread_per_worker() -> None:
     torch.set_num_threads(1)
 
 
+# The longest tests, longest first (about 15 s or more, measured with two workers here on
+# 2026-11-28): under xdist they go out before the rest, so that neither worker starts one of
+# them while the other runs out of tests. A test not named here keeps its file's order.
+LONGEST_FIRST = (
+    "tests/test_ab.py::test_instruction_counts_repeat_and_gate_an_ab_run",
+    "tests/test_bisect.py::test_bisect_finds_the_commit_that_made_a_layer_slower",
+    "tests/test_history.py::test_change_points_on_seeded_histories_meet_the_targets",
+    "tests/test_committed_runs.py::test_replotting_a_committed_run_draws_its_committed_charts",
+    "tests/test_extend.py::test_extended_counts_equal_full_traces_on_every_long_case_of_the_"
+    "reference_runs",
+    "tests/test_trust.py::test_reading_a_run_never_runs_its_plugin",
+    "tests/test_ab.py::test_the_cli_gates_a_slowed_layer_and_passes_an_unchanged_one",
+    "tests/test_ab.py::test_every_job_of_either_side_is_a_fresh_process",
+    "tests/test_ab.py::test_sides_are_measured_in_turn_abba_round_after_round",
+    "tests/test_malformed.py::test_a_mangled_run_gets_one_line_from_every_reading_command",
+    "tests/test_fork.py::test_a_cases_rounds_go_to_different_fork_servers",
+    "tests/test_interrupt.py::test_a_signal_keeps_every_finished_case_and_resume_completes_the_"
+    "sweep",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, the tests of ``LONGEST_FIRST`` first (each worker collects, and sorts, the
+    same list); a run without workers keeps the files' order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0].split("@")[0], len(rank)))
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: xdist's count (one worker per core), but none where every argument names a
     test (``pytest tests/test_x.py::test_y``): workers would cost more than the test (two
