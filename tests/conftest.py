@@ -39,12 +39,16 @@ def one_thread_per_worker() -> None:
 
 
 # The longest tests, longest first (about 15 s or more, measured with two workers here on
-# 2026-11-28): under xdist they go out before the rest, so that neither worker starts one of
-# them while the other runs out of tests. A test not named here keeps its file's order.
+# 2026-11-28), a name or the start of one: under xdist they go out before the rest, so that
+# neither worker starts one of them while the other runs out of tests. The Ray modules, one
+# xdist_group of 2-3 minutes on one worker, go first. A test not named here keeps its file's
+# order.
 LONGEST_FIRST = (
+    "tests/test_ray.py::",
+    "tests/test_ray_cluster.py::",
     "tests/test_ab.py::test_instruction_counts_repeat_and_gate_an_ab_run",
-    "tests/test_bisect.py::test_bisect_finds_the_commit_that_made_a_layer_slower",
     "tests/test_history.py::test_change_points_on_seeded_histories_meet_the_targets",
+    "tests/test_bisect.py::test_bisect_finds_the_commit_that_made_a_layer_slower",
     "tests/test_committed_runs.py::test_replotting_a_committed_run_draws_its_committed_charts",
     "tests/test_extend.py::test_extended_counts_equal_full_traces_on_every_long_case_of_the_"
     "reference_runs",
@@ -64,8 +68,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     same list); a run without workers keeps the files' order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0].split("@")[0], len(rank)))
+
+    def rank(item: pytest.Item) -> int:
+        name = item.nodeid.split("[")[0].split("@")[0]
+        return next(
+            (i for i, s in enumerate(LONGEST_FIRST) if name.startswith(s)), len(LONGEST_FIRST)
+        )
+
+    items.sort(key=rank)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
