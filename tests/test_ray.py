@@ -30,7 +30,9 @@ ray = pytest.importorskip("ray", reason='the Ray tests need pip install "attnben
 from attnbench.run.executors.ray import START_TIMEOUT_ENV, RayExecutor, start_timeout  # noqa: E402
 from attnbench.run.executors.ray_cluster import death_reason  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs both Ray modules, one after the other: a Ray instance started beside
+# another one's head would connect to it (ray.init finds the newest in /tmp/ray).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 def SOURCE(name: str) -> LayerSource:
