@@ -59,9 +59,7 @@ def plugin(tmp_path: Path) -> Path:
     return path
 
 
-def test_sides_are_measured_in_turn_abba_round_after_round(
-    tmp_path: Path, one_fork_server: None
-) -> None:
+def test_sides_are_measured_in_turn_abba_round_after_round(tmp_path: Path) -> None:
     heard: list[tuple[str, str, int]] = []
     grid = {"layers": "conv,rnn", "n": "8,16", "d": "4", "device": "cpu", "time_budget": 0.02}
     ab = run_ab(grid, tmp_path / "ab", listeners=ABListeners(
@@ -81,7 +79,7 @@ def test_sides_are_measured_in_turn_abba_round_after_round(
 
 
 def test_the_cli_gates_a_slowed_layer_and_passes_an_unchanged_one(
-    tmp_path: Path, plugin: Path, one_fork_server: None
+    tmp_path: Path, plugin: Path
 ) -> None:
     out = tmp_path / "slowed"
     layers = ["--layers", f"{plugin}:slow", "--base-layers", f"{plugin}:fast"]

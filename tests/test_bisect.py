@@ -44,12 +44,6 @@ def git(repo: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-@pytest.fixture(autouse=True)
-def one_server_a_side(one_fork_server: None) -> None:
-    """Each race's sides fork from one server each (tests/conftest.py): 36 imports of torch
-    fewer in the six races, and the layer's sleep is every call's floor either way."""
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> tuple[Path, list[str]]:
     """32 commits; from the 21st on (index 20) the layer sleeps 30% longer."""

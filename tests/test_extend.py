@@ -5,7 +5,6 @@ recurrent case of the reference runs."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from fractions import Fraction
 from pathlib import Path
 
@@ -185,8 +184,7 @@ def test_full_trace_does_not_read_an_extended_entry_from_the_cache(
     assert (full.peak_bytes_method, full.peak_bytes) == ("measured", first.peak_bytes)
 
 
-@functools.cache
-def reference_long_cases() -> tuple[object, ...]:
+def reference_long_cases() -> list[object]:
     """Every case of the committed CPU reference runs whose counts are extended (a GPU run's
     cases need its device; their counts are the CPU's, tests/test_cuda.py)."""
     found = {}
@@ -200,35 +198,30 @@ def reference_long_cases() -> tuple[object, ...]:
             # up to the fixed grids' longest: a full trace of an auto run's n = 8192 takes minutes
             if case.case_id in measured and case.n <= 2048 and extend.applies(case, {}):
                 found[case.case_id] = case
-    return tuple(found.values())
-
-
-SEQUENTIAL = ("rnn", "gru", "lstm", "ssm")
-# The memory pass is extended where the probes prove a law and no fused kernel ran (a sweep
-# profiles those at n: oneDNN's lstm).
-UNPROVEN = ("lstm",)
+    return list(found.values())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layer", SEQUENTIAL)  # a layer at a time: workers share the 60 cases
 def test_extended_counts_equal_full_traces_on_every_long_case_of_the_reference_runs(
-    layer: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert {c.layer for c in reference_long_cases()} == set(SEQUENTIAL)
-    cases = [c for c in reference_long_cases() if c.layer == layer]
-    unproven = False
+    cases = reference_long_cases()
+    assert {c.layer for c in cases} == {"rnn", "gru", "lstm", "ssm"}  # the sequential ones
+    unproven: set[str] = set()
     for case in cases:
         short, how = trace_counts(case, make_step(case, 0), 0)
         full, _ = trace_counts(case, make_step(case, 0), 0, counting=FULL)
         assert how == extend.EXTENDED, case.case_id
         methods = {c: getattr(full, c) for c in extend.METHODS.values()}
         assert dataclasses.replace(short, **methods) == full, case.case_id
+        # The memory pass: extended where the probes prove a law and no fused kernel ran (a
+        # sweep profiles those at n: oneDNN's lstm).
         profile = extend.extended_profile(case, lambda probe: memory_pass(probe, 0))
         if profile is None:
-            unproven = True
+            unproven.add(case.layer)
             continue
         assert dataclasses.replace(profile, method="measured") == memory_pass(case, 0), case.case_id
-    assert unproven == (layer in UNPROVEN)
+    assert unproven == {"lstm"}
 
 
 class LoopRecurrence(torch.nn.Module):

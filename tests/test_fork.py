@@ -16,9 +16,8 @@ from attnbench.cli import app
 from attnbench.measure.record import WORKER_DIED_ERROR
 from attnbench.results.loader import load_results
 from attnbench.run import queue
-from attnbench.run.executors import default_executor
+from attnbench.run.executors import default_executor, make_executor
 from attnbench.run.executors.fresh import Ending, Limits, run_fresh
-from attnbench.run.executors.process import ForkExecutor
 from attnbench.run.queue import Measuring
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import build_grid
@@ -75,10 +74,7 @@ def breaking(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def fork() -> Iterator[object]:
-    """A fork executor of one server: a server is an import of torch, and what these tests
-    check happens in the processes it forks (the last test sends rounds to the default three;
-    the command line's test makes the default executor)."""
-    executor = ForkExecutor(servers=1)
+    executor = make_executor("fork")
     try:
         yield executor
     finally:
@@ -180,7 +176,7 @@ def test_a_cases_rounds_go_to_different_fork_servers(
 ) -> None:
     """A fork shares its server's address-space layout, which gives it a speed of its own:
     round r of a case goes to server r mod 3."""
-    from attnbench.run.executors.process import _Server
+    from attnbench.run.executors.process import ForkExecutor, _Server
 
     seen: list[tuple[int, int]] = []
     send = _Server.send

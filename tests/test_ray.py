@@ -30,9 +30,7 @@ ray = pytest.importorskip("ray", reason='the Ray tests need pip install "attnben
 from attnbench.run.executors.ray import START_TIMEOUT_ENV, RayExecutor, start_timeout  # noqa: E402
 from attnbench.run.executors.ray_cluster import death_reason  # noqa: E402
 
-# One xdist worker runs both Ray modules, one after the other: a Ray instance started beside
-# another one's head would connect to it (ray.init finds the newest in /tmp/ray).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+pytestmark = pytest.mark.slow
 
 
 def SOURCE(name: str) -> LayerSource:

@@ -38,9 +38,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from attnbench.run.executors.ray import START_TIMEOUT_ENV, RayExecutor  # noqa: E402
 from attnbench.run.executors.ray_cluster import connect  # noqa: E402
 
-# One xdist worker runs both Ray modules, one after the other: a Ray instance started beside
-# another one's head would connect to it (ray.init finds the newest in /tmp/ray).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+pytestmark = pytest.mark.slow
 
 LOOPBACK = "127.0.0.1"
 # A frozen node is declared dead after health checks missed for about 2 s, not Ray's minute.
