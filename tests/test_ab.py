@@ -18,7 +18,7 @@ from attnbench.render.verdicts import schema
 from attnbench.results.loader import load_results
 from attnbench.run.ab import ABListeners, run_ab
 from attnbench.run.executors.process import SubprocessExecutor
-from attnbench.run.queue import Measuring
+from attnbench.run.queue import UNCALIBRATED
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import build_grid
 
@@ -145,7 +145,7 @@ def make(d):
     try:
         grid = build_grid({"layers": f"{plugin}:make,conv", "n": "8,16", "d": "4",
                            "device": "cpu", "time_budget": 0.01})  # fmt: skip
-        uncalibrated = Measuring(calibration=None)
+        uncalibrated = UNCALIBRATED
         run = run_sweep(grid, tmp_path / "run", executor=executor, measuring=uncalibrated)
     finally:
         executor.close()
@@ -232,5 +232,3 @@ def test_every_job_of_either_side_is_a_fresh_process(tmp_path: Path) -> None:
         assert run.meta["cluster"]["executor"] == "fork"
     with pytest.raises(Exception, match="--processes must be >= 1"):
         run_ab({**grid, "processes": 0}, tmp_path / "ab0")
-
-

@@ -165,12 +165,12 @@ def test_a_line_waits_while_its_case_runs_elsewhere() -> None:
 @pytest.mark.slow
 def test_an_auto_sweep_records_what_stopped_each_line(tmp_path: Path) -> None:
     from attnbench.results.loader import load_results
-    from attnbench.run.queue import Measuring
+    from attnbench.run.queue import UNCALIBRATED
     from attnbench.run.sweep import resume_sweep, run_sweep
 
     options = {"layers": "conv,ssm", "n": "auto:16..128", "d": [8], "device": "cpu",
                "time_budget": 0.02, "auto_budget": 60}  # fmt: skip
-    run = run_sweep(options, tmp_path / "auto", measuring=Measuring(calibration=None))
+    run = run_sweep(options, tmp_path / "auto", measuring=UNCALIBRATED)
     meta = json.loads((tmp_path / "auto" / "run.json").read_text())
     lines = {line["layer"]: line for line in meta["auto"]["lines"]}
     assert set(lines) == {"conv", "ssm"} and meta["config"]["ns"] == "auto:16..128"
@@ -179,9 +179,7 @@ def test_an_auto_sweep_records_what_stopped_each_line(tmp_path: Path) -> None:
         ran = sorted(run.frame.loc[run.frame["layer"] == layer, "n"])
         assert ran == [16 * 2**i for i in range(len(ran))] and ran[-1] == line["at_n"]
     assert meta["cases_total"] == len(run.frame)
-    again = resume_sweep(
-        tmp_path / "auto", measuring=Measuring(calibration=None)
-    )  # nothing left to measure
+    again = resume_sweep(tmp_path / "auto", measuring=UNCALIBRATED)  # nothing left to measure
     assert len(again.frame) == len(run.frame) and load_results(tmp_path / "auto").status == (
         "complete"
     )

@@ -14,7 +14,7 @@ from attnbench.measure.timing.loop import TimingPolicy, time_call
 from attnbench.results.files import CALIBRATION_FILE
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
-from attnbench.run.queue import Measuring
+from attnbench.run.queue import UNCALIBRATED, Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import build_grid
 
@@ -94,7 +94,7 @@ def test_a_sweep_times_the_calibration_between_its_measured_cases(tiny_run: RunR
 
 def test_calibration_can_be_turned_off_and_old_runs_still_load(tmp_path: Path) -> None:
     grid = build_grid({"layers": "conv", "n": "8", "d": "4", "device": "cpu", "time_budget": 0.001})
-    run = run_sweep(grid, tmp_path / "off", measuring=Measuring(calibration=None))
+    run = run_sweep(grid, tmp_path / "off", measuring=UNCALIBRATED)
     assert run.calibration.empty and run.calibration_s is None
     assert "calibration" not in run.meta
     (tmp_path / "off" / CALIBRATION_FILE).unlink()

@@ -26,7 +26,7 @@ from attnbench.run.executors import make_executor
 from attnbench.run.executors.base import Job, JobDone, Placement, Take
 from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.executors.worker import Worker
-from attnbench.run.queue import Measuring
+from attnbench.run.queue import UNCALIBRATED, Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Grid, build_grid
 
@@ -145,7 +145,7 @@ def test_a_job_whose_worker_dies_once_runs_again_elsewhere(tmp_path: Path) -> No
         tmp_path / "run",
         executor=cluster,
         listeners=Listeners(progress=events.append),
-        measuring=Measuring(calibration=None),
+        measuring=UNCALIBRATED,
     )
     assert run.frame.set_index("case_id").loc[target, "status"] == "ok"
     retries = [e for e in events if e.kind == "retry"]
@@ -165,7 +165,7 @@ def test_a_job_whose_worker_dies_twice_is_failed_and_blocks_larger_cases(tmp_pat
     target = "rnn/n=8/d=4/b=1/float32/cpu/forward"
     cluster = FakeCluster(die=lambda job: job.case.case_id == target)
     grid = _grid(layers="rnn,conv", n="8,16,32,64")
-    run = run_sweep(grid, tmp_path / "run", executor=cluster, measuring=Measuring(calibration=None))
+    run = run_sweep(grid, tmp_path / "run", executor=cluster, measuring=UNCALIBRATED)
     rows = run.frame.set_index("case_id")
     assert rows.loc[target, "status"] == "failed"
     assert rows.loc[target, "error"].startswith(WORKER_DIED_ERROR)
@@ -184,9 +184,7 @@ def test_a_job_whose_worker_dies_twice_is_failed_and_blocks_larger_cases(tmp_pat
 def test_a_lost_later_round_is_retried_then_left_out(tmp_path: Path) -> None:
     target = "conv/n=8/d=4/k=3/b=1/float32/cpu/forward"
     cluster = FakeCluster(die=lambda job: job.case.case_id == target and job.round == 2)
-    run = run_sweep(
-        _grid(rounds=3), tmp_path / "run", executor=cluster, measuring=Measuring(calibration=None)
-    )
+    run = run_sweep(_grid(rounds=3), tmp_path / "run", executor=cluster, measuring=UNCALIBRATED)
     assert run.frame.set_index("case_id").loc[target, "status"] == "ok"
     assert sorted(run.samples[run.samples["case_id"] == target]["round"].unique()) == [1, 3]
     assert [(c, r) for c, r, _ in cluster.ran].count((target, 2)) == 2
@@ -195,9 +193,7 @@ def test_a_lost_later_round_is_retried_then_left_out(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_later_rounds_stay_on_the_device_model_of_the_first(tmp_path: Path) -> None:
     cluster = FakeCluster(devices=("GPU model A", "GPU model B"))
-    run = run_sweep(
-        _grid(rounds=3), tmp_path / "run", executor=cluster, measuring=Measuring(calibration=None)
-    )
+    run = run_sweep(_grid(rounds=3), tmp_path / "run", executor=cluster, measuring=UNCALIBRATED)
     model = dict(zip(run.frame["case_id"], run.frame["device_name"], strict=True))
     node_model = {"node0": "GPU model A", "node1": "GPU model B"}
     assert set(model.values()) == {"GPU model A", "GPU model B"}
@@ -220,7 +216,7 @@ def test_a_signal_lets_running_jobs_finish_and_resume_completes(tmp_path: Path) 
             out,
             executor=FakeCluster(),
             listeners=Listeners(progress=stop_early),
-            measuring=Measuring(calibration=None),
+            measuring=UNCALIBRATED,
         )
     stopped = load_results(out)
     assert len(stopped.frame) == 2  # the job running beside the first was written too
@@ -237,9 +233,7 @@ def test_an_executor_that_fails_keeps_what_was_measured(tmp_path: Path) -> None:
         match=r"went away; the 2 finished case\(s\) are saved: "
         r"attnbench sweep --resume",
     ):
-        run_sweep(
-            _grid(), out, executor=FakeCluster(fail_after=2), measuring=Measuring(calibration=None)
-        )
+        run_sweep(_grid(), out, executor=FakeCluster(fail_after=2), measuring=UNCALIBRATED)
     run = load_results(out)
     assert len(run.frame) == 2 and run.status == "interrupted"
 
@@ -259,7 +253,7 @@ def test_out_of_process_workers_leave_no_case_for_resume_to_blame(tmp_path: Path
         out,
         executor=FakeCluster(),
         listeners=Listeners(progress=look),
-        measuring=Measuring(calibration=None),
+        measuring=UNCALIBRATED,
     )
     assert seen and set(seen) == {None}
     serial_seen: list[Any] = []
@@ -273,7 +267,7 @@ def test_out_of_process_workers_leave_no_case_for_resume_to_blame(tmp_path: Path
         _grid(),
         out2,
         listeners=Listeners(progress=look_serial),
-        measuring=Measuring(calibration=None),
+        measuring=UNCALIBRATED,
     )
     assert serial_seen[0] == "conv/n=8/d=4/k=3/b=1/float32/cpu/forward"
 
@@ -344,7 +338,7 @@ def test_a_serial_sweep_leaves_the_callers_thread_count(tmp_path: Path) -> None:
     other = 1 if before > 1 else 2  # a count this process may use (never above its CPUs)
     if other > usable_cpus():
         pytest.skip("one CPU: no second thread count to sweep with")
-    run = run_sweep(_grid(threads=other), tmp_path / "run", measuring=Measuring(calibration=None))
+    run = run_sweep(_grid(threads=other), tmp_path / "run", measuring=UNCALIBRATED)
     assert set(run.frame["threads"]) == {other}  # the cases ran with --threads
     assert run.meta["environment"]["torch_threads"] == other
     assert torch.get_num_threads() == before

@@ -18,7 +18,7 @@ from attnbench.results.loader import load_results
 from attnbench.run import queue
 from attnbench.run.executors import default_executor, make_executor
 from attnbench.run.executors.fresh import Ending, Limits, run_fresh
-from attnbench.run.queue import Measuring
+from attnbench.run.queue import UNCALIBRATED
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import build_grid
 
@@ -87,7 +87,7 @@ def _sweep(layers: str, out: Path, executor: object, **extra: object):  # type: 
         | {"processes": 2}
         | extra
     )
-    return run_sweep(grid, out, executor=executor, measuring=Measuring(calibration=None))  # type: ignore[arg-type]
+    return run_sweep(grid, out, executor=executor, measuring=UNCALIBRATED)  # type: ignore[arg-type]
 
 
 def test_every_round_is_a_process_of_its_own(tmp_path: Path, fork: object) -> None:

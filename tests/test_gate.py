@@ -358,9 +358,7 @@ def test_alpha_must_lie_strictly_between_0_and_1(alpha: float) -> None:
 
 @pytest.mark.parametrize("field", ["max_slowdown", "memory_tolerance", "instructions_tolerance"])
 def test_each_tolerance_refuses_a_negative_value(field: str) -> None:
-    message = (
-        "--max-slowdown, --memory-tolerance and --instructions-tolerance cannot be negative"
-    )
+    message = "--max-slowdown, --memory-tolerance and --instructions-tolerance cannot be negative"
     with pytest.raises(AttnbenchError) as refused:
         Thresholds(**{field: -0.01})
     assert str(refused.value) == message

@@ -108,7 +108,9 @@ def test_the_cli_lists_change_points_as_a_table_and_as_json(tmp_path: Path) -> N
     assert done.exit_code == 0, done.output
     found = json.loads(done.stdout)["change_points"]
     assert sorted((c["metric"], c["index"]) for c in found) == [
-        ("flops", 30), ("flops", 31), ("time_s", 25)
+        ("flops", 30),
+        ("flops", 31),
+        ("time_s", 25),
     ]
     table = runner.invoke(app, ["history", "--history", str(tmp_path / "h")])
     assert table.exit_code == 0 and "3 change point(s)" in table.stdout
@@ -314,7 +316,7 @@ def test_the_site_renders_in_a_browser_with_the_step_where_the_data_put_it(
     assert found["title"] == "conv: time over commits"
     assert found["svgs"] and all(w > 300 and h > 100 for _, w, h in found["svgs"])  # drawn
     assert found["lines"] > 0
-    (step_id, (x, _, height)), = found["steps"]
+    ((step_id, (x, _, height)),) = found["steps"]
     assert step_id.endswith(f"-{at}") and height > 50
     # the axes span commits -0.5 .. count - 0.5: the step lies between commit at-1 and at
     left, width, _ = found["axes"]

@@ -25,7 +25,7 @@ from attnbench.layers import REGISTRY
 
 runner = CliRunner()
 
-PLUGIN = '''
+PLUGIN = """
 from torch import nn
 from attnbench.layers import LayerEntry, RECURRENT
 from attnbench.theory import LayerTheory, Term
@@ -35,7 +35,7 @@ ENTRY = LayerEntry(
     theory=LayerTheory("O(n d^2)", (Term(2, "b·n·d²", lambda s: s["b"] * s["n"] * s["d"] ** 2),),
                        order=lambda s: s["n"] * s["d"] ** 2),
 )
-'''
+"""
 FILES = ("run.json", "results.csv", "samples.csv", "calibration.csv", "theory.json")
 READERS: dict[str, list[str]] = {
     "show": ["show", "{run}", "--json"],

@@ -14,11 +14,12 @@ import torch
 from synthetic import registry_restored
 from typer.testing import CliRunner
 
-from attnbench import Measuring, build_grid, register_layer, run_sweep
+from attnbench import build_grid, register_layer, run_sweep
 from attnbench.cli import app
 from attnbench.layers import REGISTRY
 from attnbench.results.files import RESULTS_FILE
 from attnbench.results.loader import load_results
+from attnbench.run.queue import UNCALIBRATED
 
 runner = CliRunner()
 TINY = ["--n", "8,16", "--d", "8", "--device", "cpu", "--time-budget", "0.002"]
@@ -266,7 +267,7 @@ def test_a_layer_registered_from_python_sweeps(tmp_path: Path) -> None:
     entry = register_layer(Scale, "scale")
     assert [o.name for o in entry.options] == ["factor"] and entry.theory is None
     grid = build_grid({"layers": "scale,conv", "n": "8", "d": "4", "device": "cpu"})
-    run = run_sweep(grid, tmp_path / "run", measuring=Measuring(calibration=None))
+    run = run_sweep(grid, tmp_path / "run", measuring=UNCALIBRATED)
     assert set(run.frame["status"]) == {"ok"}
     assert run.frame.set_index("layer").loc["scale", "layer_source"].startswith("test_plugins:")
 

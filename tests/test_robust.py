@@ -26,7 +26,7 @@ from attnbench.results.store import ResultsWriter
 from attnbench.run.events import Listeners, ProgressEvent, SweepStart
 from attnbench.run.executors import serial as serial_module
 from attnbench.run.executors import worker as worker_module
-from attnbench.run.queue import Measuring
+from attnbench.run.queue import UNCALIBRATED
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Case, Grid, build_grid
 
@@ -96,7 +96,7 @@ def test_oom_is_recorded_larger_cases_skipped_and_memory_released(
         {"layers": "conv", "n": "8..64", "d": "8,16", "device": "cpu", "time_budget": 0.002}
     )
     grid = Grid(**{**grid.__dict__, "layers": ("hungry", "conv")})
-    run = run_sweep(grid, tmp_path / "run", measuring=Measuring(calibration=None))
+    run = run_sweep(grid, tmp_path / "run", measuring=UNCALIBRATED)
     status = {(r.layer, r.n, r.d): r.status for r in run.frame.itertuples()}
     assert status[("hungry", 8, 8)] == "ok" and status[("hungry", 16, 8)] == "ok"
     assert status[("hungry", 32, 8)] == "oom"
@@ -159,7 +159,7 @@ def test_a_slow_first_call_is_a_timeout_and_larger_cases_are_skipped(
     )
     grid = Grid(**{**grid.__dict__, "layers": ("slow",), "time_budget_s": 1.0})
     # No calibration: under a clock that never moves, its GEMM blocks would grow to their cap.
-    run = run_sweep(grid, tmp_path / "run", clock=clock, measuring=Measuring(calibration=None))
+    run = run_sweep(grid, tmp_path / "run", clock=clock, measuring=UNCALIBRATED)
     status = dict(zip(run.frame["n"], run.frame["status"], strict=True))
     assert status == {8: "ok", 16: "ok", 32: "timeout", 64: "skipped"}
     timeout = run.frame[run.frame["status"] == "timeout"].iloc[0]

@@ -20,7 +20,7 @@ from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.run.estimate import estimate_seconds
 from attnbench.run.events import Listeners, ProgressEvent
-from attnbench.run.queue import Measuring
+from attnbench.run.queue import UNCALIBRATED, Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import build_grid
 
@@ -97,7 +97,7 @@ def test_later_rounds_run_after_the_first_shuffled_and_seeded(
         _grid(),
         tmp_path / "again",
         listeners=Listeners(progress=again.append),
-        measuring=Measuring(calibration=None),
+        measuring=UNCALIBRATED,
     )
     seen = [(e.round, e.case.label()) for e in again if e.kind == "done" and e.round in (2, 3)]
     assert seen == [(r, label) for r, label in done if r in (2, 3)]  # the seed's order
@@ -119,7 +119,7 @@ def test_a_case_that_did_not_measure_is_not_timed_again(
         return real(case, **kwargs)
 
     monkeypatch.setattr(worker_module, "measure_case", oom_for_rnn)
-    run = run_sweep(_grid(), tmp_path / "run", measuring=Measuring(calibration=None))
+    run = run_sweep(_grid(), tmp_path / "run", measuring=UNCALIBRATED)
     rounds = run.samples.groupby("case_id")["round"].nunique()
     assert "rnn/n=16/d=4/b=1/float32/cpu/forward" not in rounds.index
     assert rounds.between(3, 6).all()
@@ -138,12 +138,12 @@ def test_an_interrupted_round_is_finished_by_resume(tmp_path: Path) -> None:
             _grid(),
             out,
             listeners=Listeners(progress=stop_in_round_two),
-            measuring=Measuring(calibration=None),
+            measuring=UNCALIBRATED,
         )
     stopped = load_results(out)
     assert len(stopped.frame) == 4  # every row was written in round 1
     assert sorted(stopped.samples.groupby("round")["case_id"].nunique()) == [1, 4]
-    resumed = resume_sweep(out, measuring=Measuring(calibration=None))
+    resumed = resume_sweep(out, measuring=UNCALIBRATED)
     per_round = resumed.samples.groupby("round")["case_id"].nunique()
     assert {r: per_round[r] for r in (1, 2, 3)} == {1: 4, 2: 4, 3: 4}
     assert not resumed.samples.duplicated(["case_id", "sample"]).any()

@@ -94,7 +94,11 @@ def test_sampling_stops_once_the_median_is_precise() -> None:
     time, and sampling ends long before the budget."""
     fake = FakeLayer(itertools.chain([2e-3] * 3, [2.5e-3] * 2, constant(2e-3)))
     policy = TimingPolicy(
-        min_block_s=1e-3, warmup_calls=0, min_samples=10, min_time_s=0.02, budget_s=10.0,
+        min_block_s=1e-3,
+        warmup_calls=0,
+        min_samples=10,
+        min_time_s=0.02,
+        budget_s=10.0,
         target_rel_ci=0.01,
     )
     stats = time_call(fake, policy, clock=fake.clock)
@@ -109,7 +113,11 @@ def test_a_wide_interval_keeps_sampling_until_it_narrows() -> None:
     on until enough steady samples pull both its ends to the steady time."""
     fake = FakeLayer(itertools.chain([1e-3, 3e-3] * 5, constant(1e-3)))
     policy = TimingPolicy(
-        min_block_s=1e-3, warmup_calls=0, min_samples=10, min_time_s=0.0, budget_s=10.0,
+        min_block_s=1e-3,
+        warmup_calls=0,
+        min_samples=10,
+        min_time_s=0.0,
+        budget_s=10.0,
         target_rel_ci=0.01,
     )
     stats = time_call(fake, policy, clock=fake.clock)

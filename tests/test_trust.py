@@ -26,7 +26,7 @@ runner = CliRunner()
 
 # A layer with its theory in the attention family (so crossovers with conv are drawn), which
 # writes the marker named by ATTNBENCH_TEST_MARKER whenever its module runs.
-MARKED = '''
+MARKED = """
 import os
 import pathlib
 
@@ -61,14 +61,23 @@ ENTRY = LayerEntry(
         elementwise=(elements(3, "b·n·w·d", lambda s: s["b"] * s["n"] * s["width"] * s["d"]),),
     ),
 )
-'''
+"""
 GRID = ["--n", "8,16,32,64", "--d", "8,16", "--device", "cpu", "--time-budget", "0.002"]
 READERS = {
     "show": ["show", "{run}", "--json"],
     "table": ["table", "{run}", "--json"],
     "fit": ["fit", "{run}", "--json"],
-    "plot": ["plot", "{run}", "--json", "--out", "{charts}", "--format", "png",
-             "--metric", "time,flops,crossover"],
+    "plot": [
+        "plot",
+        "{run}",
+        "--json",
+        "--out",
+        "{charts}",
+        "--format",
+        "png",
+        "--metric",
+        "time,flops,crossover",
+    ],
     "report": ["report", "{run}", "--json", "--out", "{report}", "--no-charts"],
     "compare": ["compare", "{run}", "{run}", "--fail-on", "none"],
 }

@@ -31,7 +31,7 @@ from attnbench.run.estimate import estimate_bounds, size_warning
 from attnbench.run.events import ProgressEvent
 from attnbench.run.executors.base import Job, Placement
 from attnbench.run.executors.process import ForkExecutor, SubprocessExecutor
-from attnbench.run.queue import JobQueue, Measuring, Replication
+from attnbench.run.queue import UNCALIBRATED, JobQueue, Measuring, Replication
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus
 from attnbench.spec import Grid, build_grid
@@ -79,7 +79,7 @@ class ABListeners:
 NO_AB_LISTENERS = ABListeners()
 
 # Both sides run on this machine at once: no calibration GEMM is needed to compare them.
-AB_MEASURING = Measuring(calibration=None)
+AB_MEASURING = UNCALIBRATED
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,7 @@ class Measuring:
 
 
 DEFAULT_MEASURING = Measuring()
+UNCALIBRATED = Measuring(calibration=None)  # no calibration GEMM between the cases
 
 
 @dataclass(frozen=True)
