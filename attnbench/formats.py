@@ -3,8 +3,9 @@ way: a file carries its format's version and loading migrates it step by step).
 
 What an older attnbench wrote, and how each shape becomes today's:
 
-- **A results folder** carries ``schema_version`` in run.json. Version 1 grew columns and
-  entries over its life without a new version, so a version-1 folder may lack any of the
+- **A results folder** carries ``schema_version`` in run.json. Version 3 added the decode
+  step's columns (``V2_LATER_RESULTS``), which a version-2 folder gets empty. Version 1 grew
+  columns and entries over its life without a new version, so a version-1 folder may lack any of the
   columns listed in ``V1_LATER_RESULTS``, the samples' later columns, the calibration file,
   a theory's traffic terms, and several run.json entries. ``migrate_run`` fills each with what
   "not recorded" reads as, and stamps the folder ``FORMAT_VERSION``; version 2 is written
@@ -30,7 +31,7 @@ import pandas as pd
 from attnbench.errors import AttnbenchError
 from attnbench.schema import CALIBRATION_COLUMNS
 
-FORMAT_VERSION = 2  # of a results folder, in run.json's ``schema_version``
+FORMAT_VERSION = 3  # of a results folder, in run.json's ``schema_version``
 
 # The columns of results.csv added during version 1 (its first release wrote the others).
 V1_LATER_RESULTS = (
@@ -55,6 +56,8 @@ V1_LATER_SAMPLES = {
     "reference_s": "",
 }
 # run.json's allocator entry of a run made before it was recorded: glibc's defaults, unnamed.
+# The columns version 3 added: a decode step's state and its check (--mode decode).
+V2_LATER_RESULTS = ("state_bytes", "state_analytic", "state_check", "decode_check")
 UNRECORDED_ALLOCATOR = {"state": "unrecorded", "mechanism": "", "libc": ""}
 
 
@@ -143,7 +146,18 @@ def _with_traffic(entry: Any) -> Any:
     return {**entry, "theory": {"traffic": None, **theory}}
 
 
-_STEPS = (_v1_to_v2,)  # _STEPS[v - 1] takes version v to v + 1
+def _v2_to_v3(raw: RawRun) -> RawRun:
+    results = raw.results.copy()
+    unrecorded = [c for c in V2_LATER_RESULTS if c not in results.columns]
+    for column in unrecorded:
+        results[column] = ""
+    meta = dict(raw.meta)
+    meta["unrecorded"] = [*meta.get("unrecorded", []), *unrecorded]
+    meta["schema_version"] = 3
+    return replace(raw, meta=meta, results=results)
+
+
+_STEPS = (_v1_to_v2, _v2_to_v3)  # _STEPS[v - 1] takes version v to v + 1
 assert len(_STEPS) == FORMAT_VERSION - 1
 
 

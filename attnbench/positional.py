@@ -52,10 +52,21 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.d = d
         self.register_buffer("P", sinusoidal_table(initial_len, d), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
-        n = x.shape[1]
+    def extend(self, n: int) -> None:
+        """Make the table cover positions 0 .. n-1 (rebuilt longer on its device and dtype;
+        each row is computed on its own, so a longer table has the same first rows)."""
         if n > self.P.shape[0]:
             self.P = sinusoidal_table(n, self.d, dtype=self.P.dtype, device=self.P.device)
+
+    def row(self, position: int) -> torch.Tensor:
+        """p[position], shape (d,): what ``forward`` adds to the token at that position (a
+        decode step adds it to one token)."""
+        self.extend(position + 1)
+        return self.P[position]  # (d,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
+        n = x.shape[1]
+        self.extend(n)
         return x + self.P[:n]  # (B, n, d)
 
 

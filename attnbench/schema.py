@@ -96,7 +96,9 @@ class Metric:
     # elementwise formula, their sum (``work``: all the arithmetic of a call, which its time
     # and instructions follow), the bytes formula, the sequential-step law or the path law
     # (None: the theory says nothing of it).
-    theory: Literal["flops", "elementwise", "work", "traffic", "sequential", "path"] | None = None
+    theory: (
+        Literal["flops", "elementwise", "work", "traffic", "sequential", "path", "state"] | None
+    ) = None
     chart: Chart | None = None  # its own chart against n (time has several, drawn apart)
     tolerance: str = ""  # the Thresholds field giving the growth allowed ("": none at all)
 
@@ -121,7 +123,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("batch", "int", _CASE, "batch size"),
     Column("dtype", "text", _CASE, "float32, float16 or bfloat16"),
     Column("device", "text", _CASE, "the device the case was asked for"),
-    Column("mode", "text", _CASE, "forward, or train (forward + backward)"),
+    Column("mode", "text", _CASE,
+           "forward, train (forward + backward) or decode (one generation step after n tokens)"),
     Column("threads", "int", _MEASURE, "CPU threads torch used"),
     Column("status", "text", _MEASURE, "ok, oom, timeout, skipped or failed (STATUSES)"),
     Column(
@@ -347,6 +350,23 @@ COLUMNS: tuple[Column, ...] = (
         "short lengths and extended by a law proven there, as its counts are)",
     ),
     Column(
+        "state_bytes", "int", _MEASURE,
+        "decode mode: the bytes a step's state holds at context n (a key/value cache, an RNN's "
+        "hidden state), summed over the state's own tensors",
+        summary="state", fmt=fmt_bytes,
+    ),
+    Column("state_analytic", "float", _MEASURE,
+           "decode mode: the state's bytes by the layer's decode theory"),
+    Column("state_check", "text", _MEASURE,
+           "ok, or mismatch (the state's bytes vs the formula beyond 1%)"),
+    Column(
+        "decode_check", "float", _MEASURE,
+        "decode mode: the largest difference between tokens decoded one by one and the causal "
+        "layer's parallel output on the same tokens (a prefix, and the timed step where n is "
+        "at most 1023), relative to the output's largest value; over the dtype's tolerance "
+        "(1e-4 in float32) the case fails, its measurements kept",
+    ),
+    Column(
         "page_faults", "float", _MEASURE,
         "minor page faults per call in the median timed block (getrusage, every thread; "
         "empty on CUDA and MPS, whose tensors live in device memory)",
@@ -398,6 +418,15 @@ METRICS: tuple[Metric, ...] = (
         ),
     ),
     Metric("bytes", "bytes moved", "bytes", "bytes", exact=True, theory="traffic"),
+    Metric(
+        "state_bytes", "state memory", "state", "bytes", exact=True, theory="state",
+        chart=Chart(
+            "state", "decode mode: the bytes a step's state holds against the context n, with "
+            "the decode theory's formula", "state held at context n [bytes]",
+            "State memory of one generation step against context length",
+            theory_note="analytic formula",
+        ),
+    ),
     Metric(
         "seq_steps", "sequential steps", "steps", "steps", exact=True, theory="sequential",
         chart=Chart(
@@ -475,7 +504,8 @@ STATUSES: dict[Status, str] = {
     Status.OK: "measured",
     Status.OOM: "ran out of memory",
     Status.TIMEOUT: "one call took longer than --max-case-seconds",
-    Status.SKIPPED: "not run: a smaller case of the same layer ran out of memory or time",
+    Status.SKIPPED: "not run: a smaller case of the same layer ran out of memory or time, or "
+    "(decode mode) the layer has no decode step",
     Status.FAILED: "raised an error (see the error column)",
 }
 # What a smaller case's outcome says of larger ones of its layer: they would fail the same way.

@@ -39,7 +39,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-MODES = ("forward", "train")
+MODES = ("forward", "train", "decode")
+# What each mode times: --help and the tables say it in these words.
+MODE_HELP = {
+    "forward": "one forward call over n tokens",
+    "train": "forward + backward over n tokens",
+    "decode": "one generation step: the token after n, its state holding the n before",
+}
 # Rounds a case is timed in at the least (``--processes``), and how many times that a sweep may
 # reach while the case's interval is still wider than its target (``run.queue``).
 DEFAULT_PROCESSES = 3
@@ -82,12 +88,16 @@ class Case:
         if theory is None:
             return None
         found = self.sizes()
+        if self.mode == "decode":
+            return None if theory.decode is None else theory.decode.flops(found)
         return theory.train_flops(found) if self.mode == "train" else theory.flops(found)
 
     def analytic_elements(self) -> float | None:
         """Elementwise work of one forward call from the layer's theory (any mode: the count
         traces the forward pass); None without a formula."""
         theory = entry(self.layer).theory
+        if theory is not None and self.mode == "decode":
+            return None if theory.decode is None else theory.decode.elements(self.sizes())
         return None if theory is None else theory.elements(self.sizes())
 
     def analytic_bytes(self) -> float | None:
@@ -98,10 +108,23 @@ class Case:
             return None
         return theory.bytes(self.sizes(), DTYPES[self.dtype].itemsize)
 
+    def analytic_state(self) -> float | None:
+        """Bytes a decode step's state holds at context n, from the layer's theory (decode
+        mode only); None without one."""
+        theory = entry(self.layer).theory
+        if theory is None or theory.decode is None or self.mode != "decode":
+            return None
+        return theory.decode.state_values(self.sizes()) * DTYPES[self.dtype].itemsize
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the layer sees: n, or in decode mode the n before and the one it steps."""
+        return self.n + 1 if self.mode == "decode" else self.n
+
     def layer_options(self) -> dict[str, int]:
         """The options ``build_layer`` takes for this case (the length too, for layers built
-        for one)."""
-        return {"n": self.n, **self.option_values}
+        for one: in decode mode, for the n tokens before and the one it steps)."""
+        return {"n": self.tokens, **self.option_values}
 
     def _tags(self) -> list[str]:
         return entry(self.layer).tags(self.option_values)
@@ -377,7 +400,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("device", "device", str, str, f"{DEVICE_CHOICES}.", envvar="ATTNBENCH_DEVICE",
            compare=True),
     Option("mode", "mode", str, lambda v: _choice(v, "mode", MODES),
-           f"{' or '.join(MODES)} (forward + backward).", compare=True),
+           "; ".join(f"{mode}: {what}" for mode, what in MODE_HELP.items()) + ".", compare=True),
     Option("threads", "threads", int, lambda v: _positive_int(v, "threads"),
            "CPU threads for torch (recorded).", default_text="torch's"),
     Option("time_budget", "time_budget_s", float, lambda v: _positive_seconds(v, "time-budget"),

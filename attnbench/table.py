@@ -30,6 +30,18 @@ COLUMNS = [
 ]
 
 
+# A decode run's table: the chapter's table for generation, one token at a time.
+DECODE_COLUMNS = [
+    "layer",
+    "compute (theory)",
+    "compute (measured)",
+    "state memory (theory)",
+    "state memory (measured)",
+    "sequential ops (theory)",
+    "sequential ops (measured)",
+]
+
+
 def _label(row: pd.Series | None, var: str) -> str:
     return "–" if row is None else f"{var}^{row.exponent:.2f}"
 
@@ -117,15 +129,18 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
             overhead = _overhead_bound(group, d_fix)
             lengths = sorted(int(n) for n in group.loc[group["d"] == d_fix, "n"].unique())
             seq_n = analysis.exponent(layer, "seq_steps", "n", d_fix)
-            unproven = _path_unproven_from(group, d_fix)
-            if unproven is None:
+            # a decode step has no path of its own: a forward run measures the layer's
+            unproven = None if run.mode == "decode" else _path_unproven_from(group, d_fix)
+            if unproven is None and run.mode != "decode":
                 path_n = analysis.exponent(layer, "path_len", "n", d_fix)
         if n_fix is not None:
             time_d = analysis.exponent(layer, "time_s", "d", n_fix)
         compute = _time_cell(time_n, overhead, lengths)
         compute += "" if time_d is None else " " + _label(time_d, "d")
+        decode = _decode_cells(analysis, group, layer, d_fix) if run.mode == "decode" else {}
         rows.append(
             {
+                **decode,
                 "layer": layer,
                 "compute (theory)": theory.complexity if theory else "?",
                 "compute (measured)": compute,
@@ -169,7 +184,26 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 "left_out_cases": int((run.frame["layer"] == layer).sum()) - len(group),
             }
         )
-    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=COLUMNS)
+    columns = DECODE_COLUMNS if run.mode == "decode" else COLUMNS
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
+
+
+def _decode_cells(
+    analysis: Analysis, group: pd.DataFrame, layer: str, d_fix: int | None
+) -> dict[str, Any]:
+    """A decode run's own cells: the state's order, its measured growth in n, and the cases
+    whose state or decoded tokens disagree with the layer."""
+    theory = analysis.layers.theory(layer)
+    step = theory.decode if theory is not None else None
+    state_n = None if d_fix is None else analysis.exponent(layer, "state_bytes", "n", d_fix)
+    return {
+        "state memory (theory)": step.memory if step else "?",
+        "state memory (measured)": _label(state_n, "n"),
+        "decode form": step.form if step else "",
+        "state_bytes_exponent_n": _value(state_n, "exponent"),
+        "state_agrees": _agrees(state_n),
+        "state_mismatch_cases": int((group["state_check"] == "mismatch").sum()),
+    }
 
 
 # Headers as the chapter's table has them, each theory column followed by its measurement.
@@ -184,10 +218,23 @@ HEADERS = [
 ]
 
 
+DECODE_HEADERS = [
+    "layer",
+    "compute per token",
+    "measured",
+    "state memory",
+    "measured",
+    "sequential ops per token",
+    "measured",
+]
+
+
 def display(table: pd.DataFrame) -> pd.DataFrame:
-    """The seven columns people read, under the chapter's headers (Markdown, report, terminal)."""
-    shown = table[COLUMNS].copy()
-    shown.columns = HEADERS
+    """The seven columns people read, under the chapter's headers (Markdown, report, terminal);
+    a decode run's under the headers of its table for generation."""
+    decode = "state memory (theory)" in table.columns
+    shown = table[DECODE_COLUMNS if decode else COLUMNS].copy()
+    shown.columns = DECODE_HEADERS if decode else HEADERS
     return shown
 
 
@@ -224,6 +271,12 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             parts.append(f"{row.left_out_cases} unmeasured case(s) left out")
         notes.append(f"{row.layer}: " + "; ".join(parts or ["too few measured cases to fit"]))
     notes.extend(check_notes(table))
+    if "decode form" in table.columns:
+        notes += [
+            f"{r['layer']} decodes as {r['decode form']}"
+            for r in table.to_dict("records")
+            if r["decode form"]
+        ]
     extended = (sources(run.measured["path_len_method"]) == Source.EXTENDED).sum()
     if extended:
         notes.append(
@@ -247,16 +300,17 @@ def check_notes(table: pd.DataFrame) -> list[str]:
     notes = []
     for row in table.to_dict("records"):
         layer = row["layer"]
-        for column, what in (
-            ("flops", "FLOPs"),
-            ("elementwise", "elementwise work"),
-            ("bytes", "bytes moved"),
+        for key, column, what in (
+            ("flops", "flops", "FLOPs"),
+            ("elementwise", "elementwise", "elementwise work"),
+            ("bytes", "bytes", "bytes moved"),
+            ("state", "state_bytes", "state bytes"),
         ):
-            cases = row.get(f"{column}_mismatch_cases") or 0
+            cases = row.get(f"{key}_mismatch_cases") or 0
             if cases:
                 notes.append(
                     f"{layer}: counted {what} differ from the analytic formula by more than "
-                    f"1% in {cases} case(s); see the {column} and {column}_analytic columns"
+                    f"1% in {cases} case(s); see the {column} and {key}_analytic columns"
                 )
         incomplete = row.get("flops_incomplete_cases") or 0
         if incomplete:

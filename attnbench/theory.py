@@ -77,6 +77,39 @@ def _one(sizes: Sizes) -> float:
 
 
 @dataclass(frozen=True)
+class DecodeTheory:
+    """Theoretical cost of one generation step: the token at context n (n tokens before it).
+
+    ``terms`` are the step's FLOPs, ``elementwise`` its elementwise work (None: not said),
+    ``state`` the values the state holds at context n (a key/value cache's 2·b·(n+1)·d, an
+    RNN's b·d); ``compute`` and ``memory`` are the orders the generation table states, and
+    ``order`` the step's leading size; ``form`` says which causal form of the layer decodes
+    (a centred convolution has none: its decode form sees only the tokens before).
+    """
+
+    compute: str  # per-token compute, e.g. "O(n d)"
+    memory: str  # the state's size, e.g. "O(n d)"
+    terms: tuple[Term, ...]
+    state: tuple[Term, ...]
+    form: str
+    order: SizeFn = _one
+    sequential: str = "O(1)"  # sequential operations of one step
+    elementwise: tuple[Term, ...] | None = None
+
+    def flops(self, sizes: Sizes) -> float:
+        """FLOPs of one step at context n."""
+        return total(self.terms, sizes)
+
+    def state_values(self, sizes: Sizes) -> float:
+        """Values the state holds at context n."""
+        return total(self.state, sizes)
+
+    def elements(self, sizes: Sizes) -> float | None:
+        """Elementwise work of one step (None without a formula)."""
+        return None if self.elementwise is None else total(self.elementwise, sizes)
+
+
+@dataclass(frozen=True)
 class LayerTheory:
     """Theoretical cost of one layer (forward pass), as the chapter's table states it.
 
@@ -102,6 +135,8 @@ class LayerTheory:
     # FLOP terms a training call's backward computes again rather than keep from the forward
     # (a fused attention kernel recomputes its scores): added to the three forward passes.
     recompute: tuple[Term, ...] = ()
+    # One token at a time (``--mode decode``); None: the layer's theory does not say.
+    decode: DecodeTheory | None = None
 
     def bytes(self, sizes: Sizes, itemsize: int) -> float | None:
         """Bytes one forward call reads and writes if nothing stays in cache (None without a
@@ -124,6 +159,23 @@ class LayerTheory:
         if self.elementwise is None:
             return None
         return total(self.elementwise, sizes)
+
+    def generation(self) -> LayerTheory | None:
+        """The theory a decode run is read with: one step's FLOPs, elementwise work and order
+        as the terms, the per-token orders as the table's (None: the theory says nothing of
+        generation). Every fit, crossover and chart reads it as it reads a forward theory."""
+        step = self.decode
+        if step is None:
+            return None
+        return LayerTheory(
+            step.compute,
+            step.terms,
+            sequential=step.sequential,
+            path="–",
+            order=step.order,
+            elementwise=step.elementwise,
+            decode=step,
+        )
 
     @property
     def formula(self) -> str:

@@ -22,6 +22,7 @@ from attnbench.formats import (
     FORMAT_VERSION,
     UNRECORDED_ALLOCATOR,
     V1_LATER_RESULTS,
+    V2_LATER_RESULTS,
     RawRun,
     migrate_ceilings,
     migrate_run,
@@ -58,7 +59,7 @@ def test_loading_migrates_once_and_says_what_the_run_did_not_record() -> None:
     assert (
         set(run.record.unrecorded)
         == set(lacking) - {"rounds", "rounds_disturbed", "spread_between", "spread_within"}
-        == {"time_method", "sm_clock_mhz", "sm_clock_max_mhz", "throttled_share"}
+        == {"time_method", "sm_clock_mhz", "sm_clock_max_mhz", "throttled_share", *V2_LATER_RESULTS}
     )
     assert run.record.config["processes"] == 2  # recorded as rounds
     assert run.record.config["allocator"] == "pinned"  # as recorded (kept)
@@ -164,3 +165,21 @@ def test_only_the_formats_module_knows_a_run_could_be_old(tmp_path: Path) -> Non
     assert old_words(PACKAGE) == []
     (tmp_path / "m.py").write_text("x = 1  # a file from\n# before the curves\n")
     assert old_words(tmp_path) == ["m.py: from before"]
+
+
+def test_a_version_2_folder_gets_the_decode_columns_empty_and_unrecorded() -> None:
+    """A folder written before --mode decode (version 2) has no state columns: migrating gives
+    them empty and adds them to what the run did not record, and keeps what it said before."""
+    raw = RawRun(
+        meta={"schema_version": 2, "unrecorded": ["time_method"]},
+        results=pd.DataFrame({"case_id": ["conv/n=64"], "time_s": ["1e-05"]}),
+        samples=pd.DataFrame(),
+        calibration=None,
+        theories={},
+    )
+    done = migrate_run(raw, "v2")
+    assert done.meta["schema_version"] == FORMAT_VERSION == 3
+    assert done.meta["unrecorded"] == ["time_method", *V2_LATER_RESULTS]
+    assert all((done.results[c] == "").all() for c in V2_LATER_RESULTS)
+    assert done.results["time_s"].tolist() == ["1e-05"]
+    assert "state_bytes" not in raw.results  # the folder as read is left as it was

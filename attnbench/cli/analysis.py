@@ -88,7 +88,9 @@ def table(
 ) -> None:
     """The chapter's comparison table, theory beside the growth measured in a run.
 
-    Measured growth is a log-log exponent in n (and in d for compute), fitted on ok cases.
+    Measured growth is a log-log exponent in n (and in d for compute), fitted on ok cases. A
+    decode run (--mode decode) prints the table for generation: compute per token, the state's
+    memory and sequential ops per token, each against the context n.
     """
     if markdown and as_json:
         raise AttnbenchError("--markdown and --json both print on stdout: choose one")
@@ -101,11 +103,14 @@ def table(
         typer.echo(markdown_table(display(rows)), nl=False)
         return
     streams = Streams.make()
+    shown = display(rows)
+    decode = run.mode == "decode"
     frame_table(
-        display(rows),
+        shown,
         streams.out,
-        title=f"comparison table, measured in {run.path}",
-        headers=HEADERS,
+        title=f"{'generation table (one token at context n)' if decode else 'comparison table'}"
+        f", measured in {run.path}",
+        headers=list(shown.columns) if decode else HEADERS,
     )
     for note in fit_notes(rows, run):
         streams.err.print(f"  {note}", soft_wrap=True, markup=False)

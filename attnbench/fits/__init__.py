@@ -132,7 +132,7 @@ MACHINE_COLUMNS = [
 
 def run_catalog(run: RunResults) -> Catalog:
     """The layers of a run as its analysis reads them: no plugin's code, only its record."""
-    return catalog(run.frame["layer"], run.theories)
+    return catalog(run.frame["layer"], run.theories, run.mode)
 
 
 def fit_frame(run: RunResults, layers: Layers | None = None) -> pd.DataFrame:

@@ -147,6 +147,9 @@ def theory_values(
             # n·log n scan is elementwise, beside products linear in n, and its time follows
             # both. A theory that states no elementwise work reads its FLOPs.
             values.append(theory.flops(case) + (theory.elements(case) or 0.0))
+        elif law == "state":
+            step = theory.decode
+            values.append(math.nan if step is None else step.state_values(case))
         elif law == "traffic":
             dtype_of = DTYPES.get(str(dtype))
             moved = None if dtype_of is None else theory.bytes(case, dtype_of.itemsize)

@@ -13,7 +13,7 @@ from torch import nn
 
 from attnbench.layers.conv import K
 from attnbench.layers.entry import Family, LayerEntry
-from attnbench.theory import LayerTheory, Sizes, Term, values
+from attnbench.theory import DecodeTheory, LayerTheory, Sizes, Term, values
 
 
 def dilated_depth(n: int, k: int) -> int:
@@ -68,6 +68,57 @@ class DilatedConvLayer(nn.Module):
     def mixing_stages(self) -> list[nn.Module]:
         return list(self.stages)
 
+    # ------------------------------------------------------------------------- decoding
+    # Level i (dilation k^i) needs its input at t, t - k^i, ..., t - (k-1)·k^i: each level keeps
+    # a ring buffer of its inputs, the one at t in slot t % size. With size = (k-1)·k^i + 1 the
+    # k taps of any t lie in size consecutive positions, so in distinct slots; a buffer one
+    # slot shorter would put t where t - (k-1)·k^i is, and writing t there would lose a tap
+    # that the step itself, or the same step repeated, still reads. A slot not yet written
+    # holds zeros: the left padding. The state is the stack's receptive field, k^L - 1 + L
+    # tokens per channel.
+
+    def _levels(self) -> list[tuple[CausalConv, int]]:
+        """Each level's convolution and its ring buffer's size."""
+        stages = [cast("CausalConv", stage) for stage in self.stages]
+        return [(stage, stage.left + 1) for stage in stages]
+
+    def init_state(self, batch: int, capacity: int) -> dict[str, torch.Tensor]:
+        levels = self._levels()
+        weight = levels[0][0].conv.weight
+        d = weight.shape[0]
+        return {
+            f"level{i}": torch.zeros(batch, size, d, dtype=weight.dtype, device=weight.device)
+            for i, (_, size) in enumerate(levels)
+        }  # level i: (B, (k-1)·k^i + 1, d)
+
+    def prefill(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The stack run on x (B, n, d), each level's last inputs kept in their slots."""
+        n = x.shape[1]
+        for i, (stage, size) in enumerate(self._levels()):
+            start = max(0, n - size)
+            slots = torch.arange(start, n, device=x.device) % size  # (m,)
+            state[f"level{i}"][:, slots] = x[:, start:]  # (B, m, d), m = min(n, size)
+            x = stage(x)  # (B, n, d)
+        return state
+
+    def step(
+        self, x: torch.Tensor, state: dict[str, torch.Tensor], position: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The token x (B, d) at ``position``, through every level: its input into its slot s,
+        then the kernel over the k taps, the oldest first. The taps are the slots s, s - k^i,
+        ... down to 0, and, wrapped round the ring, s + 1, s + 1 + k^i, ... (earlier): two
+        strided slices, no index tensor to build (or copy to the device) on every step."""
+        for i, (stage, size) in enumerate(self._levels()):
+            ring = state[f"level{i}"]  # (B, size, d)
+            slot = position % size
+            ring[:, slot] = x  # (B, d), in place
+            dilation = stage.conv.dilation[0]
+            wrapped = ring[:, slot + 1 :: dilation]  # (B, k - 1 - slot // k^i, d), the oldest
+            recent = ring[:, slot % dilation : slot + 1 : dilation]  # (B, slot // k^i + 1, d)
+            window = torch.cat([wrapped, recent], dim=1).transpose(1, 2)  # (B, d, k)
+            x = F.conv1d(window, stage.conv.weight, stage.conv.bias).squeeze(-1)  # (B, d)
+        return x, state
+
 
 # ----------------------------------------------------------------------------- entries
 
@@ -77,6 +128,17 @@ DILATED = Family("convolutional (dilated)", rank=20, rival=True, kin="convolutio
 def _depth(s: Sizes) -> float:
     # n may be fractional (a chart's dense line, a crossover search): the depth covers it.
     return float(dilated_depth(s["n"], s["k"]))  # type: ignore[arg-type]  # a theory reads sizes as floats; the depth is exact in ints
+
+
+def _step_depth(s: Sizes) -> float:
+    """The depth of a stack that decodes at context n: built for its n + 1 tokens."""
+    return _depth({**s, "n": s["n"] + 1})
+
+
+def _receptive(s: Sizes) -> float:
+    """b·(k^L + L - 1)·d: the ring buffers' (k-1)·k^i + 1 slots, summed over the L levels."""
+    depth = _step_depth(s)
+    return float(s["b"] * (s["k"] ** depth + depth - 1) * s["d"])
 
 
 def _layers_size(s: Sizes) -> float:
@@ -109,6 +171,23 @@ ENTRIES = (
                 values(1, "L·k·d²", lambda s: _depth(s) * s["k"] * s["d"] * s["d"]),
                 values(1, "L·d", lambda s: _depth(s) * s["d"]),
                 values(2, "b·(k^L-1)·d", lambda s: s["b"] * (s["k"] ** _depth(s) - 1) * s["d"]),
+            ),
+            decode=DecodeTheory(
+                "O(k d^2 log_k n)",
+                "O(k^L d)",
+                # Each of the L levels of a stack built for n + 1 tokens: one kernel, 2·b·k·d².
+                (
+                    Term(
+                        2,
+                        "L·b·k·d²",
+                        lambda s: _step_depth(s) * s["b"] * s["k"] * s["d"] * s["d"],
+                    ),
+                ),
+                (values(1, "b·(k^L+L-1)·d", _receptive),),
+                "causal: each level's ring buffer of (k-1)·k^i + 1 inputs, written in place",
+                order=lambda s: _step_depth(s) * s["k"] * s["d"] * s["d"],
+                sequential="O(log_k n)",
+                elementwise=(),  # the bias is added inside each convolution
             ),
         ),
         needs_length=True,

@@ -20,23 +20,24 @@ from attnbench.layers.attention import (
     POSITION_TRAFFIC,
     PROJECTION_TRAFFIC,
     PROJECTIONS,
+    STEP_PROJECTIONS,
     SelfAttentionLayer,
     _heads_copy,
 )
 from attnbench.layers.entry import Family, LayerEntry
-from attnbench.theory import LayerTheory, Sizes, Term, elements, values
+from attnbench.theory import DecodeTheory, LayerTheory, Sizes, Term, elements, values
 
 
 class LinearAttentionLayer(SelfAttentionLayer):
     """The same projections and encoding as ``SelfAttentionLayer``; φ(Q)(φ(K)ᵀV), normalised."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
+    def attend(self, x: torch.Tensor, *, causal: bool) -> torch.Tensor:  # x: (B, n, d)
         B, n, d = x.shape
         x = self.pos(x)  # (B, n, d)
         q = F.elu(self._split(self.W_q(x))) + 1  # (B, h, n, hs), positive
         k = F.elu(self._split(self.W_k(x))) + 1  # (B, h, n, hs), positive
         v = self._split(self.W_v(x))  # (B, h, n, hs)
-        if self.causal:  # prefix sums: position i sees the keys and values up to i
+        if causal:  # prefix sums: position i sees the keys and values up to i
             kv = torch.cumsum(k.unsqueeze(-1) @ v.unsqueeze(-2), dim=2)  # (B, h, n, hs, hs)
             z = torch.cumsum(k, dim=2)  # (B, h, n, hs)
             num = (q.unsqueeze(-2) @ kv).squeeze(-2)  # (B, h, n, hs)
@@ -49,11 +50,53 @@ class LinearAttentionLayer(SelfAttentionLayer):
         y = (num / den).transpose(1, 2).reshape(B, n, d)  # (B, n, d)
         return cast("torch.Tensor", self.W_o(y))  # (B, n, d)
 
+    # ------------------------------------------------------------------------- decoding
+    # The causal form is a recurrence: the running sums S = Σ_j φ(k_j) v_jᵀ (d/h x d/h per
+    # head) and z = Σ_j φ(k_j) are the whole state, whatever the context. A step returns new
+    # sums and leaves the ones it was given as they were.
+
+    def init_state(self, batch: int, capacity: int) -> dict[str, torch.Tensor]:
+        weight = self.W_k.weight
+        self.pos.extend(capacity)
+        hs = self.d // self.heads
+        S = torch.zeros(batch, self.heads, hs, hs, dtype=weight.dtype, device=weight.device)
+        z = torch.zeros(batch, self.heads, hs, dtype=weight.dtype, device=weight.device)
+        return {"S": S, "z": z}  # S (B, h, hs, hs), z (B, h, hs)
+
+    def prefill(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The sums over the n tokens of x (B, n, d): φ(K)ᵀV in one product, and Σφ(K)."""
+        x = self.pos(x)  # (B, n, d)
+        k = F.elu(self._split(self.W_k(x))) + 1  # (B, h, n, hs), positive
+        v = self._split(self.W_v(x))  # (B, h, n, hs)
+        S = state["S"] + k.transpose(-2, -1) @ v  # (B, h, hs, hs)
+        z = state["z"] + k.sum(dim=-2)  # (B, h, hs)
+        return {"S": S, "z": z}
+
+    def step(
+        self, x: torch.Tensor, state: dict[str, torch.Tensor], position: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The token x (B, d) at ``position``: S' = S + φ(k)vᵀ, z' = z + φ(k), and
+        y = φ(q)ᵀS' / φ(q)ᵀz', as the causal forward's prefix sums give it."""
+        B, d = x.shape
+        q, k, v = self._token(x, position)  # (B, h, hs) each
+        q = F.elu(q) + 1  # (B, h, hs), positive
+        k = F.elu(k) + 1  # (B, h, hs), positive
+        S = state["S"] + k.unsqueeze(-1) @ v.unsqueeze(-2)  # (B, h, hs, hs)
+        z = state["z"] + k  # (B, h, hs)
+        num = q.unsqueeze(-2) @ S  # (B, h, 1, hs)
+        den = q.unsqueeze(-2) @ z.unsqueeze(-1)  # (B, h, 1, 1)
+        y = (num / den).reshape(B, d)  # (B, d)
+        return cast("torch.Tensor", self.W_o(y)), {"S": S, "z": z}  # (B, d)
+
 
 LINEAR = Family("linear self-attention", rank=60, rival=True, kin="self-attention")
 _PREFIX_SUMS = elements(
     1, "causal·b·n·d²/h", lambda s: s["causal"] * s["b"] * s["n"] * s["d"] * s["d"] / s["heads"]
 )
+
+
+def _bdd_h(s: Sizes) -> float:
+    return s["b"] * s["d"] * s["d"] / s["heads"]
 
 
 def _bnd(s: Sizes) -> float:
@@ -110,6 +153,25 @@ ENTRIES = (
             # prefix-summed too.
             elementwise=(elements(7, "b·n·d", lambda s: s["b"] * s["n"] * s["d"]), _PREFIX_SUMS),
             traffic=_TRAFFIC,
+            decode=DecodeTheory(
+                "O(d^2)",
+                "O(d^2/h)",
+                (
+                    STEP_PROJECTIONS,
+                    # φ(k)vᵀ and φ(q)ᵀS': 2·2·b·h·(d/h)²; the normaliser φ(q)ᵀz': 2·b·d.
+                    Term(4, "b·d²/h", _bdd_h),
+                    Term(2, "b·d", lambda s: s["b"] * s["d"]),
+                ),
+                (values(1, "b·d²/h", _bdd_h), values(1, "b·d", lambda s: s["b"] * s["d"])),
+                "causal: the running sums S and z, whatever the context",
+                order=lambda s: s["d"] * s["d"],
+                # The forward's elementwise work of one causal position: the positional add,
+                # φ on q and k, z + φ(k) and the division (7·b·d), and S + φ(k)vᵀ (b·d²/h).
+                elementwise=(
+                    elements(7, "b·d", lambda s: s["b"] * s["d"]),
+                    elements(1, "b·d²/h", _bdd_h),
+                ),
+            ),
         ),
     ),
 )

@@ -20,10 +20,12 @@ from attnbench.layers.attention import (
     POSITIONS,
     PROJECTION_TRAFFIC,
     PROJECTIONS,
+    STEP_POSITION,
+    STEP_PROJECTIONS,
     SelfAttentionLayer,
 )
 from attnbench.layers.entry import Family, LayerEntry, LayerOption
-from attnbench.theory import LayerTheory, Sizes, Term, elements, raw_bytes, values
+from attnbench.theory import DecodeTheory, LayerTheory, Sizes, Term, elements, raw_bytes, values
 
 
 class LocalAttentionLayer(SelfAttentionLayer):
@@ -38,7 +40,7 @@ class LocalAttentionLayer(SelfAttentionLayer):
             raise ValueError(f"window must be >= 1, got {window}")
         self.window = window
 
-    def _band(self, n: int, blocks: int, device: torch.device) -> torch.Tensor:
+    def _band(self, n: int, blocks: int, device: torch.device, causal: bool) -> torch.Tensor:
         """(blocks, r, 3r) bool: query blk*r + a may see key blk*r - r + c (none after it, when
         causal)."""
         r = self.window
@@ -47,10 +49,10 @@ class LocalAttentionLayer(SelfAttentionLayer):
         blk = torch.arange(blocks, device=device).view(blocks, 1, 1)
         key = blk * r - r + c  # (blocks, 1, 3r)
         offset = c - a - r  # key - query
-        ahead = 0 if self.causal else r
+        ahead = 0 if causal else r
         return (offset >= -r) & (offset <= ahead) & (key >= 0) & (key < n)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
+    def attend(self, x: torch.Tensor, *, causal: bool) -> torch.Tensor:  # x: (B, n, d)
         B, n, d = x.shape
         r, hs = self.window, d // self.heads
         blocks = math.ceil(n / r)
@@ -63,12 +65,53 @@ class LocalAttentionLayer(SelfAttentionLayer):
         k = F.pad(k, (0, 0, r, pad + r)).unfold(2, 3 * r, r)  # (B, h, blocks, hs, 3r)
         v = F.pad(v, (0, 0, r, pad + r)).unfold(2, 3 * r, r)  # (B, h, blocks, hs, 3r)
         scores = q @ k / math.sqrt(hs)  # (B, h, blocks, r, 3r)
-        scores = scores.masked_fill(~self._band(n, blocks, x.device), float("-inf"))
+        scores = scores.masked_fill(~self._band(n, blocks, x.device, causal), float("-inf"))
         weights = torch.softmax(scores, dim=-1)  # (B, h, blocks, r, 3r)
         y = weights @ v.transpose(-2, -1)  # (B, h, blocks, r, hs)
         y = y.flatten(2, 3)[:, :, :n]  # (B, h, n, hs)
         y = y.transpose(1, 2).reshape(B, n, d)  # (B, n, d)
         return cast("torch.Tensor", self.W_o(y))  # (B, n, d)
+
+    # ------------------------------------------------------------------------- decoding
+    # Causal, token i sees keys i - r .. i (``_band``: offsets -r .. 0): a ring buffer of r + 1
+    # slots per head, the token at ``position`` in slot position % (r + 1). Writing it there
+    # overwrites the token r + 1 before it, which neither this query nor a later one sees, so
+    # a repeat of the same step finds every key it needs where it was.
+
+    def init_state(self, batch: int, capacity: int) -> dict[str, torch.Tensor]:
+        weight = self.W_k.weight
+        self.pos.extend(capacity)
+        shape = (batch, self.heads, self.window + 1, self.d // self.heads)
+        k = torch.zeros(shape, dtype=weight.dtype, device=weight.device)  # (B, h, r+1, hs)
+        v = torch.zeros(shape, dtype=weight.dtype, device=weight.device)  # (B, h, r+1, hs)
+        return {"k": k, "v": v}
+
+    def prefill(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The keys and values of the last r + 1 tokens of x (B, n, d), each in one product,
+        into their slots."""
+        n, size = x.shape[1], self.window + 1
+        start = max(0, n - size)
+        self.pos.extend(n)
+        x = x[:, start:] + self.pos.P[start:n]  # (B, m, d), m = min(n, r + 1)
+        slots = torch.arange(start, n, device=x.device) % size  # (m,)
+        state["k"][:, :, slots] = self._split(self.W_k(x))  # (B, h, m, hs)
+        state["v"][:, :, slots] = self._split(self.W_v(x))  # (B, h, m, hs)
+        return state
+
+    def step(
+        self, x: torch.Tensor, state: dict[str, torch.Tensor], position: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The token x (B, d) at ``position``: its key and value into slot position % (r + 1),
+        then attention over the min(position, r) + 1 filled slots (their order in the ring
+        does not change a softmax-weighted sum)."""
+        q, k, v = self._token(x, position)  # (B, h, hs) each
+        slot = position % (self.window + 1)
+        state["k"][:, :, slot] = k  # (B, h, hs), in place
+        state["v"][:, :, slot] = v  # (B, h, hs), in place
+        filled = min(position, self.window) + 1
+        keys = state["k"][:, :, :filled]  # (B, h, filled, hs)
+        vals = state["v"][:, :, :filled]  # (B, h, filled, hs)
+        return self._attend_cached(q, keys, vals), state  # (B, d)
 
 
 # ----------------------------------------------------------------------------- entries
@@ -107,6 +150,11 @@ def _mask(s: Sizes) -> float:
     their differences) and bool comparisons combined with &, the same for any b, h, d, dtype."""
     r, m = s["window"], math.ceil(s["n"] / s["window"])
     return 88 * r + 48 * m + 138 * r * r + 84 * r * m + 18 * m * r * r
+
+
+def _window_keys(s: Sizes) -> float:
+    """b·(min(n, r) + 1)·d: the keys (or values) one causal query sees at context n."""
+    return s["b"] * (min(s["n"], s["window"]) + 1) * s["d"]
 
 
 def _split(s: Sizes) -> float:
@@ -170,6 +218,23 @@ ENTRIES = (
             # to the band (causal or not) and normalised: 3·3 = 9 per b·h·⌈n/r⌉·r².
             elementwise=(POSITIONS, elements(9, "b·h·⌈n/r⌉·r²", _local_weights)),
             traffic=_TRAFFIC,
+            decode=DecodeTheory(
+                "O(d^2 + r d)",
+                "O(r d)",
+                # The query meets the min(n, r) + 1 keys and values of its window.
+                (STEP_PROJECTIONS, Term(4, "b·(min(n,r)+1)·d", _window_keys)),
+                (values(2, "b·(r+1)·d", lambda s: s["b"] * (s["window"] + 1) * s["d"]),),
+                "causal window: a ring buffer of r+1 slots written in place",
+                order=lambda s: s["window"] * s["d"],
+                elementwise=(
+                    STEP_POSITION,
+                    elements(
+                        2,
+                        "b·h·(min(n,r)+1)",
+                        lambda s: s["b"] * s["heads"] * (min(s["n"], s["window"]) + 1),
+                    ),
+                ),
+            ),
         ),
     ),
 )

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from attnbench.layers.entry import Family, LayerEntry
-from attnbench.theory import LayerTheory, Sizes, Term, elements, values
+from attnbench.theory import DecodeTheory, LayerTheory, Sizes, Term, elements, values
 
 _CELLS: dict[str, type[nn.RNN] | type[nn.GRU] | type[nn.LSTM]] = {
     "rnn": nn.RNN,
@@ -29,6 +29,41 @@ class RecurrentLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
         out, _ = self.rnn(x)  # (B, n, d): h_1 .. h_n
         return cast("torch.Tensor", out)
+
+    # ------------------------------------------------------------------------- decoding
+    # Causal as it is: the state is the hidden state h (and an LSTM's cell c), (1, B, d) as
+    # torch's module takes it. A step is the module's own call on a sequence of one token,
+    # which returns new states and leaves the given ones as they were.
+
+    def init_state(self, batch: int, capacity: int) -> dict[str, torch.Tensor]:
+        weight = next(self.rnn.parameters())
+        d = self.rnn.hidden_size
+        names = ("h", "c") if self.kind == "lstm" else ("h",)
+        return {
+            name: torch.zeros(1, batch, d, dtype=weight.dtype, device=weight.device)
+            for name in names
+        }  # each (1, B, d)
+
+    def _run(
+        self, x: torch.Tensor, state: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The module over x (B, m, d) from the state: its outputs (B, m, d), the new state."""
+        if self.kind == "lstm":
+            out, (h, c) = self.rnn(x, (state["h"], state["c"]))  # (B, m, d), (1, B, d) x 2
+            return cast("torch.Tensor", out), {"h": h, "c": c}
+        out, h = self.rnn(x, state["h"])  # (B, m, d), (1, B, d)
+        return cast("torch.Tensor", out), {"h": h}
+
+    def prefill(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The module over the prefix x (B, n, d) in one call; only its last state kept."""
+        return self._run(x, state)[1]
+
+    def step(
+        self, x: torch.Tensor, state: dict[str, torch.Tensor], position: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The token x (B, d): one step of the recurrence, h (and c) updated."""
+        out, new = self._run(x.unsqueeze(1), state)  # (B, 1, d)
+        return out.squeeze(1), new  # (B, d)
 
 
 RECURRENT = Family("recurrent", rank=30, rival=True, chapter=True)
@@ -81,6 +116,20 @@ def _theory(gates: int, gate_work: int, step_values: int, states: int) -> LayerT
             elements(gates, "[b>1]·b·n·d", _unfused_bias),
         ),
         traffic=_traffic(gates, step_values, states),
+        decode=DecodeTheory(
+            "O(d^2)",
+            "O(d)",
+            # One step of the recurrence: the forward's work at n = 1, the input bias added
+            # apart from its product for b > 1 too (counted so at b = 1 and 2).
+            (Term(flops, "b·d²", lambda s: s["b"] * s["d"] * s["d"]),),
+            (values(states, "b·d", lambda s: s["b"] * s["d"]),),
+            "causal as it is: the hidden state" + (" and the cell" if states == 2 else ""),
+            order=lambda s: s["d"] * s["d"],
+            elementwise=(
+                elements(gate_work, "b·d", lambda s: s["b"] * s["d"]),
+                elements(gates, "[b>1]·b·d", lambda s: float(s["b"] > 1) * s["b"] * s["d"]),
+            ),
+        ),
     )
 
 

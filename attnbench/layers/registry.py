@@ -26,7 +26,7 @@ from attnbench.layers.entry import CUSTOM, Family, LayerEntry, LayerOption, Laye
 from attnbench.theory import LayerTheory
 
 # The package's modules that hold the machinery rather than layers.
-_MACHINERY = {"entry", "registry", "plugins", "checks"}
+_MACHINERY = {"entry", "registry", "plugins", "checks", "decoding"}
 
 
 def _builtin_entries() -> list[LayerEntry]:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from attnbench.layers.entry import Family, LayerEntry, LayerOption
-from attnbench.theory import LayerTheory, Sizes, Term, elements, values
+from attnbench.theory import DecodeTheory, LayerTheory, Sizes, Term, elements, values
 
 
 class SelectiveSSM(nn.Module):
@@ -41,15 +40,47 @@ class SelectiveSSM(nn.Module):
         self.W_C = nn.Linear(d, state, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
-        delta = F.softplus(x * self.dt_weight + self.dt_bias)  # (B, n, d)
-        B_t = self.W_B(x)  # (B, n, N)
-        C_t = self.W_C(x)  # (B, n, N)
-        A = -torch.exp(self.A_log)  # (d, N)
-        a = torch.exp(delta.unsqueeze(-1) * A)  # (B, n, d, N): the decay of each state
-        b = (delta * x).unsqueeze(-1) * B_t.unsqueeze(2)  # (B, n, d, N): the input it takes in
+        a, b, C_t = self._coefficients(x)  # (B, n, d, N) x 2, (B, n, N)
         h = associative_scan(a, b) if self.scan else sequential_scan(a, b)  # (B, n, d, N)
         y = (h @ C_t.unsqueeze(-1)).squeeze(-1)  # (B, n, d): Σ_s h[..., s] C_t[s]
-        return cast("torch.Tensor", y + self.D * x)  # (B, n, d)
+        return y + self.D * x  # (B, n, d)
+
+    def _coefficients(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For x (..., d): the decay a and input b of h_t = a ⊙ h_{t-1} + b, each (..., d, N),
+        and the readout C_t (..., N)."""
+        delta = F.softplus(x * self.dt_weight + self.dt_bias)  # (..., d)
+        B_t = self.W_B(x)  # (..., N)
+        C_t = self.W_C(x)  # (..., N)
+        A = -torch.exp(self.A_log)  # (d, N)
+        a = torch.exp(delta.unsqueeze(-1) * A)  # (..., d, N): the decay of each state
+        b = (delta * x).unsqueeze(-1) * B_t.unsqueeze(-2)  # (..., d, N): the input it takes in
+        return a, b, C_t
+
+    # ------------------------------------------------------------------------- decoding
+    # Causal as it is: the state is h (B, d, N), and a step is one update of the recurrence,
+    # for ``ssm-scan`` too (its scan computes the same h for a whole sequence at once). A step
+    # returns a new h and leaves the given one as it was.
+
+    def init_state(self, batch: int, capacity: int) -> dict[str, torch.Tensor]:
+        d, N = self.A_log.shape
+        h = torch.zeros(batch, d, N, dtype=self.A_log.dtype, device=self.A_log.device)
+        return {"h": h}  # (B, d, N)
+
+    def prefill(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """h after the prefix x (B, n, d): the layer's own scan, from the given h."""
+        a, b, _ = self._coefficients(x)  # (B, n, d, N) x 2
+        b[:, 0] += a[:, 0] * state["h"]  # (B, d, N): the first update starts from h
+        h = associative_scan(a, b) if self.scan else sequential_scan(a, b)  # (B, n, d, N)
+        return {"h": h[:, -1].clone()}  # (B, d, N)
+
+    def step(
+        self, x: torch.Tensor, state: dict[str, torch.Tensor], position: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The token x (B, d): h' = a ⊙ h + b, y = h' C + D ⊙ x."""
+        a, b, C_t = self._coefficients(x)  # (B, d, N) x 2, (B, N)
+        h = a * state["h"] + b  # (B, d, N)
+        y = (h @ C_t.unsqueeze(-1)).squeeze(-1)  # (B, d): Σ_s h[:, :, s] C_t[s]
+        return y + self.D * x, {"h": h}  # (B, d)
 
 
 def sequential_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -116,6 +147,30 @@ def _elementwise(scan: bool) -> tuple[Term, ...]:
     return (per_channel, elements(3, "b·n·d·N", _bndN), levels_term, table)
 
 
+def _bdN(s: Sizes) -> float:
+    return s["b"] * s["d"] * s["state"]
+
+
+def _decode(scan: bool) -> DecodeTheory:
+    """One step of the recurrence, for both layers: B_t, C_t and the readout (6·b·d·N), the
+    per-channel work (6·b·d), Δ·A, its exp, (Δ·x)·B and the update a·h + b (5·b·d·N), and
+    A = -exp(A_log) (2·d·N): the forward's work at n = 1."""
+    form = "causal as it is: the state h of the recurrence"
+    return DecodeTheory(
+        "O(d N)",
+        "O(d N)",
+        (Term(6, "b·d·N", _bdN),),
+        (values(1, "b·d·N", _bdN),),
+        form + (", one update a step (not the scan)" if scan else ""),
+        order=lambda s: s["d"] * s["state"],
+        elementwise=(
+            elements(6, "b·d", lambda s: s["b"] * s["d"]),
+            elements(5, "b·d·N", _bdN),
+            elements(2, "d·N", lambda s: s["d"] * s["state"]),
+        ),
+    )
+
+
 def _traffic(scan: bool) -> tuple[Term, ...]:
     """Bytes moved, op by op. Per channel (b·n·d values): Δ's scale, bias and softplus, the
     projections' input, Δ·x, the readout's output, the skip and the output add, 19 in all.
@@ -159,6 +214,7 @@ ENTRIES = (
             path_law=lambda s: float(s["n"]),
             elementwise=_elementwise(scan=False),
             traffic=_traffic(scan=False),
+            decode=_decode(scan=False),
         ),
     ),
     LayerEntry(
@@ -177,6 +233,7 @@ ENTRIES = (
             path_law=_scan_levels,
             elementwise=_elementwise(scan=True),
             traffic=_traffic(scan=True),
+            decode=_decode(scan=True),
         ),
     ),
 )

@@ -40,9 +40,10 @@ from attnbench.measure.counts.structure import (
     sequential_steps,
 )
 from attnbench.measure.counts.traffic import TRAFFIC_METHOD, Traffic, count_traffic
+from attnbench.measure.decode import Decoded, decode_check, held_bytes, judged
 from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
 from attnbench.measure.record import CaseResult
-from attnbench.measure.step import Step, layer_builder, make_step, release_memory
+from attnbench.measure.step import NoDecodeStep, Step, layer_builder, make_step, release_memory
 from attnbench.measure.timing.clocks import device_clock_max
 from attnbench.measure.timing.faults import FaultCounter
 from attnbench.measure.timing.gputimers import Timed, device_split, time_step
@@ -119,11 +120,16 @@ def measure_case(
             )
         elif counter is not None:  # counted in its own process, under Callgrind
             instructions = counter.count(case, seed)
+        decoded = (
+            Decoded(held_bytes(step), decode_check(case, step)) if step.state is not None else None
+        )
+    except NoDecodeStep as exc:  # a layer without a step: a stated skip, the sweep goes on
+        return _failed(case, Status.SKIPPED, exc, threads, clock() - start)
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
         status = Status.OOM if is_out_of_memory(exc) else Status.FAILED
         return _failed(case, status, exc, threads, clock() - start)
-    taken = _Taken(counts, source, memory, timed, instructions, split)
-    return _measured(case, threads, clock() - start, taken, policy)
+    taken = _Taken(counts, source, memory, timed, instructions, split, decoded)
+    return judged(_measured(case, threads, clock() - start, taken, policy))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +143,7 @@ class _Taken:
     timed: Timed | None
     instructions: int | None
     split: tuple[KernelSplit | None, str]
+    decoded: Decoded | None = None
 
 
 def _measured(
@@ -177,6 +184,9 @@ def _measured(
         kernel_method=split[1] if split[0] is None else split[0].method,
         time_method=taken.timed.method if taken.timed is not None else "",
         sm_clock_max_mhz=device_clock_max(case.device) if timing is not None else None,
+        state_bytes=taken.decoded.state_bytes if taken.decoded else None,
+        state_analytic=case.analytic_state(),
+        decode_check=taken.decoded.check if taken.decoded else None,
     )
 
 
@@ -309,6 +319,9 @@ def _called_step(case: Case, seed: int) -> Step:
     return step
 
 
+DECODE_PATH = f"{PATH_NONE}: a decode step; the layer's path length is a forward run's"
+
+
 def trace_counts(
     case: Case, step: Step | None, seed: int, *, fused: frozenset[str] = frozenset(),
     counting: Counting = DEFAULT_COUNTING,
@@ -342,6 +355,8 @@ def trace_counts(
     # The steps just traced at n (batch 1, as the path's own trace) spare a scan's path a trace.
     steps = Provenance.parse(found.seq_steps_method)
     traced = steps.source is Source.TRACED and not steps.cached and case.batch == 1
+    if case.mode == "decode":  # a step's path is the layer's: a forward run measures it
+        return dataclasses.replace(found, path_len_method=DECODE_PATH), source
     reach = entry(case.layer).reach(case.option_values)
     path, path_method = auxiliary(
         lambda: path_length(
@@ -415,7 +430,7 @@ def traced_counts(
     bytes describe forward and backward and the other two the forward pass, so they are
     traced apart, each in its own guard.
     """
-    if mode == "forward":
+    if mode != "train":  # a forward call, or a decode step: one call without gradients
         found = take_census(step.forward)
         errors = found.errors
         return (

@@ -110,6 +110,9 @@ class CaseResult:
     died: bool = False  # its process died in it (not a column: the error says so)
     time_method: str = ""  # what a sample timed (measure.timing.gputimers)
     sm_clock_max_mhz: float | None = None  # the device's maximum SM clock (measure.timing.clocks)
+    state_bytes: int | None = None  # a decode step's state, from its tensors (measure.decode)
+    state_analytic: float | None = None  # the same from the layer's decode theory
+    decode_check: float | None = None  # decoded tokens against the parallel causal output
 
     @property
     def sm_clock_mhz(self) -> float | None:
@@ -161,6 +164,11 @@ class CaseResult:
         """The same check for the bytes moved."""
         return _check(self.bytes, self.bytes_analytic)
 
+    @property
+    def state_check(self) -> str:
+        """The same check for a decode step's state."""
+        return _check(self.state_bytes, self.state_analytic)
+
     def to_row(self) -> dict[str, Any]:
         """The case's row: ``RESULT_COLUMNS`` in order (the case's own columns, its timing's,
         the derived ones, every field named like a column), then its layer's options."""
@@ -171,6 +179,7 @@ class CaseResult:
             "flops_check": self.flops_check,
             "elementwise_check": self.elementwise_check,
             "bytes_check": self.bytes_check,
+            "state_check": self.state_check,
             "intensity": self.intensity,
             "kernel_time_s": self.kernel_time_s,
             "sm_clock_mhz": self.sm_clock_mhz,

@@ -3,6 +3,7 @@ the memory pass of a case all call."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +13,9 @@ import torch
 from torch import nn
 
 from attnbench.devices import DTYPES
+from attnbench.errors import AttnbenchError
+from attnbench.layers.checks import output_problem
+from attnbench.layers.decoding import State, decoder, prefill, state_bytes
 from attnbench.layers.registry import build_layer, entry
 from attnbench.measure.counts.structure import LayerBuilder
 from attnbench.spec import Case
@@ -27,25 +31,39 @@ def make_input(case: Case, seed: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Step:
-    """One measured call of a case's layer on its input (calling it runs the call)."""
+    """One measured call of a case's layer on its input (calling it runs the call).
+
+    In decode mode ``x`` holds the n tokens before and the one stepped (B, n + 1, d), and
+    ``state`` the state after the n (``layers.decoding``), which every call reads as it was.
+    """
 
     layer: nn.Module
     x: torch.Tensor  # (B, n, d)
     call: Callable[[], torch.Tensor]
+    state: State | None = None
 
     def __call__(self) -> torch.Tensor:
         return self.call()
 
     def forward(self) -> torch.Tensor:
-        """A plain forward call (what ``seq_steps`` describes, in either mode)."""
+        """A plain call without gradients (what ``seq_steps`` describes, in any mode): the
+        forward pass, or in decode mode the step itself."""
         with torch.no_grad():
+            if self.state is not None:
+                return self.call()
             return cast("torch.Tensor", self.layer(self.x))
+
+
+class NoDecodeStep(AttnbenchError):
+    """The layer has no step to decode with: its decode cases are skipped, not failed."""
 
 
 def make_step(case: Case, seed: int) -> Step:
     """One measured call: forward, or forward + backward (input and weight gradients)."""
     layer = build_layer(case.layer, case.d, seed=seed, **case.layer_options())
     layer = layer.to(device=case.device, dtype=DTYPES[case.dtype])
+    if case.mode == "decode":
+        return _decode_step(case, layer, seed)
     x = make_input(case, seed)  # (B, n, d)
     if case.mode == "forward":
 
@@ -70,6 +88,44 @@ def make_step(case: Case, seed: int) -> Step:
         return cast("torch.Tensor", out)
 
     return Step(layer, x, train)
+
+
+def _decode_step(case: Case, layer: nn.Module, seed: int) -> Step:
+    """The step of the token after n: the n before prefilled into the state (untimed), then
+    checked once to answer in shape and keep its state's size, as a step must."""
+    found = decoder(layer)
+    if found is None:
+        raise NoDecodeStep(
+            f"layer {case.layer} has no decode step (give its module init_state and step: "
+            "docs/own-layer.md)"
+        )
+    x = make_input(dataclasses.replace(case, n=case.tokens), seed)  # (B, n + 1, d)
+    with torch.no_grad():
+        state = prefill(found, x[:, : case.n], case.tokens)
+    token = x[:, case.n]  # (B, d)
+
+    def decode() -> torch.Tensor:
+        with torch.no_grad():
+            out, _ = found.step(token, state, case.n)
+            return out  # (B, d)
+
+    held = state_bytes(state)
+    with torch.no_grad():
+        out, after = found.step(token, state, case.n)
+    problem = output_problem(out, tuple(token.shape), token.dtype)
+    if problem is not None:
+        raise AttnbenchError(
+            f"layer {case.layer}: its step maps a {tuple(token.shape)} token {problem}; a step "
+            "must map (batch, d) to (batch, d) in the input's dtype"
+        )
+    grown = state_bytes(after)
+    if grown > held:
+        raise AttnbenchError(
+            f"layer {case.layer}: its state grows on every step ({held} bytes at context "
+            f"{case.n}, {grown} after one step at the same position); preallocate it for "
+            "init_state's capacity and write the token's slot in place"
+        )
+    return Step(layer, x, decode, state)
 
 
 def layer_builder(case: Case, seed: int) -> LayerBuilder:

@@ -46,6 +46,13 @@ class RunResults:
         return RunRecord.parse(self.meta)
 
     @property
+    def mode(self) -> str:
+        """What its cases timed: forward, train or decode (``spec.MODES``); a sweep has one."""
+        if "mode" not in self.frame or not self.frame["mode"].notna().any():
+            return "forward"
+        return str(self.frame["mode"].dropna().iloc[0])
+
+    @property
     def calibration_s(self) -> float | None:
         """Median seconds of one calibration GEMM over the whole run; None without samples."""
         if self.calibration.empty:

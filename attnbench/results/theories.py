@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -352,15 +352,24 @@ class Catalog(Mapping[str, LayerEntry]):
         return found
 
 
+def _generation(theory: LayerTheory | None) -> LayerTheory | None:
+    return None if theory is None else theory.generation()
+
+
 def live() -> Catalog:
     """The layers registered in this process (code loaded by the caller): the Python API's
     view of layers registered from Python."""
     return Catalog(dict(REGISTRY))
 
 
-def catalog(layers: Iterable[str], recorded: Mapping[str, Any]) -> Catalog:
+def catalog(layers: Iterable[str], recorded: Mapping[str, Any], mode: str = "forward") -> Catalog:
     """The layers of a run: every built-in layer (their cost models compete on every run), and
-    the run's plugin layers from ``recorded`` (theory.json)."""
+    the run's plugin layers from ``recorded`` (theory.json). A decode run reads each layer's
+    theory of one generation step (``LayerTheory.generation``; a plugin's is not recorded)."""
+    if mode == "decode":
+        found = catalog(layers, recorded)
+        steps = {n: replace(e, theory=_generation(e.theory)) for n, e in found.items()}
+        return Catalog(steps, found.notes)
     entries: dict[str, LayerEntry] = {name: REGISTRY[name] for name in BUILTIN}
     notes = []
     records = recorded.get("layers", {}) if isinstance(recorded, Mapping) else {}

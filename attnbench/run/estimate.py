@@ -42,6 +42,8 @@ def tracing_seconds(
         return _TRACE_CASE_S * len(extend.PROBES) + _TRACE_STEP_S * sum(extend.PROBES)
     theory = entry(case.layer).theory
     steps = theory.sequential_law(case.sizes()) if theory is not None else 1.0
+    if case.mode == "decode":  # one step is traced, however long its context
+        steps = 1.0
     return _TRACE_CASE_S + _TRACE_STEP_S * (steps if steps > 1 else 0.0)
 
 

@@ -1,0 +1,98 @@
+"""A decode case's own checks: the step computes the causal layer, and its state's size.
+
+Correct before fast: the tokens decoded one by one must equal the causal layer's parallel
+output on the same tokens, or a step that computes something else would read as fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from attnbench.layers.decoding import causal_output, decode_all, decoder, state_bytes
+from attnbench.measure.record import CaseResult
+from attnbench.measure.step import Step
+from attnbench.schema import Status
+from attnbench.spec import Case
+
+# Tokens decoded one by one against the parallel output: a prefix, whatever the context, so
+# the check costs little at any n.
+PREFIX = 64
+# Up to this many tokens (the n before and the stepped one) the timed step's own output is
+# also checked against the parallel output at its position: a parallel call above it costs
+# an attention's n x n scores.
+WHOLE = 1024
+# The largest relative difference a step may show, per dtype: float32's rounding over a
+# reordered sum, not a different function.
+TOLERANCE = {"float32": 1e-4, "float64": 1e-10, "float16": 2e-2, "bfloat16": 2e-2}
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest |a - b| over the largest |b|."""
+    scale = b.abs().max().clamp_min(torch.finfo(b.dtype).tiny)
+    return float((a - b).abs().max() / scale)
+
+
+def decode_check(case: Case, step: Step) -> float:
+    """The largest relative difference between the decoded tokens and the causal layer's
+    parallel output: on the first ``PREFIX`` tokens, and for the step the case times where
+    the context is at most ``WHOLE``."""
+    found = decoder(step.layer)
+    if found is None:  # make_step refuses such a layer first
+        raise TypeError(f"{case.layer} has no decode step")
+    x = step.x  # (B, n + 1, d)
+    tokens = min(case.tokens, PREFIX)
+    with torch.no_grad():
+        stepped = decode_all(found, x[:, :tokens])  # (B, m, d)
+        worst = _relative(stepped, causal_output(step.layer, x[:, :tokens]))
+        if case.tokens <= WHOLE:
+            parallel = causal_output(step.layer, x)  # (B, n + 1, d)
+            worst = max(worst, _relative(step(), parallel[:, case.n]))
+    return worst
+
+
+def decode_ok(check: float | None, dtype: str) -> bool | None:
+    """Whether a decode check is within its dtype's tolerance (None: not checked)."""
+    if check is None:
+        return None
+    return check <= TOLERANCE.get(dtype, TOLERANCE["float16"])
+
+
+def held_bytes(step: Step) -> int | None:
+    """The bytes the step's state holds (None outside decode mode)."""
+    return None if step.state is None else state_bytes(step.state)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A decode case's own measurements: its state's bytes and the step's check."""
+
+    state_bytes: int | None
+    check: float
+
+
+def judged(result: CaseResult) -> CaseResult:
+    """A decode case whose step does not compute the causal layer is failed, its
+    measurements kept: a step that computes something else must not pass as fast."""
+    if decode_ok(result.decode_check, result.case.dtype) is not False:
+        return result
+    return replace(
+        result,
+        status=Status.FAILED,
+        error=f"its decoded tokens differ from the causal layer's parallel output by "
+        f"{result.decode_check:.2g} (relative; {result.case.dtype} allows "
+        f"{TOLERANCE.get(result.case.dtype, TOLERANCE['float16']):g})",
+    )
+
+
+__all__ = [
+    "PREFIX",
+    "TOLERANCE",
+    "WHOLE",
+    "Decoded",
+    "decode_check",
+    "decode_ok",
+    "held_bytes",
+    "judged",
+]
