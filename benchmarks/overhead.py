@@ -62,9 +62,9 @@ def run_table(folder: Path) -> None:
 def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
     from attnbench.measure import case as measured
     from attnbench.measure.counts import extend
+    from attnbench.measure.counts.chains import sequential_steps
     from attnbench.measure.counts.elementwise import count_elementwise
     from attnbench.measure.counts.flops import trace_flops
-    from attnbench.measure.counts.structure import sequential_steps
     from attnbench.measure.counts.traffic import count_traffic
     from attnbench.measure.timing.loop import TimingPolicy, time_call
     from attnbench.spec import build_grid

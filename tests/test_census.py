@@ -10,9 +10,9 @@ from attnbench import layer_names
 from attnbench.measure.case import measure_case, traced_counts
 from attnbench.measure.counts import census as census_module
 from attnbench.measure.counts.census import take_census
+from attnbench.measure.counts.chains import sequential_steps
 from attnbench.measure.counts.elementwise import count_elementwise
 from attnbench.measure.counts.flops import trace_flops
-from attnbench.measure.counts.structure import sequential_steps
 from attnbench.measure.counts.traffic import count_traffic
 from attnbench.measure.step import make_step
 from attnbench.measure.timing.loop import TimingPolicy

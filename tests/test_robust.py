@@ -462,7 +462,7 @@ DAMAGE: dict[str, tuple[str, str, str]] = {
     "run_json_truncated": (RUN_FILE, '{"schema_version": 1, "con', "unreadable or corrupt"),
     "run_json_not_object": (RUN_FILE, "[1, 2]", "not an attnbench run record"),
     "run_json_other_tool": (RUN_FILE, '{"tool": "asv"}', "not an attnbench run record"),
-    "run_json_schema": (RUN_FILE, '{"schema_version": 3}', "schema version 3"),
+    "run_json_schema": (RUN_FILE, '{"schema_version": 99}', "schema version 99"),
     "results_columns": (RESULTS_FILE, "case_id,layer\nx,conv\n", "lacks column"),
     "results_binary": (RESULTS_FILE, "\udcff\udcfe\x00garbage", "corrupt"),
     "samples_columns": (SAMPLES_FILE, "case,when\n", "lacks column"),

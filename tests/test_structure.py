@@ -13,16 +13,15 @@ from torch import nn
 from attnbench import build_layer
 from attnbench.layers.dilated import dilated_depth
 from attnbench.measure.counts import structure
+from attnbench.measure.counts.chains import ChainTracer, sequential_steps
 from attnbench.measure.counts.structure import (
     PATH_MEASURE_MAX,
     LayerBuilder,
-    _ChainTracer,
     dependency_pattern,
     path_from_pattern,
     path_length,
     probe_lengths,
     route_of,
-    sequential_steps,
 )
 
 D = 8
@@ -101,7 +100,7 @@ def test_fused_lstm_counts_the_same_steps_as_an_unfused_loop() -> None:
         x = torch.randn(1, n, D)
         fused = sequential_steps(lambda x=x: lstm(x)[0])
         assert fused == sequential_steps(lambda x=x: unrolled(x))
-        naive = _ChainTracer()  # the same trace with the fused kernel left on sees one op
+        naive = ChainTracer()  # the same trace with the fused kernel left on sees one op
         with torch.no_grad(), naive:
             out = lstm(x)[0]
         assert naive.depth.get(out) == 1 < fused
@@ -502,3 +501,39 @@ def test_the_probe_cache_is_bounded_and_keyed_by_the_layers_code(monkeypatch) ->
     # "a" was read again before "c" came, so "b" went first; "b" is computed again at the end
     assert computed == ["a", "b", "c", "b"]
     assert list(structure._PROBE_CACHE) == [("route", "c", 8, (4,)), ("route", "b", 8, (4,))]
+
+
+def test_a_chain_continues_through_a_write_into_a_buffer() -> None:
+    """A value written in place into a decode step's state buffer, then read back through a
+    view of it, is one chain: a dilated step's levels each read what the one before wrote into
+    its ring. A buffer that is not the state is followed as before (an unfused LSTM cell's
+    in-place writes into disjoint chunks of its gates are not one another's inputs)."""
+    x = torch.randn(4)
+    buffer = torch.zeros(2, 4)
+
+    def through_buffer() -> torch.Tensor:
+        h = x
+        for _ in range(5):
+            buffer[1] = torch.tanh(h)  # written in place
+            h = buffer[1] * 2  # read back through a view
+        return h
+
+    assert sequential_steps(through_buffer, buffers=(buffer,)) >= 10
+    assert sequential_steps(through_buffer) <= 2
+
+
+def test_a_dilated_decode_step_is_as_deep_as_its_stack() -> None:
+    """The dilated stack's step runs its L levels one after the other: its chain grows with L
+    (log_k of the context), where a plain conv's step does not."""
+    from attnbench.layers import build_layer
+    from attnbench.layers.decoding import prefill
+
+    def steps(name: str, n: int) -> int:
+        layer = build_layer(name, 8, n=n + 1)
+        x = torch.randn(1, n + 1, 8)
+        with torch.no_grad():
+            state = prefill(layer, x[:, :n], n + 1)
+        return sequential_steps(lambda: layer.step(x[:, n], state, n)[0], tuple(state.values()))
+
+    assert steps("conv-dilated", 8) < steps("conv-dilated", 64) < steps("conv-dilated", 512)
+    assert steps("conv", 8) == steps("conv", 512)

@@ -20,6 +20,7 @@ from attnbench.errors import AttnbenchError, first_line
 from attnbench.layers.registry import entry
 from attnbench.measure.counts import countcache, extend
 from attnbench.measure.counts.census import take_census
+from attnbench.measure.counts.chains import sequential_steps
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.counts.elementwise import ELEMENTWISE_METHOD, count_elementwise
 from attnbench.measure.counts.flops import FlopCount, trace_flops
@@ -37,7 +38,6 @@ from attnbench.measure.counts.structure import (
     PATH_NONE,
     SEQ_METHOD,
     path_length,
-    sequential_steps,
 )
 from attnbench.measure.counts.traffic import TRAFFIC_METHOD, Traffic, count_traffic
 from attnbench.measure.decode import Decoded, decode_check, held_bytes, judged
@@ -124,7 +124,7 @@ def measure_case(
             Decoded(held_bytes(step), decode_check(case, step)) if step.state is not None else None
         )
     except NoDecodeStep as exc:  # a layer without a step: a stated skip, the sweep goes on
-        return _failed(case, Status.SKIPPED, exc, threads, clock() - start)
+        return CaseResult(case, Status.SKIPPED, threads, wall_s=clock() - start, error=str(exc))
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
         status = Status.OOM if is_out_of_memory(exc) else Status.FAILED
         return _failed(case, status, exc, threads, clock() - start)
@@ -431,7 +431,7 @@ def traced_counts(
     traced apart, each in its own guard.
     """
     if mode != "train":  # a forward call, or a decode step: one call without gradients
-        found = take_census(step.forward)
+        found = take_census(step.forward, tuple((step.state or {}).values()))
         errors = found.errors
         return (
             found.flops,

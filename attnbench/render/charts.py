@@ -33,6 +33,7 @@ from attnbench.render.machine import roofline_chart, time_split_chart
 from attnbench.render.parallel import draw_in_two
 from attnbench.render.style import (
     Panel,
+    in_decode_words,
     last,
     layer_style,
     legend,
@@ -341,7 +342,7 @@ def build_charts(
     for name in names or CHARTS:
         figure = builders[name]()
         if figure is not None:
-            figures[name] = figure
+            figures[name] = in_decode_words(figure) if run.mode == "decode" else figure
     return figures
 
 

@@ -275,3 +275,26 @@ def time_key(cell: Axes, models: bool, kernels: bool) -> None:
         title_fontsize=9,
         frameon=False,
     )
+
+
+# A decode run's call is one generated token, and its n the context the step sees.
+_DECODE_WORDS = {
+    "sequence length n": "context n (tokens before the step)",
+    "time per call": "time per generated token",
+    "Time per call": "Time per generated token",
+    "against sequence length": "against context length",
+    "per call": "per step",
+}
+
+
+def in_decode_words(figure: Figure) -> Figure:
+    """The figure's titles, labels and legends in a decode run's words (each text keeps its
+    style: only its words change)."""
+    from matplotlib.text import Text
+
+    for text in figure.findobj(Text):
+        words = text.get_text()
+        for word, decode in _DECODE_WORDS.items():
+            words = words.replace(word, decode)
+        text.set_text(words)
+    return figure

@@ -206,7 +206,8 @@ def load_history(history: Path, *, repo: Path = Path(".")) -> LoadedHistory:
             "file": str(path),
             **{key: entry["series"].get(key) for key in SERIES_KEYS},
         }
-        rows += [{**base, **case} for case in entry["cases"]]
+        # every metric a column, empty where a case holds none (a forward run's state)
+        rows += [{**base, **dict.fromkeys(EXACT_FIELDS), **case} for case in entry["cases"]]
     if not rows:
         raise AttnbenchError(f"history {str(history)!r} holds no runs (attnbench history add)")
     frame = pd.DataFrame(rows)

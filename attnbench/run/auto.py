@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from attnbench.devices import available_bytes, device_kind
+from attnbench.devices import DTYPES, available_bytes, device_kind
 from attnbench.measure.record import CaseResult
 from attnbench.regime import REGIME_BAND, REGIME_SIZES, settled_sizes
 from attnbench.run.rounds import cost_of
@@ -147,7 +147,7 @@ class AutoPlan:
                 "time_s": result.timing.median_s,
                 "flops": result.flops,
                 "elementwise": result.elementwise,
-                "peak_bytes": result.peak_bytes,
+                "peak_bytes": _held(result),
                 "wall_s": result.wall_s,
                 "time_total_s": result.timing.total_s,
             },
@@ -303,6 +303,17 @@ class AutoPlan:
             ),
             "lines": lines,
         }
+
+
+def _held(result: CaseResult) -> int | None:
+    """The memory a case needs at its peak: its call's, and in decode mode what its process
+    holds for the step besides (the state, and the input of its n + 1 tokens), which grow
+    with n where a step's own peak does not."""
+    if result.peak_bytes is None or result.case.mode != "decode":
+        return result.peak_bytes
+    case = result.case
+    tokens = case.batch * case.tokens * case.d * DTYPES[case.dtype].itemsize
+    return result.peak_bytes + (result.state_bytes or 0) + tokens
 
 
 def _with_n(case: Case, n: int) -> Case:

@@ -12,17 +12,18 @@ allocation failure, ends the case, as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from attnbench.errors import first_line
+from attnbench.measure.counts.chains import ChainTracer
 from attnbench.measure.counts.elementwise import ElementCounter
 from attnbench.measure.counts.flops import FlopCount, FlopCounter, formulas
 from attnbench.measure.counts.ops import Args, Kw, TracingMode, unfused
-from attnbench.measure.counts.structure import PATH_NONE, _ChainTracer
+from attnbench.measure.counts.structure import PATH_NONE
 from attnbench.measure.counts.traffic import Traffic, TrafficCounter
 from attnbench.measure.memory import is_out_of_memory
 
@@ -66,13 +67,16 @@ class _CensusMode(TracingMode):
         return out
 
 
-def take_census(forward: Callable[[], torch.Tensor]) -> Census:
-    """Trace one forward call once, with the fused paths off and gradients off, and count."""
+def take_census(
+    forward: Callable[[], torch.Tensor], buffers: Sequence[torch.Tensor] = ()
+) -> Census:
+    """Trace one forward call (or a decode step, writing into its state's ``buffers``) once,
+    with the fused paths off and gradients off, and count."""
     observers: dict[str, Any] = {
         "flops": FlopCounter(formulas()),
         "elementwise": ElementCounter(),
         "traffic": TrafficCounter(),
-        "steps": _ChainTracer(),
+        "steps": ChainTracer(buffers),
     }
     mode = _CensusMode(observers)
     with unfused(), torch.no_grad(), mode:

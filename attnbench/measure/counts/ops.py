@@ -431,3 +431,16 @@ def fused_names(text: str) -> set[str]:
     """The op names a ``fused_path`` or ``backend`` text (``describe_fused``,
     ``describe_backend``) lists, read back."""
     return {part.split(" (")[0].strip() for part in text.split(";") if part.strip()}
+
+
+def storage_of(t: torch.Tensor) -> int:
+    """The storage a tensor's views share, as a key."""
+    return int(t.untyped_storage().data_ptr())
+
+
+def writes_in_place(func: Any) -> bool:
+    """Whether the op writes into one of its arguments (in place, or an out= tensor)."""
+    schema = getattr(func, "_schema", None)
+    return schema is not None and any(
+        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
+    )

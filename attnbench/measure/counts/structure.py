@@ -37,10 +37,10 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.weak import WeakTensorKeyDictionary
 
 from attnbench.devices import available_bytes
-from attnbench.measure.counts.ops import ObservingMode, is_view, tensors, unfused
+from attnbench.measure.counts.chains import sequential_steps
+from attnbench.measure.counts.ops import unfused
 from attnbench.measure.counts.patterns import BlockBand, shape_of
 from attnbench.measure.memory import peak_bytes
 from attnbench.provenance import Source
@@ -79,30 +79,6 @@ PATH_NONE = "none"  # above PATH_MEASURE_MAX with no law proven: no value
 
 
 # ----------------------------------------------------------------------------- sequential steps
-
-
-class _ChainTracer(ObservingMode):
-    """Gives every tensor the length of the longest op chain that produced it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.depth: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
-
-    def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        inputs = tensors((args, kwargs))
-        if inputs:
-            base = max(self.depth.get(t, 0) for t in inputs)
-            depth = base if is_view(func) else base + 1
-            for t in tensors(out):
-                self.depth[t] = depth
-
-
-def sequential_steps(fn: Callable[[], torch.Tensor]) -> int:
-    """Length of the longest chain of dependent ops behind ``fn()``'s output (one forward call)."""
-    tracer = _ChainTracer()
-    with unfused(), torch.no_grad(), tracer:
-        out = fn()
-    return int(tracer.depth.get(out, 0))
 
 
 # ----------------------------------------------------------------------------- path length
