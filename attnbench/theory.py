@@ -95,6 +95,7 @@ class DecodeTheory:
     order: SizeFn = _one
     sequential: str = "O(1)"  # sequential operations of one step
     elementwise: tuple[Term, ...] | None = None
+    sequential_law: SizeFn = _one  # the step's sequential steps, up to a constant
 
     def flops(self, sizes: Sizes) -> float:
         """FLOPs of one step at context n."""
@@ -173,6 +174,7 @@ class LayerTheory:
             sequential=step.sequential,
             path="–",
             order=step.order,
+            sequential_law=step.sequential_law,
             elementwise=step.elementwise,
             decode=step,
         )

@@ -7,7 +7,9 @@ made here from a run under results/:
   ``results/cpu-reference`` (the default grid);
 - ``comparison-table``: ``attnbench table --markdown`` of ``results/cpu-auto`` (the chapter's
   table, measured where each layer's work shows);
-- ``wide-table``: the same of ``results/cpu-wide`` (n = 32..2048 at three widths).
+- ``wide-table``: the same of ``results/cpu-wide`` (n = 32..2048 at three widths);
+- ``decode-table``: the same of ``results/cpu-decode`` (the table for generation, --mode
+  decode --n auto).
 
     python benchmarks/readme_tables.py           # print the tables
     python benchmarks/readme_tables.py --write   # put them into the pages
@@ -27,8 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Each page, and the tables it holds.
 PAGES = {
-    ROOT / "README.md": ("reference-table", "comparison-table"),
+    ROOT / "README.md": ("reference-table", "comparison-table", "decode-table"),
     ROOT / "docs" / "getting-started.md": ("reference-table", "wide-table"),
+    ROOT / "docs" / "generation.md": ("decode-table",),
 }
 
 
@@ -69,6 +72,7 @@ def tables() -> dict[str, str]:
         "reference-table": reference_table(results / "cpu-reference"),
         "comparison-table": comparison_table(results / "cpu-auto"),
         "wide-table": comparison_table(results / "cpu-wide"),
+        "decode-table": comparison_table(results / "cpu-decode"),
     }
 
 

@@ -47,8 +47,35 @@ def test_every_built_in_layer_has_a_style_of_its_own():
 
 @pytest.mark.slow
 def test_every_chart_is_built_for_a_full_run(figures):
-    assert list(figures) == list(CHARTS)
+    # every chart a forward run has data for: the state is a decode run's
+    assert list(figures) == [name for name in CHARTS if name != "state"]
     assert all(isinstance(f, Figure) for f in figures.values())
+
+
+def test_a_decode_runs_charts_speak_of_tokens_and_draw_the_state_on_its_formula():
+    """The committed decode run: time per generated token against the context, with the
+    orders of one step as guides (flat and n), and the state's bytes on its formula."""
+    from pathlib import Path
+
+    from attnbench.results.loader import load_results
+
+    run = load_results(Path(__file__).resolve().parents[1] / "results" / "cpu-decode")
+    found = build_charts(run, analyse(run), ["time", "state"])
+    time_ax = found["time"].get_axes()[0]
+    assert "per generated token" in time_ax.get_ylabel()
+    assert "context" in time_ax.get_xlabel()
+    guides = [t.get_text() for t in time_ax.texts]
+    assert "∝ 1" in guides and "∝ n" in guides and "∝ n²" not in guides
+    state_ax = found["state"].get_axes()[0]
+    measured = {line.get_label().split()[0]: line for line in solid(state_ax)}
+    attention = measured["attention"]
+    formula = [line for line in dashed(state_ax) if line.get_color() == attention.get_color()]
+    assert formula, "the state's formula is drawn"
+    ns, held = attention.get_data()
+    # the formula's line passes through the measured bytes: 2·(n+1)·d float32 values
+    assert list(held) == [2 * (n + 1) * 64 * 4 for n in ns]
+    fx, fy = formula[0].get_data()
+    assert np.allclose(np.interp(ns, fx, fy), held, rtol=1e-6)
 
 
 def test_time_chart_has_a_panel_per_d_with_medians_bands_and_models(figures, wide_run):

@@ -175,6 +175,14 @@ class Analysis:
     # the floor under the model's error; empty where the run did not keep rounds.
     rounds: pd.Series = field(default_factory=lambda: pd.Series(dtype=float))
 
+    @property
+    def mode(self) -> str:
+        """What the run's calls were: forward, train or decode (one generation step)."""
+        frame = self.frame
+        if "mode" not in frame or not len(frame):
+            return "forward"
+        return str(frame["mode"].iloc[0])
+
     def machine_table(self) -> pd.DataFrame:
         """Per layer: cases, the bound of most of them, how far the machine model (nothing
         fitted) and the all-layer NNLS fit are from the measured times (relative RMS), the

@@ -148,8 +148,11 @@ def theory_values(
             # both. A theory that states no elementwise work reads its FLOPs.
             values.append(theory.flops(case) + (theory.elements(case) or 0.0))
         elif law == "state":
-            step = theory.decode
-            values.append(math.nan if step is None else step.state_values(case))
+            step, dtype_of = theory.decode, DTYPES.get(str(dtype))
+            if step is None or dtype_of is None:
+                values.append(math.nan)
+            else:
+                values.append(step.state_values(case) * dtype_of.itemsize)
         elif law == "traffic":
             dtype_of = DTYPES.get(str(dtype))
             moved = None if dtype_of is None else theory.bytes(case, dtype_of.itemsize)

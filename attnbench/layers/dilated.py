@@ -188,6 +188,7 @@ ENTRIES = (
                 order=lambda s: _step_depth(s) * s["k"] * s["d"] * s["d"],
                 sequential="O(log_k n)",
                 elementwise=(),  # the bias is added inside each convolution
+                sequential_law=_step_depth,  # its L levels, one after the other
             ),
         ),
         needs_length=True,

@@ -153,7 +153,7 @@ def _time_chart(
         legend(ax)
         if panel.chapter and along == "n":
             ax.set_title(f"{ax.get_title()}\n{_claim(analysis, panel)}", fontsize=9)
-            order_guides(ax, at)
+            order_guides(ax, at, decode=analysis.mode == "decode")
     # The key names the dashed and dotted lines only where some were drawn: in a spare cell of
     # the grid, or once under the title.
     cell = spare_cell(fig, [ax for _, _, ax in cells]) if len(cells) > 1 else None

@@ -313,9 +313,13 @@ def crossover_display(analysis: Analysis) -> pd.DataFrame:
             "versus": c["versus"],
             "measured n": c["measured"],
             "theory: FLOP formulas": c["theory_flops"],
-            "theory: orders (n²d vs nd², knd²)": c["theory_order"],
+            _ORDERS_DECODE if analysis.mode == "decode" else _ORDERS: c["theory_order"],
         }
     )
+
+
+_ORDERS = "theory: orders (n²d vs nd², knd²)"
+_ORDERS_DECODE = "theory: orders per token (nd vs d², kd²)"
 
 
 def model_notes(analysis: Analysis) -> list[str]:
@@ -367,13 +371,23 @@ def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: P
         ),
     ]
     table = comparison_table(run, analysis)
-    blocks += [
-        Block("h2", "Comparison table"),
-        Block(
-            "p",
+    heading, says = (
+        (
+            "Table for generation",
+            "The chapter's table for generation, one token at context n: each layer's "
+            "per-token order beside the log-log exponent measured in this run (the step's "
+            "time; the state's bytes, from its tensors; the step's traced steps).",
+        )
+        if run.mode == "decode"
+        else (
+            "Comparison table",
             "The chapter's table, each theoretical order beside the log-log exponent measured "
             "in this run (time at fixed d and at fixed n; traced steps; Jacobian path length).",
-        ),
+        )
+    )
+    blocks += [
+        Block("h2", heading),
+        Block("p", says),
         Block("table", table=display(table)),
         Block("list", items=tuple(fit_notes(table, run))),
     ]

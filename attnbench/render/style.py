@@ -230,16 +230,19 @@ def small_multiples(
     return fig, [(fixed, panel, ax) for ax, (fixed, panel) in zip(axes, flat, strict=True)]
 
 
-def order_guides(ax: Axes, at: pd.DataFrame) -> None:
+def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> None:
     """Faint slopes of n and n² from the panel's fastest first point, so the chapter's two
-    orders can be read off the lines at a glance (the fits' exponents are in the legend)."""
+    orders can be read off the lines at a glance (the fits' exponents are in the legend); in a
+    decode run, the orders of one step: flat, and n."""
     n0, n1 = float(at["n"].min()), float(at["n"].max())
     t0, top = float(at.loc[at["n"] == n0, "time_s"].min()), float(at["time_s"].max())
     if not (n1 > n0 and top > t0 > 0):
         return
-    for power, name in ((1, "∝ n"), (2, "∝ n²")):
+    orders = ((0, "∝ 1"), (1, "∝ n")) if decode else ((1, "∝ n"), (2, "∝ n²"))
+    for power, name in orders:
         # up to the panel's longest time: a guide never widens the shared scale
-        ns = np.array([n0, min(n1, n0 * (top / t0) ** (1 / power))])
+        reach = n0 * (top / t0) ** (1 / power) if power else n1
+        ns = np.array([n0, min(n1, reach)])
         ys = t0 * (ns / n0) ** power
         ax.plot(ns, ys, color="0.6", lw=0.8, ls="-.", label=f"_{name}", zorder=0)
         ax.annotate(name, (ns[-1], ys[-1]), fontsize=8, color="0.45", ha="right", va="bottom")
