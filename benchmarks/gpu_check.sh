@@ -10,12 +10,12 @@
 # Steps, most needed first: environment; a smoke sweep of each timer (the script stops if the
 # default one fails at once); the three timers against torch.utils.benchmark and Triton;
 # `ab` A/A up to five times, then attention against attention-sdpa; the auto grid (the GPU's
-# default) with the clocks on record; the same cases timed in fresh processes (their spread);
+# default) with the clocks on record; generation (--mode decode, auto); the same cases timed in fresh processes (their spread);
 # `attnbench machine`; the `cuda` tests; a grid under the kernels timer.
 set -u
 OUT=${OUT:?set OUT to the folder the results go to}
 DEADLINE=${DEADLINE:-540}
-STEPS=${STEPS:-env,smoke,agreement,ab,auto,spread,machine,tests,kernels}
+STEPS=${STEPS:-env,smoke,agreement,ab,auto,decode,spread,machine,tests,kernels}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg ATTNBENCH_CACHE_DIR=/tmp/abcache
 PY=${PY:-python3}
 DEV=${DEV:-cuda}
@@ -114,6 +114,9 @@ step splittests 60 $PY -m pytest -q -m cuda -p no:cacheprovider -rfE -k \
   "kernels_share or splits_its_time or captured or kernels_timer or cold_timer or sm_clock" \
   tests/test_cuda.py
 step auto ${AUTO_LIMIT:-175} $AB sweep --device $DEV --auto-budget ${AUTO_BUDGET:-120} --out $R/gpu-auto
+# generation: every layer one token at a time, each doubled until its step's rate settles
+step decode ${DECODE_LIMIT:-120} $AB sweep --device $DEV --mode decode --n auto \
+  --auto-budget ${DECODE_BUDGET:-90} --out $R/gpu-decode
 step spread 45 $PY benchmarks/process_spread.py --device $DEV --processes 4
 step machine 50 bash -c "$AB machine --device $DEV --json > $R/machine-float32.json && \
   head -c 400 $R/machine-float32.json"

@@ -442,3 +442,13 @@ def test_the_time_chart_of_every_layer_has_a_panel_per_kin(wide_run):
         "the layer's fitted cost model",
     ]
     assert "dashed" not in fig.get_suptitle()
+
+
+def test_a_run_that_counted_instructions_draws_no_time_chart(wide_run):
+    """--metric instructions times nothing: the time chart is left out (it failed the whole
+    plot on a log scale of nothing), the other charts are drawn."""
+    frame = wide_run.frame.copy()
+    frame["time_s"] = float("nan")
+    counted = dataclasses.replace(wide_run, frame=frame)
+    found = build_charts(counted, analyse(counted), ["time", "flops"])
+    assert list(found) == ["flops"]

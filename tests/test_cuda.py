@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from attnbench.devices import device_sync
-from attnbench.layers import layer_names
+from attnbench.layers import BUILTIN, layer_names
 from attnbench.measure.case import measure_case
 from attnbench.measure.machine.probes import Probes, measure_ceilings
 from attnbench.measure.memory import peak_bytes
@@ -108,6 +108,18 @@ def test_every_layer_measures_on_cuda_and_counts_as_on_the_cpu(layer: str, mode:
     assert (result.seq_steps, result.path_len) == (cpu.seq_steps, cpu.path_len)
     if mode == "forward":  # every forward count matched its formula on the H200, rnn's bytes
         assert result.bytes == cpu.bytes  # too once cuDNN's recurrences were counted on the CPU
+
+
+@pytest.mark.parametrize("layer", BUILTIN)
+def test_every_layer_decodes_on_cuda_as_on_the_cpu(layer: str) -> None:
+    """--mode decode on the GPU: the state lives on it, and the step counts, holds and
+    decodes as on the CPU."""
+    result = measure_case(case_of(layer, 1024, 64, mode="decode"), policy=SHORT)
+    cpu = measure_case(case_of(layer, 1024, 64, device="cpu", mode="decode"), policy=SHORT)
+    assert result.status == "ok", result.error
+    assert (result.flops, result.state_bytes) == (cpu.flops, cpu.state_bytes)
+    assert result.state_check == "ok" and result.decode_check is not None
+    assert result.decode_check < 1e-4
 
 
 def test_bfloat16_runs_on_cuda() -> None:

@@ -358,3 +358,20 @@ def test_init_state_follows_the_layers_dtype() -> None:
         assert found is not None
         state = found.init_state(B, 8)
         assert all(t.dtype == torch.float64 for t in state.values()), name
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_the_state_and_the_step_stay_on_the_layers_device(name: str) -> None:
+    """On a GPU the state must live where the layer does: every built-in layer made on the
+    meta device (no values, every op's shapes and devices) makes its state there and steps
+    there, prefill included, as on CUDA (tests/test_cuda.py runs it for real)."""
+    layer: nn.Module = _layer(name, 9).to("meta")
+    found = decoder(layer)
+    assert found is not None
+    x = torch.empty(B, 9, 16, device="meta")  # (B, n + 1, d)
+    with torch.no_grad():
+        state = prefill(found, x[:, :8], 9)
+        out, after = found.step(x[:, 8], state, 8)
+    assert all(t.device.type == "meta" for t in state.values()), name
+    assert all(t.device.type == "meta" for t in after.values()), name
+    assert out.device.type == "meta" and tuple(out.shape) == (B, 16)

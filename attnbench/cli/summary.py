@@ -133,9 +133,9 @@ def _time_notes(run: RunResults, console: Console) -> None:
             "tables of figures, fits and charts leave them out"
         )
     measured = run.measured
-    imprecise = measured[
-        is_imprecise(measured["time_s"], measured["time_ci_low_s"], measured["time_ci_high_s"])
-    ]
+    timed = measured[numeric_column(measured, "time_s").notna()]  # not counted in instructions
+    low, high = timed["time_ci_low_s"], timed["time_ci_high_s"]
+    imprecise = timed[is_imprecise(timed["time_s"], low, high)]
     if len(imprecise):
         console.print(
             f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a time known only to "

@@ -123,8 +123,8 @@ def _time_chart(
 ) -> Figure | None:
     frame = analysis.frame
     fixed_values = [v for v in last(frame[other]) if frame[frame[other] == v][along].nunique() > 1]
-    if not fixed_values:
-        return None
+    if not fixed_values or not numeric_column(frame, "time_s").notna().any():
+        return None  # too few sizes, or a run that counted instructions instead of timing
     fig, cells = small_multiples(analysis.layers, frame, other, fixed_values, title)
     models = kernels = 0
     for fixed, panel, ax in cells:
