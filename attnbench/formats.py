@@ -3,13 +3,14 @@ way: a file carries its format's version and loading migrates it step by step).
 
 What an older attnbench wrote, and how each shape becomes today's:
 
-- **A results folder** carries ``schema_version`` in run.json. Version 3 added the decode
-  step's columns (``V2_LATER_RESULTS``), which a version-2 folder gets empty. Version 1 grew
-  columns and entries over its life without a new version, so a version-1 folder may lack any of the
+- **A results folder** carries ``schema_version`` in run.json. Version 4 added the
+  compile's columns (``V3_LATER_RESULTS``: a version-3 folder's cases were eager), version 3
+  the decode step's (``V2_LATER_RESULTS``), each filled empty. Version 1 grew columns and
+  entries over its life without a new version, so a version-1 folder may lack any of the
   columns listed in ``V1_LATER_RESULTS``, the samples' later columns, the calibration file,
   a theory's traffic terms, and several run.json entries. ``migrate_run`` fills each with what
-  "not recorded" reads as, and stamps the folder ``FORMAT_VERSION``; version 2 is written
-  whole, so a folder of today's version that lacks a column is damaged, not old.
+  "not recorded" reads as, and stamps the folder ``FORMAT_VERSION``; a folder of today's
+  version that lacks a column is damaged, not old.
 - **A ceilings file** (or run.json's ceilings) from before the rate curves holds one rate for a
   convolution and one for a fused attention: ``migrate_ceilings`` reads each as a one-point
   curve, and gives the entries added since their "not measured".
@@ -31,7 +32,7 @@ import pandas as pd
 from attnbench.errors import AttnbenchError
 from attnbench.schema import CALIBRATION_COLUMNS
 
-FORMAT_VERSION = 3  # of a results folder, in run.json's ``schema_version``
+FORMAT_VERSION = 4  # of a results folder, in run.json's ``schema_version``
 
 # The columns of results.csv added during version 1 (its first release wrote the others).
 V1_LATER_RESULTS = (
@@ -58,6 +59,11 @@ V1_LATER_SAMPLES = {
 # run.json's allocator entry of a run made before it was recorded: glibc's defaults, unnamed.
 # The columns version 3 added: a decode step's state and its check (--mode decode).
 V2_LATER_RESULTS = ("state_bytes", "state_analytic", "state_check", "decode_check")
+# The columns version 4 added: --compile's (every case before it was eager).
+V3_LATER_RESULTS = (
+    "compiled", "compile_s", "compile_cache", "compile_graphs", "compile_breaks",
+    "compile_break_reasons", "compile_recompiles", "compile_check",
+)  # fmt: skip
 UNRECORDED_ALLOCATOR = {"state": "unrecorded", "mechanism": "", "libc": ""}
 
 
@@ -157,7 +163,19 @@ def _v2_to_v3(raw: RawRun) -> RawRun:
     return replace(raw, meta=meta, results=results)
 
 
-_STEPS = (_v1_to_v2, _v2_to_v3)  # _STEPS[v - 1] takes version v to v + 1
+def _v3_to_v4(raw: RawRun) -> RawRun:
+    results = raw.results.copy()
+    unrecorded = [c for c in V3_LATER_RESULTS if c not in results.columns]
+    for column in unrecorded:
+        results[column] = ""
+    meta = dict(raw.meta)
+    # every case of such a run was eager: its compile columns are empty, not unknown
+    meta["unrecorded"] = [*meta.get("unrecorded", []), *(c for c in unrecorded if c != "compiled")]
+    meta["schema_version"] = 4
+    return replace(raw, meta=meta, results=results)
+
+
+_STEPS = (_v1_to_v2, _v2_to_v3, _v3_to_v4)  # _STEPS[v - 1] takes version v to v + 1
 assert len(_STEPS) == FORMAT_VERSION - 1
 
 

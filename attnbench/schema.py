@@ -125,6 +125,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("device", "text", _CASE, "the device the case was asked for"),
     Column("mode", "text", _CASE,
            "forward, train (forward + backward) or decode (one generation step after n tokens)"),
+    Column(
+        "compiled", "text", _CASE,
+        "torch.compile's arguments the layer was compiled with (--compile: its mode, and "
+        "dynamic, static or fullgraph); empty: eager",
+    ),
     Column("threads", "int", _MEASURE, "CPU threads torch used"),
     Column("status", "text", _MEASURE, "ok, oom, timeout, skipped or failed (STATUSES)"),
     Column(
@@ -365,6 +370,42 @@ COLUMNS: tuple[Column, ...] = (
         "layer's parallel output on the same tokens (a prefix, and the timed step where n is "
         "at most 1023), relative to the output's largest value; over the dtype's tolerance "
         "(1e-4 in float32) the case fails, its measurements kept",
+    ),
+    Column(
+        "compile_s", "float", _MEASURE,
+        "--compile: seconds of the first call, the compile included, timed once apart from the "
+        "samples (in the first round's process)",
+    ),
+    Column(
+        "compile_cache", "text", _MEASURE,
+        "--compile: hit where inductor's on-disk cache held the compiled graphs (compile_s is "
+        "then a load, not a compile), miss where it compiled them, empty where it did not say",
+    ),
+    Column(
+        "compile_graphs", "int", _MEASURE,
+        "--compile: graphs dynamo compiled in the first two calls (a layer whose first call "
+        "changes its own state, as a positional table grown on demand, is compiled again on "
+        "the second)",
+    ),
+    Column(
+        "compile_breaks", "int", _MEASURE,
+        "--compile: graph breaks (dynamo split the call where it could not trace: each piece "
+        "runs compiled, the break between them in Python)",
+    ),
+    Column(
+        "compile_break_reasons", "text", _MEASURE,
+        "--compile: why dynamo broke the graph, each reason's first line and count",
+    ),
+    Column(
+        "compile_recompiles", "int", _MEASURE,
+        "--compile: graphs compiled again during the timed calls (a guard failed): each a "
+        "compile inside the time",
+    ),
+    Column(
+        "compile_check", "float", _MEASURE,
+        "--compile: the largest difference between the compiled and the eager layer's output "
+        "on the case's input, relative to its largest value; over the dtype's tolerance (1e-4 "
+        "in float32) the case fails, its measurements kept",
     ),
     Column(
         "page_faults", "float", _MEASURE,

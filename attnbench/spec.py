@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from attnbench.compiling import MODES as COMPILE_MODES
+from attnbench.compiling import compile_text
 from attnbench.devices import (
     DEFAULT_ALLOCATOR,
     DEVICE_CHOICES,
@@ -72,6 +74,7 @@ class Case:
     device: str
     mode: str
     options: tuple[tuple[str, int], ...] = ()
+    compiled: str = ""  # torch.compile's arguments (``compiling.CompileSpec.text``); "": eager
 
     @property
     def option_values(self) -> dict[str, int]:
@@ -135,6 +138,7 @@ class Case:
         every case at every event, 0.4 s of a 231-case warm sweep)."""
         parts = [self.layer, f"n={self.n}", f"d={self.d}", *self._tags()]
         parts += [f"b={self.batch}", self.dtype, self.device, self.mode]
+        parts += [f"compiled={self.compiled}"] if self.compiled else []
         return "/".join(parts)
 
     def columns(self) -> dict[str, Any]:
@@ -192,6 +196,7 @@ class Grid:
     # stops where its rate settles or the next case would not fit (``run.auto``)
     n_auto: AutoN | None = None
     auto_budget_s: float = 300.0  # --n auto: seconds of cases the whole sweep may spend
+    compile: str = ""  # torch.compile's arguments for every case (``compiling``); "": eager
 
     def cases(self) -> list[Case]:
         """Cases ordered layer, d, then n ascending (so a larger n always comes later)."""
@@ -202,7 +207,17 @@ class Grid:
             for d in self.ds:
                 for n in self.ns:
                     out.append(
-                        Case(layer, n, d, self.batch, self.dtype, self.device, self.mode, options)
+                        Case(
+                            layer,
+                            n,
+                            d,
+                            self.batch,
+                            self.dtype,
+                            self.device,
+                            self.mode,
+                            options,
+                            self.compile,
+                        )
                     )
         return out
 
@@ -436,6 +451,13 @@ OPTIONS: tuple[Option, ...] = (
            "compiled model pays them (replays of a CUDA graph of the call). cold (CUDA): each "
            "call's kernels with the L2 flushed before it (CUDA events around the call, its "
            "launches queued behind a held stream).", compare=True),
+    Option("compile", "compile", str, compile_text,
+           "torch.compile each case's layer (inductor): a mode, one of "
+           f"{', '.join(COMPILE_MODES)}, then optionally dynamic or static and fullgraph, "
+           "comma-separated (--compile max-autotune,fullgraph). The first call (the compile) is "
+           "timed apart (compile_s), its graph breaks and recompiles recorded, and its output "
+           "checked against the eager layer's (compile_check); the counts stay the layer's.",
+           default_text="none (eager)", compare=True),
     Option("auto_budget", "auto_budget_s", float,
            lambda v: _positive_seconds(v, "auto-budget"),
            "With --n auto: seconds the sweep's cases may take in all; each layer and width "
@@ -565,6 +587,16 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
             f"--timer {grid.timer} times CUDA kernels; --device {grid.device} is not a CUDA "
             "GPU (use --timer blocks: there kernel_time_s splits a time into kernels and "
             "overhead)"
+        )
+    if grid.compile and grid.metric == "instructions":
+        raise AttnbenchError(
+            "--compile with --metric instructions: Callgrind would count inductor's compile "
+            "(minutes under Valgrind) in every case; compare compiled times with --metric time"
+        )
+    if grid.compile and grid.mode == "decode":
+        raise AttnbenchError(
+            "--compile times forward and train calls; a decode step is not compiled yet "
+            "(drop --compile, or use --mode forward)"
         )
     if grid.metric == "instructions":
         if grid.device != "cpu":

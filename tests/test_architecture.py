@@ -34,6 +34,7 @@ FLOORS: list[tuple[str, ...]] = [
         "attnbench.formats",
         "attnbench.regime",
         "attnbench.lengths",
+        "attnbench.compiling",
     ),
     ("attnbench.theory",),
     ("attnbench.layers",),

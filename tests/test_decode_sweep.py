@@ -23,6 +23,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from attnbench.cli import app
+from attnbench.formats import FORMAT_VERSION
 from attnbench.layers.decoding import State
 from attnbench.measure.case import DECODE_PATH, measure_case
 from attnbench.measure.decode import TOLERANCE
@@ -363,7 +364,7 @@ def test_a_decode_sweep_writes_its_columns(decode_run: Path) -> None:
     assert frame["path_len"].isna().all()
     assert frame["case_id"].str.endswith("/decode").all()
     meta = json.loads((decode_run / "run.json").read_text())
-    assert meta["schema_version"] == 3
+    assert meta["schema_version"] == FORMAT_VERSION
     assert meta["config"]["mode"] == "decode"
     loaded = load_results(decode_run)
     assert set(loaded.frame["mode"]) == {"decode"}

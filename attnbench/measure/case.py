@@ -7,7 +7,6 @@ executor), so it depends on nothing but the case, the seed and the timing policy
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -18,8 +17,9 @@ from torch import nn
 from attnbench.devices import device_kind, device_sync
 from attnbench.errors import AttnbenchError, first_line
 from attnbench.layers.registry import entry
+from attnbench.measure.compiled import finished, first_call, with_compile
 from attnbench.measure.counts import countcache, extend
-from attnbench.measure.counts.census import take_census
+from attnbench.measure.counts.census import prime_instruments, take_census
 from attnbench.measure.counts.chains import sequential_steps
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.counts.elementwise import ELEMENTWISE_METHOD, count_elementwise
@@ -41,7 +41,7 @@ from attnbench.measure.counts.structure import (
 )
 from attnbench.measure.counts.traffic import TRAFFIC_METHOD, Traffic, count_traffic
 from attnbench.measure.decode import Decoded, decode_check, held_bytes, judged
-from attnbench.measure.memory import is_out_of_memory, peak_bytes, profile_call
+from attnbench.measure.memory import is_out_of_memory, profile_call
 from attnbench.measure.record import CaseResult
 from attnbench.measure.step import NoDecodeStep, Step, layer_builder, make_step, release_memory
 from attnbench.measure.timing.clocks import device_clock_max
@@ -89,10 +89,8 @@ def measure_case(
     try:
         step = make_step(case, seed)
         sync()
-        first_start = clock()
-        step()  # first call: lazy initialisation (positional table, kernels) stays unmeasured
-        sync()
-        first = clock() - first_start
+        # first call: lazy initialisation (positional table, kernels, a compile) unmeasured
+        first, compiling = first_call(step, clock, sync)
         if max_case_s is not None and first > max_case_s:
             return CaseResult(
                 case=case,
@@ -110,6 +108,7 @@ def measure_case(
                 lambda: time_step(step, policy, case.device, clock=clock, sync=sync, faults=faults),
                 clock,
             )
+        compiled = finished(step, compiling)  # its recompiles: the timed calls' own
         counts, source, memory = exact_counts(case, seed, step, cached, cached_memory, counting)
         split: tuple[KernelSplit | None, str] = (None, "")
         instructions = None
@@ -129,7 +128,7 @@ def measure_case(
         status = Status.OOM if is_out_of_memory(exc) else Status.FAILED
         return _failed(case, status, exc, threads, clock() - start)
     taken = _Taken(counts, source, memory, timed, instructions, split, decoded)
-    return judged(_measured(case, threads, clock() - start, taken, policy))
+    return with_compile(judged(_measured(case, threads, clock() - start, taken, policy)), compiled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,8 +262,11 @@ def cached_profile(case: Case, seed: int, counting: Counting) -> countcache.Prof
 def memory_pass(case: Case, seed: int, step: Step | None = None) -> countcache.Profile:
     """Peak memory of one real call, with the ops it dispatched (a fused kernel is one), the
     fused paths it took and the convolution implementations it ran (``ops.BACKENDS``, on the
-    CPU); a fresh step is called once first, so lazy set-up stays unmeasured."""
+    CPU; a compiled call's peak alone: dynamo would trace a dispatch mode around it); a fresh
+    step is called once first, so lazy set-up stays unmeasured."""
     step = step or _called_step(case, seed)
+    if step.model is not None:
+        return countcache.Profile(profile_call(step, case.device)[0], None, frozenset())
     fused: set[str] = set()
     timed_ops: list[int] = []
     peak, ran = profile_call(recording_fused(step, fused, timed_ops), case.device)
@@ -486,15 +488,3 @@ def retime_case(
     except Exception:
         release_memory(case.device)
         return None
-
-
-@functools.cache  # once a process
-def prime_instruments() -> None:
-    """Pay the dispatch-mode and profiler start-up (the profiler's first session sets up
-    Kineto) once per process, after the case's timing, so neither the timing nor the first
-    trace carries it; ``measure_case`` calls it where it will trace, so a sweep the count
-    cache holds whole never pays it. Neither loads torch._dynamo (``ops.TracingMode``,
-    ``memory._cpu_profile``)."""
-    a = torch.ones(4, 4)
-    trace_flops(lambda: a @ a)
-    peak_bytes(lambda: a @ a, "cpu")

@@ -113,6 +113,13 @@ class CaseResult:
     state_bytes: int | None = None  # a decode step's state, from its tensors (measure.decode)
     state_analytic: float | None = None  # the same from the layer's decode theory
     decode_check: float | None = None  # decoded tokens against the parallel causal output
+    compile_s: float | None = None  # --compile: the first call, the compile included
+    compile_cache: str = ""  # hit, miss or mixed: inductor's on-disk cache (measure.compiled)
+    compile_graphs: int | None = None
+    compile_breaks: int | None = None
+    compile_break_reasons: str = ""
+    compile_recompiles: int | None = None  # graphs compiled again while it was timed
+    compile_check: float | None = None  # the compiled output against the eager layer's
 
     @property
     def sm_clock_mhz(self) -> float | None:

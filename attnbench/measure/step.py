@@ -12,11 +12,13 @@ from typing import cast
 import torch
 from torch import nn
 
+from attnbench.compiling import CompileSpec
 from attnbench.devices import DTYPES
 from attnbench.errors import AttnbenchError
 from attnbench.layers.checks import output_problem
 from attnbench.layers.decoding import State, decoder, prefill, state_bytes
 from attnbench.layers.registry import build_layer, entry
+from attnbench.measure.compiled import compiled
 from attnbench.measure.counts.structure import LayerBuilder
 from attnbench.spec import Case
 
@@ -41,6 +43,7 @@ class Step:
     x: torch.Tensor  # (B, n, d)
     call: Callable[[], torch.Tensor]
     state: State | None = None
+    model: nn.Module | None = None  # the layer compiled (--compile): what ``call`` runs
 
     def __call__(self) -> torch.Tensor:
         return self.call()
@@ -65,13 +68,15 @@ def make_step(case: Case, seed: int) -> Step:
     if case.mode == "decode":
         return _decode_step(case, layer, seed)
     x = make_input(case, seed)  # (B, n, d)
+    spec = CompileSpec.parse(case.compiled)
+    model = layer if spec is None else compiled(layer, spec)
     if case.mode == "forward":
 
         def forward() -> torch.Tensor:
             with torch.no_grad():
-                return cast("torch.Tensor", layer(x))
+                return cast("torch.Tensor", model(x))
 
-        return Step(layer, x, forward)
+        return Step(layer, x, forward, model=None if spec is None else model)
 
     # A training step runs the layer in training mode, as a training loop would: cuDNN's
     # recurrent backward refuses a module in eval mode, and a layer's dropout or batch norm
@@ -83,11 +88,11 @@ def make_step(case: Case, seed: int) -> Step:
     def train() -> torch.Tensor:
         layer.zero_grad(set_to_none=True)
         x_train.grad = None
-        out = layer(x_train)
+        out = model(x_train)
         out.backward(grad_out)
         return cast("torch.Tensor", out)
 
-    return Step(layer, x, train)
+    return Step(layer, x, train, model=None if spec is None else model)
 
 
 def _decode_step(case: Case, layer: nn.Module, seed: int) -> Step:

@@ -4,7 +4,8 @@ The overhead is everything a call pays that is not a kernel computing: Python, m
 the dispatcher, an op's fixed set-up, kernel launches. The split is read by torch's profiler
 over a few calls, outside the timed blocks, with as many calls timed unprofiled around them:
 
-- on the CPU, the kernels' time is each computing aten op's own (self) time, less what an op
+- on the CPU, the kernels' time is each computing aten op's own (self) time (and a compiled
+  call's generated kernels', ``measure.compiled``), less what an op
   that computes one element takes (``ProfilerCost.op_floor_s``: the dispatcher and the op's
   set-up), and less the profiler's own cost of recording the ops nested in it; views and
   renames compute nothing and count as overhead;
@@ -106,12 +107,25 @@ def _computes(name: str) -> bool:
     return not (overloads and all(is_view(o) for o in overloads))
 
 
+# How inductor names the kernels it generates for the CPU, in the profiler's events when
+# ``cpp.enable_kernel_profile`` is on (``measure.compiled``): "graph_0_cpp_fused_add_mul_0".
+_GENERATED = "_cpp_fused_"
+
+
+def _generated(name: str) -> bool:
+    """Whether a recorded event is a kernel inductor generated (a compiled call's kernels are
+    its own and the aten ops it calls outside them, matrix products mostly)."""
+    return _GENERATED in name
+
+
 def host_kernel_seconds(events: Iterable[OpEvent], cost: ProfilerCost) -> float:
     """Seconds the computing ops ran, over ``events``: each op's own time less the profiler's
     cost of the ops nested in it and less the floor of an op that computes nothing."""
     total = 0.0
     for event in events:
-        if not event.name.startswith("aten::") or not _computes(event.name):
+        if not (
+            _generated(event.name) or (event.name.startswith("aten::") and _computes(event.name))
+        ):
             continue
         own = event.self_s - event.children * cost.per_op_s - cost.op_floor_s
         total += max(0.0, own)

@@ -1,0 +1,216 @@
+"""--compile: each case's layer under torch.compile, its compile timed apart and read from
+dynamo's counters, its output checked against the eager layer's; a layer that breaks its graph
+says why, one that cannot compile fails in one line, and the counts stay the eager layer's.
+
+Compiles cost seconds on this machine, so the cases are few and tiny (d = 8, n = 16, one timed
+sample, one thread)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pandas as pd
+import pytest
+import torch
+from synthetic import registry_restored, small_case
+from torch import nn
+from typer.testing import CliRunner
+
+from attnbench import register_layer
+from attnbench.cli import app
+from attnbench.compiling import CompileSpec, compile_text
+from attnbench.errors import AttnbenchError
+from attnbench.formats import V3_LATER_RESULTS, RawRun, migrate_run
+from attnbench.measure import step as step_module
+from attnbench.measure.case import measure_case
+from attnbench.measure.record import CaseResult
+from attnbench.measure.timing.loop import TimingPolicy
+from attnbench.measure.timing.split import OpEvent, ProfilerCost, host_kernel_seconds
+from attnbench.spec import Case
+
+QUICK = TimingPolicy(warmup_calls=0, min_block_s=0.0, min_samples=1, max_samples=1, budget_s=0.0)
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def compiled_case(layer: str, text: str = "default", **options: object) -> Case:
+    return small_case(layer, n=16, d=8, batch=1, compile=text, **options)
+
+
+def measured(case: Case) -> CaseResult:
+    return measure_case(case, policy=QUICK)
+
+
+# ----------------------------------------------------------------------------- the option
+
+
+@pytest.mark.parametrize(
+    ("given", "text"),
+    [
+        ("default", "default"),
+        ("none", ""),
+        ("", ""),
+        ("max-autotune , fullgraph", "max-autotune,fullgraph"),
+        ("reduce-overhead,dynamic", "reduce-overhead,dynamic"),
+        ("default,static,fullgraph", "default,static,fullgraph"),
+    ],
+)
+def test_a_compile_value_reads_as_its_canonical_words(given: str, text: str) -> None:
+    assert compile_text(given) == text
+    spec = CompileSpec.parse(text)
+    assert (spec.text if spec else "") == text
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        "fast",
+        "fullgraph",
+        "default,dynamic,static",
+        "default,wobbly",
+        "default,fullgraph,fullgraph",
+    ],
+)
+def test_a_bad_compile_value_is_refused_in_one_line(given: str) -> None:
+    with pytest.raises(AttnbenchError, match="--compile"):
+        compile_text(given)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--compile", "fast"], "the mode must come first"),
+        (["--compile", "default", "--metric", "instructions"], "--metric instructions"),
+        (["--compile", "default", "--mode", "decode"], "decode step is not compiled"),
+    ],
+)
+def test_bad_compile_options_exit_2_in_one_line(extra: list[str], says: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "run"
+    done = runner.invoke(
+        app, ["sweep", "--layers", "conv", "--n", "16", "--d", "8", "--out", str(out), *extra]
+    )
+    assert done.exit_code == 2
+    assert says in done.output and "Traceback" not in done.output
+    assert not out.exists()
+
+
+def test_a_compiled_case_is_another_case() -> None:
+    eager, compiled = small_case("conv", n=16, d=8, batch=1), compiled_case("conv")
+    assert compiled.case_id == f"{eager.case_id}/compiled=default"
+    assert compiled.columns()["compiled"] == "default" and eager.columns()["compiled"] == ""
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def test_a_compiled_layer_is_timed_counted_as_the_layer_and_checked() -> None:
+    eager = measured(small_case("attention", n=16, d=8, batch=1))
+    found = measured(compiled_case("attention"))
+    assert found.status == "ok", found.error
+    assert found.compile_s is not None and found.compile_s > 0
+    # two graphs: its first call grows the positional table, which the second compiles anew
+    assert found.compile_graphs == 2 and found.compile_breaks == 0
+    assert found.compile_recompiles == 0  # the timed calls compiled nothing more
+    assert found.compile_check is not None and found.compile_check < 1e-4
+    # the work is the layer's: counted on the eager layer, equal to its formula
+    assert (found.flops, found.elementwise, found.seq_steps) == (
+        eager.flops, eager.elementwise, eager.seq_steps,
+    )  # fmt: skip
+    assert found.flops_check == "ok"
+    row = found.to_row()
+    assert row["compiled"] == "default" and row["compile_check"] == found.compile_check
+    assert eager.compile_s is None and eager.to_row()["compile_check"] is None
+
+
+class Branchy(nn.Module):
+    """A layer whose forward branches on its data: dynamo breaks the graph there."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d)
+        y = self.proj(x)
+        if y.sum() > 0:  # data-dependent Python control flow
+            return torch.relu(y)
+        return y
+
+
+def test_a_graph_break_is_counted_with_its_reason() -> None:
+    with registry_restored():
+        register_layer(Branchy, "branchy")
+        found = measured(compiled_case("branchy"))
+    assert found.status == "ok", found.error
+    assert found.compile_breaks is not None and found.compile_breaks >= 1
+    assert "data-dependent" in found.compile_break_reasons.lower()
+    assert found.compile_check is not None and found.compile_check < 1e-4
+
+
+def test_a_layer_that_cannot_compile_fails_in_one_line_and_the_sweep_goes_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """fullgraph makes the graph break an error: the case fails with dynamo's first line."""
+    with registry_restored():
+        register_layer(Branchy, "branchy")
+        found = measured(compiled_case("branchy", "default,fullgraph"))
+    assert found.status == "failed"
+    assert found.error.startswith("CompileFailed: ") and "\n" not in found.error
+
+
+def test_a_miscompiled_layer_fails_with_its_measurements_kept(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A compile that computes something else cannot read as fast: compile_check says by how
+    much, the case is failed, its time and counts kept."""
+
+    class Off(nn.Module):
+        def __init__(self, layer: nn.Module) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layer(x) * 1.01
+
+    monkeypatch.setattr(step_module, "compiled", lambda layer, spec: Off(layer))
+    found = measured(compiled_case("conv"))
+    assert found.status == "failed" and "compiled output differs" in found.error
+    assert found.compile_check == pytest.approx(0.01, rel=1e-3)
+    assert found.timing is not None and found.flops is not None
+
+
+# ----------------------------------------------------------------------------- the split
+
+
+def test_the_split_counts_inductors_generated_kernels_as_kernels() -> None:
+    cost = ProfilerCost(per_op_s=0.0, op_floor_s=0.0)
+    events = [
+        OpEvent("graph_0_cpp_fused_add_mul_0", 3e-6, 0),  # a kernel inductor generated
+        OpEvent("aten::mm", 5e-6, 0),  # a product it calls out to
+        OpEvent("## Call CompiledFxGraph abc ##", 7e-6, 2),  # its Python wrapper: overhead
+        OpEvent("Torch-Compiled Region: 0/0", 4e-6, 1),  # dynamo's guards: overhead
+    ]
+    assert host_kernel_seconds(events, cost) == pytest.approx(8e-6)
+
+
+# ----------------------------------------------------------------------------- the format
+
+
+def test_a_version_3_folder_reads_its_cases_as_eager() -> None:
+    raw = RawRun(
+        meta={"schema_version": 3, "unrecorded": []},
+        results=pd.DataFrame({"case_id": ["conv/n=64"]}),
+        samples=pd.DataFrame(),
+        calibration=None,
+        theories={},
+    )
+    done = migrate_run(raw, "v3")
+    assert done.meta["schema_version"] == 4
+    assert all((done.results[c] == "").all() for c in V3_LATER_RESULTS)
+    # "compiled" empty is known (eager), the compile's own columns were not recorded
+    assert "compiled" not in done.meta["unrecorded"]
+    assert set(V3_LATER_RESULTS) - {"compiled"} <= set(done.meta["unrecorded"])
