@@ -59,7 +59,8 @@ def test_loading_migrates_once_and_says_what_the_run_did_not_record() -> None:
     # What it lacks and the loader cannot derive from its samples (the rounds' spread it can).
     assert (
         set(run.record.unrecorded)
-        == set(lacking) - {"rounds", "rounds_disturbed", "spread_between", "spread_within", "compiled"}
+        == set(lacking)
+        - {"rounds", "rounds_disturbed", "spread_between", "spread_within", "compiled"}
         == {
             "time_method", "sm_clock_mhz", "sm_clock_max_mhz", "throttled_share",
             *V2_LATER_RESULTS,

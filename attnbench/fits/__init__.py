@@ -230,7 +230,9 @@ def analyse(run: RunResults, layers: Sequence[str] | None = None) -> Analysis:
     if layers:
         frame = frame[frame["layer"].isin(layers)]
     found = model_fits(frame, layers=known)
-    ceilings = run.ceilings
+    # The machine model prices whole calls' products at the widths its ceilings were measured
+    # at; a decode step's one-row products fall below them (it read 24-159x off): not applied.
+    ceilings = run.ceilings if run.mode != "decode" else None
     machine = (
         predict(frame, ceilings)
         if ceilings is not None

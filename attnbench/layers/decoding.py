@@ -25,6 +25,8 @@ from typing import Protocol, cast, runtime_checkable
 import torch
 from torch import nn
 
+from attnbench.errors import AttnbenchError
+
 State = dict[str, torch.Tensor]
 
 
@@ -35,6 +37,45 @@ class Decoder(Protocol):
     def init_state(self, batch: int, capacity: int) -> State: ...
 
     def step(self, x: torch.Tensor, state: State, position: int) -> tuple[torch.Tensor, State]: ...
+
+
+def _what(value: object) -> str:
+    """A value in a few words, for an error: "a Tensor", "None", "a tuple of 3"."""
+    if value is None:
+        return "None"
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def checked_state(state: object, made_by: str) -> State:
+    """The state, if it is one: a dict of tensors by name (else a one-line error)."""
+    if not isinstance(state, dict):
+        raise AttnbenchError(
+            f"{made_by} must return the state as a dict of tensors, got {_what(state)}"
+        )
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise AttnbenchError(
+                f"{made_by} must return the state as a dict of tensors; {key!r} holds "
+                f"{_what(value)}"
+            )
+    return cast("State", state)
+
+
+def stepped(result: object, given: State) -> tuple[torch.Tensor, State]:
+    """A step's answer, if it is one: (output, state), the state holding what the state it was
+    ``given`` held (else a one-line error)."""
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise AttnbenchError(f"step must return (output, state), got {_what(result)}")
+    out, state = result
+    state = checked_state(state, "step")
+    if set(state) != set(given):
+        raise AttnbenchError(
+            f"step returned a state of {sorted(state)}, where it was given {sorted(given)}; "
+            "a step returns the state it was given, updated"
+        )
+    return cast("torch.Tensor", out), state
 
 
 def decoder(layer: nn.Module) -> Decoder | None:
@@ -63,21 +104,21 @@ def state_bytes(state: State) -> int:
 def prefill(layer: Decoder, x: torch.Tensor, capacity: int) -> State:
     """The state after the tokens of x (batch, n, d): the layer's own ``prefill`` when it has
     one, else one step per token."""
-    state = layer.init_state(x.shape[0], capacity)
+    state = checked_state(layer.init_state(x.shape[0], capacity), "init_state")
     own = cast("Callable[[torch.Tensor, State], State] | None", getattr(layer, "prefill", None))
     if own is not None and x.shape[1] > 0:
-        return own(x, state)
+        return checked_state(own(x, state), "prefill")
     for position in range(x.shape[1]):
-        _, state = layer.step(x[:, position], state, position)
+        _, state = stepped(layer.step(x[:, position], state, position), state)
     return state
 
 
 def decode_all(layer: Decoder, x: torch.Tensor) -> torch.Tensor:
     """Every token of x (batch, n, d) decoded one by one, stacked: (batch, n, d)."""
-    state = layer.init_state(x.shape[0], x.shape[1])
+    state = checked_state(layer.init_state(x.shape[0], x.shape[1]), "init_state")
     outs = []
     for position in range(x.shape[1]):
-        y, state = layer.step(x[:, position], state, position)  # (B, d)
+        y, state = stepped(layer.step(x[:, position], state, position), state)  # (B, d)
         outs.append(y)
     return torch.stack(outs, dim=1)  # (B, n, d)
 

@@ -40,7 +40,7 @@ from attnbench.measure.counts.structure import (
     path_length,
 )
 from attnbench.measure.counts.traffic import TRAFFIC_METHOD, Traffic, count_traffic
-from attnbench.measure.decode import Decoded, decode_check, held_bytes, judged
+from attnbench.measure.decode import Decoded, decode_check, drift, held_bytes, judged
 from attnbench.measure.memory import is_out_of_memory, profile_call
 from attnbench.measure.record import CaseResult
 from attnbench.measure.step import NoDecodeStep, Step, layer_builder, make_step, release_memory
@@ -120,7 +120,9 @@ def measure_case(
         elif counter is not None:  # counted in its own process, under Callgrind
             instructions = counter.count(case, seed)
         decoded = (
-            Decoded(held_bytes(step), decode_check(case, step)) if step.state is not None else None
+            Decoded(held_bytes(step), decode_check(case, step), drift(step))
+            if step.state is not None
+            else None
         )
     except NoDecodeStep as exc:  # a layer without a step: a stated skip, the sweep goes on
         return CaseResult(case, Status.SKIPPED, threads, wall_s=clock() - start, error=str(exc))
@@ -128,7 +130,8 @@ def measure_case(
         status = Status.OOM if is_out_of_memory(exc) else Status.FAILED
         return _failed(case, status, exc, threads, clock() - start)
     taken = _Taken(counts, source, memory, timed, instructions, split, decoded)
-    return with_compile(judged(_measured(case, threads, clock() - start, taken, policy)), compiled)
+    measured = _measured(case, threads, clock() - start, taken, policy)
+    return with_compile(judged(measured, decoded), compiled)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,6 +52,16 @@ def decode_check(case: Case, step: Step) -> float:
     return worst
 
 
+def drift(step: Step) -> float:
+    """How far the step's output now (after its timed calls) is from its output before any:
+    0 for a step that leaves the state it reads as it was, as every timed call must see the
+    same context."""
+    if step.first is None:
+        return 0.0
+    with torch.no_grad():
+        return _relative(step(), step.first)
+
+
 def decode_ok(check: float | None, dtype: str) -> bool | None:
     """Whether a decode check is within its dtype's tolerance (None: not checked)."""
     if check is None:
@@ -70,11 +80,21 @@ class Decoded:
 
     state_bytes: int | None
     check: float
+    drift: float = 0.0  # the step's output after its timed calls against before them
 
 
-def judged(result: CaseResult) -> CaseResult:
+def judged(result: CaseResult, decoded: Decoded | None = None) -> CaseResult:
     """A decode case whose step does not compute the causal layer is failed, its
     measurements kept: a step that computes something else must not pass as fast."""
+    allowed = TOLERANCE.get(result.case.dtype, TOLERANCE["float16"])
+    if decoded is not None and decoded.drift > allowed:
+        return replace(
+            result,
+            status=Status.FAILED,
+            error=f"its step at context {result.case.n} answered {decoded.drift:.2g} apart "
+            "(relative) after its timed calls: it changes the state it reads, so they did not "
+            "all see context n (write only its own slot in place, or return new tensors)",
+        )
     if decode_ok(result.decode_check, result.case.dtype) is not False:
         return result
     return replace(
@@ -93,6 +113,7 @@ __all__ = [
     "Decoded",
     "decode_check",
     "decode_ok",
+    "drift",
     "held_bytes",
     "judged",
 ]

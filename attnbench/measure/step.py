@@ -16,7 +16,7 @@ from attnbench.compiling import CompileSpec
 from attnbench.devices import DTYPES
 from attnbench.errors import AttnbenchError
 from attnbench.layers.checks import output_problem
-from attnbench.layers.decoding import State, decoder, prefill, state_bytes
+from attnbench.layers.decoding import State, decoder, prefill, state_bytes, stepped
 from attnbench.layers.registry import build_layer, entry
 from attnbench.measure.compiled import compiled
 from attnbench.measure.counts.structure import LayerBuilder
@@ -44,6 +44,7 @@ class Step:
     call: Callable[[], torch.Tensor]
     state: State | None = None
     model: nn.Module | None = None  # the layer compiled (--compile): what ``call`` runs
+    first: torch.Tensor | None = None  # decode: the step's output before any timed call
 
     def __call__(self) -> torch.Tensor:
         return self.call()
@@ -116,7 +117,7 @@ def _decode_step(case: Case, layer: nn.Module, seed: int) -> Step:
 
     held = state_bytes(state)
     with torch.no_grad():
-        out, after = found.step(token, state, case.n)
+        out, after = stepped(found.step(token, state, case.n), state)
     problem = output_problem(out, tuple(token.shape), token.dtype)
     if problem is not None:
         raise AttnbenchError(
@@ -130,7 +131,7 @@ def _decode_step(case: Case, layer: nn.Module, seed: int) -> Step:
             f"{case.n}, {grown} after one step at the same position); preallocate it for "
             "init_state's capacity and write the token's slot in place"
         )
-    return Step(layer, x, decode, state)
+    return Step(layer, x, decode, state, first=out.clone())
 
 
 def layer_builder(case: Case, seed: int) -> LayerBuilder:

@@ -287,6 +287,8 @@ _DECODE_WORDS = {
     "Time per call": "Time per generated token",
     "against sequence length": "against context length",
     "per call": "per step",
+    "of one call": "of one step",
+    "chapter: n²d = nd²": "per token: nd = d²",
 }
 
 

@@ -138,7 +138,9 @@ class AutoPlan:
         line = self.line(result.case)
         line.running = False
         if result.status != Status.OK or result.timing is None:
-            if result.status != Status.SKIPPED:
+            # skipped: a smaller case's failure stopped the line already, or the layer has
+            # no decode step, which no longer n will give it
+            if line.stopped is None:
                 line.stopped, line.why = Stopped.FAILED, f"n={result.case.n} {result.status}"
             return
         self.add(
