@@ -214,3 +214,24 @@ def test_a_version_3_folder_reads_its_cases_as_eager() -> None:
     # "compiled" empty is known (eager), the compile's own columns were not recorded
     assert "compiled" not in done.meta["unrecorded"]
     assert set(V3_LATER_RESULTS) - {"compiled"} <= set(done.meta["unrecorded"])
+
+
+@pytest.mark.slow
+def test_ab_races_an_eager_side_against_a_compiled_side(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--base-compile none --compile default: the same layer, eager against compiled, paired;
+    the verdict's direction is the measured one (exit 0 or 1, never an error)."""
+    out = tmp_path / "ab"
+    done = runner.invoke(
+        app,
+        [
+            "ab", "--layers", "conv", "--base-compile", "none", "--compile", "default",
+            "--n", "16", "--d", "8", "--processes", "3", "--time-budget", "0.02",
+            "--threads", "1", "--out", str(out), "--json",
+        ],
+    )  # fmt: skip
+    assert done.exit_code in (0, 1), done.output
+    base = pd.read_csv(out / "base" / "results.csv")
+    current = pd.read_csv(out / "current" / "results.csv")
+    assert base["compiled"].isna().all() or (base["compiled"].fillna("") == "").all()
+    assert (current["compiled"] == "default").all()
+    assert current["compile_s"].notna().all() and base["compile_s"].isna().all()

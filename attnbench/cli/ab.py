@@ -52,6 +52,15 @@ BaseLayers = Annotated[
         show_default=False,
     ),
 ]
+BaseCompile = Annotated[
+    str | None,
+    typer.Option(
+        help="The base side's --compile: none races an eager base against a compiled current "
+        "side (--base-compile none --compile default), the same layer on both. Default: the "
+        "current side's.",
+        show_default=False,
+    ),
+]
 AbOut = Annotated[
     Path | None,
     typer.Option(
@@ -65,6 +74,7 @@ AbOut = Annotated[
 def ab(
     base_python: BasePython = None,
     base_layers: BaseLayers = None,
+    base_compile: BaseCompile = None,
     out: AbOut = None,
     config: ConfigFile = None,
     yes: LargeRun = False,
@@ -99,7 +109,7 @@ def ab(
         run = run_ab(
             values,
             folder,
-            sides=ABSides(base_layers=layers, base_python=base_python),
+            sides=ABSides(base_layers=layers, base_python=base_python, base_compile=base_compile),
             alpha=thresholds.alpha,
             measuring=replace(AB_MEASURING, counting=Counting(cache=not no_cache)),
             listeners=ABListeners(progress, progress.started),

@@ -62,6 +62,7 @@ class ABSides:
     base_layers: Sequence[str] | None = None
     base_python: str | None = None
     current_python: str | None = None
+    base_compile: str | None = None  # the base side's --compile (None: the current side's)
 
 
 SAME_SIDES = ABSides()  # an A/A run: the same layers in this interpreter on both sides
@@ -93,9 +94,13 @@ class ABRun:
 
 
 def side_grids(
-    options: Mapping[str, Any], base_layers: Sequence[str] | None, alpha: float
+    options: Mapping[str, Any],
+    base_layers: Sequence[str] | None,
+    alpha: float,
+    base_compile: str | None = None,
 ) -> dict[str, Grid]:
-    """The two sides' grids: the same options, layers matched by position. Unless given, the
+    """The two sides' grids: the same options, layers matched by position, the base side
+    compiled otherwise where ``base_compile`` says (eager against compiled). Unless given, the
     pairs (one process a side each) are enough for the paired test to reach ``alpha`` (one for
     instruction counts)."""
     given = dict(options)
@@ -107,7 +112,9 @@ def side_grids(
             "ab races the same cases on both sides, and --n auto chooses each side's lengths "
             "as it goes: give the lengths (--n 256,1024, say)"
         )
-    base = build_grid({**given, "layers": base_layers}) if base_layers else current
+    apart = {"layers": base_layers} if base_layers else {}
+    apart |= {} if base_compile is None else {"compile": base_compile}
+    base = build_grid({**given, **apart}) if apart else current
     if len(base.layers) != len(current.layers):
         raise AttnbenchError(
             f"--base-layers has {len(base.layers)} layer(s) and --layers {len(current.layers)}: "
@@ -155,7 +162,7 @@ def run_ab(
     ``AttnbenchError`` with exit code 130 after SIGINT / SIGTERM (what was measured stays on
     disk). Every job of either side runs in a fresh process of its side (``--metric
     instructions``: one process a side, which counts under Callgrind)."""
-    grids = side_grids(options, sides.base_layers, alpha)
+    grids = side_grids(options, sides.base_layers, alpha, sides.base_compile)
     warning = None if allow_large else size_warning(grids["current"])
     if warning:
         raise AttnbenchError(warning.replace("this sweep", "each side"))
