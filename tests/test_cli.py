@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from attnbench import __version__
 from attnbench.cli import app
+from attnbench.formats import FORMAT_VERSION
 from attnbench.layers import BUILTIN
 
 runner = CliRunner()
@@ -297,9 +298,8 @@ def test_show_prints_a_saved_run_and_refuses_what_is_not_one(tiny_run, tmp_path:
     shutil.copytree(tiny_run.path, broken)
     (broken / "run.json").write_text('{"schema_version": 0}')
     result = runner.invoke(app, ["show", str(broken)])
-    assert result.exit_code == 2 and "schema version 0; this attnbench reads versions 1 to 2" in (
-        result.stderr
-    )
+    says = f"schema version 0; this attnbench reads versions 1 to {FORMAT_VERSION}"
+    assert result.exit_code == 2 and says in result.stderr
 
 
 @pytest.mark.slow

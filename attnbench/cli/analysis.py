@@ -145,6 +145,8 @@ def plot(
     paths = plot_run(run, names=names, layers=chosen, formats=formats, out_dir=out)
     drawn = sorted({p.stem for p in paths})
     left = [x for x in names if x not in drawn]
+    if metric is None:  # all charts: not those that another mode's run draws
+        left = [x for x in left if x not in _OTHER_MODES.get(run.mode, _NOT_FORWARD)]
     if as_json:
         _echo_json({"charts": [str(p) for p in paths], "not_drawn": left})
         return
@@ -153,6 +155,13 @@ def plot(
     for name in left:
         why = not_drawn_reason(name, run, chosen)
         streams.err.print(f"[yellow]not drawn:[/] {name}: {escape(why)}", soft_wrap=True)
+
+
+# Charts a run of a mode has no data for by design (not worth a "not drawn" line when all
+# are asked for): the state is a decode run's; a decode step has no path of its own, and the
+# machine's ceilings are not applied to it.
+_NOT_FORWARD = frozenset({"state"})
+_OTHER_MODES = {"decode": frozenset({"path_len", "roofline", "time-split"})}
 
 
 def fit(
