@@ -397,7 +397,8 @@ OPTIONS: tuple[Option, ...] = (
            f"Comma-separated layers: {', '.join(BUILTIN)}; or plugins: an installed plugin's "
            "name, module.path:factory, path/to/file.py:factory.", default_text="every built-in"),
     Option("n", "ns", str, parse_lengths,
-           "Sequence lengths: a list 64,128, a doubling range 64..4096, or auto: for each "
+           "Sequence lengths (in --mode decode, the context: the tokens before the step): "
+           "a list 64,128, a doubling range 64..4096, or auto: for each "
            "layer and width, n doubles from 64 until the layer's time grows as its counted "
            "work (its rate within 20% over three doublings), or the next case would not fit "
            "(--max-case-seconds, free memory, --auto-budget); auto:START..STOP sets the "

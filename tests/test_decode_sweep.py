@@ -538,3 +538,45 @@ def test_the_machine_model_is_not_applied_to_decode_steps() -> None:
     run = load_results(Path(__file__).resolve().parents[1] / "results" / "cpu-decode")
     assert run.ceilings is not None  # the run recorded them
     assert analyse(run).machine.empty
+
+
+def test_the_summary_names_a_decode_run_and_a_case_that_failed_its_check(tmp_path: Path) -> None:
+    """Each layer's table says its calls were generated tokens; a case whose tokens are not its
+    layer's is counted apart from the unmeasured ones: it keeps its measurements."""
+    path = tmp_path / "zeros_plugin.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch import nn
+
+
+            class Zeros(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.proj = nn.Linear(d, d)
+
+                def forward(self, x):
+                    return self.proj(x)
+
+                def init_state(self, batch, capacity):
+                    return {}
+
+                def step(self, x, state, position):
+                    return torch.zeros_like(self.proj(x)), state
+
+
+            def make(d):
+                return Zeros(d)
+            """
+        )
+    )
+    out = tmp_path / "run"
+    with registry_restored():
+        done = runner.invoke(
+            app, ["sweep", *FAST, "--layers", f"rnn,{path}:make", "--n", "2,8", "--out", str(out)]
+        )
+    assert done.exit_code == 0, done.output
+    assert "rnn (decode: one generated token at context n)" in done.stdout
+    assert "2 case(s) failed a correctness check" in done.stderr
+    assert "have no measurements" not in done.stderr

@@ -40,6 +40,17 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
     return text
 
 
+def _calls(group: pd.DataFrame) -> str:
+    """What a layer's calls were, where not a forward call of the eager layer: "(decode: one
+    generated token at context n)", "(compiled: default)"."""
+    words = []
+    if "mode" in group and (group["mode"] == "decode").any():
+        words.append("decode: one generated token at context n")
+    compiled = group["compiled"].dropna().astype(str) if "compiled" in group else []
+    words += [f"compiled: {text}" for text in dict.fromkeys(compiled) if text]
+    return f" ({'; '.join(words)})" if words else ""
+
+
 def summary_tables(run: RunResults, console: Console) -> None:
     """One table per layer (per layer and device model when the cases ran on several), and a
     line counting the cases by status."""
@@ -49,6 +60,7 @@ def summary_tables(run: RunResults, console: Console) -> None:
     for key, group in frame.groupby(keys, sort=False):
         layer, *device = key if isinstance(key, tuple) else (key,)
         title = f"{layer} on {device[0] or 'no device (not run)'}" if device else f"{layer}"
+        title += _calls(group)
         table = Table(title=escape(title), title_justify="left", title_style="bold")
         table.add_column("n", justify="right", no_wrap=True)
         table.add_column("d", justify="right", no_wrap=True)
@@ -125,12 +137,20 @@ def _time_notes(run: RunResults, console: Console) -> None:
     their trend, or measured on a second worker."""
     frame = run.frame
     counts = run.counts()
-    unmeasured = len(frame) - counts[Status.OK]
+    # failed a correctness check (decode_check, compile_check), its measurements kept
+    kept = int(((frame["status"] == Status.FAILED) & numeric_column(frame, "time_s").notna()).sum())
+    unmeasured = len(frame) - counts[Status.OK] - kept
     if unmeasured:
         console.print(
             f"[yellow]note:[/] {unmeasured} case(s) have no measurements "
             f"({', '.join(f'{s}: {STATUSES[s]}' for s in STATUSES if s != 'ok' and counts[s])}); "
             "tables of figures, fits and charts leave them out"
+        )
+    if kept:
+        console.print(
+            f"[yellow]note:[/] {kept} case(s) failed a correctness check (their error says "
+            "which: decoded tokens, or a compiled output, not the layer's) and keep their "
+            "measurements in results.csv; tables of figures, fits and charts leave them out"
         )
     measured = run.measured
     timed = measured[numeric_column(measured, "time_s").notna()]  # not counted in instructions
