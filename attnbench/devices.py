@@ -213,3 +213,25 @@ def process_bytes(key: str, pid: int | str = "self") -> int | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+# How far a computed output may sit from its reference, relative to the reference's largest
+# value, per dtype: rounding of a reordered sum or a fused op, not another function (a decode
+# step against the parallel layer, a compiled layer against the eager one).
+TOLERANCE = {"float32": 1e-4, "float64": 1e-10, "float16": 2e-2, "bfloat16": 2e-2}
+
+
+def tolerance(dtype: str) -> float:
+    """The relative difference ``dtype`` allows (the half-precision one for another)."""
+    return TOLERANCE.get(dtype, TOLERANCE["float16"])
+
+
+def relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest |got - want| over the largest |want|."""
+    scale = want.abs().max().clamp_min(torch.finfo(want.dtype).tiny)
+    return float((got - want).abs().max() / scale)
+
+
+def within_tolerance(check: float | None, dtype: str) -> bool | None:
+    """Whether a relative difference is one ``dtype`` allows (None: it was not checked)."""
+    return None if check is None else check <= tolerance(dtype)

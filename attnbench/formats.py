@@ -152,27 +152,26 @@ def _with_traffic(entry: Any) -> Any:
     return {**entry, "theory": {"traffic": None, **theory}}
 
 
-def _v2_to_v3(raw: RawRun) -> RawRun:
+def _with_columns(raw: RawRun, columns: tuple[str, ...], version: int, known: str = "") -> RawRun:
+    """The folder with ``columns`` it lacks added empty and said unrecorded (but ``known``,
+    whose empty value is what such a folder meant), stamped ``version``."""
     results = raw.results.copy()
-    unrecorded = [c for c in V2_LATER_RESULTS if c not in results.columns]
-    for column in unrecorded:
+    added = [c for c in columns if c not in results.columns]
+    for column in added:
         results[column] = ""
     meta = dict(raw.meta)
-    meta["unrecorded"] = [*meta.get("unrecorded", []), *unrecorded]
-    meta["schema_version"] = 3
+    meta["unrecorded"] = [*meta.get("unrecorded", []), *(c for c in added if c != known)]
+    meta["schema_version"] = version
     return replace(raw, meta=meta, results=results)
+
+
+def _v2_to_v3(raw: RawRun) -> RawRun:
+    return _with_columns(raw, V2_LATER_RESULTS, 3)
 
 
 def _v3_to_v4(raw: RawRun) -> RawRun:
-    results = raw.results.copy()
-    unrecorded = [c for c in V3_LATER_RESULTS if c not in results.columns]
-    for column in unrecorded:
-        results[column] = ""
-    meta = dict(raw.meta)
-    # every case of such a run was eager: its compile columns are empty, not unknown
-    meta["unrecorded"] = [*meta.get("unrecorded", []), *(c for c in unrecorded if c != "compiled")]
-    meta["schema_version"] = 4
-    return replace(raw, meta=meta, results=results)
+    # every case of such a run was eager: "compiled" empty is known, the rest not recorded
+    return _with_columns(raw, V3_LATER_RESULTS, 4, known="compiled")
 
 
 _STEPS = (_v1_to_v2, _v2_to_v3, _v3_to_v4)  # _STEPS[v - 1] takes version v to v + 1

@@ -3,8 +3,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 import pytest
+import torch
 
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.results.run import RunResults
@@ -73,3 +75,15 @@ def wide_run(tmp_path_factory: pytest.TempPathFactory) -> RunResults:
         }
     )
     return run_sweep(grid, tmp_path_factory.mktemp("run") / "wide")
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread: on a shared 2-core machine two threads meeting stall for up to a
+    second (the reference workload's calls took 0.1 s each instead of 0.3 ms)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

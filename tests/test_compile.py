@@ -7,8 +7,6 @@ sample, one thread)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pandas as pd
 import pytest
 import torch
@@ -32,14 +30,7 @@ QUICK = TimingPolicy(warmup_calls=0, min_block_s=0.0, min_samples=1, max_samples
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def compiled_case(layer: str, text: str = "default", **options: object) -> Case:

@@ -23,10 +23,10 @@ from torch import nn
 from typer.testing import CliRunner
 
 from attnbench.cli import app
+from attnbench.devices import TOLERANCE
 from attnbench.formats import FORMAT_VERSION
 from attnbench.layers.decoding import State
 from attnbench.measure.case import DECODE_PATH, measure_case
-from attnbench.measure.decode import TOLERANCE
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing.loop import TimingPolicy
 from attnbench.results.loader import load_results
@@ -44,16 +44,7 @@ FAST = [
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One torch thread: on a shared 2-core machine two threads meeting stall for up to a
-    second (the reference workload's calls took 0.1 s each instead of 0.3 ms)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True)

@@ -70,7 +70,7 @@ from attnbench.fits.roofline import (
     split_rms,
 )
 from attnbench.measure.machine.ceilings import Ceilings
-from attnbench.results.run import RunResults
+from attnbench.results.run import RunResults, mode_of
 from attnbench.results.theories import Catalog, catalog
 
 __all__ = [
@@ -178,10 +178,7 @@ class Analysis:
     @property
     def mode(self) -> str:
         """What the run's calls were: forward, train or decode (one generation step)."""
-        frame = self.frame
-        if "mode" not in frame or not len(frame):
-            return "forward"
-        return str(frame["mode"].iloc[0])
+        return mode_of(self.frame)
 
     def machine_table(self) -> pd.DataFrame:
         """Per layer: cases, the bound of most of them, how far the machine model (nothing

@@ -25,6 +25,7 @@ from typing import Protocol, cast, runtime_checkable
 import torch
 from torch import nn
 
+from attnbench.devices import relative_difference
 from attnbench.errors import AttnbenchError
 
 State = dict[str, torch.Tensor]
@@ -139,5 +140,4 @@ def decode_error(layer: nn.Module, x: torch.Tensor) -> float:
     with torch.no_grad():
         stepped = decode_all(found, x)  # (B, n, d)
         parallel = causal_output(layer, x)  # (B, n, d)
-    scale = parallel.abs().max().clamp_min(torch.finfo(parallel.dtype).tiny)
-    return float((stepped - parallel).abs().max() / scale)
+    return relative_difference(stepped, parallel)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from attnbench.compiling import CompileSpec
+from attnbench.devices import relative_difference, tolerance, within_tolerance
 from attnbench.errors import AttnbenchError, first_line
 from attnbench.measure.memory import is_out_of_memory
 from attnbench.measure.record import CaseResult
@@ -40,9 +41,6 @@ class Called(Protocol):
 
 # Reasons of a graph break kept in compile_break_reasons, most frequent first.
 REASONS_KEPT = 3
-# The largest relative difference a compiled output may show, per dtype: inductor reorders
-# reductions and fuses elementwise ops (float32 rounding), it does not compute another function.
-TOLERANCE = {"float32": 1e-4, "float64": 1e-10, "float16": 2e-2, "bfloat16": 2e-2}
 
 
 class CompileFailed(AttnbenchError):
@@ -125,15 +123,7 @@ def compile_check(eager: nn.Module, model: nn.Module, x: torch.Tensor) -> float:
     with torch.no_grad():
         want = cast("torch.Tensor", eager(x))
         got = cast("torch.Tensor", model(x))
-    scale = want.abs().max().clamp_min(torch.finfo(want.dtype).tiny)
-    return float((got - want).abs().max() / scale)
-
-
-def compile_ok(check: float | None, dtype: str) -> bool | None:
-    """Whether a compile check is within its dtype's tolerance (None: not checked)."""
-    if check is None:
-        return None
-    return check <= TOLERANCE.get(dtype, TOLERANCE["float16"])
+    return relative_difference(got, want)
 
 
 @dataclass(frozen=True)
@@ -195,9 +185,9 @@ def with_compile(result: CaseResult, done: Compiled | None) -> CaseResult:
         compile_recompiles=done.recompiles,
         compile_check=done.check,
     )
-    if compile_ok(done.check, result.case.dtype) is not False:
+    if within_tolerance(done.check, result.case.dtype) is not False:
         return result
-    allowed = TOLERANCE.get(result.case.dtype, TOLERANCE["float16"])
+    allowed = tolerance(result.case.dtype)
     return replace(
         result,
         status=Status.FAILED,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from attnbench.devices import relative_difference, tolerance, within_tolerance
 from attnbench.layers.decoding import causal_output, decode_all, decoder, state_bytes
 from attnbench.measure.record import CaseResult
 from attnbench.measure.step import Step
@@ -23,15 +24,6 @@ PREFIX = 64
 # also checked against the parallel output at its position: a parallel call above it costs
 # an attention's n x n scores.
 WHOLE = 1024
-# The largest relative difference a step may show, per dtype: float32's rounding over a
-# reordered sum, not a different function.
-TOLERANCE = {"float32": 1e-4, "float64": 1e-10, "float16": 2e-2, "bfloat16": 2e-2}
-
-
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    """The largest |a - b| over the largest |b|."""
-    scale = b.abs().max().clamp_min(torch.finfo(b.dtype).tiny)
-    return float((a - b).abs().max() / scale)
 
 
 def decode_check(case: Case, step: Step) -> float:
@@ -45,10 +37,10 @@ def decode_check(case: Case, step: Step) -> float:
     tokens = min(case.tokens, PREFIX)
     with torch.no_grad():
         stepped = decode_all(found, x[:, :tokens])  # (B, m, d)
-        worst = _relative(stepped, causal_output(step.layer, x[:, :tokens]))
+        worst = relative_difference(stepped, causal_output(step.layer, x[:, :tokens]))
         if case.tokens <= WHOLE:
             parallel = causal_output(step.layer, x)  # (B, n + 1, d)
-            worst = max(worst, _relative(step(), parallel[:, case.n]))
+            worst = max(worst, relative_difference(step(), parallel[:, case.n]))
     return worst
 
 
@@ -59,14 +51,7 @@ def drift(step: Step) -> float:
     if step.first is None:
         return 0.0
     with torch.no_grad():
-        return _relative(step(), step.first)
-
-
-def decode_ok(check: float | None, dtype: str) -> bool | None:
-    """Whether a decode check is within its dtype's tolerance (None: not checked)."""
-    if check is None:
-        return None
-    return check <= TOLERANCE.get(dtype, TOLERANCE["float16"])
+        return relative_difference(step(), step.first)
 
 
 def held_bytes(step: Step) -> int | None:
@@ -86,7 +71,7 @@ class Decoded:
 def judged(result: CaseResult, decoded: Decoded | None = None) -> CaseResult:
     """A decode case whose step does not compute the causal layer is failed, its
     measurements kept: a step that computes something else must not pass as fast."""
-    allowed = TOLERANCE.get(result.case.dtype, TOLERANCE["float16"])
+    allowed = tolerance(result.case.dtype)
     if decoded is not None and decoded.drift > allowed:
         return replace(
             result,
@@ -95,24 +80,22 @@ def judged(result: CaseResult, decoded: Decoded | None = None) -> CaseResult:
             "(relative) after its timed calls: it changes the state it reads, so they did not "
             "all see context n (write only its own slot in place, or return new tensors)",
         )
-    if decode_ok(result.decode_check, result.case.dtype) is not False:
+    if within_tolerance(result.decode_check, result.case.dtype) is not False:
         return result
     return replace(
         result,
         status=Status.FAILED,
         error=f"its decoded tokens differ from the causal layer's parallel output by "
         f"{result.decode_check:.2g} (relative; {result.case.dtype} allows "
-        f"{TOLERANCE.get(result.case.dtype, TOLERANCE['float16']):g})",
+        f"{allowed:g})",
     )
 
 
 __all__ = [
     "PREFIX",
-    "TOLERANCE",
     "WHOLE",
     "Decoded",
     "decode_check",
-    "decode_ok",
     "drift",
     "held_bytes",
     "judged",

@@ -48,9 +48,7 @@ class RunResults:
     @property
     def mode(self) -> str:
         """What its cases timed: forward, train or decode (``spec.MODES``); a sweep has one."""
-        if "mode" not in self.frame or not self.frame["mode"].notna().any():
-            return "forward"
-        return str(self.frame["mode"].dropna().iloc[0])
+        return mode_of(self.frame)
 
     @property
     def calibration_s(self) -> float | None:
@@ -161,3 +159,10 @@ class RunResults:
         """Cases per status, every status named (zeros included), in ``STATUSES`` order."""
         found = self.frame["status"].value_counts().to_dict()
         return {status: int(found.get(status, 0)) for status in STATUSES}
+
+
+def mode_of(frame: pd.DataFrame) -> str:
+    """The mode of a run's rows (a sweep has one): forward where they do not say."""
+    if "mode" not in frame or not frame["mode"].notna().any():
+        return "forward"
+    return str(frame["mode"].dropna().iloc[0])
