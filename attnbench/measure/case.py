@@ -312,6 +312,10 @@ def attention_fast_paths(step: Step) -> frozenset[str]:
     the layer holds an nn.MultiheadAttention, none (and no call) otherwise."""
     if not any(isinstance(module, nn.MultiheadAttention) for module in step.layer.modules()):
         return frozenset()
+    if step.model is not None:  # compiled: counted as the eager layer, which is called here
+        if step.layer.training:  # (dynamo would trace a dispatch mode around the compiled one)
+            return frozenset()  # a training call takes no fast path
+        step = dataclasses.replace(step, call=step.forward, model=None)
     seen: set[str] = set()
     recording_fused(step, seen)()
     return frozenset(seen & ATTENTION_FAST_PATHS)
