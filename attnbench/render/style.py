@@ -243,7 +243,7 @@ def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> None:
         # up to the panel's longest time: a guide never widens the shared scale
         reach = n0 * (top / t0) ** (1 / power) if power else n1
         ns = np.array([n0, min(n1, reach)])
-        ys = t0 * (ns / n0) ** power
+        ys = np.minimum(t0 * (ns / n0) ** power, top)  # the root's rounding must not overshoot
         ax.plot(ns, ys, color="0.6", lw=0.8, ls="-.", label=f"_{name}", zorder=0)
         ax.annotate(name, (ns[-1], ys[-1]), fontsize=8, color="0.45", ha="right", va="bottom")
 
