@@ -105,6 +105,12 @@ def quiet_level(references: Sequence[float]) -> float:
     return found[min(len(found) - 1, int(QUIET_QUANTILE * len(found)))]
 
 
+def quieter(*levels: float | None) -> float | None:
+    """The lowest of the quiet levels known (None: none is)."""
+    known = [x for x in levels if x is not None and x > 0 and math.isfinite(x)]
+    return min(known) if known else None
+
+
 def is_disturbed(reference: float | None, quiet: float | None) -> bool:
     """Whether a round's reference read more than ``QUIET_FACTOR`` over the quiet level."""
     if reference is None or quiet is None or not (quiet > 0 and math.isfinite(reference)):
@@ -162,27 +168,27 @@ def estimate(
     prior: Prior | None = None,
     rerun: int | None = None,
 ) -> Estimate:
-    """The time and the interval a re-run's time lands in, from samples in groups; ``references``, one a group, with the
-    run's ``quiet`` level, leave out the groups taken on a disturbed machine (while two or more
-    undisturbed ones remain); ``prior``, the run's, moderates the groups' own variance.
+    """The time and the interval a re-run's time lands in, from samples in groups;
+    ``references``, one a group, with the run's ``quiet`` level, leave out the groups taken on
+    a disturbed machine (while two or more undisturbed ones remain); ``prior``, the run's,
+    moderates the groups' own variance.
 
-    One group: its median, and the order-statistic interval of that median (``median_ci``).
-    Several: each group is summarised by its median, and the time is their geometric mean;
-    the analysis of cluster means, exact for a nested design whose cluster effects are
-    log-normal, and valid from two clusters (Cameron & Miller, "A Practitioner's Guide to
-    Cluster-Robust Inference", 2015, §VI). The interval is a Student-t *prediction* interval on
-    their logs for the mean of a re-run's ``rerun`` groups (as many as these by default):
-    ``t * s * sqrt(1/k + 1/m)`` (Hahn, Meeker & Escobar, *Statistical Intervals*, 2017, §4.7),
-    since what a user checks an interval against is a re-run, whose own processes scatter
-    as much as these did; a confidence interval for the mean (``sqrt(1/k)``) held the other
-    runs' median in 52-59% of cases where this held 85% (``benchmarks/coverage.py``). The variance of
-    a group's median holds both the between-process spread and its own sampling noise, so
-    both are inside the interval. The order statistics of the group medians would need six
-    groups for any 95% interval, and a bootstrap over groups covers too little with a few
-    (``benchmarks/coverage.py`` compares them on the same runs). Logs, because a process's
-    speed and a busy machine scale a time rather than add to it. With a few rounds a case's own
-    variance may come out small by chance, and the run's other cases say what is typical: the
-    moderated variance (``Prior``) is their weighted mean, with their degrees of freedom
+    One group: its median, and the order-statistic interval of that median (``median_ci``). Several:
+    each group is summarised by its median, and the time is their geometric mean; the analysis of
+    cluster means, exact for a nested design whose cluster effects are log-normal, and valid from
+    two clusters (Cameron & Miller, "A Practitioner's Guide to Cluster-Robust Inference", 2015,
+    §VI). The interval is a Student-t *prediction* interval on their logs for the mean of a re-run's
+    ``rerun`` groups (as many as these by default): ``t * s * sqrt(1/k + 1/m)`` (Hahn, Meeker &
+    Escobar, *Statistical Intervals*, 2017, §4.7), since what a user checks an interval against is a
+    re-run, whose own processes scatter as much as these did; a confidence interval for the mean
+    (``sqrt(1/k)``) held the other runs' median in 52-59% of cases where this held 85%
+    (``benchmarks/coverage.py``). The variance of a group's median holds both the between-process
+    spread and its own sampling noise, so both are inside the interval. The order statistics of the
+    group medians would need six groups for any 95% interval, and a bootstrap over groups covers too
+    little with a few (``benchmarks/coverage.py`` compares them on the same runs). Logs, because a
+    process's speed and a busy machine scale a time rather than add to it. With a few rounds a
+    case's own variance may come out small by chance, and the run's other cases say what is typical:
+    the moderated variance (``Prior``) is their weighted mean, with their degrees of freedom
     added."""
     kept, disturbed, left_out = kept_rounds(groups, references, quiet)
     counted = {"disturbed": disturbed, "left_out": left_out}

@@ -220,6 +220,7 @@ _PARTNER_DEFAULTS: dict[str, dict[str, Any]] = {
         "faults": None,
         "major_faults": None,
         "references_s": None,
+        "waited_s": 0.0,
     },
     "done": {"load_1m": None, "process": "", "ended": ""},
     "worker": {"allocator": UNRECORDED_ALLOCATOR},

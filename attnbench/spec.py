@@ -179,6 +179,9 @@ class Grid:
     mode: str = "forward"
     threads: int | None = None  # CPU threads; None keeps torch's default (and records it)
     time_budget_s: float = 0.3  # most seconds a case's rounds may cost past the least
+    # Seconds a sweep may wait, in all, for a disturbed machine to read quiet before a round
+    # (``measure.timing.reference.settle``); 0: never wait.
+    wait_quiet_s: float = 60.0
     seed: int = 0
     max_case_s: float | None = None  # a first call slower than this is a timeout; None: no limit
     # A case's process that grows past this many bytes is ended and the case recorded oom (a
@@ -316,6 +319,12 @@ def _positive_seconds(value: Any, name: str) -> float:
     return float(value)
 
 
+def _seconds(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise AttnbenchError(f"--{name} must be a number of seconds, 0 or more, got {value!r}")
+    return float(value)
+
+
 _SIZE_UNITS = {"": 1, "B": 1, "K": 2**10, "KIB": 2**10, "M": 2**20, "MIB": 2**20,
                "G": 2**30, "GIB": 2**30, "T": 2**40, "TIB": 2**40}  # fmt: skip
 
@@ -423,6 +432,11 @@ OPTIONS: tuple[Option, ...] = (
            "Seconds a case's rounds may take, their processes' own costs and timed calls "
            "together: the --processes rounds always run, each with a share of it for its "
            "samples; more only within it, while the interval is wider than ±2%."),
+    Option("wait_quiet", "wait_quiet_s", float, lambda v: _seconds(v, "wait-quiet"),
+           "Seconds the sweep may wait, in all, for a busy machine to quiet down: a round "
+           "whose machine reference reads the machine disturbed (a neighbour's load) waits, "
+           "up to 10 s, before it times; 0 never waits. run.json records what was waited.",
+           envvar="ATTNBENCH_WAIT_QUIET"),
     Option("seed", "seed", int, _seed, "Seed for weights and inputs."),
     Option("max_case_seconds", "max_case_s", float,
            lambda v: _positive_seconds(v, "max-case-seconds"),

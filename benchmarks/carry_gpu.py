@@ -65,9 +65,11 @@ def main() -> None:
              times(carry(h200.measured, *both), "predicted_time_s"))  # fmt: skip  # one row
     implied = (times(h100.measured, "time_s") / times(h100.measured, "ops")).median()
     before = (times(h200.measured, "time_s") / times(h200.measured, "ops")).median()
-    print(f"\nmeasured time per counted op, median over the grid: H200 {before * 1e6:.1f} µs, "
-          f"H100 {implied * 1e6:.1f} µs (ratio {implied / before:.2f}); op latency "
-          f"{source.op_latency_s * 1e6:.1f} and {target.op_latency_s * 1e6:.1f} µs")
+    print(
+        f"\nmeasured time per counted op, median over the grid: H200 {before * 1e6:.1f} µs, "
+        f"H100 {implied * 1e6:.1f} µs (ratio {implied / before:.2f}); op latency "
+        f"{source.op_latency_s * 1e6:.1f} and {target.op_latency_s * 1e6:.1f} µs"
+    )
 
 
 if __name__ == "__main__":

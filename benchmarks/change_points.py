@@ -32,18 +32,22 @@ def main() -> None:
     args = parser.parse_args()
     changes.BETA, changes.CONFIRM_P = args.beta, args.confirm_p
     changes.MIN_SIZE = args.min_size
-    print(f"PELT penalty {changes.BETA} x sigma x ln n, segments of {changes.MIN_SIZE} or more, "
-          f"confirmed at p < {changes.CONFIRM_P}")
+    print(
+        f"PELT penalty {changes.BETA} x sigma x ln n, segments of {changes.MIN_SIZE} or more, "
+        f"confirmed at p < {changes.CONFIRM_P}"
+    )
     start = time.perf_counter()
     made = [history(args.seed + i) for i in range(args.histories)]
     found = [[s.index for s in changes.find_steps(h.times)] for h in made]
     took = time.perf_counter() - start
     for margin in (10, 5):
         result = score(found, made, margin)
-        print(f"within {margin} commits: {result['found']} steps found, "
-              f"{result['steps_10pct']} steps of 10% or more put; false positives "
-              f"{result['false_positive']:.1%} of those found (Mozilla's t-test alerts: "
-              f"12.5%), missed {result['missed']:.1%} of those of 10% or more (Mozilla: 6.8%)")
+        print(
+            f"within {margin} commits: {result['found']} steps found, "
+            f"{result['steps_10pct']} steps of 10% or more put; false positives "
+            f"{result['false_positive']:.1%} of those found (Mozilla's t-test alerts: "
+            f"12.5%), missed {result['missed']:.1%} of those of 10% or more (Mozilla: 6.8%)"
+        )
     print(f"{took:.1f} s, {took / args.histories * 1e3:.0f} ms a history of 200 commits")
 
 

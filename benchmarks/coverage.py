@@ -38,6 +38,7 @@ from attnbench.estimators import (
     median_ci,
     prior_of,
     quiet_level,
+    quieter,
 )
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
@@ -122,9 +123,10 @@ def rounds_of(run: RunResults, case_id: str, first: int | None = None) -> Rounds
         ref = group["reference_s"].iloc[0]
         refs.append(None if math.isnan(ref) else float(ref))
     every = run.samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
-    quiet = quiet_level(every.tolist())
+    own = quiet_level(every.tolist())
+    quiet = quieter(None if math.isnan(own) else own, run.record.machine_quiet_s)
     cut = slice(0, first)
-    return groups[cut], refs[cut], None if math.isnan(quiet) else quiet
+    return groups[cut], refs[cut], quiet
 
 
 def over(run: RunResults, rule: Callable[[Rounds], Interval], first: int | None = None):  # type: ignore[no-untyped-def]
@@ -145,7 +147,7 @@ def attnbench_over(run: RunResults, first: int | None = None) -> dict[str, Inter
 
 
 def t_every_round(rounds: Rounds) -> Interval:
-    found = estimate(rounds[0])
+    found = estimate(rounds[0])  # every round kept, unmoderated: still a re-run's interval
     return found.center_s, found.low_s, found.high_s
 
 
@@ -221,7 +223,11 @@ def main() -> None:
         for way in ways
         if any(folder.glob(f"{way}-*"))
     }
-    print(f"{args.invocations} invocations a way, runs in {folder}")
+    counts = ", ".join(f"{len(v)} {k}" for k, v in runs.items())
+    print(f"invocations: {counts}; runs in {folder}")
+    for way, loaded in runs.items():
+        waits = [f"{r.record.waited_s:.0f}" for r in loaded]
+        print(f"{way}: seconds waited for a quiet machine, by invocation: {', '.join(waits)}")
     for way, loaded in runs.items():
         report(f"{way}: as stated", [stated(r) for r in loaded])
     if "processes" in runs:

@@ -78,10 +78,22 @@ def gate_rep(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     gate = ["--max-slowdown", args.max_slowdown, "--fail-on", "time"]
     sweep = ["sweep", *g, "--layers", args.layers, "--processes", str(args.rounds), "--no-charts"]
     walls = {name: cli(*sweep, "--out", str(root / name))[2] for name in ("A1", "A2")}
-    walls["ab-aa"] = cli("ab", *g, "--layers", args.layers, "--json", "--out",
-                         str(root / "ab-aa"), *gate)[2]
-    walls["ab-ab"] = cli("ab", *g, "--base-layers", args.layers, "--layers", ",".join(slowed),
-                         *percent, "--json", "--out", str(root / "ab-ab"), *gate)[2]
+    walls["ab-aa"] = cli(
+        "ab", *g, "--layers", args.layers, "--json", "--out", str(root / "ab-aa"), *gate
+    )[2]
+    walls["ab-ab"] = cli(
+        "ab",
+        *g,
+        "--base-layers",
+        args.layers,
+        "--layers",
+        ",".join(slowed),
+        *percent,
+        "--json",
+        "--out",
+        str(root / "ab-ab"),
+        *gate,
+    )[2]
     judged = judge_rep(args, root, walls)
     assert judged is not None
     return judged
@@ -100,27 +112,47 @@ def judge_rep(
     """A repetition's record from the folders it kept (None if it was cut short): compare is
     run on the two sweeps, the ab verdicts are read back. Walls: as measured when given, else
     from run.json (to the second)."""
-    needed = [root / "A1" / "run.json", root / "A2" / "run.json",
-              root / "ab-aa" / "verdicts.json", root / "ab-ab" / "verdicts.json"]
+    needed = [
+        root / "A1" / "run.json",
+        root / "A2" / "run.json",
+        root / "ab-aa" / "verdicts.json",
+        root / "ab-ab" / "verdicts.json",
+    ]
     if not all(p.exists() for p in needed):
         return None
     walls = walls or {
-        "A1": _seconds(root / "A1"), "A2": _seconds(root / "A2"),
+        "A1": _seconds(root / "A1"),
+        "A2": _seconds(root / "A2"),
         **{ab: _seconds(root / ab / "base", root / ab / "current") for ab in ("ab-aa", "ab-ab")},
     }
     out: dict[str, Any] = {}
     for basis, extra in (("raw", []), ("normalised", ["--normalize"])):
-        code, verdicts, _ = cli("compare", str(root / "A1"), str(root / "A2"), "--json",
-                                "--max-slowdown", args.max_slowdown, "--fail-on", "time", *extra)
+        code, verdicts, _ = cli(
+            "compare",
+            str(root / "A1"),
+            str(root / "A2"),
+            "--json",
+            "--max-slowdown",
+            args.max_slowdown,
+            "--fail-on",
+            "time",
+            *extra,
+        )
         out[f"compare_{basis}"] = {"exit": code, "flagged": regressions(verdicts)}
     out["sweep_wall"] = [walls["A1"], walls["A2"]]
     aa = json.loads((root / "ab-aa" / "verdicts.json").read_text())
-    out["ab_aa"] = {"exit": int(aa["failed"]), "flagged": regressions(aa), "wall": walls["ab-aa"],
-                    "ratios": [c["ratio_judged"] for c in aa["cases"]]}
+    out["ab_aa"] = {
+        "exit": int(aa["failed"]),
+        "flagged": regressions(aa),
+        "wall": walls["ab-aa"],
+        "ratios": [c["ratio_judged"] for c in aa["cases"]],
+    }
     ab = json.loads((root / "ab-ab" / "verdicts.json").read_text())
     hit, everyone = regressions(ab, "slowed"), regressions(ab)
     out["ab_slowed"] = {
-        "exit": int(ab["failed"]), "hit": hit, "wall": walls["ab-ab"],
+        "exit": int(ab["failed"]),
+        "hit": hit,
+        "wall": walls["ab-ab"],
         "others": (everyone[0] - hit[0], everyone[1] - hit[1]),
         "ratios": [c["ratio_judged"] for c in ab["cases"] if "slowed" in c["layer"]],
     }
@@ -138,19 +170,32 @@ def analyse_kept(args: argparse.Namespace) -> None:
 def instructions_rep(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     g = ["--n", args.count_n, "--d", args.count_d, "--quiet", "--metric", "instructions"]
     out: dict[str, Any] = {}
-    code, verdicts, wall = cli("ab", *g, "--layers", args.count_layers, "--json", "--out",
-                               str(root / "count-aa"))
+    code, verdicts, wall = cli(
+        "ab", *g, "--layers", args.count_layers, "--json", "--out", str(root / "count-aa")
+    )
     ratios = [c["metrics"]["instructions"]["change"] for c in verdicts["cases"]]
     out["aa"] = {"exit": code, "wall": wall, "changes": ratios}
     layers = args.count_layers.split(",")
     plain = [f"{SLOWED}:plain_work" if x == "attention" else x for x in layers]
     extra = [f"{SLOWED}:extra_work" if x == "attention" else x for x in layers]
-    code, verdicts, wall = cli("ab", *g, "--base-layers", ",".join(plain), "--layers",
-                               ",".join(extra), "--json", "--out", str(root / "count-ab"))
+    code, verdicts, wall = cli(
+        "ab",
+        *g,
+        "--base-layers",
+        ",".join(plain),
+        "--layers",
+        ",".join(extra),
+        "--json",
+        "--out",
+        str(root / "count-ab"),
+    )
     hits = [c["metrics"]["instructions"] for c in verdicts["cases"] if "extra" in c["layer"]]
-    out["extra"] = {"exit": code, "wall": wall,
-                    "hit": (sum(h["verdict"] == "regression" for h in hits), len(hits)),
-                    "changes": [h["change"] for h in hits]}
+    out["extra"] = {
+        "exit": code,
+        "wall": wall,
+        "hit": (sum(h["verdict"] == "regression" for h in hits), len(hits)),
+        "changes": [h["change"] for h in hits],
+    }
     return out
 
 
@@ -170,9 +215,19 @@ def run_suite(args: argparse.Namespace) -> None:
     if args.suite == "instructions":
         ci = HERE.parent / "ci.toml"
         with neighbour(args.neighbour, seed=99):
-            _, _, wall = cli("sweep", "--config", str(ci), "--metric", "instructions",
-                             "--processes", "1", "--no-charts", "--quiet", "--out",
-                             str(root / "ci-instructions"))
+            _, _, wall = cli(
+                "sweep",
+                "--config",
+                str(ci),
+                "--metric",
+                "instructions",
+                "--processes",
+                "1",
+                "--no-charts",
+                "--quiet",
+                "--out",
+                str(root / "ci-instructions"),
+            )
         print(f"\nan instruction-count sweep of ci.toml's grid took {wall:.0f} s")
     summarise(args, record)
     if args.keep:
@@ -192,33 +247,47 @@ def summarise(args: argparse.Namespace, record: list[dict[str, Any]]) -> None:
     reps = len(record)
     noise = "with a busy neighbour on and off" if args.neighbour else "on a quiet machine"
     if args.suite == "gate":
-        print(f"\n{reps} repetitions {noise}; grid {args.layers} n={args.n} d={args.d}, "
-              f"budget {args.time_budget} s/case; --max-slowdown {args.max_slowdown}")
-        print(f"  stored baseline (two sweeps, --rounds {args.rounds}, compare): runs failing "
-              f"{_runs(record, 'compare_raw')} raw, {_runs(record, 'compare_normalised')} "
-              f"normalised; cases flagged {_rate([r['compare_raw']['flagged'] for r in record])} "
-              f"raw, {_rate([r['compare_normalised']['flagged'] for r in record])} normalised")
+        print(
+            f"\n{reps} repetitions {noise}; grid {args.layers} n={args.n} d={args.d}, "
+            f"budget {args.time_budget} s/case; --max-slowdown {args.max_slowdown}"
+        )
+        print(
+            f"  stored baseline (two sweeps, --rounds {args.rounds}, compare): runs failing "
+            f"{_runs(record, 'compare_raw')} raw, {_runs(record, 'compare_normalised')} "
+            f"normalised; cases flagged {_rate([r['compare_raw']['flagged'] for r in record])} "
+            f"raw, {_rate([r['compare_normalised']['flagged'] for r in record])} normalised"
+        )
         aa = np.array([x for r in record for x in r["ab_aa"]["ratios"]])
-        print(f"  ab A/A: runs failing {_runs(record, 'ab_aa')}; cases flagged "
-              f"{_rate([r['ab_aa']['flagged'] for r in record])}; paired ratio |r - 1| median "
-              f"{np.median(np.abs(aa - 1)):.1%}, max {np.max(np.abs(aa - 1)):.1%}; one run "
-              f"{np.median([r['ab_aa']['wall'] for r in record]):.0f} s")
+        print(
+            f"  ab A/A: runs failing {_runs(record, 'ab_aa')}; cases flagged "
+            f"{_rate([r['ab_aa']['flagged'] for r in record])}; paired ratio |r - 1| median "
+            f"{np.median(np.abs(aa - 1)):.1%}, max {np.max(np.abs(aa - 1)):.1%}; one run "
+            f"{np.median([r['ab_aa']['wall'] for r in record]):.0f} s"
+        )
         sl = np.array([x for r in record for x in r["ab_slowed"]["ratios"]])
-        print(f"  ab, {args.slow_layer} {args.slowdown:.0%} slower: runs failing (detected) "
-              f"{_runs(record, 'ab_slowed')}; slowed cases flagged "
-              f"{_rate([r['ab_slowed']['hit'] for r in record])}, others "
-              f"{_rate([r['ab_slowed']['others'] for r in record])}; measured ratio median "
-              f"{np.median(sl):.3f}")
+        print(
+            f"  ab, {args.slow_layer} {args.slowdown:.0%} slower: runs failing (detected) "
+            f"{_runs(record, 'ab_slowed')}; slowed cases flagged "
+            f"{_rate([r['ab_slowed']['hit'] for r in record])}, others "
+            f"{_rate([r['ab_slowed']['others'] for r in record])}; measured ratio median "
+            f"{np.median(sl):.3f}"
+        )
     else:
         changes = np.abs([x for r in record for x in r["aa"]["changes"]])
-        print(f"\n{reps} repetitions {noise}; ab --metric instructions on "
-              f"{args.count_layers} n={args.count_n} d={args.count_d}")
-        print(f"  A/A: runs failing {_runs(record, 'aa')}; runs with every count within 1%: "
-              f"{sum(max(map(abs, r['aa']['changes'])) < 0.01 for r in record)}/{reps}; "
-              f"|change| median {np.median(changes):.3%}, max {np.max(changes):.3%}; one run "
-              f"{np.median([r['aa']['wall'] for r in record]):.0f} s")
+        print(
+            f"\n{reps} repetitions {noise}; ab --metric instructions on "
+            f"{args.count_layers} n={args.count_n} d={args.count_d}"
+        )
+        print(
+            f"  A/A: runs failing {_runs(record, 'aa')}; runs with every count within 1%: "
+            f"{sum(max(map(abs, r['aa']['changes'])) < 0.01 for r in record)}/{reps}; "
+            f"|change| median {np.median(changes):.3%}, max {np.max(changes):.3%}; one run "
+            f"{np.median([r['aa']['wall'] for r in record]):.0f} s"
+        )
         extra = [x for r in record for x in r["extra"]["changes"]]
-        print(f"  attention computing 1 call in 10 twice: runs failing (detected) "
-              f"{_runs(record, 'extra')}; cases flagged "
-              f"{_rate([r['extra']['hit'] for r in record])}; instruction change median "
-              f"{np.median(extra):+.2%}")
+        print(
+            f"  attention computing 1 call in 10 twice: runs failing (detected) "
+            f"{_runs(record, 'extra')}; cases flagged "
+            f"{_rate([r['extra']['hit'] for r in record])}; instruction change median "
+            f"{np.median(extra):+.2%}"
+        )

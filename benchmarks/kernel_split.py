@@ -130,8 +130,7 @@ def main() -> None:
     print(f"one large product: share {found['Linear 2048x1024']:.2f} (target > 0.9); its kernel "
           f"time / the product timed alone {ratio:.3f} (target within 10%; "
           f"{min(ratios):.3f}..{max(ratios):.3f} over {len(ratios)} pairs)")  # fmt: skip
-    print(f"a Python loop of tiny ops: share {found['Python loop, 200 tiny']:.2f} "
-          "(target < 0.3)")
+    print(f"a Python loop of tiny ops: share {found['Python loop, 200 tiny']:.2f} (target < 0.3)")
 
 
 if __name__ == "__main__":

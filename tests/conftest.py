@@ -23,6 +23,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # The command line's sweeps run in this process unless a test asks for the fork server
     # (tests/test_fork.py): a server costs an import of torch, a case a fork and a first call.
     os.environ.setdefault("ATTNBENCH_EXECUTOR", "serial")
+    # No sweep of the suite waits for a quiet machine (the suite's own workers are its
+    # neighbours); the waiting is tested with fake clocks (tests/test_quiet.py).
+    os.environ["ATTNBENCH_WAIT_QUIET"] = "0"
+
+
+@pytest.fixture(autouse=True)
+def _no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sweeps made through the API wait for no quiet machine either (see above)."""
+    monkeypatch.setattr("attnbench.run.queue.ROUND_WAIT_S", 0.0)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -228,12 +228,27 @@ def replication_notes(run: RunResults) -> list[str]:
     process (no process's own speed is inside its intervals)."""
     measured, notes = run.measured, []
     disturbed = numeric_column(measured, "rounds_disturbed").fillna(0)
+    waited = run.record.waited_s
     if disturbed.sum():
         notes.append(
             f"{int(disturbed.sum())} round(s) of {int((disturbed > 0).sum())} case(s) ran while "
             "the machine was disturbed (their reference read over "
-            f"{QUIET_FACTOR:g}x its quiet level): left out of their times where two quiet "
-            "rounds remained (rounds_disturbed)"
+            f"{QUIET_FACTOR:g}x its quiet level"
+            + (", after waiting for it to quiet down" if waited else "")
+            + "): left out of their times where two quiet rounds remained (rounds_disturbed)"
+        )
+    busy = measured[disturbed >= numeric_column(measured, "rounds").fillna(0) - 1]
+    busy = busy[numeric_column(busy, "rounds_disturbed").fillna(0) > 0]
+    if len(busy):
+        notes.append(
+            f"{len(busy)} case(s) had fewer than two quiet rounds: their times are a busy "
+            "machine's, slower than a quiet re-run would find (sweep them again when it is "
+            "quiet, or give --wait-quiet more)"
+        )
+    if waited:
+        notes.append(
+            f"the rounds waited {waited:.0f} s in all for the machine to read quiet "
+            f"(--wait-quiet {run.record.config.get('wait_quiet_s', 0):g})"
         )
     between = numeric_column(measured, "spread_between")
     wider = measured[between > numeric_column(measured, "spread_within")]

@@ -48,7 +48,7 @@ from attnbench.measure.timing.clocks import device_clock_max
 from attnbench.measure.timing.faults import FaultCounter
 from attnbench.measure.timing.gputimers import Timed, device_split, time_step
 from attnbench.measure.timing.loop import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats
-from attnbench.measure.timing.reference import around
+from attnbench.measure.timing.reference import referenced
 from attnbench.measure.timing.split import KernelSplit, kernel_share
 from attnbench.provenance import CACHED_MARK, Provenance, Source
 from attnbench.schema import Status
@@ -107,6 +107,7 @@ def measure_case(
             timed = referenced(
                 lambda: time_step(step, policy, case.device, clock=clock, sync=sync, faults=faults),
                 clock,
+                policy,
             )
         compiled = finished(step, compiling)  # its recompiles: the timed calls' own
         counts, source, memory = exact_counts(case, seed, step, cached, cached_memory, counting)
@@ -234,14 +235,6 @@ def exact_counts(
         if store:
             store.write_profile(case, seed, memory)
     return counts, source, memory
-
-
-def referenced(timing: Callable[[], Timed], clock: Clock) -> Timed:
-    """A round's timing between two readings of the machine's reference, which its samples
-    carry (``measure.timing.reference``)."""
-    timed, reference = around(timing, clock)
-    stats = dataclasses.replace(timed.stats, references_s=(reference,) * timed.stats.count)
-    return dataclasses.replace(timed, stats=stats)
 
 
 def cached_counts(case: Case, seed: int, counting: Counting) -> countcache.Counts | None:
@@ -491,6 +484,7 @@ def retime_case(
         return referenced(
             lambda: time_step(step, policy, case.device, clock=clock, sync=sync, faults=faults),
             clock,
+            policy,
         ).stats
     except Exception:
         release_memory(case.device)

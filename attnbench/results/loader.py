@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.estimators import prior_of, quiet_level
+from attnbench.estimators import prior_of, quiet_level, quieter
 from attnbench.formats import RawRun, folder_version, migrate_run
 from attnbench.measure.record import timing_columns
 from attnbench.measure.timing.clocks import median_clock, throttled_share
@@ -32,6 +32,7 @@ from attnbench.results.files import (
     check_columns,
     read_csv,
 )
+from attnbench.results.record import RunRecord
 from attnbench.results.run import RunResults
 from attnbench.results.theories import record_problem
 from attnbench.schema import (
@@ -89,6 +90,7 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "ceilings": (dict, _OPTIONAL),
     "count_cache": (dict, _OPTIONAL),
     "auto": (dict, _OPTIONAL),
+    "quiet": (dict, _OPTIONAL),
     "unrecorded": (list,),
 }
 # The configuration entries that the reading commands use, by the types they must have.
@@ -225,7 +227,7 @@ def load_results(path: Path | str) -> RunResults:
         warnings.append(f"ignored {int((~keep).sum())} sample(s) of a case that never finished")
         samples = samples[keep].reset_index(drop=True)
     if len(samples) and (samples["round"].max() > 1 or frame["time_ci_high_s"].isna().all()):
-        frame = _with_all_rounds(frame, samples)
+        frame = _with_all_rounds(frame, samples, RunRecord.parse(raw.meta).machine_quiet_s)
     return RunResults(
         path=path,
         frame=frame,
@@ -279,15 +281,19 @@ OVER_ROUNDS = (
 )  # fmt: skip
 
 
-def _with_all_rounds(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+def _with_all_rounds(
+    frame: pd.DataFrame, samples: pd.DataFrame, machine_quiet: float | None
+) -> pd.DataFrame:
     """A row is written after a case's first round; its timing columns (and FLOP/s and the
     kernels' time) over every round come from ``TimingStats``, the one place timing statistics
-    are derived. Rows that hold no interval get it here."""
+    are derived. Rows that hold no interval get it here. A round is judged disturbed against
+    the run's quiet level, or the machine's (``run.quiet``) where that was quieter."""
     frame = frame.copy()
     by_case = samples.groupby("case_id")["time_s"]
     ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
     rounds = samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
-    quiet = quiet_level(rounds.tolist())
+    own = quiet_level(rounds.tolist())
+    quiet = quieter(None if math.isnan(own) else own, machine_quiet)
     stats = {}
     for i in ok:
         row = frame.loc[i]
@@ -298,7 +304,7 @@ def _with_all_rounds(frame: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame
             float(row["time_total_s"]),
             rounds=tuple(int(r) for r in own["round"]),
             references_s=tuple(None if pd.isna(r) else float(r) for r in own["reference_s"]),
-            quiet_s=None if math.isnan(quiet) else quiet,
+            quiet_s=quiet,
         )
     prior = prior_of([timing.kept_variance() for timing in stats.values()])
     for i in ok:

@@ -33,6 +33,10 @@ class RunRecord:
     ceilings: dict[str, Any] | None = None  # the machine's, recorded at the start
     ceilings_error: str | None = None  # why they could not be measured
     calibration: Any = None  # the calibration kernel's description
+    # The machine's quiet reference its rounds were judged against as well as the run's own
+    # (``run.quiet``; None: no sweep had kept one), and what its rounds waited for quiet.
+    machine_quiet_s: float | None = None
+    waited_s: float = 0.0
     # Columns of results.csv the run did not record (empty in every row it has; the loader
     # keeps the list so as it reads the rows).
     unrecorded: tuple[str, ...] = ()
@@ -47,6 +51,7 @@ class RunRecord:
         else:
             status = RunStatus.COMPLETE if meta.get("end_time") else RunStatus.RUNNING
         ceilings = meta.get("ceilings")
+        quiet = meta.get("quiet") or {}
         return cls(
             status=status,
             config=dict(meta.get("config") or {}),
@@ -64,4 +69,6 @@ class RunRecord:
             ceilings_error=meta.get("ceilings_error") or None,
             calibration=meta.get("calibration"),
             unrecorded=tuple(meta.get("unrecorded") or ()),
+            machine_quiet_s=quiet.get("machine_s"),
+            waited_s=float(quiet.get("waited_s") or 0.0),
         )

@@ -28,6 +28,7 @@ from attnbench.estimators import (
     log_variance,
     prior_of,
     quiet_level,
+    quieter,
 )
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import DIED_ERROR, WORKER_DIED_ERROR, CaseResult
@@ -44,6 +45,9 @@ from attnbench.run.signals import GracefulStop
 from attnbench.schema import BLOCKING, Status
 from attnbench.spec import MORE_PROCESSES, Case, Grid
 
+# The most a round waits for the machine to read quiet (``measure.timing.reference.settle``),
+# within what is left of the sweep's ``--wait-quiet``.
+ROUND_WAIT_S = 10.0
 # How a job whose process the fork server ended for its memory or its time is recorded: no
 # retry, since the next process would end the same way.
 ENDED_STATUS = {Ending.OOM.value: Status.OOM, Ending.TIMEOUT.value: Status.TIMEOUT}
@@ -138,11 +142,14 @@ def _block(case: Case | Any, status: Status, died: bool) -> _Block | None:
 class Measuring:
     """What every case of a sweep is measured with, the same on every worker: ``policy`` how
     each round samples (None: ``round_policy`` of the grid), ``calibration`` the GEMM timed
-    between cases (None: off), ``counting`` how the exact counts are taken."""
+    between cases (None: off), ``counting`` how the exact counts are taken, ``quiet_s`` the
+    quietest machine reference of this machine's latest sweeps (``run.quiet``; None: unknown),
+    which a round is judged against as well as the sweep's own."""
 
     policy: TimingPolicy | None = None
     calibration: Calibration | None = DEFAULT_CALIBRATION
     counting: Counting = DEFAULT_COUNTING
+    quiet_s: float | None = None
 
 
 DEFAULT_MEASURING = Measuring()
@@ -180,6 +187,8 @@ class JobQueue:
         replication: Replication | None = None,
     ) -> None:
         self.grid, self.writer, self.progress, self.stop = grid, writer, progress, stop
+        self.machine_quiet = measuring.quiet_s
+        self.waited_s = 0.0  # what the rounds waited for a quiet machine, in all
         self.last: Case | None = None  # the case the latest event was about
         self.cases = grid.cases()
         self.index = {case.case_id: i for i, case in enumerate(self.cases)}
@@ -282,11 +291,13 @@ class JobQueue:
         return total
 
     def _job(self, case: Case, round_: int) -> Job:
+        left = max(0.0, self.grid.wait_quiet_s - self.waited_s)
+        policy = replace(self.policy, quiet_s=self.quiet(), wait_s=min(ROUND_WAIT_S, left))
         return Job(
             case=case,
             round=round_,
             seed=self.grid.seed,
-            policy=self.policy,
+            policy=policy,
             max_case_s=self.grid.max_case_s,
             calibration=self.calibration,
             device_name=self.device_of.get(case.case_id) if round_ > 1 else None,
@@ -313,10 +324,12 @@ class JobQueue:
             heapq.heappush(self.later, key)
 
     def quiet(self) -> float | None:
-        """The sweep's quiet machine reference so far (``estimators.quiet_level``)."""
+        """The quiet machine reference: the sweep's so far (``estimators.quiet_level``), or
+        the machine's latest sweeps' where that is quieter (a sweep busy throughout)."""
         seen = [r for mine in self.references.values() for r in mine.values() if r is not None]
         found = quiet_level(seen)
-        return None if math.isnan(found) else found
+        own = None if math.isnan(found) else found
+        return quieter(own, self.machine_quiet)
 
     def prior(self, quiet: float | None) -> Prior | None:
         """The sweep's typical spread between a case's rounds so far (``estimators.Prior``)."""
@@ -410,6 +423,8 @@ class JobQueue:
             if self.auto is not None:
                 self.writer.update(auto=self.auto.describe())
         self.done.add(case.case_id)
+        if result.timing is not None:
+            self.waited_s += result.timing.waited_s
         if result.status == Status.OK and result.timing is not None:
             self.ok.add(case.case_id)
             self.rounds_done[case.case_id] = {1}
@@ -440,6 +455,7 @@ class JobQueue:
             return
         timing = None if done.lost else done.timing
         if timing is not None:
+            self.waited_s += timing.waited_s
             first = self.next_sample.get(case.case_id, 0)
             with self.stop.writing():
                 self.writer.append_round(

@@ -10,6 +10,7 @@ results. The runner starts the executor, prepares the folder and loads a resumed
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from attnbench.errors import AttnbenchError, SweepInterrupted, first_line
+from attnbench.estimators import quiet_level
 from attnbench.layers import plugins
 from attnbench.measure.machine.ceilings_file import cache_dir, ceilings_cached, machine_ceilings
 from attnbench.measure.timing.allocator import run_state
@@ -43,6 +45,7 @@ from attnbench.run.events import NO_LISTENERS, Listeners, SweepStart
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.queue import DEFAULT_MEASURING, JobQueue, Measuring, Previous
+from attnbench.run.quiet import MachineQuiet, quiet_file, read_quiet, write_quiet
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus, Status
 from attnbench.spec import Grid, build_grid, grid_from_config
@@ -357,17 +360,19 @@ def _sweep(
         if queue is not None and queue.last is not None:
             queue.notify("stopping", queue.last)
 
+    machine = quiet_file(grid.threads or torch.get_num_threads())
+    known = read_quiet(machine)
     with GracefulStop(on_stop) as stop:
         queue = JobQueue(
             grid,
             writer,
             previous,
-            measuring=measuring,
+            measuring=replace(measuring, quiet_s=known.level),
             in_process=executor.in_process,
             progress=listeners.progress,
             stop=stop,
         )
-        writer.update(cases_total=len(queue.cases))
+        writer.update(cases_total=len(queue.cases), quiet=_quiet_record(known, 0.0))
         if calibration is not None:
             writer.update(calibration=calibration.describe())
         try:
@@ -382,6 +387,10 @@ def _sweep(
                 f"{exc.message}; the {queue.completed} finished case(s) are saved: "
                 f"attnbench sweep --resume {writer.out_dir}"
             ) from None
+        writer.update(quiet=_quiet_record(known, queue.waited_s))
+        own = _own_quiet(queue)
+        if own is not None:
+            write_quiet(machine, known.after(own))
         if stop.requested:
             # The executor ran out of jobs because none were handed out: its workers stopped.
             stopped = getattr(executor, "stopped", None)
@@ -395,3 +404,17 @@ def _sweep(
         writer.update(cases_total=queue.completed, auto=queue.auto.describe())
     writer.finish(RunStatus.COMPLETE)
     return load_results(writer.out_dir)
+
+
+def _quiet_record(known: MachineQuiet, waited_s: float) -> dict[str, Any]:
+    """run.json's ``quiet``: the machine's quiet level its rounds were judged against as well
+    as the sweep's own (``run.quiet``; null: none kept yet), from how many sweeps, and the
+    seconds its rounds waited for a quiet machine."""
+    return {"machine_s": known.level, "sweeps": len(known.levels), "waited_s": round(waited_s, 3)}
+
+
+def _own_quiet(queue: JobQueue) -> float | None:
+    """The sweep's own quiet level, from its rounds' references (None: it read none)."""
+    seen = [r for mine in queue.references.values() for r in mine.values() if r is not None]
+    found = quiet_level(seen)
+    return None if math.isnan(found) else found

@@ -79,6 +79,7 @@ class TimingStats:
     references_s: tuple[float | None, ...] | None = None
     quiet_s: float | None = None
     prior: Prior | None = None  # the run's typical spread between rounds (estimators.Prior)
+    waited_s: float = 0.0  # seconds the round waited for a quiet machine before it timed
 
     def per_call(self, calls: int) -> TimingStats:
         """These statistics with each sample divided among ``calls`` calls (a sample that
@@ -187,6 +188,10 @@ class TimingPolicy:
     # Seconds of calls after the warm-up calls, before the first sample: a fresh process's
     # first blocks run slow while its pages fault in and its caches fill.
     warmup_s: float = 0.0
+    # The machine's quiet reference (``measure.timing.reference``), and the seconds a round
+    # may wait for the machine to read quiet before it times (0: none; the sweep sets both).
+    quiet_s: float | None = None
+    wait_s: float = 0.0
 
 
 DEFAULT_POLICY = TimingPolicy()

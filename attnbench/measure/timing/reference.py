@@ -1,17 +1,20 @@
 """The machine's state around a timing round: a small fixed workload timed just before and just
 after it, in the round's own process.
 
-A shared machine goes through stretches, seconds long, in which a neighbour slows small ops and
-the synchronisation of torch's threads: on this project's 2-core VM a layer of many small ops
-(lstm at n = 512) then runs 1.5-2.7x slower, and this workload with it (their times' logs
-correlate at 0.95-0.98 over a minute; ``benchmarks/coverage.py``). A round whose reference ran
-slow against the run's quiet reference ran on a disturbed machine, and the estimators leave it
-out (``estimators.quiet_rounds``); the reference is read on the CPU whatever the device, since
-it is the host that a neighbour slows.
+A shared machine goes through stretches, seconds to a minute long, in which a neighbour slows small
+ops and the synchronisation of torch's threads: on this project's 2-core VM a layer of many small
+ops (lstm at n = 512) then runs 1.5-2.7x slower, and this workload with it (their times' logs
+correlate at 0.95-0.98 over a minute; ``benchmarks/coverage.py``). A round whose reference ran slow
+against the run's quiet reference ran on a disturbed machine, and the estimators leave it out
+(``estimators.quiet_rounds``); the reference is read on the CPU whatever the device, since it is the
+host that a neighbour slows. A round that knows the machine's quiet level waits, within what its
+sweep allows, for the reference to read quiet before it times (``settle``): a round timed in a busy
+stretch would be left out, and its replacement started at once would land in the same stretch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 import time
@@ -20,11 +23,14 @@ from typing import TypeVar
 
 import torch
 
-from attnbench.measure.timing.loop import Clock
+from attnbench.estimators import is_disturbed
+from attnbench.measure.timing.gputimers import Timed
+from attnbench.measure.timing.loop import Clock, TimingPolicy
 
 T = TypeVar("T")
 CALLS = 7  # calls each side of a round: about 2 ms on a 2-core CPU
 STEPS = 20  # a call: this many small products, each through a tanh
+POLL_S = 0.25  # a waiting round reads the reference again after this long
 
 
 @functools.cache  # once a process: the same tensors every reading
@@ -54,9 +60,44 @@ def read_reference(clock: Clock = time.perf_counter) -> float:
     return statistics.median(times)
 
 
-def around(timing: Callable[[], T], clock: Clock = time.perf_counter) -> tuple[T, float]:
-    """Run ``timing`` between two readings of the reference: its result, and the slower
-    reading (a round disturbed at either end was disturbed)."""
-    before = read_reference(clock)
+def settle(
+    quiet_s: float | None,
+    wait_s: float,
+    clock: Clock = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[float, float]:
+    """Read the reference; while it reads the machine disturbed against ``quiet_s`` and
+    ``wait_s`` seconds allow, sleep ``POLL_S`` and read again: the last reading and the
+    seconds slept (a busy stretch lasts seconds to a minute here)."""
+    reading, waited = read_reference(clock), 0.0
+    while is_disturbed(reading, quiet_s) and waited + POLL_S <= wait_s:
+        sleep(POLL_S)
+        waited += POLL_S
+        reading = read_reference(clock)
+    return reading, waited
+
+
+def around(
+    timing: Callable[[], T],
+    clock: Clock = time.perf_counter,
+    quiet_s: float | None = None,
+    wait_s: float = 0.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[T, float, float]:
+    """Run ``timing`` between two readings of the reference, after waiting up to ``wait_s``
+    for the machine to read quiet (``settle``): its result, the slower reading (a round
+    disturbed at either end was disturbed), and the seconds waited."""
+    before, waited = settle(quiet_s, wait_s, clock, sleep)
     found = timing()
-    return found, max(before, read_reference(clock))
+    return found, max(before, read_reference(clock)), waited
+
+
+def referenced(timing: Callable[[], Timed], clock: Clock, policy: TimingPolicy) -> Timed:
+    """A round's timing between two readings of the machine's reference, which its samples
+    carry, once the machine reads quiet or the policy's wait is spent
+    (``measure.timing.reference``)."""
+    timed, reference, waited = around(timing, clock, policy.quiet_s, policy.wait_s)
+    stats = dataclasses.replace(
+        timed.stats, references_s=(reference,) * timed.stats.count, waited_s=waited
+    )
+    return dataclasses.replace(timed, stats=stats)

@@ -1,0 +1,147 @@
+"""A busy machine, judged and waited out: the machine's quiet level kept across sweeps
+(``run.quiet``), a round that waits for the reference to read quiet (``settle``), and a run
+read against the quieter of its own level and the machine's."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from attnbench.estimators import QUIET_FACTOR, quieter
+from attnbench.measure.timing import reference
+from attnbench.results.loader import load_results
+from attnbench.run import queue as queue_module
+from attnbench.run.quiet import KEEP, MachineQuiet, quiet_file, read_quiet, write_quiet
+from attnbench.run.sweep import run_sweep
+from attnbench.spec import build_grid
+
+QUIET = 1e-3  # seconds of one reference call on a quiet machine, here
+
+
+def tiny_grid(**extra: object):  # type: ignore[no-untyped-def]
+    options = {"layers": "conv", "n": "8", "d": "4", "device": "cpu", "processes": 3}
+    return build_grid({**options, "time_budget": 0.003, **extra})
+
+
+def readings(monkeypatch: pytest.MonkeyPatch, values: list[float]) -> list[float]:
+    """``read_reference`` answers ``values`` in turn (the last one for ever after)."""
+    left = list(values)
+
+    def read(clock: object = None) -> float:
+        return left.pop(0) if len(left) > 1 else left[0]
+
+    monkeypatch.setattr(reference, "read_reference", read)
+    return left
+
+
+def test_a_round_waits_until_the_machine_reads_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    busy = 2 * QUIET
+    readings(monkeypatch, [busy, busy, busy, QUIET])
+    slept: list[float] = []
+    found, waited = reference.settle(QUIET, 10.0, sleep=slept.append)
+    assert found == QUIET and waited == 3 * reference.POLL_S and slept == [reference.POLL_S] * 3
+
+
+def test_a_round_waits_no_longer_than_it_may(monkeypatch: pytest.MonkeyPatch) -> None:
+    readings(monkeypatch, [2 * QUIET])
+    slept: list[float] = []
+    found, waited = reference.settle(QUIET, 1.0, sleep=slept.append)
+    assert found == 2 * QUIET and waited == 1.0 and len(slept) == 4  # 4 x 0.25 s, no more
+    assert reference.settle(QUIET, 0.0, sleep=slept.append) == (2 * QUIET, 0.0)
+    assert reference.settle(None, 10.0, sleep=slept.append) == (2 * QUIET, 0.0)  # unknown level
+
+
+def test_a_round_that_reads_quiet_does_not_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    readings(monkeypatch, [QUIET_FACTOR * QUIET])  # at the factor: still quiet
+    assert reference.settle(QUIET, 10.0, sleep=pytest.fail) == (QUIET_FACTOR * QUIET, 0.0)
+
+
+def test_around_times_once_the_wait_is_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timing runs after the wait, and the round carries the slower of the readings
+    either side of it: a round that gave up waiting is still read disturbed."""
+    readings(monkeypatch, [3 * QUIET, 3 * QUIET, 3 * QUIET])
+    order: list[str] = []
+    found, ref, waited = reference.around(
+        lambda: order.append("timed") or 7, quiet_s=QUIET, wait_s=0.5, sleep=order.append
+    )
+    assert order == [reference.POLL_S, reference.POLL_S, "timed"]
+    assert (found, ref, waited) == (7, 3 * QUIET, 0.5)
+
+
+def test_the_machine_keeps_its_latest_levels_and_reads_the_quietest() -> None:
+    machine = MachineQuiet()
+    assert machine.level is None
+    for level in [5.0, 2.0, *[3.0] * (KEEP - 1)]:
+        machine = machine.after(level)
+    assert machine.level == 2.0 and len(machine.levels) == KEEP
+    assert machine.after(4.0).level == 3.0  # 5.0 and then 2.0 have left: a slower machine
+    assert machine.after(float("nan")) == machine and machine.after(0.0) == machine
+    assert quieter(None, 2.0, 3.0) == 2.0 and quieter(None, None) is None
+
+
+def test_the_levels_survive_a_cache_that_is_gone_or_torn(tmp_path: Path) -> None:
+    path = quiet_file(2, tmp_path)
+    assert read_quiet(path) == MachineQuiet()  # none kept yet
+    write_quiet(path, MachineQuiet((1.0, 2.0)))
+    assert read_quiet(path).levels == (1.0, 2.0)
+    path.write_text('{"levels": [1.0, ')  # a write cut short
+    assert read_quiet(path) == MachineQuiet()
+    (tmp_path / "ro").write_text("")  # a file where the folder should be: not written, no error
+    write_quiet(tmp_path / "ro" / "q.json", MachineQuiet((1.0,)))
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    yield tmp_path / "cache"
+
+
+def test_a_sweep_is_judged_against_the_machine_and_leaves_its_level(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep that read every round at twice the machine's kept level ran busy throughout:
+    every round reads disturbed, its jobs carry the machine's level and a wait within
+    --wait-quiet, run.json records both, and the sweep leaves its own level for the next."""
+    monkeypatch.setattr(queue_module, "ROUND_WAIT_S", 10.0)
+    path = quiet_file(__import__("torch").get_num_threads())
+    write_quiet(path, MachineQuiet((QUIET,)))
+    waits: list[tuple[float | None, float]] = []
+
+    def around(timing, clock=None, quiet_s=None, wait_s=0.0, sleep=None):  # type: ignore[no-untyped-def]
+        waits.append((quiet_s, wait_s))
+        return timing(), 2 * QUIET, min(wait_s, 4.0)  # every round waits 4 s, in vain
+
+    monkeypatch.setattr(reference, "around", around)
+    grid = tiny_grid(wait_quiet=9)
+    run = run_sweep(grid, tmp_path / "run", measuring=queue_module.UNCALIBRATED)
+    assert waits[0] == (QUIET, 9.0)  # the first round: the machine's level, all of the wait
+    assert [w for _, w in waits[1:3]] == [5.0, 1.0]  # then what is left of --wait-quiet
+    assert all(w == 0.0 for _, w in waits[3:])
+    assert run.record.machine_quiet_s == QUIET and run.record.waited_s == 9.0
+    assert json.loads((run.path / "run.json").read_text())["quiet"]["sweeps"] == 1
+    row = run.measured.iloc[0]
+    assert row["rounds_disturbed"] == row["rounds"]  # all kept: none was quiet
+    assert read_quiet(path).levels == (QUIET, 2 * QUIET)  # its own level, for the next
+
+
+def test_a_run_is_read_against_the_machines_level(tmp_path: Path, cache: Path) -> None:
+    """The loader judges rounds against the machine's level run.json recorded: a run busy
+    from start to end (its own fast end read busy) has every round read disturbed."""
+    grid = tiny_grid()
+    run = run_sweep(grid, tmp_path / "run", measuring=queue_module.UNCALIBRATED)
+    samples = run.samples.copy()
+    rounds = sorted(samples["round"].unique())
+    busy = {r: (2.4 if r == rounds[0] else 2.0) * QUIET for r in rounds}  # within 1.25x
+    samples["reference_s"] = samples["round"].map(busy)
+    samples.to_csv(run.path / "samples.csv", index=False)
+    meta = json.loads((run.path / "run.json").read_text())
+    for machine, disturbed in [(None, 0), (QUIET, len(rounds))]:
+        meta["quiet"] = {"machine_s": machine, "sweeps": 1, "waited_s": 0.0}
+        (run.path / "run.json").write_text(json.dumps(meta))
+        again = load_results(run.path)
+        assert again.measured.iloc[0]["rounds_disturbed"] == disturbed
+    assert dataclasses.replace(again.record).machine_quiet_s == QUIET
