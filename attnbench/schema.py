@@ -236,7 +236,8 @@ COLUMNS: tuple[Column, ...] = (
         "flops_per_s", "float", _MEASURE, "counted FLOPs / median time",
         summary="FLOP/s", fmt=fmt_count,
     ),
-    Column("wall_s", "float", _MEASURE, "wall seconds for the whole case, overheads included"),
+    Column("wall_s", "float", _MEASURE,
+           "wall seconds for the whole case, overheads included, a wait for a quiet machine not"),
     Column("error", "text", _MEASURE, "first line of the error, when status is not ok"),
     Column(
         "seq_steps", "int", _STRUCTURE, "longest chain of dependent ops in one forward call",

@@ -131,7 +131,8 @@ def measure_case(
         status = Status.OOM if is_out_of_memory(exc) else Status.FAILED
         return _failed(case, status, exc, threads, clock() - start)
     taken = _Taken(counts, source, memory, timed, instructions, split, decoded)
-    measured = _measured(case, threads, clock() - start, taken, policy)
+    waited = timed.stats.waited_s if timed is not None else 0.0  # the machine's, not the case's
+    measured = _measured(case, threads, clock() - start - waited, taken, policy)
     return with_compile(judged(measured, decoded), compiled)
 
 
