@@ -181,8 +181,8 @@ def estimate(
     ``rerun`` groups (as many as these by default): ``t * s * sqrt(1/k + 1/m)`` (Hahn, Meeker &
     Escobar, *Statistical Intervals*, 2017, §4.7), since what a user checks an interval against is a
     re-run, whose own processes scatter as much as these did; a confidence interval for the mean
-    (``sqrt(1/k)``) held the other runs' median in 52-59% of cases where this held 85%
-    (``benchmarks/coverage.py``). The variance of a group's median holds both the between-process
+    (``sqrt(1/k)``) held the other runs' median in 71% of quiet cases where this held 85%
+    (``benchmarks/coverage.py``; with the machine's quiet level and waiting, 91-98% of all). The variance of a group's median holds both the between-process
     spread and its own sampling noise, so both are inside the interval. The order statistics of the
     group medians would need six groups for any 95% interval, and a bootstrap over groups covers too
     little with a few (``benchmarks/coverage.py`` compares them on the same runs). Logs, because a

@@ -144,9 +144,9 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column(
         "time_ci_low_s", "float", _MEASURE,
-        "the time's 95% confidence interval, lower end, seconds: a Student-t interval on the "
-        "logs of the rounds' medians (one round: order statistics of its samples, empty "
-        "under 6)",
+        "the 95% interval a re-run's time lands in, lower end, seconds: a Student-t "
+        "prediction interval on the logs of the rounds' medians (one round: order statistics "
+        "of its samples, empty under 6)",
     ),
     Column(
         "time_ci_high_s", "float", _MEASURE, "its upper end, seconds",

@@ -145,3 +145,23 @@ def test_a_run_is_read_against_the_machines_level(tmp_path: Path, cache: Path) -
         again = load_results(run.path)
         assert again.measured.iloc[0]["rounds_disturbed"] == disturbed
     assert dataclasses.replace(again.record).machine_quiet_s == QUIET
+
+
+def test_the_summary_says_what_was_waited_and_which_times_are_a_busy_machines(
+    tmp_path: Path, cache: Path
+) -> None:
+    """A run whose rounds all read busy against the machine's level, after waiting: the notes
+    name the wait and the cases left without two quiet rounds; a quiet run has neither."""
+    from attnbench.cli.summary import replication_notes
+
+    run = run_sweep(tiny_grid(), tmp_path / "run", measuring=queue_module.UNCALIBRATED)
+    assert not [n for n in replication_notes(run) if "busy" in n or "waited" in n]
+    samples = run.samples.copy()
+    samples["reference_s"] = 2 * QUIET
+    samples.to_csv(run.path / "samples.csv", index=False)
+    meta = json.loads((run.path / "run.json").read_text())
+    meta["quiet"] = {"machine_s": QUIET, "sweeps": 3, "waited_s": 42.0}
+    (run.path / "run.json").write_text(json.dumps(meta))
+    notes = replication_notes(load_results(run.path))
+    assert any(n.startswith("1 case(s) had fewer than two quiet rounds") for n in notes)
+    assert any("waited 42 s in all" in n and "--wait-quiet 60" in n for n in notes)

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from attnbench.errors import AttnbenchError
 from attnbench.measure.timing.allocator import run_state
@@ -32,6 +34,7 @@ from attnbench.run.events import ProgressEvent
 from attnbench.run.executors.base import Job, Placement
 from attnbench.run.executors.process import ForkExecutor, SubprocessExecutor
 from attnbench.run.queue import UNCALIBRATED, JobQueue, Measuring, Replication
+from attnbench.run.quiet import quiet_file, read_quiet
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus
 from attnbench.spec import Grid, build_grid
@@ -235,10 +238,12 @@ def _interleave(
             writer.update(cases_total=len(grid.cases()))
             if measuring.calibration is not None:
                 writer.update(calibration=measuring.calibration.describe())
+            known = read_quiet(quiet_file(grid.threads or torch.get_num_threads()))
+            writer.update(quiet={"machine_s": known.level, "sweeps": len(known.levels)})
             queues[side] = JobQueue(
                 grid,
                 writer,
-                measuring=measuring,
+                measuring=replace(measuring, quiet_s=known.level),  # judged as a sweep's
                 in_process=False,
                 progress=tell(side),
                 stop=stop,
