@@ -182,14 +182,14 @@ def estimate(
     Escobar, *Statistical Intervals*, 2017, §4.7), since what a user checks an interval against is a
     re-run, whose own processes scatter as much as these did; a confidence interval for the mean
     (``sqrt(1/k)``) held the other runs' median in 71% of quiet cases where this held 85%
-    (``benchmarks/coverage.py``; with the machine's quiet level and waiting, 91-98% of all). The variance of a group's median holds both the between-process
-    spread and its own sampling noise, so both are inside the interval. The order statistics of the
-    group medians would need six groups for any 95% interval, and a bootstrap over groups covers too
-    little with a few (``benchmarks/coverage.py`` compares them on the same runs). Logs, because a
-    process's speed and a busy machine scale a time rather than add to it. With a few rounds a
-    case's own variance may come out small by chance, and the run's other cases say what is typical:
-    the moderated variance (``Prior``) is their weighted mean, with their degrees of freedom
-    added."""
+    (``benchmarks/coverage.py``; with the machine's quiet level and waiting, 91-98% of all). The
+    variance of a group's median holds both the between-process spread and its own sampling noise,
+    so both are inside the interval. The order statistics of the group medians would need six groups
+    for any 95% interval, and a bootstrap over groups covers too little with a few
+    (``benchmarks/coverage.py`` compares them on the same runs). Logs, because a process's speed and
+    a busy machine scale a time rather than add to it. With a few rounds a case's own variance may
+    come out small by chance, and the run's other cases say what is typical: the moderated variance
+    (``Prior``) is their weighted mean, with their degrees of freedom added."""
     kept, disturbed, left_out = kept_rounds(groups, references, quiet)
     counted = {"disturbed": disturbed, "left_out": left_out}
     if not kept:
