@@ -42,7 +42,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("attnbench.measure",),
     ("attnbench.results",),
     ("attnbench.run",),
-    ("attnbench.fits", "attnbench.table", "attnbench.compare"),
+    ("attnbench.fits", "attnbench.table", "attnbench.beside", "attnbench.compare"),
     ("attnbench.render",),
     ("attnbench.cli",),
     ("attnbench.__init__", "attnbench.__main__"),

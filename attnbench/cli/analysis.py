@@ -15,6 +15,7 @@ import torch
 import typer
 from rich.markup import escape
 
+from attnbench.beside import beside_table, display_beside, run_label
 from attnbench.cli.options import RunLayers, SavedRun, json_flag
 from attnbench.cli.render import Streams, frame_table
 from attnbench.cli.summary import summary_notes, summary_tables
@@ -85,16 +86,30 @@ def table(
         bool, typer.Option("--markdown", help="Print a Markdown table on stdout (for a README).")
     ] = False,
     as_json: Annotated[bool, json_flag("the table and exponents")] = False,
+    beside: Annotated[
+        Path | None,
+        typer.Option(
+            help="Another run of the same layers (an eager run beside a --compile one): "
+            "for each layer, where each run's calls were overhead-bound, each run's time "
+            "exponent in n, how much faster this run read at each length, and its compile "
+            "seconds.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """The chapter's comparison table, theory beside the growth measured in a run.
 
     Measured growth is a log-log exponent in n (and in d for compute), fitted on ok cases. A
     decode run (--mode decode) prints the table for generation: compute per token, the state's
-    memory and sequential ops per token, each against the context n.
+    memory and sequential ops per token, each against the context n. --beside puts two runs
+    side by side instead.
     """
     if markdown and as_json:
         raise AttnbenchError("--markdown and --json both print on stdout: choose one")
     run = _load(folder)
+    if beside is not None:
+        _beside(_load(beside), run, markdown, as_json)
+        return
     rows = comparison_table(run)
     if as_json:
         typer.echo(rows.to_json(orient="records", indent=2))
@@ -114,6 +129,27 @@ def table(
     )
     for note in fit_notes(rows, run):
         streams.err.print(f"  {note}", soft_wrap=True, markup=False)
+
+
+def _beside(first: RunResults, second: RunResults, markdown: bool, as_json: bool) -> None:
+    """``table --beside``: ``first`` (the other run) and ``second`` (this one) side by side."""
+    rows = beside_table(first, second)
+    if as_json:
+        typer.echo(rows.to_json(orient="records", indent=2))
+        return
+    names = run_label(first), run_label(second)
+    if names[0] == names[1]:
+        names = (first.path.name, second.path.name)
+    shown = display_beside(rows, *names)
+    if markdown:
+        typer.echo(markdown_table(shown), nl=False)
+        return
+    frame_table(
+        shown,
+        Streams.make().out,
+        title=f"{second.path} ({names[1]}) beside {first.path} ({names[0]}); faster: "
+        f"the {names[0]} time over the {names[1]} one, at each length both measured",
+    )  # no headers given: a narrow terminal folds the cells rather than cutting columns
 
 
 def plot(
