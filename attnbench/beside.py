@@ -20,12 +20,12 @@ from attnbench.table import comparison_table
 COLUMNS = [
     "layer",
     "d",
-    "first: overhead-bound to",
-    "second: overhead-bound to",
-    "first: time",
-    "second: time",
-    "second faster",
-    "second: compile",
+    "{first}: overhead-bound to",
+    "{second}: overhead-bound to",
+    "{first}: time",
+    "{second}: time",
+    "{second} faster",
+    "{second}: compile",
 ]
 
 
@@ -89,15 +89,16 @@ def display_beside(table: pd.DataFrame, first: str, second: str) -> pd.DataFrame
         {
             "layer": table["layer"],
             "d": table["d"],
-            "first: overhead-bound to": table["overhead_bound_n_first"].map(_up_to),
-            "second: overhead-bound to": table["overhead_bound_n_second"].map(_up_to),
-            "first: time": _growths(table, "first"),
-            "second: time": _growths(table, "second"),
-            "second faster": _ranges(table, "ratio", "x"),
-            "second: compile": _ranges(table, "compile_s", " s"),
+            "{first}: overhead-bound to": table["overhead_bound_n_first"].map(_up_to),
+            "{second}: overhead-bound to": table["overhead_bound_n_second"].map(_up_to),
+            "{first}: time": _growths(table, "first"),
+            "{second}: time": _growths(table, "second"),
+            "{second} faster": _ranges(table, "ratio", "x"),
+            "{second}: compile": _ranges(table, "compile_s", " s"),
         }
     )
-    names = {c: c.replace("first", first).replace("second", second) for c in COLUMNS}
+    # each run's own label in its headers (a label may hold any word, "second" too)
+    names = {c: c.format(first=first, second=second) for c in COLUMNS}
     return shown[COLUMNS].rename(columns=names)
 
 

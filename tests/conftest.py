@@ -30,8 +30,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sweeps made through the API wait for no quiet machine either (see above)."""
+    """Sweeps made through the API wait for no quiet machine either (see above), and no test's
+    sweep reads or leaves a machine's quiet level (``run.quiet``): what an earlier test left
+    would judge a later one's rounds (tests/test_quiet.py puts the store back)."""
+    from attnbench.run.quiet import MachineQuiet
+
     monkeypatch.setattr("attnbench.run.queue.ROUND_WAIT_S", 0.0)
+    for module in ("attnbench.run.sweep", "attnbench.run.ab"):
+        monkeypatch.setattr(f"{module}.read_quiet", lambda path: MachineQuiet())
+        monkeypatch.setattr(f"{module}.write_quiet", lambda path, machine: None)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -65,6 +65,9 @@ def test_the_second_run_reads_faster_by_the_factor_at_every_length(
         "compiled faster",
         "compiled: compile",
     ]
+    odd = display_beside(table.reset_index(), "second run", "{x}")  # labels read as they are
+    assert list(odd.columns)[2] == "second run: overhead-bound to"
+    assert list(odd.columns)[6] == "{x} faster"
     assert set(shown["compiled faster"]) == {"2.00x"} and set(shown["compiled: compile"]) == {
         "3.50 s"
     }

@@ -233,12 +233,13 @@ def replication_notes(run: RunResults) -> list[str]:
         notes.append(
             f"{int(disturbed.sum())} round(s) of {int((disturbed > 0).sum())} case(s) ran while "
             "the machine was disturbed (their reference read over "
-            f"{QUIET_FACTOR:g}x its quiet level"
-            + (", after waiting for it to quiet down" if waited else "")
-            + "): left out of their times where two quiet rounds remained (rounds_disturbed)"
+            f"{QUIET_FACTOR:g}x its quiet level): left out of their times where two quiet "
+            "rounds remained (rounds_disturbed)"
         )
-    busy = measured[disturbed >= numeric_column(measured, "rounds").fillna(0) - 1]
-    busy = busy[numeric_column(busy, "rounds_disturbed").fillna(0) > 0]
+    # every round a case ran (rounds counts those its time is over, the left-out ones not)
+    ran = run.samples.groupby("case_id")["round"].nunique()
+    total = measured["case_id"].map(ran).fillna(numeric_column(measured, "rounds")).fillna(0)
+    busy = measured[(disturbed > 0) & (total - disturbed < 2)]
     if len(busy):
         notes.append(
             f"{len(busy)} case(s) had fewer than two quiet rounds: their times are a busy "

@@ -77,8 +77,10 @@ def loglog_exponent(
 
 
 def log_errors(line: pd.DataFrame) -> list[float] | None:
-    """Each time's standard error on a log scale, from its 95% interval over processes (nan
-    where it has none); None for a line without intervals."""
+    """Each time's error on a log scale, from its 95% interval over processes (nan where it
+    has none); None for a line without intervals. That interval is where a re-run's time lands
+    (``estimators.estimate``), so the error is that of this run's time against a re-run's, and
+    the exponent's interval says where a re-run's exponent lands."""
     if "time_ci_low_s" not in line or "time_ci_high_s" not in line:
         return None
     low, high = numeric_column(line, "time_ci_low_s"), numeric_column(line, "time_ci_high_s")

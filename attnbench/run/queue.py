@@ -143,7 +143,7 @@ class Measuring:
     """What every case of a sweep is measured with, the same on every worker: ``policy`` how
     each round samples (None: ``round_policy`` of the grid), ``calibration`` the GEMM timed
     between cases (None: off), ``counting`` how the exact counts are taken, ``quiet_s`` the
-    quietest machine reference of this machine's latest sweeps (``run.quiet``; None: unknown),
+    median quiet reference of this machine's latest sweeps (``run.quiet``; None: unknown),
     which a round is judged against as well as the sweep's own."""
 
     policy: TimingPolicy | None = None

@@ -5,15 +5,16 @@ each sweep's own (its rounds' fast end, ``estimators.quiet_level``) cannot tell 
 ran busy from start to end, which on this project's shared 2-core VM happened to one
 invocation in eight (its reference read 2.1x the quiet level in every round, lstm 2.4x its
 quiet time). So every sweep that read references leaves its own level here, the latest
-``KEEP`` are kept, and the next sweep judges its rounds against the quietest of them as well
-as against its own. A machine that has become slower for good reads its own level again after
-``KEEP`` sweeps.
+``KEEP`` are kept, and the next sweep judges its rounds against their median as well as against
+its own: a sweep busy throughout is one among several, and a machine that has become slower for
+good reads its own level again after about half of ``KEEP`` sweeps.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +33,8 @@ class MachineQuiet:
 
     @property
     def level(self) -> float | None:
-        """The quietest of them; None before any sweep left one."""
-        return min(self.levels) if self.levels else None
+        """Their median; None before any sweep left one."""
+        return statistics.median(self.levels) if self.levels else None
 
     def after(self, level: float) -> MachineQuiet:
         """These, with a sweep's own level added (the oldest dropped past ``KEEP``)."""

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from attnbench.errors import AttnbenchError, SweepInterrupted, first_line
-from attnbench.estimators import quiet_level
+from attnbench.estimators import quiet_level, quieter
 from attnbench.layers import plugins
 from attnbench.measure.machine.ceilings_file import cache_dir, ceilings_cached, machine_ceilings
 from attnbench.measure.timing.allocator import run_state
@@ -362,17 +362,22 @@ def _sweep(
 
     machine = quiet_file(grid.threads or torch.get_num_threads())
     known = read_quiet(machine)
+    # a resumed run goes on with the level its rounds were judged against, and its waits
+    before = previous.run.record if previous is not None else None
+    level = quieter(known.level, before.machine_quiet_s if before is not None else None)
+    waited = before.waited_s if before is not None else 0.0
     with GracefulStop(on_stop) as stop:
         queue = JobQueue(
             grid,
             writer,
             previous,
-            measuring=replace(measuring, quiet_s=known.level),
+            measuring=replace(measuring, quiet_s=level),
             in_process=executor.in_process,
             progress=listeners.progress,
             stop=stop,
         )
-        writer.update(cases_total=len(queue.cases), quiet=_quiet_record(known, 0.0))
+        queue.waited_s = waited  # --wait-quiet is the whole run's, resumes included
+        writer.update(cases_total=len(queue.cases), quiet=_quiet_record(level, known, waited))
         if calibration is not None:
             writer.update(calibration=calibration.describe())
         try:
@@ -387,7 +392,7 @@ def _sweep(
                 f"{exc.message}; the {queue.completed} finished case(s) are saved: "
                 f"attnbench sweep --resume {writer.out_dir}"
             ) from None
-        writer.update(quiet=_quiet_record(known, queue.waited_s))
+        writer.update(quiet=_quiet_record(level, known, queue.waited_s))
         own = _own_quiet(queue)
         if own is not None:
             write_quiet(machine, known.after(own))
@@ -406,11 +411,11 @@ def _sweep(
     return load_results(writer.out_dir)
 
 
-def _quiet_record(known: MachineQuiet, waited_s: float) -> dict[str, Any]:
+def _quiet_record(level: float | None, known: MachineQuiet, waited_s: float) -> dict[str, Any]:
     """run.json's ``quiet``: the machine's quiet level its rounds were judged against as well
     as the sweep's own (``run.quiet``; null: none kept yet), from how many sweeps, and the
-    seconds its rounds waited for a quiet machine."""
-    return {"machine_s": known.level, "sweeps": len(known.levels), "waited_s": round(waited_s, 3)}
+    seconds its rounds waited for a quiet machine (a resumed run's: every session's)."""
+    return {"machine_s": level, "sweeps": len(known.levels), "waited_s": round(waited_s, 3)}
 
 
 def _own_quiet(queue: JobQueue) -> float | None:

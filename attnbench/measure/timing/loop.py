@@ -30,21 +30,22 @@ from attnbench.measure.timing.faults import FaultCounter
 from attnbench.schema import Timer
 
 Clock = Callable[[], float]  # returns seconds
-# A median whose confidence interval reaches further than this from it is marked imprecise.
+# A time whose 95% interval (a re-run's, over rounds) reaches further than this from it is
+# marked imprecise.
 IMPRECISE_REL_CI = 0.05
 
 
 class Stop(str, enum.Enum):
     """Which rule ended a case's sampling (results.csv's ``time_stop``)."""
 
-    PRECISE = "precise"  # the median's confidence interval reached the policy's target
+    PRECISE = "precise"  # the time's 95% interval reached the policy's target
     BUDGET = "budget"  # the timing budget was spent first
     MAX_SAMPLES = "max samples"
     MAX_ROUNDS = "max rounds"  # the rounds a sweep adds ran out, the interval still wide
 
 
 def is_imprecise(time_s: Any, ci_low_s: Any, ci_high_s: Any) -> Any:
-    """The median's confidence interval reaches more than ``IMPRECISE_REL_CI`` of it away (or
+    """The time's 95% interval reaches more than ``IMPRECISE_REL_CI`` of it away (or
     there were too few samples for one); floats and pandas columns alike."""
     return rel_ci(time_s, ci_low_s, ci_high_s) > IMPRECISE_REL_CI
 
@@ -154,8 +155,8 @@ class TimingStats:
 
     @property
     def ci_s(self) -> tuple[float, float]:
-        """The time's 95% confidence interval, seconds ((nan, nan) where there is none: one
-        round of under 6 samples)."""
+        """The time's 95% interval (a re-run's, over rounds), seconds ((nan, nan) where there
+        is none: one round of under 6 samples)."""
         return self.estimate.low_s, self.estimate.high_s
 
     @property
