@@ -38,7 +38,7 @@ def _no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("attnbench.run.queue.ROUND_WAIT_S", 0.0)
     for module in ("attnbench.run.sweep", "attnbench.run.ab"):
         monkeypatch.setattr(f"{module}.read_quiet", lambda path: MachineQuiet())
-        monkeypatch.setattr(f"{module}.write_quiet", lambda path, machine: None)
+    monkeypatch.setattr("attnbench.run.sweep.write_quiet", lambda path, machine: None)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
