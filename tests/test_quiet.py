@@ -186,3 +186,44 @@ def test_the_summary_says_what_was_waited_and_which_times_are_a_busy_machines(
     notes = replication_notes(load_results(run.path))
     assert any(n.startswith("1 case(s) had fewer than two quiet rounds") for n in notes)
     assert any("waited 42 s in all" in n and "--wait-quiet 60" in n for n in notes)
+
+
+def test_a_resumed_run_keeps_its_level_and_its_waits(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stopped after 40 s of waits, judged against a level the cache no longer has:
+    its resume goes on with that level (the quieter of it and the cache's) and with what is
+    left of --wait-quiet (20 s), and run.json adds this session's waits to the 40."""
+    import os
+    import signal
+
+    from attnbench.errors import SweepInterrupted
+    from attnbench.run.events import Listeners, ProgressEvent
+    from attnbench.run.sweep import resume_sweep
+
+    monkeypatch.setattr(queue_module, "ROUND_WAIT_S", 10.0)
+    waits: list[tuple[float | None, float]] = []
+
+    def around(timing, clock=None, quiet_s=None, wait_s=0.0, sleep=None):  # type: ignore[no-untyped-def]
+        waits.append((quiet_s, wait_s))
+        return timing(), QUIET, min(wait_s, 1.0)  # quiet after a second's wait
+
+    monkeypatch.setattr(reference, "around", around)
+
+    def stop(event: ProgressEvent) -> None:
+        if event.kind == "done" and event.round == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    out = tmp_path / "run"
+    with pytest.raises(SweepInterrupted):
+        run_sweep(tiny_grid(), out, listeners=Listeners(progress=stop),
+                  measuring=queue_module.UNCALIBRATED)  # fmt: skip
+    meta = json.loads((out / "run.json").read_text())
+    meta["quiet"] = {"machine_s": QUIET / 2, "sweeps": 4, "waited_s": 40.0}
+    (out / "run.json").write_text(json.dumps(meta))
+    waits.clear()
+    resumed = resume_sweep(out, measuring=queue_module.UNCALIBRATED)
+    assert waits and waits[0] == (QUIET / 2, 10.0)  # the level it had; 20 s left of 60
+    assert all(w <= 20.0 - i for i, (_, w) in enumerate(waits))  # each 1 s waited is spent
+    assert resumed.record.machine_quiet_s == QUIET / 2
+    assert resumed.record.waited_s == pytest.approx(40.0 + min(len(waits), 20))
