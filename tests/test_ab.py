@@ -73,6 +73,7 @@ def test_sides_are_measured_in_turn_abba_round_after_round(tmp_path: Path) -> No
     for run in (ab.base, ab.current):
         assert run.rounds == 10 and set(run.frame["status"]) == {"ok"}  # enough pairs
         assert run.meta["cluster"]["executor"] == "fork"  # a fresh process every job
+        assert run.meta["quiet"] == {"machine_s": None, "sweeps": 0, "waited_s": 0.0}
     c = compare_runs(ab.base, ab.current, pairs=ab.pairs, paired=True)
     assert set(c.times["unit"]) == {"pairs"} and c.paired
     assert not c.failed("deterministic")

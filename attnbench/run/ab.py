@@ -265,7 +265,12 @@ def _interleave(
         except KeyboardInterrupt:
             stop.signal_name = stop.signal_name or "SIGINT"
         finally:
-            for writer in writers.values():
+            for side, writer in writers.items():
+                quiet = {
+                    **writer.meta.get("quiet", {}),
+                    "waited_s": round(queues[side].waited_s, 3),
+                }
+                writer.update(quiet=quiet)  # each side's waits for a quiet machine
                 writer.finish(RunStatus.INTERRUPTED if stop.requested else RunStatus.COMPLETE)
         if stop.requested:
             out = writers["base"].out_dir.parent
