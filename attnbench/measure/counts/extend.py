@@ -241,7 +241,7 @@ def extended_profile(case: Case, profile: Callable[[Case], Profile]) -> Profile 
     costs about as much per op as tracing), or None where it has no law (profile at n). A
     compiled case has none: its memory is the compiled call's, and a fused kernel that the
     eager probes would name (oneDNN's lstm) is not seen through the compiled call, so a law
-    at the probes read its peak up to 2.4% off at n = 128..4096 (profile it at n)."""
+    at the probes read its peak 0.9-2.6% low at n = 128..4096 (profile it at n)."""
     if case.compiled:
         return None
     found = _at_probes(case, profile)
