@@ -323,13 +323,17 @@ class JobQueue:
             key = (1 + max(done), self.shuffle.random(), self.index[case_id])
             heapq.heappush(self.later, key)
 
-    def quiet(self) -> float | None:
-        """The quiet machine reference: the sweep's so far (``estimators.quiet_level``), or
-        the machine's latest sweeps' where that is quieter (a sweep busy throughout)."""
+    def own_quiet(self) -> float | None:
+        """The sweep's own quiet level so far, from its rounds' references
+        (``estimators.quiet_level``; None: it read none)."""
         seen = [r for mine in self.references.values() for r in mine.values() if r is not None]
         found = quiet_level(seen)
-        own = None if math.isnan(found) else found
-        return quieter(own, self.machine_quiet)
+        return None if math.isnan(found) else found
+
+    def quiet(self) -> float | None:
+        """The quiet machine reference: the sweep's own, or the machine's latest sweeps'
+        where that is quieter (a sweep busy throughout)."""
+        return quieter(self.own_quiet(), self.machine_quiet)
 
     def prior(self, quiet: float | None) -> Prior | None:
         """The sweep's typical spread between a case's rounds so far (``estimators.Prior``)."""

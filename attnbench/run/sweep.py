@@ -10,7 +10,6 @@ results. The runner starts the executor, prepares the folder and loads a resumed
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import socket
 import time
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 
 from attnbench.errors import AttnbenchError, SweepInterrupted, first_line
-from attnbench.estimators import quiet_level, quieter
+from attnbench.estimators import quieter
 from attnbench.layers import plugins
 from attnbench.measure.machine.ceilings_file import cache_dir, ceilings_cached, machine_ceilings
 from attnbench.measure.timing.allocator import run_state
@@ -393,7 +392,7 @@ def _sweep(
                 f"attnbench sweep --resume {writer.out_dir}"
             ) from None
         writer.update(quiet=_quiet_record(level, known, queue.waited_s))
-        own = _own_quiet(queue)
+        own = queue.own_quiet()
         if own is not None:
             write_quiet(machine, known.after(own))
         if stop.requested:
@@ -416,10 +415,3 @@ def _quiet_record(level: float | None, known: MachineQuiet, waited_s: float) -> 
     as the sweep's own (``run.quiet``; null: none kept yet), from how many sweeps, and the
     seconds its rounds waited for a quiet machine (a resumed run's: every session's)."""
     return {"machine_s": level, "sweeps": len(known.levels), "waited_s": round(waited_s, 3)}
-
-
-def _own_quiet(queue: JobQueue) -> float | None:
-    """The sweep's own quiet level, from its rounds' references (None: it read none)."""
-    seen = [r for mine in queue.references.values() for r in mine.values() if r is not None]
-    found = quiet_level(seen)
-    return None if math.isnan(found) else found
