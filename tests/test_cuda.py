@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from attnbench.devices import device_sync
+from attnbench.devices import device_sync, tolerance
 from attnbench.layers import BUILTIN, layer_names
 from attnbench.measure.case import measure_case
 from attnbench.measure.machine.probes import Probes, measure_ceilings
@@ -107,7 +107,12 @@ def test_every_layer_measures_on_cuda_and_counts_as_on_the_cpu(layer: str, mode:
     assert (result.flops, result.elementwise) == (cpu.flops, cpu.elementwise)
     assert (result.seq_steps, result.path_len) == (cpu.seq_steps, cpu.path_len)
     if mode == "forward":  # every forward count matched its formula on the H200, rnn's bytes
-        assert result.bytes == cpu.bytes  # too once cuDNN's recurrences were counted on the CPU
+        # too once cuDNN's recurrences were counted on the CPU. CUDA's memory-efficient
+        # attention kernel writes no logsumexp in a call without gradients (4·b·h·n bytes
+        # the CPU's flash kernel writes), but a philox seed and offset (two int64): on the
+        # H200 557,072 bytes against the CPU's 559,104 at n = 128, d = 64
+        fused = layer == "attention-sdpa"
+        assert result.bytes == cpu.bytes - (4 * 1 * 4 * 128 - 16 if fused else 0)
 
 
 @pytest.mark.parametrize("layer", BUILTIN)
@@ -119,7 +124,8 @@ def test_every_layer_decodes_on_cuda_as_on_the_cpu(layer: str) -> None:
     assert result.status == "ok", result.error
     assert (result.flops, result.state_bytes) == (cpu.flops, cpu.state_bytes)
     assert result.state_check == "ok" and result.decode_check is not None
-    assert result.decode_check < 1e-4
+    # cuDNN's recurrences round through TF32 by default: 3.7e-4 to 7.7e-4 on an H200
+    assert result.decode_check <= tolerance("float32", DEVICE)
 
 
 def test_bfloat16_runs_on_cuda() -> None:

@@ -97,3 +97,26 @@ def test_the_path_of_a_case_counted_on_the_cpu_follows_the_cpu_steps(
     found, _ = trace_counts(gpu, None, 0, fused=frozenset({"_thnn_fused_gru_cell"}))
     assert found.seq_steps == 10 * n + 2
     assert found.path_len == n
+
+
+def test_float32_on_cuda_allows_tf32_rounding_only_where_cudnn_or_cublas_may_use_it() -> None:
+    """cuDNN's recurrences round float32 through TF32 by default, so a decode step checked
+    against them on a GPU is held to TF32's tolerance; with both switches off, to float32's;
+    on the CPU always float32's."""
+    from attnbench.devices import TF32_TOLERANCE, TOLERANCE, tolerance, within_tolerance
+
+    cudnn, cublas = torch.backends.cudnn, torch.backends.cuda.matmul
+    was = cudnn.allow_tf32, cublas.allow_tf32  # process-wide switches: put back after
+    try:
+        cudnn.allow_tf32, cublas.allow_tf32 = True, False
+        assert tolerance("float32", "cuda:0") == TF32_TOLERANCE
+        assert tolerance("float32", "cpu") == TOLERANCE["float32"]
+        assert tolerance("float64", "cuda:0") == TOLERANCE["float64"]
+        assert within_tolerance(7.7e-4, "float32", "cuda:1") is True  # an H200's cuDNN lstm
+        assert within_tolerance(7.7e-4, "float32", "cpu") is False
+        cudnn.allow_tf32 = False
+        assert tolerance("float32", "cuda:0") == TOLERANCE["float32"]
+        cublas.allow_tf32 = True
+        assert tolerance("float32", "cuda:0") == TF32_TOLERANCE
+    finally:
+        cudnn.allow_tf32, cublas.allow_tf32 = was

@@ -185,9 +185,9 @@ def with_compile(result: CaseResult, done: Compiled | None) -> CaseResult:
         compile_recompiles=done.recompiles,
         compile_check=done.check,
     )
-    if within_tolerance(done.check, result.case.dtype) is not False:
+    if within_tolerance(done.check, result.case.dtype, result.case.device) is not False:
         return result
-    allowed = tolerance(result.case.dtype)
+    allowed = tolerance(result.case.dtype, result.case.device)
     return replace(
         result,
         status=Status.FAILED,

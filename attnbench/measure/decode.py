@@ -71,7 +71,7 @@ class Decoded:
 def judged(result: CaseResult, decoded: Decoded | None = None) -> CaseResult:
     """A decode case whose step does not compute the causal layer is failed, its
     measurements kept: a step that computes something else must not pass as fast."""
-    allowed = tolerance(result.case.dtype)
+    allowed = tolerance(result.case.dtype, result.case.device)
     if decoded is not None and decoded.drift > allowed:
         return replace(
             result,
@@ -80,7 +80,7 @@ def judged(result: CaseResult, decoded: Decoded | None = None) -> CaseResult:
             "(relative) after its timed calls: it changes the state it reads, so they did not "
             "all see context n (write only its own slot in place, or return new tensors)",
         )
-    if within_tolerance(result.decode_check, result.case.dtype) is not False:
+    if within_tolerance(result.decode_check, result.case.dtype, result.case.device) is not False:
         return result
     return replace(
         result,
