@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from attnbench.errors import AttnbenchError
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+GRAPH_MODES = ("reduce-overhead", "max-autotune")  # inductor replays CUDA graphs on a GPU
 EAGER = ("", "none", "eager")  # what asks for no compile
 _SHAPES = {"dynamic": True, "static": False}
 
@@ -32,6 +33,11 @@ class CompileSpec:
         words += [] if self.dynamic is None else ["dynamic" if self.dynamic else "static"]
         words += ["fullgraph"] if self.fullgraph else []
         return ",".join(words)
+
+    def replays_graphs(self, device: str) -> bool:
+        """Whether the compiled call replays CUDA graphs (cudagraph trees): each call then
+        writes its output over the previous call's, which must not be read after it."""
+        return self.mode in GRAPH_MODES and device.split(":")[0] == "cuda"
 
     @classmethod
     def parse(cls, text: str) -> CompileSpec | None:

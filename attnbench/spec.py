@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.compiling import MODES as COMPILE_MODES
-from attnbench.compiling import compile_text
+from attnbench.compiling import CompileSpec, compile_text
 from attnbench.devices import (
     DEFAULT_ALLOCATOR,
     DEVICE_CHOICES,
@@ -603,16 +603,7 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
             "GPU (use --timer blocks: there kernel_time_s splits a time into kernels and "
             "overhead)"
         )
-    if grid.compile and grid.metric == "instructions":
-        raise AttnbenchError(
-            "--compile with --metric instructions: Callgrind would count inductor's compile "
-            "(minutes under Valgrind) in every case; compare compiled times with --metric time"
-        )
-    if grid.compile and grid.mode == "decode":
-        raise AttnbenchError(
-            "--compile times forward and train calls; a decode step is not compiled yet "
-            "(drop --compile, or use --mode forward)"
-        )
+    _check_compile(grid)
     if grid.metric == "instructions":
         if grid.device != "cpu":
             raise AttnbenchError(
@@ -630,3 +621,24 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
             f"--max-processes {grid.max_processes} is below --processes {grid.processes}"
         )
     return grid
+
+
+def _check_compile(grid: Grid) -> None:
+    """--compile with what cannot take it: one line, before anything runs."""
+    spec = CompileSpec.parse(grid.compile)
+    if spec is not None and grid.timer == Timer.KERNELS and spec.replays_graphs(grid.device):
+        raise AttnbenchError(
+            f"--timer kernels replays a CUDA graph of the call, and --compile {spec.mode} "
+            "already replays CUDA graphs (one cannot be captured inside the other): time it "
+            "with --timer blocks, or use --compile default"
+        )
+    if grid.compile and grid.metric == "instructions":
+        raise AttnbenchError(
+            "--compile with --metric instructions: Callgrind would count inductor's compile "
+            "(minutes under Valgrind) in every case; compare compiled times with --metric time"
+        )
+    if grid.compile and grid.mode == "decode":
+        raise AttnbenchError(
+            "--compile times forward and train calls; a decode step is not compiled yet "
+            "(drop --compile, or use --mode forward)"
+        )

@@ -108,8 +108,8 @@ def test_a_compiled_layer_is_timed_counted_as_the_layer_and_checked() -> None:
     found = measured(compiled_case("attention"))
     assert found.status == "ok", found.error
     assert found.compile_s is not None and found.compile_s > 0
-    # two graphs: its first call grows the positional table, which the second compiles anew
-    assert found.compile_graphs == 2 and found.compile_breaks == 0
+    # one graph: the positional table was grown to n by an eager call before the compile
+    assert found.compile_graphs == 1 and found.compile_breaks == 0
     assert found.compile_recompiles == 0  # the timed calls compiled nothing more
     assert found.compile_check is not None and found.compile_check < 1e-4
     # the work is the layer's: counted on the eager layer, equal to its formula
@@ -226,3 +226,60 @@ def test_ab_races_an_eager_side_against_a_compiled_side(tmp_path) -> None:  # ty
     assert base["compiled"].isna().all() or (base["compiled"].fillna("") == "").all()
     assert (current["compiled"] == "default").all()
     assert current["compile_s"].notna().all() and base["compile_s"].isna().all()
+
+
+def test_a_compiled_case_reads_the_eager_layers_fused_paths_which_route_its_counts() -> None:
+    """The counts are the eager layer's, and the fused paths its call takes decide where they
+    are traced (cuDNN's recurrence on a GPU: on the CPU). A compiled call's memory pass read
+    none, so a compiled lstm on an H200 was traced through the device (2n + 1 steps against
+    its eager 8n + 1): the pass now reads the eager call's."""
+    from attnbench.measure.case import memory_pass
+
+    eager = memory_pass(small_case("rnn", n=16, d=8, batch=1), 0)
+    compiled = memory_pass(compiled_case("rnn"), 0)
+    assert "rnn_tanh" in eager.fused
+    assert compiled.fused == eager.fused
+
+
+def test_the_kernels_timer_refuses_a_compile_that_already_replays_cuda_graphs() -> None:
+    """--timer kernels captures the call in a CUDA graph; reduce-overhead and max-autotune
+    replay cudagraph trees of their own, which cannot be captured inside it: refused before
+    anything runs (on a GPU, faked here by the device resolver), default mode taken."""
+    from attnbench.spec import build_grid
+
+    def on_a_gpu(device: str, dtype: str) -> str:
+        return "cuda:0"
+
+    options = {"layers": "attention", "n": "16", "d": "8", "timer": "kernels"}
+    for mode in ("reduce-overhead", "max-autotune"):
+        with pytest.raises(AttnbenchError, match="already replays CUDA graphs"):
+            build_grid({**options, "compile": mode}, on_a_gpu)
+    assert build_grid({**options, "compile": "default"}, on_a_gpu).compile == "default"
+    assert CompileSpec("reduce-overhead").replays_graphs("cuda:1")
+    assert not CompileSpec("reduce-overhead").replays_graphs("cpu")
+    assert not CompileSpec("max-autotune-no-cudagraphs").replays_graphs("cuda:0")
+
+
+def test_a_layer_that_replays_cuda_graphs_is_called_as_a_loop_that_keeps_outputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under cudagraph trees each replay writes over the last output: a step begins before
+    each call and the output is copied out (faked on the CPU: the marks are counted)."""
+
+    class Graph(nn.Module):
+        """A replay's static output: every call writes the same memory."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.out = torch.zeros(1, 3, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out.copy_(x)
+
+    marks: list[int] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    replayed = step_module._Replayed(Graph())
+    x, y = torch.randn(1, 3, 4), torch.randn(1, 3, 4)
+    first, second = replayed(x), replayed(y)
+    assert marks == [1, 1]
+    assert torch.equal(first, x) and torch.equal(second, y)  # the first kept past the second

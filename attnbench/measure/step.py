@@ -58,6 +58,22 @@ class Step:
             return cast("torch.Tensor", self.layer(self.x))
 
 
+class _Replayed(nn.Module):
+    """A layer compiled to replay CUDA graphs (``--compile reduce-overhead``), called as a loop
+    that keeps its outputs calls it: a new step begins before each call
+    (``torch.compiler.cudagraph_mark_step_begin``), and the output is copied out of the graph's
+    memory, which the next replay overwrites. The time holds that copy, b·n·d elements, as a
+    caller's that keeps its outputs does (PyTorch's advice for cudagraph trees)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
+        torch.compiler.cudagraph_mark_step_begin()
+        return cast("torch.Tensor", self.model(x)).clone()  # (B, n, d)
+
+
 class NoDecodeStep(AttnbenchError):
     """The layer has no step to decode with: its decode cases are skipped, not failed."""
 
@@ -70,7 +86,16 @@ def make_step(case: Case, seed: int) -> Step:
         return _decode_step(case, layer, seed)
     x = make_input(case, seed)  # (B, n, d)
     spec = CompileSpec.parse(case.compiled)
+    if spec is not None:
+        # The layer's lazy state (its positional table grown to n) is built by an eager call
+        # before it is compiled, as in a model called before: a graph that replays CUDA graphs
+        # must not write state the next replay overwrites (an H200 refused every attention
+        # under reduce-overhead so), and the compiled call is not compiled twice for it.
+        with torch.no_grad():
+            layer(x)
     model = layer if spec is None else compiled(layer, spec)
+    if spec is not None and spec.replays_graphs(case.device):
+        model = _Replayed(model)
     if case.mode == "forward":
 
         def forward() -> torch.Tensor:
