@@ -65,7 +65,7 @@ def serve(incoming: IO[str], channel: IO[str]) -> int:
             plugins.receive(message["layers"], message.get("verify_modules", True))
             names = [plugins.resolve(name).name for name in message["names"]]
             if message.get("fresh"):
-                _preload()
+                _preload(compiles=bool(message.get("compiles")))
                 start = message
                 outcome = run_fresh(functools.partial(_describe, message, names), _LIMITS)
                 if outcome.answer is None:
@@ -97,10 +97,15 @@ def job_limits(job: Job) -> Limits:
     return Limits(wall_s=job.wall_limit_s, memory_bytes=job.memory_limit_bytes)
 
 
-def _preload() -> None:
+def _preload(compiles: bool = False) -> None:
     """What every job's process runs, imported once here (the fork shares it): torch, the
-    worker, the measurements, scipy's statistics. Importing runs no torch op."""
+    worker, the measurements, scipy's statistics, and for a sweep that compiles, dynamo and
+    inductor (about 1.8 s a process here otherwise). Importing runs no torch op."""
     import scipy.stats  # noqa: F401
+
+    if compiles:
+        import torch._dynamo
+        import torch._inductor.compile_fx  # noqa: F401
 
     import attnbench.measure.case
     import attnbench.results.environment

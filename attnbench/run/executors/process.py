@@ -168,6 +168,8 @@ class SubprocessExecutor:
             "metric": grid.metric,
             "allocator": grid.allocator,
             "fresh": self.fresh,
+            # a fork server imports dynamo and inductor once, not every forked process
+            "compiles": bool(grid.compile),
         }
 
     def describe(self) -> dict[str, Any]:
