@@ -161,7 +161,7 @@ class AutoPlan:
         rate has settled."""
         elements = _finite(row["elementwise"])
         seconds, timed = _finite(row["time_s"]), _finite(row["time_total_s"])
-        later = (self.grid.processes - 1) * cost_of(timed, seconds)
+        later = (self.grid.processes - 1) * cost_of(timed, seconds, self.grid.device)
         point = Point(
             n,
             seconds,
@@ -237,7 +237,7 @@ class AutoPlan:
         untimed = max(0.0, last.wall_s - last.timed_s - UNTIMED_CALLS * last.time_s)
         untimed += UNTIMED_CALLS * call
         timed = max(last.timed_s * growth, MIN_SAMPLES * call)
-        wall = untimed + timed + (self.grid.processes - 1) * cost_of(timed, call)
+        wall = untimed + timed + (self.grid.processes - 1) * cost_of(timed, call, self.grid.device)
         left = line.allowance_s - line.wall_s
         if wall > left:
             return Stopped.BUDGET, (

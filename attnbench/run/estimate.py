@@ -11,7 +11,7 @@ from attnbench.layers.registry import entry
 from attnbench.measure.counts import extend
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.regime import REGIME_SIZES
-from attnbench.run.rounds import ROUND_PROCESS_S, ROUND_WARMUP_S, round_policy
+from attnbench.run.rounds import ROUND_WARMUP_S, process_s, round_policy
 from attnbench.spec import MORE_PROCESSES, Case, Grid
 
 # Rough throughputs, used only to warn before an absurd sweep starts; never reported as measured.
@@ -88,9 +88,7 @@ def estimate_bounds(
         untimed = tracing_seconds(case, hit, probes in probed, counting) + 4 * call
         if extend.applies(case, counting.full_trace) and not hit:
             probed.add(probes)
-        fixed = (
-            ROUND_PROCESS_S + 2 * call + ROUND_WARMUP_S
-        )  # a round's process, first call, warm-up
+        fixed = process_s(grid.device) + 2 * call + ROUND_WARMUP_S  # its process, calls
         low += untimed + grid.processes * (fixed + max(quick, 5 * call))
         high += untimed + most * (fixed + max(share, 5 * call))
     if grid.n_auto is not None:

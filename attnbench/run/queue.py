@@ -40,7 +40,7 @@ from attnbench.run.auto import AutoPlan
 from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.executors.fresh import Ending
-from attnbench.run.rounds import cost_of, round_cost, round_policy
+from attnbench.run.rounds import round_cost, round_policy, samples_cost
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import BLOCKING, Status
 from attnbench.spec import MORE_PROCESSES, Case, Grid
@@ -233,7 +233,7 @@ class JobQueue:
                 per = calls.get(case_id)
                 per = 1 if per is None or pd.isna(per) else int(per)
                 self.spent_s[str(case_id)] = sum(
-                    cost_of(float(g["time_s"].sum()) * per, float(g["time_s"].median()))
+                    samples_cost(g["time_s"].tolist(), per, grid.device)
                     for _, g in group.groupby("round")
                 )
             for case_id in self.ok:
@@ -434,7 +434,7 @@ class JobQueue:
             self.rounds_done[case.case_id] = {1}
             self.samples[case.case_id] = {1: list(result.timing.samples_s)}
             self.references[case.case_id] = {1: _first(result.timing.references_s)}
-            self.spent_s[case.case_id] = round_cost(result.timing)
+            self.spent_s[case.case_id] = round_cost(result.timing, case.device)
             self.next_sample[case.case_id] = result.timing.count
             self.device_of[case.case_id] = result.device_name
             self._queue_next_round(case.case_id)
@@ -474,6 +474,9 @@ class JobQueue:
             self.next_sample[case.case_id] = first + timing.count
             self.samples.setdefault(case.case_id, {})[job.round] = list(timing.samples_s)
             self.references.setdefault(case.case_id, {})[job.round] = _first(timing.references_s)
+            # every round's cost counts toward --time-budget, as a resumed run sums them
+            spent = self.spent_s.get(case.case_id, 0.0)
+            self.spent_s[case.case_id] = spent + round_cost(timing, case.device)
         self.rounds_done.setdefault(case.case_id, set()).add(job.round)  # failed: not retried
         self._queue_next_round(case.case_id)
         self.notify("done", case, round_=job.round, timing=timing, where=done.where)

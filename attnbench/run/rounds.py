@@ -6,6 +6,9 @@ will cost) and the size guard (how long a sweep should take).
 
 from __future__ import annotations
 
+import statistics
+
+from attnbench.devices import device_kind
 from attnbench.measure.timing.loop import DEFAULT_POLICY, TimingPolicy, TimingStats
 from attnbench.spec import MORE_PROCESSES, Grid
 
@@ -40,13 +43,27 @@ def round_policy(grid: Grid) -> TimingPolicy:
 # A round's own process, beyond its calls: the fork and exit, the layer made, its machine
 # reference, the driver's share (about 60 ms here, measured around the jobs of a sweep).
 ROUND_PROCESS_S = 0.06
+# On a CUDA GPU a fresh process also makes its CUDA context and loads cuBLAS, cuDNN and the
+# attention kernels at their first use: 0.62-0.64 s a process on an H200, the context 0.25 s
+# of it (benchmarks/cuda_process_cost.py, 4 forks of a server that imported torch).
+PROCESS_S = {"cuda": 0.64}
 
 
-def round_cost(timing: TimingStats) -> float:
+def process_s(device: str) -> float:
+    """A round's own process on ``device``, beyond its calls (``ROUND_PROCESS_S``)."""
+    return PROCESS_S.get(device_kind(device), ROUND_PROCESS_S)
+
+
+def round_cost(timing: TimingStats, device: str = "cpu") -> float:
     """What a round cost, about: its timed calls, its process, its first call and warm-up."""
-    return cost_of(timing.total_s, timing.median_s)
+    return cost_of(timing.total_s, timing.median_s, device)
 
 
-def cost_of(timed_s: float, call_s: float) -> float:
-    """A round's cost from its timed seconds and one call's."""
-    return timed_s + ROUND_PROCESS_S + ROUND_WARMUP_S + 2 * call_s
+def cost_of(timed_s: float, call_s: float, device: str = "cpu") -> float:
+    """A round's cost on ``device`` from its timed seconds and one call's."""
+    return timed_s + process_s(device) + ROUND_WARMUP_S + 2 * call_s
+
+
+def samples_cost(times_s: list[float], calls_per_sample: int, device: str = "cpu") -> float:
+    """A round's cost from its samples as samples.csv keeps them (seconds per call)."""
+    return cost_of(sum(times_s) * calls_per_sample, statistics.median(times_s), device)
