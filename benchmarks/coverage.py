@@ -14,7 +14,8 @@ same rounds (the evidence for ``estimators.estimate``), and for fewer rounds (th
 ``--processes``' default): each run cut to its first k rounds.
 
     python benchmarks/coverage.py [--invocations 6] [--ways processes,one]
-        [--layers conv,lstm,attention,attention-sdpa] [--n 512,2048] [--d 64] [--keep DIR]
+        [--layers conv,lstm,attention,attention-sdpa] [--n 512,2048] [--d 64] [--device cpu]
+        [--keep DIR]
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ Interval = tuple[float, float, float]  # centre, low, high
 def sweep(way: str, out: Path, args: argparse.Namespace) -> float:
     """One invocation, as a user runs it; its wall seconds."""
     command = [
-        *("attnbench", "sweep", "--layers", args.layers, "--n", args.n, "--d", args.d),
-        *("--device", "cpu", "--out", str(out), "--no-charts", "--quiet"),
+        *(sys.executable, "-m", "attnbench", "sweep"),
+        *("--layers", args.layers, "--n", args.n, "--d", args.d),
+        *("--device", args.device, "--out", str(out), "--no-charts", "--quiet"),
         *WAYS[way],
     ]
     begin = time.perf_counter()
@@ -206,6 +208,7 @@ def main() -> None:
     parser.add_argument("--layers", default="conv,lstm,attention,attention-sdpa")
     parser.add_argument("--n", default="512,2048")
     parser.add_argument("--d", default="64")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument(
         "--keep", type=Path, help="keep the runs here (default: a temporary folder)"
     )
@@ -225,6 +228,9 @@ def main() -> None:
     }
     counts = ", ".join(f"{len(v)} {k}" for k, v in runs.items())
     print(f"invocations: {counts}; runs in {folder}")
+    runs = {way: loaded for way, loaded in runs.items() if len(loaded) >= 2}
+    if not runs:
+        sys.exit("coverage needs at least two runs of a way (--invocations 2)")
     for way, loaded in runs.items():
         waits = [f"{r.record.waited_s:.0f}" for r in loaded]
         print(f"{way}: seconds waited for a quiet machine, by invocation: {', '.join(waits)}")

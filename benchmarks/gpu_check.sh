@@ -7,15 +7,18 @@
 #
 #   OUT=/tmp/gpu DEADLINE=540 bash benchmarks/gpu_check.sh
 #
-# Steps, most needed first: environment; a smoke sweep of each timer (the script stops if the
-# default one fails at once); the three timers against torch.utils.benchmark and Triton;
-# `ab` A/A up to five times, then attention against attention-sdpa; the auto grid (the GPU's
-# default) with the clocks on record; generation (--mode decode, auto); the same cases timed in fresh processes (their spread);
-# `attnbench machine`; the `cuda` tests; a grid under the kernels timer.
+# Steps, most needed first: environment; a smoke sweep of each timer, and of the serial
+# executor beside the default fork server (the script stops if the default one fails at once);
+# the `cuda` tests; compiled layers beside eager ones (--compile default, and reduce-overhead's
+# CUDA graphs); the auto grid (the GPU's default) with the clocks on record; the intervals'
+# coverage across invocations; the three timers against torch.utils.benchmark and Triton;
+# `ab` A/A up to five times, then attention against attention-sdpa; generation (--mode decode,
+# auto); the same cases timed in fresh processes (their spread); `attnbench machine`; a grid
+# under the kernels timer.
 set -u
 OUT=${OUT:?set OUT to the folder the results go to}
 DEADLINE=${DEADLINE:-540}
-STEPS=${STEPS:-env,smoke,agreement,ab,auto,decode,spread,machine,tests,kernels}
+STEPS=${STEPS:-env,smoke,tests,compile,auto,coverage,agreement,ab,decode,spread,machine,kernels}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg ATTNBENCH_CACHE_DIR=/tmp/abcache
 PY=${PY:-python3}
 DEV=${DEV:-cuda}
@@ -31,7 +34,7 @@ pack() { tar czf "$OUT/results.tgz" -C "$R" . 2>/dev/null; }
 # nearer), logging its output and its time; skipped when under 20 s remain.
 step() {
   local name=$1 limit=$2; shift 2
-  want "${name%%-*}" || return 0  # smoke-kernels runs with smoke
+  want "${name%%-*}" || [[ $name == cost ]] || return 0  # smoke-kernels runs with smoke
   local room; room=$(left)
   (( room < 20 )) && { echo "== $name: skipped, ${room}s left" | tee -a "$LOG"; return 1; }
   (( limit > room )) && limit=$room
@@ -56,20 +59,59 @@ fi
 AB="$PY -m attnbench"
 if want smoke; then
   export ATTNBENCH_DEBUG=1  # a traceback, not one line: the smoke is there to show what broke
-  step smoke 40 $AB sweep --device $DEV --layers conv,attention-sdpa,lstm \
+  step cost 40 $PY benchmarks/cuda_process_cost.py --forks 4 --device $DEV
+  ATTNBENCH_TRACE_FORK=$R/trace.txt step smoke ${SMOKE_LIMIT:-40} $AB sweep --device $DEV --layers conv,attention-sdpa,lstm \
     --n 64,128 --d 32 --time-budget 0.02 --no-charts --out $R/smoke \
     || { echo "smoke failed: stopping here" | tee -a "$LOG"; exit 1; }
+  step smoke-serial 40 $AB sweep --device $DEV --layers conv,attention-sdpa,lstm \
+    --n 64,128 --d 32 --time-budget 0.02 --no-charts --executor serial --out $R/smoke-serial
   for timer in kernels cold; do
     step smoke-$timer 25 $AB sweep --device $DEV --layers conv,attention-sdpa,lstm,ssm \
       --n 64,128 --d 32 --time-budget 0.02 --no-charts --timer $timer --out $R/smoke-$timer
   done
   $PY -c "import pandas as pd
-for t in ('smoke', 'smoke-kernels', 'smoke-cold'):
-    f = pd.read_csv('$R/' + t + '/results.csv')
-    print(f[['layer', 'n', 'status', 'time_s', 'kernel_share', 'sm_clock_mhz', 'throttled_share', 'time_method']].to_string())
+import json
+for t in ('smoke', 'smoke-serial', 'smoke-kernels', 'smoke-cold'):
+    try:
+        f = pd.read_csv('$R/' + t + '/results.csv')
+        d = json.load(open('$R/' + t + '/run.json')).get('duration_s')
+    except OSError as e:
+        print(t, e); continue
+    print(t, 'duration_s', d)
+    print(f[['layer', 'n', 'status', 'time_s', 'time_ci_low_s', 'time_ci_high_s', 'kernel_share', 'sm_clock_mhz', 'wall_s']].to_string())
 " 2>&1 | tee -a "$LOG" | tail -n 30
   unset ATTNBENCH_DEBUG
 fi
+
+step tests ${TESTS_LIMIT:-120} $PY -m pytest -q -m cuda -p no:cacheprovider -rfE -k "not test_ab_a_against_a" tests/test_cuda.py
+
+# compiled layers beside eager ones, one grid; then reduce-overhead (CUDA graphs) on two layers
+CL=${CL:-conv,rnn,lstm,attention,attention-sdpa,attention-linear,ssm}
+CN=${CN:-256,1024,4096}
+step compile ${COMPILE_LIMIT:-130} $AB sweep --device $DEV --compile default --layers $CL \
+  --n $CN --d 64 --time-budget 0.1 --no-charts --out $R/gpu-compile
+step compile-eager 40 $AB sweep --device $DEV --layers $CL \
+  --n $CN --d 64 --time-budget 0.1 --no-charts --out $R/gpu-compile-eager
+step compile-graphs 45 $AB sweep --device $DEV --compile reduce-overhead \
+  --layers attention,attention-linear --n ${CN%%,*},${CN##*,} --d 64 --time-budget 0.1 --no-charts \
+  --out $R/gpu-compile-graphs
+step compile-kernels 30 $AB sweep --device $DEV --compile reduce-overhead --timer kernels \
+  --layers attention --n 256 --d 64 --time-budget 0.05 --no-charts --out $R/gpu-compile-kernels
+if want compile; then
+  $PY -c "import pandas as pd
+for t in ('gpu-compile', 'gpu-compile-eager', 'gpu-compile-graphs', 'gpu-compile-kernels'):
+    try:
+        f = pd.read_csv('$R/' + t + '/results.csv')
+    except OSError as e:
+        print(t, e); continue
+    cols = [c for c in ('layer', 'n', 'status', 'time_s', 'kernel_share', 'peak_bytes', 'seq_steps', 'fused_path', 'compile_s', 'compile_cache', 'compile_breaks', 'compile_check', 'error') if c in f]
+    print(t); print(f[cols].to_string())
+" 2>&1 | tee -a "$LOG" | tail -n 60
+fi
+
+step auto ${AUTO_LIMIT:-175} $AB sweep --device $DEV --auto-budget ${AUTO_BUDGET:-120} --out $R/gpu-auto
+step coverage ${COVERAGE_LIMIT:-150} $PY benchmarks/coverage.py --device $DEV --invocations ${INVOCATIONS:-4} \
+  --n ${COVN:-512,2048} --keep $R/coverage
 
 step agreement 130 $PY benchmarks/gpu_agreement.py --device $DEV --n 256,2048 --d 128 \
   --budget 0.15 --json $R/agreement.json
@@ -113,14 +155,12 @@ step gaps 45 $PY benchmarks/timer_gaps.py
 step splittests 60 $PY -m pytest -q -m cuda -p no:cacheprovider -rfE -k \
   "kernels_share or splits_its_time or captured or kernels_timer or cold_timer or sm_clock" \
   tests/test_cuda.py
-step auto ${AUTO_LIMIT:-175} $AB sweep --device $DEV --auto-budget ${AUTO_BUDGET:-120} --out $R/gpu-auto
 # generation: every layer one token at a time, each doubled until its step's rate settles
 step decode ${DECODE_LIMIT:-120} $AB sweep --device $DEV --mode decode --n auto \
   --auto-budget ${DECODE_BUDGET:-90} --out $R/gpu-decode
 step spread 45 $PY benchmarks/process_spread.py --device $DEV --processes 4
 step machine 50 bash -c "$AB machine --device $DEV --json > $R/machine-float32.json && \
   head -c 400 $R/machine-float32.json"
-step tests 100 $PY -m pytest -q -m cuda -p no:cacheprovider -rfE -k "not test_ab_a_against_a" tests/test_cuda.py
 step kernels 90 $AB sweep --device $DEV --timer kernels --n 256..4096 --d 128 \
   --time-budget 0.1 --out $R/gpu-kernels
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv | tee -a "$LOG"
