@@ -429,9 +429,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("threads", "threads", int, lambda v: _positive_int(v, "threads"),
            "CPU threads for torch (recorded).", default_text="torch's"),
     Option("time_budget", "time_budget_s", float, lambda v: _positive_seconds(v, "time-budget"),
-           "Seconds a case's rounds may take, their processes' own costs and timed calls "
-           "together: the --processes rounds always run, each with a share of it for its "
-           "samples; more only within it, while the interval is wider than ±2%."),
+           "Seconds of timed calls a case's rounds may take together: the --processes "
+           "rounds always run, each with a share of it for its samples; more only within it, "
+           "while the interval is wider than ±2%."),
     Option("wait_quiet", "wait_quiet_s", float, lambda v: _seconds(v, "wait-quiet"),
            "Seconds the sweep may wait, in all, for a busy machine to quiet down: a round "
            "whose machine reference reads the machine disturbed (a neighbour's load) waits, "

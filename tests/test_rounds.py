@@ -175,13 +175,14 @@ def test_the_cli_takes_rounds_and_prints_each_round(tmp_path: Path) -> None:
 def test_every_rounds_cost_counts_toward_the_time_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Rounds past --processes only while the case's rounds cost under --time-budget, all of
-    them: at 1 s a round and a budget of 2.5 s, a case whose interval stays wide gets a third
-    round and no fourth (only its first round's cost counted once, so it ran all six)."""
+    """Rounds past --processes only while the case's rounds' timed calls stay under
+    --time-budget, all of them: at 1 s a round and a budget of 2.5 s, a case whose interval
+    stays wide gets a third round and no fourth (only its first round's counted once, so it
+    ran all six)."""
     from attnbench.estimators import Estimate
     from attnbench.run import queue as queue_module
 
-    monkeypatch.setattr(queue_module, "round_cost", lambda timing, device="cpu": 1.0)
+    monkeypatch.setattr(queue_module, "budget_spent", lambda timing: 1.0)
     wide = Estimate(1e-3, 5e-4, 2e-3, 2)  # ±100%
     monkeypatch.setattr(queue_module, "estimate", lambda *args, **kwargs: wide)
     grid = build_grid(

@@ -40,7 +40,7 @@ from attnbench.run.auto import AutoPlan
 from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.executors.fresh import Ending
-from attnbench.run.rounds import round_cost, round_policy, samples_cost
+from attnbench.run.rounds import budget_spent, round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import BLOCKING, Status
 from attnbench.spec import MORE_PROCESSES, Case, Grid
@@ -71,7 +71,7 @@ class Replication:
     least: int
     most: int
     target_rel_ci: float = 0.02
-    budget_s: float = math.inf  # seconds a case's rounds may cost; none past least beyond it
+    budget_s: float = math.inf  # seconds a case's rounds may time; none past least beyond it
 
     @classmethod
     def of(cls, grid: Grid, target_rel_ci: float) -> Replication:
@@ -93,7 +93,7 @@ class Replication:
     ) -> bool:
         """Whether a case with ``done`` rounds finished (``rounds``: the samples of those that
         measured, ``references`` their machine references against the sweep's ``quiet``
-        level so far, ``spent_s`` seconds its rounds cost, ``round_cost``) gets another: a
+        level so far, ``spent_s`` seconds its rounds timed, ``budget_spent``) gets another: a
         round read disturbed does not count toward ``least``, and past it a round must fit
         the budget."""
         if done >= self.most:
@@ -201,7 +201,7 @@ class JobQueue:
         self.rounds_done: dict[str, set[int]] = {}  # case_id -> rounds finished (or failed)
         self.samples: dict[str, dict[int, list[float]]] = {}  # case_id -> round -> samples
         self.references: dict[str, dict[int, float | None]] = {}  # its rounds' references
-        self.spent_s: dict[str, float] = {}  # case_id -> what its rounds cost (round_cost)
+        self.spent_s: dict[str, float] = {}  # case_id -> its rounds' timed seconds (budget_spent)
         self.replication = replication or Replication.of(grid, DEFAULT_POLICY.target_rel_ci)
         self.shuffle = random.Random(grid.seed)  # the later rounds' order: shuffled, seeded
         self.next_sample: dict[str, int] = {}
@@ -232,10 +232,7 @@ class JobQueue:
             for case_id, group in previous.run.samples.groupby("case_id"):
                 per = calls.get(case_id)
                 per = 1 if per is None or pd.isna(per) else int(per)
-                self.spent_s[str(case_id)] = sum(
-                    samples_cost(g["time_s"].tolist(), per, grid.device)
-                    for _, g in group.groupby("round")
-                )
+                self.spent_s[str(case_id)] = float(group["time_s"].sum()) * per  # timed
             for case_id in self.ok:
                 if case_id in self.index:
                     self._queue_next_round(case_id)
@@ -434,7 +431,7 @@ class JobQueue:
             self.rounds_done[case.case_id] = {1}
             self.samples[case.case_id] = {1: list(result.timing.samples_s)}
             self.references[case.case_id] = {1: _first(result.timing.references_s)}
-            self.spent_s[case.case_id] = round_cost(result.timing, case.device)
+            self.spent_s[case.case_id] = budget_spent(result.timing)
             self.next_sample[case.case_id] = result.timing.count
             self.device_of[case.case_id] = result.device_name
             self._queue_next_round(case.case_id)
@@ -474,9 +471,9 @@ class JobQueue:
             self.next_sample[case.case_id] = first + timing.count
             self.samples.setdefault(case.case_id, {})[job.round] = list(timing.samples_s)
             self.references.setdefault(case.case_id, {})[job.round] = _first(timing.references_s)
-            # every round's cost counts toward --time-budget, as a resumed run sums them
+            # every round's timed calls count toward --time-budget, as a resumed run's do
             spent = self.spent_s.get(case.case_id, 0.0)
-            self.spent_s[case.case_id] = spent + round_cost(timing, case.device)
+            self.spent_s[case.case_id] = spent + budget_spent(timing)
         self.rounds_done.setdefault(case.case_id, set()).add(job.round)  # failed: not retried
         self._queue_next_round(case.case_id)
         self.notify("done", case, round_=job.round, timing=timing, where=done.where)

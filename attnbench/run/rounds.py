@@ -6,8 +6,6 @@ will cost) and the size guard (how long a sweep should take).
 
 from __future__ import annotations
 
-import statistics
-
 from attnbench.devices import device_kind
 from attnbench.measure.timing.loop import DEFAULT_POLICY, TimingPolicy, TimingStats
 from attnbench.spec import MORE_PROCESSES, Grid
@@ -54,16 +52,12 @@ def process_s(device: str) -> float:
     return PROCESS_S.get(device_kind(device), ROUND_PROCESS_S)
 
 
-def round_cost(timing: TimingStats, device: str = "cpu") -> float:
-    """What a round cost, about: its timed calls, its process, its first call and warm-up."""
-    return cost_of(timing.total_s, timing.median_s, device)
-
-
 def cost_of(timed_s: float, call_s: float, device: str = "cpu") -> float:
     """A round's cost on ``device`` from its timed seconds and one call's."""
     return timed_s + process_s(device) + ROUND_WARMUP_S + 2 * call_s
 
 
-def samples_cost(times_s: list[float], calls_per_sample: int, device: str = "cpu") -> float:
-    """A round's cost from its samples as samples.csv keeps them (seconds per call)."""
-    return cost_of(sum(times_s) * calls_per_sample, statistics.median(times_s), device)
+def budget_spent(timing: TimingStats) -> float:
+    """What a round spends of ``--time-budget``: its timed calls, the share ``round_policy``
+    gives each round to sample (its process and set-up are the wall's, not the budget's)."""
+    return timing.total_s
