@@ -178,7 +178,7 @@ class Grid:
     device: str = "auto"
     mode: str = "forward"
     threads: int | None = None  # CPU threads; None keeps torch's default (and records it)
-    time_budget_s: float = 0.3  # most seconds a case's rounds may cost past the least
+    time_budget_s: float = 0.3  # seconds of timed calls a case's rounds may take together
     # Seconds a sweep may wait, in all, for a disturbed machine to read quiet before a round
     # (``measure.timing.reference.settle``); 0: never wait.
     wait_quiet_s: float = 60.0

@@ -23,7 +23,7 @@ def child(device: str, write: int) -> None:
     start = time.perf_counter()
 
     def mark(name: str) -> None:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
         marks[name] = time.perf_counter() - start
 
     torch.cuda.init()

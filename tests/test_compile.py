@@ -283,3 +283,20 @@ def test_a_layer_that_replays_cuda_graphs_is_called_as_a_loop_that_keeps_outputs
     first, second = replayed(x), replayed(y)
     assert marks == [1, 1]
     assert torch.equal(first, x) and torch.equal(second, y)  # the first kept past the second
+
+
+def test_make_step_calls_a_graph_replaying_compile_through_the_loop_wrapper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step of a case whose compile replays CUDA graphs (faked on the CPU) calls it
+    through ``_Replayed``, its layer's positional table grown by an eager call first; any
+    other compile calls the compiled layer itself."""
+    from attnbench.compiling import CompileSpec as Spec
+
+    monkeypatch.setattr(Spec, "replays_graphs", lambda self, device: self.mode != "default")
+    step = step_module.make_step(compiled_case("attention", "reduce-overhead"), 0)
+    assert isinstance(step.model, step_module._Replayed)
+    assert step.layer.pos.P.shape[0] == 16  # grown before the compile, not inside it
+    assert step().shape == (1, 16, 8)
+    plain = step_module.make_step(compiled_case("attention"), 0)
+    assert not isinstance(plain.model, step_module._Replayed)

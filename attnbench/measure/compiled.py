@@ -185,9 +185,11 @@ def with_compile(result: CaseResult, done: Compiled | None) -> CaseResult:
         compile_recompiles=done.recompiles,
         compile_check=done.check,
     )
-    if within_tolerance(done.check, result.case.dtype, result.case.device) is not False:
+    # The dtype's own tolerance on any device: the compiled call and the eager one run the same
+    # cuDNN ops where they run any (0 apart on an H200), so TF32 grants nothing here.
+    if within_tolerance(done.check, result.case.dtype) is not False:
         return result
-    allowed = tolerance(result.case.dtype, result.case.device)
+    allowed = tolerance(result.case.dtype)
     return replace(
         result,
         status=Status.FAILED,

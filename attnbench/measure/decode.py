@@ -71,8 +71,10 @@ class Decoded:
 def judged(result: CaseResult, decoded: Decoded | None = None) -> CaseResult:
     """A decode case whose step does not compute the causal layer is failed, its
     measurements kept: a step that computes something else must not pass as fast."""
+    # The same step twice rounds the same way: its drift is held to the dtype's own tolerance;
+    # its tokens against the parallel layer, which cuDNN may run through TF32, to the device's.
     allowed = tolerance(result.case.dtype, result.case.device)
-    if decoded is not None and decoded.drift > allowed:
+    if decoded is not None and decoded.drift > tolerance(result.case.dtype):
         return replace(
             result,
             status=Status.FAILED,

@@ -471,7 +471,7 @@ class JobQueue:
             self.next_sample[case.case_id] = first + timing.count
             self.samples.setdefault(case.case_id, {})[job.round] = list(timing.samples_s)
             self.references.setdefault(case.case_id, {})[job.round] = _first(timing.references_s)
-            # every round's timed calls count toward --time-budget, as a resumed run's do
+            # every round's timed calls count toward --time-budget (a resumed run's: samples.csv)
             spent = self.spent_s.get(case.case_id, 0.0)
             self.spent_s[case.case_id] = spent + budget_spent(timing)
         self.rounds_done.setdefault(case.case_id, set()).add(job.round)  # failed: not retried
