@@ -191,3 +191,21 @@ def test_every_rounds_cost_counts_toward_the_time_budget(
     )  # fmt: skip
     run = run_sweep(grid, tmp_path / "run", measuring=Measuring(calibration=SMALL_GEMM))
     assert run.samples["round"].nunique() == 3
+
+
+def test_a_round_on_a_gpu_is_charged_its_fresh_process_unless_the_sweep_runs_in_one() -> None:
+    """A fresh process on CUDA makes its context and loads cuBLAS and cuDNN (0.64 s on an
+    H200), the CPU's fork costs 0.06 s; a serial sweep's rounds pay neither context."""
+    from attnbench.run.estimate import estimate_bounds
+    from attnbench.run.rounds import PROCESS_S, ROUND_PROCESS_S, cost_of, process_s
+
+    assert process_s("cuda:1") == PROCESS_S["cuda"] > 10 * process_s("cpu")
+    assert process_s("cuda:0", fresh=False) == ROUND_PROCESS_S == process_s("cpu")
+    assert cost_of(0.1, 1e-3, "cuda:0") - cost_of(0.1, 1e-3, "cpu") == pytest.approx(
+        PROCESS_S["cuda"] - ROUND_PROCESS_S
+    )
+    options = {"layers": "conv,lstm", "n": "64,128", "d": "32", "device": "cuda"}
+    gpu = build_grid(options, lambda device, dtype: "cuda:0")
+    forked, serial = estimate_bounds(gpu), estimate_bounds(gpu, fresh=False)
+    rounds = len(gpu.cases()) * gpu.processes  # the low end: each case's least rounds
+    assert forked[0] - serial[0] == pytest.approx(rounds * (PROCESS_S["cuda"] - ROUND_PROCESS_S))

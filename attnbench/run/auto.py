@@ -118,14 +118,20 @@ def _finite(value: Any) -> float:
 class AutoPlan:
     """The lines of an auto grid, what each measured, and whether its next case may run."""
 
-    def __init__(self, grid: Grid, memory: Callable[[str], int | None] = free_memory) -> None:
+    def __init__(
+        self, grid: Grid, memory: Callable[[str], int | None] = free_memory, fresh: bool = True
+    ) -> None:
         self.grid, self.memory = grid, memory
+        self.fresh = fresh  # each round in a fresh process (its cost: ``rounds.process_s``)
         self.lines: dict[tuple[Any, ...], Line] = {}
         self.keys: dict[str, tuple[Any, ...]] = {}  # case_id -> its line
         for case in grid.cases():
             self.lines.setdefault(line_key(case), Line())
             self.keys[case.case_id] = line_key(case)
         self.max_call_s = grid.max_case_s if grid.max_case_s is not None else MAX_CALL_S
+
+    def _round(self, timed_s: float, call_s: float) -> float:
+        return cost_of(timed_s, call_s, self.grid.device, self.fresh)
 
     def line(self, case: Case) -> Line:
         return self.lines[line_key(case)]
@@ -161,7 +167,7 @@ class AutoPlan:
         rate has settled."""
         elements = _finite(row["elementwise"])
         seconds, timed = _finite(row["time_s"]), _finite(row["time_total_s"])
-        later = (self.grid.processes - 1) * cost_of(timed, seconds, self.grid.device)
+        later = (self.grid.processes - 1) * self._round(timed, seconds)
         point = Point(
             n,
             seconds,
@@ -237,7 +243,7 @@ class AutoPlan:
         untimed = max(0.0, last.wall_s - last.timed_s - UNTIMED_CALLS * last.time_s)
         untimed += UNTIMED_CALLS * call
         timed = max(last.timed_s * growth, MIN_SAMPLES * call)
-        wall = untimed + timed + (self.grid.processes - 1) * cost_of(timed, call, self.grid.device)
+        wall = untimed + timed + (self.grid.processes - 1) * self._round(timed, call)
         left = line.allowance_s - line.wall_s
         if wall > left:
             return Stopped.BUDGET, (

@@ -57,6 +57,7 @@ def estimate_bounds(
     grid: Grid,
     cached: Callable[[Case], bool] | None = None,
     counting: Counting = DEFAULT_COUNTING,
+    fresh: bool = True,
 ) -> tuple[float, float]:
     """A rough (low, high) estimate of a sweep's duration from the analytic FLOPs of each case.
 
@@ -66,7 +67,8 @@ def estimate_bounds(
     or stops after ``time_call``'s minimum time where its median is precise at once (low: a
     quiet machine); each round is a process of its own, with its fork, its layer, its first
     call and warm-up, and at least that minimum of timing; a sweep may add rounds, up to
-    ``MORE_PROCESSES`` times as many, to a case whose interval is wide (high).
+    ``MORE_PROCESSES`` times as many, to a case whose interval is wide (high). ``fresh``:
+    each round in a process of its own (not --executor serial).
     """
     rate = _ASSUMED_FLOP_PER_S[device_kind(grid.device)]
     low = high = 0.0
@@ -88,7 +90,7 @@ def estimate_bounds(
         untimed = tracing_seconds(case, hit, probes in probed, counting) + 4 * call
         if extend.applies(case, counting.full_trace) and not hit:
             probed.add(probes)
-        fixed = process_s(grid.device) + 2 * call + ROUND_WARMUP_S  # its process, calls
+        fixed = process_s(grid.device, fresh) + 2 * call + ROUND_WARMUP_S  # its process, calls
         low += untimed + grid.processes * (fixed + max(quick, 5 * call))
         high += untimed + most * (fixed + max(share, 5 * call))
     if grid.n_auto is not None:

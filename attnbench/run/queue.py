@@ -237,7 +237,7 @@ class JobQueue:
                 if case_id in self.index:
                     self._queue_next_round(case_id)
         # --n auto: which lengths of each line run is decided as its cases finish
-        self.auto = AutoPlan(grid) if grid.n_auto is not None else None
+        self.auto = AutoPlan(grid, fresh=not in_process) if grid.n_auto is not None else None
         self.dropped: set[str] = set()  # auto cases no line will reach: never written
         if self.auto is not None and previous is not None:
             self.auto.restore(previous.run.frame)

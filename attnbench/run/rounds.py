@@ -47,14 +47,15 @@ ROUND_PROCESS_S = 0.06
 PROCESS_S = {"cuda": 0.64}
 
 
-def process_s(device: str) -> float:
-    """A round's own process on ``device``, beyond its calls (``ROUND_PROCESS_S``)."""
-    return PROCESS_S.get(device_kind(device), ROUND_PROCESS_S)
+def process_s(device: str, fresh: bool = True) -> float:
+    """A round's own process on ``device``, beyond its calls (``ROUND_PROCESS_S``); a round
+    run in the sweep's own process (``fresh=False``: --executor serial) makes no context."""
+    return PROCESS_S.get(device_kind(device), ROUND_PROCESS_S) if fresh else ROUND_PROCESS_S
 
 
-def cost_of(timed_s: float, call_s: float, device: str = "cpu") -> float:
+def cost_of(timed_s: float, call_s: float, device: str = "cpu", fresh: bool = True) -> float:
     """A round's cost on ``device`` from its timed seconds and one call's."""
-    return timed_s + process_s(device) + ROUND_WARMUP_S + 2 * call_s
+    return timed_s + process_s(device, fresh) + ROUND_WARMUP_S + 2 * call_s
 
 
 def budget_spent(timing: TimingStats) -> float:

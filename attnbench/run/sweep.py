@@ -120,7 +120,9 @@ def _start(
     on_start = listeners.on_start
     if on_start is not None:
         counting = measuring.counting
-        low, high = estimate_bounds(grid, lambda c: in_cache(c, grid.seed, counting), counting)
+        low, high = estimate_bounds(
+            grid, lambda c: in_cache(c, grid.seed, counting), counting, not runs_on.in_process
+        )
     has_ceilings = earlier is not None and earlier.record.ceilings is not None
     threads = grid.threads or torch.get_num_threads()
     known = has_ceilings or ceilings_cached(grid.device, grid.dtype, threads)
