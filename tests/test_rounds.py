@@ -185,12 +185,19 @@ def test_every_rounds_cost_counts_toward_the_time_budget(
     monkeypatch.setattr(queue_module, "budget_spent", lambda timing: 1.0)
     wide = Estimate(1e-3, 5e-4, 2e-3, 2)  # ±100%
     monkeypatch.setattr(queue_module, "estimate", lambda *args, **kwargs: wide)
+    monkeypatch.setattr(queue_module, "is_disturbed", lambda *args: False)  # a busy neighbour
     grid = build_grid(
         {"layers": "conv", "n": "8", "d": "4", "device": "cpu", "processes": 2,
          "max_processes": 6, "time_budget": 2.5}
     )  # fmt: skip
     run = run_sweep(grid, tmp_path / "run", measuring=Measuring(calibration=SMALL_GEMM))
     assert run.samples["round"].nunique() == 3
+    # Resumed, the case's budget counts as spent (its rounds' blocks are not on disk to charge
+    # again): a complete run measures nothing more, however wide its interval.
+    before = (tmp_path / "run" / "results.csv").read_text()
+    again = resume_sweep(tmp_path / "run")
+    assert again.samples["round"].nunique() == 3
+    assert (tmp_path / "run" / "results.csv").read_text() == before
 
 
 def test_a_round_on_a_gpu_is_charged_its_fresh_process_unless_the_sweep_runs_in_one() -> None:

@@ -228,11 +228,10 @@ class JobQueue:
                 self.references[str(case_id)] = {
                     int(r): _reference(g["reference_s"].iloc[0]) for r, g in group.groupby("round")
                 }
-            calls = previous.run.frame.set_index("case_id")["calls_per_sample"]
-            for case_id, group in previous.run.samples.groupby("case_id"):
-                per = calls.get(case_id)
-                per = 1 if per is None or pd.isna(per) else int(per)
-                self.spent_s[str(case_id)] = float(group["time_s"].sum()) * per  # timed
+                # Its budget counts as spent: each round's block size is not on disk to charge
+                # it again, and a guess below the live run's gave a complete run more rounds.
+                # A resumed case gets the rounds it lacks of --processes, no more.
+                self.spent_s[str(case_id)] = math.inf
             for case_id in self.ok:
                 if case_id in self.index:
                     self._queue_next_round(case_id)
@@ -471,7 +470,7 @@ class JobQueue:
             self.next_sample[case.case_id] = first + timing.count
             self.samples.setdefault(case.case_id, {})[job.round] = list(timing.samples_s)
             self.references.setdefault(case.case_id, {})[job.round] = _first(timing.references_s)
-            # every round's timed calls count toward --time-budget (a resumed run's: samples.csv)
+            # every round's timed calls count toward --time-budget
             spent = self.spent_s.get(case.case_id, 0.0)
             self.spent_s[case.case_id] = spent + budget_spent(timing)
         self.rounds_done.setdefault(case.case_id, set()).add(job.round)  # failed: not retried
