@@ -216,3 +216,19 @@ def test_a_round_on_a_gpu_is_charged_its_fresh_process_unless_the_sweep_runs_in_
     forked, serial = estimate_bounds(gpu), estimate_bounds(gpu, fresh=False)
     rounds = len(gpu.cases()) * gpu.processes  # the low end: each case's least rounds
     assert forked[0] - serial[0] == pytest.approx(rounds * (PROCESS_S["cuda"] - ROUND_PROCESS_S))
+
+
+def test_a_compiled_sweeps_estimate_charges_each_round_its_compile() -> None:
+    """Every round of a compiled case compiles it again in its process: the estimate charges
+    each of the least rounds a graph-broken layer's compile (low) and each of the most a cold
+    attention's (high)."""
+    from attnbench.run.estimate import COMPILE_S, estimate_bounds
+    from attnbench.spec import MORE_PROCESSES
+
+    options = {"layers": "conv,attention", "n": "16,32", "d": "8", "device": "cpu"}
+    eager, compiled = build_grid(options), build_grid({**options, "compile": "default"})
+    (low, high), (low_c, high_c) = estimate_bounds(eager), estimate_bounds(compiled)
+    cases = len(eager.cases())
+    assert low_c - low == pytest.approx(cases * eager.processes * COMPILE_S[0])
+    most = eager.processes * MORE_PROCESSES
+    assert high_c - high == pytest.approx(cases * most * COMPILE_S[1])

@@ -26,6 +26,11 @@ MAX_ESTIMATED_S = 3600.0  # a longer estimated sweep needs --yes
 _TRACE_CASE_S, _TRACE_STEP_S, _CACHED_CASE_S = 0.04, 2e-3, 0.05
 # Measuring the machine's ceilings, once per machine (docs/benchmarks.md has the timings).
 CEILINGS_S = 1.5
+# A compiled case's compile, paid again in every round's process: from a layer whose graph
+# breaks before any op (rnn, lstm: 0.04-0.06 s on the 2-core CPU) to a cold compile of an
+# attention (1.5-3.8 s there, 2.2-4.3 s on an H200's host). A layer whose loop runs in Python
+# compiles in proportion to n and reads far over this (the ssm: 333 s at n = 4096, cold).
+COMPILE_S = (0.04, 4.3)
 
 
 def tracing_seconds(
@@ -67,8 +72,9 @@ def estimate_bounds(
     or stops after ``time_call``'s minimum time where its median is precise at once (low: a
     quiet machine); each round is a process of its own, with its fork, its layer, its first
     call and warm-up, and at least that minimum of timing; a sweep may add rounds, up to
-    ``MORE_PROCESSES`` times as many, to a case whose interval is wide (high). ``fresh``:
-    each round in a process of its own (not --executor serial).
+    ``MORE_PROCESSES`` times as many, to a case whose interval is wide (high); a compiled
+    case's round compiles it again (``COMPILE_S``). ``fresh``: each round in a process of its
+    own (not --executor serial).
     """
     rate = _ASSUMED_FLOP_PER_S[device_kind(grid.device)]
     low = high = 0.0
@@ -91,8 +97,9 @@ def estimate_bounds(
         if extend.applies(case, counting.full_trace) and not hit:
             probed.add(probes)
         fixed = process_s(grid.device, fresh) + 2 * call + ROUND_WARMUP_S  # its process, calls
-        low += untimed + grid.processes * (fixed + max(quick, 5 * call))
-        high += untimed + most * (fixed + max(share, 5 * call))
+        soon, late = COMPILE_S if case.compiled else (0.0, 0.0)  # each round compiles anew
+        low += untimed + grid.processes * (fixed + soon + max(quick, 5 * call))
+        high += untimed + most * (fixed + late + max(share, 5 * call))
     if grid.n_auto is not None:
         return min(low, grid.auto_budget_s), grid.auto_budget_s
     return low, high
