@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attnbench.devices import device_kind
 from attnbench.errors import AttnbenchError
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -37,7 +38,7 @@ class CompileSpec:
     def replays_graphs(self, device: str) -> bool:
         """Whether the compiled call replays CUDA graphs (cudagraph trees): each call then
         writes its output over the previous call's, which must not be read after it."""
-        return self.mode in GRAPH_MODES and device.split(":")[0] == "cuda"
+        return self.mode in GRAPH_MODES and device_kind(device) == "cuda"
 
     @classmethod
     def parse(cls, text: str) -> CompileSpec | None:
