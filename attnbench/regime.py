@@ -16,6 +16,8 @@ import numpy as np
 import numpy.typing as npt
 from numpy.typing import ArrayLike
 
+from attnbench.estimators import t_quantile
+
 # Rates within this band of each other: the largest at most (1 + band) times the smallest.
 REGIME_BAND = 0.2
 # Over at least this many sizes (three doublings).
@@ -41,7 +43,7 @@ def trendless(sizes: Sequence[float], rates: Sequence[float]) -> bool:
     if len(set(y)) < 2:
         return True
     fit = stats.linregress(x, y)
-    reach = stats.t.ppf(0.975, len(x) - 2) * fit.stderr if len(x) > 2 else math.inf
+    reach = t_quantile(0.975, len(x) - 2) * fit.stderr if len(x) > 2 else math.inf
     return bool(abs(fit.slope) <= REGIME_TREND or abs(fit.slope) <= reach)
 
 

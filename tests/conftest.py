@@ -3,12 +3,16 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
+from attnbench.measure.machine.ceilings_file import machine_ceilings
+from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.run.sweep import run_sweep
 from attnbench.spec import Grid, build_grid
@@ -18,7 +22,8 @@ def pytest_configure(config: pytest.Config) -> None:
     """The machine's ceilings, which every sweep records, are measured once for the whole test
     session into a folder of its own (never the user's cache). The count cache is off: a test
     that changes a counter must see it count (tests/test_countcache.py turns it on)."""
-    os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-cache-")
+    if not (_worker() and os.environ.get("ATTNBENCH_CACHE_DIR")):  # a worker shares its parent's
+        os.environ["ATTNBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnbench-cache-")
     os.environ["ATTNBENCH_NO_CACHE"] = "1"
     # The command line's sweeps run in this process unless a test asks for the fork server
     # (tests/test_fork.py): a server costs an import of torch, a case a fork and a first call.
@@ -26,6 +31,20 @@ def pytest_configure(config: pytest.Config) -> None:
     # No sweep of the suite waits for a quiet machine (the suite's own workers are its
     # neighbours); the waiting is tested with fake clocks (tests/test_quiet.py).
     os.environ["ATTNBENCH_WAIT_QUIET"] = "0"
+    _share_the_cores()
+
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist (the suite runs ``-n auto``), each worker gets its share of the cores
+    for torch's threads, and so do the processes it starts (OMP_NUM_THREADS): two workers of
+    two threads each on a 2-core machine spun against each other, and the fast loop took 170 s
+    where one thread each took 84 s (serially: 145 s)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1:
+        return
+    share = max(1, (os.cpu_count() or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(share)
+    torch.set_num_threads(share)
 
 
 @pytest.fixture(autouse=True)
@@ -41,9 +60,17 @@ def _no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("attnbench.run.sweep.write_quiet", lambda path, machine: None)
 
 
+def _worker() -> str:
+    """The pytest-xdist worker this process is ("gw0", ...), or "" in the suite's main process."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The session's ceilings folder goes with it (a run of the suite left one in /tmp)."""
+    """The session's ceilings folder goes with it (a run of the suite left one in /tmp); the
+    main process removes it, after its workers."""
     folder = os.environ.get("ATTNBENCH_CACHE_DIR", "")
+    if _worker():
+        return
     if os.path.basename(folder).startswith("attnbench-cache-"):
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -60,6 +87,16 @@ def add_layer(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     return add
 
 
+def own_cache(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache folder of a test's own (``ATTNBENCH_CACHE_DIR``), holding the session's machine
+    ceilings: a sweep measures them into an empty cache first, 2-3 s a test."""
+    session = Path(os.environ["ATTNBENCH_CACHE_DIR"])
+    machine_ceilings(folder=session)  # measured once for the session, as a sweep would
+    shutil.copytree(session / "ceilings", folder / "ceilings", dirs_exist_ok=True)
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(folder))
+    return folder
+
+
 def _tiny_grid() -> Grid:
     """Two lengths, one width, every layer: a sweep of seconds."""
     return build_grid({"n": "16,32", "d": "8", "device": "cpu", "time_budget": 0.005, "heads": 2})
@@ -70,27 +107,40 @@ def tiny_grid() -> Grid:
     return _tiny_grid()
 
 
+def shared_run(factory: pytest.TempPathFactory, name: str, grid: Callable[[], Grid]) -> RunResults:
+    """A sweep made once for the whole suite: by the first of pytest-xdist's workers to ask,
+    in the folder they share, under a lock the others wait on and then read the run from."""
+    if not _worker():
+        return run_sweep(grid(), factory.mktemp("run") / name)
+    folder = factory.getbasetemp().parent / f"shared-{name}"  # every worker's temp root
+    with FileLock(f"{folder}.lock"):
+        done = folder / "made"
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            run_sweep(grid(), folder)
+            done.touch()
+    return load_results(folder)
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> RunResults:
     """One real tiny sweep shared by the tests that only read results."""
-    return run_sweep(_tiny_grid(), tmp_path_factory.mktemp("run") / "tiny")
+    return shared_run(tmp_path_factory, "tiny", _tiny_grid)
 
 
 @pytest.fixture(scope="session")
 def wide_run(tmp_path_factory: pytest.TempPathFactory) -> RunResults:
     """Four lengths and two widths of conv, rnn and attention: enough for every fit and chart
     (attention's own cost model has four terms and a constant, so it needs seven points)."""
-    grid = build_grid(
-        {
-            "layers": "conv,rnn,attention",
-            "n": "16,32,64,128",
-            "d": "8,16",
-            "device": "cpu",
-            "time_budget": 0.005,
-            "heads": 2,
-        }
-    )
-    return run_sweep(grid, tmp_path_factory.mktemp("run") / "wide")
+    options = {
+        "layers": "conv,rnn,attention",
+        "n": "16,32,64,128",
+        "d": "8,16",
+        "device": "cpu",
+        "time_budget": 0.005,
+        "heads": 2,
+    }
+    return shared_run(tmp_path_factory, "wide", lambda: build_grid(options))
 
 
 @pytest.fixture

@@ -103,6 +103,7 @@ def test_a_compiled_case_is_another_case() -> None:
 # ----------------------------------------------------------------------------- measuring
 
 
+@pytest.mark.slow  # a real compile: 3-4 s
 def test_a_compiled_layer_is_timed_counted_as_the_layer_and_checked() -> None:
     eager = measured(small_case("attention", n=16, d=8, batch=1))
     found = measured(compiled_case("attention"))

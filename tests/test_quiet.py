@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import own_cache
 
 from attnbench.estimators import QUIET_FACTOR, quieter
 from attnbench.measure.timing import reference
@@ -102,8 +103,9 @@ def test_the_levels_survive_a_cache_that_is_gone_or_torn(tmp_path: Path) -> None
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A cache of the test's own, the machine's store in it as a sweep has it (conftest keeps
-    the other tests' sweeps away from it)."""
-    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    the other tests' sweeps away from it), and the session's ceilings copied into it: measuring
+    them again took 2 s a test."""
+    own_cache(tmp_path / "cache", monkeypatch)
     monkeypatch.setattr("attnbench.run.sweep.read_quiet", read_quiet)
     monkeypatch.setattr("attnbench.run.sweep.write_quiet", write_quiet)
     yield tmp_path / "cache"

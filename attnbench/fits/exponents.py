@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.devices import DTYPES
+from attnbench.estimators import normal_quantile, t_quantile
 from attnbench.fits.agreement import agrees
 from attnbench.fits.models import Layers, ModelFit, layers_or_live, numeric, own_fit, size_rows
 from attnbench.regime import REGIME_BAND, settled_sizes
@@ -68,9 +69,9 @@ def loglog_exponent(
     fit = stats.linregress(lx, ly)
     weights = (lx - lx.mean()) / np.sum((lx - lx.mean()) ** 2)  # slope = sum(w_i log y_i)
     measured = float(np.sqrt(np.sum((weights * np.array([e for _, _, e in points])) ** 2)))
-    reach = stats.norm.ppf(0.975) * measured
+    reach = normal_quantile(0.975) * measured
     if len(points) > 2:
-        reach = max(reach, stats.t.ppf(0.975, len(points) - 2) * fit.stderr)
+        reach = max(reach, t_quantile(0.975, len(points) - 2) * fit.stderr)
     known = len(points) > 2 or measured > 0  # two points alone leave no residuals
     low, high = (fit.slope - reach, fit.slope + reach) if known else (math.nan, math.nan)
     return Exponent(float(fit.slope), float(low), float(high), len(points), xs[0], xs[-1])
