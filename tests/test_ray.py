@@ -30,7 +30,9 @@ ray = pytest.importorskip("ray", reason='the Ray tests need pip install "attnben
 from attnbench.run.executors.ray import START_TIMEOUT_ENV, RayExecutor, start_timeout  # noqa: E402
 from attnbench.run.executors.ray_cluster import death_reason  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# One worker of the suite runs every Ray test: a local Ray instance starts a dozen processes,
+# and two at once on a 2-core machine took a Ray test from 10 s to 48 s.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 def SOURCE(name: str) -> LayerSource:

@@ -38,7 +38,9 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from attnbench.run.executors.ray import START_TIMEOUT_ENV, RayExecutor  # noqa: E402
 from attnbench.run.executors.ray_cluster import connect  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# One worker of the suite runs every Ray test: a local Ray instance starts a dozen processes,
+# and two at once on a 2-core machine took a Ray test from 10 s to 48 s.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 LOOPBACK = "127.0.0.1"
 # A frozen node is declared dead after health checks missed for about 2 s, not Ray's minute.
