@@ -83,7 +83,7 @@ for t in ('smoke', 'smoke-serial', 'smoke-kernels', 'smoke-cold'):
   unset ATTNBENCH_DEBUG
 fi
 
-step tests ${TESTS_LIMIT:-120} $PY -m pytest -q -m cuda -p no:cacheprovider -rfE -k "not test_ab_a_against_a" tests/test_cuda.py
+step tests ${TESTS_LIMIT:-120} $PY -m pytest -q -n 0 -m cuda -p no:cacheprovider -rfE -k "not test_ab_a_against_a" tests/test_cuda.py
 
 # compiled layers beside eager ones, one grid; then reduce-overhead (CUDA graphs) on two layers
 CL=${CL:-conv,rnn,lstm,attention,attention-sdpa,attention-linear,ssm}
@@ -152,7 +152,7 @@ fi
 
 # the default on a GPU is --n auto: every layer doubles n until its time grows as its work
 step gaps 45 $PY benchmarks/timer_gaps.py
-step splittests 60 $PY -m pytest -q -m cuda -p no:cacheprovider -rfE -k \
+step splittests 60 $PY -m pytest -q -n 0 -m cuda -p no:cacheprovider -rfE -k \
   "kernels_share or splits_its_time or captured or kernels_timer or cold_timer or sm_clock" \
   tests/test_cuda.py
 # generation: every layer one token at a time, each doubled until its step's rate settles
