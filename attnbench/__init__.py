@@ -8,13 +8,14 @@ from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import LayerEntry, build_layer, layer_names
 from attnbench.layers import register as register_layer
 from attnbench.measure.case import measure_case
+from attnbench.options import build_grid
 from attnbench.positional import SinusoidalPositionalEncoding, sinusoidal_table
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.run.events import Listeners
 from attnbench.run.queue import Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
-from attnbench.spec import Case, Grid, build_grid
+from attnbench.spec import Case, Grid
 
 __all__ = [
     "AttnbenchError",

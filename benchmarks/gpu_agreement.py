@@ -34,8 +34,8 @@ from attnbench.measure.step import make_step
 from attnbench.measure.timing.gputimers import time_step
 from attnbench.measure.timing.loop import TimingPolicy
 from attnbench.measure.timing.split import kernel_split
+from attnbench.options import build_grid
 from attnbench.schema import Timer
-from attnbench.spec import build_grid
 
 try:
     from triton.testing import do_bench, do_bench_cudagraph

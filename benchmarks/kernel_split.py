@@ -66,7 +66,7 @@ def tiny_loop(steps: int = 200) -> Callable[[], object]:
 
 def layer_call(name: str, n: int, d: int = 64) -> Callable[[], object]:
     from attnbench.measure.step import make_step
-    from attnbench.spec import build_grid
+    from attnbench.options import build_grid
 
     case = build_grid({"layers": name, "n": [n], "d": [d], "device": "cpu"}).cases()[0]
     step = make_step(case, seed=0)

@@ -67,7 +67,7 @@ def phases(layers: str | None, ns: str | None, ds: str | None) -> None:
     from attnbench.measure.counts.flops import trace_flops
     from attnbench.measure.counts.traffic import count_traffic
     from attnbench.measure.timing.loop import TimingPolicy, time_call
-    from attnbench.spec import build_grid
+    from attnbench.options import build_grid
 
     options = {"device": "cpu"}
     options.update({k: v for k, v in (("layers", layers), ("n", ns), ("d", ds)) if v})

@@ -23,7 +23,7 @@ from attnbench.layers import REGISTRY, LayerEntry
 from attnbench.measure.case import measure_case
 from attnbench.measure.counts.countcache import Counting
 from attnbench.measure.timing.loop import TimingPolicy
-from attnbench.spec import build_grid
+from attnbench.options import build_grid
 
 NO_TIMING = TimingPolicy(
     warmup_calls=0, min_block_s=0.0, min_samples=1, max_samples=1, budget_s=0.0

@@ -24,7 +24,7 @@ from attnbench.devices import device_sync
 from attnbench.measure.step import make_step
 from attnbench.measure.timing.gputimers import time_step
 from attnbench.measure.timing.loop import TimingPolicy
-from attnbench.spec import build_grid
+from attnbench.options import build_grid
 
 device, d, budget, cases = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4].split(",")
 out = {}

@@ -23,11 +23,11 @@ from typing import Any
 import pandas as pd
 import ray
 
+from attnbench.options import build_grid
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.ray import RayExecutor
 from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.sweep import run_sweep
-from attnbench.spec import build_grid
 
 
 def _sweep(options: dict[str, Any], out: Path, executor: Executor) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from attnbench.devices import device_sync
 from attnbench.measure.step import make_step
 from attnbench.measure.timing.gputimers import cuda_timers, graph_of, time_step
 from attnbench.measure.timing.loop import TimingPolicy
-from attnbench.spec import build_grid
+from attnbench.options import build_grid
 
 
 def profiler_sees_kernels() -> None:

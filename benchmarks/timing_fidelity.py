@@ -121,7 +121,7 @@ def one(layer: str, n: int, allocator: str, torch_first: bool) -> None:
 
     from attnbench.measure import TimingPolicy, time_call
     from attnbench.measure.step import make_step
-    from attnbench.spec import build_grid
+    from attnbench.options import build_grid
 
     case = build_grid({"layers": layer, "n": [n], "d": [D], "device": "cpu"}).cases()[0]
     step = make_step(case, seed=0)

@@ -12,10 +12,11 @@ from filelock import FileLock
 
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.measure.machine.ceilings_file import machine_ceilings
+from attnbench.options import build_grid
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.run.sweep import run_sweep
-from attnbench.spec import Grid, build_grid
+from attnbench.spec import Grid
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -43,7 +43,7 @@ def case(layer: str = "conv", n: int = 64, d: int = 16) -> Case:
 def small_case(layer: str, n: int = 24, d: int = 16, batch: int = 2, **options: object) -> Case:
     """One case of a real layer, small enough to trace in milliseconds, its options set
     (k = 3, 4 heads, window 5 unless given)."""
-    from attnbench.spec import build_grid
+    from attnbench.options import build_grid
 
     given = {"layers": layer, "n": [n], "d": [d], "k": 3, "heads": 4, "window": 5, **options}
     return build_grid({**given, "batch": batch, "device": "cpu"}).cases()[0]

@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.compare import REGRESSION, compare_runs
+from attnbench.options import build_grid
 from attnbench.render.verdicts import schema
 from attnbench.results.loader import load_results
 from attnbench.run.ab import ABListeners, run_ab
 from attnbench.run.executors.process import SubprocessExecutor
 from attnbench.run.queue import UNCALIBRATED
 from attnbench.run.sweep import run_sweep
-from attnbench.spec import build_grid
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()

@@ -33,7 +33,7 @@ from attnbench.measure.timing.allocator import (
 )
 from attnbench.measure.timing.faults import fault_cost_s, fault_counter
 from attnbench.measure.timing.loop import TimingPolicy, time_call
-from attnbench.spec import build_grid, grid_from_config
+from attnbench.options import build_grid, grid_from_config
 
 runner = CliRunner()
 

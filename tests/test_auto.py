@@ -14,8 +14,8 @@ from attnbench.errors import AttnbenchError
 from attnbench.lengths import AutoN
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing.loop import TimingStats
+from attnbench.options import build_grid, grid_from_config
 from attnbench.run.auto import AutoPlan, Stopped
-from attnbench.spec import build_grid, grid_from_config
 
 GIB = 2**30
 

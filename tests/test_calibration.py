@@ -11,12 +11,12 @@ import pytest
 from attnbench.errors import AttnbenchError
 from attnbench.measure.timing.calibration import CALIBRATION_POLICY, Calibration
 from attnbench.measure.timing.loop import TimingPolicy, time_call
+from attnbench.options import build_grid
 from attnbench.results.files import CALIBRATION_FILE
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.run.queue import UNCALIBRATED, Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
-from attnbench.spec import build_grid
 
 
 class StepClock:

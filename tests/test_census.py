@@ -16,7 +16,7 @@ from attnbench.measure.counts.flops import trace_flops
 from attnbench.measure.counts.traffic import count_traffic
 from attnbench.measure.step import make_step
 from attnbench.measure.timing.loop import TimingPolicy
-from attnbench.spec import build_grid
+from attnbench.options import build_grid
 
 
 def _case(layer: str, mode: str = "forward"):  # type: ignore[no-untyped-def]

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.compare import REGRESSION, compare_runs
 from attnbench.layers import REGISTRY
+from attnbench.options import build_grid, load_config
 from attnbench.render.verdicts import (
     STEP_SUMMARY_ENV,
     append_step_summary,
@@ -27,7 +28,6 @@ from attnbench.render.verdicts import (
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.run.sweep import run_sweep
-from attnbench.spec import build_grid, load_config
 
 runner = CliRunner()
 

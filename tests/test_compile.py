@@ -246,7 +246,7 @@ def test_the_kernels_timer_refuses_a_compile_that_already_replays_cuda_graphs() 
     """--timer kernels captures the call in a CUDA graph; reduce-overhead and max-autotune
     replay cudagraph trees of their own, which cannot be captured inside it: refused before
     anything runs (on a GPU, faked here by the device resolver), default mode taken."""
-    from attnbench.spec import build_grid
+    from attnbench.options import build_grid
 
     def on_a_gpu(device: str, dtype: str) -> str:
         return "cuda:0"

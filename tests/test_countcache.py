@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.layers import REGISTRY
 from attnbench.measure.counts import countcache
+from attnbench.options import build_grid
 from attnbench.results.loader import load_results
-from attnbench.spec import build_grid
 
 runner = CliRunner()
 EXACT = ["flops", "elementwise", "bytes", "product_bytes", "kernels", "seq_steps", "path_len",

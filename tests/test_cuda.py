@@ -21,7 +21,7 @@ from attnbench.measure.case import measure_case
 from attnbench.measure.machine.probes import Probes, measure_ceilings
 from attnbench.measure.memory import peak_bytes
 from attnbench.measure.timing.loop import TimingPolicy, time_call
-from attnbench.spec import build_grid
+from attnbench.options import build_grid
 
 pytestmark = [
     pytest.mark.cuda,

@@ -19,6 +19,7 @@ from attnbench.cli.summary import summary_notes
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.measure.record import WORKER_DIED_ERROR
 from attnbench.measure.timing.calibration import Calibration
+from attnbench.options import build_grid
 from attnbench.results.files import RUN_FILE
 from attnbench.results.loader import load_results
 from attnbench.run.events import Listeners, ProgressEvent
@@ -28,7 +29,7 @@ from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.executors.worker import Worker
 from attnbench.run.queue import UNCALIBRATED, Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
-from attnbench.spec import Grid, build_grid
+from attnbench.spec import Grid
 
 SMALL_GEMM = Calibration(size=16, every_s=0.0)  # a point before every job
 

@@ -18,8 +18,8 @@ from attnbench.measure.counts import countcache, extend, laws
 from attnbench.measure.counts.countcache import Counting, Counts
 from attnbench.measure.step import make_step
 from attnbench.measure.timing.loop import TimingPolicy
+from attnbench.options import grid_from_config
 from attnbench.results.loader import load_results
-from attnbench.spec import grid_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = Counting(full_trace=True)

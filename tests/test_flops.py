@@ -7,7 +7,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from attnbench import layer_names
 from attnbench.measure.counts.flops import count_flops, flops_agree
 from attnbench.measure.step import make_step
-from attnbench.spec import Case, build_grid
+from attnbench.options import build_grid
+from attnbench.spec import Case
 
 
 def _case(layer: str, mode: str = "forward", n: int = 24, d: int = 16, k: int = 3) -> Case:

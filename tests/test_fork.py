@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.measure.record import WORKER_DIED_ERROR
+from attnbench.options import build_grid
 from attnbench.results.loader import load_results
 from attnbench.run import queue
 from attnbench.run.executors import default_executor, make_executor
 from attnbench.run.executors.fresh import Ending, Limits, run_fresh
 from attnbench.run.queue import UNCALIBRATED
 from attnbench.run.sweep import run_sweep
-from attnbench.spec import build_grid
 
 pytestmark = pytest.mark.slow  # each sweep starts a fork server: an import of torch
 

@@ -22,8 +22,8 @@ from attnbench.measure.timing import gputimers
 from attnbench.measure.timing.clocks import clock_reader, median_clock, throttled_share
 from attnbench.measure.timing.gputimers import BLOCKS_METHOD, time_step
 from attnbench.measure.timing.loop import Stop, TimingPolicy, sample_until
+from attnbench.options import build_grid
 from attnbench.schema import Timer
-from attnbench.spec import build_grid
 
 
 class FakeClock:

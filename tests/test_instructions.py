@@ -13,7 +13,7 @@ from attnbench.cli import app
 from attnbench.compare import IMPROVEMENT, NOT_COMPARED, REGRESSION, UNCHANGED, compare_runs
 from attnbench.errors import AttnbenchError
 from attnbench.measure.counts import instructions
-from attnbench.spec import build_grid
+from attnbench.options import build_grid
 from attnbench.thresholds import Thresholds
 
 runner = CliRunner()

@@ -21,9 +21,9 @@ from attnbench.measure.counts.traffic import count_traffic
 from attnbench.measure.machine.ceilings_file import machine_ceilings
 from attnbench.measure.step import make_step
 from attnbench.measure.timing.loop import TimingPolicy
+from attnbench.options import build_grid
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
-from attnbench.spec import build_grid
 
 runner = CliRunner()
 

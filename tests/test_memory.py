@@ -88,7 +88,7 @@ def test_the_memory_pass_records_the_convolution_implementation_torch_chose(
     from attnbench.measure.case import measure_case, memory_pass
     from attnbench.measure.counts import countcache
     from attnbench.measure.timing.loop import TimingPolicy
-    from attnbench.spec import build_grid
+    from attnbench.options import build_grid
 
     grid = build_grid({"layers": "conv,attention", "n": [16, 2048], "d": [128], "device": "cpu"})
     cases = {(c.layer, c.n): c for c in grid.cases()}

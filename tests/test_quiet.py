@@ -13,11 +13,11 @@ from conftest import own_cache
 
 from attnbench.estimators import QUIET_FACTOR, quieter
 from attnbench.measure.timing import reference
+from attnbench.options import build_grid
 from attnbench.results.loader import load_results
 from attnbench.run import queue as queue_module
 from attnbench.run.quiet import KEEP, MachineQuiet, quiet_file, read_quiet, write_quiet
 from attnbench.run.sweep import run_sweep
-from attnbench.spec import build_grid
 
 QUIET = 1e-3  # seconds of one reference call on a quiet machine, here
 

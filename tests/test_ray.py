@@ -20,11 +20,12 @@ from attnbench.cli import app
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.measure.record import WORKER_DIED_ERROR
+from attnbench.options import build_grid
 from attnbench.results.files import RUN_FILE
 from attnbench.results.loader import load_results
 from attnbench.run.events import Listeners, ProgressEvent
 from attnbench.run.sweep import resume_sweep, run_sweep
-from attnbench.spec import Grid, build_grid
+from attnbench.spec import Grid
 
 ray = pytest.importorskip("ray", reason='the Ray tests need pip install "attnbench[ray]"')
 from attnbench.run.executors.ray import START_TIMEOUT_ENV, RayExecutor, start_timeout  # noqa: E402

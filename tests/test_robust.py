@@ -19,6 +19,7 @@ from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.measure.case import is_out_of_memory, measure_case
 from attnbench.measure.record import DIED_ERROR, CaseResult
 from attnbench.measure.step import release_memory
+from attnbench.options import build_grid
 from attnbench.results.environment import environment
 from attnbench.results.files import RESULTS_FILE, RUN_FILE, SAMPLES_FILE
 from attnbench.results.loader import load_results
@@ -28,7 +29,7 @@ from attnbench.run.executors import serial as serial_module
 from attnbench.run.executors import worker as worker_module
 from attnbench.run.queue import UNCALIBRATED
 from attnbench.run.sweep import resume_sweep, run_sweep
-from attnbench.spec import Case, Grid, build_grid
+from attnbench.spec import Case, Grid
 
 
 def _grid(layers: str = "conv,rnn", n: str = "8,16,32", d: str = "8", **extra: object) -> Grid:

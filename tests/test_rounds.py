@@ -16,13 +16,13 @@ from attnbench.cli import app
 from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.estimators import estimate, iqr
 from attnbench.measure.timing.calibration import Calibration
+from attnbench.options import build_grid, grid_options
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.run.estimate import estimate_seconds
 from attnbench.run.events import Listeners, ProgressEvent
 from attnbench.run.queue import UNCALIBRATED, Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
-from attnbench.spec import build_grid
 
 SMALL_GEMM = Calibration(size=16, every_s=0.0)  # a point before every job
 
@@ -154,7 +154,7 @@ def test_rounds_are_validated_and_cost_time() -> None:
     with pytest.raises(AttnbenchError, match="--processes must be >= 1"):
         _grid(rounds=0)
     assert estimate_seconds(_grid(rounds=5)) > estimate_seconds(_grid(rounds=1))
-    assert _grid(rounds=5).to_options()["processes"] == 5
+    assert grid_options(_grid(rounds=5))["processes"] == 5
 
 
 def test_the_cli_takes_rounds_and_prints_each_round(tmp_path: Path) -> None:

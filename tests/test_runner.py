@@ -11,10 +11,11 @@ from synthetic import samples_for
 from attnbench.devices import device_sync
 from attnbench.errors import AttnbenchError
 from attnbench.measure.case import measure_case
+from attnbench.options import build_grid
 from attnbench.results.run import RunResults
 from attnbench.run.events import Listeners, ProgressEvent
 from attnbench.run.sweep import run_sweep
-from attnbench.spec import Case, Grid, build_grid
+from attnbench.spec import Case, Grid
 
 
 @pytest.mark.slow

@@ -12,17 +12,10 @@ from hypothesis import strategies as st
 from attnbench.devices import check_dtype, resolve_device
 from attnbench.errors import AttnbenchError
 from attnbench.layers import BUILTIN
-from attnbench.lengths import AutoN
+from attnbench.lengths import AutoN, parse_int_list
+from attnbench.options import CONFIG_KEYS, build_grid, grid_from_config, load_config, parse_layers
 from attnbench.run.estimate import estimate_bounds, estimate_seconds, size_warning
-from attnbench.spec import (
-    CONFIG_KEYS,
-    Grid,
-    build_grid,
-    grid_from_config,
-    load_config,
-    parse_int_list,
-    parse_layers,
-)
+from attnbench.spec import Grid
 
 
 @pytest.mark.parametrize(

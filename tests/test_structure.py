@@ -485,7 +485,7 @@ def test_the_probe_cache_is_bounded_and_keyed_by_the_layers_code(monkeypatch) ->
 
     from attnbench.layers.registry import REGISTRY
     from attnbench.measure.step import layer_builder
-    from attnbench.spec import build_grid
+    from attnbench.options import build_grid
 
     case = build_grid({"layers": "conv", "n": [16], "d": [8], "device": "cpu"}).cases()[0]
     before = layer_builder(case, 0).key

@@ -28,10 +28,10 @@ from attnbench.cli.options import (
 from attnbench.cli.render import ABProgress, Streams
 from attnbench.compare import compare_runs
 from attnbench.measure.counts.countcache import Counting
+from attnbench.options import load_config
 from attnbench.render.verdicts import to_json, to_markdown
 from attnbench.results.files import default_out_dir
 from attnbench.run.ab import AB_MEASURING, ABListeners, ABSides, run_ab
-from attnbench.spec import load_config
 from attnbench.storage import write_text_atomic
 from attnbench.thresholds import gate_from
 

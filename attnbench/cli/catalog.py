@@ -13,7 +13,7 @@ from attnbench.cli.render import Streams, frame_table
 from attnbench.layers import plugins
 from attnbench.layers.entry import LayerEntry
 from attnbench.layers.registry import REGISTRY
-from attnbench.spec import parse_layers
+from attnbench.options import parse_layers
 
 
 def describe(entry: LayerEntry) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """Options that several commands share, declared once from the core's own tables.
 
-A Typer command lists its parameters in its signature. The sweep's grid options (``spec.OPTIONS``)
-and the regression gate's options (``compare.GATE_OPTIONS``) are tables in the core, and more than
-one command takes them; ``with_options`` adds a table's options to a command's signature, and the
-command receives their values in ``**options``. A new row in either table is then a new flag of
-every command that takes the group, with its help and default, and nothing else to edit.
+A Typer command lists its parameters in its signature. The sweep's grid options
+(``attnbench.options.OPTIONS``) and the regression gate's options (``compare.GATE_OPTIONS``) are
+tables in the core, and more than one command takes them; ``with_options`` adds a table's
+options to a command's signature, and the command receives their values in ``**options``. A new
+row in either table is then a new flag of every command that takes the group, with its help and
+default, and nothing else to edit.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from attnbench.errors import AttnbenchError
+from attnbench.options import OPTIONS
 from attnbench.render.verdicts import FORMATS
-from attnbench.spec import OPTIONS
 from attnbench.thresholds import GATE_OPTIONS
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -31,6 +31,7 @@ from attnbench.compare import Comparison, compare_runs
 from attnbench.errors import AttnbenchError
 from attnbench.measure.counts import extend
 from attnbench.measure.counts.countcache import Counting
+from attnbench.options import load_config
 from attnbench.render.charts import plot_run
 from attnbench.render.verdicts import to_json
 from attnbench.results.loader import load_results
@@ -39,7 +40,6 @@ from attnbench.run.events import Listeners
 from attnbench.run.executors import EXECUTORS, default_executor, make_executor
 from attnbench.run.queue import Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
-from attnbench.spec import load_config
 from attnbench.thresholds import Thresholds, gate_from
 
 FULL_TRACE_HELP = (

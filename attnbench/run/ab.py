@@ -24,6 +24,7 @@ import torch
 from attnbench.errors import AttnbenchError
 from attnbench.measure.timing.allocator import run_state
 from attnbench.measure.timing.faults import fault_cost_s
+from attnbench.options import build_grid
 from attnbench.results.files import new_out_dir, prepare_out_dir
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
@@ -37,7 +38,7 @@ from attnbench.run.queue import UNCALIBRATED, JobQueue, Measuring, Replication
 from attnbench.run.quiet import quiet_file, read_quiet
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus
-from attnbench.spec import Grid, build_grid
+from attnbench.spec import Grid
 from attnbench.thresholds import DEFAULT_THRESHOLDS, rounds_to_reach
 
 SIDES = ("base", "current")

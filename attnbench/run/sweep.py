@@ -27,6 +27,7 @@ from attnbench.measure.machine.ceilings_file import cache_dir, ceilings_cached, 
 from attnbench.measure.timing.allocator import run_state
 from attnbench.measure.timing.faults import fault_cost_s
 from attnbench.measure.timing.loop import Clock
+from attnbench.options import build_grid, grid_from_config, grid_options
 from attnbench.results.environment import changes, resume_keys
 from attnbench.results.files import default_out_dir, new_out_dir, now_iso
 from attnbench.results.loader import load_results
@@ -47,7 +48,7 @@ from attnbench.run.queue import DEFAULT_MEASURING, JobQueue, Measuring, Previous
 from attnbench.run.quiet import MachineQuiet, quiet_file, read_quiet, write_quiet
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus, Status
-from attnbench.spec import Grid, build_grid, grid_from_config
+from attnbench.spec import Grid
 
 
 def run_sweep(
@@ -240,7 +241,7 @@ def resume_sweep(
                 f"--resume {str(out_dir)!r}: cannot rebuild the recorded sweep: {exc.message}"
             ) from None
         grid = (
-            build_grid({**recorded.to_options(), **overrides}, runs_on.resolve_device)
+            build_grid({**grid_options(recorded), **overrides}, runs_on.resolve_device)
             if overrides
             else recorded
         )

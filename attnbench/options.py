@@ -1,0 +1,441 @@
+"""The sweep's option table, and how typed or written values become a valid ``Grid``.
+
+Everything the user types passes through here and comes out either as a valid ``Grid`` or as an
+``AttnbenchError`` whose one-line message names the problem and what is accepted. ``OPTIONS`` is
+the one table of sweep options: the command line, the config file, ``Grid`` and the
+configuration a run records (run.json) are all read from it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from attnbench.compiling import MODES as COMPILE_MODES
+from attnbench.compiling import CompileSpec, compile_text
+from attnbench.devices import (
+    DEVICE_CHOICES,
+    DTYPES,
+    DeviceResolver,
+    check_allocator,
+    device_kind,
+    local_device,
+)
+from attnbench.errors import AttnbenchError
+from attnbench.layers import checks, plugins
+from attnbench.layers.entry import LayerOption
+from attnbench.layers.registry import BUILTIN, entry, known_options
+from attnbench.lengths import AutoN, parse_int_list, parse_lengths
+from attnbench.schema import Timer
+from attnbench.spec import (
+    DEFAULT_PROCESSES,
+    MEMORY_SHARE,
+    METRICS,
+    MODE_HELP,
+    MODES,
+    MORE_PROCESSES,
+    Grid,
+    plain,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def parse_layers(text: str | Iterable[str]) -> tuple[str, ...]:
+    """Layer names, built-in or plugin (``module:factory``, ``path/to/file.py:factory``, an
+    installed plugin's name); plugins are loaded and registered here."""
+    if isinstance(text, str):
+        items = [t.strip() for t in text.split(",")]
+    elif isinstance(text, list | tuple) and all(isinstance(t, str) for t in text):
+        items = [t.strip() for t in text]
+    else:
+        raise AttnbenchError(f"--layers: expected layer names, got {text!r}")
+    if not items or any(not t for t in items):
+        raise AttnbenchError(f"--layers: cannot read {text!r}; accepted: {', '.join(BUILTIN)}")
+    return tuple(dict.fromkeys(plugins.resolve(item).name for item in items))
+
+
+def parse_layer_options(text: Any) -> dict[str, int]:
+    """``--option rank=8,depth=2`` (or a TOML table): options of plugin layers, by name."""
+    if isinstance(text, Mapping):
+        pairs = list(text.items())
+    elif isinstance(text, str):
+        try:
+            pairs = [(k.strip(), int(v)) for k, v in (t.split("=", 1) for t in text.split(","))]
+        except ValueError:
+            raise AttnbenchError(
+                f"--option {text!r}: write NAME=VALUE, comma-separated, with integer values"
+            ) from None
+    else:
+        raise AttnbenchError(f"--option: expected NAME=VALUE pairs, got {text!r}")
+    known = known_options()
+    for name, _ in pairs:
+        if name not in known:
+            raise AttnbenchError(
+                f"--option {name}: no registered layer takes it; options: {', '.join(known)}"
+            )
+    return {name: known[name].check(value, "--option", (), ()) for name, value in pairs}
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AttnbenchError(f"--{name}: expected an integer, got {value!r}")
+    if value < 1:
+        raise AttnbenchError(f"--{name} must be >= 1, got {value}")
+    return value
+
+
+def _seed(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise AttnbenchError(f"--seed: expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _positive_seconds(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise AttnbenchError(f"--{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _seconds(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise AttnbenchError(f"--{name} must be a number of seconds, 0 or more, got {value!r}")
+    return float(value)
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 2**10, "KIB": 2**10, "M": 2**20, "MIB": 2**20,
+               "G": 2**30, "GIB": 2**30, "T": 2**40, "TIB": 2**40}  # fmt: skip
+
+
+def _positive_bytes(value: Any, name: str) -> int:
+    """A size: bytes as an integer, or a number with a binary unit (512MiB, 4G, 1.5GiB)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    text = str(value).strip().upper().replace(" ", "")
+    number = text.rstrip("BKMGTI")
+    unit = text[len(number) :]
+    try:
+        size = float(number) * _SIZE_UNITS[unit]
+    except (KeyError, ValueError):
+        size = math.nan
+    if not 1 <= size < math.inf:
+        raise AttnbenchError(f"--{name}: expected a size such as 4GiB or 512MiB, got {value!r}")
+    return int(size)
+
+
+def _choice(value: Any, name: str, accepted: Iterable[str]) -> str:
+    accepted = tuple(accepted)
+    if str(value) not in accepted:
+        raise AttnbenchError(f"unknown {name} {str(value)!r}; accepted: {', '.join(accepted)}")
+    return str(value)
+
+
+# ----------------------------------------------------------------------------- the option table
+
+
+@dataclass(frozen=True)
+class Option:
+    """One sweep option: its key (in the config file, in ``build_grid`` and as the command
+    line's ``--key``), the ``Grid`` field it sets, and how a typed or written value becomes that
+    field. Its default is the ``Grid`` field's."""
+
+    key: str
+    field: str  # "" for a layer option (Grid.options holds it)
+    kind: type  # what the command line reads before ``parse``: str, int or float
+    parse: Callable[[Any], Any]
+    help: str
+    default_text: str = ""  # how the help names the default ("": the Grid default, written)
+    envvar: str | None = None
+    compare: bool = False  # two runs that differ in it compare something else: compare warns
+
+    @property
+    def default(self) -> Any:
+        return next((f.default for f in fields(Grid) if f.name == self.field), None)
+
+    @property
+    def full_help(self) -> str:
+        if self.kind is bool:  # a switch: the command line shows its default (--no-causal)
+            return self.help
+        shown = self.default_text or _describe(self.default)
+        return f"{self.help} Default: {shown}."
+
+
+def _describe(value: Any) -> str:
+    """A default as the user would type it: a doubling tuple as a range, a tuple as a list."""
+    if isinstance(value, tuple):
+        doubling = len(value) > 2 and all(b == 2 * a for a, b in itertools.pairwise(value))
+        return f"{value[0]}..{value[-1]}" if doubling else ",".join(map(str, value))
+    return str(value)
+
+
+def _layer_option(option: LayerOption) -> Option:
+    """A layer option as a sweep option: ``--k 5``, or ``k = 5`` in a config file."""
+
+    def parse(value: Any) -> int:
+        return option.check(value, "--" + option.name, (), ())
+
+    if option.flag:  # --causal / --no-causal
+        return Option(option.name, "", bool, parse, option.help)
+    return Option(option.name, "", int, parse, option.help, default_text=str(option.default))
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("layers", "layers", str, parse_layers,
+           f"Comma-separated layers: {', '.join(BUILTIN)}; or plugins: an installed plugin's "
+           "name, module.path:factory, path/to/file.py:factory.", default_text="every built-in"),
+    Option("n", "ns", str, parse_lengths,
+           "Sequence lengths (in --mode decode, the context: the tokens before the step): "
+           "a list 64,128, a doubling range 64..4096, or auto: for each "
+           "layer and width, n doubles from 64 until the layer's time grows as its counted "
+           "work (its rate within 20% over three doublings), or the next case would not fit "
+           "(--max-case-seconds, free memory, --auto-budget); auto:START..STOP sets the "
+           "ladder. run.json says what stopped each layer.",
+           default_text="auto (a fixed grid is one option away: --n 64..1024)"),
+    Option("d", "ds", str, lambda v: parse_int_list(v, "d"), "Widths, as --n.",
+           default_text="64 on the CPU with the default lengths, else 64,128"),
+    *(_layer_option(o) for o in known_options().values()),
+    Option("option", "", str, parse_layer_options,
+           "Options of plugin layers, NAME=VALUE, comma-separated.", default_text="none"),
+    Option("batch", "batch", int, lambda v: _positive_int(v, "batch"), "Batch size.",
+           compare=True),
+    Option("dtype", "dtype", str, lambda v: _choice(v, "dtype", DTYPES), f"{', '.join(DTYPES)}.",
+           compare=True),
+    Option("device", "device", str, str, f"{DEVICE_CHOICES}.", envvar="ATTNBENCH_DEVICE",
+           compare=True),
+    Option("mode", "mode", str, lambda v: _choice(v, "mode", MODES),
+           "; ".join(f"{mode}: {what}" for mode, what in MODE_HELP.items()) + ".", compare=True),
+    Option("threads", "threads", int, lambda v: _positive_int(v, "threads"),
+           "CPU threads for torch (recorded).", default_text="torch's"),
+    Option("time_budget", "time_budget_s", float, lambda v: _positive_seconds(v, "time-budget"),
+           "Seconds of timed calls a case's rounds may take together: the --processes "
+           "rounds always run, each with a share of it for its samples; more only within it, "
+           "while the interval is wider than ±2%."),
+    Option("wait_quiet", "wait_quiet_s", float, lambda v: _seconds(v, "wait-quiet"),
+           "Seconds the sweep may wait, in all, for a busy machine to quiet down: a round "
+           "whose machine reference reads the machine disturbed (a neighbour's load) waits, "
+           "up to 10 s, before it times; 0 never waits. run.json records what was waited.",
+           envvar="ATTNBENCH_WAIT_QUIET"),
+    Option("seed", "seed", int, _seed, "Seed for weights and inputs."),
+    Option("max_case_seconds", "max_case_s", float,
+           lambda v: _positive_seconds(v, "max-case-seconds"),
+           "A case whose single call takes longer is recorded as timeout and the larger cases "
+           "of its layer are skipped.", default_text="no limit"),
+    Option("max_case_memory", "max_case_memory", str,
+           lambda v: _positive_bytes(v, "max-case-memory"),
+           "A case whose process grows past this (4GiB, 512MiB) is ended and recorded oom, and "
+           "the larger cases of its layer are skipped; the sweep goes on (--executor fork).",
+           default_text=f"{MEMORY_SHARE:.0%} of the memory available as each process starts"),
+    Option("processes", "processes", int, lambda v: _positive_int(v, "processes"),
+           "Time every case in at least this many rounds, each a fresh process (--executor "
+           "fork), spread over the sweep in a shuffled order, sharing --time-budget: a case's "
+           "time and its 95% interval are taken over its processes, so they hold what a re-run "
+           "finds; a sweep adds rounds, up to --max-processes, while the interval is wider "
+           "than ±2% or rounds ran on a disturbed machine.", default_text=str(DEFAULT_PROCESSES)),
+    Option("max_processes", "max_processes", int, lambda v: _positive_int(v, "max-processes"),
+           "The most rounds a case gets (--processes at the least).",
+           default_text=f"{MORE_PROCESSES} x --processes"),
+    Option("metric", "metric", str, lambda v: _choice(v, "metric", METRICS),
+           "time: seconds per call; instructions: CPU instructions per call, counted with "
+           "Valgrind's Callgrind in a worker process (repeatable to ~0.2% on a busy machine; "
+           "CPU only)."),
+    Option("timer", "timer", str, lambda v: _choice(v, "timer", [t.value for t in Timer]),
+           "What a sample times. blocks: synchronised blocks of back-to-back calls, what a "
+           "model called in a loop pays. kernels (CUDA): the kernels alone, as a captured or "
+           "compiled model pays them (replays of a CUDA graph of the call). cold (CUDA): each "
+           "call's kernels with the L2 flushed before it (CUDA events around the call, its "
+           "launches queued behind a held stream).", compare=True),
+    Option("compile", "compile", str, compile_text,
+           "torch.compile each case's layer (inductor): a mode, one of "
+           f"{', '.join(COMPILE_MODES)}, then optionally dynamic or static and fullgraph, "
+           "comma-separated (--compile max-autotune,fullgraph). The first call (the compile) is "
+           "timed apart (compile_s), its graph breaks and recompiles recorded, and its output "
+           "checked against the eager layer's (compile_check); the counts stay the layer's.",
+           default_text="none (eager)", compare=True),
+    Option("auto_budget", "auto_budget_s", float,
+           lambda v: _positive_seconds(v, "auto-budget"),
+           "With --n auto: seconds the sweep's cases may take in all; each layer and width "
+           "gets an equal share of what is left when it starts.",
+           default_text="300, or 60 in the CPU's default sweep"),
+    Option("allocator", "allocator", str, check_allocator,
+           "pinned: glibc keeps freed memory mapped, so a time does not depend on what ran "
+           "before; system: glibc's defaults, what your own program pays (page faults)."),
+)  # fmt: skip  # the option table, one option to a paragraph
+OPTION = {o.key: o for o in OPTIONS}
+# Keys a config file may hold: the sweep options, and where the results go.
+CONFIG_KEYS = (*OPTION, "out")
+
+
+def grid_from_config(config: Mapping[str, Any], resolve: DeviceResolver | None = None) -> Grid:
+    """Rebuild (and re-validate) the grid a results folder recorded with ``Grid.to_dict``.
+
+    Layer options sit among the fields (``attnbench.formats`` brought the mapping to today's
+    keys)."""
+    if not isinstance(config, Mapping):
+        raise AttnbenchError("the recorded configuration is not a table of options")
+    config = dict(config)
+    by_field = {o.field: o.key for o in OPTIONS if o.field}
+    layer_options = set(known_options())
+    unknown = sorted(set(config) - set(by_field) - layer_options)
+    if unknown:
+        raise AttnbenchError(
+            f"the recorded configuration has unknown key(s) {', '.join(unknown)}; "
+            "was it written by a newer attnbench, or by a plugin layer not loaded?"
+        )
+    options = {key: value for key, value in config.items() if key in layer_options}
+    fields_ = {by_field[key]: value for key, value in config.items() if key in by_field}
+    return build_grid({**fields_, "option": options or None}, resolve)
+
+
+def grid_options(grid: Grid) -> dict[str, Any]:
+    """The grid as ``build_grid`` options (the command line's and config file's keys)."""
+    found = {o.key: plain(getattr(grid, o.field)) for o in OPTIONS if o.field}
+    if grid.n_auto is not None:
+        found["n"] = grid.n_auto.text()
+    return {**found, **dict(grid.options)}
+
+
+# The CPU's default sweep: one width, and this many seconds of cases in all (where every line
+# has settled sooner, less): on this project's 2-core CPU a first sweep took 100-125 s cold,
+# charts included (2026-11-28), and reached the regime of 7 to 10 of its 11 layers.
+CPU_DEFAULT_D = (64,)
+CPU_DEFAULT_AUTO_BUDGET_S = 60.0
+
+
+def _default_lengths(grid: Grid, given: Mapping[str, Any]) -> Grid:
+    """The lengths of a sweep that names none: ``--n auto`` on every device, since at fixed
+    short lengths a layer's time is the machine's fixed cost, not its order. On the CPU, one
+    width and a budget of ``CPU_DEFAULT_AUTO_BUDGET_S`` unless given."""
+    grid = replace(grid, ns=AutoN().ladder(), n_auto=AutoN())
+    if device_kind(grid.device) != "cpu":
+        return grid
+    if "d" not in given:
+        grid = replace(grid, ds=CPU_DEFAULT_D)
+    if "auto_budget" not in given:
+        grid = replace(grid, auto_budget_s=CPU_DEFAULT_AUTO_BUDGET_S)
+    return grid
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """Read a TOML sweep config holding the same keys as the command-line options."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise AttnbenchError(f"config file {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise AttnbenchError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise AttnbenchError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    if "rounds" in data:
+        raise AttnbenchError(
+            f"config file {str(path)!r}: 'rounds' is now 'processes' (each round of a case "
+            "is timed in a fresh process): rename it"
+        )
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:
+        raise AttnbenchError(
+            f"config file {str(path)!r} has unknown key(s) {', '.join(unknown)}; "
+            f"accepted: {', '.join(CONFIG_KEYS)}"
+        )
+    return data
+
+
+def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None) -> Grid:
+    """Make a validated ``Grid`` from option values (``OPTIONS`` keys; None means default).
+
+    Each layer checks the options it takes with its own declaration (a kernel that fits in the
+    sequence, heads that divide d). A plugin loaded from a module, a file or an installed
+    package is built and called once on a tiny input, so a layer that fails or changes the
+    shape is refused before anything is measured.
+    ``resolve`` turns the device name into the device cases run on, checked to exist with the
+    dtype: this machine's by default, an executor's workers' otherwise.
+    """
+    if "rounds" in options:
+        raise AttnbenchError(
+            "'rounds' is now 'processes': each round of a case is timed in a fresh process"
+        )
+    given = {key: v for key, v in options.items() if v is not None and key in OPTION}
+    values = {key: OPTION[key].parse(v) for key, v in given.items()}
+    layer_options = values.pop("option", {})
+    layer_options |= {key: values.pop(key) for key in list(values) if not OPTION[key].field}
+    order = list(known_options())  # as the layers declare them: k, heads, window, ...
+    given_options = tuple(sorted(layer_options.items(), key=lambda kv: order.index(kv[0])))
+    lengths = values.pop("n", None)
+    auto = lengths if isinstance(lengths, AutoN) else None
+    if auto is not None:
+        values["n"] = auto.ladder()
+    elif lengths is not None:
+        values["n"] = lengths
+    grid = replace(
+        Grid(),
+        **{OPTION[key].field: v for key, v in values.items()},
+        options=given_options,
+        n_auto=auto,
+    )
+    for name in grid.layers:
+        found = entry(name)
+        resolved = found.resolve(layer_options)
+        for option in found.options:
+            option.check(resolved[option.name], name, grid.ns, grid.ds)
+        if found.source.kind in plugins.CHECKED:
+            small = min(min(grid.ns), max(16, 2 * found.reach(resolved) + 1))
+            checks.check_output(found, min(grid.ds), (small, min(grid.ns)), resolved)
+    grid = replace(grid, device=(resolve or local_device)(grid.device, grid.dtype))
+    if "n" not in given:
+        grid = _default_lengths(grid, given)
+    if grid.timer != Timer.BLOCKS and device_kind(grid.device) != "cuda":
+        raise AttnbenchError(
+            f"--timer {grid.timer} times CUDA kernels; --device {grid.device} is not a CUDA "
+            "GPU (use --timer blocks: there kernel_time_s splits a time into kernels and "
+            "overhead)"
+        )
+    _check_compile(grid)
+    if grid.metric == "instructions":
+        if grid.device != "cpu":
+            raise AttnbenchError(
+                f"--metric instructions counts CPU instructions; --device {grid.device} is not "
+                "the CPU (use --device cpu)"
+            )
+        if "processes" in given and grid.processes > 1:
+            raise AttnbenchError(
+                "--metric instructions: counts repeat to ~0.2%, so there is one process a case "
+                f"(got --processes {grid.processes})"
+            )
+        grid = replace(grid, processes=1, max_processes=1)
+    if grid.max_processes is not None and grid.max_processes < grid.processes:
+        raise AttnbenchError(
+            f"--max-processes {grid.max_processes} is below --processes {grid.processes}"
+        )
+    return grid
+
+
+def _check_compile(grid: Grid) -> None:
+    """--compile with what cannot take it: one line, before anything runs."""
+    spec = CompileSpec.parse(grid.compile)
+    if spec is not None and grid.timer == Timer.KERNELS and spec.replays_graphs(grid.device):
+        raise AttnbenchError(
+            f"--timer kernels replays a CUDA graph of the call, and --compile {spec.mode} "
+            "already replays CUDA graphs (one cannot be captured inside the other): time it "
+            "with --timer blocks, or use --compile default"
+        )
+    if grid.compile and grid.metric == "instructions":
+        raise AttnbenchError(
+            "--compile with --metric instructions: Callgrind would count inductor's compile "
+            "(minutes under Valgrind) in every case; compare compiled times with --metric time"
+        )
+    if grid.compile and grid.mode == "decode":
+        raise AttnbenchError(
+            "--compile times forward and train calls; a decode step is not compiled yet "
+            "(drop --compile, or use --mode forward)"
+        )
