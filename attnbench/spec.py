@@ -7,24 +7,15 @@ line, the config file and run.json share; here is what it holds and the cases it
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from attnbench.devices import (
-    DEFAULT_ALLOCATOR,
-    DTYPES,
-)
+from attnbench.devices import DEFAULT_ALLOCATOR, DTYPES
 from attnbench.layers.registry import BUILTIN, entry
 from attnbench.lengths import AutoN
 from attnbench.schema import OPTION_COLUMNS, Timer
 from attnbench.theory import sizes
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
 
 MODES = ("forward", "train", "decode")
 # What each mode times: --help and the tables say it in these words.

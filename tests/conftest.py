@@ -10,6 +10,7 @@ import pytest
 import torch
 from filelock import FileLock
 
+from attnbench.devices import usable_cpus
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.measure.machine.ceilings_file import machine_ceilings
 from attnbench.options import build_grid
@@ -43,7 +44,7 @@ def _share_the_cores() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers <= 1:
         return
-    share = max(1, (os.cpu_count() or 1) // workers)
+    share = max(1, usable_cpus() // workers)  # the affinity's CPUs, as xdist and attnbench count
     os.environ["OMP_NUM_THREADS"] = str(share)
     torch.set_num_threads(share)
 
@@ -88,12 +89,25 @@ def add_layer(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     return add
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_ceilings() -> None:
+    """The machine's ceilings, measured once for the session before any test (every sweep
+    records them): under a lock, so that two workers neither measure them twice nor read a
+    half-written entry, and every sweep of the session records the same."""
+    session = Path(os.environ["ATTNBENCH_CACHE_DIR"])
+    session.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(session / "ceilings.lock")):
+        machine_ceilings(folder=session)
+
+
 def own_cache(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A cache folder of a test's own (``ATTNBENCH_CACHE_DIR``), holding the session's machine
-    ceilings: a sweep measures them into an empty cache first, 2-3 s a test."""
-    session = Path(os.environ["ATTNBENCH_CACHE_DIR"])
-    machine_ceilings(folder=session)  # measured once for the session, as a sweep would
-    shutil.copytree(session / "ceilings", folder / "ceilings", dirs_exist_ok=True)
+    ceilings (``_session_ceilings``): a sweep measures them into an empty cache first, 2-3 s a
+    test."""
+    session = Path(os.environ["ATTNBENCH_CACHE_DIR"]) / "ceilings"
+    (folder / "ceilings").mkdir(parents=True, exist_ok=True)
+    for entry in session.glob("*.json"):
+        shutil.copy(entry, folder / "ceilings" / entry.name)
     monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(folder))
     return folder
 

@@ -26,7 +26,7 @@ from attnbench.options import build_grid
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.xdist_group("cuda"),  # one worker: the device's memory and timers its alone
+    pytest.mark.xdist_group("cuda"),  # one worker: the device's memory and timers their own
 ]
 DEVICE = "cuda:0"
 SHORT = TimingPolicy(min_block_s=2e-3, min_samples=5, budget_s=0.05, min_time_s=0.02)
