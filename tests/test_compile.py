@@ -137,6 +137,7 @@ class Branchy(nn.Module):
         return y
 
 
+@pytest.mark.slow  # a real compile: 3-4 s
 def test_a_graph_break_is_counted_with_its_reason() -> None:
     with registry_restored():
         register_layer(Branchy, "branchy")
