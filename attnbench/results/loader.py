@@ -295,9 +295,10 @@ def _with_all_rounds(
     own = quiet_level(rounds.tolist())
     quiet = quieter(None if math.isnan(own) else own, machine_quiet)
     stats = {}
+    by_id = {str(key): rows for key, rows in samples.groupby("case_id", sort=False)}
     for i in ok:
         row = frame.loc[i]
-        own = samples.loc[samples["case_id"] == row["case_id"]]
+        own = by_id[str(row["case_id"])]
         stats[i] = TimingStats(
             tuple(own["time_s"]),
             int(row["calls_per_sample"]),
@@ -309,7 +310,7 @@ def _with_all_rounds(
     prior = prior_of([timing.kept_variance() for timing in stats.values()])
     for i in ok:
         row = frame.loc[i]
-        own = samples.loc[samples["case_id"] == row["case_id"]]
+        own = by_id[str(row["case_id"])]
         every = replace(stats[i], prior=prior)
         flops = row["flops"]
         columns = timing_columns(every)
