@@ -229,3 +229,33 @@ def test_a_resumed_run_keeps_its_level_and_its_waits(
     assert all(w <= 20.0 - i for i, (_, w) in enumerate(waits))  # each 1 s waited is spent
     assert resumed.record.machine_quiet_s == QUIET / 2
     assert resumed.record.waited_s == pytest.approx(40.0 + min(len(waits), 20))
+
+
+def test_jobs_out_at_once_share_what_is_left_of_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs handed out before any comes back (Ray's workers, one each) are each granted only
+    what the others have not been: 15 s of --wait-quiet, 10 s a round, gives 10 s, 5 s and
+    none. A retry keeps its job's grant; a job back frees its grant for the next."""
+    from attnbench.results.store import ResultsWriter
+    from attnbench.run.executors.base import JobDone, Placement
+    from attnbench.run.signals import GracefulStop
+
+    monkeypatch.setattr(queue_module, "ROUND_WAIT_S", 10.0)
+    grid = tiny_grid(layers="conv,rnn", n="8,16", wait_quiet=15)
+    writer = ResultsWriter.create(tmp_path / "run", grid.to_dict(), {}, grid.option_names())
+    jobs = queue_module.JobQueue(
+        grid, writer, measuring=queue_module.UNCALIBRATED, in_process=False, progress=None,
+        stop=GracefulStop(),
+    )  # fmt: skip
+    here = Placement("host", "cpu", "cpu", 1)
+    out = [jobs.take(here) for _ in range(3)]
+    assert [job.policy.wait_s for job in out if job is not None] == [10.0, 5.0, 0.0]
+    first = out[0]
+    assert first is not None
+    jobs.finish(JobDone(first, here, lost="the worker died"))
+    retry = jobs.take(here)
+    assert retry is not None and retry.attempt == 2 and retry.policy.wait_s == 10.0
+    jobs.finish(JobDone(retry, here, lost="the worker died again"))  # recorded failed: back
+    last = jobs.take(here)  # rnn at n = 16: what the two still out leave
+    assert last is not None and last.case.layer == "rnn" and last.policy.wait_s == 10.0

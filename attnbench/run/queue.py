@@ -189,6 +189,7 @@ class JobQueue:
         self.grid, self.writer, self.progress, self.stop = grid, writer, progress, stop
         self.machine_quiet = measuring.quiet_s
         self.waited_s = 0.0  # what the rounds waited for a quiet machine, in all
+        self.wait_held: dict[tuple[str, int], float] = {}  # the wait granted each job out
         self.last: Case | None = None  # the case the latest event was about
         self.cases = grid.cases()
         self.index = {case.case_id: i for i, case in enumerate(self.cases)}
@@ -287,8 +288,10 @@ class JobQueue:
         return total
 
     def _job(self, case: Case, round_: int) -> Job:
-        left = max(0.0, self.grid.wait_quiet_s - self.waited_s)
-        policy = replace(self.policy, quiet_s=self.quiet(), wait_s=min(ROUND_WAIT_S, left))
+        # Jobs out at once (Ray's workers) share what is left of --wait-quiet, not each all of it
+        left = self.grid.wait_quiet_s - self.waited_s - sum(self.wait_held.values())
+        wait = self.wait_held[(case.case_id, round_)] = min(ROUND_WAIT_S, max(0.0, left))
+        policy = replace(self.policy, quiet_s=self.quiet(), wait_s=wait)
         return Job(
             case=case,
             round=round_,
@@ -442,8 +445,10 @@ class JobQueue:
         job = done.job
         case = job.case
         self.running.discard((case.case_id, job.round))
+        self.wait_held.pop((case.case_id, job.round), None)  # what it waited counts instead
         ended = ENDED_STATUS.get(done.ended)
         if done.lost and job.attempt == 1 and ended is None:
+            self.wait_held[(case.case_id, job.round)] = job.policy.wait_s  # its retry's
             self.retries.append(replace(job, attempt=2))
             self.notify("retry", case, round_=job.round, where=done.where, error=done.lost)
             return
