@@ -189,7 +189,6 @@ class JobQueue:
         self.grid, self.writer, self.progress, self.stop = grid, writer, progress, stop
         self.machine_quiet = measuring.quiet_s
         self.waited_s = 0.0  # what the rounds waited for a quiet machine, in all
-        self.wait_held: dict[tuple[str, int], float] = {}  # the wait granted each job out
         self.last: Case | None = None  # the case the latest event was about
         self.cases = grid.cases()
         self.index = {case.case_id: i for i, case in enumerate(self.cases)}
@@ -208,7 +207,7 @@ class JobQueue:
         self.next_sample: dict[str, int] = {}
         self.device_of: dict[str, str] = {}  # case_id -> device model of its first round
         self.blocks: list[_Block] = []
-        self.running: set[tuple[str, int]] = set()  # (case_id, round) of the jobs out
+        self.running: dict[tuple[str, int], float] = {}  # (case_id, round) out: its wait
         self.retries: deque[Job] = deque()
         self.later: list[tuple[int, float, int]] = []  # heap of (round, shuffled key, grid index)
         if previous is not None:
@@ -288,10 +287,10 @@ class JobQueue:
         return total
 
     def _job(self, case: Case, round_: int) -> Job:
-        # Jobs out at once (Ray's workers) share what is left of --wait-quiet, not each all of it
-        left = self.grid.wait_quiet_s - self.waited_s - sum(self.wait_held.values())
-        wait = self.wait_held[(case.case_id, round_)] = min(ROUND_WAIT_S, max(0.0, left))
-        policy = replace(self.policy, quiet_s=self.quiet(), wait_s=wait)
+        # Jobs out at once (Ray's workers) and retries share what is left of --wait-quiet
+        held = sum(self.running.values()) + sum(j.policy.wait_s for j in self.retries)
+        left = max(0.0, self.grid.wait_quiet_s - self.waited_s - held)
+        policy = replace(self.policy, quiet_s=self.quiet(), wait_s=min(ROUND_WAIT_S, left))
         return Job(
             case=case,
             round=round_,
@@ -350,7 +349,7 @@ class JobQueue:
         job = self._next(where)
         if job is None:
             return None
-        self.running.add((job.case.case_id, job.round))
+        self.running[(job.case.case_id, job.round)] = job.policy.wait_s
         if self.in_process:
             # What a resumed run learns if this process dies: the case it died in.
             if job.round == 1:
@@ -444,11 +443,9 @@ class JobQueue:
         one whose process was ended for its memory or its time is recorded so at once."""
         job = done.job
         case = job.case
-        self.running.discard((case.case_id, job.round))
-        self.wait_held.pop((case.case_id, job.round), None)  # what it waited counts instead
+        self.running.pop((case.case_id, job.round), None)  # what it waited counts instead
         ended = ENDED_STATUS.get(done.ended)
         if done.lost and job.attempt == 1 and ended is None:
-            self.wait_held[(case.case_id, job.round)] = job.policy.wait_s  # its retry's
             self.retries.append(replace(job, attempt=2))
             self.notify("retry", case, round_=job.round, where=done.where, error=done.lost)
             return
