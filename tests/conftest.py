@@ -129,7 +129,7 @@ def shared_run(factory: pytest.TempPathFactory, name: str, grid: Callable[[], Gr
         return run_sweep(grid(), factory.mktemp("run") / name)
     folder = factory.getbasetemp().parent / f"shared-{name}"  # every worker's temp root
     with FileLock(f"{folder}.lock"):
-        done = folder / "made"
+        done = folder.with_name(f"{folder.name}.made")  # beside the run, not in it
         if not done.exists():
             shutil.rmtree(folder, ignore_errors=True)
             run_sweep(grid(), folder)
