@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -295,8 +295,8 @@ def comparison_table(comparison: Comparison, gate: str, console: Console) -> Non
         title_justify="left",
     )
     for column in frame.columns:
-        justify = "left" if column in ("layer", "time", "exact") else "right"
-        grid.add_column(column, justify=justify)  # type: ignore[arg-type]  # rich types justify as a Literal; these are its values
+        justify: JustifyMethod = "left" if column in ("layer", "time", "exact") else "right"
+        grid.add_column(column, justify=justify)
     for row, mark in zip(frame.itertuples(index=False), row_marks(comparison), strict=True):
         cells = [escape(str(v)) for v in row]
         if mark.time == REGRESSION:

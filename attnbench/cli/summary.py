@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
@@ -68,8 +68,8 @@ def summary_tables(run: RunResults, console: Console) -> None:
         ok = group[group["status"] == Status.OK]
         shown = [c for c in SUMMARY_COLUMNS if ok[c.name].notna().any()] or SUMMARY_COLUMNS[:1]
         for column in shown:
-            justify = "left" if column.kind == "text" else "right"
-            table.add_column(column.summary, justify=justify, no_wrap=True)  # type: ignore[arg-type]  # rich types justify as a Literal; these are its values
+            justify: JustifyMethod = "left" if column.kind == "text" else "right"
+            table.add_column(column.summary, justify=justify, no_wrap=True)
         for row in group.sort_values(["d", "n"]).itertuples():
             if row.status != Status.OK:
                 color = "yellow" if row.status == Status.SKIPPED else "red"

@@ -32,6 +32,7 @@ def trend_outliers(measured: pd.DataFrame, factor: float = TREND_FACTOR) -> pd.D
     bound it broke (``bound_s``), along which size, and time / bound."""
     frame = measured[numeric_column(measured, "time_s") > 0]
     found: dict[str, dict[str, object]] = {}
+    ratios: dict[str, float] = {}  # the largest ratio flagged so far, a case
     for along in ("n", "d"):
         keys = frame["case_id"].map(lambda c, a=along: _without(str(c), a))
         for _, group in frame.groupby(keys, sort=False):
@@ -49,7 +50,8 @@ def trend_outliers(measured: pd.DataFrame, factor: float = TREND_FACTOR) -> pd.D
                 ratio = times[i] / bound
                 row = group.iloc[i]
                 case = str(row["case_id"])
-                if ratio > factor and ratio > float(found.get(case, {}).get("ratio", 0.0)):  # type: ignore[arg-type]  # the entries are dicts of floats
+                if ratio > factor and ratio > ratios.get(case, 0.0):
+                    ratios[case] = float(ratio)
                     found[case] = {
                         "case_id": case,
                         "layer": row["layer"],

@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -142,11 +143,7 @@ def measure_ceilings(
     try:
         for _ in range(max(1, probes.passes)):  # the last pass reads every kernel's fastest
             gemm = _gemm_s(device, torch_dtype, side, timed)
-            copy = timed(
-                "copy",
-                lambda src=src, dst=dst: dst.copy_(src),  # type: ignore[misc]  # bound by default, freed below
-                CEILING_POLICY,
-            )
+            copy = timed("copy", partial(dst.copy_, src), CEILING_POLICY)
             tiny = _tiny_op_s(device, torch_dtype, timed)
             host = host_op_s(device, torch_dtype, timed)
             curves = rates.rate_curves(device, torch_dtype, timed, curve_widths)

@@ -18,6 +18,7 @@ its bytes over the bandwidth (``fits.roofline``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -192,7 +193,7 @@ def elementwise_rates(
     found = {}
     for name in ops if ops is not None else tuple(CATALOGUE):
         op = CATALOGUE[name]
-        seconds = timed(f"ew.{name}", lambda op=op: op(x, y, mask), CURVE_POLICY)  # type: ignore[misc]  # binds the loop's tensors by default
+        seconds = timed(f"ew.{name}", partial(op, x, y, mask), CURVE_POLICY)
         found[name] = x.numel() / seconds
     return found
 
@@ -225,19 +226,12 @@ def rate_curves(
     for w in chosen["conv"]:
         length = max(w, elements // w)
         x, k = randn(1, w, length), randn(w, w, 3)  # (1, w, L), (w, w, 3)
-        seconds = timed(
-            f"conv@{w}",
-            lambda x=x, k=k: torch.nn.functional.conv1d(x, k, padding=1),  # type: ignore[misc]  # binds the loop's tensors by default
-            CURVE_POLICY,
-        )
+        seconds = timed(f"conv@{w}", partial(F.conv1d, x, k, padding=1), CURVE_POLICY)
         conv[w] = 2 * w * w * 3 * length / seconds
     n = for_kind(CURVE_ATTENTION_LENGTH, device)
     for w in chosen["attention"]:
         q, k, v = (randn(1, 4, n, w) for _ in range(3))  # (1, 4, n, w) each
-        seconds = timed(
-            f"attention@{w}",
-            lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v),  # type: ignore[misc]  # binds the loop's tensors by default
-            CURVE_POLICY,
-        )
+        sdpa = partial(F.scaled_dot_product_attention, q, k, v)
+        seconds = timed(f"attention@{w}", sdpa, CURVE_POLICY)
         attention[w] = 4 * 4 * n * n * w / seconds
     return {"gemm_rates": gemm, "conv_rates": conv, "attention_rates": attention}
