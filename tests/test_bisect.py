@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from attnbench.cli import app
+from attnbench.run.executors import process
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -62,9 +64,19 @@ def repo(tmp_path: Path) -> tuple[Path, list[str]]:
     return root, commits
 
 
-def test_bisect_finds_the_commit_that_made_a_layer_slower(repo: tuple[Path, list[str]]) -> None:
+def test_bisect_finds_the_commit_that_made_a_layer_slower(
+    repo: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     root, commits = repo
     before = (git(root, "rev-parse", "HEAD"), git(root, "status", "--porcelain"))
+    launched: list[str] = []  # each fork server's interpreter, as it starts
+    launch = process._Server._launch
+
+    def counted(server: process._Server) -> None:
+        launched.append(server.python)
+        launch(server)
+
+    monkeypatch.setattr(process._Server, "_launch", counted)
     done = runner.invoke(app, [
         "bisect", commits[0], commits[-1], "--layers", "timed.py:make", "--n", "16", "--d", "8",
         "--device", "cpu", "--time-budget", "0.1", "--repo", str(root),
@@ -75,6 +87,10 @@ def test_bisect_finds_the_commit_that_made_a_layer_slower(repo: tuple[Path, list
     assert found["first_bad"] == commits[20] and found["subject"] == "commit 20: slower"
     assert len(found["races"]) <= 6 and found["commits"] == 31
     assert found["races"][0]["commit"] == commits[-1] and found["races"][0]["slower"]
+    # GOOD's servers serve every race; each race starts its own commit's
+    by_commit = Counter(Path(p).name for p in launched)  # python-<commit>: a side's servers
+    assert len(by_commit) == len(found["races"]) + 1, launched
+    assert set(by_commit.values()) == {process.SERVERS}, launched
     # the checkout is as it was, and no worktree is left behind
     assert (git(root, "rev-parse", "HEAD"), git(root, "status", "--porcelain")) == before
     assert len(git(root, "worktree", "list").splitlines()) == 1

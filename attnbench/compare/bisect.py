@@ -23,6 +23,7 @@ from attnbench.compare.runs import compare_runs
 from attnbench.compare.verdicts import REGRESSION
 from attnbench.errors import AttnbenchError
 from attnbench.run.ab import ABSides, run_ab
+from attnbench.run.executors.process import ForkExecutor
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds
 from attnbench.vcs import run_git
 
@@ -145,10 +146,14 @@ def bisect(
         raise AttnbenchError("give the layer(s) to race: --layers NAME or --layers file.py:factory")
     good_full, path = commits_between(repo, good, bad)
     races: list[Race] = []
-    with worktrees(repo) as tree, tempfile.TemporaryDirectory(prefix="attnbench-races-") as tmp:
-        folder = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        tree = stack.enter_context(worktrees(repo))
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnbench-races-")))
         base = tree(good_full)
         base_python = python_at(base, folder)
+        # GOOD's fork servers serve every race: their import is paid once, not once a race
+        kept = ForkExecutor(base_python, label=f"the base side ({base_python})")
+        stack.callback(kept.close)
 
         def race(commit: str) -> bool:
             here = tree(commit)
@@ -158,7 +163,13 @@ def bisect(
                 base_python=base_python,
                 current_python=python_at(here, folder),
             )
-            run = run_ab(current, folder / f"ab-{len(races)}", sides=sides, alpha=thresholds.alpha)
+            run = run_ab(
+                current,
+                folder / f"ab-{len(races)}",
+                sides=sides,
+                alpha=thresholds.alpha,
+                started={"base": kept},
+            )
             judged = compare_runs(run.base, run.current, thresholds, pairs=run.pairs, paired=True)
             worst = judged.times.sort_values("ratio_judged", ascending=False).iloc[0]
             subject = run_git(repo, "show", "-s", "--format=%s", commit).strip()

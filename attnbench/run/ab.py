@@ -157,6 +157,7 @@ def run_ab(
     measuring: Measuring = AB_MEASURING,
     listeners: ABListeners = NO_AB_LISTENERS,
     allow_large: bool = True,
+    started: Mapping[str, ForkExecutor] | None = None,
 ) -> ABRun:
     """Measure the base side and the current side alternately into ``out_dir``/base and
     ``out_dir``/current; the pairs to judge. ``sides`` says how the base side differs (by
@@ -165,7 +166,9 @@ def run_ab(
     ``measuring.counting`` says how both sides take their cases' exact counts. Raises an
     ``AttnbenchError`` with exit code 130 after SIGINT / SIGTERM (what was measured stays on
     disk). Every job of either side runs in a fresh process of its side (``--metric
-    instructions``: one process a side, which counts under Callgrind)."""
+    instructions``: one process a side, which counts under Callgrind). ``started`` holds a
+    side's fork servers kept by the caller across runs (``bisect``'s base side, the same in
+    every race): used as they are, and left running."""
     grids = side_grids(options, sides.base_layers, alpha, sides.base_compile)
     warning = None if allow_large else size_warning(grids["current"])
     if warning:
@@ -174,8 +177,11 @@ def run_ab(
     labels = {side: f"the {side} side ({pythons[side] or 'this interpreter'})" for side in SIDES}
     with contextlib.ExitStack() as stack:
         out_dir = stack.enter_context(new_out_dir(Path(out_dir)))  # none left by a refused start
-        executors = {}
+        executors: dict[str, SubprocessExecutor | ForkExecutor] = {}
         for side in SIDES:
+            if started is not None and side in started:
+                executors[side] = started[side]
+                continue
             kind = SubprocessExecutor if grids[side].metric == "instructions" else ForkExecutor
             made = kind(pythons[side], label=labels[side])
             stack.callback(made.close)
