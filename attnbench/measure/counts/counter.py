@@ -7,6 +7,7 @@ each case it is asked for, one JSON line each way, until its input ends.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import IO, Any
 
@@ -48,3 +49,8 @@ def serve(incoming: IO[str], channel: IO[str]) -> None:
 if __name__ == "__main__":
     channel, sys.stdout = sys.stdout, sys.stderr  # the protocol's channel; prints go to stderr
     serve(sys.stdin, channel)
+    # Every count is in its own dump already. Tearing down an interpreter that imported torch,
+    # instrumented, took 6.2 s a counter here, for nothing.
+    channel.flush()
+    sys.stderr.flush()
+    os._exit(0)
