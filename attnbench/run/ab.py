@@ -186,6 +186,8 @@ def run_ab(
             made = kind(pythons[side], label=labels[side])
             stack.callback(made.close)
             executors[side] = made
+        for side in SIDES:  # both sides' imports at once, before either is waited for
+            executors[side].launch(grids[side])
         clusters = {side: executors[side].start(grids[side]) for side in SIDES}
         environments = {side: executors[side].environment(grids[side].device) for side in SIDES}
         writers = {}
