@@ -1,18 +1,30 @@
-"""The committed runs under results/ are what the tool makes of them today: re-plotting each
-draws its committed charts byte for byte, and the README's tables are theirs."""
+"""The committed runs under results/ are what the tool makes of them today: every committed
+chart shows the data the tool builds from its run (held to golden files), the charts the README
+and the manual show are drawn again byte for byte, and the README's tables are theirs.
+
+After a change that means to move what a chart shows: ``python tests/test_committed_runs.py
+--write`` (and re-plot the committed runs), and say why in the commit.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from chartdata import figure_data, first_difference
+from matplotlib.figure import Figure
 
-from attnbench.render.charts import plot_run
+from attnbench.fits import analyse
+from attnbench.render.charts import build_charts, save_charts
 from attnbench.results.loader import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden" / "charts"
 # The committed runs, by name (the golden files name them): never whatever a user's own sweep
 # left under results/, which the README's first command writes there.
 COMMITTED = sorted(p.stem for p in (ROOT / "tests" / "golden").glob("*.json"))
@@ -21,16 +33,64 @@ PLOTTED = [
 ]
 
 
+LINKED = re.compile(r"results/([\w.-]+)/charts/([\w-]+)\.(?:png|svg)")
+
+
+def shown() -> dict[str, set[str]]:
+    """The charts a reader sees: each ``results/<run>/charts/<name>.png`` the README and the
+    manual link, by run."""
+    found: dict[str, set[str]] = {}
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for run, name in LINKED.findall(page.read_text()):
+            found.setdefault(run, set()).add(name)
+    return found
+
+
+def charts_of(folder: Path) -> dict[str, Figure]:
+    """The run's committed charts as the tool builds them today (as ``attnbench plot`` does)."""
+    names = [p.stem for p in sorted((folder / "charts").glob("*.svg"))]
+    run = load_results(folder)
+    return build_charts(run, analyse(run), names)
+
+
+def test_the_charts_a_reader_sees_are_committed_charts() -> None:
+    seen = shown()
+    assert {"cpu-auto", "cpu-machine"} <= set(seen)  # the README's first chart, the manual's
+    missing = [f"{run}/{name}" for run, names in seen.items() for name in names
+               if not (ROOT / "results" / run / "charts" / f"{name}.svg").exists()]  # fmt: skip
+    assert not missing and set(seen) <= {p.name for p in PLOTTED}, missing
+
+
+def test_chart_data_tells_two_figures_apart_by_a_point_a_colour_or_a_label() -> None:
+    def drawn(y: float = 2.0, color: str = "C0", label: str = "n") -> dict[str, Any]:
+        figure = Figure()
+        ax = figure.add_subplot()
+        ax.plot([1, 2], [1, y], color=color, label=label)
+        ax.fill_between([1, 2], [0.5, 1], [1.5, 3], alpha=0.2)
+        ax.legend()
+        return figure_data(figure)
+
+    assert first_difference(drawn(), drawn()) is None
+    assert first_difference(drawn(y=2.5), drawn()) == "/axes/0/lines/0/y/1: 2.5 != 2.0"
+    assert first_difference(drawn(color="C1"), drawn()).startswith("/axes/0/legend/handles/0")
+    assert first_difference(drawn(label="d"), drawn()).startswith("/axes/0/legend/texts/0")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("folder", PLOTTED, ids=lambda p: p.name)
-def test_replotting_a_committed_run_draws_its_committed_charts(folder: Path, tmp_path: Path):
+def test_a_committed_runs_charts_show_what_the_tool_draws_today(folder: Path, tmp_path: Path):
+    figures = charts_of(folder)
     committed = sorted((folder / "charts").glob("*.svg"))  # the PNGs rasterise the same figures
-    names = [p.stem for p in committed]
-    run = load_results(folder)
-    drawn = plot_run(run, names=names, formats=["svg"], out_dir=tmp_path)  # as `plot` draws
-    assert sorted(p.stem for p in drawn) == sorted(names)  # every committed chart drawn again
-    differ = [p.name for p in committed if (tmp_path / p.name).read_bytes() != p.read_bytes()]
-    assert not differ, f"attnbench plot {folder} draws other charts: {differ}"
+    assert sorted(figures) == sorted(p.stem for p in committed)  # every committed chart built
+    data = {name: figure_data(figure) for name, figure in figures.items()}
+    golden = json.loads((GOLDEN / f"{folder.name}.json").read_text())
+    where = first_difference(data, golden)
+    assert where is None, f"attnbench plot {folder.name} shows other data: {where}"
+    # the ones a reader sees, drawn again: the same bytes as committed
+    seen = {name: figures[name] for name in sorted(shown().get(folder.name, ()))}
+    drawn = save_charts(seen, tmp_path, ["svg"])
+    differ = [p.name for p in drawn if p.read_bytes() != (folder / "charts" / p.name).read_bytes()]
+    assert not differ, f"attnbench plot {folder.name} draws other charts: {differ}"
 
 
 @pytest.mark.slow
@@ -40,3 +100,16 @@ def test_the_readmes_tables_are_the_committed_runs() -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def main() -> None:
+    GOLDEN.mkdir(exist_ok=True)
+    for folder in PLOTTED:
+        data = {name: figure_data(figure) for name, figure in charts_of(folder).items()}
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        (GOLDEN / f"{folder.name}.json").write_text(text + "\n")
+        print(f"wrote {GOLDEN.relative_to(ROOT)}/{folder.name}.json ({len(text) // 1024} KiB)")
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    main()
