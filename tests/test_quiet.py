@@ -190,6 +190,25 @@ def test_the_summary_says_what_was_waited_and_which_times_are_a_busy_machines(
     assert any("waited 42 s in all" in n and "--wait-quiet 60" in n for n in notes)
 
 
+def test_a_run_timed_in_one_process_a_case_says_its_intervals_hold_that_process_only(
+    tmp_path: Path, cache: Path
+) -> None:
+    """A run whose cases each had one round (--processes 1, or a run of an older attnbench):
+    read back, the summary says their intervals describe one process; with rounds, it does
+    not."""
+    from attnbench.cli.summary import replication_notes
+
+    run = run_sweep(tiny_grid(), tmp_path / "run", measuring=queue_module.UNCALIBRATED)
+    assert run.samples.groupby("case_id")["round"].nunique().min() > 1
+    assert not [n for n in replication_notes(run) if "one process" in n]
+    samples = run.samples.copy()
+    samples["round"], samples["process"] = 1, 0  # every sample in one round, one process
+    samples.to_csv(run.path / "samples.csv", index=False)
+    notes = replication_notes(load_results(run.path))
+    timed = len(run.measured)
+    assert [n for n in notes if n.startswith(f"{timed} case(s) were timed in one process")]
+
+
 def test_a_resumed_run_keeps_its_level_and_its_waits(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

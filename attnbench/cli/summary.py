@@ -251,6 +251,14 @@ def replication_notes(run: RunResults) -> list[str]:
             f"the rounds waited {waited:.0f} s in all for the machine to read quiet "
             f"(--wait-quiet {run.record.config.get('wait_quiet_s', 0):g})"
         )
+    alone = measured[(total == 1) & numeric_column(measured, "time_s").notna()]
+    if len(alone):
+        notes.append(
+            f"{len(alone)} case(s) were timed in one process (one round): their ±95% holds that "
+            "process's samples only, and a re-run in another process lands outside it more "
+            "often than not (a process has a speed of its own); --processes 3 or more gives "
+            "an interval that holds a re-run"
+        )
     between = numeric_column(measured, "spread_between")
     wider = measured[between > numeric_column(measured, "spread_within")]
     if len(wider):
