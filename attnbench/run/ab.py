@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from attnbench.devices import check_threads
 from attnbench.errors import AttnbenchError
 from attnbench.measure.timing.allocator import run_state
 from attnbench.measure.timing.faults import fault_cost_s
@@ -170,6 +171,9 @@ def run_ab(
     side's fork servers kept by the caller across runs (``bisect``'s base side, the same in
     every race): used as they are, and left running."""
     grids = side_grids(options, sides.base_layers, alpha, sides.base_compile)
+    for grid in grids.values():  # both sides run here, on this process's CPUs: refused at once
+        if grid.threads:
+            check_threads(grid.threads)
     warning = None if allow_large else size_warning(grids["current"])
     if warning:
         raise AttnbenchError(warning.replace("this sweep", "each side"))
