@@ -203,19 +203,27 @@ def sweep(
     except KeyboardInterrupt:  # before the first case started: nothing was measured yet
         streams.err.print("[bold yellow]interrupted:[/] before any case was measured")
         raise typer.Exit(130) from None
+    judging = _Judging(base_run, thresholds, gate, fmt, cast("Path | None", output))
+    _finished(run, streams, judging, charts=charts, as_json=as_json)
+
+
+def _finished(
+    run: RunResults, streams: Streams, judging: _Judging, *, charts: bool, as_json: bool
+) -> None:
+    """What a finished sweep shows: its tables and notes, its charts, the baseline's verdicts
+    and, with --json, all of them as data; exit 1 where the baseline's gate failed."""
     if streams.human is not None:
         summary_tables(run, streams.human)
     if streams.notes is not None:
         summary_notes(run, streams.notes)
     drawn = _charts_after_sweep(run, streams) if charts else []
-    judging = _Judging(base_run, thresholds, gate, fmt, cast("Path | None", output))
     comparison = judging.judge(run, streams)
     if as_json:
         payload: dict[str, Any] = {"path": str(run.path), "results": records(run), "charts": drawn}
         if comparison is not None:
-            payload["comparison"] = to_json(comparison, gate)
+            payload["comparison"] = to_json(comparison, judging.gate)
         typer.echo(json.dumps(payload, indent=2))
-    if comparison is not None and comparison.failed(gate):
+    if comparison is not None and comparison.failed(judging.gate):
         raise typer.Exit(1)
 
 
