@@ -1,13 +1,17 @@
 """The committed runs under results/ are what the tool makes of them today: every committed
-chart shows the data the tool builds from its run (held to golden files), the charts the README
-and the manual show are drawn again byte for byte, and the README's tables are theirs.
+chart's data (lines, bands, markers, labels, scales, limits) is what the tool builds from its
+run, held to golden files written from those very chart files; the charts the README and the
+manual show are drawn again byte for byte; the README's tables are theirs. Not held: what only
+drawing settles in a chart no page links (ticks, font sizes, where a legend sits).
 
-After a change that means to move what a chart shows: ``python tests/test_committed_runs.py
---write`` (and re-plot the committed runs), and say why in the commit.
+After a change that means to move what a chart shows: ``attnbench plot results/<run>`` for
+each run, then ``python tests/test_committed_runs.py --write`` (it refuses a chart whose data
+moved while its file did not), and say why in the commit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -44,6 +48,12 @@ def shown() -> dict[str, set[str]]:
         for run, name in LINKED.findall(page.read_text()):
             found.setdefault(run, set()).add(name)
     return found
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """Each committed SVG's sha256, by chart."""
+    charts = sorted((folder / "charts").glob("*.svg"))
+    return {p.stem: hashlib.sha256(p.read_bytes()).hexdigest() for p in charts}
 
 
 def charts_of(folder: Path) -> dict[str, Figure]:
@@ -84,7 +94,12 @@ def test_a_committed_runs_charts_show_what_the_tool_draws_today(folder: Path, tm
     assert sorted(figures) == sorted(p.stem for p in committed)  # every committed chart built
     data = {name: figure_data(figure) for name, figure in figures.items()}
     golden = json.loads((GOLDEN / f"{folder.name}.json").read_text())
-    where = first_difference(data, golden)
+    # the golden data was written from these very files (``main`` refuses stale ones)
+    assert golden["files"] == digests(folder), (
+        f"results/{folder.name}/charts changed since its golden data was written: "
+        "python tests/test_committed_runs.py --write"
+    )
+    where = first_difference(data, golden["charts"])
     assert where is None, f"attnbench plot {folder.name} shows other data: {where}"
     # the ones a reader sees, drawn again: the same bytes as committed
     seen = {name: figures[name] for name in sorted(shown().get(folder.name, ()))}
@@ -103,12 +118,31 @@ def test_the_readmes_tables_are_the_committed_runs() -> None:
 
 
 def main() -> None:
+    """Write each run's golden data and the digests of the files it was written from; refuse,
+    before writing any, a chart whose data moved while its committed file did not (re-plot the
+    run first)."""
     GOLDEN.mkdir(exist_ok=True)
+    written, stale = {}, []
     for folder in PLOTTED:
         data = {name: figure_data(figure) for name, figure in charts_of(folder).items()}
-        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        (GOLDEN / f"{folder.name}.json").write_text(text + "\n")
-        print(f"wrote {GOLDEN.relative_to(ROOT)}/{folder.name}.json ({len(text) // 1024} KiB)")
+        files, path = digests(folder), GOLDEN / f"{folder.name}.json"
+        old = json.loads(path.read_text()) if path.exists() else {}
+        stale += [
+            f"results/{folder.name}/charts/{name}.svg"
+            for name in data
+            if first_difference(data[name], old.get("charts", {}).get(name))
+            and files.get(name) == old.get("files", {}).get(name)
+        ]
+        written[path] = {"charts": data, "files": files}
+    if stale:
+        sys.exit(
+            f"{', '.join(stale)}: other data than when the golden files were written, the same "
+            "files: re-plot (attnbench plot results/RUN), then --write again"
+        )
+    for path, golden in written.items():
+        text = json.dumps(golden, sort_keys=True, separators=(",", ":"))
+        path.write_text(text + "\n")
+        print(f"wrote {path.relative_to(ROOT)} ({len(text) // 1024} KiB)")
 
 
 if __name__ == "__main__" and "--write" in sys.argv:
