@@ -151,7 +151,9 @@ def bisect(
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="attnbench-races-")))
         base = tree(good_full)
         base_python = python_at(base, folder)
-        # GOOD's fork servers serve every race: their import is paid once, not once a race
+        # GOOD's fork servers serve every race: their import is paid once, not once a race.
+        # Each job is still a fresh fork; what the races share is the servers' layout, whose
+        # speed (2-3% between servers here) is then the same on GOOD's side of every race.
         kept = ForkExecutor(base_python, label=f"the base side ({base_python})")
         stack.callback(kept.close)
 
