@@ -4,6 +4,7 @@ read against the quieter of its own level and the machine's."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -188,6 +189,32 @@ def test_the_summary_says_what_was_waited_and_which_times_are_a_busy_machines(
     notes = replication_notes(load_results(run.path))
     assert any(n.startswith("1 case(s) had fewer than two quiet rounds") for n in notes)
     assert any("waited 42 s in all" in n and "--wait-quiet 60" in n for n in notes)
+
+
+def test_the_start_estimate_holds_what_the_rounds_may_wait_for_quiet(
+    tmp_path: Path, cache: Path
+) -> None:
+    """The waits are in no case's time: the start says how long they may last beside the
+    estimate (a default first sweep said about 15-60 s and took 150 s, 37 s of it waiting)."""
+    from rich.console import Console
+
+    from attnbench.cli.render import SweepProgress
+    from attnbench.run.events import Listeners, SweepStart
+
+    starts: list[SweepStart] = []
+    for wait in (0.0, 30.0):
+        run_sweep(tiny_grid(wait_quiet=wait), tmp_path / f"wait{wait:g}",
+                  measuring=queue_module.UNCALIBRATED,
+                  listeners=Listeners(on_start=starts.append))  # fmt: skip
+    none, some = starts
+    assert (none.waits_s, some.waits_s) == (0.0, 30.0)
+    assert some.estimate_s == none.estimate_s and some.estimate_low_s == none.estimate_low_s
+    line = io.StringIO()
+    progress = SweepProgress(Console(file=line, width=400), quiet=False)
+    progress.started(some)
+    assert " (and up to 30 s waiting for quiet) -> " in line.getvalue()
+    progress.started(none)
+    assert line.getvalue().count("waiting for quiet") == 1
 
 
 def test_a_run_timed_in_one_process_a_case_says_its_intervals_hold_that_process_only(

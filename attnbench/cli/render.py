@@ -115,11 +115,14 @@ class SweepProgress:
                 else f"--n {grid.n_auto.text()} ({len(grid.layers)} layer(s) x {len(grid.ds)} "
                 f"width(s), n from {grid.ns[0]} until each settles)"
             )
+            span = estimate_range(start.estimate_low_s, start.estimate_s)
+            if start.waits_s:  # in no case's time
+                span += f" (and up to {start.waits_s:.0f} s waiting for quiet)"
             self.console.print(
                 f"attnbench {__version__}: {cases} on {grid.device} "
                 f"({grid.dtype}, {grid.mode}, batch {grid.batch})"
                 f"{workers_text(start.cluster, grid)}, "
-                f"{estimate_range(start.estimate_low_s, start.estimate_s)} -> {start.out_dir}",
+                f"{span} -> {start.out_dir}",
                 soft_wrap=True,
             )
         if not start.ceilings_cached:

@@ -30,6 +30,9 @@ class SweepStart:
     # the estimate where every case's timing stops early (a quiet machine); None: not made
     estimate_low_s: float | None = None
     retried: int = 0  # cases a resume with --retry measures again (off disk in ``previous``)
+    # what the rounds may still wait for a quiet machine (--wait-quiet), beside the estimate:
+    # no case's time holds it
+    waits_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,7 @@ def _start(
                 ceilings_cached=known,
                 estimate_low_s=low * left + first,
                 retried=0 if previous is None else previous.retried,
+                waits_s=max(0.0, grid.wait_quiet_s - (earlier.record.waited_s if earlier else 0)),
             )
         )
     if not has_ceilings:
