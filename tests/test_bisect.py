@@ -1,4 +1,4 @@
-"""attnbench bisect in a throwaway repository: a layer made 30% slower at one commit of 32 is
+"""attnbench bisect in a throwaway repository: a layer made 50% slower at one commit of 32 is
 found in at most 6 races, and the user's checkout is left as it was."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def git(repo: Path, *args: str) -> str:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> tuple[Path, list[str]]:
-    """32 commits; from the 21st on (index 20) the layer sleeps 30% longer."""
+    """32 commits; from the 21st on (index 20) the layer sleeps 50% longer."""
     root = tmp_path / "layers"
     root.mkdir()
     git(root, "init", "-q")
@@ -56,7 +56,7 @@ def repo(tmp_path: Path) -> tuple[Path, list[str]]:
     git(root, "config", "user.name", "t")
     commits = []
     for i in range(32):
-        pause = 2.6e-3 if i >= 20 else 2e-3
+        pause = 3e-3 if i >= 20 else 2e-3
         (root / "timed.py").write_text(LAYER.format(pause=pause, version=i))
         git(root, "add", "timed.py")
         git(root, "commit", "-q", "-m", f"commit {i}" + (": slower" if i == 20 else ""))
