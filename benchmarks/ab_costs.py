@@ -23,49 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from layer_history import git, layer_repository  # noqa: E402  (the bisect test's repository)
+
 SMALL = ["--n", "16", "--d", "8", "--device", "cpu"]
-LAYER = """
-import time
-from torch import nn
-
-PAUSE = {pause}  # seconds a call sleeps
-VERSION = {version}
-
-
-class Timed(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.proj = nn.Linear(d, d)
-
-    def forward(self, x):  # (B, n, d)
-        time.sleep(PAUSE)
-        return self.proj(x)
-
-
-def make(d):
-    return Timed(d)
-"""
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                          check=True)  # fmt: skip
-    return done.stdout.strip()
-
-
-def layer_repository(root: Path) -> tuple[str, str]:
-    """32 commits, the layer 30% slower from index 20 on: the first and the last commit."""
-    root.mkdir()
-    git(root, "init", "-q")
-    git(root, "config", "user.email", "bench@example.org")
-    git(root, "config", "user.name", "bench")
-    for i in range(32):
-        (root / "timed.py").write_text(LAYER.format(pause=2.6e-3 if i >= 20 else 2e-3, version=i))
-        git(root, "add", "timed.py")
-        git(root, "commit", "-q", "-m", f"commit {i}")
-    return git(root, "rev-list", "--max-parents=0", "HEAD"), git(root, "rev-parse", "HEAD")
-
-
 @contextlib.contextmanager
 def worktree(rev: str) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="attnbench-against-") as tmp:
@@ -101,7 +63,8 @@ def main() -> None:
         contextlib.ExitStack() as stack,
     ):
         work = Path(tmp)
-        good, bad = layer_repository(work / "layers")
+        commits = layer_repository(work / "layers", step=20, slower_by=1.3)
+        good, bad = commits[0], commits[-1]
         trees = {"this checkout": ROOT}
         if args.against:
             trees[args.against] = stack.enter_context(worktree(args.against))

@@ -4,11 +4,11 @@ found in at most 6 races, and the user's checkout is left as it was."""
 from __future__ import annotations
 
 import json
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from layer_history import git, layer_repository
 from typer.testing import CliRunner
 
 from attnbench.cli import app
@@ -17,51 +17,12 @@ from attnbench.run.executors import process
 pytestmark = pytest.mark.slow
 runner = CliRunner()
 
-LAYER = """
-import time
-from torch import nn
-
-PAUSE = {pause}  # seconds a call sleeps: a floor no busy neighbour can lower
-VERSION = {version}
-
-
-class Timed(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.proj = nn.Linear(d, d)
-
-    def forward(self, x):  # (B, n, d)
-        time.sleep(PAUSE)
-        return self.proj(x)
-
-
-def make(d):
-    return Timed(d)
-"""
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                          check=True)  # fmt: skip
-    return done.stdout.strip()
-
 
 @pytest.fixture
 def repo(tmp_path: Path) -> tuple[Path, list[str]]:
     """32 commits; from the 21st on (index 20) the layer sleeps 50% longer."""
     root = tmp_path / "layers"
-    root.mkdir()
-    git(root, "init", "-q")
-    git(root, "config", "user.email", "t@example.org")
-    git(root, "config", "user.name", "t")
-    commits = []
-    for i in range(32):
-        pause = 3e-3 if i >= 20 else 2e-3
-        (root / "timed.py").write_text(LAYER.format(pause=pause, version=i))
-        git(root, "add", "timed.py")
-        git(root, "commit", "-q", "-m", f"commit {i}" + (": slower" if i == 20 else ""))
-        commits.append(git(root, "rev-parse", "HEAD"))
-    return root, commits
+    return root, layer_repository(root, step=20, slower_by=1.5)
 
 
 def test_bisect_finds_the_commit_that_made_a_layer_slower(
