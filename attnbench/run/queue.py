@@ -40,6 +40,7 @@ from attnbench.run.auto import AutoPlan
 from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.executors.fresh import Ending
+from attnbench.run.quiet import wait_left
 from attnbench.run.rounds import budget_spent, round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import BLOCKING, Status
@@ -289,7 +290,7 @@ class JobQueue:
     def _job(self, case: Case, round_: int) -> Job:
         # Jobs out at once (Ray's workers) and retries share what is left of --wait-quiet
         held = sum(self.running.values()) + sum(j.policy.wait_s for j in self.retries)
-        left = max(0.0, self.grid.wait_quiet_s - self.waited_s - held)
+        left = wait_left(self.grid.wait_quiet_s, self.waited_s + held)
         policy = replace(self.policy, quiet_s=self.quiet(), wait_s=min(ROUND_WAIT_S, left))
         return Job(
             case=case,

@@ -66,3 +66,9 @@ def write_quiet(path: Path, machine: MachineQuiet) -> None:
         write_text_atomic(path, json.dumps({"levels": list(machine.levels)}) + "\n")
     except (OSError, AttnbenchError):
         return
+
+
+def wait_left(allowed_s: float, waited_s: float) -> float:
+    """What a run's rounds may still wait for a quiet machine: ``--wait-quiet`` (the whole
+    run's, resumes included) less what was waited, or is held by jobs out."""
+    return max(0.0, allowed_s - waited_s)

@@ -45,7 +45,7 @@ from attnbench.run.events import NO_LISTENERS, Listeners, SweepStart
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.queue import DEFAULT_MEASURING, JobQueue, Measuring, Previous
-from attnbench.run.quiet import MachineQuiet, quiet_file, read_quiet, write_quiet
+from attnbench.run.quiet import MachineQuiet, quiet_file, read_quiet, wait_left, write_quiet
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus, Status
 from attnbench.spec import Grid
@@ -141,7 +141,7 @@ def _start(
                 ceilings_cached=known,
                 estimate_low_s=low * left + first,
                 retried=0 if previous is None else previous.retried,
-                waits_s=max(0.0, grid.wait_quiet_s - (earlier.record.waited_s if earlier else 0)),
+                waits_s=wait_left(grid.wait_quiet_s, earlier.record.waited_s if earlier else 0),
             )
         )
     if not has_ceilings:
