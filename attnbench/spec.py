@@ -178,6 +178,14 @@ class Grid:
     auto_budget_s: float = 300.0  # --n auto: seconds of cases the whole sweep may spend
     compile: str = ""  # torch.compile's arguments for every case (``compiling``); "": eager
 
+    @property
+    def most_rounds(self) -> int:
+        """The most timing rounds a case gets: ``max_processes``, else ``MORE_PROCESSES``
+        times ``processes`` (one where that is one: a single round is never added to)."""
+        if self.max_processes is not None:
+            return max(self.processes, self.max_processes)
+        return self.processes * MORE_PROCESSES if self.processes > 1 else 1
+
     def cases(self) -> list[Case]:
         """Cases ordered layer, d, then n ascending (so a larger n always comes later)."""
         given = dict(self.options)

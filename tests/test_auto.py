@@ -57,7 +57,7 @@ def test_auto_parses_and_round_trips_through_run_json() -> None:
     assert grid_from_config(recorded) == found
     assert build_grid({"n": "auto", "device": "cpu"}).n_auto == AutoN()
     default = build_grid({"device": "cpu"})  # a sweep that names no lengths: auto, everywhere
-    assert default.n_auto == AutoN() and default.ds == (64,) and default.auto_budget_s == 60.0
+    assert default.n_auto == AutoN() and default.ds == (64,) and default.auto_budget_s == 100.0
     fixed = build_grid({"n": "64..1024", "device": "cpu"})  # a fixed grid, one option away
     assert fixed.n_auto is None and fixed.ds == (64, 128) and fixed.auto_budget_s == 300.0
     for text in ("auto:5", "auto:64..32", "automatic"):
@@ -135,6 +135,25 @@ def test_a_line_stops_where_its_share_of_the_budget_runs_out() -> None:
     later = sum(p.later_s for p in line.points)
     assert later > 0 and line.wall_s == pytest.approx(4.0 + later)
     assert plan.line(rnn).allowance_s == pytest.approx(10.0 - line.wall_s)
+
+
+def test_a_case_is_charged_every_round_it_may_get_so_the_budget_bounds_the_sweep() -> None:
+    """A case may get up to ``most_rounds`` rounds, and gets them all on a busy machine: the
+    budget charges each case that many, so no interval can carry a sweep past it (charged
+    ``--processes``, the default sweep ran 103 s of jobs on a 60 s budget)."""
+    from attnbench.run.rounds import cost_of
+
+    times = {64: 1e-4}
+    for options, most in (({}, 6), ({"max_processes": 4}, 4), ({"processes": 1}, 1)):
+        plan = AutoPlan(grid(**options))
+        assert plan.grid.most_rounds == most
+        case = plan.grid.cases()[0]
+        plan.started(case)
+        plan.record(result(case, times[64], wall_s=0.5))
+        (point,) = plan.line(case).points
+        each = cost_of(point.timed_s, point.time_s)
+        assert point.later_s == pytest.approx((most - 1) * each)
+        assert plan.line(case).wall_s == pytest.approx(0.5 + (most - 1) * each)
 
 
 def test_the_ladders_end_and_a_failed_case_stop_a_line() -> None:

@@ -305,3 +305,22 @@ def test_jobs_out_at_once_share_what_is_left_of_the_wait(
     jobs.finish(JobDone(retry, here, lost="the worker died again"))  # recorded failed: back
     last = jobs.take(here)  # rnn at n = 16: what the two still out leave
     assert last is not None and last.case.layer == "rnn" and last.policy.wait_s == 10.0
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({}, "each case in 3-6 fresh processes (3 fork servers)"),
+        ({"max_processes": 3}, "each case in 3 fresh processes (3 fork servers)"),
+        ({"processes": 4, "max_processes": 5}, "each case in 4-5 fresh processes (3 fork servers)"),
+        # one round is never added to: not "1-2" (it had said so)
+        ({"processes": 1}, "each case in a fresh process (3 fork servers)"),
+    ],
+)
+def test_the_start_line_counts_the_rounds_a_case_may_get(
+    options: dict[str, object], said: str
+) -> None:
+    from attnbench.cli.render import workers_text
+
+    grid = tiny_grid(**options)
+    assert workers_text({"executor": "fork", "servers": 3}, grid) == f", {said}"

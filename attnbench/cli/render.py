@@ -30,7 +30,7 @@ from attnbench.render.verdicts import display_table, row_marks
 from attnbench.run.ab import ABStart, describe_sides
 from attnbench.run.events import ProgressEvent, SweepStart
 from attnbench.schema import Status, fmt_int
-from attnbench.spec import MORE_PROCESSES, Grid
+from attnbench.spec import Grid
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 
@@ -266,9 +266,11 @@ def workers_text(cluster: dict[str, Any], grid: Grid | None = None) -> str:
     if cluster.get("executor") == "fork":
         if grid is None:
             return ", each round in a fresh process"
-        most = grid.max_processes or grid.processes * MORE_PROCESSES
+        most, servers = grid.most_rounds, cluster.get("servers", 1)
+        if most == 1:
+            return f", each case in a fresh process ({servers} fork server{'s' * (servers > 1)})"
         count = str(grid.processes) if most <= grid.processes else f"{grid.processes}-{most}"
-        return f", each case in {count} fresh processes ({cluster.get('servers', 1)} fork servers)"
+        return f", each case in {count} fresh processes ({servers} fork servers)"
     workers = cluster.get("workers", [])
     nodes = sorted({w["node"] for w in workers})
     devices = sorted({w["device_name"] for w in workers})

@@ -56,7 +56,9 @@ class Point:
     peak_bytes: float  # nan where not measured
     wall_s: float  # the whole case, its first round
     timed_s: float  # inside its timed calls
-    later_s: float = 0.0  # what its later rounds will cost, about (``rounds.cost_of``)
+    # what its later rounds may cost (``rounds.cost_of``): as many as a case may get
+    # (``Grid.most_rounds``), so that the budget bounds the sweep whatever its intervals ask
+    later_s: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -167,7 +169,7 @@ class AutoPlan:
         rate has settled."""
         elements = _finite(row["elementwise"])
         seconds, timed = _finite(row["time_s"]), _finite(row["time_total_s"])
-        later = (self.grid.processes - 1) * self._round(timed, seconds)
+        later = (self.grid.most_rounds - 1) * self._round(timed, seconds)
         point = Point(
             n,
             seconds,
@@ -243,7 +245,7 @@ class AutoPlan:
         untimed = max(0.0, last.wall_s - last.timed_s - UNTIMED_CALLS * last.time_s)
         untimed += UNTIMED_CALLS * call
         timed = max(last.timed_s * growth, MIN_SAMPLES * call)
-        wall = untimed + timed + (self.grid.processes - 1) * self._round(timed, call)
+        wall = untimed + timed + (self.grid.most_rounds - 1) * self._round(timed, call)
         left = line.allowance_s - line.wall_s
         if wall > left:
             return Stopped.BUDGET, (

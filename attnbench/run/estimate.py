@@ -12,7 +12,7 @@ from attnbench.measure.counts import extend
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.regime import REGIME_SIZES
 from attnbench.run.rounds import ROUND_WARMUP_S, process_s, round_policy
-from attnbench.spec import MORE_PROCESSES, Case, Grid
+from attnbench.spec import Case, Grid
 
 # Rough throughputs, used only to warn before an absurd sweep starts; never reported as measured.
 _ASSUMED_FLOP_PER_S = {"cpu": 2e10, "cuda": 2e13, "mps": 2e12}
@@ -72,7 +72,7 @@ def estimate_bounds(
     or stops after ``time_call``'s minimum time where its median is precise at once (low: a
     quiet machine); each round is a process of its own, with its fork, its layer, its first
     call and warm-up, and at least that minimum of timing; a sweep may add rounds, up to
-    ``MORE_PROCESSES`` times as many, to a case whose interval is wide (high); a compiled
+    ``Grid.most_rounds`` in all, to a case whose interval is wide (high); a compiled
     case's round compiles it again (``COMPILE_S``). ``fresh``: each round in a process of its
     own (not --executor serial).
     """
@@ -80,7 +80,7 @@ def estimate_bounds(
     low = high = 0.0
     share = round_policy(grid).budget_s  # each round's
     quick = round_policy(grid).min_time_s
-    most = grid.processes * (MORE_PROCESSES if grid.processes > 1 else 1)
+    most = grid.most_rounds
     probed: set[str] = set()  # the probe sets a case before traced (one per layer, d, options)
     cases = grid.cases()
     if grid.n_auto is not None:  # each line at least its first lengths, in all the budget

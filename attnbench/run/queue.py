@@ -44,7 +44,7 @@ from attnbench.run.quiet import wait_left
 from attnbench.run.rounds import budget_spent, round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import BLOCKING, Status
-from attnbench.spec import MORE_PROCESSES, Case, Grid
+from attnbench.spec import Case, Grid
 
 # The most a round waits for the machine to read quiet (``measure.timing.reference.settle``),
 # within what is left of the sweep's ``--wait-quiet``.
@@ -78,10 +78,7 @@ class Replication:
     def of(cls, grid: Grid, target_rel_ci: float) -> Replication:
         """A sweep's: ``--processes`` at the least, ``--max-processes`` at the most (by
         default ``MORE_PROCESSES`` times the least, or one where the least is one)."""
-        most = grid.max_processes
-        if most is None:
-            most = grid.processes * MORE_PROCESSES if grid.processes > 1 else 1
-        return cls(grid.processes, max(grid.processes, most), target_rel_ci, grid.time_budget_s)
+        return cls(grid.processes, grid.most_rounds, target_rel_ci, grid.time_budget_s)
 
     def wants_more(
         self,
