@@ -193,6 +193,33 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     )
 
 
+def test_summary_tables_cut_no_cell_in_a_log_and_keep_the_mark_on_a_narrow_terminal(
+    tiny_run,  # type: ignore[no-untyped-def]
+) -> None:
+    """Off a terminal (a log, a file) at 120 columns a table of 14 columns was cut: "1638…"
+    for 16383, "±14.3%…" for "±14.3% !". A log gets the width the table needs; a terminal
+    too narrow cuts other columns first, never the time and its mark."""
+    import io
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from attnbench.cli.summary import summary_tables
+
+    frame = tiny_run.frame.copy()
+    frame["time_ci_low_s"] = frame["time_s"] * 0.99
+    frame["time_ci_high_s"] = frame["time_s"] * 1.143  # "±14.3% !"
+    run = replace(tiny_run, frame=frame)
+    log = io.StringIO()
+    summary_tables(run, Console(file=log, width=60))
+    assert "…" not in log.getvalue() and "±14.3% !" in log.getvalue()
+    assert max(map(len, log.getvalue().splitlines())) > 60
+    narrow = io.StringIO()
+    summary_tables(run, Console(file=narrow, width=60, force_terminal=True, color_system=None))
+    assert "…" in narrow.getvalue() and "±14.3% !" in narrow.getvalue()
+    assert max(map(len, narrow.getvalue().splitlines())) <= 60
+
+
 def test_config_with_wrong_types_or_unknown_keys_is_one_line(tmp_path: Path) -> None:
     for text, message in [
         ("layers = 5\n", "--layers: expected layer names, got 5"),

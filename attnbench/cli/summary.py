@@ -51,6 +51,24 @@ def _calls(group: pd.DataFrame) -> str:
     return f" ({'; '.join(words)})" if words else ""
 
 
+_UNCUT = {"time_s": 8, "time_ci_high_s": 9}  # "999.9 ms", "±100.0% !"
+
+
+def print_whole(table: Table, console: Console) -> None:
+    """Print ``table`` with no cell cut short: off a terminal (a log, a pipe, a file) at the
+    width it needs, since a cut cell reads as another value ("1638…" for 16383) or loses its
+    mark ("±14.3%…" for "±14.3% !"); on a terminal, at the terminal's width."""
+    needed = console.measure(table, options=console.options.update_width(10_000)).maximum
+    if console.is_terminal or needed <= console.width:
+        console.print(table)
+        return
+    kept, console.width = console.width, needed  # print's own width may only narrow it
+    try:
+        console.print(table)
+    finally:
+        console.width = kept
+
+
 def summary_tables(run: RunResults, console: Console) -> None:
     """One table per layer (per layer and device model when the cases ran on several), and a
     line counting the cases by status."""
@@ -69,7 +87,9 @@ def summary_tables(run: RunResults, console: Console) -> None:
         shown = [c for c in SUMMARY_COLUMNS if ok[c.name].notna().any()] or SUMMARY_COLUMNS[:1]
         for column in shown:
             justify: JustifyMethod = "left" if column.kind == "text" else "right"
-            table.add_column(column.summary, justify=justify, no_wrap=True)
+            # on a narrow terminal the other columns are cut first: never the time's mark
+            least = _UNCUT.get(column.name)
+            table.add_column(column.summary, justify=justify, no_wrap=True, min_width=least)
         for row in group.sort_values(["d", "n"]).itertuples():
             if row.status != Status.OK:
                 color = "yellow" if row.status == Status.SKIPPED else "red"
@@ -78,7 +98,7 @@ def summary_tables(run: RunResults, console: Console) -> None:
                 continue
             cells = [_summary_cell(column.name, row, off_trend) for column in shown]
             table.add_row(str(row.n), str(row.d), *cells)
-        console.print(table)
+        print_whole(table, console)
         for row in group.sort_values(["d", "n"]).itertuples():
             # a skipped case's reason is the case above
             if row.status not in (Status.OK, Status.SKIPPED):
