@@ -142,8 +142,9 @@ def test_a_layer_without_its_cost_model_is_told_why():
     assert fit_cost_model(one_width, model) is None
     why = fits.why_unfitted(one_width, model)
     assert why == (
-        f"its model {model.formula} has 3 parameters and needs 5 measured cases; the run has 4, "
-        "all at d=64: more lengths (--n) or widths (--d) give it enough"
+        f"its model {model.formula} has 3 parameters here (1 of its terms zero at every size "
+        "measured) and needs 5 measured cases; the run has 4, all at d=64: more lengths (--n) or "
+        "widths (--d) give it enough"
     )
     assert fits.why_unfitted(rnn[rnn["n"] <= 128].head(4), model).endswith(
         "the run has 4: more lengths (--n) or widths (--d) give it enough"
@@ -184,6 +185,27 @@ def test_model_choice_prefers_the_smaller_model_when_the_extra_term_is_not_there
     frame = synthetic("rnn", rnn, noise=0.03, seed=3)
     names = [f.model.name for f in model_fits(frame)["rnn"]]
     assert names.index("recurrent") < names.index("self-attention")
+
+
+def test_a_term_held_at_zero_spends_no_degree_of_freedom():
+    """Attention at one width and seven lengths (a default sweep's), time n²·d and a constant:
+    its own model (four terms present, the causal one zero, and the constant) fits it with two.
+    Charged five, AICc
+    had named a two-term model 'best' whose RMS was several times the own one's (a new user's
+    fit: 181% against 37%)."""
+    rng = np.random.default_rng(1)
+    ns = [64 * 2**i for i in range(7)]  # 64..4096
+    frame = pd.DataFrame(
+        [{"layer": "attention", "n": n, "d": 64, "heads": 4, "batch": 1} for n in ns]
+    )
+    frame["time_s"] = (5e-12 * frame["n"] ** 2 * 64 + 1e-4) * np.exp(rng.normal(0, 0.05, 7))
+    found = model_fits(frame)["attention"]
+    best, own = found[0], next(f for f in found if "attention" in f.model.layers)
+    assert best is own and sum(c > 0 for c in own.coefficients) <= 2
+    # the same fit charged its five present parameters: a smaller, worse model would win
+    n, k = own.points, 5
+    charged = own.aicc - (2 * 2 + 12 / (n - 3)) + (2 * k + 2 * k * (k + 1) / (n - k - 1))
+    assert any(f.aicc < charged and f.rms > 2 * own.rms for f in found[1:])
 
 
 def test_model_table_marks_own_and_best_and_reports_throughput():

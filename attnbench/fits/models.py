@@ -165,7 +165,12 @@ def fit_cost_model(
     rms = math.sqrt(float(np.mean((y - fitted) ** 2))) / float(np.mean(y))
     rss = max(float(np.sum(((y - fitted) / y) ** 2)), 1e-300)
     n = len(y)
-    aicc = n * math.log(rss / n) + 2 * params + 2 * params * (params + 1) / (n - params - 1)
+    # AICc counts the coefficients NNLS left positive: a term held at zero spends no degree of
+    # freedom (the active set is the fit's degrees of freedom, as the nonzero coefficients are
+    # the lasso's: Zou, Hastie & Tibshirani 2007). Counted as present, attention's six-term
+    # model, fitted with two, lost to a two-term model whose RMS was 5x its own.
+    k = max(1, int(np.count_nonzero(solution)))
+    aicc = n * math.log(rss / n) + 2 * k + 2 * k * (k + 1) / (n - k - 1)
     return ModelFit(model, tuple(float(a) for a in coef[:-1]), float(coef[-1]), rms, aicc, n)
 
 
@@ -187,9 +192,12 @@ def why_unfitted(
         return None
     widths = sorted({int(d) for d in frame["d"]})
     where = f", all at d={widths[0]}" if len(widths) == 1 else ""
+    zero = int((~present).sum())  # terms zero at every case (a batch of 1, no --causal)
+    held = f" ({zero} of its terms zero at every size measured)" if zero else ""
     return (
-        f"its model {model.formula} has {params} parameters and needs {params + 2} measured "
-        f"cases; the run has {len(y)}{where}: more lengths (--n) or widths (--d) give it enough"
+        f"its model {model.formula} has {params} parameters here{held} and needs {params + 2} "
+        f"measured cases; the run has {len(y)}{where}: more lengths (--n) or widths (--d) give "
+        "it enough"
     )
 
 

@@ -295,8 +295,10 @@ def model_display(analysis: Analysis) -> pd.DataFrame:
                 "own model": own.formula,
                 "coefficients": _coefficients(own),
                 "rel. RMS": f"{own.rms:.1%}",
-                "best model": "own" if own.best else f"{best.model}: {best.formula}",
-                "best rel. RMS": f"{best.rms:.1%}",
+                # AICc weighs each case's relative error and the terms used; the RMS column is
+                # google-benchmark's, on absolute errors: the two can rank two models apart
+                "best by AICc": "own" if own.best else f"{best.model}: {best.formula}",
+                "its rel. RMS": f"{best.rms:.1%}",
             }
         )
     return pd.DataFrame(rows)
