@@ -205,16 +205,20 @@ def _case_text(event: ProgressEvent) -> str:
         return f"{head}  {status}: {result.error if result else ''}"
     kernels = "" if result.kernel_share is None else f"  kernels {result.kernel_share:.0%}"
     return (
-        f"{head}  {_timed(result.timing)}{kernels}  "
+        f"{head}  {_timed(result.timing, event.rounds)}{kernels}  "
         f"peak {fmt_bytes(result.peak_bytes)}  {fmt_count(result.flops, 'FLOP')}  "
         f"{fmt_count(result.flops_per_s, 'FLOP/s')}  steps {fmt_int(result.seq_steps)}  "
         f"path {fmt_int(result.path_len)}"
     )
 
 
-def _timed(t: TimingStats) -> str:
-    """A first round's median and how far its own 95% interval reaches, with its samples (the
-    case's interval, over its rounds, is the summary's)."""
+def _timed(t: TimingStats, rounds: int = 1) -> str:
+    """A first round's median, with its samples; where it is the case's only round, how far its
+    own 95% interval reaches. Of several rounds, the first is one of them: its median is named
+    so, and its own interval is not shown beside the case's (the summary's, over its rounds),
+    which a new user read as the case's ("72.5 µs ±3.8%" here, "43.1 µs ±14.3%" there)."""
+    if rounds > 1:
+        return f"round 1: {fmt_seconds(t.median_s)} ({t.count} samples)"
     reach = t.rel_ci
     precision = "" if reach == float("inf") else f" ±{reach:.1%}"
     return f"{fmt_seconds(t.median_s)}{precision} ({t.count} samples)"
