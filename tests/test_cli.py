@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -305,11 +306,18 @@ def test_oom_cases_are_counted_and_the_exit_code_stays_0(tmp_path: Path, add_lay
 
 
 @pytest.mark.slow
-def test_show_prints_a_saved_run_and_refuses_what_is_not_one(tiny_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_show_prints_a_saved_run_and_refuses_what_is_not_one(  # type: ignore[no-untyped-def]
+    tiny_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     shown = runner.invoke(app, ["show", str(tiny_run.path)])
     assert shown.exit_code == 0
     assert f"results in {tiny_run.path}" in shown.stderr.replace("\n", "")
     assert f"{len(tiny_run.frame)} of {len(tiny_run.frame)} cases" in shown.stdout
+    # named or not, as table and fit read a run: the newest under results/
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_run.path, tmp_path / "results" / "newest")
+    newest = runner.invoke(app, ["show"])
+    assert newest.exit_code == 0 and newest.stdout == shown.stdout
     as_json = runner.invoke(app, ["show", str(tiny_run.path), "--json"])
     assert json.loads(as_json.stdout)["status"] == "complete"
     for folder, message in [
@@ -320,7 +328,6 @@ def test_show_prints_a_saved_run_and_refuses_what_is_not_one(tiny_run, tmp_path:
         assert result.exit_code == 2 and message in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
     broken = tmp_path / "broken"
-    import shutil
 
     shutil.copytree(tiny_run.path, broken)
     (broken / "run.json").write_text('{"schema_version": 0}')

@@ -67,11 +67,11 @@ def _announce(paths: list[Path], streams: Streams) -> None:
 
 
 def show(
-    folder: Annotated[Path, typer.Argument(help="A results folder written by attnbench sweep.")],
+    folder: SavedRun = None,
     as_json: Annotated[bool, json_flag("the results")] = False,
 ) -> None:
     """Print the tables of a saved run (finished or not), with its case counts."""
-    run = load_results(folder)
+    run = _load(folder)
     if as_json:
         _echo_json({"path": str(run.path), "status": run.status, "results": records(run)})
         return
