@@ -343,3 +343,24 @@ def test_a_first_rounds_line_says_it_is_one_round_of_several() -> None:
     assert "  round 1: 100 µs (12 samples)" in several and "±" not in several
     alone = case_line(ProgressEvent("done", 0, 1, case, result, 1, 1, 1))
     assert "  100 µs ±" in alone and "round 1" not in alone
+
+
+def test_an_auto_sweeps_lines_count_up_to_the_cases_it_may_measure() -> None:
+    """--n auto drops the lengths a settled line will not reach, so the count planned falls
+    during the sweep ([1/165] ... [83/90] to a new user): the start line says "at most" and
+    the lines "≤"; a fixed grid's count is exact."""
+    from rich.console import Console
+
+    from attnbench.cli.render import SweepProgress, case_line
+    from attnbench.run.events import ProgressEvent, SweepStart
+
+    auto = build_grid({"layers": "conv,rnn", "n": "auto:64..1024", "d": "8", "device": "cpu"})
+    line = io.StringIO()
+    progress = SweepProgress(Console(file=line, width=400), quiet=False)
+    progress.started(SweepStart(auto, Path("out"), {"executor": "fork", "servers": 3}, 1, 10.0))
+    assert "n from 64 until each settles: at most 10 cases)" in line.getvalue()
+    assert progress.upto
+    case = auto.cases()[0]
+    event = ProgressEvent("done", 0, 9, case, None, 1)
+    assert case_line(event, upto=True).startswith("[1/≤9] conv n=64")
+    assert case_line(event).startswith("[1/9] conv n=64")

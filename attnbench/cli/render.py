@@ -70,6 +70,7 @@ class SweepProgress:
         self.console = console
         self.quiet = quiet
         self.where = False  # name the worker of each case (cases run on several): set at start
+        self.upto = False  # --n auto: the count planned falls as lines settle: "≤ N"
         self.live = console.is_terminal and not quiet
         self.bar: Progress | None = None
         self.task: Any = None
@@ -96,6 +97,7 @@ class SweepProgress:
     def started(self, start: SweepStart) -> None:
         """The start line: what is measured where, how long it should take, and where it goes."""
         self.where = start.cluster.get("executor") not in ("serial", "fork")  # else: here
+        self.upto = start.grid.n_auto is not None
         if self.quiet:
             return
         grid, previous = start.grid, start.previous
@@ -113,7 +115,8 @@ class SweepProgress:
                 f"{len(grid.cases())} cases"
                 if grid.n_auto is None
                 else f"--n {grid.n_auto.text()} ({len(grid.layers)} layer(s) x {len(grid.ds)} "
-                f"width(s), n from {grid.ns[0]} until each settles)"
+                f"width(s), n from {grid.ns[0]} until each settles: at most "
+                f"{len(grid.cases())} cases)"
             )
             span = estimate_range(start.estimate_low_s, start.estimate_s)
             if start.waits_s:  # in no case's time
@@ -176,12 +179,15 @@ class SweepProgress:
             else:
                 self.bar.update(self.task, completed=event.units_done)
         elif event.kind == "done" and not self.quiet:
-            self.console.print(case_line(event, where=self.where), soft_wrap=True, markup=False)
+            line = case_line(event, where=self.where, upto=self.upto)
+            self.console.print(line, soft_wrap=True, markup=False)
 
 
-def case_line(event: ProgressEvent, *, where: bool = False) -> str:
-    """One finished case (or timing round) in a line, optionally naming its worker."""
-    line = _case_text(event)
+def case_line(event: ProgressEvent, *, where: bool = False, upto: bool = False) -> str:
+    """One finished case (or timing round) in a line, optionally naming its worker; ``upto``:
+    the total is the most the sweep may still measure (--n auto drops the lengths a settled
+    line will not reach), "[12/≤90]"."""
+    line = _case_text(event, upto)
     result = event.result
     if where and result is not None and result.node:
         return f"{line}  on {result.node} {result.device_id}"
@@ -190,7 +196,7 @@ def case_line(event: ProgressEvent, *, where: bool = False) -> str:
     return line
 
 
-def _case_text(event: ProgressEvent) -> str:
+def _case_text(event: ProgressEvent, upto: bool = False) -> str:
     width = len(str(event.total))
     if event.round > 1:  # a later timing round, in a process of its own: its median is new
         head = f"[round {event.round}] {event.case.label()}"
@@ -198,7 +204,8 @@ def _case_text(event: ProgressEvent) -> str:
         if t is None:
             return f"{head}  failed this round (left out)"
         return f"{head}  {fmt_seconds(t.median_s)} ({t.count} samples)"
-    head = f"[{event.completed:>{width}}/{event.total}] {event.case.label()}"
+    total = f"≤{event.total}" if upto else str(event.total)
+    head = f"[{event.completed:>{width}}/{total}] {event.case.label()}"
     result = event.result
     if result is None or result.status != Status.OK or result.timing is None:
         status = result.status.upper() if result else "FAILED"
