@@ -3,7 +3,8 @@ as it did, today's writes the current version, and no other module knows a run c
 
 ``tests/formats/v1-0e122b0`` is a sweep made by the code at commit 0e122b0 (format 1, before
 processes, time methods and clocks); ``v1-0e122b0.json`` is what `table --json` and `fit --json`
-read in it with the code before the migration existed.
+read in it with the code before the migration existed, save where the analysis itself has
+changed since (an unfitted model's note says which of its terms are zero, 2026-11-29).
 """
 
 from __future__ import annotations

@@ -193,9 +193,9 @@ def why_unfitted(
     widths = sorted({int(d) for d in frame["d"]})
     where = f", all at d={widths[0]}" if len(widths) == 1 else ""
     zero = int((~present).sum())  # terms zero at every case (a batch of 1, no --causal)
-    held = f" ({zero} of its terms zero at every size measured)" if zero else ""
+    held = f" here ({zero} of its terms zero at every size measured)" if zero else ""
     return (
-        f"its model {model.formula} has {params} parameters here{held} and needs {params + 2} "
+        f"its model {model.formula} has {params} parameters{held} and needs {params + 2} "
         f"measured cases; the run has {len(y)}{where}: more lengths (--n) or widths (--d) give "
         "it enough"
     )
