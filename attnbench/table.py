@@ -261,9 +261,15 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
                 f"d={row.time_fit_d_at}{regime}"
             )
         if row.overhead_bound_n:
+            # settled and overhead-bound at once: the overhead grows as the work (a recurrent
+            # layer issues its ops step by step), which a new user read as a contradiction
+            same = bool(row.time_fit_n) and row.time_fit_rule == SETTLED_RULE
+            grows = (
+                "; its rate settled all the same: the overhead grows with the work" if same else ""
+            )
             parts.append(
                 f"overhead-bound at n = {_lengths(row.overhead_bound_n)} (its kernels under "
-                f"{OVERHEAD_SHARE:.0%} of the time)"
+                f"{OVERHEAD_SHARE:.0%} of the time{grows})"
             )
         if row.time_d_fit_n_at is not None:
             parts.append(f"time ~ d at n={row.time_d_fit_n_at}")

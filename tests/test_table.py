@@ -215,6 +215,20 @@ def test_a_layer_whose_kernels_are_a_sliver_of_its_time_reads_overhead_bound() -
     assert table.loc[0, "overhead_bound_n"] == [64, 128, 256, 512, 1024]
     notes = fit_notes(table, _line(flat, None))
     assert any("overhead-bound at n = 64..1024" in note for note in notes)
+    assert not any("settled all the same" in note for note in notes)
+
+
+def test_a_line_whose_overhead_grows_with_its_work_reads_settled_and_says_why() -> None:
+    """An RNN on a CPU: its kernels a third of its time at every length, its time n as its
+    work (the dispatch of each step's ops grows with the steps). The exponent stands, and the
+    note says why that is not a contradiction (a new user read one)."""
+    steady = [3e-6 * n for n in (64, 128, 256, 512, 1024)]
+    run = _line(steady, [0.3, 0.32, 0.33, 0.33, 0.34], layer="rnn")
+    table = comparison_table(run)
+    assert table.loc[0, "compute (measured)"] == "n^1.00"
+    (note,) = [n for n in fit_notes(table, run) if n.startswith("rnn:")]
+    assert "overhead-bound at n = 64..1024" in note
+    assert "its rate settled all the same: the overhead grows with the work" in note
 
 
 def test_a_rate_still_climbing_reads_unsettled_and_a_settled_one_plain() -> None:
