@@ -241,6 +241,19 @@ def estimate(
     )
 
 
+def processes_for(spread: float, target_rel: float) -> int | None:
+    """How many processes a case needs for ``estimate``'s interval to reach ``target_rel``
+    where its processes' medians spread by ``spread`` (the standard deviation of their logs):
+    the least k with ``z * spread * sqrt(2 / k) <= log(1 + target_rel)``, the prediction
+    interval for a re-run of as many; z, the normal's quantile, as the t of a run whose other
+    cases moderate each case's variance (``Prior``) nears it. None for a spread that is not
+    positive and finite: nothing to narrow."""
+    if not (spread > 0 and math.isfinite(spread)):
+        return None
+    z = t_quantile((1 + CONFIDENCE) / 2, math.inf)
+    return max(2, math.ceil(2 * (z * spread / math.log1p(target_rel)) ** 2))
+
+
 def _within(samples: Sequence[float]) -> float:
     """One group's relative spread: IQR / 1.349 (a normal's standard deviation) over its
     median; nan where the median is not positive."""

@@ -107,3 +107,22 @@ def test_the_interval_widens_with_the_spread_between_processes() -> None:
     assert np.median([e.rel_ci for e in apart]) > 5 * np.median([e.rel_ci for e in close])
     assert all(e.between_rel > e.within_rel for e in apart)
     assert np.median([e.between_rel for e in close]) < np.median([e.within_rel for e in close])
+
+
+@pytest.mark.parametrize("spread", [0.01, 0.027, 0.054, 0.1])
+def test_processes_for_is_the_fewest_whose_interval_reaches_the_target(spread: float) -> None:
+    """k processes whose medians' logs spread by ``spread``, in a run whose other cases carry
+    the same variance (a moderated t of many degrees of freedom), reach ±5%; k - 1 do not."""
+    from attnbench.estimators import Prior, processes_for
+
+    def reach(k: int) -> float:
+        logs = np.linspace(-1, 1, k)
+        logs = logs / np.std(logs, ddof=1) * spread  # their sample deviation: ``spread``
+        found = estimate([[float(np.exp(x))] * 3 for x in logs], prior=Prior(spread**2, 1e6))
+        return math.log(found.high_s / found.center_s)
+
+    k = processes_for(spread, 0.05)
+    assert k is not None and reach(k) <= math.log1p(0.05)
+    if k > 2:
+        assert reach(k - 1) > math.log1p(0.05)
+    assert processes_for(0.0, 0.05) is None and processes_for(math.nan, 0.05) is None

@@ -11,7 +11,7 @@ from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.estimators import QUIET_FACTOR, rel_ci
+from attnbench.estimators import QUIET_FACTOR, processes_for, rel_ci
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.timing.faults import FAULT_SHARE
 from attnbench.measure.timing.loop import IMPRECISE_REL_CI, is_imprecise
@@ -52,6 +52,21 @@ def _calls(group: pd.DataFrame) -> str:
 
 
 _UNCUT = {"time_s": 8, "time_ci_high_s": 9}  # "999.9 ms", "±100.0% !"
+
+
+def _more_processes(imprecise: pd.DataFrame) -> str:
+    """How many processes would narrow a typical marked case to the mark's bound here: from
+    the median spread between their processes (``estimators.processes_for``)."""
+    spread = numeric_column(imprecise, "spread_between").median()
+    rounds = numeric_column(imprecise, "rounds").max()
+    needed = processes_for(float(spread), IMPRECISE_REL_CI) if pd.notna(spread) else None
+    if needed is None or not pd.notna(rounds) or needed <= rounds:
+        return "more --processes narrow it, a quieter machine more"
+    return (
+        f"at the median spread between their processes, {spread:.1%} (the between column), a "
+        f"case needs about {needed} processes (--processes {needed}) to reach "
+        f"±{IMPRECISE_REL_CI:.0%} on this machine as it was; a quieter machine, fewer"
+    )
 
 
 def print_whole(table: Table, console: Console) -> None:
@@ -181,7 +196,7 @@ def _time_notes(run: RunResults, console: Console) -> None:
             f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a time known only to "
             f"±{IMPRECISE_REL_CI:.0%} or worse (its 95% interval over its processes): their "
             "processes read it that far apart, or the machine was disturbed in most of their "
-            "rounds; more --processes narrow it, a quieter machine more",
+            f"rounds; {_more_processes(imprecise)}",
             soft_wrap=True,
         )
     for note in replication_notes(run):
