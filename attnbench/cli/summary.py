@@ -51,9 +51,6 @@ def _calls(group: pd.DataFrame) -> str:
     return f" ({'; '.join(words)})" if words else ""
 
 
-_UNCUT = {"time_s": 8, "time_ci_high_s": 9}  # "999.9 ms", "±100.0% !"
-
-
 def _more_processes(imprecise: pd.DataFrame) -> str:
     """How many processes would narrow a typical marked case to the mark's bound here: from
     the median spread between their processes (``estimators.processes_for``)."""
@@ -70,9 +67,10 @@ def _more_processes(imprecise: pd.DataFrame) -> str:
 
 
 def print_whole(table: Table, console: Console) -> None:
-    """Print ``table`` with no cell cut short: off a terminal (a log, a pipe, a file) at the
+    """Print ``table`` with no cell cut short off a terminal (a log, a pipe, a file): at the
     width it needs, since a cut cell reads as another value ("1638…" for 16383) or loses its
-    mark ("±14.3%…" for "±14.3% !"); on a terminal, at the terminal's width."""
+    mark ("±14.3%…" for "±14.3% !"). A terminal's width is the user's: there Rich cuts what
+    does not fit (minimum widths for the marked columns made it overflow the rows instead)."""
     needed = console.measure(table, options=console.options.update_width(10_000)).maximum
     if console.is_terminal or needed <= console.width:
         console.print(table)
@@ -102,9 +100,7 @@ def summary_tables(run: RunResults, console: Console) -> None:
         shown = [c for c in SUMMARY_COLUMNS if ok[c.name].notna().any()] or SUMMARY_COLUMNS[:1]
         for column in shown:
             justify: JustifyMethod = "left" if column.kind == "text" else "right"
-            # on a narrow terminal the other columns are cut first: never the time's mark
-            least = _UNCUT.get(column.name)
-            table.add_column(column.summary, justify=justify, no_wrap=True, min_width=least)
+            table.add_column(column.summary, justify=justify, no_wrap=True)
         for row in group.sort_values(["d", "n"]).itertuples():
             if row.status != Status.OK:
                 color = "yellow" if row.status == Status.SKIPPED else "red"
