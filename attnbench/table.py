@@ -263,7 +263,12 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
         if row.overhead_bound_n:
             # settled and overhead-bound at once: the overhead grows as the work (a recurrent
             # layer issues its ops step by step), which a new user read as a contradiction
-            same = bool(row.time_fit_n) and row.time_fit_rule == SETTLED_RULE
+            fitted = row.time_fit_n or ()
+            same = (
+                row.time_fit_rule == SETTLED_RULE
+                and bool(fitted)
+                and any(fitted[0] <= n <= fitted[1] for n in row.overhead_bound_n)
+            )  # overhead-bound where the settled rate was fitted, not only below it
             grows = (
                 "; its rate settled all the same: the overhead grows with the work" if same else ""
             )

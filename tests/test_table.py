@@ -229,6 +229,20 @@ def test_a_line_whose_overhead_grows_with_its_work_reads_settled_and_says_why() 
     (note,) = [n for n in fit_notes(table, run) if n.startswith("rnn:")]
     assert "overhead-bound at n = 64..1024" in note
     assert "its rate settled all the same: the overhead grows with the work" in note
+    # a fixed overhead below the lengths where the rate settled: no such note there
+    ns = [64 * 2**i for i in range(12)]  # 64..131072
+    fixed = pd.DataFrame(
+        {"case_id": [f"conv/n={n}" for n in ns], "layer": "conv", "n": ns, "d": 64,
+         "status": "ok", "time_s": [2e-5 + 1e-8 * n for n in ns],
+         "flops": [1e6 * n for n in ns], "path_len_method": "",
+         "kernel_share": [1e-8 * n / (2e-5 + 1e-8 * n) for n in ns]}
+    ).reindex(columns=RESULT_COLUMNS)  # fmt: skip
+    fixed["path_len_method"] = fixed["path_len_method"].fillna("")
+    run = RunResults(Path("synthetic"), fixed, pd.DataFrame(), {})
+    table = comparison_table(run)
+    (note,) = [n for n in fit_notes(table, run) if n.startswith("conv:")]
+    assert "where its rate settled" in note and "overhead-bound at n = 64.." in note
+    assert "settled all the same" not in note
 
 
 def test_a_rate_still_climbing_reads_unsettled_and_a_settled_one_plain() -> None:
