@@ -263,7 +263,7 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
         if row.overhead_bound_n:
             # settled and overhead-bound at once: the overhead grows as the work (a recurrent
             # layer issues its ops step by step), which a new user read as a contradiction
-            fitted = row.time_fit_n or ()
+            fitted: Any = row.time_fit_n
             same = (
                 row.time_fit_rule == SETTLED_RULE
                 and bool(fitted)
