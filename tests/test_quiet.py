@@ -343,6 +343,9 @@ def test_a_first_rounds_line_says_it_is_one_round_of_several() -> None:
     assert "  round 1: 100 µs (12 samples)" in several and "±" not in several
     alone = case_line(ProgressEvent("done", 0, 1, case, result, 1, 1, 1))
     assert "  100 µs ±" in alone and "round 1" not in alone
+    # --processes 1 --max-processes 3: sure of one round, it may get more
+    may = case_line(ProgressEvent("done", 0, 1, case, result, 1, 1, 1), most=3)
+    assert "  round 1: 100 µs (12 samples)" in may and "±" not in may
 
 
 def test_an_auto_sweeps_lines_count_up_to_the_cases_it_may_measure() -> None:

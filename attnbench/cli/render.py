@@ -71,6 +71,7 @@ class SweepProgress:
         self.quiet = quiet
         self.where = False  # name the worker of each case (cases run on several): set at start
         self.upto = False  # --n auto: the count planned falls as lines settle: "≤ N"
+        self.most = 0  # the most rounds a case may get (its first round's line says which)
         self.live = console.is_terminal and not quiet
         self.bar: Progress | None = None
         self.task: Any = None
@@ -98,6 +99,7 @@ class SweepProgress:
         """The start line: what is measured where, how long it should take, and where it goes."""
         self.where = start.cluster.get("executor") not in ("serial", "fork")  # else: here
         self.upto = start.grid.n_auto is not None
+        self.most = start.grid.most_rounds
         if self.quiet:
             return
         grid, previous = start.grid, start.previous
@@ -179,15 +181,18 @@ class SweepProgress:
             else:
                 self.bar.update(self.task, completed=event.units_done)
         elif event.kind == "done" and not self.quiet:
-            line = case_line(event, where=self.where, upto=self.upto)
+            line = case_line(event, where=self.where, upto=self.upto, most=self.most)
             self.console.print(line, soft_wrap=True, markup=False)
 
 
-def case_line(event: ProgressEvent, *, where: bool = False, upto: bool = False) -> str:
+def case_line(
+    event: ProgressEvent, *, where: bool = False, upto: bool = False, most: int = 0
+) -> str:
     """One finished case (or timing round) in a line, optionally naming its worker; ``upto``:
     the total is the most the sweep may still measure (--n auto drops the lengths a settled
-    line will not reach), "[12/≤90]"."""
-    line = _case_text(event, upto)
+    line will not reach), "[12/≤90]"; ``most``: the most rounds a case may get (0: the
+    event's own count, as many as it is sure to get)."""
+    line = _case_text(event, upto, most or event.rounds)
     result = event.result
     if where and result is not None and result.node:
         return f"{line}  on {result.node} {result.device_id}"
@@ -196,7 +201,7 @@ def case_line(event: ProgressEvent, *, where: bool = False, upto: bool = False) 
     return line
 
 
-def _case_text(event: ProgressEvent, upto: bool = False) -> str:
+def _case_text(event: ProgressEvent, upto: bool = False, rounds: int = 1) -> str:
     width = len(str(event.total))
     if event.round > 1:  # a later timing round, in a process of its own: its median is new
         head = f"[round {event.round}] {event.case.label()}"
@@ -212,7 +217,7 @@ def _case_text(event: ProgressEvent, upto: bool = False) -> str:
         return f"{head}  {status}: {result.error if result else ''}"
     kernels = "" if result.kernel_share is None else f"  kernels {result.kernel_share:.0%}"
     return (
-        f"{head}  {_timed(result.timing, event.rounds)}{kernels}  "
+        f"{head}  {_timed(result.timing, rounds)}{kernels}  "
         f"peak {fmt_bytes(result.peak_bytes)}  {fmt_count(result.flops, 'FLOP')}  "
         f"{fmt_count(result.flops_per_s, 'FLOP/s')}  steps {fmt_int(result.seq_steps)}  "
         f"path {fmt_int(result.path_len)}"

@@ -60,9 +60,11 @@ def _more_processes(imprecise: pd.DataFrame) -> str:
     if needed is None or not pd.notna(rounds) or needed <= rounds:
         return "more --processes narrow it, a quieter machine more"
     return (
-        f"at the median spread between their processes, {spread:.1%} (the between column), a "
-        f"case needs about {needed} processes (--processes {needed}) to reach "
-        f"±{IMPRECISE_REL_CI:.0%} on this machine as it was; a quieter machine, fewer"
+        f"at the median spread between their processes, {spread:.1%}, a case needs about "
+        f"{needed} processes to reach ±{IMPRECISE_REL_CI:.0%} on this machine as it was "
+        f"(--max-processes {needed} gives them to the cases whose interval is wide; an auto "
+        "sweep charges each case that many, so give it a larger --auto-budget too); a quieter "
+        "machine needs fewer"
     )
 
 
