@@ -213,8 +213,8 @@ def test_the_marks_note_says_how_many_processes_would_narrow_a_typical_case(  # 
     frame["rounds"], frame["spread_between"] = 6, 0.054
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
-    said = "a case needs about 10 processes to reach ±5% on this machine as it was (--max-processes 10"
-    assert "spread between their processes, 5.4%, " + said in buf.getvalue()
+    said = "a case needs about 10 processes to reach ±5% on this machine as it was"
+    assert f"between their processes, 5.4%, {said} (--max-processes 10 " in buf.getvalue()
     frame["rounds"] = 12
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
