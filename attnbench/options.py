@@ -307,9 +307,9 @@ def grid_options(grid: Grid) -> dict[str, Any]:
 
 # The CPU's default sweep: one width, and this many seconds of cases in all (where every line
 # has settled sooner, less), each case charged every round it may get (``run.auto``). On this
-# project's 2-core CPU, cold on a busy day (2026-11-29): 100 s reached the regime of 10 of its
-# 11 layers (the cases took 83 s of it); 60 s, 6 of 11. Charged only its --processes rounds, the
-# old 60 s had let the cases run 100 s.
+# project's 2-core CPU, cold on a busy day (2026-11-29): on 100 s, 10 and 8 of the 11 time
+# exponents agreed with the chapter in two sweeps; on 60 s, 6 of 11. Charged only its
+# --processes rounds, the old 60 s had let the cases run 100 s.
 CPU_DEFAULT_D = (64,)
 CPU_DEFAULT_AUTO_BUDGET_S = 100.0
 

@@ -1,6 +1,7 @@
 """The default `attnbench sweep` as a new user runs it, against issue 61's targets: its wall
 time (charts included), how much of it waited for a quiet machine, what `--n auto` charged its
-budget, how many cases read `!`, and how many time exponents agree with the chapter.
+budget against what the sweep ran (run.json's duration less the waits: the ceilings, counts and
+every round), how many cases read `!`, and how many time exponents agree with the chapter.
 
 Each run is the real command in a fresh process; ``--cold`` gives each run a cache folder of
 its own (``ATTNBENCH_CACHE_DIR``), so the machine's ceilings and the exact counts are measured
@@ -61,6 +62,7 @@ def one(extra: list[str], cold: bool) -> dict[str, float]:
         return {
             "wall": wall,
             "waited": float((run.meta.get("quiet") or {}).get("waited_s") or 0.0),
+            "ran": float(run.meta.get("duration_s") or 0.0),
             "charged": sum(line["wall_s"] for line in auto["lines"]),
             "budget": float(run.meta["config"].get("auto_budget_s") or 0.0),
             "cases": len(frame),
@@ -77,15 +79,16 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     print(
-        f"{'run':>3} {'wall s':>7} {'waited s':>8} {'charged s':>9} {'budget s':>8} "
+        f"{'run':>3} {'wall s':>7} {'waited s':>8} {'ran s':>6} {'charged s':>9} {'budget s':>8} "
         f"{'cases':>5} {'marked !':>8} {'agree':>6}"
     )
     rows = []
     for rep in range(args.repeat):
         r = one(extra, args.cold)
+        r["ran"] -= r["waited"]
         rows.append(r)
         print(
-            f"{rep:>3} {r['wall']:>7.1f} {r['waited']:>8.1f} {r['charged']:>9.1f} "
+            f"{rep:>3} {r['wall']:>7.1f} {r['waited']:>8.1f} {r['ran']:>6.1f} {r['charged']:>9.1f} "
             f"{r['budget']:>8.0f} {r['cases']:>5.0f} {r['marked']:>8.0f} "
             f"{r['agree']:>3.0f}/{r['judged']:<2.0f}"
         )
