@@ -166,9 +166,11 @@ def fit_cost_model(
     rss = max(float(np.sum(((y - fitted) / y) ** 2)), 1e-300)
     n = len(y)
     # AICc counts the coefficients NNLS left positive: a term held at zero spends no degree of
-    # freedom (the active set is the fit's degrees of freedom, as the nonzero coefficients are
-    # the lasso's: Zou, Hastie & Tibshirani 2007). Counted as present, attention's six-term
-    # model, fitted with two, lost to a two-term model whose RMS was 5x its own.
+    # freedom. NNLS projects onto a convex cone, whose degrees of freedom are the expected
+    # dimension of the face it lands on, here its active set (Meyer & Woodroofe, "On the
+    # degrees of freedom in shape-restricted regression", Ann. Statist. 2000; the lasso's
+    # nonzero coefficients likewise, Zou, Hastie & Tibshirani 2007). Counted as present,
+    # attention's model, fitted with two terms, lost to a two-term model 5x its RMS.
     k = max(1, int(np.count_nonzero(solution)))
     aicc = n * math.log(rss / n) + 2 * k + 2 * k * (k + 1) / (n - k - 1)
     return ModelFit(model, tuple(float(a) for a in coef[:-1]), float(coef[-1]), rms, aicc, n)
