@@ -77,6 +77,34 @@ def test_a_failing_case_is_recorded_and_the_sweep_goes_on(add_layer, tmp_path: P
     assert (run.frame[run.frame["layer"] == "conv"]["status"] == "ok").all()
 
 
+def test_a_layer_that_answers_in_another_shape_at_its_n_fails_that_case(  # type: ignore[no-untyped-def]
+    add_layer, tmp_path: Path
+) -> None:
+    """A plugin that cut its output to 20 tokens passed the plugin check's small probe and was
+    measured ok at every longer n: each case's first call now checks its own answer."""
+
+    class Cut(torch.nn.Module):
+        def __init__(self, d: int) -> None:
+            super().__init__()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[:, :20]  # (B, min(n, 20), d)
+
+    add_layer("cut", Cut)
+    grid = build_grid({"layers": "conv", "n": "16,32", "d": "8", "device": "cpu"})
+    for mode in ("forward", "train"):
+        grid = Grid(**{**grid.__dict__, "layers": ("cut",), "time_budget_s": 0.005, "mode": mode})
+        run = run_sweep(grid, tmp_path / mode)
+        status = dict(zip(run.frame["n"], run.frame["status"], strict=True))
+        assert status == {16: "ok", 32: "failed"}, mode
+        (error,) = run.frame.loc[run.frame["status"] == "failed", "error"]
+        if mode == "forward":
+            assert error == (
+                "LayerShapeError: the layer answered an input of shape (1, 32, 8) with shape "
+                "(1, 20, 8): a sequence layer maps (batch, n, d) to (batch, n, d)"
+            )
+
+
 def test_train_mode_measures_forward_and_backward(tmp_path: Path) -> None:
     case = Case("conv", 32, 8, 1, "float32", "cpu", "train", (("k", 3),))
     result = measure_case(case)

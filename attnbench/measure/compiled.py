@@ -38,6 +38,8 @@ class Called(Protocol):
 
     def __call__(self) -> torch.Tensor: ...
 
+    def check(self, out: torch.Tensor) -> None: ...
+
 
 # Reasons of a graph break kept in compile_break_reasons, most frequent first.
 REASONS_KEPT = 3
@@ -144,13 +146,14 @@ def first_call(step: Called, clock: Callable[[], float], sync: Callable[[], None
     what its compile made. A compile that fails raises ``CompileFailed`` with dynamo's line."""
     start = clock()
     try:
-        step()
+        out = step()
     except Exception as exc:
         if step.model is None or is_out_of_memory(exc):
             raise
         raise CompileFailed(first_line(exc)) from exc
     sync()
     first = clock() - start
+    step.check(out)
     if step.model is None:
         return first, None
     # A second call: a layer whose first call changed its own state (a positional table grown

@@ -49,6 +49,17 @@ class Step:
     def __call__(self) -> torch.Tensor:
         return self.call()
 
+    def check(self, out: torch.Tensor) -> None:
+        """The first call's answer at the case's own n: a layer maps (B, n, d) to (B, n, d), and
+        one that answers in another shape fails its case (the plugin check tries one small n
+        only: a layer that cut its output to 100 tokens passed it and was measured at n = 128
+        and 256). A decode step's answer is checked where it is made."""
+        if self.state is None and tuple(out.shape) != tuple(self.x.shape):
+            raise LayerShapeError(
+                f"the layer answered an input of shape {tuple(self.x.shape)} with shape "
+                f"{tuple(out.shape)}: a sequence layer maps (batch, n, d) to (batch, n, d)"
+            )
+
     def forward(self) -> torch.Tensor:
         """A plain call without gradients (what ``seq_steps`` describes, in any mode): the
         forward pass, or in decode mode the step itself."""
@@ -72,6 +83,10 @@ class _Replayed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, n, d)
         torch.compiler.cudagraph_mark_step_begin()
         return cast("torch.Tensor", self.model(x)).clone()  # (B, n, d)
+
+
+class LayerShapeError(AttnbenchError):
+    """The layer's output is not its input's shape, (batch, n, d): the case fails."""
 
 
 class NoDecodeStep(AttnbenchError):
