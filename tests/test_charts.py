@@ -296,6 +296,16 @@ def test_the_time_chart_names_dashed_lines_only_when_it_draws_them(wide_run, mon
         assert ax.get_title().startswith("d = ")
 
 
+def test_a_one_panel_time_charts_keys_stand_a_line_each(wide_run):
+    """One width and no spare cell: the keys go under the title, and on one line they ran
+    past both edges of a one-panel figure (a new user's chart of three layers)."""
+    narrow = wide_run.without(set(wide_run.frame.loc[wide_run.frame["d"] == 8, "case_id"]))
+    fig = build_charts(narrow, analyse(narrow), ["time"])["time"]
+    assert len(fig.get_axes()) == 1 and fig.get_figwidth() < charts._ONE_LINE_KEYS_W
+    keys = fig.get_suptitle().splitlines()[1:]
+    assert keys == ["dashed: fitted cost model", "dotted: kernels' time, hollow: overhead-bound"]
+
+
 @pytest.mark.slow
 def test_matplotlib_is_imported_only_to_draw() -> None:
     """The command line and a sweep start without matplotlib (0.4 s of imports); the first

@@ -164,8 +164,14 @@ def _time_chart(
         "dotted: kernels' time, hollow: overhead-bound"
     ] * bool(kernels)
     if keys:
-        fig.suptitle(f"{title}\n{'; '.join(keys)}")
+        # one key a line where one line would run past a narrow figure's edges (one panel:
+        # a new user's chart of three layers lost both ends of it)
+        joined = "\n".join(keys) if fig.get_figwidth() < _ONE_LINE_KEYS_W else "; ".join(keys)
+        fig.suptitle(f"{title}\n{joined}")
     return fig
+
+
+_ONE_LINE_KEYS_W = 8.0  # inches: the two keys on one line need about 7
 
 
 def _kernel_line(ax: Axes, line: pd.DataFrame, along: str, style: dict[str, Any]) -> int:
