@@ -247,8 +247,8 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             regime = (
                 " (where its rate settled)"
                 if row.time_fit_rule == SETTLED_RULE
-                else f" (its rate not settled within {REGIME_BAND:.0%} over {REGIME_SIZES} "
-                "lengths: --n auto goes on until it is)"
+                else f" (its rate not seen settled, which takes {REGIME_SIZES} lengths within "
+                f"{REGIME_BAND:.0%} of each other: --n auto goes on until it is)"
             )
             law = "time ~ n"
             if row.time_work_exponent_n is not None and row.time_rate_exponent_n is not None:
