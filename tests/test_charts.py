@@ -301,7 +301,7 @@ def test_a_one_panel_time_charts_keys_stand_a_line_each(wide_run):
     past both edges of a one-panel figure (a new user's chart of three layers)."""
     narrow = wide_run.without(set(wide_run.frame.loc[wide_run.frame["d"] == 8, "case_id"]))
     fig = build_charts(narrow, analyse(narrow), ["time"])["time"]
-    assert len(fig.get_axes()) == 1 and fig.get_figwidth() < charts._ONE_LINE_KEYS_W
+    assert len(fig.get_axes()) == 1 and fig.get_figwidth() < style.ONE_LINE_KEYS_W
     keys = fig.get_suptitle().splitlines()[1:]
     assert keys == ["dashed: fitted cost model", "dotted: kernels' time, hollow: overhead-bound"]
 

@@ -43,6 +43,7 @@ from attnbench.render.style import (
     small_multiples,
     spare_cell,
     time_key,
+    time_key_title,
 )
 from attnbench.results.run import RunResults
 from attnbench.schema import METRICS, Metric, numeric_column
@@ -159,19 +160,9 @@ def _time_chart(
     cell = spare_cell(fig, [ax for _, _, ax in cells]) if len(cells) > 1 else None
     if cell is not None:
         time_key(cell, bool(models), bool(kernels))
-        return fig
-    keys = ["dashed: fitted cost model"] * bool(models) + [
-        "dotted: kernels' time, hollow: overhead-bound"
-    ] * bool(kernels)
-    if keys:
-        # one key a line where one line would run past a narrow figure's edges (one panel:
-        # a new user's chart of three layers lost both ends of it)
-        joined = "\n".join(keys) if fig.get_figwidth() < _ONE_LINE_KEYS_W else "; ".join(keys)
-        fig.suptitle(f"{title}\n{joined}")
+    else:
+        time_key_title(fig, title, bool(models), bool(kernels))
     return fig
-
-
-_ONE_LINE_KEYS_W = 8.0  # inches: the two keys on one line need about 7
 
 
 def _kernel_line(ax: Axes, line: pd.DataFrame, along: str, style: dict[str, Any]) -> int:
