@@ -29,7 +29,7 @@ from attnbench.compare import (
 )
 from attnbench.render.blocks import Block
 from attnbench.render.blocks import to_markdown as blocks_to_markdown
-from attnbench.schema import EXACT_METRICS, METRIC, Status
+from attnbench.schema import DEVICE_FREE_COUNTS, EXACT_METRICS, METRIC, Status
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 JSON_SCHEMA_ID = "attnbench-compare/1"
@@ -85,11 +85,9 @@ def row_marks(comparison: Comparison) -> list[RowMark]:
     return marks
 
 
-# The exact counts that read the same on any device, as a sentence names them (a note had named
+# The exact counts that read the same on any device, named from the registry (a note had named
 # three of the six, and a new user's elementwise and bytes regressions looked unexplained).
-_COUNTED = (
-    "FLOPs, elementwise work, bytes moved, a decode step's state, sequential steps, path length"
-)
+_COUNTED = ", ".join(METRIC[column].display for column in DEVICE_FREE_COUNTS)
 
 
 def count_changes(comparison: Comparison, case_id: str) -> str:
