@@ -228,7 +228,7 @@ def fit(
         frame_table(frame, streams.out, title=title)
     # an exponent agrees with a formula off by a constant: what the counts say of its size too
     # (a new user's FLOPs declared 2x read "agrees: yes" here and a mismatch only in table)
-    for note in [*model_notes(analysis), *check_notes(comparison_table(run))]:
+    for note in [*model_notes(analysis), *check_notes(comparison_table(run, analysis))]:
         streams.err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 

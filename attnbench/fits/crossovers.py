@@ -124,13 +124,16 @@ def crossover_table(measured: pd.DataFrame, layers: Layers | None = None) -> pd.
     """For each d and each (attention, rival) pair: measured and predicted crossover n."""
     known = layers_or_live(layers)
     rows = []
+    # Each layer's sizes at each d, from its first row there (its options; n is the variable).
+    firsts = measured.drop_duplicates(["d", "layer"])
+    sizes_at = dict(
+        zip(zip(firsts["d"], firsts["layer"], strict=True), size_rows(firsts, known), strict=True)
+    )
     for (d, layer, rival), ratio in time_ratios(measured, known).items():
-        at_d = measured[measured["d"] == d]
         a, o = known[layer].theory, known[rival].theory
         if a is None or o is None:
             continue
-        mine = size_rows(at_d[at_d["layer"] == layer].iloc[:1], known)[0]
-        theirs = size_rows(at_d[at_d["layer"] == rival].iloc[:1], known)[0]
+        mine, theirs = sizes_at[(d, layer)], sizes_at[(d, rival)]
         d_ = int(d)
 
         flops_gap = functools.partial(_gap, "flops", a, o, mine, theirs)

@@ -308,27 +308,29 @@ def _with_all_rounds(
             quiet_s=quiet,
         )
     prior = prior_of([timing.kept_variance() for timing in stats.values()])
+    filled: dict[str, dict[Any, Any]] = {}  # column -> {row: value}, set once a column
     for i in ok:
         row = frame.loc[i]
         own = by_id[str(row["case_id"])]
         every = replace(stats[i], prior=prior)
         flops = row["flops"]
         columns = timing_columns(every)
-        for name in OVER_ROUNDS:
-            frame.loc[i, name] = columns[name]
-        frame.loc[i, "flops_per_s"] = float(flops) / every.median_s if pd.notna(flops) else None
+        cells = {name: columns[name] for name in OVER_ROUNDS}
+        cells["flops_per_s"] = float(flops) / every.median_s if pd.notna(flops) else None
         share = row["kernel_share"]
-        frame.loc[i, "kernel_time_s"] = float(share) * every.median_s if pd.notna(share) else None
+        cells["kernel_time_s"] = float(share) * every.median_s if pd.notna(share) else None
         faults = own["page_faults"].dropna()
         if len(faults):  # the median sample's, as time_s (TimingStats.page_faults)
-            frame.loc[i, "page_faults"] = float(faults.median())
+            cells["page_faults"] = float(faults.median())
         clocks = own["sm_clock_mhz"].dropna().tolist()
         if clocks:  # over every round, as time_s
-            frame.loc[i, "sm_clock_mhz"] = median_clock(clocks)
+            cells["sm_clock_mhz"] = median_clock(clocks)
             top = row["sm_clock_max_mhz"]
-            frame.loc[i, "throttled_share"] = throttled_share(
-                clocks, None if pd.isna(top) else float(top)
-            )
+            cells["throttled_share"] = throttled_share(clocks, None if pd.isna(top) else float(top))
+        for name, value in cells.items():
+            filled.setdefault(name, {})[i] = value
+    for name, values in filled.items():  # a column at a time: 14 scalar writes a row cost 1 s
+        frame.loc[list(values), name] = pd.Series(values, dtype=frame[name].dtype)
     return frame
 
 
