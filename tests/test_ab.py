@@ -17,7 +17,7 @@ from attnbench.compare import REGRESSION, compare_runs
 from attnbench.options import build_grid
 from attnbench.render.verdicts import schema
 from attnbench.results.loader import load_results
-from attnbench.run.ab import ABListeners, run_ab
+from attnbench.run.ab import ABListeners, ABStart, run_ab
 from attnbench.run.executors.process import SubprocessExecutor
 from attnbench.run.queue import UNCALIBRATED
 from attnbench.run.sweep import run_sweep
@@ -61,10 +61,13 @@ def plugin(tmp_path: Path) -> Path:
 
 def test_sides_are_measured_in_turn_abba_round_after_round(tmp_path: Path) -> None:
     heard: list[tuple[str, str, int]] = []
-    grid = {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "time_budget": 0.02}
+    starts: list[ABStart] = []
+    grid = {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "time_budget": 0.02,
+            "wait_quiet": 1.5}  # fmt: skip
     ab = run_ab(grid, tmp_path / "ab", listeners=ABListeners(
                 progress=lambda side, e: heard.append((side, e.case.case_id, e.round))
-                if e.kind == "done" else None))  # fmt: skip
+                if e.kind == "done" else None, on_start=starts.append))  # fmt: skip
+    assert starts[0].waits_s == 3.0  # each side's rounds may wait its --wait-quiet
     sides = [side for side, _, _ in heard]
     assert sides[:8] == ["base", "current", "current", "base"] * 2  # A B, B A, ...
     for first, second in zip(heard[::2], heard[1::2], strict=True):

@@ -218,6 +218,27 @@ def test_the_start_estimate_holds_what_the_rounds_may_wait_for_quiet(
     assert line.getvalue().count("waiting for quiet") == 1
 
 
+def test_the_ab_start_holds_what_both_sides_may_wait_for_quiet(tmp_path: Path) -> None:
+    """An A/B run's rounds wait for quiet too, each side up to its --wait-quiet (a new user's
+    "about 3-7 s" took 48 s under load)."""
+    from rich.console import Console
+
+    from attnbench.cli.render import ABProgress
+    from attnbench.run.ab import ABStart
+
+    grids = {side: tiny_grid(wait_quiet=20.0) for side in ("base", "current")}
+    env = {"attnbench_version": "x", "torch_version": "y", "python_version": "3"}
+    for waits, says in ((0.0, False), (40.0, True)):
+        start = ABStart(grids, tmp_path, {s: {} for s in grids}, {s: env for s in grids},
+                        7.0, (), 3.0, waits)  # fmt: skip
+        line = io.StringIO()
+        with ABProgress(Console(file=line, width=400), quiet=False) as progress:
+            progress.started(start)
+        first = line.getvalue().splitlines()[0]
+        assert "about 3-7 s" in first
+        assert (" (and up to 40 s waiting for quiet) -> " in first) is says
+
+
 def test_a_run_timed_in_one_process_a_case_says_its_intervals_hold_that_process_only(
     tmp_path: Path, cache: Path
 ) -> None:

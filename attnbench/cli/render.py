@@ -380,11 +380,13 @@ class ABProgress:
         if self.quiet:
             return
         grid = start.grids["current"]
+        span = estimate_range(start.estimate_low_s, start.estimate_s)
+        if start.waits_s:  # in no case's time (a new user's "3-7 s" took 48 s under load)
+            span += f" (and up to {start.waits_s:.0f} s waiting for quiet)"
         self.console.print(
             f"attnbench {__version__} ab: {len(grid.cases())} cases a side x {grid.processes} "
             f"round(s), measured in turn (ABBA) on {grid.device} ({grid.dtype}, {grid.mode}, "
-            f"batch {grid.batch}), {estimate_range(start.estimate_low_s, start.estimate_s)} "
-            f"-> {start.out_dir}",
+            f"batch {grid.batch}), {span} -> {start.out_dir}",
             soft_wrap=True,
         )
         for line in describe_sides(start):

@@ -57,6 +57,7 @@ class ABStart:
     estimate_s: float  # a rough estimate of the duration, both sides together
     notes: tuple[str, ...] = ()  # what the caller should know before it starts
     estimate_low_s: float | None = None  # where every case's timing stops early
+    waits_s: float = 0.0  # what both sides' rounds may wait for a quiet machine, in no case
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,10 @@ def run_ab(
             ends = [estimate_bounds(g) for g in grids.values()]
             low, high = sum(e[0] for e in ends), sum(e[1] for e in ends)
             notes = _too_few(grids["current"], alpha)
-            listeners.on_start(ABStart(grids, out_dir, clusters, environments, high, notes, low))
+            waits = sum(g.wait_quiet_s for g in grids.values())  # each side's --wait-quiet
+            listeners.on_start(
+                ABStart(grids, out_dir, clusters, environments, high, notes, low, waits)
+            )
         _interleave(grids, writers, executors, clusters, listeners.progress, measuring)
     runs = {side: load_results(out_dir / side) for side in SIDES}
     ids = {side: [c.case_id for c in grids[side].cases()] for side in SIDES}
