@@ -306,6 +306,20 @@ def test_a_one_panel_time_charts_keys_stand_a_line_each(wide_run):
     assert keys == ["dashed: fitted cost model", "dotted: kernels' time, hollow: overhead-bound"]
 
 
+def test_a_shorter_line_is_drawn_over_a_longer_one(wide_run):
+    """ssm's line hid under ssm-scan's in the README's chart up to the n where ssm stopped:
+    a line of fewer lengths is drawn over one of more, and its hollow markers over it."""
+    frame = wide_run.frame
+    cut = wide_run.without(set(frame.loc[(frame["layer"] == "rnn") & (frame["n"] > 32), "case_id"]))
+    ax = build_charts(cut, analyse(cut), ["time"])["time"].get_axes()[-1]  # d = 16
+    solid = {x.get_color(): x for x in ax.get_lines() if x.get_linestyle() == "-"}
+    rnn, conv = solid[colour("rnn")], solid[colour("conv")]
+    assert len(rnn.get_xdata()) == 2 and len(conv.get_xdata()) == 4
+    assert rnn.get_zorder() > conv.get_zorder() > 2  # over the dashed and dotted lines too
+    hollow = [x for x in ax.get_lines() if x.get_markerfacecolor() == "white"]
+    assert all(x.get_zorder() == solid[x.get_markeredgecolor()].get_zorder() for x in hollow)
+
+
 @pytest.mark.slow
 def test_matplotlib_is_imported_only_to_draw() -> None:
     """The command line and a sweep start without matplotlib (0.4 s of imports); the first

@@ -70,12 +70,15 @@ def layer_panels(layers: Sequence[str], known: Mapping[str, LayerEntry]) -> list
     return found
 
 
-def layer_style(layer: str) -> dict[str, Any]:
-    """The same colour and marker for a layer in every chart."""
+def layer_style(layer: str, points: int | None = None) -> dict[str, Any]:
+    """The same colour and marker for a layer in every chart; for its line of ``points``
+    sizes, a z-order that draws a shorter line over a longer one (matplotlib's lines sit at 2),
+    which would otherwise hide it where the two read alike (ssm under ssm-scan)."""
     names = BUILTIN  # a plugin's style must not depend on what else this process loaded
     # zlib.crc32, not hash(): the same colour in every process, so re-plotting is reproducible.
     i = names.index(layer) if layer in names else len(names) + zlib.crc32(layer.encode()) % 10
-    return {"color": _COLOURS[i % len(_COLOURS)], "marker": _MARKERS[i % len(_MARKERS)]}
+    style = {"color": _COLOURS[i % len(_COLOURS)], "marker": _MARKERS[i % len(_MARKERS)]}
+    return style if points is None else {**style, "zorder": 2 + 1 / (1 + points)}
 
 
 def power_of_two(x: float, _pos: int) -> str:
