@@ -234,6 +234,39 @@ def test_the_start_deadline_comes_from_the_environment(monkeypatch: pytest.Monke
             start_timeout()
 
 
+def test_a_worker_first_unavailable_is_asked_again_until_ray_names_why_it_died(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node killed mid-call reads first as "temporarily unavailable", before Ray's control
+    store names the node's death: the reason recorded is the one Ray gives once it knows."""
+    from ray import exceptions
+
+    from attnbench.run.executors import ray as ray_executor
+
+    unavailable = exceptions.ActorUnavailableError("RpcError: Socket closed", None)
+    died = exceptions.ActorDiedError()
+    answers: list[BaseException | None] = [unavailable, unavailable, died]
+
+    class Actor:
+        class __ray_ready__:  # Ray's own name for the call
+            @staticmethod
+            def remote() -> str:
+                return "ref"
+
+    def get(ref: str, timeout: float) -> None:
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+
+    monkeypatch.setattr(ray_executor.ray, "get", get)
+    monkeypatch.setattr(ray_executor.time, "sleep", lambda s: None)
+    assert ray_executor._named_cause(Actor(), unavailable) is died and not answers
+    answers[:] = [None]  # it answers after all: the first error stands
+    assert ray_executor._named_cause(Actor(), unavailable) is unavailable
+    other = exceptions.RayError("gone")
+    assert ray_executor._named_cause(Actor(), other) is other  # asked only when unavailable
+
+
 def test_death_reasons_are_one_line() -> None:
     text = (
         "The actor died because of an error raised in its creation task, "

@@ -376,6 +376,7 @@ class RayExecutor:
             except RayError as exc:  # the worker died (or its node): replace it
                 where = self._actors.pop(actor)
                 life = self._lives[actor]
+                exc = _named_cause(actor, exc)
                 reason = death_reason(exc)
                 life.update(ended=now_iso(), end_reason=f"died: {reason}")
                 self._record.setdefault("workers_failed", []).append(
@@ -399,3 +400,26 @@ class RayExecutor:
         self._starting_actors.clear()
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def _named_cause(actor: Any, exc: RayError, within_s: float = 10.0) -> RayError:
+    """The error that says why ``actor`` is gone. A node killed mid-call first reads as
+    ActorUnavailableError ("temporarily unavailable: Socket closed"), before Ray's control
+    store has marked the actor dead and named its node's death (one run of the Ray tests in
+    six kept the former): ask the actor again until Ray says (ActorDiedError), it answers
+    after all, or ``within_s`` passes; the first error where Ray says no more."""
+    if not isinstance(exc, ray.exceptions.ActorUnavailableError):
+        return exc
+    deadline = time.monotonic() + within_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=left)
+        except ray.exceptions.ActorUnavailableError:
+            time.sleep(0.2)  # not marked yet
+        except ray.exceptions.GetTimeoutError:
+            break
+        except RayError as later:  # dead, and why
+            return later
+        else:
+            break  # it answers: unavailable for a while, and back
+    return exc
