@@ -263,8 +263,12 @@ def test_a_worker_first_unavailable_is_asked_again_until_ray_names_why_it_died(
     assert ray_executor._named_cause(Actor(), unavailable) is died and not answers
     answers[:] = [None]  # it answers after all: the first error stands
     assert ray_executor._named_cause(Actor(), unavailable) is unavailable
+    answers[:] = [exceptions.GetTimeoutError("no answer")]  # Ray did not say in time
+    assert ray_executor._named_cause(Actor(), unavailable) is unavailable and not answers
     other = exceptions.RayError("gone")
     assert ray_executor._named_cause(Actor(), other) is other  # asked only when unavailable
+    monkeypatch.delattr(exceptions, "ActorUnavailableError")  # an older Ray
+    assert ray_executor._named_cause(Actor(), other) is other
 
 
 def test_death_reasons_are_one_line() -> None:

@@ -116,6 +116,7 @@ class RayExecutor:
         self.max_workers = workers
         self.start_timeout_s = start_timeout_s if start_timeout_s is not None else start_timeout()
         self._owns_ray = False
+        self._asked_nodes: set[str | None] = set()  # nodes whose death Ray was asked to name
         if not ray.is_initialized():
             try:
                 # A local instance of our own listens on the loopback only: no other machine
@@ -376,7 +377,9 @@ class RayExecutor:
             except RayError as exc:  # the worker died (or its node): replace it
                 where = self._actors.pop(actor)
                 life = self._lives[actor]
-                exc = _named_cause(actor, exc)
+                if life.get("node_id") not in self._asked_nodes:  # once a node: its other
+                    self._asked_nodes.add(life.get("node_id"))  # workers' errors name it then
+                    exc = _named_cause(actor, exc)
                 reason = death_reason(exc)
                 life.update(ended=now_iso(), end_reason=f"died: {reason}")
                 self._record.setdefault("workers_failed", []).append(
@@ -403,18 +406,23 @@ class RayExecutor:
 
 
 def _named_cause(actor: Any, exc: RayError, within_s: float = 10.0) -> RayError:
-    """The error that says why ``actor`` is gone. A node killed mid-call first reads as
-    ActorUnavailableError ("temporarily unavailable: Socket closed"), before Ray's control
-    store has marked the actor dead and named its node's death (one run of the Ray tests in
-    six kept the former): ask the actor again until Ray says (ActorDiedError), it answers
-    after all, or ``within_s`` passes; the first error where Ray says no more."""
-    if not isinstance(exc, ray.exceptions.ActorUnavailableError):
+    """The error that says why ``actor`` is gone, where Ray says so within ``within_s``.
+
+    A node killed mid-call first reads as ActorUnavailableError ("temporarily unavailable:
+    Socket closed"), before Ray's control store has marked the actor dead and named its
+    node's death (one run of the Ray tests in six kept the former): the actor is asked again
+    until Ray answers ActorDiedError (returned), the actor answers after all, or ``within_s``
+    passes (the first error, then, as it was). A Ray older than ActorUnavailableError
+    raises its death at once. The sweep waits meanwhile: the executor asks once a node.
+    """
+    unavailable: type[RayError] | None = getattr(ray.exceptions, "ActorUnavailableError", None)
+    if unavailable is None or not isinstance(exc, unavailable):
         return exc
     deadline = time.monotonic() + within_s
     while (left := deadline - time.monotonic()) > 0:
         try:
             ray.get(actor.__ray_ready__.remote(), timeout=left)
-        except ray.exceptions.ActorUnavailableError:
+        except unavailable:
             time.sleep(0.2)  # not marked yet
         except ray.exceptions.GetTimeoutError:
             break
