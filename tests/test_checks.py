@@ -134,6 +134,9 @@ def test_a_formula_that_disagrees_with_the_count_is_a_mismatch(checked: tuple[Pa
     assert fitted.exit_code == 0, fitted.output
     said = " ".join(fitted.stderr.split())
     assert "half: counted FLOPs differ from the analytic formula by more than 1% in 4" in said
+    # fit --layers fits those layers, and its notes are theirs
+    other = runner.invoke(app, ["fit", str(out), "--layers", "rnn"])
+    assert other.exit_code == 0 and "half:" not in other.stderr, other.stderr
 
 
 @pytest.mark.slow

@@ -207,7 +207,8 @@ def fit(
 ) -> None:
     """Fit the theory to a run: exponents with 95% intervals, cost models, crossovers."""
     run = _load(folder)
-    analysis = analyse(run, select_layers(run, layers))
+    chosen = select_layers(run, layers)
+    analysis = analyse(run, chosen)
     if as_json:
         _echo_json(
             {
@@ -228,7 +229,9 @@ def fit(
         frame_table(frame, streams.out, title=title)
     # an exponent agrees with a formula off by a constant: what the counts say of its size too
     # (a new user's FLOPs declared 2x read "agrees: yes" here and a mismatch only in table)
-    for note in [*model_notes(analysis), *check_notes(comparison_table(run, analysis))]:
+    table = comparison_table(run, analysis)  # its rows for the layers fitted: their notes
+    table = table if chosen is None else table[table["layer"].isin(chosen)]
+    for note in [*model_notes(analysis), *check_notes(table)]:
         streams.err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 

@@ -132,7 +132,7 @@ def _time_chart(
         at = frame[(frame[other] == fixed) & frame["layer"].isin(panel.layers)]
         for layer, line in at.groupby("layer", sort=False):
             line = line.sort_values(along)
-            style = layer_style(str(layer), len(line))
+            style = layer_style(str(layer), line[along].nunique())
             label = _exponent_label(analysis, str(layer), "time_s", along, int(fixed))
             ax.plot(line[along], line["time_s"], label=label, linestyle="-", lw=1.2, **style)
             kernels += _kernel_line(ax, line, along, style)
@@ -211,7 +211,7 @@ def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
         at = frame[(frame["d"] == d) & frame["layer"].isin(panel.layers)]
         for layer, line in at.groupby("layer", sort=False):
             line = line.sort_values("n")
-            style = layer_style(str(layer), len(line))
+            style = layer_style(str(layer), line["n"].nunique())
             label = _exponent_label(analysis, str(layer), column, "n", int(d))
             ax.plot(line["n"], line[column], label=label, lw=1.2, **style)
             law = theory_values(line, column, analysis.layers) if chart.theory_note else None
