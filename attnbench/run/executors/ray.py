@@ -412,8 +412,8 @@ def _named_cause(actor: Any, exc: RayError, within_s: float = 10.0) -> RayError:
     Socket closed"), before Ray's control store has marked the actor dead and named its
     node's death (one run of the Ray tests in six kept the former): the actor is asked again
     until Ray answers ActorDiedError (returned), the actor answers after all, or ``within_s``
-    passes (the first error, then, as it was). A Ray older than ActorUnavailableError
-    raises its death at once. The sweep waits meanwhile: the executor asks once a node.
+    passes (the first error, then, as it was). A Ray without ActorUnavailableError raises
+    the death at once. The sweep waits meanwhile: the executor asks once a node.
     """
     unavailable: type[RayError] | None = getattr(ray.exceptions, "ActorUnavailableError", None)
     if unavailable is None or not isinstance(exc, unavailable):
