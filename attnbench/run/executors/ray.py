@@ -377,9 +377,9 @@ class RayExecutor:
             except RayError as exc:  # the worker died (or its node): replace it
                 where = self._actors.pop(actor)
                 life = self._lives[actor]
-                if life.get("node_id") not in self._asked_nodes:  # once a node: its other
-                    self._asked_nodes.add(life.get("node_id"))  # workers' errors name it then
-                    exc = _named_cause(actor, exc)
+                if _unavailable(exc) and life.get("node_id") not in self._asked_nodes:
+                    self._asked_nodes.add(life.get("node_id"))  # once a node: Ray names its
+                    exc = _named_cause(actor, exc)  # death in its other workers' errors then
                 reason = death_reason(exc)
                 life.update(ended=now_iso(), end_reason=f"died: {reason}")
                 self._record.setdefault("workers_failed", []).append(
@@ -405,6 +405,12 @@ class RayExecutor:
             ray.shutdown()
 
 
+def _unavailable(exc: BaseException) -> bool:
+    """Ray's "temporarily unavailable" (a Ray without ActorUnavailableError has none)."""
+    kind = getattr(ray.exceptions, "ActorUnavailableError", None)
+    return kind is not None and isinstance(exc, kind)
+
+
 def _named_cause(actor: Any, exc: RayError, within_s: float = 10.0) -> RayError:
     """The error that says why ``actor`` is gone, where Ray says so within ``within_s``.
 
@@ -412,22 +418,21 @@ def _named_cause(actor: Any, exc: RayError, within_s: float = 10.0) -> RayError:
     Socket closed"), before Ray's control store has marked the actor dead and named its
     node's death (one run of the Ray tests in six kept the former): the actor is asked again
     until Ray answers ActorDiedError (returned), the actor answers after all, or ``within_s``
-    passes (the first error, then, as it was). A Ray without ActorUnavailableError raises
-    the death at once. The sweep waits meanwhile: the executor asks once a node.
+    passes (the first error, then, as it was). The sweep waits meanwhile: the executor asks
+    once a node.
     """
-    unavailable: type[RayError] | None = getattr(ray.exceptions, "ActorUnavailableError", None)
-    if unavailable is None or not isinstance(exc, unavailable):
+    if not _unavailable(exc):
         return exc
     deadline = time.monotonic() + within_s
     while (left := deadline - time.monotonic()) > 0:
         try:
             ray.get(actor.__ray_ready__.remote(), timeout=left)
-        except unavailable:
-            time.sleep(0.2)  # not marked yet
         except ray.exceptions.GetTimeoutError:
             break
-        except RayError as later:  # dead, and why
-            return later
+        except RayError as later:
+            if not _unavailable(later):
+                return later  # dead, and why
+            time.sleep(0.2)  # not marked yet
         else:
             break  # it answers: unavailable for a while, and back
     return exc
