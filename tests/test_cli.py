@@ -142,6 +142,18 @@ def test_help_explains_the_commands() -> None:
         assert option in result.stdout
 
 
+def test_no_help_shows_a_type_beside_an_on_off_flag() -> None:
+    """typer 0.29 wrote "<bool>" beside every flag: a new user read ``--causal <bool>`` as
+    taking a value. Options that take one keep their type."""
+    names = [info.name or info.callback.__name__.replace("_", "-")  # type: ignore[union-attr]
+             for info in app.registered_commands]  # fmt: skip
+    for command in [[], *([name] for name in names), ["history"], ["history", "publish"]]:
+        shown = runner.invoke(app, [*command, "--help"], terminal_width=200).stdout
+        assert "<bool>" not in shown and "--help " in shown, command
+    sweep = runner.invoke(app, ["sweep", "--help"], terminal_width=200).stdout
+    assert "<int>" in next(line for line in sweep.splitlines() if "--seed" in line)
+
+
 @pytest.mark.slow
 def test_every_commands_help_wraps_at_the_terminals_width() -> None:
     """Typer keeps a docstring's line breaks: a paragraph wrapped at 96 columns in the source

@@ -34,6 +34,27 @@ else:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+def _untyped_flags(params: list[Any]) -> list[Any]:
+    """On/off flags with no type in --help: typer 0.29 writes "<bool>" beside every flag,
+    --help's own included, and a new user read ``--causal <bool>`` as a flag that takes a
+    value. Typer prints a parameter's metavar where one is set."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class Command(typer.core.TyperCommand):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _untyped_flags(super().get_params(ctx))
+
+
+class Group(typer.core.TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _untyped_flags(super().get_params(ctx))
+
+
 app = typer.Typer(
     name="attnbench",
     help="Measure the complexity table of self-attention: time, memory, FLOPs, elementwise "
@@ -43,6 +64,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
 
 
@@ -141,7 +163,7 @@ for command in (
     machine.machine,
     machine.predict,
 ):
-    app.command(help=help_text(command.__doc__))(
+    app.command(cls=Command, help=help_text(command.__doc__))(
         handles_errors(command, reads_runs=command in READERS)
     )
 
@@ -152,18 +174,19 @@ history_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     invoke_without_command=True,
+    cls=Group,
 )
 history_app.callback(invoke_without_command=True, help=help_text(history.show.__doc__))(
     handles_errors(history.show, reads_runs=True)
 )
-history_app.command("add", help=help_text(history.add.__doc__))(
+history_app.command("add", cls=Command, help=help_text(history.add.__doc__))(
     handles_errors(history.add, reads_runs=True)
 )
-history_app.command("publish", help=help_text(history.publish_site.__doc__))(
+history_app.command("publish", cls=Command, help=help_text(history.publish_site.__doc__))(
     handles_errors(history.publish_site, reads_runs=True)
 )
 app.add_typer(history_app, name="history")
-app.command("bisect", help=help_text(history.bisect_command.__doc__))(
+app.command("bisect", cls=Command, help=help_text(history.bisect_command.__doc__))(
     handles_errors(history.bisect_command)
 )
 
