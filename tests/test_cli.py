@@ -231,6 +231,12 @@ def test_the_marks_note_says_how_many_processes_would_narrow_a_typical_case(  # 
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
     assert "more --processes narrow it, a quieter machine more" in buf.getvalue()
+    frame["rounds"], frame["spread_between"] = 2, 0.47  # a busy machine (a new user read 758)
+    buf = io.StringIO()
+    summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
+    said = " ".join(buf.getvalue().split())
+    assert "would need about 713 processes to reach ±5%: the machine was too busy" in said
+    assert "--max-processes" not in said and "sweep again when it is quieter" in said
 
 
 def test_summary_tables_cut_no_cell_in_a_log(

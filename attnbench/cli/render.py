@@ -133,7 +133,8 @@ class SweepProgress:
         if not start.ceilings_cached:
             self.console.print(
                 "measuring this machine's ceilings first (once per machine and thread count, "
-                "a few seconds; attnbench machine shows them)",
+                "a few seconds on a quiet machine, longer on a busy one; attnbench machine shows "
+                "them)",
                 soft_wrap=True,
             )
         shared = shared_cpu_nodes(start.cluster, grid.device)

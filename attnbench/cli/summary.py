@@ -51,6 +51,11 @@ def _calls(group: pd.DataFrame) -> str:
     return f" ({'; '.join(words)})" if words else ""
 
 
+# Beyond this many processes a case, "--max-processes k" is no advice (each is a fork, a first
+# call and a warm-up: about 0.1 s on a quiet CPU, more on a busy one, for every case).
+MOST_PROCESSES_ADVISED = 30
+
+
 def _more_processes(imprecise: pd.DataFrame) -> str:
     """How many processes would narrow a typical marked case to the mark's bound here: from
     the median spread between their processes (``estimators.processes_for``)."""
@@ -59,6 +64,13 @@ def _more_processes(imprecise: pd.DataFrame) -> str:
     needed = processes_for(float(spread), IMPRECISE_REL_CI) if pd.notna(spread) else None
     if needed is None or not pd.notna(rounds) or needed <= rounds:
         return "more --processes narrow it, a quieter machine more"
+    if needed > MOST_PROCESSES_ADVISED:  # a new user's busy machine read "about 758"
+        return (
+            f"at the median spread between their processes, {spread:.1%}, a case would need "
+            f"about {needed} processes to reach ±{IMPRECISE_REL_CI:.0%}: the machine was too "
+            "busy for that (an interval narrows only as the square root of the processes); "
+            "sweep again when it is quieter"
+        )
     return (
         f"at the median spread between their processes, {spread:.1%}, a case needs about "
         f"{needed} processes to reach ±{IMPRECISE_REL_CI:.0%} on this machine as it was "
