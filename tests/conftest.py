@@ -50,31 +50,22 @@ def _share_the_cores() -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_waiting_in_fixtures() -> Iterator[None]:
-    """``_no_waiting`` for the fixtures of a module or the session, made before any test's
-    autouse fixture: without it their sweeps' rounds waited for quiet, up to 10 s each (the
-    suite's other worker is a busy neighbour), and the shared wide run took 17-42 s to make in
-    the fast loop instead of 5 s."""
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        _quiet_patches(monkeypatch)
-        yield
-
-
-@pytest.fixture(autouse=True)
-def _no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_waiting() -> Iterator[None]:
     """Sweeps made through the API wait for no quiet machine either (see above), and no test's
     sweep reads or leaves a machine's quiet level (``run.quiet``): what an earlier test left
-    would judge a later one's rounds (tests/test_quiet.py puts the store back)."""
-    _quiet_patches(monkeypatch)
-
-
-def _quiet_patches(monkeypatch: pytest.MonkeyPatch) -> None:
+    would judge a later one's rounds (tests/test_quiet.py puts the store back). For the whole
+    session, since a fixture of a module or the session is made before any test's own: one of
+    a test's own patched only the tests, and the fixtures' sweeps waited up to 10 s a round
+    (the suite's other worker is a busy neighbour): the shared wide run took 17-42 s to make
+    in the fast loop instead of 5 s."""
     from attnbench.run.quiet import MachineQuiet
 
-    monkeypatch.setattr("attnbench.run.queue.ROUND_WAIT_S", 0.0)
-    for module in ("attnbench.run.sweep", "attnbench.run.ab"):
-        monkeypatch.setattr(f"{module}.read_quiet", lambda path: MachineQuiet())
-    monkeypatch.setattr("attnbench.run.sweep.write_quiet", lambda path, machine: None)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr("attnbench.run.queue.ROUND_WAIT_S", 0.0)
+        for module in ("attnbench.run.sweep", "attnbench.run.ab"):
+            monkeypatch.setattr(f"{module}.read_quiet", lambda path: MachineQuiet())
+        monkeypatch.setattr("attnbench.run.sweep.write_quiet", lambda path, machine: None)
+        yield
 
 
 def _worker() -> str:

@@ -120,9 +120,7 @@ class SweepProgress:
                 f"width(s), n from {grid.ns[0]} until each settles: at most "
                 f"{len(grid.cases())} cases)"
             )
-            span = estimate_range(start.estimate_low_s, start.estimate_s)
-            if start.waits_s:  # in no case's time
-                span += f" (and up to {start.waits_s:.0f} s waiting for quiet)"
+            span = estimate_range(start.estimate_low_s, start.estimate_s, start.waits_s)
             self.console.print(
                 f"attnbench {__version__}: {cases} on {grid.device} "
                 f"({grid.dtype}, {grid.mode}, batch {grid.batch})"
@@ -237,9 +235,16 @@ def _timed(t: TimingStats, rounds: int = 1) -> str:
     return f"{fmt_seconds(t.median_s)}{precision} ({t.count} samples)"
 
 
-def estimate_range(low: float | None, high: float) -> str:
+def estimate_range(low: float | None, high: float, waits_s: float = 0.0) -> str:
     """A sweep's expected duration, "about 20-45 s": a quiet machine's timing stops early, a
-    busy one's spends the budget; "45 s or more" where no low end was estimated."""
+    busy one's spends the budget; "45 s or more" where no low end was estimated. ``waits_s``,
+    what its rounds may wait for a quiet machine, is in no case's time and is said beside it
+    (a new user's ab, "about 3-7 s", took 48 s under load)."""
+    span = _duration_range(low, high)
+    return f"{span} (and up to {waits_s:.0f} s waiting for quiet)" if waits_s else span
+
+
+def _duration_range(low: float | None, high: float) -> str:
     if low is None:
         return f"{duration(high)} or more"
     high_text = duration(high)
@@ -381,9 +386,7 @@ class ABProgress:
         if self.quiet:
             return
         grid = start.grids["current"]
-        span = estimate_range(start.estimate_low_s, start.estimate_s)
-        if start.waits_s:  # in no case's time (a new user's "3-7 s" took 48 s under load)
-            span += f" (and up to {start.waits_s:.0f} s waiting for quiet)"
+        span = estimate_range(start.estimate_low_s, start.estimate_s, start.waits_s)
         self.console.print(
             f"attnbench {__version__} ab: {len(grid.cases())} cases a side x {grid.processes} "
             f"round(s), measured in turn (ABBA) on {grid.device} ({grid.dtype}, {grid.mode}, "
