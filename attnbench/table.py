@@ -258,7 +258,7 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
                 )
             parts.append(
                 f"{law} fitted at n={row.time_fit_n[0]}..{row.time_fit_n[1]}, "
-                f"d={row.time_fit_d_at}{regime}"
+                f"d={int(row.time_fit_d_at)}{regime}"
             )
         if row.overhead_bound_n:
             # settled and overhead-bound at once: the overhead grows as the work (a recurrent

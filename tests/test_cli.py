@@ -152,6 +152,12 @@ def test_no_help_shows_a_type_beside_an_on_off_flag() -> None:
         assert "<bool>" not in shown and "--help " in shown, command
     sweep = runner.invoke(app, ["sweep", "--help"], terminal_width=200).stdout
     assert "<int>" in next(line for line in sweep.splitlines() if "--seed" in line)
+    # the defaults a help states are those set (it said 60 after the CPU's became 100)
+    from attnbench.options import CPU_DEFAULT_AUTO_BUDGET_S
+    from attnbench.spec import Grid
+
+    said = " ".join(sweep.split("--auto-budget", 1)[1].replace("│", " ").split())
+    assert f"Default: {Grid().auto_budget_s:g}, or {CPU_DEFAULT_AUTO_BUDGET_S:g} in" in said
 
 
 @pytest.mark.slow

@@ -153,6 +153,10 @@ def test_the_notes_split_each_time_exponent_into_work_and_rate() -> None:
         note.startswith("rnn: time ~ n^0.80 = work n^1.00 ÷ rate n^0.20, fitted at n=64..512")
         for note in notes
     ), notes
+    # a layer without a fit makes the column float: a new user's notes read "d=64.0"
+    floated = table.assign(time_fit_d_at=table["time_fit_d_at"].astype(float))
+    assert all("d=64.0" not in note for note in fit_notes(floated, run))
+    assert any("n=64..512, d=64 " in note for note in fit_notes(floated, run))
     shown = split_display(analyse(run)).set_index("layer")
     assert SPLIT_NOTE in model_notes(analyse(run))  # how to read the table, beside it
     assert shown.loc["rnn", "reading"] == "rate rose ×1.5 with n"  # 512/64 = 8, 8^0.2 = 1.5
