@@ -126,3 +126,20 @@ def test_processes_for_is_the_fewest_whose_interval_reaches_the_target(spread: f
     if k > 2:
         assert reach(k - 1) > math.log1p(0.05)
     assert processes_for(0.0, 0.05) is None and processes_for(math.nan, 0.05) is None
+
+
+def test_the_quantiles_are_scipy_stats_own_to_the_bit() -> None:
+    """The estimators take their quantiles from ``scipy.special`` (what ``scipy.stats`` calls
+    underneath), so that a fork server need not import ``scipy.stats``: they must not move."""
+    from scipy import stats
+
+    from attnbench.estimators import binomial_half_ppf, normal_quantile, t_quantile
+
+    for q in (0.005, 0.025, 0.05, 0.5, 0.9, 0.95, 0.975, 0.995):
+        assert normal_quantile(q) == float(stats.norm.ppf(q))
+        for df in (0.5, 1.0, 2.0, 3.0, 4.5, 7.0, 10.0, 30.0, 1e3, 1e6, math.inf):
+            assert t_quantile(q, df) == float(stats.t.ppf(q, df)), (q, df)
+    counts = np.concatenate([np.arange(1, 3001), [9_999, 65_536, 10**6, 12_345_678]])
+    expected = stats.binom.ppf(0.025, counts, 0.5).astype(int)
+    assert [binomial_half_ppf(0.025, int(n)) for n in counts] == list(expected)
+    assert binomial_half_ppf(0.5, 1) == 0 and binomial_half_ppf(0.975, 10) == 8
