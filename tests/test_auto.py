@@ -5,7 +5,9 @@ small real sweep checks that the queue, the writer and run.json carry it."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -183,6 +185,9 @@ def test_a_line_waits_while_its_case_runs_elsewhere() -> None:
 
 @pytest.mark.slow
 def test_an_auto_sweep_records_what_stopped_each_line(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from attnbench.cli.summary import summary_notes
     from attnbench.results.loader import load_results
     from attnbench.run.queue import UNCALIBRATED
     from attnbench.run.sweep import resume_sweep, run_sweep
@@ -198,6 +203,14 @@ def test_an_auto_sweep_records_what_stopped_each_line(tmp_path: Path) -> None:
         ran = sorted(run.frame.loc[run.frame["layer"] == layer, "n"])
         assert ran == [16 * 2**i for i in range(len(ran))] and ran[-1] == line["at_n"]
     assert meta["cases_total"] == len(run.frame)
+    record = load_results(tmp_path / "auto").record.auto  # read once, typed
+    assert {(a.layer, a.d, a.at_n) for a in record} == {
+        (layer, 8, line["at_n"]) for layer, line in lines.items()
+    }
+    assert {a.stopped for a in record} == {Stopped(line["stopped"]) for line in lines.values()}
+    shown = io.StringIO()  # the summary after the sweep says how far its lines got
+    summary_notes(load_results(tmp_path / "auto"), Console(file=shown, width=10_000))
+    assert re.search(r"note: --n auto: (all|\d of) 2 lines reached their regime", shown.getvalue())
     again = resume_sweep(tmp_path / "auto", measuring=UNCALIBRATED)  # nothing left to measure
     assert len(again.frame) == len(run.frame) and load_results(tmp_path / "auto").status == (
         "complete"
@@ -218,3 +231,36 @@ def test_ab_refuses_auto_lengths() -> None:
 
     with pytest.raises(AttnbenchError, match="give the lengths"):
         side_grids({"layers": "conv", "n": "auto", "device": "cpu"}, None, 0.05)
+
+
+def test_the_summary_names_the_lines_an_auto_sweep_stopped_short_of_their_regime() -> None:
+    from attnbench.cli.summary import auto_note
+    from attnbench.results.record import AutoLine, RunRecord
+
+    def line(layer: str, stopped: Stopped | None, at_n: int, d: int = 64) -> AutoLine:
+        return AutoLine(layer, d, stopped, at_n, "")
+
+    assert auto_note(()) == ""  # a fixed grid
+    settled = (line("conv", Stopped.REGIME, 4096), line("rnn", Stopped.REGIME, 1024))
+    assert auto_note(settled).startswith("--n auto: all 2 lines reached their regime")
+    note = auto_note((
+        *settled, line("attention", Stopped.BUDGET, 4096), line("lstm", Stopped.BUDGET, 512),
+        line("ssm", Stopped.TIME, 2048), line("gru", None, 256),
+    ))  # fmt: skip
+    assert note.startswith("--n auto: 2 of 6 lines reached their regime (")
+    assert ", 1 had not stopped (the run is unfinished); 3 stopped short of it" in note
+    assert "attention at n=4096, lstm at n=512 on their share of the budget (a larger " \
+        "--auto-budget" in note
+    assert "ssm at n=2048 on the per-call limit (a larger --max-case-seconds" in note
+    assert "gru" not in note and "d=64" not in note  # one width: not named
+    wide = auto_note((line("conv", Stopped.REGIME, 64, 32), line("conv", Stopped.MEMORY, 128)))
+    assert wide.endswith(": conv d=64 at n=128 on the free memory")
+    # run.json's lines, read once into the record; one that is not a line is left out
+    meta = {"auto": {"lines": [
+        {"layer": "conv", "d": 64, "stopped": "longest n", "at_n": 512, "why": "last"},
+        {"layer": "rnn", "d": "x"}, "junk",
+        {"layer": "gru", "d": 32, "stopped": "no such stop", "at_n": None},
+    ]}}  # fmt: skip
+    assert RunRecord.parse(meta).auto == (
+        AutoLine("conv", 64, Stopped.LONGEST, 512, "last"), AutoLine("gru", 32, None, None, "")
+    )

@@ -16,8 +16,17 @@ from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.timing.faults import FAULT_SHARE
 from attnbench.measure.timing.loop import IMPRECISE_REL_CI, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
+from attnbench.regime import REGIME_BAND, REGIME_SIZES
+from attnbench.results.record import AutoLine
 from attnbench.results.run import RunResults
-from attnbench.schema import STATUSES, SUMMARY_COLUMNS, RunStatus, Status, numeric_column
+from attnbench.schema import (
+    STATUSES,
+    SUMMARY_COLUMNS,
+    RunStatus,
+    Status,
+    Stopped,
+    numeric_column,
+)
 
 
 def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()) -> str:
@@ -161,6 +170,9 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             soft_wrap=True,
         )
     _count_notes(run.frame, console)
+    reach = auto_note(run.record.auto)
+    if reach:
+        console.print(f"[yellow]note:[/] {escape(reach)}", soft_wrap=True)
     for note in fault_notes(run):
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     busy = busy_while_measuring(run)
@@ -175,6 +187,48 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             f"attnbench sweep --resume {run.path}",
             soft_wrap=True,
         )
+
+
+# What stopped an auto sweep's line short of its regime, and what takes it further.
+_SHORT: dict[Stopped, tuple[str, str]] = {
+    Stopped.BUDGET: ("on their share of the budget", "a larger --auto-budget takes them further"),
+    Stopped.TIME: ("on the per-call limit", "a larger --max-case-seconds takes them further"),
+    Stopped.MEMORY: ("on the free memory", ""),
+    Stopped.LONGEST: ("at the ladder's last length", "a longer --n auto ladder goes further"),
+    Stopped.FAILED: ("on a failed case", ""),
+}
+
+
+def auto_note(lines: tuple[AutoLine, ...]) -> str:
+    """How far an auto sweep's lines got: how many reached their regime, and what stopped the
+    others before it, by name; "" for a fixed grid. A line stopped short reads its exponent
+    below the regime, which the chapter's table is about: the reader must know which."""
+    if not lines:
+        return ""
+    widths = len({line.d for line in lines}) > 1
+    settled = sum(line.stopped is Stopped.REGIME for line in lines)
+    rule = f"counted work per second within {REGIME_BAND:.0%} over {REGIME_SIZES} lengths"
+    if settled == len(lines):
+        return f"--n auto: all {len(lines)} lines reached their regime ({rule})"
+    parts = []
+    for stop, (how, further) in _SHORT.items():
+        short = [line for line in lines if line.stopped is stop]
+        if short:
+            named = ", ".join(
+                f"{line.layer}{f' d={line.d}' if widths else ''} at n={line.at_n}" for line in short
+            )
+            parts.append(f"{named} {how}" + (f" ({further})" if further else ""))
+    going = sum(line.stopped is None for line in lines)
+    stopped = len(lines) - settled - going
+    head = f"--n auto: {settled} of {len(lines)} lines reached their regime ({rule})"
+    if going:
+        head += f", {going} had not stopped (the run is unfinished)"
+    if not stopped:
+        return head
+    return (
+        f"{head}; {stopped} stopped short of it, so their exponents are read below it "
+        f"(attnbench table marks a rate still moving unsettled): {'; '.join(parts)}"
+    )
 
 
 def _time_notes(run: RunResults, console: Console) -> None:

@@ -11,7 +11,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnbench.schema import RunStatus
+from attnbench.schema import RunStatus, Stopped
+
+
+@dataclass(frozen=True)
+class AutoLine:
+    """One line of an auto sweep (``--n auto``) as run.json's ``auto`` records it: a layer at a
+    width, the longest length it measured, and what stopped it (None: it had not stopped)."""
+
+    layer: str
+    d: int
+    stopped: Stopped | None
+    at_n: int | None
+    why: str
+
+    @classmethod
+    def parse(cls, line: Mapping[str, Any]) -> AutoLine:
+        raw = line.get("stopped")
+        return cls(
+            layer=str(line.get("layer", "")),
+            d=int(line.get("d") or 0),
+            stopped=Stopped(raw) if raw in tuple(Stopped) else None,
+            at_n=None if line.get("at_n") is None else int(line["at_n"]),
+            why=str(line.get("why") or ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -40,6 +63,8 @@ class RunRecord:
     # Columns of results.csv the run did not record (empty in every row it has; the loader
     # keeps the list so as it reads the rows).
     unrecorded: tuple[str, ...] = ()
+    # An auto sweep's lines and what stopped each (empty: the sweep ran a fixed grid).
+    auto: tuple[AutoLine, ...] = ()
 
     @classmethod
     def parse(cls, meta: Mapping[str, Any]) -> RunRecord:
@@ -71,4 +96,18 @@ class RunRecord:
             unrecorded=tuple(meta.get("unrecorded") or ()),
             machine_quiet_s=quiet.get("machine_s"),
             waited_s=float(quiet.get("waited_s") or 0.0),
+            auto=_auto_lines(meta.get("auto") or {}),
         )
+
+
+def _auto_lines(auto: Mapping[str, Any]) -> tuple[AutoLine, ...]:
+    """An auto sweep's lines; one that does not read as a line (a hand-edited run.json) is left
+    out, as a summary can do without it."""
+    lines = auto.get("lines")
+    found = []
+    for line in lines if isinstance(lines, list) else []:
+        try:
+            found.append(AutoLine.parse(line))
+        except (AttributeError, TypeError, ValueError):
+            continue
+    return tuple(found)

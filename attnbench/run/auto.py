@@ -10,7 +10,6 @@ their wall time outside the timed calls.
 
 from __future__ import annotations
 
-import enum
 import math
 import os
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from attnbench.devices import DTYPES, available_bytes, device_kind
 from attnbench.measure.record import CaseResult
 from attnbench.regime import REGIME_BAND, REGIME_SIZES, settled_sizes
 from attnbench.run.rounds import cost_of
-from attnbench.schema import Status
+from attnbench.schema import Status, Stopped
 from attnbench.spec import Case, Grid
 
 # A case whose single call is predicted longer than this (seconds) is not started, unless
@@ -33,17 +32,6 @@ MAX_CALL_S = 1.0
 MEMORY_SHARE = 0.8
 MIN_SAMPLES = 4  # calls a round times of a long call (``rounds.round_policy``: 3 and a probe)
 UNTIMED_CALLS = 6  # calls a case makes outside its timed blocks, about
-
-
-class Stopped(str, enum.Enum):
-    """Why a line of an auto sweep went no further (run.json's ``auto``)."""
-
-    REGIME = "regime"  # its rate settled: the time grows as the work
-    TIME = "time"  # the next call would take longer than the per-case limit
-    MEMORY = "memory"  # the next case's peak would not fit in the free memory
-    BUDGET = "budget"  # the next case would overrun the line's share of the budget
-    LONGEST = "longest n"  # no length left on the ladder
-    FAILED = "failed"  # a case of the line failed (out of memory, out of time, an error)
 
 
 @dataclass(frozen=True)
