@@ -168,6 +168,14 @@ def check_threads(threads: int) -> int:
     return threads
 
 
+def machine_load() -> float | None:
+    """The 1-minute load average of the machine (None where the OS does not say)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def set_threads(threads: int) -> None:
     """``torch.set_num_threads``, for a count ``check_threads`` accepts."""
     torch.set_num_threads(check_threads(threads))

@@ -218,6 +218,80 @@ def test_the_start_estimate_holds_what_the_rounds_may_wait_for_quiet(
     assert line.getvalue().count("waiting for quiet") == 1
 
 
+def test_a_busy_machine_is_read_against_its_quiet_level_or_else_its_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The start reads how busy the machine is: its reference against the quiet level kept,
+    in the thread count the level is of; before any level, the load past the CPUs."""
+    import torch
+
+    from attnbench.run.estimate import QUIET as QUIET_MACHINE
+    from attnbench.run.estimate import machine_busy
+
+    threads = torch.get_num_threads()
+    seen: list[int] = []
+
+    def read(value: float):  # type: ignore[no-untyped-def]
+        return lambda: seen.append(torch.get_num_threads()) or value
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    busy = machine_busy(QUIET, 1, read(2.5 * QUIET), load=lambda: 1.0)
+    assert busy.slowdown == pytest.approx(2.5) and "reference reads 2.5x its quiet" in busy.why
+    assert seen == [1] and torch.get_num_threads() == threads  # read in 1 thread, put back
+    quiet = machine_busy(QUIET, 1, read(1.2 * QUIET), load=lambda: 2.0)  # within QUIET_FACTOR
+    assert quiet == QUIET_MACHINE
+    # the slower of the two tests: a reference that reads quiet beside a load past the CPUs
+    busy = machine_busy(QUIET, 1, read(0.6 * QUIET), load=lambda: 6.0)
+    assert busy.slowdown == pytest.approx(4.0) and busy.why == "its 1-minute load is 6.0 on 2 CPUs"
+    assert machine_busy(QUIET, 1, read(5 * QUIET), load=lambda: 6.0).slowdown == 5.0
+    busy = machine_busy(None, 1, read(9.0), load=lambda: 4.0)  # no level: the load alone
+    assert busy.slowdown == pytest.approx(3.0) and len(seen) == 4  # no reference read
+    assert machine_busy(None, 1, load=lambda: None) == QUIET_MACHINE
+
+
+def test_a_busy_machines_start_scales_the_estimate_and_says_what_a_quiet_one_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep beside a neighbour said 5-9 s and took 195 s: the start now
+    scales its estimate by how busy the machine reads, and says so; an auto sweep's budget
+    bounds it all the same."""
+    from rich.console import Console
+
+    from attnbench.cli.render import SweepProgress
+    from attnbench.run.estimate import estimate_bounds
+    from attnbench.run.events import Listeners, SweepStart
+
+    grid = tiny_grid()
+    low, high = estimate_bounds(grid)
+    assert estimate_bounds(grid, slowdown=3.0) == pytest.approx((3 * low, 3 * high))
+    auto = build_grid({"layers": "conv", "n": "auto:8..64", "d": "4", "device": "cpu",
+                       "auto_budget": 5})  # fmt: skip
+    assert estimate_bounds(auto, slowdown=1e6) == (5.0, 5.0)  # the budget bounds it
+    monkeypatch.setattr("attnbench.run.sweep.read_quiet", lambda path: MachineQuiet((QUIET,)))
+    monkeypatch.setattr("attnbench.run.estimate.read_reference", lambda: 3 * QUIET)
+    starts: list[SweepStart] = []
+    with pytest.raises(KeyboardInterrupt):  # stopped at its start: only the start matters
+
+        def first(start: SweepStart) -> None:
+            starts.append(start)
+            raise KeyboardInterrupt
+
+        run_sweep(grid, tmp_path / "busy", measuring=queue_module.UNCALIBRATED,
+                  listeners=Listeners(on_start=first))  # fmt: skip
+    (start,) = starts
+    assert start.busy.slowdown == pytest.approx(3.0)
+    assert start.estimate_s > 2.5 * high and start.estimate_low_s > 2.5 * low
+    line = io.StringIO()
+    SweepProgress(Console(file=line, width=1000), quiet=False).started(start)
+    note = line.getvalue().splitlines()[1]
+    assert note.startswith("note: the machine is busy (its reference reads 3.0x its quiet ")
+    assert "the estimate is 3.0x a quiet machine's, if it stays so; a quiet one would take " in note
+    busy_auto = SweepStart(auto, tmp_path, {}, 1, 5.0, busy=start.busy, estimate_low_s=5.0)
+    line = io.StringIO()
+    SweepProgress(Console(file=line, width=1000), quiet=False).started(busy_auto)
+    assert "its budget bounds the cases' time, so its lines reach shorter" in line.getvalue()
+
+
 def test_the_ab_start_holds_what_both_sides_may_wait_for_quiet(tmp_path: Path) -> None:
     """An A/B run's rounds wait for quiet too, each side up to its --wait-quiet (a new user's
     "about 3-7 s" took 48 s under load)."""
@@ -225,6 +299,7 @@ def test_the_ab_start_holds_what_both_sides_may_wait_for_quiet(tmp_path: Path) -
 
     from attnbench.cli.render import ABProgress
     from attnbench.run.ab import ABStart
+    from attnbench.run.estimate import Busy
 
     grids = {side: tiny_grid(wait_quiet=20.0) for side in ("base", "current")}
     env = {"attnbench_version": "x", "torch_version": "y", "python_version": "3"}
@@ -237,6 +312,15 @@ def test_the_ab_start_holds_what_both_sides_may_wait_for_quiet(tmp_path: Path) -
         first = line.getvalue().splitlines()[0]
         assert "about 3-7 s" in first
         assert (" (and up to 40 s waiting for quiet) -> " in first) is says
+    busy = ABStart(grids, tmp_path, {s: {} for s in grids}, {s: env for s in grids}, 14.0, (),
+                   6.0, 0.0, Busy(2.0, "its 1-minute load is 6.0 on 2 CPUs"))  # fmt: skip
+    line = io.StringIO()
+    with ABProgress(Console(file=line, width=400), quiet=False) as progress:
+        progress.started(busy)
+    first, *rest = line.getvalue().splitlines()
+    (note,) = [n for n in rest if n.startswith("note: the machine is busy (its 1-minute")]
+    assert "about 6-14 s" in first
+    assert note.endswith("if it stays so; a quiet one would take about 3-7 s")
 
 
 def test_a_run_timed_in_one_process_a_case_says_its_intervals_hold_that_process_only(

@@ -28,6 +28,7 @@ from attnbench.compare.verdicts import IMPROVEMENT, REGRESSION
 from attnbench.measure.timing.loop import TimingStats
 from attnbench.render.verdicts import display_table, row_marks
 from attnbench.run.ab import ABStart, describe_sides
+from attnbench.run.estimate import Busy
 from attnbench.run.events import ProgressEvent, SweepStart
 from attnbench.schema import Status, fmt_int
 from attnbench.spec import Grid
@@ -128,6 +129,9 @@ class SweepProgress:
                 f"{span} -> {start.out_dir}",
                 soft_wrap=True,
             )
+            busy = busy_note(start.busy, start.estimate_low_s, start.estimate_s, self.upto)
+            if busy:
+                self.console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)
         if not start.ceilings_cached:
             self.console.print(
                 "measuring this machine's ceilings first (once per machine and thread count, "
@@ -242,6 +246,23 @@ def estimate_range(low: float | None, high: float, waits_s: float = 0.0) -> str:
     (a new user's ab, "about 3-7 s", took 48 s under load)."""
     span = _duration_range(low, high)
     return f"{span} (and up to {waits_s:.0f} s waiting for quiet)" if waits_s else span
+
+
+def busy_note(busy: Busy, low: float | None, high: float, auto: bool) -> str:
+    """The start's note on a busy machine ("" on a quiet one): the estimate said is its
+    slowdown times a quiet machine's, which is said too; an auto sweep's budget bounds its
+    cases' time, so there the lines reach shorter lengths instead."""
+    if busy.slowdown <= 1.0:
+        return ""
+    if auto:
+        then = "its budget bounds the cases' time, so its lines reach shorter lengths in it"
+    else:
+        quiet = low / busy.slowdown if low is not None else None
+        then = f"a quiet one would take {_duration_range(quiet, high / busy.slowdown)}"
+    return (
+        f"the machine is busy ({busy.why}), so the estimate is {busy.slowdown:.1f}x a quiet "
+        f"machine's, if it stays so; {then}"
+    )
 
 
 def _duration_range(low: float | None, high: float) -> str:
@@ -395,7 +416,8 @@ class ABProgress:
         )
         for line in describe_sides(start):
             self.console.print(f"  {escape(line)}", soft_wrap=True)
-        for note in start.notes:
+        busy = busy_note(start.busy, start.estimate_low_s, start.estimate_s, auto=False)
+        for note in (busy, *start.notes) if busy else start.notes:
             self.console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
     def __call__(self, side: str, event: ProgressEvent) -> None:

@@ -31,7 +31,7 @@ from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
 from attnbench.results.theories import record
-from attnbench.run.estimate import estimate_bounds, size_warning
+from attnbench.run.estimate import QUIET, Busy, estimate_bounds, machine_busy, size_warning
 from attnbench.run.events import ProgressEvent
 from attnbench.run.executors.base import Job, Placement
 from attnbench.run.executors.process import ForkExecutor, SubprocessExecutor
@@ -58,6 +58,7 @@ class ABStart:
     notes: tuple[str, ...] = ()  # what the caller should know before it starts
     estimate_low_s: float | None = None  # where every case's timing stops early
     waits_s: float = 0.0  # what both sides' rounds may wait for a quiet machine, in no case
+    busy: Busy = QUIET  # how busy the machine read at the start: the estimate is scaled by it
 
 
 @dataclass(frozen=True)
@@ -215,12 +216,14 @@ def run_ab(
             writer.record_theories(record(grid))
             writers[side] = writer
         if listeners.on_start is not None:
-            ends = [estimate_bounds(g) for g in grids.values()]
+            threads = grids["current"].threads or torch.get_num_threads()
+            busy = machine_busy(read_quiet(quiet_file(threads)).level, threads)
+            ends = [estimate_bounds(g, slowdown=busy.slowdown) for g in grids.values()]
             low, high = sum(e[0] for e in ends), sum(e[1] for e in ends)
             notes = _too_few(grids["current"], alpha)
             waits = sum(g.wait_quiet_s for g in grids.values())  # each side's --wait-quiet
             listeners.on_start(
-                ABStart(grids, out_dir, clusters, environments, high, notes, low, waits)
+                ABStart(grids, out_dir, clusters, environments, high, notes, low, waits, busy)
             )
         _interleave(grids, writers, executors, clusters, listeners.progress, measuring)
     runs = {side: load_results(out_dir / side) for side in SIDES}

@@ -4,12 +4,18 @@ starts and to tell the user how long to expect. Never reported as a measurement.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from attnbench.devices import device_kind
+import torch
+
+from attnbench.devices import device_kind, machine_load
+from attnbench.estimators import is_disturbed
 from attnbench.layers.registry import entry
 from attnbench.measure.counts import extend
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
+from attnbench.measure.timing.reference import read_reference
 from attnbench.regime import REGIME_SIZES
 from attnbench.run.rounds import ROUND_WARMUP_S, process_s, round_policy
 from attnbench.spec import Case, Grid
@@ -63,6 +69,7 @@ def estimate_bounds(
     cached: Callable[[Case], bool] | None = None,
     counting: Counting = DEFAULT_COUNTING,
     fresh: bool = True,
+    slowdown: float = 1.0,
 ) -> tuple[float, float]:
     """A rough (low, high) estimate of a sweep's duration from the analytic FLOPs of each case.
 
@@ -74,7 +81,8 @@ def estimate_bounds(
     call and warm-up, and at least that minimum of timing; a sweep may add rounds, up to
     ``Grid.most_rounds`` in all, to a case whose interval is wide (high); a compiled
     case's round compiles it again (``COMPILE_S``). ``fresh``: each round in a process of its
-    own (not --executor serial).
+    own (not --executor serial). ``slowdown``: how many times slower than quiet the machine
+    reads (``machine_busy``); an auto sweep's budget bounds it all the same.
     """
     rate = _ASSUMED_FLOP_PER_S[device_kind(grid.device)]
     low = high = 0.0
@@ -100,6 +108,7 @@ def estimate_bounds(
         soon, late = COMPILE_S if case.compiled else (0.0, 0.0)  # each round compiles anew
         low += untimed + grid.processes * (fixed + soon + max(quick, 5 * call))
         high += untimed + most * (fixed + late + max(share, 5 * call))
+    low, high = low * slowdown, high * slowdown
     if grid.n_auto is not None:
         return min(low, grid.auto_budget_s), grid.auto_budget_s
     return low, high
@@ -129,3 +138,48 @@ def size_warning(grid: Grid) -> str | None:
         f"{grid.device}; pass --yes to run it anyway, or narrow --n / --d / --layers "
         f"(limits without --yes: {MAX_CASES} cases, {MAX_ESTIMATED_S / 3600:.0f} h)"
     )
+
+
+@dataclass(frozen=True)
+class Busy:
+    """How many times slower than quiet the machine reads as a sweep starts (1: quiet), and
+    what says so. The estimate's throughputs are a quiet machine's; a neighbour slows every
+    round (a new user's sweep said 5-9 s and took 195 s beside one)."""
+
+    slowdown: float = 1.0
+    why: str = ""
+
+
+QUIET = Busy()
+
+
+def machine_busy(
+    quiet_s: float | None,
+    threads: int,
+    read: Callable[[], float] | None = None,
+    load: Callable[[], float | None] | None = None,
+) -> Busy:
+    """How busy the machine reads now, by two tests, the slower they say:
+    - where its quiet level is kept (``run.quiet``), the machine reference
+      (``measure.timing.reference``, 20 ms) read now against it: the rounds' own test of a
+      disturbed machine, which slows with the cases in the stretches a neighbour brings
+      (lstm 1.5-2.7x, their logs correlating at 0.95-0.98);
+    - the 1-minute load past the CPUs: each runnable task takes its share, so a sweep's threads
+      get about cpus / (load + cpus). The reference misses this one: beside three processes
+      each looping on small products in one thread (2 CPUs), it read 0.56x its quiet time while
+      a fresh process's work took 2.9x and a sweep 3x (``benchmarks/busy_estimate.py``)."""
+    found = [QUIET]
+    if quiet_s is not None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)  # the level is this thread count's (run.quiet)
+        try:
+            reading = (read or read_reference)()
+        finally:
+            torch.set_num_threads(before)
+        if is_disturbed(reading, quiet_s):
+            ratio = reading / quiet_s
+            found.append(Busy(ratio, f"its reference reads {ratio:.1f}x its quiet level"))
+    cpus, now = os.cpu_count() or 1, (load or machine_load)()
+    if now is not None and now > cpus:
+        found.append(Busy((now + cpus) / cpus, f"its 1-minute load is {now:.1f} on {cpus} CPUs"))
+    return max(found, key=lambda busy: busy.slowdown)

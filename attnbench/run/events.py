@@ -10,6 +10,7 @@ from typing import Any, Literal
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing.loop import TimingStats
 from attnbench.results.run import RunResults
+from attnbench.run.estimate import QUIET, Busy
 from attnbench.run.executors.base import Placement
 from attnbench.spec import Case, Grid
 
@@ -33,6 +34,7 @@ class SweepStart:
     # what the rounds may still wait for a quiet machine (--wait-quiet), beside the estimate:
     # no case's time holds it
     waits_s: float = 0.0
+    busy: Busy = QUIET  # how busy the machine read at the start: the estimate is scaled by it
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from attnbench.run.estimate import (
     CEILINGS_S,
     estimate_bounds,
     in_cache,
+    machine_busy,
     size_warning,
 )
 from attnbench.run.events import NO_LISTENERS, Listeners, SweepStart
@@ -119,13 +120,21 @@ def _start(
     done = 0 if earlier is None else len(earlier.frame)
     total = len(grid.cases())
     on_start = listeners.on_start
+    threads = grid.threads or torch.get_num_threads()
     if on_start is not None:
         counting = measuring.counting
+        level = read_quiet(quiet_file(threads)).level
+        busy = machine_busy(
+            quieter(level, earlier.record.machine_quiet_s if earlier else None), threads
+        )
         low, high = estimate_bounds(
-            grid, lambda c: in_cache(c, grid.seed, counting), counting, not runs_on.in_process
+            grid,
+            lambda c: in_cache(c, grid.seed, counting),
+            counting,
+            not runs_on.in_process,
+            busy.slowdown,
         )
     has_ceilings = earlier is not None and earlier.record.ceilings is not None
-    threads = grid.threads or torch.get_num_threads()
     known = has_ceilings or ceilings_cached(grid.device, grid.dtype, threads)
     if on_start is not None:
         left = max(0, total - done) / max(1, total) / max(1, runs_on.workers)
@@ -142,6 +151,7 @@ def _start(
                 estimate_low_s=low * left + first,
                 retried=0 if previous is None else previous.retried,
                 waits_s=wait_left(grid.wait_quiet_s, earlier.record.waited_s if earlier else 0),
+                busy=busy,
             )
         )
     if not has_ceilings:

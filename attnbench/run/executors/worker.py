@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from attnbench._version import __version__
-from attnbench.devices import device_name, device_sync, set_threads
+from attnbench.devices import device_name, device_sync, machine_load, set_threads
 from attnbench.layers.registry import entry
 from attnbench.measure.case import measure_case, retime_case
 from attnbench.measure.counts.instructions import InstructionCounter
@@ -27,14 +27,6 @@ from attnbench.measure.timing.faults import FaultCounter, fault_counter
 from attnbench.measure.timing.loop import Clock, TimingStats
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.schema import Status
-
-
-def machine_load() -> float | None:
-    """The 1-minute load average of the machine (None where the OS does not say)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
 
 
 class Worker:
