@@ -14,7 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -121,12 +121,16 @@ def _start(
     total = len(grid.cases())
     on_start = listeners.on_start
     threads = grid.threads or torch.get_num_threads()
+    # the machine's quiet levels, read once: the start's estimate and every round judge by them
+    # (a resumed run goes on with the level its rounds were judged against)
+    machine = quiet_file(threads)
+    known = read_quiet(machine)
+    quiet = _Quiet(
+        machine, known, quieter(known.level, earlier.record.machine_quiet_s if earlier else None)
+    )
     if on_start is not None:
         counting = measuring.counting
-        level = read_quiet(quiet_file(threads)).level
-        busy = machine_busy(
-            quieter(level, earlier.record.machine_quiet_s if earlier else None), threads
-        )
+        busy = machine_busy(quiet.level, threads)
         low, high = estimate_bounds(
             grid,
             lambda c: in_cache(c, grid.seed, counting),
@@ -135,10 +139,10 @@ def _start(
             busy.slowdown,
         )
     has_ceilings = earlier is not None and earlier.record.ceilings is not None
-    known = has_ceilings or ceilings_cached(grid.device, grid.dtype, threads)
+    cached = has_ceilings or ceilings_cached(grid.device, grid.dtype, threads)
     if on_start is not None:
         left = max(0, total - done) / max(1, total) / max(1, runs_on.workers)
-        first = 0.0 if known else CEILINGS_S
+        first = 0.0 if cached else CEILINGS_S
         on_start(
             SweepStart(
                 grid,
@@ -147,7 +151,7 @@ def _start(
                 runs_on.workers,
                 high * left + first,
                 earlier,
-                ceilings_cached=known,
+                ceilings_cached=cached,
                 estimate_low_s=low * left + first,
                 retried=0 if previous is None else previous.retried,
                 waits_s=wait_left(grid.wait_quiet_s, earlier.record.waited_s if earlier else 0),
@@ -157,7 +161,7 @@ def _start(
     if not has_ceilings:
         with _stopped_before_cases(writer, total, done):
             writer.update(**run_ceilings(grid, fault_cost))
-    return _sweep(writer, grid, previous, measuring, listeners, executor=runs_on)
+    return _sweep(writer, grid, previous, measuring, listeners, executor=runs_on, quiet=quiet)
 
 
 @contextlib.contextmanager
@@ -362,6 +366,7 @@ def _sweep(
     listeners: Listeners,
     *,
     executor: Executor,
+    quiet: _Quiet,
 ) -> RunResults:
     calibration = measuring.calibration
 
@@ -373,12 +378,9 @@ def _sweep(
         if queue is not None and queue.last is not None:
             queue.notify("stopping", queue.last)
 
-    machine = quiet_file(grid.threads or torch.get_num_threads())
-    known = read_quiet(machine)
-    # a resumed run goes on with the level its rounds were judged against, and its waits
-    before = previous.run.record if previous is not None else None
-    level = quieter(known.level, before.machine_quiet_s if before is not None else None)
-    waited = before.waited_s if before is not None else 0.0
+    machine, known, level = quiet.path, quiet.known, quiet.level
+    # a resumed run goes on with its waits: --wait-quiet is the whole run's
+    waited = previous.run.record.waited_s if previous is not None else 0.0
     with GracefulStop(on_stop) as stop:
         queue = JobQueue(
             grid,
@@ -422,6 +424,16 @@ def _sweep(
         writer.update(cases_total=queue.completed, auto=queue.auto.describe())
     writer.finish(RunStatus.COMPLETE)
     return load_results(writer.out_dir)
+
+
+@dataclass(frozen=True)
+class _Quiet:
+    """This machine's quiet levels as the sweep found them (``run.quiet``): where they are kept,
+    what was kept, and the level its rounds are judged against."""
+
+    path: Path
+    known: MachineQuiet
+    level: float | None
 
 
 def _quiet_record(level: float | None, known: MachineQuiet, waited_s: float) -> dict[str, Any]:
