@@ -1,5 +1,6 @@
-"""The size guard: a rough lower estimate of a sweep's duration, to warn before an absurd sweep
-starts and to tell the user how long to expect. Never reported as a measurement."""
+"""The size guard: a rough estimate of a sweep's duration, to warn before an absurd sweep
+starts and to tell the user how long to expect, scaled by how busy the machine reads as it
+starts (``machine_busy``). Never reported as a measurement."""
 
 from __future__ import annotations
 
