@@ -451,3 +451,40 @@ def test_the_split_counts_elementwise_work_as_the_theory_does():
     row = exponent_table(frame).query("metric == 'time_s' and along == 'n'").iloc[0]
     assert row.work_exponent == pytest.approx(row.theory)
     assert row.rate_exponent == pytest.approx(0.0, abs=1e-9)
+
+
+def test_exact_counts_that_are_the_law_plus_a_constant_agree_with_it() -> None:
+    """ssm-scan traces 3·log2(n) + 8 sequential steps: over n = 64..256 they read n^0.15,
+    log n n^0.21 there, beyond the exact counts' tolerance, and were called a disagreement.
+    They are the law up to a scale and a constant, which an order drops; counts of another
+    order are not, over the same three sizes."""
+    from attnbench.fits.agreement import AFFINE_TOLERANCE, law_fits
+
+    n = [64, 128, 256]
+    log = [math.log(x) for x in n]
+    steps = [3 * math.log2(x) + 8 for x in n]
+    assert not fits.agrees(loglog_exponent(n, steps), loglog_exponent(n, log).slope)
+    assert law_fits(steps, log) and law_fits([3 * x + 2 for x in n], n)
+    assert not law_fits([x * math.log2(x) for x in n], n)  # n log n is not O(n): 4.8% off
+    assert not law_fits([x**0.5 for x in n], log)  # nor √n O(log n): 4.0% off
+    assert not law_fits(steps[:2], log[:2])  # a line through two sizes fits any law
+    assert not law_fits([10.0, 10.0, 10.0], n)  # flat counts: only a law scaled to nothing
+    assert not law_fits([30.0, 20.0, 10.0], n)  # falling as n grows: a negative scale
+    assert not law_fits(steps, [5.0, 5.0, 5.0]) and not law_fits(steps, [1.0, math.nan, 2.0])
+    assert not law_fits(steps, log[:2])
+    off = [s * (1 + f) for s, f in zip(steps, (0, 2.2 * AFFINE_TOLERANCE, 0), strict=True)]
+    assert not law_fits(off, log)  # a middle count off the law by over the tolerance
+    near = [s * (1 + f) for s, f in zip(steps, (0, 0.9 * AFFINE_TOLERANCE, 0), strict=True)]
+    assert law_fits(near, log)  # within it: least squares spreads the miss over all three
+
+
+def test_the_exponent_table_judges_exact_counts_by_the_law_plus_a_constant() -> None:
+    from attnbench.fits.agreement import EXACT_TOLERANCE
+
+    frame = pd.DataFrame([{"layer": "ssm-scan", "n": n, "d": 64, "state": 16, "batch": 1,
+                           "seq_steps": 3 * math.log2(n) + 8} for n in (64, 128, 256)])  # fmt: skip
+    row = exponent_table(frame).query("metric == 'seq_steps' and along == 'n'").iloc[0]
+    assert abs(row.exponent - row.theory) > EXACT_TOLERANCE and bool(row.agrees) is True
+    frame["seq_steps"] = [n * math.log2(n) for n in frame["n"]]
+    row = exponent_table(frame).query("metric == 'seq_steps' and along == 'n'").iloc[0]
+    assert row.agrees is not None and bool(row.agrees) is False

@@ -19,7 +19,7 @@ import pandas as pd
 
 from attnbench.devices import DTYPES
 from attnbench.estimators import normal_quantile, t_quantile
-from attnbench.fits.agreement import agrees
+from attnbench.fits.agreement import agrees, law_fits
 from attnbench.fits.models import Layers, ModelFit, layers_or_live, numeric, own_fit, size_rows
 from attnbench.regime import REGIME_BAND, settled_sizes
 from attnbench.schema import METRIC, METRICS, numeric_column
@@ -307,6 +307,24 @@ def range_rule(metric: str, overhead: float | None, settled: bool = False) -> Ra
     )
 
 
+def _agrees(
+    fit: Exponent,
+    slope: float,
+    line: pd.DataFrame,
+    along: str,
+    metric: str,
+    law: pd.Series | None,
+) -> bool | None:
+    """The verdict on a fitted exponent (``agreement.agrees``); exact counts that miss the
+    law's slope agree all the same where they are the law plus a constant (``law_fits``)."""
+    verdict = agrees(fit, slope)
+    if verdict is not False or law is None or not METRIC[metric].exact:
+        return verdict
+    ordered = line.sort_values(along)
+    values = law.reindex(ordered.index).astype(float).tolist()
+    return law_fits(ordered[metric].astype(float).tolist(), values) or False
+
+
 def _slope_over(line: pd.DataFrame, along: str, values: pd.Series | None) -> float:
     """The log-log slope of ``values`` (by the frame's index: the theory's law, the machine
     model's seconds) over a fitted line's sizes; nan without them."""
@@ -382,7 +400,7 @@ def exponent_table(
                             "ci_low": fit.low,
                             "ci_high": fit.high,
                             "theory": slope,
-                            "agrees": agrees(fit, slope),
+                            "agrees": _agrees(fit, slope, line, along, metric, law),
                             "model": model,
                             **split,
                             "points": fit.points,
