@@ -471,7 +471,15 @@ def test_exact_counts_that_are_the_law_plus_a_constant_agree_with_it() -> None:
     assert not law_fits([10.0, 10.0, 10.0], n)  # flat counts: only a law scaled to nothing
     assert not law_fits([30.0, 20.0, 10.0], n)  # falling as n grows: a negative scale
     assert not law_fits(steps, [5.0, 5.0, 5.0]) and not law_fits(steps, [1.0, math.nan, 2.0])
-    assert not law_fits(steps, log[:2])
+    assert not law_fits(steps, log[:2]) and not law_fits([*steps[:2], math.inf], log)
+    one_two_three = [1.0, 2.0, 3.0]
+    assert not law_fits([-1.0, 5.0, 11.0], one_two_three)  # 6·law - 7, but a count under 0
+    assert not law_fits([0.0, 6.0, 12.0], one_two_three)
+    assert not law_fits([6.0, 12.0, 18.0], [0.0, 1.0, 2.0])
+    assert law_fits([0.5, 1.0, 1.5], one_two_three)  # a scale under 1, counts under 1
+    assert law_fits([0.5, 1.0, 1.5], [0.1, 0.2, 0.3])
+    assert not law_fits([99.0, 99.5, 100.0], one_two_three)  # spread just the tolerance: flat
+    assert law_fits([99.0, 99.6, 100.2], one_two_three)  # a little more: judged, and exact
     off = [s * (1 + f) for s, f in zip(steps, (0, 2.2 * AFFINE_TOLERANCE, 0), strict=True)]
     assert not law_fits(off, log)  # a middle count off the law by over the tolerance
     near = [s * (1 + f) for s, f in zip(steps, (0, 0.9 * AFFINE_TOLERANCE, 0), strict=True)]

@@ -7,6 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
+
 
 class Interval(Protocol):
     """A fitted exponent with its 95% interval (``fits.Exponent``)."""
@@ -54,15 +56,17 @@ def law_fits(counts: Sequence[float], law: Sequence[float]) -> bool:
     a law and counts that vary (flat counts are judged by their slope alone)."""
     from scipy import linalg  # lazy: see estimators.t_quantile
 
-    if len(counts) < 3 or len(counts) != len(law):
+    y, x = np.asarray(counts), np.asarray(law)
+    if y.size < 3 or y.shape != x.shape:
         return False
-    if not all(math.isfinite(x) and x > 0 for x in [*counts, *law]) or max(law) == min(law):
+    if not (np.isfinite(y).all() and np.isfinite(x).all() and (y > 0).all() and (x > 0).all()):
         return False
-    if max(counts) - min(counts) <= AFFINE_TOLERANCE * max(counts):
+    if x.max() == x.min():
+        return False
+    if y.max() - y.min() <= AFFINE_TOLERANCE * y.max():
         return False  # flat counts: a law that grows fits them only scaled to nothing
-    design = [[value, 1.0] for value in law]
-    (scale, constant), *_ = linalg.lstsq(design, list(counts))
-    if not scale > 0:
+    design = np.column_stack([x, np.ones_like(x)])
+    (scale, constant), *_ = linalg.lstsq(design, y)
+    if scale <= 0:
         return False
-    worst = max(abs(scale * x + constant - c) / c for x, c in zip(law, counts, strict=True))
-    return bool(worst <= AFFINE_TOLERANCE)
+    return bool(np.max(np.abs(scale * x + constant - y) / y) <= AFFINE_TOLERANCE)
