@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -182,6 +183,13 @@ def test_every_commands_help_wraps_at_the_terminals_width() -> None:
             if line.strip() and after.strip():
                 word = after.split()[0]
                 assert len(line) + 1 + len(word) > 78, f"{name}: {line!r} / {after!r}"
+    # off a terminal (a pager, a file), no word of any command's help is cut
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    for command in (["sweep"], ["ab"], ["compare"]):
+        shown = [sys.executable, "-m", "attnbench", *command, "--help"]
+        piped = subprocess.run(shown, capture_output=True, text=True, env=env, check=True).stdout
+        assert "…" not in piped and max(map(len, piped.splitlines())) <= 120, command
+        assert "path/to/file.py:factory" in piped or command == ["compare"]
 
 
 def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # type: ignore[no-untyped-def]

@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
+import typer.rich_utils
 from rich.markup import escape
 
 from attnbench._version import __version__
@@ -191,8 +193,17 @@ app.command("bisect", cls=Command, help=help_text(history.bisect_command.__doc__
 )
 
 
+# --help off a terminal (piped into a pager or a file) is told no width, and rich takes 80
+# columns: the options' help column then cut long words ("path/to/file.py:fact…"; 8 cuts in
+# sweep's help, 10 in ab's). At this width every command's help is whole.
+OFF_TERMINAL_WIDTH = 120
+
+
 def main() -> None:
     # Kineto, the profiler's tracer, logs two lines a profiling session to stderr, through the
     # progress lines; set here, before any session, so every worker process inherits it.
     os.environ.setdefault("KINETO_LOG_LEVEL", "10")
+    told = typer.rich_utils.MAX_WIDTH is not None or os.environ.get("COLUMNS")
+    if not told and not sys.stdout.isatty():
+        typer.rich_utils.MAX_WIDTH = OFF_TERMINAL_WIDTH
     app()
