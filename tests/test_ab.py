@@ -18,6 +18,7 @@ from attnbench.options import build_grid
 from attnbench.render.verdicts import schema
 from attnbench.results.loader import load_results
 from attnbench.run.ab import ABListeners, ABStart, run_ab
+from attnbench.run.estimate import estimate_bounds
 from attnbench.run.executors.process import SubprocessExecutor
 from attnbench.run.queue import UNCALIBRATED
 from attnbench.run.sweep import run_sweep
@@ -59,7 +60,11 @@ def plugin(tmp_path: Path) -> Path:
     return path
 
 
-def test_sides_are_measured_in_turn_abba_round_after_round(tmp_path: Path) -> None:
+def test_sides_are_measured_in_turn_abba_round_after_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a machine whose load is past its CPUs: the start's estimate says so, both sides scaled
+    monkeypatch.setattr("attnbench.run.estimate.machine_load", lambda: 99.0)
     heard: list[tuple[str, str, int]] = []
     starts: list[ABStart] = []
     grid = {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "time_budget": 0.02,
@@ -68,6 +73,10 @@ def test_sides_are_measured_in_turn_abba_round_after_round(tmp_path: Path) -> No
                 progress=lambda side, e: heard.append((side, e.case.case_id, e.round))
                 if e.kind == "done" else None, on_start=starts.append))  # fmt: skip
     assert starts[0].waits_s == 3.0  # each side's rounds may wait its --wait-quiet
+    busy = starts[0].busy
+    assert busy.slowdown > 25 and busy.why.startswith("its 1-minute load is 99.0 on ")
+    quiet = sum(estimate_bounds(g)[1] for g in starts[0].grids.values())
+    assert starts[0].estimate_s == pytest.approx(busy.slowdown * quiet)
     sides = [side for side, _, _ in heard]
     assert sides[:8] == ["base", "current", "current", "base"] * 2  # A B, B A, ...
     for first, second in zip(heard[::2], heard[1::2], strict=True):

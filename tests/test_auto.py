@@ -250,11 +250,15 @@ def test_the_summary_names_the_lines_an_auto_sweep_stopped_short_of_their_regime
     assert note.startswith("--n auto: 2 of 6 lines reached their regime (")
     assert ", 1 had not stopped (the run is unfinished); 3 stopped short of it" in note
     assert "attention at n=4096, lstm at n=512 on their share of the budget (a larger " \
-        "--auto-budget" in note
-    assert "ssm at n=2048 on the per-call limit (a larger --max-case-seconds" in note
+        "--auto-budget takes them on)" in note
+    assert "ssm at n=2048 on the per-call limit (a larger --max-case-seconds takes it on)" in note
     assert "gru" not in note and "d=64" not in note  # one width: not named
     wide = auto_note((line("conv", Stopped.REGIME, 64, 32), line("conv", Stopped.MEMORY, 128)))
     assert wide.endswith(": conv d=64 at n=128 on the free memory")
+    failed = AutoLine("rnn", 64, Stopped.FAILED, None, "")
+    one = auto_note((line("conv", Stopped.BUDGET, 64), failed))
+    assert "conv at n=64 on its share of the budget (a larger --auto-budget takes it on)" in one
+    assert one.endswith("rnn before its first length on a failed case")  # no length measured
     # run.json's lines, read once into the record; one that is not a line is left out
     meta = {"auto": {"lines": [
         {"layer": "conv", "d": 64, "stopped": "longest n", "at_n": 512, "why": "last"},
@@ -264,3 +268,29 @@ def test_the_summary_names_the_lines_an_auto_sweep_stopped_short_of_their_regime
     assert RunRecord.parse(meta).auto == (
         AutoLine("conv", 64, Stopped.LONGEST, 512, "last"), AutoLine("gru", 32, None, None, "")
     )
+
+
+def test_an_interrupted_auto_sweep_records_how_far_its_lines_got(tmp_path: Path) -> None:
+    """run.json's auto lines are written as each case finishes, so a sweep stopped early has
+    them too, and the summary of the unfinished run says that some lines had not stopped."""
+    from attnbench.errors import SweepInterrupted
+    from attnbench.results.loader import load_results
+    from attnbench.run.events import Listeners
+    from attnbench.run.queue import UNCALIBRATED
+    from attnbench.run.sweep import run_sweep
+
+    def stop_after_the_first(event) -> None:  # type: ignore[no-untyped-def]
+        if event.kind == "done":
+            raise KeyboardInterrupt
+
+    options = {"layers": "conv,ssm", "n": "auto:16..128", "d": [8], "device": "cpu",
+               "time_budget": 0.02, "auto_budget": 60, "processes": 1}  # fmt: skip
+    with pytest.raises(SweepInterrupted):
+        run_sweep(options, tmp_path / "auto", measuring=UNCALIBRATED,
+                  listeners=Listeners(progress=stop_after_the_first))  # fmt: skip
+    lines = load_results(tmp_path / "auto").record.auto
+    assert {line.layer for line in lines} == {"conv", "ssm"}
+    assert any(line.stopped is None for line in lines)
+    from attnbench.cli.summary import auto_note
+
+    assert "had not stopped (the run is unfinished)" in auto_note(lines)

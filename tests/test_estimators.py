@@ -139,7 +139,10 @@ def test_the_quantiles_are_scipy_stats_own_to_the_bit() -> None:
         assert normal_quantile(q) == float(stats.norm.ppf(q))
         for df in (0.5, 1.0, 2.0, 3.0, 4.5, 7.0, 10.0, 30.0, 1e3, 1e6, math.inf):
             assert t_quantile(q, df) == float(stats.t.ppf(q, df)), (q, df)
+    from attnbench.estimators import CONFIDENCE
+
+    q = (1 - CONFIDENCE) / 2  # as median_ci_ranks asks
     counts = np.concatenate([np.arange(1, 3001), [9_999, 65_536, 10**6, 12_345_678]])
-    expected = stats.binom.ppf(0.025, counts, 0.5).astype(int)
-    assert [binomial_half_ppf(0.025, int(n)) for n in counts] == list(expected)
+    expected = stats.binom.ppf(q, counts, 0.5).astype(int)
+    assert [binomial_half_ppf(q, int(n)) for n in counts] == list(expected)
     assert binomial_half_ppf(0.5, 1) == 0 and binomial_half_ppf(0.975, 10) == 8

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
-import typer.rich_utils
 from rich.markup import escape
 
 from attnbench._version import __version__
@@ -203,7 +202,10 @@ def main() -> None:
     # Kineto, the profiler's tracer, logs two lines a profiling session to stderr, through the
     # progress lines; set here, before any session, so every worker process inherits it.
     os.environ.setdefault("KINETO_LOG_LEVEL", "10")
-    told = typer.rich_utils.MAX_WIDTH is not None or os.environ.get("COLUMNS")
-    if not told and not sys.stdout.isatty():
-        typer.rich_utils.MAX_WIDTH = OFF_TERMINAL_WIDTH
+    helping = "--help" in sys.argv or "-h" in sys.argv  # the width sizes error panels too
+    if helping and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
+        import typer.rich_utils
+
+        if typer.rich_utils.MAX_WIDTH is None:  # TERMINAL_WIDTH says otherwise
+            typer.rich_utils.MAX_WIDTH = OFF_TERMINAL_WIDTH
     app()

@@ -28,7 +28,7 @@ from attnbench.compare.verdicts import IMPROVEMENT, REGRESSION
 from attnbench.measure.timing.loop import TimingStats
 from attnbench.render.verdicts import display_table, row_marks
 from attnbench.run.ab import ABStart, describe_sides
-from attnbench.run.estimate import Busy
+from attnbench.run.estimate import CEILINGS_S, Busy
 from attnbench.run.events import ProgressEvent, SweepStart
 from attnbench.schema import Status, fmt_int
 from attnbench.spec import Grid
@@ -129,7 +129,8 @@ class SweepProgress:
                 f"{span} -> {start.out_dir}",
                 soft_wrap=True,
             )
-            busy = busy_note(start.busy, start.estimate_low_s, start.estimate_s, self.upto)
+            first = 0.0 if start.ceilings_cached else CEILINGS_S
+            busy = busy_note(start.busy, start.estimate_low_s, start.estimate_s, self.upto, first)
             if busy:
                 self.console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)
         if not start.ceilings_cached:
@@ -248,21 +249,22 @@ def estimate_range(low: float | None, high: float, waits_s: float = 0.0) -> str:
     return f"{span} (and up to {waits_s:.0f} s waiting for quiet)" if waits_s else span
 
 
-def busy_note(busy: Busy, low: float | None, high: float, auto: bool) -> str:
+def busy_note(busy: Busy, low: float | None, high: float, auto: bool, first: float = 0.0) -> str:
     """The start's note on a busy machine ("" on a quiet one): the estimate said is its
-    slowdown times a quiet machine's, which is said too; an auto sweep's budget bounds its
-    cases' time, so there the lines reach shorter lengths instead."""
+    slowdown times a quiet machine's (``first``, the ceilings' seconds, aside), which is said
+    too; an auto sweep's budget bounds its cases' time, so there its lines reach shorter
+    lengths instead."""
     if busy.slowdown <= 1.0:
         return ""
+    slower = f"the machine is busy ({busy.why}): its cases run about {busy.slowdown:.1f}x slower"
     if auto:
-        then = "its budget bounds the cases' time, so its lines reach shorter lengths in it"
-    else:
-        quiet = low / busy.slowdown if low is not None else None
-        then = f"a quiet one would take {_duration_range(quiet, high / busy.slowdown)}"
-    return (
-        f"the machine is busy ({busy.why}), so the estimate is {busy.slowdown:.1f}x a quiet "
-        f"machine's, if it stays so; {then}"
-    )
+        return (
+            f"{slower} than on a quiet machine, if it stays so, and its lines reach shorter "
+            "lengths within their budget"
+        )
+    quiet_low = (low - first) / busy.slowdown + first if low is not None else None
+    quiet = _duration_range(quiet_low, (high - first) / busy.slowdown + first)
+    return f"{slower}, as the estimate says, if it stays so; a quiet machine would take {quiet}"
 
 
 def _duration_range(low: float | None, high: float) -> str:

@@ -189,12 +189,13 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
         )
 
 
-# What stopped an auto sweep's line short of its regime, and what takes it further.
+# What stopped an auto sweep's line short of its regime, and what takes it further: each
+# with "them" for the lines so stopped ("it" where one was).
 _SHORT: dict[Stopped, tuple[str, str]] = {
-    Stopped.BUDGET: ("on their share of the budget", "a larger --auto-budget takes them further"),
-    Stopped.TIME: ("on the per-call limit", "a larger --max-case-seconds takes them further"),
+    Stopped.BUDGET: ("on {their} share of the budget", "a larger --auto-budget takes {them} on"),
+    Stopped.TIME: ("on the per-call limit", "a larger --max-case-seconds takes {them} on"),
     Stopped.MEMORY: ("on the free memory", ""),
-    Stopped.LONGEST: ("at the ladder's last length", "a longer --n auto ladder goes further"),
+    Stopped.LONGEST: ("at the ladder's last length", "a longer --n auto ladder takes {them} on"),
     Stopped.FAILED: ("on a failed case", ""),
 }
 
@@ -213,11 +214,17 @@ def auto_note(lines: tuple[AutoLine, ...]) -> str:
     parts = []
     for stop, (how, further) in _SHORT.items():
         short = [line for line in lines if line.stopped is stop]
-        if short:
-            named = ", ".join(
-                f"{line.layer}{f' d={line.d}' if widths else ''} at n={line.at_n}" for line in short
-            )
-            parts.append(f"{named} {how}" + (f" ({further})" if further else ""))
+        if not short:
+            continue
+        named = ", ".join(
+            f"{line.layer}{f' d={line.d}' if widths else ''} "
+            + (f"at n={line.at_n}" if line.at_n is not None else "before its first length")
+            for line in short
+        )
+        words = {"their": "its", "them": "it"} if len(short) == 1 else {}
+        words = {"their": "their", "them": "them", **words}
+        part = f"{named} {how.format(**words)}"
+        parts.append(part + (f" ({further.format(**words)})" if further else ""))
     going = sum(line.stopped is None for line in lines)
     stopped = len(lines) - settled - going
     head = f"--n auto: {settled} of {len(lines)} lines reached their regime ({rule})"
@@ -226,7 +233,7 @@ def auto_note(lines: tuple[AutoLine, ...]) -> str:
     if not stopped:
         return head
     return (
-        f"{head}; {stopped} stopped short of it, so their exponents are read below it "
+        f"{head}; {stopped} stopped short of it, so what they measured is read below it "
         f"(attnbench table marks a rate still moving unsettled): {'; '.join(parts)}"
     )
 

@@ -154,6 +154,14 @@ class Busy:
 QUIET = Busy()
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's share), else the host's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def machine_busy(
     quiet_s: float | None,
     threads: int,
@@ -165,10 +173,12 @@ def machine_busy(
       (``measure.timing.reference``, 20 ms) read now against it: the rounds' own test of a
       disturbed machine, which slows with the cases in the stretches a neighbour brings
       (lstm 1.5-2.7x, their logs correlating at 0.95-0.98);
-    - the 1-minute load past the CPUs: each runnable task takes its share, so a sweep's threads
-      get about cpus / (load + cpus). The reference misses this one: beside three processes
-      each looping on small products in one thread (2 CPUs), it read 0.56x its quiet time while
-      a fresh process's work took 2.9x and a sweep 3x (``benchmarks/busy_estimate.py``)."""
+    - the 1-minute load, past the CPUs: with ``load`` tasks runnable beside the sweep's
+      ``threads``, each gets about cpus / (load + threads) of a CPU. A load under the CPUs is
+      not taken for a neighbour: a sweep's own last minute leaves up to its threads' worth.
+      The reference misses this one: beside three processes each looping on small products
+      in one thread (2 CPUs), it read 0.56x its quiet time while a fresh process's work took
+      2.9x and a sweep 3x (``benchmarks/busy_estimate.py``)."""
     found = [QUIET]
     if quiet_s is not None:
         before = torch.get_num_threads()
@@ -180,7 +190,8 @@ def machine_busy(
         if is_disturbed(reading, quiet_s):
             ratio = reading / quiet_s
             found.append(Busy(ratio, f"its reference reads {ratio:.1f}x its quiet level"))
-    cpus, now = os.cpu_count() or 1, (load or machine_load)()
+    cpus, now = usable_cpus(), (load or machine_load)()
     if now is not None and now > cpus:
-        found.append(Busy((now + cpus) / cpus, f"its 1-minute load is {now:.1f} on {cpus} CPUs"))
+        slowdown = (now + min(threads, cpus)) / cpus
+        found.append(Busy(slowdown, f"its 1-minute load is {now:.1f} on {cpus} CPUs"))
     return max(found, key=lambda busy: busy.slowdown)

@@ -37,6 +37,7 @@ from attnbench.results.store import ResultsWriter
 from attnbench.results.theories import merge, record
 from attnbench.run.estimate import (
     CEILINGS_S,
+    QUIET,
     estimate_bounds,
     in_cache,
     machine_busy,
@@ -130,7 +131,8 @@ def _start(
     )
     if on_start is not None:
         counting = measuring.counting
-        busy = machine_busy(quiet.level, threads)
+        # a resumed run's start says no estimate: no machine to read for one
+        busy = machine_busy(quiet.level, threads) if earlier is None else QUIET
         low, high = estimate_bounds(
             grid,
             lambda c: in_cache(c, grid.seed, counting),
