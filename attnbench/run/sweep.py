@@ -82,7 +82,7 @@ def run_sweep(
         warning = None if allow_large else size_warning(grid)
         if warning:
             raise AttnbenchError(warning)
-        config, options, sources = grid.to_dict(), grid.option_names(), grid.sources()
+        config, sources, options = grid.to_dict(), grid.sources(), grid.option_names()
         theories = record(grid)
         with new_out_dir(Path(out_dir) if out_dir is not None else default_out_dir()) as folder:
             cluster = runs_on.start(grid)  # before the environment, which records its threads
