@@ -212,7 +212,8 @@ OPTIONS: tuple[Option, ...] = (
            "work (its rate within 20% over three doublings), or the next case would not fit "
            "(--max-case-seconds, free memory, --auto-budget); auto:START..STOP sets the "
            "ladder. run.json says what stopped each layer.",
-           default_text="auto (a fixed grid is one option away: --n 64..1024; ab needs one)"),
+           default_text="auto in sweep (a fixed grid is one option away: --n 64..1024); ab "
+           "needs lengths given"),
     Option("d", "ds", str, lambda v: parse_int_list(v, "d"), "Widths, as --n.",
            default_text="64 on the CPU with the default lengths, else 64,128"),
     *(_layer_option(o) for o in known_options().values()),

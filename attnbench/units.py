@@ -35,6 +35,7 @@ def fmt_count(value: float | None, unit: str = "") -> str:
     if _missing(value):
         return "-"
     assert value is not None
+    value = float(f"{value:.3g}")  # rounded first: 999.6 M is "1 G", not "1e+03 M"
     for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= scale:
             return f"{value / scale:.3g} {prefix}{unit}"

@@ -65,6 +65,7 @@ def test_sides_are_measured_in_turn_abba_round_after_round(
 ) -> None:
     # a machine whose load is past its CPUs: the start's estimate says so, both sides scaled
     monkeypatch.setattr("attnbench.run.estimate.machine_load", lambda: 99.0)
+    monkeypatch.setattr("attnbench.run.estimate.runnable_now", lambda: 99.0)
     heard: list[tuple[str, str, int]] = []
     starts: list[ABStart] = []
     grid = {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "time_budget": 0.02,

@@ -241,6 +241,7 @@ def test_a_busy_machine_is_read_against_its_quiet_level_or_else_its_load(
     quiet = machine_busy(QUIET, 1, read(1.2 * QUIET), load=lambda: 2.0)  # within QUIET_FACTOR
     assert quiet == QUIET_MACHINE
     # the slower of the two tests: a reference that reads quiet beside a load past the CPUs
+    monkeypatch.setattr("attnbench.run.estimate.runnable_now", lambda: 99.0)
     # (6 tasks + the sweep's 2 threads) on 2 CPUs: each gets a quarter of one
     busy = machine_busy(QUIET, 2, read(0.6 * QUIET), load=lambda: 6.0)
     assert busy.slowdown == pytest.approx(4.0) and busy.why == "its 1-minute load is 6.0 on 2 CPUs"
@@ -249,6 +250,10 @@ def test_a_busy_machine_is_read_against_its_quiet_level_or_else_its_load(
     assert busy.slowdown == pytest.approx(2.5) and len(seen) == 4  # no reference read
     assert machine_busy(None, 8, load=lambda: 4.0).slowdown == pytest.approx(3.0)  # 2 threads
     assert machine_busy(None, 2, load=lambda: 2.0) == QUIET_MACHINE  # a sweep's own last minute
+    # the load lags: three tasks runnable now, of a load of 6, say 2.5x; none now, quiet
+    assert machine_busy(None, 2, load=lambda: 6.0, runnable=lambda: 3.0).slowdown == 2.5
+    assert machine_busy(None, 2, load=lambda: 6.0, runnable=lambda: 0.0) == QUIET_MACHINE
+    assert machine_busy(None, 2, load=lambda: 6.0, runnable=lambda: None).slowdown == 4.0
     assert machine_busy(None, 1, load=lambda: None) == QUIET_MACHINE
 
 
@@ -288,12 +293,13 @@ def test_a_busy_machines_start_scales_the_estimate_and_says_what_a_quiet_one_tak
     SweepProgress(Console(file=line, width=1000), quiet=False).started(start)
     note = line.getvalue().splitlines()[1]
     assert note.startswith("note: the machine is busy (its reference reads 3.0x its quiet ")
-    assert "its cases run about 3.0x slower, as the estimate says, if it stays so; a quiet " \
+    assert "while it stays so its cases run at least 3.0x slower than on a quiet machine, ops " \
+        "on several threads far slower; the estimate counts the 3.0x alone, and a quiet " \
         "machine would take " in note
     busy_auto = SweepStart(auto, tmp_path, {}, 1, 5.0, busy=start.busy, estimate_low_s=5.0)
     line = io.StringIO()
     SweepProgress(Console(file=line, width=1000), quiet=False).started(busy_auto)
-    assert "if it stays so, and its lines reach shorter lengths within" in line.getvalue()
+    assert "far slower, and its lines reach shorter lengths within" in line.getvalue()
 
 
 def test_the_ab_start_holds_what_both_sides_may_wait_for_quiet(tmp_path: Path) -> None:
@@ -324,7 +330,7 @@ def test_the_ab_start_holds_what_both_sides_may_wait_for_quiet(tmp_path: Path) -
     first, *rest = line.getvalue().splitlines()
     (note,) = [n for n in rest if n.startswith("note: the machine is busy (its 1-minute")]
     assert "about 6-14 s" in first
-    assert note.endswith("if it stays so; a quiet machine would take about 3-7 s")
+    assert note.endswith("counts the 2.0x alone, and a quiet machine would take about 3-7 s")
 
 
 def test_a_run_timed_in_one_process_a_case_says_its_intervals_hold_that_process_only(

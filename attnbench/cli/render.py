@@ -256,15 +256,18 @@ def busy_note(busy: Busy, low: float | None, high: float, auto: bool, first: flo
     lengths instead."""
     if busy.slowdown <= 1.0:
         return ""
-    slower = f"the machine is busy ({busy.why}): its cases run about {busy.slowdown:.1f}x slower"
+    slower = (
+        f"the machine is busy ({busy.why}): while it stays so its cases run at least "
+        f"{busy.slowdown:.1f}x slower than on a quiet machine, ops on several threads far slower"
+    )
     if auto:
-        return (
-            f"{slower} than on a quiet machine, if it stays so, and its lines reach shorter "
-            "lengths within their budget"
-        )
+        return f"{slower}, and its lines reach shorter lengths within their budget"
     quiet_low = (low - first) / busy.slowdown + first if low is not None else None
     quiet = _duration_range(quiet_low, (high - first) / busy.slowdown + first)
-    return f"{slower}, as the estimate says, if it stays so; a quiet machine would take {quiet}"
+    return (
+        f"{slower}; the estimate counts the {busy.slowdown:.1f}x alone, and a quiet machine "
+        f"would take {quiet}"
+    )
 
 
 def _duration_range(low: float | None, high: float) -> str:

@@ -76,9 +76,10 @@ def _more_processes(imprecise: pd.DataFrame) -> str:
     if needed > MOST_PROCESSES_ADVISED:  # a new user's busy machine read "about 758"
         return (
             f"at the median spread between their processes, {spread:.1%}, a case would need "
-            f"about {needed} processes to reach ±{IMPRECISE_REL_CI:.0%}: the machine was too "
-            "busy for that (an interval narrows only as the square root of the processes); "
-            "sweep again when it is quieter"
+            f"about {needed} processes to reach ±{IMPRECISE_REL_CI:.0%}: too many to give (an "
+            "interval narrows only as the square root of the processes); their processes read "
+            "that far apart on a busy machine, or where a round or two ran slow, and a sweep "
+            "on a quieter machine reads them nearer"
         )
     return (
         f"at the median spread between their processes, {spread:.1%}, a case needs about "

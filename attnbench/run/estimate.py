@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.devices import device_kind, machine_load
+from attnbench.devices import device_kind, machine_load, runnable_now
 from attnbench.estimators import is_disturbed
 from attnbench.layers.registry import entry
 from attnbench.measure.counts import extend
@@ -167,15 +167,19 @@ def machine_busy(
     threads: int,
     read: Callable[[], float] | None = None,
     load: Callable[[], float | None] | None = None,
+    runnable: Callable[[], float | None] | None = None,
 ) -> Busy:
     """How busy the machine reads now, by two tests, the slower they say:
     - where its quiet level is kept (``run.quiet``), the machine reference
       (``measure.timing.reference``, 20 ms) read now against it: the rounds' own test of a
       disturbed machine, which slows with the cases in the stretches a neighbour brings
       (lstm 1.5-2.7x, their logs correlating at 0.95-0.98);
-    - the 1-minute load, past the CPUs: with ``load`` tasks runnable beside the sweep's
-      ``threads``, each gets about cpus / (load + threads) of a CPU. A load under the CPUs is
-      not taken for a neighbour: a sweep's own last minute leaves up to its threads' worth.
+    - the 1-minute load, past the CPUs, and no more than the tasks runnable now (the load
+      lags a neighbour that has ended): with ``load`` tasks runnable beside the sweep's
+      ``threads``, each gets about cpus / (load + threads) of a CPU, a floor on the slowdown
+      (ops on several threads lose far more: lstm 12x, attention 15x beside three loops on one
+      thread each, where this reads 2.4x). A load under the CPUs is not taken for a
+      neighbour: a sweep's own last minute leaves up to its threads' worth.
       The reference misses this one: beside three processes each looping on small products
       in one thread (2 CPUs), it read 0.56x its quiet time while a fresh process's work took
       2.9x and a sweep 3x (``benchmarks/busy_estimate.py``)."""
@@ -191,6 +195,9 @@ def machine_busy(
             ratio = reading / quiet_s
             found.append(Busy(ratio, f"its reference reads {ratio:.1f}x its quiet level"))
     cpus, now = usable_cpus(), (load or machine_load)()
+    if now is not None and now > cpus:
+        running = (runnable or runnable_now)()
+        now = now if running is None else min(now, running)
     if now is not None and now > cpus:
         slowdown = (now + min(threads, cpus)) / cpus
         found.append(Busy(slowdown, f"its 1-minute load is {now:.1f} on {cpus} CPUs"))
