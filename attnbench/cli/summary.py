@@ -17,14 +17,13 @@ from attnbench.measure.timing.faults import FAULT_SHARE
 from attnbench.measure.timing.loop import IMPRECISE_REL_CI, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
 from attnbench.regime import REGIME_BAND, REGIME_SIZES
-from attnbench.results.record import AutoLine
+from attnbench.results.record import AutoLine, Stopped
 from attnbench.results.run import RunResults
 from attnbench.schema import (
     STATUSES,
     SUMMARY_COLUMNS,
     RunStatus,
     Status,
-    Stopped,
     numeric_column,
 )
 

@@ -9,9 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from attnbench.schema import RunStatus, Stopped
+from attnbench.schema import RunStatus
+
+
+class Stopped(StrEnum):
+    """Why a line of an auto sweep (``--n auto``: one layer at one width) went no further, as
+    run.json's ``auto`` holds it (``run.auto``)."""
+
+    REGIME = "regime"  # its rate settled: the time grows as the work
+    TIME = "time"  # the next call would take longer than the per-case limit
+    MEMORY = "memory"  # the next case's peak would not fit in the free memory
+    BUDGET = "budget"  # the next case would overrun the line's share of the budget
+    LONGEST = "longest n"  # no length left on the ladder
+    FAILED = "failed"  # a case of the line failed (out of memory, out of time, an error)
 
 
 @dataclass(frozen=True)

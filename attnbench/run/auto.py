@@ -21,8 +21,9 @@ import torch
 from attnbench.devices import DTYPES, available_bytes, device_kind
 from attnbench.measure.record import CaseResult
 from attnbench.regime import REGIME_BAND, REGIME_SIZES, settled_sizes
+from attnbench.results.record import Stopped
 from attnbench.run.rounds import cost_of
-from attnbench.schema import Status, Stopped
+from attnbench.schema import Status
 from attnbench.spec import Case, Grid
 
 # A case whose single call is predicted longer than this (seconds) is not started, unless

@@ -5,13 +5,12 @@ starts (``machine_busy``). Never reported as a measurement."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from attnbench.devices import device_kind, machine_load, runnable_now
+from attnbench.devices import device_kind, machine_load, runnable_now, usable_cpus
 from attnbench.estimators import is_disturbed
 from attnbench.layers.registry import entry
 from attnbench.measure.counts import extend
@@ -152,14 +151,6 @@ class Busy:
 
 
 QUIET = Busy()
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity: a container's share), else the host's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def machine_busy(
