@@ -72,6 +72,9 @@ class FakeCluster:
     def environment(self, device: str) -> dict[str, Any]:
         return SerialExecutor().environment(device)
 
+    def ceilings(self, grid: Grid, fault_cost: float | None) -> dict[str, Any]:
+        return SerialExecutor().ceilings(grid, fault_cost)
+
     def start(self, grid: Grid) -> dict[str, Any]:
         if not self._workers:
             for i, model in enumerate(self.devices):

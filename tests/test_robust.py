@@ -27,6 +27,7 @@ from attnbench.results.store import ResultsWriter
 from attnbench.run.events import Listeners, ProgressEvent, SweepStart
 from attnbench.run.executors import serial as serial_module
 from attnbench.run.executors import worker as worker_module
+from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.queue import UNCALIBRATED
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.spec import Case, Grid
@@ -227,12 +228,12 @@ def test_ctrl_c_while_the_ceilings_are_measured_is_a_recorded_stop_and_resume_re
     'running', and a resume never recorded them (no predicted times, no bounds)."""
     from attnbench.run import sweep as sweep_module
 
-    real = sweep_module.run_ceilings
+    real = SerialExecutor.ceilings
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sweep_module, "run_ceilings", interrupted)
+    monkeypatch.setattr(SerialExecutor, "ceilings", interrupted)
     grid, out = _grid(n="8"), tmp_path / "run"
     with pytest.raises(SweepInterrupted) as info:
         run_sweep(grid, out)
@@ -246,7 +247,7 @@ def test_ctrl_c_while_the_ceilings_are_measured_is_a_recorded_stop_and_resume_re
     assert stopped.meta.get("ceilings") is None
     with pytest.raises(SweepInterrupted, match="stopped with 0 of 2 cases"):
         resume_sweep(out)  # stopped again, at the same place
-    monkeypatch.setattr(sweep_module, "run_ceilings", real)
+    monkeypatch.setattr(SerialExecutor, "ceilings", real)
     cached = sweep_module.ceilings_cached("cpu", "float32", torch.get_num_threads())
     starts: list[SweepStart] = []
     run = resume_sweep(out, listeners=Listeners(on_start=starts.append))
@@ -266,12 +267,12 @@ def test_ceilings_that_cannot_be_measured_say_why_and_the_run_goes_on(
     from rich.console import Console
 
     from attnbench.cli.summary import summary_notes
-    from attnbench.run import sweep as sweep_module
+    from attnbench.run.executors import base as base_module
 
     def refused(*args: object, **kwargs: object) -> None:
         raise AttnbenchError("--threads 8: this process may use 2 CPUs; choose at most 2")
 
-    monkeypatch.setattr(sweep_module, "machine_ceilings", refused)
+    monkeypatch.setattr(base_module, "machine_ceilings", refused)
     run = run_sweep(_grid(n="8"), tmp_path / "run")
     assert run.status == "complete" and run.ceilings is None
     assert run.meta["ceilings_error"] == (

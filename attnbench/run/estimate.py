@@ -88,6 +88,7 @@ def estimate_bounds(
     low = high = 0.0
     share = round_policy(grid).budget_s  # each round's
     quick = round_policy(grid).min_time_s
+    own = process_s(grid.device, fresh)  # a round's process, beyond its calls
     most = grid.most_rounds
     probed: set[str] = set()  # the probe sets a case before traced (one per layer, d, options)
     cases = grid.cases()
@@ -104,7 +105,7 @@ def estimate_bounds(
         untimed = tracing_seconds(case, hit, probes in probed, counting) + 4 * call
         if extend.applies(case, counting.full_trace) and not hit:
             probed.add(probes)
-        fixed = process_s(grid.device, fresh) + 2 * call + ROUND_WARMUP_S  # its process, calls
+        fixed = own + 2 * call + ROUND_WARMUP_S  # its process, its calls
         soon, late = COMPILE_S if case.compiled else (0.0, 0.0)  # each round compiles anew
         low += untimed + grid.processes * (fixed + soon + max(quick, 5 * call))
         high += untimed + most * (fixed + late + max(share, 5 * call))

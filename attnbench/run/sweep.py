@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from attnbench.errors import AttnbenchError, SweepInterrupted, first_line
+from attnbench.errors import AttnbenchError, SweepInterrupted
 from attnbench.estimators import quieter
 from attnbench.layers import plugins
-from attnbench.measure.machine.ceilings_file import cache_dir, ceilings_cached, machine_ceilings
+from attnbench.measure.machine.ceilings_file import cache_dir, ceilings_cached
 from attnbench.measure.timing.allocator import run_state
 from attnbench.measure.timing.faults import fault_cost_s
 from attnbench.measure.timing.loop import Clock
@@ -162,7 +162,7 @@ def _start(
         )
     if not has_ceilings:
         with _stopped_before_cases(writer, total, done):
-            writer.update(**run_ceilings(grid, fault_cost))
+            writer.update(**runs_on.ceilings(grid, fault_cost))
     return _sweep(writer, grid, previous, measuring, listeners, executor=runs_on, quiet=quiet)
 
 
@@ -175,25 +175,6 @@ def _stopped_before_cases(writer: ResultsWriter, total: int, done: int = 0) -> I
     except KeyboardInterrupt:
         writer.finish(RunStatus.INTERRUPTED)
         raise SweepInterrupted(str(writer.out_dir), done, total, "SIGINT") from None
-
-
-def run_ceilings(grid: Grid, fault_cost: float | None = None) -> dict[str, Any]:
-    """run.json's ``ceilings`` for the run's device, dtype and threads: from the cache, or
-    measured now (a few seconds, once per machine; ``attnbench machine --remeasure`` measures
-    again). They are this process's device: with Ray, the driver's. Where they cannot be
-    measured (a driver with fewer CPUs than --threads asks of Ray's nodes), ``ceilings`` is
-    None and ``ceilings_error`` says why: the run goes on, and ``attnbench predict --machine``
-    takes a file instead."""
-    threads = grid.threads or torch.get_num_threads()
-    try:
-        found, _ = machine_ceilings(grid.device, grid.dtype, threads)
-    except (AttnbenchError, RuntimeError, OSError) as exc:
-        reason = exc.message if isinstance(exc, AttnbenchError) else first_line(exc)
-        return {"ceilings": None, "ceilings_error": reason}
-    if found.page_fault_s is not None and fault_cost is not None:
-        # One cost of a fault per run: the one measured now, which fault_cost_s records too.
-        found = replace(found, page_fault_s=fault_cost)
-    return {"ceilings": found.to_dict(), "ceilings_error": None}
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """What the runner and an executor exchange: where a worker measures, the jobs it is given, what
-comes back, and the ``Executor`` protocol.
+comes back, and the ``Executor`` protocol (the machine its workers measure on among it: run.json's
+environment and ceilings are the executor's to say, not the runner's).
 
 The runner owns the sweep (order, skips, retries, writing); an executor owns workers. Each idle
 worker asks the runner for a job (``take``) and the executor yields each ``JobDone`` as it
@@ -9,10 +10,14 @@ arrives, so a serial sweep and one spread over many machines share every other l
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import torch
+
+from attnbench.errors import AttnbenchError, first_line
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
+from attnbench.measure.machine.ceilings_file import machine_ceilings
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing.calibration import Calibration
 from attnbench.measure.timing.loop import TimingPolicy, TimingStats
@@ -89,6 +94,11 @@ class Executor(Protocol):
         """Start the workers (once; later calls return the same record): run.json's cluster."""
         ...
 
+    def ceilings(self, grid: Grid, fault_cost: float | None) -> dict[str, Any]:
+        """run.json's ``ceilings`` and ``ceilings_error``: the machine the workers measure
+        on, from the cache or measured now (``local_ceilings``)."""
+        ...
+
     @property
     def workers(self) -> int:
         """How many jobs can run at once (once started)."""
@@ -99,3 +109,22 @@ class Executor(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def local_ceilings(grid: Grid, fault_cost: float | None = None) -> dict[str, Any]:
+    """run.json's ``ceilings`` for the grid's device, dtype and threads on this machine: from
+    the cache, or measured now in this process (a few seconds, once per machine; ``attnbench
+    machine --remeasure`` measures again). Where they cannot be measured (a driver with fewer
+    CPUs than --threads asks of Ray's nodes), ``ceilings`` is None and ``ceilings_error`` says
+    why: the run goes on, and ``attnbench predict --machine`` takes a file instead.
+    ``fault_cost`` is the run's measured cost of a page fault (``measure.timing.faults``),
+    recorded in place of the cached one: one cost a run."""
+    threads = grid.threads or torch.get_num_threads()
+    try:
+        found, _ = machine_ceilings(grid.device, grid.dtype, threads)
+    except (AttnbenchError, RuntimeError, OSError) as exc:
+        reason = exc.message if isinstance(exc, AttnbenchError) else first_line(exc)
+        return {"ceilings": None, "ceilings_error": reason}
+    if found.page_fault_s is not None and fault_cost is not None:
+        found = replace(found, page_fault_s=fault_cost)
+    return {"ceilings": found.to_dict(), "ceilings_error": None}

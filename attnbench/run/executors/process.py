@@ -28,7 +28,7 @@ from attnbench._version import __version__
 from attnbench.devices import local_device
 from attnbench.errors import AttnbenchError
 from attnbench.layers import plugins
-from attnbench.run.executors.base import Job, JobDone, Placement, Take
+from attnbench.run.executors.base import Job, JobDone, Placement, Take, local_ceilings
 from attnbench.run.executors.wire import PROTOCOL, done_from_wire, job_to_wire
 from attnbench.spec import Grid
 
@@ -146,6 +146,11 @@ class SubprocessExecutor:
     def environment(self, device: str) -> dict[str, Any]:
         """The child's own record: its Python, torch and attnbench, not the driver's."""
         return dict(self._ready.get("environment", {}), device=device)
+
+    def ceilings(self, grid: Grid, fault_cost: float | None) -> dict[str, Any]:
+        """This machine's, measured here: the child runs on it (``--base-python`` is another
+        interpreter, not another machine)."""
+        return local_ceilings(grid, fault_cost)
 
     def start(self, grid: Grid) -> dict[str, Any]:
         if self._record:
@@ -272,6 +277,11 @@ class ForkExecutor:
 
     def environment(self, device: str) -> dict[str, Any]:
         return self.servers[0].environment(device)
+
+    def ceilings(self, grid: Grid, fault_cost: float | None) -> dict[str, Any]:
+        """This machine's, measured here, never in a server: a server that ran a torch op
+        could not fork (``fresh``)."""
+        return local_ceilings(grid, fault_cost)
 
     def start(self, grid: Grid) -> dict[str, Any]:
         """Start every server at once (each imports torch: a second or two, together)."""

@@ -29,7 +29,7 @@ from attnbench.layers import plugins
 from attnbench.measure.timing.allocator import DEFAULT_ALLOCATOR
 from attnbench.results.environment import environment
 from attnbench.results.files import now_iso
-from attnbench.run.executors.base import Job, JobDone, Placement, Take
+from attnbench.run.executors.base import Job, JobDone, Placement, Take, local_ceilings
 from attnbench.run.executors.ray_cluster import (
     RayError,
     connect,
@@ -201,6 +201,11 @@ class RayExecutor:
             cuda_device_count=sum(w["device_id"].startswith("cuda") for w in workers),
         )
         return env
+
+    def ceilings(self, grid: Grid, fault_cost: float | None) -> dict[str, Any]:
+        """The driver's, as its ``environment`` is: where the driver has fewer CPUs than
+        --threads asks of the nodes, none, with why (``local_ceilings``)."""
+        return local_ceilings(grid, fault_cost)
 
     # -- workers
 

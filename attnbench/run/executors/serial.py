@@ -13,7 +13,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.layers import plugins
 from attnbench.measure.timing.loop import Clock
 from attnbench.results.environment import environment
-from attnbench.run.executors.base import JobDone, Take
+from attnbench.run.executors.base import JobDone, Take, local_ceilings
 from attnbench.run.executors.worker import Worker
 from attnbench.spec import Grid
 
@@ -35,6 +35,9 @@ class SerialExecutor:
 
     def environment(self, device: str) -> dict[str, Any]:
         return environment(device)
+
+    def ceilings(self, grid: Grid, fault_cost: float | None) -> dict[str, Any]:
+        return local_ceilings(grid, fault_cost)  # the jobs run in this process
 
     def start(self, grid: Grid) -> dict[str, Any]:
         if self._worker is None:
