@@ -412,7 +412,7 @@ COLUMNS: tuple[Column, ...] = (
         "page_faults", "float", _MEASURE,
         "minor page faults per call in the median timed block (getrusage, every thread; "
         "empty on CUDA and MPS, whose tensors live in device memory)",
-        summary="faults", fmt=fmt_count,
+        summary="faults/call", fmt=fmt_count,  # a mean: 0.5 is a fault every other call
     ),
     Column(
         "major_faults", "float", _MEASURE,

@@ -207,6 +207,9 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     frame["flops_check"] = "ok"
     frame.loc[0, "time_ci_high_s"] = frame.loc[0, "time_s"] * 1.5
     frame.loc[1, "flops_check"] = "mismatch"
+    # one case's processes read further apart than its samples; the others' cells stay blank
+    frame["spread_within"], frame["spread_between"] = 0.02, 0.01
+    frame.loc[0, "spread_between"] = 0.04
     buf = io.StringIO()
     console = Console(file=buf, width=200)
     summary_tables(replace(tiny_run, frame=frame), console)
@@ -214,6 +217,10 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     text = buf.getvalue()
     assert "1 case(s) marked ! have a time known only to ±5% or worse" in text
     assert "±50.0% !" in text and "±1.0%" in text
+    # a new user read "1.75" faults as a count and an empty between cell as missing
+    assert "faults/call" in text and text.count("±4.0%") == 1
+    assert text.count("±1.0%") == len(frame) - 1  # the other rows' intervals, no between cell
+    assert "(the between column, blank where they read no further apart)" in " ".join(text.split())
     assert (
         f"counted FLOPs differ from the analytic formula by more than 1% in 1 case(s) "
         f"({frame.loc[1, 'layer']})" in text

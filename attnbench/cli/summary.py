@@ -370,7 +370,8 @@ def replication_notes(run: RunResults) -> list[str]:
     if len(wider):
         notes.append(
             f"{len(wider)} case(s) read further apart between their processes than within one "
-            "(the between column): a process has a speed of its own, which their intervals hold"
+            "(the between column, blank where they read no further apart): a process has a "
+            "speed of its own, which their intervals hold"
         )
     if "process" not in run.samples:
         return notes
