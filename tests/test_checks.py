@@ -193,8 +193,13 @@ def test_the_plugin_check_tries_a_grid_length_before_refusing() -> None:
         "layer blocky: calling it on a (2, 50, 8) input failed: "
         "AssertionError: length 50 is not a multiple of 48"
     )  # the error at the grid's length, the last one tried
-    with pytest.raises(AttnbenchError, match="gain 1 did not arrive"):
+    with pytest.raises(AttnbenchError) as unbuilt:
         check_output(entry, 8, (96,), {"gain": 1})
+    # the factory failed, not the call: a new user's was blamed on calling the layer
+    assert str(unbuilt.value) == (
+        "layer blocky: building it for a (2, 96, 8) input failed: "
+        "AssertionError: gain 1 did not arrive"
+    )
 
 
 class _Mean(nn.Module):  # no parameters: its output has its input's dtype, whatever that is

@@ -82,6 +82,8 @@ def test_config_file_with_options_overriding_it(tmp_path: Path) -> None:
         (["--retry"], "--retry applies only with --resume"),
         (["--resume", "/nonexistent/run"], "'/nonexistent/run' is not a folder"),
         (["--resume", "/"], "is not an attnbench results folder"),
+        # rich's emoji codes are not read: a new user's plugin file.py:boom read "file.py💥"
+        (["--layers", "nothere.py:boom:"], "--layers nothere.py:boom:: write module.path"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:

@@ -38,8 +38,11 @@ from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 def console(*, stderr: bool, width: int = 120) -> Console:
     """A console on stdout or stderr; off a terminal (CI logs, pipes) wide enough not to wrap
     tables."""
-    found = Console(stderr=stderr, highlight=False)
-    return found if found.is_terminal else Console(stderr=stderr, highlight=False, width=width)
+    # emoji off: a plugin named file.py:boom:... read "file.py💥..." (rich's :boom: code)
+    found = Console(stderr=stderr, highlight=False, emoji=False)
+    if found.is_terminal:
+        return found
+    return Console(stderr=stderr, highlight=False, emoji=False, width=width)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,14 @@ def check_output(
         shape = (BATCH, n, d)
         try:
             layer = build_layer(entry.name, d, **options, n=n)
+        except AttnbenchError:
+            raise
+        except Exception as exc:  # the factory's own failure, not the call's
+            failures.append(
+                f"layer {entry.name}: building it for a {shape} input failed: {first_line(exc)}"
+            )
+            continue
+        try:
             with torch.no_grad():
                 out = layer(torch.randn(*shape, dtype=dtype))
         except AttnbenchError:
