@@ -277,7 +277,10 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
                 f"{OVERHEAD_SHARE:.0%} of the time{grows})"
             )
         if row.time_d_fit_n_at is not None:
-            parts.append(f"time ~ d at n={row.time_d_fit_n_at}")
+            # the exponent itself: "time ~ d" read as a claim of linear growth beside d^0.48
+            slope = row.time_exponent_d
+            grows = f"^{slope:.2f}" if slope is not None and pd.notna(slope) else ""
+            parts.append(f"time ~ d{grows} fitted across d at n={row.time_d_fit_n_at}")
         if row.left_out_cases:
             parts.append(f"{row.left_out_cases} unmeasured case(s) left out")
         notes.append(f"{row.layer}: " + "; ".join(parts or ["too few measured cases to fit"]))

@@ -153,6 +153,8 @@ def test_the_notes_split_each_time_exponent_into_work_and_rate() -> None:
         note.startswith("rnn: time ~ n^0.80 = work n^1.00 ÷ rate n^0.20, fitted at n=64..512")
         for note in notes
     ), notes
+    # the d fit says its exponent: "time ~ d at n=512" read as linear beside rnn's d^0.48
+    assert any("; time ~ d^2.00 fitted across d at n=" in note for note in notes), notes
     # a layer without a fit makes the column float: a new user's notes read "d=64.0"
     floated = table.assign(time_fit_d_at=table["time_fit_d_at"].astype(float))
     assert all("d=64.0" not in note for note in fit_notes(floated, run))
