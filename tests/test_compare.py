@@ -368,6 +368,18 @@ def _two_models(slow_b: float = 1.0, gemm_b: float = 1e-3) -> dict[tuple[str, in
     return cases
 
 
+def test_an_overall_row_over_too_few_cases_says_so(tmp_path: Path) -> None:
+    """Under 7 cases no overall test reaches alpha 0.01: said of the cases, not the samples (a
+    new user's one-case ab read "too few samples" beside the case's own verdict)."""
+    conv = {key: spec for key, spec in cases_grid().items() if key[0] == "conv"}
+    c = compare_runs(make_run(tmp_path / "a", conv), make_run(tmp_path / "b", conv))
+    assert 0 < len(c.times) < 7 and c.overall_verdict.verdict == TOO_FEW
+    shown = display_table(c).set_index("layer")
+    assert shown.loc["OVERALL", "time"] == "too few cases (needs 7)"
+    assert shown.loc["conv", "time"].iloc[0] != shown.loc["OVERALL", "time"]
+    assert to_json(c)["overall"]["raw"]["verdict"] == "too few samples"  # the JSON keeps its word
+
+
 def test_runs_over_two_device_models_are_compared_model_by_model(tmp_path: Path) -> None:
     base = make_run(tmp_path / "a", _two_models())
     new = make_run(tmp_path / "b", _two_models())

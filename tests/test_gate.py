@@ -391,6 +391,11 @@ def test_the_overall_row_at_its_boundaries() -> None:
     assert few.ratio == pytest.approx((1.5 * 1.6 * 1.7) ** (1 / 3))
     same = judge_overall([1.0] * 8)
     assert (same.verdict, same.ratio, same.p_value) == (UNCHANGED, 1.0, 1.0)
+    # the fewest cases whose test can reach alpha: 0.5^k under it
+    from attnbench.compare import cases_to_judge
+
+    assert [cases_to_judge(a) for a in (0.125, 0.05, 0.01, 0.5, 2 / 256)] == [4, 5, 7, 2, 8]
+    assert judge_overall([1.5] * 3 + [1.6], Thresholds(alpha=0.125)).verdict != TOO_FEW
 
 
 def test_a_p_value_equal_to_alpha_is_not_significant() -> None:

@@ -172,6 +172,15 @@ def judge_pairs(
     return _verdict(ratio, p, thresholds)
 
 
+def cases_to_judge(alpha: float) -> int:
+    """The fewest cases whose overall test can reach ``alpha``: the exact signed-rank test's
+    smallest p over k cases is 0.5^k (5 at 0.05, 7 at 0.01)."""
+    cases = 1
+    while 0.5**cases >= alpha and cases < 64:  # alpha is in (0, 1): a few steps at most
+        cases += 1
+    return cases
+
+
 def judge_overall(
     ratios: Sequence[float], thresholds: Thresholds = DEFAULT_THRESHOLDS
 ) -> TimeVerdict:
@@ -183,7 +192,7 @@ def judge_overall(
     if logs.size == 0:
         return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
     geomean = float(np.exp(logs.mean()))
-    if 0.5**logs.size >= thresholds.alpha:  # the smallest p of the exact test
+    if logs.size < cases_to_judge(thresholds.alpha):  # its smallest p reaches no alpha
         return TimeVerdict(geomean, math.nan, TOO_FEW)
     slower = geomean >= 1
     if not np.any(logs):

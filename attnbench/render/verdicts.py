@@ -23,9 +23,11 @@ import pandas as pd
 from attnbench.compare import (
     NOT_COMPARED,
     REGRESSION,
+    TOO_FEW,
     UNCHANGED,
     Comparison,
     TimeVerdict,
+    cases_to_judge,
 )
 from attnbench.render.blocks import Block
 from attnbench.render.blocks import to_markdown as blocks_to_markdown
@@ -158,6 +160,8 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
     if normalized:
         last["norm. ratio"] = _ratio(overall["normalized"].ratio)
     verdict = "REGRESSION" if judged.verdict == REGRESSION else judged.verdict
+    if judged.verdict == TOO_FEW:  # across cases: one case with a verdict read "too few samples"
+        verdict = f"too few cases (needs {cases_to_judge(comparison.thresholds.alpha)})"
     last.update(p=_p(judged.p_value), time=verdict, exact="")
     rows.append(last)
     return pd.DataFrame(rows)
