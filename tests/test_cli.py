@@ -370,6 +370,8 @@ def test_oom_cases_are_counted_and_the_exit_code_stays_0(tmp_path: Path, add_lay
     # The summary is the command's product (stdout); notes go to stderr with the progress.
     assert "3 of 3 cases: 1 measured, 1 oom, 0 timeout, 1 skipped, 0 failed" in result.stdout
     assert "2 case(s) have no measurements" in result.stderr
+    # and each layer's first reason, which a new user's decode sweep found only in results.csv
+    assert "\n  hungry: OutOfMemoryError: CUDA out of memory" in result.stderr
 
 
 @pytest.mark.slow

@@ -238,6 +238,27 @@ def auto_note(lines: tuple[AutoLine, ...]) -> str:
     )
 
 
+# How many layers' reasons the note on unmeasured cases lists (results.csv has every case's).
+REASONS_SHOWN = 5
+
+
+def _why_unmeasured(frame: pd.DataFrame) -> list[str]:
+    """Each layer's reason for its first case without measurements, from the error column (a
+    new user's decode sweep said only "skipped": the layer had no decode step)."""
+    if "error" not in frame:
+        return []
+    errors = frame["error"].fillna("").astype(str)
+    unmeasured = frame[
+        (frame["status"] != Status.OK) & numeric_column(frame, "time_s").isna() & (errors != "")
+    ]
+    first = unmeasured.drop_duplicates("layer")
+    lines = [f"{row.layer}: {row.error}" for row in first.itertuples()]
+    if len(lines) > REASONS_SHOWN:
+        left = len(lines) - REASONS_SHOWN
+        lines = [*lines[:REASONS_SHOWN], f"and {left} more layer(s): the error column says why"]
+    return lines
+
+
 def _time_notes(run: RunResults, console: Console) -> None:
     """What to know of the times: cases not measured, imprecise, spread over processes, off
     their trend, or measured on a second worker."""
@@ -252,6 +273,8 @@ def _time_notes(run: RunResults, console: Console) -> None:
             f"({', '.join(f'{s}: {STATUSES[s]}' for s in STATUSES if s != 'ok' and counts[s])}); "
             "tables of figures, fits and charts leave them out"
         )
+        for line in _why_unmeasured(frame):
+            console.print(f"  {escape(line)}", soft_wrap=True)
     if kept:
         console.print(
             f"[yellow]note:[/] {kept} case(s) failed a correctness check (their error says "
