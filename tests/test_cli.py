@@ -84,6 +84,9 @@ def test_config_file_with_options_overriding_it(tmp_path: Path) -> None:
         (["--resume", "/"], "is not an attnbench results folder"),
         # rich's emoji codes are not read: a new user's plugin file.py:boom read "file.py💥"
         (["--layers", "nothere.py:boom:"], "--layers nothere.py:boom:: write module.path"),
+        # Typer's usage errors, one line as the core's are (a new user's --layrs: five lines)
+        (["--layrs", "conv"], "error: No such option: --layrs (Possible options: "),
+        (["--n"], "error: Option '--n' requires an argument."),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
@@ -93,6 +96,15 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert "Traceback" not in result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:")
+
+
+def test_no_command_prints_the_help_and_no_error_line() -> None:
+    result = runner.invoke(app, [])
+    assert result.exit_code == 2 and "Usage: attnbench" in result.stdout
+    assert "error" not in result.stderr
+    unknown = runner.invoke(app, ["nosuch"])
+    assert unknown.exit_code == 2
+    assert unknown.stderr.strip() == "error: No such command 'nosuch'."
 
 
 @pytest.mark.slow

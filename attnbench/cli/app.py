@@ -11,7 +11,7 @@ import functools
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -26,12 +26,24 @@ from attnbench.errors import AttnbenchError, SweepInterrupted, first_line
 # Typer from 0.29 stands without Click; before it, its exits are Click's.
 PASS_THROUGH: tuple[type[BaseException], ...] = (typer.Exit, typer.Abort)
 PASS_THROUGH += tuple(e for e in (getattr(typer, "TyperException", None),) if e is not None)
+# A usage error (a misspelt option, a missing value) and an abort, as the installed Typer
+# raises them (its own from 0.29, Click's before): ``Group.main`` writes them in one line.
+USAGE_ERRORS: tuple[type[Exception], ...] = ()
+ABORTS: tuple[type[BaseException], ...] = (typer.Abort,)
+try:
+    from typer._click.exceptions import ClickException as _TyperClickException
+except ImportError:  # a Typer before 0.29: its errors are Click's
+    pass
+else:
+    USAGE_ERRORS += (_TyperClickException,)
 try:
     import click
 except ImportError:  # typer 0.29 and later, installed alone
     pass
 else:
     PASS_THROUGH += (click.exceptions.Exit, click.ClickException)
+    USAGE_ERRORS += (click.ClickException,)
+    ABORTS += (click.Abort,)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,6 +66,35 @@ class Command(typer.core.TyperCommand):
 class Group(typer.core.TyperGroup):
     def get_params(self, ctx: Any) -> list[Any]:
         return _untyped_flags(super().get_params(ctx))
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """As Typer's, but a usage error (an option misspelt, a value missing) is one line on
+        stderr, as the core's errors are, not the usage, a hint and a framed panel (a new
+        user's ``--layrs``: five lines)."""
+        given = (args, prog_name, complete_var)
+        if not standalone_mode:
+            return super().main(*given, False, windows_expand_args, **extra)
+        try:
+            code = super().main(*given, False, windows_expand_args, **extra)
+        except USAGE_ERRORS as exc:
+            formats = getattr(exc, "format_message", None)
+            message = str(formats() if callable(formats) else exc)
+            if message:  # none where the error was the help itself (no command given)
+                err = console(stderr=True)
+                err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+            sys.exit(int(getattr(exc, "exit_code", 2)))
+        except ABORTS:
+            console(stderr=True).print("Aborted!")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 app = typer.Typer(
