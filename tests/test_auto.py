@@ -139,23 +139,6 @@ def test_a_line_stops_where_its_share_of_the_budget_runs_out() -> None:
     assert plan.line(rnn).allowance_s == pytest.approx(10.0 - line.wall_s)
 
 
-def test_a_rounds_wait_for_a_quiet_machine_is_not_charged_to_its_lines_budget() -> None:
-    """A first round that waited 10 s for a quiet machine (--wait-quiet's, on top of the
-    budget) stopped its line on a 12 s share after one case."""
-    import dataclasses
-
-    plan = AutoPlan(grid(auto_budget=12))
-    case = plan.grid.cases()[0]
-    plan.started(case)
-    done = result(case, 1e-4, wall_s=10.5)
-    assert done.timing is not None
-    waited = dataclasses.replace(done.timing, waited_s=10.0)
-    plan.record(dataclasses.replace(done, timing=waited))
-    (point,) = plan.line(case).points
-    assert point.wall_s == pytest.approx(0.5)
-    assert plan.decide(plan.grid.cases()[1]) == (True, "")
-
-
 def test_a_case_is_charged_every_round_it_may_get_so_the_budget_bounds_the_sweep() -> None:
     """A case may get up to ``most_rounds`` rounds, and gets them all on a busy machine: the
     budget charges each case that many, so no interval can carry a sweep past it (charged
