@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -17,6 +18,7 @@ from attnbench.compare import (
     NOT_COMPARED,
     NOT_SIGNIFICANT,
     REGRESSION,
+    THROTTLED,
     TOO_FEW,
     UNCHANGED,
     compare_runs,
@@ -378,6 +380,11 @@ def test_an_overall_row_over_too_few_cases_says_so(tmp_path: Path) -> None:
     assert shown.loc["OVERALL", "time"] == "too few cases (needs 7)"
     assert shown.loc["conv", "time"].iloc[0] != shown.loc["OVERALL", "time"]
     assert to_json(c)["overall"]["raw"]["verdict"] == "too few samples"  # the JSON keeps its word
+    # the count beside it is of the cases the test took: a throttled one is left out of both
+    times = c.times.copy()
+    times.loc[times.index[0], "verdict"] = THROTTLED
+    shown = display_table(dataclasses.replace(c, times=times)).set_index("layer")
+    assert shown.loc["OVERALL", "current"] == f"geomean of {len(times) - 1}"
 
 
 def test_runs_over_two_device_models_are_compared_model_by_model(tmp_path: Path) -> None:

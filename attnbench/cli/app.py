@@ -92,7 +92,7 @@ class Group(typer.core.TyperGroup):
                 err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
             sys.exit(int(getattr(exc, "exit_code", 2)))
         except ABORTS:
-            console(stderr=True).print("Aborted!")
+            console(stderr=True).print("[red]Aborted.[/]")  # as Typer writes it
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
 

@@ -247,7 +247,7 @@ def _why_unmeasured(frame: pd.DataFrame) -> list[str]:
     new user's decode sweep said only "skipped": the layer had no decode step)."""
     if "error" not in frame:
         return []
-    errors = frame["error"].fillna("").astype(str)
+    errors = frame["error"].where(frame["error"].notna(), "").astype(str)
     unmeasured = frame[
         (frame["status"] != Status.OK) & numeric_column(frame, "time_s").isna() & (errors != "")
     ]
@@ -393,8 +393,8 @@ def replication_notes(run: RunResults) -> list[str]:
     if len(wider):
         notes.append(
             f"{len(wider)} case(s) read further apart between their processes than within one "
-            "(the between column, blank where they read no further apart): a process has a "
-            "speed of its own, which their intervals hold"
+            "(the between column, blank for a case of one process or whose processes read no "
+            "further apart): a process has a speed of its own, which their intervals hold"
         )
     if "process" not in run.samples:
         return notes

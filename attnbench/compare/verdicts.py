@@ -176,7 +176,7 @@ def cases_to_judge(alpha: float) -> int:
     """The fewest cases whose overall test can reach ``alpha``: the exact signed-rank test's
     smallest p over k cases is 0.5^k (5 at 0.05, 7 at 0.01)."""
     cases = 1
-    while 0.5**cases >= alpha and cases < 64:  # alpha is in (0, 1): a few steps at most
+    while 0.5**cases >= alpha:  # alpha is above 0 (``Thresholds``): 0.5^k falls under it
         cases += 1
     return cases
 

@@ -23,6 +23,7 @@ import pandas as pd
 from attnbench.compare import (
     NOT_COMPARED,
     REGRESSION,
+    THROTTLED,
     TOO_FEW,
     UNCHANGED,
     Comparison,
@@ -121,6 +122,9 @@ def _case_verdict(row: Any) -> str:
     return "REGRESSION" if row.verdict == REGRESSION else row.verdict
 
 
+UNJUDGED = (NOT_COMPARED, THROTTLED)  # verdicts the overall row leaves out
+
+
 def display_table(comparison: Comparison) -> pd.DataFrame:
     """One row of strings per shared case, then the OVERALL row: what people read."""
     normalized = bool(comparison.calibration)
@@ -154,7 +158,8 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
         "n": "",
         "d": "",
         "baseline": "",
-        "current": f"geomean of {int((comparison.times['verdict'] != NOT_COMPARED).sum())}",
+        # the cases judge_overall took: neither uncompared nor throttled (compare.runs)
+        "current": f"geomean of {int((~comparison.times['verdict'].isin(UNJUDGED)).sum())}",
         "ratio": _ratio(overall["raw"].ratio),
     }
     if normalized:
