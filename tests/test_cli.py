@@ -234,7 +234,7 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     # a new user read "1.75" faults as a count and an empty between cell as missing
     assert "faults/call" in text and text.count("±4.0%") == 1
     assert text.count("±1.0%") == len(frame) - 1  # the other rows' intervals, no between cell
-    blank = "(the between column, blank for a case of one process or whose processes read no"
+    blank = "(the between column, blank for a case timed in a single process or whose processes"
     assert blank in " ".join(text.split())
     assert (
         f"counted FLOPs differ from the analytic formula by more than 1% in 1 case(s) "

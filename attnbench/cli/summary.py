@@ -393,8 +393,8 @@ def replication_notes(run: RunResults) -> list[str]:
     if len(wider):
         notes.append(
             f"{len(wider)} case(s) read further apart between their processes than within one "
-            "(the between column, blank for a case of one process or whose processes read no "
-            "further apart): a process has a speed of its own, which their intervals hold"
+            "(the between column, blank for a case timed in a single process or whose processes "
+            "read no further apart): a process has a speed of its own, which their intervals hold"
         )
     if "process" not in run.samples:
         return notes
