@@ -17,10 +17,10 @@ from attnbench.cli.render import Streams, frame_table
 from attnbench.compare.bisect import Race, bisect
 from attnbench.compare.changes import history_steps
 from attnbench.errors import AttnbenchError
+from attnbench.metrics import DEVICE_FREE_COUNTS
 from attnbench.render.dashboard import github_commit_url, publish
 from attnbench.results.history import add_run, load_history
 from attnbench.results.loader import load_results
-from attnbench.schema import DEVICE_FREE_COUNTS
 from attnbench.thresholds import Thresholds, parse_fraction
 from attnbench.vcs import git_output
 

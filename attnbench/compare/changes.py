@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from attnbench.schema import DEVICE_FREE_COUNTS
+from attnbench.metrics import DEVICE_FREE_COUNTS
 
 BETA = 1.5
 CONFIRM_P = 0.003

@@ -30,10 +30,11 @@ from attnbench.compare.verdicts import (
 from attnbench.errors import AttnbenchError
 from attnbench.layers.entry import LayerSource
 from attnbench.measure.counts.ops import RECURRENT_OPS, fused_names
+from attnbench.metrics import EXACT_METRICS, METRIC
 from attnbench.options import OPTIONS
 from attnbench.results.environment import compare_keys
 from attnbench.results.run import RunResults
-from attnbench.schema import EXACT_METRICS, METRIC, Status
+from attnbench.schema import Status
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, check_gate
 
 

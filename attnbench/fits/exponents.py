@@ -21,8 +21,9 @@ from attnbench.devices import DTYPES
 from attnbench.estimators import normal_quantile, t_quantile
 from attnbench.fits.agreement import agrees, law_fits
 from attnbench.fits.models import Layers, ModelFit, layers_or_live, numeric, own_fit, size_rows
+from attnbench.metrics import METRIC, METRICS
 from attnbench.regime import REGIME_BAND, settled_sizes
-from attnbench.schema import METRIC, METRICS, numeric_column
+from attnbench.schema import numeric_column
 
 
 @dataclass(frozen=True)

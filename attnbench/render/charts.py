@@ -28,6 +28,7 @@ from attnbench.fits import (
     theory_values,
     time_ratios,
 )
+from attnbench.metrics import METRICS, Metric
 from attnbench.regime import overhead_bound
 from attnbench.render.machine import roofline_chart, time_split_chart
 from attnbench.render.parallel import draw_in_two
@@ -46,7 +47,7 @@ from attnbench.render.style import (
     time_key_title,
 )
 from attnbench.results.run import RunResults
-from attnbench.schema import METRICS, Metric, numeric_column
+from attnbench.schema import numeric_column
 
 if TYPE_CHECKING:  # imported where a chart is drawn (render.style)
     from matplotlib.axes import Axes

@@ -18,9 +18,9 @@ import pandas as pd
 from attnbench.fits import LETTERS, Analysis
 from attnbench.fits.exponents import RangeKind, RangeRule
 from attnbench.measure.counts.ops import fused_names
+from attnbench.metrics import METRIC
 from attnbench.render.blocks import Block, to_html, to_markdown
 from attnbench.results.run import RunResults
-from attnbench.schema import METRIC
 from attnbench.storage import write_text_atomic
 from attnbench.table import comparison_table, display, fit_notes
 

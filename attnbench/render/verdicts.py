@@ -30,9 +30,10 @@ from attnbench.compare import (
     TimeVerdict,
     cases_to_judge,
 )
+from attnbench.metrics import DEVICE_FREE_COUNTS, EXACT_METRICS, METRIC
 from attnbench.render.blocks import Block
 from attnbench.render.blocks import to_markdown as blocks_to_markdown
-from attnbench.schema import DEVICE_FREE_COUNTS, EXACT_METRICS, METRIC, Status
+from attnbench.schema import Status
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 JSON_SCHEMA_ID = "attnbench-compare/1"

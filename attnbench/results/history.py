@@ -22,8 +22,9 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
+from attnbench.metrics import EXACT_METRICS
 from attnbench.results.run import RunResults
-from attnbench.schema import EXACT_METRICS, Status
+from attnbench.schema import Status
 from attnbench.storage import write_text_atomic
 from attnbench.vcs import git_output
 
