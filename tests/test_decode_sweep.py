@@ -23,6 +23,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from attnbench.cli import app
+from attnbench.cli.summary import check_notes
 from attnbench.devices import TOLERANCE
 from attnbench.formats import FORMAT_VERSION
 from attnbench.layers.decoding import State
@@ -571,3 +572,31 @@ def test_the_summary_names_a_decode_run_and_a_case_that_failed_its_check(tmp_pat
     assert "rnn (decode: one generated token at context n)" in done.stdout
     assert "2 case(s) failed a correctness check" in done.stderr
     assert "have no measurements" not in done.stderr
+    # the check's figure is in the summary, not only in results.csv: rnn passed, zeros did not
+    assert "decoded tokens matched the causal layer's parallel output in 2 of 4 cases" in (
+        " ".join(done.stderr.split())
+    )
+
+
+def test_a_check_note_gives_the_worst_difference_against_its_tolerance() -> None:
+    """The note names the case closest to (or furthest past) its dtype's tolerance, not the
+    largest raw difference: float16 allows more than float32."""
+    frame = pd.DataFrame(
+        {
+            "layer": ["rnn", "attention", "ssm"],
+            "n": [8, 16, 32],
+            "d": [64, 64, 64],
+            "dtype": ["float32", "float32", "float16"],
+            "device": ["cpu", "cpu", "cpu"],
+            "decode_check": [2e-7, 6e-5, 1e-3],
+        }
+    )
+    (note,) = check_notes(frame)
+    assert note.startswith("decoded tokens matched the causal layer's parallel output in every")
+    assert "the worst 6e-05 relative: attention at n=16, d=64; float32 on cpu allows 0.0001" in note
+    frame.loc[0, "decode_check"] = 1e-3  # past float32's tolerance: the worst, and not passed
+    (note,) = check_notes(frame)
+    assert "in 2 of 3 cases (the worst 0.001 relative: rnn at n=8" in note
+    assert check_notes(frame.drop(columns="decode_check")) == []
+    frame["compile_check"] = [0.0, None, None]
+    assert check_notes(frame)[1].startswith("compiled outputs matched the eager layer's in every")

@@ -11,6 +11,7 @@ from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
+from attnbench.devices import tolerance
 from attnbench.estimators import QUIET_FACTOR, processes_for, rel_ci
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.timing.faults import FAULT_SHARE
@@ -170,6 +171,8 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             soft_wrap=True,
         )
     _count_notes(run.frame, console)
+    for note in check_notes(run.frame):
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     reach = auto_note(run.record.auto)
     if reach:
         console.print(f"[yellow]note:[/] {escape(reach)}", soft_wrap=True)
@@ -349,6 +352,36 @@ def _count_notes(frame: pd.DataFrame, console: Console) -> None:
             f"({', '.join(ops)}): their FLOPs are a lower bound; see the uncounted_ops column",
             soft_wrap=True,
         )
+
+
+# The correctness checks a case may carry: its column, and what it compares.
+_CHECKS = (
+    ("decode_check", "decoded tokens matched the causal layer's parallel output"),
+    ("compile_check", "compiled outputs matched the eager layer's"),
+)
+
+
+def check_notes(frame: pd.DataFrame) -> list[str]:
+    """Where the cases' correctness checks passed, how close the closest call came to its
+    tolerance: the worst difference, its case, and what its dtype allows (a failed check is
+    the case's error, noted with the unmeasured ones)."""
+    notes = []
+    for column, what in _CHECKS:
+        values = numeric_column(frame, column)
+        checked = frame[values.notna()]
+        if not len(checked):
+            continue
+        allowed = [tolerance(str(r.dtype), str(r.device)) for r in checked.itertuples()]
+        share = values[checked.index] / pd.Series(allowed, index=checked.index)
+        worst = checked.loc[share.idxmax()]
+        passed = int((share <= 1).sum())
+        every = "every case" if passed == len(checked) else f"{passed} of {len(checked)} cases"
+        notes.append(
+            f"{what} in {every} (the worst {values[worst.name]:.2g} relative: "
+            f"{worst['layer']} at n={worst['n']}, d={worst['d']}; {worst['dtype']} on "
+            f"{worst['device']} allows {tolerance(str(worst['dtype']), str(worst['device'])):g})"
+        )
+    return notes
 
 
 def replication_notes(run: RunResults) -> list[str]:
