@@ -202,6 +202,18 @@ def test_the_plugin_check_tries_a_grid_length_before_refusing() -> None:
     )
 
 
+def test_a_factory_that_refuses_a_short_length_is_checked_at_the_grids() -> None:
+    """A factory may refuse the cheap length tried first (it builds blocks of 48 only): the
+    check goes on to the grid's length, as it does for a call that fails."""
+
+    def build(d: int, gain: int, n: int) -> _Blocked:
+        if n % 48:
+            raise ValueError(f"n={n} is not a whole number of blocks")
+        return _Blocked(d, gain, n)
+
+    check_output(_entry(build), 8, (16, 96), {"gain": 3})  # refused at 16, built at 96
+
+
 class _Mean(nn.Module):  # no parameters: its output has its input's dtype, whatever that is
     def forward(self, x):  # (B, n, d)
         return x.mean(dim=1, keepdim=True).expand_as(x)

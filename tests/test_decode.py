@@ -5,6 +5,7 @@ state its ``DecodeTheory`` states exactly."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
@@ -326,6 +327,28 @@ def test_the_decode_theories_state_their_orders() -> None:
         assert len(orders) == 1, name  # the same at any context
     assert {_decode_theory(n).memory for n in ("rnn", "gru", "lstm")} == {"O(d)"}
     assert _decode_theory("attention").memory == "O(n d)"
+
+
+def test_a_decode_run_reads_each_layer_with_its_steps_theory() -> None:
+    """``LayerTheory.generation``: the step's FLOPs, elementwise work and orders become the
+    theory every fit, chart and table of a decode run reads; a layer without a step's theory
+    has none there."""
+    theory = entry("attention").theory
+    assert theory is not None and theory.decode is not None
+    # a step whose sequential steps grow (no built-in's do): what it says must carry over
+    step = replace(theory.decode, sequential="O(log n)", sequential_law=lambda s: s["n"] + 1)
+    theory = replace(theory, decode=step)
+    read = theory.generation()
+    assert read is not None
+    at = _sizes("attention", 100)
+    assert (read.complexity, read.sequential, read.path) == (step.compute, step.sequential, "–")
+    assert read.flops(at) == step.flops(at) != theory.flops(at)
+    assert read.elements(at) == step.elements(at) is not None
+    assert read.order(at) == step.order(at) == 100 * D
+    assert read.sequential_law(at) == step.sequential_law(at) == 101
+    assert read.decode is step
+    assert replace(theory, decode=None).generation() is None
+    assert replace(step, elementwise=None).elements(at) is None  # not said: no formula
 
 
 # ----------------------------------------------------------------------------- positions

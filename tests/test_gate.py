@@ -394,7 +394,7 @@ def test_the_overall_row_at_its_boundaries() -> None:
     # the fewest cases whose test can reach alpha: 0.5^k under it
     from attnbench.compare import cases_to_judge
 
-    assert [cases_to_judge(a) for a in (0.125, 0.05, 0.01, 0.5, 2 / 256)] == [4, 5, 7, 2, 8]
+    assert [cases_to_judge(a) for a in (0.125, 0.05, 0.01, 0.5, 2 / 256, 0.6)] == [4, 5, 7, 2, 8, 1]
     assert judge_overall([1.5] * 3 + [1.6], Thresholds(alpha=0.125)).verdict != TOO_FEW
 
 

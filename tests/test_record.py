@@ -3,9 +3,18 @@ the formula text a layer without a term shows."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
-from attnbench.measure.record import CaseResult, timing_columns
+from attnbench.measure.record import (
+    DIED_ERROR,
+    WORKER_DIED_ERROR,
+    CaseResult,
+    died_in,
+    timing_columns,
+)
 from attnbench.measure.timing.loop import TimingStats
 from attnbench.spec import Case
 from attnbench.theory import formula
@@ -64,6 +73,29 @@ def test_an_uncounted_case_has_no_check_and_a_counted_one_without_theory_says_so
     assert CaseResult(CASE, "failed", 2).flops_check == ""
     assert CaseResult(CASE, "failed", 2).elementwise_check == ""
     assert CaseResult(CASE, "ok", 2, flops=5).flops_check == "no theory"  # no formula given
+
+
+def test_a_count_off_its_formula_by_over_1_percent_is_a_mismatch() -> None:
+    assert CaseResult(CASE, "ok", 2, flops=1010, flops_analytic=1000.0).flops_check == "ok"
+    off = CaseResult(CASE, "ok", 2, flops=1011, elementwise=5, elementwise_analytic=4.0)
+    assert replace(off, flops_analytic=1000.0).flops_check == "mismatch"
+    assert off.elementwise_check == "mismatch"
+    assert replace(off, elementwise=4).to_row()["elementwise_check"] == "ok"
+
+
+def test_rounds_in_several_processes_give_the_spread_between_them() -> None:
+    """Two rounds 10% apart: their spread (the standard deviation of their medians' logs)."""
+    timing = TimingStats((1e-3, 1e-3, 1.1e-3, 1.1e-3), 1, 0.01, rounds=(1, 1, 2, 2))
+    found = timing_columns(timing)
+    assert found["rounds"] == 2
+    assert found["spread_between"] == pytest.approx(math.log(1.1) / math.sqrt(2))
+
+
+def test_a_row_whose_process_died_in_its_case_is_read_so_from_its_error() -> None:
+    assert died_in(DIED_ERROR)
+    assert died_in(f"{WORKER_DIED_ERROR}: the process exited with status 1")
+    assert not died_in(f"{DIED_ERROR} (and more)") and not died_in("boom")
+    assert not died_in(None) and not died_in(float("nan"))
 
 
 def test_a_row_names_where_its_layer_came_from() -> None:

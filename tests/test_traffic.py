@@ -201,3 +201,18 @@ def test_each_elementwise_op_is_recorded_by_name_with_its_elements_and_bytes() -
     assert set(ew) == {"ew.add", "ew.tanh"}
     assert sum(e for e, _ in ew.values()) == rnn.analytic_elements()
     assert parse_kernels("conv:1:2; junk; attention:x:3") == {"conv": (1.0, 2.0)}
+
+
+def test_a_bytes_term_counts_bytes_whatever_the_dtype() -> None:
+    """``raw_bytes`` (a bool mask: a byte a value) against ``values`` (the run's dtype): the
+    same count weighs 4 bytes a value in float32 and 1 as bytes; the formula names each."""
+    from attnbench.theory import LayerTheory, Term, raw_bytes, traffic_bytes, values
+
+    def size(s: dict[str, int]) -> int:
+        return s["n"] ** 2
+
+    mask, scores = raw_bytes(3, "n²", size), values(2, "n²", size)
+    assert mask == Term(3, "n²", size, unit="byte")
+    assert traffic_bytes((mask, scores), {"n": 10}, itemsize=4) == 3 * 100 + 2 * 100 * 4
+    theory = LayerTheory("O(n²)", (), traffic=(scores, mask))
+    assert theory.traffic_formula == "(2·n²) values + 3·n² bytes"
