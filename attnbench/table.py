@@ -17,7 +17,7 @@ from attnbench.fits.exponents import SETTLED_RULE
 from attnbench.provenance import Source, sources
 from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES, overhead_bound
 from attnbench.results.run import RunResults
-from attnbench.schema import numeric_column
+from attnbench.schema import Status, numeric_column
 
 COLUMNS = [
     "layer",
@@ -238,6 +238,17 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
+def _left_out(run: RunResults, layer: str, count: int) -> str:
+    """Why a layer's cases were left out of its fits: not measured, or measured and failed a
+    correctness check (decoded tokens, a compiled output), which keeps its figures."""
+    frame = run.frame[run.frame["layer"] == layer]
+    kept = (frame["status"] == Status.FAILED) & numeric_column(frame, "time_s").notna()
+    failed = min(int(kept.sum()), count)
+    parts = [f"{count - failed} unmeasured case(s)"] if count > failed else []
+    parts += [f"{failed} case(s) that failed a correctness check"] if failed else []
+    return " and ".join(parts) + " left out"
+
+
 def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
     """What the exponents were fitted on, and what was left out."""
     notes = []
@@ -282,7 +293,7 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             grows = f"^{slope:.2f}" if slope is not None and pd.notna(slope) else ""
             parts.append(f"time ~ d{grows} fitted across d at n={row.time_d_fit_n_at}")
         if row.left_out_cases:
-            parts.append(f"{row.left_out_cases} unmeasured case(s) left out")
+            parts.append(_left_out(run, str(row.layer), int(row.left_out_cases)))
         notes.append(f"{row.layer}: " + "; ".join(parts or ["too few measured cases to fit"]))
     notes.extend(check_notes(table))
     if "decode form" in table.columns:

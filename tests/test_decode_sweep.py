@@ -23,7 +23,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.cli.summary import check_notes
+from attnbench.cli.correctness import compile_notes, correctness_notes
 from attnbench.devices import TOLERANCE
 from attnbench.formats import FORMAT_VERSION
 from attnbench.layers.decoding import State
@@ -573,30 +573,77 @@ def test_the_summary_names_a_decode_run_and_a_case_that_failed_its_check(tmp_pat
     assert "2 case(s) failed a correctness check" in done.stderr
     assert "have no measurements" not in done.stderr
     # the check's figure is in the summary, not only in results.csv: rnn passed, zeros did not
-    assert "decoded tokens matched the causal layer's parallel output in 2 of 4 cases" in (
-        " ".join(done.stderr.split())
-    )
+    text = " ".join(done.stderr.split())
+    assert (
+        "decoded tokens against the causal layer's parallel output, the largest difference "
+        "(relative) in each layer's cases that passed: rnn "
+    ) in text
+    assert "2 case(s) failed it (zeros_plugin:make): their errors say by how much" in text
+    tabled = runner.invoke(app, ["table", str(out)])  # its notes: what the fits left out
+    assert "2 case(s) that failed a correctness check left out" in tabled.stderr
+    assert "unmeasured" not in tabled.stderr
 
 
-def test_a_check_note_gives_the_worst_difference_against_its_tolerance() -> None:
-    """The note names the case closest to (or furthest past) its dtype's tolerance, not the
-    largest raw difference: float16 allows more than float32."""
+def test_a_check_note_gives_each_layers_largest_difference_and_the_layers_that_failed() -> None:
+    """Each layer's largest passing difference, beside what its dtype allows; a difference past
+    it, or a NaN (a NaN output), is a failure, whatever the other layers read."""
     frame = pd.DataFrame(
         {
-            "layer": ["rnn", "attention", "ssm"],
-            "n": [8, 16, 32],
-            "d": [64, 64, 64],
-            "dtype": ["float32", "float32", "float16"],
-            "device": ["cpu", "cpu", "cpu"],
-            "decode_check": [2e-7, 6e-5, 1e-3],
+            "layer": ["rnn", "rnn", "attention", "ssm"],
+            "n": [8, 16, 16, 32],
+            "d": [64, 64, 64, 64],
+            "dtype": ["float32", "float32", "float32", "float32"],
+            "device": ["cpu", "cpu", "cpu", "cpu"],
+            "status": ["ok", "ok", "ok", "ok"],
+            "time_s": [1e-3, 1e-3, 1e-3, 1e-3],
+            "decode_check": [2e-7, 4e-7, 6e-5, 3e-6],
         }
     )
-    (note,) = check_notes(frame)
-    assert note.startswith("decoded tokens matched the causal layer's parallel output in every")
-    assert "the worst 6e-05 relative: attention at n=16, d=64; float32 on cpu allows 0.0001" in note
-    frame.loc[0, "decode_check"] = 1e-3  # past float32's tolerance: the worst, and not passed
-    (note,) = check_notes(frame)
-    assert "in 2 of 3 cases (the worst 0.001 relative: rnn at n=8" in note
-    assert check_notes(frame.drop(columns="decode_check")) == []
-    frame["compile_check"] = [0.0, None, None]
-    assert check_notes(frame)[1].startswith("compiled outputs matched the eager layer's in every")
+    (note,) = correctness_notes(frame)
+    assert note == (
+        "decoded tokens against the causal layer's parallel output, the largest difference "
+        "(relative) in each layer's cases that passed: rnn 4e-07, attention 6e-05, ssm 3e-06 "
+        "(float32 on cpu allows 0.0001)"
+    )
+    frame.loc[2, ["status", "decode_check"]] = ["failed", 1e-3]  # past float32's 1e-4
+    frame.loc[3, ["status", "decode_check"]] = ["failed", math.nan]  # a NaN output
+    (note,) = correctness_notes(frame)
+    assert note.endswith(
+        "passed: rnn 4e-07 (float32 on cpu allows 0.0001); 2 case(s) failed it "
+        "(attention, ssm): their errors say by how much"
+    )
+    assert correctness_notes(frame.drop(columns="decode_check")) == []
+
+
+def test_a_compiled_check_is_held_to_the_dtype_and_an_eager_fallback_is_not_counted() -> None:
+    """The compile check grants TF32 nothing (``measure.compiled``): on CUDA, float32 allows
+    1e-4, not TF32's 5e-3. A case that compiled no graph ran eager, checked against itself:
+    it is left out of the check and named in a note of its own."""
+    frame = pd.DataFrame(
+        {
+            "layer": ["attention", "rnn"],
+            "n": [64, 64],
+            "d": [32, 32],
+            "dtype": ["float32", "float32"],
+            "device": ["cuda:0", "cpu"],
+            "status": ["failed", "ok"],
+            "time_s": [1e-3, 1e-3],
+            "compile_check": [1e-3, 0.0],
+            "compile_graphs": [1, 0],
+            "compile_breaks": [0, 1],
+            "compile_break_reasons": ["", "Attempted to wrap RNN, GRU, or LSTM (x1)"],
+        }
+    )
+    (note,) = correctness_notes(frame)
+    assert note == (
+        "compiled outputs against the eager layer's, the largest difference (relative) in each "
+        "layer's cases that passed: none (float32 allows 0.0001); 1 case(s) failed it "
+        "(attention): their errors say by how much"
+    )
+    (broke,) = compile_notes(frame)
+    assert broke == (
+        "1 compiled case(s) broke their graph (rnn: Attempted to wrap RNN, GRU, or LSTM (x1)); "
+        "see compile_breaks and compile_break_reasons; rnn compiled no graph at all and ran "
+        "eager: those times are the eager layer's"
+    )
+    assert compile_notes(frame.drop(index=1)) == []

@@ -11,7 +11,7 @@ from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.devices import tolerance
+from attnbench.cli.correctness import compile_notes, correctness_notes
 from attnbench.estimators import QUIET_FACTOR, processes_for, rel_ci
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.timing.faults import FAULT_SHARE
@@ -171,7 +171,7 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             soft_wrap=True,
         )
     _count_notes(run.frame, console)
-    for note in check_notes(run.frame):
+    for note in [*correctness_notes(run.frame), *compile_notes(run.frame)]:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     reach = auto_note(run.record.auto)
     if reach:
@@ -182,7 +182,7 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
     if busy:
         console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)
     for warning in run.warnings:
-        console.print(f"[yellow]note:[/] {escape(warning)}")
+        console.print(f"[yellow]note:[/] {escape(warning)}", soft_wrap=True)
     console.print(f"results {verb} [bold]{run.path}[/] (results.csv, samples.csv, run.json)")
     if run.status != RunStatus.COMPLETE:
         console.print(
@@ -274,7 +274,8 @@ def _time_notes(run: RunResults, console: Console) -> None:
         console.print(
             f"[yellow]note:[/] {unmeasured} case(s) have no measurements "
             f"({', '.join(f'{s}: {STATUSES[s]}' for s in STATUSES if s != 'ok' and counts[s])}); "
-            "tables of figures, fits and charts leave them out"
+            "tables of figures, fits and charts leave them out",
+            soft_wrap=True,
         )
         for line in _why_unmeasured(frame):
             console.print(f"  {escape(line)}", soft_wrap=True)
@@ -282,7 +283,8 @@ def _time_notes(run: RunResults, console: Console) -> None:
         console.print(
             f"[yellow]note:[/] {kept} case(s) failed a correctness check (their error says "
             "which: decoded tokens, or a compiled output, not the layer's) and keep their "
-            "measurements in results.csv; tables of figures, fits and charts leave them out"
+            "measurements in results.csv; tables of figures, fits and charts leave them out",
+            soft_wrap=True,
         )
     measured = run.measured
     timed = measured[numeric_column(measured, "time_s").notna()]  # not counted in instructions
@@ -352,36 +354,6 @@ def _count_notes(frame: pd.DataFrame, console: Console) -> None:
             f"({', '.join(ops)}): their FLOPs are a lower bound; see the uncounted_ops column",
             soft_wrap=True,
         )
-
-
-# The correctness checks a case may carry: its column, and what it compares.
-_CHECKS = (
-    ("decode_check", "decoded tokens matched the causal layer's parallel output"),
-    ("compile_check", "compiled outputs matched the eager layer's"),
-)
-
-
-def check_notes(frame: pd.DataFrame) -> list[str]:
-    """Where the cases' correctness checks passed, how close the closest call came to its
-    tolerance: the worst difference, its case, and what its dtype allows (a failed check is
-    the case's error, noted with the unmeasured ones)."""
-    notes = []
-    for column, what in _CHECKS:
-        values = numeric_column(frame, column)
-        checked = frame[values.notna()]
-        if not len(checked):
-            continue
-        allowed = [tolerance(str(r.dtype), str(r.device)) for r in checked.itertuples()]
-        share = values[checked.index] / pd.Series(allowed, index=checked.index)
-        worst = checked.loc[share.idxmax()]
-        passed = int((share <= 1).sum())
-        every = "every case" if passed == len(checked) else f"{passed} of {len(checked)} cases"
-        notes.append(
-            f"{what} in {every} (the worst {values[worst.name]:.2g} relative: "
-            f"{worst['layer']} at n={worst['n']}, d={worst['d']}; {worst['dtype']} on "
-            f"{worst['device']} allows {tolerance(str(worst['dtype']), str(worst['device'])):g})"
-        )
-    return notes
 
 
 def replication_notes(run: RunResults) -> list[str]:

@@ -1,0 +1,82 @@
+"""The correctness checks' notes in the summary: decoded tokens and compiled outputs against
+their tolerance, each layer's largest difference, and compiled cases that ran eager."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from attnbench.devices import tolerance
+from attnbench.schema import Status, numeric_column
+
+# The correctness checks a case may carry: its column, what it compares, and whether its
+# tolerance is the device's (decoded tokens: TF32's where cuDNN may round through it) or the
+# dtype's alone (a compiled output: ``measure.compiled`` grants TF32 nothing).
+_CHECKS = (
+    ("decode_check", "decoded tokens against the causal layer's parallel output", True),
+    ("compile_check", "compiled outputs against the eager layer's", False),
+)
+
+
+def correctness_notes(frame: pd.DataFrame) -> list[str]:
+    """Each layer's correctness checks: the largest difference (relative) in its cases that
+    passed, beside what the dtype allows, and the layers with cases that failed (a difference
+    past it, or none that could be read: a NaN output). A compiled case that compiled no graph
+    ran eager: its check compares the layer with itself and is not counted."""
+    notes = []
+    failed = frame["status"] == Status.FAILED
+    measured = (frame["status"] == Status.OK) | (failed & numeric_column(frame, "time_s").notna())
+    eager = numeric_column(frame, "compile_graphs") == 0
+    for column, what, on_device in _CHECKS:
+        values = numeric_column(frame, column)
+        if not values.notna().any():
+            continue  # no case of this run took the check
+        taken = measured & (values.notna() | failed) & frame["dtype"].notna()
+        if column == "compile_check":
+            taken &= ~eager
+        rows = frame[taken]
+        if not len(rows):
+            continue
+        where = [(str(r.dtype), str(r.device) if on_device else "cpu") for r in rows.itertuples()]
+        allowed = pd.Series([tolerance(*w) for w in where], index=rows.index)
+        passed = values[rows.index] <= allowed  # NaN: not passed
+        layers = list(dict.fromkeys(rows["layer"]))
+        good = values[rows.index][passed].groupby(rows["layer"][passed]).max()
+        text = f"{what}, the largest difference (relative) in each layer's cases that passed: "
+        text += ", ".join(f"{x} {good[x]:.2g}" for x in layers if x in good.index) or "none"
+        allows = [
+            f"{dtype}{f' on {device}' if on_device else ''} allows {tolerance(dtype, device):g}"
+            for dtype, device in dict.fromkeys(where)
+        ]
+        text += f" ({', '.join(allows)})"
+        bad = [x for x in layers if not passed[rows["layer"] == x].all()]
+        if bad:
+            text += f"; {int((~passed).sum())} case(s) failed it ({', '.join(bad)}): their "
+            text += "errors say by how much"
+        notes.append(text)
+    return notes
+
+
+def compile_notes(frame: pd.DataFrame) -> list[str]:
+    """Compiled cases whose graph broke, and those that compiled no graph at all: they ran
+    eager, so their time is the eager layer's."""
+    graphs = numeric_column(frame, "compile_graphs")
+    breaks = numeric_column(frame, "compile_breaks")
+    broke = frame[(breaks > 0) | (graphs == 0)]
+    if not len(broke):
+        return []
+    reasons = broke.get("compile_break_reasons", pd.Series("", index=broke.index)).fillna("")
+    first = {
+        layer: str(reason).split("; ")[0]
+        for layer, reason in zip(broke["layer"], reasons, strict=True)
+        if str(reason)
+    }
+    eager = sorted(set(broke.loc[graphs[broke.index] == 0, "layer"]))
+    note = f"{len(broke)} compiled case(s) broke their graph ("
+    note += "; ".join(f"{layer}: {why}" for layer, why in first.items()) or "no reason kept"
+    note += "); see compile_breaks and compile_break_reasons"
+    if eager:
+        note += (
+            f"; {', '.join(eager)} compiled no graph at all and ran eager: those times are the "
+            "eager layer's"
+        )
+    return [note]
