@@ -125,11 +125,12 @@ def test_matrix_vector_products_are_counted_as_the_products_they_are() -> None:
     from attnbench.measure.counts.flops import trace_flops
     from attnbench.measure.counts.traffic import count_traffic
 
-    # no side twice the same length: a formula that read one for another would be off
+    # the matrix-vector products' matrices are not square: a formula that read one side for
+    # the other would be off
     x, w, v, u = torch.randn(2, 16, 24), torch.randn(40, 32), torch.randn(32), torch.randn(24)
     zeros, bias = torch.zeros(16, 16), torch.randn(40)  # x: (B, n, d)
     written = {
-        "x @ v": (lambda: x @ u, 2 * 2 * 16 * 24),  # mv over the 32 rows of (B·n, d)
+        "x @ u": (lambda: x @ u, 2 * 2 * 16 * 24),  # mv over the 32 rows of (B·n, d)
         "addmv": (lambda: torch.addmv(bias, w, v), 2 * 40 * 32),
         "dot": (lambda: v @ v, 2 * 32),
         "vdot": (lambda: torch.vdot(v, v), 2 * 32),

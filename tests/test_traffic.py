@@ -206,13 +206,15 @@ def test_each_elementwise_op_is_recorded_by_name_with_its_elements_and_bytes() -
 def test_a_bytes_term_counts_bytes_whatever_the_dtype() -> None:
     """``raw_bytes`` (a bool mask: a byte a value) against ``values`` (the run's dtype): the
     same count weighs 4 bytes a value in float32 and 1 as bytes; the formula names each."""
-    from attnbench.theory import LayerTheory, Term, raw_bytes, traffic_bytes, values
+    from attnbench.theory import LayerTheory, Term, elements, raw_bytes, traffic_bytes, values
 
     def size(s: dict[str, int]) -> int:
         return s["n"] ** 2
 
     mask, scores = raw_bytes(3, "n²", size), values(2, "n²", size)
     assert mask == Term(3, "n²", size, unit="byte")
+    # and an elementwise term is one (the fits' rate of it is elements per second)
+    assert elements(5, "n²", size) == Term(5, "n²", size, unit="element")
     assert traffic_bytes((mask, scores), {"n": 10}, itemsize=4) == 3 * 100 + 2 * 100 * 4
     theory = LayerTheory("O(n²)", (), traffic=(scores, mask))
     assert theory.traffic_formula == "(2·n²) values + 3·n² bytes"
