@@ -7,13 +7,15 @@ falls on both:
 
 - ``processes``: the default (each round a fresh process, the interval over the rounds);
 - ``one``: what attnbench did before, every case in the sweep's own process, one round, the
-  interval from that process's samples (``--executor serial --processes 1``).
+  interval from that process's samples (``--executor serial --processes 1``);
+- ``nowait``: the default that never waits for the machine to read quiet (``--wait-quiet 0``):
+  what the waiting buys.
 
 Then, from the ``processes`` runs' raw samples, the same question for other estimators over the
 same rounds (the evidence for ``estimators.estimate``), and for fewer rounds (the evidence for
 ``--processes``' default): each run cut to its first k rounds.
 
-    python benchmarks/coverage.py [--invocations 6] [--ways processes,one]
+    python benchmarks/coverage.py [--invocations 6] [--ways processes,one,nowait]
         [--layers conv,lstm,attention,attention-sdpa] [--n 512,2048] [--d 64] [--device cpu]
         [--keep DIR]
 """
@@ -47,6 +49,8 @@ from attnbench.results.run import RunResults
 WAYS = {
     "processes": [],
     "one": ["--executor", "serial", "--processes", "1"],
+    # the default, never waiting for a quiet machine: what --wait-quiet buys
+    "nowait": ["--wait-quiet", "0"],
 }
 Interval = tuple[float, float, float]  # centre, low, high
 
