@@ -249,8 +249,10 @@ def test_the_summary_names_the_lines_an_auto_sweep_stopped_short_of_their_regime
     ))  # fmt: skip
     assert note.startswith("--n auto: 2 of 6 lines reached their regime (")
     assert ", 1 had not stopped (the run is unfinished); 3 stopped short of it" in note
-    assert "attention at n=4096, lstm at n=512 on their share of the budget (a larger " \
+    assert (
+        "attention at n=4096, lstm at n=512 on their share of the budget (a larger "
         "--auto-budget takes them on)" in note
+    )
     assert "ssm at n=2048 on the per-call limit (a larger --max-case-seconds takes it on)" in note
     assert "gru" not in note and "d=64" not in note  # one width: not named
     wide = auto_note((line("conv", Stopped.REGIME, 64, 32), line("conv", Stopped.MEMORY, 128)))
@@ -266,7 +268,8 @@ def test_the_summary_names_the_lines_an_auto_sweep_stopped_short_of_their_regime
         {"layer": "gru", "d": 32, "stopped": "no such stop", "at_n": None},
     ]}}  # fmt: skip
     assert RunRecord.parse(meta).auto == (
-        AutoLine("conv", 64, Stopped.LONGEST, 512, "last"), AutoLine("gru", 32, None, None, "")
+        AutoLine("conv", 64, Stopped.LONGEST, 512, "last"),
+        AutoLine("gru", 32, None, None, ""),
     )
 
 
@@ -294,3 +297,34 @@ def test_an_interrupted_auto_sweep_records_how_far_its_lines_got(tmp_path: Path)
     from attnbench.cli.summary import auto_note
 
     assert "had not stopped (the run is unfinished)" in auto_note(lines)
+
+
+def test_a_line_stopped_in_its_regime_whose_final_times_moved_off_it_is_named() -> None:
+    """A line stops on its cases' first rounds; their later rounds move the times. Where the
+    final rates no longer settle, the note says so, as ``attnbench table`` will."""
+    import pandas as pd
+
+    from attnbench.cli.summary import auto_note, moved_off_regime
+    from attnbench.results.record import AutoLine
+
+    ns = [256, 512, 1024, 2048]
+    work = [float(n) * 1e6 for n in ns]  # the counted work grows as n
+    steady = [w / 100e9 for w in work]  # 100 G a second at every length: settled
+    rows = pd.DataFrame({
+        "layer": ["conv"] * 4 + ["rnn"] * 4, "d": [64] * 8, "n": ns * 2,
+        "flops": work * 2, "elementwise": [0.0] * 8,
+        "time_s": [*steady, *steady[:3], steady[3] * 1.5],  # rnn's last: 1.5x, out of the band
+    })  # fmt: skip
+    lines = (
+        AutoLine("conv", 64, Stopped.REGIME, 2048, ""),
+        AutoLine("rnn", 64, Stopped.REGIME, 2048, ""),
+    )
+    assert moved_off_regime(lines, rows) == ["rnn"]
+    note = auto_note(lines, ["rnn"])
+    assert note.startswith("--n auto: all 2 lines reached their regime (counted work per second")
+    assert (
+        "read on their first rounds; on their final times 1 of them no longer read settled "
+        "(rnn: attnbench table marks them unsettled)"
+    ) in note
+    rows.loc[7, "time_s"] = steady[3]
+    assert moved_off_regime(lines, rows) == []

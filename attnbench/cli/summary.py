@@ -4,6 +4,7 @@ paths, counts that differ from their formulas, page faults, load)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -13,11 +14,12 @@ from rich.table import Table
 
 from attnbench.cli.correctness import compile_notes, correctness_notes
 from attnbench.estimators import QUIET_FACTOR, processes_for, rel_ci
+from attnbench.fits.exponents import counted_work
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.timing.faults import FAULT_SHARE
 from attnbench.measure.timing.loop import IMPRECISE_REL_CI, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
-from attnbench.regime import REGIME_BAND, REGIME_SIZES
+from attnbench.regime import REGIME_BAND, REGIME_SIZES, settled_sizes
 from attnbench.results.record import AutoLine, Stopped
 from attnbench.results.run import RunResults
 from attnbench.schema import (
@@ -173,7 +175,7 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
     _count_notes(run.frame, console)
     for note in [*correctness_notes(run.frame), *compile_notes(run.frame)]:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    reach = auto_note(run.record.auto)
+    reach = auto_note(run.record.auto, moved_off_regime(run.record.auto, run.measured))
     if reach:
         console.print(f"[yellow]note:[/] {escape(reach)}", soft_wrap=True)
     for note in fault_notes(run):
@@ -203,15 +205,41 @@ _SHORT: dict[Stopped, tuple[str, str]] = {
 }
 
 
-def auto_note(lines: tuple[AutoLine, ...]) -> str:
+def moved_off_regime(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> list[str]:
+    """The auto lines that stopped on reaching their regime, read on their cases' first
+    rounds, whose rate no longer reads settled on their final times (``measured``: a case's
+    later rounds move its time): what ``attnbench table`` marks unsettled."""
+    lines = [line for line in auto if line.stopped is Stopped.REGIME]
+    if not lines:
+        return []
+    widths = len({line.d for line in auto}) > 1
+    frame = measured[numeric_column(measured, "time_s") > 0]
+    work = counted_work(frame)
+    moved = []
+    for line in lines:
+        rows = frame[(frame["layer"] == line.layer) & (frame["d"] == line.d)]
+        rate = work[rows.index] / rows["time_s"].astype(float)
+        if not settled_sizes(rows["n"].tolist(), rate.tolist()):
+            moved.append(f"{line.layer}{f' d={line.d}' if widths else ''}")
+    return moved
+
+
+def auto_note(lines: tuple[AutoLine, ...], moved: Sequence[str] = ()) -> str:
     """How far an auto sweep's lines got: how many reached their regime, and what stopped the
     others before it, by name; "" for a fixed grid. A line stopped short reads its exponent
-    below the regime, which the chapter's table is about: the reader must know which."""
+    below the regime, which the chapter's table is about: the reader must know which. A line
+    is stopped on its cases' first rounds: those ``moved`` off their regime on their final
+    times are named."""
     if not lines:
         return ""
     widths = len({line.d for line in lines}) > 1
     settled = sum(line.stopped is Stopped.REGIME for line in lines)
     rule = f"counted work per second within {REGIME_BAND:.0%} over {REGIME_SIZES} lengths"
+    if moved:
+        rule += (
+            f", read on their first rounds; on their final times {len(moved)} of them no longer "
+            f"read settled ({', '.join(moved)}: attnbench table marks them unsettled)"
+        )
     if settled == len(lines):
         return f"--n auto: all {len(lines)} lines reached their regime ({rule})"
     parts = []
