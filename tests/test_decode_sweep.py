@@ -571,6 +571,11 @@ def test_the_summary_names_a_decode_run_and_a_case_that_failed_its_check(tmp_pat
     assert done.exit_code == 0, done.output
     assert "rnn (decode: one generated token at context n)" in done.stdout
     assert "2 case(s) failed a correctness check" in done.stderr
+    # on one line, however narrow the terminal: a note piped to a file broke mid-sentence
+    assert (
+        "2 case(s) failed a correctness check (their error says which: decoded tokens, or a "
+        "compiled output, not the layer's) and keep their measurements in results.csv; tables"
+    ) in done.stderr
     assert "have no measurements" not in done.stderr
     # the check's figure is in the summary, not only in results.csv: rnn passed, zeros did not
     text = " ".join(done.stderr.split())
