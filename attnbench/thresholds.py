@@ -153,6 +153,17 @@ def gate_from(options: Mapping[str, Any]) -> tuple[Thresholds, str]:
     return Thresholds(**given), gate
 
 
+def cases_to_judge(alpha: float) -> int:
+    """The fewest pairs (or cases) whose one-sided signed-rank test can reach ``alpha``: its
+    smallest p over k of them is 0.5^k, and a verdict needs p under alpha (5 at 0.05, 7 at
+    0.01, 8 at 2^-7). Below it every time verdict is "too few samples" (``judge_pairs``,
+    ``judge_overall``)."""
+    cases = 1
+    while 0.5**cases >= alpha:  # alpha is above 0 (``Thresholds``): 0.5^k falls under it
+        cases += 1
+    return cases
+
+
 def rounds_to_reach(alpha: float, slack: float = 8) -> int:
     """Pairs enough for the one-sided signed-rank test to reach ``alpha`` with room to spare:
     0.5^pairs <= alpha / slack. With slack 8 (the default) it still does when the two smallest

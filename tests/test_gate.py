@@ -396,6 +396,16 @@ def test_the_overall_row_at_its_boundaries() -> None:
 
     assert [cases_to_judge(a) for a in (0.125, 0.05, 0.01, 0.5, 2 / 256, 0.6)] == [4, 5, 7, 2, 8, 1]
     assert judge_overall([1.5] * 3 + [1.6], Thresholds(alpha=0.125)).verdict != TOO_FEW
+    # ab's note reads the same floor: at alpha 2^-7 seven pairs all one way give p = alpha,
+    # not under it, so every verdict of seven rounds is "too few samples", as the note says
+    from attnbench.run.ab import _too_few
+    from attnbench.spec import Grid
+
+    seven = {r: [1e-3] for r in range(1, 8)}
+    judged = judge_pairs(seven, {r: [2e-3] for r in seven}, Thresholds(alpha=2**-7))
+    assert judged.verdict == TOO_FEW
+    (note,) = _too_few(Grid(processes=7), 2**-7)
+    assert "with 8 pairs at the least" in note and "every time verdict will be 'too few" in note
 
 
 def test_a_p_value_equal_to_alpha_is_not_significant() -> None:

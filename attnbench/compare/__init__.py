@@ -15,7 +15,6 @@ from attnbench.compare.verdicts import (
     UNCHANGED,
     VERDICTS,
     TimeVerdict,
-    cases_to_judge,
     judge_count,
     judge_overall,
     judge_pairs,
@@ -23,6 +22,7 @@ from attnbench.compare.verdicts import (
     judge_time,
     smallest_p,
 )
+from attnbench.thresholds import cases_to_judge
 
 __all__ = [
     "IMPROVEMENT",

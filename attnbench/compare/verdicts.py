@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.estimators import estimate, group_medians
-from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, cases_to_judge
 
 # Verdicts, worst first: what a case, a metric or the overall row can be judged.
 REGRESSION = "regression"
@@ -162,7 +162,7 @@ def judge_pairs(
     if not ratios:
         return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
     ratio = float(np.median(ratios))
-    if 0.5 ** len(ratios) >= thresholds.alpha:
+    if len(ratios) < cases_to_judge(thresholds.alpha):  # its smallest p reaches no alpha
         return TimeVerdict(ratio, math.nan, TOO_FEW)
     logs = np.log(ratios)
     if not np.any(logs):
@@ -170,15 +170,6 @@ def judge_pairs(
     alternative = "greater" if ratio >= 1 else "less"
     p = float(stats.wilcoxon(logs, alternative=alternative).pvalue)
     return _verdict(ratio, p, thresholds)
-
-
-def cases_to_judge(alpha: float) -> int:
-    """The fewest cases whose overall test can reach ``alpha``: the exact signed-rank test's
-    smallest p over k cases is 0.5^k (5 at 0.05, 7 at 0.01)."""
-    cases = 1
-    while 0.5**cases >= alpha:  # alpha is above 0 (``Thresholds``): 0.5^k falls under it
-        cases += 1
-    return cases
 
 
 def judge_overall(

@@ -40,7 +40,7 @@ from attnbench.run.quiet import quiet_file, read_quiet
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus
 from attnbench.spec import Grid
-from attnbench.thresholds import DEFAULT_THRESHOLDS, rounds_to_reach
+from attnbench.thresholds import DEFAULT_THRESHOLDS, cases_to_judge, rounds_to_reach
 
 SIDES = ("base", "current")
 SideProgress = Callable[[str, ProgressEvent], None]
@@ -132,7 +132,7 @@ def side_grids(
 
 def _too_few(grid: Grid, alpha: float) -> tuple[str, ...]:
     """A note when ``--rounds`` leaves the paired test short of ``alpha``."""
-    needed, least = rounds_to_reach(alpha), rounds_to_reach(alpha, slack=1)
+    needed, least = rounds_to_reach(alpha), cases_to_judge(alpha)
     if grid.metric == "instructions" or grid.processes >= needed:
         return ()
     outcome = (
