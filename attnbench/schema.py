@@ -442,6 +442,14 @@ STATUSES: dict[Status, str] = {
     "(decode mode) the layer has no decode step",
     Status.FAILED: "raised an error (see the error column)",
 }
+
+
+def failed_a_check(frame: pd.DataFrame) -> pd.Series:
+    """The rows that failed a correctness check (decoded tokens, a compiled output) and keep
+    their measurements: failed, with a time (any other failure leaves none)."""
+    return (frame["status"] == Status.FAILED) & numeric_column(frame, "time_s").notna()
+
+
 # What a smaller case's outcome says of larger ones of its layer: they would fail the same way.
 BLOCKING: dict[Status, str] = {Status.OOM: "ran out of memory", Status.TIMEOUT: "ran out of time"}
 

@@ -17,7 +17,7 @@ from attnbench.fits.exponents import SETTLED_RULE
 from attnbench.provenance import Source, sources
 from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES, overhead_bound
 from attnbench.results.run import RunResults
-from attnbench.schema import Status, numeric_column
+from attnbench.schema import failed_a_check, numeric_column
 
 COLUMNS = [
     "layer",
@@ -242,8 +242,7 @@ def _left_out(run: RunResults, layer: str, count: int) -> str:
     """Why a layer's cases were left out of its fits: not measured, or measured and failed a
     correctness check (decoded tokens, a compiled output), which keeps its figures."""
     frame = run.frame[run.frame["layer"] == layer]
-    kept = (frame["status"] == Status.FAILED) & numeric_column(frame, "time_s").notna()
-    failed = min(int(kept.sum()), count)
+    failed = min(int(failed_a_check(frame).sum()), count)
     parts = [f"{count - failed} unmeasured case(s)"] if count > failed else []
     parts += [f"{failed} case(s) that failed a correctness check"] if failed else []
     return " and ".join(parts) + " left out"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.devices import tolerance
-from attnbench.schema import Status, numeric_column
+from attnbench.schema import Status, failed_a_check, numeric_column
 
 # The correctness checks a case may carry: its column, what it compares, and whether its
 # tolerance is the device's (decoded tokens: TF32's where cuDNN may round through it) or the
@@ -24,7 +24,7 @@ def correctness_notes(frame: pd.DataFrame) -> list[str]:
     ran eager: its check compares the layer with itself and is not counted."""
     notes = []
     failed = frame["status"] == Status.FAILED
-    measured = (frame["status"] == Status.OK) | (failed & numeric_column(frame, "time_s").notna())
+    measured = (frame["status"] == Status.OK) | failed_a_check(frame)
     eager = numeric_column(frame, "compile_graphs") == 0
     for column, what, on_device in _CHECKS:
         values = numeric_column(frame, column)

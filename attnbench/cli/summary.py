@@ -27,6 +27,7 @@ from attnbench.schema import (
     SUMMARY_COLUMNS,
     RunStatus,
     Status,
+    failed_a_check,
     numeric_column,
 )
 
@@ -296,7 +297,7 @@ def _time_notes(run: RunResults, console: Console) -> None:
     frame = run.frame
     counts = run.counts()
     # failed a correctness check (decode_check, compile_check), its measurements kept
-    kept = int(((frame["status"] == Status.FAILED) & numeric_column(frame, "time_s").notna()).sum())
+    kept = int(failed_a_check(frame).sum())
     unmeasured = len(frame) - counts[Status.OK] - kept
     if unmeasured:
         console.print(
