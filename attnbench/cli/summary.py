@@ -14,12 +14,12 @@ from rich.table import Table
 
 from attnbench.cli.correctness import compile_notes, correctness_notes
 from attnbench.estimators import QUIET_FACTOR, processes_for, rel_ci
-from attnbench.fits.exponents import counted_work
+from attnbench.fits.exponents import counted_work, settled_line
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.timing.faults import FAULT_SHARE
 from attnbench.measure.timing.loop import IMPRECISE_REL_CI, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
-from attnbench.regime import REGIME_BAND, REGIME_SIZES, settled_sizes
+from attnbench.regime import REGIME_BAND, REGIME_SIZES
 from attnbench.results.record import AutoLine, Stopped
 from attnbench.results.run import RunResults
 from attnbench.schema import (
@@ -219,8 +219,7 @@ def moved_off_regime(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> list
     moved = []
     for line in lines:
         rows = frame[(frame["layer"] == line.layer) & (frame["d"] == line.d)]
-        rate = work[rows.index] / rows["time_s"].astype(float)
-        if not settled_sizes(rows["n"].tolist(), rate.tolist()):
+        if settled_line(rows, "n", work) is None:  # the table's own reading of the line
             moved.append(f"{line.layer}{f' d={line.d}' if widths else ''}")
     return moved
 
