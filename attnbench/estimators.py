@@ -123,6 +123,9 @@ class Estimate:
     within_rel: float = math.nan
     disturbed: int = 0  # rounds whose reference read the machine disturbed
     left_out: int = 0  # of those, left out (all are kept where fewer than two would remain)
+    # The variance of the log of ``center_s`` within this run (the rounds' moderated variance
+    # over their count; nan with one round): what a later sweep's ``between_sweeps`` reads.
+    mean_variance: float = math.nan
 
     @property
     def rel_ci(self) -> float:
@@ -165,6 +168,48 @@ class Prior:
     df: float = PRIOR_DF
 
 
+@dataclass(frozen=True)
+class Between:
+    """How far a case's time moves between sweeps on this machine beyond what each sweep's own
+    rounds hold: the variance of its log (a sweep's moment: what a neighbour, the host and the
+    hour do to a whole sweep, which no spread inside one sweep can show), its degrees of
+    freedom, and the sweeps it is read from (0: none of this case's; the machine's typical)."""
+
+    variance: float
+    df: float
+    sweeps: int
+
+    @property
+    def spread(self) -> float:
+        """The standard deviation of a sweep's log time (about a relative spread)."""
+        return math.sqrt(self.variance)
+
+
+def between_sweeps(entries: Sequence[tuple[float, float]]) -> Between | None:
+    """The between-sweep variance of a case from its sweeps' ``(log time, variance of that log
+    time within the sweep)``: the variance of the logs less the mean within-sweep part, never
+    under 0 (the method of moments of a one-way random-effects model: Searle, Casella &
+    McCulloch, *Variance Components*, 1992, §3.5). None under two sweeps."""
+    found = [(x, w) for x, w in entries if math.isfinite(x) and math.isfinite(w)]
+    if len(found) < 2:
+        return None
+    spread = statistics.variance([x for x, _ in found])
+    own = statistics.fmean(w for _, w in found)
+    return Between(max(0.0, spread - own), len(found) - 1.0, len(found))
+
+
+def moderated_between(own: Between | None, typical: Prior | None) -> Between | None:
+    """A case's between-sweep variance shrunk toward the machine's ``typical`` (the median of
+    its cases', ``prior_of``) as ``estimate`` shrinks a case's spread between rounds; a case no
+    earlier sweep measured takes the typical alone (its ``sweeps`` 0)."""
+    if typical is None or not math.isfinite(typical.variance):
+        return own
+    if own is None:
+        return Between(typical.variance, typical.df, 0)
+    df = own.df + typical.df
+    return Between((typical.df * typical.variance + own.df * own.variance) / df, df, own.sweeps)
+
+
 def kept_rounds(
     groups: Sequence[Sequence[float]],
     references: Sequence[float | None] | None = None,
@@ -203,6 +248,7 @@ def estimate(
     quiet: float | None = None,
     prior: Prior | None = None,
     rerun: int | None = None,
+    between: Between | None = None,
 ) -> Estimate:
     """The time and the interval a re-run's time lands in, from samples in groups;
     ``references``, one a group, with the run's ``quiet`` level, leave out the groups taken on
@@ -225,7 +271,13 @@ def estimate(
     (``benchmarks/coverage.py`` compares them on the same runs). Logs, because a process's speed and
     a busy machine scale a time rather than add to it. With a few rounds a case's own variance may
     come out small by chance, and the run's other cases say what is typical: the moderated variance
-    (``Prior``) is their weighted mean, with their degrees of freedom added."""
+    (``Prior``) is their weighted mean, with their degrees of freedom added.
+
+    ``between``, the case's spread between sweeps on this machine (``between_sweeps``), widens
+    the interval by what a re-run's own sweep and this one each add: ``2 * between.variance``,
+    with the degrees of freedom of the sum by Welch and Satterthwaite's rule (Satterthwaite,
+    "An approximate distribution of estimates of variance components", 1946). Rounds seconds
+    apart share their sweep's moment; a re-run minutes later does not."""
     kept, disturbed, left_out = kept_rounds(groups, references, quiet)
     counted = {"disturbed": disturbed, "left_out": left_out}
     if not kept:
@@ -246,9 +298,12 @@ def estimate(
         variance = (prior.df * prior.variance + df * variance) / (prior.df + df)
         df += prior.df
     future = rerun or len(logs)
-    reach = t_quantile((1 + CONFIDENCE) / 2, df) * math.sqrt(
-        variance * (1 / len(logs) + 1 / future)
-    )
+    spread_variance = variance * (1 / len(logs) + 1 / future)
+    if between is not None and between.variance > 0 and between.df > 0:
+        sweeps = 2 * between.variance
+        df = (spread_variance + sweeps) ** 2 / (spread_variance**2 / df + sweeps**2 / between.df)
+        spread_variance += sweeps
+    reach = t_quantile((1 + CONFIDENCE) / 2, df) * math.sqrt(spread_variance)
     return Estimate(
         math.exp(mean),
         math.exp(mean - reach),
@@ -256,6 +311,7 @@ def estimate(
         len(logs),
         between_rel=spread,
         within_rel=within_rel,
+        mean_variance=variance / len(logs),
         **counted,
     )
 

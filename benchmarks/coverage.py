@@ -240,6 +240,16 @@ def main() -> None:
         print(f"{way}: seconds waited for a quiet machine, by invocation: {', '.join(waits)}")
     for way, loaded in runs.items():
         report(f"{way}: as stated", [stated(r) for r in loaded])
+        # the runs that found earlier sweeps of their cases (run.json's reruns), held to the
+        # median of every other run of the way
+        found = [i for i, r in enumerate(loaded) if r.record.reruns]
+        if found and len(found) < len(loaded):
+            whole = held([stated(r) for r in loaded])
+            hits = sum(marks[i] for marks in whole.values() for i in found)
+            total = len(found) * len(whole)
+            width = statistics.median(reach([stated(loaded[i]) for i in found]))
+            print(f"{way}, the {len(found)} runs that found earlier sweeps: {hits} of {total} "
+                  f"hold ({hits / total:.0%}); median reach ±{100 * width:.1f}%")  # fmt: skip
     if "processes" in runs:
         loaded = runs["processes"]
         rounds = [int(r.samples.groupby("case_id")["round"].nunique().median()) for r in loaded]

@@ -65,6 +65,9 @@ def _no_waiting() -> Iterator[None]:
         for module in ("attnbench.run.sweep", "attnbench.run.ab"):
             monkeypatch.setattr(f"{module}.read_quiet", lambda path: MachineQuiet())
         monkeypatch.setattr("attnbench.run.sweep.write_quiet", lambda path, machine: None)
+        # nor the machine's earlier sweeps of a case (``run.reruns``): they widen its interval
+        monkeypatch.setattr("attnbench.run.sweep.read_reruns", lambda path: {})
+        monkeypatch.setattr("attnbench.run.sweep.write_reruns", lambda path, entries: None)
         # nor does the start's estimate read the suite's other worker as a busy machine
         monkeypatch.setattr("attnbench.run.estimate.machine_load", lambda: None)
         yield

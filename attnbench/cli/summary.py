@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnbench.cli.correctness import compile_notes, correctness_notes
+from attnbench.cli.reruns import sweeps_note
 from attnbench.estimators import QUIET_FACTOR, processes_for, rel_ci
 from attnbench.fits.exponents import counted_work, settled_line
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
@@ -321,13 +322,14 @@ def _time_notes(run: RunResults, console: Console) -> None:
     if len(imprecise):
         console.print(
             f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a time known only to "
-            f"±{IMPRECISE_REL_CI:.0%} or worse (its 95% interval over its processes): their "
-            "processes read it that far apart, or the machine was disturbed in most of their "
-            f"rounds; {_more_processes(imprecise)}",
+            f"±{IMPRECISE_REL_CI:.0%} or worse (its 95% interval over its processes and this "
+            "machine's sweeps): their processes or sweeps read it that far apart, or the "
+            f"machine was disturbed in most of their rounds; {_more_processes(imprecise)}",
             soft_wrap=True,
         )
-    for note in replication_notes(run):
-        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    for note in [*replication_notes(run), sweeps_note(run)]:
+        if note:
+            console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     outliers = trend_outliers(run.measured)
     if len(outliers):
         worst = outliers.loc[outliers["ratio"].idxmax()]

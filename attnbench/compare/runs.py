@@ -399,7 +399,10 @@ def _judged_pair(
         judged, unit = judge_pairs(base_rounds, new_rounds, thresholds), "pairs"
     else:
         judged, unit = judge_rounds(
-            list(base_rounds.values()), list(new_rounds.values()), thresholds
+            list(base_rounds.values()),
+            list(new_rounds.values()),
+            thresholds,
+            sides.current.between.get(case_id) or sides.baseline.between.get(base_id),
         )
     clocks = _clock_ratio(b, n) if timed else math.nan
     judged = throttle(judged, clocks, (_share(b), _share(n)))

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from attnbench.estimators import estimate, group_medians
+from attnbench.estimators import Between, estimate, group_medians
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, cases_to_judge
 
 # Verdicts, worst first: what a case, a metric or the overall row can be judged.
@@ -78,31 +78,53 @@ def judge_rounds(
     base: Sequence[Sequence[float]],
     new: Sequence[Sequence[float]],
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    between: Between | None = None,
 ) -> tuple[TimeVerdict, str]:
     """A case timed in rounds (each, by default, a process of its own): with two or more on
     each side, the ratio of the two times over their rounds (``estimators.estimate``) and a
     one-sided Welch t-test on the logs of the rounds' medians (``"rounds"``), the statistics
-    the interval is made of; with one round a side, all samples (``"samples"``)."""
+    the interval is made of; with one round a side, all samples (``"samples"``). ``between``,
+    the case's spread between sweeps on this machine (``results.reruns``): two runs are two
+    sweeps, each with a moment of its own, so the test's variance holds twice it as well, its
+    degrees of freedom by Satterthwaite's rule (as the interval's)."""
     base_kept = [list(r) for r in base if len(r)]
     new_kept = [list(r) for r in new if len(r)]
     if min(len(base_kept), len(new_kept)) < 2:
         flat = [[s for r in side for s in r] for side in (base_kept, new_kept)]
         return judge_time(flat[0], flat[1], thresholds), "samples"
-    from scipy import stats  # lazy: scipy costs 0.8 s to import
-
     before, after = estimate(base_kept).center_s, estimate(new_kept).center_s
     ratio = after / before if before > 0 else math.inf
     base_logs = np.log([m for m in group_medians(base_kept) if m > 0])
     new_logs = np.log([m for m in group_medians(new_kept) if m > 0])
     if min(base_logs.size, new_logs.size) < 2:
         return TimeVerdict(ratio, math.nan, TOO_FEW), "rounds"
-    if not (np.ptp(base_logs) or np.ptp(new_logs)):  # no spread: the medians say it all
+    sweeps = 2 * between.variance if between is not None and between.df > 0 else 0.0
+    if not (np.ptp(base_logs) or np.ptp(new_logs) or sweeps):  # the medians say it all
         p = 0.0 if ratio != 1 else 1.0
     else:
-        alternative = "greater" if ratio >= 1 else "less"
-        found = stats.ttest_ind(new_logs, base_logs, equal_var=False, alternative=alternative)
-        p = float(found.pvalue)
+        p = _one_sided_p(new_logs, base_logs, ratio >= 1, sweeps, between)
     return _verdict(ratio, p, thresholds), "rounds"
+
+
+def _one_sided_p(
+    new_logs: np.ndarray,
+    base_logs: np.ndarray,
+    slower: bool,
+    sweeps: float,
+    between: Between | None,
+) -> float:
+    """Welch's t-test, one-sided in the direction the median moved, with ``sweeps`` added to
+    the variance of the difference (Welch's own where it is 0: scipy's ``ttest_ind`` with
+    ``equal_var=False``, to the bit's rounding)."""
+    from scipy import stats  # lazy: scipy costs 0.8 s to import
+
+    parts = [(float(np.var(x, ddof=1)) / x.size, x.size - 1.0) for x in (new_logs, base_logs)]
+    if sweeps > 0 and between is not None:
+        parts.append((sweeps, between.df))
+    variance = sum(v for v, _ in parts)
+    df = variance**2 / sum(v**2 / d for v, d in parts)
+    t = (float(new_logs.mean()) - float(base_logs.mean())) / math.sqrt(variance)
+    return float(stats.t.sf(t, df) if slower else stats.t.cdf(t, df))
 
 
 def _median_ratio(base: np.ndarray, new: np.ndarray) -> float:

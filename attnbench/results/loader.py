@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.estimators import prior_of, quiet_level, quieter
+from attnbench.estimators import Between, prior_of, quiet_level, quieter
 from attnbench.formats import RawRun, folder_version, migrate_run
 from attnbench.measure.record import timing_columns
 from attnbench.measure.timing.clocks import median_clock, throttled_share
@@ -33,6 +33,7 @@ from attnbench.results.files import (
     read_csv,
 )
 from attnbench.results.record import RunRecord
+from attnbench.results.reruns import Entry, betweens, rerun_key, sweep_entry
 from attnbench.results.run import RunResults
 from attnbench.results.theories import record_problem
 from attnbench.schema import (
@@ -91,6 +92,7 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "count_cache": (dict, _OPTIONAL),
     "auto": (dict, _OPTIONAL),
     "quiet": (dict, _OPTIONAL),
+    "reruns": (dict, _OPTIONAL),
     "unrecorded": (list,),
 }
 # The configuration entries that the reading commands use, by the types they must have.
@@ -226,8 +228,9 @@ def load_results(path: Path | str) -> RunResults:
     if not keep.all():
         warnings.append(f"ignored {int((~keep).sum())} sample(s) of a case that never finished")
         samples = samples[keep].reset_index(drop=True)
+    sweeps = SweepsFound()
     if len(samples) and (samples["round"].max() > 1 or frame["time_ci_high_s"].isna().all()):
-        frame = _with_all_rounds(frame, samples, RunRecord.parse(raw.meta).machine_quiet_s)
+        frame, sweeps = _with_all_rounds(frame, samples, RunRecord.parse(raw.meta))
     return RunResults(
         path=path,
         frame=frame,
@@ -236,6 +239,8 @@ def load_results(path: Path | str) -> RunResults:
         warnings=tuple(warnings),
         calibration=calibration,
         theories=_checked_theories(path, raw.theories),
+        between=sweeps.between,
+        entries=sweeps.entries,
     )
 
 
@@ -282,12 +287,15 @@ OVER_ROUNDS = (
 
 
 def _with_all_rounds(
-    frame: pd.DataFrame, samples: pd.DataFrame, machine_quiet: float | None
-) -> pd.DataFrame:
+    frame: pd.DataFrame, samples: pd.DataFrame, record: RunRecord
+) -> tuple[pd.DataFrame, SweepsFound]:
     """A row is written after a case's first round; its timing columns (and FLOP/s and the
     kernels' time) over every round come from ``TimingStats``, the one place timing statistics
     are derived. Rows that hold no interval get it here. A round is judged disturbed against
-    the run's quiet level, or the machine's (``run.quiet``) where that was quieter."""
+    the run's quiet level, or the machine's (``run.quiet``) where that was quieter; the interval
+    holds the case's spread between this machine's sweeps where earlier ones were recorded
+    (``results.reruns``)."""
+    machine_quiet = record.machine_quiet_s
     frame = frame.copy()
     by_case = samples.groupby("case_id")["time_s"]
     ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
@@ -308,11 +316,14 @@ def _with_all_rounds(
             quiet_s=quiet,
         )
     prior = prior_of([timing.kept_variance() for timing in stats.values()])
+    keys = {i: rerun_key(frame.loc[i].to_dict(), record.config, record.environment) for i in ok}
+    entries = {keys[i]: sweep_entry(replace(stats[i], prior=prior).estimate) for i in ok}
+    spread = betweens(entries, record.reruns)
     filled: dict[str, dict[Any, Any]] = {}  # column -> {row: value}, set once a column
     for i in ok:
         row = frame.loc[i]
         own = by_id[str(row["case_id"])]
-        every = replace(stats[i], prior=prior)
+        every = replace(stats[i], prior=prior, between=spread.get(keys[i]))
         flops = row["flops"]
         columns = timing_columns(every)
         cells = {name: columns[name] for name in OVER_ROUNDS}
@@ -331,7 +342,24 @@ def _with_all_rounds(
             filled.setdefault(name, {})[i] = value
     for name, values in filled.items():  # a column at a time: 14 scalar writes a row cost 1 s
         frame.loc[list(values), name] = pd.Series(values, dtype=frame[name].dtype)
-    return frame
+    left: dict[str, dict[str, Entry]] = {}
+    for i in ok:
+        entry = entries[keys[i]]
+        if entry is not None:
+            left.setdefault(str(frame.loc[i, "layer"]), {})[keys[i]] = entry
+    found = SweepsFound(
+        {str(frame.loc[i, "case_id"]): spread[keys[i]] for i in ok if keys[i] in spread}, left
+    )
+    return frame, found
+
+
+@dataclass(frozen=True)
+class SweepsFound:
+    """What the loader read of the sweeps: each case's spread between them, by case id, and
+    what this sweep leaves of each case for the next (``results.reruns``), by layer and key."""
+
+    between: Mapping[str, Between] = field(default_factory=dict)
+    entries: Mapping[str, Mapping[str, Entry]] = field(default_factory=dict)
 
 
 def _typed_results(frame: pd.DataFrame) -> pd.DataFrame:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from attnbench.results.reruns import Entry, parse_entries
 from attnbench.schema import RunStatus
 
 
@@ -73,6 +74,9 @@ class RunRecord:
     # (``run.quiet``; None: no sweep had kept one), and what its rounds waited for quiet.
     machine_quiet_s: float | None = None
     waited_s: float = 0.0
+    # The entries of this machine's earlier sweeps the run found (``results.reruns``), by case
+    # key: what its cases' spread between sweeps is read from (empty: none known).
+    reruns: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
     # Columns of results.csv the run did not record (empty in every row it has; the loader
     # keeps the list so as it reads the rows).
     unrecorded: tuple[str, ...] = ()
@@ -109,6 +113,7 @@ class RunRecord:
             unrecorded=tuple(meta.get("unrecorded") or ()),
             machine_quiet_s=quiet.get("machine_s"),
             waited_s=float(quiet.get("waited_s") or 0.0),
+            reruns=parse_entries(meta.get("reruns")),
             auto=_auto_lines(meta.get("auto") or {}),
         )
 

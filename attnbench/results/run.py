@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,12 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
+from attnbench.estimators import Between
 from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.measure.machine.ceilings_file import ceilings_from
 from attnbench.measure.record import died_in
 from attnbench.results.record import RunRecord
+from attnbench.results.reruns import Entry
 from attnbench.schema import CALIBRATION_COLUMNS, STATUSES, RunStatus, Status, numeric_column
 
 
@@ -33,6 +36,10 @@ class RunResults:
     # theory.json: the plugin layers' families, options and evaluated theories ({} for runs
     # without it).
     theories: dict[str, Any] = field(default_factory=dict)
+    # Each case's spread between this machine's sweeps, by case id, as its interval holds it;
+    # and what this run leaves of each case for the next sweep (``results.reruns``).
+    between: Mapping[str, Between] = field(default_factory=dict)
+    entries: Mapping[str, Mapping[str, Entry]] = field(default_factory=dict)  # layer -> key
 
     @functools.cached_property
     def died_cases(self) -> frozenset[str]:

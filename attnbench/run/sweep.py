@@ -48,6 +48,7 @@ from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.queue import DEFAULT_MEASURING, JobQueue, Measuring, Previous
 from attnbench.run.quiet import MachineQuiet, quiet_file, read_quiet, wait_left, write_quiet
+from attnbench.run.reruns import of_layers, read_reruns, reruns_file, write_reruns
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus, Status
 from attnbench.spec import Grid
@@ -129,6 +130,9 @@ def _start(
     quiet = _Quiet(
         machine, known, quieter(known.level, earlier.record.machine_quiet_s if earlier else None)
     )
+    if earlier is None:  # a resumed run goes on with the sweeps it found when it began
+        found = read_reruns(reruns_file(grid.device, grid.dtype, threads))
+        writer.update(reruns=of_layers(found, grid.layers))
     if on_start is not None:
         counting = measuring.counting
         # a resumed run's start says no estimate: no machine to read for one
@@ -406,7 +410,11 @@ def _sweep(
     if queue.auto is not None:  # the cases it reached, and what stopped each line
         writer.update(cases_total=queue.completed, auto=queue.auto.describe())
     writer.finish(RunStatus.COMPLETE)
-    return load_results(writer.out_dir)
+    run = load_results(writer.out_dir)
+    # what this sweep leaves for the next's spread between sweeps (``run.reruns``)
+    threads = grid.threads or torch.get_num_threads()
+    write_reruns(reruns_file(grid.device, grid.dtype, threads), run.entries)
+    return run
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from attnbench.estimators import (
+    Between,
     Estimate,
     Prior,
     estimate,
@@ -80,6 +81,8 @@ class TimingStats:
     references_s: tuple[float | None, ...] | None = None
     quiet_s: float | None = None
     prior: Prior | None = None  # the run's typical spread between rounds (estimators.Prior)
+    # The case's spread between this machine's sweeps (estimators.Between; None: none known)
+    between: Between | None = None
     waited_s: float = 0.0  # seconds the round waited for a quiet machine before it timed
 
     def per_call(self, calls: int) -> TimingStats:
@@ -121,9 +124,20 @@ class TimingStats:
     def estimate(self) -> Estimate:
         """The time and its interval over the rounds (``estimators.estimate``), rounds read
         disturbed left out."""
+        return self._over_rounds(self.between)
+
+    @functools.cached_property
+    def run_estimate(self) -> Estimate:
+        """The same over this run's rounds alone, without the spread between sweeps: what more
+        rounds narrow, so what the stopping rule reads."""
+        return self._over_rounds(None)
+
+    def _over_rounds(self, between: Between | None) -> Estimate:
         rounds = self._rounds()
         references = [ref for _, ref in rounds]
-        return estimate([s for s, _ in rounds], references, self.quiet_s, self.prior)
+        return estimate(
+            [s for s, _ in rounds], references, self.quiet_s, self.prior, between=between
+        )
 
     def kept_variance(self) -> float | None:
         """The variance of the logs of its kept rounds' medians (a run's ``Prior`` reads it)."""
@@ -151,7 +165,8 @@ class TimingStats:
         interval reached ``DEFAULT_POLICY``'s target (precise) or the rounds ran out."""
         if len(set(self.rounds or ())) < 2:
             return self.stop
-        return Stop.PRECISE if self.rel_ci <= DEFAULT_POLICY.target_rel_ci else Stop.MAX_ROUNDS
+        reach = self.run_estimate.rel_ci  # what more rounds could have narrowed
+        return Stop.PRECISE if reach <= DEFAULT_POLICY.target_rel_ci else Stop.MAX_ROUNDS
 
     @property
     def ci_s(self) -> tuple[float, float]:

@@ -1,0 +1,234 @@
+"""A case's spread between sweeps on this machine: read from its earlier sweeps' entries
+(``results.reruns``), kept in the cache (``run.reruns``), recorded in run.json and held by the
+interval (``estimators.estimate``'s ``between``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import own_cache
+
+from attnbench.estimators import (
+    Between,
+    Prior,
+    between_sweeps,
+    estimate,
+    moderated_between,
+)
+from attnbench.measure.timing import reference
+from attnbench.options import build_grid
+from attnbench.results.loader import load_results
+from attnbench.results.reruns import betweens, parse_entries, rerun_key, sweep_entry
+from attnbench.run import queue as queue_module
+from attnbench.run import reruns as store
+from attnbench.run.sweep import run_sweep
+
+TRUE_S = 1e-3
+
+
+def sweep_of(rng: np.random.Generator, offset: float, rounds: int = 3, within: float = 0.01):
+    """A fake sweep of one case: ``rounds`` processes seconds apart, sharing the sweep's
+    moment (a log-normal ``offset`` of the whole sweep), 20 samples each."""
+    speeds = TRUE_S * math.exp(offset) * np.exp(rng.normal(0.0, within, size=rounds))
+    return [list(s * np.exp(rng.normal(0.0, 0.005, size=20))) for s in speeds]
+
+
+def test_the_spread_between_sweeps_is_their_variance_less_their_own() -> None:
+    """The method of moments: sweeps 0.1 apart in log whose own log times carry 0.001 of
+    variance each leave 0.01 - 0.001 between them; one sweep leaves none; never under 0."""
+    found = between_sweeps([(0.0, 0.001), (0.1, 0.001), (0.2, 0.001)])
+    assert found is not None
+    assert found.variance == pytest.approx(0.01 - 0.001) and found.df == 2 and found.sweeps == 3
+    assert between_sweeps([(0.0, 0.001)]) is None
+    assert between_sweeps([(0.0, 0.1), (0.01, 0.1)]) == Between(0.0, 1.0, 2)
+    assert between_sweeps([(0.0, 0.0), (math.nan, 0.0)]) is None  # a bad entry is no sweep
+
+
+def test_a_case_is_shrunk_toward_the_machines_typical_or_takes_it() -> None:
+    own = Between(0.0, 1.0, 2)
+    typical = Prior(0.004)  # 4 degrees of freedom
+    assert moderated_between(own, typical) == Between(0.004 * 4 / 5, 5.0, 2)
+    assert moderated_between(None, typical) == Between(0.004, 4.0, 0)
+    assert moderated_between(own, None) == own and moderated_between(None, None) is None
+
+
+def test_the_interval_holds_two_sweeps_moments_by_satterthwaites_rule() -> None:
+    """The interval's square reach is the rounds' part plus twice the sweeps' variance, at
+    the t of the Welch-Satterthwaite degrees of freedom of the sum."""
+    from scipy import stats
+
+    groups = [[1.0, 1.0], [1.1, 1.1], [0.9, 0.9]]
+    logs = np.log([1.0, 1.1, 0.9])
+    rounds = float(np.var(logs, ddof=1)) * (1 / 3 + 1 / 3)
+    sweeps = 2 * 0.01
+    df = (rounds + sweeps) ** 2 / (rounds**2 / 2 + sweeps**2 / 3)
+    reach = float(stats.t.ppf(0.975, df)) * math.sqrt(rounds + sweeps)
+    found = estimate(groups, between=Between(0.01, 3.0, 4))
+    assert math.log(found.high_s / found.center_s) == pytest.approx(reach)
+    assert found.center_s == estimate(groups).center_s  # the time is this sweep's own
+    assert estimate(groups, between=Between(0.0, 3.0, 4)) == estimate(groups)
+    assert found.mean_variance == pytest.approx(float(np.var(logs, ddof=1)) / 3)
+
+
+def test_sweeps_with_moments_of_their_own_are_held_only_with_the_spread_between_them() -> None:
+    """Fake sweeps of one case, each with a moment of its own (3% between sweeps) and rounds
+    1% apart within: the interval of a sweep's processes alone holds the next sweep's time
+    in well under 95% of tries; read with the spread of the sweeps before it, in about 95%."""
+    rng = np.random.default_rng(7)
+    held_alone, held_with, tries = 0, 0, 400
+    for _ in range(tries):
+        sweeps = [sweep_of(rng, rng.normal(0.0, 0.03)) for _ in range(8)]
+        found = [estimate(s) for s in sweeps]
+        entries = [(math.log(f.center_s), f.mean_variance) for f in found]
+        alone = found[-2]
+        with_history = estimate(sweeps[-2], between=between_sweeps(entries[:-1]))
+        rerun = found[-1].center_s
+        held_alone += alone.low_s <= rerun <= alone.high_s
+        held_with += with_history.low_s <= rerun <= with_history.high_s
+    assert held_alone / tries < 0.7
+    assert 0.9 <= held_with / tries <= 0.995
+
+
+def test_what_a_sweep_leaves_of_a_case() -> None:
+    """Its log time and that log time's variance, over two rounds or more, none of them kept
+    while read disturbed."""
+    groups = [[1.0, 1.0], [1.2, 1.2], [1.1, 1.1]]
+    entry = sweep_entry(estimate(groups))
+    assert entry is not None
+    assert entry[0] == pytest.approx(math.log(estimate(groups).center_s))
+    assert entry[1] == pytest.approx(estimate(groups).mean_variance)
+    assert sweep_entry(estimate([[1.0] * 10])) is None  # one round: no variance of its own
+    busy = estimate(groups, [2.0, 2.0, 1.0], quiet=1.0)  # two of three disturbed: all kept
+    assert busy.disturbed == 2 and busy.left_out == 0 and sweep_entry(busy) is None
+    quiet_kept = estimate([*groups, [1.0, 1.0]], [2.0, 1.0, 1.0, 1.0], quiet=1.0)
+    assert quiet_kept.left_out == 1 and sweep_entry(quiet_kept) is not None
+
+
+def test_every_case_reads_its_own_sweeps_or_the_machines_typical() -> None:
+    past = {"a": ((0.0, 0.0), (0.2, 0.0)), "b": ((1.0, 0.0), (1.0, 0.0)), "x": ((5.0, 0.0),)}
+    own = {"a": (0.1, 0.0), "b": (1.0, 0.0), "c": (2.0, 0.0), "x": None}
+    found = betweens(own, past)
+    assert found["a"].sweeps == 3 and found["b"].sweeps == 3
+    typical = float(np.median([0.01, 0.0]))  # the median of the cases' own: a's and b's
+    assert found["a"].variance == pytest.approx((4 * typical + 2 * 0.01) / 6)
+    for key in ("c", "x"):  # no sweep of its own before; one before, none of its own now
+        assert found[key].variance == pytest.approx(typical)
+        assert (found[key].df, found[key].sweeps) == (4.0, 0)
+    assert betweens({"c": (2.0, 0.0)}, {}) == {}  # a first sweep: nothing between sweeps
+
+
+def test_a_cases_key_changes_with_what_makes_it_another_case() -> None:
+    row = {"case_id": "conv/n=8/d=4", "compiled": None, "layer_source": "plugin.py sha256 ab"}
+    config = {"allocator": "pinned", "timer": "blocks"}
+    key = rerun_key(row, config, {"git_commit": "c1"})
+    assert key == rerun_key(dict(row), dict(config), {"git_commit": "c1"})
+    others = [
+        rerun_key({**row, "case_id": "conv/n=16/d=4"}, config, {"git_commit": "c1"}),
+        rerun_key({**row, "compiled": "default"}, config, {"git_commit": "c1"}),
+        rerun_key({**row, "layer_source": "plugin.py sha256 cd"}, config, {"git_commit": "c1"}),
+        rerun_key(row, {**config, "allocator": "system"}, {"git_commit": "c1"}),
+        rerun_key(row, {**config, "timer": "events"}, {"git_commit": "c1"}),
+        rerun_key(row, config, {"git_commit": "c2"}),
+    ]
+    assert key not in others and len(set(others)) == len(others)
+
+
+def test_run_json_entries_that_do_not_read_are_dropped() -> None:
+    raw = {"a": [[0.1, 0.001], ["x", 1], [1.0], [0.2, -1.0], [math.inf, 0.0]], "b": "no", 3: []}
+    assert parse_entries(raw) == {"a": ((0.1, 0.001),)}
+    assert parse_entries(None) == {} and parse_entries([1, 2]) == {}
+
+
+def test_the_store_keeps_each_cases_latest_sweeps_and_the_cases_swept_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "MOST_CASES", 2)
+    path = tmp_path / "r.json"
+    for i in range(store.KEEP + 2):
+        store.write_reruns(path, {"conv": {"a": (float(i), 0.0)}})
+    kept = store.read_reruns(path)
+    assert [x for x, _ in kept["conv"]["a"]] == [float(i) for i in range(2, store.KEEP + 2)]
+    store.write_reruns(path, {"conv": {"b": (0.0, 0.0), "c": (0.0, 0.0)}})
+    assert list(store.read_reruns(path)["conv"]) == ["b", "c"]  # a, swept first, is dropped
+    store.write_reruns(path, {"conv": {"b": (1.0, 0.0)}, "rnn": {"d": (0.0, 0.0)}})
+    kept = store.read_reruns(path)
+    assert list(kept["conv"]) == ["c", "b"] and list(kept["rnn"]) == ["d"]
+    assert store.of_layers(kept, ["rnn", "gone"]) == {"d": [[0.0, 0.0]]}
+    path.write_text("{torn")
+    assert store.read_reruns(path) == {}
+    (tmp_path / "ro").write_text("")  # a file where the folder should be: skipped, no error
+    store.write_reruns(tmp_path / "ro" / "r.json", {"conv": {"a": (0.0, 0.0)}})
+
+
+def test_a_sweep_records_the_machines_sweeps_before_it_and_leaves_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first sweep finds none (its intervals are its processes'); the second records the
+    first's entries in run.json and its cases read two sweeps; a run whose recorded sweeps
+    read far apart holds that in its interval, from run.json alone (the cache gone)."""
+    own_cache(tmp_path / "cache", monkeypatch)
+    monkeypatch.setattr("attnbench.run.sweep.read_reruns", store.read_reruns)
+    monkeypatch.setattr("attnbench.run.sweep.write_reruns", store.write_reruns)
+
+    def around(timing, clock=None, quiet_s=None, wait_s=0.0, sleep=None):  # type: ignore[no-untyped-def]
+        return timing(), 1e-3, 0.0  # every round reads the machine quiet
+
+    monkeypatch.setattr(reference, "around", around)
+    grid = build_grid(
+        {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "processes": 3,
+         "time_budget": 0.003}
+    )  # fmt: skip
+    first = run_sweep(grid, tmp_path / "one", measuring=queue_module.UNCALIBRATED)
+    assert first.record.reruns == {} and first.between == {}
+    assert set(first.entries) == {"conv"} and len(first.entries["conv"]) == 2
+    second = run_sweep(grid, tmp_path / "two", measuring=queue_module.UNCALIBRATED)
+    meta = json.loads((second.path / "run.json").read_text())
+    assert {k: [tuple(e) for e in v] for k, v in meta["reruns"].items()} == {
+        k: [e] for k, e in first.entries["conv"].items()
+    }
+    assert {b.sweeps for b in second.between.values()} == {2}
+    for path in (tmp_path / "cache").rglob("*.json"):
+        path.unlink()
+    # earlier sweeps 20% off either way: the interval reaches past them; none: its own
+    meta["reruns"] = {
+        k: [[x + 0.2, w], [x - 0.2, w]] for k, (x, w) in second.entries["conv"].items()
+    }
+    (second.path / "run.json").write_text(json.dumps(meta))
+    apart = load_results(second.path)
+    del meta["reruns"]
+    (second.path / "run.json").write_text(json.dumps(meta))
+    alone = load_results(second.path)
+    assert alone.between == {}
+    for wide, narrow in zip(apart.measured.itertuples(), alone.measured.itertuples(), strict=True):
+        assert wide.time_s == narrow.time_s
+        assert wide.time_ci_high_s / wide.time_s > math.exp(0.2)
+        assert wide.time_ci_high_s > narrow.time_ci_high_s
+        assert wide.time_stop == narrow.time_stop  # what more rounds could narrow: the same
+
+
+def test_compare_holds_two_sweeps_moments_in_its_test() -> None:
+    """Two runs 15% apart whose rounds agree within 1%: a regression by their rounds alone;
+    not significant where this machine's sweeps of the case spread by 8%, since two sweeps
+    land that far apart with nothing changed; and a test with no spread between sweeps is
+    Welch's own."""
+    from scipy import stats
+
+    from attnbench.compare.verdicts import NOT_SIGNIFICANT, REGRESSION, judge_rounds
+
+    base = [[math.exp(x)] * 5 for x in (0.0, 0.01, -0.01)]
+    new = [[math.exp(0.14 + x)] * 5 for x in (0.0, 0.01, -0.005)]
+    alone, unit = judge_rounds(base, new)
+    assert unit == "rounds" and alone.verdict == REGRESSION
+    welch = stats.ttest_ind(
+        np.log([g[0] for g in new]), np.log([g[0] for g in base]), equal_var=False,
+        alternative="greater",
+    )  # fmt: skip
+    assert alone.p_value == pytest.approx(float(welch.pvalue), rel=1e-9)
+    apart, _ = judge_rounds(base, new, between=Between(0.08**2, 9.0, 10))
+    assert apart.verdict == NOT_SIGNIFICANT and apart.p_value > 0.01
+    assert apart.ratio == alone.ratio
+    assert judge_rounds(base, new, between=Between(0.0, 9.0, 10))[0] == alone
