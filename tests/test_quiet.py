@@ -237,7 +237,8 @@ def test_a_busy_machine_is_read_against_its_quiet_level_or_else_its_load(
     monkeypatch.setattr("attnbench.run.estimate.usable_cpus", lambda: 2)
     busy = machine_busy(QUIET, 1, read(2.5 * QUIET), load=lambda: 1.0)
     assert busy.slowdown == pytest.approx(2.5) and "reference reads 2.5x its quiet" in busy.why
-    assert seen == [1] and torch.get_num_threads() == threads  # read in 1 thread, put back
+    # read in 1 thread, put back; a busy reading is read again, twice, and stays busy
+    assert seen == [1, 1, 1] and torch.get_num_threads() == threads
     quiet = machine_busy(QUIET, 1, read(1.2 * QUIET), load=lambda: 2.0)  # within QUIET_FACTOR
     assert quiet == QUIET_MACHINE
     # the slower of the two tests: a reference that reads quiet beside a load past the CPUs
@@ -247,7 +248,7 @@ def test_a_busy_machine_is_read_against_its_quiet_level_or_else_its_load(
     assert busy.slowdown == pytest.approx(4.0) and busy.why == "its 1-minute load is 6.0 on 2 CPUs"
     assert machine_busy(QUIET, 2, read(5 * QUIET), load=lambda: 6.0).slowdown == 5.0
     busy = machine_busy(None, 1, read(9.0), load=lambda: 4.0)  # no level: the load alone
-    assert busy.slowdown == pytest.approx(2.5) and len(seen) == 4  # no reference read
+    assert busy.slowdown == pytest.approx(2.5) and len(seen) == 8  # no reference read
     assert machine_busy(None, 8, load=lambda: 4.0).slowdown == pytest.approx(3.0)  # 2 threads
     assert machine_busy(None, 2, load=lambda: 2.0) == QUIET_MACHINE  # a sweep's own last minute
     # the load lags: three tasks runnable now, of a load of 6, say 2.5x; none now, quiet
@@ -255,6 +256,20 @@ def test_a_busy_machine_is_read_against_its_quiet_level_or_else_its_load(
     assert machine_busy(None, 2, load=lambda: 6.0, runnable=lambda: 0.0) == QUIET_MACHINE
     assert machine_busy(None, 2, load=lambda: 6.0, runnable=lambda: None).slowdown == 4.0
     assert machine_busy(None, 1, load=lambda: None) == QUIET_MACHINE
+
+
+def test_one_stalled_reading_of_the_reference_is_no_busy_machine() -> None:
+    """A start whose first reading stalls (a new user's read 2251.5x) reads again: the
+    quietest of the readings, no more of them once one reads quiet."""
+    from attnbench.run.estimate import QUIET as QUIET_MACHINE
+    from attnbench.run.estimate import START_READINGS, machine_busy
+
+    readings = [2251.5 * QUIET, 1.1 * QUIET, 9.0]
+    busy = machine_busy(QUIET, 1, lambda: readings.pop(0), load=lambda: 0.0)
+    assert busy == QUIET_MACHINE and readings == [9.0]
+    readings = [3 * QUIET, 2.0 * QUIET, 2.5 * QUIET, QUIET]
+    busy = machine_busy(QUIET, 1, lambda: readings.pop(0), load=lambda: 0.0)
+    assert busy.slowdown == pytest.approx(2.0) and len(readings) == 4 - START_READINGS
 
 
 def test_a_busy_machines_start_scales_the_estimate_and_says_what_a_quiet_one_takes(
