@@ -17,7 +17,7 @@ from attnbench.lengths import AutoN
 from attnbench.measure.record import CaseResult
 from attnbench.measure.timing.loop import TimingStats
 from attnbench.options import build_grid, grid_from_config
-from attnbench.run.auto import AutoPlan, Stopped
+from attnbench.run.auto import LEAST_POINTS, AutoPlan, Stopped
 
 GIB = 2**30
 
@@ -129,14 +129,32 @@ def test_a_line_stops_where_its_share_of_the_budget_runs_out() -> None:
     ran = run_cases(plan, conv, rising, wall_s=2.0)
     line = plan.line(conv[0])
     assert line.stopped is Stopped.BUDGET and line.allowance_s == pytest.approx(5.0)
-    assert len(ran) == 2  # 2 s each, 4 s spent: a third would overrun the 5 s share
+    # 2 s each: a third overruns the 5 s share, but a line reaches LEAST_POINTS lengths
+    assert len(ran) == LEAST_POINTS == 3
     # the next line's share is what is left, over the lines still going
     rnn = next(c for c in two.cases() if c.layer == "rnn")
     assert plan.decide(rnn) == (True, "")
-    # what conv spent: its two cases' 4 s and what their later rounds will cost
+    # what conv spent: its three cases' 6 s and what their later rounds will cost
     later = sum(p.later_s for p in line.points)
-    assert later > 0 and line.wall_s == pytest.approx(4.0 + later)
+    assert later > 0 and line.wall_s == pytest.approx(6.0 + later)
     assert plan.line(rnn).allowance_s == pytest.approx(10.0 - line.wall_s)
+
+
+def test_a_line_reaches_three_lengths_whatever_its_share_but_not_past_a_calls_limit() -> None:
+    """On a loaded machine a line's first case took its whole share, and attention's chart
+    was one point: the budget stops a line only from its third length on. A call over
+    --max-case-time still stops it at once."""
+    one = build_grid({"layers": "conv", "d": [64], "n": "auto:64..4096", "device": "cpu",
+                      "auto_budget": 1})  # fmt: skip
+    plan = AutoPlan(one)
+    rising = {n: 1e-4 * (n / 64) ** 0.5 for n in (64, 128, 256, 512, 1024, 2048, 4096)}
+    cases = list(one.cases())
+    assert run_cases(plan, cases, rising, wall_s=5.0) == [64, 128, 256]
+    assert plan.line(cases[0]).stopped is Stopped.BUDGET
+    slow = AutoPlan(one)
+    steep = {n: 1e3 * (n / 64) for n in rising}  # 1000 s a call: over the limit at once
+    assert run_cases(slow, cases, steep, wall_s=5.0) == [64]
+    assert slow.line(cases[0]).stopped is Stopped.TIME
 
 
 def test_a_case_is_charged_every_round_it_may_get_so_the_budget_bounds_the_sweep() -> None:

@@ -33,6 +33,11 @@ MAX_CALL_S = 1.0
 MEMORY_SHARE = 0.8
 MIN_SAMPLES = 4  # calls a round times of a long call (``rounds.round_policy``: 3 and a probe)
 UNTIMED_CALLS = 6  # calls a case makes outside its timed blocks, about
+# Lengths a line reaches before its share of the budget may stop it (a call's time and the
+# memory still may): the fewest a chart draws a slope through and a fit reads. On a loaded
+# machine a line's first case (cold: its first call, the counts traced, the memory pass)
+# took its whole share, and attention's line was one point.
+LEAST_POINTS = 3
 
 
 @dataclass(frozen=True)
@@ -236,7 +241,7 @@ class AutoPlan:
         timed = max(last.timed_s * growth, MIN_SAMPLES * call)
         wall = untimed + timed + (self.grid.most_rounds - 1) * self._round(timed, call)
         left = line.allowance_s - line.wall_s
-        if wall > left:
+        if wall > left and len(line.points) >= LEAST_POINTS:
             return Stopped.BUDGET, (
                 f"n={case.n} would take about {wall:.2g} s, over the {max(left, 0):.3g} s "
                 f"left of this layer's {line.allowance_s:.3g} s of --auto-budget "

@@ -110,8 +110,9 @@ def estimate_bounds(
         low += untimed + grid.processes * (fixed + soon + max(quick, 5 * call))
         high += untimed + most * (fixed + late + max(share, 5 * call))
     low, high = low * slowdown, high * slowdown
-    if grid.n_auto is not None:
-        return min(low, grid.auto_budget_s), grid.auto_budget_s
+    if grid.n_auto is not None:  # the budget, or every line's first lengths past it
+        budget = grid.auto_budget_s  # (a line reaches run.auto.LEAST_POINTS whatever its share)
+        return min(low, budget), max(low, budget)
     return low, high
 
 
