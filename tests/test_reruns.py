@@ -4,6 +4,7 @@ interval (``estimators.estimate``'s ``between``)."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
@@ -11,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import own_cache
+from rich.console import Console
 
+from attnbench.cli.summary import summary_notes
 from attnbench.estimators import (
     Between,
     Prior,
@@ -109,16 +112,52 @@ def test_what_a_sweep_leaves_of_a_case() -> None:
 
 
 def test_every_case_reads_its_own_sweeps_or_the_machines_typical() -> None:
+    """The typical, the median of the cases' own, is worth as many degrees of freedom as its
+    sweeps give (3 sweeps: 2), up to 4: the cases share their sweeps' moments."""
     past = {"a": ((0.0, 0.0), (0.2, 0.0)), "b": ((1.0, 0.0), (1.0, 0.0)), "x": ((5.0, 0.0),)}
     own = {"a": (0.1, 0.0), "b": (1.0, 0.0), "c": (2.0, 0.0), "x": None}
     found = betweens(own, past)
     assert found["a"].sweeps == 3 and found["b"].sweeps == 3
     typical = float(np.median([0.01, 0.0]))  # the median of the cases' own: a's and b's
-    assert found["a"].variance == pytest.approx((4 * typical + 2 * 0.01) / 6)
+    assert found["a"].variance == pytest.approx((2 * typical + 2 * 0.01) / 4)
+    assert found["a"].df == 4.0
     for key in ("c", "x"):  # no sweep of its own before; one before, none of its own now
         assert found[key].variance == pytest.approx(typical)
-        assert (found[key].df, found[key].sweeps) == (4.0, 0)
+        assert (found[key].df, found[key].sweeps) == (2.0, 0)
+    many = {k: tuple((float(i), 0.0) for i in range(9)) for k in ("a", "b")}
+    assert betweens({"a": (9.0, 0.0), "b": (9.0, 0.0), "c": None}, many)["c"].df == 4.0
     assert betweens({"c": (2.0, 0.0)}, {}) == {}  # a first sweep: nothing between sweeps
+
+
+@pytest.mark.parametrize(("sweeps", "least", "most"), [(3, 0.85, 0.97), (8, 0.92, 0.995)])
+def test_cases_sharing_their_sweeps_moments_are_held_about_as_often_as_claimed(
+    sweeps: int, least: float, most: float
+) -> None:
+    """Eight cases whose sweeps share a 5% moment (and 1% of each case's own), read as the
+    loader reads them (``betweens``: each case's own, moderated by the typical): the
+    interval of the last sweep holds the next sweep's time about 95% of the time, somewhat
+    less with few sweeps (a sweep's moment is known from as many sweeps as there are)."""
+    rng = np.random.default_rng(5)
+    held = total = 0
+    for _ in range(60):
+        swept = []
+        for _ in range(sweeps + 1):
+            moment = rng.normal(0.0, 0.05)
+            swept.append([sweep_of(rng, moment + rng.normal(0.0, 0.01)) for _ in range(8)])
+        found = [[estimate(g) for g in sweep] for sweep in swept]
+        past: dict[str, list[tuple[float, float]]] = {}
+        for sweep in found[: sweeps - 1]:
+            for case, one in enumerate(sweep):
+                entry = sweep_entry(one)
+                assert entry is not None
+                past.setdefault(str(case), []).append(entry)
+        now = {str(c): sweep_entry(e) for c, e in enumerate(found[sweeps - 1])}
+        spread = betweens(now, past)
+        for case, groups in enumerate(swept[sweeps - 1]):
+            interval = estimate(groups, between=spread[str(case)])
+            held += interval.low_s <= found[sweeps][case].center_s <= interval.high_s
+            total += 1
+    assert least <= held / total <= most
 
 
 def test_a_cases_key_changes_with_what_makes_it_another_case() -> None:
@@ -208,6 +247,23 @@ def test_a_sweep_records_the_machines_sweeps_before_it_and_leaves_its_own(
         assert wide.time_ci_high_s / wide.time_s > math.exp(0.2)
         assert wide.time_ci_high_s > narrow.time_ci_high_s
         assert wide.time_stop == narrow.time_stop  # what more rounds could narrow: the same
+    # the summary says which, and that more processes cannot narrow the sweeps' part
+    from attnbench.cli.reruns import sweeps_note, wide_between_sweeps
+
+    cases = [str(c) for c in apart.measured["case_id"]]
+    assert wide_between_sweeps(apart, cases, 0.05) == 2
+    assert wide_between_sweeps(apart, cases, 0.9) == 0 == wide_between_sweeps(alone, cases, 0.05)
+    note = sweeps_note(apart)
+    assert note is not None and note.startswith(
+        "2 case(s)' ±95% hold how far this machine's sweeps moved them (2 from 3 sweeps of "
+        "their own)"
+    )
+    assert "no earlier sweep of these cases" in (sweeps_note(alone) or "")
+    console = Console(file=io.StringIO(), width=300)
+    summary_notes(apart, console)
+    assert "2 of them move further than that between this machine's sweeps alone" in (
+        console.file.getvalue()  # type: ignore[attr-defined]
+    )
 
 
 def test_compare_holds_two_sweeps_moments_in_its_test() -> None:
@@ -232,3 +288,60 @@ def test_compare_holds_two_sweeps_moments_in_its_test() -> None:
     assert apart.verdict == NOT_SIGNIFICANT and apart.p_value > 0.01
     assert apart.ratio == alone.ratio
     assert judge_rounds(base, new, between=Between(0.0, 9.0, 10))[0] == alone
+
+
+def test_a_stopped_sweep_leaves_nothing_and_its_resume_reads_what_it_first_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep stopped by Ctrl-C leaves no entry; resumed, it goes on with the sweeps it found
+    when it began (not the cache's since), leaves its entries once it completes, and a
+    completed run resumed again leaves none twice."""
+    import os
+    import signal
+
+    from attnbench.errors import SweepInterrupted
+    from attnbench.run.events import Listeners, ProgressEvent
+    from attnbench.run.sweep import resume_sweep
+
+    own_cache(tmp_path / "cache", monkeypatch)
+    monkeypatch.setattr("attnbench.run.sweep.read_reruns", store.read_reruns)
+    written: list[dict[str, dict[str, tuple[float, float]]]] = []
+
+    def write(path: Path, entries):  # type: ignore[no-untyped-def]
+        written.append({layer: dict(cases) for layer, cases in entries.items()})
+        store.write_reruns(path, entries)
+
+    monkeypatch.setattr("attnbench.run.sweep.write_reruns", write)
+
+    def around(timing, clock=None, quiet_s=None, wait_s=0.0, sleep=None):  # type: ignore[no-untyped-def]
+        return timing(), 1e-3, 0.0  # every round reads the machine quiet
+
+    monkeypatch.setattr(reference, "around", around)
+    grid = build_grid(
+        {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "processes": 3,
+         "time_budget": 0.003}
+    )  # fmt: skip
+    first = run_sweep(grid, tmp_path / "one", measuring=queue_module.UNCALIBRATED)
+    assert len(written) == 1
+
+    def stop(event: ProgressEvent) -> None:
+        if event.kind == "done" and event.round == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    out = tmp_path / "two"
+    with pytest.raises(SweepInterrupted):
+        run_sweep(grid, out, listeners=Listeners(progress=stop),
+                  measuring=queue_module.UNCALIBRATED)  # fmt: skip
+    assert len(written) == 1  # stopped: nothing left
+    found = json.loads((out / "run.json").read_text())["reruns"]
+    assert len(found) == 2
+    store.write_reruns(  # another sweep since: not this run's
+        next(iter((tmp_path / "cache").rglob("reruns/*.json"))),
+        {"conv": {k: (0.0, 0.0) for k in first.entries["conv"]}},
+    )
+    resumed = resume_sweep(out, measuring=queue_module.UNCALIBRATED)
+    assert json.loads((out / "run.json").read_text())["reruns"] == found
+    assert {b.sweeps for b in resumed.between.values()} == {2}
+    assert len(written) == 2 and written[1] == dict(resumed.entries)
+    resume_sweep(out, measuring=queue_module.UNCALIBRATED)  # complete already
+    assert len(written) == 2

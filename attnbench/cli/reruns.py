@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections.abc import Iterable
 
+from attnbench.estimators import CONFIDENCE, normal_quantile
 from attnbench.results.run import RunResults
 from attnbench.schema import numeric_column
 
@@ -39,4 +42,15 @@ def sweeps_note(run: RunResults) -> str | None:
         f"a spread between sweeps of ±{statistics.median(spreads.values()):.1%} typically, "
         f"±{spreads[widest]:.1%} at most ({widest.split('/b=')[0]}), which more processes in "
         "one sweep cannot narrow"
+    )
+
+
+def wide_between_sweeps(run: RunResults, cases: Iterable[str], bound: float) -> int:
+    """How many of ``cases`` move between this machine's sweeps by more than ``bound`` alone
+    (the normal's 95% reach of twice their variance): more processes cannot narrow them."""
+    z = normal_quantile((1 + CONFIDENCE) / 2)
+    return sum(
+        z * math.sqrt(2 * run.between[c].variance) > math.log1p(bound)
+        for c in cases
+        if c in run.between
     )

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnbench.cli.correctness import compile_notes, correctness_notes
-from attnbench.cli.reruns import sweeps_note
+from attnbench.cli.reruns import sweeps_note, wide_between_sweeps
 from attnbench.estimators import QUIET_FACTOR, processes_for, rel_ci
 from attnbench.fits.exponents import counted_work, settled_line
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
@@ -320,11 +320,18 @@ def _time_notes(run: RunResults, console: Console) -> None:
     low, high = timed["time_ci_low_s"], timed["time_ci_high_s"]
     imprecise = timed[is_imprecise(timed["time_s"], low, high)]
     if len(imprecise):
+        sweeps = wide_between_sweeps(run, imprecise["case_id"].astype(str), IMPRECISE_REL_CI)
+        advice = (
+            f"{sweeps} of them move further than that between this machine's sweeps alone, "
+            "which more processes in one sweep cannot narrow"
+            if sweeps
+            else _more_processes(imprecise)
+        )
         console.print(
             f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a time known only to "
             f"±{IMPRECISE_REL_CI:.0%} or worse (its 95% interval over its processes and this "
             "machine's sweeps): their processes or sweeps read it that far apart, or the "
-            f"machine was disturbed in most of their rounds; {_more_processes(imprecise)}",
+            f"machine was disturbed in most of their rounds; {advice}",
             soft_wrap=True,
         )
     for note in [*replication_notes(run), sweeps_note(run)]:

@@ -93,6 +93,7 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "auto": (dict, _OPTIONAL),
     "quiet": (dict, _OPTIONAL),
     "reruns": (dict, _OPTIONAL),
+    "reruns_left": (bool,),
     "unrecorded": (list,),
 }
 # The configuration entries that the reading commands use, by the types they must have.

@@ -22,6 +22,7 @@ import pandas as pd
 from attnbench.estimators import (
     Between,
     Estimate,
+    Prior,
     between_sweeps,
     moderated_between,
     prior_of,
@@ -68,13 +69,19 @@ def betweens(
 ) -> dict[str, Between]:
     """Each case's spread between sweeps, by its key: from the earlier sweeps' entries and this
     sweep's own, shrunk toward the machine's typical (the median of the cases' own, where two or
-    more have one); a case no earlier sweep measured takes the typical. Empty where no case was
-    swept before: a first sweep's intervals hold its own processes only."""
+    more have one, worth as many degrees of freedom as its sweeps give, up to 4); a case no
+    earlier sweep measured takes the typical. Empty where no case was swept before: a first
+    sweep's intervals hold its own processes only."""
     found = {
         key: between_sweeps([*past.get(key, ()), *([entry] if entry is not None else [])])
         for key, entry in own.items()
     }
     typical = prior_of([b.variance if b is not None else None for b in found.values()])
+    sweeps = max((b.sweeps for b in found.values() if b is not None), default=0)
+    if typical is not None:  # the cases' moments are mostly the sweeps' own, shared: the
+        # typical knows no more than its sweeps do (4 degrees of freedom read 77% for 95% at
+        # two sweeps, in a simulation of eight cases sharing a 5% moment)
+        typical = Prior(typical.variance, min(typical.df, sweeps - 1.0))
     out = {}
     for key, own_between in found.items():
         moderated = moderated_between(own_between, typical)

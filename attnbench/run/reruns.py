@@ -2,14 +2,17 @@
 
 A sweep reads them once at its start and records, in run.json's ``reruns``, those of its
 layers' cases: what its intervals' spread between sweeps is read from. When it completes, it
-leaves its own entry of each case here. One file per host, device, torch version and thread
-count (``cache_key``); the latest ``KEEP`` sweeps of each case and the ``MOST_CASES`` cases
-swept last are kept. A cache that is missing, unreadable or cannot be written is a sweep
-without history, never an error.
+leaves its own entry of each case here, once (a completed run resumed does not again). One
+file per host, device, torch version, thread count (``cache_key``) and attnbench commit (a
+time measured by other code is another case's; ``KEEP_FILES`` of them, the latest written);
+the latest ``KEEP`` sweeps of each case and the ``MOST_CASES`` cases of a layer swept last
+are kept. Two sweeps that finish together take turns (a lock beside the file). A cache that
+is missing, unreadable or cannot be written is a sweep without history, never an error.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -20,14 +23,19 @@ from attnbench.results.reruns import Entry, parse_entries
 from attnbench.storage import write_text_atomic
 
 KEEP = 10  # sweeps of a case whose entries are kept
-MOST_CASES = 500  # cases of a layer kept, the ones swept last
+MOST_CASES = 200  # cases of a layer kept, the ones swept last
+KEEP_FILES = 20  # files (commits) kept, the latest written
 
 Kept = dict[str, dict[str, tuple[Entry, ...]]]  # layer -> case key -> entries
 
 
-def reruns_file(device: str, dtype: str, threads: int, folder: Path | None = None) -> Path:
-    """Where this machine's entries are kept."""
-    return (folder or cache_dir()) / "reruns" / f"{cache_key(device, dtype, threads)}.json"
+def reruns_file(
+    device: str, dtype: str, threads: int, commit: str | None, folder: Path | None = None
+) -> Path:
+    """Where this machine's entries of this attnbench's commit are kept (``None``: not run
+    from a checkout; its version names its layers' source)."""
+    name = f"{cache_key(device, dtype, threads)}-{(commit or 'release')[:12]}.json"
+    return (folder or cache_dir()) / "reruns" / name
 
 
 def read_reruns(path: Path) -> Kept:
@@ -70,11 +78,22 @@ def write_reruns(path: Path, entries: Mapping[str, Mapping[str, Entry]]) -> None
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        kept = after(read_reruns(path), entries)
-        layers = {
-            layer: {key: [list(e) for e in found] for key, found in cases.items()}
-            for layer, cases in kept.items()
-        }
-        write_text_atomic(path, json.dumps({"layers": layers}) + "\n")
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+            kept = after(read_reruns(path), entries)
+            layers = {
+                layer: {key: [list(e) for e in found] for key, found in cases.items()}
+                for layer, cases in kept.items()
+            }
+            write_text_atomic(path, json.dumps({"layers": layers}) + "\n")
+        _prune(path.parent)
     except (OSError, AttnbenchError):
         return
+
+
+def _prune(folder: Path) -> None:
+    """Keep the ``KEEP_FILES`` files written last (each a commit's), and their locks."""
+    files = sorted(folder.glob("*.json"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for old in files[KEEP_FILES:]:
+        old.unlink(missing_ok=True)
+        old.with_suffix(".lock").unlink(missing_ok=True)

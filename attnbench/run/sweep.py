@@ -131,7 +131,8 @@ def _start(
         machine, known, quieter(known.level, earlier.record.machine_quiet_s if earlier else None)
     )
     if earlier is None:  # a resumed run goes on with the sweeps it found when it began
-        found = read_reruns(reruns_file(grid.device, grid.dtype, threads))
+        commit = writer.meta["environment"].get("git_commit")
+        found = read_reruns(reruns_file(grid.device, grid.dtype, threads, commit))
         writer.update(reruns=of_layers(found, grid.layers))
     if on_start is not None:
         counting = measuring.counting
@@ -409,11 +410,15 @@ def _sweep(
             )
     if queue.auto is not None:  # the cases it reached, and what stopped each line
         writer.update(cases_total=queue.completed, auto=queue.auto.describe())
+    left = bool(writer.meta.get("reruns_left"))  # a completed run resumed: already left
+    if not left:
+        writer.update(reruns_left=True)
     writer.finish(RunStatus.COMPLETE)
     run = load_results(writer.out_dir)
-    # what this sweep leaves for the next's spread between sweeps (``run.reruns``)
-    threads = grid.threads or torch.get_num_threads()
-    write_reruns(reruns_file(grid.device, grid.dtype, threads), run.entries)
+    if not left:  # what this sweep leaves for the next's spread between sweeps (run.reruns)
+        threads = grid.threads or torch.get_num_threads()
+        commit = run.record.environment.get("git_commit")
+        write_reruns(reruns_file(grid.device, grid.dtype, threads, commit), run.entries)
     return run
 
 
