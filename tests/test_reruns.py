@@ -100,23 +100,25 @@ def test_what_a_sweep_leaves_of_a_case() -> None:
     """Its log time and that log time's variance, over two rounds or more, none of them kept
     while read disturbed."""
     groups = [[1.0, 1.0], [1.2, 1.2], [1.1, 1.1]]
-    entry = sweep_entry(estimate(groups))
+    entry = sweep_entry(estimate(groups), 2e-4)
     assert entry is not None
     assert entry[0] == pytest.approx(math.log(estimate(groups).center_s))
-    assert entry[1] == pytest.approx(estimate(groups).mean_variance)
-    assert sweep_entry(estimate([[1.0] * 10])) is None  # one round: no variance of its own
+    assert entry[1] == pytest.approx(estimate(groups).mean_variance) and entry[2] == 2e-4
+    assert sweep_entry(estimate([[1.0] * 10]), 1.0) is None  # one round: no variance of its own
     busy = estimate(groups, [2.0, 2.0, 1.0], quiet=1.0)  # two of three disturbed: all kept
-    assert busy.disturbed == 2 and busy.left_out == 0 and sweep_entry(busy) is None
+    assert busy.disturbed == 2 and busy.left_out == 0 and sweep_entry(busy, 1.0) is None
     quiet_kept = estimate([*groups, [1.0, 1.0]], [2.0, 1.0, 1.0, 1.0], quiet=1.0)
-    assert quiet_kept.left_out == 1 and sweep_entry(quiet_kept) is not None
+    assert quiet_kept.left_out == 1 and sweep_entry(quiet_kept, 1.0) is not None
 
 
 def test_every_case_reads_its_own_sweeps_or_the_machines_typical() -> None:
     """The typical, the median of the cases' own, is worth as many degrees of freedom as its
     sweeps give (3 sweeps: 2), up to 4: the cases share their sweeps' moments."""
-    past = {"a": ((0.0, 0.0), (0.2, 0.0)), "b": ((1.0, 0.0), (1.0, 0.0)), "x": ((5.0, 0.0),)}
-    own = {"a": (0.1, 0.0), "b": (1.0, 0.0), "c": (2.0, 0.0), "x": None}
-    found = betweens(own, past)
+    nan = math.nan  # a sweep whose reference was not read: one state with every other
+    past = {"a": ((0.0, 0.0, nan), (0.2, 0.0, 1.0)), "b": ((1.0, 0.0, 1.0), (1.0, 0.0, 1.1)),
+            "x": ((5.0, 0.0, 1.0),)}  # fmt: skip
+    own = {"a": (0.1, 0.0, 1.0), "b": (1.0, 0.0, 1.0), "c": (2.0, 0.0, 1.0), "x": None}
+    found = betweens(own, past, 1.0)
     assert found["a"].sweeps == 3 and found["b"].sweeps == 3
     typical = float(np.median([0.01, 0.0]))  # the median of the cases' own: a's and b's
     assert found["a"].variance == pytest.approx((2 * typical + 2 * 0.01) / 4)
@@ -124,9 +126,10 @@ def test_every_case_reads_its_own_sweeps_or_the_machines_typical() -> None:
     for key in ("c", "x"):  # no sweep of its own before; one before, none of its own now
         assert found[key].variance == pytest.approx(typical)
         assert (found[key].df, found[key].sweeps) == (2.0, 0)
-    many = {k: tuple((float(i), 0.0) for i in range(9)) for k in ("a", "b")}
-    assert betweens({"a": (9.0, 0.0), "b": (9.0, 0.0), "c": None}, many)["c"].df == 4.0
-    assert betweens({"c": (2.0, 0.0)}, {}) == {}  # a first sweep: nothing between sweeps
+    many = {k: tuple((float(i), 0.0, 1.0) for i in range(9)) for k in ("a", "b")}
+    now = {"a": (9.0, 0.0, 1.0), "b": (9.0, 0.0, 1.0), "c": None}
+    assert betweens(now, many, 1.0)["c"].df == 4.0
+    assert betweens({"c": (2.0, 0.0, 1.0)}, {}, 1.0) == {}  # a first sweep: nothing between
 
 
 @pytest.mark.parametrize(("sweeps", "least", "most"), [(3, 0.85, 0.97), (8, 0.92, 0.995)])
@@ -145,19 +148,46 @@ def test_cases_sharing_their_sweeps_moments_are_held_about_as_often_as_claimed(
             moment = rng.normal(0.0, 0.05)
             swept.append([sweep_of(rng, moment + rng.normal(0.0, 0.01)) for _ in range(8)])
         found = [[estimate(g) for g in sweep] for sweep in swept]
-        past: dict[str, list[tuple[float, float]]] = {}
+        past: dict[str, list[tuple[float, float, float]]] = {}
         for sweep in found[: sweeps - 1]:
             for case, one in enumerate(sweep):
-                entry = sweep_entry(one)
+                entry = sweep_entry(one, 1.0)
                 assert entry is not None
                 past.setdefault(str(case), []).append(entry)
-        now = {str(c): sweep_entry(e) for c, e in enumerate(found[sweeps - 1])}
-        spread = betweens(now, past)
+        now = {str(c): sweep_entry(e, 1.0) for c, e in enumerate(found[sweeps - 1])}
+        spread = betweens(now, past, 1.0)
         for case, groups in enumerate(swept[sweeps - 1]):
             interval = estimate(groups, between=spread[str(case)])
             held += interval.low_s <= found[sweeps][case].center_s <= interval.high_s
             total += 1
     assert least <= held / total <= most
+
+
+def test_sweeps_in_another_state_of_the_machine_are_read_apart_and_named() -> None:
+    """This machine reads its reference at 208 or 310 µs for minutes at a time, lstm then
+    0.45x or 1x: a case's spread is read from the sweeps of this sweep's state (its quiet
+    reference within 1.25x), and the others say how far that state puts each case."""
+    from attnbench.results.reruns import elsewhere, same_state
+
+    past = {
+        "a": ((0.0, 0.0, 1.0), (0.02, 0.0, 1.1), (-0.9, 0.0, 1.5), (-0.8, 0.0, 1.6)),
+        "b": ((1.0, 0.0, 1.0), (1.0, 0.0, 0.9), (0.9, 0.0, 1.5)),
+    }
+    own = {"a": (0.01, 0.0, 1.0), "b": (1.0, 0.0, 1.0)}
+    found = betweens(own, past, 1.0)
+    assert found["a"].sweeps == 3 and found["b"].sweeps == 3
+    assert found["a"].variance < 1e-4  # 0, 0.02 and 0.01 apart; not 0.9 away
+    other = elsewhere(own, past, 1.0)
+    assert other is not None and other.sweeps == 2
+    assert other.level_ratio == pytest.approx(1.5)  # the median of 1.5, 1.5 and 1.6
+    assert other.ratios["a"] == pytest.approx(math.exp(-0.85 - 0.01))
+    assert other.ratios["b"] == pytest.approx(math.exp(-0.1))
+    assert elsewhere(own, {"a": past["a"][:2]}, 1.0) is None
+    assert same_state(1.0, 1.25) and not same_state(1.0, 1.26) and not same_state(1.26, 1.0)
+    assert same_state(1.0, math.nan) and same_state(math.nan, 2.0)
+    # from the other state's side, the same sweeps: two of its own, and this one named
+    there = betweens({"a": (-0.85, 0.0, 1.5)}, past, 1.5)
+    assert there["a"].sweeps == 3
 
 
 def test_a_cases_key_changes_with_what_makes_it_another_case() -> None:
@@ -177,8 +207,16 @@ def test_a_cases_key_changes_with_what_makes_it_another_case() -> None:
 
 
 def test_run_json_entries_that_do_not_read_are_dropped() -> None:
-    raw = {"a": [[0.1, 0.001], ["x", 1], [1.0], [0.2, -1.0], [math.inf, 0.0]], "b": "no", 3: []}
-    assert parse_entries(raw) == {"a": ((0.1, 0.001),)}
+    raw = {
+        "a": [[0.1, 0.001, 2e-4], [0.3, 0.002, None], ["x", 1, 1], [1.0, 0.0], [0.2, -1.0, 1],
+              [math.inf, 0.0, 1], [0.1, 0.1, "x"]],
+        "b": "no",
+        3: [],
+    }  # fmt: skip
+    found = parse_entries(raw)
+    assert list(found) == ["a"] and found["a"][0] == (0.1, 0.001, 2e-4)
+    assert found["a"][1][:2] == (0.3, 0.002) and math.isnan(found["a"][1][2])
+    assert len(found["a"]) == 2
     assert parse_entries(None) == {} and parse_entries([1, 2]) == {}
 
 
@@ -188,19 +226,19 @@ def test_the_store_keeps_each_cases_latest_sweeps_and_the_cases_swept_last(
     monkeypatch.setattr(store, "MOST_CASES", 2)
     path = tmp_path / "r.json"
     for i in range(store.KEEP + 2):
-        store.write_reruns(path, {"conv": {"a": (float(i), 0.0)}})
+        store.write_reruns(path, {"conv": {"a": (float(i), 0.0, 1.0)}})
     kept = store.read_reruns(path)
-    assert [x for x, _ in kept["conv"]["a"]] == [float(i) for i in range(2, store.KEEP + 2)]
-    store.write_reruns(path, {"conv": {"b": (0.0, 0.0), "c": (0.0, 0.0)}})
+    assert [x for x, _, _ in kept["conv"]["a"]] == [float(i) for i in range(2, store.KEEP + 2)]
+    store.write_reruns(path, {"conv": {"b": (0.0, 0.0, 1.0), "c": (0.0, 0.0, 1.0)}})
     assert list(store.read_reruns(path)["conv"]) == ["b", "c"]  # a, swept first, is dropped
-    store.write_reruns(path, {"conv": {"b": (1.0, 0.0)}, "rnn": {"d": (0.0, 0.0)}})
+    store.write_reruns(path, {"conv": {"b": (1.0, 0.0, 1.0)}, "rnn": {"d": (0.0, 0.0, math.nan)}})
     kept = store.read_reruns(path)
     assert list(kept["conv"]) == ["c", "b"] and list(kept["rnn"]) == ["d"]
-    assert store.of_layers(kept, ["rnn", "gone"]) == {"d": [[0.0, 0.0]]}
+    assert store.of_layers(kept, ["rnn", "gone"]) == {"d": [[0.0, 0.0, None]]}  # JSON: no NaN
     path.write_text("{torn")
     assert store.read_reruns(path) == {}
     (tmp_path / "ro").write_text("")  # a file where the folder should be: skipped, no error
-    store.write_reruns(tmp_path / "ro" / "r.json", {"conv": {"a": (0.0, 0.0)}})
+    store.write_reruns(tmp_path / "ro" / "r.json", {"conv": {"a": (0.0, 0.0, 1.0)}})
 
 
 def test_a_sweep_records_the_machines_sweeps_before_it_and_leaves_its_own(
@@ -234,7 +272,8 @@ def test_a_sweep_records_the_machines_sweeps_before_it_and_leaves_its_own(
         path.unlink()
     # earlier sweeps 20% off either way: the interval reaches past them; none: its own
     meta["reruns"] = {
-        k: [[x + 0.2, w], [x - 0.2, w]] for k, (x, w) in second.entries["conv"].items()
+        k: [[x + 0.2, w, level], [x - 0.2, w, level]]
+        for k, (x, w, level) in second.entries["conv"].items()
     }
     (second.path / "run.json").write_text(json.dumps(meta))
     apart = load_results(second.path)
@@ -259,6 +298,19 @@ def test_a_sweep_records_the_machines_sweeps_before_it_and_leaves_its_own(
         "their own)"
     )
     assert "no earlier sweep of these cases" in (sweeps_note(alone) or "")
+    # earlier sweeps in another state of the machine (its reference 1.5x): read apart, named
+    meta["reruns"] = {
+        k: [[x - 0.8, w, 1.5 * level], [x - 0.8, w, 1.5 * level]]
+        for k, (x, w, level) in second.entries["conv"].items()
+    }
+    (second.path / "run.json").write_text(json.dumps(meta))
+    other = load_results(second.path)
+    assert other.between == {} and other.elsewhere is not None
+    assert other.measured["time_ci_high_s"].tolist() == alone.measured["time_ci_high_s"].tolist()
+    note = sweeps_note(other) or ""
+    assert note.startswith("no earlier sweep of these cases on this machine in this state")
+    assert "2 earlier sweep(s) read this machine in another state (its reference 1.50x" in note
+    assert "where these cases ran 0.45x" in note
     console = Console(file=io.StringIO(), width=300)
     summary_notes(apart, console)
     assert "2 of them move further than that between this machine's sweeps alone" in (
@@ -337,7 +389,7 @@ def test_a_stopped_sweep_leaves_nothing_and_its_resume_reads_what_it_first_found
     assert len(found) == 2
     store.write_reruns(  # another sweep since: not this run's
         next(iter((tmp_path / "cache").rglob("reruns/*.json"))),
-        {"conv": {k: (0.0, 0.0) for k in first.entries["conv"]}},
+        {"conv": {k: (0.0, 0.0, 1e-3) for k in first.entries["conv"]}},
     )
     resumed = resume_sweep(out, measuring=queue_module.UNCALIBRATED)
     assert json.loads((out / "run.json").read_text())["reruns"] == found

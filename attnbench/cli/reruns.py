@@ -14,20 +14,21 @@ from attnbench.schema import numeric_column
 
 def sweeps_note(run: RunResults) -> str | None:
     """Whether the intervals of the cases timed over several processes hold the spread between
-    sweeps, read from how many, and how large it was; None where no case has such an
-    interval."""
+    sweeps, read from how many, and how large it was, and what sweeps in another state of the
+    machine found; None where no case has such an interval."""
     measured = run.measured
     over_rounds = measured[numeric_column(measured, "rounds").fillna(0) >= 2]
     if over_rounds.empty:
         return None
     cases = [str(c) for c in over_rounds["case_id"]]
     found = {c: run.between[c] for c in cases if c in run.between}
+    other = _elsewhere(run, cases)
     if not found:
         return (
-            "no earlier sweep of these cases on this machine is on record: their ±95% holds "
-            "this sweep's processes, seconds apart, not how far a sweep minutes later moves "
-            "them (a neighbour, the host, the hour); sweep them again and each interval "
-            "holds that too (run.json's reruns)"
+            f"no earlier sweep of these cases on this machine{' in this state' if other else ''} "
+            "is on record: their ±95% holds this sweep's processes, seconds apart, not how far "
+            "a sweep minutes later moves them (a neighbour, the host, the hour); sweep them "
+            f"again and each interval holds that too (run.json's reruns){other}"
         )
     own = [b.sweeps for b in found.values() if b.sweeps >= 2]
     spreads = {c: b.spread for c, b in found.items()}
@@ -40,9 +41,30 @@ def sweeps_note(run: RunResults) -> str | None:
     return (
         f"{len(found)} case(s)' ±95% hold how far this machine's sweeps moved them ({read}): "
         f"a spread between sweeps of ±{statistics.median(spreads.values()):.1%} typically, "
-        f"±{spreads[widest]:.1%} at most ({widest.split('/b=')[0]}), which more processes in "
-        "one sweep cannot narrow"
+        f"±{spreads[widest]:.1%} at most ({_name(widest)}), which more processes in "
+        f"one sweep cannot narrow{other}"
     )
+
+
+def _elsewhere(run: RunResults, cases: list[str]) -> str:
+    """The clause on sweeps that ran in another state of the machine ("" where none did)."""
+    other = run.elsewhere
+    ratios = {c: other.ratios[c] for c in cases if other is not None and c in other.ratios}
+    if other is None or not ratios:
+        return ""
+    low = min(ratios, key=lambda c: ratios[c])
+    high = max(ratios, key=lambda c: ratios[c])
+    return (
+        f"; {other.sweeps} earlier sweep(s) read this machine in another state (its reference "
+        f"{other.level_ratio:.2f}x this sweep's), where these cases ran "
+        f"{ratios[low]:.2f}x ({_name(low)}) to {ratios[high]:.2f}x ({_name(high)}) these "
+        "times: the intervals hold a re-run in this state, and one in that state lands there"
+    )
+
+
+def _name(case: str) -> str:
+    """A case's id without the parts every case of a sweep shares (batch, dtype, device)."""
+    return case.split("/b=")[0]
 
 
 def wide_between_sweeps(run: RunResults, cases: Iterable[str], bound: float) -> int:

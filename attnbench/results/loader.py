@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.estimators import Between, prior_of, quiet_level, quieter
+from attnbench.estimators import prior_of, quiet_level, quieter
 from attnbench.formats import RawRun, folder_version, migrate_run
 from attnbench.measure.record import timing_columns
 from attnbench.measure.timing.clocks import median_clock, throttled_share
@@ -33,7 +33,7 @@ from attnbench.results.files import (
     read_csv,
 )
 from attnbench.results.record import RunRecord
-from attnbench.results.reruns import Entry, betweens, rerun_key, sweep_entry
+from attnbench.results.reruns import SweepsFound, read_sweeps
 from attnbench.results.run import RunResults
 from attnbench.results.theories import record_problem
 from attnbench.schema import (
@@ -242,6 +242,7 @@ def load_results(path: Path | str) -> RunResults:
         theories=_checked_theories(path, raw.theories),
         between=sweeps.between,
         entries=sweeps.entries,
+        elsewhere=sweeps.elsewhere,
     )
 
 
@@ -301,8 +302,8 @@ def _with_all_rounds(
     by_case = samples.groupby("case_id")["time_s"]
     ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
     rounds = samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
-    own = quiet_level(rounds.tolist())
-    quiet = quieter(None if math.isnan(own) else own, machine_quiet)
+    level = quiet_level(rounds.tolist())  # the run's own: the machine's state it ran in
+    quiet = quieter(None if math.isnan(level) else level, machine_quiet)
     stats = {}
     by_id = {str(key): rows for key, rows in samples.groupby("case_id", sort=False)}
     for i in ok:
@@ -317,14 +318,19 @@ def _with_all_rounds(
             quiet_s=quiet,
         )
     prior = prior_of([timing.kept_variance() for timing in stats.values()])
-    keys = {i: rerun_key(frame.loc[i].to_dict(), record.config, record.environment) for i in ok}
-    entries = {keys[i]: sweep_entry(replace(stats[i], prior=prior).estimate) for i in ok}
-    spread = betweens(entries, record.reruns)
+    cases = {
+        str(frame.loc[i, "case_id"]): (
+            frame.loc[i].to_dict(),
+            replace(stats[i], prior=prior).estimate,
+        )
+        for i in ok
+    }
+    found = read_sweeps(cases, record, level)
     filled: dict[str, dict[Any, Any]] = {}  # column -> {row: value}, set once a column
     for i in ok:
         row = frame.loc[i]
         own = by_id[str(row["case_id"])]
-        every = replace(stats[i], prior=prior, between=spread.get(keys[i]))
+        every = replace(stats[i], prior=prior, between=found.between.get(str(row["case_id"])))
         flops = row["flops"]
         columns = timing_columns(every)
         cells = {name: columns[name] for name in OVER_ROUNDS}
@@ -343,24 +349,7 @@ def _with_all_rounds(
             filled.setdefault(name, {})[i] = value
     for name, values in filled.items():  # a column at a time: 14 scalar writes a row cost 1 s
         frame.loc[list(values), name] = pd.Series(values, dtype=frame[name].dtype)
-    left: dict[str, dict[str, Entry]] = {}
-    for i in ok:
-        entry = entries[keys[i]]
-        if entry is not None:
-            left.setdefault(str(frame.loc[i, "layer"]), {})[keys[i]] = entry
-    found = SweepsFound(
-        {str(frame.loc[i, "case_id"]): spread[keys[i]] for i in ok if keys[i] in spread}, left
-    )
     return frame, found
-
-
-@dataclass(frozen=True)
-class SweepsFound:
-    """What the loader read of the sweeps: each case's spread between them, by case id, and
-    what this sweep leaves of each case for the next (``results.reruns``), by layer and key."""
-
-    between: Mapping[str, Between] = field(default_factory=dict)
-    entries: Mapping[str, Mapping[str, Entry]] = field(default_factory=dict)
 
 
 def _typed_results(frame: pd.DataFrame) -> pd.DataFrame:

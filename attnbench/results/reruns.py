@@ -14,12 +14,15 @@ A run records what it was judged by, so it loads the same everywhere, later and 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
 
 from attnbench.estimators import (
+    QUIET_FACTOR,
     Between,
     Estimate,
     Prior,
@@ -28,7 +31,27 @@ from attnbench.estimators import (
     prior_of,
 )
 
-Entry = tuple[float, float]  # a sweep's log time of a case, and its variance within the sweep
+# A sweep's log time of a case, that log time's variance within the sweep, and the sweep's
+# quiet reference (seconds; nan: not read): the machine's state it ran in.
+Entry = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """What earlier sweeps found in another state of the machine (their quiet reference over
+    ``QUIET_FACTOR`` from this sweep's): how many, their reference over this sweep's, and each
+    case's time there over its time here, by key (the median of their entries)."""
+
+    sweeps: int
+    level_ratio: float
+    ratios: Mapping[str, float] = field(default_factory=dict)
+
+
+def same_state(level: float, other: float) -> bool:
+    """Whether two sweeps ran in one state of the machine: their quiet references within
+    ``QUIET_FACTOR`` of each other (either not read: taken as one)."""
+    known = all(x > 0 and math.isfinite(x) for x in (level, other))
+    return not known or max(level, other) / min(level, other) <= QUIET_FACTOR
 
 
 def rerun_key(
@@ -54,26 +77,58 @@ def _text(value: Any) -> str:
     return "" if value is None or (not isinstance(value, str) and pd.isna(value)) else str(value)
 
 
-def sweep_entry(found: Estimate) -> Entry | None:
-    """What a sweep leaves of a case: over two or more rounds, none of them kept while read
-    disturbed (a busy sweep's time is the neighbour's, and it is judged so already)."""
+def sweep_entry(found: Estimate, level: float) -> Entry | None:
+    """What a sweep leaves of a case, with the sweep's quiet reference ``level``: over two or
+    more rounds, none of them kept while read disturbed (a busy sweep's time is the
+    neighbour's, and it is judged so already)."""
     if found.groups < 2 or found.disturbed > found.left_out:
         return None
     if not (found.center_s > 0 and math.isfinite(found.mean_variance)):
         return None
-    return math.log(found.center_s), found.mean_variance
+    return math.log(found.center_s), found.mean_variance, level
+
+
+def elsewhere(
+    own: Mapping[str, Entry | None], past: Mapping[str, Sequence[Entry]], level: float
+) -> Elsewhere | None:
+    """The earlier sweeps that ran in another state of the machine than this one (``level``),
+    and how far they put each case; None where all ran in this one."""
+    other = {key: [e for e in past.get(key, ()) if not same_state(level, e[2])] for key in own}
+    levels = [e[2] for entries in other.values() for e in entries]
+    if not levels:
+        return None
+    ratios = {
+        key: math.exp(statistics.median(e[0] for e in entries) - entry[0])
+        for key, entries in other.items()
+        if entries and (entry := own[key]) is not None
+    }
+    sweeps = max(len(entries) for entries in other.values())
+    return Elsewhere(sweeps, statistics.median(levels) / level, ratios)
 
 
 def betweens(
-    own: Mapping[str, Entry | None], past: Mapping[str, Sequence[Entry]]
+    own: Mapping[str, Entry | None], past: Mapping[str, Sequence[Entry]], level: float
 ) -> dict[str, Between]:
-    """Each case's spread between sweeps, by its key: from the earlier sweeps' entries and this
+    """Each case's spread between sweeps, by its key: from the earlier sweeps that ran in this
+    sweep's state of the machine (``same_state`` with its quiet reference ``level``) and this
     sweep's own, shrunk toward the machine's typical (the median of the cases' own, where two or
     more have one, worth as many degrees of freedom as its sweeps give, up to 4); a case no
     earlier sweep measured takes the typical. Empty where no case was swept before: a first
-    sweep's intervals hold its own processes only."""
+    sweep's intervals hold its own processes only.
+
+    A machine that changes state between sweeps for minutes at a time (this project's VM: its
+    reference 208 or 310 µs, lstm 0.45x or 1x, conv 0.85x or 1x) puts a case's sweeps in two
+    clusters; held to the sweeps of its own state, 91-92% of intervals held a later run in
+    that state (at ±8-10%), where over both they held 66-88% at ±22-27% (``elsewhere`` says
+    how far the other state puts each case)."""
     found = {
-        key: between_sweeps([*past.get(key, ()), *([entry] if entry is not None else [])])
+        key: between_sweeps(
+            [
+                (x, w)
+                for x, w, other in [*past.get(key, ()), *([entry] if entry is not None else [])]
+                if same_state(level, other)
+            ]
+        )
         for key, entry in own.items()
     }
     typical = prior_of([b.variance if b is not None else None for b in found.values()])
@@ -90,19 +145,64 @@ def betweens(
     return out
 
 
+@dataclass(frozen=True)
+class SweepsFound:
+    """What a run reads of this machine's sweeps: each case's spread between them and how far
+    another state of the machine put it, by case id, and what the run leaves of each case for
+    the next sweep, by layer and key."""
+
+    between: Mapping[str, Between] = field(default_factory=dict)
+    entries: Mapping[str, Mapping[str, Entry]] = field(default_factory=dict)
+    elsewhere: Elsewhere | None = None
+
+
+def read_sweeps(
+    cases: Mapping[str, tuple[Mapping[str, Any], Estimate]],
+    record: Any,
+    level: float,
+) -> SweepsFound:
+    """A run's cases (by case id: their row and their estimate over this run's rounds) read
+    against the earlier sweeps its ``record`` (a ``RunRecord``) holds, in the state of the
+    machine its quiet reference ``level`` says."""
+    keys = {
+        case: rerun_key(row, record.config, record.environment) for case, (row, _) in cases.items()
+    }
+    own = {keys[case]: sweep_entry(found, level) for case, (_, found) in cases.items()}
+    spread = betweens(own, record.reruns, level)
+    other = elsewhere(own, record.reruns, level)
+    left: dict[str, dict[str, Entry]] = {}
+    for case, (row, _) in cases.items():
+        entry = own[keys[case]]
+        if entry is not None:
+            left.setdefault(str(row.get("layer")), {})[keys[case]] = entry
+    if other is not None:  # its ratios by case id, as the rest
+        by_key = {key: case for case, key in keys.items()}
+        other = replace(other, ratios={by_key[k]: r for k, r in other.ratios.items()})
+    between = {case: spread[key] for case, key in keys.items() if key in spread}
+    return SweepsFound(between, left, other)
+
+
+def entry_json(entry: Entry) -> list[float | None]:
+    """An entry as run.json and the cache hold it (a reference not read: null)."""
+    x, w, level = entry
+    return [x, w, level if math.isfinite(level) else None]
+
+
 def parse_entries(raw: Any) -> dict[str, tuple[Entry, ...]]:
-    """run.json's ``reruns`` (key: [[log time, variance], ...]); an entry that does not read as
-    two finite numbers is dropped (a hand-edited file loses that entry, not the run)."""
+    """run.json's ``reruns`` (key: [[log time, variance, quiet reference], ...]); an entry that
+    does not read as two finite numbers and a reference (a number or null) is dropped (a
+    hand-edited file loses that entry, not the run)."""
     out: dict[str, tuple[Entry, ...]] = {}
     for key, entries in (raw if isinstance(raw, dict) else {}).items():
         kept = []
         for entry in entries if isinstance(entries, list) else []:
             try:
                 x, w = float(entry[0]), float(entry[1])
+                level = math.nan if entry[2] is None else float(entry[2])
             except (TypeError, ValueError, IndexError, KeyError):
                 continue
             if math.isfinite(x) and math.isfinite(w) and w >= 0:
-                kept.append((x, w))
+                kept.append((x, w, level))
         if kept:
             out[str(key)] = tuple(kept)
     return out

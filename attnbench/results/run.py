@@ -16,7 +16,7 @@ from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.measure.machine.ceilings_file import ceilings_from
 from attnbench.measure.record import died_in
 from attnbench.results.record import RunRecord
-from attnbench.results.reruns import Entry
+from attnbench.results.reruns import Elsewhere, Entry
 from attnbench.schema import CALIBRATION_COLUMNS, STATUSES, RunStatus, Status, numeric_column
 
 
@@ -40,6 +40,7 @@ class RunResults:
     # and what this run leaves of each case for the next sweep (``results.reruns``).
     between: Mapping[str, Between] = field(default_factory=dict)
     entries: Mapping[str, Mapping[str, Entry]] = field(default_factory=dict)  # layer -> key
+    elsewhere: Elsewhere | None = None  # what sweeps in another state of the machine found
 
     @functools.cached_property
     def died_cases(self) -> frozenset[str]:

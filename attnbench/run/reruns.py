@@ -19,7 +19,7 @@ from pathlib import Path
 
 from attnbench.errors import AttnbenchError
 from attnbench.measure.machine.ceilings_file import cache_dir, cache_key
-from attnbench.results.reruns import Entry, parse_entries
+from attnbench.results.reruns import Entry, entry_json, parse_entries
 from attnbench.storage import write_text_atomic
 
 KEEP = 10  # sweeps of a case whose entries are kept
@@ -48,10 +48,10 @@ def read_reruns(path: Path) -> Kept:
         return {}
 
 
-def of_layers(found: Kept, layers: Iterable[str]) -> dict[str, list[list[float]]]:
+def of_layers(found: Kept, layers: Iterable[str]) -> dict[str, list[list[float | None]]]:
     """The entries of these layers' cases, as run.json's ``reruns`` holds them."""
     return {
-        key: [list(entry) for entry in entries]
+        key: [entry_json(entry) for entry in entries]
         for layer in layers
         for key, entries in found.get(layer, {}).items()
     }
@@ -82,7 +82,7 @@ def write_reruns(path: Path, entries: Mapping[str, Mapping[str, Entry]]) -> None
             fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
             kept = after(read_reruns(path), entries)
             layers = {
-                layer: {key: [list(e) for e in found] for key, found in cases.items()}
+                layer: {key: [entry_json(e) for e in found] for key, found in cases.items()}
                 for layer, cases in kept.items()
             }
             write_text_atomic(path, json.dumps({"layers": layers}) + "\n")
