@@ -241,24 +241,31 @@ def test_the_store_keeps_each_cases_latest_sweeps_and_the_cases_swept_last(
     store.write_reruns(tmp_path / "ro" / "r.json", {"conv": {"a": (0.0, 0.0, 1.0)}})
 
 
+def with_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write):  # type: ignore[no-untyped-def]
+    """A cache of the test's own whose sweeps keep their history (conftest turns it off for
+    the suite), ``write`` leaving it, every round reading the machine quiet; the grid: conv
+    at two lengths, three rounds a case."""
+    own_cache(tmp_path / "cache", monkeypatch)
+    monkeypatch.setattr("attnbench.run.sweep.read_reruns", store.read_reruns)
+    monkeypatch.setattr("attnbench.run.sweep.write_reruns", write)
+
+    def around(timing, clock=None, quiet_s=None, wait_s=0.0, sleep=None):  # type: ignore[no-untyped-def]
+        return timing(), 1e-3, 0.0
+
+    monkeypatch.setattr(reference, "around", around)
+    return build_grid(
+        {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "processes": 3,
+         "time_budget": 0.003}
+    )  # fmt: skip
+
+
 def test_a_sweep_records_the_machines_sweeps_before_it_and_leaves_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first sweep finds none (its intervals are its processes'); the second records the
     first's entries in run.json and its cases read two sweeps; a run whose recorded sweeps
     read far apart holds that in its interval, from run.json alone (the cache gone)."""
-    own_cache(tmp_path / "cache", monkeypatch)
-    monkeypatch.setattr("attnbench.run.sweep.read_reruns", store.read_reruns)
-    monkeypatch.setattr("attnbench.run.sweep.write_reruns", store.write_reruns)
-
-    def around(timing, clock=None, quiet_s=None, wait_s=0.0, sleep=None):  # type: ignore[no-untyped-def]
-        return timing(), 1e-3, 0.0  # every round reads the machine quiet
-
-    monkeypatch.setattr(reference, "around", around)
-    grid = build_grid(
-        {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "processes": 3,
-         "time_budget": 0.003}
-    )  # fmt: skip
+    grid = with_history(tmp_path, monkeypatch, store.write_reruns)
     first = run_sweep(grid, tmp_path / "one", measuring=queue_module.UNCALIBRATED)
     assert first.record.reruns == {} and first.between == {}
     assert set(first.entries) == {"conv"} and len(first.entries["conv"]) == 2
@@ -355,24 +362,13 @@ def test_a_stopped_sweep_leaves_nothing_and_its_resume_reads_what_it_first_found
     from attnbench.run.events import Listeners, ProgressEvent
     from attnbench.run.sweep import resume_sweep
 
-    own_cache(tmp_path / "cache", monkeypatch)
-    monkeypatch.setattr("attnbench.run.sweep.read_reruns", store.read_reruns)
-    written: list[dict[str, dict[str, tuple[float, float]]]] = []
+    written: list[dict[str, dict[str, tuple[float, float, float]]]] = []
 
     def write(path: Path, entries):  # type: ignore[no-untyped-def]
         written.append({layer: dict(cases) for layer, cases in entries.items()})
         store.write_reruns(path, entries)
 
-    monkeypatch.setattr("attnbench.run.sweep.write_reruns", write)
-
-    def around(timing, clock=None, quiet_s=None, wait_s=0.0, sleep=None):  # type: ignore[no-untyped-def]
-        return timing(), 1e-3, 0.0  # every round reads the machine quiet
-
-    monkeypatch.setattr(reference, "around", around)
-    grid = build_grid(
-        {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "processes": 3,
-         "time_budget": 0.003}
-    )  # fmt: skip
+    grid = with_history(tmp_path, monkeypatch, write)
     first = run_sweep(grid, tmp_path / "one", measuring=queue_module.UNCALIBRATED)
     assert len(written) == 1
 
