@@ -209,7 +209,8 @@ def test_a_cases_key_changes_with_what_makes_it_another_case() -> None:
 def test_run_json_entries_that_do_not_read_are_dropped() -> None:
     raw = {
         "a": [[0.1, 0.001, 2e-4], [0.3, 0.002, None], ["x", 1, 1], [1.0, 0.0], [0.2, -1.0, 1],
-              [math.inf, 0.0, 1], [0.1, 0.1, "x"]],
+              [math.inf, 0.0, 1], [0.1, 0.1, "x"], [800.0, 1e-4, 4e-4], [-5.0, 1e300, 1e-4],
+              [-40.0, 0.0, 1e-4], [0.1, 0.0, -1.0], [0.1, 0.0, 1e9]],
         "b": "no",
         3: [],
     }  # fmt: skip
@@ -302,7 +303,7 @@ def test_a_sweep_records_the_machines_sweeps_before_it_and_leaves_its_own(
     note = sweeps_note(apart)
     assert note is not None and note.startswith(
         "2 case(s)' ±95% hold how far this machine's sweeps moved them (2 from 3 sweeps of "
-        "their own)"
+        "their own, this one included)"
     )
     assert "no earlier sweep of these cases" in (sweeps_note(alone) or "")
     # earlier sweeps in another state of the machine (its reference 1.5x): read apart, named

@@ -34,15 +34,16 @@ def sweeps_note(run: RunResults) -> str | None:
     spreads = {c: b.spread for c, b in found.items()}
     widest = max(spreads, key=lambda c: spreads[c])
     counts = f"{min(own)}-{max(own)}" if own and min(own) < max(own) else f"{max(own or [0])}"
-    read = f"{len(own)} from {counts} sweeps of their own" if own else ""
+    read = f"{len(own)} from {counts} sweeps of their own, this one included" if own else ""
     typical = len(found) - len(own)
     if typical:
         read += f"{', ' if read else ''}{typical} from the machine's typical"
     return (
         f"{len(found)} case(s)' ±95% hold how far this machine's sweeps moved them ({read}): "
-        f"a spread between sweeps of ±{statistics.median(spreads.values()):.1%} typically, "
-        f"±{spreads[widest]:.1%} at most ({_name(widest)}), which more processes in "
-        f"one sweep cannot narrow{other}"
+        f"a case's time moves between sweeps by a standard deviation of "
+        f"{statistics.median(spreads.values()):.1%} typically, {spreads[widest]:.1%} at most "
+        f"({_name(widest)}); the ±95% holds that move for this sweep and for a re-run, and "
+        f"more processes in one sweep cannot narrow it{other}"
     )
 
 

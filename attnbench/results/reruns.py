@@ -188,10 +188,25 @@ def entry_json(entry: Entry) -> list[float | None]:
     return [x, w, level if math.isfinite(level) else None]
 
 
+# What an entry may hold: a log time of a call between a picosecond and a day, a variance of
+# that log under 1 (a sweep's own rounds e-fold apart), a reference under 10 s. Anything else
+# is a hand-edited or corrupt file, not a sweep: one such entry read 800 for a log time and
+# ended a sweep in an overflow; a variance of 1e300 made the spread between sweeps 0.
+LOG_TIME_RANGE = (math.log(1e-12), math.log(86400.0))
+MOST_VARIANCE = 1.0
+MOST_REFERENCE_S = 10.0
+
+
+def _plausible(x: float, w: float, level: float) -> bool:
+    low, high = LOG_TIME_RANGE
+    reference = math.isnan(level) or 0 < level < MOST_REFERENCE_S
+    return low <= x <= high and 0 <= w < MOST_VARIANCE and reference
+
+
 def parse_entries(raw: Any) -> dict[str, tuple[Entry, ...]]:
     """run.json's ``reruns`` (key: [[log time, variance, quiet reference], ...]); an entry that
-    does not read as two finite numbers and a reference (a number or null) is dropped (a
-    hand-edited file loses that entry, not the run)."""
+    does not read as two numbers and a reference (a number or null) in their plausible ranges
+    is dropped (a hand-edited file loses that entry, not the run)."""
     out: dict[str, tuple[Entry, ...]] = {}
     for key, entries in (raw if isinstance(raw, dict) else {}).items():
         kept = []
@@ -201,7 +216,7 @@ def parse_entries(raw: Any) -> dict[str, tuple[Entry, ...]]:
                 level = math.nan if entry[2] is None else float(entry[2])
             except (TypeError, ValueError, IndexError, KeyError):
                 continue
-            if math.isfinite(x) and math.isfinite(w) and w >= 0:
+            if _plausible(x, w, level):
                 kept.append((x, w, level))
         if kept:
             out[str(key)] = tuple(kept)
