@@ -4,11 +4,12 @@ A case's rounds are processes seconds apart, and they share their sweep's moment
 project's shared 2-core VM the same grid swept twelve times, ten seconds apart, moved attention
 at n = 2048 by 0.88-1.18x from sweep to sweep and conv at n = 512 by up to 11%, while each
 sweep's rounds agreed within 2-3% (``benchmarks/coverage.py``). No spread inside one sweep can
-show that. So each sweep leaves, per case, its log time and that log time's own variance
-(``Entry``) in the cache (``run.reruns``); the next sweep records the entries it found in
-run.json's ``reruns``, and its loader reads every case's between-sweep variance from them
-and from its own (``estimators.between_sweeps``, moderated toward the machine's typical).
-A run records what it was judged by, so it loads the same everywhere, later and elsewhere.
+show that. So each sweep leaves, per case, its log time, that log time's own variance and
+the sweep's quiet reference (``Entry``: the machine's state) in the cache (``run.reruns``);
+the next sweep records the entries it found in run.json's ``reruns``, and its loader reads
+every case's between-sweep variance from those of its state and its own
+(``estimators.between_sweeps``, moderated toward the machine's typical). A run records what
+it was judged by, so it loads the same everywhere, later and elsewhere.
 """
 
 from __future__ import annotations
