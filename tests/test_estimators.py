@@ -146,3 +146,30 @@ def test_the_quantiles_are_scipy_stats_own_to_the_bit() -> None:
     expected = stats.binom.ppf(q, counts, 0.5).astype(int)
     assert [binomial_half_ppf(q, int(n)) for n in counts] == list(expected)
     assert binomial_half_ppf(0.5, 1) == 0 and binomial_half_ppf(0.975, 10) == 8
+
+
+def test_the_estimates_without_an_interval_say_why_and_keep_their_counts() -> None:
+    """No round: no time, no interval, no group. One round read disturbed keeps its count.
+    Rounds whose medians are 0 (a clock that never moved): their median, no interval, and
+    their counts."""
+    none = estimate([])
+    assert none.groups == 0 and all(math.isnan(v) for v in (none.center_s, none.low_s, none.high_s))
+    one = estimate([[1.0] * 10], [2.0], quiet=1.0)
+    assert one.groups == 1 and one.disturbed == 1 and one.left_out == 0
+    still = estimate([[0.0, 0.0], [0.0, 0.0]], [2.0, 2.0], quiet=1.0)
+    assert still.center_s == 0.0 and still.groups == 2 and still.disturbed == 2
+    assert math.isnan(still.low_s) and math.isnan(still.high_s)
+
+
+def test_a_moderated_variance_adds_the_priors_degrees_of_freedom_to_the_cases() -> None:
+    """Three rounds (2 degrees of freedom) and a prior of 4: the t of 6."""
+    from scipy import stats
+
+    from attnbench.estimators import Prior
+
+    logs = [0.0, 0.1, -0.1]
+    groups = [[math.exp(x)] * 3 for x in logs]
+    variance = (4 * 0.01 + 2 * float(np.var(logs, ddof=1))) / 6
+    reach = float(stats.t.ppf(0.975, 6)) * math.sqrt(variance * (2 / 3))
+    found = estimate(groups, prior=Prior(0.01, 4.0))
+    assert math.log(found.high_s / found.center_s) == pytest.approx(reach)

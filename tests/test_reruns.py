@@ -25,7 +25,7 @@ from attnbench.estimators import (
 from attnbench.measure.timing import reference
 from attnbench.options import build_grid
 from attnbench.results.loader import load_results
-from attnbench.results.reruns import betweens, parse_entries, rerun_key, sweep_entry
+from attnbench.results.reruns import betweens, parse_entries, rerun_key, same_state, sweep_entry
 from attnbench.run import queue as queue_module
 from attnbench.run import reruns as store
 from attnbench.run.sweep import run_sweep
@@ -167,7 +167,7 @@ def test_sweeps_in_another_state_of_the_machine_are_read_apart_and_named() -> No
     """This machine reads its reference at 208 or 310 µs for minutes at a time, lstm then
     0.45x or 1x: a case's spread is read from the sweeps of this sweep's state (its quiet
     reference within 1.25x), and the others say how far that state puts each case."""
-    from attnbench.results.reruns import elsewhere, same_state
+    from attnbench.results.reruns import elsewhere
 
     past = {
         "a": ((0.0, 0.0, 1.0), (0.02, 0.0, 1.1), (-0.9, 0.0, 1.5), (-0.8, 0.0, 1.6)),
@@ -394,3 +394,56 @@ def test_a_stopped_sweep_leaves_nothing_and_its_resume_reads_what_it_first_found
     assert len(written) == 2 and written[1] == dict(resumed.entries)
     resume_sweep(out, measuring=queue_module.UNCALIBRATED)  # complete already
     assert len(written) == 2
+
+
+def test_the_edges_of_what_an_entry_and_a_key_may_hold() -> None:
+    """The bounds of a plausible entry are themselves plausible, the next float past them is
+    not; a key's cell reads the same empty whether pandas left it None or NaN."""
+    from attnbench.results import reruns
+
+    low, high = reruns.LOG_TIME_RANGE
+    assert reruns._plausible(low, 0.0, math.nan) and reruns._plausible(high, 0.0, 1e-3)
+    assert not reruns._plausible(math.nextafter(low, -math.inf), 0.0, 1e-3)
+    assert not reruns._plausible(math.nextafter(high, math.inf), 0.0, 1e-3)
+    assert not reruns._plausible(0.0, reruns.MOST_VARIANCE, 1e-3)
+    assert not reruns._plausible(0.0, 0.0, reruns.MOST_REFERENCE_S)
+    assert not reruns._plausible(0.0, 0.0, 0.0)
+    assert [reruns._text(v) for v in (None, math.nan, "x", 3)] == ["", "", "x", "3"]
+    assert same_state(0.0, 1.0) and same_state(1.0, -1.0)  # a reference not read: one state
+    found = parse_entries({"a": [["bad"], [0.1, 0.0, 1e-3]], "c": 5})
+    assert found == {"a": ((0.1, 0.0, 1e-3),)}  # a bad entry skipped, not the rest; no list
+
+
+def test_two_rounds_leave_an_entry_and_a_time_not_positive_none() -> None:
+    from attnbench.estimators import Estimate
+
+    two = estimate([[1.0, 1.0], [1.1, 1.1]])
+    assert sweep_entry(two, 1.0) is not None
+    assert sweep_entry(Estimate(0.0, math.nan, math.nan, 3, mean_variance=0.01), 1.0) is None
+
+
+def test_a_spread_between_sweeps_counts_from_one_degree_of_freedom_not_zero() -> None:
+    groups = [[1.0, 1.0], [1.1, 1.1], [0.9, 0.9]]
+    assert estimate(groups, between=Between(0.01, 1.0, 2)).rel_ci > estimate(groups).rel_ci
+    assert estimate(groups, between=Between(0.01, 0.0, 1)) == estimate(groups)
+
+
+def test_compare_adds_twice_the_sweeps_variance_at_satterthwaites_df() -> None:
+    from scipy import stats
+
+    from attnbench.compare.verdicts import judge_rounds
+
+    base_logs = np.array([0.0, 0.01, -0.01])
+    new_logs = np.array([0.14, 0.15, 0.135])
+    base = [[math.exp(x)] * 5 for x in base_logs]
+    new = [[math.exp(x)] * 5 for x in new_logs]
+    parts = [(float(np.var(x, ddof=1)) / 3, 2.0) for x in (new_logs, base_logs)]
+    parts.append((2 * 0.08**2, 1.0))
+    variance = sum(v for v, _ in parts)
+    df = variance**2 / sum(v**2 / d for v, d in parts)
+    t = (new_logs.mean() - base_logs.mean()) / math.sqrt(variance)
+    found, _ = judge_rounds(base, new, between=Between(0.08**2, 1.0, 2))
+    assert found.p_value == pytest.approx(float(stats.t.sf(t, df)), rel=1e-9)
+    assert (
+        judge_rounds(base, new, between=Between(0.08**2, 0.0, 1))[0] == judge_rounds(base, new)[0]
+    )
