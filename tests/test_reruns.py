@@ -303,7 +303,7 @@ def test_a_sweep_records_the_machines_sweeps_before_it_and_leaves_its_own(
     note = sweeps_note(apart)
     assert note is not None and note.startswith(
         "2 case(s)' ±95% hold how far this machine's sweeps moved them (2 from 3 sweeps of "
-        "their own, this one included)"
+        "their own)"
     )
     assert "no earlier sweep of these cases" in (sweeps_note(alone) or "")
     # earlier sweeps in another state of the machine (its reference 1.5x): read apart, named
@@ -319,6 +319,28 @@ def test_a_sweep_records_the_machines_sweeps_before_it_and_leaves_its_own(
     assert note.startswith("no earlier sweep of these cases on this machine in this state")
     assert "2 earlier sweep(s) read this machine in another state (its reference 1.50x" in note
     assert "where these cases ran 0.45x" in note
+    assert note.endswith("these times: a re-run in that state lands there")
+    # a sweep in a slower state than the machine's level: its rounds read disturbed, and it
+    # still leaves its entries, judged against its own state's level
+    slower = json.loads((second.path / "run.json").read_text())
+    slower["quiet"] = {"machine_s": 1e-3 / 1.5, "sweeps": 3, "waited_s": 0.0}
+    (second.path / "run.json").write_text(json.dumps(slower))
+    busy = load_results(second.path)
+    assert (busy.measured["rounds_disturbed"] == busy.measured["rounds"]).all()
+    assert len(busy.entries["conv"]) == 2
+    # compare says when its two runs ran in different states of the machine
+    from attnbench.compare.runs import compare_runs
+
+    samples = busy.samples.copy()
+    samples["reference_s"] = 1.5e-3
+    (tmp_path / "three").mkdir()
+    for found in second.path.iterdir():
+        if found.is_file():
+            (tmp_path / "three" / found.name).write_bytes(found.read_bytes())
+    samples.to_csv(tmp_path / "three" / "samples.csv", index=False)
+    warned = compare_runs(second, load_results(tmp_path / "three")).warnings
+    assert any(w.startswith("the machine ran in another state in each run") for w in warned)
+    assert not any("another state" in w for w in compare_runs(second, second).warnings)
     console = Console(file=io.StringIO(), width=300)
     summary_notes(apart, console)
     assert "2 of them move further than that between this machine's sweeps alone" in (
@@ -410,7 +432,7 @@ def test_the_edges_of_what_an_entry_and_a_key_may_hold() -> None:
     assert not reruns._plausible(0.0, 0.0, 0.0)
     assert [reruns._text(v) for v in (None, math.nan, "x", 3)] == ["", "", "x", "3"]
     assert same_state(0.0, 1.0) and same_state(1.0, -1.0)  # a reference not read: one state
-    found = parse_entries({"a": [["bad"], [0.1, 0.0, 1e-3]], "c": 5})
+    found = parse_entries({"a": [["bad"], [10**400, 0.0, None], "105", [0.1, 0.0, 1e-3]], "c": 5})
     assert found == {"a": ((0.1, 0.0, 1e-3),)}  # a bad entry skipped, not the rest; no list
 
 

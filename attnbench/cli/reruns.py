@@ -22,19 +22,19 @@ def sweeps_note(run: RunResults) -> str | None:
         return None
     cases = [str(c) for c in over_rounds["case_id"]]
     found = {c: run.between[c] for c in cases if c in run.between}
-    other = _elsewhere(run, cases)
     if not found:
+        state = " in this state" if run.elsewhere is not None else ""
         return (
-            f"no earlier sweep of these cases on this machine{' in this state' if other else ''} "
-            "is on record: their ±95% holds this sweep's processes, seconds apart, not how far "
-            "a sweep minutes later moves them (a neighbour, the host, the hour); sweep them "
-            f"again and each interval holds that too (run.json's reruns){other}"
+            f"no earlier sweep of these cases on this machine{state} is on record: their ±95% "
+            "holds this sweep's processes, seconds apart, not how far a sweep minutes later "
+            "moves them (a neighbour, the host, the hour); sweep them again and each interval "
+            f"holds that too (run.json's reruns){_elsewhere(run, cases, 'a re-run in that state')}"
         )
     own = [b.sweeps for b in found.values() if b.sweeps >= 2]
     spreads = {c: b.spread for c, b in found.items()}
     widest = max(spreads, key=lambda c: spreads[c])
     counts = f"{min(own)}-{max(own)}" if own and min(own) < max(own) else f"{max(own or [0])}"
-    read = f"{len(own)} from {counts} sweeps of their own, this one included" if own else ""
+    read = f"{len(own)} from {counts} sweeps of their own" if own else ""
     typical = len(found) - len(own)
     if typical:
         read += f"{', ' if read else ''}{typical} from the machine's typical"
@@ -43,23 +43,31 @@ def sweeps_note(run: RunResults) -> str | None:
         f"a case's time moves between sweeps by a standard deviation of "
         f"{statistics.median(spreads.values()):.1%} typically, {spreads[widest]:.1%} at most "
         f"({_name(widest)}); the ±95% holds that move for this sweep and for a re-run, and "
-        f"more processes in one sweep cannot narrow it{other}"
+        f"more processes in one sweep cannot narrow it{_elsewhere(run, cases)}"
     )
 
 
-def _elsewhere(run: RunResults, cases: list[str]) -> str:
+def _elsewhere(
+    run: RunResults,
+    cases: list[str],
+    lands: str = "the intervals hold a re-run in this state, and one in that state",
+) -> str:
     """The clause on sweeps that ran in another state of the machine ("" where none did)."""
     other = run.elsewhere
-    ratios = {c: other.ratios[c] for c in cases if other is not None and c in other.ratios}
-    if other is None or not ratios:
+    if other is None:
         return ""
+    clause = (
+        f"; {other.sweeps} earlier sweep(s) read this machine in another state (its reference "
+        f"{other.level_ratio:.2f}x this sweep's)"
+    )
+    ratios = {c: other.ratios[c] for c in cases if c in other.ratios}
+    if not ratios:
+        return clause
     low = min(ratios, key=lambda c: ratios[c])
     high = max(ratios, key=lambda c: ratios[c])
     return (
-        f"; {other.sweeps} earlier sweep(s) read this machine in another state (its reference "
-        f"{other.level_ratio:.2f}x this sweep's), where these cases ran "
-        f"{ratios[low]:.2f}x ({_name(low)}) to {ratios[high]:.2f}x ({_name(high)}) these "
-        "times: the intervals hold a re-run in this state, and one in that state lands there"
+        f"{clause}, where these cases ran {ratios[low]:.2f}x ({_name(low)}) to "
+        f"{ratios[high]:.2f}x ({_name(high)}) these times: {lands} lands there"
     )
 
 

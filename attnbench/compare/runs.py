@@ -33,6 +33,7 @@ from attnbench.measure.counts.ops import RECURRENT_OPS, fused_names
 from attnbench.metrics import EXACT_METRICS, METRIC
 from attnbench.options import OPTIONS
 from attnbench.results.environment import compare_keys
+from attnbench.results.reruns import run_level, same_state
 from attnbench.results.run import RunResults
 from attnbench.schema import Status
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, check_gate
@@ -130,6 +131,13 @@ def _environment_warnings(base: RunResults, new: RunResults) -> list[str]:
             f"allocator differs: {base.allocator!r} in the baseline, {new.allocator!r} in the "
             "current run; CPU times under one state pay page faults the other does not "
             "(see --allocator)"
+        )
+    level, level_now = run_level(base.samples), run_level(new.samples)
+    if not same_state(level, level_now):
+        warnings.append(
+            "the machine ran in another state in each run (its reference read "
+            f"{level_now / level:.2f}x the baseline's): a layer's time moves with it (on this "
+            "project's 2-core VM lstm 0.45x or 1x), which no verdict here tells from the code"
         )
     return warnings + layer_differences(base.record.layers, new.record.layers)
 

@@ -318,10 +318,11 @@ def _with_all_rounds(
             quiet_s=quiet,
         )
     prior = prior_of([timing.kept_variance() for timing in stats.values()])
-    cases = {
+    own_level = None if math.isnan(level) else level  # a sweep in a slower state is not busy
+    cases = {  # for what the sweep leaves: its rounds judged against its own state's level
         str(frame.loc[i, "case_id"]): (
             frame.loc[i].to_dict(),
-            replace(stats[i], prior=prior).estimate,
+            replace(stats[i], prior=prior, quiet_s=own_level).estimate,
         )
         for i in ok
     }

@@ -30,6 +30,7 @@ from attnbench.estimators import (
     between_sweeps,
     moderated_between,
     prior_of,
+    quiet_level,
 )
 
 # A sweep's log time of a case, that log time's variance within the sweep, and the sweep's
@@ -46,6 +47,15 @@ class Elsewhere:
     sweeps: int
     level_ratio: float
     ratios: Mapping[str, float] = field(default_factory=dict)
+
+
+def run_level(samples: pd.DataFrame) -> float:
+    """A run's quiet reference, its rounds' fast end (``estimators.quiet_level``): the state
+    of the machine it ran in (nan: no reference read)."""
+    if "reference_s" not in samples or samples.empty:
+        return math.nan
+    rounds = samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
+    return quiet_level([float(r) for r in rounds])
 
 
 def same_state(level: float, other: float) -> bool:
@@ -212,10 +222,12 @@ def parse_entries(raw: Any) -> dict[str, tuple[Entry, ...]]:
     for key, entries in (raw if isinstance(raw, dict) else {}).items():
         kept = []
         for entry in entries if isinstance(entries, list) else []:
+            if not (isinstance(entry, list) and len(entry) == 3):
+                continue
             try:
                 x, w = float(entry[0]), float(entry[1])
                 level = math.nan if entry[2] is None else float(entry[2])
-            except (TypeError, ValueError, IndexError, KeyError):
+            except (TypeError, ValueError, OverflowError):  # an integer past a float's range
                 continue
             if _plausible(x, w, level):
                 kept.append((x, w, level))
