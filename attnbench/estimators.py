@@ -206,8 +206,14 @@ def moderated_between(own: Between | None, typical: Prior | None) -> Between | N
         return own
     if own is None:
         return Between(typical.variance, typical.df, 0)
-    df = own.df + typical.df
-    return Between((typical.df * typical.variance + own.df * own.variance) / df, df, own.sweeps)
+    return Between(*moderated(own.variance, own.df, typical), own.sweeps)
+
+
+def moderated(variance: float, df: float, prior: Prior) -> tuple[float, float]:
+    """A variance of ``df`` degrees of freedom shrunk toward ``prior``: their weighted mean,
+    with the prior's degrees of freedom added (Smyth, 2004)."""
+    total = prior.df + df
+    return (prior.df * prior.variance + df * variance) / total, total
 
 
 def kept_rounds(
@@ -295,8 +301,7 @@ def estimate(
     mean, spread = statistics.fmean(logs), statistics.stdev(logs)
     variance, df = spread**2, len(logs) - 1.0
     if prior is not None and math.isfinite(prior.variance):
-        variance = (prior.df * prior.variance + df * variance) / (prior.df + df)
-        df += prior.df
+        variance, df = moderated(variance, df, prior)
     future = rerun or len(logs)
     spread_variance = variance * (1 / len(logs) + 1 / future)
     if between is not None and between.variance > 0 and between.df > 0:

@@ -40,11 +40,10 @@ from attnbench.estimators import (
     log_variance,
     median_ci,
     prior_of,
-    quiet_level,
     quieter,
 )
 from attnbench.results.loader import load_results
-from attnbench.results.reruns import same_state
+from attnbench.results.reruns import run_level, same_state
 from attnbench.results.run import RunResults
 
 WAYS = {
@@ -87,11 +86,6 @@ def held(runs: Sequence[dict[str, Interval]]) -> dict[str, list[bool]]:
             _, low, high = run[case]
             out.setdefault(case, []).append(bool(low <= others <= high))
     return out
-
-
-def level_of(run: RunResults) -> float:
-    """A run's quiet reference: the machine's state it ran in (``results.reruns``)."""
-    return quiet_level(run.samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna())
 
 
 def held_later(
@@ -152,8 +146,7 @@ def rounds_of(run: RunResults, case_id: str, first: int | None = None) -> Rounds
         groups.append(group["time_s"].tolist())
         ref = group["reference_s"].iloc[0]
         refs.append(None if math.isnan(ref) else float(ref))
-    every = run.samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
-    own = quiet_level(every.tolist())
+    own = run_level(run.samples)
     quiet = quieter(None if math.isnan(own) else own, run.record.machine_quiet_s)
     cut = slice(0, first)
     return groups[cut], refs[cut], quiet
@@ -280,7 +273,7 @@ def main() -> None:
         hits, total = held_later([stated(r) for r in loaded])
         print(f"{way}: against each later run alone, {hits} of {total} ({hits / total:.0%})")
         # the claim as the summary scopes it: a re-run in the machine's same state
-        levels = [level_of(r) for r in loaded]
+        levels = [run_level(r.samples) for r in loaded]
         hits, total = held_later([stated(r) for r in loaded], levels)
         apart = held_later([stated(r) for r in loaded])[1] - total
         print(f"{way}: against each later run in the same state of the machine, {hits} of "

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.estimators import prior_of, quiet_level, quieter
+from attnbench.estimators import prior_of, quieter
 from attnbench.formats import RawRun, folder_version, migrate_run
 from attnbench.measure.record import timing_columns
 from attnbench.measure.timing.clocks import median_clock, throttled_share
@@ -33,7 +33,7 @@ from attnbench.results.files import (
     read_csv,
 )
 from attnbench.results.record import RunRecord
-from attnbench.results.reruns import SweepsFound, read_sweeps
+from attnbench.results.reruns import SweepsFound, read_sweeps, run_level
 from attnbench.results.run import RunResults
 from attnbench.results.theories import record_problem
 from attnbench.schema import (
@@ -301,8 +301,7 @@ def _with_all_rounds(
     frame = frame.copy()
     by_case = samples.groupby("case_id")["time_s"]
     ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
-    rounds = samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
-    level = quiet_level(rounds.tolist())  # the run's own: the machine's state it ran in
+    level = run_level(samples)  # the run's own: the machine's state it ran in
     quiet = quieter(None if math.isnan(level) else level, machine_quiet)
     stats = {}
     by_id = {str(key): rows for key, rows in samples.groupby("case_id", sort=False)}
