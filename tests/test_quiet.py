@@ -190,6 +190,10 @@ def test_the_summary_says_what_was_waited_and_which_times_are_a_busy_machines(
     notes = replication_notes(load_results(run.path))
     assert any(n.startswith("1 case(s) had fewer than two quiet rounds") for n in notes)
     assert any("waited 42 s in all" in n and "--wait-quiet 60" in n for n in notes)
+    meta["quiet"] = {"machine_s": QUIET, "sweeps": 3, "waited_s": 0.25}  # a new user read "0 s"
+    (run.path / "run.json").write_text(json.dumps(meta))
+    notes = replication_notes(load_results(run.path))
+    assert any("waited under a second in all" in n for n in notes)
 
 
 def test_the_start_estimate_holds_what_the_rounds_may_wait_for_quiet(

@@ -419,7 +419,8 @@ def replication_notes(run: RunResults) -> list[str]:
         )
     if waited:
         notes.append(
-            f"the rounds waited {waited:.0f} s in all for the machine to read quiet "
+            f"the rounds waited {f'{waited:.0f} s' if waited >= 1 else 'under a second'} in "
+            "all for the machine to read quiet "
             f"(--wait-quiet {run.record.config.get('wait_quiet_s', 0):g})"
         )
     alone = measured[(total == 1) & numeric_column(measured, "time_s").notna()]
