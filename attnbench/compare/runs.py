@@ -136,8 +136,8 @@ def _environment_warnings(base: RunResults, new: RunResults) -> list[str]:
     if not same_state(level, level_now):
         warnings.append(
             "the machine ran in another state in each run (its reference read "
-            f"{level_now / level:.2f}x the baseline's): a layer's time moves with it (on this "
-            "project's 2-core VM lstm 0.45x or 1x), which no verdict here tells from the code"
+            f"{level_now / level:.2f}x the baseline's): a layer's time moves with the "
+            "machine's state, which no verdict here tells from the code"
         )
     return warnings + layer_differences(base.record.layers, new.record.layers)
 
