@@ -68,6 +68,7 @@ def _no_waiting() -> Iterator[None]:
         # nor the machine's earlier sweeps of a case (``run.reruns``): they widen its interval
         monkeypatch.setattr("attnbench.run.sweep.read_reruns", lambda path: {})
         monkeypatch.setattr("attnbench.run.sweep.write_reruns", lambda path, entries: None)
+        monkeypatch.setattr("attnbench.run.sweep.other_code", lambda path: {})
         # nor does the start's estimate read the suite's other worker as a busy machine
         monkeypatch.setattr("attnbench.run.estimate.machine_load", lambda: None)
         yield

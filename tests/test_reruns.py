@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -249,6 +250,7 @@ def with_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write):  # typ
     own_cache(tmp_path / "cache", monkeypatch)
     monkeypatch.setattr("attnbench.run.sweep.read_reruns", store.read_reruns)
     monkeypatch.setattr("attnbench.run.sweep.write_reruns", write)
+    monkeypatch.setattr("attnbench.run.sweep.other_code", store.other_code)
 
     def around(timing, clock=None, quiet_s=None, wait_s=0.0, sleep=None):  # type: ignore[no-untyped-def]
         return timing(), 1e-3, 0.0
@@ -378,7 +380,6 @@ def test_a_stopped_sweep_leaves_nothing_and_its_resume_reads_what_it_first_found
     """A sweep stopped by Ctrl-C leaves no entry; resumed, it goes on with the sweeps it found
     when it began (not the cache's since), leaves its entries once it completes, and a
     completed run resumed again leaves none twice."""
-    import os
     import signal
 
     from attnbench.errors import SweepInterrupted
@@ -469,3 +470,124 @@ def test_compare_adds_twice_the_sweeps_variance_at_satterthwaites_df() -> None:
     assert (
         judge_rounds(base, new, between=Between(0.08**2, 0.0, 1))[0] == judge_rounds(base, new)[0]
     )
+
+
+def test_the_code_a_sweep_ran_is_its_measuring_sources_digest(tmp_path: Path) -> None:
+    """An edit to a module a time depends on gives another digest, committed or not; one to
+    the terminal's or the charts' does not, nor a file that is not Python source."""
+    from attnbench.results.environment import code_digest
+
+    package = tmp_path / "attnbench"
+    for name in ("measure/loop.py", "layers/conv.py", "cli/app.py", "render/charts.py"):
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(f"# {name}\n")
+    first = code_digest(package)
+    assert len(first) == 64 and first == code_digest(package)
+    (package / "cli" / "app.py").write_text("# reworded help\n")
+    (package / "render" / "charts.py").write_text("# another colour\n")
+    (package / "layers" / "README.md").write_text("notes\n")
+    assert code_digest(package) == first
+    (package / "layers" / "conv.py").write_text("# conv, faster\n")
+    edited = code_digest(package)
+    assert edited != first
+    (package / "layers" / "conv.py").rename(package / "layers" / "conv2.py")
+    assert code_digest(package) not in (first, edited)  # the path is part of it
+    assert code_digest() == code_digest()  # attnbench's own: read twice, the same
+
+
+def test_a_cases_key_names_its_code_by_digest_or_an_older_runs_commit() -> None:
+    from attnbench.results.reruns import code_of
+
+    row = {"case_id": "conv/n=8/d=4", "compiled": None, "layer_source": "built-in"}
+    config = {"allocator": "pinned", "timer": "blocks"}
+    older = {"git_commit": "c1"}
+    assert code_of(older) == "commit=c1" and code_of({}) is None
+    assert code_of({"git_commit": "c1", "code_digest": "ab12"}) == "code=ab12"
+    assert rerun_key(row, config, older).split("|")[3] == "commit=c1"  # as it was: read alike
+    assert rerun_key(row, config, {}).split("|")[3] == "commit="
+    one = rerun_key(row, config, {"git_commit": "c1", "code_digest": "ab12"})
+    assert one == rerun_key(row, config, {"git_commit": "c2", "code_digest": "ab12"})
+    assert one != rerun_key(row, config, {"git_commit": "c1", "code_digest": "cd34"})
+    folder = Path("/cache")
+    assert store.reruns_file("cpu", "float32", 2, "code=" + "a" * 64, folder).stem.endswith(
+        "-" + "a" * 12
+    )
+    assert store.reruns_file("cpu", "float32", 2, None, folder).stem.endswith("-release")
+
+
+def test_a_first_sweep_of_new_code_takes_the_machines_typical_from_other_codes_sweeps() -> None:
+    """Other code's cases give the typical: each key's sweeps apart (their times are their
+    code's), in this sweep's state only; a case of this code's own history is shrunk toward
+    it; with no other code, a first sweep's intervals hold its own processes."""
+    own = {"a": (0.1, 0.0, 1.0), "b": (2.0, 0.0, 1.0)}
+    other = {
+        "x": ((0.0, 0.0, 1.0), (0.2, 0.0, 1.0), (0.1, 0.0, 1.0)),  # variance 0.01
+        "y": ((5.0, 0.0, 1.0), (5.2, 0.0, 1.1), (5.1, 0.0, 1.0)),  # 0.01 too
+        "z": ((9.0, 0.0, 1.0), (7.0, 0.0, 2.0)),  # another state: not read
+    }
+    found = betweens(own, {}, 1.0, other)
+    assert set(found) == {"a", "b"}
+    for b in found.values():
+        assert b.variance == pytest.approx(0.01) and (b.df, b.sweeps) == (2.0, 0)
+    assert betweens(own, {}, 1.0, {}) == {} == betweens(own, {}, 1.0)
+    assert betweens(own, {}, 1.0, {"z": other["z"]}) == {}  # its sweeps in two states
+    # other code's keys with one case: no typical (it needs two); own history and other code
+    mixed = betweens(own, {"a": ((0.3, 0.0, 1.0),)}, 1.0, other)
+    assert mixed["a"].sweeps == 2 and mixed["b"].sweeps == 0
+    typical = float(np.median([0.02, 0.01, 0.01]))  # a's own (0.1 and 0.3), x's, y's
+    assert mixed["b"].variance == pytest.approx(typical)
+    assert mixed["a"].variance == pytest.approx((2 * typical + 0.02) / 3)
+
+
+def test_the_store_reads_this_machines_other_code_not_another_machines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "OTHER_FILES", 2)
+    mine = store.reruns_file("cpu", "float32", 2, "code=" + "0" * 64, tmp_path)
+    machine = mine.stem.rsplit("-", 1)[0]
+    twice = {"conv": {"k1": (0.0, 0.0, 1.0)}}
+    store.write_reruns(mine, twice)
+    store.write_reruns(mine, twice)  # this code's own: not other code's
+    for i, tag in enumerate(["aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"]):
+        path = mine.parent / f"{machine}-{tag}.json"
+        for _ in range(2):
+            store.write_reruns(path, {"conv": {f"old{i}": (0.0, 0.0, 1.0)}})
+        store.write_reruns(path, {"conv": {f"once{i}": (0.0, 0.0, 1.0)}})  # one sweep: no spread
+        os.utime(path, (1_000_000 + i,) * 2)  # written in this order: c latest
+    elsewhere = mine.parent / f"{machine}_x-dddddddddddd.json"  # another machine's
+    for _ in range(2):
+        store.write_reruns(elsewhere, {"conv": {"far": (0.0, 0.0, 1.0)}})
+    found = store.other_code(mine)
+    assert found == {"conv": {"old2": ((0.0, 0.0, 1.0),) * 2, "old1": ((0.0, 0.0, 1.0),) * 2}}
+    assert store.other_code(tmp_path / "none" / "x-y.json") == {}
+
+
+def test_a_sweep_after_an_edit_reads_the_machines_typical_from_the_code_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sweeps of one code; the third, of other code (its file and keys renamed as an
+    edit would), finds no case of its own swept before but records the earlier code's
+    entries, holds their typical spread, and says where it came from."""
+    from attnbench.cli.reruns import sweeps_note
+
+    grid = with_history(tmp_path, monkeypatch, store.write_reruns)
+    for name in ("one", "two"):
+        first = run_sweep(grid, tmp_path / name, measuring=queue_module.UNCALIBRATED)
+    (path,) = (tmp_path / "cache").rglob("reruns/*.json")
+    code = next(iter(first.entries["conv"])).split("|")[3]
+    assert code.startswith("code=") and len(code) == len("code=") + 64
+    path.rename(path.with_name(path.stem.rsplit("-", 1)[0] + "-before.json"))
+    moved = path.with_name(path.stem.rsplit("-", 1)[0] + "-before.json")
+    moved.write_text(moved.read_text().replace(code, "code=before"))
+    third = run_sweep(grid, tmp_path / "three", measuring=queue_module.UNCALIBRATED)
+    meta = json.loads((third.path / "run.json").read_text())
+    assert meta["reruns"] == {} and len(meta["reruns_other"]) == 2
+    assert all("code=before" in key for key in meta["reruns_other"])
+    assert len(third.between) == 2 and {b.sweeps for b in third.between.values()} == {0}
+    note = sweeps_note(third) or ""
+    assert "(2 from the machine's typical, read from its sweeps with other attnbench code)" in (
+        note
+    )
+    del meta["reruns_other"]  # the typical is run.json's: without it, its processes alone
+    (third.path / "run.json").write_text(json.dumps(meta))
+    assert load_results(third.path).between == {}

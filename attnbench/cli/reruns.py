@@ -38,6 +38,8 @@ def sweeps_note(run: RunResults) -> str | None:
     typical = len(found) - len(own)
     if typical:
         read += f"{', ' if read else ''}{typical} from the machine's typical"
+        if not own:  # read from the cases of other code alone
+            read += ", read from its sweeps with other attnbench code"
     return (
         f"{len(found)} case(s)' ±95% hold how far this machine's sweeps moved them ({read}): "
         f"a case's time moves between sweeps by a standard deviation of "

@@ -8,6 +8,7 @@ torch changes what the comparison means).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import socket
@@ -69,6 +70,26 @@ def git_info(where: Path) -> dict[str, Any]:
     return {"git_commit": commit.strip(), "git_dirty": bool(status and status.strip())}
 
 
+# What a sweep's times do not depend on: how the terminal shows them and how charts draw them.
+NOT_MEASURING = ("cli", "render")
+
+
+def code_digest(root: Path | None = None) -> str:
+    """The sha256 of the package's source that a time depends on (every module but
+    ``NOT_MEASURING``'s, by path and bytes): attnbench's own code, as a plugin's sha256 is the
+    plugin's. Two sweeps with the same digest ran the same code, committed or not; a commit of
+    docs or tests keeps it (``results.reruns``: a case's history across sweeps)."""
+    package = root or Path(__file__).resolve().parent.parent
+    found = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        if relative.parts[0] in NOT_MEASURING:
+            continue
+        found.update(relative.as_posix().encode() + b"\0")
+        found.update(path.read_bytes() + b"\0")
+    return found.hexdigest()
+
+
 def environment(device: str = "cpu") -> dict[str, Any]:
     """What a reader needs to trust or reproduce a run: versions, hardware, threads, commit.
 
@@ -90,4 +111,5 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         "cudnn_version": cudnn,
         "cuda_device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         **git_info(Path(__file__).resolve().parent),
+        "code_digest": code_digest(),
     }

@@ -93,6 +93,7 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "auto": (dict, _OPTIONAL),
     "quiet": (dict, _OPTIONAL),
     "reruns": (dict, _OPTIONAL),
+    "reruns_other": (dict, _OPTIONAL),
     "reruns_left": (bool,),
     "unrecorded": (list,),
 }

@@ -77,6 +77,9 @@ class RunRecord:
     # The entries of this machine's earlier sweeps the run found (``results.reruns``), by case
     # key: what its cases' spread between sweeps is read from (empty: none known).
     reruns: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    # Those of the same layers swept with other attnbench code (``results.reruns.betweens``):
+    # what the machine's typical spread between sweeps also reads.
+    reruns_other: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
     # Columns of results.csv the run did not record (empty in every row it has; the loader
     # keeps the list so as it reads the rows).
     unrecorded: tuple[str, ...] = ()
@@ -114,6 +117,7 @@ class RunRecord:
             machine_quiet_s=quiet.get("machine_s"),
             waited_s=float(quiet.get("waited_s") or 0.0),
             reruns=parse_entries(meta.get("reruns")),
+            reruns_other=parse_entries(meta.get("reruns_other")),
             auto=_auto_lines(meta.get("auto") or {}),
         )
 

@@ -65,19 +65,30 @@ def same_state(level: float, other: float) -> bool:
     return not known or max(level, other) / min(level, other) <= QUIET_FACTOR
 
 
+def code_of(environment: Mapping[str, Any]) -> str | None:
+    """The code a run measured with: the digest of attnbench's measuring source
+    (``environment.code_digest``), or, where a run holds none, its commit."""
+    digest = environment.get("code_digest")
+    if isinstance(digest, str) and digest:
+        return f"code={digest}"
+    commit = environment.get("git_commit")
+    return f"commit={commit}" if isinstance(commit, str) and commit else None
+
+
 def rerun_key(
     row: Mapping[str, Any], config: Mapping[str, Any], environment: Mapping[str, Any]
 ) -> str:
     """What makes two sweeps' cases the same: the case (layer, sizes, dtype, device, mode),
     compiled or not, the layer's source (a plugin's file and its sha256: an edited layer is
-    another), attnbench's commit where it runs from a checkout (a built-in layer changed by a
-    commit is another), and the allocator state and timer the sweep measured with. The
-    machine, torch's version and the thread count name the cache's file (``run.reruns``)."""
+    another), attnbench's own code (``code_of``: a built-in layer or the timing loop edited,
+    committed or not, is another; a commit of docs is not), and the allocator state and timer
+    the sweep measured with. The machine, torch's version and the thread count name the cache's
+    file (``run.reruns``)."""
     parts = [
         _text(row.get("case_id")),
         f"compiled={_text(row.get('compiled'))}",
         _text(row.get("layer_source")),
-        f"commit={_text(environment.get('git_commit'))}",
+        code_of(environment) or "commit=",
         f"allocator={_text(config.get('allocator'))}",
         f"timer={_text(config.get('timer'))}",
     ]
@@ -118,14 +129,20 @@ def elsewhere(
 
 
 def betweens(
-    own: Mapping[str, Entry | None], past: Mapping[str, Sequence[Entry]], level: float
+    own: Mapping[str, Entry | None],
+    past: Mapping[str, Sequence[Entry]],
+    level: float,
+    other_code: Mapping[str, Sequence[Entry]] | None = None,
 ) -> dict[str, Between]:
     """Each case's spread between sweeps, by its key: from the earlier sweeps that ran in this
     sweep's state of the machine (``same_state`` with its quiet reference ``level``) and this
     sweep's own, shrunk toward the machine's typical (the median of the cases' own, where two or
     more have one, worth as many degrees of freedom as its sweeps give, up to 4); a case no
-    earlier sweep measured takes the typical. Empty where no case was swept before: a first
-    sweep's intervals hold its own processes only.
+    earlier sweep measured takes the typical. The typical also reads the cases this machine
+    swept with other attnbench code (``other_code``: their keys' own sweeps, each key's apart):
+    a case's time is the code's, but how far a sweep's moment moves it is the machine's, so
+    the first sweep after an edit or a pull holds it too. Empty where no case was swept
+    before: a first sweep's intervals hold its own processes only.
 
     A machine that changes state between sweeps for minutes at a time (this project's VM: its
     reference 208 or 310 µs, lstm 0.45x or 1x, conv 0.85x or 1x) puts a case's sweeps in two
@@ -133,17 +150,13 @@ def betweens(
     that state (at ±8-10%), where over both they held 66-88% at ±22-27% (``elsewhere`` says
     how far the other state puts each case)."""
     found = {
-        key: between_sweeps(
-            [
-                (x, w)
-                for x, w, other in [*past.get(key, ()), *([entry] if entry is not None else [])]
-                if same_state(level, other)
-            ]
-        )
+        key: _between(level, [*past.get(key, ()), *([entry] if entry is not None else [])])
         for key, entry in own.items()
     }
-    typical = prior_of([b.variance if b is not None else None for b in found.values()])
-    sweeps = max((b.sweeps for b in found.values() if b is not None), default=0)
+    elsewhere_found = [_between(level, entries) for entries in (other_code or {}).values()]
+    machine = [b for b in [*found.values(), *elsewhere_found] if b is not None]
+    typical = prior_of([b.variance for b in machine])
+    sweeps = max((b.sweeps for b in machine), default=0)
     if typical is not None:  # the cases' moments are mostly the sweeps' own, shared: the
         # typical knows no more than its sweeps do (4 degrees of freedom read 77% for 95% at
         # two sweeps, in a simulation of eight cases sharing a 5% moment)
@@ -154,6 +167,11 @@ def betweens(
         if moderated is not None:
             out[key] = moderated
     return out
+
+
+def _between(level: float, entries: Sequence[Entry]) -> Between | None:
+    """A case's spread between its sweeps in the state of the machine ``level`` says."""
+    return between_sweeps([(x, w) for x, w, other in entries if same_state(level, other)])
 
 
 @dataclass(frozen=True)
@@ -179,7 +197,7 @@ def read_sweeps(
         case: rerun_key(row, record.config, record.environment) for case, (row, _) in cases.items()
     }
     own = {keys[case]: sweep_entry(found, level) for case, (_, found) in cases.items()}
-    spread = betweens(own, record.reruns, level)
+    spread = betweens(own, record.reruns, level, record.reruns_other)
     other = elsewhere(own, record.reruns, level)
     left: dict[str, dict[str, Entry]] = {}
     for case, (row, _) in cases.items():

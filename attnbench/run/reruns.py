@@ -8,6 +8,10 @@ time measured by other code is another case's; ``KEEP_FILES`` of them, the lates
 the latest ``KEEP`` sweeps of each case and the ``MOST_CASES`` cases of a layer swept last
 are kept. Two sweeps that finish together take turns (a lock beside the file). A cache that
 is missing, unreadable or cannot be written is a sweep without history, never an error.
+
+A sweep also records the entries that the latest ``OTHER_FILES`` files of this machine's other
+code hold of its layers (``other_code``, run.json's ``reruns_other``): the machine's typical
+spread between sweeps reads them too, so the first sweep after an edit or a pull holds it.
 """
 
 from __future__ import annotations
@@ -24,18 +28,39 @@ from attnbench.storage import write_text_atomic
 
 KEEP = 10  # sweeps of a case whose entries are kept
 MOST_CASES = 200  # cases of a layer kept, the ones swept last
-KEEP_FILES = 20  # files (commits) kept, the latest written
+KEEP_FILES = 20  # files (each attnbench code's) kept, the latest written
+OTHER_FILES = 3  # files of other code a sweep reads for the machine's typical, the latest
 
 Kept = dict[str, dict[str, tuple[Entry, ...]]]  # layer -> case key -> entries
 
 
 def reruns_file(
-    device: str, dtype: str, threads: int, commit: str | None, folder: Path | None = None
+    device: str, dtype: str, threads: int, code: str | None, folder: Path | None = None
 ) -> Path:
-    """Where this machine's entries of this attnbench's commit are kept (``None``: not run
-    from a checkout; its version names its layers' source)."""
-    name = f"{cache_key(device, dtype, threads)}-{(commit or 'release')[:12]}.json"
+    """Where this machine's entries of this attnbench's code are kept (``code`` as
+    ``results.reruns.code_of`` names it; ``None``: not known)."""
+    tag = (code or "release").split("=")[-1][:12] or "release"
+    name = f"{cache_key(device, dtype, threads)}-{tag}.json"
     return (folder or cache_dir()) / "reruns" / name
+
+
+def other_code(path: Path) -> Kept:
+    """The entries kept beside ``path`` for this machine (its device, dtype, torch and
+    threads: the part of the name before the code's tag) by other attnbench code: the latest
+    ``OTHER_FILES`` written, and of each only the cases swept twice or more (a spread needs
+    two)."""
+    machine = path.stem.rsplit("-", 1)[0]
+    try:
+        found = [f for f in path.parent.glob("*.json") if f.stem.rsplit("-", 1)[0] == machine]
+        found.sort(key=lambda f: f.stat().st_mtime, reverse=True)
+    except OSError:
+        return {}
+    out: Kept = {}
+    for other in [f for f in found if f != path][:OTHER_FILES]:
+        for layer, cases in read_reruns(other).items():
+            twice = {key: entries for key, entries in cases.items() if len(entries) >= 2}
+            out.setdefault(layer, {}).update(twice)
+    return out
 
 
 def read_reruns(path: Path) -> Kept:

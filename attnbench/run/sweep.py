@@ -32,6 +32,7 @@ from attnbench.results.environment import changes, resume_keys
 from attnbench.results.files import default_out_dir, new_out_dir, now_iso
 from attnbench.results.loader import load_results
 from attnbench.results.record import RunRecord
+from attnbench.results.reruns import code_of
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
 from attnbench.results.theories import merge, record
@@ -48,7 +49,7 @@ from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
 from attnbench.run.queue import DEFAULT_MEASURING, JobQueue, Measuring, Previous
 from attnbench.run.quiet import MachineQuiet, quiet_file, read_quiet, wait_left, write_quiet
-from attnbench.run.reruns import of_layers, read_reruns, reruns_file, write_reruns
+from attnbench.run.reruns import of_layers, other_code, read_reruns, reruns_file, write_reruns
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus, Status
 from attnbench.spec import Grid
@@ -131,9 +132,11 @@ def _start(
         machine, known, quieter(known.level, earlier.record.machine_quiet_s if earlier else None)
     )
     if earlier is None:  # a resumed run goes on with the sweeps it found when it began
-        commit = writer.meta["environment"].get("git_commit")
-        found = read_reruns(reruns_file(grid.device, grid.dtype, threads, commit))
-        writer.update(reruns=of_layers(found, grid.layers))
+        path = reruns_file(grid.device, grid.dtype, threads, code_of(writer.meta["environment"]))
+        writer.update(
+            reruns=of_layers(read_reruns(path), grid.layers),
+            reruns_other=of_layers(other_code(path), grid.layers),
+        )
     if on_start is not None:
         counting = measuring.counting
         # a resumed run's start says no estimate: no machine to read for one
@@ -417,8 +420,8 @@ def _sweep(
     run = load_results(writer.out_dir)
     if not left:  # what this sweep leaves for the next's spread between sweeps (run.reruns)
         threads = grid.threads or torch.get_num_threads()
-        commit = run.record.environment.get("git_commit")
-        write_reruns(reruns_file(grid.device, grid.dtype, threads, commit), run.entries)
+        code = code_of(run.record.environment)
+        write_reruns(reruns_file(grid.device, grid.dtype, threads, code), run.entries)
     return run
 
 
