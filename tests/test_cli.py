@@ -493,3 +493,30 @@ def test_drawing_the_charts_after_a_sweep_is_said_in_a_terminal(tiny_run, monkey
         text = Text.from_ansi(buffer.getvalue()).plain
         assert bool(shown) is terminal and all("drawing the charts" in m for m in shown)
         assert "charts: 1 files in run/charts" in text
+
+
+def test_ctrl_c_while_the_results_print_says_the_run_is_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run is complete on disk before its tables print: a Ctrl-C there ends with 130
+    and one line saying where it is and how to see it, not Typer's bare "Aborted."."""
+    from attnbench.cli import sweeping
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweeping, "summary_notes", stopped)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["sweep", *TINY, "--layers", "conv", "--out", str(out)])
+    assert result.exit_code == 130, result.output
+    line = result.stderr.replace("\n", "").split("interrupted:")[1]
+    assert line.startswith(" while showing the results; the run is complete, saved in")
+    assert f"attnbench plot {out} draws its charts" in line and "Aborted" not in result.stderr
+    assert load_complete(out)
+
+
+def load_complete(out: Path) -> bool:
+    from attnbench import load_results
+
+    run = load_results(out)
+    return run.status == "complete" and len(run.measured) == 1

@@ -204,7 +204,16 @@ def sweep(
         streams.err.print("[bold yellow]interrupted:[/] before any case was measured")
         raise typer.Exit(130) from None
     judging = _Judging(base_run, thresholds, gate, fmt, cast("Path | None", output))
-    _finished(run, streams, judging, charts=charts, as_json=as_json)
+    try:
+        _finished(run, streams, judging, charts=charts, as_json=as_json)
+    except KeyboardInterrupt:  # the run is complete on disk: say so, and how to see it
+        streams.err.print(
+            f"[bold yellow]interrupted:[/] while showing the results; the run is complete, saved "
+            f"in {run.path}: attnbench show {run.path} prints its tables, attnbench plot "
+            f"{run.path} draws its charts",
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
 
 
 def _finished(
