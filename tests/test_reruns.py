@@ -287,6 +287,13 @@ def test_a_sweep_records_the_machines_sweeps_before_it_and_leaves_its_own(
     }
     (second.path / "run.json").write_text(json.dumps(meta))
     apart = load_results(second.path)
+    assert apart.moved is not None and apart.moved.ratio == pytest.approx(1.0)
+    assert (apart.moved.cases, apart.moved.sweeps) == (2, 2)
+    meta["reruns"] = {  # both earlier sweeps 30% under this one: the loader reads the move
+        k: [[x - 0.3, w, level]] * 2 for k, (x, w, level) in second.entries["conv"].items()
+    }
+    (second.path / "run.json").write_text(json.dumps(meta))
+    assert load_results(second.path).moved.ratio == pytest.approx(math.exp(0.3))  # type: ignore[union-attr]
     del meta["reruns"]
     (second.path / "run.json").write_text(json.dumps(meta))
     alone = load_results(second.path)
@@ -591,3 +598,37 @@ def test_a_sweep_after_an_edit_reads_the_machines_typical_from_the_code_before(
     del meta["reruns_other"]  # the typical is run.json's: without it, its processes alone
     (third.path / "run.json").write_text(json.dumps(meta))
     assert load_results(third.path).between == {}
+
+
+def test_a_sweep_that_moved_its_cases_together_is_named() -> None:
+    """Eight cases 30% slower than their earlier sweeps in this state, all of them: the
+    sweep's moment moved (a neighbour its reference missed), and the summary says so; cases
+    scattered both ways, a small move, too few cases, or another state say nothing."""
+    from types import SimpleNamespace
+
+    from attnbench.cli.reruns import moved_note
+    from attnbench.results.reruns import Moved, moved
+
+    past = {f"c{i}": ((float(i), 0.0, 1.0), (float(i) + 0.02, 0.0, 1.0)) for i in range(8)}
+    slow = {f"c{i}": (float(i) + 0.01 + math.log(1.3), 0.0, 1.0) for i in range(8)}
+    found = moved(slow, past, 1.0)
+    assert found is not None and found.ratio == pytest.approx(1.3)
+    assert (found.cases, found.same_way, found.sweeps) == (8, 8, 2)
+    note = moved_note(SimpleNamespace(moved=found))  # type: ignore[arg-type]
+    assert note is not None and note.startswith(
+        "this sweep ran its cases 1.30x their time in this machine's earlier sweeps of them in "
+        "this state (the median of 8 cases' ratios, 8 of them slower; up to 2 earlier sweep(s) "
+        "each): the machine ran slower throughout this sweep"
+    )
+    assert "(a neighbour, likely)" in note
+    fast = moved({k: (x - 0.5, w, r) for k, (x, w, r) in slow.items()}, past, 1.0)
+    assert fast is not None and fast.ratio < 1
+    assert "ran faster throughout" in (moved_note(SimpleNamespace(moved=fast)) or "")  # type: ignore[arg-type]
+    scattered = {f"c{i}": (i + 0.01 + (0.2 if i % 2 else -0.2), 0.0, 1.0) for i in range(8)}
+    both_ways = moved(scattered, past, 1.0)
+    assert both_ways is not None and both_ways.same_way <= 5
+    for quiet in (both_ways, Moved(1.04, 8, 8, 2), Moved(1.3, 2, 2, 2), Moved(1.3, 10, 7, 2)):
+        assert moved_note(SimpleNamespace(moved=quiet)) is None  # type: ignore[arg-type]
+    assert moved_note(SimpleNamespace(moved=None)) is None  # type: ignore[arg-type]
+    assert moved(slow, past, 1.5) is None  # earlier sweeps of another state: not compared
+    assert moved(slow, {}, 1.0) is None and moved({"c0": None}, past, 1.0) is None

@@ -49,6 +49,34 @@ def sweeps_note(run: RunResults) -> str | None:
     )
 
 
+# A sweep whose cases moved together by this much against their earlier sweeps, most of them
+# one way, is named: its whole moment, not a case's, moved.
+MOVED_NOTE = 0.05
+MOVED_CASES = 3  # cases compared, at the least
+MOVED_SHARE = 0.8  # of them moved the median's way, at the least
+
+
+def moved_note(run: RunResults) -> str | None:
+    """What the summary says of a sweep that moved its cases together against this machine's
+    earlier sweeps of them in its state (``results.reruns.moved``); None where it did not, or
+    too few cases tell."""
+    found = run.moved
+    if found is None or found.cases < MOVED_CASES or found.same_way < MOVED_SHARE * found.cases:
+        return None
+    if abs(found.ratio - 1.0) < MOVED_NOTE:
+        return None
+    slower = found.ratio > 1.0
+    way = "slower" if slower else "faster"
+    return (
+        f"this sweep ran its cases {found.ratio:.2f}x their time in this machine's earlier "
+        f"sweeps of them in this state (the median of {found.cases} cases' ratios, "
+        f"{found.same_way} of them {way}; up to {found.sweeps} earlier sweep(s) each): the "
+        f"machine ran {way} throughout this sweep than through those, which its reference "
+        f"did not show{' (a neighbour, likely)' if slower else ''}; the ±95% holds the spread "
+        "between these sweeps, this one included, and a re-run may land nearer the earlier times"
+    )
+
+
 def _elsewhere(
     run: RunResults,
     cases: list[str],

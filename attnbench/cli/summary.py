@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnbench.cli.correctness import compile_notes, correctness_notes
-from attnbench.cli.reruns import sweeps_note, wide_between_sweeps
+from attnbench.cli.reruns import moved_note, sweeps_note, wide_between_sweeps
 from attnbench.estimators import QUIET_FACTOR, processes_for, rel_ci
 from attnbench.fits.exponents import counted_work, settled_line
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
@@ -334,7 +334,7 @@ def _time_notes(run: RunResults, console: Console) -> None:
             f"machine was disturbed in most of their rounds; {advice}",
             soft_wrap=True,
         )
-    for note in [*replication_notes(run), sweeps_note(run)]:
+    for note in [*replication_notes(run), sweeps_note(run), moved_note(run)]:
         if note:
             console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     outliers = trend_outliers(run.measured)

@@ -244,6 +244,7 @@ def load_results(path: Path | str) -> RunResults:
         between=sweeps.between,
         entries=sweeps.entries,
         elsewhere=sweeps.elsewhere,
+        moved=sweeps.moved,
     )
 
 

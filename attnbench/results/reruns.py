@@ -128,6 +128,39 @@ def elsewhere(
     return Elsewhere(sweeps, statistics.median(levels) / level, ratios)
 
 
+@dataclass(frozen=True)
+class Moved:
+    """How far this sweep moved its cases together against this machine's earlier sweeps of
+    the same code in the same state: the median of its cases' ratios to their earlier mean,
+    over how many cases, how many of them moved the way the median did, and how many earlier
+    sweeps at the most a case was compared with."""
+
+    ratio: float
+    cases: int
+    same_way: int
+    sweeps: int
+
+
+def moved(
+    own: Mapping[str, Entry | None], past: Mapping[str, Sequence[Entry]], level: float
+) -> Moved | None:
+    """The sweep's shared move (``Moved``) where one case or more was swept before in its
+    state: a neighbour that slows the whole sweep without slowing the machine's reference
+    moves every case one way, where the sweeps' own moments scatter them both ways."""
+    moves, sweeps = [], 0
+    for key, entry in own.items():
+        before = [x for x, _, other in past.get(key, ()) if same_state(level, other)]
+        if entry is None or not before:
+            continue
+        moves.append(entry[0] - statistics.fmean(before))
+        sweeps = max(sweeps, len(before))
+    if not moves:
+        return None
+    middle = statistics.median(moves)
+    same_way = sum(m * middle > 0 for m in moves)
+    return Moved(math.exp(middle), len(moves), same_way, sweeps)
+
+
 def betweens(
     own: Mapping[str, Entry | None],
     past: Mapping[str, Sequence[Entry]],
@@ -183,6 +216,7 @@ class SweepsFound:
     between: Mapping[str, Between] = field(default_factory=dict)
     entries: Mapping[str, Mapping[str, Entry]] = field(default_factory=dict)
     elsewhere: Elsewhere | None = None
+    moved: Moved | None = None
 
 
 def read_sweeps(
@@ -208,7 +242,7 @@ def read_sweeps(
         by_key = {key: case for case, key in keys.items()}
         other = replace(other, ratios={by_key[k]: r for k, r in other.ratios.items()})
     between = {case: spread[key] for case, key in keys.items() if key in spread}
-    return SweepsFound(between, left, other)
+    return SweepsFound(between, left, other, moved(own, record.reruns, level))
 
 
 def entry_json(entry: Entry) -> list[float | None]:

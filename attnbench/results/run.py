@@ -16,7 +16,7 @@ from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.measure.machine.ceilings_file import ceilings_from
 from attnbench.measure.record import died_in
 from attnbench.results.record import RunRecord
-from attnbench.results.reruns import Elsewhere, Entry
+from attnbench.results.reruns import Elsewhere, Entry, Moved
 from attnbench.schema import CALIBRATION_COLUMNS, STATUSES, RunStatus, Status, numeric_column
 
 
@@ -41,6 +41,7 @@ class RunResults:
     between: Mapping[str, Between] = field(default_factory=dict)
     entries: Mapping[str, Mapping[str, Entry]] = field(default_factory=dict)  # layer -> key
     elsewhere: Elsewhere | None = None  # what sweeps in another state of the machine found
+    moved: Moved | None = None  # how far it moved its cases together against earlier sweeps
 
     @functools.cached_property
     def died_cases(self) -> frozenset[str]:
