@@ -220,13 +220,18 @@ def kept_rounds(
     groups: Sequence[Sequence[float]],
     references: Sequence[float | None] | None = None,
     quiet: float | None = None,
+    busy: Sequence[bool] | None = None,
 ) -> tuple[list[list[float]], int, int]:
     """The groups an estimate is over (those not read disturbed, while two or more remain),
-    how many were read disturbed, and how many were left out."""
+    how many were read disturbed, and how many were left out. A group is read disturbed where
+    its reference read over ``QUIET_FACTOR`` of the quiet level, or where ``busy`` says it ran
+    beside a busy neighbour (``measure.timing.contention``)."""
     refs = list(references) if references is not None else [None] * len(groups)
-    pairs = [(list(g), r) for g, r in zip(groups, refs, strict=True) if len(g)]
-    marks = [is_disturbed(r, quiet) for _, r in pairs]
-    quiet_groups = [g for (g, _), bad in zip(pairs, marks, strict=True) if not bad]
+    beside = list(busy) if busy is not None else [False] * len(groups)
+    triples = zip(groups, refs, beside, strict=True)
+    pairs = [(list(g), is_disturbed(r, quiet) or b) for g, r, b in triples if len(g)]
+    marks = [bad for _, bad in pairs]
+    quiet_groups = [g for g, bad in pairs if not bad]
     use_quiet = len(quiet_groups) >= 2 and len(quiet_groups) < len(pairs)
     kept = quiet_groups if use_quiet else [g for g, _ in pairs]
     return kept, sum(marks), len(pairs) - len(kept)
@@ -255,10 +260,12 @@ def estimate(
     prior: Prior | None = None,
     rerun: int | None = None,
     between: Between | None = None,
+    busy: Sequence[bool] | None = None,
 ) -> Estimate:
     """The time and the interval a re-run's time lands in, from samples in groups;
-    ``references``, one a group, with the run's ``quiet`` level, leave out the groups taken on
-    a disturbed machine (while two or more undisturbed ones remain); ``prior``, the run's,
+    ``references``, one a group, with the run's ``quiet`` level, and ``busy``, one a group
+    (a neighbour's CPU beside it), leave out the groups taken on a disturbed machine (while two
+    or more undisturbed ones remain); ``prior``, the run's,
     moderates the groups' own variance.
 
     One group: its median, and the order-statistic interval of that median (``median_ci``). Several:
@@ -284,7 +291,7 @@ def estimate(
     with the degrees of freedom of the sum by Welch and Satterthwaite's rule (Satterthwaite,
     "An approximate distribution of estimates of variance components", 1946). Rounds seconds
     apart share their sweep's moment; a re-run minutes later does not."""
-    kept, disturbed, left_out = kept_rounds(groups, references, quiet)
+    kept, disturbed, left_out = kept_rounds(groups, references, quiet, busy)
     counted = {"disturbed": disturbed, "left_out": left_out}
     if not kept:
         return Estimate(math.nan, math.nan, math.nan, 0)

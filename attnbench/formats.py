@@ -3,7 +3,8 @@ way: a file carries its format's version and loading migrates it step by step).
 
 What an older attnbench wrote, and how each shape becomes today's:
 
-- **A results folder** carries ``schema_version`` in run.json. Version 4 added the
+- **A results folder** carries ``schema_version`` in run.json. Version 5 added the samples'
+  ``others_cores`` (``V4_LATER_SAMPLES``: not recorded before). Version 4 added the
   compile's columns (``V3_LATER_RESULTS``: a version-3 folder's cases were eager), version 3
   the decode step's (``V2_LATER_RESULTS``), each filled empty. Version 1 grew columns and
   entries over its life without a new version, so a version-1 folder may lack any of the
@@ -32,7 +33,9 @@ import pandas as pd
 from attnbench.errors import AttnbenchError
 from attnbench.schema import CALIBRATION_COLUMNS
 
-FORMAT_VERSION = 4  # of a results folder, in run.json's ``schema_version``
+FORMAT_VERSION = 5  # of a results folder, in run.json's ``schema_version``
+# samples.csv's column version 5 added: the cores of other processes' CPU beside the round.
+V4_LATER_SAMPLES = ("others_cores",)
 
 # The columns of results.csv added during version 1 (its first release wrote the others).
 V1_LATER_RESULTS = (
@@ -174,7 +177,16 @@ def _v3_to_v4(raw: RawRun) -> RawRun:
     return _with_columns(raw, V3_LATER_RESULTS, 4, known="compiled")
 
 
-_STEPS = (_v1_to_v2, _v2_to_v3, _v3_to_v4)  # _STEPS[v - 1] takes version v to v + 1
+def _v4_to_v5(raw: RawRun) -> RawRun:
+    samples = raw.samples.copy()
+    for column in V4_LATER_SAMPLES:  # not read before: no round is left out for it
+        if column not in samples.columns:
+            samples[column] = ""
+    meta = {**raw.meta, "schema_version": 5}
+    return replace(raw, meta=meta, samples=samples)
+
+
+_STEPS = (_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5)  # _STEPS[v - 1] takes v to v + 1
 assert len(_STEPS) == FORMAT_VERSION - 1
 
 
@@ -220,6 +232,7 @@ _PARTNER_DEFAULTS: dict[str, dict[str, Any]] = {
         "faults": None,
         "major_faults": None,
         "references_s": None,
+        "others_cores": None,
         "waited_s": 0.0,
     },
     "done": {"load_1m": None, "process": "", "ended": ""},

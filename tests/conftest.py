@@ -33,6 +33,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # No sweep of the suite waits for a quiet machine (the suite's own workers are its
     # neighbours); the waiting is tested with fake clocks (tests/test_quiet.py).
     os.environ["ATTNBENCH_WAIT_QUIET"] = "0"
+    os.environ["ATTNBENCH_BUSY_CORES"] = "inf"  # nor leaves out a round its neighbours slowed
     _share_the_cores()
 
 

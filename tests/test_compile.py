@@ -18,7 +18,7 @@ from attnbench import register_layer
 from attnbench.cli import app
 from attnbench.compiling import CompileSpec, compile_text
 from attnbench.errors import AttnbenchError
-from attnbench.formats import V3_LATER_RESULTS, RawRun, migrate_run
+from attnbench.formats import FORMAT_VERSION, V3_LATER_RESULTS, RawRun, migrate_run
 from attnbench.measure import step as step_module
 from attnbench.measure.case import measure_case
 from attnbench.measure.record import CaseResult
@@ -202,7 +202,8 @@ def test_a_version_3_folder_reads_its_cases_as_eager() -> None:
         theories={},
     )
     done = migrate_run(raw, "v3")
-    assert done.meta["schema_version"] == 4
+    assert done.meta["schema_version"] == FORMAT_VERSION
+    assert (done.samples["others_cores"] == "").all()  # and version 5's: not read then
     assert all((done.results[c] == "").all() for c in V3_LATER_RESULTS)
     # "compiled" empty is known (eager), the compile's own columns were not recorded
     assert "compiled" not in done.meta["unrecorded"]

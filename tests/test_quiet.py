@@ -67,11 +67,11 @@ def test_around_times_once_the_wait_is_over(monkeypatch: pytest.MonkeyPatch) -> 
     either side of it: a round that gave up waiting is still read disturbed."""
     readings(monkeypatch, [3 * QUIET, 3 * QUIET, 3 * QUIET])
     order: list[str] = []
-    found, ref, waited = reference.around(
+    found, beside = reference.around(
         lambda: order.append("timed") or 7, quiet_s=QUIET, wait_s=0.5, sleep=order.append
     )
     assert order == [reference.POLL_S, reference.POLL_S, "timed"]
-    assert (found, ref, waited) == (7, 3 * QUIET, 0.5)
+    assert (found, beside.reference_s, beside.waited_s) == (7, 3 * QUIET, 0.5)
 
 
 def test_the_machine_keeps_its_latest_levels_and_reads_their_median() -> None:
@@ -126,7 +126,7 @@ def test_a_sweep_is_judged_against_the_machine_and_leaves_its_level(
 
     def around(timing, clock=None, quiet_s=None, wait_s=0.0, sleep=None):  # type: ignore[no-untyped-def]
         waits.append((quiet_s, wait_s))
-        return timing(), 2 * QUIET, min(wait_s, 4.0)  # every round waits 4 s, in vain
+        return timing(), reference.Around(2 * QUIET, min(wait_s, 4.0))  # waits 4 s, in vain
 
     monkeypatch.setattr(reference, "around", around)
     grid = tiny_grid(wait_quiet=9)
@@ -392,7 +392,7 @@ def test_a_resumed_run_keeps_its_level_and_its_waits(
 
     def around(timing, clock=None, quiet_s=None, wait_s=0.0, sleep=None):  # type: ignore[no-untyped-def]
         waits.append((quiet_s, wait_s))
-        return timing(), QUIET, min(wait_s, 1.0)  # quiet after a second's wait
+        return timing(), reference.Around(QUIET, min(wait_s, 1.0))  # quiet after a second
 
     monkeypatch.setattr(reference, "around", around)
 

@@ -253,7 +253,7 @@ def with_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write):  # typ
     monkeypatch.setattr("attnbench.run.sweep.other_code", store.other_code)
 
     def around(timing, clock=None, quiet_s=None, wait_s=0.0, sleep=None):  # type: ignore[no-untyped-def]
-        return timing(), 1e-3, 0.0
+        return timing(), reference.Around(1e-3, 0.0)
 
     monkeypatch.setattr(reference, "around", around)
     return build_grid(

@@ -181,11 +181,12 @@ def test_every_rounds_cost_counts_toward_the_time_budget(
     ran all six)."""
     from attnbench.estimators import Estimate
     from attnbench.run import queue as queue_module
+    from attnbench.run import rounds as rounds_module
 
     monkeypatch.setattr(queue_module, "budget_spent", lambda timing: 1.0)
     wide = Estimate(1e-3, 5e-4, 2e-3, 2)  # ±100%
-    monkeypatch.setattr(queue_module, "estimate", lambda *args, **kwargs: wide)
-    monkeypatch.setattr(queue_module, "is_disturbed", lambda *args: False)  # a busy neighbour
+    monkeypatch.setattr(rounds_module, "estimate", lambda *args, **kwargs: wide)
+    monkeypatch.setattr(rounds_module, "is_disturbed", lambda *args: False)  # a busy neighbour
     grid = build_grid(
         {"layers": "conv", "n": "8", "d": "4", "device": "cpu", "processes": 2,
          "max_processes": 6, "time_budget": 2.5}

@@ -17,6 +17,7 @@ from attnbench.cli.reruns import moved_note, sweeps_note, wide_between_sweeps
 from attnbench.estimators import QUIET_FACTOR, processes_for, rel_ci
 from attnbench.fits.exponents import counted_work, settled_line
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
+from attnbench.measure.timing.contention import busy_cores
 from attnbench.measure.timing.faults import FAULT_SHARE
 from attnbench.measure.timing.loop import IMPRECISE_REL_CI, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
@@ -404,8 +405,9 @@ def replication_notes(run: RunResults) -> list[str]:
         notes.append(
             f"{int(disturbed.sum())} round(s) of {int((disturbed > 0).sum())} case(s) ran while "
             "the machine was disturbed (their reference read over "
-            f"{QUIET_FACTOR:g}x its quiet level): left out of their times where two quiet "
-            "rounds remained (rounds_disturbed)"
+            f"{QUIET_FACTOR:g}x its quiet level, or other processes took over "
+            f"{busy_cores():g} core from their threads): left out of their times where two "
+            "quiet rounds remained (rounds_disturbed)"
         )
     # every round a case ran (rounds counts those its time is over, the left-out ones not)
     ran = run.samples.groupby("case_id")["round"].nunique()

@@ -198,7 +198,7 @@ def _typed_tables(path: Path, raw: RawRun) -> tuple[pd.DataFrame, pd.DataFrame, 
     calibration["point"] = pd.to_numeric(calibration["point"]).astype("int64")
     samples["round"] = pd.to_numeric(samples["round"]).astype("int64")
     samples["process"] = pd.to_numeric(samples["process"]).astype("int64")
-    for column in ("load_1m", "page_faults", "sm_clock_mhz", "reference_s"):
+    for column in ("load_1m", "page_faults", "sm_clock_mhz", "reference_s", "others_cores"):
         samples[column] = pd.to_numeric(samples[column].where(samples[column] != ""))
     return _typed_results(frame), samples[SAMPLE_COLUMNS], calibration
 
@@ -316,6 +316,7 @@ def _with_all_rounds(
             float(row["time_total_s"]),
             rounds=tuple(int(r) for r in own["round"]),
             references_s=tuple(None if pd.isna(r) else float(r) for r in own["reference_s"]),
+            others_cores=tuple(None if pd.isna(o) else float(o) for o in own["others_cores"]),
             quiet_s=quiet,
         )
     prior = prior_of([timing.kept_variance() for timing in stats.values()])

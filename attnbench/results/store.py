@@ -206,11 +206,12 @@ class ResultsWriter:
         faults = timing.faults or (None,) * timing.count
         clocks = timing.clocks_mhz or (None,) * timing.count
         refs = timing.references_s or (None,) * timing.count
+        others = timing.others_cores or (None,) * timing.count
         number = self.processes.setdefault(process, self.first_process + len(self.processes))
         lines = [
-            csv_line([case_id, first + i, s, round_, load, f, c, number, r])
-            for i, (s, f, c, r) in enumerate(
-                zip(timing.samples_s, faults, clocks, refs, strict=True)
+            csv_line([case_id, first + i, s, round_, load, f, c, number, r, o])
+            for i, (s, f, c, r, o) in enumerate(
+                zip(timing.samples_s, faults, clocks, refs, others, strict=True)
             )
         ]
         self._append(SAMPLES_FILE, "".join(lines))

@@ -35,8 +35,9 @@ from attnbench.run.estimate import QUIET, Busy, estimate_bounds, machine_busy, s
 from attnbench.run.events import ProgressEvent
 from attnbench.run.executors.base import Job, Placement
 from attnbench.run.executors.process import ForkExecutor, SubprocessExecutor
-from attnbench.run.queue import UNCALIBRATED, JobQueue, Measuring, Replication
+from attnbench.run.queue import UNCALIBRATED, JobQueue, Measuring
 from attnbench.run.quiet import quiet_file, read_quiet
+from attnbench.run.rounds import Replication
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus
 from attnbench.spec import Grid

@@ -22,8 +22,6 @@ import torch
 
 from attnbench.estimators import (
     Prior,
-    estimate,
-    is_disturbed,
     kept_rounds,
     log_variance,
     prior_of,
@@ -33,6 +31,7 @@ from attnbench.estimators import (
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import DIED_ERROR, WORKER_DIED_ERROR, CaseResult
 from attnbench.measure.timing.calibration import DEFAULT_CALIBRATION, Calibration
+from attnbench.measure.timing.contention import is_busy
 from attnbench.measure.timing.loop import DEFAULT_POLICY, TimingPolicy, TimingStats
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
@@ -41,7 +40,7 @@ from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.executors.fresh import Ending
 from attnbench.run.quiet import wait_left
-from attnbench.run.rounds import budget_spent, round_policy
+from attnbench.run.rounds import Replication, budget_spent, round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import BLOCKING, Status
 from attnbench.spec import Case, Grid
@@ -62,46 +61,6 @@ HANG_S = 600.0
 def wall_limit(grid: Grid) -> float:
     """Seconds a case's process may run (``Job.wall_limit_s``)."""
     return HANG_S if grid.max_case_s is None else 60.0 + 20 * grid.max_case_s
-
-
-@dataclass(frozen=True)
-class Replication:
-    """How many timing rounds a case gets: ``least``, then more, up to ``most``, while the
-    interval over its rounds reaches further than ``target_rel_ci`` of its time."""
-
-    least: int
-    most: int
-    target_rel_ci: float = 0.02
-    budget_s: float = math.inf  # seconds a case's rounds may time; none past least beyond it
-
-    @classmethod
-    def of(cls, grid: Grid, target_rel_ci: float) -> Replication:
-        """A sweep's: ``--processes`` at the least, ``--max-processes`` at the most (by
-        default ``MORE_PROCESSES`` times the least, or one where the least is one)."""
-        return cls(grid.processes, grid.most_rounds, target_rel_ci, grid.time_budget_s)
-
-    def wants_more(
-        self,
-        rounds: list[list[float]],
-        done: int,
-        references: list[float | None] | None = None,
-        quiet: float | None = None,
-        prior: Prior | None = None,
-        spent_s: float = 0.0,
-    ) -> bool:
-        """Whether a case with ``done`` rounds finished (``rounds``: the samples of those that
-        measured, ``references`` their machine references against the sweep's ``quiet``
-        level so far, ``spent_s`` seconds its rounds timed, ``budget_spent``) gets another: a
-        round read disturbed does not count toward ``least``, and past it a round must fit
-        the budget."""
-        if done >= self.most:
-            return False
-        disturbed = sum(is_disturbed(r, quiet) for r in references or ())
-        if done - disturbed < self.least:
-            return True
-        if len(rounds) < 2 or spent_s >= self.budget_s:
-            return False
-        return estimate(rounds, references, quiet, prior).rel_ci > self.target_rel_ci
 
 
 @dataclass(frozen=True)
@@ -199,6 +158,7 @@ class JobQueue:
         self.rounds_done: dict[str, set[int]] = {}  # case_id -> rounds finished (or failed)
         self.samples: dict[str, dict[int, list[float]]] = {}  # case_id -> round -> samples
         self.references: dict[str, dict[int, float | None]] = {}  # its rounds' references
+        self.busy: dict[str, set[int]] = {}  # its rounds beside a busy neighbour (contention)
         self.spent_s: dict[str, float] = {}  # case_id -> its rounds' timed seconds (budget_spent)
         self.replication = replication or Replication.of(grid, DEFAULT_POLICY.target_rel_ci)
         self.shuffle = random.Random(grid.seed)  # the later rounds' order: shuffled, seeded
@@ -225,6 +185,11 @@ class JobQueue:
                 }
                 self.references[str(case_id)] = {
                     int(r): _reference(g["reference_s"].iloc[0]) for r, g in group.groupby("round")
+                }
+                self.busy[str(case_id)] = {
+                    int(r)
+                    for r, g in group.groupby("round")
+                    if is_busy(_reference(g["others_cores"].iloc[0]))
                 }
                 # Its budget counts as spent: each round's block size is not on disk to charge
                 # it again, and a guess below the live run's gave a complete run more rounds.
@@ -312,10 +277,11 @@ class JobQueue:
         rounds = [samples for _, samples in measured]
         mine = self.references.get(case_id, {})
         references = [mine.get(r) for r, _ in measured]
+        busy = [r in self.busy.get(case_id, ()) for r, _ in measured]
         quiet = self.quiet()
         prior = self.prior(quiet)
         spent = self.spent_s.get(case_id, 0.0)
-        if self.replication.wants_more(rounds, len(done), references, quiet, prior, spent):
+        if self.replication.wants_more(rounds, len(done), references, quiet, prior, spent, busy):
             key = (1 + max(done), self.shuffle.random(), self.index[case_id])
             heapq.heappush(self.later, key)
 
@@ -335,8 +301,9 @@ class JobQueue:
         """The sweep's typical spread between a case's rounds so far (``estimators.Prior``)."""
         variances = []
         for case_id, rounds in self.samples.items():
-            mine = self.references.get(case_id, {})
-            kept, _, _ = kept_rounds(list(rounds.values()), [mine.get(r) for r in rounds], quiet)
+            mine, beside = self.references.get(case_id, {}), self.busy.get(case_id, set())
+            references, busy = [mine.get(r) for r in rounds], [r in beside for r in rounds]
+            kept, _, _ = kept_rounds(list(rounds.values()), references, quiet, busy)
             variances.append(log_variance(kept))
         return prior_of(variances)
 
@@ -430,6 +397,7 @@ class JobQueue:
             self.rounds_done[case.case_id] = {1}
             self.samples[case.case_id] = {1: list(result.timing.samples_s)}
             self.references[case.case_id] = {1: _first(result.timing.references_s)}
+            self.busy[case.case_id] = {1} if is_busy(_first(result.timing.others_cores)) else set()
             self.spent_s[case.case_id] = budget_spent(result.timing)
             self.next_sample[case.case_id] = result.timing.count
             self.device_of[case.case_id] = result.device_name
@@ -470,6 +438,8 @@ class JobQueue:
             self.next_sample[case.case_id] = first + timing.count
             self.samples.setdefault(case.case_id, {})[job.round] = list(timing.samples_s)
             self.references.setdefault(case.case_id, {})[job.round] = _first(timing.references_s)
+            if is_busy(_first(timing.others_cores)):
+                self.busy.setdefault(case.case_id, set()).add(job.round)
             # every round's timed calls count toward --time-budget
             spent = self.spent_s.get(case.case_id, 0.0)
             self.spent_s[case.case_id] = spent + budget_spent(timing)

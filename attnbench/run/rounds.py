@@ -1,4 +1,5 @@
-"""A timing round: how it samples, and what it costs (a process of its own, its calls).
+"""A timing round: how it samples, what it costs (a process of its own, its calls), and how many
+a case gets (``Replication``).
 
 Read by the job queue (how many rounds a case gets), the auto plan (what the next case of a line
 will cost) and the size guard (how long a sweep should take).
@@ -6,7 +7,11 @@ will cost) and the size guard (how long a sweep should take).
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from attnbench.devices import device_kind
+from attnbench.estimators import Prior, estimate, is_disturbed
 from attnbench.measure.timing.loop import DEFAULT_POLICY, TimingPolicy, TimingStats
 from attnbench.spec import MORE_PROCESSES, Grid
 
@@ -62,3 +67,46 @@ def budget_spent(timing: TimingStats) -> float:
     """What a round spends of ``--time-budget``: its timed calls, the share ``round_policy``
     gives each round to sample (its process and set-up are the wall's, not the budget's)."""
     return timing.total_s
+
+
+@dataclass(frozen=True)
+class Replication:
+    """How many timing rounds a case gets: ``least``, then more, up to ``most``, while the
+    interval over its rounds reaches further than ``target_rel_ci`` of its time."""
+
+    least: int
+    most: int
+    target_rel_ci: float = 0.02
+    budget_s: float = math.inf  # seconds a case's rounds may time; none past least beyond it
+
+    @classmethod
+    def of(cls, grid: Grid, target_rel_ci: float) -> Replication:
+        """A sweep's: ``--processes`` at the least, ``--max-processes`` at the most (by
+        default ``MORE_PROCESSES`` times the least, or one where the least is one)."""
+        return cls(grid.processes, grid.most_rounds, target_rel_ci, grid.time_budget_s)
+
+    def wants_more(
+        self,
+        rounds: list[list[float]],
+        done: int,
+        references: list[float | None] | None = None,
+        quiet: float | None = None,
+        prior: Prior | None = None,
+        spent_s: float = 0.0,
+        busy: list[bool] | None = None,
+    ) -> bool:
+        """Whether a case with ``done`` rounds finished (``rounds``: the samples of those that
+        measured, ``references`` their machine references against the sweep's ``quiet``
+        level so far, ``busy`` whether each ran beside a busy neighbour, ``spent_s`` seconds
+        its rounds timed, ``budget_spent``) gets another: a round whose reference read
+        disturbed does not count toward ``least`` (a neighbour's CPU beside a round does: a
+        machine busy throughout would give every case its most, and the interval leaves it out
+        only while two others remain), and past it a round must fit the budget."""
+        if done >= self.most:
+            return False
+        disturbed = sum(is_disturbed(r, quiet) for r in references or ())
+        if done - disturbed < self.least:
+            return True
+        if len(rounds) < 2 or spent_s >= self.budget_s:
+            return False
+        return estimate(rounds, references, quiet, prior, busy=busy).rel_ci > self.target_rel_ci

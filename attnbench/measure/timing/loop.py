@@ -27,6 +27,7 @@ from attnbench.estimators import (
     median_ci,
     rel_ci,
 )
+from attnbench.measure.timing.contention import is_busy
 from attnbench.measure.timing.faults import FaultCounter
 from attnbench.schema import Timer
 
@@ -80,6 +81,9 @@ class TimingStats:
     # and the run's quiet level of it: rounds read disturbed are left out of the estimate.
     references_s: tuple[float | None, ...] | None = None
     quiet_s: float | None = None
+    # Each sample's round's cores of other processes' CPU beside it (``measure.timing.
+    # contention``; None: not read): a round beside a busy neighbour is left out as well.
+    others_cores: tuple[float | None, ...] | None = None
     prior: Prior | None = None  # the run's typical spread between rounds (estimators.Prior)
     # The case's spread between this machine's sweeps (estimators.Between; None: none known)
     between: Between | None = None
@@ -109,15 +113,19 @@ class TimingStats:
 
     def groups(self) -> list[list[float]]:
         """The samples by timing round, first round first (one group without rounds)."""
-        return [samples for samples, _ in self._rounds()]
+        return [samples for samples, _, _ in self._rounds()]
 
-    def _rounds(self) -> list[tuple[list[float], float | None]]:
-        """Each round's samples and its machine reference, first round first."""
+    def _rounds(self) -> list[tuple[list[float], float | None, bool]]:
+        """Each round's samples, its machine reference and whether it ran beside a busy
+        neighbour (``contention.is_busy``), first round first."""
         rounds = self.rounds or (0,) * self.count
         references = self.references_s or (None,) * self.count
-        by_round: dict[int, tuple[list[float], float | None]] = {}
-        for round_, sample, ref in zip(rounds, self.samples_s, references, strict=True):
-            by_round.setdefault(round_, ([], ref))[0].append(sample)
+        others = self.others_cores or (None,) * self.count
+        by_round: dict[int, tuple[list[float], float | None, bool]] = {}
+        for round_, sample, ref, beside in zip(
+            rounds, self.samples_s, references, others, strict=True
+        ):
+            by_round.setdefault(round_, ([], ref, is_busy(beside)))[0].append(sample)
         return [by_round[r] for r in sorted(by_round)]
 
     @functools.cached_property
@@ -133,16 +141,17 @@ class TimingStats:
         return self._over_rounds(None)
 
     def _over_rounds(self, between: Between | None) -> Estimate:
+        samples, references, busy = self._by_round()
+        return estimate(samples, references, self.quiet_s, self.prior, between=between, busy=busy)
+
+    def _by_round(self) -> tuple[list[list[float]], list[float | None], list[bool]]:
         rounds = self._rounds()
-        references = [ref for _, ref in rounds]
-        return estimate(
-            [s for s, _ in rounds], references, self.quiet_s, self.prior, between=between
-        )
+        return [s for s, _, _ in rounds], [r for _, r, _ in rounds], [b for _, _, b in rounds]
 
     def kept_variance(self) -> float | None:
         """The variance of the logs of its kept rounds' medians (a run's ``Prior`` reads it)."""
-        rounds = self._rounds()
-        kept, _, _ = kept_rounds([s for s, _ in rounds], [r for _, r in rounds], self.quiet_s)
+        samples, references, busy = self._by_round()
+        kept, _, _ = kept_rounds(samples, references, self.quiet_s, busy)
         return log_variance(kept)
 
     @property

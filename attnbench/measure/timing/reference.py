@@ -24,6 +24,7 @@ from typing import TypeVar
 import torch
 
 from attnbench.estimators import is_disturbed
+from attnbench.measure.timing import contention
 from attnbench.measure.timing.gputimers import Timed
 from attnbench.measure.timing.loop import Clock, TimingPolicy
 
@@ -77,27 +78,43 @@ def settle(
     return reading, waited
 
 
+@dataclasses.dataclass(frozen=True)
+class Around:
+    """What a round's timing ran beside: the slower reading of the reference (a round
+    disturbed at either end was disturbed), the seconds it waited for quiet first, and the
+    cores other processes used while it timed (``contention``; None: not known)."""
+
+    reference_s: float
+    waited_s: float
+    others_cores: float | None = None
+
+
 def around(
     timing: Callable[[], T],
     clock: Clock = time.perf_counter,
     quiet_s: float | None = None,
     wait_s: float = 0.0,
     sleep: Callable[[float], None] = time.sleep,
-) -> tuple[T, float, float]:
+) -> tuple[T, Around]:
     """Run ``timing`` between two readings of the reference, after waiting up to ``wait_s``
-    for the machine to read quiet (``settle``): its result, the slower reading (a round
-    disturbed at either end was disturbed), and the seconds waited."""
+    for the machine to read quiet (``settle``): its result and what it ran beside."""
     before, waited = settle(quiet_s, wait_s, clock, sleep)
+    start = contention.mark()
     found = timing()
-    return found, max(before, read_reference(clock)), waited
+    others = contention.others_cores(start, contention.mark(), contention.free_cores())
+    return found, Around(max(before, read_reference(clock)), waited, others)
 
 
 def referenced(timing: Callable[[], Timed], clock: Clock, policy: TimingPolicy) -> Timed:
     """A round's timing between two readings of the machine's reference, which its samples
-    carry, once the machine reads quiet or the policy's wait is spent
-    (``measure.timing.reference``)."""
-    timed, reference, waited = around(timing, clock, policy.quiet_s, policy.wait_s)
+    carry with the other processes' CPU beside it, once the machine reads quiet or the
+    policy's wait is spent (``measure.timing.reference``)."""
+    timed, beside = around(timing, clock, policy.quiet_s, policy.wait_s)
+    count = timed.stats.count
     stats = dataclasses.replace(
-        timed.stats, references_s=(reference,) * timed.stats.count, waited_s=waited
+        timed.stats,
+        references_s=(beside.reference_s,) * count,
+        others_cores=(beside.others_cores,) * count,
+        waited_s=beside.waited_s,
     )
     return dataclasses.replace(timed, stats=stats)

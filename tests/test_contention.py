@@ -1,0 +1,140 @@
+"""The CPU other processes took from a timing round (``measure.timing.contention``): read from
+the kernel's counts, carried by the round's samples, and a round that lost more than half a
+core left out of its case's time as a round whose reference read slow is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnbench.estimators import estimate, kept_rounds
+from attnbench.measure.timing import contention, reference
+from attnbench.measure.timing.contention import CpuMark, is_busy, others_cores
+from attnbench.measure.timing.loop import TimingStats
+from attnbench.options import build_grid
+from attnbench.results.loader import load_results
+from attnbench.run import queue as queue_module
+from attnbench.run.executors.wire import timing_from_wire, timing_to_wire
+from attnbench.run.sweep import run_sweep
+
+
+@pytest.fixture
+def judged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The threshold a user's sweep judges by (conftest sets the suite's to never)."""
+    monkeypatch.delenv(contention.BUSY_ENV, raising=False)
+
+
+def test_the_cores_others_took_are_the_machines_busy_seconds_less_this_processs() -> None:
+    start = CpuMark(machine_s=100.0, own_s=10.0, wall_s=50.0)
+    end = CpuMark(machine_s=100.3, own_s=10.2, wall_s=50.1)  # 0.3 s busy, 0.2 of them ours
+    assert others_cores(start, end) == pytest.approx(1.0)
+    assert others_cores(start, end, free=0.4) == pytest.approx(0.6)  # a core its threads left
+    assert others_cores(start, end, free=2.0) == 0.0  # never under 0
+    short = CpuMark(machine_s=100.3, own_s=10.2, wall_s=50.0 + contention.MIN_SPAN_S / 2)
+    assert others_cores(start, short) is None  # under two of the kernel's ticks: not read
+    assert others_cores(None, end) is None and others_cores(start, None) is None
+
+
+def test_the_machines_busy_seconds_are_read_from_proc_stat(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 20 900 30 1 2 3 0 0\ncpu0 50 2 10 450 15 0 1 1 0 0\n")
+    tick = contention.os.sysconf("SC_CLK_TCK")
+    # user, nice, system, irq, softirq and steal: not idle, not waiting for a disk
+    assert contention.machine_busy_s(str(stat)) == pytest.approx((100 + 5 + 20 + 1 + 2 + 3) / tick)
+    for bad in ("intr 1 2 3\n", "cpu 1 2\n", "cpu a b c d e f g h\n"):
+        stat.write_text(bad)
+        assert contention.machine_busy_s(str(stat)) is None
+    assert contention.machine_busy_s(str(tmp_path / "none")) is None
+    assert contention.mark(busy=lambda: None) is None  # not Linux: nothing known
+    found = contention.mark(busy=lambda: 7.0, own=lambda: 2.0, clock=lambda: 3.0)
+    assert found == CpuMark(7.0, 2.0, 3.0)
+
+
+def test_busy_is_past_half_a_core_or_the_environments_threshold(
+    monkeypatch: pytest.MonkeyPatch, judged: None
+) -> None:
+    assert not is_busy(None) and not is_busy(contention.BUSY_CORES) and is_busy(0.51)
+    monkeypatch.setenv(contention.BUSY_ENV, "1.5")
+    assert not is_busy(1.4) and is_busy(1.6)
+    monkeypatch.setenv(contention.BUSY_ENV, "inf")
+    assert not is_busy(64.0)
+    monkeypatch.setenv(contention.BUSY_ENV, "lots")  # unreadable: the default
+    assert is_busy(0.51)
+
+
+def test_a_busy_round_is_left_out_while_two_others_remain(judged: None) -> None:
+    groups = [[1.0, 1.0], [1.02, 1.02], [2.0, 2.0]]  # the third beside a neighbour: 2x
+    kept, disturbed, left_out = kept_rounds(groups, busy=[False, False, True])
+    assert kept == groups[:2] and (disturbed, left_out) == (1, 1)
+    kept, disturbed, left_out = kept_rounds(groups, busy=[False, True, True])
+    assert kept == groups and (disturbed, left_out) == (2, 0)  # one quiet: all kept
+    alone = estimate(groups[:2])
+    assert estimate(groups, busy=[False, False, True]).center_s == alone.center_s
+    assert estimate(groups).center_s > alone.center_s
+    stats = TimingStats(
+        tuple(s for g in groups for s in g),
+        1,
+        0.1,
+        rounds=(1, 1, 2, 2, 3, 3),
+        others_cores=(0.0, 0.0, None, None, 1.0, 1.0),  # not read in round 2: not busy
+    )
+    assert stats.estimate.center_s == alone.center_s and stats.estimate.disturbed == 1
+    back = timing_from_wire(json.loads(json.dumps(timing_to_wire(stats))))
+    assert back is not None and back.others_cores == stats.others_cores
+
+
+def test_a_round_carries_the_cores_others_took_beside_its_timing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    marks = iter([CpuMark(0.0, 0.0, 0.0), CpuMark(0.09, 0.05, 0.1)])
+    monkeypatch.setattr(contention, "mark", lambda: next(marks))
+    monkeypatch.setattr(contention, "free_cores", lambda: 0.0)
+    monkeypatch.setattr(reference, "read_reference", lambda clock=None: 1e-4)
+    found, beside = reference.around(lambda: "timed")
+    assert found == "timed" and beside.others_cores == pytest.approx(0.4)
+    assert beside.reference_s == 1e-4 and beside.waited_s == 0.0
+
+
+def test_a_saved_run_leaves_out_its_rounds_beside_a_busy_neighbour(
+    tmp_path: Path, judged: None
+) -> None:
+    grid = build_grid(
+        {"layers": "conv", "n": "8", "d": "4", "device": "cpu", "processes": 3,
+         "time_budget": 0.003}
+    )  # fmt: skip
+    run = run_sweep(grid, tmp_path / "run", measuring=queue_module.UNCALIBRATED)
+    assert "others_cores" in run.samples.columns
+    samples = run.samples.copy()
+    samples["reference_s"] = 1e-3  # every reference quiet
+    samples["others_cores"] = 0.0
+    samples.to_csv(run.path / "samples.csv", index=False)
+    quiet = load_results(run.path).measured.iloc[0]
+    first = samples["round"] == samples["round"].min()
+    samples.loc[first, "others_cores"] = 1.0  # a neighbour took a core from the first round
+    samples.to_csv(run.path / "samples.csv", index=False)
+    busy = load_results(run.path).measured.iloc[0]
+    assert quiet["rounds_disturbed"] == 0 and busy["rounds_disturbed"] == 1
+    assert busy["rounds"] == quiet["rounds"] - 1  # left out: the time is the others'
+
+
+@pytest.mark.slow
+def test_a_neighbour_burning_a_core_is_read_beside_the_round() -> None:
+    """A real neighbour, a process spinning on one core for the whole round: the kernel's
+    counts show at least half a core taken, where the machine's reference does not move."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        start = contention.mark()
+        deadline = time.monotonic() + 0.2
+        while time.monotonic() < deadline:
+            pass  # this process busy too, as a timed round is
+        found = others_cores(start, contention.mark())
+    finally:
+        hog.kill()
+        hog.wait()
+    assert found is not None and found > contention.BUSY_CORES
