@@ -138,3 +138,33 @@ def test_a_neighbour_burning_a_core_is_read_beside_the_round() -> None:
         hog.kill()
         hog.wait()
     assert found is not None and found > contention.BUSY_CORES
+
+
+def test_compare_judges_the_rounds_the_times_are_over(tmp_path: Path, judged: None) -> None:
+    """A round 3x slower beside a busy neighbour is left out of the run's time, and so of
+    compare's test: the ratio judged is the ratio shown, not one over every round."""
+    import shutil
+
+    from attnbench.compare.runs import compare_runs
+
+    grid = build_grid(
+        {"layers": "conv", "n": "8", "d": "4", "device": "cpu", "processes": 3,
+         "time_budget": 0.003}
+    )  # fmt: skip
+    base = run_sweep(grid, tmp_path / "base", measuring=queue_module.UNCALIBRATED)
+    samples = base.samples.copy()
+    samples["reference_s"], samples["others_cores"] = 1e-3, 0.0
+    samples.to_csv(base.path / "samples.csv", index=False)
+    shutil.copytree(base.path, tmp_path / "new")
+    first = samples["round"] == samples["round"].min()
+    samples.loc[first, "time_s"] *= 3
+    samples.loc[first, "others_cores"] = 1.0
+    samples.to_csv(tmp_path / "new" / "samples.csv", index=False)
+    new = load_results(tmp_path / "new")
+    assert (
+        len(new.kept_rounds_of(new.measured.iloc[0]["case_id"]))
+        == len(samples["round"].unique()) - 1
+    )
+    row = compare_runs(load_results(base.path), new).times.iloc[0]
+    assert row["ratio_judged"] == pytest.approx(row["ratio"])  # over every round: 1.4x
+    assert row["ratio"] == pytest.approx(1.0, rel=0.1)

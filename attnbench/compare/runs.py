@@ -401,8 +401,12 @@ def _judged_pair(
     norm_base = sides.scales_base.get(device_base, sides.scales_base.get("", math.nan))
     norm_new = sides.scales_new.get(device_new, sides.scales_new.get("", math.nan))
     scale_base, scale_new = (norm_base, norm_new) if thresholds.normalize else (1.0, 1.0)
-    base_rounds = _scaled(sides.baseline.rounds_of(base_id), scale_base) if timed else {}
-    new_rounds = _scaled(sides.current.rounds_of(case_id), scale_new) if timed else {}
+    # the rounds each time is over (those read disturbed left out); an ab pairs every round
+    base_of, new_of = sides.baseline.rounds_of, sides.current.rounds_of
+    if not sides.paired:
+        base_of, new_of = sides.baseline.kept_rounds_of, sides.current.kept_rounds_of
+    base_rounds = _scaled(base_of(base_id), scale_base) if timed else {}
+    new_rounds = _scaled(new_of(case_id), scale_new) if timed else {}
     if sides.paired:
         judged, unit = judge_pairs(base_rounds, new_rounds, thresholds), "pairs"
     else:

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.estimators import prior_of, quieter
+from attnbench.estimators import prior_of
 from attnbench.formats import RawRun, folder_version, migrate_run
 from attnbench.measure.record import timing_columns
 from attnbench.measure.timing.clocks import median_clock, throttled_share
@@ -33,7 +33,7 @@ from attnbench.results.files import (
     read_csv,
 )
 from attnbench.results.record import RunRecord
-from attnbench.results.reruns import SweepsFound, read_sweeps, run_level
+from attnbench.results.reruns import SweepsFound, judging_level, read_sweeps, run_level
 from attnbench.results.run import RunResults
 from attnbench.results.theories import record_problem
 from attnbench.schema import (
@@ -304,7 +304,7 @@ def _with_all_rounds(
     by_case = samples.groupby("case_id")["time_s"]
     ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
     level = run_level(samples)  # the run's own: the machine's state it ran in
-    quiet = quieter(None if math.isnan(level) else level, machine_quiet)
+    quiet = judging_level(samples, machine_quiet)
     stats = {}
     by_id = {str(key): rows for key, rows in samples.groupby("case_id", sort=False)}
     for i in ok:

@@ -31,6 +31,7 @@ from attnbench.estimators import (
     moderated_between,
     prior_of,
     quiet_level,
+    quieter,
 )
 
 # A sweep's log time of a case, that log time's variance within the sweep, and the sweep's
@@ -56,6 +57,13 @@ def run_level(samples: pd.DataFrame) -> float:
         return math.nan
     rounds = samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
     return quiet_level([float(r) for r in rounds])
+
+
+def judging_level(samples: pd.DataFrame, machine_quiet: float | None) -> float | None:
+    """The quiet level a run's rounds are judged disturbed against: its own (``run_level``),
+    or the machine's (``run.quiet``) where that was quieter (None: neither known)."""
+    level = run_level(samples)
+    return quieter(None if math.isnan(level) else level, machine_quiet)
 
 
 def same_state(level: float, other: float) -> bool:
@@ -172,7 +180,8 @@ def betweens(
     sweep's own, shrunk toward the machine's typical (the median of the cases' own, where two or
     more have one, worth as many degrees of freedom as its sweeps give, up to 4); a case no
     earlier sweep measured takes the typical. The typical also reads the cases this machine
-    swept with other attnbench code (``other_code``: their keys' own sweeps, each key's apart):
+    swept that this sweep did not (``past``'s other keys: an edited plugin's, other lengths)
+    and those it swept with other attnbench code (``other_code``), each key's sweeps apart:
     a case's time is the code's, but how far a sweep's moment moves it is the machine's, so
     the first sweep after an edit or a pull holds it too. Empty where no case was swept
     before: a first sweep's intervals hold its own processes only.
@@ -186,7 +195,10 @@ def betweens(
         key: _between(level, [*past.get(key, ()), *([entry] if entry is not None else [])])
         for key, entry in own.items()
     }
-    elsewhere_found = [_between(level, entries) for entries in (other_code or {}).values()]
+    # the machine's other cases: this code's not in this sweep (an edited plugin's old key
+    # among them) and other code's
+    others = {**(other_code or {}), **{k: v for k, v in past.items() if k not in own}}
+    elsewhere_found = [_between(level, entries) for entries in others.values()]
     machine = [b for b in [*found.values(), *elsewhere_found] if b is not None]
     typical = prior_of([b.variance for b in machine])
     sweeps = max((b.sweeps for b in machine), default=0)

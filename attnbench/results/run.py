@@ -11,12 +11,13 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.estimators import Between
+from attnbench.estimators import Between, is_disturbed, kept_rounds
 from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.measure.machine.ceilings_file import ceilings_from
 from attnbench.measure.record import died_in
+from attnbench.measure.timing.contention import is_busy
 from attnbench.results.record import RunRecord
-from attnbench.results.reruns import Elsewhere, Entry, Moved
+from attnbench.results.reruns import Elsewhere, Entry, Moved, judging_level
 from attnbench.schema import CALIBRATION_COLUMNS, STATUSES, RunStatus, Status, numeric_column
 
 
@@ -70,6 +71,24 @@ class RunResults:
         """A case's samples by timing round number (a round that failed is absent)."""
         mine = self.samples[self.samples["case_id"] == case_id]
         return {int(r): group["time_s"].tolist() for r, group in mine.groupby("round", sort=True)}
+
+    def kept_rounds_of(self, case_id: str) -> dict[int, list[float]]:
+        """The rounds its time is over: those not read disturbed (a slow reference, a busy
+        neighbour), while two or more remain, as the loader keeps them."""
+        mine = self.samples[self.samples["case_id"] == case_id]
+        rounds, references, busy = [], [], []
+        for r, group in mine.groupby("round", sort=True):
+            rounds.append(int(r))
+            reference, others = group["reference_s"].iloc[0], group["others_cores"].iloc[0]
+            references.append(None if pd.isna(reference) else float(reference))
+            busy.append(is_busy(None if pd.isna(others) else float(others)))
+        quiet = judging_level(self.samples, self.record.machine_quiet_s)
+        marks = [is_disturbed(ref, quiet) or b for ref, b in zip(references, busy, strict=True)]
+        every = self.rounds_of(case_id)
+        kept, _, _ = kept_rounds([every[r] for r in rounds], references, quiet, busy)
+        if len(kept) == len(rounds):
+            return every
+        return {r: every[r] for r, bad in zip(rounds, marks, strict=True) if not bad}
 
     @property
     def rounds(self) -> int:
