@@ -592,9 +592,12 @@ def test_a_sweep_after_an_edit_reads_the_machines_typical_from_the_code_before(
     assert all("code=before" in key for key in meta["reruns_other"])
     assert len(third.between) == 2 and {b.sweeps for b in third.between.values()} == {0}
     note = sweeps_note(third) or ""
-    assert "(2 from the machine's typical, read from its sweeps with other attnbench code)" in (
-        note
+    assert note.startswith(
+        "no earlier sweep of these cases on this machine is on record; their ±95% hold the "
+        "machine's typical move between sweeps instead, a standard deviation of "
     )
+    assert "read from its sweeps of other cases or other attnbench code" in note
+    assert "at most" not in note  # no case of its own to name
     del meta["reruns_other"]  # the typical is run.json's: without it, its processes alone
     (third.path / "run.json").write_text(json.dumps(meta))
     assert load_results(third.path).between == {}
@@ -632,3 +635,15 @@ def test_a_sweep_that_moved_its_cases_together_is_named() -> None:
     assert moved_note(SimpleNamespace(moved=None)) is None  # type: ignore[arg-type]
     assert moved(slow, past, 1.5) is None  # earlier sweeps of another state: not compared
     assert moved(slow, {}, 1.0) is None and moved({"c0": None}, past, 1.0) is None
+
+
+def test_an_edited_plugins_first_sweep_takes_the_typical_from_its_old_key() -> None:
+    """The old key (its former sha256) is no case of this sweep's, but its sweeps are this
+    machine's: the new key's case takes their typical, where before it read none."""
+    past = {
+        "plugin|sha256 old|n=8": ((0.0, 0.0, 1.0), (0.2, 0.0, 1.0)),  # variance 0.02
+        "plugin|sha256 old|n=16": ((1.0, 0.0, 1.0), (1.2, 0.0, 1.0)),
+    }
+    found = betweens({"plugin|sha256 new|n=8": (0.5, 0.0, 1.0)}, past, 1.0)
+    assert found["plugin|sha256 new|n=8"].variance == pytest.approx(0.02)
+    assert found["plugin|sha256 new|n=8"].sweeps == 0

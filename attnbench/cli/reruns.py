@@ -32,20 +32,29 @@ def sweeps_note(run: RunResults) -> str | None:
         )
     own = [b.sweeps for b in found.values() if b.sweeps >= 2]
     spreads = {c: b.spread for c, b in found.items()}
-    widest = max(spreads, key=lambda c: spreads[c])
-    counts = f"{min(own)}-{max(own)}" if own and min(own) < max(own) else f"{max(own or [0])}"
-    read = f"{len(own)} from {counts} sweeps of their own" if own else ""
     typical = len(found) - len(own)
+    adds = (
+        "the ±95% adds that move for this sweep and for a re-run's, and more processes in one "
+        f"sweep cannot narrow it{_elsewhere(run, cases)}"
+    )
+    if not own:  # no case of its own history: the machine's typical, borrowed
+        spread = statistics.median(spreads.values())
+        return (
+            f"no earlier sweep of these cases on this machine is on record; their ±95% hold "
+            f"the machine's typical move between sweeps instead, a standard deviation of "
+            f"{spread:.1%}, read from its sweeps of other cases or other attnbench code (run."
+            f"json's reruns and reruns_other): {adds}"
+        )
+    widest = max((c for c in found if found[c].sweeps >= 2), key=lambda c: spreads[c])
+    counts = f"{min(own)}-{max(own)}" if min(own) < max(own) else f"{max(own)}"
+    read = f"{len(own)} from {counts} sweeps of their own"
     if typical:
-        read += f"{', ' if read else ''}{typical} from the machine's typical"
-        if not own:  # read from the cases of other code alone
-            read += ", read from its sweeps with other attnbench code"
+        read += f", {typical} from the machine's typical"
     return (
         f"{len(found)} case(s)' ±95% hold how far this machine's sweeps moved them ({read}): "
         f"a case's time moves between sweeps by a standard deviation of "
         f"{statistics.median(spreads.values()):.1%} typically, {spreads[widest]:.1%} at most "
-        f"({_name(widest)}); the ±95% holds that move for this sweep and for a re-run, and "
-        f"more processes in one sweep cannot narrow it{_elsewhere(run, cases)}"
+        f"({_name(widest)}); {adds}"
     )
 
 
