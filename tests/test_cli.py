@@ -221,6 +221,9 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     frame["flops_check"] = "ok"
     frame.loc[0, "time_ci_high_s"] = frame.loc[0, "time_s"] * 1.5
     frame.loc[1, "flops_check"] = "mismatch"
+    # a log interval of a factor of 104 each way reads as one, not as "±10300.0%"
+    frame.loc[2, "time_ci_low_s"] = frame.loc[2, "time_s"] / 104
+    frame.loc[2, "time_ci_high_s"] = frame.loc[2, "time_s"] * 104
     # one case's processes read further apart than its samples; the others' cells stay blank
     frame["spread_within"], frame["spread_between"] = 0.02, 0.01
     frame.loc[0, "spread_between"] = 0.04
@@ -229,11 +232,12 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     summary_tables(replace(tiny_run, frame=frame), console)
     summary_notes(replace(tiny_run, frame=frame), console)
     text = buf.getvalue()
-    assert "1 case(s) marked ! have a time known only to ±5% or worse" in text
-    assert "±50.0% !" in text and "±1.0%" in text
+    assert "2 case(s) marked ! have a time known only to ±5% or worse" in text
+    assert "±50.0% !" in text and "±1.0%" in text and "×/÷104 !" in text
+    assert "10300" not in text
     # a new user read "1.75" faults as a count and an empty between cell as missing
     assert "faults/call" in text and text.count("±4.0%") == 1
-    assert text.count("±1.0%") == len(frame) - 1  # the other rows' intervals, no between cell
+    assert text.count("±1.0%") == len(frame) - 2  # the other rows' intervals, no between cell
     blank = "(the between column, blank for a case timed in a single process or whose processes"
     assert blank in " ".join(text.split())
     assert (

@@ -46,6 +46,9 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
     if column == "time_ci_high_s":
         reach = rel_ci(row.time_s, row.time_ci_low_s, row.time_ci_high_s)
         text = "-" if reach == float("inf") else f"±{reach:.1%}"
+        if 1 <= reach < float("inf"):  # a log interval this wide reads as a factor, not ±%
+            factor = max(row.time_ci_high_s / row.time_s, row.time_s / row.time_ci_low_s)
+            text = f"×/÷{factor:.3g}"
         return f"[yellow]{text} ![/]" if reach > IMPRECISE_REL_CI else text
     if column == "flops_check" and text != "ok":
         return f"[yellow]{text}[/]"
