@@ -335,8 +335,14 @@ def test_normalize_divides_by_each_runs_calibration(tmp_path: Path) -> None:
     assert raw.failed("time") and raw.overall["raw"].verdict == REGRESSION
     assert raw.calibration["ratio"] == pytest.approx(2.0, rel=0.02)
     assert raw.times["ratio_normalized"].between(0.95, 1.05).all()  # shown even when not judged
+    assert any(  # the raw verdicts say the machine's speed moved with them
+        w.startswith("the calibration kernel, timed between the cases, ran 2.00x the baseline's")
+        for w in raw.warnings
+    )
     judged = compare_runs(base, new, Thresholds(normalize=True))
     assert not judged.failed() and judged.judged_on == "normalized"
+    assert not any("calibration kernel" in w for w in judged.warnings)  # divided out
+    assert not any("calibration kernel" in w for w in compare_runs(base, base).warnings)
     assert judged.overall_verdict.ratio == pytest.approx(1.0, abs=0.03)
 
 

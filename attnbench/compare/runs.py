@@ -157,6 +157,10 @@ def layer_differences(
     return lines
 
 
+# Calibration kernels timed this far apart between two runs say the machine's speed moved.
+CALIBRATION_APART = 1.25
+
+
 def _calibration(base: RunResults, new: RunResults, normalize: bool) -> dict[str, float]:
     base_s, new_s = base.calibration_s, new.calibration_s
     same_kernel = base.record.calibration == new.record.calibration
@@ -278,6 +282,17 @@ def compare_runs(
         recorded=not {"backend"} & {*baseline.record.unrecorded, *current.record.unrecorded},
     )
     warnings = _warnings(sides, devices, len(only_baseline), len(only_current))
+    speed = calibration.get("ratio")
+    if (
+        speed is not None
+        and not thresholds.normalize
+        and not 1 / CALIBRATION_APART < speed < CALIBRATION_APART
+    ):
+        warnings.append(
+            f"the calibration kernel, timed between the cases, ran {speed:.2f}x the baseline's "
+            "time in the current run: the machine ran at another speed, which these raw "
+            "verdicts do not tell from the code (--normalize divides it out)"
+        )
     time_rows: list[dict[str, Any]] = []
     count_rows: list[dict[str, Any]] = []
     other_model = 0
