@@ -623,7 +623,7 @@ def test_a_sweep_that_moved_its_cases_together_is_named() -> None:
         "this state (the median of 8 cases' ratios, 8 of them slower; up to 2 earlier sweep(s) "
         "each): the machine ran slower throughout this sweep"
     )
-    assert "(a neighbour, likely)" in note
+    assert "though its reference read it within 1.25x of theirs" in note
     fast = moved({k: (x - 0.5, w, r) for k, (x, w, r) in slow.items()}, past, 1.0)
     assert fast is not None and fast.ratio < 1
     assert "ran faster throughout" in (moved_note(SimpleNamespace(moved=fast)) or "")  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ import math
 import statistics
 from collections.abc import Iterable
 
-from attnbench.estimators import CONFIDENCE, normal_quantile
+from attnbench.estimators import CONFIDENCE, QUIET_FACTOR, normal_quantile
 from attnbench.results.run import RunResults
 from attnbench.schema import numeric_column
 
@@ -80,9 +80,9 @@ def moved_note(run: RunResults) -> str | None:
         f"this sweep ran its cases {found.ratio:.2f}x their time in this machine's earlier "
         f"sweeps of them in this state (the median of {found.cases} cases' ratios, "
         f"{found.same_way} of them {way}; up to {found.sweeps} earlier sweep(s) each): the "
-        f"machine ran {way} throughout this sweep than through those, which its reference "
-        f"did not show{' (a neighbour, likely)' if slower else ''}; the ±95% holds the spread "
-        "between these sweeps, this one included, and a re-run may land nearer the earlier times"
+        f"machine ran {way} throughout this sweep than through those, though its reference "
+        f"read it within {QUIET_FACTOR:g}x of theirs; the ±95% holds the spread between these "
+        "sweeps, this one included, and a re-run may land nearer the earlier times"
     )
 
 

@@ -4,6 +4,7 @@ paths, counts that differ from their formulas, page faults, load)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,9 +47,9 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
     if column == "time_ci_high_s":
         reach = rel_ci(row.time_s, row.time_ci_low_s, row.time_ci_high_s)
         text = "-" if reach == float("inf") else f"±{reach:.1%}"
-        if 1 <= reach < float("inf"):  # a log interval this wide reads as a factor, not ±%
+        if 1 <= reach < float("inf") and row.time_ci_low_s > 0:  # a log interval this wide
             factor = max(row.time_ci_high_s / row.time_s, row.time_s / row.time_ci_low_s)
-            text = f"×/÷{factor:.3g}"
+            text = f"×/÷{factor:.3g}"  # reads as a factor, not ±%
         return f"[yellow]{text} ![/]" if reach > IMPRECISE_REL_CI else text
     if column == "flops_check" and text != "ok":
         return f"[yellow]{text}[/]"
@@ -408,9 +409,13 @@ def replication_notes(run: RunResults) -> list[str]:
         notes.append(
             f"{int(disturbed.sum())} round(s) of {int((disturbed > 0).sum())} case(s) ran while "
             "the machine was disturbed (their reference read over "
-            f"{QUIET_FACTOR:g}x its quiet level, or other processes took over "
-            f"{busy_cores():g} core from their threads): left out of their times where two "
-            "quiet rounds remained (rounds_disturbed)"
+            f"{QUIET_FACTOR:g}x its quiet level"
+            + (
+                f", or other processes took over {busy_cores():g} core from their threads"
+                if math.isfinite(busy_cores())
+                else ""
+            )
+            + "): left out of their times where two quiet rounds remained (rounds_disturbed)"
         )
     # every round a case ran (rounds counts those its time is over, the left-out ones not)
     ran = run.samples.groupby("case_id")["round"].nunique()

@@ -43,6 +43,7 @@ ENVIRONMENT_KEYS: tuple[EnvironmentKey, ...] = (
     EnvironmentKey("hostname", "host", resume=True, compare=False),
     EnvironmentKey("cpu_model", "CPU", resume=True, compare=False),
     EnvironmentKey("git_commit", "commit", resume=True, compare=False),
+    EnvironmentKey("code_digest", "attnbench's code", resume=True, compare=False),
 )
 
 
@@ -75,18 +76,24 @@ NOT_MEASURING = ("cli", "render")
 
 
 def code_digest(root: Path | None = None) -> str:
-    """The sha256 of the package's source that a time depends on (every module but
-    ``NOT_MEASURING``'s, by path and bytes): attnbench's own code, as a plugin's sha256 is the
+    """The sha256 of the package's source but the terminal's and the charts'
+    (``NOT_MEASURING``), by path and bytes: attnbench's own code, as a plugin's sha256 is the
     plugin's. Two sweeps with the same digest ran the same code, committed or not; a commit of
-    docs or tests keeps it (``results.reruns``: a case's history across sweeps)."""
+    docs or tests keeps it, an edit to the fits or the loader starts anew with the timing's
+    (``results.reruns``: a case's history across sweeps). A file that cannot be read (an
+    editor's dangling lock link) is left out."""
     package = root or Path(__file__).resolve().parent.parent
     found = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         relative = path.relative_to(package)
         if relative.parts[0] in NOT_MEASURING:
             continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
         found.update(relative.as_posix().encode() + b"\0")
-        found.update(path.read_bytes() + b"\0")
+        found.update(data + b"\0")
     return found.hexdigest()
 
 

@@ -72,6 +72,10 @@ class RunResults:
         mine = self.samples[self.samples["case_id"] == case_id]
         return {int(r): group["time_s"].tolist() for r, group in mine.groupby("round", sort=True)}
 
+    @functools.cached_property
+    def _judging_level(self) -> float | None:
+        return judging_level(self.samples, self.record.machine_quiet_s)
+
     def kept_rounds_of(self, case_id: str) -> dict[int, list[float]]:
         """The rounds its time is over: those not read disturbed (a slow reference, a busy
         neighbour), while two or more remain, as the loader keeps them."""
@@ -82,7 +86,7 @@ class RunResults:
             reference, others = group["reference_s"].iloc[0], group["others_cores"].iloc[0]
             references.append(None if pd.isna(reference) else float(reference))
             busy.append(is_busy(None if pd.isna(others) else float(others)))
-        quiet = judging_level(self.samples, self.record.machine_quiet_s)
+        quiet = self._judging_level
         marks = [is_disturbed(ref, quiet) or b for ref, b in zip(references, busy, strict=True)]
         every = self.rounds_of(case_id)
         kept, _, _ = kept_rounds([every[r] for r in rounds], references, quiet, busy)

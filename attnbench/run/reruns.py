@@ -117,8 +117,13 @@ def write_reruns(path: Path, entries: Mapping[str, Mapping[str, Entry]]) -> None
 
 
 def _prune(folder: Path) -> None:
-    """Keep the ``KEEP_FILES`` files written last (each a commit's), and their locks."""
+    """Keep the ``KEEP_FILES`` files written last of each machine (each a code's), and their
+    locks: an edit swept again writes a file, and must not push out another setup's."""
     files = sorted(folder.glob("*.json"), key=lambda f: f.stat().st_mtime, reverse=True)
-    for old in files[KEEP_FILES:]:
-        old.unlink(missing_ok=True)
-        old.with_suffix(".lock").unlink(missing_ok=True)
+    kept: dict[str, int] = {}
+    for old in files:
+        machine = old.stem.rsplit("-", 1)[0]
+        kept[machine] = kept.get(machine, 0) + 1
+        if kept[machine] > KEEP_FILES:
+            old.unlink(missing_ok=True)
+            old.with_suffix(".lock").unlink(missing_ok=True)

@@ -255,6 +255,8 @@ def resume_sweep(
         now_env = runs_on.environment(grid.device)
         config_changes = changes(recorded.to_dict(), grid.to_dict(), grid.to_dict())
         env_changes = changes(run.record.environment, now_env, resume_keys())
+        if env_changes.get("code_digest", [""])[0] is None:  # a run that did not record it
+            del env_changes["code_digest"]
         env_changes |= {f"layer {name}": change for name, change in layer_changes.items()}
         if not force:
             _refuse_changes(out_dir, config_changes, env_changes)
