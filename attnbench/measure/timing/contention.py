@@ -35,7 +35,7 @@ BUSY_CORES = 0.5
 BUSY_ENV = "ATTNBENCH_BUSY_CORES"
 # The shortest span read: the kernel counts a CPU's busy time by its 10 ms tick, so over a
 # span of a few ticks an idle machine reads up to a tick a CPU too much or too little (over
-# 21 ms single-threaded here, 0.42 core in 5 of 40 tries); four ticks keep it under half a
+# 21 ms single-threaded here, 0.42 core in 5 of 40 tries); four ticks keep it at most half a
 # core on two CPUs. A round shorter than this is not read.
 MIN_SPAN_S = 0.04
 STAT = "/proc/stat"
