@@ -224,3 +224,10 @@ def test_the_live_queue_and_the_loader_leave_out_the_same_busy_round(
     assert row["rounds_disturbed"] == 1 and row["rounds"] == 2
     by_round = run.samples.groupby("round")["others_cores"].first().tolist()
     assert by_round == [1.0, 0.0, 0.0]
+
+
+def test_a_busy_flag_a_round_is_one_a_round() -> None:
+    with pytest.raises(ValueError):
+        kept_rounds([[1.0], [1.0], [1.0]], busy=[True])
+    with pytest.raises(ValueError):
+        kept_rounds([[1.0], [1.0]], [None], busy=[False, False])

@@ -647,3 +647,40 @@ def test_an_edited_plugins_first_sweep_takes_the_typical_from_its_old_key() -> N
     found = betweens({"plugin|sha256 new|n=8": (0.5, 0.0, 1.0)}, past, 1.0)
     assert found["plugin|sha256 new|n=8"].variance == pytest.approx(0.02)
     assert found["plugin|sha256 new|n=8"].sweeps == 0
+
+
+def test_a_runs_level_is_its_rounds_fast_end_and_judged_against_the_machines() -> None:
+    """One reading a round however many samples it has; the run's own level where it is
+    quieter than the machine's, the machine's where the run read none or a slower one."""
+    import pandas as pd
+
+    from attnbench.results.reruns import judging_level, run_level
+
+    samples = pd.DataFrame(
+        {"case_id": ["a"] * 10, "round": [1] + [2] * 9, "sample": range(10),
+         "reference_s": [1e-3] + [2e-3] * 9}
+    )  # fmt: skip
+    assert run_level(samples) == 1e-3  # two rounds, not ten samples: the faster round's
+    assert math.isnan(run_level(samples.drop(columns="reference_s")))
+    assert math.isnan(run_level(samples.iloc[:0]))
+    assert judging_level(samples, 3e-3) == 1e-3 and judging_level(samples, 5e-4) == 5e-4
+    assert judging_level(samples, None) == 1e-3
+    unread = samples.assign(reference_s=math.nan)
+    assert judging_level(unread, 3e-3) == 3e-3 and judging_level(unread, None) is None
+
+
+def test_an_empty_digest_or_commit_names_no_code() -> None:
+    from attnbench.results.reruns import code_of
+
+    assert code_of({"code_digest": "", "git_commit": "c1"}) == "commit=c1"
+    assert code_of({"code_digest": None, "git_commit": ""}) is None
+    assert code_of({"code_digest": 5, "git_commit": 7}) is None  # not text: none
+
+
+def test_a_case_without_history_does_not_stop_the_shared_move_of_the_rest() -> None:
+    from attnbench.results.reruns import moved
+
+    past = {f"c{i}": ((0.0, 0.0, 1.0),) for i in range(1, 4)}
+    own = {"c0": (0.3, 0.0, 1.0), **{f"c{i}": (0.3, 0.0, 1.0) for i in range(1, 4)}}
+    found = moved(own, past, 1.0)  # c0, first, has no earlier sweep: the others still read
+    assert found is not None and found.cases == 3 and found.sweeps == 1
