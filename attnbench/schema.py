@@ -130,7 +130,7 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "rounds_disturbed", "int", _MEASURE,
         "rounds whose machine reference read the machine disturbed (a neighbour slowing "
-        "small ops) or that lost over half a core to other processes (samples.csv's "
+        "small ops) or whose threads waited over half a core's worth for a CPU (samples.csv's "
         "others_cores), left out of the time while two quiet rounds remain",
     ),
     Column(
@@ -401,8 +401,8 @@ def columns_of(kind: Kind) -> list[str]:
 # ``process``: the sweep's number for the process that took the sample (0, 1, ... in the order
 # processes first measured; every round of a case in one process under --executor serial);
 # ``reference_s``: the machine's reference read around the sample's round
-# (measure.timing.reference); ``others_cores``: the cores other processes used beside the
-# round, on average (measure.timing.contention).
+# (measure.timing.reference); ``others_cores``: how many cores' worth of the round's threads
+# waited for a CPU while it timed, on average (measure.timing.contention).
 SAMPLE_COLUMNS = [
     "case_id", "sample", "time_s", "round", "load_1m", "page_faults", "sm_clock_mhz", "process",
     "reference_s", "others_cores",

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnbench.estimators import estimate, kept_rounds
 from attnbench.measure.timing import contention, reference
@@ -29,41 +30,32 @@ def judged(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(contention.BUSY_ENV, raising=False)
 
 
-def test_the_cores_others_took_are_the_machines_busy_seconds_less_this_processs() -> None:
-    start = CpuMark(machine_s=100.0, own_s=10.0, wall_s=50.0)
-    end = CpuMark(machine_s=100.3, own_s=10.2, wall_s=50.1)  # 0.3 s busy, 0.2 of them ours
-    assert others_cores(start, end) == pytest.approx(1.0)
-    assert others_cores(start, end, free=0.4) == pytest.approx(0.6)  # a core its threads left
-    assert others_cores(start, end, free=2.0) == 0.0  # never under 0
-    start = CpuMark(machine_s=100.0, own_s=10.0, wall_s=50.0 - contention.MIN_SPAN_S)
-    short = CpuMark(machine_s=100.3, own_s=10.2, wall_s=50.0 - contention.MIN_SPAN_S / 2)
+def test_the_cores_others_took_are_how_long_the_rounds_threads_waited_for_one() -> None:
+    start = CpuMark(waited_s=10.0, wall_s=50.0)
+    end = CpuMark(waited_s=10.06, wall_s=50.1)  # 60 ms of waiting over 100 ms
+    assert others_cores(start, end) == pytest.approx(0.6)
+    assert others_cores(end, CpuMark(waited_s=10.0, wall_s=50.2)) == 0.0  # never under 0
+    short = CpuMark(waited_s=10.06, wall_s=50.0 + contention.MIN_SPAN_S / 2)
     assert others_cores(start, short) is None  # shorter than MIN_SPAN_S: not read
     assert others_cores(None, end) is None and others_cores(start, None) is None
 
 
-def test_the_machines_busy_seconds_are_read_from_proc_stat(tmp_path: Path) -> None:
-    stat = tmp_path / "stat"
-    stat.write_text(
-        "cpu  150 7 30 1350 45 1 3 4 0 0\n"
-        "cpu0 100 5 20 900 30 1 2 3 0 0\n"
-        "cpu1 50 2 10 450 15 0 1 1 0 0\n"
-        "intr 1 2 3\n"
-    )
-    tick = contention.os.sysconf("SC_CLK_TCK")
-    # user, nice, system, irq, softirq and steal: not idle, not waiting for a disk; of the
-    # CPUs this process may run on only (a neighbour on another takes nothing from it)
-    first, second = (100 + 5 + 20 + 1 + 2 + 3) / tick, (50 + 2 + 10 + 1 + 1) / tick
-    assert contention.machine_busy_s(str(stat), frozenset({0})) == pytest.approx(first)
-    assert contention.machine_busy_s(str(stat), frozenset({1})) == pytest.approx(second)
-    assert contention.machine_busy_s(str(stat), frozenset({0, 1})) == pytest.approx(first + second)
-    assert contention.machine_busy_s(str(stat), frozenset({7})) is None  # none of its CPUs
-    for bad in ("intr 1 2 3\n", "cpu0 1 2\n", "cpu0 a b c d e f g h\n"):
-        stat.write_text(bad)
-        assert contention.machine_busy_s(str(stat), frozenset({0})) is None
-    assert contention.machine_busy_s(str(tmp_path / "none")) is None
-    assert contention.mark(busy=lambda: None) is None  # not Linux: nothing known
-    found = contention.mark(busy=lambda: 7.0, own=lambda: 2.0, clock=lambda: 3.0)
-    assert found == CpuMark(7.0, 2.0, 3.0)
+def test_the_waiting_is_read_from_each_threads_schedstat(tmp_path: Path) -> None:
+    """The second field of each thread's schedstat, in nanoseconds, summed; a thread that
+    ended or reads wrong is skipped; none readable, nothing known."""
+    tasks = tmp_path / "task"
+    for tid, text in (("1", "5000 2000000 7\n"), ("2", "9 3000000 1\n"), ("3", "bad\n")):
+        (tasks / tid).mkdir(parents=True)
+        (tasks / tid / "schedstat").write_text(text)
+    (tasks / "4").mkdir()  # ended: no file
+    assert contention.waited_s(str(tasks)) == pytest.approx(0.005)
+    assert contention.waited_s(str(tmp_path / "none")) is None
+    for tid in ("1", "2"):
+        (tasks / tid / "schedstat").write_text("x y\n")
+    assert contention.waited_s(str(tasks)) is None
+    assert contention.mark(waited=lambda: None) is None  # not Linux: nothing known
+    assert contention.mark(waited=lambda: 7.0, clock=lambda: 3.0) == CpuMark(7.0, 3.0)
+    assert contention.waited_s() is not None  # this process's own, on this Linux
 
 
 def test_busy_is_past_half_a_core_or_the_environments_threshold(
@@ -102,9 +94,8 @@ def test_a_busy_round_is_left_out_while_two_others_remain(judged: None) -> None:
 def test_a_round_carries_the_cores_others_took_beside_its_timing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    marks = iter([CpuMark(0.0, 0.0, 0.0), CpuMark(0.09, 0.05, 0.1)])
+    marks = iter([CpuMark(0.0, 0.0), CpuMark(0.04, 0.1)])
     monkeypatch.setattr(contention, "mark", lambda: next(marks))
-    monkeypatch.setattr(contention, "free_cores", lambda: 0.0)
     monkeypatch.setattr(reference, "read_reference", lambda clock=None: 1e-4)
     found, beside = reference.around(lambda: "timed")
     assert found == "timed" and beside.others_cores == pytest.approx(0.4)
@@ -135,19 +126,26 @@ def test_a_saved_run_leaves_out_its_rounds_beside_a_busy_neighbour(
 
 @pytest.mark.slow
 def test_a_neighbour_burning_a_core_is_read_beside_the_round() -> None:
-    """A real neighbour, a process spinning on one core for the whole round: the kernel's
-    counts show at least half a core taken, where the machine's reference does not move."""
+    """A real neighbour, a process spinning on a core for the whole round, while this
+    process keeps every core it may use busy: its threads wait for one, half a core's worth
+    or more, where the machine's reference does not move."""
+    from attnbench.devices import usable_cpus
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(usable_cpus())  # every core it may use (the suite shares them out)
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
+        x = torch.randn(256, 256)
         start = contention.mark()
         deadline = time.monotonic() + 0.2
         while time.monotonic() < deadline:
-            pass  # this process busy too, as a timed round is
+            torch.mm(x, x)  # every thread busy, as a timed round's
         found = others_cores(start, contention.mark())
     finally:
         hog.kill()
         hog.wait()
+        torch.set_num_threads(threads)
     assert found is not None and found > contention.BUSY_CORES
 
 

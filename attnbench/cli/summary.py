@@ -411,7 +411,7 @@ def replication_notes(run: RunResults) -> list[str]:
             "the machine was disturbed (their reference read over "
             f"{QUIET_FACTOR:g}x its quiet level"
             + (
-                f", or other processes took over {busy_cores():g} core from their threads"
+                f", or their threads waited for a CPU over {busy_cores():g} core's worth"
                 if math.isfinite(busy_cores())
                 else ""
             )

@@ -1,122 +1,86 @@
-"""The CPU other processes used beside a timing round, from the kernel's own accounting.
+"""The CPU other processes took from a timing round: how long its threads waited for one.
 
 The machine's reference (``measure.timing.reference``) is a few short calls, timed before and
 after a round, their median read: a neighbour that keeps one of this project's two cores busy
-leaves it unchanged (0.97-1.02x), since a thread that wakes for a short call preempts a busy
-process at once, while a layer that runs both threads for milliseconds at a time shares the core
-and ran 1.6x slower beside it at the median of 8 trials (0.81-2.27x; attention at n = 1024,
-``benchmarks/neighbour.py``). What the kernel counts is not fooled: the busy CPU seconds of the
-CPUs this process may run on (``/proc/stat``) less its own (``getrusage``), over the round's
-wall time, are the cores the others used there; less the cores its threads left free, what
-they took from it. A round that lost more than
-``BUSY_CORES`` ran on a busy machine, and the estimators leave it out as they leave out a round
-whose reference read slow (``estimators.kept_rounds``), while two others remain.
-Where ``/proc/stat`` cannot be read (not Linux) nothing is known, and nothing is left out.
+leaves it unchanged (within 4% in 19 of 20 trials), since a thread that wakes for a short call
+preempts a busy process at once, while a layer that runs both threads for milliseconds at a
+time shares the core and ran 1.65x slower beside it at the median of 20 trials (0.81-2.27x;
+attention at n = 1024, ``benchmarks/neighbour.py``). The kernel's scheduler is not fooled: it
+counts, for each thread,
+the nanoseconds it was ready to run but waited for a CPU (the second field of
+``/proc/self/task/<tid>/schedstat``). Summed over the round's threads and divided by its wall
+time, that is how many cores' worth of them the others kept waiting: 0.00-0.07 beside nothing
+here, 0.97-1.01 beside a process spinning on one core, over spans of 10 to 40 ms alike. A
+round kept waiting more than ``BUSY_CORES`` ran on a busy machine, and the estimators leave it
+out as they leave out a round whose reference read slow (``estimators.kept_rounds``), while two
+others remain. Where the counts cannot be read (not Linux, or a kernel without scheduler
+statistics) nothing is known, and nothing is left out.
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
-from attnbench.devices import usable_cpus
-
-# Cores the other processes took from a round's threads, on average over it, past which the
-# round ran on a busy machine: half a core (a neighbour busy half the time on one core; a
-# neighbour spinning on one of two cores read 0.75, the machine without it 0.02).
+# Cores' worth of a round's threads the others kept waiting, on average over it, past which
+# the round ran on a busy machine: half a core (a neighbour busy half the time on one core).
 # ``ATTNBENCH_BUSY_CORES`` sets another (``inf``: never busy; the test suite's workers are
 # each other's neighbours).
 BUSY_CORES = 0.5
 BUSY_ENV = "ATTNBENCH_BUSY_CORES"
-# The shortest span read: the kernel counts a CPU's busy time by its 10 ms tick, so over a
-# span of a few ticks an idle machine reads up to a tick a CPU too much or too little (over
-# 21 ms single-threaded here, 0.42 core in 5 of 40 tries); four ticks keep it at most half a
-# core on two CPUs. A round shorter than this is not read.
-MIN_SPAN_S = 0.04
-STAT = "/proc/stat"
+# The shortest span read: the counts are in nanoseconds, but a span shorter than a scheduler's
+# time slice says little of a neighbour's share.
+MIN_SPAN_S = 0.005
+TASKS = "/proc/self/task"
 
 
 @dataclass(frozen=True)
 class CpuMark:
-    """The machine's busy CPU seconds, this process's, and the wall clock, read together."""
+    """Seconds this process's threads have waited for a CPU, all together, and the wall
+    clock, read together."""
 
-    machine_s: float
-    own_s: float
+    waited_s: float
     wall_s: float
 
 
-def machine_busy_s(path: str = STAT, cpus: frozenset[int] | None = None) -> float | None:
-    """Seconds the CPUs this process may run on (``cpus``, its affinity by default) spent
-    busy since boot (user, nice, system, irq, softirq and steal: time not idle nor waiting for
-    a disk), from their own lines of ``/proc/stat``: a neighbour on a core this process cannot
-    use takes nothing from it. None where unreadable, or none of its CPUs is listed."""
-    mine = _affinity() if cpus is None else cpus
+def waited_s(tasks: str = TASKS) -> float | None:
+    """Seconds this process's threads have spent ready to run but waiting for a CPU, summed
+    (each thread's ``schedstat``); None where none can be read."""
+    try:
+        names = os.listdir(tasks)
+    except OSError:
+        return None
     total, found = 0, False
-    try:
-        with open(path, encoding="ascii") as fh:
-            for line in fh:
-                fields = line.split()
-                name = fields[0] if fields else ""
-                if not (name.startswith("cpu") and name[3:].isdigit()):
-                    continue
-                if mine is not None and int(name[3:]) not in mine:
-                    continue
-                user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
-                total += user + nice + system + irq + softirq + steal
-                found = True
-    except (OSError, ValueError):
-        return None
-    return total / os.sysconf("SC_CLK_TCK") if found else None
-
-
-def _affinity() -> frozenset[int] | None:
-    """The CPUs this process may run on (None where the platform does not say)."""
-    try:
-        return frozenset(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
-
-
-def own_s() -> float:
-    """CPU seconds this process has spent, all its threads."""
-    used = resource.getrusage(resource.RUSAGE_SELF)
-    return used.ru_utime + used.ru_stime
+    for name in names:
+        try:
+            with open(f"{tasks}/{name}/schedstat", encoding="ascii") as fh:
+                total += int(fh.read().split()[1])
+            found = True
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile, or no statistics
+    return total / 1e9 if found else None
 
 
 def mark(
-    busy: Callable[[], float | None] = machine_busy_s,
-    own: Callable[[], float] = own_s,
-    clock: Callable[[], float] = time.monotonic,
+    waited: Callable[[], float | None] = waited_s, clock: Callable[[], float] = time.monotonic
 ) -> CpuMark | None:
-    """The three counts now (None where the machine's cannot be read)."""
-    machine = busy()
-    if machine is None:
-        return None
-    return CpuMark(machine, own(), clock())
+    """The counts now (None where they cannot be read)."""
+    found = waited()
+    return None if found is None else CpuMark(found, clock())
 
 
-def others_cores(start: CpuMark | None, end: CpuMark | None, free: float = 0.0) -> float | None:
-    """Cores the other processes took from this process between two marks, on average: their
-    CPU less the ``free`` cores its threads left idle, never under 0; None where either mark
-    is missing or the span is shorter than ``MIN_SPAN_S``."""
+def others_cores(start: CpuMark | None, end: CpuMark | None) -> float | None:
+    """Cores' worth of this process's threads kept waiting for a CPU between two marks, on
+    average (what other processes took from it; never under 0); None where either mark is
+    missing or the span is shorter than ``MIN_SPAN_S``."""
     if start is None or end is None:
         return None
     wall = end.wall_s - start.wall_s
     if wall < MIN_SPAN_S:
         return None
-    others = (end.machine_s - start.machine_s) - (end.own_s - start.own_s)
-    return max(0.0, others / wall - free)
-
-
-def free_cores() -> float:
-    """The cores this process's threads leave idle: the CPUs it may run on less torch's
-    threads (a neighbour there takes nothing from it)."""
-    return float(max(0, usable_cpus() - torch.get_num_threads()))
+    return max(0.0, (end.waited_s - start.waited_s) / wall)
 
 
 def busy_cores() -> float:
@@ -128,5 +92,5 @@ def busy_cores() -> float:
 
 
 def is_busy(others: float | None) -> bool:
-    """Whether a round's threads lost more than ``busy_cores`` to other processes."""
+    """Whether a round's threads were kept waiting more than ``busy_cores``."""
     return others is not None and others > busy_cores()

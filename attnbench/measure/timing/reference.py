@@ -101,7 +101,7 @@ def around(
     before, waited = settle(quiet_s, wait_s, clock, sleep)
     start = contention.mark()
     found = timing()
-    others = contention.others_cores(start, contention.mark(), contention.free_cores())
+    others = contention.others_cores(start, contention.mark())
     return found, Around(max(before, read_reference(clock)), waited, others)
 
 
