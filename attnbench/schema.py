@@ -130,8 +130,8 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "rounds_disturbed", "int", _MEASURE,
         "rounds whose machine reference read the machine disturbed (a neighbour slowing "
-        "small ops) or whose threads waited over half a core's worth for a CPU (samples.csv's "
-        "others_cores), left out of the time while two quiet rounds remain",
+        "small ops) or whose threads waited over a quarter of a core's worth for a CPU "
+        "(samples.csv's others_cores), left out of the time while two quiet rounds remain",
     ),
     Column(
         "spread_between", "float", _MEASURE,

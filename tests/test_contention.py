@@ -58,16 +58,17 @@ def test_the_waiting_is_read_from_each_threads_schedstat(tmp_path: Path) -> None
     assert contention.waited_s() is not None  # this process's own, on this Linux
 
 
-def test_busy_is_past_half_a_core_or_the_environments_threshold(
+def test_busy_is_past_a_quarter_of_a_core_or_the_environments_threshold(
     monkeypatch: pytest.MonkeyPatch, judged: None
 ) -> None:
-    assert not is_busy(None) and not is_busy(contention.BUSY_CORES) and is_busy(0.51)
+    assert not is_busy(None) and not is_busy(contention.BUSY_CORES) and is_busy(0.26)
+    assert not is_busy(0.21) and is_busy(0.49)  # the quietest busy round, the busiest quiet one
     monkeypatch.setenv(contention.BUSY_ENV, "1.5")
     assert not is_busy(1.4) and is_busy(1.6)
     monkeypatch.setenv(contention.BUSY_ENV, "inf")
     assert not is_busy(64.0)
     monkeypatch.setenv(contention.BUSY_ENV, "lots")  # unreadable: the default
-    assert is_busy(0.51)
+    assert is_busy(0.26)
 
 
 def test_a_busy_round_is_left_out_while_two_others_remain(judged: None) -> None:
@@ -127,7 +128,7 @@ def test_a_saved_run_leaves_out_its_rounds_beside_a_busy_neighbour(
 @pytest.mark.slow
 def test_a_neighbour_burning_a_core_is_read_beside_the_round() -> None:
     """A real neighbour, a process spinning on a core for the whole round, while this
-    process keeps every core it may use busy: its threads wait for one, half a core's worth
+    process keeps every core it may use busy: its threads wait for one, a quarter of a core's worth
     or more, where the machine's reference does not move."""
     from attnbench.devices import usable_cpus
 

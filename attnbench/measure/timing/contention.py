@@ -25,10 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 # Cores' worth of a round's threads the others kept waiting, on average over it, past which
-# the round ran on a busy machine: half a core (a neighbour busy half the time on one core).
+# the round ran on a busy machine: a quarter of a core. Here rounds beside nothing read
+# 0.00-0.21 (all but one under 0.14), rounds beside a process spinning on one of the two cores
+# 0.49-0.89, and rounds a burst of it began or ended in between (``benchmarks/neighbour.py``).
 # ``ATTNBENCH_BUSY_CORES`` sets another (``inf``: never busy; the test suite's workers are
 # each other's neighbours).
-BUSY_CORES = 0.5
+BUSY_CORES = 0.25
 BUSY_ENV = "ATTNBENCH_BUSY_CORES"
 # The shortest span read: the counts are in nanoseconds, but a span shorter than a scheduler's
 # time slice says little of a neighbour's share.
