@@ -10,7 +10,7 @@ counts, for each thread,
 the nanoseconds it was ready to run but waited for a CPU (the second field of
 ``/proc/self/task/<tid>/schedstat``). Summed over the round's threads and divided by its wall
 time, that is how many cores' worth of them the others kept waiting: 0.00-0.07 beside nothing
-here, 0.97-1.01 beside a process spinning on one core, over spans of 10 to 40 ms alike. A
+here and 0.5-1.0 beside a process spinning on one core, over spans of 10 to 40 ms alike. A
 round kept waiting more than ``BUSY_CORES`` ran on a busy machine, and the estimators leave it
 out as they leave out a round whose reference read slow (``estimators.kept_rounds``), while two
 others remain. Where the counts cannot be read (not Linux, or a kernel without scheduler
