@@ -663,9 +663,10 @@ def test_a_runs_level_is_its_rounds_fast_end_and_judged_against_the_machines() -
     assert run_level(samples) == 1e-3  # two rounds, not ten samples: the faster round's
     assert math.isnan(run_level(samples.drop(columns="reference_s")))
     assert math.isnan(run_level(samples.iloc[:0]))
-    assert judging_level(samples, 3e-3) == 1e-3 and judging_level(samples, 5e-4) == 5e-4
-    assert judging_level(samples, None) == 1e-3
-    unread = samples.assign(reference_s=math.nan)
+    level = run_level(samples)
+    assert judging_level(level, 3e-3) == 1e-3 and judging_level(level, 5e-4) == 5e-4
+    assert judging_level(level, None) == 1e-3
+    unread = run_level(samples.assign(reference_s=math.nan))
     assert judging_level(unread, 3e-3) == 3e-3 and judging_level(unread, None) is None
 
 

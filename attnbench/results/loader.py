@@ -304,7 +304,7 @@ def _with_all_rounds(
     by_case = samples.groupby("case_id")["time_s"]
     ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
     level = run_level(samples)  # the run's own: the machine's state it ran in
-    quiet = judging_level(samples, machine_quiet)
+    quiet = judging_level(level, machine_quiet)
     stats = {}
     by_id = {str(key): rows for key, rows in samples.groupby("case_id", sort=False)}
     for i in ok:

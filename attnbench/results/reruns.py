@@ -59,10 +59,9 @@ def run_level(samples: pd.DataFrame) -> float:
     return quiet_level([float(r) for r in rounds])
 
 
-def judging_level(samples: pd.DataFrame, machine_quiet: float | None) -> float | None:
-    """The quiet level a run's rounds are judged disturbed against: its own (``run_level``),
-    or the machine's (``run.quiet``) where that was quieter (None: neither known)."""
-    level = run_level(samples)
+def judging_level(level: float, machine_quiet: float | None) -> float | None:
+    """The quiet level a run's rounds are judged disturbed against: its own (``run_level``;
+    nan: none read), or the machine's (``run.quiet``) where that was quieter (None: neither)."""
     return quieter(None if math.isnan(level) else level, machine_quiet)
 
 

@@ -17,7 +17,7 @@ from attnbench.measure.machine.ceilings_file import ceilings_from
 from attnbench.measure.record import died_in
 from attnbench.measure.timing.contention import is_busy
 from attnbench.results.record import RunRecord
-from attnbench.results.reruns import Elsewhere, Entry, Moved, judging_level
+from attnbench.results.reruns import Elsewhere, Entry, Moved, judging_level, run_level
 from attnbench.schema import CALIBRATION_COLUMNS, STATUSES, RunStatus, Status, numeric_column
 
 
@@ -74,7 +74,7 @@ class RunResults:
 
     @functools.cached_property
     def _judging_level(self) -> float | None:
-        return judging_level(self.samples, self.record.machine_quiet_s)
+        return judging_level(run_level(self.samples), self.record.machine_quiet_s)
 
     def kept_rounds_of(self, case_id: str) -> dict[int, list[float]]:
         """The rounds its time is over: those not read disturbed (a slow reference, a busy
