@@ -685,3 +685,40 @@ def test_a_case_without_history_does_not_stop_the_shared_move_of_the_rest() -> N
     own = {"c0": (0.3, 0.0, 1.0), **{f"c{i}": (0.3, 0.0, 1.0) for i in range(1, 4)}}
     found = moved(own, past, 1.0)  # c0, first, has no earlier sweep: the others still read
     assert found is not None and found.cases == 3 and found.sweeps == 1
+
+
+def test_a_runs_state_is_its_rounds_typical_reference_not_its_fast_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose rounds read the slower state's reference but for one read the faster's (the
+    22:16 batch: 303 µs in most rounds, 211 at its fast end) ran in the slower state: it is not
+    held to the faster state's sweeps but told how far they put its cases, and it leaves its
+    own entries for the slower state's history, where its fast end would have judged every
+    round disturbed and left none."""
+    import pandas as pd
+
+    from attnbench.cli.reruns import sweeps_note
+    from attnbench.results.reruns import run_level, run_state
+
+    frame = pd.DataFrame(
+        {"case_id": ["a"] * 4 + ["b"] * 2, "round": [1, 1, 2, 3, 1, 2],
+         "reference_s": [1e-3, 1e-3, 1.5e-3, 1.5e-3, 1.5e-3, math.nan]}
+    )  # fmt: skip
+    assert run_state(frame) == 1.5e-3 and run_level(frame) == 1e-3  # rounds, not samples
+    assert math.isnan(run_state(frame.assign(reference_s=math.nan)))
+    assert math.isnan(run_state(frame.drop(columns="reference_s")))
+    assert run_state(frame.assign(reference_s=[0.0, 0.0, -1.0, 2e-3, 4e-3, 3e-3])) == 3e-3
+    grid = with_history(tmp_path, monkeypatch, store.write_reruns)
+    run_sweep(grid, tmp_path / "one", measuring=queue_module.UNCALIBRATED)
+    second = run_sweep(grid, tmp_path / "two", measuring=queue_module.UNCALIBRATED)
+    assert {b.sweeps for b in second.between.values()} == {2}  # one state: held to both
+    samples = second.samples.copy()
+    first_round = (samples["case_id"] == samples["case_id"].iloc[0]) & (samples["round"] == 1)
+    samples["reference_s"] = np.where(first_round, 1e-3, 1.5e-3)
+    samples.to_csv(second.path / "samples.csv", index=False)
+    slower = load_results(second.path)
+    assert slower.between == {} and slower.elsewhere is not None
+    assert slower.elsewhere.level_ratio == pytest.approx(1 / 1.5)
+    assert "in another state (its reference 0.67x this sweep's)" in (sweeps_note(slower) or "")
+    assert {e[2] for e in slower.entries["conv"].values()} == {1.5e-3}
+    assert len(slower.entries["conv"]) == 2

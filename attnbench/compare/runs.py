@@ -33,7 +33,7 @@ from attnbench.measure.counts.ops import RECURRENT_OPS, fused_names
 from attnbench.metrics import EXACT_METRICS, METRIC
 from attnbench.options import OPTIONS
 from attnbench.results.environment import compare_keys
-from attnbench.results.reruns import run_level, same_state
+from attnbench.results.reruns import run_state, same_state
 from attnbench.results.run import RunResults
 from attnbench.schema import Status
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, check_gate
@@ -132,7 +132,7 @@ def _environment_warnings(base: RunResults, new: RunResults) -> list[str]:
             "current run; CPU times under one state pay page faults the other does not "
             "(see --allocator)"
         )
-    level, level_now = run_level(base.samples), run_level(new.samples)
+    level, level_now = run_state(base.samples), run_state(new.samples)
     if not same_state(level, level_now):
         warnings.append(
             "the machine ran in another state in each run (its reference read "

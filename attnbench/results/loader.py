@@ -33,7 +33,13 @@ from attnbench.results.files import (
     read_csv,
 )
 from attnbench.results.record import RunRecord
-from attnbench.results.reruns import SweepsFound, judging_level, read_sweeps, run_level
+from attnbench.results.reruns import (
+    SweepsFound,
+    judging_level,
+    read_sweeps,
+    run_level,
+    run_state,
+)
 from attnbench.results.run import RunResults
 from attnbench.results.theories import record_problem
 from attnbench.schema import (
@@ -303,8 +309,9 @@ def _with_all_rounds(
     frame = frame.copy()
     by_case = samples.groupby("case_id")["time_s"]
     ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
-    level = run_level(samples)  # the run's own: the machine's state it ran in
+    level = run_level(samples)  # the run's own fast end
     quiet = judging_level(level, machine_quiet)
+    state = run_state(samples)  # the machine's state it ran in
     stats = {}
     by_id = {str(key): rows for key, rows in samples.groupby("case_id", sort=False)}
     for i in ok:
@@ -320,7 +327,7 @@ def _with_all_rounds(
             quiet_s=quiet,
         )
     prior = prior_of([timing.kept_variance() for timing in stats.values()])
-    own_level = None if math.isnan(level) else level  # a sweep in a slower state is not busy
+    own_level = None if math.isnan(state) else state  # a sweep in a slower state is not busy
     cases = {  # for what the sweep leaves: its rounds judged against its own state's level
         str(frame.loc[i, "case_id"]): (
             frame.loc[i].to_dict(),
@@ -328,7 +335,7 @@ def _with_all_rounds(
         )
         for i in ok
     }
-    found = read_sweeps(cases, record, level)
+    found = read_sweeps(cases, record, state)
     filled: dict[str, dict[Any, Any]] = {}  # column -> {row: value}, set once a column
     for i in ok:
         row = frame.loc[i]

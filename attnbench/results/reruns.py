@@ -5,9 +5,9 @@ project's shared 2-core VM the same grid swept twelve times, ten seconds apart, 
 at n = 2048 by 0.88-1.18x from sweep to sweep and conv at n = 512 by up to 11%, while each
 sweep's rounds agreed within 2-3% (``benchmarks/coverage.py``). No spread inside one sweep can
 show that. So each sweep leaves, per case, its log time, that log time's own variance and
-the sweep's quiet reference (``Entry``: the machine's state) in the cache (``run.reruns``);
-the next sweep records the entries it found in run.json's ``reruns``, and its loader reads
-every case's between-sweep variance from those of its state and its own
+the sweep's typical reference (``Entry``: the machine's state, ``run_state``) in the cache
+(``run.reruns``); the next sweep records the entries it found in run.json's ``reruns``, and
+its loader reads every case's between-sweep variance from those of its state and its own
 (``estimators.between_sweeps``, moderated toward the machine's typical). A run records what
 it was judged by, so it loads the same everywhere, later and elsewhere.
 """
@@ -35,13 +35,13 @@ from attnbench.estimators import (
 )
 
 # A sweep's log time of a case, that log time's variance within the sweep, and the sweep's
-# quiet reference (seconds; nan: not read): the machine's state it ran in.
+# typical reference (``run_state``, seconds; nan: not read): the machine's state it ran in.
 Entry = tuple[float, float, float]
 
 
 @dataclass(frozen=True)
 class Elsewhere:
-    """What earlier sweeps found in another state of the machine (their quiet reference over
+    """What earlier sweeps found in another state of the machine (their typical reference over
     ``QUIET_FACTOR`` from this sweep's): how many, their reference over this sweep's, and each
     case's time there over its time here, by key (the median of their entries)."""
 
@@ -59,6 +59,19 @@ def run_level(samples: pd.DataFrame) -> float:
     return quiet_level([float(r) for r in rounds])
 
 
+def run_state(samples: pd.DataFrame) -> float:
+    """The state of the machine a run ran in: its rounds' typical reference (their median; nan:
+    none read). Not its fast end (``run_level``): on this project's VM one run in a batch of
+    eight read 303 µs in most rounds, the slower state's, and 211 µs at its fast end, so the
+    fast end put it in the faster state with the others and held its lstm, 2x slower, to their
+    spread (``benchmarks/coverage.py``, the 22:16 batch in docs/metrics.md)."""
+    if "reference_s" not in samples or samples.empty:
+        return math.nan
+    rounds = samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
+    found = [float(r) for r in rounds if r > 0 and math.isfinite(r)]
+    return statistics.median(found) if found else math.nan
+
+
 def judging_level(level: float, machine_quiet: float | None) -> float | None:
     """The quiet level a run's rounds are judged disturbed against: its own (``run_level``;
     nan: none read), or the machine's (``run.quiet``) where that was quieter (None: neither)."""
@@ -66,7 +79,7 @@ def judging_level(level: float, machine_quiet: float | None) -> float | None:
 
 
 def same_state(level: float, other: float) -> bool:
-    """Whether two sweeps ran in one state of the machine: their quiet references within
+    """Whether two sweeps ran in one state of the machine: their states (``run_state``) within
     ``QUIET_FACTOR`` of each other (either not read: taken as one)."""
     known = all(x > 0 and math.isfinite(x) for x in (level, other))
     return not known or max(level, other) / min(level, other) <= QUIET_FACTOR
@@ -107,7 +120,7 @@ def _text(value: Any) -> str:
 
 
 def sweep_entry(found: Estimate, level: float) -> Entry | None:
-    """What a sweep leaves of a case, with the sweep's quiet reference ``level``: over two or
+    """What a sweep leaves of a case, with the sweep's state ``level`` (``run_state``): over two or
     more rounds, none of them kept while read disturbed (a busy sweep's time is the
     neighbour's, and it is judged so already)."""
     if found.groups < 2 or found.disturbed > found.left_out:
@@ -175,7 +188,7 @@ def betweens(
     other_code: Mapping[str, Sequence[Entry]] | None = None,
 ) -> dict[str, Between]:
     """Each case's spread between sweeps, by its key: from the earlier sweeps that ran in this
-    sweep's state of the machine (``same_state`` with its quiet reference ``level``) and this
+    sweep's state of the machine (``same_state`` with its state ``level``, ``run_state``) and this
     sweep's own, shrunk toward the machine's typical (the median of the cases' own, where two or
     more have one, worth as many degrees of freedom as its sweeps give, up to 4); a case no
     earlier sweep measured takes the typical. The typical also reads the cases this machine
@@ -237,7 +250,7 @@ def read_sweeps(
 ) -> SweepsFound:
     """A run's cases (by case id: their row and their estimate over this run's rounds) read
     against the earlier sweeps its ``record`` (a ``RunRecord``) holds, in the state of the
-    machine its quiet reference ``level`` says."""
+    machine its typical reference ``level`` (``run_state``) says."""
     keys = {
         case: rerun_key(row, record.config, record.environment) for case, (row, _) in cases.items()
     }
@@ -278,7 +291,7 @@ def _plausible(x: float, w: float, level: float) -> bool:
 
 
 def parse_entries(raw: Any) -> dict[str, tuple[Entry, ...]]:
-    """run.json's ``reruns`` (key: [[log time, variance, quiet reference], ...]); an entry that
+    """run.json's ``reruns`` (key: [[log time, variance, the sweep's state], ...]); an entry that
     does not read as two numbers and a reference (a number or null) in their plausible ranges
     is dropped (a hand-edited file loses that entry, not the run)."""
     out: dict[str, tuple[Entry, ...]] = {}
