@@ -231,10 +231,19 @@ def kept_rounds(
     triples = zip(groups, refs, beside, strict=True)
     pairs = [(list(g), is_disturbed(r, quiet) or b) for g, r, b in triples if len(g)]
     marks = [bad for _, bad in pairs]
-    quiet_groups = [g for g, bad in pairs if not bad]
-    use_quiet = len(quiet_groups) >= 2 and len(quiet_groups) < len(pairs)
-    kept = quiet_groups if use_quiet else [g for g, _ in pairs]
+    kept = [pairs[i][0] for i in kept_of(marks)]
     return kept, sum(marks), len(pairs) - len(kept)
+
+
+LEAST_QUIET = 2  # rounds an estimate needs to leave the disturbed ones out
+
+
+def kept_of(disturbed: Sequence[bool], least: int = LEAST_QUIET) -> list[int]:
+    """The positions of the rounds an estimate is over, given which read disturbed: the quiet
+    ones where ``least`` or more are, else every one (a machine busy throughout is judged so,
+    not left without a figure)."""
+    quiet = [i for i, bad in enumerate(disturbed) if not bad]
+    return quiet if len(quiet) >= least else list(range(len(disturbed)))
 
 
 def log_variance(groups: Sequence[Sequence[float]]) -> float | None:

@@ -9,7 +9,10 @@
    the neighbour (the default) and keeping them (``ATTNBENCH_BUSY_CORES=inf``), against the
    quiet runs either side of it.
 
-    python benchmarks/neighbour.py [--trials 4] [--sweeps 2]
+3. ``--ab K``: K A/A runs of ``attnbench ab`` beside the neighbour in bursts, each read with
+   its pairs that had a busy half left out (the default) and kept.
+
+    python benchmarks/neighbour.py [--trials 4] [--sweeps 2] [--ab 3]
 
 Read the ratios, not the seconds: this machine is shared.
 """
@@ -150,14 +153,73 @@ def sweeps(pairs: int) -> None:
           "kept")  # fmt: skip
 
 
+def ab_runs(runs: int) -> None:
+    """A/A runs of ``attnbench ab`` beside the bursty neighbour (the truth: every ratio 1),
+    each read with its pairs that had a half beside the neighbour left out (the default) and
+    kept (``ATTNBENCH_BUSY_CORES=inf``)."""
+    from attnbench.compare.runs import compare_runs
+    from attnbench.results.loader import load_results
+    from attnbench.thresholds import Thresholds
+
+    folder = Path(tempfile.mkdtemp(prefix="attnbench-neighbour-ab-"))
+    cache = {**os.environ, "ATTNBENCH_CACHE_DIR": tempfile.mkdtemp(prefix="attnbench-cache-")}
+    print(f"\nA/A ab runs in {folder}, beside the neighbour in bursts: each case's paired ratio "
+          "(the truth: 1), its pairs with a busy half left out (the default) | kept")  # fmt: skip
+    off: dict[str, list[float]] = {"left out": [], "kept": []}
+    verdicts: dict[str, list[str]] = {"left out": [], "kept": []}
+    for i in range(runs):
+        stop = threading.Event()
+        thread = threading.Thread(target=bursts, args=(stop,))
+        thread.start()
+        try:
+            subprocess.run(
+                [sys.executable, "-m", "attnbench", "ab", "--layers", "conv,lstm,attention",
+                 "--n", "512,2048", "--d", "64", "--device", "cpu", "--out",
+                 str(folder / f"ab-{i}"), "--quiet", "--wait-quiet", "0", "--json",
+                 "--output", str(folder / f"ab-{i}.json")],
+                stdout=subprocess.DEVNULL, env=cache,
+            )  # fmt: skip  # exit 1 on a regression: read below
+        finally:
+            stop.set()
+            thread.join()
+        read = {}
+        for way, threshold in (("left out", None), ("kept", "inf")):
+            if threshold is None:
+                os.environ.pop(contention.BUSY_ENV, None)
+            else:
+                os.environ[contention.BUSY_ENV] = threshold
+            base = load_results(folder / f"ab-{i}" / "base")
+            new = load_results(folder / f"ab-{i}" / "current")
+            judged = compare_runs(base, new, Thresholds(), paired=True).times
+            read[way] = judged
+            off[way] += [abs(math.log(r)) for r in judged["ratio_judged"]]
+            verdicts[way] += judged["verdict"].tolist()
+        for left, kept in zip(
+            read["left out"].itertuples(), read["kept"].itertuples(), strict=True
+        ):
+            print(f"  {i}: {str(left.case_id).split('/b=')[0]:28} {left.ratio_judged:.3f} "
+                  f"({left.pairs_left_out} of {left.pairs_disturbed} busy pairs left out, "
+                  f"{left.verdict}) | {kept.ratio_judged:.3f} ({kept.verdict})")  # fmt: skip
+    for way in off:
+        found = off[way]
+        wrong = sum(v in ("regression", "improvement") for v in verdicts[way])
+        print(f"  {way}: distance from 1, median {math.expm1(statistics.median(found)):.1%}, "
+              f"largest {math.expm1(max(found)):.1%}; {wrong} of {len(found)} verdicts "
+              "a regression or an improvement")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--sweeps", type=int, default=0, help="bursty sweeps (between quiet)")
+    parser.add_argument("--ab", type=int, default=0, help="A/A ab runs beside the neighbour")
     args = parser.parse_args()
-    in_process(args.trials)
+    if args.trials:
+        in_process(args.trials)
     if args.sweeps:
         sweeps(args.sweeps)
+    if args.ab:
+        ab_runs(args.ab)
 
 
 if __name__ == "__main__":

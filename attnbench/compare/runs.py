@@ -25,6 +25,8 @@ from attnbench.compare.verdicts import (
     judge_overall,
     judge_pairs,
     judge_rounds,
+    pairs_note,
+    quiet_pairs,
     throttle,
 )
 from attnbench.errors import AttnbenchError
@@ -36,7 +38,7 @@ from attnbench.results.environment import compare_keys
 from attnbench.results.reruns import run_state, same_state
 from attnbench.results.run import RunResults
 from attnbench.schema import Status
-from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, check_gate
+from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, cases_to_judge, check_gate
 
 
 @dataclass(frozen=True)
@@ -301,6 +303,8 @@ def compare_runs(
         time_rows.append(row)
         count_rows += counts
         other_model += row["status_base"] == row["status_new"] == Status.OK and not timed
+    if (note := pairs_note(pd.DataFrame(time_rows))) is not None:
+        warnings.append(note)
     if other_model:
         warnings.append(
             f"{other_model} case(s) ran on another device model in each run: their times are "
@@ -422,7 +426,13 @@ def _judged_pair(
         base_of, new_of = sides.baseline.kept_rounds_of, sides.current.kept_rounds_of
     base_rounds = _scaled(base_of(base_id), scale_base) if timed else {}
     new_rounds = _scaled(new_of(case_id), scale_new) if timed else {}
-    if sides.paired:
+    disturbed = left_out = 0
+    if sides.paired:  # pairs with a disturbed half left out while the test can still judge
+        marks = (sides.baseline.disturbed_of(base_id), sides.current.disturbed_of(case_id))
+        least = cases_to_judge(thresholds.alpha)
+        base_rounds, new_rounds, disturbed, left_out = quiet_pairs(
+            base_rounds, new_rounds, marks, least
+        )
         judged, unit = judge_pairs(base_rounds, new_rounds, thresholds), "pairs"
     else:
         judged, unit = judge_rounds(
@@ -446,6 +456,8 @@ def _judged_pair(
         ratio_normalized=raw_ratio * norm_new / norm_base,
         ratio_judged=judged.ratio,
         clock_ratio=clocks,
+        pairs_disturbed=disturbed,
+        pairs_left_out=left_out,
         p_value=judged.p_value,
         verdict=judged.verdict,
     )

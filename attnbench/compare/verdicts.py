@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from attnbench.estimators import Between, estimate, group_medians
+from attnbench.estimators import Between, estimate, group_medians, kept_of
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, cases_to_judge
 
 # Verdicts, worst first: what a case, a metric or the overall row can be judged.
@@ -168,6 +168,40 @@ def pair_ratios(
         if below > 0:
             out.append(float(np.median(new[round_])) / below)
     return out
+
+
+def quiet_pairs(
+    base: Mapping[int, list[float]],
+    new: Mapping[int, list[float]],
+    disturbed: tuple[Mapping[int, bool], Mapping[int, bool]],
+    least: int,
+) -> tuple[dict[int, list[float]], dict[int, list[float]], int, int]:
+    """The pairs a paired verdict is over, each side's rounds by number: those where neither
+    half read disturbed (``disturbed``: each side's marks, ``RunResults.disturbed_of``) while
+    ``least`` remain, else every pair; how many pairs had a disturbed half, and how many were
+    left out. A neighbour's burst (1.5 s on and off in ``benchmarks/neighbour.py``) can slow one
+    half of a pair and not the other, which the pairing does not cancel."""
+    rounds = sorted(set(base) & set(new))
+    marks = [disturbed[0].get(r, False) or disturbed[1].get(r, False) for r in rounds]
+    kept = [rounds[i] for i in kept_of(marks, least)]
+    left_out = len(rounds) - len(kept)
+    return {r: base[r] for r in kept}, {r: new[r] for r in kept}, sum(marks), left_out
+
+
+def pairs_note(times: pd.DataFrame) -> str | None:
+    """What the paired verdicts left out (``quiet_pairs``), or kept though disturbed."""
+    if "pairs_disturbed" not in times or not times["pairs_disturbed"].any():
+        return None
+    left, disturbed = int(times["pairs_left_out"].sum()), int(times["pairs_disturbed"].sum())
+    kept = int((times["pairs_disturbed"] > times["pairs_left_out"]).sum())
+    note = f"{disturbed} pair(s) had a half read disturbed (a slow reference or a busy neighbour)"
+    note += f"; {left} left out of their cases' verdicts" if left else ""
+    if kept:
+        note += (
+            f"; {kept} case(s) kept theirs, with too few quiet pairs left for the test: "
+            "their verdicts hold a neighbour's moments (run ab again when it is quiet)"
+        )
+    return note
 
 
 def judge_pairs(

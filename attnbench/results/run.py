@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.estimators import Between, is_disturbed, kept_rounds
+from attnbench.estimators import Between, is_disturbed, kept_of
 from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.measure.machine.ceilings_file import ceilings_from
 from attnbench.measure.record import died_in
@@ -76,23 +76,23 @@ class RunResults:
     def _judging_level(self) -> float | None:
         return judging_level(run_level(self.samples), self.record.machine_quiet_s)
 
-    def kept_rounds_of(self, case_id: str) -> dict[int, list[float]]:
-        """The rounds its time is over: those not read disturbed (a slow reference, a busy
-        neighbour), while two or more remain, as the loader keeps them."""
+    def disturbed_of(self, case_id: str) -> dict[int, bool]:
+        """Whether each of a case's rounds, by number, read disturbed: its reference slow
+        against the run's judging level, or its threads kept waiting by a busy neighbour."""
         mine = self.samples[self.samples["case_id"] == case_id]
-        rounds, references, busy = [], [], []
+        quiet, marks = self._judging_level, {}
         for r, group in mine.groupby("round", sort=True):
-            rounds.append(int(r))
             reference, others = group["reference_s"].iloc[0], group["others_cores"].iloc[0]
-            references.append(None if pd.isna(reference) else float(reference))
-            busy.append(is_busy(None if pd.isna(others) else float(others)))
-        quiet = self._judging_level
-        marks = [is_disturbed(ref, quiet) or b for ref, b in zip(references, busy, strict=True)]
-        every = self.rounds_of(case_id)
-        kept, _, _ = kept_rounds([every[r] for r in rounds], references, quiet, busy)
-        if len(kept) == len(rounds):
-            return every
-        return {r: every[r] for r, bad in zip(rounds, marks, strict=True) if not bad}
+            slow = is_disturbed(None if pd.isna(reference) else float(reference), quiet)
+            marks[int(r)] = slow or is_busy(None if pd.isna(others) else float(others))
+        return marks
+
+    def kept_rounds_of(self, case_id: str) -> dict[int, list[float]]:
+        """The rounds its time is over: those not read disturbed while two or more remain
+        (``estimators.kept_of``), as the loader keeps them."""
+        every, marks = self.rounds_of(case_id), self.disturbed_of(case_id)
+        rounds = list(every)
+        return {rounds[i]: every[rounds[i]] for i in kept_of([marks[r] for r in rounds])}
 
     @property
     def rounds(self) -> int:
