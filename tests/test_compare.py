@@ -454,3 +454,58 @@ def test_a_terminals_marks_come_from_the_verdicts_not_the_words(tmp_path: Path) 
     others = [m for cid, m in by_case.items() if cid != case("rnn", 128).case_id]
     assert {m.time for m in others} == {UNCHANGED}
     assert marks[-1].time == c.overall_verdict.verdict
+
+
+def test_a_pair_with_a_busy_half_is_left_out_while_the_test_can_still_judge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A neighbour's burst slows one half of a pair and not the other: the pairing does not
+    cancel it. Ten pairs, five of them with the current half read busy (its threads waited
+    for a CPU) and twice as slow: judged on every pair, the median pair read 1.5x; with those
+    left out (five quiet pairs remain, what the test needs at alpha 0.05) it reads 1. Where
+    fewer than that remain, every pair is kept, and the note says so."""
+    import pandas as pd
+    from synthetic import make_run
+
+    from attnbench.compare.verdicts import kept_of, pairs_note, quiet_pairs
+    from attnbench.measure.timing import contention
+    from attnbench.results.loader import load_results
+    from attnbench.thresholds import Thresholds
+
+    monkeypatch.delenv(contention.BUSY_ENV, raising=False)  # conftest's: never busy
+    assert kept_of([False, True, False]) == [0, 2] and kept_of([True, True, False]) == [0, 1, 2]
+    assert kept_of([False, False, True], least=3) == [0, 1, 2] and kept_of([]) == []
+    rounds = 10
+    busy = set(range(2, rounds + 1, 2))  # rounds 2, 4, ..., 10
+
+    def side(slowed: bool) -> list[float]:
+        slow = [2.0 if slowed and r in busy else 1.0 for r in range(1, rounds + 1)]
+        return [1e-3 * x for x in slow for _ in range(4)]
+
+    base = make_run(tmp_path / "base", {("conv", 64): {"samples": side(False)}}, rounds=rounds)
+    new = make_run(tmp_path / "new", {("conv", 64): {"samples": side(True)}}, rounds=rounds)
+    samples = pd.read_csv(new.path / "samples.csv")
+    samples["others_cores"] = [0.9 if r in busy else 0.0 for r in samples["round"]]
+    samples.to_csv(new.path / "samples.csv", index=False)
+    new = load_results(new.path)
+    case_id = str(new.frame["case_id"].iloc[0])
+    assert new.disturbed_of(case_id) == {r: r in busy for r in range(1, 11)}
+    loose = Thresholds(alpha=0.05)
+    paired = compare_runs(base, new, loose, paired=True)
+    row = paired.times.iloc[0]
+    assert row["ratio_judged"] == pytest.approx(1.0) and row["verdict"] == "unchanged"
+    assert (row["pairs_disturbed"], row["pairs_left_out"], row["rounds_new"]) == (5, 5, 5)
+    assert any(w.startswith("5 pair(s) had a half read disturbed") for w in paired.warnings)
+    strict = compare_runs(base, new, Thresholds(alpha=0.01), paired=True)  # needs 7 pairs
+    row = strict.times.iloc[0]
+    assert row["ratio_judged"] == pytest.approx(1.5) and row["pairs_left_out"] == 0
+    assert any("; 1 case(s) kept theirs, with too few quiet pairs" in w for w in strict.warnings)
+    unpaired = compare_runs(base, new, loose)  # compare: each side's own kept rounds
+    assert unpaired.times.iloc[0]["pairs_disturbed"] == 0
+    # a round only one side has is no pair; a pair read quiet on both sides is kept
+    one, other, disturbed, left = quiet_pairs(
+        {1: [1.0], 2: [1.0], 3: [1.0]}, {2: [2.0], 3: [1.0]}, ({2: True}, {}), 1
+    )
+    assert (one, other, disturbed, left) == ({3: [1.0]}, {3: [1.0]}, 1, 1)
+    assert pairs_note(pd.DataFrame({"pairs_disturbed": [0], "pairs_left_out": [0]})) is None
+    assert pairs_note(pd.DataFrame({"x": [1]})) is None
