@@ -85,7 +85,10 @@ def test_config_file_with_options_overriding_it(tmp_path: Path) -> None:
         # rich's emoji codes are not read: a new user's plugin file.py:boom read "file.py💥"
         (["--layers", "nothere.py:boom:"], "--layers nothere.py:boom:: write module.path"),
         # Typer's usage errors, one line as the core's are (a new user's --layrs: five lines)
-        (["--layrs", "conv"], "error: No such option: --layrs (Possible options: "),
+        (["--layrs", "conv"], "error: No such option: --layrs (did you mean --layers?)"),
+        # only options that read alike: Click suggested --out for --bogus, --yes for --layer
+        (["--bogus"], "error: No such option: --bogus\n"),
+        (["--layer", "conv"], "No such option: --layer (did you mean --layers?)\n"),
         (["--n"], "error: Option '--n' requires an argument."),
     ],
 )

@@ -7,6 +7,7 @@ it into one line on stderr and its exit code, never a traceback.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import os
@@ -86,7 +87,7 @@ class Group(typer.core.TyperGroup):
             code = super().main(*given, False, windows_expand_args, **extra)
         except USAGE_ERRORS as exc:
             formats = getattr(exc, "format_message", None)
-            message = str(formats() if callable(formats) else exc)
+            message = _closer(exc) or str(formats() if callable(formats) else exc)
             if message:  # none where the error was the help itself (no command given)
                 err = console(stderr=True)
                 err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
@@ -95,6 +96,23 @@ class Group(typer.core.TyperGroup):
             console(stderr=True).print("[red]Aborted.[/]")  # as Typer writes it
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+# How alike a misspelt option and a real one must read (difflib's ratio) to be suggested: Click
+# suggests from 0.6, where ``--bogus`` read "(Possible options: --out)" and ``--layer``
+# "--layers, --yes".
+SUGGEST_CUTOFF = 0.75
+
+
+def _closer(exc: Exception) -> str | None:
+    """An unknown option's message with only the options that read like it (None: not an
+    unknown option, or Click's own message stands)."""
+    name, possible = getattr(exc, "option_name", None), getattr(exc, "possibilities", None)
+    message = getattr(exc, "message", None)
+    if not (isinstance(name, str) and isinstance(message, str) and possible is not None):
+        return None
+    close = difflib.get_close_matches(name, list(possible), cutoff=SUGGEST_CUTOFF)
+    return f"{message} (did you mean {' or '.join(close)}?)" if close else message
 
 
 app = typer.Typer(
