@@ -9,8 +9,8 @@
    the neighbour (the default) and keeping them (``ATTNBENCH_BUSY_CORES=inf``), against the
    quiet runs either side of it.
 
-3. ``--ab K``: K A/A runs of ``attnbench ab`` beside the neighbour in bursts, each read with
-   its pairs that had a busy half left out (the default) and kept.
+3. ``--ab K``: K A/A runs of ``attnbench ab`` beside the neighbour in bursts, each case's
+   paired ratio read over every pair (the verdict) and over its quiet pairs only.
 
     python benchmarks/neighbour.py [--trials 4] [--sweeps 2] [--ab 3]
 
@@ -153,20 +153,42 @@ def sweeps(pairs: int) -> None:
           "kept")  # fmt: skip
 
 
+def quiet_only(base, new, pairs, thresholds):  # type: ignore[no-untyped-def]
+    """Each case's paired ratio over its quiet pairs only (while enough remain for the test):
+    what leaving the disturbed pairs out would read."""
+    from attnbench.compare.verdicts import judge_pairs
+    from attnbench.estimators import kept_of
+    from attnbench.thresholds import cases_to_judge
+
+    out = {}
+    for base_id, case_id in pairs:
+        one, other = base.rounds_of(base_id), new.rounds_of(case_id)
+        marks_one, marks_other = base.disturbed_of(base_id), new.disturbed_of(case_id)
+        rounds = sorted(set(one) & set(other))
+        bad = [marks_one.get(r, False) or marks_other.get(r, False) for r in rounds]
+        kept = [rounds[i] for i in kept_of(bad, cases_to_judge(thresholds.alpha))]
+        out[case_id] = (
+            judge_pairs({r: one[r] for r in kept}, {r: other[r] for r in kept}, thresholds),
+            len(rounds) - len(kept),
+        )
+    return out
+
+
 def ab_runs(runs: int) -> None:
     """A/A runs of ``attnbench ab`` beside the bursty neighbour (the truth: every ratio 1),
-    each read with its pairs that had a half beside the neighbour left out (the default) and
-    kept (``ATTNBENCH_BUSY_CORES=inf``)."""
+    each case's paired ratio read over every pair (the verdict) and over its quiet pairs only
+    (what leaving the disturbed pairs out would read)."""
     from attnbench.compare.runs import compare_runs
     from attnbench.results.loader import load_results
     from attnbench.thresholds import Thresholds
 
+    os.environ.pop(contention.BUSY_ENV, None)
     folder = Path(tempfile.mkdtemp(prefix="attnbench-neighbour-ab-"))
     cache = {**os.environ, "ATTNBENCH_CACHE_DIR": tempfile.mkdtemp(prefix="attnbench-cache-")}
     print(f"\nA/A ab runs in {folder}, beside the neighbour in bursts: each case's paired ratio "
-          "(the truth: 1), its pairs with a busy half left out (the default) | kept")  # fmt: skip
-    off: dict[str, list[float]] = {"left out": [], "kept": []}
-    verdicts: dict[str, list[str]] = {"left out": [], "kept": []}
+          "(the truth: 1) over every pair (the verdict) | its quiet pairs only")  # fmt: skip
+    off: dict[str, list[float]] = {"every pair": [], "quiet pairs only": []}
+    wrong = dict.fromkeys(off, 0)
     for i in range(runs):
         stop = threading.Event()
         thread = threading.Thread(target=bursts, args=(stop,))
@@ -175,36 +197,31 @@ def ab_runs(runs: int) -> None:
             subprocess.run(
                 [sys.executable, "-m", "attnbench", "ab", "--layers", "conv,lstm,attention",
                  "--n", "512,2048", "--d", "64", "--device", "cpu", "--out",
-                 str(folder / f"ab-{i}"), "--quiet", "--wait-quiet", "0", "--json",
-                 "--output", str(folder / f"ab-{i}.json")],
+                 str(folder / f"ab-{i}"), "--quiet", "--wait-quiet", "0"],
                 stdout=subprocess.DEVNULL, env=cache,
             )  # fmt: skip  # exit 1 on a regression: read below
         finally:
             stop.set()
             thread.join()
-        read = {}
-        for way, threshold in (("left out", None), ("kept", "inf")):
-            if threshold is None:
-                os.environ.pop(contention.BUSY_ENV, None)
-            else:
-                os.environ[contention.BUSY_ENV] = threshold
-            base = load_results(folder / f"ab-{i}" / "base")
-            new = load_results(folder / f"ab-{i}" / "current")
-            judged = compare_runs(base, new, Thresholds(), paired=True).times
-            read[way] = judged
-            off[way] += [abs(math.log(r)) for r in judged["ratio_judged"]]
-            verdicts[way] += judged["verdict"].tolist()
-        for left, kept in zip(
-            read["left out"].itertuples(), read["kept"].itertuples(), strict=True
-        ):
-            print(f"  {i}: {str(left.case_id).split('/b=')[0]:28} {left.ratio_judged:.3f} "
-                  f"({left.pairs_left_out} of {left.pairs_disturbed} busy pairs left out, "
-                  f"{left.verdict}) | {kept.ratio_judged:.3f} ({kept.verdict})")  # fmt: skip
-    for way in off:
-        found = off[way]
-        wrong = sum(v in ("regression", "improvement") for v in verdicts[way])
+        base = load_results(folder / f"ab-{i}" / "base")
+        new = load_results(folder / f"ab-{i}" / "current")
+        pairs = list(zip(base.frame["case_id"], new.frame["case_id"], strict=True))
+        thresholds = Thresholds()
+        every = compare_runs(base, new, thresholds, pairs=pairs, paired=True).times
+        quiet = quiet_only(base, new, pairs, thresholds)
+        for row in every.itertuples():
+            alone, left = quiet[row.case_id]
+            for way, judged in (("every pair", row), ("quiet pairs only", alone)):
+                off[way].append(
+                    abs(math.log(judged.ratio_judged if way == "every pair" else judged.ratio))
+                )
+                wrong[way] += judged.verdict in ("regression", "improvement")
+            print(f"  {i}: {str(row.case_id).split('/b=')[0]:28} {row.ratio_judged:.3f} "
+                  f"({row.pairs_disturbed} pairs disturbed, {row.verdict}) | {alone.ratio:.3f} "
+                  f"({left} left out, {alone.verdict})")  # fmt: skip
+    for way, found in off.items():
         print(f"  {way}: distance from 1, median {math.expm1(statistics.median(found)):.1%}, "
-              f"largest {math.expm1(max(found)):.1%}; {wrong} of {len(found)} verdicts "
+              f"largest {math.expm1(max(found)):.1%}; {wrong[way]} of {len(found)} verdicts "
               "a regression or an improvement")  # fmt: skip
 
 

@@ -89,9 +89,8 @@ def ab(
     order, pair after pair, so a busy moment of the machine slows both halves of a pair alike,
     and a process's own speed weighs on one pair only. Time regresses
     when the median of the paired per-round ratios (current / base) exceeds --max-slowdown and
-    a one-sided Wilcoxon signed-rank test on them gives p < --alpha (a pair with a half read
-    disturbed, by a slow reference or a busy neighbour, is left out while enough quiet pairs
-    remain for the test); --processes (the pairs)
+    a one-sided Wilcoxon signed-rank test on them gives p < --alpha (every pair; a note counts
+    those with a half read disturbed); --processes (the pairs)
     defaults to enough for that test (10 at alpha 0.01). FLOPs, steps, path length, memory and, with
     --metric instructions, Callgrind's instruction counts are compared as compare does.
     """

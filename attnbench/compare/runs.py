@@ -21,12 +21,12 @@ from attnbench.compare.verdicts import (
     THROTTLED,
     UNCHANGED,
     TimeVerdict,
+    disturbed_pairs,
     judge_count,
     judge_overall,
     judge_pairs,
     judge_rounds,
     pairs_note,
-    quiet_pairs,
     throttle,
 )
 from attnbench.errors import AttnbenchError
@@ -38,7 +38,7 @@ from attnbench.results.environment import compare_keys
 from attnbench.results.reruns import run_state, same_state
 from attnbench.results.run import RunResults
 from attnbench.schema import Status
-from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, cases_to_judge, check_gate
+from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, check_gate
 
 
 @dataclass(frozen=True)
@@ -420,19 +420,16 @@ def _judged_pair(
     norm_base = sides.scales_base.get(device_base, sides.scales_base.get("", math.nan))
     norm_new = sides.scales_new.get(device_new, sides.scales_new.get("", math.nan))
     scale_base, scale_new = (norm_base, norm_new) if thresholds.normalize else (1.0, 1.0)
-    # the rounds each time is over (those read disturbed left out); an ab pairs every round
+    # the rounds each time is over (those read disturbed left out); ab judges every pair
     base_of, new_of = sides.baseline.rounds_of, sides.current.rounds_of
     if not sides.paired:
         base_of, new_of = sides.baseline.kept_rounds_of, sides.current.kept_rounds_of
     base_rounds = _scaled(base_of(base_id), scale_base) if timed else {}
     new_rounds = _scaled(new_of(case_id), scale_new) if timed else {}
-    disturbed = left_out = 0
-    if sides.paired:  # pairs with a disturbed half left out while the test can still judge
+    disturbed = 0
+    if sides.paired:  # every pair judged; those with a disturbed half counted
         marks = (sides.baseline.disturbed_of(base_id), sides.current.disturbed_of(case_id))
-        least = cases_to_judge(thresholds.alpha)
-        base_rounds, new_rounds, disturbed, left_out = quiet_pairs(
-            base_rounds, new_rounds, marks, least
-        )
+        disturbed = disturbed_pairs(base_rounds, new_rounds, marks)
         judged, unit = judge_pairs(base_rounds, new_rounds, thresholds), "pairs"
     else:
         judged, unit = judge_rounds(
@@ -457,7 +454,6 @@ def _judged_pair(
         ratio_judged=judged.ratio,
         clock_ratio=clocks,
         pairs_disturbed=disturbed,
-        pairs_left_out=left_out,
         p_value=judged.p_value,
         verdict=judged.verdict,
     )
