@@ -692,9 +692,9 @@ def test_a_runs_state_is_its_rounds_typical_reference_not_its_fast_end(
 ) -> None:
     """A run whose rounds read the slower state's reference but for one read the faster's (the
     22:16 batch: 303 µs in most rounds, 211 at its fast end) ran in the slower state: it is not
-    held to the faster state's sweeps but told how far they put its cases, and it leaves its
-    own entries for the slower state's history, where its fast end would have judged every
-    round disturbed and left none."""
+    held to the faster state's sweeps but told how far they put its cases. Having run in both,
+    it leaves nothing for either state's history (its times may blend them); a run wholly in
+    the slower state leaves its entries there. A state is a reading, never the mean of two."""
     import pandas as pd
 
     from attnbench.cli.reruns import sweeps_note
@@ -708,6 +708,8 @@ def test_a_runs_state_is_its_rounds_typical_reference_not_its_fast_end(
     assert math.isnan(run_state(frame.assign(reference_s=math.nan)))
     assert math.isnan(run_state(frame.drop(columns="reference_s")))
     assert run_state(frame.assign(reference_s=[0.0, 0.0, -1.0, 2e-3, 4e-3, 3e-3])) == 3e-3
+    halves = frame.assign(reference_s=[1e-3, 1e-3, 1e-3, 1.5e-3, 1.5e-3, 1.5e-3])  # 2 and 2
+    assert run_state(halves.iloc[:5]) == 1e-3  # not 1.25e-3, one state with both
     grid = with_history(tmp_path, monkeypatch, store.write_reruns)
     run_sweep(grid, tmp_path / "one", measuring=queue_module.UNCALIBRATED)
     second = run_sweep(grid, tmp_path / "two", measuring=queue_module.UNCALIBRATED)
@@ -720,5 +722,10 @@ def test_a_runs_state_is_its_rounds_typical_reference_not_its_fast_end(
     assert slower.between == {} and slower.elsewhere is not None
     assert slower.elsewhere.level_ratio == pytest.approx(1 / 1.5)
     assert "in another state (its reference 0.67x this sweep's)" in (sweeps_note(slower) or "")
-    assert {e[2] for e in slower.entries["conv"].values()} == {1.5e-3}
-    assert len(slower.entries["conv"]) == 2
+    assert slower.entries == {}  # ran in both states: leaves neither a time
+    samples["reference_s"] = 1.5e-3
+    samples.to_csv(second.path / "samples.csv", index=False)
+    wholly = load_results(second.path)
+    assert wholly.between == {} and wholly.elsewhere is not None
+    assert {e[2] for e in wholly.entries["conv"].values()} == {1.5e-3}
+    assert len(wholly.entries["conv"]) == 2

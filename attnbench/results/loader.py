@@ -335,7 +335,7 @@ def _with_all_rounds(
         )
         for i in ok
     }
-    found = read_sweeps(cases, record, state)
+    found = read_sweeps(cases, record, state, level)
     filled: dict[str, dict[Any, Any]] = {}  # column -> {row: value}, set once a column
     for i in ok:
         row = frame.loc[i]

@@ -69,7 +69,7 @@ def run_state(samples: pd.DataFrame) -> float:
         return math.nan
     rounds = samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
     found = [float(r) for r in rounds if r > 0 and math.isfinite(r)]
-    return statistics.median(found) if found else math.nan
+    return statistics.median_low(found) if found else math.nan  # a reading, not between two
 
 
 def judging_level(level: float, machine_quiet: float | None) -> float | None:
@@ -247,14 +247,21 @@ def read_sweeps(
     cases: Mapping[str, tuple[Mapping[str, Any], Estimate]],
     record: Any,
     level: float,
+    fast_end: float = math.nan,
 ) -> SweepsFound:
     """A run's cases (by case id: their row and their estimate over this run's rounds) read
     against the earlier sweeps its ``record`` (a ``RunRecord``) holds, in the state of the
-    machine its typical reference ``level`` (``run_state``) says."""
+    machine its typical reference ``level`` (``run_state``) says. A run whose fast end
+    (``run_level``) reads another state than its typical ran in both: it leaves nothing, as
+    its times may blend them (the rounds judged against its state keep those faster than it)."""
     keys = {
         case: rerun_key(row, record.config, record.environment) for case, (row, _) in cases.items()
     }
-    own = {keys[case]: sweep_entry(found, level) for case, (_, found) in cases.items()}
+    both = not same_state(level, fast_end)
+    own = {
+        keys[case]: None if both else sweep_entry(found, level)
+        for case, (_, found) in cases.items()
+    }
     spread = betweens(own, record.reruns, level, record.reruns_other)
     other = elsewhere(own, record.reruns, level)
     left: dict[str, dict[str, Entry]] = {}
