@@ -253,7 +253,8 @@ OPTIONS: tuple[Option, ...] = (
            "fork), spread over the sweep in a shuffled order, sharing --time-budget: a case's "
            "time and its 95% interval are taken over its processes, so they hold what a re-run "
            "finds; a sweep adds rounds, up to --max-processes, while the interval is wider "
-           "than ±2% or rounds ran on a disturbed machine.", default_text=str(DEFAULT_PROCESSES)),
+           "than ±2% or rounds ran on a disturbed machine (within --time-budget).",
+           default_text=f"{DEFAULT_PROCESSES}; in ab, the pairs its test needs (10 at alpha 0.01)"),
     Option("max_processes", "max_processes", int, lambda v: _positive_int(v, "max-processes"),
            "The most rounds a case gets (--processes at the least).",
            default_text=f"{MORE_PROCESSES} x --processes"),

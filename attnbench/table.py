@@ -307,6 +307,14 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             f"path_len of {extended} case(s) is extended from a band or block law proven at probe "
             "lengths (see the path_len_method column)"
         )
+    busy = run.busy_cases()
+    if busy:  # a run swept beside a neighbour: its exponents read the neighbour's moments too
+        layers = sorted({str(c).split("/")[0] for c in busy})
+        notes.append(
+            f"{len(busy)} of {len(run.measured)} case(s) had fewer than two quiet rounds "
+            f"({', '.join(layers)}): their times are a busy machine's, and the time exponents "
+            "fitted over them may be the machine's, not the layer's (sweep again when it is quiet)"
+        )
     return notes
 
 

@@ -501,6 +501,10 @@ def test_an_abs_pairs_with_a_busy_half_are_counted_and_judged_with_the_rest(
     # a round only one side has is no pair
     assert disturbed_pairs({1: [1.0], 2: [1.0]}, {2: [2.0], 3: [1.0]}, ({1: True}, {3: True})) == 0
     assert disturbed_pairs({2: [1.0]}, {2: [2.0]}, ({}, {2: True})) == 1
+    assert disturbed_pairs({2: [1.0]}, {2: [2.0]}, ({2: True}, {})) == 1  # either half
+    assert disturbed_pairs({2: [1.0]}, {2: [2.0]}, ({2: True}, {2: True})) == 1  # one pair
+    note = pairs_note(pd.DataFrame({"pairs_disturbed": [1, 0, 2]})) or ""
+    assert note.startswith("3 pair(s) of 2 case(s) had a half read disturbed")
     assert pairs_note(pd.DataFrame({"pairs_disturbed": [0, 0]})) is None
     assert pairs_note(pd.DataFrame({"x": [1]})) is None
 
@@ -524,3 +528,36 @@ def test_compare_reads_each_runs_state_from_its_typical_reference(tmp_path: Path
         w.startswith("the machine ran in another state in each run (its reference read 1.50x")
         for w in warned
     )
+
+
+def test_compare_and_table_say_which_times_are_a_busy_machines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new user's case timed only beside a neighbour (every round read busy) was published
+    as any other: compare called its 7x ratio "not significant" and table fitted exponents
+    over it, neither saying a word. Both now name such cases; a case with two quiet rounds
+    left is not one of them, and ab counts its disturbed pairs instead."""
+    from synthetic import make_run
+
+    from attnbench.measure.timing import contention
+    from attnbench.results.loader import load_results
+    from attnbench.table import comparison_table, fit_notes
+
+    monkeypatch.delenv(contention.BUSY_ENV, raising=False)  # conftest's: never busy
+    cases = {("conv", 64): {}, ("conv", 128): {}}
+    base = make_run(tmp_path / "base", cases, rounds=3)
+    new = make_run(tmp_path / "new", cases, rounds=3)
+    samples = pd.read_csv(new.path / "samples.csv")
+    ids = list(dict.fromkeys(samples["case_id"]))
+    busy_round = (samples["case_id"] == ids[0]) | (samples["round"] == 3)  # all of one case's
+    samples["others_cores"] = np.where(busy_round, 0.9, 0.0)
+    samples.to_csv(new.path / "samples.csv", index=False)
+    new = load_results(new.path)
+    assert new.busy_cases() == [ids[0]] and base.busy_cases() == []
+    warned = compare_runs(base, new).warnings
+    assert "1 case(s) in the current run had fewer than two quiet rounds" in " ".join(warned)
+    assert not any("quiet rounds" in w for w in compare_runs(base, base).warnings)
+    assert not any("quiet rounds" in w for w in compare_runs(base, new, paired=True).warnings)
+    notes = fit_notes(comparison_table(new), new)
+    assert notes[-1].startswith("1 of 2 case(s) had fewer than two quiet rounds (conv)")
+    assert not any("quiet rounds" in n for n in fit_notes(comparison_table(base), base))

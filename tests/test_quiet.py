@@ -315,9 +315,11 @@ def test_a_busy_machines_start_scales_the_estimate_and_says_what_a_quiet_one_tak
     SweepProgress(Console(file=line, width=1000), quiet=False).started(start)
     note = line.getvalue().splitlines()[1]
     assert note.startswith("note: the machine is busy (its reference reads 3.0x its quiet ")
-    assert "while it stays so its cases run at least 3.0x slower than on a quiet machine, ops " \
-        "on several threads far slower; the estimate counts the 3.0x alone, and a quiet " \
+    assert (
+        "while it stays so its cases run at least 3.0x slower than on a quiet machine, ops "
+        "on several threads far slower; the estimate counts the 3.0x alone, and a quiet "
         "machine would take " in note
+    )
     busy_auto = SweepStart(auto, tmp_path, {}, 1, 5.0, busy=start.busy, estimate_low_s=5.0)
     line = io.StringIO()
     SweepProgress(Console(file=line, width=1000), quiet=False).started(busy_auto)
@@ -504,3 +506,23 @@ def test_an_auto_sweeps_lines_count_up_to_the_cases_it_may_measure() -> None:
     event = ProgressEvent("done", 0, 9, case, None, 1)
     assert case_line(event, upto=True).startswith("[1/≤9] conv n=64")
     assert case_line(event).startswith("[1/9] conv n=64")
+
+
+def test_a_case_that_spent_its_budget_before_its_most_rounds_says_so(tmp_path: Path) -> None:
+    """A new user's case ran 3 slow rounds of its 6 and stopped, labelled "max rounds": the
+    budget ran out first. Its stop now reads "budget"; one that ran its most reads "max
+    rounds"; an older run, without the settings, keeps what it was written with."""
+    from synthetic import CONFIG, make_run, noisy
+
+    wide = [x for seed, m in enumerate((1e-3, 1.3e-3, 0.8e-3)) for x in noisy(m, 10, seed=seed)]
+    runs = {}
+    for name, config in (
+        ("budget", {**CONFIG, "processes": 3, "max_processes": 6}),
+        ("most", {**CONFIG, "processes": 3, "max_processes": 3}),
+        ("older", CONFIG),
+    ):
+        runs[name] = make_run(
+            tmp_path / name, {("conv", 64): {"samples": wide}}, rounds=3, meta={"config": config}
+        )
+    stops = {name: run.measured["time_stop"].iloc[0] for name, run in runs.items()}
+    assert stops == {"budget": "budget", "most": "max rounds", "older": "max rounds"}

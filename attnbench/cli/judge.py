@@ -60,9 +60,11 @@ def compare(
 ) -> None:
     """Judge CURRENT against BASELINE: exit 0 when nothing regressed, 1 when something did.
 
-    Time regresses when the median ratio exceeds --max-slowdown and a one-sided Mann-Whitney U
-    test over the raw samples gives p < --alpha; FLOPs, sequential steps, path length and peak
-    memory (same device) regress on any increase. Cases on one side only are listed.
+    Time regresses when the ratio of the two times exceeds --max-slowdown and a one-sided test
+    gives p < --alpha: Welch's t-test on the logs of the rounds' medians (each round a process;
+    the case's spread between this machine's sweeps added), or Mann-Whitney U on the raw
+    samples where a run timed the case in one round. FLOPs, sequential steps, path length and
+    peak memory (same device) regress on any increase. Cases on one side only are listed.
     """
     thresholds, gate = gate_from(options)
     fmt = verdict_format(options, as_json)

@@ -335,8 +335,10 @@ def _time_notes(run: RunResults, console: Console) -> None:
         console.print(
             f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a time known only to "
             f"±{IMPRECISE_REL_CI:.0%} or worse (its 95% interval over its processes and this "
-            "machine's sweeps): their processes or sweeps read it that far apart, or the "
-            f"machine was disturbed in most of their rounds; {advice}",
+            "machine's sweeps): their processes or sweeps read it that far apart, the "
+            "machine was disturbed in most of their rounds, or their few rounds were held to "
+            f"the run's typical spread between processes (a case's own, over three rounds, is "
+            f"a guess); {advice}",
             soft_wrap=True,
         )
     for note in [*replication_notes(run), sweeps_note(run), moved_note(run)]:
@@ -417,11 +419,8 @@ def replication_notes(run: RunResults) -> list[str]:
             )
             + "): left out of their times where two quiet rounds remained (rounds_disturbed)"
         )
-    # every round a case ran (rounds counts those its time is over, the left-out ones not)
-    ran = run.samples.groupby("case_id")["round"].nunique()
-    total = measured["case_id"].map(ran).fillna(numeric_column(measured, "rounds")).fillna(0)
-    busy = measured[(disturbed > 0) & (total - disturbed < 2)]
-    if len(busy):
+    busy = run.busy_cases()
+    if busy:
         notes.append(
             f"{len(busy)} case(s) had fewer than two quiet rounds: their times are a busy "
             "machine's, slower than a quiet re-run would find (sweep them again when it is "
@@ -433,6 +432,8 @@ def replication_notes(run: RunResults) -> list[str]:
             "all for the machine to read quiet "
             f"(--wait-quiet {run.record.config.get('wait_quiet_s', 0):g})"
         )
+    ran = measured["case_id"].map(run.samples.groupby("case_id")["round"].nunique())
+    total = ran.fillna(numeric_column(measured, "rounds")).fillna(0)  # every round a case ran
     alone = measured[(total == 1) & numeric_column(measured, "time_s").notna()]
     if len(alone):
         notes.append(

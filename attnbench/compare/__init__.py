@@ -4,7 +4,8 @@
 case by case and builds the ``Comparison`` that every output format renders.
 """
 
-from attnbench.compare.runs import Comparison, compare_runs, layer_differences
+from attnbench.compare.caveats import layer_differences
+from attnbench.compare.runs import Comparison, compare_runs
 from attnbench.compare.verdicts import (
     IMPROVEMENT,
     NOT_COMPARED,

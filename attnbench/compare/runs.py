@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from attnbench.compare.caveats import busy_warnings, environment_warnings
 from attnbench.compare.verdicts import (
     IMPROVEMENT,
     NOT_COMPARED,
@@ -30,12 +31,8 @@ from attnbench.compare.verdicts import (
     throttle,
 )
 from attnbench.errors import AttnbenchError
-from attnbench.layers.entry import LayerSource
 from attnbench.measure.counts.ops import RECURRENT_OPS, fused_names
 from attnbench.metrics import EXACT_METRICS, METRIC
-from attnbench.options import OPTIONS
-from attnbench.results.environment import compare_keys
-from attnbench.results.reruns import run_state, same_state
 from attnbench.results.run import RunResults
 from attnbench.schema import Status
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, check_gate
@@ -109,54 +106,6 @@ class Comparison:
 
     def failed(self, gate: str = "all") -> bool:
         return bool(self.regressions(gate))
-
-
-def _environment_warnings(base: RunResults, new: RunResults) -> list[str]:
-    """What differs between the runs that changes what the comparison means: the grid's device,
-    dtype, mode and batch (recorded by field), the environment keys compare watches, and the
-    code of each layer both measured."""
-    config_keys = {o.field: o.key for o in OPTIONS if o.compare}
-    warnings = []
-    sides: list[tuple[Mapping[str, Any], Mapping[str, Any], dict[str, str]]] = [
-        (base.record.config, new.record.config, config_keys),
-        (base.record.environment, new.record.environment, compare_keys()),
-    ]
-    for before, after, keys in sides:
-        for key, label in keys.items():
-            if before.get(key) != after.get(key):
-                warnings.append(
-                    f"{label} differs: {before.get(key)!r} in the baseline, "
-                    f"{after.get(key)!r} in the current run"
-                )
-    if base.allocator != new.allocator:
-        warnings.append(
-            f"allocator differs: {base.allocator!r} in the baseline, {new.allocator!r} in the "
-            "current run; CPU times under one state pay page faults the other does not "
-            "(see --allocator)"
-        )
-    level, level_now = run_state(base.samples), run_state(new.samples)
-    if not same_state(level, level_now):
-        warnings.append(
-            "the machine ran in another state in each run (its reference read "
-            f"{level_now / level:.2f}x the baseline's): a layer's time moves with the "
-            "machine's state, which no verdict here tells from the code"
-        )
-    return warnings + layer_differences(base.record.layers, new.record.layers)
-
-
-def layer_differences(
-    before: Mapping[str, Mapping[str, str]], after: Mapping[str, Mapping[str, str]]
-) -> list[str]:
-    """One line per layer whose code differs between two runs' records (run.json ``layers``)."""
-    lines = []
-    for name in [layer for layer in before if layer in after]:
-        old, now = LayerSource(**before[name]), LayerSource(**after[name])
-        if old != now:
-            lines.append(
-                f"layer {name} differs: {old.describe()} in the baseline, "
-                f"{now.describe()} in the current run"
-            )
-    return lines
 
 
 # Calibration kernels timed this far apart between two runs say the machine's speed moved.
@@ -361,7 +310,7 @@ def _matched(
 
 def _warnings(sides: _Sides, devices: list[str], only_base: int, only_new: int) -> list[str]:
     """What a reader of the comparison should know before its verdicts."""
-    warnings = _environment_warnings(sides.baseline, sides.current)
+    warnings = environment_warnings(sides.baseline, sides.current)
     if sides.by_device:
         warnings.append(
             f"the runs span {len(devices)} device models ({', '.join(devices)}): each case is "
@@ -379,8 +328,10 @@ def _warnings(sides: _Sides, devices: list[str], only_base: int, only_new: int) 
         warnings.append(
             f"the {' and the '.join(single)} run{'s' if len(single) > 1 else ''} timed each case "
             "in one round: samples taken back to back cannot show the machine's slower moments, "
-            "so a busy moment can pass for a regression; sweep with --rounds 5 or more for CI"
+            "so a busy moment can pass for a regression; sweep with --processes 5 or more for CI"
         )
+    if not sides.paired:  # ab counts its disturbed pairs instead (pairs_note)
+        warnings += busy_warnings(sides.baseline, sides.current)
     if only_base or only_new:
         warnings.append(
             f"{only_base} case(s) only in the baseline and {only_new} only "

@@ -22,7 +22,7 @@ from attnbench.estimators import prior_of
 from attnbench.formats import RawRun, folder_version, migrate_run
 from attnbench.measure.record import timing_columns
 from attnbench.measure.timing.clocks import median_clock, throttled_share
-from attnbench.measure.timing.loop import TimingStats
+from attnbench.measure.timing.loop import Stop, TimingStats
 from attnbench.results.files import (
     CALIBRATION_FILE,
     RESULTS_FILE,
@@ -50,6 +50,7 @@ from attnbench.schema import (
     Status,
     columns_of,
 )
+from attnbench.spec import most_rounds
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
@@ -306,6 +307,11 @@ def _with_all_rounds(
     holds the case's spread between this machine's sweeps where earlier ones were recorded
     (``results.reruns``)."""
     machine_quiet = record.machine_quiet_s
+    config = record.config
+    processes = config.get("processes")
+    most = (  # a record without --processes: 'max rounds' stays as it was written
+        most_rounds(processes, config.get("max_processes")) if isinstance(processes, int) else 0
+    )
     frame = frame.copy()
     by_case = samples.groupby("case_id")["time_s"]
     ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
@@ -344,6 +350,8 @@ def _with_all_rounds(
         flops = row["flops"]
         columns = timing_columns(every)
         cells = {name: columns[name] for name in OVER_ROUNDS}
+        if cells["time_stop"] == Stop.MAX_ROUNDS and own["round"].nunique() < most:
+            cells["time_stop"] = Stop.BUDGET.value  # --time-budget spent before --max-processes
         cells["flops_per_s"] = float(flops) / every.median_s if pd.notna(flops) else None
         share = row["kernel_share"]
         cells["kernel_time_s"] = float(share) * every.median_s if pd.notna(share) else None

@@ -135,6 +135,18 @@ class RunResults:
         """The rows with measurements (status ``ok``): what charts, fits and comparisons use."""
         return self.frame[self.frame["status"] == Status.OK]
 
+    def busy_cases(self) -> list[str]:
+        """The measured cases whose time is a busy machine's: a round read disturbed and fewer
+        than two quiet ones, so the time is over every round (``estimators.kept_of``)."""
+        measured = self.measured
+        disturbed = numeric_column(measured, "rounds_disturbed").fillna(0)
+        if not disturbed.gt(0).any():
+            return []
+        # every round a case ran (``rounds`` counts those its time is over, the left-out not)
+        ran = self.samples.groupby("case_id")["round"].nunique()
+        total = measured["case_id"].map(ran).fillna(numeric_column(measured, "rounds")).fillna(0)
+        return [str(c) for c in measured[(disturbed > 0) & (total - disturbed < 2)]["case_id"]]
+
     @property
     def devices(self) -> list[str]:
         """The device models the measured cases ran on, in order of appearance (none where rows

@@ -132,7 +132,7 @@ def side_grids(
 
 
 def _too_few(grid: Grid, alpha: float) -> tuple[str, ...]:
-    """A note when ``--rounds`` leaves the paired test short of ``alpha``."""
+    """A note when ``--processes`` leaves the paired test short of ``alpha``."""
     needed, least = rounds_to_reach(alpha), cases_to_judge(alpha)
     if grid.metric == "instructions" or grid.processes >= needed:
         return ()

@@ -1,0 +1,76 @@
+"""What differs between two runs that changes what comparing them means, each in one line:
+their settings and environment, their layers' code, the machine's state in each, and the cases
+whose time is a busy machine's. ``compare_runs`` puts them before its verdicts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from attnbench.layers.entry import LayerSource
+from attnbench.options import OPTIONS
+from attnbench.results.environment import compare_keys
+from attnbench.results.reruns import run_state, same_state
+from attnbench.results.run import RunResults
+
+
+def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
+    """What differs between the runs that changes what the comparison means: the grid's device,
+    dtype, mode and batch (recorded by field), the environment keys compare watches, and the
+    code of each layer both measured."""
+    config_keys = {o.field: o.key for o in OPTIONS if o.compare}
+    warnings = []
+    sides: list[tuple[Mapping[str, Any], Mapping[str, Any], dict[str, str]]] = [
+        (base.record.config, new.record.config, config_keys),
+        (base.record.environment, new.record.environment, compare_keys()),
+    ]
+    for before, after, keys in sides:
+        for key, label in keys.items():
+            if before.get(key) != after.get(key):
+                warnings.append(
+                    f"{label} differs: {before.get(key)!r} in the baseline, "
+                    f"{after.get(key)!r} in the current run"
+                )
+    if base.allocator != new.allocator:
+        warnings.append(
+            f"allocator differs: {base.allocator!r} in the baseline, {new.allocator!r} in the "
+            "current run; CPU times under one state pay page faults the other does not "
+            "(see --allocator)"
+        )
+    level, level_now = run_state(base.samples), run_state(new.samples)
+    if not same_state(level, level_now):
+        warnings.append(
+            "the machine ran in another state in each run (its reference read "
+            f"{level_now / level:.2f}x the baseline's): a layer's time moves with the "
+            "machine's state, which no verdict here tells from the code"
+        )
+    return warnings + layer_differences(base.record.layers, new.record.layers)
+
+
+def layer_differences(
+    before: Mapping[str, Mapping[str, str]], after: Mapping[str, Mapping[str, str]]
+) -> list[str]:
+    """One line per layer whose code differs between two runs' records (run.json ``layers``)."""
+    lines = []
+    for name in [layer for layer in before if layer in after]:
+        old, now = LayerSource(**before[name]), LayerSource(**after[name])
+        if old != now:
+            lines.append(
+                f"layer {name} differs: {old.describe()} in the baseline, "
+                f"{now.describe()} in the current run"
+            )
+    return lines
+
+
+def busy_warnings(base: RunResults, new: RunResults) -> list[str]:
+    """The cases of either run whose time is a busy machine's (``RunResults.busy_cases``):
+    a new user's case timed only beside a neighbour read 7x its quiet time, and compare
+    called it "not significant" without a word."""
+    sides = (("baseline", base), ("current run", new))
+    busy = [f"{n} case(s) in the {name}" for name, run in sides if (n := len(run.busy_cases()))]
+    if not busy:
+        return []
+    return [
+        f"{' and '.join(busy)} had fewer than two quiet rounds: their times are a busy "
+        "machine's, and their verdicts may be the machine's, not the code's"
+    ]
