@@ -733,3 +733,22 @@ def test_a_runs_state_is_its_rounds_typical_reference_not_its_fast_end(
     assert wholly.between == {} and wholly.elsewhere is not None
     assert {e[2] for e in wholly.entries["conv"].values()} == {1.5e-3}
     assert len(wholly.entries["conv"]) == 2
+
+
+def test_sweeps_no_further_apart_than_their_processes_are_not_said_to_move_by_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new user read "a case's time moves between sweeps by a standard deviation of 0.0%
+    typically" beside cases 3-5% apart: the spread is what the sweeps add past their own
+    processes', which read the rest. Where it is nil the note says that instead."""
+    from attnbench.cli.reruns import sweeps_note
+
+    grid = with_history(tmp_path, monkeypatch, store.write_reruns)
+    run_sweep(grid, tmp_path / "one", measuring=queue_module.UNCALIBRATED)
+    second = run_sweep(grid, tmp_path / "two", measuring=queue_module.UNCALIBRATED)
+    meta = json.loads((second.path / "run.json").read_text())
+    meta["reruns"] = {k: [list(e)] * 2 for k, e in second.entries["conv"].items()}  # no move
+    (second.path / "run.json").write_text(json.dumps(meta))
+    note = sweeps_note(load_results(second.path)) or ""
+    assert "their sweeps read most cases no further apart than their own processes did" in note
+    assert "(the most past it: 0.0%, conv/n=" in note and "0.0% typically" not in note

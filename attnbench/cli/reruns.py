@@ -50,11 +50,18 @@ def sweeps_note(run: RunResults) -> str | None:
     read = f"{len(own)} from {counts} sweeps of their own"
     if typical:
         read += f", {typical} from the machine's typical"
+    typical_spread = statistics.median(spreads.values())
+    most = f"{spreads[widest]:.1%}"
+    moves = (  # the spread past what each sweep's own processes put in its time
+        f"a case's time moves between sweeps, past its own processes' spread, by a standard "
+        f"deviation of {typical_spread:.1%} typically, {most} at most ({_name(widest)})"
+        if typical_spread >= 0.0005
+        else "their sweeps read most cases no further apart than their own processes did "
+        f"(the most past it: {most}, {_name(widest)})"
+    )
     return (
         f"{len(found)} case(s)' ±95% hold how far this machine's sweeps moved them ({read}): "
-        f"a case's time moves between sweeps by a standard deviation of "
-        f"{statistics.median(spreads.values()):.1%} typically, {spreads[widest]:.1%} at most "
-        f"({_name(widest)}); {adds}"
+        f"{moves}; {adds}"
     )
 
 
