@@ -117,14 +117,17 @@ class SweepProgress:
             for warning in previous.warnings:
                 self.console.print(f"[yellow]note:[/] {escape(warning)} (repaired)")
         else:
+            count = len(grid.cases())
             cases = (
-                f"{len(grid.cases())} cases"
+                f"{count} case{'' if count == 1 else 's'}"
                 if grid.n_auto is None
                 else f"--n {grid.n_auto.text()} ({len(grid.layers)} layer(s) x {len(grid.ds)} "
                 f"width(s), n from {grid.ns[0]} until each settles: at most "
                 f"{len(grid.cases())} cases)"
             )
-            span = estimate_range(start.estimate_low_s, start.estimate_s, start.waits_s)
+            span = estimate_range(
+                start.estimate_low_s, start.estimate_s, start.waits_s, " of measuring"
+            )
             self.console.print(
                 f"attnbench {__version__}: {cases} on {grid.device} "
                 f"({grid.dtype}, {grid.mode}, batch {grid.batch})"
@@ -243,12 +246,14 @@ def _timed(t: TimingStats, rounds: int = 1) -> str:
     return f"{fmt_seconds(t.median_s)}{precision} ({t.count} samples)"
 
 
-def estimate_range(low: float | None, high: float, waits_s: float = 0.0) -> str:
+def estimate_range(low: float | None, high: float, waits_s: float = 0.0, what: str = "") -> str:
     """A sweep's expected duration, "about 20-45 s": a quiet machine's timing stops early, a
     busy one's spends the budget; "45 s or more" where no low end was estimated. ``waits_s``,
     what its rounds may wait for a quiet machine, is in no case's time and is said beside it
-    (a new user's ab, "about 3-7 s", took 48 s under load)."""
-    span = _duration_range(low, high)
+    (a new user's ab, "about 3-7 s", took 48 s under load); ``what`` names what is estimated
+    (" of measuring": a new user read the sweep's 3-5 s as the command's, which drew its charts
+    for 3 s more)."""
+    span = _duration_range(low, high) + what
     return f"{span} (and up to {waits_s:.0f} s waiting for quiet)" if waits_s else span
 
 
