@@ -38,24 +38,37 @@ def test_the_cores_others_took_are_how_long_the_rounds_threads_waited_for_one() 
     short = CpuMark(waited_s=10.06, wall_s=50.0 + contention.MIN_SPAN_S / 2)
     assert others_cores(start, short) is None  # shorter than MIN_SPAN_S: not read
     assert others_cores(None, end) is None and others_cores(start, None) is None
+    # capped by the cores the process left unused: its own threads waiting for each other
+    ran = CpuMark(waited_s=10.0, wall_s=50.0, ran_s=1.0)
+    both = CpuMark(waited_s=10.06, wall_s=50.1, ran_s=1.18)  # ran 1.8 of 2 cores
+    assert others_cores(ran, both, cpus=2) == pytest.approx(0.2)
+    assert others_cores(ran, both, cpus=4) == pytest.approx(0.6)  # 2.2 left: the waits
+    hog = CpuMark(waited_s=10.06, wall_s=50.1, ran_s=1.1)  # ran 1 core: one left to others
+    assert others_cores(ran, hog, cpus=2) == pytest.approx(0.6)
+    assert others_cores(ran, CpuMark(10.06, 50.1, 1.25), cpus=2) == 0.0  # never under 0
+    assert others_cores(ran, CpuMark(10.06, 50.1, None), cpus=2) == pytest.approx(0.6)
+    assert others_cores(start, both, cpus=2) == pytest.approx(0.6)  # a mark without it
 
 
 def test_the_waiting_is_read_from_each_threads_schedstat(tmp_path: Path) -> None:
-    """The second field of each thread's schedstat, in nanoseconds, summed; a thread that
-    ended or reads wrong is skipped; none readable, nothing known."""
+    """The first two fields of each thread's schedstat (ran, waited), in nanoseconds, summed;
+    a thread that ended or reads wrong is skipped; none readable, nothing known."""
     tasks = tmp_path / "task"
     for tid, text in (("1", "5000 2000000 7\n"), ("2", "9 3000000 1\n"), ("3", "bad\n")):
         (tasks / tid).mkdir(parents=True)
         (tasks / tid / "schedstat").write_text(text)
     (tasks / "4").mkdir()  # ended: no file
     assert contention.waited_s(str(tasks)) == pytest.approx(0.005)
+    assert contention.counts(str(tasks)) == pytest.approx((5009e-9, 0.005))
     assert contention.waited_s(str(tmp_path / "none")) is None
     for tid in ("1", "2"):
         (tasks / tid / "schedstat").write_text("x y\n")
     assert contention.waited_s(str(tasks)) is None
-    assert contention.mark(waited=lambda: None) is None  # not Linux: nothing known
-    assert contention.mark(waited=lambda: 7.0, clock=lambda: 3.0) == CpuMark(7.0, 3.0)
+    assert contention.mark(read=lambda: None) is None  # not Linux: nothing known
+    assert contention.mark(read=lambda: (2.0, 7.0), clock=lambda: 3.0) == CpuMark(7.0, 3.0, 2.0)
     assert contention.waited_s() is not None  # this process's own, on this Linux
+    mine = contention.counts()
+    assert mine is not None and mine[0] > 0  # it has run
 
 
 def test_busy_is_past_a_quarter_of_a_core_or_the_environments_threshold(

@@ -11,7 +11,14 @@ the nanoseconds it was ready to run but waited for a CPU (the second field of
 ``/proc/self/task/<tid>/schedstat``). Summed over the round's threads and divided by its wall
 time, that is how many cores' worth of them the others kept waiting: 0.00-0.07 beside nothing
 here and 0.5-1.0 beside a process spinning on one core, over spans of 10 to 40 ms alike. A
-round kept waiting more than ``BUSY_CORES`` ran on a busy machine, and the estimators leave it
+thread also waits for its own process's threads where they outnumber the cores, so the
+reading is capped by the cores the process left unused (the CPUs it may use less the first
+field, the time its threads ran): all another process can have taken. Beside a process
+spinning on a core the cap moves nothing (2 threads: 0.50-1.00); 4 threads on 2 cores beside
+nothing read 0.77-0.88 and, capped, 0.52-0.58, still over the line (their barriers leave a
+core idle while they wait): attnbench refuses ``--threads`` past the CPUs, so only a layer
+that starts threads of its own reads so. A round kept waiting more than ``BUSY_CORES`` ran on
+a busy machine, and the estimators leave it
 out as they leave out a round whose reference read slow (``estimators.kept_rounds``), while two
 others remain. Where the counts cannot be read (not Linux, or a kernel without scheduler
 statistics) nothing is known, and nothing is left out.
@@ -23,6 +30,8 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from attnbench.devices import usable_cpus
 
 # Cores' worth of a round's threads the others kept waiting, on average over it, past which
 # the round ran on a busy machine: a quarter of a core. Here rounds beside nothing read
@@ -40,49 +49,66 @@ TASKS = "/proc/self/task"
 
 @dataclass(frozen=True)
 class CpuMark:
-    """Seconds this process's threads have waited for a CPU, all together, and the wall
-    clock, read together."""
+    """Seconds this process's threads have waited for a CPU, all together, the wall clock,
+    and the seconds they ran on one (None: not read), read together."""
 
     waited_s: float
     wall_s: float
+    ran_s: float | None = None
 
 
-def waited_s(tasks: str = TASKS) -> float | None:
-    """Seconds this process's threads have spent ready to run but waiting for a CPU, summed
-    (each thread's ``schedstat``); None where none can be read."""
+def counts(tasks: str = TASKS) -> tuple[float, float] | None:
+    """Seconds this process's threads have run on a CPU and spent ready to run but waiting
+    for one, each summed (the first two fields of each thread's ``schedstat``); None where
+    none can be read."""
     try:
         names = os.listdir(tasks)
     except OSError:
         return None
-    total, found = 0, False
+    ran, waited, found = 0, 0, False
     for name in names:
         try:
             with open(f"{tasks}/{name}/schedstat", encoding="ascii") as fh:
-                total += int(fh.read().split()[1])
+                fields = fh.read().split()
+            ran, waited = ran + int(fields[0]), waited + int(fields[1])
             found = True
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended meanwhile, or no statistics
-    return total / 1e9 if found else None
+    return (ran / 1e9, waited / 1e9) if found else None
+
+
+def waited_s(tasks: str = TASKS) -> float | None:
+    """Seconds this process's threads have waited for a CPU, summed (``counts``)."""
+    found = counts(tasks)
+    return None if found is None else found[1]
 
 
 def mark(
-    waited: Callable[[], float | None] = waited_s, clock: Callable[[], float] = time.monotonic
+    read: Callable[[], tuple[float, float] | None] = counts,
+    clock: Callable[[], float] = time.monotonic,
 ) -> CpuMark | None:
     """The counts now (None where they cannot be read)."""
-    found = waited()
-    return None if found is None else CpuMark(found, clock())
+    found = read()
+    return None if found is None else CpuMark(found[1], clock(), found[0])
 
 
-def others_cores(start: CpuMark | None, end: CpuMark | None) -> float | None:
+def others_cores(
+    start: CpuMark | None, end: CpuMark | None, cpus: int | None = None
+) -> float | None:
     """Cores' worth of this process's threads kept waiting for a CPU between two marks, on
-    average (what other processes took from it; never under 0); None where either mark is
-    missing or the span is shorter than ``MIN_SPAN_S``."""
+    average, at most the cores it left unused of the ``cpus`` it may use (``usable_cpus``):
+    what other processes took from it, never under 0. None where either mark is missing or
+    the span is shorter than ``MIN_SPAN_S``."""
     if start is None or end is None:
         return None
     wall = end.wall_s - start.wall_s
     if wall < MIN_SPAN_S:
         return None
-    return max(0.0, (end.waited_s - start.waited_s) / wall)
+    waited = (end.waited_s - start.waited_s) / wall
+    if start.ran_s is not None and end.ran_s is not None:
+        left = (cpus or usable_cpus()) - (end.ran_s - start.ran_s) / wall
+        waited = min(waited, left)  # its own threads waiting for each other past that
+    return max(0.0, waited)
 
 
 def busy_cores() -> float:
