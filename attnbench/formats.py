@@ -121,8 +121,9 @@ def _v1_to_v2(raw: RawRun) -> RawRun:
     meta = dict(raw.meta)
     config = dict(meta.get("config") or {})
     rounds = config.pop("rounds", None)  # rounds became processes: one each
-    if rounds is not None:
+    if rounds is not None:  # as many rounds as asked, never more
         config.setdefault("processes", rounds)
+        config.setdefault("max_processes", rounds)
     config.setdefault("allocator", "system")  # before --allocator: glibc's defaults
     meta["config"] = config
     if "status" not in meta:  # before the status was written: a finished run has an end

@@ -69,6 +69,7 @@ def test_loading_migrates_once_and_says_what_the_run_did_not_record() -> None:
         }
     )  # fmt: skip
     assert run.record.config["processes"] == 2  # recorded as rounds
+    assert run.record.config["max_processes"] == 2
     assert run.record.config["allocator"] == "pinned"  # as recorded (kept)
     assert set(run.samples["process"]) == {0} and run.samples["reference_s"].isna().all()
 
@@ -115,6 +116,7 @@ def test_each_step_fills_what_a_version_1_folder_may_lack() -> None:
     assert new.calibration is not None and new.calibration.empty
     assert new.meta["status"] == "complete" and new.meta["config"] == {
         "processes": 3,
+        "max_processes": 3,  # as many rounds as asked, never more: no round was cut short
         "allocator": "system",
     }
     assert new.meta["allocator"] == UNRECORDED_ALLOCATOR and new.meta["resumes"] == []

@@ -217,9 +217,11 @@ def test_the_start_estimate_holds_what_the_rounds_may_wait_for_quiet(
     line = io.StringIO()
     progress = SweepProgress(Console(file=line, width=400), quiet=False)
     progress.started(some)
-    assert " (and up to 30 s waiting for quiet) -> " in line.getvalue()
+    assert " of measuring (and up to 30 s waiting for quiet) -> " in line.getvalue()
+    assert ": 1 case on cpu " in line.getvalue()  # one case: not "1 cases"
     progress.started(none)
     assert line.getvalue().count("waiting for quiet") == 1
+    assert line.getvalue().count(" of measuring -> ") == 1  # the estimate is the measuring's
 
 
 def test_a_busy_machine_is_read_against_its_quiet_level_or_else_its_load(
@@ -510,19 +512,31 @@ def test_an_auto_sweeps_lines_count_up_to_the_cases_it_may_measure() -> None:
 
 def test_a_case_that_spent_its_budget_before_its_most_rounds_says_so(tmp_path: Path) -> None:
     """A new user's case ran 3 slow rounds of its 6 and stopped, labelled "max rounds": the
-    budget ran out first. Its stop now reads "budget"; one that ran its most reads "max
-    rounds"; an older run, without the settings, keeps what it was written with."""
+    budget ran out first. Its stop now reads "budget"; one that ran its most, or whose rounds
+    timed less than its budget (an interrupted sweep), reads "max rounds"; a run without the
+    settings keeps what it was written with. ab's sides ask for their pairs and no more."""
     from synthetic import CONFIG, make_run, noisy
 
+    from attnbench.run.ab import side_grids
+
     wide = [x for seed, m in enumerate((1e-3, 1.3e-3, 0.8e-3)) for x in noisy(m, 10, seed=seed)]
+    timed = sum(wide)  # one call a sample: 30 ms
     runs = {}
     for name, config in (
-        ("budget", {**CONFIG, "processes": 3, "max_processes": 6}),
-        ("most", {**CONFIG, "processes": 3, "max_processes": 3}),
-        ("older", CONFIG),
+        ("budget", {**CONFIG, "processes": 3, "max_processes": 6, "time_budget_s": timed}),
+        ("most", {**CONFIG, "processes": 3, "max_processes": 3, "time_budget_s": timed}),
+        ("unspent", {**CONFIG, "processes": 3, "max_processes": 6, "time_budget_s": 1.0}),
+        ("older", {**CONFIG, "processes": 3, "max_processes": 6}),
     ):
         runs[name] = make_run(
             tmp_path / name, {("conv", 64): {"samples": wide}}, rounds=3, meta={"config": config}
         )
     stops = {name: run.measured["time_stop"].iloc[0] for name, run in runs.items()}
-    assert stops == {"budget": "budget", "most": "max rounds", "older": "max rounds"}
+    assert stops == {
+        "budget": "budget",
+        "most": "max rounds",
+        "unspent": "max rounds",
+        "older": "max rounds",
+    }
+    grids = side_grids({"layers": "conv", "n": "8", "d": "4", "device": "cpu"}, None, 0.01)
+    assert {g.most_rounds for g in grids.values()} == {10}  # the pairs, never more

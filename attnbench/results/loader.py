@@ -297,6 +297,12 @@ OVER_ROUNDS = (
 )  # fmt: skip
 
 
+# A case's rounds' timed seconds read as its budget spent from this share of --time-budget on:
+# the samples' per-call medians times their calls are the rounds' timed seconds within a few
+# percent, not to the last.
+BUDGET_READ = 0.9
+
+
 def _with_all_rounds(
     frame: pd.DataFrame, samples: pd.DataFrame, record: RunRecord
 ) -> tuple[pd.DataFrame, SweepsFound]:
@@ -308,8 +314,9 @@ def _with_all_rounds(
     (``results.reruns``)."""
     machine_quiet = record.machine_quiet_s
     config = record.config
-    processes = config.get("processes")
-    most = (  # a record without --processes: 'max rounds' stays as it was written
+    processes, given = config.get("processes"), config.get("time_budget_s")
+    budget = float(given) if isinstance(given, (int, float)) else math.inf
+    most = (  # a record without them: 'max rounds' stays as it was written
         most_rounds(processes, config.get("max_processes")) if isinstance(processes, int) else 0
     )
     frame = frame.copy()
@@ -350,8 +357,10 @@ def _with_all_rounds(
         flops = row["flops"]
         columns = timing_columns(every)
         cells = {name: columns[name] for name in OVER_ROUNDS}
-        if cells["time_stop"] == Stop.MAX_ROUNDS and own["round"].nunique() < most:
-            cells["time_stop"] = Stop.BUDGET.value  # --time-budget spent before --max-processes
+        spent = float(own["time_s"].sum()) * int(row["calls_per_sample"])  # ``budget_spent``
+        fewer = cells["time_stop"] == Stop.MAX_ROUNDS and own["round"].nunique() < most
+        if fewer and spent >= BUDGET_READ * budget:  # spent before the most rounds
+            cells["time_stop"] = Stop.BUDGET.value
         cells["flops_per_s"] = float(flops) / every.median_s if pd.notna(flops) else None
         share = row["kernel_share"]
         cells["kernel_time_s"] = float(share) * every.median_s if pd.notna(share) else None
