@@ -402,7 +402,8 @@ def columns_of(kind: Kind) -> list[str]:
 # processes first measured; every round of a case in one process under --executor serial);
 # ``reference_s``: the machine's reference read around the sample's round
 # (measure.timing.reference); ``others_cores``: how many cores' worth of the round's threads
-# waited for a CPU while it timed, on average (measure.timing.contention).
+# waited for a CPU while it timed, on average, capped past the cores the process left unused
+# (measure.timing.contention).
 SAMPLE_COLUMNS = [
     "case_id", "sample", "time_s", "round", "load_1m", "page_faults", "sm_clock_mhz", "process",
     "reference_s", "others_cores",

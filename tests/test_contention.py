@@ -38,14 +38,19 @@ def test_the_cores_others_took_are_how_long_the_rounds_threads_waited_for_one() 
     short = CpuMark(waited_s=10.06, wall_s=50.0 + contention.MIN_SPAN_S / 2)
     assert others_cores(start, short) is None  # shorter than MIN_SPAN_S: not read
     assert others_cores(None, end) is None and others_cores(start, None) is None
-    # capped by the cores the process left unused: its own threads waiting for each other
+    # capped a quarter of a core past the cores the process left unused: its own threads
+    # waiting for each other read so, and a round that ran on every core cannot read busy
+    slack = contention.CAP_SLACK
     ran = CpuMark(waited_s=10.0, wall_s=50.0, ran_s=1.0)
-    both = CpuMark(waited_s=10.06, wall_s=50.1, ran_s=1.18)  # ran 1.8 of 2 cores
-    assert others_cores(ran, both, cpus=2) == pytest.approx(0.2)
-    assert others_cores(ran, both, cpus=4) == pytest.approx(0.6)  # 2.2 left: the waits
+    every = CpuMark(waited_s=10.1, wall_s=50.1, ran_s=1.2)  # ran 2 of 2 cores, waited 1
+    assert others_cores(ran, every, cpus=2) == pytest.approx(slack)
+    assert not is_busy(others_cores(ran, every, cpus=2))
+    assert others_cores(ran, every, cpus=4) == pytest.approx(1.0)  # 2 left: the waits
+    both = CpuMark(waited_s=10.06, wall_s=50.1, ran_s=1.18)  # ran 1.8 cores, waited 0.6
+    assert others_cores(ran, both, cpus=2) == pytest.approx(0.2 + slack)
     hog = CpuMark(waited_s=10.06, wall_s=50.1, ran_s=1.1)  # ran 1 core: one left to others
     assert others_cores(ran, hog, cpus=2) == pytest.approx(0.6)
-    assert others_cores(ran, CpuMark(10.06, 50.1, 1.25), cpus=2) == 0.0  # never under 0
+    assert others_cores(ran, CpuMark(10.06, 50.1, 1.3), cpus=2) == 0.0  # never under 0
     assert others_cores(ran, CpuMark(10.06, 50.1, None), cpus=2) == pytest.approx(0.6)
     assert others_cores(start, both, cpus=2) == pytest.approx(0.6)  # a mark without it
 

@@ -12,12 +12,13 @@ the nanoseconds it was ready to run but waited for a CPU (the second field of
 time, that is how many cores' worth of them the others kept waiting: 0.00-0.07 beside nothing
 here and 0.5-1.0 beside a process spinning on one core, over spans of 10 to 40 ms alike. A
 thread also waits for its own process's threads where they outnumber the cores, so the
-reading is capped by the cores the process left unused (the CPUs it may use less the first
-field, the time its threads ran): all another process can have taken. Beside a process
-spinning on a core the cap moves nothing (2 threads: 0.50-1.00); 4 threads on 2 cores beside
-nothing read 0.77-0.88 and, capped, 0.52-0.58, still over the line (their barriers leave a
-core idle while they wait): attnbench refuses ``--threads`` past the CPUs, so only a layer
-that starts threads of its own reads so. A round kept waiting more than ``BUSY_CORES`` ran on
+reading is capped, a quarter of a core past (``CAP_SLACK``), by the cores the process left
+unused (the machine's CPUs less the first field, the time its threads ran): all another
+process can have taken. Beside a process spinning on a core the cap moves nothing (2
+threads: 0.50-1.00, the waits never past the cores left); 4 threads on 2 cores beside nothing
+read 0.77-0.88, still over the line capped (their barriers leave a core idle while they
+wait): attnbench refuses ``--threads`` past the CPUs, so only a layer that starts threads of
+its own reads so. A round kept waiting more than ``BUSY_CORES`` ran on
 a busy machine, and the estimators leave it
 out as they leave out a round whose reference read slow (``estimators.kept_rounds``), while two
 others remain. Where the counts cannot be read (not Linux, or a kernel without scheduler
@@ -31,8 +32,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from attnbench.devices import usable_cpus
-
 # Cores' worth of a round's threads the others kept waiting, on average over it, past which
 # the round ran on a busy machine: a quarter of a core. Here rounds beside nothing read
 # 0.00-0.21 (all but one under 0.14), rounds beside a process spinning on one of the two cores
@@ -41,6 +40,11 @@ from attnbench.devices import usable_cpus
 # each other's neighbours).
 BUSY_CORES = 0.25
 BUSY_ENV = "ATTNBENCH_BUSY_CORES"
+# How far past the cores a process left unused its waits may still be read: the run times
+# lag by up to a scheduler tick (4 ms here) a running thread, a quarter of a core over a
+# 30 ms round of two, so a round that ran on every core still cannot read busy while a
+# neighbour's share is never cut below what it took.
+CAP_SLACK = 0.25
 # The shortest span read: the counts are in nanoseconds, but a span shorter than a scheduler's
 # time slice says little of a neighbour's share.
 MIN_SPAN_S = 0.005
@@ -96,9 +100,11 @@ def others_cores(
     start: CpuMark | None, end: CpuMark | None, cpus: int | None = None
 ) -> float | None:
     """Cores' worth of this process's threads kept waiting for a CPU between two marks, on
-    average, at most the cores it left unused of the ``cpus`` it may use (``usable_cpus``):
+    average, at most ``CAP_SLACK`` past the cores it left unused of the machine's ``cpus``:
     what other processes took from it, never under 0. None where either mark is missing or
-    the span is shorter than ``MIN_SPAN_S``."""
+    the span is shorter than ``MIN_SPAN_S``. The machine's CPUs, not the affinity's: a thread
+    pinned by ``OMP_PROC_BIND`` reads an affinity of one, which would cap every reading to
+    nothing; under ``taskset`` the cap then binds less, which only leaves the waits as read."""
     if start is None or end is None:
         return None
     wall = end.wall_s - start.wall_s
@@ -106,8 +112,8 @@ def others_cores(
         return None
     waited = (end.waited_s - start.waited_s) / wall
     if start.ran_s is not None and end.ran_s is not None:
-        left = (cpus or usable_cpus()) - (end.ran_s - start.ran_s) / wall
-        waited = min(waited, left)  # its own threads waiting for each other past that
+        left = (cpus or os.cpu_count() or 1) - (end.ran_s - start.ran_s) / wall
+        waited = min(waited, left + CAP_SLACK)  # its own threads waiting for each other
     return max(0.0, waited)
 
 
