@@ -492,9 +492,17 @@ def test_an_abs_pairs_with_a_busy_half_are_counted_and_judged_with_the_rest(
     paired = compare_runs(base, new, Thresholds(alpha=0.05), paired=True)
     row = paired.times.iloc[0]
     assert row["ratio_judged"] == pytest.approx(1.5) and row["rounds_new"] == 10
-    assert row["pairs_disturbed"] == 5
+    assert row["pairs_disturbed"] == 5 and row["verdict"] == "regression"
     note = "5 pair(s) of 1 case(s) had a half read disturbed (its machine reference slow"
     assert any(w.startswith(note) for w in paired.warnings)
+    # a move the quiet pairs alone do not show is named: the neighbour's halves carry it
+    assert row["verdict_quiet_pairs"] == "unchanged"
+    named = f"1 case(s) moved on every pair but not on their quiet pairs alone: {case_id} ("
+    assert any(w.startswith(named) for w in paired.warnings)
+    strict = compare_runs(base, new, Thresholds(alpha=0.01), paired=True).times.iloc[0]
+    assert strict["verdict_quiet_pairs"] in ("", "too few samples")  # 5 quiet: too few
+    same = compare_runs(base, base, Thresholds(alpha=0.05), paired=True).times.iloc[0]
+    assert same["verdict_quiet_pairs"] == ""  # no move, nothing to check
     unpaired = compare_runs(base, new)  # compare: each side's own kept rounds, no pairs
     assert unpaired.times.iloc[0]["pairs_disturbed"] == 0
     assert not any("pair(s)" in w for w in unpaired.warnings)
@@ -557,6 +565,8 @@ def test_compare_and_table_say_which_times_are_a_busy_machines(
     warned = compare_runs(base, new).warnings
     assert "1 case(s) in the current run had fewer than two quiet rounds" in " ".join(warned)
     assert not any("quiet rounds" in w for w in compare_runs(base, base).warnings)
+    other = compare_runs(base, new, pairs=[(ids[1], ids[1])]).warnings  # not compared: none
+    assert not any("quiet rounds" in w for w in other)
     assert not any("quiet rounds" in w for w in compare_runs(base, new, paired=True).warnings)
     notes = fit_notes(comparison_table(new), new)
     assert notes[-1].startswith("1 of 2 case(s) had fewer than two quiet rounds (conv)")

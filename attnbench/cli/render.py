@@ -420,7 +420,9 @@ class ABProgress:
         if self.quiet:
             return
         grid = start.grids["current"]
-        span = estimate_range(start.estimate_low_s, start.estimate_s, start.waits_s)
+        span = estimate_range(
+            start.estimate_low_s, start.estimate_s, start.waits_s, " of measuring"
+        )
         self.console.print(
             f"attnbench {__version__} ab: {len(grid.cases())} cases a side x {grid.processes} "
             f"round(s), measured in turn (ABBA) on {grid.device} ({grid.dtype}, {grid.mode}, "

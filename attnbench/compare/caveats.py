@@ -4,7 +4,7 @@ whose time is a busy machine's. ``compare_runs`` puts them before its verdicts."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from attnbench.layers.entry import LayerSource
@@ -62,12 +62,19 @@ def layer_differences(
     return lines
 
 
-def busy_warnings(base: RunResults, new: RunResults) -> list[str]:
-    """The cases of either run whose time is a busy machine's (``RunResults.busy_cases``):
-    a new user's case timed only beside a neighbour read 7x its quiet time, and compare
-    called it "not significant" without a word."""
-    sides = (("baseline", base), ("current run", new))
-    busy = [f"{n} case(s) in the {name}" for name, run in sides if (n := len(run.busy_cases()))]
+def busy_warnings(
+    base: RunResults, new: RunResults, shared: Sequence[tuple[str, str]]
+) -> list[str]:
+    """The compared cases (``shared``: base and current case ids) of either run whose time is
+    a busy machine's (``RunResults.busy_cases``): a new user's case timed only beside a
+    neighbour read 7x its quiet time, and compare called it "not significant" without a
+    word."""
+    sides = (
+        ("baseline", base, {b for b, _ in shared}),
+        ("current run", new, {c for _, c in shared}),
+    )
+    counts = [(name, len(set(run.busy_cases()) & ids)) for name, run, ids in sides]
+    busy = [f"{n} case(s) in the {name}" for name, n in counts if n]
     if not busy:
         return []
     return [

@@ -20,14 +20,17 @@ from attnbench.compare.verdicts import (
     NOT_COMPARED,
     REGRESSION,
     THROTTLED,
+    TOO_FEW,
     UNCHANGED,
     TimeVerdict,
     disturbed_pairs,
     judge_count,
     judge_overall,
     judge_pairs,
+    judge_quiet_pairs,
     judge_rounds,
     pairs_note,
+    quiet_pairs_note,
     throttle,
 )
 from attnbench.errors import AttnbenchError
@@ -232,7 +235,7 @@ def compare_runs(
         # (``backend``): a run that did not would read as a change of kernel.
         recorded=not {"backend"} & {*baseline.record.unrecorded, *current.record.unrecorded},
     )
-    warnings = _warnings(sides, devices, len(only_baseline), len(only_current))
+    warnings = _warnings(sides, devices, shared, (len(only_baseline), len(only_current)))
     speed = calibration.get("ratio")
     if (
         speed is not None
@@ -252,8 +255,8 @@ def compare_runs(
         time_rows.append(row)
         count_rows += counts
         other_model += row["status_base"] == row["status_new"] == Status.OK and not timed
-    if (note := pairs_note(pd.DataFrame(time_rows))) is not None:
-        warnings.append(note)
+    for note in (pairs_note(pd.DataFrame(time_rows)), quiet_pairs_note(pd.DataFrame(time_rows))):
+        warnings += [note] if note is not None else []
     if other_model:
         warnings.append(
             f"{other_model} case(s) ran on another device model in each run: their times are "
@@ -308,7 +311,12 @@ def _matched(
     return shared, only_baseline, only_current
 
 
-def _warnings(sides: _Sides, devices: list[str], only_base: int, only_new: int) -> list[str]:
+def _warnings(
+    sides: _Sides,
+    devices: list[str],
+    shared: Sequence[tuple[str, str]],
+    only: tuple[int, int],
+) -> list[str]:
     """What a reader of the comparison should know before its verdicts."""
     warnings = environment_warnings(sides.baseline, sides.current)
     if sides.by_device:
@@ -331,7 +339,8 @@ def _warnings(sides: _Sides, devices: list[str], only_base: int, only_new: int) 
             "so a busy moment can pass for a regression; sweep with --processes 5 or more for CI"
         )
     if not sides.paired:  # ab counts its disturbed pairs instead (pairs_note)
-        warnings += busy_warnings(sides.baseline, sides.current)
+        warnings += busy_warnings(sides.baseline, sides.current, shared)
+    only_base, only_new = only
     if only_base or only_new:
         warnings.append(
             f"{only_base} case(s) only in the baseline and {only_new} only "
@@ -377,11 +386,14 @@ def _judged_pair(
         base_of, new_of = sides.baseline.kept_rounds_of, sides.current.kept_rounds_of
     base_rounds = _scaled(base_of(base_id), scale_base) if timed else {}
     new_rounds = _scaled(new_of(case_id), scale_new) if timed else {}
-    disturbed = 0
+    disturbed, quiet = 0, ""
     if sides.paired:  # every pair judged; those with a disturbed half counted
         marks = (sides.baseline.disturbed_of(base_id), sides.current.disturbed_of(case_id))
         disturbed = disturbed_pairs(base_rounds, new_rounds, marks)
         judged, unit = judge_pairs(base_rounds, new_rounds, thresholds), "pairs"
+        if disturbed and judged.verdict in (REGRESSION, IMPROVEMENT):  # the quiet pairs' too
+            alone = judge_quiet_pairs(base_rounds, new_rounds, marks, thresholds)
+            quiet = TOO_FEW if alone is None else alone.verdict
     else:
         judged, unit = judge_rounds(
             list(base_rounds.values()),
@@ -405,6 +417,7 @@ def _judged_pair(
         ratio_judged=judged.ratio,
         clock_ratio=clocks,
         pairs_disturbed=disturbed,
+        verdict_quiet_pairs=quiet,
         p_value=judged.p_value,
         verdict=judged.verdict,
     )

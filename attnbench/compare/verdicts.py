@@ -201,6 +201,38 @@ def pairs_note(times: pd.DataFrame) -> str | None:
     )
 
 
+def judge_quiet_pairs(
+    base: Mapping[int, Sequence[float]],
+    new: Mapping[int, Sequence[float]],
+    disturbed: tuple[Mapping[int, bool], Mapping[int, bool]],
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+) -> TimeVerdict | None:
+    """The verdict on the pairs neither half of which read disturbed: a check on a verdict
+    judged on every pair (``disturbed_pairs``), where a neighbour that slowed one side's halves
+    could make it; None where too few remain for the test to reach alpha."""
+    rounds = sorted(set(base) & set(new))
+    quiet = [r for r in rounds if not (disturbed[0].get(r, False) or disturbed[1].get(r, False))]
+    if len(quiet) < cases_to_judge(thresholds.alpha):
+        return None
+    return judge_pairs({r: base[r] for r in quiet}, {r: new[r] for r in quiet}, thresholds)
+
+
+def quiet_pairs_note(times: pd.DataFrame) -> str | None:
+    """The cases whose move, judged on every pair, their quiet pairs alone do not show."""
+    if "verdict_quiet_pairs" not in times:
+        return None
+    checked = times[times["verdict_quiet_pairs"].fillna("").astype(str) != ""]
+    apart = checked[checked["verdict_quiet_pairs"] != checked["verdict"]]
+    if apart.empty:
+        return None
+    names = ", ".join(f"{r.case_id} ({r.verdict_quiet_pairs})" for r in apart.itertuples())
+    return (
+        f"{len(apart)} case(s) moved on every pair but not on their quiet pairs alone: {names}; "
+        "their pairs with a disturbed half may carry the move (a neighbour that slowed one "
+        "side's halves): run ab again when it is quiet"
+    )
+
+
 def judge_pairs(
     base: Mapping[int, Sequence[float]],
     new: Mapping[int, Sequence[float]],
