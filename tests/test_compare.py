@@ -571,3 +571,49 @@ def test_compare_and_table_say_which_times_are_a_busy_machines(
     notes = fit_notes(comparison_table(new), new)
     assert notes[-1].startswith("1 of 2 case(s) had fewer than two quiet rounds (conv)")
     assert not any("quiet rounds" in n for n in fit_notes(comparison_table(base), base))
+
+
+def test_the_quiet_pairs_check_reads_both_sides_marks_and_only_pairs() -> None:
+    """Five quiet pairs read 1, six whose base half read disturbed read 2: judged on every
+    pair the median is 2, on the quiet pairs 1. A round one side lacks is no pair, a round a
+    side's marks do not name is quiet, and under the test's least (5 at alpha 0.05) there is
+    no check. The notes say what they count, word for word."""
+    from attnbench.compare.verdicts import (
+        disturbed_pairs,
+        judge_quiet_pairs,
+        pairs_note,
+        quiet_pairs_note,
+    )
+    from attnbench.thresholds import Thresholds
+
+    loose = Thresholds(alpha=0.05)
+    base = {r: [1.0] for r in range(1, 12)} | {20: [1.0]}  # round 20: the base side's only
+    new = {r: [1.0 if r <= 5 else 2.0] for r in range(1, 12)}
+    marks = ({r: True for r in range(6, 12)}, {})  # the base halves of rounds 6-11
+    quiet = judge_quiet_pairs(base, new, marks, loose)
+    assert quiet is not None and quiet.ratio == pytest.approx(1.0)
+    assert quiet.verdict == "unchanged"
+    assert judge_quiet_pairs(base, new, (marks[1], marks[0]), loose).ratio == 1.0  # either side
+    assert disturbed_pairs(base, new, marks) == 6
+    fewer = ({r: True for r in range(5, 12)}, {})  # four quiet pairs: too few to judge
+    assert judge_quiet_pairs(base, new, fewer, loose) is None
+    times = pd.DataFrame(
+        {"case_id": ["a", "b", "c", "d"], "verdict": ["regression", "regression", "unchanged",
+         "improvement"], "verdict_quiet_pairs": ["unchanged", "regression", "", None],
+         "pairs_disturbed": [6, 2, 0, 1]}
+    )  # fmt: skip
+    assert quiet_pairs_note(times) == (
+        "1 case(s) moved on every pair but not on their quiet pairs alone: a (unchanged); "
+        "their pairs with a disturbed half may carry the move (a neighbour that slowed one "
+        "side's halves): run ab again when it is quiet"
+    )
+    assert quiet_pairs_note(times.iloc[1:]) is None and quiet_pairs_note(times[["verdict"]]) is None
+    two = times.assign(verdict_quiet_pairs=["unchanged", "too few samples", "", None])
+    assert "2 case(s) moved" in (quiet_pairs_note(two) or "")
+    assert "a (unchanged), b (too few samples); their" in (quiet_pairs_note(two) or "")
+    assert pairs_note(times) == (
+        "9 pair(s) of 3 case(s) had a half read disturbed (its machine reference slow, or its "
+        "threads kept waiting for a CPU: a neighbour's, or the layer's own threads); they are "
+        "judged with the rest, as a pair's halves mostly share a neighbour's burst "
+        "(pairs_disturbed in the JSON)"
+    )

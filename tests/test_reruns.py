@@ -709,8 +709,9 @@ def test_a_runs_state_is_its_rounds_typical_reference_not_its_fast_end(
     assert math.isnan(run_state(frame.drop(columns="reference_s")))
     assert run_state(frame.assign(reference_s=[0.0, 0.0, -1.0, 2e-3, 4e-3, 3e-3])) == 3e-3
     many = pd.DataFrame(
-        {"case_id": ["a"] * 7, "round": [1] * 5 + [2, 3], "reference_s": [1e-3] * 5 + [2e-3] * 2}
-    )  # a round of five samples is one reading
+        {"case_id": ["a"] * 7, "round": [1] * 5 + [2, 3], "sample": range(7),
+         "reference_s": [1e-3] * 5 + [2e-3] * 2}
+    )  # fmt: skip  # a round of five samples is one reading
     assert run_state(many) == 2e-3
     halves = frame.assign(reference_s=[1e-3, 1e-3, 1e-3, 1.5e-3, 1.5e-3, 1.5e-3])  # 2 and 2
     assert run_state(halves.iloc[:5]) == 1e-3  # not 1.25e-3, one state with both
