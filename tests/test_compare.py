@@ -605,9 +605,11 @@ def test_the_quiet_pairs_check_reads_both_sides_marks_and_only_pairs() -> None:
     assert quiet_pairs_note(times) == (
         "1 case(s) moved on every pair but not on their quiet pairs alone: a (unchanged); "
         "their pairs with a disturbed half may carry the move (a neighbour that slowed one "
-        "side's halves): run ab again when it is quiet"
+        "side's halves, or that side's own threads waiting for each other)"
     )
     assert quiet_pairs_note(times.iloc[1:]) is None and quiet_pairs_note(times[["verdict"]]) is None
+    throttled = times.assign(verdict=["throttled", "regression", "unchanged", "improvement"])
+    assert quiet_pairs_note(throttled) is None  # a throttled move is no move to check
     two = times.assign(verdict_quiet_pairs=["unchanged", "too few samples", "", None])
     assert "2 case(s) moved" in (quiet_pairs_note(two) or "")
     assert "a (unchanged), b (too few samples); their" in (quiet_pairs_note(two) or "")

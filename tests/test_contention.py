@@ -5,6 +5,7 @@ core left out of its case's time as a round whose reference read slow is."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -53,6 +54,10 @@ def test_the_cores_others_took_are_how_long_the_rounds_threads_waited_for_one() 
     assert others_cores(ran, CpuMark(10.06, 50.1, 1.3), cpus=2) == 0.0  # never under 0
     assert others_cores(ran, CpuMark(10.06, 50.1, None), cpus=2) == pytest.approx(0.6)
     assert others_cores(start, both, cpus=2) == pytest.approx(0.6)  # a mark without it
+    assert 1 <= contention.PROCESS_CPUS <= (os.cpu_count() or 1)  # read at import
+    assert others_cores(ran, every) == pytest.approx(
+        min(1.0, contention.PROCESS_CPUS - 2.0 + slack)
+    )  # the process's CPUs by default
 
 
 def test_the_waiting_is_read_from_each_threads_schedstat(tmp_path: Path) -> None:

@@ -197,14 +197,18 @@ def test_the_summary_says_what_was_waited_and_which_times_are_a_busy_machines(
 
 
 def test_the_start_estimate_holds_what_the_rounds_may_wait_for_quiet(
-    tmp_path: Path, cache: Path
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The waits are in no case's time: the start says how long they may last beside the
     estimate (a default first sweep said about 15-60 s and took 150 s, 37 s of it waiting)."""
     from rich.console import Console
 
     from attnbench.cli.render import SweepProgress
+    from attnbench.run.estimate import QUIET as NOT_BUSY
     from attnbench.run.events import Listeners, SweepStart
+
+    # the two estimates compared: not scaled by whatever load the suite's workers left
+    monkeypatch.setattr("attnbench.run.sweep.machine_busy", lambda *a, **k: NOT_BUSY)
 
     starts: list[SweepStart] = []
     for wait in (0.0, 30.0):
@@ -540,3 +544,13 @@ def test_a_case_that_spent_its_budget_before_its_most_rounds_says_so(tmp_path: P
     }
     grids = side_grids({"layers": "conv", "n": "8", "d": "4", "device": "cpu"}, None, 0.01)
     assert {g.most_rounds for g in grids.values()} == {10}  # the pairs, never more
+    from attnbench.errors import AttnbenchError
+
+    with pytest.raises(AttnbenchError, match="--max-processes applies to sweep"):
+        side_grids({"layers": "conv", "n": "8", "d": "4", "max_processes": 20}, None, 0.01)
+    # fewer rounds than --processes (an interrupted sweep, a round lost): no budget stopped it
+    short = make_run(
+        tmp_path / "short", {("conv", 64): {"samples": wide[:20]}}, rounds=2,
+        meta={"config": {**CONFIG, "processes": 3, "max_processes": 6, "time_budget_s": 0.01}},
+    )  # fmt: skip
+    assert short.measured["time_stop"].iloc[0] == "max rounds"

@@ -391,9 +391,6 @@ def _judged_pair(
         marks = (sides.baseline.disturbed_of(base_id), sides.current.disturbed_of(case_id))
         disturbed = disturbed_pairs(base_rounds, new_rounds, marks)
         judged, unit = judge_pairs(base_rounds, new_rounds, thresholds), "pairs"
-        if disturbed and judged.verdict in (REGRESSION, IMPROVEMENT):  # the quiet pairs' too
-            alone = judge_quiet_pairs(base_rounds, new_rounds, marks, thresholds)
-            quiet = TOO_FEW if alone is None else alone.verdict
     else:
         judged, unit = judge_rounds(
             list(base_rounds.values()),
@@ -403,6 +400,9 @@ def _judged_pair(
         )
     clocks = _clock_ratio(b, n) if timed else math.nan
     judged = throttle(judged, clocks, (_share(b), _share(n)))
+    if disturbed and judged.verdict in (REGRESSION, IMPROVEMENT):  # the quiet pairs' too
+        alone = judge_quiet_pairs(base_rounds, new_rounds, marks, thresholds)
+        quiet = TOO_FEW if alone is None else alone.verdict
     raw_ratio = n["time_s"] / b["time_s"] if both_ok else math.nan
     row.update(
         time_base_s=b["time_s"] if both_ok else math.nan,

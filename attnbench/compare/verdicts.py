@@ -221,7 +221,8 @@ def quiet_pairs_note(times: pd.DataFrame) -> str | None:
     """The cases whose move, judged on every pair, their quiet pairs alone do not show."""
     if "verdict_quiet_pairs" not in times:
         return None
-    checked = times[times["verdict_quiet_pairs"].fillna("").astype(str) != ""]
+    moved = times["verdict"].isin((REGRESSION, IMPROVEMENT))  # a throttled move is no move
+    checked = times[moved & (times["verdict_quiet_pairs"].fillna("").astype(str) != "")]
     apart = checked[checked["verdict_quiet_pairs"] != checked["verdict"]]
     if apart.empty:
         return None
@@ -229,7 +230,7 @@ def quiet_pairs_note(times: pd.DataFrame) -> str | None:
     return (
         f"{len(apart)} case(s) moved on every pair but not on their quiet pairs alone: {names}; "
         "their pairs with a disturbed half may carry the move (a neighbour that slowed one "
-        "side's halves): run ab again when it is quiet"
+        "side's halves, or that side's own threads waiting for each other)"
     )
 
 

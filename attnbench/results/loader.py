@@ -298,8 +298,8 @@ OVER_ROUNDS = (
 
 
 # A case's rounds' timed seconds read as its budget spent from this share of --time-budget on:
-# the samples' per-call medians times their calls are the rounds' timed seconds within a few
-# percent, not to the last.
+# the samples' per-call times summed, times the first round's calls a sample, are the rounds'
+# timed seconds within a few percent, not to the last (each process sizes its own blocks).
 BUDGET_READ = 0.9
 
 
@@ -319,6 +319,7 @@ def _with_all_rounds(
     most = (  # a record without them: 'max rounds' stays as it was written
         most_rounds(processes, config.get("max_processes")) if isinstance(processes, int) else 0
     )
+    least = processes if isinstance(processes, int) else 0
     frame = frame.copy()
     by_case = samples.groupby("case_id")["time_s"]
     ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
@@ -358,7 +359,8 @@ def _with_all_rounds(
         columns = timing_columns(every)
         cells = {name: columns[name] for name in OVER_ROUNDS}
         spent = float(own["time_s"].sum()) * int(row["calls_per_sample"])  # ``budget_spent``
-        fewer = cells["time_stop"] == Stop.MAX_ROUNDS and own["round"].nunique() < most
+        ran = own["round"].nunique()  # the budget binds only past --processes (``Replication``)
+        fewer = cells["time_stop"] == Stop.MAX_ROUNDS and least <= ran < most
         if fewer and spent >= BUDGET_READ * budget:  # spent before the most rounds
             cells["time_stop"] = Stop.BUDGET.value
         cells["flops_per_s"] = float(flops) / every.median_s if pd.notna(flops) else None

@@ -13,7 +13,7 @@ time, that is how many cores' worth of them the others kept waiting: 0.00-0.07 b
 here and 0.5-1.0 beside a process spinning on one core, over spans of 10 to 40 ms alike. A
 thread also waits for its own process's threads where they outnumber the cores, so the
 reading is capped, a quarter of a core past (``CAP_SLACK``), by the cores the process left
-unused (the machine's CPUs less the first field, the time its threads ran): all another
+unused (the CPUs it may use less the first field, the time its threads ran): all another
 process can have taken. Beside a process spinning on a core the cap moves nothing (2
 threads: 0.50-1.00, the waits never past the cores left); 4 threads on 2 cores beside nothing
 read 0.77-0.88, still over the line capped (their barriers leave a core idle while they
@@ -42,9 +42,24 @@ BUSY_CORES = 0.25
 BUSY_ENV = "ATTNBENCH_BUSY_CORES"
 # How far past the cores a process left unused its waits may still be read: the run times
 # lag by up to a scheduler tick (4 ms here) a running thread, a quarter of a core over a
-# 30 ms round of two, so a round that ran on every core still cannot read busy while a
-# neighbour's share is never cut below what it took.
+# 30 ms round of two, so a neighbour's share is not cut below what it took by that lag; a
+# round that ran on every core can still read a little over it where the lag ran the other
+# way.
 CAP_SLACK = 0.25
+
+
+def _process_cpus() -> int:
+    """The CPUs this process may use, read as it imports this module: before torch's OpenMP
+    threads start, whose binding (``OMP_PROC_BIND``) narrows the main thread's own mask to
+    one CPU, and at most the machine's (a container's cpuset or ``taskset`` counts)."""
+    machine = os.cpu_count() or 1
+    try:
+        return max(1, min(machine, len(os.sched_getaffinity(0))))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return machine
+
+
+PROCESS_CPUS = _process_cpus()
 # The shortest span read: the counts are in nanoseconds, but a span shorter than a scheduler's
 # time slice says little of a neighbour's share.
 MIN_SPAN_S = 0.005
@@ -100,11 +115,11 @@ def others_cores(
     start: CpuMark | None, end: CpuMark | None, cpus: int | None = None
 ) -> float | None:
     """Cores' worth of this process's threads kept waiting for a CPU between two marks, on
-    average, at most ``CAP_SLACK`` past the cores it left unused of the machine's ``cpus``:
+    average, at most ``CAP_SLACK`` past the cores it left unused of the ``cpus`` it may use:
     what other processes took from it, never under 0. None where either mark is missing or
-    the span is shorter than ``MIN_SPAN_S``. The machine's CPUs, not the affinity's: a thread
-    pinned by ``OMP_PROC_BIND`` reads an affinity of one, which would cap every reading to
-    nothing; under ``taskset`` the cap then binds less, which only leaves the waits as read."""
+    the span is shorter than ``MIN_SPAN_S``. The CPUs are ``PROCESS_CPUS``, read at import:
+    a thread pinned later by ``OMP_PROC_BIND`` reads an affinity of one, which would cap every
+    reading to nothing."""
     if start is None or end is None:
         return None
     wall = end.wall_s - start.wall_s
@@ -112,7 +127,7 @@ def others_cores(
         return None
     waited = (end.waited_s - start.waited_s) / wall
     if start.ran_s is not None and end.ran_s is not None:
-        left = (cpus or os.cpu_count() or 1) - (end.ran_s - start.ran_s) / wall
+        left = (cpus or PROCESS_CPUS) - (end.ran_s - start.ran_s) / wall
         waited = min(waited, left + CAP_SLACK)  # its own threads waiting for each other
     return max(0.0, waited)
 
