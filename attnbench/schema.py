@@ -119,8 +119,8 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "time_stop", "text", _MEASURE,
         "which rule ended the sampling: precise (the 95% interval within the target of the "
-        "time), budget (--time-budget spent first, the interval still wider), max samples, "
-        "or max rounds (as many rounds as a sweep adds, the interval still wider)",
+        "time), budget (--time-budget spent first), max samples, or max rounds (as many "
+        "rounds as a sweep adds, the interval still wider than the target)",
     ),
     Column(
         "rounds", "int", _MEASURE,

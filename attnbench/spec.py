@@ -137,14 +137,6 @@ class Case:
         return cls(**{**data, "options": tuple((name, value) for name, value in data["options"])})
 
 
-def most_rounds(processes: int, max_processes: int | None) -> int:
-    """The most timing rounds a case gets: ``max_processes``, else ``MORE_PROCESSES`` times
-    ``processes`` (one where that is one: a single round is never added to)."""
-    if max_processes is not None:
-        return max(processes, max_processes)
-    return processes * MORE_PROCESSES if processes > 1 else 1
-
-
 @dataclass(frozen=True)
 class Grid:
     """A sweep: the cross product of layers, n and d at fixed options, batch, dtype, device.
@@ -188,8 +180,11 @@ class Grid:
 
     @property
     def most_rounds(self) -> int:
-        """The most timing rounds a case gets (``most_rounds``)."""
-        return most_rounds(self.processes, self.max_processes)
+        """The most timing rounds a case gets: ``max_processes``, else ``MORE_PROCESSES``
+        times ``processes`` (one where that is one: a single round is never added to)."""
+        if self.max_processes is not None:
+            return max(self.processes, self.max_processes)
+        return self.processes * MORE_PROCESSES if self.processes > 1 else 1
 
     def cases(self) -> list[Case]:
         """Cases ordered layer, d, then n ascending (so a larger n always comes later)."""

@@ -22,7 +22,7 @@ from attnbench.estimators import prior_of
 from attnbench.formats import RawRun, folder_version, migrate_run
 from attnbench.measure.record import timing_columns
 from attnbench.measure.timing.clocks import median_clock, throttled_share
-from attnbench.measure.timing.loop import Stop, TimingStats
+from attnbench.measure.timing.loop import TimingStats
 from attnbench.results.files import (
     CALIBRATION_FILE,
     RESULTS_FILE,
@@ -50,7 +50,6 @@ from attnbench.schema import (
     Status,
     columns_of,
 )
-from attnbench.spec import most_rounds
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
@@ -297,12 +296,6 @@ OVER_ROUNDS = (
 )  # fmt: skip
 
 
-# A case's rounds' timed seconds read as its budget spent from this share of --time-budget on:
-# the samples' per-call times summed, times the first round's calls a sample, are the rounds'
-# timed seconds within a few percent, not to the last (each process sizes its own blocks).
-BUDGET_READ = 0.9
-
-
 def _with_all_rounds(
     frame: pd.DataFrame, samples: pd.DataFrame, record: RunRecord
 ) -> tuple[pd.DataFrame, SweepsFound]:
@@ -313,13 +306,6 @@ def _with_all_rounds(
     holds the case's spread between this machine's sweeps where earlier ones were recorded
     (``results.reruns``)."""
     machine_quiet = record.machine_quiet_s
-    config = record.config
-    processes, given = config.get("processes"), config.get("time_budget_s")
-    budget = float(given) if isinstance(given, (int, float)) else math.inf
-    most = (  # a record without them: 'max rounds' stays as it was written
-        most_rounds(processes, config.get("max_processes")) if isinstance(processes, int) else 0
-    )
-    least = processes if isinstance(processes, int) else 0
     frame = frame.copy()
     by_case = samples.groupby("case_id")["time_s"]
     ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
@@ -358,11 +344,6 @@ def _with_all_rounds(
         flops = row["flops"]
         columns = timing_columns(every)
         cells = {name: columns[name] for name in OVER_ROUNDS}
-        spent = float(own["time_s"].sum()) * int(row["calls_per_sample"])  # ``budget_spent``
-        ran = own["round"].nunique()  # the budget binds only past --processes (``Replication``)
-        fewer = cells["time_stop"] == Stop.MAX_ROUNDS and least <= ran < most
-        if fewer and spent >= BUDGET_READ * budget:  # spent before the most rounds
-            cells["time_stop"] = Stop.BUDGET.value
         cells["flops_per_s"] = float(flops) / every.median_s if pd.notna(flops) else None
         share = row["kernel_share"]
         cells["kernel_time_s"] = float(share) * every.median_s if pd.notna(share) else None
