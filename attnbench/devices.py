@@ -153,7 +153,7 @@ def usable_cpus() -> int:
     not the host's count)."""
     try:
         return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity on this platform (macOS)
+    except (AttributeError, OSError):  # no affinity on this platform (macOS), or unreadable
         return os.cpu_count() or 1
 
 

@@ -228,11 +228,18 @@ def kept_rounds(
     beside a busy neighbour (``measure.timing.contention``)."""
     refs = list(references) if references is not None else [None] * len(groups)
     beside = list(busy) if busy is not None else [False] * len(groups)
-    triples = zip(groups, refs, beside, strict=True)
-    pairs = [(list(g), is_disturbed(r, quiet) or b) for g, r, b in triples if len(g)]
-    marks = [bad for _, bad in pairs]
-    kept = [pairs[i][0] for i in kept_of(marks)]
-    return kept, sum(marks), len(pairs) - len(kept)
+    measured = [t for t in zip(groups, refs, beside, strict=True) if len(t[0])]
+    marks = round_marks([r for _, r, _ in measured], quiet, [b for _, _, b in measured])
+    kept = [list(measured[i][0]) for i in kept_of(marks)]
+    return kept, sum(marks), len(marks) - len(kept)
+
+
+def round_marks(
+    references: Sequence[float | None], quiet: float | None, busy: Sequence[bool]
+) -> list[bool]:
+    """Which rounds read disturbed: their reference over ``QUIET_FACTOR`` of the quiet level,
+    or beside a busy neighbour (``busy``, ``measure.timing.contention``)."""
+    return [is_disturbed(r, quiet) or b for r, b in zip(references, busy, strict=True)]
 
 
 LEAST_QUIET = 2  # rounds an estimate needs to leave the disturbed ones out

@@ -5,7 +5,6 @@ core left out of its case's time as a round whose reference read slow is."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -31,16 +30,19 @@ def judged(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(contention.BUSY_ENV, raising=False)
 
 
-def test_the_cores_others_took_are_how_long_the_rounds_threads_waited_for_one() -> None:
-    start = CpuMark(waited_s=10.0, wall_s=50.0)
-    end = CpuMark(waited_s=10.06, wall_s=50.1)  # 60 ms of waiting over 100 ms
-    assert others_cores(start, end) == pytest.approx(0.6)
-    assert others_cores(end, CpuMark(waited_s=10.0, wall_s=50.2)) == 0.0  # never under 0
-    short = CpuMark(waited_s=10.06, wall_s=50.0 + contention.MIN_SPAN_S / 2)
+def test_the_cores_others_took_are_how_long_the_rounds_threads_waited_for_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    start = CpuMark(waited_s=10.0, wall_s=50.0, ran_s=0.0)
+    end = CpuMark(waited_s=10.06, wall_s=50.1, ran_s=0.1)  # 60 ms of waiting over 100 ms
+    assert others_cores(start, end, cpus=2) == pytest.approx(0.6)
+    back = CpuMark(waited_s=10.0, wall_s=50.2, ran_s=0.1)
+    assert others_cores(end, back, cpus=2) == 0.0  # never under 0
+    short = CpuMark(waited_s=10.06, wall_s=50.0 + contention.MIN_SPAN_S / 2, ran_s=0.0)
     assert others_cores(start, short) is None  # shorter than MIN_SPAN_S: not read
     assert others_cores(None, end) is None and others_cores(start, None) is None
     # capped a quarter of a core past the cores the process left unused: its own threads
-    # waiting for each other read so, and a round that ran on every core cannot read busy
+    # waiting for each other read so, and a round that ran on every core reads at most that
     slack = contention.CAP_SLACK
     ran = CpuMark(waited_s=10.0, wall_s=50.0, ran_s=1.0)
     every = CpuMark(waited_s=10.1, wall_s=50.1, ran_s=1.2)  # ran 2 of 2 cores, waited 1
@@ -52,12 +54,8 @@ def test_the_cores_others_took_are_how_long_the_rounds_threads_waited_for_one() 
     hog = CpuMark(waited_s=10.06, wall_s=50.1, ran_s=1.1)  # ran 1 core: one left to others
     assert others_cores(ran, hog, cpus=2) == pytest.approx(0.6)
     assert others_cores(ran, CpuMark(10.06, 50.1, 1.3), cpus=2) == 0.0  # never under 0
-    assert others_cores(ran, CpuMark(10.06, 50.1, None), cpus=2) == pytest.approx(0.6)
-    assert others_cores(start, both, cpus=2) == pytest.approx(0.6)  # a mark without it
-    assert 1 <= contention.PROCESS_CPUS <= (os.cpu_count() or 1)  # read at import
-    assert others_cores(ran, every) == pytest.approx(
-        min(1.0, contention.PROCESS_CPUS - 2.0 + slack)
-    )  # the process's CPUs by default
+    monkeypatch.setattr(contention, "PROCESS_CPUS", 4)  # the process's CPUs by default
+    assert others_cores(ran, every) == pytest.approx(1.0)
 
 
 def test_the_waiting_is_read_from_each_threads_schedstat(tmp_path: Path) -> None:
@@ -68,17 +66,16 @@ def test_the_waiting_is_read_from_each_threads_schedstat(tmp_path: Path) -> None
         (tasks / tid).mkdir(parents=True)
         (tasks / tid / "schedstat").write_text(text)
     (tasks / "4").mkdir()  # ended: no file
-    assert contention.waited_s(str(tasks)) == pytest.approx(0.005)
     assert contention.counts(str(tasks)) == pytest.approx((5009e-9, 0.005))
-    assert contention.waited_s(str(tmp_path / "none")) is None
+    assert contention.counts(str(tmp_path / "none")) is None
     for tid in ("1", "2"):
         (tasks / tid / "schedstat").write_text("x y\n")
-    assert contention.waited_s(str(tasks)) is None
+    assert contention.counts(str(tasks)) is None
     assert contention.mark(read=lambda: None) is None  # not Linux: nothing known
     assert contention.mark(read=lambda: (2.0, 7.0), clock=lambda: 3.0) == CpuMark(7.0, 3.0, 2.0)
-    assert contention.waited_s() is not None  # this process's own, on this Linux
-    mine = contention.counts()
-    assert mine is not None and mine[0] > 0  # it has run
+    if sys.platform == "linux":  # this process's own
+        mine = contention.counts()
+        assert mine is not None and mine[0] > 0  # it has run
 
 
 def test_busy_is_past_a_quarter_of_a_core_or_the_environments_threshold(
@@ -118,7 +115,7 @@ def test_a_busy_round_is_left_out_while_two_others_remain(judged: None) -> None:
 def test_a_round_carries_the_cores_others_took_beside_its_timing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    marks = iter([CpuMark(0.0, 0.0), CpuMark(0.04, 0.1)])
+    marks = iter([CpuMark(0.0, 0.0, 0.0), CpuMark(0.04, 0.1, 0.1)])
     monkeypatch.setattr(contention, "mark", lambda: next(marks))
     monkeypatch.setattr(reference, "read_reference", lambda clock=None: 1e-4)
     found, beside = reference.around(lambda: "timed")

@@ -244,7 +244,7 @@ def test_the_estimates_low_end_stops_each_stable_case_at_the_minimum_timing() ->
     timed_high = sum(6 * (r + max(share, 5 * c)) for r, c in zip(rounds, calls, strict=True))
     assert high - low == pytest.approx(timed_high - timed_low)
     assert low > timed_low  # tracing on top
-    assert estimate_range(23.4, 45.2) == "about 23-45 s"
-    assert estimate_range(100, 200) == "about 100 s-3 min"
-    assert estimate_range(30.2, 30.4) == "about 30 s"
-    assert estimate_range(None, 45) == "45 s or more"
+    assert estimate_range(23.4, 45.2) == "about 23-45 s of measuring"
+    assert estimate_range(100, 200) == "about 100 s-3 min of measuring"
+    assert estimate_range(30.2, 30.4) == "about 30 s of measuring"
+    assert estimate_range(None, 45) == "45 s or more of measuring"

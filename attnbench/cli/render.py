@@ -125,9 +125,7 @@ class SweepProgress:
                 f"width(s), n from {grid.ns[0]} until each settles: at most "
                 f"{len(grid.cases())} cases)"
             )
-            span = estimate_range(
-                start.estimate_low_s, start.estimate_s, start.waits_s, " of measuring"
-            )
+            span = estimate_range(start.estimate_low_s, start.estimate_s, start.waits_s)
             self.console.print(
                 f"attnbench {__version__}: {cases} on {grid.device} "
                 f"({grid.dtype}, {grid.mode}, batch {grid.batch})"
@@ -246,14 +244,13 @@ def _timed(t: TimingStats, rounds: int = 1) -> str:
     return f"{fmt_seconds(t.median_s)}{precision} ({t.count} samples)"
 
 
-def estimate_range(low: float | None, high: float, waits_s: float = 0.0, what: str = "") -> str:
+def estimate_range(low: float | None, high: float, waits_s: float = 0.0) -> str:
     """A sweep's expected duration, "about 20-45 s": a quiet machine's timing stops early, a
     busy one's spends the budget; "45 s or more" where no low end was estimated. ``waits_s``,
     what its rounds may wait for a quiet machine, is in no case's time and is said beside it
-    (a new user's ab, "about 3-7 s", took 48 s under load); ``what`` names what is estimated
-    (" of measuring": a new user read the sweep's 3-5 s as the command's, which drew its charts
-    for 3 s more)."""
-    span = _duration_range(low, high) + what
+    (a new user's ab, "about 3-7 s", took 48 s under load). It is the measuring's: a new user
+    read the sweep's 3-5 s as the command's, which drew its charts for 3 s more."""
+    span = _duration_range(low, high) + " of measuring"
     return f"{span} (and up to {waits_s:.0f} s waiting for quiet)" if waits_s else span
 
 
@@ -420,9 +417,7 @@ class ABProgress:
         if self.quiet:
             return
         grid = start.grids["current"]
-        span = estimate_range(
-            start.estimate_low_s, start.estimate_s, start.waits_s, " of measuring"
-        )
+        span = estimate_range(start.estimate_low_s, start.estimate_s, start.waits_s)
         self.console.print(
             f"attnbench {__version__} ab: {len(grid.cases())} cases a side x {grid.processes} "
             f"round(s), measured in turn (ABBA) on {grid.device} ({grid.dtype}, {grid.mode}, "

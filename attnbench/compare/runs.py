@@ -23,12 +23,11 @@ from attnbench.compare.verdicts import (
     TOO_FEW,
     UNCHANGED,
     TimeVerdict,
-    disturbed_pairs,
     judge_count,
     judge_overall,
     judge_pairs,
-    judge_quiet_pairs,
     judge_rounds,
+    pair_rounds,
     pairs_note,
     quiet_pairs_note,
     throttle,
@@ -255,14 +254,14 @@ def compare_runs(
         time_rows.append(row)
         count_rows += counts
         other_model += row["status_base"] == row["status_new"] == Status.OK and not timed
-    for note in (pairs_note(pd.DataFrame(time_rows)), quiet_pairs_note(pd.DataFrame(time_rows))):
+    times = pd.DataFrame(time_rows)
+    for note in (pairs_note(times), quiet_pairs_note(times)):
         warnings += [note] if note is not None else []
     if other_model:
         warnings.append(
             f"{other_model} case(s) ran on another device model in each run: their times are "
             "not compared"
         )
-    times = pd.DataFrame(time_rows)
     if by_device:  # grouped by device model, grid order within each
         times = times.sort_values("device_new", kind="stable").reset_index(drop=True)
     ok = times[~times["verdict"].isin((NOT_COMPARED, THROTTLED))]
@@ -386,10 +385,11 @@ def _judged_pair(
         base_of, new_of = sides.baseline.kept_rounds_of, sides.current.kept_rounds_of
     base_rounds = _scaled(base_of(base_id), scale_base) if timed else {}
     new_rounds = _scaled(new_of(case_id), scale_new) if timed else {}
-    disturbed, quiet = 0, ""
+    disturbed, quiet, quiet_rounds = 0, "", list[int]()
     if sides.paired:  # every pair judged; those with a disturbed half counted
         marks = (sides.baseline.disturbed_of(base_id), sides.current.disturbed_of(case_id))
-        disturbed = disturbed_pairs(base_rounds, new_rounds, marks)
+        pairs, quiet_rounds = pair_rounds(base_rounds, new_rounds, marks)
+        disturbed = len(pairs) - len(quiet_rounds)
         judged, unit = judge_pairs(base_rounds, new_rounds, thresholds), "pairs"
     else:
         judged, unit = judge_rounds(
@@ -401,8 +401,8 @@ def _judged_pair(
     clocks = _clock_ratio(b, n) if timed else math.nan
     judged = throttle(judged, clocks, (_share(b), _share(n)))
     if disturbed and judged.verdict in (REGRESSION, IMPROVEMENT):  # the quiet pairs' too
-        alone = judge_quiet_pairs(base_rounds, new_rounds, marks, thresholds)
-        quiet = TOO_FEW if alone is None else alone.verdict
+        base_q, new_q = ({r: side[r] for r in quiet_rounds} for side in (base_rounds, new_rounds))
+        quiet = judge_pairs(base_q, new_q, thresholds).verdict if quiet_rounds else TOO_FEW
     raw_ratio = n["time_s"] / b["time_s"] if both_ok else math.nan
     row.update(
         time_base_s=b["time_s"] if both_ok else math.nan,

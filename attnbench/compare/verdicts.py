@@ -170,25 +170,27 @@ def pair_ratios(
     return out
 
 
-def disturbed_pairs(
+def pair_rounds(
     base: Mapping[int, Sequence[float]],
     new: Mapping[int, Sequence[float]],
     disturbed: tuple[Mapping[int, bool], Mapping[int, bool]],
-) -> int:
-    """How many pairs had a half read disturbed (``disturbed``: each side's marks by round,
-    ``RunResults.disturbed_of``). They are counted, not left out: a pair's halves run a tenth
-    of a second apart and mostly share a neighbour's burst (an A/A race beside one read its
-    ratios 1.0% from 1 at the median with every pair, ``benchmarks/neighbour.py --ab``), while
-    judging only the quiet pairs cuts the test to the fewest that can reach alpha (a 15%
+) -> tuple[list[int], list[int]]:
+    """The rounds both sides measured (the pairs), and those of them neither half of which
+    read disturbed (``disturbed``: each side's marks by round, ``RunResults.disturbed_of``).
+    Every pair is judged; the disturbed ones are counted, not left out: a pair's halves run a
+    tenth of a second apart and mostly share a neighbour's burst (an A/A race beside one read
+    its ratios 1.0% from 1 at the median with every pair, ``benchmarks/neighbour.py --ab``),
+    while judging only the quiet pairs cuts the test to the fewest that can reach alpha (a 15%
     regression found in 0.70 of runs with 3 of 10 pairs left out, 0.91 judged on all,
     ``benchmarks/pair_power.py``) and could drop the very rounds a change that makes the
-    layer's own threads wait slows."""
-    rounds = set(base) & set(new)
-    return sum(disturbed[0].get(r, False) or disturbed[1].get(r, False) for r in rounds)
+    layer's own threads wait slows. The quiet pairs check a move instead (``compare_runs``)."""
+    pairs = sorted(set(base) & set(new))
+    quiet = [r for r in pairs if not (disturbed[0].get(r, False) or disturbed[1].get(r, False))]
+    return pairs, quiet
 
 
 def pairs_note(times: pd.DataFrame) -> str | None:
-    """How many of the judged pairs had a half read disturbed (``disturbed_pairs``)."""
+    """How many of the judged pairs had a half read disturbed (``pair_rounds``)."""
     if "pairs_disturbed" not in times or not times["pairs_disturbed"].any():
         return None
     counts = times["pairs_disturbed"]
@@ -199,22 +201,6 @@ def pairs_note(times: pd.DataFrame) -> str | None:
         "own threads); they are judged with the rest, as a pair's halves mostly share a "
         "neighbour's burst (pairs_disturbed in the JSON)"
     )
-
-
-def judge_quiet_pairs(
-    base: Mapping[int, Sequence[float]],
-    new: Mapping[int, Sequence[float]],
-    disturbed: tuple[Mapping[int, bool], Mapping[int, bool]],
-    thresholds: Thresholds = DEFAULT_THRESHOLDS,
-) -> TimeVerdict | None:
-    """The verdict on the pairs neither half of which read disturbed: a check on a verdict
-    judged on every pair (``disturbed_pairs``), where a neighbour that slowed one side's halves
-    could make it; None where too few remain for the test to reach alpha."""
-    rounds = sorted(set(base) & set(new))
-    quiet = [r for r in rounds if not (disturbed[0].get(r, False) or disturbed[1].get(r, False))]
-    if len(quiet) < cases_to_judge(thresholds.alpha):
-        return None
-    return judge_pairs({r: base[r] for r in quiet}, {r: new[r] for r in quiet}, thresholds)
 
 
 def quiet_pairs_note(times: pd.DataFrame) -> str | None:

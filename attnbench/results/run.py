@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.estimators import Between, is_disturbed, kept_of
+from attnbench.estimators import Between, kept_of, round_marks
 from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.measure.machine.ceilings_file import ceilings_from
 from attnbench.measure.record import died_in
@@ -79,13 +79,11 @@ class RunResults:
     def disturbed_of(self, case_id: str) -> dict[int, bool]:
         """Whether each of a case's rounds, by number, read disturbed: its reference slow
         against the run's judging level, or its threads kept waiting by a busy neighbour."""
-        mine = self.samples[self.samples["case_id"] == case_id]
-        quiet, marks = self._judging_level, {}
-        for r, group in mine.groupby("round", sort=True):
-            reference, others = group["reference_s"].iloc[0], group["others_cores"].iloc[0]
-            slow = is_disturbed(None if pd.isna(reference) else float(reference), quiet)
-            marks[int(r)] = slow or is_busy(None if pd.isna(others) else float(others))
-        return marks
+        rounds = self.samples[self.samples["case_id"] == case_id].drop_duplicates("round")
+        references = [None if pd.isna(r) else float(r) for r in rounds["reference_s"]]
+        busy = [is_busy(None if pd.isna(o) else float(o)) for o in rounds["others_cores"]]
+        marks = round_marks(references, self._judging_level, busy)
+        return dict(zip((int(r) for r in rounds["round"]), marks, strict=True))
 
     def kept_rounds_of(self, case_id: str) -> dict[int, list[float]]:
         """The rounds its time is over: those not read disturbed while two or more remain

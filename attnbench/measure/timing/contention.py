@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from attnbench.devices import usable_cpus
+
 # Cores' worth of a round's threads the others kept waiting, on average over it, past which
 # the round ran on a busy machine: a quarter of a core. Here rounds beside nothing read
 # 0.00-0.21 (all but one under 0.14), rounds beside a process spinning on one of the two cores
@@ -48,18 +50,9 @@ BUSY_ENV = "ATTNBENCH_BUSY_CORES"
 CAP_SLACK = 0.25
 
 
-def _process_cpus() -> int:
-    """The CPUs this process may use, read as it imports this module: before torch's OpenMP
-    threads start, whose binding (``OMP_PROC_BIND``) narrows the main thread's own mask to
-    one CPU, and at most the machine's (a container's cpuset or ``taskset`` counts)."""
-    machine = os.cpu_count() or 1
-    try:
-        return max(1, min(machine, len(os.sched_getaffinity(0))))
-    except (AttributeError, OSError):  # no affinity on this platform
-        return machine
-
-
-PROCESS_CPUS = _process_cpus()
+# The CPUs this process may use, read as it imports this module: before torch's OpenMP
+# threads start, whose binding (``OMP_PROC_BIND``) would narrow the main thread's own mask.
+PROCESS_CPUS = usable_cpus()
 # The shortest span read: the counts are in nanoseconds, but a span shorter than a scheduler's
 # time slice says little of a neighbour's share.
 MIN_SPAN_S = 0.005
@@ -69,11 +62,11 @@ TASKS = "/proc/self/task"
 @dataclass(frozen=True)
 class CpuMark:
     """Seconds this process's threads have waited for a CPU, all together, the wall clock,
-    and the seconds they ran on one (None: not read), read together."""
+    and the seconds they ran on one, read together."""
 
     waited_s: float
     wall_s: float
-    ran_s: float | None = None
+    ran_s: float
 
 
 def counts(tasks: str = TASKS) -> tuple[float, float] | None:
@@ -94,12 +87,6 @@ def counts(tasks: str = TASKS) -> tuple[float, float] | None:
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended meanwhile, or no statistics
     return (ran / 1e9, waited / 1e9) if found else None
-
-
-def waited_s(tasks: str = TASKS) -> float | None:
-    """Seconds this process's threads have waited for a CPU, summed (``counts``)."""
-    found = counts(tasks)
-    return None if found is None else found[1]
 
 
 def mark(
@@ -126,10 +113,8 @@ def others_cores(
     if wall < MIN_SPAN_S:
         return None
     waited = (end.waited_s - start.waited_s) / wall
-    if start.ran_s is not None and end.ran_s is not None:
-        left = (cpus or PROCESS_CPUS) - (end.ran_s - start.ran_s) / wall
-        waited = min(waited, left + CAP_SLACK)  # its own threads waiting for each other
-    return max(0.0, waited)
+    left = (cpus or PROCESS_CPUS) - (end.ran_s - start.ran_s) / wall
+    return max(0.0, min(waited, left + CAP_SLACK))  # past it: its threads waiting for each other
 
 
 def busy_cores() -> float:
