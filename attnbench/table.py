@@ -16,7 +16,7 @@ from attnbench.fits import Analysis, analyse
 from attnbench.fits.exponents import SETTLED_RULE
 from attnbench.provenance import Source, sources
 from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES, overhead_bound
-from attnbench.results.run import RunResults
+from attnbench.results.run import BUSY_NOTE, RunResults
 from attnbench.schema import failed_a_check, numeric_column
 
 COLUMNS = [
@@ -311,9 +311,9 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
     if busy:  # a run swept beside a neighbour: its exponents read the neighbour's moments too
         layers = sorted({str(c).split("/")[0] for c in busy})
         notes.append(
-            f"{len(busy)} of {len(run.measured)} case(s) had fewer than two quiet rounds "
-            f"({', '.join(layers)}): their times are a busy machine's, and the time exponents "
-            "fitted over them may be the machine's, not the layer's (sweep again when it is quiet)"
+            f"{len(busy)} of {len(run.measured)} case(s) ({', '.join(layers)}) {BUSY_NOTE}, and "
+            "the time exponents fitted over them may be the machine's, not the layer's (sweep "
+            "again when it is quiet)"
         )
     return notes
 

@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from layer_history import git, layer_repository  # noqa: E402  (the bisect test's repository)
 
 SMALL = ["--n", "16", "--d", "8", "--device", "cpu"]
+
+
 @contextlib.contextmanager
 def worktree(rev: str) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="attnbench-against-") as tmp:

@@ -43,7 +43,7 @@ from attnbench.estimators import (
     quieter,
 )
 from attnbench.results.loader import load_results
-from attnbench.results.reruns import run_level, run_state, same_state
+from attnbench.results.reruns import run_level, same_state, typical_reference
 from attnbench.results.run import RunResults
 
 WAYS = {
@@ -292,7 +292,7 @@ def main() -> None:
               f"run, {alone} of {pairs} ({alone / max(pairs, 1):.0%}); median reach "
               f"±{100 * width:.1f}%")  # fmt: skip
         # the claim as the summary scopes it: a re-run in the machine's same state
-        levels = [run_state(r.samples) for r in loaded]
+        levels = [typical_reference(r.samples) for r in loaded]
         hits, total = held_later([stated(r) for r in loaded], levels)
         apart = held_later([stated(r) for r in loaded])[1] - total
         print(f"{way}: against each later run in the same state of the machine, {hits} of "

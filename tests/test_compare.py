@@ -569,7 +569,7 @@ def test_compare_and_table_say_which_times_are_a_busy_machines(
     assert not any("quiet rounds" in w for w in other)
     assert not any("quiet rounds" in w for w in compare_runs(base, new, paired=True).warnings)
     notes = fit_notes(comparison_table(new), new)
-    assert notes[-1].startswith("1 of 2 case(s) had fewer than two quiet rounds (conv)")
+    assert notes[-1].startswith("1 of 2 case(s) (conv) had fewer than two quiet rounds: their")
     assert not any("quiet rounds" in n for n in fit_notes(comparison_table(base), base))
 
 

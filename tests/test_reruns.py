@@ -698,23 +698,23 @@ def test_a_runs_state_is_its_rounds_typical_reference_not_its_fast_end(
     import pandas as pd
 
     from attnbench.cli.reruns import sweeps_note
-    from attnbench.results.reruns import run_level, run_state
+    from attnbench.results.reruns import run_level, typical_reference
 
     frame = pd.DataFrame(
         {"case_id": ["a"] * 4 + ["b"] * 2, "round": [1, 1, 2, 3, 1, 2],
          "reference_s": [1e-3, 1e-3, 1.5e-3, 1.5e-3, 1.5e-3, math.nan]}
     )  # fmt: skip
-    assert run_state(frame) == 1.5e-3 and run_level(frame) == 1e-3  # rounds, not samples
-    assert math.isnan(run_state(frame.assign(reference_s=math.nan)))
-    assert math.isnan(run_state(frame.drop(columns="reference_s")))
-    assert run_state(frame.assign(reference_s=[0.0, 0.0, -1.0, 2e-3, 4e-3, 3e-3])) == 3e-3
+    assert typical_reference(frame) == 1.5e-3 and run_level(frame) == 1e-3  # rounds, not samples
+    assert math.isnan(typical_reference(frame.assign(reference_s=math.nan)))
+    assert math.isnan(typical_reference(frame.drop(columns="reference_s")))
+    assert typical_reference(frame.assign(reference_s=[0.0, 0.0, -1.0, 2e-3, 4e-3, 3e-3])) == 3e-3
     many = pd.DataFrame(
         {"case_id": ["a"] * 7, "round": [1] * 5 + [2, 3], "sample": range(7),
          "reference_s": [1e-3] * 5 + [2e-3] * 2}
     )  # fmt: skip  # a round of five samples is one reading
-    assert run_state(many) == 2e-3
+    assert typical_reference(many) == 2e-3
     halves = frame.assign(reference_s=[1e-3, 1e-3, 1e-3, 1.5e-3, 1.5e-3, 1.5e-3])  # 2 and 2
-    assert run_state(halves.iloc[:5]) == 1e-3  # not 1.25e-3, one state with both
+    assert typical_reference(halves.iloc[:5]) == 1e-3  # not 1.25e-3, one state with both
     grid = with_history(tmp_path, monkeypatch, store.write_reruns)
     run_sweep(grid, tmp_path / "one", measuring=queue_module.UNCALIBRATED)
     second = run_sweep(grid, tmp_path / "two", measuring=queue_module.UNCALIBRATED)

@@ -24,7 +24,7 @@ from attnbench.measure.timing.loop import IMPRECISE_REL_CI, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
 from attnbench.regime import REGIME_BAND, REGIME_SIZES
 from attnbench.results.record import AutoLine, Stopped
-from attnbench.results.run import RunResults
+from attnbench.results.run import BUSY_NOTE, RunResults
 from attnbench.schema import (
     STATUSES,
     SUMMARY_COLUMNS,
@@ -422,9 +422,8 @@ def replication_notes(run: RunResults) -> list[str]:
     busy = run.busy_cases()
     if busy:
         notes.append(
-            f"{len(busy)} case(s) had fewer than two quiet rounds: their times are a busy "
-            "machine's, slower than a quiet re-run would find (sweep them again when it is "
-            "quiet, or give --wait-quiet more)"
+            f"{len(busy)} case(s) {BUSY_NOTE}, slower than a quiet re-run would find (sweep "
+            "them again when it is quiet, or give --wait-quiet more)"
         )
     if waited:
         notes.append(
@@ -432,9 +431,7 @@ def replication_notes(run: RunResults) -> list[str]:
             "all for the machine to read quiet "
             f"(--wait-quiet {run.record.config.get('wait_quiet_s', 0):g})"
         )
-    ran = measured["case_id"].map(run.samples.groupby("case_id")["round"].nunique())
-    total = ran.fillna(numeric_column(measured, "rounds")).fillna(0)  # every round a case ran
-    alone = measured[(total == 1) & numeric_column(measured, "time_s").notna()]
+    alone = measured[(run.rounds_ran() == 1) & numeric_column(measured, "time_s").notna()]
     if len(alone):
         notes.append(
             f"{len(alone)} case(s) were timed in one process (one round): their ±95% holds that "

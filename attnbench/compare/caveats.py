@@ -10,8 +10,8 @@ from typing import Any
 from attnbench.layers.entry import LayerSource
 from attnbench.options import OPTIONS
 from attnbench.results.environment import compare_keys
-from attnbench.results.reruns import run_state, same_state
-from attnbench.results.run import RunResults
+from attnbench.results.reruns import same_state, typical_reference
+from attnbench.results.run import BUSY_NOTE, RunResults
 
 
 def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
@@ -37,7 +37,7 @@ def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
             "current run; CPU times under one state pay page faults the other does not "
             "(see --allocator)"
         )
-    level, level_now = run_state(base.samples), run_state(new.samples)
+    level, level_now = typical_reference(base.samples), typical_reference(new.samples)
     if not same_state(level, level_now):
         warnings.append(
             "the machine ran in another state in each run (its reference read "
@@ -78,6 +78,5 @@ def busy_warnings(
     if not busy:
         return []
     return [
-        f"{' and '.join(busy)} had fewer than two quiet rounds: their times are a busy "
-        "machine's, and their verdicts may be the machine's, not the code's"
+        f"{' and '.join(busy)} {BUSY_NOTE}, and their verdicts may be the machine's, not the code's"
     ]

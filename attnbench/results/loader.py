@@ -38,7 +38,7 @@ from attnbench.results.reruns import (
     judging_level,
     read_sweeps,
     run_level,
-    run_state,
+    typical_reference,
 )
 from attnbench.results.run import RunResults
 from attnbench.results.theories import record_problem
@@ -311,7 +311,7 @@ def _with_all_rounds(
     ok = frame.index[frame["status"].eq(Status.OK) & frame["case_id"].isin(by_case.groups)]
     level = run_level(samples)  # the run's own fast end
     quiet = judging_level(level, machine_quiet)
-    state = run_state(samples)  # the machine's state it ran in
+    state = typical_reference(samples)  # the machine's state it ran in
     stats = {}
     by_id = {str(key): rows for key, rows in samples.groupby("case_id", sort=False)}
     for i in ok:

@@ -5,7 +5,7 @@ project's shared 2-core VM the same grid swept twelve times, ten seconds apart, 
 at n = 2048 by 0.88-1.18x from sweep to sweep and conv at n = 512 by up to 11%, while each
 sweep's rounds agreed within 2-3% (``benchmarks/coverage.py``). No spread inside one sweep can
 show that. So each sweep leaves, per case, its log time, that log time's own variance and
-the sweep's typical reference (``Entry``: the machine's state, ``run_state``) in the cache
+the sweep's typical reference (``Entry``: the machine's state, ``typical_reference``) in the cache
 (``run.reruns``); the next sweep records the entries it found in run.json's ``reruns``, and
 its loader reads every case's between-sweep variance from those of its state and its own
 (``estimators.between_sweeps``, moderated toward the machine's typical). A run records what
@@ -35,7 +35,7 @@ from attnbench.estimators import (
 )
 
 # A sweep's log time of a case, that log time's variance within the sweep, and the sweep's
-# typical reference (``run_state``, seconds; nan: not read): the machine's state it ran in.
+# typical reference (``typical_reference``, seconds; nan: not read): the machine's state it ran in.
 Entry = tuple[float, float, float]
 
 
@@ -50,26 +50,29 @@ class Elsewhere:
     ratios: Mapping[str, float] = field(default_factory=dict)
 
 
+def round_references(samples: pd.DataFrame) -> list[float]:
+    """A run's references, one a round (each of its samples carries its round's), positive and
+    finite; none where none was read."""
+    if "reference_s" not in samples or samples.empty:
+        return []
+    rounds = samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
+    return [float(r) for r in rounds if r > 0 and math.isfinite(r)]
+
+
 def run_level(samples: pd.DataFrame) -> float:
-    """A run's quiet reference, its rounds' fast end (``estimators.quiet_level``): the state
-    of the machine it ran in (nan: no reference read)."""
-    if "reference_s" not in samples or samples.empty:
-        return math.nan
-    rounds = samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
-    return quiet_level([float(r) for r in rounds])
+    """A run's quiet reference, its rounds' fast end (``estimators.quiet_level``), which its
+    rounds are judged disturbed against (nan: no reference read)."""
+    return quiet_level(round_references(samples))
 
 
-def run_state(samples: pd.DataFrame) -> float:
-    """The state of the machine a run ran in: its rounds' typical reference (their median; nan:
-    none read). Not its fast end (``run_level``): on this project's VM one run in a batch of
-    eight read 303 µs in most rounds, the slower state's, and 211 µs at its fast end, so the
-    fast end put it in the faster state with the others and held its lstm, 2x slower, to their
-    spread (``benchmarks/coverage.py``, the 22:16 batch in docs/metrics.md)."""
-    if "reference_s" not in samples or samples.empty:
-        return math.nan
-    rounds = samples.drop_duplicates(["case_id", "round"])["reference_s"].dropna()
-    found = [float(r) for r in rounds if r > 0 and math.isfinite(r)]
-    return statistics.median_low(found) if found else math.nan  # a reading, not between two
+def typical_reference(samples: pd.DataFrame) -> float:
+    """The state of the machine a run ran in: its rounds' typical reference (their median, a
+    reading, never between two; nan: none read). Not its fast end (``run_level``): on this
+    project's VM one run in a batch of eight read 303 µs in most rounds, the slower state's,
+    and 211 µs at its fast end, so the fast end put it in the faster state with the others and
+    held its lstm, 2x slower, to their spread (the 22:16 batch in docs/metrics.md)."""
+    found = round_references(samples)
+    return statistics.median_low(found) if found else math.nan
 
 
 def judging_level(level: float, machine_quiet: float | None) -> float | None:
@@ -79,8 +82,9 @@ def judging_level(level: float, machine_quiet: float | None) -> float | None:
 
 
 def same_state(level: float, other: float) -> bool:
-    """Whether two sweeps ran in one state of the machine: their states (``run_state``) within
-    ``QUIET_FACTOR`` of each other (either not read: taken as one)."""
+    """Whether two sweeps ran in one state of the machine: their states
+    (``typical_reference``) within ``QUIET_FACTOR`` of each other (either not read: taken as
+    one)."""
     known = all(x > 0 and math.isfinite(x) for x in (level, other))
     return not known or max(level, other) / min(level, other) <= QUIET_FACTOR
 
@@ -120,9 +124,9 @@ def _text(value: Any) -> str:
 
 
 def sweep_entry(found: Estimate, level: float) -> Entry | None:
-    """What a sweep leaves of a case, with the sweep's state ``level`` (``run_state``): over two or
-    more rounds, none of them kept while read disturbed (a busy sweep's time is the
-    neighbour's, and it is judged so already)."""
+    """What a sweep leaves of a case, with the sweep's state ``level``
+    (``typical_reference``): over two or more rounds, none of them kept while read disturbed
+    (a busy sweep's time is the neighbour's, and it is judged so already)."""
     if found.groups < 2 or found.disturbed > found.left_out:
         return None
     if not (found.center_s > 0 and math.isfinite(found.mean_variance)):
@@ -188,15 +192,15 @@ def betweens(
     other_code: Mapping[str, Sequence[Entry]] | None = None,
 ) -> dict[str, Between]:
     """Each case's spread between sweeps, by its key: from the earlier sweeps that ran in this
-    sweep's state of the machine (``same_state`` with its state ``level``, ``run_state``) and this
-    sweep's own, shrunk toward the machine's typical (the median of the cases' own, where two or
-    more have one, worth as many degrees of freedom as its sweeps give, up to 4); a case no
-    earlier sweep measured takes the typical. The typical also reads the cases this machine
-    swept that this sweep did not (``past``'s other keys: an edited plugin's, other lengths)
-    and those it swept with other attnbench code (``other_code``), each key's sweeps apart:
-    a case's time is the code's, but how far a sweep's moment moves it is the machine's, so
-    the first sweep after an edit or a pull holds it too. Empty where no case was swept
-    before: a first sweep's intervals hold its own processes only.
+    sweep's state of the machine (``same_state`` with its state ``level``, ``typical_reference``)
+    and this sweep's own, shrunk toward the machine's typical (the median of the cases' own, where
+    two or more have one, worth as many degrees of freedom as its sweeps give, up to 4); a case no
+    earlier sweep measured takes the typical. The typical also reads the cases this machine swept
+    that this sweep did not (``past``'s other keys: an edited plugin's, other lengths) and those it
+    swept with other attnbench code (``other_code``), each key's sweeps apart: a case's time is the
+    code's, but how far a sweep's moment moves it is the machine's, so the first sweep after an edit
+    or a pull holds it too. Empty where no case was swept before: a first sweep's intervals hold its
+    own processes only.
 
     A machine that changes state between sweeps for minutes at a time (this project's VM: its
     reference 208 or 310 µs, lstm 0.45x or 1x, conv 0.85x or 1x) puts a case's sweeps in two
@@ -251,7 +255,7 @@ def read_sweeps(
 ) -> SweepsFound:
     """A run's cases (by case id: their row and their estimate over this run's rounds) read
     against the earlier sweeps its ``record`` (a ``RunRecord``) holds, in the state of the
-    machine its typical reference ``level`` (``run_state``) says. A run whose fast end
+    machine its typical reference ``level`` (``typical_reference``) says. A run whose fast end
     (``run_level``) reads another state than its typical ran in both: it leaves nothing, as
     its times may blend them (the rounds judged against its state keep those faster than it)."""
     keys = {

@@ -20,6 +20,9 @@ from attnbench.results.record import RunRecord
 from attnbench.results.reruns import Elsewhere, Entry, Moved, judging_level, run_level
 from attnbench.schema import CALIBRATION_COLUMNS, STATUSES, RunStatus, Status, numeric_column
 
+# What every note on ``RunResults.busy_cases`` says of them.
+BUSY_NOTE = "had fewer than two quiet rounds: their times are a busy machine's"
+
 
 @dataclass(frozen=True)
 class RunResults:
@@ -133,17 +136,25 @@ class RunResults:
         """The rows with measurements (status ``ok``): what charts, fits and comparisons use."""
         return self.frame[self.frame["status"] == Status.OK]
 
+    def rounds_ran(self) -> pd.Series:
+        """Every round each measured case ran, aligned with ``measured`` (``rounds`` counts
+        those its time is over, the ones left out not; a row without samples: its ``rounds``)."""
+        measured = self.measured
+        if "case_id" not in self.samples:
+            return numeric_column(measured, "rounds").fillna(0)
+        ran = measured["case_id"].map(self.samples.groupby("case_id")["round"].nunique())
+        return ran.fillna(numeric_column(measured, "rounds")).fillna(0)
+
     def busy_cases(self) -> list[str]:
-        """The measured cases whose time is a busy machine's: a round read disturbed and fewer
-        than two quiet ones, so the time is over every round (``estimators.kept_of``)."""
+        """The measured cases whose time is a busy machine's (``BUSY_NOTE``): a round read
+        disturbed and fewer than two quiet ones, so the time is over every round
+        (``estimators.kept_of``)."""
         measured = self.measured
         disturbed = numeric_column(measured, "rounds_disturbed").fillna(0)
         if not disturbed.gt(0).any():
             return []
-        # every round a case ran (``rounds`` counts those its time is over, the left-out not)
-        ran = self.samples.groupby("case_id")["round"].nunique()
-        total = measured["case_id"].map(ran).fillna(numeric_column(measured, "rounds")).fillna(0)
-        return [str(c) for c in measured[(disturbed > 0) & (total - disturbed < 2)]["case_id"]]
+        busy = (disturbed > 0) & (self.rounds_ran() - disturbed < 2)
+        return [str(c) for c in measured[busy]["case_id"]]
 
     @property
     def devices(self) -> list[str]:
