@@ -51,9 +51,11 @@ class FakeDevice:
         *,
         capturable: bool = True,
         cold_extra_s: float = 0.0,
+        launch_s: float = 0.0,
     ) -> None:
         self.clock, self.host_s, self.kernel_s = clock, host_s, kernel_s
         self.capturable, self.cold_extra_s = capturable, cold_extra_s
+        self.launch_s = launch_s  # a graph's own launch, seen by events around a lone replay
         self.captured: list[int] = []
         self.flushes = 0
         self.holds: list[float] = []
@@ -73,6 +75,12 @@ class FakeDevice:
         self.clock.advance(hold_s + max(self.host_s, self.kernel_s))
         launches = max(0.0, self.host_s - hold_s)  # the host still issuing when the hold ends
         return max(self.kernel_s, launches) + (self.cold_extra_s if cold else 0.0)
+
+    def replay_time(self, replay: Callable[[], object]) -> float:
+        start = self.clock()
+        replay()
+        self.clock.advance(self.launch_s)
+        return self.clock() - start
 
     def flush_bytes(self) -> int:
         return 100_000_000
@@ -102,8 +110,22 @@ def test_the_kernels_timer_replays_a_graph_and_reads_the_kernels_alone() -> None
     # one call's graph, then one of enough calls for a replay of about GRAPH_S
     calls = min(gputimers.MAX_GRAPH_CALLS, math.ceil(gputimers.GRAPH_S / 10e-6))
     assert device.captured == [1, calls]
-    assert found.method == f"kernels: CUDA graph replays, {device.captured[-1]} call(s) a graph"
-    assert found.stats.calls_per_sample % device.captured[-1] == 0
+    assert found.method == (
+        f"kernels: CUDA graph replays, {device.captured[-1]} call(s) a graph, each replay "
+        "between CUDA events"
+    )
+    assert found.stats.calls_per_sample == device.captured[-1]
+
+
+def test_the_kernels_timer_keeps_each_replays_own_launch_shared_by_its_calls() -> None:
+    # as do_bench_cudagraph: one replay between events on an idle device pays the graph's
+    # launch; replays queued back to back would hide it
+    clock = FakeClock()
+    device = FakeDevice(clock, host_s=50e-6, kernel_s=10e-6, launch_s=64e-6)
+    found = timed(device, clock, Timer.KERNELS)
+    calls = device.captured[-1]
+    assert found.stats.median_s == pytest.approx(10e-6 + 64e-6 / calls)
+    assert found.stats.median_s > 10e-6 * 1.05
 
 
 def test_a_call_longer_than_a_graphs_target_is_captured_once() -> None:
