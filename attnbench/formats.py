@@ -3,11 +3,13 @@ way: a file carries its format's version and loading migrates it step by step).
 
 What an older attnbench wrote, and how each shape becomes today's:
 
-- **A results folder** carries ``schema_version`` in run.json. Version 5 added the samples'
-  ``others_cores`` (``V4_LATER_SAMPLES``: not recorded before). Version 4 added the
-  compile's columns (``V3_LATER_RESULTS``: a version-3 folder's cases were eager), version 3
-  the decode step's (``V2_LATER_RESULTS``), each filled empty. Version 1 grew columns and
-  entries over its life without a new version, so a version-1 folder may lack any of the
+- **A results folder** carries ``schema_version`` in run.json. Version 6 added the energy
+  columns (``V5_LATER_RESULTS``: empty, as a run without ``--energy`` writes them). Version 5
+  added the samples' ``others_cores`` (``V4_LATER_SAMPLES``: not recorded before). Version 4
+  added the compile's columns (``V3_LATER_RESULTS``: a version-3 folder's cases were
+  eager), version 3 the decode step's (``V2_LATER_RESULTS``), each filled empty. Version 1
+  grew columns and entries over its life without a new version, so a version-1 folder may
+  lack any of the
   columns listed in ``V1_LATER_RESULTS``, the samples' later columns, the calibration file,
   a theory's traffic terms, and several run.json entries. ``migrate_run`` fills each with what
   "not recorded" reads as, and stamps the folder ``FORMAT_VERSION``; a folder of today's
@@ -33,7 +35,7 @@ import pandas as pd
 from attnbench.errors import AttnbenchError
 from attnbench.schema import CALIBRATION_COLUMNS
 
-FORMAT_VERSION = 5  # of a results folder, in run.json's ``schema_version``
+FORMAT_VERSION = 6  # of a results folder, in run.json's ``schema_version``
 # samples.csv's column version 5 added: the cores of other processes' CPU beside the round.
 V4_LATER_SAMPLES = ("others_cores",)
 
@@ -67,6 +69,8 @@ V3_LATER_RESULTS = (
     "compiled", "compile_s", "compile_cache", "compile_graphs", "compile_breaks",
     "compile_break_reasons", "compile_recompiles", "compile_check",
 )  # fmt: skip
+# The columns version 6 added: --energy's (no run before it read the energy counter).
+V5_LATER_RESULTS = ("energy_j", "power_w", "energy_method")
 UNRECORDED_ALLOCATOR = {"state": "unrecorded", "mechanism": "", "libc": ""}
 
 
@@ -187,7 +191,16 @@ def _v4_to_v5(raw: RawRun) -> RawRun:
     return replace(raw, meta=meta, samples=samples)
 
 
-_STEPS = (_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5)  # _STEPS[v - 1] takes v to v + 1
+def _v5_to_v6(raw: RawRun) -> RawRun:
+    # no run before read the energy counter: empty is what it would have written, not unknown
+    results = raw.results.copy()
+    for column in V5_LATER_RESULTS:
+        if column not in results.columns:
+            results[column] = ""
+    return replace(raw, meta={**raw.meta, "schema_version": 6}, results=results)
+
+
+_STEPS = (_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6)  # _STEPS[v - 1] takes v to v + 1
 assert len(_STEPS) == FORMAT_VERSION - 1
 
 

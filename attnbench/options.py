@@ -31,6 +31,7 @@ from attnbench.layers import checks, plugins
 from attnbench.layers.entry import LayerOption
 from attnbench.layers.registry import BUILTIN, entry, known_options
 from attnbench.lengths import AutoN, parse_int_list, parse_lengths
+from attnbench.measure.timing.energy import ENERGY_S
 from attnbench.schema import Timer
 from attnbench.spec import (
     DEFAULT_PROCESSES,
@@ -106,6 +107,13 @@ def _positive_seconds(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
         raise AttnbenchError(f"--{name} must be a positive number of seconds, got {value!r}")
     return float(value)
+
+
+def _switch(value: Any) -> bool:
+    """``--energy``: true or false (a config file's ``energy = true``)."""
+    if not isinstance(value, bool):
+        raise AttnbenchError(f"--energy: expected true or false, got {value!r}")
+    return value
 
 
 def _seconds(value: Any, name: str) -> float:
@@ -281,6 +289,12 @@ OPTIONS: tuple[Option, ...] = (
            "gets an equal share of what is left when it starts.",
            default_text=f"{_AUTO_BUDGET_S:g}, or {CPU_DEFAULT_AUTO_BUDGET_S:g} in the CPU's "
            "default sweep"),
+    Option("energy", "energy", bool, _switch,
+           "Joules per call and the GPU's mean power (energy_j, power_w), read from its NVML "
+           "energy counter while the call runs back to back for about "
+           f"{ENERGY_S:g} s after the first round's timed calls, from one step of the counter "
+           "to another; empty, and energy_method says why, where no counter can be read (the "
+           "CPU, no NVML)."),
     Option("allocator", "allocator", str, check_allocator,
            "pinned: glibc keeps freed memory mapped, so a time does not depend on what ran "
            "before; system: glibc's defaults, what your own program pays (page faults)."),
@@ -408,6 +422,11 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
             "overhead)"
         )
     _check_compile(grid)
+    if grid.energy and device_kind(grid.device) != "cuda":
+        raise AttnbenchError(
+            f"--energy reads a GPU's energy counter (NVML); --device {grid.device} is not a "
+            "CUDA GPU"
+        )
     if grid.metric == "instructions":
         if grid.device != "cpu":
             raise AttnbenchError(

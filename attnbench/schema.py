@@ -374,6 +374,19 @@ COLUMNS: tuple[Column, ...] = (
         "in float32) the case fails, its measurements kept",
     ),
     Column(
+        "energy_j", "float", _MEASURE,
+        "--energy: joules one call draws, from the GPU's NVML energy counter while the call "
+        "runs back to back for about half a second after the first round's timed calls (from "
+        "one step of the counter to another); empty on the CPU and where the counter cannot "
+        "be read",
+        summary="J/call", fmt=lambda v: "-" if v is None or pd.isna(v) else f"{float(v):.3g}",
+    ),
+    Column("power_w", "float", _MEASURE,
+           "--energy: the GPU's mean draw in watts over that pass (its idle draw included)"),
+    Column("energy_method", "text", _MEASURE,
+           "--energy: how energy_j was read, or none: <why> (no counter, a counter that did "
+           "not move)"),
+    Column(
         "page_faults", "float", _MEASURE,
         "minor page faults per call in the median timed block (getrusage, every thread; "
         "empty on CUDA and MPS, whose tensors live in device memory)",

@@ -177,6 +177,7 @@ class Grid:
     n_auto: AutoN | None = None
     auto_budget_s: float = 300.0  # --n auto: seconds of cases the whole sweep may spend
     compile: str = ""  # torch.compile's arguments for every case (``compiling``); "": eager
+    energy: bool = False  # read joules per call from the GPU's energy counter (a pass a case)
 
     @property
     def most_rounds(self) -> int:

@@ -9,7 +9,7 @@
 #
 # Steps, most needed first: environment; a smoke sweep of each timer, and of the serial
 # executor beside the default fork server (the script stops if the default one fails at once);
-# the `cuda` tests; compiled layers beside eager ones (--compile default, and reduce-overhead's
+# the `cuda` tests; the energy counter (benchmarks/energy_check.py, a sweep with --energy); compiled layers beside eager ones (--compile default, and reduce-overhead's
 # CUDA graphs); the auto grid (the GPU's default) with the clocks on record; the intervals'
 # coverage across invocations; the three timers against torch.utils.benchmark and Triton;
 # `ab` A/A up to five times, then attention against attention-sdpa; generation (--mode decode,
@@ -18,7 +18,7 @@
 set -u
 OUT=${OUT:?set OUT to the folder the results go to}
 DEADLINE=${DEADLINE:-540}
-STEPS=${STEPS:-env,smoke,tests,compile,auto,coverage,agreement,ab,decode,spread,machine,kernels}
+STEPS=${STEPS:-env,smoke,tests,energy,compile,auto,coverage,agreement,ab,decode,spread,machine,kernels}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg ATTNBENCH_CACHE_DIR=/tmp/abcache
 PY=${PY:-python3}
 DEV=${DEV:-cuda}
@@ -65,7 +65,7 @@ if want smoke; then
     || { echo "smoke failed: stopping here" | tee -a "$LOG"; exit 1; }
   step smoke-serial 40 $AB sweep --device $DEV --layers conv,attention-sdpa,lstm \
     --n 64,128 --d 32 --time-budget 0.02 --no-charts --executor serial --out $R/smoke-serial
-  for timer in kernels cold; do
+  for timer in ${SMOKE_TIMERS:-kernels cold}; do
     step smoke-$timer 25 $AB sweep --device $DEV --layers conv,attention-sdpa,lstm,ssm \
       --n 64,128 --d 32 --time-budget 0.02 --no-charts --timer $timer --out $R/smoke-$timer
   done
@@ -84,6 +84,19 @@ for t in ('smoke', 'smoke-serial', 'smoke-kernels', 'smoke-cold'):
 fi
 
 step tests ${TESTS_LIMIT:-120} $PY -m pytest -q -n 0 -m cuda -p no:cacheprovider -rfE -k "not test_ab_a_against_a" tests/test_cuda.py
+
+# energy: the counter's step, a pass against one six times longer and NVML's power, the sum;
+# then a sweep with --energy (every case's row)
+step energy ${ENERGY_LIMIT:-60} $PY benchmarks/energy_check.py --device $DEV --json $R/energy.json
+step energy-sweep ${ENERGY_SWEEP_LIMIT:-60} $AB sweep --device $DEV --energy \
+  --layers ${EL:-conv,lstm,attention,attention-sdpa} --n ${EN:-256,1024,4096} --d 128 \
+  --time-budget 0.1 --no-charts --out $R/gpu-energy
+if want energy; then
+  $PY -c "import pandas as pd
+f = pd.read_csv('$R/gpu-energy/results.csv')
+print(f[['layer', 'n', 'status', 'time_s', 'energy_j', 'power_w', 'energy_method']].to_string())
+" 2>&1 | tee -a "$LOG" | tail -n 20
+fi
 
 # compiled layers beside eager ones, one grid; then reduce-overhead (CUDA graphs) on two layers
 CL=${CL:-conv,rnn,lstm,attention,attention-sdpa,attention-linear,ssm}
@@ -117,18 +130,20 @@ step agreement 130 $PY benchmarks/gpu_agreement.py --device $DEV --n 256,2048 --
   --budget 0.15 --json $R/agreement.json
 
 if want ab; then
-  AB_END=$((SECONDS + 300))  # ab goes through 3 worker processes a side (--processes)
-  for i in 1 2 3 4 5; do  # as many as the ab step's time and the deadline leave room for
-    (( $(left) < 90 || AB_END - SECONDS < 60 )) && break
+  # A/A on AB_LAYERS at AB_N, AB_RUNS times (as the time left allows), each pair two fresh
+  # processes; then attention-sdpa -> attention, which must exit 1
+  AB_END=$((SECONDS + ${AB_LIMIT:-300}))
+  for i in $(seq 1 ${AB_RUNS:-5}); do
+    (( $(left) < 60 || AB_END - SECONDS < 30 )) && break
     start=$SECONDS
-    timeout -k 5 75 $AB ab --device $DEV --layers conv,rnn,attention,attention-sdpa \
-      --n 256,2048 --d 64 --time-budget 0.1 --json --quiet --out $R/ab-aa-$i \
+    timeout -k 5 ${AB_ONE:-75} $AB ab --device $DEV --layers ${AB_LAYERS:-conv,rnn,attention,attention-sdpa} \
+      --n ${AB_N:-256,2048} --d 64 --time-budget 0.1 ${AB_ARGS:-} --json --quiet --out $R/ab-aa-$i \
       > "$R/ab-aa-$i.json" 2>> "$LOG"
     echo "== ab A/A $i: exit $? in $((SECONDS - start))s" | tee -a "$LOG"
   done
   start=$SECONDS
-  timeout -k 5 40 $AB ab --device $DEV --base-layers attention-sdpa --layers attention \
-    --n 4096 --d 128 --time-budget 0.1 --json --quiet --out $R/ab-sdpa \
+  timeout -k 5 ${AB_ONE:-75} $AB ab --device $DEV --base-layers attention-sdpa --layers attention \
+    --n 4096 --d 128 --time-budget 0.1 ${AB_ARGS:-} --json --quiet --out $R/ab-sdpa \
     > "$R/ab-sdpa.json" 2>> "$LOG"
   echo "== ab attention-sdpa -> attention at n = 4096: exit $? in $((SECONDS - start))s" | tee -a "$LOG"
   $PY - "$R" <<'EOF' 2>&1 | tee -a "$LOG"

@@ -303,3 +303,18 @@ def test_the_sm_clock_is_on_record_where_nvml_is() -> None:
     assert result.sm_clock_mhz and 100 < result.sm_clock_mhz <= result.sm_clock_max_mhz * 1.01
     assert result.timing.clocks_mhz and len(result.timing.clocks_mhz) == result.timing.count
     assert 0 <= result.throttled_share <= 1
+
+
+def test_energy_is_read_from_the_counter_and_grows_with_the_work() -> None:
+    """--energy on a GPU: joules per call from NVML's counter, a draw a card can have, and a
+    call of four times the work (attention at 4n, a quarter of the calls) drawing more."""
+    pytest.importorskip("pynvml")
+    policy = TimingPolicy(**{**SHORT.__dict__, "energy_s": 0.3})
+    small = measure_case(case_of("attention", 1024, 128), policy=policy)
+    large = measure_case(case_of("attention", 4096, 128), policy=policy)
+    for result in (small, large):
+        assert result.status == "ok", result.error
+        assert result.energy_method.startswith("NVML energy counter"), result.energy_method
+        assert result.energy_j is not None and result.energy_j > 0
+        assert result.power_w is not None and 30 < result.power_w < 1500
+    assert large.energy_j > 4 * small.energy_j  # type: ignore[operator]  # n² work: 16x

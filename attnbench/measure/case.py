@@ -45,6 +45,7 @@ from attnbench.measure.memory import is_out_of_memory, profile_call
 from attnbench.measure.record import CaseResult
 from attnbench.measure.step import NoDecodeStep, Step, layer_builder, make_step, release_memory
 from attnbench.measure.timing.clocks import device_clock_max
+from attnbench.measure.timing.energy import Energy, energy_columns, energy_of
 from attnbench.measure.timing.faults import FaultCounter
 from attnbench.measure.timing.gputimers import Timed, device_split, time_step
 from attnbench.measure.timing.loop import DEFAULT_POLICY, Clock, TimingPolicy, TimingStats
@@ -110,6 +111,7 @@ def measure_case(
                 policy,
             )
         compiled = finished(step, compiling)  # its recompiles: the timed calls' own
+        energy = energy_of(step, case.device, policy.energy_s, sync) if timed else None
         counts, source, memory = exact_counts(case, seed, step, cached, cached_memory, counting)
         split: tuple[KernelSplit | None, str] = (None, "")
         instructions = None
@@ -120,17 +122,15 @@ def measure_case(
             )
         elif counter is not None:  # counted in its own process, under Callgrind
             instructions = counter.count(case, seed)
-        decoded = (
-            Decoded(held_bytes(step), decode_check(case, step), drift(step))
-            if step.state is not None
-            else None
-        )
+        decoded = None
+        if step.state is not None:
+            decoded = Decoded(held_bytes(step), decode_check(case, step), drift(step))
     except NoDecodeStep as exc:  # a layer without a step: a stated skip, the sweep goes on
         return CaseResult(case, Status.SKIPPED, threads, wall_s=clock() - start, error=str(exc))
     except Exception as exc:  # a case that breaks is recorded; the sweep goes on
         status = Status.OOM if is_out_of_memory(exc) else Status.FAILED
         return _failed(case, status, exc, threads, clock() - start)
-    taken = _Taken(counts, source, memory, timed, instructions, split, decoded)
+    taken = _Taken(counts, source, memory, timed, instructions, split, decoded, energy)
     waited = timed.stats.waited_s if timed is not None else 0.0  # the machine's, not the case's
     measured = _measured(case, threads, clock() - start - waited, taken, policy)
     return with_compile(judged(measured, decoded), compiled)
@@ -148,6 +148,7 @@ class _Taken:
     instructions: int | None
     split: tuple[KernelSplit | None, str]
     decoded: Decoded | None = None
+    energy: Energy | None = None
 
 
 def _measured(
@@ -191,6 +192,7 @@ def _measured(
         state_bytes=taken.decoded.state_bytes if taken.decoded else None,
         state_analytic=case.analytic_state(),
         decode_check=taken.decoded.check if taken.decoded else None,
+        **energy_columns(taken.energy),
     )
 
 

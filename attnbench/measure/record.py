@@ -120,6 +120,9 @@ class CaseResult:
     compile_break_reasons: str = ""
     compile_recompiles: int | None = None  # graphs compiled again while it was timed
     compile_check: float | None = None  # the compiled output against the eager layer's
+    energy_j: float | None = None  # joules a call, from the GPU's counter (measure.timing.energy)
+    power_w: float | None = None  # the GPU's mean draw over the energy pass
+    energy_method: str = ""  # how they were read, or "none: <why>"; "" without --energy
 
     @property
     def sm_clock_mhz(self) -> float | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from attnbench.devices import device_kind
 from attnbench.estimators import Prior, estimate, is_disturbed
+from attnbench.measure.timing.energy import ENERGY_S
 from attnbench.measure.timing.loop import DEFAULT_POLICY, TimingPolicy, TimingStats
 from attnbench.spec import MORE_PROCESSES, Grid
 
@@ -40,6 +41,7 @@ def round_policy(grid: Grid) -> TimingPolicy:
         min_time_s=min(DEFAULT_POLICY.min_time_s, ROUND_MIN_S, share),
         target_rel_ci=DEFAULT_POLICY.target_rel_ci if grid.processes == 1 else ROUND_TARGET,
         timer=grid.timer,
+        energy_s=ENERGY_S if grid.energy else 0.0,
     )
 
 

@@ -58,11 +58,11 @@ def clock_reader(device: str, nvml: Any = None) -> ClockReader | None:
     if not device.startswith("cuda"):
         return None
     if nvml is None:
-        nvml = _pynvml()
+        nvml = pynvml_module()
         if nvml is None:
             return None
     try:
-        handle = _handle(nvml, device)
+        handle = nvml_handle(nvml, device)
         top = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
     except Exception:  # NVML present but unusable (no driver, a device it does not list)
         return None
@@ -110,7 +110,7 @@ def device_clock_max(device: str) -> float | None:
 
 
 @functools.cache
-def _pynvml() -> Any:
+def pynvml_module() -> Any:
     """``pynvml``, initialised once; None without it or without a driver."""
     try:
         import pynvml  # type: ignore[import-not-found]  # optional: nvidia-ml-py
@@ -121,7 +121,7 @@ def _pynvml() -> Any:
     return pynvml
 
 
-def _handle(nvml: Any, device: str) -> Any:
+def nvml_handle(nvml: Any, device: str) -> Any:
     """NVML's handle of torch's ``device``: found by its UUID (CUDA_VISIBLE_DEVICES renumbers
     torch's devices, not NVML's), by torch's index where torch gives no UUID."""
     import torch

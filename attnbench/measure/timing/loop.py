@@ -217,6 +217,9 @@ class TimingPolicy:
     # may wait for the machine to read quiet before it times (0: none; the sweep sets both).
     quiet_s: float | None = None
     wait_s: float = 0.0
+    # Seconds of the energy pass after the first round's timed calls (``measure.timing.energy``,
+    # --energy; 0: none).
+    energy_s: float = 0.0
 
 
 DEFAULT_POLICY = TimingPolicy()

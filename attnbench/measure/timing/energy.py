@@ -1,0 +1,147 @@
+"""Joules per call from the GPU's own energy counter (NVML, through ``nvidia-ml-py``).
+
+Volta and newer GPUs count the energy they have drawn since the driver loaded
+(``nvmlDeviceGetTotalEnergyConsumption``, millijoules): Zeus reads it, and MLPerf Power reports
+energy per query. The counter moves in steps, tens of milliseconds apart, so a reading around
+a short span says little. ``energy_pass`` (``--energy``) runs the call back to back after the
+timed calls, from one step of the counter to the first step after ``ENERGY_S``: the energy
+between two steps is the energy of the calls run between them, known to a block of calls at
+each end rather than to the counter's period. Where no counter can be read (the CPU, no NVML,
+a card before Volta) the columns stay empty and ``energy_method`` says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from attnbench.measure.timing.clocks import nvml_handle, pynvml_module
+
+ENERGY_S = 0.5  # the span the pass runs its calls for, between two steps of the counter
+BLOCK_S = 5e-3  # calls run in synchronised blocks of about this long between counter reads
+# The longest the pass waits for the counter to step (documented periods are 20-100 ms): a
+# counter that has not moved by then cannot be read, and the case says so.
+STEP_WAIT_S = 1.0
+
+EnergyProbe = Callable[[], float | None]  # the device's energy counter now, joules (None: unread)
+
+
+@dataclass(frozen=True)
+class Energy:
+    """One case's energy pass: joules per call, the device's mean draw over the pass in watts,
+    and how they were read (``none: <why>`` where they were not)."""
+
+    energy_j: float | None
+    power_w: float | None
+    method: str
+
+
+def energy_probe(device: str, nvml: Any = None) -> EnergyProbe | None:
+    """The energy counter of a CUDA ``device`` in joules; None where it cannot be read.
+    ``nvml``: the ``pynvml`` module (tests pass a fake)."""
+    if not device.startswith("cuda"):
+        return None
+    if nvml is None:
+        nvml = pynvml_module()
+        if nvml is None:
+            return None
+    try:
+        handle = nvml_handle(nvml, device)
+        nvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # refused before Volta
+    except Exception:
+        return None
+
+    def read() -> float | None:
+        try:
+            return float(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)) * 1e-3
+        except Exception:
+            return None
+
+    return read
+
+
+@functools.cache
+def device_energy(device: str) -> EnergyProbe | None:
+    """``energy_probe`` of ``device``, made once a process."""
+    return energy_probe(device)
+
+
+def energy_pass(
+    fn: Callable[[], object],
+    read: EnergyProbe | None,
+    *,
+    span_s: float = ENERGY_S,
+    clock: Callable[[], float] = time.perf_counter,
+    sync: Callable[[], None] = lambda: None,
+    device: str = "",
+) -> Energy:
+    """Joules per call of ``fn``: its calls run back to back in synchronised blocks from one
+    step of the counter ``read`` to the first step after ``span_s``. Each end is known to a
+    block (the step came during the block before it was seen), so the reading is within
+    about two blocks over the span of the truth."""
+    if read is None:
+        where = f"on {device}" if device else "here"
+        return Energy(None, None, f"none: no GPU energy counter {where} (NVML, a CUDA GPU)")
+    sync()
+    begin = clock()
+    fn()
+    sync()
+    one = max(clock() - begin, 1e-7)
+    block = max(1, math.ceil(BLOCK_S / one))
+
+    def run_block() -> None:
+        for _ in range(block):
+            fn()
+        sync()
+
+    def next_step(last: float | None) -> tuple[float | None, int]:
+        """Blocks run until the counter reads other than ``last``: its reading, and the
+        blocks run (None: it did not move within ``STEP_WAIT_S``)."""
+        waited, blocks = clock(), 0
+        while (now := read()) == last or now is None:
+            if clock() - waited > STEP_WAIT_S:
+                return None, blocks
+            run_block()
+            blocks += 1
+        return now, blocks
+
+    first, _ = next_step(read())
+    if first is None:
+        return Energy(None, None, f"none: the energy counter did not move in {STEP_WAIT_S:g} s")
+    start, calls = clock(), 0
+    while clock() - start < span_s:
+        run_block()
+        calls += block
+    last, blocks = next_step(read())
+    calls += blocks * block
+    took = clock() - start
+    if last is None or last <= first or calls == 0:
+        return Energy(None, None, f"none: the energy counter did not move in {STEP_WAIT_S:g} s")
+    joules = last - first
+    within = 2 * block * one / took
+    return Energy(
+        joules / calls,
+        joules / took,
+        f"NVML energy counter, {calls} calls back to back over {took:.2f} s between two of its "
+        f"steps (within about {within:.0%})",
+    )
+
+
+def energy_of(
+    fn: Callable[[], object], device: str, span_s: float, sync: Callable[[], None]
+) -> Energy | None:
+    """A case's energy pass where ``span_s`` asks for one (``--energy``), else None."""
+    if span_s <= 0:
+        return None
+    return energy_pass(fn, device_energy(device), span_s=span_s, sync=sync, device=device)
+
+
+def energy_columns(found: Energy | None) -> dict[str, Any]:
+    """The results columns an energy pass fills (empty without one)."""
+    if found is None:
+        return {"energy_j": None, "power_w": None, "energy_method": ""}
+    return {"energy_j": found.energy_j, "power_w": found.power_w, "energy_method": found.method}

@@ -1,0 +1,162 @@
+"""Joules per call from a GPU's energy counter (``--energy``), driven by a fake counter that
+steps on a fake clock, as NVML's does every few tens of milliseconds."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from attnbench.errors import AttnbenchError
+from attnbench.measure.case import measure_case
+from attnbench.measure.timing import energy as energy_module
+from attnbench.measure.timing.energy import (
+    BLOCK_S,
+    STEP_WAIT_S,
+    energy_columns,
+    energy_of,
+    energy_pass,
+    energy_probe,
+)
+from attnbench.measure.timing.loop import TimingPolicy
+from attnbench.options import build_grid
+from attnbench.run.rounds import round_policy
+
+CONV = build_grid({"layers": "conv", "n": "64", "d": "32", "device": "cpu"}).cases()[0]
+
+
+class SteppingCounter:
+    """A device drawing ``watts`` (``idle_w`` outside calls), its counter stepping every
+    ``period_s`` to the energy drawn by then, read on a fake clock that the calls advance."""
+
+    def __init__(self, watts: float, period_s: float, call_s: float) -> None:
+        self.now, self.watts, self.period_s, self.call_s = 0.0, watts, period_s, call_s
+        self.calls = 0
+        self.reads = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def call(self) -> None:
+        self.now += self.call_s
+        self.calls += 1
+
+    def read(self) -> float:
+        self.reads += 1
+        self.now += 1e-6  # a read costs a little time, as a driver call does
+        return math.floor(self.now / self.period_s) * self.period_s * self.watts
+
+
+@pytest.mark.parametrize("period_s", [0.02, 0.1])
+@pytest.mark.parametrize("call_s", [1e-5, 3e-4, 4e-3])
+def test_the_pass_reads_joules_per_call_to_a_block_whatever_the_counters_period(
+    period_s: float, call_s: float
+) -> None:
+    device = SteppingCounter(watts=400.0, period_s=period_s, call_s=call_s)
+    found = energy_pass(device.call, device.read, span_s=0.5, clock=device.clock)
+    assert found.energy_j is not None and found.power_w is not None
+    # the truth: 400 W for call_s a call; a reading is known to about a block at each end
+    block = max(BLOCK_S, call_s)
+    assert found.energy_j == pytest.approx(400.0 * call_s, rel=2 * block / 0.5 + 1e-3)
+    assert found.power_w == pytest.approx(400.0, rel=2 * block / 0.5 + 1e-3)
+    assert found.method.startswith("NVML energy counter, ")
+    assert "between two of its steps" in found.method
+
+
+def test_a_pass_reads_more_joules_for_a_call_that_draws_more() -> None:
+    low = SteppingCounter(watts=200.0, period_s=0.05, call_s=1e-3)
+    high = SteppingCounter(watts=600.0, period_s=0.05, call_s=1e-3)
+    a = energy_pass(low.call, low.read, span_s=0.5, clock=low.clock)
+    b = energy_pass(high.call, high.read, span_s=0.5, clock=high.clock)
+    assert a.energy_j is not None and b.energy_j is not None
+    assert b.energy_j / a.energy_j == pytest.approx(3.0, rel=0.05)
+
+
+def test_without_a_counter_the_pass_says_so_and_runs_nothing() -> None:
+    device = SteppingCounter(watts=400.0, period_s=0.05, call_s=1e-3)
+    found = energy_pass(device.call, None, clock=device.clock, device="cpu")
+    assert (found.energy_j, found.power_w) == (None, None)
+    assert found.method == "none: no GPU energy counter on cpu (NVML, a CUDA GPU)"
+    assert device.calls == 0
+
+
+def test_a_counter_that_never_moves_is_stated_unreadable_within_its_wait() -> None:
+    device = SteppingCounter(watts=400.0, period_s=0.05, call_s=1e-3)
+    found = energy_pass(device.call, lambda: 1234.0, clock=device.clock)
+    assert found.energy_j is None and found.power_w is None
+    assert found.method == f"none: the energy counter did not move in {STEP_WAIT_S:g} s"
+    assert device.now < STEP_WAIT_S + 0.1  # it gave up, not ran on
+
+
+def test_the_pass_starts_and_ends_on_a_step_of_the_counter() -> None:
+    # a counter that stepped just before the pass and steps again 90 ms later: the calls of
+    # those 90 ms are not counted (they would read as free energy) until the next step
+    device = SteppingCounter(watts=100.0, period_s=0.1, call_s=1e-3)
+    device.now = 0.01
+    found = energy_pass(device.call, device.read, span_s=0.3, clock=device.clock)
+    assert found.energy_j == pytest.approx(0.1, rel=0.05)  # 100 W x 1 ms
+
+
+class FakeNvml:
+    def __init__(self, millijoules: float | None) -> None:
+        self.millijoules = millijoules
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        return f"handle-{index}"
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: str) -> float:
+        if self.millijoules is None:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")  # a card before Volta
+        return self.millijoules
+
+
+def test_the_probe_reads_nvmls_millijoules_as_joules(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: object())
+    nvml = FakeNvml(2_500_000.0)
+    probe = energy_probe("cuda:0", nvml)
+    assert probe is not None and probe() == pytest.approx(2500.0)
+    assert energy_probe("cpu", nvml) is None
+    assert energy_probe("cuda:0", FakeNvml(None)) is None  # refused: no counter
+
+
+def test_energy_is_off_unless_asked_and_its_columns_are_empty_then() -> None:
+    assert energy_of(lambda: None, "cuda:0", 0.0, lambda: None) is None
+    assert energy_columns(None) == {"energy_j": None, "power_w": None, "energy_method": ""}
+
+
+def test_the_option_sets_the_pass_and_is_refused_where_no_gpu_counts() -> None:
+    grid = build_grid({"layers": "conv", "n": "64", "d": "32", "device": "cpu"})
+    assert grid.energy is False and round_policy(grid).energy_s == 0.0
+    with pytest.raises(AttnbenchError, match="--energy reads a GPU's energy counter"):
+        build_grid({"layers": "conv", "n": "64", "d": "32", "device": "cpu", "energy": True})
+    with pytest.raises(AttnbenchError, match="--energy: expected true or false"):
+        build_grid({"layers": "conv", "n": "64", "d": "32", "device": "cpu", "energy": "yes"})
+    assert round_policy(dataclasses.replace(grid, energy=True)).energy_s == energy_module.ENERGY_S
+
+
+def test_a_measured_case_carries_its_energy_into_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the real layer, its real calls, on a counter stepping with the real clock: the row holds
+    # what the pass read
+    import time
+
+    watts = 300.0
+
+    def read() -> float:
+        now = time.perf_counter()
+        return math.floor(now / 0.02) * 0.02 * watts
+
+    monkeypatch.setattr(energy_module, "device_energy", lambda device: read)
+    policy = TimingPolicy(budget_s=0.02, min_time_s=0.0, min_samples=3, energy_s=0.1)
+    result = measure_case(CONV, policy=policy)
+    row = result.to_row()
+    assert row["power_w"] == pytest.approx(watts, rel=0.25)
+    assert row["energy_j"] == pytest.approx(watts * result.timing.median_s, rel=0.5)  # type: ignore[union-attr]
+    assert row["energy_method"].startswith("NVML energy counter")
+    off = measure_case(
+        CONV,
+        policy=TimingPolicy(budget_s=0.02, min_samples=3),
+    )
+    assert off.to_row()["energy_method"] == "" and off.to_row()["energy_j"] is None
