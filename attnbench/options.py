@@ -293,8 +293,8 @@ OPTIONS: tuple[Option, ...] = (
            "Joules per call and the GPU's mean power (energy_j, power_w), read from its NVML "
            "energy counter while the call runs back to back for about "
            f"{ENERGY_S:g} s after the first round's timed calls, from one step of the counter "
-           "to another; empty, and energy_method says why, where no counter can be read (the "
-           "CPU, no NVML)."),
+           "to another. CUDA only; empty, and energy_method says why, where NVML cannot read "
+           "the counter."),
     Option("allocator", "allocator", str, check_allocator,
            "pinned: glibc keeps freed memory mapped, so a time does not depend on what ran "
            "before; system: glibc's defaults, what your own program pays (page faults)."),
