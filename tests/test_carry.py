@@ -143,3 +143,19 @@ def test_predict_carries_a_run_to_another_machine_of_its_kind(
     assert "Traceback" not in refused.output and "--method counts" in refused.output
     wrong = runner.invoke(app, ["predict", str(wide_run.path), "--method", "guess"])
     assert wrong.exit_code != 0 and "carried, counts" in wrong.output
+
+
+def test_a_carry_on_the_op_latency_stand_in_says_it_can_mislead() -> None:
+    """Carried on the op latency (a machine without host_op_s), the method's reason names the
+    stand-in and the two ways out; on both machines' host_op_s it does not."""
+    from types import SimpleNamespace
+
+    from attnbench.fits.prediction import choose_method
+
+    run = SimpleNamespace(record=SimpleNamespace(config={"device": "cuda:0"}), ceilings=SOURCE)
+    chosen, why, _ = choose_method(run, TARGET, None)  # type: ignore[arg-type]
+    assert chosen == "carried" and "from host_op_s)" in why and "stand-in" not in why
+    older = replace(TARGET, host_op_s=None, op_latency_s=3e-6)
+    chosen, why, _ = choose_method(run, older, None)  # type: ignore[arg-type]
+    assert chosen == "carried" and "from op_latency_s: a stand-in" in why
+    assert "attnbench machine --remeasure" in why and "--method counts" in why

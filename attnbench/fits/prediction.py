@@ -68,10 +68,17 @@ def choose_method(
         return COUNTS, "asked for: the counts alone on the target's ceilings", None
     if refused is None and source is not None:
         hosts = host_ratio(source, ceilings)
+        stand_in = (
+            ""
+            if hosts.basis == "host_op_s"
+            else ": a stand-in where a machine's ceilings lack host_op_s, which can mislead "
+            "by the hosts' whole difference; attnbench machine --remeasure there measures it, "
+            "or --method counts predicts without it"
+        )
         return (
             CARRIED,
             f"carried: the measured times scaled by the two machines' ceilings (host ratio "
-            f"{hosts.ratio:.2f}, from {hosts.basis})",
+            f"{hosts.ratio:.2f}, from {hosts.basis}{stand_in})",
             source,
         )
     return COUNTS, f"the counts alone on the target's ceilings ({refused})", None
