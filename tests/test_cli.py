@@ -266,10 +266,17 @@ def test_the_marks_note_says_how_many_processes_would_narrow_a_typical_case(  # 
     frame["time_ci_low_s"] = frame["time_s"] * 0.9
     frame["time_ci_high_s"] = frame["time_s"] * 1.1
     frame["rounds"], frame["spread_between"] = 6, 0.054
+    frame["time_stop"] = "max rounds"
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
     said = "a case needs about 10 processes to reach ±5% on this machine as it was"
     assert f"between their processes, 5.4%, {said} (--max-processes 10 " in buf.getvalue()
+    assert "ran out of --time-budget" not in buf.getvalue()
+    # where the budget ended some of their rounds, more processes alone would not reach them
+    frame["time_stop"] = ["budget", "budget", *["max rounds"] * (len(frame) - 2)]
+    buf = io.StringIO()
+    summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
+    assert "too; 2 of them ran out of --time-budget first: raise it as well)" in buf.getvalue()
     frame["rounds"] = 12
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))

@@ -250,3 +250,21 @@ def test_a_busy_flag_a_round_is_one_a_round() -> None:
         kept_rounds([[1.0], [1.0], [1.0]], busy=[True])
     with pytest.raises(ValueError):
         kept_rounds([[1.0], [1.0]], [None], busy=[False, False])
+
+
+def test_replication_says_which_rule_ends_a_cases_rounds() -> None:
+    """Below --processes another round; at the most, max rounds; past the least, precise once
+    the interval is tight, budget once it is wide and the budget spent, else another."""
+    from attnbench.measure.timing.loop import Stop
+    from attnbench.run.rounds import Replication
+
+    replication = Replication(least=3, most=6, target_rel_ci=0.05, budget_s=1.0)
+    tight = [[1.0e-3] * 5, [1.001e-3] * 5, [0.999e-3] * 5]
+    wide = [[1.0e-3] * 5, [1.6e-3] * 5, [2.5e-3] * 5]
+    assert replication.stop_of(wide[:2], 2) is None
+    assert replication.stop_of(wide * 2, 6) is Stop.MAX_ROUNDS
+    assert replication.stop_of(tight, 3, spent_s=2.0) is Stop.PRECISE
+    assert replication.stop_of(wide, 3, spent_s=2.0) is Stop.BUDGET
+    assert replication.stop_of(wide, 3, spent_s=0.5) is None
+    assert replication.wants_more(wide, 3, spent_s=0.5)
+    assert not replication.wants_more(wide, 3, spent_s=2.0)

@@ -193,6 +193,9 @@ def test_every_rounds_cost_counts_toward_the_time_budget(
     )  # fmt: skip
     run = run_sweep(grid, tmp_path / "run", measuring=Measuring(calibration=SMALL_GEMM))
     assert run.samples["round"].nunique() == 3
+    # the rule that ended its rounds is on record: the budget, not --max-processes (6)
+    case_id = str(run.frame["case_id"].iloc[0])
+    assert run.record.round_stops == {case_id: "budget"}
     # Resumed, the case's budget counts as spent (its rounds' blocks are not on disk to charge
     # again): a complete run measures nothing more, however wide its interval.
     before = (tmp_path / "run" / "results.csv").read_text()
@@ -233,3 +236,37 @@ def test_a_compiled_sweeps_estimate_charges_each_round_its_compile() -> None:
     assert low_c - low == pytest.approx(cases * eager.processes * COMPILE_S[0])
     most = eager.processes * MORE_PROCESSES
     assert high_c - high == pytest.approx(cases * most * COMPILE_S[1])
+
+
+def test_time_stop_names_the_budget_where_the_sweep_recorded_it(tmp_path: Path) -> None:
+    """A case whose rounds read far apart: time_stop says budget where run.json's round_stops
+    says its rounds ended on --time-budget, max rounds where it says so or says nothing (a
+    run from before it was recorded), and precise whatever was recorded once they agree."""
+    import json
+
+    run = run_sweep(
+        build_grid({"layers": "conv", "n": "8", "d": "4", "device": "cpu", "processes": 3}),
+        tmp_path / "run",
+        measuring=Measuring(calibration=SMALL_GEMM),
+    )
+    case_id = str(run.frame["case_id"].iloc[0])
+    samples = pd.read_csv(run.path / "samples.csv")
+    median = samples["time_s"].median()
+    meta = json.loads((run.path / "run.json").read_text())
+
+    def reads(times_by_round: dict[int, float], stops: dict[str, str] | None) -> str:
+        found = samples.assign(time_s=samples["round"].map(times_by_round).fillna(median))
+        found.to_csv(run.path / "samples.csv", index=False)
+        written = {k: v for k, v in meta.items() if k != "round_stops"}
+        if stops is not None:
+            written["round_stops"] = stops
+        (run.path / "run.json").write_text(json.dumps(written))
+        return str(load_results(run.path).frame["time_stop"].iloc[0])
+
+    first, second, third = sorted(samples["round"].unique())[:3]
+    apart = {first: median, second: 1.6 * median, third: 2.5 * median}
+    together = {r: median for r in apart}
+    assert reads(apart, {case_id: "budget"}) == "budget"
+    assert reads(apart, {case_id: "max rounds"}) == "max rounds"
+    assert reads(apart, None) == "max rounds"
+    assert reads(together, {case_id: "budget"}) == "precise"

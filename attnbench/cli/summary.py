@@ -90,12 +90,17 @@ def _more_processes(imprecise: pd.DataFrame) -> str:
             "that far apart on a busy machine, or where a round or two ran slow, and a sweep "
             "on a quieter machine reads them nearer"
         )
+    spent = 0  # those whose rounds --time-budget ended (one round's own budget is its samples')
+    if "time_stop" in imprecise:
+        budget = imprecise["time_stop"].eq("budget") & numeric_column(imprecise, "rounds").ge(2)
+        spent = int(budget.sum())
+    first = f"; {spent} of them ran out of --time-budget first: raise it as well" if spent else ""
     return (
         f"at the median spread between their processes, {spread:.1%}, a case needs about "
         f"{needed} processes to reach ±{IMPRECISE_REL_CI:.0%} on this machine as it was "
         f"(--max-processes {needed} gives them to the cases whose interval is wide; an auto "
-        "sweep charges each case that many, so give it a larger --auto-budget too); a quieter "
-        "machine needs fewer"
+        f"sweep charges each case that many, so give it a larger --auto-budget too{first}); a "
+        "quieter machine needs fewer"
     )
 
 

@@ -22,7 +22,7 @@ from attnbench.estimators import prior_of
 from attnbench.formats import RawRun, folder_version, migrate_run
 from attnbench.measure.record import timing_columns
 from attnbench.measure.timing.clocks import median_clock, throttled_share
-from attnbench.measure.timing.loop import TimingStats
+from attnbench.measure.timing.loop import Stop, TimingStats
 from attnbench.results.files import (
     CALIBRATION_FILE,
     RESULTS_FILE,
@@ -101,6 +101,7 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "reruns": (dict, _OPTIONAL),
     "reruns_other": (dict, _OPTIONAL),
     "reruns_left": (bool,),
+    "round_stops": (dict, _OPTIONAL),
     "unrecorded": (list,),
 }
 # The configuration entries that the reading commands use, by the types they must have.
@@ -325,6 +326,9 @@ def _with_all_rounds(
             references_s=tuple(None if pd.isna(r) else float(r) for r in own["reference_s"]),
             others_cores=tuple(None if pd.isna(o) else float(o) for o in own["others_cores"]),
             quiet_s=quiet,
+            rounds_stop=Stop.BUDGET
+            if record.round_stops.get(str(row["case_id"])) == Stop.BUDGET.value
+            else None,
         )
     prior = prior_of([timing.kept_variance() for timing in stats.values()])
     own_level = None if math.isnan(state) else state  # a sweep in a slower state is not busy

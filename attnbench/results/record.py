@@ -85,6 +85,9 @@ class RunRecord:
     unrecorded: tuple[str, ...] = ()
     # An auto sweep's lines and what stopped each (empty: the sweep ran a fixed grid).
     auto: tuple[AutoLine, ...] = ()
+    # The rule that ended each case's rounds, by case_id (``run.rounds.Replication.stop_of``:
+    # precise, budget or max rounds; absent where not recorded, as before it was).
+    round_stops: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, meta: Mapping[str, Any]) -> RunRecord:
@@ -119,6 +122,9 @@ class RunRecord:
             reruns=parse_entries(meta.get("reruns")),
             reruns_other=parse_entries(meta.get("reruns_other")),
             auto=_auto_lines(meta.get("auto") or {}),
+            round_stops={
+                str(case): str(stop) for case, stop in (meta.get("round_stops") or {}).items()
+            },
         )
 
 

@@ -146,6 +146,10 @@ class JobQueue:
         self.grid, self.writer, self.progress, self.stop = grid, writer, progress, stop
         self.machine_quiet = measuring.quiet_s
         self.waited_s = 0.0  # what the rounds waited for a quiet machine, in all
+        # case_id -> the rule that ended its rounds (``Replication.stop_of``), a resume's too
+        self.round_stops: dict[str, str] = (
+            dict(previous.run.record.round_stops) if previous is not None else {}
+        )
         self.last: Case | None = None  # the case the latest event was about
         self.cases = grid.cases()
         self.index = {case.case_id: i for i, case in enumerate(self.cases)}
@@ -281,9 +285,13 @@ class JobQueue:
         quiet = self.quiet()
         prior = self.prior(quiet)
         spent = self.spent_s.get(case_id, 0.0)
-        if self.replication.wants_more(rounds, len(done), references, quiet, prior, spent, busy):
+        stop = self.replication.stop_of(rounds, len(done), references, quiet, prior, spent, busy)
+        if stop is None:
             key = (1 + max(done), self.shuffle.random(), self.index[case_id])
             heapq.heappush(self.later, key)
+        else:  # why its rounds ended, for its time_stop (run.json's round_stops): the first
+            # decision holds (a resume reads the budget spent, and would say budget)
+            self.round_stops.setdefault(case_id, stop.value)
 
     def own_quiet(self) -> float | None:
         """The sweep's own quiet level so far, from its rounds' references

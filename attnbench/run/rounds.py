@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from attnbench.devices import device_kind
 from attnbench.estimators import Prior, estimate, is_disturbed
 from attnbench.measure.timing.energy import ENERGY_S
-from attnbench.measure.timing.loop import DEFAULT_POLICY, TimingPolicy, TimingStats
+from attnbench.measure.timing.loop import DEFAULT_POLICY, Stop, TimingPolicy, TimingStats
 from attnbench.spec import MORE_PROCESSES, Grid
 
 # What a round's process times before its first sample, past the layer's first call: a fresh
@@ -97,18 +97,36 @@ class Replication:
         spent_s: float = 0.0,
         busy: list[bool] | None = None,
     ) -> bool:
-        """Whether a case with ``done`` rounds finished (``rounds``: the samples of those that
-        measured, ``references`` their machine references against the sweep's ``quiet``
-        level so far, ``busy`` whether each ran beside a busy neighbour, ``spent_s`` seconds
-        its rounds timed, ``budget_spent``) gets another: a round whose reference read
-        disturbed does not count toward ``least`` (a neighbour's CPU beside a round does: a
-        machine busy throughout would give every case its most, and the interval leaves it out
-        only while two others remain), and past it a round must fit the budget."""
+        """Whether a case with ``done`` rounds finished gets another (``stop_of`` says None)."""
+        return self.stop_of(rounds, done, references, quiet, prior, spent_s, busy) is None
+
+    def stop_of(
+        self,
+        rounds: list[list[float]],
+        done: int,
+        references: list[float | None] | None = None,
+        quiet: float | None = None,
+        prior: Prior | None = None,
+        spent_s: float = 0.0,
+        busy: list[bool] | None = None,
+    ) -> Stop | None:
+        """What ends a case's rounds now, or None where it gets another. ``done`` rounds
+        finished (``rounds``: the samples of those that measured, ``references`` their machine
+        references against the sweep's ``quiet`` level so far, ``busy`` whether each ran beside
+        a busy neighbour, ``spent_s`` seconds its rounds timed, ``budget_spent``). A round
+        whose reference read disturbed does not count toward ``least`` (a neighbour's CPU
+        beside a round does: a machine busy throughout would give every case its most, and the
+        interval leaves it out only while two others remain); past it a round must fit the
+        budget (``Stop.BUDGET`` where it does not), and is wanted while the interval is wider
+        than the target (``Stop.PRECISE`` once it is not; ``Stop.MAX_ROUNDS`` at ``most``, or
+        where fewer than two rounds measured)."""
         if done >= self.most:
-            return False
+            return Stop.MAX_ROUNDS
         disturbed = sum(is_disturbed(r, quiet) for r in references or ())
         if done - disturbed < self.least:
-            return True
-        if len(rounds) < 2 or spent_s >= self.budget_s:
-            return False
-        return estimate(rounds, references, quiet, prior, busy=busy).rel_ci > self.target_rel_ci
+            return None
+        if len(rounds) < 2:
+            return Stop.MAX_ROUNDS
+        if estimate(rounds, references, quiet, prior, busy=busy).rel_ci <= self.target_rel_ci:
+            return Stop.PRECISE
+        return Stop.BUDGET if spent_s >= self.budget_s else None

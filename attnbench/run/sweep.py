@@ -400,7 +400,9 @@ def _sweep(
                 f"{exc.message}; the {queue.completed} finished case(s) are saved: "
                 f"attnbench sweep --resume {writer.out_dir}"
             ) from None
-        writer.update(quiet=_quiet_record(level, known, queue.waited_s))
+        writer.update(
+            quiet=_quiet_record(level, known, queue.waited_s), round_stops=queue.round_stops
+        )
         own = queue.own_quiet()
         if own is not None:
             write_quiet(machine, known.after(own))

@@ -88,6 +88,9 @@ class TimingStats:
     # The case's spread between this machine's sweeps (estimators.Between; None: none known)
     between: Between | None = None
     waited_s: float = 0.0  # seconds the round waited for a quiet machine before it timed
+    # What ended the case's rounds where the sweep recorded it (``run.rounds.Replication.
+    # stop_of``; None: not recorded): ``overall_stop`` reads budget from it.
+    rounds_stop: Stop | None = None
 
     def per_call(self, calls: int) -> TimingStats:
         """These statistics with each sample divided among ``calls`` calls (a sample that
@@ -171,11 +174,15 @@ class TimingStats:
     @property
     def overall_stop(self) -> Stop | None:
         """The rule that ended the case: one round's own, or over several, whether their
-        interval reached ``DEFAULT_POLICY``'s target (precise) or the rounds ran out."""
+        interval reached ``DEFAULT_POLICY``'s target (precise), else what the sweep recorded
+        ended its rounds: ``--time-budget`` (budget), or the rounds ran out (max rounds, also
+        where nothing was recorded)."""
         if len(set(self.rounds or ())) < 2:
             return self.stop
         reach = self.run_estimate.rel_ci  # what more rounds could have narrowed
-        return Stop.PRECISE if reach <= DEFAULT_POLICY.target_rel_ci else Stop.MAX_ROUNDS
+        if reach <= DEFAULT_POLICY.target_rel_ci:
+            return Stop.PRECISE
+        return Stop.BUDGET if self.rounds_stop is Stop.BUDGET else Stop.MAX_ROUNDS
 
     @property
     def ci_s(self) -> tuple[float, float]:
