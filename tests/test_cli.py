@@ -534,3 +534,29 @@ def load_complete(out: Path) -> bool:
 
     run = load_results(out)
     return run.status == "complete" and len(run.measured) == 1
+
+
+def test_a_sweep_that_measured_no_case_exits_2_and_keeps_its_rows(tmp_path: Path) -> None:
+    from attnbench.results.loader import load_results
+
+    """A new user's only case ran out of memory and the sweep exited 0: now its row is kept,
+    its tables shown, and one line says nothing was measured, exit 2."""
+    out = tmp_path / "run"
+    args = [
+        "sweep",
+        "--layers",
+        "attention",
+        "--n",
+        "256",
+        "--d",
+        "32",
+        "--no-charts",
+        "--executor",
+    ]
+    args += ["fork"]
+    result = runner.invoke(app, [*args, "--max-case-memory", "1MiB", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "no case measured (1 oom): each one's reason is in its row's error" in said
+    assert "past the 1 MiB it may take" in said
+    assert list(load_results(out).frame["status"]) == ["oom"]

@@ -121,7 +121,7 @@ def test_a_case_that_outgrows_its_memory_is_oom_at_once(
     mine = run.frame[run.frame["layer"] == "breaking:hogs"].set_index("n")
     assert mine.loc[16, "status"] == "ok"
     assert mine.loc[32, "status"] == "oom" and mine.loc[32, "attempts"] == 1  # no second try
-    assert "past the 0.586 GiB it may take" in mine.loc[32, "error"]
+    assert "past the 600 MiB it may take" in mine.loc[32, "error"]
     assert mine.loc[64, "status"] == "skipped"
     assert set(run.frame.loc[run.frame["layer"] == "conv", "status"]) == {"ok"}
     assert run.status == "complete" and run.record.config["max_case_memory"] == 600 * 2**20

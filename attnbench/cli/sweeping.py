@@ -40,6 +40,7 @@ from attnbench.run.events import Listeners
 from attnbench.run.executors import EXECUTORS, default_executor, make_executor
 from attnbench.run.queue import Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
+from attnbench.schema import Status
 from attnbench.thresholds import Thresholds, gate_from
 
 FULL_TRACE_HELP = (
@@ -234,6 +235,13 @@ def _finished(
         typer.echo(json.dumps(payload, indent=2))
     if comparison is not None and comparison.failed(judging.gate):
         raise typer.Exit(1)
+    counts = run.counts()
+    if len(run.frame) and not counts.get(Status.OK):  # a sweep that measured nothing failed
+        ended = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
+        raise AttnbenchError(
+            f"no case measured ({ended}): each one's reason is in its row's error "
+            f"(attnbench show {run.path})"
+        )
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any
 from attnbench.devices import available_bytes, process_bytes
 from attnbench.errors import first_line
 from attnbench.spec import MEMORY_SHARE
+from attnbench.units import fmt_bytes
 
 # How often the server reads the process's memory while it works.
 WATCH_S = 0.02
@@ -112,8 +113,8 @@ def run_fresh(work: Callable[[], dict[str, Any]], limits: Limits) -> Outcome:
             if allowed is not None and rss is not None and rss > allowed:
                 ending = Ending.OOM
                 reason = (
-                    f"the process grew to {rss / 2**30:.3g} GiB, past the "
-                    f"{allowed / 2**30:.3g} GiB it may take"
+                    f"the process grew to {fmt_bytes(rss)}, past the {fmt_bytes(allowed)} it may "
+                    "take"
                 )
                 break
             if time.monotonic() - start > limits.wall_s:
