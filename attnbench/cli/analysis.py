@@ -111,13 +111,15 @@ def table(
         _beside(_load(beside), run, markdown, as_json)
         return
     rows = comparison_table(run)
-    if as_json:
-        typer.echo(rows.to_json(orient="records", indent=2))
-        return
-    if markdown:
-        typer.echo(markdown_table(display(rows)), nl=False)
-        return
     streams = Streams.make()
+    if as_json or markdown:  # the product on stdout, its notes on stderr, as in the table's
+        typer.echo(
+            rows.to_json(orient="records", indent=2) if as_json else markdown_table(display(rows)),
+            nl=as_json,
+        )
+        for note in fit_notes(rows, run):
+            streams.err.print(f"  {note}", soft_wrap=True, markup=False)
+        return
     shown = display(rows)
     decode = run.mode == "decode"
     frame_table(
