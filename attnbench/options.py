@@ -291,10 +291,11 @@ OPTIONS: tuple[Option, ...] = (
            "default sweep"),
     Option("energy", "energy", bool, _switch,
            "Joules per call and the GPU's mean power (energy_j, power_w), read from its NVML "
-           "energy counter while the call runs back to back for about "
+           "energy counter while the call runs back to back for at least "
            f"{ENERGY_S:g} s after the first round's timed calls, from one step of the counter "
-           "to another. CUDA only; empty, and energy_method says why, where NVML cannot read "
-           "the counter."),
+           "to another (0.6-0.7 s a case on an H200, whose counter steps every 100 ms). CUDA "
+           "only, with NVML (pip install 'attnbench[gpu]'); empty, and energy_method says why, "
+           "where it cannot be read."),
     Option("allocator", "allocator", str, check_allocator,
            "pinned: glibc keeps freed memory mapped, so a time does not depend on what ran "
            "before; system: glibc's defaults, what your own program pays (page faults)."),

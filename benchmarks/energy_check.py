@@ -120,10 +120,9 @@ def main() -> None:
     summed, counted_s = 0.0, 0.0
     for _, step in steps:
         found = energy_pass(step, read, sync=sync, device=args.device)
-        if found.energy_j is not None and found.power_w is not None:
-            calls = int(found.method.split(", ")[1].split(" ")[0])
-            summed += found.energy_j * calls
-            counted_s += found.energy_j * calls / found.power_w
+        if found.energy_j is not None:
+            summed += found.energy_j * found.calls
+            counted_s += found.span_s
     whole = (read() or 0.0) - (first or 0.0)
     wall = time.perf_counter() - begin
     print(f"sum of the passes' joules {summed:.1f} J over {counted_s:.2f} s; the counter around "

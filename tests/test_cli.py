@@ -280,6 +280,10 @@ def test_the_marks_note_says_how_many_processes_would_narrow_a_typical_case(  # 
     frame["rounds"] = 12
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
+    assert "more --processes narrow it, a quieter machine more; 2 of them ran out" in buf.getvalue()
+    frame["time_stop"] = "max rounds"
+    buf = io.StringIO()
+    summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
     assert "more --processes narrow it, a quieter machine more" in buf.getvalue()
     frame["rounds"], frame["spread_between"] = 2, 0.47  # a busy machine (a new user read 758)
     buf = io.StringIO()

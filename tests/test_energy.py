@@ -60,8 +60,9 @@ def test_the_pass_reads_joules_per_call_to_a_block_whatever_the_counters_period(
     block = max(BLOCK_S, call_s)
     assert found.energy_j == pytest.approx(400.0 * call_s, rel=2 * block / 0.5 + 1e-3)
     assert found.power_w == pytest.approx(400.0, rel=2 * block / 0.5 + 1e-3)
-    assert found.method.startswith("NVML energy counter, ")
-    assert "between two of its steps" in found.method
+    assert found.method.startswith(f"NVML energy counter: {found.calls} calls back to back")
+    assert "between two of its steps (its ends aligned to them within" in found.method
+    assert found.span_s >= 0.5 and found.calls * call_s == pytest.approx(found.span_s, rel=0.01)
 
 
 def test_a_pass_reads_more_joules_for_a_call_that_draws_more() -> None:
@@ -77,7 +78,10 @@ def test_without_a_counter_the_pass_says_so_and_runs_nothing() -> None:
     device = SteppingCounter(watts=400.0, period_s=0.05, call_s=1e-3)
     found = energy_pass(device.call, None, clock=device.clock, device="cpu")
     assert (found.energy_j, found.power_w) == (None, None)
-    assert found.method == "none: no GPU energy counter on cpu (NVML, a CUDA GPU)"
+    assert found.method == (
+        "none: no GPU energy counter on cpu (it needs a CUDA GPU and NVML: pip install "
+        "'attnbench[gpu]')"
+    )
     assert device.calls == 0
 
 
@@ -87,6 +91,64 @@ def test_a_counter_that_never_moves_is_stated_unreadable_within_its_wait() -> No
     assert found.energy_j is None and found.power_w is None
     assert found.method == f"none: the energy counter did not move in {STEP_WAIT_S:g} s"
     assert device.now < STEP_WAIT_S + 0.1  # it gave up, not ran on
+
+
+class Flaky(SteppingCounter):
+    """A counter whose reads fail (None) at the times in ``fails`` (each once), stops stepping
+    after ``stops_at``, or reads back to 0 after ``resets_at``."""
+
+    def __init__(self, *args: float, fails: tuple[float, ...] = (), stops_at: float = math.inf,
+                 resets_at: float = math.inf) -> None:  # fmt: skip
+        super().__init__(*args)
+        self.fails, self.stops_at, self.resets_at = list(fails), stops_at, resets_at
+
+    def read(self) -> float | None:  # type: ignore[override]
+        value = super().read()
+        if self.fails and self.now >= self.fails[0]:
+            self.fails.pop(0)
+            return None
+        if self.now >= self.resets_at:
+            return value - 1e6
+        if self.now >= self.stops_at:
+            return math.floor(self.stops_at / self.period_s) * self.period_s * self.watts
+        return value
+
+
+@pytest.mark.parametrize(
+    ("begin", "fail_at", "span_s"),
+    [(0.05, 0.05, 0.5), (0.0, 0.6499, 0.55)],  # the first read fails; the span's last does
+)
+def test_a_read_that_fails_is_not_taken_for_a_step_of_the_counter(
+    begin: float, fail_at: float, span_s: float
+) -> None:
+    # both ends mid-period: a missed read taken for a step charged half a period's energy to
+    # the wrong calls (+10% at the start, -9% at the end on a 100 ms counter)
+    device = Flaky(400.0, 0.1, 1e-4, fails=(fail_at,))
+    device.now = begin
+    found = energy_pass(device.call, device.read, span_s=span_s, clock=device.clock)
+    assert found.energy_j == pytest.approx(400.0 * 1e-4, rel=0.03)
+
+
+def test_a_counter_that_steps_once_or_goes_back_says_which() -> None:
+    once = Flaky(400.0, 0.05, 1e-4, stops_at=0.2)
+    found = energy_pass(once.call, once.read, span_s=0.5, clock=once.clock)
+    assert found.energy_j is None
+    assert (
+        found.method
+        == f"none: the energy counter did not move in {STEP_WAIT_S:g} s after its first step"
+    )
+    back = Flaky(400.0, 0.05, 1e-4, resets_at=0.4)
+    found = energy_pass(back.call, back.read, span_s=0.5, clock=back.clock)
+    assert found.energy_j is None and "went back" in found.method
+    failing = Flaky(400.0, 0.05, 1e-4, fails=tuple(i * 1e-4 for i in range(30_000)))
+    found = energy_pass(failing.call, failing.read, span_s=0.5, clock=failing.clock)
+    assert found.method == f"none: the energy counter could not be read for {STEP_WAIT_S:g} s"
+
+
+def test_a_call_too_long_to_align_to_the_steps_gets_no_reading() -> None:
+    device = SteppingCounter(watts=400.0, period_s=0.1, call_s=0.2)
+    found = energy_pass(device.call, device.read, span_s=0.5, clock=device.clock)
+    assert found.energy_j is None and "too long to align" in found.method
 
 
 def test_the_pass_starts_and_ends_on_a_step_of_the_counter() -> None:
@@ -154,9 +216,20 @@ def test_a_measured_case_carries_its_energy_into_its_row(monkeypatch: pytest.Mon
     row = result.to_row()
     assert row["power_w"] == pytest.approx(watts, rel=0.25)
     assert row["energy_j"] == pytest.approx(watts * result.timing.median_s, rel=0.5)  # type: ignore[union-attr]
-    assert row["energy_method"].startswith("NVML energy counter")
+    assert row["energy_method"].startswith("NVML energy counter: ")
     off = measure_case(
         CONV,
         policy=TimingPolicy(budget_s=0.02, min_samples=3),
     )
     assert off.to_row()["energy_method"] == "" and off.to_row()["energy_j"] is None
+
+
+def test_the_sweeps_estimate_charges_each_case_its_energy_pass() -> None:
+    from attnbench.run.estimate import estimate_bounds
+
+    grid = build_grid({"layers": "conv,rnn", "n": "64,128", "d": "32", "device": "cpu"})
+    low, high = estimate_bounds(grid)
+    with_energy = estimate_bounds(dataclasses.replace(grid, energy=True))
+    pass_s = energy_module.ENERGY_S + 2 * energy_module.STEP_S
+    assert with_energy[0] - low == pytest.approx(4 * pass_s)
+    assert with_energy[1] - high == pytest.approx(4 * pass_s)

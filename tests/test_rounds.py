@@ -148,6 +148,9 @@ def test_an_interrupted_round_is_finished_by_resume(tmp_path: Path) -> None:
     assert {r: per_round[r] for r in (1, 2, 3)} == {1: 4, 2: 4, 3: 4}
     assert not resumed.samples.duplicated(["case_id", "sample"]).any()
     assert resumed.status == "complete"
+    # a resume charges the earlier rounds the whole budget: that is no reason to read budget
+    assert "budget" not in resumed.record.round_stops.values()
+    assert set(resumed.record.round_stops.values()) <= {"precise", "max rounds"}
 
 
 def test_rounds_are_validated_and_cost_time() -> None:
@@ -270,3 +273,29 @@ def test_time_stop_names_the_budget_where_the_sweep_recorded_it(tmp_path: Path) 
     assert reads(apart, {case_id: "max rounds"}) == "max rounds"
     assert reads(apart, None) == "max rounds"
     assert reads(together, {case_id: "budget"}) == "precise"
+
+
+def test_a_resume_records_no_budget_stop_for_rounds_it_charged_the_whole_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted in its second round and resumed, a case whose interval stays wide: the
+    resume charges its earlier rounds the whole budget, which is not why its rounds ended, so
+    round_stops says nothing of budget (a reviewer's resume read 5 of 6 cases budget)."""
+    from attnbench.estimators import Estimate
+    from attnbench.run import rounds as rounds_module
+
+    wide = Estimate(1e-3, 5e-4, 2e-3, 2)  # ±100%: never precise
+    monkeypatch.setattr(rounds_module, "estimate", lambda *args, **kwargs: wide)
+    grid = _grid(time_budget=100.0, max_processes=4)
+
+    def stop_in_round_two(event: ProgressEvent) -> None:
+        if event.kind == "done" and event.round == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(SweepInterrupted):
+        run_sweep(grid, tmp_path / "run", listeners=Listeners(progress=stop_in_round_two),
+                  measuring=UNCALIBRATED)  # fmt: skip
+    resumed = resume_sweep(tmp_path / "run", measuring=UNCALIBRATED)
+    assert resumed.status == "complete"
+    assert "budget" not in resumed.record.round_stops.values()
+    assert "budget" not in set(resumed.frame["time_stop"])

@@ -76,25 +76,26 @@ MOST_PROCESSES_ADVISED = 30
 
 def _more_processes(imprecise: pd.DataFrame) -> str:
     """How many processes would narrow a typical marked case to the mark's bound here: from
-    the median spread between their processes (``estimators.processes_for``)."""
+    the median spread between their processes (``estimators.processes_for``); and how many
+    of them --time-budget stopped first, where more processes alone would not reach them."""
     spread = numeric_column(imprecise, "spread_between").median()
     rounds = numeric_column(imprecise, "rounds").max()
     needed = processes_for(float(spread), IMPRECISE_REL_CI) if pd.notna(spread) else None
+    spent = 0  # those whose rounds --time-budget ended (one round's own budget is its samples')
+    if "time_stop" in imprecise:
+        budget = imprecise["time_stop"].eq("budget") & numeric_column(imprecise, "rounds").ge(2)
+        spent = int(budget.sum())
+    first = f"; {spent} of them ran out of --time-budget first: raise it as well" if spent else ""
     if needed is None or not pd.notna(rounds) or needed <= rounds:
-        return "more --processes narrow it, a quieter machine more"
+        return f"more --processes narrow it, a quieter machine more{first}"
     if needed > MOST_PROCESSES_ADVISED:  # a new user's busy machine read "about 758"
         return (
             f"at the median spread between their processes, {spread:.1%}, a case would need "
             f"about {needed} processes to reach ±{IMPRECISE_REL_CI:.0%}: too many to give (an "
             "interval narrows only as the square root of the processes); their processes read "
             "that far apart on a busy machine, or where a round or two ran slow, and a sweep "
-            "on a quieter machine reads them nearer"
+            f"on a quieter machine reads them nearer{first}"
         )
-    spent = 0  # those whose rounds --time-budget ended (one round's own budget is its samples')
-    if "time_stop" in imprecise:
-        budget = imprecise["time_stop"].eq("budget") & numeric_column(imprecise, "rounds").ge(2)
-        spent = int(budget.sum())
-    first = f"; {spent} of them ran out of --time-budget first: raise it as well" if spent else ""
     return (
         f"at the median spread between their processes, {spread:.1%}, a case needs about "
         f"{needed} processes to reach ±{IMPRECISE_REL_CI:.0%} on this machine as it was "

@@ -15,6 +15,7 @@ from attnbench.estimators import is_disturbed
 from attnbench.layers.registry import entry
 from attnbench.measure.counts import extend
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
+from attnbench.measure.timing.energy import ENERGY_S, STEP_S
 from attnbench.measure.timing.reference import read_reference
 from attnbench.regime import REGIME_SIZES
 from attnbench.run.rounds import ROUND_WARMUP_S, process_s, round_policy
@@ -80,9 +81,10 @@ def estimate_bounds(
     quiet machine); each round is a process of its own, with its fork, its layer, its first
     call and warm-up, and at least that minimum of timing; a sweep may add rounds, up to
     ``Grid.most_rounds`` in all, to a case whose interval is wide (high); a compiled
-    case's round compiles it again (``COMPILE_S``). ``fresh``: each round in a process of its
-    own (not --executor serial). ``slowdown``: how many times slower than quiet the machine
-    reads (``machine_busy``); an auto sweep's budget bounds it all the same.
+    case's round compiles it again (``COMPILE_S``); with --energy, the first round's pass.
+    ``fresh``: each round in a process of its own (not --executor serial). ``slowdown``: how
+    many times slower than quiet the machine reads (``machine_busy``); an auto sweep's budget
+    bounds it all the same.
     """
     rate = _ASSUMED_FLOP_PER_S[device_kind(grid.device)]
     low = high = 0.0
@@ -103,6 +105,8 @@ def estimate_bounds(
         hit = cached(case) if cached is not None else False
         probes = dataclasses.replace(case, n=extend.PROBES[-1]).case_id
         untimed = tracing_seconds(case, hit, probes in probed, counting) + 4 * call
+        if grid.energy:  # the pass: its span, and a step of the counter at each end at most
+            untimed += ENERGY_S + 2 * STEP_S
         if extend.applies(case, counting.full_trace) and not hit:
             probed.add(probes)
         fixed = own + 2 * call + ROUND_WARMUP_S  # its process, its calls

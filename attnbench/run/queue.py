@@ -32,7 +32,7 @@ from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import DIED_ERROR, WORKER_DIED_ERROR, CaseResult
 from attnbench.measure.timing.calibration import DEFAULT_CALIBRATION, Calibration
 from attnbench.measure.timing.contention import is_busy
-from attnbench.measure.timing.loop import DEFAULT_POLICY, TimingPolicy, TimingStats
+from attnbench.measure.timing.loop import DEFAULT_POLICY, Stop, TimingPolicy, TimingStats
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
 from attnbench.run.auto import AutoPlan
@@ -289,8 +289,10 @@ class JobQueue:
         if stop is None:
             key = (1 + max(done), self.shuffle.random(), self.index[case_id])
             heapq.heappush(self.later, key)
-        else:  # why its rounds ended, for its time_stop (run.json's round_stops): the first
-            # decision holds (a resume reads the budget spent, and would say budget)
+        elif stop is not Stop.BUDGET or math.isfinite(spent):
+            # why its rounds ended, for its time_stop (run.json's round_stops); the first
+            # decision holds. A resume charges a case's earlier rounds the whole budget (their
+            # blocks are not on disk), which says nothing of why they ended: not recorded.
             self.round_stops.setdefault(case_id, stop.value)
 
     def own_quiet(self) -> float | None:

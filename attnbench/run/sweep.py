@@ -395,6 +395,7 @@ def _sweep(
             stop.signal_name = stop.signal_name or "SIGINT"
         except AttnbenchError as exc:
             with contextlib.suppress(AttnbenchError):  # a full disk takes run.json too
+                writer.update(round_stops=queue.round_stops)
                 writer.finish(RunStatus.INTERRUPTED)
             raise AttnbenchError(
                 f"{exc.message}; the {queue.completed} finished case(s) are saved: "

@@ -26,6 +26,11 @@ BLOCK_S = 5e-3  # calls run in synchronised blocks of about this long between co
 # The longest the pass waits for the counter to step (documented periods are 20-100 ms): a
 # counter that has not moved by then cannot be read, and the case says so.
 STEP_WAIT_S = 1.0
+# The counter's period on an H200 (100 ms; 20-100 ms documented): a wait for a step, at most.
+STEP_S = 0.1
+# Past this share of the span, where the steps fell among a call's blocks is too unsure
+# for a reading (a call of a tenth of a second or more): none is given.
+MAX_MISALIGNED = 0.25
 
 EnergyProbe = Callable[[], float | None]  # the device's energy counter now, joules (None: unread)
 
@@ -38,6 +43,8 @@ class Energy:
     energy_j: float | None
     power_w: float | None
     method: str
+    calls: int = 0  # the calls between the counter's two steps
+    span_s: float = 0.0  # the seconds between them
 
 
 def energy_probe(device: str, nvml: Any = None) -> EnergyProbe | None:
@@ -85,7 +92,12 @@ def energy_pass(
     about two blocks over the span of the truth."""
     if read is None:
         where = f"on {device}" if device else "here"
-        return Energy(None, None, f"none: no GPU energy counter {where} (NVML, a CUDA GPU)")
+        return Energy(
+            None,
+            None,
+            f"none: no GPU energy counter {where} (it needs a CUDA GPU and NVML: pip install "
+            "'attnbench[gpu]')",
+        )
     sync()
     begin = clock()
     fn()
@@ -98,36 +110,55 @@ def energy_pass(
             fn()
         sync()
 
-    def next_step(last: float | None) -> tuple[float | None, int]:
-        """Blocks run until the counter reads other than ``last``: its reading, and the
-        blocks run (None: it did not move within ``STEP_WAIT_S``)."""
+    def next_step() -> tuple[float | None, int, str]:
+        """Blocks run until the counter steps: its reading after the step, the blocks run,
+        and why there is none (a counter that cannot be read, or did not move within
+        ``STEP_WAIT_S``). A read that fails is not a step: the baseline is the first that
+        does not."""
         waited, blocks = clock(), 0
-        while (now := read()) == last or now is None:
+        while (base := read()) is None:
             if clock() - waited > STEP_WAIT_S:
-                return None, blocks
+                return None, blocks, f"the energy counter could not be read for {STEP_WAIT_S:g} s"
             run_block()
             blocks += 1
-        return now, blocks
+        while (now := read()) is None or now == base:
+            if clock() - waited > STEP_WAIT_S:
+                return None, blocks, f"the energy counter did not move in {STEP_WAIT_S:g} s"
+            run_block()
+            blocks += 1
+        return now, blocks, ""
 
-    first, _ = next_step(read())
+    first, _, why = next_step()
     if first is None:
-        return Energy(None, None, f"none: the energy counter did not move in {STEP_WAIT_S:g} s")
+        return Energy(None, None, f"none: {why}")
     start, calls = clock(), 0
     while clock() - start < span_s:
         run_block()
         calls += block
-    last, blocks = next_step(read())
+    last, blocks, why = next_step()
     calls += blocks * block
     took = clock() - start
-    if last is None or last <= first or calls == 0:
-        return Energy(None, None, f"none: the energy counter did not move in {STEP_WAIT_S:g} s")
+    if last is None:
+        return Energy(None, None, f"none: {why} after its first step")
+    if last < first:
+        return Energy(None, None, "none: the energy counter went back (a driver reset?)")
+    within = 2 * block * one / took  # a block each end, where the step fell unseen
+    if within > MAX_MISALIGNED:
+        return Energy(
+            None,
+            None,
+            f"none: one call ({one:.2g} s) is too long to align to the counter's steps "
+            f"(its ends within {within:.0%} of the span)",
+        )
     joules = last - first
-    within = 2 * block * one / took
     return Energy(
         joules / calls,
         joules / took,
-        f"NVML energy counter, {calls} calls back to back over {took:.2f} s between two of its "
-        f"steps (within about {within:.0%})",
+        f"NVML energy counter: {calls} calls back to back, {took / calls * 1e6:.4g} µs a call, "
+        f"over {took:.2f} s between two of its steps (its ends aligned to them within "
+        f"{within:.0%} of the span)",
+        calls,
+        took,
     )
 
 
