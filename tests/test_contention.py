@@ -268,3 +268,36 @@ def test_replication_says_which_rule_ends_a_cases_rounds() -> None:
     assert replication.stop_of(wide, 3, spent_s=0.5) is None
     assert replication.wants_more(wide, 3, spent_s=0.5)
     assert not replication.wants_more(wide, 3, spent_s=2.0)
+
+
+def test_a_thread_that_ends_within_a_round_takes_nothing_from_the_others(
+    tmp_path: Path, judged: None
+) -> None:
+    """Read thread by thread: a thread that ended between the marks is unknown (its whole life
+    before the round used to be subtracted, reading a neighbour's share as nothing), and one
+    that began in it counts from nothing."""
+    tasks = tmp_path / "task"
+
+    def write(threads: dict[str, tuple[int, int]]) -> None:
+        for old in tasks.glob("*/schedstat"):
+            old.unlink()
+        for tid, (ran, waited) in threads.items():
+            (tasks / tid).mkdir(parents=True, exist_ok=True)
+            (tasks / tid / "schedstat").write_text(f"{ran} {waited} 1\n")
+
+    def marked(wall: float) -> CpuMark:
+        threads = contention.thread_counts(str(tasks))
+        assert threads is not None
+        ran, waited = sum(t[1] for t in threads), sum(t[2] for t in threads)
+        return CpuMark(waited, wall, ran, threads)
+
+    write({"1": (1_000_000_000, 500_000_000), "2": (10_000_000_000, 5_000_000_000)})
+    start = marked(50.0)
+    # over 100 ms: thread 1 ran 50 ms and waited 60; thread 2 ended; thread 3 ran 20, waited 10
+    write({"1": (1_050_000_000, 560_000_000), "3": (20_000_000, 10_000_000)})
+    end = marked(50.1)
+    assert others_cores(start, end, cpus=2) == pytest.approx(0.7)
+    assert is_busy(others_cores(start, end, cpus=2))
+    summed = (CpuMark(start.waited_s, 50.0, start.ran_s), CpuMark(end.waited_s, 50.1, end.ran_s))
+    assert others_cores(*summed, cpus=2) == 0.0  # the totals lose the neighbour
+    assert contention.counts(str(tasks)) == pytest.approx((1.07, 0.57))
