@@ -31,10 +31,10 @@ from attnbench.layers import checks, plugins
 from attnbench.layers.entry import LayerOption
 from attnbench.layers.registry import BUILTIN, entry, known_options
 from attnbench.lengths import AutoN, parse_int_list, parse_lengths
-from attnbench.measure.timing.energy import ENERGY_S
 from attnbench.schema import Timer
 from attnbench.spec import (
     DEFAULT_PROCESSES,
+    ENERGY_S,
     MEMORY_SHARE,
     METRICS,
     MODE_HELP,

@@ -28,6 +28,9 @@ MODE_HELP = {
 # reach while the case's interval is still wider than its target (``run.queue``).
 DEFAULT_PROCESSES = 3
 MORE_PROCESSES = 2
+# --energy: seconds of calls the energy pass runs, between two steps of the GPU's counter
+# (``measure.timing.energy``).
+ENERGY_S = 0.5
 # The share of the memory available as a case's process starts that it may take, unless
 # --max-case-memory says otherwise (``run.executors.fresh`` watches it).
 MEMORY_SHARE = 0.85

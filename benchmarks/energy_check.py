@@ -26,8 +26,9 @@ from typing import Any
 from attnbench.devices import device_sync
 from attnbench.measure.step import make_step
 from attnbench.measure.timing.clocks import nvml_handle, pynvml_module
-from attnbench.measure.timing.energy import ENERGY_S, device_energy, energy_pass
+from attnbench.measure.timing.energy import device_energy, energy_pass
 from attnbench.options import build_grid
+from attnbench.spec import ENERGY_S
 
 CASES = (  # layer, n, d: busy kernels, a launch-bound call, a recurrence, a convolution
     ("attention-sdpa", 4096, 128),

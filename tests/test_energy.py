@@ -22,6 +22,7 @@ from attnbench.measure.timing.energy import (
 from attnbench.measure.timing.loop import TimingPolicy
 from attnbench.options import build_grid
 from attnbench.run.rounds import round_policy
+from attnbench.spec import ENERGY_S
 
 CONV = build_grid({"layers": "conv", "n": "64", "d": "32", "device": "cpu"}).cases()[0]
 
@@ -196,7 +197,7 @@ def test_the_option_sets_the_pass_and_is_refused_where_no_gpu_counts() -> None:
         build_grid({"layers": "conv", "n": "64", "d": "32", "device": "cpu", "energy": True})
     with pytest.raises(AttnbenchError, match="--energy: expected true or false"):
         build_grid({"layers": "conv", "n": "64", "d": "32", "device": "cpu", "energy": "yes"})
-    assert round_policy(dataclasses.replace(grid, energy=True)).energy_s == energy_module.ENERGY_S
+    assert round_policy(dataclasses.replace(grid, energy=True)).energy_s == ENERGY_S
 
 
 def test_a_measured_case_carries_its_energy_into_its_row(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,6 +231,6 @@ def test_the_sweeps_estimate_charges_each_case_its_energy_pass() -> None:
     grid = build_grid({"layers": "conv,rnn", "n": "64,128", "d": "32", "device": "cpu"})
     low, high = estimate_bounds(grid)
     with_energy = estimate_bounds(dataclasses.replace(grid, energy=True))
-    pass_s = energy_module.ENERGY_S + 2 * energy_module.STEP_S
+    pass_s = ENERGY_S + 2 * energy_module.STEP_S
     assert with_energy[0] - low == pytest.approx(4 * pass_s)
     assert with_energy[1] - high == pytest.approx(4 * pass_s)

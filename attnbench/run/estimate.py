@@ -15,11 +15,11 @@ from attnbench.estimators import is_disturbed
 from attnbench.layers.registry import entry
 from attnbench.measure.counts import extend
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
-from attnbench.measure.timing.energy import ENERGY_S, STEP_S
+from attnbench.measure.timing.energy import STEP_S
 from attnbench.measure.timing.reference import read_reference
 from attnbench.regime import REGIME_SIZES
 from attnbench.run.rounds import ROUND_WARMUP_S, process_s, round_policy
-from attnbench.spec import Case, Grid
+from attnbench.spec import ENERGY_S, Case, Grid
 
 # Rough throughputs, used only to warn before an absurd sweep starts; never reported as measured.
 _ASSUMED_FLOP_PER_S = {"cpu": 2e10, "cuda": 2e13, "mps": 2e12}

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 from attnbench.devices import device_kind
 from attnbench.estimators import Prior, estimate, is_disturbed
-from attnbench.measure.timing.energy import ENERGY_S
 from attnbench.measure.timing.loop import DEFAULT_POLICY, Stop, TimingPolicy, TimingStats
-from attnbench.spec import MORE_PROCESSES, Grid
+from attnbench.spec import ENERGY_S, MORE_PROCESSES, Grid
 
 # What a round's process times before its first sample, past the layer's first call: a fresh
 # process's first blocks run slow (its pages fault in, its caches fill).

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnbench.measure.timing.clocks import nvml_handle, pynvml_module
+from attnbench.spec import ENERGY_S
 
-ENERGY_S = 0.5  # the span the pass runs its calls for, between two steps of the counter
 BLOCK_S = 5e-3  # calls run in synchronised blocks of about this long between counter reads
 # The longest the pass waits for the counter to step (documented periods are 20-100 ms): a
 # counter that has not moved by then cannot be read, and the case says so.
