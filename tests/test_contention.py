@@ -301,3 +301,6 @@ def test_a_thread_that_ends_within_a_round_takes_nothing_from_the_others(
     summed = (CpuMark(start.waited_s, 50.0, start.ran_s), CpuMark(end.waited_s, 50.1, end.ran_s))
     assert others_cores(*summed, cpus=2) == 0.0  # the totals lose the neighbour
     assert contention.counts(str(tasks)) == pytest.approx((1.07, 0.57))
+    # thread 2's id taken by a new thread in the round: its counts fell, so from nothing
+    write({"1": (1_050_000_000, 560_000_000), "2": (20_000_000, 10_000_000)})
+    assert others_cores(start, marked(50.1), cpus=2) == pytest.approx(0.7)

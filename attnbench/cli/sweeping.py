@@ -236,11 +236,13 @@ def _finished(
     if comparison is not None and comparison.failed(judging.gate):
         raise typer.Exit(1)
     counts = run.counts()
-    if len(run.frame) and not counts.get(Status.OK):  # a sweep that measured nothing failed
+    # a sweep that measured nothing failed (against a baseline, the exit code is compare's)
+    if comparison is None and len(run.frame) and not counts.get(Status.OK):
         ended = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
         raise AttnbenchError(
             f"no case measured ({ended}): each one's reason is in its row's error "
-            f"(attnbench show {run.path})"
+            f"(attnbench show {run.path}; attnbench sweep --resume {run.path} --retry "
+            "measures them again)"
         )
 
 

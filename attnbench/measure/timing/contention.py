@@ -128,6 +128,8 @@ def _between(start: CpuMark, end: CpuMark) -> tuple[float, float]:
     ran = waited = 0.0
     for tid, ran_now, waited_now in end.threads:
         ran_then, waited_then = before.get(tid, (0.0, 0.0))
+        if ran_now < ran_then or waited_now < waited_then:  # its id reused by a new thread
+            ran_then = waited_then = 0.0
         ran, waited = ran + ran_now - ran_then, waited + waited_now - waited_then
     return ran, waited
 

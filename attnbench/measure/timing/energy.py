@@ -102,54 +102,41 @@ def energy_pass(
     begin = clock()
     fn()
     sync()
-    one = max(clock() - begin, 1e-7)
-    block = max(1, math.ceil(BLOCK_S / one))
+    block = max(1, math.ceil(BLOCK_S / max(clock() - begin, 1e-7)))  # sized on one call
 
     def run_block() -> None:
         for _ in range(block):
             fn()
         sync()
 
-    def next_step() -> tuple[float | None, int, str]:
-        """Blocks run until the counter steps: its reading after the step, the blocks run,
-        and why there is none (a counter that cannot be read, or did not move within
-        ``STEP_WAIT_S``). A read that fails is not a step: the baseline is the first that
-        does not."""
-        waited, blocks = clock(), 0
-        while (base := read()) is None:
-            if clock() - waited > STEP_WAIT_S:
-                return None, blocks, f"the energy counter could not be read for {STEP_WAIT_S:g} s"
-            run_block()
-            blocks += 1
-        while (now := read()) is None or now == base:
-            if clock() - waited > STEP_WAIT_S:
-                return None, blocks, f"the energy counter did not move in {STEP_WAIT_S:g} s"
-            run_block()
-            blocks += 1
-        return now, blocks, ""
+    begin = clock()
+    run_block()  # a block timed: a first call is no sure guide to the next ones
+    per_call = (clock() - begin) / block
+    block = max(1, math.ceil(BLOCK_S / max(per_call, 1e-7)))
+    block_s = block * per_call
+    if 2 * block_s / span_s > MAX_MISALIGNED:  # refused before the pass, not after it
+        return Energy(
+            None,
+            None,
+            f"none: one call ({block_s / block:.2g} s) is too long to align to the counter's "
+            f"steps over {span_s:g} s",
+        )
 
-    first, _, why = next_step()
+    first, _, why = next_step(read, run_block, clock)
     if first is None:
         return Energy(None, None, f"none: {why}")
     start, calls = clock(), 0
     while clock() - start < span_s:
         run_block()
         calls += block
-    last, blocks, why = next_step()
+    last, blocks, why = next_step(read, run_block, clock)
     calls += blocks * block
     took = clock() - start
     if last is None:
         return Energy(None, None, f"none: {why} after its first step")
     if last < first:
         return Energy(None, None, "none: the energy counter went back (a driver reset?)")
-    within = 2 * block * one / took  # a block each end, where the step fell unseen
-    if within > MAX_MISALIGNED:
-        return Energy(
-            None,
-            None,
-            f"none: one call ({one:.2g} s) is too long to align to the counter's steps "
-            f"(its ends within {within:.0%} of the span)",
-        )
+    within = 2 * block / calls  # a block each end, where the step fell unseen
     joules = last - first
     return Energy(
         joules / calls,
@@ -160,6 +147,29 @@ def energy_pass(
         calls,
         took,
     )
+
+
+def next_step(
+    read: EnergyProbe, run_block: Callable[[], None], clock: Callable[[], float]
+) -> tuple[float | None, int, str]:
+    """Blocks of calls run until the counter steps: its reading after the step, the blocks
+    run, and why there is none (a counter that cannot be read, or did not move within
+    ``STEP_WAIT_S``). A step is a change between two reads in a row that did not fail: after
+    a failed read the counter may have stepped unseen, and the next reading is only a new
+    baseline."""
+    waited, blocks, before = clock(), 0, read()
+    read_any = before is not None
+    while True:
+        if clock() - waited > STEP_WAIT_S:
+            moved = "did not move in" if read_any else "could not be read for"
+            return None, blocks, f"the energy counter {moved} {STEP_WAIT_S:g} s"
+        now = read()
+        read_any = read_any or now is not None
+        if before is not None and now is not None and now != before:
+            return now, blocks, ""
+        before = now
+        run_block()
+        blocks += 1
 
 
 def energy_of(
