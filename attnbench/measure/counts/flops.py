@@ -11,7 +11,9 @@ Three gaps make a plain count silently report 0, and all are closed here:
   as visible ``mm``/``addmm``/``bmm`` ops;
 - the CPU flash-attention op of ``scaled_dot_product_attention`` has no formula in torch: it is
   mapped to torch's own SDPA formula, and the matrix-vector products (``mv``, ``addmv``,
-  ``dot``, ``addbmm``) get the formula of the matrix product they are;
+  ``dot``, ``addbmm``) get the formula of the matrix product they are, and a grouped
+  convolution's backward gets its weight gradient counted per group (torch's counts it as if
+  ungrouped: ``groups`` times over);
 - any other op that computes on floating values with no formula and is not elementwise work
   or bookkeeping (``ops``) is named in the count's ``uncounted``: a count that misses work says
   so instead of reading low.
@@ -68,6 +70,44 @@ def _addbmm_flop(bias: Any, a: Any, b: Any, *args: Any, out_shape: Any = None, *
     return int(2 * a[0] * a[1] * a[2] * b[2])  # Σ over the batch of (m x k) @ (k x n)
 
 
+def _conv_backward_flop(
+    grad_out: Any,
+    x: Any,
+    w: Any,
+    _bias: Any,
+    _stride: Any,
+    _padding: Any,
+    _dilation: Any,
+    transposed: bool,
+    _output_padding: Any,
+    groups: int,
+    output_mask: Any,
+    out_shape: Any = None,
+    **kw: Any,
+) -> int:
+    """torch's formula for a convolution's backward, its weight gradient's term divided by
+    ``groups``: torch counts that term as if every input channel met every output channel,
+    which in a grouped convolution they do not (a depthwise conv of 64 channels read 64x its
+    weight gradient's work in --mode train)."""
+
+    def t(shape: Any) -> list[int]:  # (a, b, ...) -> (b, a, ...): the gradient as a conv
+        return [shape[1], shape[0], *shape[2:]]
+
+    total = 0
+    if output_mask[0]:  # the input's gradient: torch's count is right for groups
+        grad_in = list(out_shape[0])
+        total += flop_counter.conv_flop_count(list(grad_out), list(w), grad_in, not transposed)
+    if output_mask[1]:
+        weight = t(out_shape[1])
+        found = (
+            flop_counter.conv_flop_count(t(grad_out), t(x), weight)
+            if transposed
+            else flop_counter.conv_flop_count(t(x), t(grad_out), weight)
+        )
+        total += found // max(1, int(groups))
+    return int(total)
+
+
 def formulas() -> dict[Any, Callable[..., int]]:
     """torch's per-op formulas, plus the CPU fused-attention ops and the matrix-vector
     products it lacks."""
@@ -81,6 +121,7 @@ def formulas() -> dict[Any, Callable[..., int]]:
         ("dot", _dot_flop),
         ("vdot", _dot_flop),
         ("addbmm", _addbmm_flop),
+        ("convolution_backward", _conv_backward_flop),
     ):
         if hasattr(aten, name):
             table[getattr(aten, name)] = flop_counter.shape_wrapper(formula)
