@@ -425,8 +425,8 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
     _check_compile(grid)
     if grid.energy and device_kind(grid.device) != "cuda":
         raise AttnbenchError(
-            f"--energy reads a GPU's energy counter (NVML); --device {grid.device} is not a "
-            "CUDA GPU"
+            f"--energy reads a GPU's energy counter (NVML), and this sweep's device, "
+            f"{grid.device}, is not a CUDA GPU (--device cuda)"
         )
     if grid.metric == "instructions":
         if grid.device != "cpu":

@@ -193,7 +193,7 @@ def test_energy_is_off_unless_asked_and_its_columns_are_empty_then() -> None:
 def test_the_option_sets_the_pass_and_is_refused_where_no_gpu_counts() -> None:
     grid = build_grid({"layers": "conv", "n": "64", "d": "32", "device": "cpu"})
     assert grid.energy is False and round_policy(grid).energy_s == 0.0
-    with pytest.raises(AttnbenchError, match="--energy reads a GPU's energy counter"):
+    with pytest.raises(AttnbenchError, match="this sweep's device, cpu, is not a CUDA GPU"):
         build_grid({"layers": "conv", "n": "64", "d": "32", "device": "cpu", "energy": True})
     with pytest.raises(AttnbenchError, match="--energy: expected true or false"):
         build_grid({"layers": "conv", "n": "64", "d": "32", "device": "cpu", "energy": "yes"})

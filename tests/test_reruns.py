@@ -753,3 +753,22 @@ def test_sweeps_no_further_apart_than_their_processes_are_not_said_to_move_by_ze
     note = sweeps_note(load_results(second.path)) or ""
     assert "their sweeps read most cases no further apart than their own processes did" in note
     assert "(the most past it: 0.0%, conv/n=" in note and "0.0% typically" not in note
+
+
+def test_a_borrowed_typical_move_of_nil_is_not_said_to_be_a_standard_deviation_of_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new user read their ±95% "hold the machine's typical move between sweeps instead, a
+    standard deviation of 0.0%": where that move is nil, the note says it adds nothing yet."""
+    from attnbench.cli.reruns import sweeps_note
+
+    grid = with_history(tmp_path, monkeypatch, store.write_reruns)
+    run_sweep(grid, tmp_path / "one", measuring=queue_module.UNCALIBRATED)
+    second = run_sweep(grid, tmp_path / "two", measuring=queue_module.UNCALIBRATED)
+    meta = json.loads((second.path / "run.json").read_text())
+    entries = {k: [list(e)] * 2 for k, e in second.entries["conv"].items()}  # no move
+    meta["reruns"], meta["reruns_other"] = {}, entries  # only other code's sweeps
+    (second.path / "run.json").write_text(json.dumps(meta))
+    note = " ".join((sweeps_note(load_results(second.path)) or "").split())
+    assert "the machine's typical move between sweeps instead, none past their processes'" in note
+    assert "so it adds nothing yet" in note and "a standard deviation of 0.0%" not in note

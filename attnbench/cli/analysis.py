@@ -122,10 +122,11 @@ def table(
         return
     shown = display(rows)
     decode = run.mode == "decode"
+    what = "comparison table" + (" (train: forward + backward)" if run.mode == "train" else "")
     frame_table(
         shown,
         streams.out,
-        title=f"{'generation table (one token at context n)' if decode else 'comparison table'}"
+        title=f"{'generation table (one token at context n)' if decode else what}"
         f", measured in {run.path}",
         headers=list(shown.columns) if decode else HEADERS,
     )

@@ -239,10 +239,14 @@ def _finished(
     # a sweep that measured nothing failed (against a baseline, the exit code is compare's)
     if comparison is None and len(run.frame) and not counts.get(Status.OK):
         ended = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
+        again = (  # out of memory again, at the same sizes
+            "smaller --n or --d fit"
+            if counts.get(Status.OOM) == len(run.frame)
+            else f"attnbench sweep --resume {run.path} --retry measures them again"
+        )
         raise AttnbenchError(
             f"no case measured ({ended}): each one's reason is in its row's error "
-            f"(attnbench show {run.path}; attnbench sweep --resume {run.path} --retry "
-            "measures them again)"
+            f"(attnbench show {run.path}; {again})"
         )
 
 

@@ -143,7 +143,7 @@ def _decode_step(case: Case, layer: nn.Module, seed: int) -> Step:
     if found is None:
         raise NoDecodeStep(
             f"layer {case.layer} has no decode step (give its module init_state and step: "
-            "docs/own-layer.md)"
+            "docs/generation.md#your-own-layer)"
         )
     x = make_input(dataclasses.replace(case, n=case.tokens), seed)  # (B, n + 1, d)
     with torch.no_grad():

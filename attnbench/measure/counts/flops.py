@@ -71,19 +71,7 @@ def _addbmm_flop(bias: Any, a: Any, b: Any, *args: Any, out_shape: Any = None, *
 
 
 def _conv_backward_flop(
-    grad_out: Any,
-    x: Any,
-    w: Any,
-    _bias: Any,
-    _stride: Any,
-    _padding: Any,
-    _dilation: Any,
-    transposed: bool,
-    _output_padding: Any,
-    groups: int,
-    output_mask: Any,
-    out_shape: Any = None,
-    **kw: Any,
+    grad_out: Any, x: Any, w: Any, *args: Any, out_shape: Any = None, **kw: Any
 ) -> int:
     """torch's formula for a convolution's backward, its weight gradient's term divided by
     ``groups``: torch counts that term as if every input channel met every output channel,
@@ -93,6 +81,9 @@ def _conv_backward_flop(
     def t(shape: Any) -> list[int]:  # (a, b, ...) -> (b, a, ...): the gradient as a conv
         return [shape[1], shape[0], *shape[2:]]
 
+    # after the weight: bias, stride, padding, dilation, transposed, output padding, groups,
+    # and which gradients to take
+    transposed, groups, output_mask = bool(args[4]), int(args[6]), args[7]
     total = 0
     if output_mask[0]:  # the input's gradient: torch's count is right for groups
         grad_in = list(out_shape[0])
