@@ -293,7 +293,7 @@ OPTIONS: tuple[Option, ...] = (
            "Joules per call and the GPU's mean power (energy_j, power_w), read from its NVML "
            "energy counter while the call runs back to back for at least "
            f"{ENERGY_S:g} s after the first round's timed calls, from one step of the counter "
-           "to another (0.6-0.7 s a case on an H200, whose counter steps every 100 ms). CUDA "
+           "to another (0.7-0.8 s a case on an H200, whose counter steps every 100 ms). CUDA "
            "only, with NVML (pip install 'attnbench[gpu]'); empty, and energy_method says why, "
            "where it cannot be read."),
     Option("allocator", "allocator", str, check_allocator,

@@ -562,6 +562,6 @@ def test_a_sweep_that_measured_no_case_exits_2_and_keeps_its_rows(tmp_path: Path
     assert result.exit_code == 2, result.output
     said = " ".join(result.output.split())
     assert "no case measured (1 oom): each one's reason is in its row's error" in said
-    assert f"(attnbench show {out}; smaller --n or --d fit)" in said  # not --retry: oom again
+    assert "smaller --n, --d or --batch, or a larger --max-case-memory, may fit" in said
     assert "past the 1 MiB it may take" in said
     assert list(load_results(out).frame["status"]) == ["oom"]

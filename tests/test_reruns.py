@@ -592,11 +592,13 @@ def test_a_sweep_after_an_edit_reads_the_machines_typical_from_the_code_before(
     assert all("code=before" in key for key in meta["reruns_other"])
     assert len(third.between) == 2 and {b.sweeps for b in third.between.values()} == {0}
     note = sweeps_note(third) or ""
-    assert note.startswith(
+    borrowed = (
         "no earlier sweep of these cases on this machine is on record; their ±95% hold the "
-        "machine's typical move between sweeps instead, a standard deviation of "
+        "machine's typical move between sweeps instead, read from its sweeps of other cases or "
+        "other attnbench code (run.json's reruns and reruns_other): "
     )
-    assert "read from its sweeps of other cases or other attnbench code" in note
+    assert note.startswith(borrowed)
+    assert note[len(borrowed) :].startswith(("a standard deviation of ", "none past"))
     assert "at most" not in note  # no case of its own to name
     del meta["reruns_other"]  # the typical is run.json's: without it, its processes alone
     (third.path / "run.json").write_text(json.dumps(meta))
@@ -756,19 +758,27 @@ def test_sweeps_no_further_apart_than_their_processes_are_not_said_to_move_by_ze
 
 
 def test_a_borrowed_typical_move_of_nil_is_not_said_to_be_a_standard_deviation_of_zero(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """A new user read their ±95% "hold the machine's typical move between sweeps instead, a
     standard deviation of 0.0%": where that move is nil, the note says it adds nothing yet."""
-    from attnbench.cli.reruns import sweeps_note
+    import dataclasses
 
-    grid = with_history(tmp_path, monkeypatch, store.write_reruns)
-    run_sweep(grid, tmp_path / "one", measuring=queue_module.UNCALIBRATED)
-    second = run_sweep(grid, tmp_path / "two", measuring=queue_module.UNCALIBRATED)
-    meta = json.loads((second.path / "run.json").read_text())
-    entries = {k: [list(e)] * 2 for k, e in second.entries["conv"].items()}  # no move
-    meta["reruns"], meta["reruns_other"] = {}, entries  # only other code's sweeps
-    (second.path / "run.json").write_text(json.dumps(meta))
-    note = " ".join((sweeps_note(load_results(second.path)) or "").split())
-    assert "the machine's typical move between sweeps instead, none past their processes'" in note
-    assert "so it adds nothing yet" in note and "a standard deviation of 0.0%" not in note
+    from attnbench.cli.reruns import sweeps_note
+    from attnbench.estimators import Between
+
+    run = run_sweep(
+        build_grid({"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "processes": 2}),
+        tmp_path / "run",
+        measuring=queue_module.UNCALIBRATED,
+    )
+    cases = [str(c) for c in run.frame["case_id"]]
+
+    def note(variance: float) -> str:
+        borrowed = {c: Between(variance, 4.0, 0) for c in cases}  # the machine's typical
+        return " ".join((sweeps_note(dataclasses.replace(run, between=borrowed)) or "").split())
+
+    nil = note(0.0)
+    assert "(run.json's reruns and reruns_other): none past their processes' spread" in nil
+    assert nil.endswith("so it adds nothing yet") and "a standard deviation of 0.0%" not in nil
+    assert "a standard deviation of 3.0%; the ±95% adds that move" in note(0.03**2)

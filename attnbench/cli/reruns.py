@@ -39,18 +39,17 @@ def sweeps_note(run: RunResults) -> str | None:
     )
     if not own:  # no case of its own history: the machine's typical, borrowed
         spread = statistics.median(spreads.values())
-        typical_move = (
-            f"a standard deviation of {spread:.1%}"
-            if spread >= 0.0005
-            else "none past their processes' spread (those sweeps read their cases no further "
-            "apart than their processes did), so it adds nothing yet"
+        borrowed = (
+            "no earlier sweep of these cases on this machine is on record; their ±95% hold "
+            "the machine's typical move between sweeps instead, read from its sweeps of other "
+            "cases or other attnbench code (run.json's reruns and reruns_other)"
         )
-        return (
-            f"no earlier sweep of these cases on this machine is on record; their ±95% hold "
-            f"the machine's typical move between sweeps instead, {typical_move}, read from "
-            "its sweeps of other cases or other attnbench code (run.json's reruns and "
-            f"reruns_other): {adds}"
-        )
+        if spread < 0.0005:  # nothing to add: the processes' spread is all they hold
+            return (
+                f"{borrowed}: none past their processes' spread (those sweeps read their cases "
+                "no further apart than their processes did), so it adds nothing yet"
+            )
+        return f"{borrowed}: a standard deviation of {spread:.1%}; {adds}"
     widest = max((c for c in found if found[c].sweeps >= 2), key=lambda c: spreads[c])
     counts = f"{min(own)}-{max(own)}" if min(own) < max(own) else f"{max(own)}"
     read = f"{len(own)} from {counts} sweeps of their own"

@@ -24,7 +24,7 @@ from attnbench.measure.timing.loop import IMPRECISE_REL_CI, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
 from attnbench.regime import REGIME_BAND, REGIME_SIZES
 from attnbench.results.record import AutoLine, Stopped
-from attnbench.results.run import BUSY_NOTE, RunResults
+from attnbench.results.run import BUSY_NOTE, LOAD_SLACK, RunResults
 from attnbench.schema import (
     STATUSES,
     SUMMARY_COLUMNS,
@@ -169,7 +169,8 @@ def busy_while_measuring(run: RunResults) -> str:
     cases = busy["case_id"].nunique()
     return (
         f"the machine's 1-minute load average exceeded its {int(busy['cpu_count'].max())} CPUs "
-        f"in {len(busy)} timing round(s) of {cases} case(s) (up to {busy['load_1m'].max():.1f}): "
+        f"by more than {LOAD_SLACK:g} (what a sweep's own threads leave) in {len(busy)} timing "
+        f"round(s) of {cases} case(s) (up to {busy['load_1m'].max():.1f}): "
         "other processes shared it, so those times may be high (load_1m in samples.csv); "
         "attnbench ab measures both sides of a comparison under the same load"
     )

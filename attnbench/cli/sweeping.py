@@ -239,9 +239,10 @@ def _finished(
     # a sweep that measured nothing failed (against a baseline, the exit code is compare's)
     if comparison is None and len(run.frame) and not counts.get(Status.OK):
         ended = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
-        again = (  # out of memory again, at the same sizes
-            "smaller --n or --d fit"
-            if counts.get(Status.OOM) == len(run.frame)
+        again = (  # out of memory again at the same sizes (the larger ones skipped after it)
+            "smaller --n, --d or --batch, or a larger --max-case-memory, may fit"
+            if counts.get(Status.OOM)
+            and not (counts.get(Status.FAILED) or counts.get(Status.TIMEOUT))
             else f"attnbench sweep --resume {run.path} --retry measures them again"
         )
         raise AttnbenchError(

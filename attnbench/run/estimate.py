@@ -105,8 +105,8 @@ def estimate_bounds(
         hit = cached(case) if cached is not None else False
         probes = dataclasses.replace(case, n=extend.PROBES[-1]).case_id
         untimed = tracing_seconds(case, hit, probes in probed, counting) + 4 * call
-        if grid.energy:  # the pass: its span, and a step of the counter at each end at most
-            untimed += ENERGY_S + 2 * STEP_S
+        if grid.energy:  # the pass: a period of calls first, its span, a step at each end
+            untimed += ENERGY_S + 3 * STEP_S
         if extend.applies(case, counting.full_trace) and not hit:
             probed.add(probes)
         fixed = own + 2 * call + ROUND_WARMUP_S  # its process, its calls

@@ -122,6 +122,9 @@ def energy_pass(
             f"steps over {span_s:g} s",
         )
 
+    begin = clock()
+    while clock() - begin < STEP_S:  # a period of calls first: the device busy as it will be,
+        run_block()  # so a counter whose value lags its step reads none of the idle before
     first, _, why = next_step(read, run_block, clock)
     if first is None:
         return Energy(None, None, f"none: {why}")
@@ -143,7 +146,7 @@ def energy_pass(
         joules / took,
         f"NVML energy counter: {calls} calls back to back, {took / calls * 1e6:.4g} µs a call, "
         f"over {took:.2f} s between two of its steps (its ends aligned to them within "
-        f"{within:.0%} of the span)",
+        f"{within:.1%} of the span)",
         calls,
         took,
     )
