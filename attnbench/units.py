@@ -24,7 +24,7 @@ def fmt_bytes(value: float | None) -> str:
     if _missing(value):
         return "-"
     assert value is not None
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(value) >= scale:
             return f"{value / scale:.3g} {unit}"
     return f"{int(value)} B"

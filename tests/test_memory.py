@@ -103,3 +103,23 @@ def test_the_memory_pass_records_the_convolution_implementation_torch_chose(
     profile = countcache.Profile(1, 1, frozenset(), backends=frozenset({"thnn_conv2d"}))
     countcache.CountCache(tmp_path).write_profile(cases[("conv", 16)], 0, profile)
     assert countcache.CountCache(tmp_path).read_profile(cases[("conv", 16)], 0) == profile
+
+
+def test_an_allocation_failure_reads_as_a_size() -> None:
+    """A new user's attention at n = 1048576 read "you tried to allocate 17592186044416
+    bytes", the allocator's source position before it: the case's error says 16 TiB."""
+    from attnbench.measure.memory import oom_text
+    from attnbench.units import fmt_bytes
+
+    cpu = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+        "memory: you tried to allocate 17592186044416 bytes. Error code 12 (Cannot allocate "
+        "memory)\nmore"
+    )
+    assert oom_text(cpu) == (
+        "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+        "16 TiB. Error code 12 (Cannot allocate memory)"
+    )
+    cuda = RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0)")
+    assert oom_text(cuda) == "RuntimeError: CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0)"
+    assert fmt_bytes(3 * 2**40) == "3 TiB" and fmt_bytes(2**39) == "512 GiB"

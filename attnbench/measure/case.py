@@ -41,7 +41,7 @@ from attnbench.measure.counts.structure import (
 )
 from attnbench.measure.counts.traffic import TRAFFIC_METHOD, Traffic, count_traffic
 from attnbench.measure.decode import Decoded, decode_check, drift, held_bytes, judged
-from attnbench.measure.memory import is_out_of_memory, profile_call
+from attnbench.measure.memory import is_out_of_memory, oom_text, profile_call
 from attnbench.measure.record import CaseResult
 from attnbench.measure.step import NoDecodeStep, Step, layer_builder, make_step, release_memory
 from attnbench.measure.timing.clocks import device_clock_max
@@ -470,9 +470,8 @@ def auxiliary(count: Callable[[], T], method: str = "") -> tuple[T | None, str]:
 
 
 def _failed(case: Case, status: Status, e: BaseException, threads: int, wall: float) -> CaseResult:
-    return CaseResult(
-        case=case, status=status, threads=threads, wall_s=wall, error=first_line(e)[:300]
-    )
+    error = oom_text(e) if status is Status.OOM else first_line(e)[:300]
+    return CaseResult(case=case, status=status, threads=threads, wall_s=wall, error=error)
 
 
 def retime_case(

@@ -8,11 +8,15 @@ highest running total; RSS would miss memory freed and reused inside the call.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 
 import torch
 from torch.autograd import DeviceType  # type: ignore[attr-defined]  # exported, not declared
 from torch.autograd.profiler import profile
+
+from attnbench.errors import first_line
+from attnbench.units import fmt_bytes
 
 
 def peak_bytes(fn: Callable[[], object], device: str) -> int | None:
@@ -86,3 +90,16 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, torch.OutOfMemoryError | MemoryError):
         return True
     return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT)
+
+
+_ALLOCATION = re.compile(r"tried to allocate (\d+) bytes", re.IGNORECASE)
+
+
+def oom_text(exc: BaseException) -> str:
+    """An allocation failure's first line, a raw byte count written as a size ("tried to
+    allocate 16 TiB", where the CPU allocator says 17592186044416 bytes) and the allocator's
+    source position left out."""
+    text = first_line(exc)
+    text = _ALLOCATION.sub(lambda m: f"tried to allocate {fmt_bytes(int(m.group(1)))}", text)
+    text = re.sub(r"\[enforce fail at [^\]]*\] err == 0\. ", "", text)
+    return text[:300]
