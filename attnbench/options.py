@@ -293,9 +293,9 @@ OPTIONS: tuple[Option, ...] = (
            "Joules per call and the GPU's mean power (energy_j, power_w), read from its NVML "
            "energy counter while the call runs back to back for at least "
            f"{ENERGY_S:g} s after the first round's timed calls, from one step of the counter "
-           "to another (0.7-0.8 s a case on an H200, whose counter steps every 100 ms). CUDA "
-           "only, with NVML (pip install 'attnbench[gpu]'); empty, and energy_method says why, "
-           "where it cannot be read."),
+           "to another, after a period of calls: up to about 0.8 s a case where the counter "
+           "steps every 100 ms, as an H200's does. CUDA only, with NVML (pip install "
+           "'attnbench[gpu]'); empty, and energy_method says why, where it cannot be read."),
     Option("allocator", "allocator", str, check_allocator,
            "pinned: glibc keeps freed memory mapped, so a time does not depend on what ran "
            "before; system: glibc's defaults, what your own program pays (page faults)."),
