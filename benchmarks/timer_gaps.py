@@ -67,16 +67,9 @@ def main() -> None:
         sync()
         policy = TimingPolicy(budget_s=0.2, warmup_calls=1, timer="kernels")
         ours = time_step(fn, policy, case.device, sync=sync)
-        calls, replay = graph_of(fn, cuda_timers(case.device), sync=sync)
-        single = []
-        for _ in range(20):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            replay()
-            end.record()
-            end.synchronize()
-            single.append(start.elapsed_time(end) * 1e-3 / calls)
+        timers = cuda_timers(case.device)
+        calls, replay = graph_of(fn, timers, sync=sync)
+        single = [timers.replay_time(replay) / calls for _ in range(20)]
         cg20 = do_bench_cudagraph(fn, return_mode="median") * 1e-3
         cg100 = do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e-3
         print(f"{spec:22} kernels {ours.stats.median_s * 1e6:8.1f}us ({calls} a graph)  "

@@ -209,8 +209,8 @@ def test_a_busy_round_counts_toward_least_and_is_left_out_of_the_interval(judged
 
     replication = Replication(least=3, most=6, target_rel_ci=0.05)
     rounds = [[2.0e-3] * 5, [1.0e-3] * 5, [1.001e-3] * 5]
-    assert not replication.wants_more(rounds, 3, busy=[True, False, False])
-    assert replication.wants_more(rounds, 3, busy=[False, False, False])
+    assert replication.stop_of(rounds, 3, busy=[True, False, False]) is not None
+    assert replication.stop_of(rounds, 3, busy=[False, False, False]) is None
 
 
 def test_the_live_queue_and_the_loader_leave_out_the_same_busy_round(
@@ -266,8 +266,6 @@ def test_replication_says_which_rule_ends_a_cases_rounds() -> None:
     assert replication.stop_of(tight, 3, spent_s=2.0) is Stop.PRECISE
     assert replication.stop_of(wide, 3, spent_s=2.0) is Stop.BUDGET
     assert replication.stop_of(wide, 3, spent_s=0.5) is None
-    assert replication.wants_more(wide, 3, spent_s=0.5)
-    assert not replication.wants_more(wide, 3, spent_s=2.0)
 
 
 def test_a_thread_that_ends_within_a_round_takes_nothing_from_the_others(

@@ -86,19 +86,6 @@ class Replication:
         default ``MORE_PROCESSES`` times the least, or one where the least is one)."""
         return cls(grid.processes, grid.most_rounds, target_rel_ci, grid.time_budget_s)
 
-    def wants_more(
-        self,
-        rounds: list[list[float]],
-        done: int,
-        references: list[float | None] | None = None,
-        quiet: float | None = None,
-        prior: Prior | None = None,
-        spent_s: float = 0.0,
-        busy: list[bool] | None = None,
-    ) -> bool:
-        """Whether a case with ``done`` rounds finished gets another (``stop_of`` says None)."""
-        return self.stop_of(rounds, done, references, quiet, prior, spent_s, busy) is None
-
     def stop_of(
         self,
         rounds: list[list[float]],

@@ -55,14 +55,11 @@ def median_clock(clocks_mhz: Sequence[float | None]) -> float | None:
 def clock_reader(device: str, nvml: Any = None) -> ClockReader | None:
     """The SM clock reader of a CUDA ``device`` ("cuda:0"); None where it cannot be read.
     ``nvml``: the ``pynvml`` module (tests pass a fake)."""
-    if not device.startswith("cuda"):
+    found = nvml_device(device, nvml)
+    if found is None:
         return None
-    if nvml is None:
-        nvml = pynvml_module()
-        if nvml is None:
-            return None
+    nvml, handle = found
     try:
-        handle = nvml_handle(nvml, device)
         top = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
     except Exception:  # NVML present but unusable (no driver, a device it does not list)
         return None
@@ -74,6 +71,22 @@ def clock_reader(device: str, nvml: Any = None) -> ClockReader | None:
             return None
 
     return ClockReader(read, top if top > 0 else None)
+
+
+def nvml_device(device: str, nvml: Any = None) -> tuple[Any, Any] | None:
+    """NVML and its handle of a CUDA ``device`` (the clock's and the energy counter's); None
+    off CUDA, without NVML or a driver, or for a device NVML does not list. ``nvml``: the
+    ``pynvml`` module (tests pass a fake)."""
+    if not device.startswith("cuda"):
+        return None
+    if nvml is None:
+        nvml = pynvml_module()
+        if nvml is None:
+            return None
+    try:
+        return nvml, nvml_handle(nvml, device)
+    except Exception:  # NVML present but unusable (no driver, a device it does not list)
+        return None
 
 
 @functools.cache

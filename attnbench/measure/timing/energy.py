@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from attnbench.measure.timing.clocks import nvml_handle, pynvml_module
+from attnbench.measure.timing.clocks import nvml_device
 from attnbench.spec import ENERGY_S
 
 BLOCK_S = 5e-3  # calls run in synchronised blocks of about this long between counter reads
@@ -50,14 +50,11 @@ class Energy:
 def energy_probe(device: str, nvml: Any = None) -> EnergyProbe | None:
     """The energy counter of a CUDA ``device`` in joules; None where it cannot be read.
     ``nvml``: the ``pynvml`` module (tests pass a fake)."""
-    if not device.startswith("cuda"):
+    found = nvml_device(device, nvml)
+    if found is None:
         return None
-    if nvml is None:
-        nvml = pynvml_module()
-        if nvml is None:
-            return None
+    nvml, handle = found
     try:
-        handle = nvml_handle(nvml, device)
         nvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # refused before Volta
     except Exception:
         return None
