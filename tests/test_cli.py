@@ -565,3 +565,19 @@ def test_a_sweep_that_measured_no_case_exits_2_and_keeps_its_rows(tmp_path: Path
     assert "smaller --n, --d or --batch, or a larger --max-case-memory, may fit" in said
     assert "past the 1 MiB it may take" in said
     assert list(load_results(out).frame["status"]) == ["oom"]
+
+
+def test_a_decode_sweep_of_layers_without_a_step_is_a_stated_skip_and_exits_0(
+    tmp_path: Path,
+) -> None:
+    """Skipped for want of a step is what --mode decode does with such a layer, never a
+    failure: the sweep that measured none of them still exits 0, and says why."""
+    plugin = tmp_path / "lin.py"
+    plugin.write_text(
+        "from torch import nn\n\ndef make(d):\n    return nn.Linear(d, d)\n", encoding="utf-8"
+    )
+    out = tmp_path / "run"
+    args = ["sweep", "--layers", f"{plugin}:make", "--n", "16", "--d", "8", "--mode", "decode"]
+    result = runner.invoke(app, [*args, "--no-charts", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "has no decode step" in result.output and "no case measured" not in result.output

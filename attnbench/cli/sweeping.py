@@ -236,8 +236,11 @@ def _finished(
     if comparison is not None and comparison.failed(judging.gate):
         raise typer.Exit(1)
     counts = run.counts()
-    # a sweep that measured nothing failed (against a baseline, the exit code is compare's)
-    if comparison is None and len(run.frame) and not counts.get(Status.OK):
+    # a sweep that measured nothing because its cases broke failed (against a baseline, the
+    # exit code is compare's); one whose every case was a stated skip (a layer without a
+    # decode step) did what it was asked, and its notes say why
+    broke = any(counts.get(s) for s in (Status.OOM, Status.FAILED, Status.TIMEOUT))
+    if comparison is None and broke and not counts.get(Status.OK):
         ended = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
         again = (  # out of memory again at the same sizes (the larger ones skipped after it)
             "smaller --n, --d or --batch, or a larger --max-case-memory, may fit"
