@@ -205,6 +205,13 @@ def _layer_option(option: LayerOption) -> Option:
 # --processes rounds, the old 60 s had let the cases run 100 s.
 CPU_DEFAULT_D = (64,)
 CPU_DEFAULT_AUTO_BUDGET_S = 100.0
+# The CPU's threads where --threads is not given: one, as torch.utils.benchmark times by
+# default. Two threads on two CPUs wait on each other at every op, and whatever else runs (the
+# sweep's own driver, the system, a neighbour) stalls one of them: on this project's 2-core CPU
+# (2026-11-30, 8 processes a case, two sweeps each), conv, lstm and attention-sdpa at n = 512
+# and 2048 read 1-25% apart between sweeps on torch's 2 threads (lstm 2.6x once), 0.6-2% on
+# one; the default sweep marked 66 of 77 cases ! on two, 23 of 70 on one.
+CPU_DEFAULT_THREADS = 1
 # the help says both defaults, from where each is set (it said 60 after the CPU's became 100)
 _AUTO_BUDGET_S = next(f.default for f in fields(Grid) if f.name == "auto_budget_s")
 
@@ -236,7 +243,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("mode", "mode", str, lambda v: _choice(v, "mode", MODES),
            "; ".join(f"{mode}: {what}" for mode, what in MODE_HELP.items()) + ".", compare=True),
     Option("threads", "threads", int, lambda v: _positive_int(v, "threads"),
-           "CPU threads for torch (recorded).", default_text="torch's"),
+           "CPU threads for torch (recorded): one reads the same in every process and sweep, "
+           "as torch.utils.benchmark times; more, what all your cores do, shared with the "
+           "system's work.", default_text="1 on the CPU (torch's with --executor ray, or a "
+           "recorded run that kept torch's)"),
     Option("time_budget", "time_budget_s", float, lambda v: _positive_seconds(v, "time-budget"),
            "Seconds of timed calls a case's rounds may take together: the --processes "
            "rounds always run, each with a share of it for its samples; more only within it, "
@@ -374,7 +384,8 @@ def load_config(path: Path) -> dict[str, Any]:
 
 
 def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None) -> Grid:
-    """Make a validated ``Grid`` from option values (``OPTIONS`` keys; None means default).
+    """Make a validated ``Grid`` from option values (``OPTIONS`` keys; None means default,
+    but a ``threads`` of None, torch's own thread count, where a run recorded it so).
 
     Each layer checks the options it takes with its own declaration (a kernel that fits in the
     sequence, heads that divide d). A plugin loaded from a module, a file or an installed
@@ -414,6 +425,8 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
             small = min(min(grid.ns), max(16, 2 * found.reach(resolved) + 1))
             checks.check_output(found, min(grid.ds), (small, min(grid.ns)), resolved)
     grid = replace(grid, device=(resolve or local_device)(grid.device, grid.dtype))
+    if "threads" not in options and device_kind(grid.device) == "cpu":
+        grid = replace(grid, threads=CPU_DEFAULT_THREADS)  # a threads of None: torch's own
     if "n" not in given:
         grid = _default_lengths(grid, given)
     if grid.timer != Timer.BLOCKS and device_kind(grid.device) != "cuda":

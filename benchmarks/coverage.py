@@ -51,6 +51,8 @@ WAYS = {
     "one": ["--executor", "serial", "--processes", "1"],
     # the default, never waiting for a quiet machine: what --wait-quiet buys
     "nowait": ["--wait-quiet", "0"],
+    # the default's rounds on one CPU thread, as torch.utils.benchmark times by default
+    "onethread": ["--threads", "1"],
 }
 Interval = tuple[float, float, float]  # centre, low, high
 

@@ -109,15 +109,16 @@ def test_cases_order_and_ids() -> None:
 
 def test_default_grid_covers_every_layer() -> None:
     """The default reaches each layer's regime (--n auto); on the CPU at one width, in a
-    budget of 100 s of cases."""
+    budget of 100 s of cases, on one thread."""
     grid = build_grid({"device": "cpu"})
     ladder = AutoN().ladder()
     assert grid == replace(
-        Grid(device="cpu"), ns=ladder, n_auto=AutoN(), ds=(64,), auto_budget_s=100.0
+        Grid(device="cpu"), ns=ladder, n_auto=AutoN(), ds=(64,), auto_budget_s=100.0, threads=1
     )
     assert len(grid.cases()) == len(BUILTIN) * len(ladder)
     fixed = build_grid({"device": "cpu", "n": "64..1024"})
-    assert fixed == Grid(device="cpu") and len(fixed.cases()) == len(BUILTIN) * 5 * 2
+    assert fixed == Grid(device="cpu", threads=1)
+    assert len(fixed.cases()) == len(BUILTIN) * 5 * 2
 
 
 @pytest.mark.parametrize(
@@ -144,6 +145,20 @@ def test_build_grid_rejects_bad_options(options: dict, message: str) -> None:
 
 def test_d_need_not_divide_by_heads_without_attention() -> None:
     assert build_grid({"layers": "conv,rnn", "d": "30", "device": "cpu"}).ds == (30,)
+
+
+def test_the_cpu_times_on_one_thread_unless_told_or_recorded_otherwise() -> None:
+    """One thread on the CPU by default; --threads wins; a GPU keeps torch's; a run recorded
+    before the default (threads null: torch's own) resumes on torch's, not on one."""
+    small = {"device": "cpu", "n": "32", "layers": "conv"}
+    assert build_grid(small).threads == 1
+    assert build_grid({**small, "threads": 2}).threads == 2
+    on_gpu = build_grid({**small, "device": "cuda"}, lambda name, dtype: "cuda:0")
+    assert on_gpu.threads is None
+    recorded = build_grid(small).to_dict()
+    assert grid_from_config(recorded).threads == 1
+    assert grid_from_config({**recorded, "threads": None}).threads is None
+    assert build_grid({**small, "threads": None}).threads is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

@@ -21,6 +21,7 @@ from attnbench.fits.prediction import LayerMiss, Prediction, predict_run
 from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.measure.machine.ceilings_file import cache_dir, machine_ceilings, read_ceilings
 from attnbench.measure.machine.probes import PASSES
+from attnbench.options import CPU_DEFAULT_THREADS
 from attnbench.render.charts import build_charts, save_charts
 from attnbench.render.report import crossover_display
 from attnbench.results.files import latest_results
@@ -37,7 +38,8 @@ def machine(
     threads: Annotated[
         int | None,
         typer.Option(
-            help="CPU threads while measuring (default: torch's, as a sweep uses).",
+            help="CPU threads while measuring (default: 1 on the CPU, as a sweep uses; "
+            "torch's on a GPU).",
             show_default=False,
         ),
     ] = None,
@@ -69,9 +71,10 @@ def machine(
         check_threads(threads)
     if passes < 1:
         raise AttnbenchError(f"--passes must be at least 1 (got {passes})")
-    found, cached = machine_ceilings(
-        local_device(device, dtype), dtype, threads, remeasure=remeasure, passes=passes
-    )
+    where = local_device(device, dtype)
+    if threads is None and device_kind(where) == "cpu":
+        threads = CPU_DEFAULT_THREADS
+    found, cached = machine_ceilings(where, dtype, threads, remeasure=remeasure, passes=passes)
     if as_json:
         typer.echo(json.dumps({**found.to_dict(), "cached": cached}, indent=2))
         return
