@@ -128,7 +128,9 @@ def test_a_line_stops_where_its_share_of_the_budget_runs_out() -> None:
     conv = [c for c in two.cases() if c.layer == "conv"]
     ran = run_cases(plan, conv, rising, wall_s=2.0)
     line = plan.line(conv[0])
-    assert line.stopped is Stopped.BUDGET and line.allowance_s == pytest.approx(5.0)
+    # its share: what it spent, and half of what is left (rnn, the other line, still going)
+    assert line.stopped is Stopped.BUDGET
+    assert line.allowance_s == pytest.approx(line.wall_s + (10.0 - line.wall_s) / 2)
     # 2 s each: a third overruns the 5 s share, but a line reaches LEAST_POINTS lengths
     assert len(ran) == LEAST_POINTS == 3
     # the next line's share is what is left, over the lines still going
@@ -138,6 +140,32 @@ def test_a_line_stops_where_its_share_of_the_budget_runs_out() -> None:
     later = sum(p.later_s for p in line.points)
     assert later > 0 and line.wall_s == pytest.approx(6.0 + later)
     assert plan.line(rnn).allowance_s == pytest.approx(10.0 - line.wall_s)
+
+
+def test_a_line_that_settles_early_leaves_its_share_to_the_lines_ahead_of_it() -> None:
+    """Two lines that take turns: rnn's rate settles at its fourth length, conv's keeps rising.
+    What rnn did not spend goes to conv, which started first: set once as conv started, its
+    share stayed half the budget, and it stopped at its fifth length, not its seventh."""
+    two = build_grid({"layers": "conv,rnn", "d": [64], "n": "auto:64..65536", "device": "cpu",
+                      "auto_budget": 16})  # fmt: skip
+    plan = AutoPlan(two)
+    lengths = [64 * 2**i for i in range(11)]
+    rising = {n: 1e-4 * (n / 64) ** 0.5 for n in lengths}
+    steady = {n: 1e-4 * n / 64 for n in lengths}
+    conv = [c for c in two.cases() if c.layer == "conv"]
+    rnn = [c for c in two.cases() if c.layer == "rnn"]
+    ran: dict[str, list[int]] = {"conv": [], "rnn": []}
+    for i in range(len(lengths)):
+        for cases, times in ((conv, rising), (rnn, steady)):
+            case = cases[i]
+            if plan.line(case).stopped is None and plan.decide(case)[0]:
+                plan.started(case)
+                plan.record(result(case, times[case.n], wall_s=1.0))
+                ran[case.layer].append(case.n)
+    assert plan.line(rnn[0]).stopped is Stopped.REGIME and ran["rnn"] == lengths[:4]
+    assert plan.line(conv[0]).stopped is Stopped.BUDGET
+    spent = sum(line.wall_s for line in plan.lines.values())
+    assert len(ran["conv"]) == 7 and spent <= 16.0
 
 
 def test_a_line_reaches_three_lengths_whatever_its_share_but_not_past_a_calls_limit() -> None:
