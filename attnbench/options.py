@@ -200,11 +200,11 @@ def _layer_option(option: LayerOption) -> Option:
 
 # The CPU's default sweep: one width, and this many seconds of cases in all (where every line
 # has settled sooner, less), each case charged every round it may get (``run.auto``). On this
-# project's 2-core CPU, cold on a busy day (2026-11-29): on 100 s, 10 and 8 of the 11 time
-# exponents agreed with the chapter in two sweeps; on 60 s, 6 of 11. Charged only its
-# --processes rounds, the old 60 s had let the cases run 100 s.
+# project's 2-core CPU, cold, on one thread (2026-11-30): on 60 s, 9 of the 11 time exponents
+# agreed with the chapter in 62 s of wall time, as on 100 s in 85 s; on 50 s, 7 of 11. On two
+# threads (2026-11-29) 100 s had read 10 and 8 of 11, and 60 s 6 of 11.
 CPU_DEFAULT_D = (64,)
-CPU_DEFAULT_AUTO_BUDGET_S = 100.0
+CPU_DEFAULT_AUTO_BUDGET_S = 60.0
 # The CPU's threads where --threads is not given: one, as torch.utils.benchmark times by
 # default. Two threads on two CPUs wait on each other at every op, and whatever else runs (the
 # sweep's own driver, the system, a neighbour) stalls one of them: on this project's 2-core CPU

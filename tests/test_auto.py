@@ -59,7 +59,7 @@ def test_auto_parses_and_round_trips_through_run_json() -> None:
     assert grid_from_config(recorded) == found
     assert build_grid({"n": "auto", "device": "cpu"}).n_auto == AutoN()
     default = build_grid({"device": "cpu"})  # a sweep that names no lengths: auto, everywhere
-    assert default.n_auto == AutoN() and default.ds == (64,) and default.auto_budget_s == 100.0
+    assert default.n_auto == AutoN() and default.ds == (64,) and default.auto_budget_s == 60.0
     fixed = build_grid({"n": "64..1024", "device": "cpu"})  # a fixed grid, one option away
     assert fixed.n_auto is None and fixed.ds == (64, 128) and fixed.auto_budget_s == 300.0
     for text in ("auto:5", "auto:64..32", "automatic"):

@@ -109,11 +109,11 @@ def test_cases_order_and_ids() -> None:
 
 def test_default_grid_covers_every_layer() -> None:
     """The default reaches each layer's regime (--n auto); on the CPU at one width, in a
-    budget of 100 s of cases, on one thread."""
+    budget of 60 s of cases, on one thread."""
     grid = build_grid({"device": "cpu"})
     ladder = AutoN().ladder()
     assert grid == replace(
-        Grid(device="cpu"), ns=ladder, n_auto=AutoN(), ds=(64,), auto_budget_s=100.0, threads=1
+        Grid(device="cpu"), ns=ladder, n_auto=AutoN(), ds=(64,), auto_budget_s=60.0, threads=1
     )
     assert len(grid.cases()) == len(BUILTIN) * len(ladder)
     fixed = build_grid({"device": "cpu", "n": "64..1024"})
