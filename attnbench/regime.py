@@ -20,6 +20,13 @@ from attnbench.estimators import t_quantile
 
 # Rates within this band of each other: the largest at most (1 + band) times the smallest.
 REGIME_BAND = 0.2
+# --n auto reads each case's first round alone, and a case's time moves by a few percent as its
+# later rounds come in (a first round read 1.5-3% slower than the case's median on 2026-11-30):
+# a line stops only where its first rounds settle within this narrower band, so that its final
+# times still settle within REGIME_BAND. Within 20%, lstm and conv stopped at 2048 and 8192 in
+# a default sweep whose final times then read them unsettled (rates 1.21x apart), and fitted
+# them below their regime, at n^0.86 and n^0.80.
+AUTO_BAND = 0.15
 # Over at least this many sizes (three doublings).
 REGIME_SIZES = 4
 # ... with no trend: the rate's log-log slope within this of 0, or its 95% interval holding
@@ -29,9 +36,9 @@ REGIME_TREND = 0.05
 OVERHEAD_SHARE = 0.5
 
 
-def within_band(rates: Sequence[float]) -> bool:
-    """Whether positive rates stay within ``REGIME_BAND`` of each other."""
-    return bool(rates) and min(rates) > 0 and max(rates) <= (1 + REGIME_BAND) * min(rates)
+def within_band(rates: Sequence[float], band: float = REGIME_BAND) -> bool:
+    """Whether positive rates stay within ``band`` of each other."""
+    return bool(rates) and min(rates) > 0 and max(rates) <= (1 + band) * min(rates)
 
 
 def trendless(sizes: Sequence[float], rates: Sequence[float]) -> bool:
@@ -47,9 +54,11 @@ def trendless(sizes: Sequence[float], rates: Sequence[float]) -> bool:
     return bool(abs(fit.slope) <= REGIME_TREND or abs(fit.slope) <= reach)
 
 
-def settled_sizes(sizes: Sequence[int], rates: Sequence[float]) -> list[int]:
+def settled_sizes(
+    sizes: Sequence[int], rates: Sequence[float], band: float = REGIME_BAND
+) -> list[int]:
     """The regime where time grows as the work, smallest first: the longest run of sizes at
-    the top of ``sizes`` whose rates stay within the band with no trend (``trendless``); []
+    the top of ``sizes`` whose rates stay within ``band`` with no trend (``trendless``); []
     when no run of ``REGIME_SIZES`` sizes does. A size with several rates (several cases)
     reads their median; sizes without a finite positive rate are left out."""
     by_size: dict[int, list[float]] = {}
@@ -59,7 +68,7 @@ def settled_sizes(sizes: Sequence[int], rates: Sequence[float]) -> list[int]:
     top: list[tuple[int, float]] = []  # the run within the band, largest size first
     for size in sorted(by_size, reverse=True):
         middle = statistics.median(by_size[size])
-        if not within_band([r for _, r in top] + [middle]):
+        if not within_band([r for _, r in top] + [middle], band):
             break
         top.append((size, middle))
     for length in range(len(top), REGIME_SIZES - 1, -1):

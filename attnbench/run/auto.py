@@ -20,7 +20,7 @@ import torch
 
 from attnbench.devices import DTYPES, available_bytes, device_kind
 from attnbench.measure.record import CaseResult
-from attnbench.regime import REGIME_BAND, REGIME_SIZES, settled_sizes
+from attnbench.regime import AUTO_BAND, REGIME_SIZES, settled_sizes
 from attnbench.results.record import Stopped
 from attnbench.run.rounds import cost_of
 from attnbench.schema import Status
@@ -175,11 +175,12 @@ class AutoPlan:
         )
         line.points = sorted([*line.points, point], key=lambda p: p.n)
         line.at_n = line.points[-1].n
-        settled = settled_sizes([p.n for p in line.points], [p.rate for p in line.points])
+        rates = [p.rate for p in line.points]  # first rounds': AUTO_BAND leaves them room
+        settled = settled_sizes([p.n for p in line.points], rates, AUTO_BAND)
         if settled and settled[-1] == line.at_n:
             line.stopped = Stopped.REGIME
             line.why = (
-                f"rate within {REGIME_BAND:.0%}, with no trend, over n={settled[0]}..{settled[-1]} "
+                f"rate within {AUTO_BAND:.0%}, with no trend, over n={settled[0]}..{settled[-1]} "
                 f"({len(settled)} lengths)"
             )
 
@@ -304,7 +305,8 @@ class AutoPlan:
         return {
             "rule": (
                 f"n doubles from {self.grid.ns[0]} until the rate (counted work per second) "
-                f"stays within {REGIME_BAND:.0%} over {REGIME_SIZES} lengths, or the next "
+                f"stays within {AUTO_BAND:.0%} over {REGIME_SIZES} lengths (its first rounds'), "
+                f"or the next "
                 f"case would take over {self.max_call_s:g} s a call, need over "
                 f"{MEMORY_SHARE:.0%} of the free memory, or overrun its share of "
                 f"{self.grid.auto_budget_s:g} s"
