@@ -369,8 +369,8 @@ def test_a_line_stopped_in_its_regime_whose_final_times_moved_off_it_is_named() 
     note = auto_note(lines, ["rnn"])
     assert note.startswith("--n auto: all 2 lines reached their regime (counted work per second")
     assert (
-        "within 15% over 4 lengths, read on their first rounds; on their final times 1 of "
-        "them no longer read settled, within 20% (rnn: attnbench table marks them unsettled)"
+        "settled over 4 lengths on their first rounds; on their final times 1 of them no "
+        "longer read settled, within 20% (rnn: attnbench table marks them unsettled)"
     ) in note
     rows.loc[7, "time_s"] = steady[3]
     assert moved_off_regime(lines, rows) == []

@@ -472,6 +472,17 @@ def test_the_start_line_counts_the_rounds_a_case_may_get(
     assert workers_text({"executor": "fork", "servers": 3}, grid) == f", {said}"
 
 
+def test_the_start_line_says_the_threads_the_sweep_sets() -> None:
+    from dataclasses import replace
+
+    from attnbench.cli.render import threads_text
+
+    grid = tiny_grid()
+    assert grid.threads == 1 and threads_text(grid) == ", 1 thread"  # the CPU's default
+    assert threads_text(replace(grid, threads=2)) == ", 2 threads"
+    assert threads_text(replace(grid, threads=None)) == ""  # torch's own: nothing set
+
+
 def test_a_first_rounds_line_says_it_is_one_round_of_several() -> None:
     """Of three rounds, the first is one: its median is named so and its own interval is not
     printed beside the case's (a new user read "72.5 µs ±3.8%" on the live line and "43.1 µs

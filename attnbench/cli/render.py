@@ -128,7 +128,7 @@ class SweepProgress:
             span = estimate_range(start.estimate_low_s, start.estimate_s, start.waits_s)
             self.console.print(
                 f"attnbench {__version__}: {cases} on {grid.device} "
-                f"({grid.dtype}, {grid.mode}, batch {grid.batch})"
+                f"({grid.dtype}, {grid.mode}, batch {grid.batch}{threads_text(grid)})"
                 f"{workers_text(start.cluster, grid)}, "
                 f"{span} -> {start.out_dir}",
                 soft_wrap=True,
@@ -311,6 +311,14 @@ def shared_cpu_nodes(cluster: dict[str, Any], device: str) -> str:
     return ", ".join(crowded)
 
 
+def threads_text(grid: Grid) -> str:
+    """ ", 1 thread" where the sweep sets torch's threads (on the CPU, one unless --threads
+    says otherwise); nothing where it keeps torch's own count."""
+    if grid.threads is None:
+        return ""
+    return f", {grid.threads} thread{'s' * (grid.threads > 1)}"
+
+
 def workers_text(cluster: dict[str, Any], grid: Grid | None = None) -> str:
     """ ", through Ray on 4 workers (2 nodes: NVIDIA H100 ...)", ", each case in 3-6 fresh
     processes (3 fork servers)"; nothing for a serial sweep."""
@@ -421,7 +429,7 @@ class ABProgress:
         self.console.print(
             f"attnbench {__version__} ab: {len(grid.cases())} cases a side x {grid.processes} "
             f"round(s), measured in turn (ABBA) on {grid.device} ({grid.dtype}, {grid.mode}, "
-            f"batch {grid.batch}), {span} -> {start.out_dir}",
+            f"batch {grid.batch}{threads_text(grid)}), {span} -> {start.out_dir}",
             soft_wrap=True,
         )
         for line in describe_sides(start):

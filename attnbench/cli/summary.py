@@ -22,7 +22,7 @@ from attnbench.measure.timing.contention import busy_cores
 from attnbench.measure.timing.faults import FAULT_SHARE
 from attnbench.measure.timing.loop import IMPRECISE_REL_CI, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
-from attnbench.regime import AUTO_BAND, REGIME_BAND, REGIME_SIZES
+from attnbench.regime import REGIME_BAND, REGIME_SIZES
 from attnbench.results.record import AutoLine, Stopped
 from attnbench.results.run import BUSY_NOTE, LOAD_SLACK, RunResults
 from attnbench.schema import (
@@ -247,8 +247,7 @@ def auto_note(lines: tuple[AutoLine, ...], moved: Sequence[str] = ()) -> str:
         return ""
     widths = len({line.d for line in lines}) > 1
     settled = sum(line.stopped is Stopped.REGIME for line in lines)
-    rule = f"counted work per second within {AUTO_BAND:.0%} over {REGIME_SIZES} lengths, read "
-    rule += "on their first rounds"
+    rule = f"counted work per second settled over {REGIME_SIZES} lengths on their first rounds"
     if moved:
         rule += (
             f"; on their final times {len(moved)} of them no longer read settled, within "
