@@ -128,9 +128,8 @@ def test_a_line_stops_where_its_share_of_the_budget_runs_out() -> None:
     conv = [c for c in two.cases() if c.layer == "conv"]
     ran = run_cases(plan, conv, rising, wall_s=2.0)
     line = plan.line(conv[0])
-    # its share: what it spent, and half of what is left (rnn, the other line, still going)
-    assert line.stopped is Stopped.BUDGET
-    assert line.allowance_s == pytest.approx(line.wall_s + (10.0 - line.wall_s) / 2)
+    # its share: half the budget, rnn, the other line, still going
+    assert line.stopped is Stopped.BUDGET and line.allowance_s == pytest.approx(5.0)
     # 2 s each: a third overruns the 5 s share, but a line reaches LEAST_POINTS lengths
     assert len(ran) == LEAST_POINTS == 3
     # the next line's share is what is left, over the lines still going

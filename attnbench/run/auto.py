@@ -204,9 +204,9 @@ class AutoPlan:
             return False, line.why
         if line.running:
             return False, ""
-        # what it spent, and its share of what no line has spent yet: a line that settled
-        # early leaves its share to every line still going, the ones ahead of it included
-        line.allowance_s = line.wall_s + self._share_left()
+        # an equal share of what the finished lines left: a line that settled early leaves
+        # its share to every line still going, the ones ahead of it included
+        line.allowance_s = self._share()
         if not line.points:
             return True, ""
         stop = self._would_not_fit(case, line)
@@ -274,15 +274,19 @@ class AutoPlan:
         growth = peaks[-1] / peaks[-2] if len(peaks) >= 2 and peaks[-2] > 0 else 2.0
         return peaks[-1] * max(1.0, growth)
 
-    def _share_left(self) -> float:
-        """A line's share of what no case has spent yet, over the lines not finished. Read at
-        each of its lengths: set once as a line started, the share of a line that settled early
-        went only to the lines that started after it (on 2026-11-30 ssm-scan, the last, was
-        left 12 s of a 50 s budget and settled in 2.3 s, while conv, the first, stopped short
-        of its regime on its 4.5 s)."""
-        spent = sum(line.wall_s for line in self.lines.values())
-        going = sum(line.stopped is None for line in self.lines.values())
-        return max(0.0, self.grid.auto_budget_s - spent) / max(1, going)
+    def _share(self) -> float:
+        """What a line still going may spend in all: the budget less what the finished lines
+        spent, over the lines still going. Read at each of its lengths: set once as a line
+        started, the share of a line that settled early went only to the lines that started
+        after it (on 2026-11-30 ssm-scan, the last, was left 12 s of a 50 s budget and settled
+        in 2.3 s, while conv, the first, stopped short of its regime on its 4.5 s). An equal
+        share of what is left, not of what no line has spent yet: there a line running ahead
+        of the others took most of the budget (attention-local 13 s of 60, and ssm-scan, the
+        last line, was left 3.7 s)."""
+        lines = self.lines.values()
+        finished = sum(line.wall_s for line in lines if line.stopped is not None)
+        going = sum(line.stopped is None for line in lines)
+        return max(0.0, self.grid.auto_budget_s - finished) / max(1, going)
 
     def describe(self) -> dict[str, Any]:
         """run.json's ``auto``: the rule, and what stopped each line."""
