@@ -535,3 +535,32 @@ def test_ab_sides_ask_for_their_pairs_and_no_more() -> None:
     assert {g.most_rounds for g in grids.values()} == {10}  # the pairs, never more
     with pytest.raises(AttnbenchError, match="--max-processes applies to sweep"):
         side_grids({"layers": "conv", "n": "8", "d": "4", "max_processes": 20}, None, 0.01)
+
+
+def test_an_auto_grid_runs_every_lines_n_before_any_lines_2n(tmp_path: Path) -> None:
+    """First rounds by length across the lines: line by line, the first lines ran on their
+    equal share of --auto-budget while the lines that settle early had not yet left theirs."""
+    from attnbench.measure.record import CaseResult
+    from attnbench.measure.timing.loop import TimingStats
+    from attnbench.results.store import ResultsWriter
+    from attnbench.run.executors.base import JobDone, Placement
+    from attnbench.run.signals import GracefulStop
+
+    grid = tiny_grid(layers="conv,rnn,ssm", n="auto:8..64")
+    writer = ResultsWriter.create(tmp_path / "run", grid.to_dict(), {}, grid.option_names())
+    jobs = queue_module.JobQueue(
+        grid, writer, measuring=queue_module.UNCALIBRATED, in_process=True, progress=None,
+        stop=GracefulStop(),
+    )  # fmt: skip
+    here = Placement("host", "cpu", "cpu", 1)
+    order = []
+    while (job := jobs.take(here)) is not None and job.round == 1:
+        order.append((job.case.n, job.case.layer))
+        seconds = 1e-6 * job.case.n * (1 + len(order) % 2)  # a rate that never settles
+        timing = TimingStats((seconds,) * 5, calls_per_sample=1, total_s=5 * seconds)
+        result = CaseResult(job.case, "ok", 1, timing=timing, flops=job.case.n * 1000,
+                            elementwise=0, peak_bytes=1000, wall_s=1e-3)  # fmt: skip
+        jobs.finish(JobDone(job, here, result=result))
+    assert order == sorted(order, key=lambda t: t[0])  # by length: 8 for all, then 16, ...
+    assert [layer for _, layer in order[:3]] == ["conv", "rnn", "ssm"]
+    assert len(order) == 12  # four lengths of three lines

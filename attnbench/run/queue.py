@@ -126,7 +126,8 @@ class Previous:
 
 class JobQueue:
     """The sweep's state, and the jobs it hands to idle workers in order: retries first, then
-    each case's first round in grid order, then later rounds (round by round, shuffled with the
+    each case's first round in grid order (an auto grid's by length, every line's n before any
+    line's 2n), then later rounds (round by round, shuffled with the
     grid's seed, each on the device model its first round ran on).  Cases covered by a failure
     of a smaller one, and one the previous process died in, are written as they come up,
     without a worker."""
@@ -207,7 +208,10 @@ class JobQueue:
         self.dropped: set[str] = set()  # auto cases no line will reach: never written
         if self.auto is not None and previous is not None:
             self.auto.restore(previous.run.frame)
-        self.first = deque(i for i, case in enumerate(self.cases) if case.case_id not in self.done)
+        first = [i for i, case in enumerate(self.cases) if case.case_id not in self.done]
+        if self.auto is not None:  # every line's n before any line's 2n (``AutoPlan._share``)
+            first.sort(key=lambda i: self.cases[i].n)
+        self.first = deque(first)
 
     def notify(self, kind: Any, case: Case, result: CaseResult | None = None, **more: Any) -> None:
         """Tell the caller's progress callback what happened to ``case``."""
