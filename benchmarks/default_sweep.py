@@ -7,7 +7,7 @@ Each run is the real command in a fresh process; ``--cold`` gives each run a cac
 its own (``ATTNBENCH_CACHE_DIR``), so the machine's ceilings and the exact counts are measured
 as on a first run.
 
-    python benchmarks/default_sweep.py [--repeat 1] [--cold] [-- extra sweep options]
+    python benchmarks/default_sweep.py [--repeat 1] [--cold] [--keep DIR] [-- extra sweep options]
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ def agreeing(out: Path) -> tuple[int, int]:
     return sum(bool(a) for a in judged), len(judged)
 
 
-def one(extra: list[str], cold: bool) -> dict[str, float]:
+def one(extra: list[str], cold: bool, keep: Path | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run"
+        out = keep if keep is not None else Path(tmp) / "run"
         env = {**os.environ, **({"ATTNBENCH_CACHE_DIR": str(Path(tmp) / "cache")} if cold else {})}
         start = time.perf_counter()
         subprocess.run(
@@ -76,6 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--cold", action="store_true", help="a cache folder of its own a run")
+    parser.add_argument("--keep", type=Path, help="keep each run here, as run-0, run-1, ...")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     print(
@@ -84,7 +85,7 @@ def main() -> None:
     )
     rows = []
     for rep in range(args.repeat):
-        r = one(extra, args.cold)
+        r = one(extra, args.cold, args.keep / f"run-{rep}" if args.keep else None)
         r["ran"] -= r["waited"]
         rows.append(r)
         print(
