@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from io import StringIO
 from pathlib import Path
 
@@ -147,8 +148,9 @@ class Ticking:
 
 @pytest.mark.slow
 def test_faults_are_counted_per_timed_block_outside_the_warm_up() -> None:
-    # Warm-up calls fault 5000 each; every later call 40, except call 12, which faults 8000.
-    tick = Ticking([5000, 5000, *[40] * 10, 8000, *[40] * 100])
+    # Warm-up calls fault 5000 each; every later call 40, except call 42, which faults 8000.
+    # 40 a call never settles the heap (``_settle_heap``): its 20 calls pass, then the samples.
+    tick = Ticking([5000, 5000, *[40] * 40, 8000, *[40] * 100])
     policy = TimingPolicy(warmup_calls=2, min_block_s=2e-3, min_samples=10, budget_s=0.05)
     stats = time_call(tick.fn, policy, clock=tick.clock, faults=tick.faults)
     assert stats.calls_per_sample == 3  # 1 ms calls in blocks of 1.25 x 2 ms, rounded up
@@ -160,6 +162,34 @@ def test_faults_are_counted_per_timed_block_outside_the_warm_up() -> None:
     other = Ticking([7])
     plain = time_call(other.fn, policy, clock=other.clock)
     assert plain.faults is None and plain.page_faults is None
+
+
+def test_a_heap_still_growing_is_settled_before_the_samples() -> None:
+    """A fresh process's heap grows over its first calls: explicit attention at n = 1024
+    faulted its 16 MiB of weights (4,098 pages) in four of its first five calls. The calls
+    after the warm-up go on until two in a row fault no more than a few pages; the samples
+    then pay none. Without settling (settle_s 0) the first samples pay the growth."""
+    from attnbench.measure.timing.loop import SETTLE_MAX_CALLS
+
+    growing = [4048, 4099, 4098, 2, 4098, 13, 0, 0, 0, 8, 4, *[0] * 200]
+    policy = TimingPolicy(warmup_calls=1, min_block_s=1e-3, min_samples=5, budget_s=0.01)
+    tick = Ticking(growing)
+    stats = time_call(tick.fn, policy, clock=tick.clock, faults=tick.faults)
+    assert stats.faults is not None and max(stats.faults) <= 16
+    unsettled = Ticking(growing)
+    plain = time_call(
+        unsettled.fn, replace(policy, settle_s=0.0), clock=unsettled.clock, faults=unsettled.faults
+    )
+    assert plain.faults is not None and max(plain.faults) >= 4000
+    # a heap that faults on every call is not waited for past the limit
+    counted = []
+    for settle_s in (1.0, 0.0):
+        steady = Ticking([300])
+        time_call(
+            steady.fn, replace(policy, settle_s=settle_s), clock=steady.clock, faults=steady.faults
+        )
+        counted.append(steady.calls)
+    assert counted[0] - counted[1] == SETTLE_MAX_CALLS
 
 
 def test_the_cost_of_a_fault_is_the_first_touch_less_the_second() -> None:

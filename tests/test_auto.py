@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -260,6 +261,11 @@ def test_an_auto_sweep_records_what_stopped_each_line(tmp_path: Path) -> None:
     assert len(again.frame) == len(run.frame) and load_results(tmp_path / "auto").status == (
         "complete"
     )
+    # a resumed run keeps what stopped each line (it had read "2 had not stopped")
+    resumed = json.loads((tmp_path / "auto" / "run.json").read_text())["auto"]["lines"]
+    assert {line["layer"]: line["stopped"] for line in resumed} == {
+        layer: line["stopped"] for layer, line in lines.items()
+    }
 
 
 def test_an_accelerators_default_lengths_are_auto() -> None:
@@ -393,3 +399,35 @@ def test_a_line_stops_where_its_first_rounds_settle_within_the_narrower_band() -
     assert settled_sizes(sizes, [rate[n] for n in sizes]) == sizes  # a fit reads them settled
     assert ran == [64, 128, 256, 512, 1024, 2048, 4096]  # --n auto: 512..4096, within 15%
     assert plan.line(one.cases()[0]).stopped is Stopped.REGIME
+
+
+def test_a_resumed_auto_run_keeps_its_lines_budget_stops_unless_the_budget_grew() -> None:
+    """A line the budget stopped stays stopped on resume, its spend a finished line's, so the
+    resumed run measures what a run straight through would; a larger --auto-budget takes it
+    on. A failed line is its rows' to say."""
+    import pandas as pd
+
+    two = build_grid({"layers": "conv,rnn", "d": [64], "n": "auto:64..4096", "device": "cpu",
+                      "auto_budget": 10})  # fmt: skip
+    plan = AutoPlan(two)
+    rising = {n: 1e-4 * (n / 64) ** 0.5 for n in (64, 128, 256, 512, 1024, 2048, 4096)}
+    conv = [c for c in two.cases() if c.layer == "conv"]
+    ran = run_cases(plan, conv, rising, wall_s=2.0)
+    assert plan.line(conv[0]).stopped is Stopped.BUDGET and len(ran) == 3
+    rows = pd.DataFrame([
+        {"case_id": c.case_id, "n": c.n, "status": "ok", "time_s": rising[c.n],
+         "flops": 1e6 * c.n, "elementwise": 0.0, "peak_bytes": 1000.0, "wall_s": 2.0,
+         "time_total_s": 10 * rising[c.n]}
+        for c in conv[:3]
+    ])  # fmt: skip
+    recorded = plan.describe()["lines"]
+    again = AutoPlan(two)
+    again.restore(rows, recorded, 10.0)
+    assert again.line(conv[0]).stopped is Stopped.BUDGET
+    assert again.decide(conv[3])[0] is False
+    rnn = next(c for c in two.cases() if c.layer == "rnn")
+    again.decide(rnn)  # the rest of the budget is rnn's: conv's spend is a finished line's
+    assert again.line(rnn).allowance_s == pytest.approx(10.0 - again.line(conv[0]).wall_s)
+    larger = AutoPlan(replace(two, auto_budget_s=100.0))
+    larger.restore(rows, recorded, 10.0)
+    assert larger.line(conv[0]).stopped is None and larger.decide(conv[3]) == (True, "")

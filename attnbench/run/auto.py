@@ -184,8 +184,16 @@ class AutoPlan:
                 f"({len(settled)} lengths)"
             )
 
-    def restore(self, frame: Any) -> None:
-        """The lines of a resumed run, from its rows (in length order)."""
+    def restore(
+        self, frame: Any, recorded: Any = None, recorded_budget_s: float | None = None
+    ) -> None:
+        """The lines of a resumed run, from its rows (in length order), and what stopped each
+        as its run.json ``auto`` recorded (``recorded``: its lines; the run's --auto-budget,
+        ``recorded_budget_s``), so that a resumed run
+        measures the cases a run straight through would: a line the budget stopped stays
+        stopped (its spend counted as a finished line's) unless the budget grew, and one whose
+        rate settled on its first rounds is not read again on its final times. A failed line
+        is its rows' to say (``--retry`` measures it again)."""
         for row in frame.sort_values("n").to_dict("records"):
             key = self.keys.get(str(row["case_id"]))
             if key is None:
@@ -195,6 +203,24 @@ class AutoPlan:
                 self.add(int(row["n"]), row, line)
             elif row["status"] != Status.SKIPPED and line.stopped is None:
                 line.stopped, line.why = Stopped.FAILED, f"n={row['n']} {row['status']}"
+        for raw in recorded or ():
+            found = self._recorded_line(raw)
+            stop = raw.get("stopped")
+            if found is None or not stop or Stopped(stop) is Stopped.FAILED:
+                continue
+            budget = recorded_budget_s if recorded_budget_s is not None else math.inf
+            if Stopped(stop) is Stopped.BUDGET and self.grid.auto_budget_s > budget:
+                continue  # a larger --auto-budget takes it on
+            found.stopped, found.why = Stopped(stop), str(raw.get("why") or "")
+
+    def _recorded_line(self, raw: Any) -> Line | None:
+        """The line a run.json ``auto`` entry names (its layer, width and options)."""
+        fixed = {"layer", "d", "stopped", "at_n", "why", "wall_s", "allowance_s"}
+        options = {k: v for k, v in raw.items() if k not in fixed}
+        for (layer, d, line_options), line in self.lines.items():
+            if layer == raw.get("layer") and d == raw.get("d") and dict(line_options) == options:
+                return line
+        return None
 
     def decide(self, case: Case) -> tuple[bool, str]:
         """Whether the line's next case, ``case``, may run now: (True, "") to run it, (False,

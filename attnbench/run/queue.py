@@ -207,7 +207,9 @@ class JobQueue:
         self.auto = AutoPlan(grid, fresh=not in_process) if grid.n_auto is not None else None
         self.dropped: set[str] = set()  # auto cases no line will reach: never written
         if self.auto is not None and previous is not None:
-            self.auto.restore(previous.run.frame)
+            recorded = previous.run.record
+            lines = (previous.run.meta.get("auto") or {}).get("lines", [])
+            self.auto.restore(previous.run.frame, lines, recorded.config.get("auto_budget_s"))
         first = [i for i, case in enumerate(self.cases) if case.case_id not in self.done]
         if self.auto is not None:  # every line's n before any line's 2n (``AutoPlan._share``)
             first.sort(key=lambda i: self.cases[i].n)
