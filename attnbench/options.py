@@ -200,10 +200,11 @@ def _layer_option(option: LayerOption) -> Option:
 
 # The CPU's default sweep: one width, and this many seconds of cases in all (where every line
 # has settled sooner, less), each case charged every round it may get (``run.auto``). On this
-# project's 2-core CPU, cold, on one thread (2026-11-30), four sweeps each: on 60 s, 9-10 of the
-# 11 time exponents agreed with the chapter (median 10) in 58-75 s of wall time (median 63 s);
-# on 100 s, 9-11 (median 10) in 57-96 s (median 78 s). On two threads (2026-11-29) 100 s had
-# read 10 and 8 of 11, and 60 s 6 of 11.
+# project's 2-core CPU, cold, on one thread, the lines taking turns by length (2026-11-30): on
+# 60 s, three sweeps read 9-10 of the 11 time exponents agreeing with the chapter in 55-59 s of
+# wall time (benchmarks/default_sweep.py); on 100 s, four read 9-11 (median 10) in 57-96 s
+# (median 78 s): no more often, for longer. On two threads (2026-11-29) 100 s had read 10 and
+# 8 of 11, and 60 s 6 of 11.
 CPU_DEFAULT_D = (64,)
 CPU_DEFAULT_AUTO_BUDGET_S = 60.0
 # The CPU's threads where --threads is not given: one, as torch.utils.benchmark times by
@@ -297,7 +298,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("auto_budget", "auto_budget_s", float,
            lambda v: _positive_seconds(v, "auto-budget"),
            "With --n auto: seconds the sweep's cases may take in all; each layer and width "
-           "gets an equal share of what is left when it starts.",
+           "still going gets an equal share of what the finished ones left.",
            default_text=f"{_AUTO_BUDGET_S:g}, or {CPU_DEFAULT_AUTO_BUDGET_S:g} in the CPU's "
            "default sweep"),
     Option("energy", "energy", bool, _switch,

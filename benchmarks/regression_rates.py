@@ -4,7 +4,8 @@
 own process as in CI:
   A1, A2     the same sweep twice (A/A: any regression reported is a false positive);
   slowed     one layer made slower by a known fraction (benchmarks/slowed_cli.py), against A2;
-  threads    the same sweep with --threads 1 (A runs with torch's default), against A2.
+  threads    the same sweep with --threads 2 (A runs on the CPU's default, one thread), against
+             A2 (until 2026-11-30 the default was torch's two threads and this ran --threads 1).
 It prints per-experiment rates, raw and normalised, and the exit codes `attnbench compare` gave.
 
 --suite gate: per repetition, a stored-baseline A/A pair (two sweeps, then compare), an
@@ -103,7 +104,7 @@ def main() -> None:
         walls.append(sweep(a1, args))
         sweep(a2, args)
         sweep(slow, args, slowed=True)
-        sweep(threads, args, "--threads", "1")
+        sweep(threads, args, "--threads", "2")
         runs = {p: load_results(p) for p in (a1, a2, slow, threads)}
         for name, base, new in (("aa", a1, a2), ("slowed", a2, slow), ("threads", a2, threads)):
             c_raw = compare_runs(runs[base], runs[new], raw)
@@ -184,7 +185,7 @@ def summarise(record: dict[str, list], args: argparse.Namespace, walls: list[flo
     ]
     print(f"  measured ratio of the slowed cases: median {np.median(slowed):.3f}")
     th = record["threads"]
-    print("\nA/B (--threads 1 against the default):")
+    print("\nA/B (--threads 2 against the default, one thread):")
     print(f"  cases flagged, raw: {_rate([e['raw_flagged'] for e in th])}")
     by_layer: dict[str, list[float]] = {}
     for e in th:

@@ -3,9 +3,10 @@
 Cases covered by a failure of a smaller one (out of memory, out of time, a crash), and one the
 previous process died in, are written as they come up, without a worker. Each case is timed in
 rounds (under the fork executor, each a fresh process): its first round with its counts, in
-grid order; the later ones after every first round, in a shuffled order, so no case is timed
-at the same moment of the sweep or after the same neighbour twice. A sweep adds rounds to a case
-while the interval over its rounds is wider than the target (``Replication``).
+grid order (an auto grid's by length); the later ones after every first round, in a shuffled
+order, so no case is timed at the same moment of the sweep or after the same neighbour twice. A
+sweep adds rounds to a case while the interval over its rounds is wider than the target
+(``Replication``).
 """
 
 from __future__ import annotations
