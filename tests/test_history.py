@@ -65,6 +65,7 @@ def test_a_run_is_filed_under_its_commit_and_machine(tmp_path: Path) -> None:
     assert [c["layer"] for c in data["cases"]] == ["conv"]  # only what measured ok
     assert data["cases"][0]["time_s"] == pytest.approx(run.frame["time_s"].iloc[0])
     assert data["series"]["allocator"] == run.allocator
+    assert data["series"]["threads"] == run.record.environment["torch_threads"]
     frame = load_history(tmp_path / "h", repo=tmp_path).frame
     assert list(frame["commit"]) == ["abc123"] and frame["machine"].iloc[0] == "ci box"
 
@@ -82,6 +83,26 @@ def test_a_step_is_found_where_it_was_put_and_an_outlier_is_not_one() -> None:
     flat = stepped(size=0.0)
     flat[17] *= 1.8  # one run on a busy machine
     assert find_steps(flat) == []
+
+
+def test_runs_on_other_thread_counts_are_other_series(tmp_path: Path) -> None:
+    """The CPU's default went from torch's two threads to one: a history across that commit
+    keeps the two apart, not a 2x step in every case. Older entries (no count) keep theirs."""
+    from attnbench.render.dashboard import series_id
+
+    times = [1e-3] * 20 + [2e-3] * 20  # one thread: twice the time
+    for i, t in enumerate(times):
+        made = entry(i, t)
+        made["series"]["threads"] = 2 if i < 20 else 1
+        (tmp_path / "box").mkdir(exist_ok=True)
+        (tmp_path / "box" / f"{i:04d}.json").write_text(json.dumps(made))
+    frame = load_history(tmp_path, repo=tmp_path).frame
+    steps = history_steps(frame)
+    assert steps[steps["metric"] == "time_s"].empty
+    row = {"machine": "box", "device_name": "cpu", "dtype": "float32", "case_id": CASE}
+    assert series_id({**row, "threads": 1}) != series_id({**row, "threads": 2.0})
+    assert series_id({**row, "threads": float("nan")}) == series_id(row | {"threads": None})
+    assert "-t2-" in series_id({**row, "threads": 2.0})
 
 
 def test_exact_counts_step_at_any_change() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import io
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,7 +35,11 @@ figure { margin: 1.5em 0; } code { font-size: 95%; }
 
 def series_id(row: Mapping[str, Any]) -> str:
     """A series' id in the pages (an HTML id and the charts' group ids)."""
-    return slug(f"{row['machine']}-{row['device_name']}-{row['dtype']}-{row['case_id']}")
+    threads = row.get("threads")  # older entries hold none: their ids stay as they were
+    if isinstance(threads, float):  # a column with gaps holds floats
+        threads = None if math.isnan(threads) else int(threads)
+    on = "" if threads is None else f"-t{threads}"
+    return slug(f"{row['machine']}-{row['device_name']}-{row['dtype']}{on}-{row['case_id']}")
 
 
 def commit_link(commit: str, url: str | None) -> str:

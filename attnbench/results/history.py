@@ -32,11 +32,20 @@ SCHEMA = "attnbench-history/1"
 # Each case's figures a history keeps: the time with its interval, and the exact counts.
 CASE_FIELDS = ("time_s", "time_ci_low_s", "time_ci_high_s")
 EXACT_FIELDS = tuple(m.column for m in EXACT_METRICS)
-# What a series is, beside its machine: a run of another device, dtype, allocator state, mode
-# or batch is another series.
-SERIES_KEYS = ("device_name", "dtype", "allocator", "mode", "batch")
+# What a series is, beside its machine: a run of another device, dtype, allocator state, mode,
+# batch or thread count is another series (the CPU's default went from torch's threads to one
+# on 2026-11-30: a history across that commit would otherwise read a step in every case).
+SERIES_KEYS = ("device_name", "dtype", "allocator", "mode", "batch", "threads")
 # A commit's full name, SHA-1 or SHA-256: a shorter name is not looked up (it may be ambiguous).
 FULL_HASH = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
+
+
+def _threads(recorded: Any) -> int | str | None:
+    """A run's thread count as a series key: an int, the counts of a mixed Ray cluster's
+    workers as text ("2,4"), None where none is recorded (an older entry)."""
+    if isinstance(recorded, list):
+        return ",".join(str(t) for t in recorded)
+    return int(recorded) if isinstance(recorded, int | float) else None
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,7 @@ def entry_of(
         "allocator": run.allocator,
         "mode": config.get("mode"),
         "batch": config.get("batch"),
+        "threads": _threads(env.get("torch_threads")),  # the count it ran on
     }
     cases = []
     for row in run.frame[run.frame["status"] == Status.OK].itertuples(index=False):
