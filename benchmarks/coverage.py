@@ -9,7 +9,9 @@ falls on both:
 - ``one``: what attnbench did before, every case in the sweep's own process, one round, the
   interval from that process's samples (``--executor serial --processes 1``);
 - ``nowait``: the default that never waits for the machine to read quiet (``--wait-quiet 0``):
-  what the waiting buys.
+  what the waiting buys;
+- ``twothreads``: the default on torch's two threads (``--threads 2``), the CPU's default until
+  2026-11-30: what one thread buys.
 
 Then, from the ``processes`` runs' raw samples, the same question for other estimators over the
 same rounds (the evidence for ``estimators.estimate``), and for fewer rounds (the evidence for
@@ -51,8 +53,10 @@ WAYS = {
     "one": ["--executor", "serial", "--processes", "1"],
     # the default, never waiting for a quiet machine: what --wait-quiet buys
     "nowait": ["--wait-quiet", "0"],
-    # the default's rounds on one CPU thread, as torch.utils.benchmark times by default
-    "onethread": ["--threads", "1"],
+    # the default's rounds on torch's two threads of this 2-core CPU, the default until
+    # 2026-11-30 (the batch that day ran the default, then two threads, against
+    # "onethread": --threads 1)
+    "twothreads": ["--threads", "2"],
 }
 Interval = tuple[float, float, float]  # centre, low, high
 
