@@ -35,7 +35,7 @@ figure { margin: 1.5em 0; } code { font-size: 95%; }
 
 def series_id(row: Mapping[str, Any]) -> str:
     """A series' id in the pages (an HTML id and the charts' group ids)."""
-    threads = row.get("threads")  # older entries hold none: their ids stay as they were
+    threads = row.get("threads")  # an entry that names no count keeps the id it had
     if isinstance(threads, float):  # a column with gaps holds floats
         threads = None if math.isnan(threads) else int(threads)
     on = "" if threads is None else f"-t{threads}"

@@ -42,7 +42,7 @@ FULL_HASH = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 
 def _threads(recorded: Any) -> int | str | None:
     """A run's thread count as a series key: an int, the counts of a mixed Ray cluster's
-    workers as text ("2,4"), None where none is recorded (an older entry)."""
+    workers as text ("2,4"), None where the run names none."""
     if isinstance(recorded, list):
         return ",".join(str(t) for t in recorded)
     return int(recorded) if isinstance(recorded, int | float) else None
