@@ -581,28 +581,3 @@ def test_a_decode_sweep_of_layers_without_a_step_is_a_stated_skip_and_exits_0(
     result = runner.invoke(app, [*args, "--no-charts", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "has no decode step" in result.output and "no case measured" not in result.output
-
-
-def test_a_ray_sweep_keeps_torchs_threads_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ray places one case per --threads CPUs: with no --threads a case keeps a node's cores
-    (torch's threads), not the one thread the local executors default to on the CPU."""
-    import attnbench.cli.sweeping as sweeping
-
-    seen: list[dict[str, object]] = []
-
-    class Executor:
-        def close(self) -> None:
-            pass
-
-    def swept(values: dict[str, object], *args: object, **kwargs: object) -> None:
-        seen.append(dict(values))
-        raise KeyboardInterrupt  # the sweep stops there: exit 130, nothing measured
-
-    monkeypatch.setattr(sweeping, "make_executor", lambda name, **options: Executor())
-    monkeypatch.setattr(sweeping, "run_sweep", swept)
-    for flags in (["--executor", "ray"], ["--executor", "ray", "--threads", "2"], []):
-        result = runner.invoke(app, ["sweep", "--layers", "conv", "--n", "32", *flags])
-        assert result.exit_code == 130, result.output
-    assert "threads" in seen[0] and seen[0]["threads"] is None  # torch's own
-    assert seen[1]["threads"] == 2
-    assert "threads" not in seen[2]  # the core's default: one thread on the CPU

@@ -161,6 +161,26 @@ def test_the_cpu_times_on_one_thread_unless_told_or_recorded_otherwise() -> None
     assert build_grid({**small, "threads": None}).threads is None
 
 
+def test_a_ray_sweep_keeps_torchs_threads_unless_told() -> None:
+    """Ray places one case per --threads CPUs: with no --threads a case keeps a node's cores
+    (torch's threads), not the one thread the local executors default to on the CPU; from the
+    command line and from ``run_sweep`` alike."""
+    from attnbench.run.executors.ray import RayExecutor
+    from attnbench.run.executors.serial import SerialExecutor
+    from attnbench.run.sweep import grid_for
+
+    class Ray:
+        keeps_torch_threads = RayExecutor.keeps_torch_threads
+
+        def resolve_device(self, name: str, dtype: str) -> str:
+            return "cpu"
+
+    small = {"device": "cpu", "n": "32", "layers": "conv"}
+    assert grid_for(small, Ray()).threads is None  # type: ignore[arg-type]
+    assert grid_for({**small, "threads": 2}, Ray()).threads == 2  # type: ignore[arg-type]
+    assert grid_for(small, SerialExecutor()).threads == 1
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_refused_where_absent() -> None:
     with pytest.raises(AttnbenchError, match="'cuda:1' is not available"):

@@ -167,11 +167,8 @@ def sweep(
         values["out"] = str(out)
     _check_resume(resume, values, force=force, retry=retry)
     streams = Streams.make(stdout_taken=as_json or (fmt != "table" and output is None), quiet=quiet)
-    where = executor or default_executor(str(values.get("metric") or ""))
-    if where == "ray" and resume is None:  # a case to a node's cores, torch's own threads
-        values.setdefault("threads", None)
     runs_on = make_executor(
-        where,
+        executor or default_executor(str(values.get("metric") or "")),
         address=address,
         workers=workers,
     )

@@ -80,7 +80,7 @@ def run_sweep(
     """
     with _executor(executor, clock) as runs_on:
         if not isinstance(grid, Grid):
-            grid = build_grid(grid, runs_on.resolve_device)
+            grid = grid_for(grid, runs_on)
         warning = None if allow_large else size_warning(grid)
         if warning:
             raise AttnbenchError(warning)
@@ -213,6 +213,15 @@ def _still_running(run: RunRecord) -> int | None:
     except PermissionError:
         pass  # it exists, under another user
     return pid
+
+
+def grid_for(options: Mapping[str, Any], runs_on: Executor) -> Grid:
+    """``build_grid`` of ``options`` on the executor's devices. An executor that places a case
+    per --threads CPUs (Ray: ``keeps_torch_threads``) keeps torch's own threads where none are
+    given, a node's cores to a case, not the one thread a local sweep takes on the CPU."""
+    if getattr(runs_on, "keeps_torch_threads", False):
+        options = {"threads": None, **options}
+    return build_grid(options, runs_on.resolve_device)
 
 
 def resume_sweep(

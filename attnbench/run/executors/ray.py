@@ -100,6 +100,10 @@ class RayExecutor:
     cluster ``ray start`` made here, ``ray://host:10001`` for a remote one; None starts a local
     instance unless Ray is already initialised in this process)."""
 
+    # With no --threads, a case keeps torch's own threads (a node's cores: one case to a node),
+    # not the one thread a local sweep takes on the CPU (``run_sweep`` reads this).
+    keeps_torch_threads = True
+
     name = "ray"
     in_process = False
 
