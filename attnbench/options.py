@@ -201,10 +201,10 @@ def _layer_option(option: LayerOption) -> Option:
 # The CPU's default sweep: one width, and this many seconds of cases in all (where every line
 # has settled sooner, less), each case charged every round it may get (``run.auto``). On this
 # project's 2-core CPU, cold, on one thread, the lines taking turns by length (2026-11-30): on
-# 60 s, five sweeps read 9-10 of the 11 time exponents agreeing with the chapter in 55-74 s of
-# wall time (benchmarks/default_sweep.py); on 100 s, four read 9-11 (median 10) in 57-96 s
-# (median 78 s): no more often, for longer. On two threads (2026-11-29) 100 s had read 10 and
-# 8 of 11, and 60 s 6 of 11.
+# 60 s, seven sweeps read 7-10 of the 11 time exponents agreeing with the chapter (10 in four)
+# in 55-74 s of wall time (benchmarks/default_sweep.py); on 100 s, four read 9-11 (median 10)
+# in 57-96 s (median 78 s): no more often, for longer. On two threads (2026-11-29) 100 s had
+# read 10 and 8 of 11, and 60 s 6 of 11.
 CPU_DEFAULT_D = (64,)
 CPU_DEFAULT_AUTO_BUDGET_S = 60.0
 # The CPU's threads where --threads is not given: one, as torch.utils.benchmark times by

@@ -431,3 +431,28 @@ def test_a_resumed_auto_run_keeps_its_lines_budget_stops_unless_the_budget_grew(
     larger = AutoPlan(replace(two, auto_budget_s=100.0))
     larger.restore(rows, recorded, 10.0)
     assert larger.line(conv[0]).stopped is None and larger.decide(conv[3]) == (True, "")
+
+
+def test_a_line_the_budget_stopped_goes_on_with_what_the_others_left() -> None:
+    """conv's share ran out while rnn still went; rnn settled and left most of its share.
+    Once every line has stopped, conv goes on with what is left, once."""
+    two = build_grid({"layers": "conv,rnn", "d": [64], "n": "auto:64..4096", "device": "cpu",
+                      "auto_budget": 12})  # fmt: skip
+    plan = AutoPlan(two)
+    lengths = (64, 128, 256, 512, 1024, 2048, 4096)
+    rising = {n: 1e-4 * (n / 64) ** 0.5 for n in lengths}
+    steady = {n: 1e-5 * n / 64 for n in lengths}
+    conv = [c for c in two.cases() if c.layer == "conv"]
+    rnn = [c for c in two.cases() if c.layer == "rnn"]
+    assert run_cases(plan, conv, rising, wall_s=1.5) == [64, 128, 256]  # its 6 s share spent
+    assert plan.line(conv[0]).stopped is Stopped.BUDGET
+    assert plan.reopen(conv[3:]) == []  # rnn still going: nothing is left to give yet
+    assert run_cases(plan, rnn, steady, wall_s=0.1) == [64, 128, 256, 512]
+    assert plan.line(rnn[0]).stopped is Stopped.REGIME
+    back = plan.reopen(conv[3:])
+    assert back == conv[3:] and plan.line(conv[0]).stopped is None
+    assert plan.decide(conv[3]) == (True, "")  # what rnn left pays for n = 512
+    ran = run_cases(plan, conv[3:], rising, wall_s=1.5)
+    assert ran and plan.line(conv[0]).stopped is Stopped.BUDGET
+    spent = sum(line.wall_s for line in plan.lines.values())
+    assert spent <= 12.0 and plan.reopen(conv[3 + len(ran) :]) == []  # once

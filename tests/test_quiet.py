@@ -564,3 +564,37 @@ def test_an_auto_grid_runs_every_lines_n_before_any_lines_2n(tmp_path: Path) -> 
     assert order == sorted(order, key=lambda t: t[0])  # by length: 8 for all, then 16, ...
     assert [layer for _, layer in order[:3]] == ["conv", "rnn", "ssm"]
     assert len(order) == 12  # four lengths of three lines
+
+
+def test_a_line_the_budget_stopped_is_taken_up_again_once_every_line_stopped(
+    tmp_path: Path,
+) -> None:
+    """conv's share runs out at n = 64 while rnn goes on; rnn settles with its share half
+    spent, and conv's n = 64 runs after all, on what rnn left."""
+    from attnbench.measure.record import CaseResult
+    from attnbench.measure.timing.loop import TimingStats
+    from attnbench.results.store import ResultsWriter
+    from attnbench.run.executors.base import JobDone, Placement
+    from attnbench.run.signals import GracefulStop
+
+    grid = tiny_grid(layers="conv,rnn", n="auto:8..512", auto_budget=8)
+    writer = ResultsWriter.create(tmp_path / "run", grid.to_dict(), {}, grid.option_names())
+    jobs = queue_module.JobQueue(
+        grid, writer, measuring=queue_module.UNCALIBRATED, in_process=True, progress=None,
+        stop=GracefulStop(),
+    )  # fmt: skip
+    here = Placement("host", "cpu", "cpu", 1)
+    order = []
+    while (job := jobs.take(here)) is not None and job.round == 1:
+        case = job.case
+        order.append((case.layer, case.n))
+        rising = case.layer == "conv"  # a rate that keeps climbing: never settles
+        seconds = 1e-6 * (case.n**0.5 if rising else case.n)
+        timing = TimingStats((seconds,) * 5, calls_per_sample=1, total_s=5 * seconds)
+        result = CaseResult(case, "ok", 1, timing=timing, flops=case.n * 1000, elementwise=0,
+                            peak_bytes=1000, wall_s=1.0 if rising else 0.05)  # fmt: skip
+        jobs.finish(JobDone(job, here, result=result))
+    assert order[-1] == ("conv", 64) and order.index(("rnn", 64)) < len(order) - 1
+    assert jobs.auto is not None
+    conv = next(line for key, line in jobs.auto.lines.items() if key[0] == "conv")
+    assert conv.reopened and conv.at_n == 64

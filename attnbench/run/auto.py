@@ -69,6 +69,7 @@ class Line:
     why: str = ""
     at_n: int | None = None  # the longest length it measured
     allowance_s: float = math.inf  # what it may spend in all, read as its next case would start
+    reopened: bool = False  # the budget stopped it, and it was given what was left (once)
 
     @property
     def wall_s(self) -> float:
@@ -240,6 +241,26 @@ class AutoPlan:
             line.stopped, line.why = stop
             return False, line.why
         return True, ""
+
+    def reopen(self, dropped: list[Case]) -> list[Case]:
+        """Once every line has stopped, the lines the budget stopped go on with what the budget
+        has left, once each: of ``dropped`` (the cases no line was to reach), those of the lines
+        reopened, shortest first ([] while a line is going or nothing is left). A line's share
+        is set while the others still go: explicit attention stopped at n = 2048 on its share
+        of 60 s while the lines that settled after it left 8 s unspent."""
+        if any(line.stopped is None for line in self.lines.values()):
+            return []
+        if sum(line.wall_s for line in self.lines.values()) >= self.grid.auto_budget_s:
+            return []
+        reopened = {
+            key
+            for key, line in self.lines.items()
+            if line.stopped is Stopped.BUDGET and not line.reopened
+        }
+        for key in reopened:
+            line = self.lines[key]
+            line.stopped, line.why, line.reopened = None, "", True
+        return sorted((c for c in dropped if line_key(c) in reopened), key=lambda c: c.n)
 
     def exhausted(self, case: Case) -> None:
         """The ladder has no length after ``case``'s: its line stops there unless it did."""

@@ -364,6 +364,12 @@ class JobQueue:
                     self.auto.started(case)
                 return self._job(case, 1)
             self._write(unrun)  # never runs: written at once
+        if self.auto is not None and not self.first:  # every line stopped: what is left
+            back = self.auto.reopen([self.cases[self.index[c]] for c in self.dropped])
+            self.dropped -= {case.case_id for case in back}
+            self.first.extend(self.index[case.case_id] for case in back)
+            if back:
+                return self._next(where)
         passed: list[tuple[int, float, int]] = []
         try:
             while self.later:
