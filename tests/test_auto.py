@@ -456,3 +456,33 @@ def test_a_line_the_budget_stopped_goes_on_with_what_the_others_left() -> None:
     assert ran and plan.line(conv[0]).stopped is Stopped.BUDGET
     spent = sum(line.wall_s for line in plan.lines.values())
     assert spent <= 12.0 and plan.reopen(conv[3 + len(ran) :]) == []  # once
+
+
+def test_a_line_whose_chance_was_taken_is_not_reopened_on_resume() -> None:
+    """run.json says which lines had their chance at what was left (taken or not, as when the
+    budget was spent): a resume does not give it again, nor to a run that did not record it,
+    so a resumed run measures what the run straight through did."""
+    import pandas as pd
+
+    two = build_grid({"layers": "conv,rnn", "d": [64], "n": "auto:64..4096", "device": "cpu",
+                      "auto_budget": 6})  # fmt: skip
+    plan = AutoPlan(two)
+    rising = {n: 1e-4 * (n / 64) ** 0.5 for n in (64, 128, 256, 512, 1024, 2048, 4096)}
+    conv = [c for c in two.cases() if c.layer == "conv"]
+    rnn = [c for c in two.cases() if c.layer == "rnn"]
+    run_cases(plan, conv, rising, wall_s=1.0)
+    run_cases(plan, rnn, rising, wall_s=1.0)  # rnn's rate climbs too: the budget stops both
+    assert all(line.stopped is Stopped.BUDGET for line in plan.lines.values())
+    assert plan.reopen(conv[3:]) == []  # nothing left: no case comes back, the chance is spent
+    recorded = plan.describe()["lines"]
+    assert all(line["reopened"] for line in recorded)
+    rows = pd.DataFrame([
+        {"case_id": c.case_id, "n": c.n, "status": "ok", "time_s": rising[c.n],
+         "flops": 1e6 * c.n, "elementwise": 0.0, "peak_bytes": 1000.0, "wall_s": 0.1,
+         "time_total_s": 10 * rising[c.n]}
+        for c in [*conv[:3], *rnn[:3]]
+    ])  # fmt: skip
+    for record in (recorded, [{k: v for k, v in r.items() if k != "reopened"} for r in recorded]):
+        again = AutoPlan(two)
+        again.restore(rows, record, 6.0)  # the rows cost less now: budget would be left
+        assert again.reopen(conv[3:]) == []

@@ -213,10 +213,12 @@ class AutoPlan:
             if Stopped(stop) is Stopped.BUDGET and self.grid.auto_budget_s > budget:
                 continue  # a larger --auto-budget takes it on
             found.stopped, found.why = Stopped(stop), str(raw.get("why") or "")
+            # a run that did not record it never reopened a line: its resume does not either
+            found.reopened = bool(raw.get("reopened", True))
 
     def _recorded_line(self, raw: Any) -> Line | None:
         """The line a run.json ``auto`` entry names (its layer, width and options)."""
-        fixed = {"layer", "d", "stopped", "at_n", "why", "wall_s", "allowance_s"}
+        fixed = {"layer", "d", "stopped", "at_n", "why", "wall_s", "allowance_s", "reopened"}
         options = {k: v for k, v in raw.items() if k not in fixed}
         for (layer, d, line_options), line in self.lines.items():
             if layer == raw.get("layer") and d == raw.get("d") and dict(line_options) == options:
@@ -250,16 +252,17 @@ class AutoPlan:
         of 60 s while the lines that settled after it left 8 s unspent."""
         if any(line.stopped is None for line in self.lines.values()):
             return []
-        if sum(line.wall_s for line in self.lines.values()) >= self.grid.auto_budget_s:
-            return []
         reopened = {
             key
             for key, line in self.lines.items()
             if line.stopped is Stopped.BUDGET and not line.reopened
         }
+        for key in reopened:  # their chance, taken or not: run.json says so, for a resume
+            self.lines[key].reopened = True
+        if sum(line.wall_s for line in self.lines.values()) >= self.grid.auto_budget_s:
+            return []
         for key in reopened:
-            line = self.lines[key]
-            line.stopped, line.why, line.reopened = None, "", True
+            self.lines[key].stopped, self.lines[key].why = None, ""
         return sorted((c for c in dropped if line_key(c) in reopened), key=lambda c: c.n)
 
     def exhausted(self, case: Case) -> None:
@@ -354,6 +357,7 @@ class AutoPlan:
                     "allowance_s": round(line.allowance_s, 3)
                     if math.isfinite(line.allowance_s)
                     else None,
+                    "reopened": line.reopened,
                 }
             )
         return {
