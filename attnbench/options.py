@@ -214,6 +214,12 @@ CPU_DEFAULT_AUTO_BUDGET_S = 60.0
 # and 2048 read 1-25% apart between sweeps on torch's 2 threads (lstm 2.6x once), 0.6-2% on
 # one; the default sweep marked 66 of 77 cases ! on two, 23 of 70 on one.
 CPU_DEFAULT_THREADS = 1
+
+
+def default_threads(device: str) -> int | None:
+    """The threads a measurement on ``device`` takes where none are given: one on the CPU
+    (``CPU_DEFAULT_THREADS``), torch's own (None) elsewhere."""
+    return CPU_DEFAULT_THREADS if device_kind(device) == "cpu" else None
 # the help says both defaults, from where each is set (it said 60 after the CPU's became 100)
 _AUTO_BUDGET_S = next(f.default for f in fields(Grid) if f.name == "auto_budget_s")
 
@@ -427,8 +433,8 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
             small = min(min(grid.ns), max(16, 2 * found.reach(resolved) + 1))
             checks.check_output(found, min(grid.ds), (small, min(grid.ns)), resolved)
     grid = replace(grid, device=(resolve or local_device)(grid.device, grid.dtype))
-    if "threads" not in options and device_kind(grid.device) == "cpu":
-        grid = replace(grid, threads=CPU_DEFAULT_THREADS)  # a threads of None: torch's own
+    if "threads" not in options:  # a threads given as None: torch's own
+        grid = replace(grid, threads=default_threads(grid.device))
     if "n" not in given:
         grid = _default_lengths(grid, given)
     if grid.timer != Timer.BLOCKS and device_kind(grid.device) != "cuda":

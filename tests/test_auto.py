@@ -10,6 +10,7 @@ import json
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from attnbench.measure.record import CaseResult
 from attnbench.measure.timing.loop import TimingStats
 from attnbench.options import build_grid, grid_from_config
 from attnbench.run.auto import LEAST_POINTS, AutoPlan, Stopped
+from attnbench.spec import Case
 
 GIB = 2**30
 
@@ -121,13 +123,36 @@ def run_cases(plan: AutoPlan, cases: list, times: dict[int, float], **more: obje
     return ran
 
 
-def test_a_line_stops_where_its_share_of_the_budget_runs_out() -> None:
+LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)
+RISING = {n: 1e-4 * (n / 64) ** 0.5 for n in LENGTHS}  # a rate that keeps climbing
+STEADY = {n: 1e-5 * n / 64 for n in LENGTHS}  # a settled rate
+
+
+def two_lines(budget: float) -> tuple[Any, AutoPlan, list[Case], list[Case]]:
+    """conv and rnn at d = 64, n = 64..4096, on ``budget`` seconds: the grid, its plan, and
+    each line's cases."""
     two = build_grid({"layers": "conv,rnn", "d": [64], "n": "auto:64..4096", "device": "cpu",
-                      "auto_budget": 10})  # fmt: skip
-    plan = AutoPlan(two)
-    rising = {n: 1e-4 * (n / 64) ** 0.5 for n in (64, 128, 256, 512, 1024, 2048, 4096)}
-    conv = [c for c in two.cases() if c.layer == "conv"]
-    ran = run_cases(plan, conv, rising, wall_s=2.0)
+                      "auto_budget": budget})  # fmt: skip
+    cases = two.cases()
+    return (two, AutoPlan(two), [c for c in cases if c.layer == "conv"],
+            [c for c in cases if c.layer == "rnn"])  # fmt: skip
+
+
+def rows_of(cases: list[Case], times: dict[int, float], wall_s: float) -> Any:
+    """A resumed run's rows of ``cases``, measured at ``times``."""
+    import pandas as pd
+
+    return pd.DataFrame([
+        {"case_id": c.case_id, "n": c.n, "status": "ok", "time_s": times[c.n],
+         "flops": 1e6 * c.n, "elementwise": 0.0, "peak_bytes": 1000.0, "wall_s": wall_s,
+         "time_total_s": 10 * times[c.n]}
+        for c in cases
+    ])  # fmt: skip
+
+
+def test_a_line_stops_where_its_share_of_the_budget_runs_out() -> None:
+    two, plan, conv, _ = two_lines(10)
+    ran = run_cases(plan, conv, RISING, wall_s=2.0)
     line = plan.line(conv[0])
     # its share: half the budget, rnn, the other line, still going
     assert line.stopped is Stopped.BUDGET and line.allowance_s == pytest.approx(5.0)
@@ -405,21 +430,10 @@ def test_a_resumed_auto_run_keeps_its_lines_budget_stops_unless_the_budget_grew(
     """A line the budget stopped stays stopped on resume, its spend a finished line's, so the
     resumed run measures what a run straight through would; a larger --auto-budget takes it
     on. A failed line is its rows' to say."""
-    import pandas as pd
-
-    two = build_grid({"layers": "conv,rnn", "d": [64], "n": "auto:64..4096", "device": "cpu",
-                      "auto_budget": 10})  # fmt: skip
-    plan = AutoPlan(two)
-    rising = {n: 1e-4 * (n / 64) ** 0.5 for n in (64, 128, 256, 512, 1024, 2048, 4096)}
-    conv = [c for c in two.cases() if c.layer == "conv"]
-    ran = run_cases(plan, conv, rising, wall_s=2.0)
+    two, plan, conv, _ = two_lines(10)
+    ran = run_cases(plan, conv, RISING, wall_s=2.0)
     assert plan.line(conv[0]).stopped is Stopped.BUDGET and len(ran) == 3
-    rows = pd.DataFrame([
-        {"case_id": c.case_id, "n": c.n, "status": "ok", "time_s": rising[c.n],
-         "flops": 1e6 * c.n, "elementwise": 0.0, "peak_bytes": 1000.0, "wall_s": 2.0,
-         "time_total_s": 10 * rising[c.n]}
-        for c in conv[:3]
-    ])  # fmt: skip
+    rows = rows_of(conv[:3], RISING, 2.0)
     recorded = plan.describe()["lines"]
     again = AutoPlan(two)
     again.restore(rows, recorded, 10.0)
@@ -436,23 +450,16 @@ def test_a_resumed_auto_run_keeps_its_lines_budget_stops_unless_the_budget_grew(
 def test_a_line_the_budget_stopped_goes_on_with_what_the_others_left() -> None:
     """conv's share ran out while rnn still went; rnn settled and left most of its share.
     Once every line has stopped, conv goes on with what is left, once."""
-    two = build_grid({"layers": "conv,rnn", "d": [64], "n": "auto:64..4096", "device": "cpu",
-                      "auto_budget": 12})  # fmt: skip
-    plan = AutoPlan(two)
-    lengths = (64, 128, 256, 512, 1024, 2048, 4096)
-    rising = {n: 1e-4 * (n / 64) ** 0.5 for n in lengths}
-    steady = {n: 1e-5 * n / 64 for n in lengths}
-    conv = [c for c in two.cases() if c.layer == "conv"]
-    rnn = [c for c in two.cases() if c.layer == "rnn"]
-    assert run_cases(plan, conv, rising, wall_s=1.5) == [64, 128, 256]  # its 6 s share spent
+    _, plan, conv, rnn = two_lines(12)
+    assert run_cases(plan, conv, RISING, wall_s=1.5) == [64, 128, 256]  # its 6 s share spent
     assert plan.line(conv[0]).stopped is Stopped.BUDGET
     assert plan.reopen(conv[3:]) == []  # rnn still going: nothing is left to give yet
-    assert run_cases(plan, rnn, steady, wall_s=0.1) == [64, 128, 256, 512]
+    assert run_cases(plan, rnn, STEADY, wall_s=0.1) == [64, 128, 256, 512]
     assert plan.line(rnn[0]).stopped is Stopped.REGIME
     back = plan.reopen(conv[3:])
     assert back == conv[3:] and plan.line(conv[0]).stopped is None
     assert plan.decide(conv[3]) == (True, "")  # what rnn left pays for n = 512
-    ran = run_cases(plan, conv[3:], rising, wall_s=1.5)
+    ran = run_cases(plan, conv[3:], RISING, wall_s=1.5)
     assert ran and plan.line(conv[0]).stopped is Stopped.BUDGET
     spent = sum(line.wall_s for line in plan.lines.values())
     assert spent <= 12.0 and plan.reopen(conv[3 + len(ran) :]) == []  # once
@@ -462,26 +469,14 @@ def test_a_line_whose_chance_was_taken_is_not_reopened_on_resume() -> None:
     """run.json says which lines had their chance at what was left (taken or not, as when the
     budget was spent): a resume does not give it again, nor to a run that did not record it,
     so a resumed run measures what the run straight through did."""
-    import pandas as pd
-
-    two = build_grid({"layers": "conv,rnn", "d": [64], "n": "auto:64..4096", "device": "cpu",
-                      "auto_budget": 6})  # fmt: skip
-    plan = AutoPlan(two)
-    rising = {n: 1e-4 * (n / 64) ** 0.5 for n in (64, 128, 256, 512, 1024, 2048, 4096)}
-    conv = [c for c in two.cases() if c.layer == "conv"]
-    rnn = [c for c in two.cases() if c.layer == "rnn"]
-    run_cases(plan, conv, rising, wall_s=1.0)
-    run_cases(plan, rnn, rising, wall_s=1.0)  # rnn's rate climbs too: the budget stops both
+    two, plan, conv, rnn = two_lines(6)
+    run_cases(plan, conv, RISING, wall_s=1.0)
+    run_cases(plan, rnn, RISING, wall_s=1.0)  # rnn's rate climbs too: the budget stops both
     assert all(line.stopped is Stopped.BUDGET for line in plan.lines.values())
     assert plan.reopen(conv[3:]) == []  # nothing left: no case comes back, the chance is spent
     recorded = plan.describe()["lines"]
     assert all(line["reopened"] for line in recorded)
-    rows = pd.DataFrame([
-        {"case_id": c.case_id, "n": c.n, "status": "ok", "time_s": rising[c.n],
-         "flops": 1e6 * c.n, "elementwise": 0.0, "peak_bytes": 1000.0, "wall_s": 0.1,
-         "time_total_s": 10 * rising[c.n]}
-        for c in [*conv[:3], *rnn[:3]]
-    ])  # fmt: skip
+    rows = rows_of([*conv[:3], *rnn[:3]], RISING, 0.1)
     for record in (recorded, [{k: v for k, v in r.items() if k != "reopened"} for r in recorded]):
         again = AutoPlan(two)
         again.restore(rows, record, 6.0)  # the rows cost less now: budget would be left

@@ -8,6 +8,7 @@ import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import own_cache
@@ -423,23 +424,48 @@ def test_a_resumed_run_keeps_its_level_and_its_waits(
     assert resumed.record.waited_s == pytest.approx(40.0 + min(len(waits), 20))
 
 
+def job_queue(tmp_path: Path, grid: Any, in_process: bool = True) -> Any:
+    """A sweep's job queue over ``grid``, writing under ``tmp_path``, driven by hand."""
+    from attnbench.results.store import ResultsWriter
+    from attnbench.run.signals import GracefulStop
+
+    writer = ResultsWriter.create(tmp_path / "run", grid.to_dict(), {}, grid.option_names())
+    return queue_module.JobQueue(
+        grid, writer, measuring=queue_module.UNCALIBRATED, in_process=in_process,
+        progress=None, stop=GracefulStop(),
+    )  # fmt: skip
+
+
+def first_rounds(jobs: Any, seconds: Any, wall_s: Any) -> list[tuple[str, int]]:
+    """Hand out and finish every first round the queue gives, each case timed at
+    ``seconds(case, i)`` a call (i: how many ran before it) and taking ``wall_s(case)``: the
+    (layer, n) of each, in the order they ran."""
+    from attnbench.measure.record import CaseResult
+    from attnbench.measure.timing.loop import TimingStats
+    from attnbench.run.executors.base import JobDone, Placement
+
+    here = Placement("host", "cpu", "cpu", 1)
+    order: list[tuple[str, int]] = []
+    while (job := jobs.take(here)) is not None and job.round == 1:
+        case, call = job.case, seconds(job.case, len(order))
+        order.append((case.layer, case.n))
+        timing = TimingStats((call,) * 5, calls_per_sample=1, total_s=5 * call)
+        result = CaseResult(case, "ok", 1, timing=timing, flops=case.n * 1000, elementwise=0,
+                            peak_bytes=1000, wall_s=wall_s(case))  # fmt: skip
+        jobs.finish(JobDone(job, here, result=result))
+    return order
+
+
 def test_jobs_out_at_once_share_what_is_left_of_the_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Jobs handed out before any comes back (Ray's workers, one each) are each granted only
     what the others have not been: 15 s of --wait-quiet, 10 s a round, gives 10 s, 5 s and
     none. A retry keeps its job's grant; a job back frees its grant for the next."""
-    from attnbench.results.store import ResultsWriter
     from attnbench.run.executors.base import JobDone, Placement
-    from attnbench.run.signals import GracefulStop
 
     monkeypatch.setattr(queue_module, "ROUND_WAIT_S", 10.0)
-    grid = tiny_grid(layers="conv,rnn", n="8,16", wait_quiet=15)
-    writer = ResultsWriter.create(tmp_path / "run", grid.to_dict(), {}, grid.option_names())
-    jobs = queue_module.JobQueue(
-        grid, writer, measuring=queue_module.UNCALIBRATED, in_process=False, progress=None,
-        stop=GracefulStop(),
-    )  # fmt: skip
+    jobs = job_queue(tmp_path, tiny_grid(layers="conv,rnn", n="8,16", wait_quiet=15), False)
     here = Placement("host", "cpu", "cpu", 1)
     out = [jobs.take(here) for _ in range(3)]
     assert [job.policy.wait_s for job in out if job is not None] == [10.0, 5.0, 0.0]
@@ -540,29 +566,11 @@ def test_ab_sides_ask_for_their_pairs_and_no_more() -> None:
 def test_an_auto_grid_runs_every_lines_n_before_any_lines_2n(tmp_path: Path) -> None:
     """First rounds by length across the lines: line by line, the first lines ran on their
     equal share of --auto-budget while the lines that settle early had not yet left theirs."""
-    from attnbench.measure.record import CaseResult
-    from attnbench.measure.timing.loop import TimingStats
-    from attnbench.results.store import ResultsWriter
-    from attnbench.run.executors.base import JobDone, Placement
-    from attnbench.run.signals import GracefulStop
-
-    grid = tiny_grid(layers="conv,rnn,ssm", n="auto:8..64")
-    writer = ResultsWriter.create(tmp_path / "run", grid.to_dict(), {}, grid.option_names())
-    jobs = queue_module.JobQueue(
-        grid, writer, measuring=queue_module.UNCALIBRATED, in_process=True, progress=None,
-        stop=GracefulStop(),
-    )  # fmt: skip
-    here = Placement("host", "cpu", "cpu", 1)
-    order = []
-    while (job := jobs.take(here)) is not None and job.round == 1:
-        order.append((job.case.n, job.case.layer))
-        seconds = 1e-6 * job.case.n * (1 + len(order) % 2)  # a rate that never settles
-        timing = TimingStats((seconds,) * 5, calls_per_sample=1, total_s=5 * seconds)
-        result = CaseResult(job.case, "ok", 1, timing=timing, flops=job.case.n * 1000,
-                            elementwise=0, peak_bytes=1000, wall_s=1e-3)  # fmt: skip
-        jobs.finish(JobDone(job, here, result=result))
-    assert order == sorted(order, key=lambda t: t[0])  # by length: 8 for all, then 16, ...
-    assert [layer for _, layer in order[:3]] == ["conv", "rnn", "ssm"]
+    jobs = job_queue(tmp_path, tiny_grid(layers="conv,rnn,ssm", n="auto:8..64"))
+    # a rate that never settles: every other case twice as slow
+    order = first_rounds(jobs, lambda case, i: 1e-6 * case.n * (1 + (i + 1) % 2), lambda c: 1e-3)
+    assert [n for _, n in order] == sorted(n for _, n in order)  # 8 for all, then 16, ...
+    assert [layer for layer, _ in order[:3]] == ["conv", "rnn", "ssm"]
     assert len(order) == 12  # four lengths of three lines
 
 
@@ -571,29 +579,16 @@ def test_a_line_the_budget_stopped_is_taken_up_again_once_every_line_stopped(
 ) -> None:
     """conv's share runs out at n = 64 while rnn goes on; rnn settles with its share half
     spent, and conv's n = 64 runs after all, on what rnn left."""
-    from attnbench.measure.record import CaseResult
-    from attnbench.measure.timing.loop import TimingStats
-    from attnbench.results.store import ResultsWriter
-    from attnbench.run.executors.base import JobDone, Placement
-    from attnbench.run.signals import GracefulStop
+    jobs = job_queue(tmp_path, tiny_grid(layers="conv,rnn", n="auto:8..512", auto_budget=8))
 
-    grid = tiny_grid(layers="conv,rnn", n="auto:8..512", auto_budget=8)
-    writer = ResultsWriter.create(tmp_path / "run", grid.to_dict(), {}, grid.option_names())
-    jobs = queue_module.JobQueue(
-        grid, writer, measuring=queue_module.UNCALIBRATED, in_process=True, progress=None,
-        stop=GracefulStop(),
-    )  # fmt: skip
-    here = Placement("host", "cpu", "cpu", 1)
-    order = []
-    while (job := jobs.take(here)) is not None and job.round == 1:
-        case = job.case
-        order.append((case.layer, case.n))
-        rising = case.layer == "conv"  # a rate that keeps climbing: never settles
-        seconds = 1e-6 * (case.n**0.5 if rising else case.n)
-        timing = TimingStats((seconds,) * 5, calls_per_sample=1, total_s=5 * seconds)
-        result = CaseResult(case, "ok", 1, timing=timing, flops=case.n * 1000, elementwise=0,
-                            peak_bytes=1000, wall_s=1.0 if rising else 0.05)  # fmt: skip
-        jobs.finish(JobDone(job, here, result=result))
+    def climbs(case: Any) -> bool:  # conv's rate keeps climbing: it never settles
+        return bool(case.layer == "conv")
+
+    order = first_rounds(
+        jobs,
+        lambda case, i: 1e-6 * (case.n**0.5 if climbs(case) else case.n),
+        lambda case: 1.0 if climbs(case) else 0.05,
+    )
     assert order[-1] == ("conv", 64) and order.index(("rnn", 64)) < len(order) - 1
     assert jobs.auto is not None
     conv = next(line for key, line in jobs.auto.lines.items() if key[0] == "conv")

@@ -21,7 +21,7 @@ from attnbench.fits.prediction import LayerMiss, Prediction, predict_run
 from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.measure.machine.ceilings_file import cache_dir, machine_ceilings, read_ceilings
 from attnbench.measure.machine.probes import PASSES
-from attnbench.options import CPU_DEFAULT_THREADS
+from attnbench.options import default_threads
 from attnbench.render.charts import build_charts, save_charts
 from attnbench.render.report import crossover_display
 from attnbench.results.files import latest_results
@@ -72,8 +72,7 @@ def machine(
     if passes < 1:
         raise AttnbenchError(f"--passes must be at least 1 (got {passes})")
     where = local_device(device, dtype)
-    if threads is None and device_kind(where) == "cpu":
-        threads = CPU_DEFAULT_THREADS
+    threads = threads if threads is not None else default_threads(where)
     found, cached = machine_ceilings(where, dtype, threads, remeasure=remeasure, passes=passes)
     if as_json:
         typer.echo(json.dumps({**found.to_dict(), "cached": cached}, indent=2))
