@@ -220,6 +220,8 @@ def default_threads(device: str) -> int | None:
     """The threads a measurement on ``device`` takes where none are given: one on the CPU
     (``CPU_DEFAULT_THREADS``), torch's own (None) elsewhere."""
     return CPU_DEFAULT_THREADS if device_kind(device) == "cpu" else None
+
+
 # the help says both defaults, from where each is set (it said 60 after the CPU's became 100)
 _AUTO_BUDGET_S = next(f.default for f in fields(Grid) if f.name == "auto_budget_s")
 
