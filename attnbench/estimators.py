@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 CONFIDENCE = 0.95  # of every interval here
+# A time whose 95% interval (a re-run's, over rounds) reaches further than this from it is
+# marked imprecise (`!`).
+IMPRECISE_REL_CI = 0.05
 # A round whose machine reference (``measure.timing.reference``) read more than this factor over the
 # run's quiet level ran on a disturbed machine; the quiet level is this quantile of the run's
 # rounds' references (the fast end: a run may spend half its time disturbed).

@@ -9,13 +9,13 @@ configuration a run records (run.json) are all read from it.
 from __future__ import annotations
 
 import itertools
-import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from attnbench import values as read
 from attnbench.compiling import MODES as COMPILE_MODES
 from attnbench.compiling import CompileSpec, compile_text
 from attnbench.devices import (
@@ -33,6 +33,8 @@ from attnbench.layers.registry import BUILTIN, entry, known_options
 from attnbench.lengths import AutoN, parse_int_list, parse_lengths
 from attnbench.schema import Timer
 from attnbench.spec import (
+    AUTO_PRECISION,
+    DEFAULT_PRECISION,
     DEFAULT_PROCESSES,
     ENERGY_S,
     MEMORY_SHARE,
@@ -87,66 +89,6 @@ def parse_layer_options(text: Any) -> dict[str, int]:
                 f"--option {name}: no registered layer takes it; options: {', '.join(known)}"
             )
     return {name: known[name].check(value, "--option", (), ()) for name, value in pairs}
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise AttnbenchError(f"--{name}: expected an integer, got {value!r}")
-    if value < 1:
-        raise AttnbenchError(f"--{name} must be >= 1, got {value}")
-    return value
-
-
-def _seed(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise AttnbenchError(f"--seed: expected an integer >= 0, got {value!r}")
-    return value
-
-
-def _positive_seconds(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise AttnbenchError(f"--{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def _switch(value: Any) -> bool:
-    """``--energy``: true or false (a config file's ``energy = true``)."""
-    if not isinstance(value, bool):
-        raise AttnbenchError(f"--energy: expected true or false, got {value!r}")
-    return value
-
-
-def _seconds(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        raise AttnbenchError(f"--{name} must be a number of seconds, 0 or more, got {value!r}")
-    return float(value)
-
-
-_SIZE_UNITS = {"": 1, "B": 1, "K": 2**10, "KIB": 2**10, "M": 2**20, "MIB": 2**20,
-               "G": 2**30, "GIB": 2**30, "T": 2**40, "TIB": 2**40}  # fmt: skip
-
-
-def _positive_bytes(value: Any, name: str) -> int:
-    """A size: bytes as an integer, or a number with a binary unit (512MiB, 4G, 1.5GiB)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    text = str(value).strip().upper().replace(" ", "")
-    number = text.rstrip("BKMGTI")
-    unit = text[len(number) :]
-    try:
-        size = float(number) * _SIZE_UNITS[unit]
-    except (KeyError, ValueError):
-        size = math.nan
-    if not 1 <= size < math.inf:
-        raise AttnbenchError(f"--{name}: expected a size such as 4GiB or 512MiB, got {value!r}")
-    return int(size)
-
-
-def _choice(value: Any, name: str, accepted: Iterable[str]) -> str:
-    accepted = tuple(accepted)
-    if str(value) not in accepted:
-        raise AttnbenchError(f"unknown {name} {str(value)!r}; accepted: {', '.join(accepted)}")
-    return str(value)
 
 
 # ----------------------------------------------------------------------------- the option table
@@ -244,53 +186,58 @@ OPTIONS: tuple[Option, ...] = (
     *(_layer_option(o) for o in known_options().values()),
     Option("option", "", str, parse_layer_options,
            "Options of plugin layers, NAME=VALUE, comma-separated.", default_text="none"),
-    Option("batch", "batch", int, lambda v: _positive_int(v, "batch"), "Batch size.",
+    Option("batch", "batch", int, lambda v: read.positive_int(v, "batch"), "Batch size.",
            compare=True),
-    Option("dtype", "dtype", str, lambda v: _choice(v, "dtype", DTYPES), f"{', '.join(DTYPES)}.",
+    Option("dtype", "dtype", str, lambda v: read.choice(v, "dtype", DTYPES),
+           f"{', '.join(DTYPES)}.",
            compare=True),
     Option("device", "device", str, str, f"{DEVICE_CHOICES}.", envvar="ATTNBENCH_DEVICE",
            compare=True),
-    Option("mode", "mode", str, lambda v: _choice(v, "mode", MODES),
+    Option("mode", "mode", str, lambda v: read.choice(v, "mode", MODES),
            "; ".join(f"{mode}: {what}" for mode, what in MODE_HELP.items()) + ".", compare=True),
-    Option("threads", "threads", int, lambda v: _positive_int(v, "threads"),
+    Option("threads", "threads", int, lambda v: read.positive_int(v, "threads"),
            "CPU threads for torch (recorded): one reads the same in every process and sweep, "
            "as torch.utils.benchmark times; more, what all your cores do, shared with the "
            "system's work.", default_text="1 on the CPU (torch's with --executor ray, or a "
            "recorded run that kept torch's)"),
-    Option("time_budget", "time_budget_s", float, lambda v: _positive_seconds(v, "time-budget"),
+    Option("time_budget", "time_budget_s", float, lambda v: read.positive_seconds(v, "time-budget"),
            "Seconds of timed calls a case's rounds may take together: the --processes "
            "rounds always run, each with a share of it for its samples; more only within it, "
            "while the interval is wider than ±2%."),
-    Option("wait_quiet", "wait_quiet_s", float, lambda v: _seconds(v, "wait-quiet"),
+    Option("wait_quiet", "wait_quiet_s", float, lambda v: read.seconds(v, "wait-quiet"),
            "Seconds the sweep may wait, in all, for a busy machine to quiet down: a round "
            "whose machine reference reads the machine disturbed (a neighbour's load) waits, "
            "up to 10 s, before it times; 0 never waits. run.json records what was waited.",
            envvar="ATTNBENCH_WAIT_QUIET"),
-    Option("seed", "seed", int, _seed, "Seed for weights and inputs."),
+    Option("seed", "seed", int, read.seed, "Seed for weights and inputs."),
     Option("max_case_seconds", "max_case_s", float,
-           lambda v: _positive_seconds(v, "max-case-seconds"),
+           lambda v: read.positive_seconds(v, "max-case-seconds"),
            "A case whose single call takes longer is recorded as timeout and the larger cases "
            "of its layer are skipped.", default_text="no limit"),
     Option("max_case_memory", "max_case_memory", str,
-           lambda v: _positive_bytes(v, "max-case-memory"),
+           lambda v: read.positive_bytes(v, "max-case-memory"),
            "A case whose process grows past this (4GiB, 512MiB) is ended and recorded oom, and "
            "the larger cases of its layer are skipped; the sweep goes on (--executor fork).",
            default_text=f"{MEMORY_SHARE:.0%} of the memory available as each process starts"),
-    Option("processes", "processes", int, lambda v: _positive_int(v, "processes"),
+    Option("processes", "processes", int, lambda v: read.positive_int(v, "processes"),
            "Time every case in at least this many rounds, each a fresh process (--executor "
            "fork), spread over the sweep in a shuffled order, sharing --time-budget: a case's "
            "time and its 95% interval are taken over its processes, so they hold what a re-run "
            "finds; a sweep adds rounds, up to --max-processes, while the interval is wider "
-           "than ±2% or rounds ran on a disturbed machine (within --time-budget).",
+           "than --precision or rounds ran on a disturbed machine (within --time-budget).",
            default_text=f"{DEFAULT_PROCESSES}; in ab, the pairs its test needs (10 at alpha 0.01)"),
-    Option("max_processes", "max_processes", int, lambda v: _positive_int(v, "max-processes"),
+    Option("max_processes", "max_processes", int, lambda v: read.positive_int(v, "max-processes"),
            "The most rounds a case gets (--processes at the least).",
            default_text=f"{MORE_PROCESSES} x --processes"),
-    Option("metric", "metric", str, lambda v: _choice(v, "metric", METRICS),
+    Option("precision", "precision", str, read.precision,
+           "The 95% interval a sweep adds rounds to a case to reach (5% or 0.05): ±2% on a "
+           "fixed grid; --n auto, after the regime, adds them only to a case that would read !",
+           default_text=f"{DEFAULT_PRECISION:.0%}; {AUTO_PRECISION:.0%} with --n auto"),
+    Option("metric", "metric", str, lambda v: read.choice(v, "metric", METRICS),
            "time: seconds per call; instructions: CPU instructions per call, counted with "
            "Valgrind's Callgrind in a worker process (repeatable to ~0.2% on a busy machine; "
            "CPU only)."),
-    Option("timer", "timer", str, lambda v: _choice(v, "timer", [t.value for t in Timer]),
+    Option("timer", "timer", str, lambda v: read.choice(v, "timer", [t.value for t in Timer]),
            "What a sample times. blocks: synchronised blocks of back-to-back calls, what a "
            "model called in a loop pays. kernels (CUDA): the kernels alone, as a captured or "
            "compiled model pays them (replays of a CUDA graph of the call). cold (CUDA): each "
@@ -304,12 +251,12 @@ OPTIONS: tuple[Option, ...] = (
            "checked against the eager layer's (compile_check); the counts stay the layer's.",
            default_text="none (eager)", compare=True),
     Option("auto_budget", "auto_budget_s", float,
-           lambda v: _positive_seconds(v, "auto-budget"),
+           lambda v: read.positive_seconds(v, "auto-budget"),
            "With --n auto: seconds the sweep's cases may take in all; each layer and width "
            "still going gets an equal share of what the finished ones left.",
            default_text=f"{_AUTO_BUDGET_S:g}, or {CPU_DEFAULT_AUTO_BUDGET_S:g} in the CPU's "
            "default sweep"),
-    Option("energy", "energy", bool, _switch,
+    Option("energy", "energy", bool, read.switch,
            "Joules per call and the GPU's mean power (energy_j, power_w), read from its NVML "
            "energy counter while the call runs back to back for at least "
            f"{ENERGY_S:g} s after the first round's timed calls, from one step of the counter "
@@ -439,6 +386,8 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
         grid = replace(grid, threads=default_threads(grid.device))
     if "n" not in given:
         grid = _default_lengths(grid, given)
+    if grid.n_auto is not None and "precision" not in given:
+        grid = replace(grid, precision=AUTO_PRECISION)
     if grid.timer != Timer.BLOCKS and device_kind(grid.device) != "cuda":
         raise AttnbenchError(
             f"--timer {grid.timer} times CUDA kernels; --device {grid.device} is not a CUDA "

@@ -243,7 +243,8 @@ def test_a_compiled_sweeps_estimate_charges_each_round_its_compile() -> None:
 
 def test_time_stop_names_the_budget_where_the_sweep_recorded_it(tmp_path: Path) -> None:
     """A case whose rounds read far apart: time_stop says budget where run.json's round_stops
-    says its rounds ended on --time-budget, max rounds where it says so or says nothing (a
+    says its rounds ended on --time-budget, precise where they reached the sweep's --precision
+    (an auto sweep's 5%, past the 2% read back), max rounds where it says so or says nothing (a
     run from before it was recorded), and precise whatever was recorded once they agree."""
     import json
 
@@ -271,6 +272,8 @@ def test_time_stop_names_the_budget_where_the_sweep_recorded_it(tmp_path: Path) 
     together = {r: median for r in apart}
     assert reads(apart, {case_id: "budget"}) == "budget"
     assert reads(apart, {case_id: "max rounds"}) == "max rounds"
+    assert reads(apart, {case_id: "precise"}) == "precise"
+    assert reads(apart, {case_id: "a rule to come"}) == "max rounds"
     assert reads(apart, None) == "max rounds"
     assert reads(together, {case_id: "budget"}) == "precise"
 
@@ -299,3 +302,23 @@ def test_a_resume_records_no_budget_stop_for_rounds_it_charged_the_whole_budget(
     assert resumed.status == "complete"
     assert "budget" not in resumed.record.round_stops.values()
     assert "budget" not in set(resumed.frame["time_stop"])
+
+
+def test_precision_is_what_rounds_are_added_for_and_auto_adds_them_only_against_a_mark() -> None:
+    """--precision: the interval a sweep adds rounds to reach. ±2% on a fixed grid; --n auto,
+    which is after the regime, adds them only to a case that would read ! (5%), unless told.
+    The queue's ``Replication`` reads it; a bad value is a one-line error."""
+    from attnbench.estimators import IMPRECISE_REL_CI
+    from attnbench.run.rounds import Replication
+
+    fixed = build_grid({"layers": "conv", "n": "64", "d": "8", "device": "cpu"})
+    auto = build_grid({"layers": "conv", "n": "auto:64..128", "d": "8", "device": "cpu"})
+    told = build_grid({"layers": "conv", "n": "auto", "d": "8", "device": "cpu",
+                       "precision": "3%"})  # fmt: skip
+    assert fixed.precision == 0.02 and auto.precision == IMPRECISE_REL_CI == 0.05
+    assert told.precision == pytest.approx(0.03)
+    assert Replication.of(told).target_rel_ci == pytest.approx(0.03)
+    assert grid_options(told)["precision"] == pytest.approx(0.03)  # run.json keeps it
+    for bad in ("0%", "150%", "fast", "-1%"):
+        with pytest.raises(AttnbenchError, match="--precision"):
+            build_grid({"layers": "conv", "n": "64", "d": "8", "precision": bad})

@@ -15,7 +15,7 @@ from attnbench.layers import BUILTIN
 from attnbench.lengths import AutoN, parse_int_list
 from attnbench.options import CONFIG_KEYS, build_grid, grid_from_config, load_config, parse_layers
 from attnbench.run.estimate import estimate_bounds, estimate_seconds, size_warning
-from attnbench.spec import Grid
+from attnbench.spec import AUTO_PRECISION, Grid
 
 
 @pytest.mark.parametrize(
@@ -113,8 +113,9 @@ def test_default_grid_covers_every_layer() -> None:
     grid = build_grid({"device": "cpu"})
     ladder = AutoN().ladder()
     assert grid == replace(
-        Grid(device="cpu"), ns=ladder, n_auto=AutoN(), ds=(64,), auto_budget_s=60.0, threads=1
-    )
+        Grid(device="cpu"), ns=ladder, n_auto=AutoN(), ds=(64,), auto_budget_s=60.0, threads=1,
+        precision=AUTO_PRECISION,
+    )  # fmt: skip
     assert len(grid.cases()) == len(BUILTIN) * len(ladder)
     fixed = build_grid({"device": "cpu", "n": "64..1024"})
     assert fixed == Grid(device="cpu", threads=1)

@@ -15,12 +15,12 @@ from rich.table import Table
 
 from attnbench.cli.correctness import compile_notes, correctness_notes
 from attnbench.cli.reruns import moved_note, sweeps_note, wide_between_sweeps
-from attnbench.estimators import QUIET_FACTOR, processes_for, rel_ci
+from attnbench.estimators import IMPRECISE_REL_CI, QUIET_FACTOR, processes_for, rel_ci
 from attnbench.fits.exponents import counted_work, settled_line
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.timing.contention import busy_cores
 from attnbench.measure.timing.faults import FAULT_SHARE
-from attnbench.measure.timing.loop import IMPRECISE_REL_CI, is_imprecise
+from attnbench.measure.timing.loop import is_imprecise
 from attnbench.provenance import Provenance, Source, sources
 from attnbench.regime import REGIME_BAND, REGIME_SIZES
 from attnbench.results.record import AutoLine, Stopped

@@ -326,9 +326,7 @@ def _with_all_rounds(
             references_s=tuple(None if pd.isna(r) else float(r) for r in own["reference_s"]),
             others_cores=tuple(None if pd.isna(o) else float(o) for o in own["others_cores"]),
             quiet_s=quiet,
-            rounds_stop=Stop.BUDGET
-            if record.round_stops.get(str(row["case_id"])) == Stop.BUDGET.value
-            else None,
+            rounds_stop=_recorded_stop(record.round_stops.get(str(row["case_id"]))),
         )
     prior = prior_of([timing.kept_variance() for timing in stats.values()])
     own_level = None if math.isnan(state) else state  # a sweep in a slower state is not busy
@@ -364,6 +362,12 @@ def _with_all_rounds(
     for name, values in filled.items():  # a column at a time: 14 scalar writes a row cost 1 s
         frame.loc[list(values), name] = pd.Series(values, dtype=frame[name].dtype)
     return frame, found
+
+
+def _recorded_stop(value: str | None) -> Stop | None:
+    """What run.json says ended a case's rounds (None: nothing, or a rule this version does
+    not know)."""
+    return next((stop for stop in Stop if stop.value == value), None)
 
 
 def _typed_results(frame: pd.DataFrame) -> pd.DataFrame:

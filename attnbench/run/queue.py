@@ -33,7 +33,7 @@ from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import DIED_ERROR, WORKER_DIED_ERROR, CaseResult
 from attnbench.measure.timing.calibration import DEFAULT_CALIBRATION, Calibration
 from attnbench.measure.timing.contention import is_busy
-from attnbench.measure.timing.loop import DEFAULT_POLICY, Stop, TimingPolicy, TimingStats
+from attnbench.measure.timing.loop import Stop, TimingPolicy, TimingStats
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
 from attnbench.run.auto import AutoPlan
@@ -166,7 +166,7 @@ class JobQueue:
         self.references: dict[str, dict[int, float | None]] = {}  # its rounds' references
         self.busy: dict[str, set[int]] = {}  # its rounds beside a busy neighbour (contention)
         self.spent_s: dict[str, float] = {}  # case_id -> its rounds' timed seconds (budget_spent)
-        self.replication = replication or Replication.of(grid, DEFAULT_POLICY.target_rel_ci)
+        self.replication = replication or Replication.of(grid)
         self.shuffle = random.Random(grid.seed)  # the later rounds' order: shuffled, seeded
         self.next_sample: dict[str, int] = {}
         self.device_of: dict[str, str] = {}  # case_id -> device model of its first round

@@ -81,10 +81,11 @@ class Replication:
     budget_s: float = math.inf  # seconds a case's rounds may time; none past least beyond it
 
     @classmethod
-    def of(cls, grid: Grid, target_rel_ci: float) -> Replication:
+    def of(cls, grid: Grid) -> Replication:
         """A sweep's: ``--processes`` at the least, ``--max-processes`` at the most (by
-        default ``MORE_PROCESSES`` times the least, or one where the least is one)."""
-        return cls(grid.processes, grid.most_rounds, target_rel_ci, grid.time_budget_s)
+        default ``MORE_PROCESSES`` times the least, or one where the least is one), while the
+        interval is wider than ``--precision``."""
+        return cls(grid.processes, grid.most_rounds, grid.precision, grid.time_budget_s)
 
     def stop_of(
         self,

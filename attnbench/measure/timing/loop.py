@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from attnbench.estimators import (
+    IMPRECISE_REL_CI,
     Between,
     Estimate,
     Prior,
@@ -32,9 +33,6 @@ from attnbench.measure.timing.faults import FaultCounter
 from attnbench.schema import Timer
 
 Clock = Callable[[], float]  # returns seconds
-# A time whose 95% interval (a re-run's, over rounds) reaches further than this from it is
-# marked imprecise.
-IMPRECISE_REL_CI = 0.05
 
 
 class Stop(str, enum.Enum):
@@ -175,14 +173,15 @@ class TimingStats:
     def overall_stop(self) -> Stop | None:
         """The rule that ended the case: one round's own, or over several, whether their
         interval reached ``DEFAULT_POLICY``'s target (precise), else what the sweep recorded
-        ended its rounds: ``--time-budget`` (budget), or the rounds ran out (max rounds, also
-        where nothing was recorded)."""
+        ended its rounds: its interval within --precision (precise), ``--time-budget`` or
+        ``--auto-budget`` (budget), or the rounds ran out (max rounds, also where nothing was
+        recorded)."""
         if len(set(self.rounds or ())) < 2:
             return self.stop
         reach = self.run_estimate.rel_ci  # what more rounds could have narrowed
         if reach <= DEFAULT_POLICY.target_rel_ci:
             return Stop.PRECISE
-        return Stop.BUDGET if self.rounds_stop is Stop.BUDGET else Stop.MAX_ROUNDS
+        return self.rounds_stop or Stop.MAX_ROUNDS
 
     @property
     def ci_s(self) -> tuple[float, float]:
