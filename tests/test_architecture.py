@@ -30,6 +30,7 @@ FLOORS: list[tuple[str, ...]] = [
         "attnbench.schema",
         "attnbench.metrics",
         "attnbench.thresholds",
+        "attnbench.values",
         "attnbench.provenance",
         "attnbench.estimators",
         "attnbench.formats",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -537,3 +538,60 @@ def test_a_dilated_decode_step_is_as_deep_as_its_stack() -> None:
 
     assert steps("conv-dilated", 8) < steps("conv-dilated", 64) < steps("conv-dilated", 512)
     assert steps("conv", 8) == steps("conv", 512)
+
+
+def test_a_probes_findings_are_kept_in_the_count_cache_for_the_next_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each first round of the fork executor is a process of its own: what one case probed (the
+    route, the band, the paths at the probe lengths) the next reads back from the count cache,
+    the same path without a Jacobian taken. A finding is kept only within ``probes_on_disk``,
+    for a layer whose code can be told unchanged; an entry that does not read is probed again."""
+    from attnbench.layers.registry import entry
+    from attnbench.measure.counts.countcache import CountCache
+    from attnbench.measure.counts.probecache import probes_on_disk
+    from attnbench.measure.step import layer_builder
+    from attnbench.options import build_grid
+
+    grid = build_grid({"layers": "attention-local", "n": "512", "d": "8", "device": "cpu"})
+    (case,) = grid.cases()
+    reach = entry(case.layer).reach(case.option_values)
+    store = CountCache(tmp_path / "cache")
+    taken: list[int] = []
+    real = structure.dependency_pattern
+
+    def counting(module: nn.Module, n: int, d: int, **kw: int) -> np.ndarray:
+        taken.append(n)
+        return real(module, n, d, **kw)
+
+    monkeypatch.setattr(structure, "dependency_pattern", counting)
+
+    def fresh_process() -> structure.PathLength:  # a process's own cache starts empty
+        monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
+        return path_length(layer_builder(case, 0), case.n, case.d, scale=reach)
+
+    with probes_on_disk(store):
+        first = fresh_process()
+    assert first.method.startswith("extended") and taken  # probed, and written
+    written = sorted((tmp_path / "cache" / "counts").rglob("*.json"))
+    assert written
+    taken.clear()
+    with probes_on_disk(store):
+        again = fresh_process()
+    assert again == first and taken == []  # read back: no pattern taken
+    for entry_file in written:  # entries that do not read: probed again, the same path
+        entry_file.write_text('{"nothing": 1}')
+    with probes_on_disk(store):
+        assert fresh_process() == first and taken
+    taken.clear()
+    assert fresh_process() == first and taken  # outside it: memory alone, probed again
+    # a layer registered from Python: no digest tells its code unchanged, never on disk
+    from attnbench.layers.entry import LayerSource
+
+    python = (case.layer, LayerSource("python", "tests"), case.options, 0)
+    anonymous = structure.LayerBuilder(layer_builder(case, 0).build, python)
+    monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
+    before = sorted((tmp_path / "cache" / "counts").rglob("*.json"))
+    with probes_on_disk(store):
+        path_length(anonymous, case.n, case.d, scale=reach)
+    assert sorted((tmp_path / "cache" / "counts").rglob("*.json")) == before

@@ -34,11 +34,8 @@ from attnbench.measure.counts.ops import (
     explicit_attention,
     recording_fused,
 )
-from attnbench.measure.counts.structure import (
-    PATH_NONE,
-    SEQ_METHOD,
-    path_length,
-)
+from attnbench.measure.counts.probecache import probes_on_disk
+from attnbench.measure.counts.structure import PATH_NONE, SEQ_METHOD, path_length
 from attnbench.measure.counts.traffic import TRAFFIC_METHOD, Traffic, count_traffic
 from attnbench.measure.decode import Decoded, decode_check, drift, held_bytes, judged
 from attnbench.measure.memory import is_out_of_memory, oom_text, profile_call
@@ -219,7 +216,8 @@ def exact_counts(
             store.write_profile(case, seed, memory)
     if counts is None:
         fused = memory.fused if memory is not None else attention_fast_paths(step)
-        counts, source = trace_counts(case, step, seed, fused=fused, counting=counting)
+        with probes_on_disk(store):  # a process a case: the line's probes kept for the next
+            counts, source = trace_counts(case, step, seed, fused=fused, counting=counting)
         if store:
             store.write(case, seed, counts)
     if memory is None:

@@ -130,6 +130,11 @@ def profile_key(case: Case, seed: int, *role: str) -> str | None:
     return key(case, seed, "profile", cpu_model(), torch.get_num_threads(), *role)
 
 
+def _law_key(parts: list[Any]) -> str:
+    found = [COUNTS_VERSION, package_digest(), torch.__version__, "law", *parts]
+    return hashlib.sha256(json.dumps(found, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def _path(found: str, folder: Path | None) -> Path:
     return (folder or cache_dir()) / "counts" / found[:2] / f"{found}.json"
 
@@ -162,6 +167,16 @@ class CountCache:
     def write(self, case: Case, seed: int, counts: Counts) -> None:
         """Store the case's counts (atomically; an unwritable cache costs a trace next time)."""
         _store(key(case, seed, *self.role), asdict(counts), self.folder)
+
+    def read_law(self, parts: list[Any]) -> dict[str, Any] | None:
+        """A probe's finding stored under ``parts`` (``structure``'s key of a layer's code,
+        options, seed, d and probe lengths), keyed also by attnbench's and torch's code."""
+        found: dict[str, Any] | None = _load(_law_key(parts), self.folder)
+        return found
+
+    def write_law(self, parts: list[Any], data: dict[str, Any]) -> None:
+        """Store a probe's finding (atomically; an unwritable cache costs a probe next time)."""
+        _store(_law_key(parts), data, self.folder)
 
     def read_profile(self, case: Case, seed: int) -> Profile | None:
         """The case's cached memory pass on this CPU and thread count (None: none, or not

@@ -42,6 +42,8 @@ from attnbench.devices import available_bytes
 from attnbench.measure.counts.chains import sequential_steps
 from attnbench.measure.counts.ops import unfused
 from attnbench.measure.counts.patterns import BlockBand, shape_of
+from attnbench.measure.counts.probecache import on_disk
+from attnbench.measure.counts.routes import Route
 from attnbench.measure.memory import peak_bytes
 from attnbench.provenance import Source
 
@@ -185,33 +187,7 @@ def batched_vjp(y: torch.Tensor, x: torch.Tensor, probe: torch.Tensor) -> torch.
     return grad
 
 
-@dataclass(frozen=True)
-class Route:
-    """How one application of a layer carries a dependency from x_j to y_i, as its traced
-    sequential steps show at three probe lengths:
-
-    - ``recurrence``: the steps grow by ``per_step`` per position (RNN, GRU, LSTM, ssm): the
-      route takes one state update per position it crosses, |i - j| + 1;
-    - ``scan``: the steps grow by ``per_step`` per doubling of n (a parallel scan, a stack of
-      log depth): every route passes all the levels, (steps - offset) / per_step of them;
-    - ``direct``: the steps do not grow with n (attention, causal or not; conv): one
-      application connects what its pattern connects, in one step.
-    """
-
-    kind: str
-    per_step: int = 0
-    offset: int = 0
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """What its Jacobian is read in: a recurrence or scan multiplies a derivative per
-        position, which float32 can round to zero over a long route; a direct route does not."""
-        return torch.float32 if self.kind == "direct" else torch.float64
-
-    def levels(self, steps: int) -> int | None:
-        """A scan's levels at a length whose traced steps are ``steps`` (None off its law)."""
-        levels, rest = divmod(steps - self.offset, self.per_step)
-        return levels if rest == 0 and levels >= 0 else None
+DIRECT = Route("direct")  # one application connects what its pattern connects
 
 
 def traced_steps(module: nn.Module, n: int, d: int) -> int:
@@ -257,7 +233,7 @@ def _cached(
     if key in _PROBE_CACHE:
         _PROBE_CACHE.move_to_end(key)
     else:
-        _PROBE_CACHE[key] = compute()
+        _PROBE_CACHE[key] = on_disk(kind, build.key, d, probes, compute)
         while len(_PROBE_CACHE) > PROBE_CACHE_SIZE:
             _PROBE_CACHE.popitem(last=False)
     return cast("T", _PROBE_CACHE[key])
@@ -358,9 +334,7 @@ def _mixes(module: nn.Module, n: int, d: int) -> bool:
     return bool((pattern & ~np.eye(n, dtype=bool)).any())
 
 
-def path_from_pattern(
-    module: nn.Module, pattern: np.ndarray, d: int, route: Route = Route("direct")
-) -> int:
+def path_from_pattern(module: nn.Module, pattern: np.ndarray, d: int, route: Route = DIRECT) -> int:
     """Maximum path length of ``module`` given its measured pattern at n = len(pattern), for a
     recurrence or a direct route (a scan's levels come from its trace, ``path_length``)."""
     n = len(pattern)
