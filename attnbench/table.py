@@ -14,6 +14,7 @@ import pandas as pd
 
 from attnbench.fits import Analysis, analyse
 from attnbench.fits.exponents import SETTLED_RULE
+from attnbench.measure.counts.structure import NO_MIXING
 from attnbench.provenance import Source, sources
 from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES, overhead_bound
 from attnbench.results.run import BUSY_NOTE, RunResults
@@ -104,8 +105,23 @@ def _path_unproven_from(group: pd.DataFrame, d_fix: int) -> int | None:
     """The shortest n (at d_fix) whose path had no law, so no value: an exponent fitted on the
     lengths that did get one would describe the probes, not the layer (None: all had one)."""
     at_d = group[group["d"] == d_fix]
-    unproven = at_d[sources(at_d["path_len_method"]) == Source.NONE]
+    unproven = at_d[(sources(at_d["path_len_method"]) == Source.NONE) & ~_mixes_none(at_d)]
     return int(unproven["n"].min()) if len(unproven) else None
+
+
+NO_PATH = "no path"  # the path cell of a layer that mixes no positions
+
+
+def _mixes_none(group: pd.DataFrame) -> pd.Series:
+    """Cases whose layer mixes no positions: no path between two, rather than no law."""
+    return group["path_len_method"].astype(str).eq(NO_MIXING)
+
+
+def _path_cell(group: pd.DataFrame, path_n: pd.Series | None, unproven: int | None) -> str:
+    """The measured path: its exponent, no law from some n on, or no path at all."""
+    if len(group) and _mixes_none(group).all():
+        return NO_PATH
+    return _label(path_n, "n") if unproven is None else f"no law at n ≥ {unproven}"
 
 
 def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.DataFrame:
@@ -147,9 +163,7 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 "sequential ops (theory)": theory.sequential if theory else "?",
                 "sequential ops (measured)": _label(seq_n, "n"),
                 "max path length (theory)": theory.path if theory else "?",
-                "max path length (measured)": _label(path_n, "n")
-                if unproven is None
-                else f"no law at n ≥ {unproven}",
+                "max path length (measured)": _path_cell(group, path_n, unproven),
                 "time_exponent_n": _value(time_n, "exponent"),
                 "time_exponent_n_ci95": None if time_n is None else [time_n.ci_low, time_n.ci_high],
                 "time_exponent_d": _value(time_d, "exponent"),
@@ -349,6 +363,11 @@ def check_notes(table: pd.DataFrame) -> list[str]:
             notes.append(
                 f"{layer}: {incomplete} case(s) ran ops with no FLOP formula, so their FLOPs "
                 "are a lower bound; see the uncounted_ops column"
+            )
+        if row.get("max path length (measured)") == NO_PATH:
+            notes.append(
+                f"{layer}: no output depends on another position's input, so no path joins two "
+                "positions (its path_len is empty, and path_len_method says so)"
             )
         unproven = row.get("path_len_unproven_from")
         if unproven is not None and not pd.isna(unproven):

@@ -11,7 +11,9 @@ falls on both:
 - ``nowait``: the default that never waits for the machine to read quiet (``--wait-quiet 0``):
   what the waiting buys;
 - ``twothreads``: the default on torch's two threads (``--threads 2``), the CPU's default until
-  2026-11-30: what one thread buys.
+  2026-11-30: what one thread buys;
+- ``precision5``: rounds added only while a case's interval is past 5% (``--precision 5%``), as
+  ``--n auto`` adds them: whether an interval over three rounds holds as well as over six.
 
 Then, from the ``processes`` runs' raw samples, the same question for other estimators over the
 same rounds (the evidence for ``estimators.estimate``), and for fewer rounds (the evidence for
@@ -57,6 +59,9 @@ WAYS = {
     # 2026-11-30 (the batch that day ran the default, then two threads, against
     # "onethread": --threads 1)
     "twothreads": ["--threads", "2"],
+    # rounds added only while a case would read ! (5%), as --n auto adds them since 2026-11-30:
+    # most cases stop at their third round
+    "precision5": ["--precision", "5%"],
 }
 Interval = tuple[float, float, float]  # centre, low, high
 

@@ -500,3 +500,16 @@ def test_the_exponent_table_judges_exact_counts_by_the_law_plus_a_constant() -> 
     frame["seq_steps"] = [n * math.log2(n) for n in frame["n"]]
     row = exponent_table(frame).query("metric == 'seq_steps' and along == 'n'").iloc[0]
     assert row.agrees is not None and bool(row.agrees) is False
+
+
+def test_a_cross_layer_model_reads_a_conv_of_kernel_1_without_failing() -> None:
+    """A sweep of --k 1 (a conv that mixes no positions) is a valid conv, but no dilated stack
+    can have that k: the dilated stack's term reads no value at it (NaN) instead of failing the
+    whole table ("a dilated stack needs k >= 2"), and keeps its value at k = 3."""
+    from attnbench.fits.models import term_sizes
+
+    theory = theory_of("conv-dilated")
+    assert theory is not None
+    frame = pd.DataFrame({"batch": [1, 1], "n": [64, 64], "d": [8, 8], "k": [1, 3]})
+    sizes = term_sizes(frame, theory.terms)
+    assert math.isnan(sizes[0, 0]) and sizes[1, 0] == pytest.approx(4 * 64 * 3 * 8 * 8)

@@ -595,3 +595,26 @@ def test_a_probes_findings_are_kept_in_the_count_cache_for_the_next_process(
     with probes_on_disk(store):
         path_length(anonymous, case.n, case.d, scale=reach)
     assert sorted((tmp_path / "cache" / "counts").rglob("*.json")) == before
+
+
+def test_a_layer_that_mixes_no_positions_has_no_path_not_attentions_one() -> None:
+    """Each output of a pointwise layer (and of a conv of kernel 1) depends on its own position
+    alone: no route joins two positions, so its path has no value and says why; measured up to
+    the probes and above them alike. A kernel of 3 joins neighbours: its path is n - 1 again."""
+    from attnbench.measure.counts.structure import NO_MIXING
+
+    class Pointwise(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(D, D)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (1, n, D) -> (1, n, D)
+            return torch.tanh(self.proj(x))
+
+    pointwise = LayerBuilder(lambda n: Pointwise(), ("pointwise", "tests", (), 0))
+    one = LayerBuilder(lambda n: build_layer("conv", D, k=1, n=n), ("conv", "k1", (), 0))
+    three = LayerBuilder(lambda n: build_layer("conv", D, k=3, n=n), ("conv", "k3", (), 0))
+    for n in (32, 256):  # measured, then extended from the probes
+        assert path_length(pointwise, n, D) == structure.PathLength(None, NO_MIXING)
+        assert path_length(one, n, D) == structure.PathLength(None, NO_MIXING)
+        assert path_length(three, n, D).value == n - 1

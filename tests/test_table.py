@@ -115,6 +115,25 @@ def test_a_path_with_no_law_beyond_the_probes_gets_no_exponent() -> None:
     assert not any(note.startswith("rnn: max path length has no law") for note in notes)
 
 
+def test_a_layer_that_mixes_no_positions_reads_no_path_not_no_law() -> None:
+    """Every case of a layer that mixes no positions has no path (``NO_MIXING``): the table says
+    there is no path, not that a law was missing, and fits no exponent; the notes say why."""
+    from attnbench.measure.counts.structure import NO_MIXING
+
+    run = _synthetic_run()
+    frame = run.frame
+    attention = frame["layer"] == "attention"
+    frame.loc[attention, "path_len"] = np.nan
+    frame.loc[attention, "path_len_method"] = NO_MIXING
+    table = comparison_table(run).set_index("layer")
+    row = table.loc["attention"]
+    assert row["max path length (measured)"] == "no path"
+    assert pd.isna(row["path_len_exponent_n"]) and pd.isna(row["path_len_unproven_from"])
+    notes = fit_notes(table.reset_index(), run)
+    assert any(note.startswith("attention: no output depends on another") for note in notes)
+    assert not any("has no law proven" in note for note in notes)
+
+
 @pytest.mark.slow
 def test_table_command(tiny_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     result = runner.invoke(app, ["table", str(tiny_run.path), "--markdown"])

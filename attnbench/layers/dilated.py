@@ -4,6 +4,7 @@ sees every earlier input, so the path is the table's O(log_k n) and the cost O(k
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import cast
 
@@ -126,7 +127,11 @@ DILATED = Family("convolutional (dilated)", rank=20, rival=True, kin="convolutio
 
 
 def _depth(s: Sizes) -> float:
-    # n may be fractional (a chart's dense line, a crossover search): the depth covers it.
+    # n may be fractional (a chart's dense line, a crossover search): the depth covers it. A
+    # cross-layer model reads this term at every case's sizes: at another layer's k of 1 (a
+    # conv of kernel 1, which no stack can be) it has no value.
+    if s["k"] < 2:
+        return math.nan
     return float(dilated_depth(s["n"], s["k"]))  # type: ignore[arg-type]  # a theory reads sizes as floats; the depth is exact in ints
 
 

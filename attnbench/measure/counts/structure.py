@@ -78,6 +78,10 @@ SEQ_METHOD = Source.TRACED.value  # longest chain of dependent aten ops, fused R
 PATH_MEASURED = "measured"  # Jacobian pattern at this n
 PATH_EXTENDED = Source.EXTENDED.value  # band shape proven at the probe lengths, extended to this n
 PATH_NONE = "none"  # above PATH_MEASURE_MAX with no law proven: no value
+# A layer whose outputs each depend on their own position's input alone (a pointwise layer, a
+# conv of kernel 1) has no path between two positions: no value, rather than the 1 that its
+# self-dependencies would give, which would read as attention's.
+NO_MIXING = f"{PATH_NONE}: no output depends on another position's input (it mixes no positions)"
 
 
 # ----------------------------------------------------------------------------- sequential steps
@@ -334,6 +338,11 @@ def _mixes(module: nn.Module, n: int, d: int) -> bool:
     return bool((pattern & ~np.eye(n, dtype=bool)).any())
 
 
+def _mixes_positions(pattern: np.ndarray) -> bool:
+    """Whether some output depends on another position's input (D off its diagonal)."""
+    return bool(np.count_nonzero(pattern) > np.count_nonzero(np.diagonal(pattern)))
+
+
 def path_from_pattern(module: nn.Module, pattern: np.ndarray, d: int, route: Route = DIRECT) -> int:
     """Maximum path length of ``module`` given its measured pattern at n = len(pattern), for a
     recurrence or a direct route (a scan's levels come from its trace, ``path_length``)."""
@@ -377,12 +386,16 @@ def path_length(
             return PathLength(None, f"{PATH_NONE}: the steps traced at n leave the scan's law")
         return PathLength(max(levels, 1), PATH_MEASURED)
     if n <= PATH_MEASURE_MAX or n in probes:
+        if n > 1 and not _mixes_positions(_pattern_of(build, n, d, route)):
+            return PathLength(None, NO_MIXING)
         return PathLength(_path_of(build, n, d, route), PATH_MEASURED)
     shape, probe_paths = _probe(build, d, tuple(probes), route)
     if shape is None:
         return PathLength(
             None, f"{PATH_NONE}: the pattern has no single band or block shape at the probes"
         )
+    if shape.width == 1 and shape.left == 0 and shape.right == 0:  # the diagonal alone
+        return PathLength(None, NO_MIXING)
     recurrent = route.kind == "recurrence"
     # The law must reproduce every probe's measured path before it is trusted at n.
     for p, measured in probe_paths.items():
