@@ -107,7 +107,19 @@ def migrate_run(raw: RawRun, where: str) -> RawRun:
     version = folder_version(raw.meta, where)
     for step in _STEPS[version - 1 :]:
         raw = step(raw)
-    return raw
+    return _with_config_since(raw)
+
+
+# Keys a sweep's recorded grid gained within a version, with what every run before them ran
+# with: --precision (2026-11-30), the interval rounds were added to, ±2% for every run before.
+CONFIG_SINCE: dict[str, Any] = {"precision": 0.02}
+
+
+def _with_config_since(raw: RawRun) -> RawRun:
+    config = raw.meta.get("config")
+    if not isinstance(config, dict) or CONFIG_SINCE.keys() <= config.keys():
+        return raw
+    return replace(raw, meta={**raw.meta, "config": {**CONFIG_SINCE, **config}})
 
 
 def _v1_to_v2(raw: RawRun) -> RawRun:

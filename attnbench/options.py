@@ -203,7 +203,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("time_budget", "time_budget_s", float, lambda v: read.positive_seconds(v, "time-budget"),
            "Seconds of timed calls a case's rounds may take together: the --processes "
            "rounds always run, each with a share of it for its samples; more only within it, "
-           "while the interval is wider than ±2%."),
+           "while the interval is wider than --precision."),
     Option("wait_quiet", "wait_quiet_s", float, lambda v: read.seconds(v, "wait-quiet"),
            "Seconds the sweep may wait, in all, for a busy machine to quiet down: a round "
            "whose machine reference reads the machine disturbed (a neighbour's load) waits, "

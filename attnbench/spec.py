@@ -31,8 +31,8 @@ DEFAULT_PROCESSES = 3
 MORE_PROCESSES = 2
 # The interval a sweep adds rounds to a case to reach (``--precision``): ±2% on a fixed grid;
 # --n auto, which is after the regime, adds them only to a case whose time would read ! (its
-# interval past ``IMPRECISE_REL_CI``). Over two default sweeps here (2026-11-30) ±2% was reached
-# by no case, so every case took its most rounds; at ±5%, 51-64 of 71-76 stopped at their least.
+# interval past ``IMPRECISE_REL_CI``). In two default sweeps here (2026-11-30) no case reached ±2%:
+# each took its most rounds (or what --time-budget left); at 5%, 51-64 of 71-76 stop at their least.
 DEFAULT_PRECISION = 0.02
 AUTO_PRECISION = IMPRECISE_REL_CI
 # --energy: seconds of calls the energy pass runs, between two steps of the GPU's counter

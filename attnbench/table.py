@@ -119,7 +119,8 @@ def _mixes_none(group: pd.DataFrame) -> pd.Series:
 
 def _path_cell(group: pd.DataFrame, path_n: pd.Series | None, unproven: int | None) -> str:
     """The measured path: its exponent, no law from some n on, or no path at all."""
-    if len(group) and _mixes_none(group).all():
+    longer = group[group["n"] > 1]  # one position mixes with none whatever the layer
+    if len(longer) and _mixes_none(longer).all():
         return NO_PATH
     return _label(path_n, "n") if unproven is None else f"no law at n ≥ {unproven}"
 

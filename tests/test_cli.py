@@ -235,7 +235,7 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     summary_tables(replace(tiny_run, frame=frame), console)
     summary_notes(replace(tiny_run, frame=frame), console)
     text = buf.getvalue()
-    assert "2 case(s) marked ! have a time known only to ±5% or worse" in text
+    assert "2 case(s) marked ! have an interval wider than ±5%" in text
     assert "±50.0% !" in text and "±1.0%" in text and "×/÷104 !" in text
     assert "10300" not in text
     # a new user read "1.75" faults as a count and an empty between cell as missing

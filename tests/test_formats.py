@@ -120,6 +120,7 @@ def test_each_step_fills_what_a_version_1_folder_may_lack() -> None:
         "processes": 3,
         "max_processes": 3,  # as many rounds as asked, never more: no round was cut short
         "allocator": "system",
+        "precision": 0.02,  # rounds were added to ±2% before --precision
     }
     assert new.meta["allocator"] == UNRECORDED_ALLOCATOR and new.meta["resumes"] == []
     assert new.theories["layers"]["mine"]["theory"]["traffic"] is None

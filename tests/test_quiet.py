@@ -482,9 +482,11 @@ def test_jobs_out_at_once_share_what_is_left_of_the_wait(
 @pytest.mark.parametrize(
     ("options", "said"),
     [
-        ({}, "each case in 3-6 fresh processes (3 fork servers)"),
+        ({}, "each case in 3-6 fresh processes (to ±2%; 3 fork servers)"),
+        ({"precision": "4%"}, "each case in 3-6 fresh processes (to ±4%; 3 fork servers)"),
         ({"max_processes": 3}, "each case in 3 fresh processes (3 fork servers)"),
-        ({"processes": 4, "max_processes": 5}, "each case in 4-5 fresh processes (3 fork servers)"),
+        ({"processes": 4, "max_processes": 5},
+         "each case in 4-5 fresh processes (to ±2%; 3 fork servers)"),
         # one round is never added to: not "1-2" (it had said so)
         ({"processes": 1}, "each case in a fresh process (3 fork servers)"),
     ],
@@ -552,8 +554,8 @@ def test_an_auto_sweeps_lines_count_up_to_the_cases_it_may_measure() -> None:
 
 
 def test_ab_sides_ask_for_their_pairs_and_no_more() -> None:
-    """ab adds no pairs: each side's most rounds are its pairs, and --max-processes, which
-    would say otherwise, is refused."""
+    """ab adds no pairs: each side's most rounds are its pairs, and --max-processes and
+    --precision, which would say otherwise, are refused."""
     from attnbench.errors import AttnbenchError
     from attnbench.run.ab import side_grids
 
@@ -561,6 +563,8 @@ def test_ab_sides_ask_for_their_pairs_and_no_more() -> None:
     assert {g.most_rounds for g in grids.values()} == {10}  # the pairs, never more
     with pytest.raises(AttnbenchError, match="--max-processes applies to sweep"):
         side_grids({"layers": "conv", "n": "8", "d": "4", "max_processes": 20}, None, 0.01)
+    with pytest.raises(AttnbenchError, match="--precision applies to sweep"):
+        side_grids({"layers": "conv", "n": "8", "d": "4", "precision": "5%"}, None, 0.01)
 
 
 def test_an_auto_grid_runs_every_lines_n_before_any_lines_2n(tmp_path: Path) -> None:

@@ -319,6 +319,18 @@ def test_precision_is_what_rounds_are_added_for_and_auto_adds_them_only_against_
     assert told.precision == pytest.approx(0.03)
     assert Replication.of(told).target_rel_ci == pytest.approx(0.03)
     assert grid_options(told)["precision"] == pytest.approx(0.03)  # run.json keeps it
+    # a run from before --precision added rounds to ±2%, its lengths auto or not: read back
+    # (``formats``), its grid resumes at 2%; a run that recorded it keeps its own
+    from attnbench.formats import FORMAT_VERSION, RawRun, migrate_run
+    from attnbench.options import grid_from_config
+
+    def resumed(config: dict[str, object]) -> float:
+        meta = {"schema_version": FORMAT_VERSION, "config": config}
+        raw = RawRun(meta, pd.DataFrame(), pd.DataFrame(), None, {})
+        return grid_from_config(migrate_run(raw, "run").meta["config"]).precision
+
+    assert resumed({k: v for k, v in auto.to_dict().items() if k != "precision"}) == 0.02
+    assert resumed(auto.to_dict()) == 0.05
     for bad in ("0%", "150%", "fast", "-1%"):
         with pytest.raises(AttnbenchError, match="--precision"):
             build_grid({"layers": "conv", "n": "64", "d": "8", "precision": bad})

@@ -573,7 +573,7 @@ def test_a_probes_findings_are_kept_in_the_count_cache_for_the_next_process(
     with probes_on_disk(store):
         first = fresh_process()
     assert first.method.startswith("extended") and taken  # probed, and written
-    written = sorted((tmp_path / "cache" / "counts").rglob("*.json"))
+    written = sorted((tmp_path / "cache" / "laws").rglob("*.json"))
     assert written
     taken.clear()
     with probes_on_disk(store):
@@ -591,10 +591,10 @@ def test_a_probes_findings_are_kept_in_the_count_cache_for_the_next_process(
     python = (case.layer, LayerSource("python", "tests"), case.options, 0)
     anonymous = structure.LayerBuilder(layer_builder(case, 0).build, python)
     monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
-    before = sorted((tmp_path / "cache" / "counts").rglob("*.json"))
+    before = sorted((tmp_path / "cache" / "laws").rglob("*.json"))
     with probes_on_disk(store):
         path_length(anonymous, case.n, case.d, scale=reach)
-    assert sorted((tmp_path / "cache" / "counts").rglob("*.json")) == before
+    assert sorted((tmp_path / "cache" / "laws").rglob("*.json")) == before
 
 
 def test_a_layer_that_mixes_no_positions_has_no_path_not_attentions_one() -> None:
@@ -618,3 +618,32 @@ def test_a_layer_that_mixes_no_positions_has_no_path_not_attentions_one() -> Non
         assert path_length(pointwise, n, D) == structure.PathLength(None, NO_MIXING)
         assert path_length(one, n, D) == structure.PathLength(None, NO_MIXING)
         assert path_length(three, n, D).value == n - 1
+
+
+def test_probe_findings_of_other_options_seeds_widths_and_routes_stay_apart(
+    tmp_path: Path,
+) -> None:
+    """Each finding is kept under its layer's options, seed, d, probe lengths and (a path's or a
+    band's) route: a finding written for one is never read back for another."""
+    from attnbench.layers.registry import entry
+    from attnbench.measure.counts.countcache import CountCache
+    from attnbench.measure.counts.probecache import on_disk, probes_on_disk
+    from attnbench.measure.counts.routes import Route
+
+    source = entry("conv").source
+    k3, k5 = (("k", 3),), (("k", 5),)
+    written = [
+        (("conv", source, k3, 0), 8, (16, 32, 64), 1),
+        (("conv", source, k5, 0), 8, (16, 32, 64), 2),  # another option
+        (("conv", source, k3, 1), 8, (16, 32, 64), 3),  # another seed
+        (("conv", source, k3, 0), 16, (16, 32, 64), 4),  # another width
+        (("conv", source, k3, 0), 8, (16, 32, 128), 5),  # other probes
+        (("conv", source, k3, 0), 8, (64, Route("recurrence", 1, 0)), 6),  # a route
+        (("conv", source, k3, 0), 8, (64, Route("direct")), 7),  # another route
+    ]
+    with probes_on_disk(CountCache(tmp_path)):
+        for key, d, probes, value in written:
+            assert on_disk("stages", key, d, probes, lambda v=value: v) == value
+        for key, d, probes, value in written:  # read back: each its own, none computed
+            assert on_disk("stages", key, d, probes, lambda: -1) == value
+    assert len(list(tmp_path.rglob("*.json"))) == len(written)

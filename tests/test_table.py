@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -132,6 +133,12 @@ def test_a_layer_that_mixes_no_positions_reads_no_path_not_no_law() -> None:
     notes = fit_notes(table.reset_index(), run)
     assert any(note.startswith("attention: no output depends on another") for note in notes)
     assert not any("has no law proven" in note for note in notes)
+    # one position mixes with none whatever the layer: a case at n = 1 reads path 1, measured,
+    # and the layer still reads no path from its longer cases
+    one = frame[attention].iloc[[0]].assign(n=1, path_len=1, path_len_method="measured")
+    longer = replace(run, frame=pd.concat([frame, one], ignore_index=True))
+    cell = comparison_table(longer).set_index("layer").loc["attention"]
+    assert cell["max path length (measured)"] == "no path"
 
 
 @pytest.mark.slow

@@ -321,7 +321,8 @@ def threads_text(grid: Grid) -> str:
 
 def workers_text(cluster: dict[str, Any], grid: Grid | None = None) -> str:
     """ ", through Ray on 4 workers (2 nodes: NVIDIA H100 ...)", ", each case in 3-6 fresh
-    processes (3 fork servers)"; nothing for a serial sweep."""
+    processes (to ±2%; 3 fork servers)": more rounds past 3 while the interval is wider than
+    --precision; nothing for a serial sweep."""
     if cluster.get("executor") == "serial":
         return ""
     if cluster.get("executor") == "fork":
@@ -330,8 +331,12 @@ def workers_text(cluster: dict[str, Any], grid: Grid | None = None) -> str:
         most, servers = grid.most_rounds, cluster.get("servers", 1)
         if most == 1:
             return f", each case in a fresh process ({servers} fork server{'s' * (servers > 1)})"
-        count = str(grid.processes) if most <= grid.processes else f"{grid.processes}-{most}"
-        return f", each case in {count} fresh processes ({servers} fork servers)"
+        if most <= grid.processes:
+            return f", each case in {grid.processes} fresh processes ({servers} fork servers)"
+        return (
+            f", each case in {grid.processes}-{most} fresh processes (to ±{grid.precision:.0%}; "
+            f"{servers} fork servers)"
+        )
     workers = cluster.get("workers", [])
     nodes = sorted({w["node"] for w in workers})
     devices = sorted({w["device_name"] for w in workers})

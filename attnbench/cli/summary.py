@@ -340,12 +340,10 @@ def _time_notes(run: RunResults, console: Console) -> None:
             else _more_processes(imprecise)
         )
         console.print(
-            f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a time known only to "
-            f"±{IMPRECISE_REL_CI:.0%} or worse (its 95% interval over its processes and this "
-            "machine's sweeps): their processes or sweeps read it that far apart, the "
-            "machine was disturbed in most of their rounds, or their few rounds were held to "
-            f"the run's typical spread between processes (a case's own, over three rounds, is "
-            f"a guess); {advice}",
+            f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have an interval wider than "
+            f"±{IMPRECISE_REL_CI:.0%} (95%, over their processes and this machine's sweeps): "
+            "their processes read that far apart, most of their rounds ran on a disturbed "
+            f"machine, or the run's typical spread widened a few rounds'; {advice}",
             soft_wrap=True,
         )
     for note in [*replication_notes(run), sweeps_note(run), moved_note(run)]:

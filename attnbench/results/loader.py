@@ -50,6 +50,7 @@ from attnbench.schema import (
     Status,
     columns_of,
 )
+from attnbench.spec import DEFAULT_PRECISION
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
@@ -327,6 +328,7 @@ def _with_all_rounds(
             others_cores=tuple(None if pd.isna(o) else float(o) for o in own["others_cores"]),
             quiet_s=quiet,
             rounds_stop=_recorded_stop(record.round_stops.get(str(row["case_id"]))),
+            precision=float(record.config.get("precision", DEFAULT_PRECISION)),
         )
     prior = prior_of([timing.kept_variance() for timing in stats.values()])
     own_level = None if math.isnan(state) else state  # a sweep in a slower state is not busy

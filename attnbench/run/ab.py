@@ -114,11 +114,12 @@ def side_grids(
     given = dict(options)
     if given.get("processes") is None and given.get("metric") != "instructions":
         given["processes"] = rounds_to_reach(alpha)
-    if given.get("max_processes") is not None:
-        raise AttnbenchError(
-            "ab times each case in exactly --processes pairs and adds none: --max-processes "
-            "applies to sweep"
-        )
+    for extra in ("max_processes", "precision"):
+        if given.get(extra) is not None:
+            raise AttnbenchError(
+                "ab times each case in exactly --processes pairs and adds none: "
+                f"--{extra.replace('_', '-')} applies to sweep"
+            )
     given["max_processes"] = given.get("processes")  # the pairs asked for, no more
     current = build_grid(given)
     if current.n_auto is not None:

@@ -135,8 +135,11 @@ def _law_key(parts: list[Any]) -> str:
     return hashlib.sha256(json.dumps(found, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _path(found: str, folder: Path | None) -> Path:
-    return (folder or cache_dir()) / "counts" / found[:2] / f"{found}.json"
+LAWS = "laws"  # the folder of the probes' findings (``read_law``), beside the cases' counts
+
+
+def _path(found: str, folder: Path | None, kind: str = "counts") -> Path:
+    return (folder or cache_dir()) / kind / found[:2] / f"{found}.json"
 
 
 PROBE = "probe"  # the role of an entry traced at a probe length (``CountCache.probes``)
@@ -171,12 +174,12 @@ class CountCache:
     def read_law(self, parts: list[Any]) -> dict[str, Any] | None:
         """A probe's finding stored under ``parts`` (``structure``'s key of a layer's code,
         options, seed, d and probe lengths), keyed also by attnbench's and torch's code."""
-        found: dict[str, Any] | None = _load(_law_key(parts), self.folder)
+        found: dict[str, Any] | None = _load(_law_key(parts), self.folder, LAWS)
         return found
 
     def write_law(self, parts: list[Any], data: dict[str, Any]) -> None:
         """Store a probe's finding (atomically; an unwritable cache costs a probe next time)."""
-        _store(_law_key(parts), data, self.folder)
+        _store(_law_key(parts), data, self.folder, LAWS)
 
     def read_profile(self, case: Case, seed: int) -> Profile | None:
         """The case's cached memory pass on this CPU and thread count (None: none, or not
@@ -196,20 +199,22 @@ class CountCache:
         _store(profile_key(case, seed, *self.role), {**asdict(profile), **sets}, self.folder)
 
 
-def _load(found: str | None, folder: Path | None) -> Any:
+def _load(found: str | None, folder: Path | None, kind: str = "counts") -> Any:
     if found is None:
         return None
     try:
-        data = json.loads(_path(found, folder).read_text())
+        data = json.loads(_path(found, folder, kind).read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def _store(found: str | None, data: dict[str, Any], folder: Path | None) -> None:
+def _store(
+    found: str | None, data: dict[str, Any], folder: Path | None, kind: str = "counts"
+) -> None:
     if found is None:
         return
-    path = _path(found, folder)
+    path = _path(found, folder, kind)
     try:  # a full or read-only cache costs a trace next time, nothing else
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(data))

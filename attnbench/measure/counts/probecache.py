@@ -38,9 +38,9 @@ _DECODE: dict[str, Callable[[dict[str, Any]], Any]] = {
     "route": lambda data: Route(**data["route"]),
     "band": lambda data: (
         None if data["shape"] is None else BlockBand(**data["shape"]),
-        {int(p): int(v) for p, v in data["paths"]},
+        {int(p): None if v is None else int(v) for p, v in data["paths"]},
     ),
-    "path": lambda data: int(data["value"]),
+    "path": lambda data: None if data["value"] is None else int(data["value"]),
     "stages": lambda data: int(data["value"]),
 }
 
@@ -87,6 +87,6 @@ def _parts(kind: str, key: Hashable, d: int, probes: tuple[Any, ...]) -> list[An
         return None
     if not (source.kind == "builtin" or source.digest or source.distribution):
         return None
-    # a path's probes carry its route
+    # a path's and a band's probes carry their route; a route's, the steps it was given
     lengths = [asdict(p) if isinstance(p, Route) else p for p in probes]
     return [kind, layer, source.to_dict(), options, seed, d, lengths]

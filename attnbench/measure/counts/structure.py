@@ -251,8 +251,12 @@ def route_of(
 ) -> Route:
     """The route law of the layer ``build`` builds, from its traced steps at the probes;
     ``known``: steps a caller traced already at some of them (a case at a probe length), the
-    same count a trace here would give, so that probe is not traced again."""
-    return _cached("route", build, d, probes, lambda: _route(build, d, probes, known or {}))
+    same count a trace here would give, so that probe is not traced again (the steps it took
+    are in the key all the same: they were traced on the case's device)."""
+    given = tuple((p, (known or {})[p]) for p in probes if p in (known or {}))
+    return _cached(
+        "route", build, d, (*probes, *given), lambda: _route(build, d, probes, known or {})
+    )
 
 
 def _route(
@@ -262,7 +266,7 @@ def _route(
     if any(len(_stages(m)) > 1 for m in modules):
         # A declared stack (a dilated conv) grows stages with n, which a trace could mistake for
         # scan levels: its route is counted stage by stage from its pattern instead.
-        return Route("direct")
+        return DIRECT
     steps = [
         known[p] if p in known else traced_steps(m, p, d)
         for m, p in zip(modules, probes, strict=True)
@@ -273,7 +277,7 @@ def _route(
         return Route("recurrence", per_step, steps[0] - per_step * probes[0])
     if first > 0 and first == second:
         return Route("scan", first, steps[0] - first * math.ceil(math.log2(probes[0])))
-    return Route("direct")
+    return DIRECT
 
 
 def _pattern_of(
@@ -293,14 +297,20 @@ def _pattern_of(
     )
 
 
-def _path_of(build: Callable[[int], nn.Module], n: int, d: int, route: Route) -> int:
+def _path_of(build: Callable[[int], nn.Module], n: int, d: int, route: Route) -> int | None:
     """``path_from_pattern`` of ``build(n)``, once per layer, d, n and route: a stack's
-    stage-by-stage mixing checks are Jacobians too. The layer is built only when computed: a
-    build is a millisecond, and a sweep asks again for every n of a layer."""
+    stage-by-stage mixing checks are Jacobians too; None where no output depends on another
+    position (``NO_MIXING``; one position alone mixes with none, whatever the layer). The layer
+    is built only when computed: a build is a millisecond, and a sweep asks again for every n
+    of a layer. Kept in the count cache with the verdict, so a process that reads it takes no
+    pattern."""
 
-    def compute() -> int:
+    def compute() -> int | None:
         module = build(n)
-        return path_from_pattern(module, _pattern_of(build, n, d, route, module), d, route)
+        pattern = _pattern_of(build, n, d, route, module)
+        if n > 1 and not _mixes_positions(pattern):
+            return None
+        return path_from_pattern(module, pattern, d, route)
 
     return _cached("path", build, d, (n, route), compute)
 
@@ -334,8 +344,7 @@ def _applications(pattern: np.ndarray) -> int:
 def _mixes(module: nn.Module, n: int, d: int) -> bool:
     """Whether one stage (of a direct route's stack) makes any output depend on another
     position."""
-    pattern = dependency_pattern(module, n, d, dtype=Route("direct").dtype)
-    return bool((pattern & ~np.eye(n, dtype=bool)).any())
+    return _mixes_positions(dependency_pattern(module, n, d, dtype=DIRECT.dtype))
 
 
 def _mixes_positions(pattern: np.ndarray) -> bool:
@@ -386,9 +395,8 @@ def path_length(
             return PathLength(None, f"{PATH_NONE}: the steps traced at n leave the scan's law")
         return PathLength(max(levels, 1), PATH_MEASURED)
     if n <= PATH_MEASURE_MAX or n in probes:
-        if n > 1 and not _mixes_positions(_pattern_of(build, n, d, route)):
-            return PathLength(None, NO_MIXING)
-        return PathLength(_path_of(build, n, d, route), PATH_MEASURED)
+        value = _path_of(build, n, d, route)
+        return PathLength(None, NO_MIXING) if value is None else PathLength(value, PATH_MEASURED)
     shape, probe_paths = _probe(build, d, tuple(probes), route)
     if shape is None:
         return PathLength(
@@ -449,13 +457,13 @@ def _accepted_route(
 
 def _probe(
     build: Callable[[int], nn.Module], d: int, probes: tuple[int, ...], route: Route
-) -> tuple[BlockBand | None, dict[int, int]]:
-    def compute() -> tuple[BlockBand | None, dict[int, int]]:
+) -> tuple[BlockBand | None, dict[int, int | None]]:
+    def compute() -> tuple[BlockBand | None, dict[int, int | None]]:
         patterns: dict[int, np.ndarray] = {}
-        paths: dict[int, int] = {}
+        paths: dict[int, int | None] = {}
         for p in probes:
             patterns[p] = _pattern_of(build, p, d, route)
             paths[p] = _path_of(build, p, d, route)
         return shape_of(patterns), paths
 
-    return _cached("band", build, d, probes, compute)
+    return _cached("band", build, d, (*probes, route), compute)

@@ -31,6 +31,7 @@ from attnbench.estimators import (
 from attnbench.measure.timing.contention import is_busy
 from attnbench.measure.timing.faults import FaultCounter
 from attnbench.schema import Timer
+from attnbench.spec import DEFAULT_PRECISION
 
 Clock = Callable[[], float]  # returns seconds
 
@@ -89,6 +90,7 @@ class TimingStats:
     # What ended the case's rounds where the sweep recorded it (``run.rounds.Replication.
     # stop_of``; None: not recorded): ``overall_stop`` reads budget from it.
     rounds_stop: Stop | None = None
+    precision: float = DEFAULT_PRECISION  # the run's --precision: rounds were added until it
 
     def per_call(self, calls: int) -> TimingStats:
         """These statistics with each sample divided among ``calls`` calls (a sample that
@@ -172,14 +174,14 @@ class TimingStats:
     @property
     def overall_stop(self) -> Stop | None:
         """The rule that ended the case: one round's own, or over several, whether their
-        interval reached ``DEFAULT_POLICY``'s target (precise), else what the sweep recorded
+        interval reached the run's ``precision`` (precise), else what the sweep recorded
         ended its rounds: its interval within --precision (precise), ``--time-budget`` or
         ``--auto-budget`` (budget), or the rounds ran out (max rounds, also where nothing was
         recorded)."""
         if len(set(self.rounds or ())) < 2:
             return self.stop
         reach = self.run_estimate.rel_ci  # what more rounds could have narrowed
-        if reach <= DEFAULT_POLICY.target_rel_ci:
+        if reach <= self.precision:
             return Stop.PRECISE
         return self.rounds_stop or Stop.MAX_ROUNDS
 
