@@ -231,7 +231,8 @@ OPTIONS: tuple[Option, ...] = (
            default_text=f"{MORE_PROCESSES} x --processes"),
     Option("precision", "precision", str, read.precision,
            "The 95% interval a sweep adds rounds to a case to reach (5% or 0.05): ±2% on a "
-           "fixed grid; --n auto, after the regime, adds them only to a case that would read !",
+           "fixed grid; with --n auto 5%, the bound of the ! mark, so there only a case that "
+           "would be marked ! gets more rounds.",
            default_text=f"{DEFAULT_PRECISION:.0%}; {AUTO_PRECISION:.0%} with --n auto"),
     Option("metric", "metric", str, lambda v: read.choice(v, "metric", METRICS),
            "time: seconds per call; instructions: CPU instructions per call, counted with "

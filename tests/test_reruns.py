@@ -8,6 +8,7 @@ import io
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -315,6 +316,11 @@ def test_a_sweep_records_the_machines_sweeps_before_it_and_leaves_its_own(
         "their own)"
     )
     assert "no earlier sweep of these cases" in (sweeps_note(alone) or "")
+    # a move read from few sweeps is itself loose, and widens the ±95% most: the note says so
+    # (a new user's second sweep read ×/÷2.1 on every case)
+    few = {c: replace(b, df=1.0) for c, b in apart.between.items()}
+    assert "(1 degree(s) of freedom)" in (sweeps_note(replace(apart, between=few)) or "")
+    assert "degree(s) of freedom" not in note
     # earlier sweeps in another state of the machine (its reference 1.5x): read apart, named
     meta["reruns"] = {
         k: [[x - 0.8, w, 1.5 * level], [x - 0.8, w, 1.5 * level]]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from attnbench.estimators import CONFIDENCE, QUIET_FACTOR, normal_quantile
+from attnbench.estimators import CONFIDENCE, QUIET_FACTOR, Between, normal_quantile
 from attnbench.results.run import RunResults
 from attnbench.schema import numeric_column
 
@@ -35,7 +35,7 @@ def sweeps_note(run: RunResults) -> str | None:
     typical = len(found) - len(own)
     adds = (
         "the ±95% adds that move for this sweep and for a re-run's, and more processes in one "
-        f"sweep cannot narrow it{_elsewhere(run, cases)}"
+        f"sweep cannot narrow it{_few_sweeps(found)}{_elsewhere(run, cases)}"
     )
     if not own:  # no case of its own history: the machine's typical, borrowed
         spread = statistics.median(spreads.values())
@@ -67,6 +67,22 @@ def sweeps_note(run: RunResults) -> str | None:
     return (
         f"{len(found)} case(s)' ±95% hold how far this machine's sweeps moved them ({read}): "
         f"{moves}; {adds}"
+    )
+
+
+# Below this many degrees of freedom, the move between sweeps is itself known so loosely that it
+# widens the ±95% the most (a new user's second sweep read ×/÷2.1 on every case, 1 degree of
+# freedom; the third ±7-11%): the note says so, and that each sweep more narrows it.
+FEW_DF = 3.0
+
+
+def _few_sweeps(found: Mapping[str, Between]) -> str:
+    fewest = min(b.df for b in found.values())
+    if fewest >= FEW_DF:
+        return ""
+    return (
+        f"; read from so few sweeps ({fewest:.0f} degree(s) of freedom), that move is itself "
+        "uncertain and widens the ±95% most; each sweep more narrows it"
     )
 
 
