@@ -24,7 +24,8 @@ def positive_int(value: Any, name: str) -> int:
 
 def precision(value: Any) -> float:
     """An interval's reach as a share of the time: over 0% and under 100%."""
-    found = parse_fraction(value, "--precision")
+    negative = str(value).strip().startswith("-")  # one message for every value out of range
+    found = -1.0 if negative else parse_fraction(value, "--precision")
     if not 0 < found < 1:
         raise AttnbenchError(f"--precision {value!r} must be above 0% and below 100%")
     return found
