@@ -241,14 +241,8 @@ def test_blocked_attention_gets_a_path_at_every_n_equal_to_a_count_by_hand(
         assert result.method.startswith(expected)
 
 
-def test_a_probe_lengths_jacobian_is_taken_once_for_every_case_that_needs_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The case at n = 128 (a probe length of a window-16 layer) and the longer cases that probe
-    n = 32, 64, 128 share each length's dependency pattern."""
-    from attnbench.measure.counts import structure
-
-    monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
+def patterns_taken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The lengths each dependency pattern is taken at from now on (a Jacobian each)."""
     taken: list[int] = []
     real = structure.dependency_pattern
 
@@ -257,6 +251,18 @@ def test_a_probe_lengths_jacobian_is_taken_once_for_every_case_that_needs_it(
         return real(module, n, d, **kw)
 
     monkeypatch.setattr(structure, "dependency_pattern", counting)
+    return taken
+
+
+def test_a_probe_lengths_jacobian_is_taken_once_for_every_case_that_needs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The case at n = 128 (a probe length of a window-16 layer) and the longer cases that probe
+    n = 32, 64, 128 share each length's dependency pattern."""
+    from attnbench.measure.counts import structure
+
+    monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
+    taken = patterns_taken(monkeypatch)
 
     def build(n: int) -> nn.Module:
         return build_layer("attention-local", 8, heads=2, window=16, n=n)
@@ -557,14 +563,7 @@ def test_a_probes_findings_are_kept_in_the_count_cache_for_the_next_process(
     (case,) = grid.cases()
     reach = entry(case.layer).reach(case.option_values)
     store = CountCache(tmp_path / "cache")
-    taken: list[int] = []
-    real = structure.dependency_pattern
-
-    def counting(module: nn.Module, n: int, d: int, **kw: int) -> np.ndarray:
-        taken.append(n)
-        return real(module, n, d, **kw)
-
-    monkeypatch.setattr(structure, "dependency_pattern", counting)
+    taken = patterns_taken(monkeypatch)
 
     def fresh_process() -> structure.PathLength:  # a process's own cache starts empty
         monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())

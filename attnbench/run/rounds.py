@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from attnbench.devices import device_kind
 from attnbench.estimators import Prior, estimate, is_disturbed
 from attnbench.measure.timing.loop import DEFAULT_POLICY, Stop, TimingPolicy, TimingStats
-from attnbench.spec import ENERGY_S, MORE_PROCESSES, Grid
+from attnbench.spec import DEFAULT_PRECISION, ENERGY_S, MORE_PROCESSES, Grid
 
 # What a round's process times before its first sample, past the layer's first call: a fresh
 # process's first blocks run slow (its pages fault in, its caches fill).
@@ -77,7 +77,7 @@ class Replication:
 
     least: int
     most: int
-    target_rel_ci: float = 0.02
+    target_rel_ci: float = DEFAULT_PRECISION
     budget_s: float = math.inf  # seconds a case's rounds may time; none past least beyond it
 
     @classmethod

@@ -253,10 +253,9 @@ def route_of(
     ``known``: steps a caller traced already at some of them (a case at a probe length), the
     same count a trace here would give, so that probe is not traced again (the steps it took
     are in the key all the same: they were traced on the case's device)."""
-    given = tuple((p, (known or {})[p]) for p in probes if p in (known or {}))
-    return _cached(
-        "route", build, d, (*probes, *given), lambda: _route(build, d, probes, known or {})
-    )
+    known = known or {}
+    given = tuple((p, known[p]) for p in probes if p in known)
+    return _cached("route", build, d, (*probes, *given), lambda: _route(build, d, probes, known))
 
 
 def _route(
@@ -398,12 +397,12 @@ def path_length(
         value = _path_of(build, n, d, route)
         return PathLength(None, NO_MIXING) if value is None else PathLength(value, PATH_MEASURED)
     shape, probe_paths = _probe(build, d, tuple(probes), route)
+    if all(path is None for path in probe_paths.values()):  # no probe mixed: nor does n
+        return PathLength(None, NO_MIXING)
     if shape is None:
         return PathLength(
             None, f"{PATH_NONE}: the pattern has no single band or block shape at the probes"
         )
-    if shape.width == 1 and shape.left == 0 and shape.right == 0:  # the diagonal alone
-        return PathLength(None, NO_MIXING)
     recurrent = route.kind == "recurrence"
     # The law must reproduce every probe's measured path before it is trusted at n.
     for p, measured in probe_paths.items():

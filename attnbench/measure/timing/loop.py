@@ -88,7 +88,7 @@ class TimingStats:
     between: Between | None = None
     waited_s: float = 0.0  # seconds the round waited for a quiet machine before it timed
     # What ended the case's rounds where the sweep recorded it (``run.rounds.Replication.
-    # stop_of``; None: not recorded): ``overall_stop`` reads budget from it.
+    # stop_of``; None: not recorded): ``overall_stop`` reads it.
     rounds_stop: Stop | None = None
     precision: float = DEFAULT_PRECISION  # the run's --precision: rounds were added until it
 
@@ -173,11 +173,9 @@ class TimingStats:
 
     @property
     def overall_stop(self) -> Stop | None:
-        """The rule that ended the case: one round's own, or over several, whether their
-        interval reached the run's ``precision`` (precise), else what the sweep recorded
-        ended its rounds: its interval within --precision (precise), ``--time-budget`` or
-        ``--auto-budget`` (budget), or the rounds ran out (max rounds, also where nothing was
-        recorded)."""
+        """The rule that ended the case: one round's own, or over several, precise where their
+        interval reaches the run's ``precision``, else what the sweep recorded ended its rounds
+        (precise, budget), or max rounds (also where nothing was recorded)."""
         if len(set(self.rounds or ())) < 2:
             return self.stop
         reach = self.run_estimate.rel_ci  # what more rounds could have narrowed
