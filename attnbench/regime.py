@@ -32,6 +32,13 @@ REGIME_SIZES = 4
 # ... with no trend: the rate's log-log slope within this of 0, or its 95% interval holding
 # 0. As time = work / rate, the time's exponent is then the work's, as a fit judges it.
 REGIME_TREND = 0.05
+# --n auto's first rounds are too few for the slope's interval to say anything (two degrees of
+# freedom: 0 sat inside it for a rate rising 6% a doubling), and the final times narrow it: a
+# line whose first rounds read attention-linear's rate rising 0.060 a doubling stopped "with no
+# trend", and its final times read a trend (0.068, 0 outside the interval) and marked it
+# unsettled. So --n auto stops on the slope itself, within this (its room for the later rounds,
+# as AUTO_BAND's: conv's slope moved 0.016 between its first rounds and its final times).
+AUTO_TREND = 0.04
 # A case whose kernels run under this share of its time is overhead-bound.
 OVERHEAD_SHARE = 0.5
 
@@ -41,24 +48,31 @@ def within_band(rates: Sequence[float], band: float = REGIME_BAND) -> bool:
     return bool(rates) and min(rates) > 0 and max(rates) <= (1 + band) * min(rates)
 
 
-def trendless(sizes: Sequence[float], rates: Sequence[float]) -> bool:
+def trendless(sizes: Sequence[float], rates: Sequence[float], strict: float | None = None) -> bool:
     """Whether a rate shows no trend with size: its log-log slope within ``REGIME_TREND`` of
-    0, or 0 inside the slope's 95% interval (scipy's least squares)."""
+    0, or 0 inside the slope's 95% interval (scipy's least squares); with ``strict``, the
+    slope within that of 0, whatever its interval (``AUTO_TREND``)."""
     from scipy import stats  # lazy: scipy costs 0.8 s to import
 
     x, y = [math.log(s) for s in sizes], [math.log(r) for r in rates]
     if len(set(y)) < 2:
         return True
     fit = stats.linregress(x, y)
+    if strict is not None:
+        return bool(abs(fit.slope) <= strict)
     reach = t_quantile(0.975, len(x) - 2) * fit.stderr if len(x) > 2 else math.inf
     return bool(abs(fit.slope) <= REGIME_TREND or abs(fit.slope) <= reach)
 
 
 def settled_sizes(
-    sizes: Sequence[int], rates: Sequence[float], band: float = REGIME_BAND
+    sizes: Sequence[int],
+    rates: Sequence[float],
+    band: float = REGIME_BAND,
+    strict: float | None = None,
 ) -> list[int]:
     """The regime where time grows as the work, smallest first: the longest run of sizes at
-    the top of ``sizes`` whose rates stay within ``band`` with no trend (``trendless``); []
+    the top of ``sizes`` whose rates stay within ``band`` with no trend (``trendless``, with
+    ``strict``: the slope itself within it); []
     when no run of ``REGIME_SIZES`` sizes does. A size with several rates (several cases)
     reads their median; sizes without a finite positive rate are left out."""
     by_size: dict[int, list[float]] = {}
@@ -73,7 +87,7 @@ def settled_sizes(
         top.append((size, middle))
     for length in range(len(top), REGIME_SIZES - 1, -1):
         window = top[:length]
-        if trendless([s for s, _ in window], [r for _, r in window]):
+        if trendless([s for s, _ in window], [r for _, r in window], strict):
             return sorted(s for s, _ in window)
     return []
 

@@ -416,13 +416,37 @@ def test_a_line_stops_where_its_first_rounds_settle_within_the_narrower_band() -
     one = build_grid({"layers": "conv", "d": [64], "n": "auto:64..8192", "device": "cpu",
                       "auto_budget": 1000})  # fmt: skip
     plan = AutoPlan(one)
-    # the rate swings 18% with no trend up to 512, then holds within 10%
-    rate = {64: 1.18, 128: 1.0, 256: 1.18, 512: 1.0, 1024: 1.1, 2048: 1.1, 4096: 1.1, 8192: 1.1}
+    # the rate swings 18% with no trend up to 512, then holds within 5%
+    rate = {64: 1.18, 128: 1.0, 256: 1.18, 512: 1.0, 1024: 1.05, 2048: 1.05, 4096: 1.05,
+            8192: 1.05}  # fmt: skip
     times = {n: 1e-4 * (n / 64) / rate[n] for n in rate}
     ran = run_line(plan, times)
     sizes = [64, 128, 256, 512]
     assert settled_sizes(sizes, [rate[n] for n in sizes]) == sizes  # a fit reads them settled
     assert ran == [64, 128, 256, 512, 1024, 2048, 4096]  # --n auto: 512..4096, within 15%
+    assert plan.line(one.cases()[0]).stopped is Stopped.REGIME
+
+
+def test_a_line_whose_first_rounds_rise_goes_on_though_their_slope_is_uncertain() -> None:
+    """First rounds within 15% whose rate rises 0.045 a doubling, with scatter: 0 is inside
+    the slope's interval over four lengths, so their fit alone reads them settled, but final
+    times narrow the interval and read the trend (attention-linear's first rounds, 0.060, and
+    its final times, 0.068, on 2026-11-30). --n auto goes on until the slope itself is within
+    AUTO_TREND."""
+    from attnbench.regime import AUTO_TREND, REGIME_TREND, settled_sizes, trendless
+
+    assert AUTO_TREND < REGIME_TREND
+    one = build_grid({"layers": "conv", "d": [64], "n": "auto:64..16384", "device": "cpu",
+                      "auto_budget": 1000})  # fmt: skip
+    plan = AutoPlan(one)
+    rate = {64: 1.0, 128: 1.12, 256: 1.03, 512: 1.14, 1024: 1.17, 2048: 1.16, 4096: 1.17,
+            8192: 1.17}  # fmt: skip
+    first = [64, 128, 256, 512]
+    assert trendless(first, [rate[n] for n in first])  # 0 inside its interval
+    assert not trendless(first, [rate[n] for n in first], AUTO_TREND)  # slope 0.045
+    assert settled_sizes(first, [rate[n] for n in first], 0.15) == first
+    ran = run_line(plan, {n: 1e-4 * (n / 64) / rate[n] for n in rate})
+    assert ran == [64, 128, 256, 512, 1024]  # 128..1024: slope 0.034
     assert plan.line(one.cases()[0]).stopped is Stopped.REGIME
 
 

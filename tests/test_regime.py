@@ -28,6 +28,10 @@ def test_a_rate_that_drifts_steadily_has_a_trend_and_scatter_alone_does_not() ->
     assert trendless(NS[:4], [10.0, 11.0, 9.9, 10.8])  # up and down: 0 inside the interval
     assert trendless(NS[:4], [10.0, 10.1, 10.2, 10.3])  # a slope under REGIME_TREND
     assert trendless(NS[:4], [5.0] * 4)
+    # strict: the slope itself, whatever its interval (--n auto's few first rounds)
+    assert not trendless(NS[:4], [10.0, 11.0, 9.9, 11.4], strict=0.04)  # slope 0.042
+    assert trendless(NS[:4], [10.0, 11.0, 9.9, 11.4])
+    assert trendless(NS[:4], [10.0, 10.1, 10.2, 10.3], strict=0.04)
 
 
 def test_the_regime_is_the_longest_trendless_run_within_the_band_at_the_top() -> None:

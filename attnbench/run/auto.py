@@ -20,7 +20,7 @@ import torch
 
 from attnbench.devices import DTYPES, available_bytes, device_kind
 from attnbench.measure.record import CaseResult
-from attnbench.regime import AUTO_BAND, REGIME_SIZES, settled_sizes
+from attnbench.regime import AUTO_BAND, AUTO_TREND, REGIME_SIZES, settled_sizes
 from attnbench.results.record import Stopped
 from attnbench.run.rounds import cost_of
 from attnbench.schema import Status
@@ -177,7 +177,7 @@ class AutoPlan:
         line.points = sorted([*line.points, point], key=lambda p: p.n)
         line.at_n = line.points[-1].n
         rates = [p.rate for p in line.points]  # first rounds': AUTO_BAND leaves them room
-        settled = settled_sizes([p.n for p in line.points], rates, AUTO_BAND)
+        settled = settled_sizes([p.n for p in line.points], rates, AUTO_BAND, AUTO_TREND)
         if settled and settled[-1] == line.at_n:
             line.stopped = Stopped.REGIME
             line.why = (
@@ -363,7 +363,8 @@ class AutoPlan:
         return {
             "rule": (
                 f"n doubles from {self.grid.ns[0]} until the rate (counted work per second) "
-                f"stays within {AUTO_BAND:.0%} over {REGIME_SIZES} lengths (its first rounds'), "
+                f"stays within {AUTO_BAND:.0%}, its slope within {AUTO_TREND:g} of 0, over "
+                f"{REGIME_SIZES} lengths (its first rounds'), "
                 f"or the next "
                 f"case would take over {self.max_call_s:g} s a call, need over "
                 f"{MEMORY_SHARE:.0%} of the free memory, or overrun its share of "
