@@ -250,6 +250,29 @@ def test_save_writes_each_format_and_is_reproducible(wide_run, tmp_path):
     assert [p.read_bytes() for p in paths] == [p.read_bytes() for p in again]
 
 
+def test_a_saved_chart_is_laid_out_once_and_drawn_once_a_format(tmp_path, monkeypatch):
+    """The layout is solved once, and each format draws the figure once: savefig draws it a
+    second time, rendering nothing, wherever a layout engine is left on it (a fifth of what a
+    sweep's charts took)."""
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    figure, axes = style.panels(2, "two panels")
+    for ax in axes:
+        ax.plot([1, 2, 3], [1, 4, 9], label="a line")
+    drawn, solved = [], []
+    real_draw, real_solve = Figure.draw, ConstrainedLayoutEngine.execute
+    monkeypatch.setattr(Figure, "draw", lambda self, r: (drawn.append(1), real_draw(self, r))[1])
+    monkeypatch.setattr(
+        ConstrainedLayoutEngine,
+        "execute",
+        lambda self, f: (solved.append(1), real_solve(self, f))[1],
+    )
+    paths = save_charts({"two": figure}, tmp_path, ["png", "svg"])
+    assert [p.name for p in paths] == ["two.png", "two.svg"]
+    assert (len(solved), len(drawn)) == (1, 2)
+    assert figure.get_layout_engine() is None
+
+
 def test_parse_options():
     assert parse_charts(None) == list(CHARTS)
     assert parse_charts("time, memory") == ["time", "memory"]
