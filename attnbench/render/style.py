@@ -248,7 +248,19 @@ def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> None:
         ns = np.array([n0, min(n1, reach)])
         ys = np.minimum(t0 * (ns / n0) ** power, top)  # the root's rounding must not overshoot
         ax.plot(ns, ys, color="0.6", lw=0.8, ls="-.", label=f"_{name}", zorder=0)
-        ax.annotate(name, (ns[-1], ys[-1]), fontsize=8, color="0.45", ha="right", va="bottom")
+        # a guide that ends at the panel's longest time is labelled under its end, inside
+        # the panel: above it, the label sat on the panel's top edge
+        under = ys[-1] >= top
+        ax.annotate(
+            name,
+            (ns[-1], ys[-1]),
+            xytext=(-3, -1) if under else (0, 0),
+            textcoords="offset points",
+            fontsize=8,
+            color="0.45",
+            ha="right",
+            va="top" if under else "bottom",
+        )
 
 
 ONE_LINE_KEYS_W = 8.0  # inches: the time chart's two keys on one line need about 7
