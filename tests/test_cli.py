@@ -581,3 +581,27 @@ def test_a_decode_sweep_of_layers_without_a_step_is_a_stated_skip_and_exits_0(
     result = runner.invoke(app, [*args, "--no-charts", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "has no decode step" in result.output and "no case measured" not in result.output
+
+
+def test_a_table_under_the_chapters_headers_folds_cells_too() -> None:
+    """The chapter's table (headers given) kept each column on one line and cut what did not
+    fit at 120 columns: a wide run's table read 'attention-linea', 'O(k n d^2 log_k n' and
+    'd^-1.0' (for d^-1.07). Its cells fold now, as every other table's."""
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from attnbench.cli.render import frame_table
+    from attnbench.table import HEADERS
+
+    cells = ["attention-linear", "O(k n d^2 log_k n)", "n^0.79 (unsettled) d^-1.07", "O(log_k n)",
+             "n^0.15", "O(log_k n)", "n^0.15"]  # fmt: skip
+    frame = pd.DataFrame([cells])
+    buffer = io.StringIO()
+    frame_table(frame, Console(file=buffer, width=110, color_system=None), headers=HEADERS)
+    text = buffer.getvalue()
+    assert max(map(len, text.splitlines())) <= 110 and "…" not in text
+    rows = [line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│")]
+    column = ["".join(row[i] for row in rows).replace(" ", "") for i in range(len(cells))]
+    assert column == [cell.replace(" ", "") for cell in cells]  # each cell whole, unfolded
