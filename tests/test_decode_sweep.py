@@ -652,3 +652,10 @@ def test_a_compiled_check_is_held_to_the_dtype_and_an_eager_fallback_is_not_coun
         "eager: those times are the eager layer's"
     )
     assert compile_notes(frame.drop(index=1)) == []
+    # a compiled call that took one of torch's fused kernels times that kernel: said so
+    path = "_transformer_encoder_layer_fwd (nn.TransformerEncoderLayer fast path)"
+    fused = frame.drop(index=1).assign(compiled=["default"], fused_path=[path], layer=["tel"])
+    (ran,) = compile_notes(fused)
+    assert ran.startswith(f"1 compiled case(s) ran a fused kernel of torch's (tel: {path}): ")
+    assert compile_notes(fused.assign(compiled=[None])) == []  # eager: nothing to say
+    assert compile_notes(fused.assign(fused_path=[None])) == []

@@ -57,8 +57,33 @@ def correctness_notes(frame: pd.DataFrame) -> list[str]:
 
 
 def compile_notes(frame: pd.DataFrame) -> list[str]:
-    """Compiled cases whose graph broke, and those that compiled no graph at all: they ran
-    eager, so their time is the eager layer's."""
+    """Compiled cases whose graph broke, those that compiled no graph at all (they ran eager,
+    so their time is the eager layer's), and those whose call took a fused path."""
+    return [*_broken_graphs(frame), *_fused_when_compiled(frame)]
+
+
+def _fused_when_compiled(frame: pd.DataFrame) -> list[str]:
+    """Compiled cases whose timed call ran one of torch's fused kernels (``fused_path``):
+    inductor calls such an op as it is, so the case times that kernel, not code it generated
+    (an ``nn.TransformerEncoderLayer`` in eval mode compiled to its fast path's one op, and its
+    output matched the eager layer's to the bit)."""
+    if "fused_path" not in frame.columns or "compiled" not in frame.columns:
+        return []
+    compiled = frame["compiled"].fillna("").astype(str).str.len() > 0
+    fused = frame["fused_path"].fillna("").astype(str)
+    taken = frame[compiled & (fused.str.len() > 0)]
+    if not len(taken):
+        return []
+    paths = dict.fromkeys(f"{layer}: {fused[i]}" for i, layer in taken["layer"].items())
+    return [
+        f"{len(taken)} compiled case(s) ran a fused kernel of torch's ({'; '.join(paths)}): "
+        "inductor calls it as it is, so their time is that kernel's (with the compiled "
+        "call's own overhead), not code inductor generated"
+    ]
+
+
+def _broken_graphs(frame: pd.DataFrame) -> list[str]:
+    """Compiled cases whose graph broke, and those that compiled no graph at all."""
     graphs = numeric_column(frame, "compile_graphs")
     breaks = numeric_column(frame, "compile_breaks")
     broke = frame[(breaks > 0) | (graphs == 0)]
