@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.fits import Analysis, analyse
-from attnbench.fits.exponents import SETTLED_RULE
+from attnbench.fits.exponents import SETTLED_RULE, counted_work
 from attnbench.measure.counts.structure import NO_MIXING
 from attnbench.provenance import Source, sources
 from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES, overhead_bound
@@ -263,6 +263,19 @@ def _left_out(run: RunResults, layer: str, count: int) -> str:
     return " and ".join(parts) + " left out"
 
 
+def _past_plateau(run: RunResults, layer: str, d: int, top: int) -> str:
+    """Where a line was measured past the plateau its time was fitted on: how far its rate
+    moved by its largest length ("" where the plateau is the top)."""
+    rows = run.measured
+    rows = rows[(rows["layer"] == layer) & (rows["d"] == d)]
+    rate = (counted_work(rows) / numeric_column(rows, "time_s")).groupby(rows["n"]).median()
+    if rate.empty or int(rate.index.max()) <= top or top not in rate.index:
+        return ""
+    last = int(rate.index.max())
+    ratio = float(rate[last] / rate[top])
+    return f"; past it, to n={last}, its rate did not settle again (it ends at {ratio:.2f}x)"
+
+
 def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
     """What the exponents were fitted on, and what was left out."""
     notes = []
@@ -284,6 +297,8 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             parts.append(
                 f"{law} fitted at n={row.time_fit_n[0]}..{row.time_fit_n[1]}, "
                 f"d={int(row.time_fit_d_at)}{regime}"
+                + _past_plateau(run, str(row.layer), int(row.time_fit_d_at), row.time_fit_n[1])
+                * (row.time_fit_rule == SETTLED_RULE)
             )
         if row.overhead_bound_n:
             # settled and overhead-bound at once: the overhead grows as the work (a recurrent

@@ -310,7 +310,7 @@ def test_ab_refuses_auto_lengths() -> None:
 
 
 def test_the_summary_names_the_lines_an_auto_sweep_stopped_short_of_their_regime() -> None:
-    from attnbench.cli.summary import auto_note
+    from attnbench.cli.reach import auto_note
     from attnbench.results.record import AutoLine, RunRecord
 
     def line(layer: str, stopped: Stopped | None, at_n: int, d: int = 64) -> AutoLine:
@@ -370,7 +370,7 @@ def test_an_interrupted_auto_sweep_records_how_far_its_lines_got(tmp_path: Path)
     lines = load_results(tmp_path / "auto").record.auto
     assert {line.layer for line in lines} == {"conv", "ssm"}
     assert any(line.stopped is None for line in lines)
-    from attnbench.cli.summary import auto_note
+    from attnbench.cli.reach import auto_note
 
     assert "had not stopped (the run is unfinished)" in auto_note(lines)
 
@@ -380,7 +380,7 @@ def test_a_line_stopped_in_its_regime_whose_final_times_moved_off_it_is_named() 
     final rates no longer settle, the note says so, as ``attnbench table`` will."""
     import pandas as pd
 
-    from attnbench.cli.summary import auto_note, moved_off_regime
+    from attnbench.cli.reach import auto_note, moved_off_regime
     from attnbench.results.record import AutoLine
 
     ns = [256, 512, 1024, 2048]
@@ -505,3 +505,37 @@ def test_a_line_whose_chance_was_taken_is_not_reopened_on_resume() -> None:
         again = AutoPlan(two)
         again.restore(rows, record, 6.0)  # the rows cost less now: budget would be left
         assert again.reopen(conv[3:]) == []
+
+
+def test_a_line_stopped_short_whose_final_times_settled_lower_down_is_named() -> None:
+    """A line can pass a plateau and fall off it at longer lengths (attention-linear's
+    rate held over n = 512..4096 and fell to 0.73x by 32768): the budget stops it short of a
+    regime at the top, and attnbench table fits it on the plateau. The note says which."""
+    import pandas as pd
+
+    from attnbench.cli.reach import auto_note, settled_below
+    from attnbench.results.record import AutoLine
+
+    ns = [256, 512, 1024, 2048, 4096, 8192, 16384]
+    rate = [40.0, 55.0, 60.0, 59.0, 59.0, 49.0, 45.0]  # G a second: a plateau, then a fall
+    rising = [20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0]  # never settles
+    work = [float(n) * 1e6 for n in ns]
+    rows = pd.DataFrame({
+        "layer": ["attention-linear"] * 7 + ["attention"] * 7, "d": [64] * 14, "n": ns * 2,
+        "flops": work * 2, "elementwise": [0.0] * 14,
+        "time_s": [w / (r * 1e9) for w, r in zip(work * 2, rate + rising, strict=True)],
+    })  # fmt: skip
+    lines = (
+        AutoLine("conv", 64, Stopped.REGIME, 4096, ""),
+        AutoLine("attention-linear", 64, Stopped.BUDGET, 16384, ""),
+        AutoLine("attention", 64, Stopped.BUDGET, 16384, ""),
+    )
+    assert settled_below(lines, rows) == ["attention-linear"]
+    note = auto_note(lines, [], settled_below(lines, rows))
+    assert "2 stopped short of it at the top: attention-linear at n=16384, attention at" in note
+    assert note.endswith(
+        "; attention-linear settled lower down, on a plateau its rate then fell from (attnbench "
+        "table fits it there); the other reads below its regime (attnbench table marks it "
+        "unsettled)"
+    )
+    assert "so what they measured is read below it" in auto_note(lines)  # none settled below

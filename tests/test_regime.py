@@ -41,6 +41,19 @@ def test_the_regime_is_the_longest_trendless_run_within_the_band_at_the_top() ->
     assert len(settled_sizes(NS, [5.0] * 6)) == len(NS)  # flat from the first size
 
 
+def test_a_plateau_the_rate_falls_from_is_the_regime() -> None:
+    """Past a plateau a rate may fall at longer lengths (conv on this project's
+    CPU: within 20% over n = 1024..8192, 0.53x of it by 131072): the regime is the plateau,
+    the largest sizes where the rate settled, not none."""
+    sizes = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+    rates = [70.0, 96.0, 118.0, 133.0, 140.0, 131.0, 113.0, 90.0]
+    assert settled_sizes(sizes, rates) == [1024, 2048, 4096, 8192]
+    # of two plateaus, the upper one
+    two = [10.0, 10.2, 10.1, 10.3, 20.0, 20.4, 20.2, 20.1]
+    assert settled_sizes(sizes, two) == [4096, 8192, 16384, 32768]
+    assert settled_sizes(sizes, [*two[:6], 40.0, 80.0]) == [256, 512, 1024, 2048]
+
+
 def test_the_regime_reads_a_sizes_median_and_leaves_out_missing_rates() -> None:
     sizes = [256, 256, 256, 512, 1024, 2048, 4096]
     rates = [10.0, 30.0, 10.5, 10.2, math.nan, 9.9, 10.1]  # 256: median 10.5; 1024: none

@@ -292,3 +292,21 @@ def test_a_rate_still_climbing_reads_unsettled_and_a_settled_one_plain() -> None
     # a Python loop: overhead-bound at every length, yet its time grows as its work
     assert table.loc["conv", "compute (measured)"] == "n^1.00"
     assert table.loc["conv", "time_agrees_n"]
+
+
+def test_a_line_that_fell_off_a_plateau_is_fitted_on_it_and_says_how_far_it_fell() -> None:
+    """Past a plateau a rate can fall at longer lengths: read at its top lengths
+    alone, this line had no regime and was marked unsettled. It is fitted on the plateau,
+    n^1.00, and the note says how far the rate fell past it."""
+    ns = [64, 128, 256, 512, 1024]
+    rate = [100.0, 101.0, 99.0, 100.0, 60.0]  # a plateau over 64..512, then 0.6x
+    run = _line([1e6 * n / (r * 1e9) for n, r in zip(ns, rate, strict=True)], [0.9] * 5)
+    table = comparison_table(run)
+    assert table.loc[0, "compute (measured)"] == "n^1.00"
+    assert table.loc[0, "time_fit_n"] == [64, 512] and table.loc[0, "time_settled_n"]
+    (note,) = [n for n in fit_notes(table, run) if n.startswith("conv:")]
+    assert "fitted at n=64..512, d=64 (where its rate settled); past it, to n=1024, its " \
+        "rate did not settle again (it ends at 0.60x)" in note  # fmt: skip
+    steady = _line([1e-8 * n for n in ns], [0.9] * 5)  # settled at the top: no such words
+    (plain,) = [n for n in fit_notes(comparison_table(steady), steady) if n.startswith("conv:")]
+    assert "past it" not in plain

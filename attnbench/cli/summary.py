@@ -5,7 +5,6 @@ paths, counts that differ from their formulas, page faults, load)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -14,16 +13,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnbench.cli.correctness import compile_notes, correctness_notes
+from attnbench.cli.reach import auto_note, moved_off_regime, settled_below
 from attnbench.cli.reruns import moved_note, sweeps_note, wide_between_sweeps
 from attnbench.estimators import IMPRECISE_REL_CI, QUIET_FACTOR, processes_for, rel_ci
-from attnbench.fits.exponents import counted_work, settled_line
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.timing.contention import busy_cores
 from attnbench.measure.timing.faults import FAULT_SHARE
 from attnbench.measure.timing.loop import is_imprecise
 from attnbench.provenance import Provenance, Source, sources
-from attnbench.regime import REGIME_BAND, REGIME_SIZES
-from attnbench.results.record import AutoLine, Stopped
 from attnbench.results.run import BUSY_NOTE, LOAD_SLACK, RunResults
 from attnbench.schema import (
     STATUSES,
@@ -189,7 +186,8 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
     _count_notes(run.frame, console)
     for note in [*correctness_notes(run.frame), *compile_notes(run.frame)]:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    reach = auto_note(run.record.auto, moved_off_regime(run.record.auto, run.measured))
+    lines, measured = run.record.auto, run.measured
+    reach = auto_note(lines, moved_off_regime(lines, measured), settled_below(lines, measured))
     if reach:
         console.print(f"[yellow]note:[/] {escape(reach)}", soft_wrap=True)
     for note in fault_notes(run):
@@ -206,80 +204,6 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             f"attnbench sweep --resume {run.path}",
             soft_wrap=True,
         )
-
-
-# What stopped an auto sweep's line short of its regime, and what takes it further: each
-# with "them" for the lines so stopped ("it" where one was).
-_SHORT: dict[Stopped, tuple[str, str]] = {
-    Stopped.BUDGET: ("on {their} share of the budget", "a larger --auto-budget takes {them} on"),
-    Stopped.TIME: ("on the per-call limit", "a larger --max-case-seconds takes {them} on"),
-    Stopped.MEMORY: ("on the free memory", ""),
-    Stopped.LONGEST: ("at the ladder's last length", "a longer --n auto ladder takes {them} on"),
-    Stopped.FAILED: ("on a failed case", ""),
-}
-
-
-def moved_off_regime(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> list[str]:
-    """The auto lines that stopped on reaching their regime, read on their cases' first
-    rounds, whose rate no longer reads settled on their final times (``measured``: a case's
-    later rounds move its time): what ``attnbench table`` marks unsettled."""
-    lines = [line for line in auto if line.stopped is Stopped.REGIME]
-    if not lines:
-        return []
-    widths = len({line.d for line in auto}) > 1
-    frame = measured[numeric_column(measured, "time_s") > 0]
-    work = counted_work(frame)
-    moved = []
-    for line in lines:
-        rows = frame[(frame["layer"] == line.layer) & (frame["d"] == line.d)]
-        if settled_line(rows, "n", work) is None:  # the table's own reading of the line
-            moved.append(f"{line.layer}{f' d={line.d}' if widths else ''}")
-    return moved
-
-
-def auto_note(lines: tuple[AutoLine, ...], moved: Sequence[str] = ()) -> str:
-    """How far an auto sweep's lines got: how many reached their regime, and what stopped the
-    others before it, by name; "" for a fixed grid. A line stopped short reads its exponent
-    below the regime, which the chapter's table is about: the reader must know which. A line
-    is stopped on its cases' first rounds: those ``moved`` off their regime on their final
-    times are named."""
-    if not lines:
-        return ""
-    widths = len({line.d for line in lines}) > 1
-    settled = sum(line.stopped is Stopped.REGIME for line in lines)
-    rule = f"counted work per second settled over {REGIME_SIZES} lengths on their first rounds"
-    if moved:
-        rule += (
-            f"; on their final times {len(moved)} of them no longer read settled, within "
-            f"{REGIME_BAND:.0%} ({', '.join(moved)}: attnbench table marks them unsettled)"
-        )
-    if settled == len(lines):
-        return f"--n auto: all {len(lines)} lines reached their regime ({rule})"
-    parts = []
-    for stop, (how, further) in _SHORT.items():
-        short = [line for line in lines if line.stopped is stop]
-        if not short:
-            continue
-        named = ", ".join(
-            f"{line.layer}{f' d={line.d}' if widths else ''} "
-            + (f"at n={line.at_n}" if line.at_n is not None else "before its first length")
-            for line in short
-        )
-        words = {"their": "its", "them": "it"} if len(short) == 1 else {}
-        words = {"their": "their", "them": "them", **words}
-        part = f"{named} {how.format(**words)}"
-        parts.append(part + (f" ({further.format(**words)})" if further else ""))
-    going = sum(line.stopped is None for line in lines)
-    stopped = len(lines) - settled - going
-    head = f"--n auto: {settled} of {len(lines)} lines reached their regime ({rule})"
-    if going:
-        head += f", {going} had not stopped (the run is unfinished)"
-    if not stopped:
-        return head
-    return (
-        f"{head}; {stopped} stopped short of it, so what they measured is read below it "
-        f"(attnbench table marks a rate still moving unsettled): {'; '.join(parts)}"
-    )
 
 
 # How many layers' reasons the note on unmeasured cases lists (results.csv has every case's).

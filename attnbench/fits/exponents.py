@@ -262,13 +262,13 @@ def split_time(line: pd.DataFrame, along: str, work: pd.Series | None) -> dict[s
 
 
 # The range rule of a time line fitted where its rate settled (``attnbench.regime``).
-SETTLED_RULE = f"sizes where the rate settled (within {REGIME_BAND:.0%} over the largest)"
+SETTLED_RULE = f"the largest sizes where the rate settled (within {REGIME_BAND:.0%})"
 
 
 def settled_line(line: pd.DataFrame, along: str, work: pd.Series) -> pd.DataFrame | None:
     """The rows of a time line where its rate (counted work per second) settled: its longest
-    run of sizes at the top within the regime's band (``regime.settled_sizes``); None with
-    too few such sizes."""
+    run of sizes within the regime's band, the largest such (``regime.settled_sizes``); None
+    with too few such sizes."""
     rate = work.reindex(line.index).astype(float) / line["time_s"].astype(float)
     sizes = settled_sizes(line[along].tolist(), rate.tolist())
     return line[line[along].isin(sizes)] if sizes else None
@@ -343,9 +343,10 @@ def exponent_table(
 ) -> pd.DataFrame:
     """Log-log exponents of each metric along n (for each d) and along d (for each n).
 
-    A time line whose rate settled over at least ``regime.REGIME_SIZES`` sizes at the top is
-    fitted there alone (``settled_line``): the regime where the time is the work's, not the
-    machine's fixed costs or a rate still changing with size.
+    A time line whose rate settled over at least ``regime.REGIME_SIZES`` sizes (the largest
+    such, below any fall past a cache) is fitted there alone (``settled_line``): the regime
+    where the time is the work's, not the machine's fixed costs or a rate still changing with
+    size.
 
     Exact counts use every size. Any other time line uses the sizes where the layer's own
     fitted cost model says the constant overhead is under half the time (``fits``; upper half
