@@ -2,12 +2,12 @@
 
 Below them a time is the machine's fixed costs (Python, dispatch, launches) or a rate still
 changing with size (caches filling, another backend taking over), and its growth says nothing
-of the chapter's order. Above them a rate may fall again (operands outgrowing a cache do
-that): on this project's CPU conv's rate held within 20% over n = 1024..8192 and fell to 0.53x
-by 131072, attention-linear's held over 512..4096 and fell to 0.73x by 32768. The regime is
-then the plateau below the fall, the largest sizes where the rate settled. One rule, read by
-the auto sweep (double n until it holds at the top) and by the fits (fit the time's exponent
-where it holds).
+of the chapter's order. Above them a rate may fall again: on this project's CPU conv's rate
+held within 20% over n = 1024..8192 and fell to 0.53x by 131072, attention-linear's held over
+512..4096 and fell to 0.73x by 32768 (operands outgrowing a cache would do that; not measured
+here). The regime is then the plateau below the fall, the largest sizes where the rate settled;
+never a plateau the rate climbs on from. One rule, read by the auto sweep (double n until it
+holds at the top) and by the fits (fit the time's exponent where it holds).
 """
 
 from __future__ import annotations
@@ -76,16 +76,19 @@ def settled_sizes(
 ) -> list[int]:
     """The regime where time grows as the work, smallest first: the longest run of sizes
     whose rates stay within ``band`` with no trend (``trendless``, with ``strict``: the slope
-    itself within it), starting from the largest size that starts one (the top, unless the rate
-    fell past a plateau); []
-    when no run of ``REGIME_SIZES`` sizes does. A size with several rates (several cases)
-    reads their median; sizes without a finite positive rate are left out."""
+    itself within it), at the top of ``sizes``, or lower down where every rate above it fell
+    below the run's (a plateau the rate fell from, not one it climbed on from); [] when no run
+    of ``REGIME_SIZES`` sizes does. A size with several rates (several cases) reads their
+    median; sizes without a finite positive rate are left out."""
     by_size: dict[int, list[float]] = {}
     for size, rate in zip(sizes, rates, strict=True):
         if rate is not None and math.isfinite(rate) and rate > 0:
             by_size.setdefault(int(size), []).append(float(rate))
     points = [(size, statistics.median(by_size[size])) for size in sorted(by_size, reverse=True)]
     for start in range(len(points) - REGIME_SIZES + 1):  # from the top down
+        above = [r for _, r in points[:start]]
+        if above and max(above) >= points[start][1]:
+            continue  # the rate did not fall past here: a rise or a dip, not the plateau's end
         run: list[tuple[int, float]] = []  # the run within the band, largest size first
         for size, middle in points[start:]:
             if not within_band([r for _, r in run] + [middle], band):
@@ -93,7 +96,8 @@ def settled_sizes(
             run.append((size, middle))
         for length in range(len(run), REGIME_SIZES - 1, -1):
             window = run[:length]
-            if trendless([s for s, _ in window], [r for _, r in window], strict):
+            fell = not above or max(above) < min(r for _, r in window)
+            if fell and trendless([s for s, _ in window], [r for _, r in window], strict):
                 return sorted(s for s, _ in window)
     return []
 

@@ -269,11 +269,15 @@ def _past_plateau(run: RunResults, layer: str, d: int, top: int) -> str:
     rows = run.measured
     rows = rows[(rows["layer"] == layer) & (rows["d"] == d)]
     rate = (counted_work(rows) / numeric_column(rows, "time_s")).groupby(rows["n"]).median()
+    rate = rate.dropna()
     if rate.empty or int(rate.index.max()) <= top or top not in rate.index:
         return ""
     last = int(rate.index.max())
     ratio = float(rate[last] / rate[top])
-    return f"; past it, to n={last}, its rate did not settle again (it ends at {ratio:.2f}x)"
+    return (
+        f"; past it, to n={last}, its rate did not settle again (it ends at {ratio:.2f}x its "
+        f"rate at n={top})"
+    )
 
 
 def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
@@ -297,9 +301,11 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             parts.append(
                 f"{law} fitted at n={row.time_fit_n[0]}..{row.time_fit_n[1]}, "
                 f"d={int(row.time_fit_d_at)}{regime}"
-                + _past_plateau(run, str(row.layer), int(row.time_fit_d_at), row.time_fit_n[1])
-                * (row.time_fit_rule == SETTLED_RULE)
             )
+            if row.time_fit_rule == SETTLED_RULE:
+                parts[-1] += _past_plateau(
+                    run, str(row.layer), int(row.time_fit_d_at), row.time_fit_n[1]
+                )
         if row.overhead_bound_n:
             # settled and overhead-bound at once: the overhead grows as the work (a recurrent
             # layer issues its ops step by step), which a new user read as a contradiction

@@ -380,7 +380,7 @@ def test_a_line_stopped_in_its_regime_whose_final_times_moved_off_it_is_named() 
     final rates no longer settle, the note says so, as ``attnbench table`` will."""
     import pandas as pd
 
-    from attnbench.cli.reach import auto_note, moved_off_regime
+    from attnbench.cli.reach import Reading, auto_note, final_readings
     from attnbench.results.record import AutoLine
 
     ns = [256, 512, 1024, 2048]
@@ -395,15 +395,16 @@ def test_a_line_stopped_in_its_regime_whose_final_times_moved_off_it_is_named() 
         AutoLine("conv", 64, Stopped.REGIME, 2048, ""),
         AutoLine("rnn", 64, Stopped.REGIME, 2048, ""),
     )
-    assert moved_off_regime(lines, rows) == ["rnn"]
-    note = auto_note(lines, ["rnn"])
+    read = final_readings(lines, rows)
+    assert read == {"conv": Reading.TOP, "rnn": Reading.NONE}
+    note = auto_note(lines, read)
     assert note.startswith("--n auto: all 2 lines reached their regime (counted work per second")
     assert (
         "settled over 4 lengths on their first rounds; on their final times 1 of them no "
         "longer read settled, within 20% (rnn: attnbench table marks them unsettled)"
     ) in note
     rows.loc[7, "time_s"] = steady[3]
-    assert moved_off_regime(lines, rows) == []
+    assert set(final_readings(lines, rows).values()) == {Reading.TOP}
 
 
 def test_a_line_stops_where_its_first_rounds_settle_within_the_narrower_band() -> None:
@@ -507,35 +508,46 @@ def test_a_line_whose_chance_was_taken_is_not_reopened_on_resume() -> None:
         assert again.reopen(conv[3:]) == []
 
 
-def test_a_line_stopped_short_whose_final_times_settled_lower_down_is_named() -> None:
+def test_a_line_stopped_short_whose_final_times_settled_is_named_with_where() -> None:
     """A line can pass a plateau and fall off it at longer lengths (attention-linear's
     rate held over n = 512..4096 and fell to 0.73x by 32768): the budget stops it short of a
-    regime at the top, and attnbench table fits it on the plateau. The note says which."""
+    regime at the top, and attnbench table fits it on the plateau. Another's final times can
+    settle at its last lengths, which its first rounds did not. The note says which is which,
+    and a line whose rate climbed on past a plateau is not read settled there."""
     import pandas as pd
 
-    from attnbench.cli.reach import auto_note, settled_below
+    from attnbench.cli.reach import Reading, auto_note, final_readings
     from attnbench.results.record import AutoLine
 
     ns = [256, 512, 1024, 2048, 4096, 8192, 16384]
-    rate = [40.0, 55.0, 60.0, 59.0, 59.0, 49.0, 45.0]  # G a second: a plateau, then a fall
-    rising = [20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0]  # never settles
+    rates = {
+        "attention-linear": [40.0, 55.0, 60.0, 59.0, 59.0, 49.0, 45.0],  # a plateau, a fall
+        "attention": [20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0],  # never settles
+        "ssm": [20.0, 30.0, 40.0, 41.0, 40.0, 41.0, 40.0],  # settled at the top at last
+        "lstm": [50.0, 51.0, 50.0, 51.0, 70.0, 90.0, 120.0],  # a plateau it climbed on from
+    }
     work = [float(n) * 1e6 for n in ns]
-    rows = pd.DataFrame({
-        "layer": ["attention-linear"] * 7 + ["attention"] * 7, "d": [64] * 14, "n": ns * 2,
-        "flops": work * 2, "elementwise": [0.0] * 14,
-        "time_s": [w / (r * 1e9) for w, r in zip(work * 2, rate + rising, strict=True)],
-    })  # fmt: skip
+    rows = pd.DataFrame([
+        {"layer": layer, "d": 64, "n": n, "flops": w, "elementwise": 0.0, "time_s": w / (r * 1e9)}
+        for layer, line in rates.items() for n, w, r in zip(ns, work, line, strict=True)
+    ])  # fmt: skip
     lines = (
         AutoLine("conv", 64, Stopped.REGIME, 4096, ""),
-        AutoLine("attention-linear", 64, Stopped.BUDGET, 16384, ""),
-        AutoLine("attention", 64, Stopped.BUDGET, 16384, ""),
+        *(AutoLine(layer, 64, Stopped.BUDGET, 16384, "") for layer in rates),
     )
-    assert settled_below(lines, rows) == ["attention-linear"]
-    note = auto_note(lines, [], settled_below(lines, rows))
-    assert "2 stopped short of it at the top: attention-linear at n=16384, attention at" in note
+    read = final_readings(lines, rows)
+    assert {k: v for k, v in read.items() if k != "conv"} == {
+        "attention-linear": Reading.BELOW,
+        "attention": Reading.NONE,
+        "ssm": Reading.TOP,
+        "lstm": Reading.NONE,
+    }
+    note = auto_note(lines, read)
+    assert "4 stopped short of it at the top: attention-linear at n=16384, attention at" in note
     assert note.endswith(
         "; attention-linear settled lower down, on a plateau its rate then fell from (attnbench "
-        "table fits it there); the other reads below its regime (attnbench table marks it "
+        "table fits it there); ssm settled at its last lengths on its final times (attnbench "
+        "table fits it there); the others read below their regime (attnbench table marks them "
         "unsettled)"
     )
-    assert "so what they measured is read below it" in auto_note(lines)  # none settled below
+    assert "so what they measured is read below it" in auto_note(lines)  # nothing read

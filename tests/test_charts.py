@@ -252,7 +252,7 @@ def test_save_writes_each_format_and_is_reproducible(wide_run, tmp_path):
 
 def test_a_saved_chart_is_laid_out_once_and_drawn_once_a_format(tmp_path, monkeypatch):
     """The layout is solved once, and each format draws the figure once: savefig draws it a
-    second time, rendering nothing, wherever a layout engine is left on it (a fifth of what a
+    second time, rendering nothing, wherever a layout engine is left on it (a third of what a
     sweep's charts took)."""
     from matplotlib.layout_engine import ConstrainedLayoutEngine
 

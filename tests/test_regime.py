@@ -34,7 +34,7 @@ def test_a_rate_that_drifts_steadily_has_a_trend_and_scatter_alone_does_not() ->
     assert trendless(NS[:4], [10.0, 10.1, 10.2, 10.3], strict=0.04)
 
 
-def test_the_regime_is_the_longest_trendless_run_within_the_band_at_the_top() -> None:
+def test_the_regime_is_the_longest_trendless_run_within_the_band_from_the_top() -> None:
     rates = [1.0, 3.0, 8.0, 10.0, 10.4, 9.8, 10.1]
     assert settled_sizes([*NS, 4096], rates) == [512, 1024, 2048, 4096]
     assert settled_sizes(NS[:3] + NS[4:], [1.0, 3.0, 8.0, 10.4, 9.8]) == []  # 3 sizes only
@@ -51,7 +51,9 @@ def test_a_plateau_the_rate_falls_from_is_the_regime() -> None:
     # of two plateaus, the upper one
     two = [10.0, 10.2, 10.1, 10.3, 20.0, 20.4, 20.2, 20.1]
     assert settled_sizes(sizes, two) == [4096, 8192, 16384, 32768]
-    assert settled_sizes(sizes, [*two[:6], 40.0, 80.0]) == [256, 512, 1024, 2048]
+    # never a plateau the rate climbs on from, nor one below a dip back to its level
+    assert settled_sizes(sizes, [*two[:6], 40.0, 80.0]) == []
+    assert settled_sizes(sizes, [*rates[:6], 100.0, 135.0]) == []
 
 
 def test_the_regime_reads_a_sizes_median_and_leaves_out_missing_rates() -> None:

@@ -306,7 +306,11 @@ def test_a_line_that_fell_off_a_plateau_is_fitted_on_it_and_says_how_far_it_fell
     assert table.loc[0, "time_fit_n"] == [64, 512] and table.loc[0, "time_settled_n"]
     (note,) = [n for n in fit_notes(table, run) if n.startswith("conv:")]
     assert "fitted at n=64..512, d=64 (where its rate settled); past it, to n=1024, its " \
-        "rate did not settle again (it ends at 0.60x)" in note  # fmt: skip
+        "rate did not settle again (it ends at 0.60x its rate at n=512)" in note  # fmt: skip
+    uncounted = _line(run.frame["time_s"].tolist(), [0.9] * 5)
+    uncounted.frame.loc[4, "flops"] = float("nan")  # the last length's work not counted
+    (note,) = [n for n in fit_notes(comparison_table(uncounted), uncounted) if "conv:" in n]
+    assert "nan" not in note
     steady = _line([1e-8 * n for n in ns], [0.9] * 5)  # settled at the top: no such words
     (plain,) = [n for n in fit_notes(comparison_table(steady), steady) if n.startswith("conv:")]
     assert "past it" not in plain

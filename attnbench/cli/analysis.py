@@ -152,7 +152,7 @@ def _beside(first: RunResults, second: RunResults, markdown: bool, as_json: bool
         Streams.make().out,
         title=f"{second.path} ({names[1]}) beside {first.path} ({names[0]}); faster: "
         f"the {names[0]} time over the {names[1]} one, at each length both measured",
-    )  # no headers given: a narrow terminal folds the cells rather than cutting columns
+    )  # a narrow terminal folds the cells rather than cutting columns
 
 
 def plot(

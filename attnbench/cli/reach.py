@@ -3,7 +3,8 @@ stopped the others, and where ``attnbench table`` reads each on its final times.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Mapping
 
 import pandas as pd
 
@@ -23,59 +24,106 @@ _SHORT: dict[Stopped, tuple[str, str]] = {
 }
 
 
-def moved_off_regime(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> list[str]:
-    """The auto lines that stopped on reaching their regime, read on their cases' first
-    rounds, whose rate no longer reads settled on their final times (``measured``: a case's
-    later rounds move its time): what ``attnbench table`` marks unsettled."""
-    return _read_settled(auto, measured, {Stopped.REGIME}, settled=False)
+class Reading(enum.StrEnum):
+    """How ``attnbench table`` reads a line on its final times."""
+
+    TOP = "top"  # its rate settled at its last lengths
+    BELOW = "below"  # settled lower down, on a plateau the rate then fell from
+    NONE = "none"  # not settled: marked unsettled
 
 
-def settled_below(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> list[str]:
-    """The auto lines stopped short of their regime at the top (the budget, a limit) whose
-    final times settled lower down, on a plateau their rate fell from as they grew: what
-    ``attnbench table`` fits them on."""
-    short: set[Stopped] = {stop for stop in Stopped if stop is not Stopped.REGIME}
-    return _read_settled(auto, measured, short, settled=True)
-
-
-def _read_settled(
-    auto: tuple[AutoLine, ...], measured: pd.DataFrame, stops: set[Stopped], *, settled: bool
-) -> list[str]:
-    """The lines stopped by one of ``stops`` whose final times read settled (or not), as
-    ``attnbench table`` reads them."""
-    lines = [line for line in auto if line.stopped in stops]
-    if not lines:
-        return []
-    widths = len({line.d for line in auto}) > 1
+def final_readings(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> dict[str, Reading]:
+    """Each stopped line's reading on its final times (``measured``: a case's later rounds
+    move its time), as ``attnbench table`` reads it, by its label (``_label``)."""
     frame = measured[numeric_column(measured, "time_s") > 0]
     work = counted_work(frame)
-    found = []
-    for line in lines:
+    found = {}
+    for line in auto:
+        if line.stopped is None:
+            continue
         rows = frame[(frame["layer"] == line.layer) & (frame["d"] == line.d)]
-        if (settled_line(rows, "n", work) is not None) is settled:  # the table's own reading
-            found.append(f"{line.layer}{f' d={line.d}' if widths else ''}")
+        if rows.empty:
+            continue  # nothing measured: nothing to read
+        settled = settled_line(rows, "n", work)
+        if settled is None:
+            found[_label(line, auto)] = Reading.NONE
+        else:
+            top = settled["n"].max() >= rows["n"].max()
+            found[_label(line, auto)] = Reading.TOP if top else Reading.BELOW
     return found
 
 
-def auto_note(
-    lines: tuple[AutoLine, ...], moved: Sequence[str] = (), below: Sequence[str] = ()
-) -> str:
-    """How far an auto sweep's lines got: how many reached their regime, and what stopped the
-    others before it, by name; "" for a fixed grid. A line stopped short reads its exponent
-    below the regime, which the chapter's table is about: the reader must know which. A line
-    is stopped on its cases' first rounds: those ``moved`` off their regime on their final
-    times are named, and so are the short ones whose final times settled ``below`` where they
-    stopped (a plateau their rate fell from)."""
-    if not lines:
-        return ""
-    widths = len({line.d for line in lines}) > 1
-    settled = sum(line.stopped is Stopped.REGIME for line in lines)
+def _label(line: AutoLine, lines: tuple[AutoLine, ...]) -> str:
+    """A line's name in the note: its layer, and its width where the sweep had several."""
+    return f"{line.layer}{f' d={line.d}' if len({x.d for x in lines}) > 1 else ''}"
+
+
+def _they(names: list[str]) -> dict[str, str]:
+    """The pronouns for ``names``: one line is "it"."""
+    one = len(names) == 1
+    return {"they": "it" if one else "they", "them": "it" if one else "them",
+            "their": "its" if one else "their"}  # fmt: skip
+
+
+def _stopped_on_first_rounds(lines: tuple[AutoLine, ...], read: Mapping[str, Reading]) -> str:
+    """The rule the lines that reached their regime stopped on, and where their final times
+    moved off it (``read``): the table marks them unsettled, or fits them lower down."""
     rule = f"counted work per second settled over {REGIME_SIZES} lengths on their first rounds"
+    regime = [_label(line, lines) for line in lines if line.stopped is Stopped.REGIME]
+    moved = [x for x in regime if read.get(x) is Reading.NONE]
+    lower = [x for x in regime if read.get(x) is Reading.BELOW]
     if moved:
         rule += (
             f"; on their final times {len(moved)} of them no longer read settled, within "
             f"{REGIME_BAND:.0%} ({', '.join(moved)}: attnbench table marks them unsettled)"
         )
+    if lower:
+        rule += (
+            f"; {', '.join(lower)} settled on {_they(lower)['their']} final times only lower "
+            f"down (attnbench table fits {_they(lower)['them']} there)"
+        )
+    return rule
+
+
+def _short_tail(short: list[str], read: Mapping[str, Reading]) -> str | None:
+    """What the table reads of the lines stopped short (``short``, their labels) on their
+    final times; None where every one reads unsettled (the note's plain wording)."""
+    lower = [x for x in short if read.get(x) is Reading.BELOW]
+    top = [x for x in short if read.get(x) is Reading.TOP]
+    if not lower and not top:
+        return None
+    tail = ""
+    if lower:
+        they = _they(lower)
+        tail += (
+            f"; {', '.join(lower)} settled lower down, on a plateau {they['their']} rate then "
+            f"fell from (attnbench table fits {they['them']} there)"
+        )
+    if top:
+        they = _they(top)
+        tail += (
+            f"; {', '.join(top)} settled at {they['their']} last lengths on {they['their']} "
+            f"final times (attnbench table fits {they['them']} there)"
+        )
+    rest = len(short) - len(lower) - len(top)
+    if rest == 1:
+        tail += "; the other reads below its regime (attnbench table marks it unsettled)"
+    elif rest:
+        tail += "; the others read below their regime (attnbench table marks them unsettled)"
+    return tail
+
+
+def auto_note(lines: tuple[AutoLine, ...], read: Mapping[str, Reading] | None = None) -> str:
+    """How far an auto sweep's lines got: how many reached their regime, and what stopped the
+    others before it, by name; "" for a fixed grid. A line stopped short reads its exponent
+    below the regime, which the chapter's table is about: the reader must know which. A line
+    is stopped on its cases' first rounds, and ``read`` (``final_readings``) says how the
+    table reads each on its final times: those that moved are named."""
+    if not lines:
+        return ""
+    read = read or {}
+    settled = sum(line.stopped is Stopped.REGIME for line in lines)
+    rule = _stopped_on_first_rounds(lines, read)
     if settled == len(lines):
         return f"--n auto: all {len(lines)} lines reached their regime ({rule})"
     parts = []
@@ -84,7 +132,7 @@ def auto_note(
         if not short:
             continue
         named = ", ".join(
-            f"{line.layer}{f' d={line.d}' if widths else ''} "
+            f"{_label(line, lines)} "
             + (f"at n={line.at_n}" if line.at_n is not None else "before its first length")
             for line in short
         )
@@ -99,19 +147,15 @@ def auto_note(
         head += f", {going} had not stopped (the run is unfinished)"
     if not stopped:
         return head
-    if not below:
+    names = [
+        _label(line, lines)
+        for line in lines
+        if line.stopped is not None and line.stopped is not Stopped.REGIME
+    ]
+    tail = _short_tail(names, read)
+    if tail is None:
         return (
             f"{head}; {stopped} stopped short of it, so what they measured is read below it "
             f"(attnbench table marks a rate still moving unsettled): {'; '.join(parts)}"
         )
-    one = len(below) == 1
-    tail = (
-        f"; {', '.join(below)} settled lower down, on a plateau {'its' if one else 'their'} "
-        f"rate then fell from (attnbench table fits {'it' if one else 'them'} there)"
-    )
-    rest = stopped - len(below)
-    if rest == 1:
-        tail += "; the other reads below its regime (attnbench table marks it unsettled)"
-    elif rest:
-        tail += "; the others read below their regime (attnbench table marks them unsettled)"
     return f"{head}; {stopped} stopped short of it at the top: {'; '.join(parts)}{tail}"

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnbench.cli.correctness import compile_notes, correctness_notes
-from attnbench.cli.reach import auto_note, moved_off_regime, settled_below
+from attnbench.cli.reach import auto_note, final_readings
 from attnbench.cli.reruns import moved_note, sweeps_note, wide_between_sweeps
 from attnbench.estimators import IMPRECISE_REL_CI, QUIET_FACTOR, processes_for, rel_ci
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
@@ -186,8 +186,7 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
     _count_notes(run.frame, console)
     for note in [*correctness_notes(run.frame), *compile_notes(run.frame)]:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    lines, measured = run.record.auto, run.measured
-    reach = auto_note(lines, moved_off_regime(lines, measured), settled_below(lines, measured))
+    reach = auto_note(run.record.auto, final_readings(run.record.auto, run.measured))
     if reach:
         console.print(f"[yellow]note:[/] {escape(reach)}", soft_wrap=True)
     for note in fault_notes(run):

@@ -344,9 +344,9 @@ def exponent_table(
     """Log-log exponents of each metric along n (for each d) and along d (for each n).
 
     A time line whose rate settled over at least ``regime.REGIME_SIZES`` sizes (the largest
-    such, below any fall past a cache) is fitted there alone (``settled_line``): the regime
-    where the time is the work's, not the machine's fixed costs or a rate still changing with
-    size.
+    such, at the top or below a later fall in the rate) is fitted there alone
+    (``settled_line``): the regime where the time is the work's, not the machine's fixed costs
+    or a rate still changing with size.
 
     Exact counts use every size. Any other time line uses the sizes where the layer's own
     fitted cost model says the constant overhead is under half the time (``fits``; upper half

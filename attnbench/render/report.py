@@ -400,8 +400,10 @@ def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: P
     blocks.append(
         Block(
             "p",
-            "Exponents of time are fitted where the layer's fitted constant overhead is under "
-            "half the time (at least the three largest sizes); exact counts on every size. "
+            "Exponents of time are fitted where the layer's rate (counted work per second) "
+            "settled, the largest such sizes; a line whose rate never settled, where its fitted "
+            "constant overhead is under half the time (at least the three largest sizes), "
+            "marked unsettled; exact counts on every size. "
             "'theory' is the slope of the theory's own formula over the same sizes; 'agrees' "
             "means it lies in the 95% interval or within 0.05, and 'can't tell' that the "
             "interval is wider than 1 (two or three noisy sizes). 'model' is the slope of the "
