@@ -16,6 +16,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.results.run import RunResults
 from attnbench.schema import numeric_column
 from attnbench.table import comparison_table
+from attnbench.units import fmt_exponent
 
 COLUMNS = [
     "layer",
@@ -144,7 +145,7 @@ def _up_to(n: Any) -> str:
 def _growth(exponent: Any, settled: Any) -> str:
     if exponent is None or pd.isna(exponent):
         return "–"
-    return f"n^{float(exponent):.2f}" + ("" if settled is True else " unsettled")
+    return f"n^{fmt_exponent(float(exponent))}" + ("" if settled is True else " unsettled")
 
 
 def _range(low: Any, high: Any, unit: str) -> str:

@@ -17,8 +17,10 @@ from attnbench.fits.exponents import SETTLED_RULE, counted_work
 from attnbench.measure.counts.structure import NO_MIXING
 from attnbench.provenance import Source, sources
 from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES, overhead_bound
+from attnbench.results.record import Stopped
 from attnbench.results.run import BUSY_NOTE, RunResults
 from attnbench.schema import failed_a_check, numeric_column
+from attnbench.units import fmt_exponent
 
 COLUMNS = [
     "layer",
@@ -44,7 +46,7 @@ DECODE_COLUMNS = [
 
 
 def _label(row: pd.Series | None, var: str) -> str:
-    return "–" if row is None else f"{var}^{row.exponent:.2f}"
+    return "–" if row is None else f"{var}^{fmt_exponent(row.exponent)}"
 
 
 # A line with no kernels measured reads as overhead-bound where its rate grew at least this
@@ -280,6 +282,22 @@ def _past_plateau(run: RunResults, layer: str, d: int, top: int) -> str:
     )
 
 
+def _goes_on(run: RunResults, layer: str, row: Any) -> str:
+    """What would measure an unsettled line further: --n auto, or, in an auto run whose
+    line stopped short, a larger --auto-budget (or whatever else stopped it, as its note
+    says)."""
+    d = int(row.time_fit_d_at) if row.time_fit_d_at is not None else None
+    line = next((x for x in run.record.auto if x.layer == layer and x.d == d), None)
+    if line is None or line.stopped is None:
+        return "--n auto goes on until it is"
+    if line.stopped is Stopped.BUDGET:
+        return f"--n auto stopped it at n={line.at_n} on its share of the budget, and a larger "\
+            "--auto-budget goes on"  # fmt: skip
+    if line.stopped is Stopped.REGIME:
+        return f"--n auto stopped it at n={line.at_n}, where its first rounds had settled"
+    return f"--n auto stopped it at n={line.at_n}: {line.why or line.stopped.value}"
+
+
 def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
     """What the exponents were fitted on, and what was left out."""
     notes = []
@@ -290,13 +308,14 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
                 " (where its rate settled)"
                 if row.time_fit_rule == SETTLED_RULE
                 else f" (its rate not seen settled, which takes {REGIME_SIZES} lengths within "
-                f"{REGIME_BAND:.0%} of each other: --n auto goes on until it is)"
+                f"{REGIME_BAND:.0%} of each other: {_goes_on(run, str(row.layer), row)})"
             )
             law = "time ~ n"
             if row.time_work_exponent_n is not None and row.time_rate_exponent_n is not None:
                 law = (
-                    f"time ~ n^{row.time_exponent_n:.2f} = work n^{row.time_work_exponent_n:.2f}"
-                    f" ÷ rate n^{row.time_rate_exponent_n:.2f},"
+                    f"time ~ n^{fmt_exponent(row.time_exponent_n)} = work "
+                    f"n^{fmt_exponent(row.time_work_exponent_n)} ÷ rate "
+                    f"n^{fmt_exponent(row.time_rate_exponent_n)},"
                 )
             parts.append(
                 f"{law} fitted at n={row.time_fit_n[0]}..{row.time_fit_n[1]}, "
@@ -325,7 +344,7 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
         if row.time_d_fit_n_at is not None:
             # the exponent itself: "time ~ d" read as a claim of linear growth beside d^0.48
             slope = row.time_exponent_d
-            grows = f"^{slope:.2f}" if slope is not None and pd.notna(slope) else ""
+            grows = f"^{fmt_exponent(slope)}" if slope is not None and pd.notna(slope) else ""
             parts.append(f"time ~ d{grows} fitted across d at n={row.time_d_fit_n_at}")
         if row.left_out_cases:
             parts.append(_left_out(run, str(row.layer), int(row.left_out_cases)))

@@ -40,3 +40,10 @@ def fmt_count(value: float | None, unit: str = "") -> str:
         if abs(value) >= scale:
             return f"{value / scale:.3g} {prefix}{unit}"
     return f"{value:.3g} {unit}".rstrip()
+
+
+def fmt_exponent(value: float) -> str:
+    """An exponent to two decimals, with no "-0.00": a slope of -0.001 is flat, not falling
+    (a new user read "rate n^-0.00" as a sign)."""
+    text = f"{value:.2f}"
+    return "0.00" if text == "-0.00" else text

@@ -481,13 +481,17 @@ def test_the_time_chart_of_every_layer_has_a_panel_per_kin(wide_run):
     (x0, x1), (y0, y1) = guides[1].get_xdata(), guides[1].get_ydata()
     assert len(guides) == 2 and y1 / y0 == pytest.approx((x1 / x0) ** 2)  # the n² slope
     assert y1 <= max(line.get_ydata().max() for line in solid(panels[0]))  # within the data
-    # a guide's label under its end where the guide reaches the panel's longest time: above
-    # it, the label sat on the panel's top edge
+    # a guide's label beside its end where the guide reaches (within 1.5x) the panel's
+    # longest time, to the right where the panel goes on: above it, the label sat on the
+    # panel's top edge
     labels = {t.get_text(): t for t in panels[0].texts}
     top = max(line.get_ydata().max() for line in solid(panels[0]))
+    right_end = max(line.get_xdata().max() for line in solid(panels[0]))
     for name, guide in zip(("∝ n", "∝ n²"), guides, strict=True):
-        at_top = guide.get_ydata()[-1] >= top
+        at_top = guide.get_ydata()[-1] * style.NEAR_TOP >= top
         assert labels[name].get_va() == ("top" if at_top else "bottom"), name
+        before_edge = at_top and guide.get_xdata()[-1] < right_end
+        assert labels[name].get_ha() == ("left" if before_edge else "right"), name
     assert labels["∝ n²"].get_va() == "top"  # the n² guide here runs to the longest time
     assert not [x for x in panels[1].get_lines() if x.get_label().startswith("_∝")]
     texts = [t.get_text() for t in key.get_legend().get_texts()]

@@ -235,7 +235,7 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     summary_tables(replace(tiny_run, frame=frame), console)
     summary_notes(replace(tiny_run, frame=frame), console)
     text = buf.getvalue()
-    assert "2 case(s) marked ! have an interval wider than ±5%" in text
+    assert "2 case(s) marked ! have a 95% interval wider than ±5%" in text
     assert "±50.0% !" in text and "±1.0%" in text and "×/÷104 !" in text
     assert "10300" not in text
     # a new user read "1.75" faults as a count and an empty between cell as missing
@@ -270,26 +270,28 @@ def test_the_marks_note_says_how_many_processes_would_narrow_a_typical_case(  # 
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
     said = "a case needs about 10 processes to reach ±5% on this machine as it was"
-    assert f"between their processes, 5.4%, {said} (--max-processes 10 " in buf.getvalue()
+    assert f"between their processes, 5.4%, {said}: --max-processes 10 " in buf.getvalue()
     assert "ran out of --time-budget" not in buf.getvalue()
     # where the budget ended some of their rounds, more processes alone would not reach them
     frame["time_stop"] = ["budget", "budget", *["max rounds"] * (len(frame) - 2)]
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
-    assert "too; 2 of them ran out of --time-budget first: raise it as well)" in buf.getvalue()
+    named = f"2 of them ({frame.loc[0, 'layer']} n={frame.loc[0, 'n']}, {frame.loc[1, 'layer']}"
+    assert f"needs fewer. {named}" in buf.getvalue()
+    assert "ran out of --time-budget first: raise it as well." in buf.getvalue()
     frame["rounds"] = 12
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
-    assert "more --processes narrow it, a quieter machine more; 2 of them ran out" in buf.getvalue()
+    assert "More --processes narrow them, a quieter machine more. 2 of them (" in buf.getvalue()
     frame["time_stop"] = "max rounds"
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
-    assert "more --processes narrow it, a quieter machine more" in buf.getvalue()
+    assert "More --processes narrow them, a quieter machine more." in buf.getvalue()
     frame["rounds"], frame["spread_between"] = 2, 0.47  # a busy machine (a new user read 758)
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
     said = " ".join(buf.getvalue().split())
-    assert "would need about 713 processes to reach ±5%: too many to give" in said
+    assert "would need about 713 processes to reach ±5%: too many to give, as an" in said
     assert "--max-processes" not in said and "a sweep on a quieter machine reads them" in said
 
 

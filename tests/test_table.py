@@ -314,3 +314,26 @@ def test_a_line_that_fell_off_a_plateau_is_fitted_on_it_and_says_how_far_it_fell
     steady = _line([1e-8 * n for n in ns], [0.9] * 5)  # settled at the top: no such words
     (plain,) = [n for n in fit_notes(comparison_table(steady), steady) if n.startswith("conv:")]
     assert "past it" not in plain
+
+
+def test_an_unsettled_lines_note_says_what_stopped_it_and_no_exponent_reads_minus_zero() -> None:
+    """A new user read "--n auto goes on until it is" beside a line the sweep had stopped on
+    its share of the budget, and "rate n^-0.00" as a falling rate. The note names what
+    stopped the line, and a flat slope reads 0.00."""
+    ns = [64, 128, 256, 512, 1024]
+    climbing = [1e-4 * n**0.5 for n in ns]  # rate ~ n^0.5: never settles
+    run = _line(climbing, [0.9] * 5, layer="attention")
+    lines = [{"layer": "attention", "d": 64, "stopped": "budget", "at_n": 1024, "why": "x"}]
+    stopped = RunResults(run.path, run.frame, run.samples, {"auto": {"lines": lines}})
+    (note,) = [n for n in fit_notes(comparison_table(stopped), stopped) if "attention:" in n]
+    assert "--n auto stopped it at n=1024 on its share of the budget, and a larger " \
+        "--auto-budget goes on)" in note  # fmt: skip
+    (plain,) = [n for n in fit_notes(comparison_table(run), run) if "attention:" in n]
+    assert plain.endswith("of each other: --n auto goes on until it is)")
+    flat = _line([1e-8 * n * (1 + 1e-4 * i) for i, n in enumerate(ns)], [0.9] * 5)
+    (note,) = [n for n in fit_notes(comparison_table(flat), flat) if "conv:" in n]
+    assert "rate n^0.00" in note and "-0.00" not in note
+    from attnbench.units import fmt_exponent
+
+    assert (fmt_exponent(-0.001), fmt_exponent(-0.006), fmt_exponent(0.004)) == (
+        "0.00", "-0.01", "0.00")  # fmt: skip

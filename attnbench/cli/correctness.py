@@ -69,9 +69,9 @@ def _fused_when_compiled(frame: pd.DataFrame) -> list[str]:
     output matched the eager layer's to the bit)."""
     if "fused_path" not in frame.columns or "compiled" not in frame.columns:
         return []
-    compiled = frame["compiled"].fillna("").astype(str).str.len() > 0
-    fused = frame["fused_path"].fillna("").astype(str)
-    taken = frame[compiled & (fused.str.len() > 0)]
+    compiled = frame["compiled"].notna() & (frame["compiled"].astype(str).str.len() > 0)
+    fused = frame["fused_path"].astype(str)
+    taken = frame[compiled & frame["fused_path"].notna() & (fused.str.len() > 0)]
     if not len(taken):
         return []
     paths = dict.fromkeys(f"{layer}: {fused[i]}" for i, layer in taken["layer"].items())

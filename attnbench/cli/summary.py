@@ -73,32 +73,38 @@ MOST_PROCESSES_ADVISED = 30
 
 def _more_processes(imprecise: pd.DataFrame) -> str:
     """How many processes would narrow a typical marked case to the mark's bound here: from
-    the median spread between their processes (``estimators.processes_for``); and how many
-    of them --time-budget stopped first, where more processes alone would not reach them."""
+    the median spread between their processes (``estimators.processes_for``); and which of
+    them --time-budget stopped first, where more processes alone would not reach them."""
     spread = numeric_column(imprecise, "spread_between").median()
     rounds = numeric_column(imprecise, "rounds").max()
     needed = processes_for(float(spread), IMPRECISE_REL_CI) if pd.notna(spread) else None
-    spent = 0  # those whose rounds --time-budget ended (one round's own budget is its samples')
+    first = ""  # those whose rounds --time-budget ended (one round's own budget is its samples')
     if "time_stop" in imprecise:
         budget = imprecise["time_stop"].eq("budget") & numeric_column(imprecise, "rounds").ge(2)
-        spent = int(budget.sum())
-    first = f"; {spent} of them ran out of --time-budget first: raise it as well" if spent else ""
+        spent = imprecise[budget]
+        if len(spent):
+            named = ", ".join(f"{r.layer} n={r.n}" for r in spent.head(3).itertuples())
+            more = f" and {len(spent) - 3} more" if len(spent) > 3 else ""
+            first = (
+                f". {len(spent)} of them ({named}{more}) ran out of --time-budget first: raise "
+                "it as well"
+            )
     if needed is None or not pd.notna(rounds) or needed <= rounds:
-        return f"more --processes narrow it, a quieter machine more{first}"
+        return f"More --processes narrow them, a quieter machine more{first}."
     if needed > MOST_PROCESSES_ADVISED:  # a new user's busy machine read "about 758"
         return (
-            f"at the median spread between their processes, {spread:.1%}, a case would need "
-            f"about {needed} processes to reach ±{IMPRECISE_REL_CI:.0%}: too many to give (an "
-            "interval narrows only as the square root of the processes); their processes read "
-            "that far apart on a busy machine, or where a round or two ran slow, and a sweep "
-            f"on a quieter machine reads them nearer{first}"
+            f"At the median spread between their processes, {spread:.1%}, a case would need "
+            f"about {needed} processes to reach ±{IMPRECISE_REL_CI:.0%}: too many to give, as "
+            "an interval narrows only as the square root of the processes. Processes read that "
+            "far apart on a busy machine, or where a round or two ran slow: a sweep on a "
+            f"quieter machine reads them nearer{first}."
         )
     return (
-        f"at the median spread between their processes, {spread:.1%}, a case needs about "
-        f"{needed} processes to reach ±{IMPRECISE_REL_CI:.0%} on this machine as it was "
-        f"(--max-processes {needed} gives them to the cases whose interval is wide; an auto "
-        f"sweep charges each case that many, so give it a larger --auto-budget too{first}); a "
-        "quieter machine needs fewer"
+        f"At the median spread between their processes, {spread:.1%}, a case needs about "
+        f"{needed} processes to reach ±{IMPRECISE_REL_CI:.0%} on this machine as it was: "
+        f"--max-processes {needed} gives them to the cases whose interval is wide (an auto "
+        f"sweep charges each case that many, so give it a larger --auto-budget too); a "
+        f"quieter machine needs fewer{first}."
     )
 
 
@@ -258,15 +264,16 @@ def _time_notes(run: RunResults, console: Console) -> None:
         sweeps = wide_between_sweeps(run, imprecise["case_id"].astype(str), IMPRECISE_REL_CI)
         advice = (
             f"{sweeps} of them move further than that between this machine's sweeps alone, "
-            "which more processes in one sweep cannot narrow"
+            "which more processes in one sweep cannot narrow."
             if sweeps
             else _more_processes(imprecise)
         )
         console.print(
-            f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have an interval wider than "
-            f"±{IMPRECISE_REL_CI:.0%} (95%, over their processes and this machine's sweeps): "
-            "their processes read that far apart, most of their rounds ran on a disturbed "
-            f"machine, or the run's typical spread widened a few rounds'; {advice}",
+            f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a 95% interval wider than "
+            f"±{IMPRECISE_REL_CI:.0%} (over their processes and this machine's sweeps). Their "
+            "processes read that far apart, or most of their rounds ran on a disturbed machine, "
+            "or they had few rounds and the run's typical spread widened theirs. "
+            f"{escape(advice)}",
             soft_wrap=True,
         )
     for note in [*replication_notes(run), sweeps_note(run), moved_note(run)]:

@@ -280,14 +280,9 @@ def _crossover_chart(analysis: Analysis) -> Figure | None:
             drew = True
         ax.axhline(1.0, color="black", lw=1)
         ax.axvline(1.0, color="grey", lw=1, linestyle=":")
-        ax.text(
-            1.0,
-            0.02,
-            " n = d (chapter: n²d = nd²)",
-            transform=ax.get_xaxis_transform(),
-            fontsize=7,
-            color="grey",
-        )
+        label = " n = d (chapter: n²d = nd²)"  # at the top: the lines start low at n = d
+        ax.text(1.0, 0.98, label, transform=ax.get_xaxis_transform(), fontsize=7, color="grey",
+                va="top")  # fmt: skip
         log_axes(ax, "n / d", f"{layer} time / rival time")
         ax.set_title(f"{layer}: above 1, attention is slower", fontsize=9)
         legend(ax)

@@ -233,6 +233,9 @@ def small_multiples(
     return fig, [(fixed, panel, ax) for ax, (fixed, panel) in zip(axes, flat, strict=True)]
 
 
+NEAR_TOP = 1.5  # a guide's end this close to the panel's longest time has no room above
+
+
 def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> None:
     """Faint slopes of n and n² from the panel's fastest first point, so the chapter's two
     orders can be read off the lines at a glance (the fits' exponents are in the legend); in a
@@ -248,17 +251,20 @@ def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> None:
         ns = np.array([n0, min(n1, reach)])
         ys = np.minimum(t0 * (ns / n0) ** power, top)  # the root's rounding must not overshoot
         ax.plot(ns, ys, color="0.6", lw=0.8, ls="-.", label=f"_{name}", zorder=0)
-        # a guide that ends at the panel's longest time is labelled under its end, inside
-        # the panel: above it, the label sat on the panel's top edge
-        under = ys[-1] >= top
+        # a guide that ends at (or within 1.5x of: the root's rounding, a label's height)
+        # the panel's longest time is labelled beside its end, not above: there the label sat
+        # on the panel's top edge; to the right where the panel goes on (the n² guide, along
+        # attention's own line), else under it
+        under = ys[-1] * NEAR_TOP >= top
+        right = under and ns[-1] < n1
         ax.annotate(
             name,
             (ns[-1], ys[-1]),
-            xytext=(-3, -1) if under else (0, 0),
+            xytext=(3, -1) if right else (-3, -1) if under else (0, 0),
             textcoords="offset points",
             fontsize=8,
             color="0.45",
-            ha="right",
+            ha="left" if right else "right",
             va="top" if under else "bottom",
         )
 
