@@ -286,9 +286,9 @@ def _goes_on(run: RunResults, layer: str, row: Any) -> str:
     """What would measure an unsettled line further: --n auto, or, in an auto run whose
     line stopped short, a larger --auto-budget (or whatever else stopped it, as its note
     says)."""
-    d = int(row.time_fit_d_at) if row.time_fit_d_at is not None else None
+    d = int(row.time_fit_d_at) if pd.notna(row.time_fit_d_at) else None
     line = next((x for x in run.record.auto if x.layer == layer and x.d == d), None)
-    if line is None or line.stopped is None:
+    if line is None or line.stopped is None or line.at_n is None:
         return "--n auto goes on until it is"
     if line.stopped is Stopped.BUDGET:
         return f"--n auto stopped it at n={line.at_n} on its share of the budget, and a larger "\
@@ -418,14 +418,15 @@ def check_notes(table: pd.DataFrame) -> list[str]:
             )
         if row.get("time_agrees_n") is False and row.get("time_settled_n"):
             notes.append(
-                f"{layer}: time measured n^{row['time_exponent_n']:.2f} where the rate settled "
-                f"disagrees with the theory's n^{row['time_theory_exponent_n']:.2f} over the "
-                "same lengths"
+                f"{layer}: time measured n^{fmt_exponent(row['time_exponent_n'])} where the "
+                "rate settled disagrees with the theory's "
+                f"n^{fmt_exponent(row['time_theory_exponent_n'])} over the same lengths"
             )
         for column, what in (("seq_steps", "sequential ops"), ("path_len", "max path length")):
             if row.get(f"{column}_agrees") is False:
                 notes.append(
-                    f"{layer}: {what} measured n^{row[f'{column}_exponent_n']:.2f} disagree "
+                    f"{layer}: {what} measured "
+                    f"n^{fmt_exponent(row[f'{column}_exponent_n'])} disagree "
                     f"with the theory's {row[f'{what} (theory)']}"
                 )
     return notes

@@ -401,7 +401,7 @@ def test_a_line_stopped_in_its_regime_whose_final_times_moved_off_it_is_named() 
     assert note.startswith("--n auto: all 2 lines reached their regime (counted work per second")
     assert (
         "settled over 4 lengths on their first rounds; on their final times 1 of them no "
-        "longer read settled, within 20% (rnn: attnbench table marks them unsettled)"
+        "longer reads settled, within 20% (rnn: its exponent reads unsettled)"
     ) in note
     rows.loc[7, "time_s"] = steady[3]
     assert set(final_readings(lines, rows).values()) == {Reading.TOP}
@@ -545,9 +545,17 @@ def test_a_line_stopped_short_whose_final_times_settled_is_named_with_where() ->
     note = auto_note(lines, read)
     assert "4 stopped short of it at the top: attention-linear at n=16384, attention at" in note
     assert note.endswith(
-        "; attention-linear settled lower down, on a plateau its rate then fell from (attnbench "
-        "table fits it there); ssm settled at its last lengths on its final times (attnbench "
-        "table fits it there); the others read below their regime (attnbench table marks them "
-        "unsettled)"
+        "; attention-linear settled lower down, on a plateau its rate then fell from (its "
+        "exponent is fitted there); ssm settled at its last lengths on its final times (its "
+        "exponent is fitted there); attention, lstm read below their regime (their exponents "
+        "read unsettled)"
     )
     assert "so what they measured is read below it" in auto_note(lines)  # nothing read
+    # a line never measured (failed before its first length) is not said to read unsettled
+    failed = AutoLine("gru", 64, Stopped.FAILED, None, "")
+    note = auto_note((*lines, failed), read)
+    assert "gru before its first length on a failed case" in note and "gru read" not in note
+    # a line whose last length's work was not counted settled at its top, not lower down
+    rows.loc[(rows["layer"] == "ssm") & (rows["n"] == 16384), "flops"] = float("nan")
+    rows.loc[(rows["layer"] == "ssm") & (rows["n"] == 16384), "elementwise"] = float("nan")
+    assert final_readings(lines, rows)["ssm"] is Reading.TOP

@@ -490,7 +490,7 @@ def test_the_time_chart_of_every_layer_has_a_panel_per_kin(wide_run):
     for name, guide in zip(("∝ n", "∝ n²"), guides, strict=True):
         at_top = guide.get_ydata()[-1] * style.NEAR_TOP >= top
         assert labels[name].get_va() == ("top" if at_top else "bottom"), name
-        before_edge = at_top and guide.get_xdata()[-1] < right_end
+        before_edge = at_top and guide.get_xdata()[-1] * 2 <= right_end
         assert labels[name].get_ha() == ("left" if before_edge else "right"), name
     assert labels["∝ n²"].get_va() == "top"  # the n² guide here runs to the longest time
     assert not [x for x in panels[1].get_lines() if x.get_label().startswith("_∝")]

@@ -45,10 +45,11 @@ def final_readings(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> dict[s
         if rows.empty:
             continue  # nothing measured: nothing to read
         settled = settled_line(rows, "n", work)
+        rated = rows["n"][(work.reindex(rows.index) / rows["time_s"]).gt(0)]  # a rate to read
         if settled is None:
             found[_label(line, auto)] = Reading.NONE
         else:
-            top = settled["n"].max() >= rows["n"].max()
+            top = settled["n"].max() >= rated.max()
             found[_label(line, auto)] = Reading.TOP if top else Reading.BELOW
     return found
 
@@ -73,14 +74,16 @@ def _stopped_on_first_rounds(lines: tuple[AutoLine, ...], read: Mapping[str, Rea
     moved = [x for x in regime if read.get(x) is Reading.NONE]
     lower = [x for x in regime if read.get(x) is Reading.BELOW]
     if moved:
+        reads = "reads" if len(moved) == 1 else "read"
         rule += (
-            f"; on their final times {len(moved)} of them no longer read settled, within "
-            f"{REGIME_BAND:.0%} ({', '.join(moved)}: attnbench table marks them unsettled)"
+            f"; on their final times {len(moved)} of them no longer {reads} settled, within "
+            f"{REGIME_BAND:.0%} ({', '.join(moved)}: {_they(moved)['their']} exponent "
+            f"{'reads' if len(moved) == 1 else 'read'} unsettled)"
         )
     if lower:
         rule += (
             f"; {', '.join(lower)} settled on {_they(lower)['their']} final times only lower "
-            f"down (attnbench table fits {_they(lower)['them']} there)"
+            f"down ({_they(lower)['their']} exponent is fitted there)"
         )
     return rule
 
@@ -97,19 +100,19 @@ def _short_tail(short: list[str], read: Mapping[str, Reading]) -> str | None:
         they = _they(lower)
         tail += (
             f"; {', '.join(lower)} settled lower down, on a plateau {they['their']} rate then "
-            f"fell from (attnbench table fits {they['them']} there)"
+            f"fell from ({they['their']} exponent is fitted there)"
         )
     if top:
         they = _they(top)
         tail += (
             f"; {', '.join(top)} settled at {they['their']} last lengths on {they['their']} "
-            f"final times (attnbench table fits {they['them']} there)"
+            f"final times ({they['their']} exponent is fitted there)"
         )
-    rest = len(short) - len(lower) - len(top)
-    if rest == 1:
-        tail += "; the other reads below its regime (attnbench table marks it unsettled)"
+    rest = [x for x in short if read.get(x) is Reading.NONE]  # a line never measured: no read
+    if len(rest) == 1:
+        tail += f"; {rest[0]} reads below its regime (its exponent reads unsettled)"
     elif rest:
-        tail += "; the others read below their regime (attnbench table marks them unsettled)"
+        tail += f"; {', '.join(rest)} read below their regime (their exponents read unsettled)"
     return tail
 
 
@@ -154,8 +157,9 @@ def auto_note(lines: tuple[AutoLine, ...], read: Mapping[str, Reading] | None = 
     ]
     tail = _short_tail(names, read)
     if tail is None:
+        they = {"they": "it", "them": "it"} if stopped == 1 else {"they": "they", "them": "them"}
         return (
-            f"{head}; {stopped} stopped short of it, so what they measured is read below it "
-            f"(attnbench table marks a rate still moving unsettled): {'; '.join(parts)}"
+            f"{head}; {stopped} stopped short of it, so what {they['they']} measured is read "
+            f"below it (a rate still moving reads unsettled): {'; '.join(parts)}"
         )
     return f"{head}; {stopped} stopped short of it at the top: {'; '.join(parts)}{tail}"

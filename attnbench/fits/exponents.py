@@ -24,6 +24,7 @@ from attnbench.fits.models import Layers, ModelFit, layers_or_live, numeric, own
 from attnbench.metrics import METRIC, METRICS
 from attnbench.regime import REGIME_BAND, settled_sizes
 from attnbench.schema import numeric_column
+from attnbench.units import fmt_exponent
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Exponent:
     x_max: float
 
     def label(self, var: str) -> str:
-        return f"{var}^{self.slope:.2f}"
+        return f"{var}^{fmt_exponent(self.slope)}"
 
 
 def loglog_exponent(

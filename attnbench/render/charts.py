@@ -48,6 +48,7 @@ from attnbench.render.style import (
 )
 from attnbench.results.run import RunResults
 from attnbench.schema import numeric_column
+from attnbench.units import fmt_exponent
 
 if TYPE_CHECKING:  # imported where a chart is drawn (render.style)
     from matplotlib.axes import Axes
@@ -85,7 +86,7 @@ def _exponent_label(analysis: Analysis, layer: str, metric: str, along: str, fix
     row = analysis.exponent(layer, metric, along, fixed)
     if row is None:
         return layer
-    power = f"${along}^{{{row.exponent:.2f}}}$"
+    power = f"${along}^{{{fmt_exponent(row.exponent)}}}$"
     if np.isnan(row.ci_low) or row.ci_low == row.ci_high:
         return f"{layer}  {power}"
     return f"{layer}  {power}  [{row.ci_low:.2f}, {row.ci_high:.2f}]"
@@ -263,9 +264,12 @@ def _crossover_chart(analysis: Analysis) -> Figure | None:
     styles = dict(zip(sorted({d for d, _, _ in ratios}), ["-", "--", ":", "-."] * 8, strict=False))
     drew = False
     for ax, layer in zip(axes, attention, strict=True):
+        firsts, values = [], []  # where the lines start, and all they span
         for (d, mine, rival), ratio in ratios.items():
             if mine != layer or len(ratio) < 2:
                 continue
+            firsts.append(float(ratio.iloc[0]))
+            values += [float(ratio.min()), float(ratio.max())]
             style = layer_style(rival)
             ax.plot(
                 ratio.index / d,
@@ -280,9 +284,10 @@ def _crossover_chart(analysis: Analysis) -> Figure | None:
             drew = True
         ax.axhline(1.0, color="black", lw=1)
         ax.axvline(1.0, color="grey", lw=1, linestyle=":")
-        label = " n = d (chapter: n²d = nd²)"  # at the top: the lines start low at n = d
-        ax.text(1.0, 0.98, label, transform=ax.get_xaxis_transform(), fontsize=7, color="grey",
-                va="top")  # fmt: skip
+        low = bool(firsts) and np.median(np.log(firsts)) < np.mean(np.log(values))
+        y, va = (0.98, "top") if low else (0.02, "bottom")  # "n = d" where no line starts
+        text = " n = d (chapter: n²d = nd²)"
+        ax.text(1.0, y, text, transform=ax.get_xaxis_transform(), fontsize=7, color="grey", va=va)
         log_axes(ax, "n / d", f"{layer} time / rival time")
         ax.set_title(f"{layer}: above 1, attention is slower", fontsize=9)
         legend(ax)

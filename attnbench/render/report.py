@@ -23,6 +23,7 @@ from attnbench.render.blocks import Block, to_html, to_markdown
 from attnbench.results.run import RunResults
 from attnbench.storage import write_text_atomic
 from attnbench.table import comparison_table, display, fit_notes
+from attnbench.units import fmt_exponent
 
 REPORT_FILE = "report.md"
 
@@ -105,7 +106,7 @@ def _reading(
         text = f"rate fell ÷{1 / change:.2g} with n"
     if not math.isnan(row.model):
         follows = abs(row.model - row.exponent) <= STEADY_RATE
-        text += f"; model n^{row.model:.2f}" + (" follows" if follows else ", misses it")
+        text += f"; model n^{fmt_exponent(row.model)}" + (" follows" if follows else ", misses it")
         if latency is not None:
             text += f" (latency {latency[0]:.0%} → {latency[1]:.0%} of it)"
     if backends is not None and backends[0] != backends[1]:
@@ -173,7 +174,7 @@ def split_display(analysis: Analysis) -> pd.DataFrame:
                 for a, b, d in zip(e.range_from, e.range_to, e.fixed, strict=True)
             ],
             "time = work ÷ rate": [
-                f"n^{t:.2f} = n^{w:.2f} ÷ n^{r:.2f}"
+                f"n^{fmt_exponent(t)} = n^{fmt_exponent(w)} ÷ n^{fmt_exponent(r)}"
                 for t, w, r in zip(e.exponent, e.work_exponent, e.rate_exponent, strict=True)
             ],
             "rate (work/s)": [

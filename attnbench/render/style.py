@@ -256,7 +256,7 @@ def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> None:
         # on the panel's top edge; to the right where the panel goes on (the n² guide, along
         # attention's own line), else under it
         under = ys[-1] * NEAR_TOP >= top
-        right = under and ns[-1] < n1
+        right = under and ns[-1] * 2 <= n1  # a doubling's room for the label, at least
         ax.annotate(
             name,
             (ns[-1], ys[-1]),
