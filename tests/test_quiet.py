@@ -485,8 +485,10 @@ def test_jobs_out_at_once_share_what_is_left_of_the_wait(
         ({}, "each case in 3-6 fresh processes (to ±2%; 3 fork servers)"),
         ({"precision": "4%"}, "each case in 3-6 fresh processes (to ±4%; 3 fork servers)"),
         ({"max_processes": 3}, "each case in 3 fresh processes (3 fork servers)"),
-        ({"processes": 4, "max_processes": 5},
-         "each case in 4-5 fresh processes (to ±2%; 3 fork servers)"),
+        (
+            {"processes": 4, "max_processes": 5},
+            "each case in 4-5 fresh processes (to ±2%; 3 fork servers)",
+        ),
         # one round is never added to: not "1-2" (it had said so)
         ({"processes": 1}, "each case in a fresh process (3 fork servers)"),
     ],
@@ -551,6 +553,10 @@ def test_an_auto_sweeps_lines_count_up_to_the_cases_it_may_measure() -> None:
     event = ProgressEvent("done", 0, 9, case, None, 1)
     assert case_line(event, upto=True).startswith("[1/≤9] conv n=64")
     assert case_line(event).startswith("[1/9] conv n=64")
+    # the counter keeps the column the count planned at the start took, as that count falls
+    assert progress.width == 2
+    progress(ProgressEvent("done", 0, 9, case, None, 1))
+    assert line.getvalue().splitlines()[-1].startswith("[ 1/≤9] conv n=64")
 
 
 def test_ab_sides_ask_for_their_pairs_and_no_more() -> None:

@@ -76,6 +76,7 @@ class SweepProgress:
         self.where = False  # name the worker of each case (cases run on several): set at start
         self.upto = False  # --n auto: the count planned falls as lines settle: "≤ N"
         self.most = 0  # the most rounds a case may get (its first round's line says which)
+        self.width = 0  # digits of the count planned at the start: the counter's column holds
         self.live = console.is_terminal and not quiet
         self.bar: Progress | None = None
         self.task: Any = None
@@ -104,6 +105,7 @@ class SweepProgress:
         self.where = start.cluster.get("executor") not in ("serial", "fork")  # else: here
         self.upto = start.grid.n_auto is not None
         self.most = start.grid.most_rounds
+        self.width = len(str(len(start.grid.cases())))
         if self.quiet:
             return
         grid, previous = start.grid, start.previous
@@ -189,18 +191,21 @@ class SweepProgress:
             else:
                 self.bar.update(self.task, completed=event.units_done)
         elif event.kind == "done" and not self.quiet:
-            line = case_line(event, where=self.where, upto=self.upto, most=self.most)
+            line = case_line(
+                event, where=self.where, upto=self.upto, most=self.most, width=self.width
+            )
             self.console.print(line, soft_wrap=True, markup=False)
 
 
 def case_line(
-    event: ProgressEvent, *, where: bool = False, upto: bool = False, most: int = 0
+    event: ProgressEvent, *, where: bool = False, upto: bool = False, most: int = 0, width: int = 0
 ) -> str:
     """One finished case (or timing round) in a line, optionally naming its worker; ``upto``:
     the total is the most the sweep may still measure (--n auto drops the lengths a settled
     line will not reach), "[12/≤90]"; ``most``: the most rounds a case may get (0: the
-    event's own count, as many as it is sure to get)."""
-    line = _case_text(event, upto, most or event.rounds)
+    event's own count, as many as it is sure to get); ``width``: the counter's digits at the
+    least (the count planned at the start: "[ 72/≤80]" after "[ 71/≤146]", not "[72/≤80]")."""
+    line = _case_text(event, upto, most or event.rounds, width)
     result = event.result
     if where and result is not None and result.node:
         return f"{line}  on {result.node} {result.device_id}"
@@ -209,8 +214,8 @@ def case_line(
     return line
 
 
-def _case_text(event: ProgressEvent, upto: bool = False, rounds: int = 1) -> str:
-    width = len(str(event.total))
+def _case_text(event: ProgressEvent, upto: bool = False, rounds: int = 1, least: int = 0) -> str:
+    width = max(least, len(str(event.total)))
     if event.round > 1:  # a later timing round, in a process of its own: its median is new
         head = f"[round {event.round}] {event.case.label()}"
         t = event.timing
