@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.fits import Analysis, analyse
-from attnbench.fits.exponents import SETTLED_RULE, counted_work
+from attnbench.fits.exponents import SETTLED_RULE, counted_work, line_rates
 from attnbench.measure.counts.structure import NO_MIXING
 from attnbench.provenance import Source, sources
 from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES, overhead_bound
@@ -270,8 +270,7 @@ def _past_plateau(run: RunResults, layer: str, d: int, top: int) -> str:
     moved by its largest length ("" where the plateau is the top)."""
     rows = run.measured
     rows = rows[(rows["layer"] == layer) & (rows["d"] == d)]
-    rate = (counted_work(rows) / numeric_column(rows, "time_s")).groupby(rows["n"]).median()
-    rate = rate.dropna()
+    rate = line_rates(rows, "n", counted_work(rows))
     if rate.empty or int(rate.index.max()) <= top or top not in rate.index:
         return ""
     last = int(rate.index.max())

@@ -54,6 +54,14 @@ def run_line(plan: AutoPlan, times: dict[int, float], **more: object) -> list[in
     return ran
 
 
+def run_at_rates(rate: dict[int, float]) -> tuple[AutoPlan, list[int]]:
+    """A conv line of ample budget over ``rate``'s lengths (its work doubles with n, its rate
+    at each length given): the plan, and the lengths that ran."""
+    plan = AutoPlan(build_grid({"layers": "conv", "d": [64], "n": f"auto:64..{max(rate)}",
+                                "device": "cpu", "auto_budget": 1000}))  # fmt: skip
+    return plan, run_line(plan, {n: 1e-4 * (n / 64) / rate[n] for n in rate})
+
+
 def test_auto_parses_and_round_trips_through_run_json() -> None:
     found = grid()
     assert found.n_auto == AutoN(64, 4096) and found.ns == (64, 128, 256, 512, 1024, 2048, 4096)
@@ -414,18 +422,14 @@ def test_a_line_stops_where_its_first_rounds_settle_within_the_narrower_band() -
     from attnbench.regime import AUTO_BAND, REGIME_BAND, settled_sizes
 
     assert AUTO_BAND < REGIME_BAND
-    one = build_grid({"layers": "conv", "d": [64], "n": "auto:64..8192", "device": "cpu",
-                      "auto_budget": 1000})  # fmt: skip
-    plan = AutoPlan(one)
     # the rate swings 18% with no trend up to 512, then holds within 5%
     rate = {64: 1.18, 128: 1.0, 256: 1.18, 512: 1.0, 1024: 1.05, 2048: 1.05, 4096: 1.05,
             8192: 1.05}  # fmt: skip
-    times = {n: 1e-4 * (n / 64) / rate[n] for n in rate}
-    ran = run_line(plan, times)
+    plan, ran = run_at_rates(rate)
     sizes = [64, 128, 256, 512]
     assert settled_sizes(sizes, [rate[n] for n in sizes]) == sizes  # a fit reads them settled
     assert ran == [64, 128, 256, 512, 1024, 2048, 4096]  # --n auto: 512..4096, within 15%
-    assert plan.line(one.cases()[0]).stopped is Stopped.REGIME
+    assert plan.line(plan.grid.cases()[0]).stopped is Stopped.REGIME
 
 
 def test_a_line_whose_first_rounds_rise_goes_on_though_their_slope_is_uncertain() -> None:
@@ -437,18 +441,15 @@ def test_a_line_whose_first_rounds_rise_goes_on_though_their_slope_is_uncertain(
     from attnbench.regime import AUTO_TREND, REGIME_TREND, settled_sizes, trendless
 
     assert AUTO_TREND < REGIME_TREND
-    one = build_grid({"layers": "conv", "d": [64], "n": "auto:64..16384", "device": "cpu",
-                      "auto_budget": 1000})  # fmt: skip
-    plan = AutoPlan(one)
     rate = {64: 1.0, 128: 1.12, 256: 1.03, 512: 1.14, 1024: 1.17, 2048: 1.16, 4096: 1.17,
             8192: 1.17}  # fmt: skip
     first = [64, 128, 256, 512]
     assert trendless(first, [rate[n] for n in first])  # 0 inside its interval
     assert not trendless(first, [rate[n] for n in first], AUTO_TREND)  # slope 0.045
     assert settled_sizes(first, [rate[n] for n in first], 0.15) == first
-    ran = run_line(plan, {n: 1e-4 * (n / 64) / rate[n] for n in rate})
+    plan, ran = run_at_rates(rate)
     assert ran == [64, 128, 256, 512, 1024]  # 128..1024: slope 0.034
-    assert plan.line(one.cases()[0]).stopped is Stopped.REGIME
+    assert plan.line(plan.grid.cases()[0]).stopped is Stopped.REGIME
 
 
 def test_a_resumed_auto_run_keeps_its_lines_budget_stops_unless_the_budget_grew() -> None:

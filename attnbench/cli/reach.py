@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from attnbench.fits.exponents import counted_work, settled_line
+from attnbench.fits.exponents import counted_work, line_rates, settled_line
 from attnbench.regime import REGIME_BAND, REGIME_SIZES
 from attnbench.results.record import AutoLine, Stopped
 from attnbench.schema import numeric_column
@@ -45,11 +45,10 @@ def final_readings(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> dict[s
         if rows.empty:
             continue  # nothing measured: nothing to read
         settled = settled_line(rows, "n", work)
-        rated = rows["n"][(work.reindex(rows.index) / rows["time_s"]).gt(0)]  # a rate to read
         if settled is None:
             found[_label(line, auto)] = Reading.NONE
-        else:
-            top = settled["n"].max() >= rated.max()
+        else:  # its top: the largest size with a rate to read
+            top = settled["n"].max() >= line_rates(rows, "n", work).index.max()
             found[_label(line, auto)] = Reading.TOP if top else Reading.BELOW
     return found
 

@@ -266,12 +266,20 @@ def split_time(line: pd.DataFrame, along: str, work: pd.Series | None) -> dict[s
 SETTLED_RULE = f"the largest sizes where the rate settled (within {REGIME_BAND:.0%})"
 
 
+def line_rates(line: pd.DataFrame, along: str, work: pd.Series) -> pd.Series:
+    """A time line's rate (counted work per second) at each size, the median of its cases',
+    by size ascending; sizes without a finite positive rate left out."""
+    rate = work.reindex(line.index).astype(float) / line["time_s"].astype(float)
+    rate = rate[np.isfinite(rate) & (rate > 0)]
+    return rate.groupby(line.loc[rate.index, along]).median().sort_index()
+
+
 def settled_line(line: pd.DataFrame, along: str, work: pd.Series) -> pd.DataFrame | None:
     """The rows of a time line where its rate (counted work per second) settled: its longest
     run of sizes within the regime's band, the largest such (``regime.settled_sizes``); None
     with too few such sizes."""
-    rate = work.reindex(line.index).astype(float) / line["time_s"].astype(float)
-    sizes = settled_sizes(line[along].tolist(), rate.tolist())
+    rate = line_rates(line, along, work)
+    sizes = settled_sizes(rate.index.tolist(), rate.tolist())
     return line[line[along].isin(sizes)] if sizes else None
 
 
