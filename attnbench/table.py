@@ -17,7 +17,7 @@ from attnbench.fits.exponents import SETTLED_RULE, counted_work, line_rates
 from attnbench.measure.counts.structure import NO_MIXING
 from attnbench.provenance import Source, sources
 from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES, overhead_bound
-from attnbench.results.record import Stopped
+from attnbench.results.record import SHORT_OF_REGIME, Stopped
 from attnbench.results.run import BUSY_NOTE, RunResults
 from attnbench.schema import failed_a_check, numeric_column
 from attnbench.units import fmt_exponent
@@ -289,12 +289,12 @@ def _goes_on(run: RunResults, layer: str, row: Any) -> str:
     line = next((x for x in run.record.auto if x.layer == layer and x.d == d), None)
     if line is None or line.stopped is None or line.at_n is None:
         return "--n auto goes on until it is"
-    if line.stopped is Stopped.BUDGET:
-        return f"--n auto stopped it at n={line.at_n} on its share of the budget, and a larger "\
-            "--auto-budget goes on"  # fmt: skip
     if line.stopped is Stopped.REGIME:
         return f"--n auto stopped it at n={line.at_n}, where its first rounds had settled"
-    return f"--n auto stopped it at n={line.at_n}: {line.why or line.stopped.value}"
+    how, further = SHORT_OF_REGIME[line.stopped]
+    words = {"their": "its", "them": "it"}
+    further = f", and {further.format(**words)}" if further else ""
+    return f"--n auto stopped it at n={line.at_n} {how.format(**words)}{further}"
 
 
 def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:

@@ -327,7 +327,7 @@ def test_an_unsettled_lines_note_says_what_stopped_it_and_no_exponent_reads_minu
     stopped = RunResults(run.path, run.frame, run.samples, {"auto": {"lines": lines}})
     (note,) = [n for n in fit_notes(comparison_table(stopped), stopped) if "attention:" in n]
     assert "--n auto stopped it at n=1024 on its share of the budget, and a larger " \
-        "--auto-budget goes on)" in note  # fmt: skip
+        "--auto-budget takes it on)" in note  # fmt: skip
     (plain,) = [n for n in fit_notes(comparison_table(run), run) if "attention:" in n]
     assert plain.endswith("of each other: --n auto goes on until it is)")
     flat = _line([1e-8 * n * (1 + 1e-4 * i) for i, n in enumerate(ns)], [0.9] * 5)

@@ -10,18 +10,8 @@ import pandas as pd
 
 from attnbench.fits.exponents import counted_work, line_rates, settled_line
 from attnbench.regime import REGIME_BAND, REGIME_SIZES
-from attnbench.results.record import AutoLine, Stopped
+from attnbench.results.record import SHORT_OF_REGIME, AutoLine, Stopped
 from attnbench.schema import numeric_column
-
-# What stopped an auto sweep's line short of its regime, and what takes it further: each
-# with "them" for the lines so stopped ("it" where one was).
-_SHORT: dict[Stopped, tuple[str, str]] = {
-    Stopped.BUDGET: ("on {their} share of the budget", "a larger --auto-budget takes {them} on"),
-    Stopped.TIME: ("on the per-call limit", "a larger --max-case-seconds takes {them} on"),
-    Stopped.MEMORY: ("on the free memory", ""),
-    Stopped.LONGEST: ("at the ladder's last length", "a longer --n auto ladder takes {them} on"),
-    Stopped.FAILED: ("on a failed case", ""),
-}
 
 
 class Reading(enum.StrEnum):
@@ -129,7 +119,7 @@ def auto_note(lines: tuple[AutoLine, ...], read: Mapping[str, Reading] | None = 
     if settled == len(lines):
         return f"--n auto: all {len(lines)} lines reached their regime ({rule})"
     parts = []
-    for stop, (how, further) in _SHORT.items():
+    for stop, (how, further) in SHORT_OF_REGIME.items():
         short = [line for line in lines if line.stopped is stop]
         if not short:
             continue

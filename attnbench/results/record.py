@@ -28,6 +28,17 @@ class Stopped(StrEnum):
     FAILED = "failed"  # a case of the line failed (out of memory, out of time, an error)
 
 
+# What stopped a line short of its regime, and what takes it further, in the words the
+# summary's note and the table's use: "{their}" and "{them}" for the lines so stopped.
+SHORT_OF_REGIME: dict[Stopped, tuple[str, str]] = {
+    Stopped.BUDGET: ("on {their} share of the budget", "a larger --auto-budget takes {them} on"),
+    Stopped.TIME: ("on the per-call limit", "a larger --max-case-seconds takes {them} on"),
+    Stopped.MEMORY: ("on the free memory", ""),
+    Stopped.LONGEST: ("at the ladder's last length", "a longer --n auto ladder takes {them} on"),
+    Stopped.FAILED: ("on a failed case", ""),
+}
+
+
 @dataclass(frozen=True)
 class AutoLine:
     """One line of an auto sweep (``--n auto``) as run.json's ``auto`` records it: a layer at a
