@@ -4,8 +4,11 @@ recorded case, never the end of the sweep."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,15 +177,16 @@ def test_a_fresh_process_brings_its_answer_or_how_it_ended() -> None:
 def test_a_cases_rounds_go_to_different_fork_servers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A fork shares its server's address-space layout, which gives it a speed of its own:
-    round r of a case goes to server r mod 3."""
+    """A fork shares its server's address-space layout, which gives it a speed of its own: a
+    case's first three rounds go to three servers; and a job goes to another server than the
+    job before, which is still reaping its process and forking the next."""
     from attnbench.run.executors.process import ForkExecutor, _Server
 
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, str, int]] = []
     send = _Server.send
 
     def spy(self, job, where):  # type: ignore[no-untyped-def]
-        seen.append((id(self), job.round))
+        seen.append((id(self), job.case.case_id, job.round))
         return send(self, job, where)
 
     monkeypatch.setattr(_Server, "send", spy)
@@ -192,6 +196,93 @@ def test_a_cases_rounds_go_to_different_fork_servers(
     finally:
         executor.close()
     assert run.meta["cluster"]["servers"] == 3
-    servers = {round_: {server for server, r in seen if r == round_} for _, round_ in seen}
-    assert all(len(ids) == 1 for ids in servers.values())  # a round, one server
-    assert len({next(iter(ids)) for ids in servers.values()}) == 3  # three rounds, three servers
+    by_case: dict[str, set[int]] = {}
+    for server, case, _ in seen:
+        by_case.setdefault(case, set()).add(server)
+    assert by_case and all(len(servers) == 3 for servers in by_case.values())
+    used: dict[str, list[int]] = {}
+    for before, (server, case, _) in zip([None, *seen], seen, strict=False):
+        had = used.setdefault(case, [])
+        if before is not None and before[0] == server:  # only where the case needed it
+            assert all(
+                had.count(other) > had.count(server) for other in set(by_case[case]) - {server}
+            )
+        had.append(server)
+    assert sum(a[0] == b[0] for a, b in itertools.pairwise(seen)) < len(seen) / 3
+
+
+def test_a_server_is_picked_to_spread_a_case_and_leave_the_last_one_be() -> None:
+    from attnbench.run.executors.process import pick_server
+
+    assert pick_server([], None, 3) == 0
+    assert pick_server([], 0, 3) == 1  # any server would do: not the one still reaping
+    assert pick_server([0, 1], 1, 3) == 2  # the one this case has not had
+    assert pick_server([0, 1], 2, 3) == 2  # ... even where the last job went (it must wait)
+    assert pick_server([0, 1, 2], 0, 3) == 1
+    assert pick_server([0], 0, 1) == 0  # one server: it, whatever came before
+
+
+def test_a_spare_process_prepares_before_its_job_and_answers_it() -> None:
+    """A server forks a job's process ahead: it makes what every job needs, then waits; the
+    job's message reaches what it made; one whose server goes away ends with no answer."""
+    from attnbench.run.executors.fresh import fork_spare, reap, run_spare
+
+    def prepare():  # type: ignore[no-untyped-def]
+        made = os.getpid()
+        return lambda message: {"op": "done", "made_in": made, "got": message["x"] * 2}
+
+    spare = fork_spare(prepare)
+    outcome = run_spare(spare, {"x": 21}, Limits(wall_s=10))
+    reap()
+    assert outcome.answer == {"op": "done", "made_in": spare.pid, "got": 42}
+    idle = fork_spare(prepare)
+    os.close(idle.jobs)  # the server gone before a job: the process leaves, saying nothing
+    assert os.read(idle.answers, 1) == b""
+    _, status = os.waitpid(idle.pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    os.close(idle.answers)
+
+
+def test_an_answer_comes_back_before_its_process_has_finished_exiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server replies once the answer is whole; the process's teardown (its memory
+    unmapped: about 9 ms a round here) is reaped after, while the driver goes on."""
+    from attnbench.run.executors import fresh
+
+    def slow_exit(code: int) -> None:
+        time.sleep(5)  # a teardown, made long enough to be seen
+        os._exit(code)
+
+    monkeypatch.setattr(fresh, "_leave", slow_exit)
+    spare = fresh.fork_spare(lambda: lambda _: {"op": "done"})
+    outcome = fresh.run_spare(spare, {}, Limits(wall_s=10))
+    assert outcome.answer == {"op": "done"} and fresh._exiting == [spare.pid]
+    assert os.waitpid(spare.pid, os.WNOHANG) == (0, 0)  # answered, still exiting
+    fresh.reap()
+    assert fresh._exiting == []
+    with pytest.raises(ChildProcessError):
+        os.waitpid(spare.pid, os.WNOHANG)  # reaped
+
+
+def test_a_jobs_process_takes_the_hosts_profiler_cost_from_its_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The profiler's cost is the host's: a fork server's first process measures it, and every
+    job's process takes it from the server rather than measuring it again (25 ms a case)."""
+    from attnbench.measure.timing import split
+    from attnbench.run.executors import child
+
+    monkeypatch.setattr(split, "_HOST", [])
+    measured: list[int] = []
+    monkeypatch.setattr(
+        split, "_measured_cost", lambda *a: measured.append(1) or split.ProfilerCost(2e-7, 6e-7)
+    )
+    monkeypatch.setattr(child, "_worker", lambda message: None)
+    monkeypatch.setattr(child, "_ready", lambda worker, message, names: {"op": "ready"})
+    described = child._describe({"metric": "time"}, [])
+    assert described == {"op": "ready", child.PROFILER: [2e-7, 6e-7]} and measured == [1]
+    monkeypatch.setattr(split, "_HOST", [])
+    child._prepared({child.PROFILER: [3e-7, 7e-7]})
+    assert split.profiler_cost() == split.ProfilerCost(3e-7, 7e-7) and measured == [1]
+    assert child._describe({"metric": "instructions"}, [])[child.PROFILER] is None

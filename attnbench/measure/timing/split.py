@@ -292,11 +292,26 @@ FLOOR_LABEL, FLOOR_OPS = "attnbench.op_floor", 100
 OWN_COST_SHARE = 0.05
 
 
-@functools.cache
+_HOST: list[ProfilerCost] = []  # this host's, once known (measured here, or handed in)
+
+
+def use_profiler_cost(cost: ProfilerCost) -> None:
+    """Take this host's profiler cost as measured in another process of it (a fork server's
+    first: ``run.executors.child``), so that a process made for one case need not measure it."""
+    _HOST[:] = [cost]
+
+
 def profiler_cost(repeats: int = 7, loop: int = 200) -> ProfilerCost:
-    """``ProfilerCost`` of this process's host, measured once: a loop of one-element adds,
-    profiled between two plain runs (the median of ``repeats`` such differences), and the
-    self time the profiler reads for one such add (where a profile has no floor of its own)."""
+    """``ProfilerCost`` of this process's host, measured once (about 25 ms here): a loop of
+    one-element adds, profiled between two plain runs (the median of ``repeats`` such
+    differences), and the self time the profiler reads for one such add (where a profile has
+    no floor of its own)."""
+    if not _HOST:
+        _HOST.append(_measured_cost(repeats, loop))
+    return _HOST[0]
+
+
+def _measured_cost(repeats: int, loop: int) -> ProfilerCost:
 
     def tiny() -> None:
         _tiny_adds(loop)

@@ -254,11 +254,22 @@ class SubprocessExecutor:
 SERVERS = 3
 
 
+def pick_server(used: list[int], last: int | None, servers: int) -> int:
+    """The server for a case's next round: one that served it least (``used``: the servers
+    its rounds went to), and of those not the one the last job went to, which is still
+    reaping that job's process and forking its next (``fresh.fork_spare``)."""
+    least = min(used.count(i) for i in range(servers))
+    fewest = [i for i in range(servers) if used.count(i) == least]
+    others = [i for i in fewest if i != last]
+    return (others or fewest)[0]
+
+
 class ForkExecutor:
     """Every job in a fresh process, forked from one of ``servers`` children of ``python``
-    that have imported torch and attnbench (round r of a case from server r mod ``servers``):
-    each timing round of a case is a process of its own, no two of its first rounds share a
-    server, and no case runs after another in the same process."""
+    that have imported torch and attnbench: each timing round of a case is a process of its
+    own, no two of its first rounds share a server, a job goes to another server than the job
+    before where it can (``pick_server``), and no case runs after another in the same
+    process."""
 
     name = "fork"
     in_process = False
@@ -271,6 +282,8 @@ class ForkExecutor:
         self.python = self.servers[0].python
         self._record: dict[str, Any] = {}
         self._last_point: float | None = None  # when a job last took a calibration point
+        self._used: dict[Any, list[int]] = {}  # the servers each case's rounds went to
+        self._last: int | None = None  # the server the last job went to
 
     def resolve_device(self, name: str, dtype: str) -> str:
         return local_device(name, dtype)  # the servers run on this machine
@@ -311,8 +324,10 @@ class ForkExecutor:
             worker["node"], worker["device_id"], worker["device_name"], worker["threads"]
         )
         while (job := take(where)) is not None:
-            server = self.servers[(job.round - 1) % len(self.servers)]
-            yield server.send(self._calibrated(job), where)
+            used = self._used.setdefault(job.case, [])
+            self._last = pick_server(used, self._last, len(self.servers))
+            used.append(self._last)
+            yield self.servers[self._last].send(self._calibrated(job), where)
 
     def _calibrated(self, job: Job) -> Job:
         """The job as sent: a fresh process would time the calibration kernel every job, so
