@@ -452,6 +452,26 @@ def test_a_line_whose_first_rounds_rise_goes_on_though_their_slope_is_uncertain(
     assert plan.line(plan.grid.cases()[0]).stopped is Stopped.REGIME
 
 
+def test_a_line_stops_two_lengths_past_a_plateau_its_rate_fell_from() -> None:
+    """A rate can hold in cache within 20% but never within --n auto's 15% on its first rounds,
+    then fall out of cache (conv and attention-linear on 2026-11-30 ran on to the end of their
+    budget). Where it stays under that plateau at two lengths past it, the line stops: the table
+    fits it on the plateau. A fall of one length, or a dip the rate climbs back from, goes on."""
+    rate = {64: 0.5, 128: 0.7, 256: 0.85, 512: 1.0, 1024: 1.18, 2048: 1.02, 4096: 1.12,
+            8192: 0.8, 16384: 0.7, 32768: 0.65, 65536: 0.64}  # fmt: skip
+    plan, ran = run_at_rates(rate)
+    assert ran == [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+    line = plan.line(plan.grid.cases()[0])
+    assert line.stopped is Stopped.REGIME and line.at_n == 16384
+    assert line.why == (
+        "rate within 20%, with no trend, over n=512..4096 (4 lengths), then under it at the 2 "
+        "lengths past it, to n=16384"
+    )
+    back = {**rate, 16384: 1.05, 32768: 1.06, 65536: 1.04}  # a dip at 8192, then the plateau
+    plan, ran = run_at_rates(back)
+    assert ran[-1] > 16384
+
+
 def test_a_resumed_auto_run_keeps_its_lines_budget_stops_unless_the_budget_grew() -> None:
     """A line the budget stopped stays stopped on resume, its spend a finished line's, so the
     resumed run measures what a run straight through would; a larger --auto-budget takes it

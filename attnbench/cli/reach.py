@@ -70,9 +70,10 @@ def _stopped_on_first_rounds(lines: tuple[AutoLine, ...], read: Mapping[str, Rea
             f"{'reads' if len(moved) == 1 else 'read'} unsettled)"
         )
     if lower:
+        their = _they(lower)["their"]
         rule += (
-            f"; {', '.join(lower)} settled on {_they(lower)['their']} final times only lower "
-            f"down ({_they(lower)['their']} exponent is fitted there)"
+            f"; {', '.join(lower)} settled lower down, on a plateau {their} rate then fell "
+            f"from ({their} exponent is fitted there)"
         )
     return rule
 

@@ -20,7 +20,14 @@ import torch
 
 from attnbench.devices import DTYPES, available_bytes, device_kind
 from attnbench.measure.record import CaseResult
-from attnbench.regime import AUTO_BAND, AUTO_TREND, REGIME_SIZES, settled_sizes
+from attnbench.regime import (
+    AUTO_BAND,
+    AUTO_TREND,
+    PAST_SIZES,
+    REGIME_BAND,
+    REGIME_SIZES,
+    settled_sizes,
+)
 from attnbench.results.record import Stopped
 from attnbench.run.rounds import cost_of
 from attnbench.schema import Status
@@ -177,12 +184,24 @@ class AutoPlan:
         line.points = sorted([*line.points, point], key=lambda p: p.n)
         line.at_n = line.points[-1].n
         rates = [p.rate for p in line.points]  # first rounds': AUTO_BAND leaves them room
-        settled = settled_sizes([p.n for p in line.points], rates, AUTO_BAND, AUTO_TREND)
+        sizes = [p.n for p in line.points]
+        settled = settled_sizes(sizes, rates, AUTO_BAND, AUTO_TREND)
         if settled and settled[-1] == line.at_n:
             line.stopped = Stopped.REGIME
             line.why = (
                 f"rate within {AUTO_BAND:.0%}, with no trend, over n={settled[0]}..{settled[-1]} "
                 f"({len(settled)} lengths)"
+            )
+            return
+        # a plateau the rate fell from, as attnbench table reads one (``PAST_SIZES``)
+        lower = settled_sizes(sizes, rates, REGIME_BAND, AUTO_TREND)
+        past = [n for n in sizes if lower and n > lower[-1]]
+        if len(past) >= PAST_SIZES:
+            line.stopped = Stopped.REGIME
+            line.why = (
+                f"rate within {REGIME_BAND:.0%}, with no trend, over n={lower[0]}..{lower[-1]} "
+                f"({len(lower)} lengths), then under it at the {len(past)} lengths past it, to "
+                f"n={past[-1]}"
             )
 
     def restore(
@@ -364,9 +383,9 @@ class AutoPlan:
             "rule": (
                 f"n doubles from {self.grid.ns[0]} until the rate (counted work per second) "
                 f"stays within {AUTO_BAND:.0%}, its slope within {AUTO_TREND:g} of 0, over "
-                f"{REGIME_SIZES} lengths (its first rounds'), "
-                f"or the next "
-                f"case would take over {self.max_call_s:g} s a call, need over "
+                f"{REGIME_SIZES} lengths (its first rounds'), or within {REGIME_BAND:.0%} over "
+                f"{REGIME_SIZES} lengths and under them at the {PAST_SIZES} lengths past, or the "
+                f"next case would take over {self.max_call_s:g} s a call, need over "
                 f"{MEMORY_SHARE:.0%} of the free memory, or overrun its share of "
                 f"{self.grid.auto_budget_s:g} s"
             ),
