@@ -281,17 +281,23 @@ def time_call(
         return elapsed
 
     first_call_s = _warm_up(fn, policy, clock, sync)
-    if faults:
-        _settle_heap(fn, policy.settle_s, faults, clock, sync)
+    settled = faults is not None and _settle_heap(fn, policy.settle_s, faults, clock, sync)
     calls, probe = _block_size(timed_block, first_call_s, policy)
-    samples: list[float] = [probe / calls]
-    total = probe
+    samples: list[float] = []
+    total = 0.0
     del per_block[:-1]  # the calibration's blocks are not samples; its last one is
     del clocks[:-1]
-    while (stop := _stop(samples, total, policy)) is None:
-        elapsed = timed_block(calls)
+    grew, elapsed = 0, probe
+    while True:
         total += elapsed
-        samples.append(elapsed / calls)
+        if settled and grew < MAX_GREW and per_block[-1][0] > SETTLED_FAULTS * calls:
+            grew += 1  # the settled heap grew again in this block: warm-up, not a sample
+            del per_block[-1], clocks[-1:]
+        else:
+            samples.append(elapsed / calls)
+        if (stop := _stop(samples, total, policy)) is not None:
+            break
+        elapsed = timed_block(calls)
     return TimingStats(
         samples_s=tuple(samples),
         calls_per_sample=calls,
@@ -332,6 +338,12 @@ def _warm_up(
 SETTLED_FAULTS = 16
 SETTLED_CALLS = 2  # calls in a row under SETTLED_FAULTS that settle the heap
 SETTLE_MAX_CALLS = 20
+# A heap that settled can grow again later: a small block left in a freed tensor's place splits
+# it, and the next call carves that tensor past the top. A block that faults over
+# SETTLED_FAULTS a call is then taken as warm-up, not a sample, this many times a round at
+# most. In default sweeps on 2026-11-30 a quarter of the rounds of attention and ssm-scan at
+# n = 512, 1024 had such a block (500-3,500 faults a call), and read 10-30% slow.
+MAX_GREW = 3
 
 
 def _settle_heap(
@@ -340,22 +352,24 @@ def _settle_heap(
     faults: FaultCounter,
     clock: Clock,
     sync: Callable[[], None],
-) -> None:
+) -> bool:
     """Calls after the warm-up until the heap stops growing: ``SETTLED_CALLS`` in a row that
     fault at most ``SETTLED_FAULTS`` pages each, within ``settle_s`` seconds and
     ``SETTLE_MAX_CALLS`` calls. A fresh process's heap grows over its first calls as glibc
     places each size anew; a sample taken while it grows times the kernel zeroing pages, and
     a round that took it read 1.3-1.8x the others of its case (``ssm-scan`` at n = 1024: 9.9-10.4
     ms in rounds without faults, 13.2-14.6 ms in rounds with 500-1,000 a call, 2026-11-30). A
-    heap that faults on every call (``--allocator system``) is not waited for past the limits."""
+    heap that faults on every call (``--allocator system``) is not waited for past the limits.
+    Whether the heap settled."""
     begin, settled = clock(), 0
     for _ in range(SETTLE_MAX_CALLS):
         if settled >= SETTLED_CALLS or clock() - begin >= settle_s:
-            return
+            break
         before = faults()[0]
         fn()
         sync()
         settled = settled + 1 if faults()[0] - before <= SETTLED_FAULTS else 0
+    return settled >= SETTLED_CALLS
 
 
 def _block_size(
@@ -427,7 +441,7 @@ def _stop(
     budget once ``total`` seconds of samples (or ``overrun``) reach it; else max samples."""
     if len(samples) >= policy.max_samples:
         return Stop.MAX_SAMPLES
-    if len(samples) < policy.min_samples:
+    if len(samples) < max(1, policy.min_samples):
         return None
     if total >= min(policy.min_time_s, policy.budget_s) and _precise(samples, policy):
         return Stop.PRECISE
