@@ -31,7 +31,7 @@ from attnbench.fits import (
 from attnbench.metrics import METRICS, Metric
 from attnbench.regime import overhead_bound
 from attnbench.render.machine import roofline_chart, time_split_chart
-from attnbench.render.parallel import draw_in_two
+from attnbench.render.parallel import DRAW_COST, draw_in_two
 from attnbench.render.style import (
     Panel,
     in_decode_words,
@@ -484,7 +484,7 @@ def plot_run(
         out_dir.mkdir(parents=True, exist_ok=True)  # before the two processes draw into it
     except OSError as exc:
         raise AttnbenchError(f"cannot create {str(out_dir)!r}: {exc.strerror}") from exc
-    written = draw_in_two(draw, asked)
+    written = draw_in_two(draw, asked, DRAW_COST)
     if not written and names:  # the charts asked for, each with its own reason
         reasons = "; ".join(f"{name}: {not_drawn_reason(name, run, layers)}" for name in names)
         raise AttnbenchError(f"nothing to plot in {run.path}: {reasons}")
