@@ -220,6 +220,22 @@ def test_a_settled_heap_that_grows_again_is_warm_up_not_a_sample() -> None:
     assert stats.faults is not None and min(stats.faults) == 300 and never.calls == 1 + 20 + 8
 
 
+def test_the_warm_ups_quiet_calls_count_toward_a_settled_heap() -> None:
+    """A warm-up call that faulted no more than a few pages is one of the two in a row that
+    settle the heap: a 30 ms call (ssm-scan at n = 1024) is not called twice more for it."""
+    policy = TimingPolicy(warmup_calls=2, min_block_s=1e-3, min_samples=4, budget_s=1.0,
+                          min_time_s=0.0, target_rel_ci=1.0)  # fmt: skip
+    quiet = Ticking([0])  # a heap that never grows: the warm-up's two calls settle it
+    stats = time_call(quiet.fn, policy, clock=quiet.clock, faults=quiet.faults)
+    assert stats.calls_per_sample == 1 and quiet.calls == 2 + stats.count  # no call between
+    grew = Ticking([4098, 4098, 0])  # both warm-up calls grew it: two calls settle it after
+    time_call(grew.fn, policy, clock=grew.clock, faults=grew.faults)
+    assert grew.calls == quiet.calls + 2
+    last = Ticking([4098, 0])  # the last warm-up call was quiet: one more
+    time_call(last.fn, policy, clock=last.clock, faults=last.faults)
+    assert last.calls == quiet.calls + 1
+
+
 def test_the_cost_of_a_fault_is_the_first_touch_less_the_second() -> None:
     ticks = iter([0.0, 0.010, 0.010, 0.012])  # touched fresh: 10 ms; resident: 2 ms
     counts = iter([(100, 0), (4196, 0)])  # 4096 faults

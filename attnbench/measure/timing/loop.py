@@ -280,8 +280,8 @@ def time_call(
             clocks.append(read_clock())
         return elapsed
 
-    first_call_s = _warm_up(fn, policy, clock, sync)
-    settled = faults is not None and _settle_heap(fn, policy.settle_s, faults, clock, sync)
+    first_call_s, quiet = _warm_up(fn, policy, clock, sync, faults)
+    settled = faults is not None and _settle_heap(fn, policy.settle_s, faults, clock, sync, quiet)
     calls, probe = _block_size(timed_block, first_call_s, policy)
     samples: list[float] = []
     total = 0.0
@@ -310,25 +310,42 @@ def time_call(
 
 
 def _warm_up(
-    fn: Callable[[], object], policy: TimingPolicy, clock: Clock, sync: Callable[[], None]
-) -> float | None:
+    fn: Callable[[], object],
+    policy: TimingPolicy,
+    clock: Clock,
+    sync: Callable[[], None],
+    faults: FaultCounter | None = None,
+) -> tuple[float | None, int]:
     """The policy's warm-up calls; the last is timed, never a sample (None: no warm-up): it
     sizes the first block, so a fast call is not probed again by a one-call block that would
-    be thrown away."""
+    be thrown away. With ``faults``, also how many of its last calls in a row left the heap
+    as they found it (``_settle_heap`` counts them)."""
+    quiet = 0
+
+    def call(timed: bool = False) -> float:
+        nonlocal quiet
+        before = faults()[0] if faults else 0
+        took = 0.0
+        if timed:
+            sync()
+            begin = clock()
+            fn()
+            sync()
+            took = clock() - begin
+        else:
+            fn()
+        if faults:
+            quiet = quiet + 1 if faults()[0] - before <= SETTLED_FAULTS else 0
+        return took
+
     for _ in range(policy.warmup_calls - 1):
-        fn()
-    first_call_s = None
-    if policy.warmup_calls > 0:
-        sync()
-        begin = clock()
-        fn()
-        sync()
-        first_call_s = clock() - begin
+        call()
+    first_call_s = call(timed=True) if policy.warmup_calls > 0 else None
     if first_call_s is not None and first_call_s > 0 and policy.warmup_s > first_call_s:
         for _ in range(min(math.ceil(policy.warmup_s / first_call_s) - 1, policy.max_block_calls)):
-            fn()
+            call()
     sync()
-    return first_call_s
+    return first_call_s, quiet
 
 
 # A call that faults at most this many pages leaves the heap as it found it: one still growing
@@ -352,16 +369,18 @@ def _settle_heap(
     faults: FaultCounter,
     clock: Clock,
     sync: Callable[[], None],
+    quiet: int = 0,
 ) -> bool:
     """Calls after the warm-up until the heap stops growing: ``SETTLED_CALLS`` in a row that
-    fault at most ``SETTLED_FAULTS`` pages each, within ``settle_s`` seconds and
+    fault at most ``SETTLED_FAULTS`` pages each (the warm-up's last ``quiet`` calls count:
+    a 30 ms call was called twice more otherwise), within ``settle_s`` seconds and
     ``SETTLE_MAX_CALLS`` calls. A fresh process's heap grows over its first calls as glibc
     places each size anew; a sample taken while it grows times the kernel zeroing pages, and
     a round that took it read 1.3-1.8x the others of its case (``ssm-scan`` at n = 1024: 9.9-10.4
     ms in rounds without faults, 13.2-14.6 ms in rounds with 500-1,000 a call, 2026-11-30). A
     heap that faults on every call (``--allocator system``) is not waited for past the limits.
     Whether the heap settled."""
-    begin, settled = clock(), 0
+    begin, settled = clock(), quiet
     for _ in range(SETTLE_MAX_CALLS):
         if settled >= SETTLED_CALLS or clock() - begin >= settle_s:
             break
