@@ -250,8 +250,11 @@ class SubprocessExecutor:
 # Fork servers a fork executor runs: a fork shares its server's address-space layout (where
 # exec placed the libraries and the heap), which gives a process a speed of its own as much as
 # the fork does (``benchmarks/coverage.py``: 2-3% between servers, as between forks of one), so
-# a case's rounds go to different servers.
-SERVERS = 3
+# a case's rounds go to different servers. Two: each server imports torch as the sweep starts,
+# on this project's two cores beside the driver's own import, and a third cost 0.85 s a sweep
+# (4.8 s to a one-case sweep's end against 4.0); its rounds spread no wider between servers
+# than between forks of one (``docs/metrics.md``).
+SERVERS = 2
 
 
 def pick_server(used: list[int], last: int | None, servers: int) -> int:
