@@ -43,11 +43,12 @@ REGIME_TREND = 0.05
 # unsettled. So --n auto stops on the slope itself, within this (its room for the later rounds,
 # as AUTO_BAND's: conv's slope moved 0.016 between its first rounds and its final times).
 AUTO_TREND = 0.04
-# --n auto also stops a line whose rate held within REGIME_BAND lower down and then fell under
-# that plateau at this many lengths past it, where attnbench table fits it: in default sweeps on
-# 2026-11-30 conv and attention-linear, whose rates held in cache (their first rounds 15.1-19.5%
-# apart) and fell out of it, ran on to the end of their budget (14-20 s of 60) on lengths the
-# table then left out.
+# --n auto also stops a line whose rate settled lower down, as attnbench table reads a plateau
+# (REGIME_BAND, REGIME_TREND), and then fell under it at this many lengths past it, where the
+# table fits it: in default sweeps on 2026-11-30 conv, attention-linear and attention-local,
+# whose rates held in cache (their first rounds 15.1-19.5% apart, or rising 0.05 a doubling)
+# and fell out of it, ran on to the end of their budget (12-20 s of 60) on lengths the table
+# then left out.
 PAST_SIZES = 2
 # A case whose kernels run under this share of its time is overhead-bound.
 OVERHEAD_SHARE = 0.5

@@ -470,6 +470,12 @@ def test_a_line_stops_two_lengths_past_a_plateau_its_rate_fell_from() -> None:
     back = {**rate, 16384: 1.05, 32768: 1.06, 65536: 1.04}  # a dip at 8192, then the plateau
     plan, ran = run_at_rates(back)
     assert ran[-1] > 16384
+    # attention-local's first rounds on 2026-11-30: over 512..4096 within 16%, its slope 0.05
+    # (past --n auto's 0.04, but its interval holds 0, as the table reads it), then a fall
+    rates = [18.4, 26.9, 35.4, 41.6, 46.2, 48.2, 45.4, 39.7, 37.3, 35.0, 34.1]
+    local = {64 * 2**i: rate for i, rate in enumerate(rates)}
+    plan, ran = run_at_rates(local)
+    assert ran[-1] == 16384 and "over n=512..4096" in plan.line(plan.grid.cases()[0]).why
 
 
 def test_a_resumed_auto_run_keeps_its_lines_budget_stops_unless_the_budget_grew() -> None:

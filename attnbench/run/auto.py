@@ -193,8 +193,8 @@ class AutoPlan:
                 f"({len(settled)} lengths)"
             )
             return
-        # a plateau the rate fell from, as attnbench table reads one (``PAST_SIZES``)
-        lower = settled_sizes(sizes, rates, REGIME_BAND, AUTO_TREND)
+        # a plateau the rate fell from, read as attnbench table reads one (``PAST_SIZES``)
+        lower = settled_sizes(sizes, rates, REGIME_BAND)
         past = [n for n in sizes if lower and n > lower[-1]]
         if len(past) >= PAST_SIZES:
             line.stopped = Stopped.REGIME
@@ -383,8 +383,8 @@ class AutoPlan:
             "rule": (
                 f"n doubles from {self.grid.ns[0]} until the rate (counted work per second) "
                 f"stays within {AUTO_BAND:.0%}, its slope within {AUTO_TREND:g} of 0, over "
-                f"{REGIME_SIZES} lengths (its first rounds'), or within {REGIME_BAND:.0%} over "
-                f"{REGIME_SIZES} lengths and under them at the {PAST_SIZES} lengths past, or the "
+                f"{REGIME_SIZES} lengths (its first rounds'), or settles as the table reads it "
+                f"and falls under that at the {PAST_SIZES} lengths past, or the "
                 f"next case would take over {self.max_call_s:g} s a call, need over "
                 f"{MEMORY_SHARE:.0%} of the free memory, or overrun its share of "
                 f"{self.grid.auto_budget_s:g} s"
