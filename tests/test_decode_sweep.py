@@ -23,7 +23,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.cli.correctness import compile_notes, correctness_notes
+from attnbench.cli.correctness import compile_notes, correctness_notes, fast_path_notes
 from attnbench.devices import TOLERANCE
 from attnbench.formats import FORMAT_VERSION
 from attnbench.layers.decoding import State
@@ -657,5 +657,15 @@ def test_a_compiled_check_is_held_to_the_dtype_and_an_eager_fallback_is_not_coun
     fused = frame.drop(index=1).assign(compiled=["default"], fused_path=[path], layer=["tel"])
     (ran,) = compile_notes(fused)
     assert ran.startswith(f"1 compiled case(s) ran a fused kernel of torch's (tel: {path}): ")
-    assert compile_notes(fused.assign(compiled=[None])) == []  # eager: nothing to say
+    assert compile_notes(fused.assign(compiled=[None])) == []  # eager: the next note's
     assert compile_notes(fused.assign(fused_path=[None])) == []
+    # an eager call that took a module's fast path times its one fused op: said so
+    eager = fused.assign(compiled=[None], status=["ok"])
+    (fast,) = fast_path_notes(eager)
+    assert fast.startswith(
+        "1 case(s) took a module's fast path (tel: _transformer_encoder_layer_fwd): in eval "
+        "mode without grad torch runs that one fused op"
+    )
+    assert fast_path_notes(fused.assign(status=["ok"])) == []  # compiled: compile_notes says so
+    lstm = "lstm (torch's recurrent op: one call from Python, its steps run in C++)"
+    assert fast_path_notes(eager.assign(fused_path=[lstm])) == []  # a recurrent op: not a module's

@@ -1,11 +1,13 @@
 """The correctness checks' notes in the summary: decoded tokens and compiled outputs against
-their tolerance, each layer's largest difference, and compiled cases that ran eager."""
+their tolerance, each layer's largest difference, compiled cases that ran eager, and cases
+whose time is a fused kernel's (a compiled call's, or a module's fast path)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from attnbench.devices import tolerance
+from attnbench.measure.counts.ops import ATTENTION_FAST_PATHS, fused_names
 from attnbench.schema import Status, failed_a_check, numeric_column
 
 # The correctness checks a case may carry: its column, what it compares, and whether its
@@ -79,6 +81,32 @@ def _fused_when_compiled(frame: pd.DataFrame) -> list[str]:
         f"{len(taken)} compiled case(s) ran a fused kernel of torch's ({'; '.join(paths)}): "
         "inductor calls it as it is, so their time is that kernel's (with the compiled "
         "call's own overhead), not code inductor generated"
+    ]
+
+
+def fast_path_notes(frame: pd.DataFrame) -> list[str]:
+    """Eager cases whose call took a module's fast path (``ATTENTION_FAST_PATHS``): in eval
+    mode without grad, ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` run one
+    fused op in place of their Python forward, so the time is that op's (a new user's
+    ``nn.TransformerEncoderLayer`` said so only in the ``fused_path`` column)."""
+    if "fused_path" not in frame.columns:
+        return []
+    compiled = frame.get("compiled", pd.Series(None, index=frame.index))
+    eager = compiled.isna() | (compiled.astype(str).str.len() == 0)
+    paths = frame["fused_path"].fillna("").astype(str)
+    fast = paths.map(lambda text: bool(fused_names(text) & ATTENTION_FAST_PATHS))
+    taken = frame[eager & fast & (frame["status"] == Status.OK)]
+    if not len(taken):
+        return []
+    names = dict.fromkeys(
+        f"{layer}: {name}"
+        for layer, text in zip(taken["layer"], paths[taken.index], strict=True)
+        for name in sorted(fused_names(text) & ATTENTION_FAST_PATHS)
+    )
+    return [
+        f"{len(taken)} case(s) took a module's fast path ({'; '.join(names)}): in eval mode "
+        "without grad torch runs that one fused op in place of the module's Python forward, so "
+        "their time is its kernel's; --mode train takes the module's own ops"
     ]
 
 

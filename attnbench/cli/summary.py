@@ -12,7 +12,7 @@ from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.cli.correctness import compile_notes, correctness_notes
+from attnbench.cli.correctness import compile_notes, correctness_notes, fast_path_notes
 from attnbench.cli.reach import auto_note, final_readings
 from attnbench.cli.reruns import moved_note, sweeps_note, wide_between_sweeps
 from attnbench.estimators import IMPRECISE_REL_CI, QUIET_FACTOR, processes_for, rel_ci
@@ -190,7 +190,11 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
             soft_wrap=True,
         )
     _count_notes(run.frame, console)
-    for note in [*correctness_notes(run.frame), *compile_notes(run.frame)]:
+    for note in [
+        *correctness_notes(run.frame),
+        *compile_notes(run.frame),
+        *fast_path_notes(run.frame),
+    ]:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     reach = auto_note(run.record.auto, final_readings(run.record.auto, run.measured))
     if reach:
