@@ -21,6 +21,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from attnbench._version import __version__
 from attnbench.compare import Comparison
@@ -406,8 +407,12 @@ def frame_table(
 ) -> None:
     """A DataFrame as a Rich table (every cell as text). A table wider than the console
     folds a long cell onto more lines, never cuts it: a plugin's name or path is read whole,
-    and the chapter's table read "attention-linea" and "d^-1.0" (for d^-1.07) at 120 columns."""
-    table = Table(title=escape(title) if title else None, title_justify="left")
+    and the chapter's table read "attention-linea" and "d^-1.0" (for d^-1.07) at 120 columns.
+    The title is a line of its own, as wide as the console: inside a narrow table (the
+    generation table's) a long run path folded it onto three lines."""
+    if title:
+        console.print(Text(title, style="table.title"))
+    table = Table()
     for header in list(headers) or list(frame.columns):
         table.add_column(escape(str(header)), overflow="fold")
     for row in frame.itertuples(index=False):
