@@ -476,6 +476,21 @@ def test_a_line_stops_two_lengths_past_a_plateau_its_rate_fell_from() -> None:
     local = {64 * 2**i: rate for i, rate in enumerate(rates)}
     plan, ran = run_at_rates(local)
     assert ran[-1] == 16384 and "over n=512..4096" in plan.line(plan.grid.cases()[0]).why
+    # a length whose rate was not read (its work not counted) is no fall past the plateau
+    plan = AutoPlan(build_grid({"layers": "conv", "d": [64], "n": "auto:64..65536",
+                                "device": "cpu", "auto_budget": 1000}))  # fmt: skip
+    uncounted = []
+    for case in plan.grid.cases():
+        go, _ = plan.decide(case)
+        if not go:
+            continue
+        plan.started(case)
+        found = result(case, 1e-4 * (case.n / 64) / rate[case.n])
+        if case.n > 4096:
+            found = replace(found, flops=None, elementwise=None)
+        plan.record(found)
+        uncounted.append(case.n)
+    assert uncounted[-1] == 65536 and plan.line(plan.grid.cases()[0]).stopped is not Stopped.REGIME
 
 
 def test_a_resumed_auto_run_keeps_its_lines_budget_stops_unless_the_budget_grew() -> None:

@@ -211,16 +211,6 @@ def test_a_cases_rounds_go_to_different_fork_servers(
     assert sum(a[0] == b[0] for a, b in itertools.pairwise(seen)) < len(seen) / 3
 
 
-def test_a_server_is_picked_to_spread_a_case_and_leave_the_last_one_be() -> None:
-    from attnbench.run.executors.process import pick_server
-
-    assert pick_server([], None, 3) == 0
-    assert pick_server([], 0, 3) == 1  # any server would do: not the one still reaping
-    assert pick_server([0, 1], 1, 3) == 2  # the one this case has not had
-    assert pick_server([0, 1], 2, 3) == 2  # ... even where the last job went (it must wait)
-    assert pick_server([0, 1, 2], 0, 3) == 1
-    assert pick_server([0], 0, 1) == 0  # one server: it, whatever came before
-
 
 def test_a_spare_process_prepares_before_its_job_and_answers_it() -> None:
     """A server forks a job's process ahead: it makes what every job needs, then waits; the
@@ -255,6 +245,7 @@ def test_an_answer_comes_back_before_its_process_has_finished_exiting(
         os._exit(code)
 
     monkeypatch.setattr(fresh, "_leave", slow_exit)
+    monkeypatch.setattr(fresh, "_exiting", [])  # this test's processes alone
     spare = fresh.fork_spare(lambda: lambda _: {"op": "done"})
     outcome = fresh.run_spare(spare, {}, Limits(wall_s=10))
     assert outcome.answer == {"op": "done"} and fresh._exiting == [spare.pid]
@@ -263,26 +254,3 @@ def test_an_answer_comes_back_before_its_process_has_finished_exiting(
     assert fresh._exiting == []
     with pytest.raises(ChildProcessError):
         os.waitpid(spare.pid, os.WNOHANG)  # reaped
-
-
-def test_a_jobs_process_takes_the_hosts_profiler_cost_from_its_server(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The profiler's cost is the host's: a fork server's first process measures it, and every
-    job's process takes it from the server rather than measuring it again (25 ms a case)."""
-    from attnbench.measure.timing import split
-    from attnbench.run.executors import child
-
-    monkeypatch.setattr(split, "_HOST", [])
-    measured: list[int] = []
-    monkeypatch.setattr(
-        split, "_measured_cost", lambda *a: measured.append(1) or split.ProfilerCost(2e-7, 6e-7)
-    )
-    monkeypatch.setattr(child, "_worker", lambda message: None)
-    monkeypatch.setattr(child, "_ready", lambda worker, message, names: {"op": "ready"})
-    described = child._describe({"metric": "time"}, [])
-    assert described == {"op": "ready", child.PROFILER: [2e-7, 6e-7]} and measured == [1]
-    monkeypatch.setattr(split, "_HOST", [])
-    child._prepared({child.PROFILER: [3e-7, 7e-7]})
-    assert split.profiler_cost() == split.ProfilerCost(3e-7, 7e-7) and measured == [1]
-    assert child._describe({"metric": "instructions"}, [])[child.PROFILER] is None

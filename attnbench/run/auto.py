@@ -195,7 +195,8 @@ class AutoPlan:
             return
         # a plateau the rate fell from, read as attnbench table reads one (``PAST_SIZES``)
         lower = settled_sizes(sizes, rates, REGIME_BAND)
-        past = [n for n in sizes if lower and n > lower[-1]]
+        read = [n for n, r in zip(sizes, rates, strict=True) if math.isfinite(r) and r > 0]
+        past = [n for n in read if lower and n > lower[-1]]  # a rate not read is not a fall
         if len(past) >= PAST_SIZES:
             line.stopped = Stopped.REGIME
             line.why = (

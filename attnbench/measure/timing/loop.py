@@ -287,12 +287,22 @@ def time_call(
     total = 0.0
     del per_block[:-1]  # the calibration's blocks are not samples; its last one is
     del clocks[:-1]
-    grew, elapsed = 0, probe
+    held: list[tuple[int, float, tuple[int, int], list[float | None]]] = []
+    elapsed = probe
     while True:
         total += elapsed
-        if settled and grew < MAX_GREW and per_block[-1][0] > SETTLED_FAULTS * calls:
-            grew += 1  # the settled heap grew again in this block: warm-up, not a sample
-            del per_block[-1], clocks[-1:]
+        if settled and per_block[-1][0] > SETTLED_FAULTS * calls:
+            # the settled heap grew again in this block: warm-up, not a sample; a heap that
+            # grows past MAX_GREW blocks grows as the layer runs, and every block is a sample
+            held.append((len(samples), elapsed / calls, per_block.pop(), clocks[-1:]))
+            del clocks[-1:]
+            if len(held) > MAX_GREW:
+                settled = False
+                for at, sample, block, read in reversed(held):
+                    samples.insert(at, sample)
+                    per_block.insert(at, block)
+                    clocks[at:at] = read
+                held.clear()
         else:
             samples.append(elapsed / calls)
         if (stop := _stop(samples, total, policy)) is not None:
@@ -322,9 +332,10 @@ def _warm_up(
     as they found it (``_settle_heap`` counts them)."""
     quiet = 0
 
-    def call(timed: bool = False) -> float:
+    def call(timed: bool = False, counted: bool = True) -> float:
         nonlocal quiet
-        before = faults()[0] if faults else 0
+        counted = counted and faults is not None
+        before = faults()[0] if faults and counted else 0
         took = 0.0
         if timed:
             sync()
@@ -334,7 +345,7 @@ def _warm_up(
             took = clock() - begin
         else:
             fn()
-        if faults:
+        if faults and counted:
             quiet = quiet + 1 if faults()[0] - before <= SETTLED_FAULTS else 0
         return took
 
@@ -342,8 +353,9 @@ def _warm_up(
         call()
     first_call_s = call(timed=True) if policy.warmup_calls > 0 else None
     if first_call_s is not None and first_call_s > 0 and policy.warmup_s > first_call_s:
-        for _ in range(min(math.ceil(policy.warmup_s / first_call_s) - 1, policy.max_block_calls)):
-            call()
+        more = min(math.ceil(policy.warmup_s / first_call_s) - 1, policy.max_block_calls)
+        for i in range(more):  # the faults of the last few alone: a 10 µs call makes hundreds
+            call(counted=i >= more - SETTLED_CALLS)
     sync()
     return first_call_s, quiet
 
@@ -357,9 +369,11 @@ SETTLED_CALLS = 2  # calls in a row under SETTLED_FAULTS that settle the heap
 SETTLE_MAX_CALLS = 20
 # A heap that settled can grow again later: a small block left in a freed tensor's place splits
 # it, and the next call carves that tensor past the top. A block that faults over
-# SETTLED_FAULTS a call is then taken as warm-up, not a sample, this many times a round at
-# most. In default sweeps on 2026-11-30 a quarter of the rounds of attention and ssm-scan at
-# n = 512, 1024 had such a block (500-3,500 faults a call), and read 10-30% slow.
+# SETTLED_FAULTS a call is then taken as warm-up, not a sample, up to this many a round; past
+# them the heap grows as the layer runs, and every block is a sample again (none left out, so
+# a steady growth is timed, not its quiet blocks alone). In two sweeps of attention and
+# ssm-scan at n = 512, 1024 on 2026-11-30, 5-14 of 48 rounds had such a block (500-4,100
+# faults a call), reading up to 1.8x the round's other blocks.
 MAX_GREW = 3
 
 

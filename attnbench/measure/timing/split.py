@@ -296,13 +296,20 @@ _HOST: list[ProfilerCost] = []  # this host's, once known (measured here, or han
 
 
 def use_profiler_cost(cost: ProfilerCost) -> None:
-    """Take this host's profiler cost as measured in another process of it (a fork server's
-    first: ``run.executors.child``), so that a process made for one case need not measure it."""
+    """Take this host's profiler cost as measured in another process of it (a case's process
+    before it, on the same fork server: ``run.executors.child``), so that a process made for
+    one case need not measure it."""
     _HOST[:] = [cost]
 
 
+def known_profiler_cost() -> ProfilerCost | None:
+    """This host's profiler cost where this process measured it or was handed it, else None."""
+    return _HOST[0] if _HOST else None
+
+
 def profiler_cost(repeats: int = 7, loop: int = 200) -> ProfilerCost:
-    """``ProfilerCost`` of this process's host, measured once (about 25 ms here): a loop of
+    """``ProfilerCost`` of this process's host, measured once a process (about 25 ms here; a
+    later call's arguments are not read again): a loop of
     one-element adds, profiled between two plain runs (the median of ``repeats`` such
     differences), and the self time the profiler reads for one such add (where a profile has
     no floor of its own)."""

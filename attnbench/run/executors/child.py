@@ -10,6 +10,7 @@ stderr, so stdout carries the protocol only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -23,6 +24,7 @@ from attnbench.run.executors.fresh import Limits
 
 if TYPE_CHECKING:
     from attnbench.run.executors.base import Job
+    from attnbench.run.executors.fresh import Spare
     from attnbench.run.executors.worker import Worker
 
 
@@ -36,22 +38,21 @@ def serve(incoming: IO[str], channel: IO[str]) -> int:
 
     With ``fresh`` in the start message this process is a fork server: it imports and loads
     the plugins once, then runs each job (and the description of a worker) in a process
-    forked for it (``fresh.run_fresh``), so no torch op ever runs here.
+    forked for it (``_ForkServer``), so no torch op ever runs here.
     """
     # Imported here: a child that cannot import torch still answers with one line.
     from attnbench.layers import plugins
-    from attnbench.run.executors.fresh import fork_spare, reap, run_fresh, run_spare
-    from attnbench.run.executors.wire import PROTOCOL, job_from_wire, lost_to_wire
+    from attnbench.run.executors.wire import PROTOCOL, job_from_wire
 
     worker: Worker | None = None
-    start: dict[str, Any] | None = None  # a fork server's start message
-    spare = None  # a fork server's process for its next job, forked ahead
+    server: _ForkServer | None = None  # with ``fresh`` in the start message
     for line in incoming:
         message = json.loads(line)
         if message["op"] == "stop":
             if worker is not None:
                 worker.close()
-            if start is not None:  # a fork server: no torch op ran here, nothing to tear down
+            if server is not None:  # no torch op ran here, nothing to tear down
+                server.stop()
                 _leave(channel)
             return 0
         if message["op"] == "start":
@@ -70,37 +71,83 @@ def serve(incoming: IO[str], channel: IO[str]) -> int:
             plugins.receive(message["layers"], message.get("verify_modules", True))
             names = [plugins.resolve(name).name for name in message["names"]]
             if message.get("fresh"):
-                _preload(compiles=bool(message.get("compiles")))
-                start = message
-                outcome = run_fresh(functools.partial(_describe, message, names), _LIMITS)
-                if outcome.answer is None:
-                    raise AttnbenchError(
-                        f"the first worker process did not start: {outcome.reason}"
-                    )
-                start = {**message, PROFILER: outcome.answer.pop(PROFILER, None)}
-                spare = fork_spare(functools.partial(_prepared, start))
-                _reply(channel, outcome.answer)
+                server = _ForkServer(message)
+                _reply(channel, server.describe(names))
                 continue
             worker = _worker(message)
             _reply(channel, _ready(worker, message, names))
-        elif message["op"] == "job" and start is not None:
-            job = job_from_wire(message["job"])
-            assert spare is not None
-            outcome = run_spare(spare, message["job"], job_limits(job))
-            answer = outcome.answer
-            if answer is None:
-                answer = {"op": "done", "done": lost_to_wire(outcome)}
-            _reply(channel, answer)
-            reap()  # the last process's teardown, then the next one's fork: the driver's
-            spare = fork_spare(functools.partial(_prepared, start))  # next job is likely elsewhere
+        elif message["op"] == "job" and server is not None:
+            _reply(channel, server.answer(message["job"]))
+            server.ahead()  # the driver's next job is likely the other server's
         elif message["op"] == "job" and worker is not None:
             _reply(channel, _run(worker, job_from_wire(message["job"])))
     return 0
 
 
+class _ForkServer:
+    """A fork server's side of the protocol: it imports what every job needs, then runs each
+    job in a process forked ahead for it (``fresh.fork_spare``), a spare always waiting."""
+
+    def __init__(self, start: dict[str, Any]) -> None:
+        _preload(compiles=bool(start.get("compiles")))
+        self.start = start
+        self.spare: Spare | None = None
+
+    def describe(self, names: list[str]) -> dict[str, Any]:
+        """The first process's description of a worker, then the first spare forked."""
+        from attnbench.run.executors.fresh import run_fresh
+
+        outcome = run_fresh(functools.partial(_describe, self.start, names), _LIMITS)
+        if outcome.answer is None:
+            raise AttnbenchError(f"the first worker process did not start: {outcome.reason}")
+        self.ahead()
+        return outcome.answer
+
+    def answer(self, wire: dict[str, Any]) -> dict[str, Any]:
+        """A job's answer, from its spare (forked again where it died waiting for it)."""
+        from attnbench.run.executors.fresh import run_spare
+        from attnbench.run.executors.wire import job_from_wire, lost_to_wire
+
+        if self.spare is not None and os.waitpid(self.spare.pid, os.WNOHANG)[0]:
+            os.close(self.spare.jobs)  # gone before its job came: that is not the job's end
+            os.close(self.spare.answers)
+            self.spare = None
+        self.ahead()
+        assert self.spare is not None
+        spare, self.spare = self.spare, None
+        outcome = run_spare(spare, wire, job_limits(job_from_wire(wire)))
+        answer = outcome.answer
+        if answer is None:
+            answer = {"op": "done", "done": lost_to_wire(outcome)}
+        cost = answer.pop(PROFILER, None)
+        if cost and not self.start.get(PROFILER):  # every later process of this server's
+            self.start = {**self.start, PROFILER: cost}
+        return answer
+
+    def ahead(self) -> None:
+        """Reap the processes that answered, then fork the next job's."""
+        from attnbench.run.executors.fresh import fork_spare, reap
+
+        reap()
+        if self.spare is None:
+            self.spare = fork_spare(functools.partial(_prepared, self.start))
+
+    def stop(self) -> None:
+        """End the waiting spare (it leaves on an empty message) and reap it."""
+        from attnbench.run.executors.fresh import reap
+
+        if self.spare is not None:
+            os.close(self.spare.jobs)
+            os.close(self.spare.answers)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.spare.pid, 0)
+            self.spare = None
+        reap()
+
+
 def _leave(channel: IO[str]) -> None:
     """End a fork server at once. An interpreter that imported torch takes about half a second
-    to tear itself down, and a sweep stops three servers (``ab`` six, one after another):
+    to tear itself down, and a sweep stops two servers (``ab`` four, one after another):
     seconds at every end, for nothing a server holds."""
     channel.flush()
     sys.stderr.flush()
@@ -160,30 +207,36 @@ def _ready(worker: Worker, message: dict[str, Any], names: list[str]) -> dict[st
     }
 
 
-# The host's profiler cost (``split.profiler_cost``), measured once in a fork server's first
-# process and handed to every job's: measured in each, it took 25 ms of each case's first round.
+# The host's profiler cost (``split.profiler_cost``): measured in the first case's process of a
+# fork server that splits a call's time (in the sweep, as before), then handed to every later
+# job's process of that server: measured in each, it took 25 ms of each case's first round.
 PROFILER = "profiler_cost"
 
 
 def _describe(message: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    from attnbench.measure.timing.split import profiler_cost
-
-    worker = _worker(message)
-    cost = profiler_cost() if message.get("metric", "time") == "time" else None
-    found = [cost.per_op_s, cost.op_floor_s] if cost else None
-    return {**_ready(worker, message, names), PROFILER: found}
+    return _ready(_worker(message), message, names)
 
 
 def _prepared(start: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """What a job's process makes before its job comes: the worker (its threads, allocator,
-    the host's profiler cost); then the job, from its wire form."""
-    from attnbench.measure.timing.split import ProfilerCost, use_profiler_cost
+    the host's profiler cost where the server knows it); then the job, from its wire form,
+    and its answer, with the profiler's cost where this process measured it."""
+    from attnbench.measure.timing.split import ProfilerCost, known_profiler_cost, use_profiler_cost
     from attnbench.run.executors.wire import job_from_wire
 
-    if start.get(PROFILER):
-        use_profiler_cost(ProfilerCost(*start[PROFILER]))
+    handed = start.get(PROFILER)
+    if handed:
+        use_profiler_cost(ProfilerCost(*handed))
     worker = _worker(start)
-    return lambda wire: _run(worker, job_from_wire(wire))
+
+    def work(wire: dict[str, Any]) -> dict[str, Any]:
+        answer = _run(worker, job_from_wire(wire))
+        cost = known_profiler_cost()
+        if cost is not None and not handed:
+            answer[PROFILER] = [cost.per_op_s, cost.op_floor_s]
+        return answer
+
+    return work
 
 
 def _run(worker: Worker, job: Job) -> dict[str, Any]:

@@ -64,7 +64,7 @@ class Limits:
 Prepare = Callable[[], Callable[[dict[str, Any]], dict[str, Any]]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Spare:
     """A process forked ahead of its work (``fork_spare``): it has made what every job needs
     (``prepare``) and waits for its message on ``jobs``, answering on ``answers``."""
@@ -137,7 +137,7 @@ def _failing(exc: BaseException) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while chunk := os.read(fd, READ_CHUNK):
         chunks.append(chunk)
     os.close(fd)

@@ -252,8 +252,9 @@ class SubprocessExecutor:
 # the fork does (``benchmarks/coverage.py``: 2-3% between servers, as between forks of one), so
 # a case's rounds go to different servers. Two: each server imports torch as the sweep starts,
 # on this project's two cores beside the driver's own import, and a third cost 0.85 s a sweep
-# (4.8 s to a one-case sweep's end against 4.0); its rounds spread no wider between servers
-# than between forks of one (``docs/metrics.md``).
+# (4.8 s to a one-case sweep's end against 4.0). Pairs of rounds on two servers spread a little
+# more than pairs on one (variance 0.0049 against 0.0037, on 2026-11-30; lower in half the
+# cases): a case's rounds alternate between the two, so its interval holds that part too.
 SERVERS = 2
 
 
