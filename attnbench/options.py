@@ -176,7 +176,9 @@ OPTIONS: tuple[Option, ...] = (
            "Sequence lengths (in --mode decode, the context: the tokens before the step): "
            "a list 64,128, a doubling range 64..4096, or auto: for each "
            "layer and width, n doubles from 64 until the layer's time grows as its counted "
-           "work (its rate within 20% over three doublings), or the next case would not fit "
+           "work (its cases' first rounds read its rate within 15%, with no trend, over four "
+           "lengths; or a plateau that attnbench table fits, within 20%, that its rate then "
+           "fell under at the two lengths past it), or the next case would not fit "
            "(--max-case-seconds, free memory, --auto-budget); auto:START..STOP sets the "
            "ladder. run.json says what stopped each layer.",
            default_text="auto in sweep (a fixed grid is one option away: --n 64..1024); ab "

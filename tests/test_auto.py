@@ -585,12 +585,15 @@ def test_a_line_stopped_short_whose_final_times_settled_is_named_with_where() ->
         "lstm": Reading.NONE,
     }
     note = auto_note(lines, read)
-    assert "4 stopped short of it at the top: attention-linear at n=16384, attention at" in note
+    assert (
+        "4 stopped before their rate settled at their last lengths: attention-linear at "
+        "n=16384, attention at"
+    ) in note
     assert note.endswith(
         "; attention-linear settled lower down, on a plateau its rate then fell from (its "
         "exponent is fitted there); ssm settled at its last lengths on its final times (its "
-        "exponent is fitted there); attention, lstm read below their regime (their exponents "
-        "read unsettled)"
+        "exponent is fitted there); attention, lstm: their rates did not settle on the lengths "
+        "they reached (their exponents, fitted there, read unsettled)"
     )
     assert "so what they measured is read below it" in auto_note(lines)  # nothing read
     # a line never measured (failed before its first length) is not said to read unsettled

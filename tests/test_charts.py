@@ -496,7 +496,7 @@ def test_the_time_chart_of_every_layer_has_a_panel_per_kin(wide_run):
     assert not [x for x in panels[1].get_lines() if x.get_label().startswith("_∝")]
     texts = [t.get_text() for t in key.get_legend().get_texts()]
     assert texts[:3] == [
-        "the median time per call",
+        "the time per call",
         "its samples' quartiles",
         "the layer's fitted cost model",
     ]

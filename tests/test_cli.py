@@ -236,6 +236,17 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     summary_notes(replace(tiny_run, frame=frame), console)
     text = buf.getvalue()
     assert "2 case(s) marked ! have a 95% interval wider than ±5%" in text
+    # which reason holds for how many, not a list of three to guess from
+    from attnbench.cli.summary import _why_imprecise
+
+    marked = frame.loc[[0, 2]].assign(rounds=[6, 3], rounds_disturbed=[0, 0])
+    assert _why_imprecise(marked) == (
+        "Of them, 1 had their processes read far apart (±4.0%); 1 had 3 rounds or "
+        "fewer, which the run's typical spread widened."
+    )
+    assert _why_imprecise(marked.assign(rounds_disturbed=[4, 2])) == (
+        "Of them, 2 ran most of their rounds on a disturbed machine."
+    )
     assert "±50.0% !" in text and "±1.0%" in text and "×/÷104 !" in text
     assert "10300" not in text
     # a new user read "1.75" faults as a count and an empty between cell as missing

@@ -93,7 +93,7 @@ def fast_path_notes(frame: pd.DataFrame) -> list[str]:
         return []
     compiled = frame.get("compiled", pd.Series(None, index=frame.index))
     eager = compiled.isna() | (compiled.astype(str).str.len() == 0)
-    paths = frame["fused_path"].fillna("").astype(str)
+    paths = frame["fused_path"].map(lambda text: text if isinstance(text, str) else "")
     fast = paths.map(lambda text: bool(fused_names(text) & ATTENTION_FAST_PATHS))
     taken = frame[eager & fast & (frame["status"] == Status.OK)]
     if not len(taken):
@@ -117,7 +117,9 @@ def _broken_graphs(frame: pd.DataFrame) -> list[str]:
     broke = frame[(breaks > 0) | (graphs == 0)]
     if not len(broke):
         return []
-    reasons = broke.get("compile_break_reasons", pd.Series("", index=broke.index)).fillna("")
+    reasons = broke.get("compile_break_reasons", pd.Series("", index=broke.index)).map(
+        lambda reason: reason if isinstance(reason, str) else ""
+    )
     first = {
         layer: str(reason).split("; ")[0]
         for layer, reason in zip(broke["layer"], reasons, strict=True)

@@ -100,9 +100,15 @@ def _short_tail(short: list[str], read: Mapping[str, Reading]) -> str | None:
         )
     rest = [x for x in short if read.get(x) is Reading.NONE]  # a line never measured: no read
     if len(rest) == 1:
-        tail += f"; {rest[0]} reads below its regime (its exponent reads unsettled)"
+        tail += (
+            f"; {rest[0]}'s rate did not settle on the lengths it reached (its exponent, fitted "
+            "there, reads unsettled)"
+        )
     elif rest:
-        tail += f"; {', '.join(rest)} read below their regime (their exponents read unsettled)"
+        tail += (
+            f"; {', '.join(rest)}: their rates did not settle on the lengths they reached "
+            "(their exponents, fitted there, read unsettled)"
+        )
     return tail
 
 
@@ -152,4 +158,7 @@ def auto_note(lines: tuple[AutoLine, ...], read: Mapping[str, Reading] | None = 
             f"{head}; {stopped} stopped short of it, so what {they['they']} measured is read "
             f"below it (a rate still moving reads unsettled): {'; '.join(parts)}"
         )
-    return f"{head}; {stopped} stopped short of it at the top: {'; '.join(parts)}{tail}"
+    return (
+        f"{head}; {stopped} stopped before their rate settled at their last lengths: "
+        f"{'; '.join(parts)}{tail}"
+    )

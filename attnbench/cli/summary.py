@@ -30,6 +30,7 @@ from attnbench.schema import (
     failed_a_check,
     numeric_column,
 )
+from attnbench.spec import DEFAULT_PROCESSES
 
 
 def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()) -> str:
@@ -69,6 +70,39 @@ def _calls(group: pd.DataFrame) -> str:
 # Beyond this many processes a case, "--max-processes k" is no advice (each is a fork, a first
 # call and a warm-up: about 0.1 s on a quiet CPU, more on a busy one, for every case).
 MOST_PROCESSES_ADVISED = 30
+# A marked case with this many rounds or fewer had the fewest a sweep gives: its interval leans
+# on the run's typical spread (``estimators.Prior``) more than on its own.
+FEW_ROUNDS = DEFAULT_PROCESSES
+
+
+def _why_imprecise(imprecise: pd.DataFrame) -> str:
+    """Which of the reasons a case is marked ! holds for how many of them: most of its rounds
+    on a disturbed machine, its processes far apart, or few rounds (the run's typical spread
+    widening theirs). A new user read the three reasons as a list to guess from."""
+    rounds = numeric_column(imprecise, "rounds")
+    disturbed = numeric_column(imprecise, "rounds_disturbed").fillna(0) * 2 > rounds
+    few = ~disturbed & (rounds <= FEW_ROUNDS)
+    apart = ~disturbed & ~few
+    parts = []
+    if apart.any():
+        spread = numeric_column(imprecise[apart], "spread_between")
+        parts.append(
+            f"{int(apart.sum())} had their processes read far apart"
+            + (_span(spread) if spread.notna().any() else "")
+        )
+    if disturbed.any():
+        parts.append(f"{int(disturbed.sum())} ran most of their rounds on a disturbed machine")
+    if few.any():
+        parts.append(
+            f"{int(few.sum())} had {FEW_ROUNDS} rounds or fewer, which the run's typical "
+            "spread widened"
+        )
+    return f"Of them, {'; '.join(parts)}." if parts else ""
+
+
+def _span(spread: pd.Series) -> str:
+    low, high = spread.min(), spread.max()
+    return f" (±{low:.1%})" if f"{low:.1%}" == f"{high:.1%}" else f" (±{low:.1%} to ±{high:.1%})"
 
 
 def _more_processes(imprecise: pd.DataFrame) -> str:
@@ -274,10 +308,8 @@ def _time_notes(run: RunResults, console: Console) -> None:
         )
         console.print(
             f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a 95% interval wider than "
-            f"±{IMPRECISE_REL_CI:.0%} (over their processes and this machine's sweeps). Their "
-            "processes read that far apart, or most of their rounds ran on a disturbed machine, "
-            "or they had few rounds and the run's typical spread widened theirs. "
-            f"{escape(advice)}",
+            f"±{IMPRECISE_REL_CI:.0%} (over their processes and this machine's sweeps). "
+            f"{_why_imprecise(imprecise)} {escape(advice)}",
             soft_wrap=True,
         )
     for note in [*replication_notes(run), sweeps_note(run), moved_note(run)]:

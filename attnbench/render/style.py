@@ -291,7 +291,7 @@ def time_key(cell: Axes, models: bool, kernels: bool) -> None:
 
     grey = "0.3"
     entries: list[tuple[Any, str]] = [
-        (Line2D([], [], color=grey, marker="o", lw=1.2), "the median time per call"),
+        (Line2D([], [], color=grey, marker="o", lw=1.2), "the time per call"),
         (Patch(color=grey, alpha=0.18, lw=0), "its samples' quartiles"),
     ]
     if models:
