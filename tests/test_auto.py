@@ -596,6 +596,8 @@ def test_a_line_stopped_short_whose_final_times_settled_is_named_with_where() ->
         "they reached (their exponents, fitted there, read unsettled)"
     )
     assert "so what they measured is read below it" in auto_note(lines)  # nothing read
+    both = {**read, "attention": Reading.BELOW}  # two lines fitted lower down: plural
+    assert "(their exponents are fitted there)" in auto_note(lines, both)
     # a line never measured (failed before its first length) is not said to read unsettled
     failed = AutoLine("gru", 64, Stopped.FAILED, None, "")
     note = auto_note((*lines, failed), read)

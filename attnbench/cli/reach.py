@@ -55,6 +55,11 @@ def _they(names: list[str]) -> dict[str, str]:
             "their": "its" if one else "their"}  # fmt: skip
 
 
+def _fitted(names: list[str]) -> str:
+    """ "exponent is fitted" for one line, "exponents are fitted" for several."""
+    return "exponent is fitted" if len(names) == 1 else "exponents are fitted"
+
+
 def _stopped_on_first_rounds(lines: tuple[AutoLine, ...], read: Mapping[str, Reading]) -> str:
     """The rule the lines that reached their regime stopped on, and where their final times
     moved off it (``read``): the table marks them unsettled, or fits them lower down."""
@@ -73,7 +78,7 @@ def _stopped_on_first_rounds(lines: tuple[AutoLine, ...], read: Mapping[str, Rea
         their = _they(lower)["their"]
         rule += (
             f"; {', '.join(lower)} settled lower down, on a plateau {their} rate then fell "
-            f"from ({their} exponent is fitted there)"
+            f"from ({their} {_fitted(lower)} there)"
         )
     return rule
 
@@ -90,13 +95,13 @@ def _short_tail(short: list[str], read: Mapping[str, Reading]) -> str | None:
         they = _they(lower)
         tail += (
             f"; {', '.join(lower)} settled lower down, on a plateau {they['their']} rate then "
-            f"fell from ({they['their']} exponent is fitted there)"
+            f"fell from ({they['their']} {_fitted(lower)} there)"
         )
     if top:
         they = _they(top)
         tail += (
             f"; {', '.join(top)} settled at {they['their']} last lengths on {they['their']} "
-            f"final times ({they['their']} exponent is fitted there)"
+            f"final times ({they['their']} {_fitted(top)} there)"
         )
     rest = [x for x in short if read.get(x) is Reading.NONE]  # a line never measured: no read
     if len(rest) == 1:
