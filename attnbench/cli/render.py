@@ -327,7 +327,7 @@ def threads_text(grid: Grid) -> str:
 
 def workers_text(cluster: dict[str, Any], grid: Grid | None = None) -> str:
     """ ", through Ray on 4 workers (2 nodes: NVIDIA H100 ...)", ", each case in 3-6 fresh
-    processes (to ±2%; 3 fork servers)": more rounds past 3 while the interval is wider than
+    processes (to ±2%; 2 fork servers)": more rounds past 3 while the interval is wider than
     --precision; nothing for a serial sweep."""
     if cluster.get("executor") == "serial":
         return ""
