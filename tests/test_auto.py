@@ -40,8 +40,9 @@ def result(case, time_s: float, *, wall_s: float = 0.3, peak: int = 1000,  # typ
     )  # fmt: skip
 
 
-def run_line(plan: AutoPlan, times: dict[int, float], **more: object) -> list[int]:
-    """Hand the plan's cases out in order as a queue would; the lengths that ran."""
+def run_line(plan: AutoPlan, times: dict[int, float], make=None, **more: object) -> list[int]:  # type: ignore[no-untyped-def]
+    """Hand the plan's cases out in order as a queue would (each case's result from ``make``,
+    by default ``result``); the lengths that ran."""
     ran = []
     for case in plan.grid.cases():
         go, why = plan.decide(case)
@@ -49,17 +50,18 @@ def run_line(plan: AutoPlan, times: dict[int, float], **more: object) -> list[in
             assert why  # a serial line never waits
             continue
         plan.started(case)
-        plan.record(result(case, times[case.n], **more))  # type: ignore[arg-type]
+        plan.record((make or result)(case, times[case.n], **more))  # type: ignore[arg-type]
         ran.append(case.n)
     return ran
 
 
-def run_at_rates(rate: dict[int, float]) -> tuple[AutoPlan, list[int]]:
+def run_at_rates(rate: dict[int, float], make=None) -> tuple[AutoPlan, list[int]]:  # type: ignore[no-untyped-def]
     """A conv line of ample budget over ``rate``'s lengths (its work doubles with n, its rate
-    at each length given): the plan, and the lengths that ran."""
+    at each length given; each case's result from ``make``): the plan, and the lengths that
+    ran."""
     plan = AutoPlan(build_grid({"layers": "conv", "d": [64], "n": f"auto:64..{max(rate)}",
                                 "device": "cpu", "auto_budget": 1000}))  # fmt: skip
-    return plan, run_line(plan, {n: 1e-4 * (n / 64) / rate[n] for n in rate})
+    return plan, run_line(plan, {n: 1e-4 * (n / 64) / rate[n] for n in rate}, make)
 
 
 def test_auto_parses_and_round_trips_through_run_json() -> None:
@@ -477,20 +479,12 @@ def test_a_line_stops_two_lengths_past_a_plateau_its_rate_fell_from() -> None:
     plan, ran = run_at_rates(local)
     assert ran[-1] == 16384 and "over n=512..4096" in plan.line(plan.grid.cases()[0]).why
     # a length whose rate was not read (its work not counted) is no fall past the plateau
-    plan = AutoPlan(build_grid({"layers": "conv", "d": [64], "n": "auto:64..65536",
-                                "device": "cpu", "auto_budget": 1000}))  # fmt: skip
-    uncounted = []
-    for case in plan.grid.cases():
-        go, _ = plan.decide(case)
-        if not go:
-            continue
-        plan.started(case)
-        found = result(case, 1e-4 * (case.n / 64) / rate[case.n])
-        if case.n > 4096:
-            found = replace(found, flops=None, elementwise=None)
-        plan.record(found)
-        uncounted.append(case.n)
-    assert uncounted[-1] == 65536 and plan.line(plan.grid.cases()[0]).stopped is not Stopped.REGIME
+    def uncounted(case, time_s):  # type: ignore[no-untyped-def]
+        found = result(case, time_s)
+        return replace(found, flops=None, elementwise=None) if case.n > 4096 else found
+
+    plan, ran = run_at_rates(rate, uncounted)
+    assert ran[-1] == 65536 and plan.line(plan.grid.cases()[0]).stopped is not Stopped.REGIME
 
 
 def test_a_resumed_auto_run_keeps_its_lines_budget_stops_unless_the_budget_grew() -> None:

@@ -283,31 +283,20 @@ def time_call(
     first_call_s, quiet = _warm_up(fn, policy, clock, sync, faults)
     settled = faults is not None and _settle_heap(fn, policy.settle_s, faults, clock, sync, quiet)
     calls, probe = _block_size(timed_block, first_call_s, policy)
-    samples: list[float] = []
-    total = 0.0
     del per_block[:-1]  # the calibration's blocks are not samples; its last one is
     del clocks[:-1]
-    held: list[tuple[int, float, tuple[int, int], list[float | None]]] = []
-    elapsed = probe
-    while True:
-        total += elapsed
-        if settled and per_block[-1][0] > SETTLED_FAULTS * calls:
-            # the settled heap grew again in this block: warm-up, not a sample; a heap that
-            # grows past MAX_GREW blocks grows as the layer runs, and every block is a sample
-            held.append((len(samples), elapsed / calls, per_block.pop(), clocks[-1:]))
-            del clocks[-1:]
-            if len(held) > MAX_GREW:
-                settled = False
-                for at, sample, block, read in reversed(held):
-                    samples.insert(at, sample)
-                    per_block.insert(at, block)
-                    clocks[at:at] = read
-                held.clear()
-        else:
-            samples.append(elapsed / calls)
-        if (stop := _stop(samples, total, policy)) is not None:
-            break
+    times, total = [probe / calls], probe  # every block's seconds a call, the probe first
+    kept = _kept(1, per_block, calls, settled)  # the probe too may have grown the heap
+    while (stop := _stop([times[i] for i in kept], total, policy)) is None:
         elapsed = timed_block(calls)
+        times.append(elapsed / calls)
+        total += elapsed
+        kept = _kept(len(times), per_block, calls, settled)
+    samples = [times[i] for i in kept]
+    if faults:
+        per_block[:] = [per_block[i] for i in kept]
+    if read_clock is not None:
+        clocks[:] = [clocks[i] for i in kept]
     return TimingStats(
         samples_s=tuple(samples),
         calls_per_sample=calls,
@@ -317,6 +306,17 @@ def time_call(
         stop=stop,
         clocks_mhz=tuple(clocks) if read_clock is not None else None,
     )
+
+
+def _kept(blocks: int, per_block: list[tuple[int, int]], calls: int, settled: bool) -> list[int]:
+    """Which of ``blocks`` blocks are samples: all but those in which a settled heap grew again
+    (over ``SETTLED_FAULTS`` a call), while they are ``MAX_GREW`` or fewer; past that the heap
+    grows as the layer runs, and every block is one (as is every block of a process whose
+    faults are not counted)."""
+    grew = [settled and minor > SETTLED_FAULTS * calls for minor, _ in per_block]
+    if len(grew) != blocks or sum(grew) > MAX_GREW:
+        return list(range(blocks))
+    return [i for i, g in enumerate(grew) if not g]
 
 
 def _warm_up(

@@ -10,7 +10,6 @@ stderr, so stdout carries the protocol only.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -105,12 +104,11 @@ class _ForkServer:
 
     def answer(self, wire: dict[str, Any]) -> dict[str, Any]:
         """A job's answer, from its spare (forked again where it died waiting for it)."""
-        from attnbench.run.executors.fresh import run_spare
+        from attnbench.run.executors.fresh import discard, run_spare
         from attnbench.run.executors.wire import job_from_wire, lost_to_wire
 
         if self.spare is not None and os.waitpid(self.spare.pid, os.WNOHANG)[0]:
-            os.close(self.spare.jobs)  # gone before its job came: that is not the job's end
-            os.close(self.spare.answers)
+            discard(self.spare)  # gone before its job came: that is not the job's end
             self.spare = None
         self.ahead()
         assert self.spare is not None
@@ -134,13 +132,10 @@ class _ForkServer:
 
     def stop(self) -> None:
         """End the waiting spare (it leaves on an empty message) and reap it."""
-        from attnbench.run.executors.fresh import reap
+        from attnbench.run.executors.fresh import discard, reap
 
         if self.spare is not None:
-            os.close(self.spare.jobs)
-            os.close(self.spare.answers)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(self.spare.pid, 0)
+            discard(self.spare)
             self.spare = None
         reap()
 

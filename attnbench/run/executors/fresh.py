@@ -211,6 +211,14 @@ def run_spare(spare: Spare, message: dict[str, Any], limits: Limits) -> Outcome:
     return Outcome(None, *_death(status, answer), peak_rss_bytes=peak or None)
 
 
+def discard(spare: Spare) -> None:
+    """Close a spare's pipes (a waiting one leaves on the empty message) and reap it."""
+    os.close(spare.jobs)
+    os.close(spare.answers)
+    with contextlib.suppress(ChildProcessError):  # reaped already: it died waiting
+        os.waitpid(spare.pid, 0)
+
+
 def reap() -> None:
     """Wait for the processes that answered to finish exiting."""
     while _exiting:
