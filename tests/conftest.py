@@ -13,7 +13,7 @@ from filelock import FileLock
 from attnbench.devices import usable_cpus
 from attnbench.layers import REGISTRY, LayerEntry, LayerSource
 from attnbench.measure.machine.ceilings_file import machine_ceilings
-from attnbench.options import build_grid
+from attnbench.options import build_grid, default_threads
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.run.sweep import run_sweep
@@ -110,7 +110,9 @@ def _session_ceilings() -> None:
     session = Path(os.environ["ATTNBENCH_CACHE_DIR"])
     session.mkdir(parents=True, exist_ok=True)
     with FileLock(str(session / "ceilings.lock")):
-        machine_ceilings(folder=session)
+        machine_ceilings(folder=session)  # torch's threads (one a worker under pytest-xdist)
+        if default_threads("cpu") != torch.get_num_threads():  # a sweep's, where it differs
+            machine_ceilings(threads=default_threads("cpu"), folder=session)
 
 
 def own_cache(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -173,3 +173,31 @@ def test_a_moderated_variance_adds_the_priors_degrees_of_freedom_to_the_cases() 
     reach = float(stats.t.ppf(0.975, 6)) * math.sqrt(variance * (2 / 3))
     found = estimate(groups, prior=Prior(0.01, 4.0))
     assert math.log(found.high_s / found.center_s) == pytest.approx(reach)
+
+
+def test_a_busy_machines_interval_reaches_down_to_a_quiet_re_run() -> None:
+    """Every round read 1.6x the quiet level (none quiet, so every one is kept): the low end is
+    the rounds' own divided by 1.6, the high end theirs. Fake busy processes whose times ran
+    1.5x a quiet re-run's: the interval over them alone misses the quiet re-run's time in every
+    trial, the widened one holds it. Two quiet rounds: the busy ones are left out, no widening."""
+    rng = np.random.default_rng(7)
+    misses = holds = 0
+    for _ in range(50):
+        busy = [[t * 1.5 for t in g] for g in processes(rng, 6, 0.03)]
+        rerun = [np.median(g) for g in processes(rng, 6, 0.03)]
+        quiet_rerun = float(np.exp(np.mean(np.log(rerun))))
+        alone = estimate(busy)
+        found = estimate(busy, [1.6e-3] * 6, quiet=1e-3)
+        assert found.slowdown == pytest.approx(1.6) and found.disturbed == 6
+        assert found.center_s == alone.center_s and found.high_s == alone.high_s
+        assert found.low_s == pytest.approx(alone.low_s / 1.6)
+        misses += not alone.low_s <= quiet_rerun <= alone.high_s
+        holds += found.low_s <= quiet_rerun <= found.high_s
+    assert misses == 50 and holds == 50
+    one = estimate([[2.0] * 10], [2.0], quiet=1.0)  # one round, read 2x: its median's interval
+    assert one.low_s == 1.0 and one.high_s == 2.0 and one.slowdown == 2.0
+    mixed = estimate([[1.0, 1.0], [1.02, 1.02], [2.0, 2.0]], [1.0, 1.1, 2.0], quiet=1.0)
+    assert mixed.left_out == 1 and mixed.slowdown == 1.0
+    assert mixed.low_s == estimate([[1.0, 1.0], [1.02, 1.02]]).low_s
+    beside = estimate([[1.0] * 4, [1.1] * 4], busy=[True, True])  # no reference read: no reach
+    assert beside.disturbed == 2 and beside.slowdown == 1.0

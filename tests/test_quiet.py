@@ -121,7 +121,8 @@ def test_a_sweep_is_judged_against_the_machine_and_leaves_its_level(
     every round reads disturbed, its jobs carry the machine's level and a wait within
     --wait-quiet, run.json records both, and the sweep leaves its own level for the next."""
     monkeypatch.setattr(queue_module, "ROUND_WAIT_S", 10.0)
-    path = quiet_file(__import__("torch").get_num_threads())
+    grid = tiny_grid(wait_quiet=9)
+    path = quiet_file(grid.threads or __import__("torch").get_num_threads())  # the sweep's
     write_quiet(path, MachineQuiet((QUIET,)))
     waits: list[tuple[float | None, float]] = []
 
@@ -130,7 +131,6 @@ def test_a_sweep_is_judged_against_the_machine_and_leaves_its_level(
         return timing(), reference.Around(2 * QUIET, min(wait_s, 4.0))  # waits 4 s, in vain
 
     monkeypatch.setattr(reference, "around", around)
-    grid = tiny_grid(wait_quiet=9)
     run = run_sweep(grid, tmp_path / "run", measuring=queue_module.UNCALIBRATED)
     assert waits[0] == (QUIET, 9.0)  # the first round: the machine's level, all of the wait
     assert [w for _, w in waits[1:3]] == [5.0, 1.0]  # then what is left of --wait-quiet
@@ -387,8 +387,9 @@ def test_a_resumed_run_keeps_its_level_and_its_waits(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run stopped after 40 s of waits, judged against a level the cache no longer has:
-    its resume goes on with that level (the quieter of it and the cache's) and with what is
-    left of --wait-quiet (20 s), and run.json adds this session's waits to the 40."""
+    its resume goes on with that level (not the cache's, quieter or not: it holds the run's own
+    by then) and with what is left of --wait-quiet (20 s), and run.json adds this session's
+    waits to the 40."""
     import os
     import signal
 
@@ -416,6 +417,8 @@ def test_a_resumed_run_keeps_its_level_and_its_waits(
     meta = json.loads((out / "run.json").read_text())
     meta["quiet"] = {"machine_s": QUIET / 2, "sweeps": 4, "waited_s": 40.0}
     (out / "run.json").write_text(json.dumps(meta))
+    grid = tiny_grid()
+    write_quiet(quiet_file(grid.threads or 1), MachineQuiet((QUIET / 4,)))
     waits.clear()
     resumed = resume_sweep(out, measuring=queue_module.UNCALIBRATED)
     assert waits and waits[0] == (QUIET / 2, 10.0)  # the level it had; 20 s left of 60

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from attnbench.errors import AttnbenchError, SweepInterrupted
-from attnbench.estimators import quieter
 from attnbench.layers import plugins
 from attnbench.measure.machine.ceilings_file import cache_dir, ceilings_cached
 from attnbench.measure.timing.allocator import run_state
@@ -128,9 +127,11 @@ def _start(
     # (a resumed run goes on with the level its rounds were judged against)
     machine = quiet_file(threads)
     known = read_quiet(machine)
-    quiet = _Quiet(
-        machine, known, quieter(known.level, earlier.record.machine_quiet_s if earlier else None)
-    )
+    # (the cache holds the run's own level by now, left when it ended or was stopped: a resume
+    # that read it again would judge its rounds, and a busy machine's intervals
+    # (estimators.busy_slowdown), against another level than its first session's)
+    level = earlier.record.machine_quiet_s if earlier is not None else known.level
+    quiet = _Quiet(machine, known, level)
     if earlier is None:  # a resumed run goes on with the sweeps it found when it began
         path = reruns_file(grid.device, grid.dtype, threads, code_of(writer.meta["environment"]))
         writer.update(
