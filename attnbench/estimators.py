@@ -138,6 +138,12 @@ class Estimate:
     def rel_ci(self) -> float:
         return float(rel_ci(self.center_s, self.low_s, self.high_s))
 
+    @property
+    def rounds_rel_ci(self) -> float:
+        """How far the rounds' own interval reaches, before a busy machine's reach down
+        (``slowdown``): what more rounds can narrow, which the stopping rule reads."""
+        return float(rel_ci(self.center_s, self.low_s * self.slowdown, self.high_s))
+
 
 def group_medians(groups: Sequence[Sequence[float]]) -> list[float]:
     return [statistics.median(g) for g in groups if len(g)]
@@ -250,11 +256,20 @@ def busy_slowdown(
     machine's rounds (``kept_of`` keeps every round where fewer than two read quiet): the median
     of the measured rounds' references over ``quiet``, 1 where none reads slower or none was
     read. On this project's shared 2-core VM a busy hour read its reference 1.5-1.8x the quiet
-    level, and a round's time followed it (conv at n = 512: 0.38 ms quiet, 0.50-0.56 ms busy)."""
+    level, and a round's time followed it, if less far (conv at n = 512: 0.38 ms quiet,
+    0.50-0.56 ms busy), so the reach down is a generous one. Rounds kept only for a
+    neighbour's CPU beside them, none read slow, are not widened: their reference says
+    nothing of how much slower they ran."""
     if references is None or quiet is None or not (quiet > 0 and math.isfinite(quiet)):
         return 1.0
-    read = [r / quiet for g, r in zip(groups, references, strict=True) if len(g) and r]
-    return max(1.0, statistics.median(read)) if read else 1.0
+    read = [
+        r / quiet
+        for g, r in zip(groups, references, strict=True)
+        if len(g) and r is not None and r > 0 and math.isfinite(r)
+    ]
+    if not any(r > QUIET_FACTOR for r in read):  # kept beside a busy neighbour: not read slow
+        return 1.0
+    return max(1.0, statistics.median(read))
 
 
 def round_marks(

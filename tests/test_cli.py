@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -240,12 +241,20 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     from attnbench.cli.summary import _why_imprecise
 
     marked = frame.loc[[0, 2]].assign(rounds=[6, 3], rounds_disturbed=[0, 0])
-    assert _why_imprecise(marked) == (
+    neither = pd.Series([False, False], index=marked.index)
+    assert _why_imprecise(marked, neither) == (
         "Of them, 1 had their processes read far apart (±4.0%); 1 had 3 rounds or "
         "fewer, which the run's typical spread widened."
     )
-    assert _why_imprecise(marked.assign(rounds_disturbed=[4, 2])) == (
+    assert _why_imprecise(marked.assign(rounds_disturbed=[4, 2]), neither) == (
         "Of them, 2 ran most of their rounds on a disturbed machine."
+    )
+    # every round kept, one of them read quiet: its interval reaches down, more rounds or not
+    first = pd.Series([True, False], index=marked.index)
+    assert _why_imprecise(marked.assign(rounds_disturbed=[5, 2]), first) == (
+        "Of them, 1 had fewer than two quiet rounds, so their ±95% reaches down to what a quiet "
+        "re-run finds (no more processes narrow that; a quieter machine does); 1 ran most of "
+        "their rounds on a disturbed machine."
     )
     assert "±50.0% !" in text and "±1.0%" in text and "×/÷104 !" in text
     assert "10300" not in text
@@ -277,6 +286,7 @@ def test_the_marks_note_says_how_many_processes_would_narrow_a_typical_case(  # 
     frame["time_ci_low_s"] = frame["time_s"] * 0.9
     frame["time_ci_high_s"] = frame["time_s"] * 1.1
     frame["rounds"], frame["spread_between"] = 6, 0.054
+    frame["rounds_disturbed"] = 0  # whatever this machine read: no case a busy machine's
     frame["time_stop"] = "max rounds"
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))

@@ -201,3 +201,34 @@ def test_a_busy_machines_interval_reaches_down_to_a_quiet_re_run() -> None:
     assert mixed.low_s == estimate([[1.0, 1.0], [1.02, 1.02]]).low_s
     beside = estimate([[1.0] * 4, [1.1] * 4], busy=[True, True])  # no reference read: no reach
     assert beside.disturbed == 2 and beside.slowdown == 1.0
+    # beside a busy neighbour, references within 1.25x: kept, not read slow, not widened
+    near = estimate([[1.0] * 4, [1.0] * 4, [1.0] * 4], [1.08, 1.1, 1.0], 1.0, busy=[True] * 3)
+    assert near.disturbed == 3 and near.slowdown == 1.0 and near.rel_ci == 0.0
+    nan = estimate([[1.0] * 4, [1.0] * 4, [1.0] * 4], [1.4, math.nan, 1.6], quiet=1.0)
+    assert nan.slowdown == pytest.approx(1.5)  # the references read, a NaN left out
+    # more rounds narrow the rounds' own interval, not the reach down: the stop reads that
+    assert found.rounds_rel_ci == pytest.approx(alone.rel_ci) and found.rel_ci > alone.rel_ci
+
+
+def test_a_busy_machines_rounds_stop_on_their_own_interval() -> None:
+    """Three rounds that agree, two of them read 1.6x the quiet level (one quiet: every round
+    kept, the interval reaching 1.6x down): precise at 5%, as the same rounds unread are, and
+    time_stop says so; more rounds could not narrow the reach down."""
+    from attnbench.measure.timing.loop import Stop, TimingStats
+    from attnbench.run.rounds import Replication
+
+    rounds, references = [[1.0] * 4, [1.01] * 4, [0.99] * 4], [1.0, 1.6, 1.6]
+    wants = Replication(least=1, most=6, target_rel_ci=0.05)
+    assert estimate(rounds, references, 1.0).rel_ci > 0.3
+    assert wants.stop_of(rounds, 3, references, quiet=1.0) == Stop.PRECISE
+    assert wants.stop_of(rounds, 3) == Stop.PRECISE
+    stats = TimingStats(
+        tuple(t for r in rounds for t in r),
+        1,
+        0.1,
+        rounds=tuple(i for i, r in enumerate(rounds) for _ in r),
+        references_s=tuple(ref for ref, r in zip(references, rounds, strict=True) for _ in r),
+        quiet_s=1.0,
+        precision=0.05,
+    )
+    assert stats.estimate.slowdown == pytest.approx(1.6) and stats.overall_stop == Stop.PRECISE

@@ -424,6 +424,7 @@ def test_a_resumed_run_keeps_its_level_and_its_waits(
     assert waits and waits[0] == (QUIET / 2, 10.0)  # the level it had; 20 s left of 60
     assert all(w <= 20.0 - i for i, (_, w) in enumerate(waits))  # each 1 s waited is spent
     assert resumed.record.machine_quiet_s == QUIET / 2
+    assert read_quiet(quiet_file(grid.threads or 1)).levels == (QUIET / 4,)  # not its own again
     assert resumed.record.waited_s == pytest.approx(40.0 + min(len(waits), 20))
 
 

@@ -75,15 +75,21 @@ MOST_PROCESSES_ADVISED = 30
 FEW_ROUNDS = DEFAULT_PROCESSES
 
 
-def _why_imprecise(imprecise: pd.DataFrame) -> str:
-    """Which of the reasons a case is marked ! holds for how many of them: most of its rounds
-    on a disturbed machine, its processes far apart, or few rounds (the run's typical spread
-    widening theirs). A new user read the three reasons as a list to guess from."""
+def _why_imprecise(imprecise: pd.DataFrame, busy: pd.Series) -> str:
+    """Which of the reasons a case is marked ! holds for how many of them: fewer than two quiet
+    rounds (``busy``: its interval reaches down to a quiet re-run), most of its rounds on a
+    disturbed machine, its processes far apart, or few rounds (the run's typical spread
+    widening theirs). A new user read the reasons as a list to guess from."""
     rounds = numeric_column(imprecise, "rounds")
-    disturbed = numeric_column(imprecise, "rounds_disturbed").fillna(0) * 2 > rounds
-    few = ~disturbed & (rounds <= FEW_ROUNDS)
-    apart = ~disturbed & ~few
+    disturbed = ~busy & (numeric_column(imprecise, "rounds_disturbed").fillna(0) * 2 > rounds)
+    few = ~busy & ~disturbed & (rounds <= FEW_ROUNDS)
+    apart = ~busy & ~disturbed & ~few
     parts = []
+    if busy.any():
+        parts.append(
+            f"{int(busy.sum())} had fewer than two quiet rounds, so their ±95% reaches down to "
+            "what a quiet re-run finds (no more processes narrow that; a quieter machine does)"
+        )
     if apart.any():
         spread = numeric_column(imprecise[apart], "spread_between")
         parts.append(
@@ -299,17 +305,20 @@ def _time_notes(run: RunResults, console: Console) -> None:
     low, high = timed["time_ci_low_s"], timed["time_ci_high_s"]
     imprecise = timed[is_imprecise(timed["time_s"], low, high)]
     if len(imprecise):
+        busy = imprecise["case_id"].astype(str).isin(run.busy_cases())
         sweeps = wide_between_sweeps(run, imprecise["case_id"].astype(str), IMPRECISE_REL_CI)
         advice = (
             f"{sweeps} of them move further than that between this machine's sweeps alone, "
             "which more processes in one sweep cannot narrow."
             if sweeps
-            else _more_processes(imprecise)
+            else _more_processes(imprecise[~busy])
+            if not busy.all()
+            else ""
         )
         console.print(
             f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a 95% interval wider than "
             f"±{IMPRECISE_REL_CI:.0%} (over their processes and this machine's sweeps). "
-            f"{_why_imprecise(imprecise)} {escape(advice)}",
+            f"{_why_imprecise(imprecise, busy)} {escape(advice)}".rstrip(),
             soft_wrap=True,
         )
     for note in [*replication_notes(run), sweeps_note(run), moved_note(run)]:

@@ -114,6 +114,7 @@ class Replication:
             return None
         if len(rounds) < 2:
             return Stop.MAX_ROUNDS
-        if estimate(rounds, references, quiet, prior, busy=busy).rel_ci <= self.target_rel_ci:
+        found = estimate(rounds, references, quiet, prior, busy=busy)
+        if found.rounds_rel_ci <= self.target_rel_ci:  # what more rounds could narrow
             return Stop.PRECISE
         return Stop.BUDGET if spent_s >= self.budget_s else None

@@ -415,7 +415,7 @@ def _sweep(
             quiet=_quiet_record(level, known, queue.waited_s), round_stops=queue.round_stops
         )
         own = queue.own_quiet()
-        if own is not None:
+        if own is not None and previous is None:  # a resumed run's first session left it
             write_quiet(machine, known.after(own))
         if stop.requested:
             # The executor ran out of jobs because none were handed out: its workers stopped.

@@ -178,7 +178,7 @@ class TimingStats:
         (precise, budget), or max rounds (also where nothing was recorded)."""
         if len(set(self.rounds or ())) < 2:
             return self.stop
-        reach = self.run_estimate.rel_ci  # what more rounds could have narrowed
+        reach = self.run_estimate.rounds_rel_ci  # what more rounds could have narrowed
         if reach <= self.precision:
             return Stop.PRECISE
         return self.rounds_stop or Stop.MAX_ROUNDS
