@@ -402,10 +402,9 @@ def replication_notes(run: RunResults) -> list[str]:
     busy = run.busy_cases()
     if busy:
         notes.append(
-            f"{len(busy)} case(s) {BUSY_NOTE}, slower than a quiet re-run would find: their "
-            "±95% reaches down by as much as the machine's reference read slower than its quiet "
-            "level, so that it holds a quiet re-run too (sweep them again when it is quiet, or "
-            "give --wait-quiet more)"
+            f"{len(busy)} case(s) {BUSY_NOTE}, slower than a quiet re-run would find, and "
+            "their ±95% reaches down as far as the machine's reference read slow, to hold a "
+            "quiet re-run too (sweep them again when it is quiet, or give --wait-quiet more)"
         )
     if waited:
         notes.append(
