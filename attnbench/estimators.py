@@ -350,7 +350,8 @@ def estimate(
     machine's: the low end is divided by how much slower the references read than the quiet
     level (``busy_slowdown``), so the interval holds what a re-run on the quiet machine finds
     too. On a busy hour here, six sweeps that never waited held 69% of the other runs' medians
-    without it and 81% with it (``benchmarks/coverage.py``, 2026-11-30)."""
+    without it and 81% with it, and six fresh ones with it 94% (``benchmarks/coverage.py``,
+    2026-11-30)."""
     kept, disturbed, left_out = kept_rounds(groups, references, quiet, busy)
     slower = busy_slowdown(groups, references, quiet) if disturbed and not left_out else 1.0
     counted: dict[str, Any] = {"disturbed": disturbed, "left_out": left_out, "slowdown": slower}
