@@ -241,10 +241,16 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     from attnbench.cli.summary import _why_imprecise
 
     marked = frame.loc[[0, 2]].assign(rounds=[6, 3], rounds_disturbed=[0, 0])
+    marked["spread_between"] = [0.064, 0.08]
     neither = pd.Series([False, False], index=marked.index)
     assert _why_imprecise(marked, neither) == (
-        "Of them, 1 had their processes read far apart (±4.0%); 1 had 3 rounds or "
-        "fewer, which the run's typical spread widened."
+        "Of them, 1 had their processes read far apart (±6.4%); 1 had 3 rounds or fewer, or "
+        "processes that read within ±5%, which the run's typical spread widened."
+    )
+    # six rounds whose processes read within ±5% are wide for the run's spread, not their own
+    assert _why_imprecise(marked.assign(spread_between=[0.04, 0.08]), neither) == (
+        "Of them, 2 had 3 rounds or fewer, or processes that read within ±5%, which the run's "
+        "typical spread widened."
     )
     assert _why_imprecise(marked.assign(rounds_disturbed=[4, 2]), neither) == (
         "Of them, 2 ran most of their rounds on a disturbed machine."

@@ -339,6 +339,29 @@ def test_resuming_a_complete_run_measures_nothing(tiny_run, tmp_path: Path) -> N
     assert (copy / RESULTS_FILE).read_text() == before and run.status == "complete"
 
 
+def test_a_resumed_run_adds_no_round_to_a_case_whose_rounds_ended(  # type: ignore[no-untyped-def]
+    tiny_run, tmp_path: Path
+) -> None:
+    """A complete run of three rounds a case whose second rounds read 10x the others'
+    reference: judged again against the resume's own quiet level, each would lack a quiet
+    round of --processes. Their rounds
+    ended in the first session (run.json's round_stops), so the resume measures nothing."""
+    import shutil
+
+    import pandas as pd
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_run.path, copy)
+    samples = pd.read_csv(copy / "samples.csv")
+    samples = samples[samples["round"] <= 3].copy()  # every case's --processes, no more
+    samples["reference_s"] = 1e-4
+    samples.loc[samples["round"] == 2, "reference_s"] = 1e-3
+    samples.to_csv(copy / "samples.csv", index=False)
+    assert json.loads((copy / RUN_FILE).read_text())["round_stops"]  # recorded, case by case
+    run = resume_sweep(copy)
+    assert len(run.samples) == len(samples) and run.status == "complete"
+
+
 @pytest.fixture
 def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -82,7 +82,8 @@ def _why_imprecise(imprecise: pd.DataFrame, busy: pd.Series) -> str:
     widening theirs). A new user read the reasons as a list to guess from."""
     rounds = numeric_column(imprecise, "rounds")
     disturbed = ~busy & (numeric_column(imprecise, "rounds_disturbed").fillna(0) * 2 > rounds)
-    few = ~busy & ~disturbed & (rounds <= FEW_ROUNDS)
+    near = numeric_column(imprecise, "spread_between") < IMPRECISE_REL_CI  # not their own spread
+    few = ~busy & ~disturbed & ((rounds <= FEW_ROUNDS) | near)
     apart = ~busy & ~disturbed & ~few
     parts = []
     if busy.any():
@@ -100,8 +101,8 @@ def _why_imprecise(imprecise: pd.DataFrame, busy: pd.Series) -> str:
         parts.append(f"{int(disturbed.sum())} ran most of their rounds on a disturbed machine")
     if few.any():
         parts.append(
-            f"{int(few.sum())} had {FEW_ROUNDS} rounds or fewer, which the run's typical "
-            "spread widened"
+            f"{int(few.sum())} had {FEW_ROUNDS} rounds or fewer, or processes that read within "
+            f"±{IMPRECISE_REL_CI:.0%}, which the run's typical spread widened"
         )
     return f"Of them, {'; '.join(parts)}." if parts else ""
 
@@ -311,7 +312,8 @@ def _time_notes(run: RunResults, console: Console) -> None:
             f"{sweeps} of them move further than that between this machine's sweeps alone, "
             "which more processes in one sweep cannot narrow."
             if sweeps
-            else _more_processes(imprecise[~busy])
+            else (f"For the other {int((~busy).sum())}: " if busy.any() else "")
+            + _more_processes(imprecise[~busy])
             if not busy.all()
             else ""
         )

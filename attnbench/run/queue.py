@@ -152,6 +152,10 @@ class JobQueue:
         self.round_stops: dict[str, str] = (
             dict(previous.run.record.round_stops) if previous is not None else {}
         )
+        # the cases whose rounds an earlier session ended: a resume adds none (it would judge
+        # their rounds against its own quiet level, lower once it reads them all, and a round
+        # the first session read quiet could then want another; a complete run measured more)
+        self.ended = set(self.round_stops)
         self.last: Case | None = None  # the case the latest event was about
         self.cases = grid.cases()
         self.index = {case.case_id: i for i, case in enumerate(self.cases)}
@@ -281,6 +285,8 @@ class JobQueue:
     def _queue_next_round(self, case_id: str) -> None:
         """Another round of the case, if ``Replication`` wants one (one at a time: each later
         round is decided on the ones before it)."""
+        if case_id in self.ended:
+            return
         done = self.rounds_done.get(case_id, set())
         if any(round_ == 1 + max(done) for round_, _, i in self.later if i == self.index[case_id]):
             return
