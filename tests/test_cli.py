@@ -36,6 +36,9 @@ def test_sweep_writes_results_prints_progress_and_json(tmp_path: Path) -> None:
     assert "[1/2] conv n=16 d=8 k=3" in result.stderr
     assert "[2/2] attention n=16 d=8 h=2" in result.stderr
     assert f"results written to {out}" in result.stderr.replace("\n", "")
+    # how long the sweep took, as run.json's duration_s says (a new user found it only there)
+    took = json.loads((out / "run.json").read_text())["duration_s"]
+    assert f"run.json), {took:.0f} s of sweeping" in result.stderr.replace("\n", "")
     for name in ("results.csv", "samples.csv", "run.json"):
         assert (out / name).is_file()
 

@@ -247,7 +247,9 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
         console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)
     for warning in run.warnings:
         console.print(f"[yellow]note:[/] {escape(warning)}", soft_wrap=True)
-    console.print(f"results {verb} [bold]{run.path}[/] (results.csv, samples.csv, run.json)")
+    took = run.record.duration_s
+    after = f", {took:.0f} s of sweeping" if took and verb == "written to" else ""
+    console.print(f"results {verb} [bold]{run.path}[/] (results.csv, samples.csv, run.json){after}")
     if run.status != RunStatus.COMPLETE:
         console.print(
             f"[yellow]this run is unfinished ({run.status}):[/] finish it with "
