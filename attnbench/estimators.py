@@ -263,13 +263,13 @@ def busy_slowdown(
     if references is None or quiet is None or not (quiet > 0 and math.isfinite(quiet)):
         return 1.0
     read = [
-        r / quiet
+        r
         for g, r in zip(groups, references, strict=True)
         if len(g) and r is not None and r > 0 and math.isfinite(r)
     ]
-    if not any(r > QUIET_FACTOR for r in read):  # kept beside a busy neighbour: not read slow
+    if not any(is_disturbed(r, quiet) for r in read):  # kept beside a busy neighbour only
         return 1.0
-    return max(1.0, statistics.median(read))
+    return max(1.0, statistics.median(read) / quiet)
 
 
 def round_marks(
