@@ -411,8 +411,14 @@ def test_a_line_stopped_in_its_regime_whose_final_times_moved_off_it_is_named() 
     assert note.startswith("--n auto: all 2 lines reached their regime (counted work per second")
     assert (
         "settled over 4 lengths on their first rounds; on their final times 1 of them no "
-        "longer reads settled, within 20% (rnn: its exponent reads unsettled)"
+        "longer reads settled, within 20% (rnn reads unsettled)"
     ) in note
+    # its kernels under half the time at every length: overhead-bound, as the table reads it
+    shares = rows.assign(kernel_share=[0.9] * 4 + [0.3] * 4)
+    assert final_readings(lines, shares)["rnn"] is Reading.OVERHEAD
+    assert "(rnn reads overhead-bound)" in auto_note(lines, final_readings(lines, shares))
+    one_over = shares.assign(kernel_share=[0.9] * 4 + [0.3] * 3 + [0.6])
+    assert final_readings(lines, one_over)["rnn"] is Reading.NONE
     rows.loc[7, "time_s"] = steady[3]
     assert set(final_readings(lines, rows).values()) == {Reading.TOP}
 
@@ -579,16 +585,25 @@ def test_a_line_stopped_short_whose_final_times_settled_is_named_with_where() ->
         "lstm": Reading.NONE,
     }
     note = auto_note(lines, read)
+    # a line stops on its first rounds and the table reads its final times: two sentences, as
+    # "stopped before their rate settled" beside "settled at its last lengths" read as a
+    # contradiction to a new user
     assert (
-        "4 stopped before their rate settled at their last lengths: attention-linear at "
-        "n=16384, attention at"
+        "4 stopped short of it on their first rounds: attention-linear at n=16384, attention at"
     ) in note
     assert note.endswith(
-        "; attention-linear settled lower down, on a plateau its rate then fell from (its "
-        "exponent is fitted there); ssm settled at its last lengths on its final times (its "
-        "exponent is fitted there); attention, lstm: their rates did not settle on the lengths "
-        "they reached (their exponents, fitted there, read unsettled)"
+        "(a larger --auto-budget takes them on). On their final times (every round), attnbench "
+        "table reads ssm as settled at its last lengths (its exponent is fitted there); "
+        "attention-linear as settled lower down, on a plateau its rate then fell from (its "
+        "exponent is fitted there); attention, lstm as unsettled (their rates did not settle on "
+        "the lengths they reached)"
     )
+    # every length's kernels under half the time: overhead-bound, as the table reads it
+    overhead = {**read, "attention": Reading.OVERHEAD}
+    assert (
+        "attention as overhead-bound (its kernels under half the time at every length); lstm as "
+        "unsettled (its rate did not settle on the lengths it reached)"
+    ) in auto_note(lines, overhead)
     assert "so what they measured is read below it" in auto_note(lines)  # nothing read
     both = {**read, "attention": Reading.BELOW}  # two lines fitted lower down: plural
     assert "(their exponents are fitted there)" in auto_note(lines, both)

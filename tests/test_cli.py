@@ -213,6 +213,30 @@ def test_every_commands_help_wraps_at_the_terminals_width() -> None:
         assert "path/to/file.py:factory" in piped or command == ["compare"]
 
 
+def test_a_lopsided_interval_reads_by_both_ends() -> None:
+    """A busy machine's interval reaches down to a quiet re-run: "±45.0%" read as though a
+    re-run might be 45% slower. A log interval's own slight lean still reads as one ±."""
+    from attnbench.cli.summary import _reach
+
+    assert _reach(1.0, 0.55, 1.08) == "-45.0/+8.0%"
+    assert _reach(1.0, 0.92, 1.45) == "-8.0/+45.0%"
+    assert _reach(1.0, 1 / 1.1, 1.1) == "±10.0%"  # a log interval's: -9.1%/+10.0%
+    assert _reach(1.0, 0.9, 1.12) == "±12.0%"
+    assert _reach(1.0, 1.0, 1.2) == "±20.0%"  # no reach down at all: no "-0.0"
+
+
+def test_the_advice_for_the_other_cases_reads_as_one_sentence() -> None:
+    from attnbench.cli.imprecise import _for_the_other
+
+    busy = pd.Series([True, False, False])
+    advice = "At the median spread between their processes, 6.0%, a case needs about 12."
+    assert _for_the_other(busy, advice) == (
+        "For the other 2: at the median spread between their processes, 6.0%, a case needs "
+        "about 12."
+    )
+    assert _for_the_other(busy & False, advice) == advice
+
+
 def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # type: ignore[no-untyped-def]
     import io
     from dataclasses import replace
@@ -241,13 +265,13 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     text = buf.getvalue()
     assert "2 case(s) marked ! have a 95% interval wider than ±5%" in text
     # which reason holds for how many, not a list of three to guess from
-    from attnbench.cli.summary import _why_imprecise
+    from attnbench.cli.imprecise import _why_imprecise
 
     marked = frame.loc[[0, 2]].assign(rounds=[6, 3], rounds_disturbed=[0, 0])
     marked["spread_between"] = [0.064, 0.08]
     neither = pd.Series([False, False], index=marked.index)
     assert _why_imprecise(marked, neither) == (
-        "Of them, 1 had their processes read far apart (±6.4%); 1 had 3 rounds or fewer, or "
+        "Of them, 1 had its processes read far apart (±6.4%); 1 had 3 rounds or fewer, or "
         "processes that read within ±5%, which the run's typical spread widened."
     )
     # six rounds whose processes read within ±5% are wide for the run's spread, not their own
@@ -261,11 +285,13 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     # every round kept, one of them read quiet: its interval reaches down, more rounds or not
     first = pd.Series([True, False], index=marked.index)
     assert _why_imprecise(marked.assign(rounds_disturbed=[5, 2]), first) == (
-        "Of them, 1 had fewer than two quiet rounds, so their ±95% reaches down to what a quiet "
+        "Of them, 1 had fewer than two quiet rounds, so its ±95% reaches down to what a quiet "
         "re-run finds (no more processes narrow that; a quieter machine does); 1 ran most of "
-        "their rounds on a disturbed machine."
+        "its rounds on a disturbed machine."
     )
-    assert "±50.0% !" in text and "±1.0%" in text and "×/÷104 !" in text
+    # an interval reaching 50% up and 1% down reads by both ends, not as ±50.0%
+    assert "-1.0/+50.0% !" in text and "±50.0%" not in text
+    assert "±1.0%" in text and "×/÷104 !" in text
     assert "10300" not in text
     # a new user read "1.75" faults as a count and an empty between cell as missing
     assert "faults/call" in text and text.count("±4.0%") == 1
@@ -339,7 +365,7 @@ def test_summary_tables_cut_no_cell_in_a_log(
     from attnbench.cli.summary import summary_tables
 
     frame = tiny_run.frame.copy()
-    frame["time_ci_low_s"] = frame["time_s"] * 0.99
+    frame["time_ci_low_s"] = frame["time_s"] * 0.88
     frame["time_ci_high_s"] = frame["time_s"] * 1.143  # "±14.3% !"
     run = replace(tiny_run, frame=frame)
     log = io.StringIO()

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from attnbench.fits.exponents import counted_work, line_rates, settled_line
-from attnbench.regime import REGIME_BAND, REGIME_SIZES
+from attnbench.regime import REGIME_BAND, REGIME_SIZES, overhead_bound
 from attnbench.results.record import SHORT_OF_REGIME, AutoLine, Stopped
 from attnbench.schema import numeric_column
 
@@ -20,6 +20,7 @@ class Reading(enum.StrEnum):
     TOP = "top"  # its rate settled at its last lengths
     BELOW = "below"  # settled lower down, on a plateau the rate then fell from
     NONE = "none"  # not settled: marked unsettled
+    OVERHEAD = "overhead"  # not settled, every length's kernels under half its time
 
 
 def final_readings(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> dict[str, Reading]:
@@ -36,11 +37,19 @@ def final_readings(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> dict[s
             continue  # nothing measured: nothing to read
         settled = settled_line(rows, "n", work)
         if settled is None:
-            found[_label(line, auto)] = Reading.NONE
+            found[_label(line, auto)] = Reading.OVERHEAD if _overhead(rows) else Reading.NONE
         else:  # its top: the largest size with a rate to read
             top = settled["n"].max() >= line_rates(rows, "n", work).index.max()
             found[_label(line, auto)] = Reading.TOP if top else Reading.BELOW
     return found
+
+
+def _overhead(rows: pd.DataFrame) -> bool:
+    """Whether every length's kernels ran under half its time, where they were measured: the
+    table reads such a line overhead-bound, not unsettled (``table._time_cell``)."""
+    if "kernel_share" not in rows or rows["kernel_share"].isna().all():
+        return False
+    return bool(overhead_bound(numeric_column(rows, "kernel_share")).all())
 
 
 def _label(line: AutoLine, lines: tuple[AutoLine, ...]) -> str:
@@ -65,14 +74,17 @@ def _stopped_on_first_rounds(lines: tuple[AutoLine, ...], read: Mapping[str, Rea
     moved off it (``read``): the table marks them unsettled, or fits them lower down."""
     rule = f"counted work per second settled over {REGIME_SIZES} lengths on their first rounds"
     regime = [_label(line, lines) for line in lines if line.stopped is Stopped.REGIME]
-    moved = [x for x in regime if read.get(x) is Reading.NONE]
+    moved = [x for x in regime if read.get(x) in (Reading.NONE, Reading.OVERHEAD)]
     lower = [x for x in regime if read.get(x) is Reading.BELOW]
     if moved:
         reads = "reads" if len(moved) == 1 else "read"
+        how = ", ".join(
+            f"{x} reads {'overhead-bound' if read[x] is Reading.OVERHEAD else 'unsettled'}"
+            for x in moved
+        )
         rule += (
             f"; on their final times {len(moved)} of them no longer {reads} settled, within "
-            f"{REGIME_BAND:.0%} ({', '.join(moved)}: {_they(moved)['their']} exponent "
-            f"{'reads' if len(moved) == 1 else 'read'} unsettled)"
+            f"{REGIME_BAND:.0%} ({how})"
         )
     if lower:
         their = _they(lower)["their"]
@@ -83,38 +95,40 @@ def _stopped_on_first_rounds(lines: tuple[AutoLine, ...], read: Mapping[str, Rea
     return rule
 
 
-def _short_tail(short: list[str], read: Mapping[str, Reading]) -> str | None:
-    """What the table reads of the lines stopped short (``short``, their labels) on their
-    final times; None where every one reads unsettled (the note's plain wording)."""
-    lower = [x for x in short if read.get(x) is Reading.BELOW]
-    top = [x for x in short if read.get(x) is Reading.TOP]
-    if not lower and not top:
+def _final_times(short: list[str], read: Mapping[str, Reading]) -> str | None:
+    """How ``attnbench table`` reads the lines stopped short (``short``, their labels) on their
+    final times, as a sentence of its own: a line stops on its first rounds, which its later
+    ones move, and "stopped before their rate settled" beside "settled at their last lengths"
+    read as a contradiction. None where every one reads unsettled (the note's plain wording)."""
+    order = (Reading.TOP, Reading.BELOW, Reading.OVERHEAD, Reading.NONE)
+    groups = {kind: [x for x in short if read.get(x) is kind] for kind in order}
+    if not any(groups[kind] for kind in (Reading.TOP, Reading.BELOW, Reading.OVERHEAD)):
         return None
-    tail = ""
-    if lower:
-        they = _they(lower)
-        tail += (
-            f"; {', '.join(lower)} settled lower down, on a plateau {they['their']} rate then "
-            f"fell from ({they['their']} {_fitted(lower)} there)"
+    parts = []
+    for kind, names in groups.items():
+        if not names:
+            continue
+        they = _they(names)
+        their, fitted = they["their"], _fitted(names)
+        rates = "rate" if len(names) == 1 else "rates"
+        parts.append(
+            ", ".join(names)
+            + {
+                Reading.TOP: f" as settled at {their} last lengths ({their} {fitted} there)",
+                Reading.BELOW: (
+                    f" as settled lower down, on a plateau {their} rate then fell from "
+                    f"({their} {fitted} there)"
+                ),
+                Reading.OVERHEAD: (
+                    f" as overhead-bound ({their} kernels under half the time at every length)"
+                ),
+                Reading.NONE: (
+                    f" as unsettled ({their} {rates} did not settle on the lengths "
+                    f"{they['they']} reached)"
+                ),
+            }[kind]
         )
-    if top:
-        they = _they(top)
-        tail += (
-            f"; {', '.join(top)} settled at {they['their']} last lengths on {they['their']} "
-            f"final times ({they['their']} {_fitted(top)} there)"
-        )
-    rest = [x for x in short if read.get(x) is Reading.NONE]  # a line never measured: no read
-    if len(rest) == 1:
-        tail += (
-            f"; {rest[0]}'s rate did not settle on the lengths it reached (its exponent, fitted "
-            "there, reads unsettled)"
-        )
-    elif rest:
-        tail += (
-            f"; {', '.join(rest)}: their rates did not settle on the lengths they reached "
-            "(their exponents, fitted there, read unsettled)"
-        )
-    return tail
+    return f"On their final times (every round), attnbench table reads {'; '.join(parts)}"
 
 
 def auto_note(lines: tuple[AutoLine, ...], read: Mapping[str, Reading] | None = None) -> str:
@@ -156,14 +170,13 @@ def auto_note(lines: tuple[AutoLine, ...], read: Mapping[str, Reading] | None = 
         for line in lines
         if line.stopped is not None and line.stopped is not Stopped.REGIME
     ]
-    tail = _short_tail(names, read)
-    if tail is None:
+    final = _final_times(names, read)
+    if final is None:
         they = {"they": "it", "them": "it"} if stopped == 1 else {"they": "they", "them": "them"}
         return (
             f"{head}; {stopped} stopped short of it, so what {they['they']} measured is read "
             f"below it (a rate still moving reads unsettled): {'; '.join(parts)}"
         )
     return (
-        f"{head}; {stopped} stopped before their rate settled at their last lengths: "
-        f"{'; '.join(parts)}{tail}"
+        f"{head}; {stopped} stopped short of it on their first rounds: {'; '.join(parts)}. {final}"
     )

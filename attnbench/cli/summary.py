@@ -13,9 +13,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnbench.cli.correctness import compile_notes, correctness_notes, fast_path_notes
+from attnbench.cli.imprecise import imprecise_note
 from attnbench.cli.reach import auto_note, final_readings
-from attnbench.cli.reruns import moved_note, sweeps_note, wide_between_sweeps
-from attnbench.estimators import IMPRECISE_REL_CI, QUIET_FACTOR, processes_for, rel_ci
+from attnbench.cli.reruns import moved_note, sweeps_note
+from attnbench.estimators import IMPRECISE_REL_CI, QUIET_FACTOR, rel_ci
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.timing.contention import busy_cores
 from attnbench.measure.timing.faults import FAULT_SHARE
@@ -30,7 +31,6 @@ from attnbench.schema import (
     failed_a_check,
     numeric_column,
 )
-from attnbench.spec import DEFAULT_PROCESSES
 
 
 def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()) -> str:
@@ -44,7 +44,11 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
         return f"±{row.spread_between:.1%}" if wider and not pd.isna(wider) else ""
     if column == "time_ci_high_s":
         reach = rel_ci(row.time_s, row.time_ci_low_s, row.time_ci_high_s)
-        text = "-" if reach == float("inf") else f"±{reach:.1%}"
+        text = (
+            "-"
+            if reach == float("inf")
+            else _reach(row.time_s, row.time_ci_low_s, row.time_ci_high_s)
+        )
         if 1 <= reach < float("inf") and row.time_ci_low_s > 0:  # a log interval this wide
             factor = max(row.time_ci_high_s / row.time_s, row.time_s / row.time_ci_low_s)
             text = f"×/÷{factor:.3g}"  # reads as a factor, not ±%
@@ -56,6 +60,20 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
     return text
 
 
+# An interval whose farther end reaches this many times as far as its nearer one is shown by
+# both ends, "-45.2/+8.1%": a busy machine's reaches down to a quiet re-run, and "±45.2%" read
+# as though a re-run might be 45% slower (a new user's conv n=128: -54.5%/+34.0%).
+LOPSIDED = 1.5
+
+
+def _reach(time: float, low: float, high: float) -> str:
+    """How far an interval reaches from its time: "±3.3%", or "-45.2/+8.1%" where lopsided."""
+    down, up = (time - low) / time, (high - time) / time
+    if min(down, up) > 0 and max(down, up) > LOPSIDED * min(down, up):
+        return f"-{down:.1%}".removesuffix("%") + f"/+{up:.1%}"
+    return f"±{max(down, up):.1%}"
+
+
 def _calls(group: pd.DataFrame) -> str:
     """What a layer's calls were, where not a forward call of the eager layer: "(decode: one
     generated token at context n)", "(compiled: default)"."""
@@ -65,88 +83,6 @@ def _calls(group: pd.DataFrame) -> str:
     compiled = group["compiled"].dropna().astype(str) if "compiled" in group else []
     words += [f"compiled: {text}" for text in dict.fromkeys(compiled) if text]
     return f" ({'; '.join(words)})" if words else ""
-
-
-# Beyond this many processes a case, "--max-processes k" is no advice (each is a fork, a first
-# call and a warm-up: about 0.1 s on a quiet CPU, more on a busy one, for every case).
-MOST_PROCESSES_ADVISED = 30
-# A marked case with this many rounds or fewer had the fewest a sweep gives: its interval leans
-# on the run's typical spread (``estimators.Prior``) more than on its own.
-FEW_ROUNDS = DEFAULT_PROCESSES
-
-
-def _why_imprecise(imprecise: pd.DataFrame, busy: pd.Series) -> str:
-    """Which of the reasons a case is marked ! holds for how many of them: fewer than two quiet
-    rounds (``busy``: its interval reaches down to a quiet re-run), most of its rounds on a
-    disturbed machine, its processes far apart, or few rounds (the run's typical spread
-    widening theirs). A new user read the reasons as a list to guess from."""
-    rounds = numeric_column(imprecise, "rounds")
-    disturbed = ~busy & (numeric_column(imprecise, "rounds_disturbed").fillna(0) * 2 > rounds)
-    near = numeric_column(imprecise, "spread_between") < IMPRECISE_REL_CI  # not their own spread
-    few = ~busy & ~disturbed & ((rounds <= FEW_ROUNDS) | near)
-    apart = ~busy & ~disturbed & ~few
-    parts = []
-    if busy.any():
-        parts.append(
-            f"{int(busy.sum())} had fewer than two quiet rounds, so their ±95% reaches down to "
-            "what a quiet re-run finds (no more processes narrow that; a quieter machine does)"
-        )
-    if apart.any():
-        spread = numeric_column(imprecise[apart], "spread_between")
-        parts.append(
-            f"{int(apart.sum())} had their processes read far apart"
-            + (_span(spread) if spread.notna().any() else "")
-        )
-    if disturbed.any():
-        parts.append(f"{int(disturbed.sum())} ran most of their rounds on a disturbed machine")
-    if few.any():
-        parts.append(
-            f"{int(few.sum())} had {FEW_ROUNDS} rounds or fewer, or processes that read within "
-            f"±{IMPRECISE_REL_CI:.0%}, which the run's typical spread widened"
-        )
-    return f"Of them, {'; '.join(parts)}." if parts else ""
-
-
-def _span(spread: pd.Series) -> str:
-    low, high = spread.min(), spread.max()
-    return f" (±{low:.1%})" if f"{low:.1%}" == f"{high:.1%}" else f" (±{low:.1%} to ±{high:.1%})"
-
-
-def _more_processes(imprecise: pd.DataFrame) -> str:
-    """How many processes would narrow a typical marked case to the mark's bound here: from
-    the median spread between their processes (``estimators.processes_for``); and which of
-    them --time-budget stopped first, where more processes alone would not reach them."""
-    spread = numeric_column(imprecise, "spread_between").median()
-    rounds = numeric_column(imprecise, "rounds").max()
-    needed = processes_for(float(spread), IMPRECISE_REL_CI) if pd.notna(spread) else None
-    first = ""  # those whose rounds --time-budget ended (one round's own budget is its samples')
-    if "time_stop" in imprecise:
-        budget = imprecise["time_stop"].eq("budget") & numeric_column(imprecise, "rounds").ge(2)
-        spent = imprecise[budget]
-        if len(spent):
-            named = ", ".join(f"{r.layer} n={r.n}" for r in spent.head(3).itertuples())
-            more = f" and {len(spent) - 3} more" if len(spent) > 3 else ""
-            first = (
-                f". {len(spent)} of them ({named}{more}) ran out of --time-budget first: raise "
-                "it as well"
-            )
-    if needed is None or not pd.notna(rounds) or needed <= rounds:
-        return f"More --processes narrow them, a quieter machine more{first}."
-    if needed > MOST_PROCESSES_ADVISED:  # a new user's busy machine read "about 758"
-        return (
-            f"At the median spread between their processes, {spread:.1%}, a case would need "
-            f"about {needed} processes to reach ±{IMPRECISE_REL_CI:.0%}: too many to give, as "
-            "an interval narrows only as the square root of the processes. Processes read that "
-            "far apart on a busy machine, or where a round or two ran slow: a sweep on a "
-            f"quieter machine reads them nearer{first}."
-        )
-    return (
-        f"At the median spread between their processes, {spread:.1%}, a case needs about "
-        f"{needed} processes to reach ±{IMPRECISE_REL_CI:.0%} on this machine as it was: "
-        f"--max-processes {needed} gives them to the cases whose interval is wide (an auto "
-        f"sweep charges each case that many, so give it a larger --auto-budget too); a "
-        f"quieter machine needs fewer{first}."
-    )
 
 
 def print_whole(table: Table, console: Console) -> None:
@@ -308,23 +244,7 @@ def _time_notes(run: RunResults, console: Console) -> None:
     low, high = timed["time_ci_low_s"], timed["time_ci_high_s"]
     imprecise = timed[is_imprecise(timed["time_s"], low, high)]
     if len(imprecise):
-        busy = imprecise["case_id"].astype(str).isin(run.busy_cases())
-        sweeps = wide_between_sweeps(run, imprecise["case_id"].astype(str), IMPRECISE_REL_CI)
-        advice = (
-            f"{sweeps} of them move further than that between this machine's sweeps alone, "
-            "which more processes in one sweep cannot narrow."
-            if sweeps
-            else (f"For the other {int((~busy).sum())}: " if busy.any() else "")
-            + _more_processes(imprecise[~busy])
-            if not busy.all()
-            else ""
-        )
-        console.print(
-            f"[yellow]note:[/] {len(imprecise)} case(s) marked ! have a 95% interval wider than "
-            f"±{IMPRECISE_REL_CI:.0%} (over their processes and this machine's sweeps). "
-            f"{_why_imprecise(imprecise, busy)} {escape(advice)}".rstrip(),
-            soft_wrap=True,
-        )
+        console.print(f"[yellow]note:[/] {escape(imprecise_note(run, imprecise))}", soft_wrap=True)
     for note in [*replication_notes(run), sweeps_note(run), moved_note(run)]:
         if note:
             console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)

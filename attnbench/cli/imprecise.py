@@ -1,0 +1,130 @@
+"""The summary's note on the cases marked ``!``: why each one's interval is wide, and what
+would narrow it (more processes, a quieter machine, or nothing a sweep gives)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from attnbench.cli.reruns import wide_between_sweeps
+from attnbench.estimators import IMPRECISE_REL_CI, processes_for
+from attnbench.results.run import RunResults
+from attnbench.schema import numeric_column
+from attnbench.spec import DEFAULT_PROCESSES
+
+
+def imprecise_note(run: RunResults, imprecise: pd.DataFrame) -> str:
+    """The note on ``imprecise``, the cases of ``run`` whose interval is wider than the mark's
+    bound: how many, which reason holds for how many, and the advice that would narrow them."""
+    busy = imprecise["case_id"].astype(str).isin(run.busy_cases())
+    sweeps = wide_between_sweeps(run, imprecise["case_id"].astype(str), IMPRECISE_REL_CI)
+    advice = (
+        f"{sweeps} of them move further than that between this machine's sweeps alone, "
+        "which more processes in one sweep cannot narrow."
+        if sweeps
+        else _for_the_other(busy, _more_processes(imprecise[~busy]))
+        if not busy.all()
+        else ""
+    )
+    return (
+        f"{len(imprecise)} case(s) marked ! have a 95% interval wider than "
+        f"±{IMPRECISE_REL_CI:.0%} (over their processes and this machine's sweeps). "
+        f"{_why_imprecise(imprecise, busy)} {advice}".rstrip()
+    )
+
+
+# Beyond this many processes a case, "--max-processes k" is no advice (each is a fork, a first
+# call and a warm-up: about 0.1 s on a quiet CPU, more on a busy one, for every case).
+MOST_PROCESSES_ADVISED = 30
+# A marked case with this many rounds or fewer had the fewest a sweep gives: its interval leans
+# on the run's typical spread (``estimators.Prior``) more than on its own.
+FEW_ROUNDS = DEFAULT_PROCESSES
+
+
+def _why_imprecise(imprecise: pd.DataFrame, busy: pd.Series) -> str:
+    """Which of the reasons a case is marked ! holds for how many of them: fewer than two quiet
+    rounds (``busy``: its interval reaches down to a quiet re-run), most of its rounds on a
+    disturbed machine, its processes far apart, or few rounds (the run's typical spread
+    widening theirs). A new user read the reasons as a list to guess from."""
+    rounds = numeric_column(imprecise, "rounds")
+    disturbed = ~busy & (numeric_column(imprecise, "rounds_disturbed").fillna(0) * 2 > rounds)
+    near = numeric_column(imprecise, "spread_between") < IMPRECISE_REL_CI  # not their own spread
+    few = ~busy & ~disturbed & ((rounds <= FEW_ROUNDS) | near)
+    apart = ~busy & ~disturbed & ~few
+    parts = []
+    if busy.any():
+        parts.append(
+            f"{int(busy.sum())} had fewer than two quiet rounds, so {_their(busy)} ±95% "
+            "reaches down to what a quiet re-run finds (no more processes narrow that; a "
+            "quieter machine does)"
+        )
+    if apart.any():
+        spread = numeric_column(imprecise[apart], "spread_between")
+        parts.append(
+            f"{int(apart.sum())} had {_their(apart)} processes read far apart"
+            + (_span(spread) if spread.notna().any() else "")
+        )
+    if disturbed.any():
+        parts.append(
+            f"{int(disturbed.sum())} ran most of {_their(disturbed)} rounds on a disturbed machine"
+        )
+    if few.any():
+        parts.append(
+            f"{int(few.sum())} had {FEW_ROUNDS} rounds or fewer, or processes that read within "
+            f"±{IMPRECISE_REL_CI:.0%}, which the run's typical spread widened"
+        )
+    return f"Of them, {'; '.join(parts)}." if parts else ""
+
+
+def _their(cases: pd.Series) -> str:
+    """ "its" for one case, "their" for several ("1 had their processes" read wrong)."""
+    return "its" if int(cases.sum()) == 1 else "their"
+
+
+def _span(spread: pd.Series) -> str:
+    low, high = spread.min(), spread.max()
+    return f" (±{low:.1%})" if f"{low:.1%}" == f"{high:.1%}" else f" (±{low:.1%} to ±{high:.1%})"
+
+
+def _for_the_other(busy: pd.Series, advice: str) -> str:
+    """The advice for the marked cases more processes can narrow: those not ``busy``, named
+    "For the other 19: at the median spread ..." where some were."""
+    if not busy.any():
+        return advice
+    return f"For the other {int((~busy).sum())}: {advice[:1].lower()}{advice[1:]}"
+
+
+def _more_processes(imprecise: pd.DataFrame) -> str:
+    """How many processes would narrow a typical marked case to the mark's bound here: from
+    the median spread between their processes (``estimators.processes_for``); and which of
+    them --time-budget stopped first, where more processes alone would not reach them."""
+    spread = numeric_column(imprecise, "spread_between").median()
+    rounds = numeric_column(imprecise, "rounds").max()
+    needed = processes_for(float(spread), IMPRECISE_REL_CI) if pd.notna(spread) else None
+    first = ""  # those whose rounds --time-budget ended (one round's own budget is its samples')
+    if "time_stop" in imprecise:
+        budget = imprecise["time_stop"].eq("budget") & numeric_column(imprecise, "rounds").ge(2)
+        spent = imprecise[budget]
+        if len(spent):
+            named = ", ".join(f"{r.layer} n={r.n}" for r in spent.head(3).itertuples())
+            more = f" and {len(spent) - 3} more" if len(spent) > 3 else ""
+            first = (
+                f". {len(spent)} of them ({named}{more}) ran out of --time-budget first: raise "
+                "it as well"
+            )
+    if needed is None or not pd.notna(rounds) or needed <= rounds:
+        return f"More --processes narrow them, a quieter machine more{first}."
+    if needed > MOST_PROCESSES_ADVISED:  # a new user's busy machine read "about 758"
+        return (
+            f"At the median spread between their processes, {spread:.1%}, a case would need "
+            f"about {needed} processes to reach ±{IMPRECISE_REL_CI:.0%}: too many to give, as "
+            "an interval narrows only as the square root of the processes. Processes read that "
+            "far apart on a busy machine, or where a round or two ran slow: a sweep on a "
+            f"quieter machine reads them nearer{first}."
+        )
+    return (
+        f"At the median spread between their processes, {spread:.1%}, a case needs about "
+        f"{needed} processes to reach ±{IMPRECISE_REL_CI:.0%} on this machine as it was: "
+        f"--max-processes {needed} gives them to the cases whose interval is wide (an auto "
+        f"sweep charges each case that many, so give it a larger --auto-budget too); a "
+        f"quieter machine needs fewer{first}."
+    )
