@@ -3,7 +3,8 @@ way: a file carries its format's version and loading migrates it step by step).
 
 What an older attnbench wrote, and how each shape becomes today's:
 
-- **A results folder** carries ``schema_version`` in run.json. Version 6 added the energy
+- **A results folder** carries ``schema_version`` in run.json. Version 7 added the samples'
+  ``blocks_left_out`` (``V6_LATER_SAMPLES``: not recorded before). Version 6 added the energy
   columns (``V5_LATER_RESULTS``: empty, as a run without ``--energy`` writes them). Version 5
   added the samples' ``others_cores`` (``V4_LATER_SAMPLES``: not recorded before). Version 4
   added the compile's columns (``V3_LATER_RESULTS``: a version-3 folder's cases were
@@ -35,7 +36,7 @@ import pandas as pd
 from attnbench.errors import AttnbenchError
 from attnbench.schema import CALIBRATION_COLUMNS
 
-FORMAT_VERSION = 6  # of a results folder, in run.json's ``schema_version``
+FORMAT_VERSION = 7  # of a results folder, in run.json's ``schema_version``
 # samples.csv's column version 5 added: the cores of other processes' CPU beside the round.
 V4_LATER_SAMPLES = ("others_cores",)
 
@@ -71,6 +72,8 @@ V3_LATER_RESULTS = (
 )  # fmt: skip
 # The columns version 6 added: --energy's (no run before it read the energy counter).
 V5_LATER_RESULTS = ("energy_j", "power_w", "energy_method")
+# samples.csv's column version 7 added: the blocks a round left out as its heap grew again.
+V6_LATER_SAMPLES = ("blocks_left_out",)
 UNRECORDED_ALLOCATOR = {"state": "unrecorded", "mechanism": "", "libc": ""}
 
 
@@ -212,7 +215,22 @@ def _v5_to_v6(raw: RawRun) -> RawRun:
     return replace(raw, meta={**raw.meta, "schema_version": 6}, results=results)
 
 
-_STEPS = (_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6)  # _STEPS[v - 1] takes v to v + 1
+def _v6_to_v7(raw: RawRun) -> RawRun:
+    samples = raw.samples.copy()
+    for column in V6_LATER_SAMPLES:  # left out before too, but not counted: not recorded
+        if column not in samples.columns:
+            samples[column] = ""
+    return replace(raw, meta={**raw.meta, "schema_version": 7}, samples=samples)
+
+
+_STEPS = (
+    _v1_to_v2,
+    _v2_to_v3,
+    _v3_to_v4,
+    _v4_to_v5,
+    _v5_to_v6,
+    _v6_to_v7,
+)  # _STEPS[v - 1] takes v to v + 1
 assert len(_STEPS) == FORMAT_VERSION - 1
 
 
@@ -260,6 +278,7 @@ _PARTNER_DEFAULTS: dict[str, dict[str, Any]] = {
         "references_s": None,
         "others_cores": None,
         "waited_s": 0.0,
+        "left_out": None,
     },
     "done": {"load_1m": None, "process": "", "ended": ""},
     "worker": {"allocator": UNRECORDED_ALLOCATOR},

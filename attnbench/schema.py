@@ -416,10 +416,12 @@ def columns_of(kind: Kind) -> list[str]:
 # ``reference_s``: the machine's reference read around the sample's round
 # (measure.timing.reference); ``others_cores``: how many cores' worth of the round's threads
 # waited for a CPU while it timed, on average, capped past the cores the process left unused
-# (measure.timing.contention).
+# (measure.timing.contention); ``blocks_left_out``: how many of the round's timed blocks were
+# left out of its samples as warm-up, its settled heap grown again in them (over 16 page
+# faults a call, measure.timing.loop; empty: not recorded).
 SAMPLE_COLUMNS = [
     "case_id", "sample", "time_s", "round", "load_1m", "page_faults", "sm_clock_mhz", "process",
-    "reference_s", "others_cores",
+    "reference_s", "others_cores", "blocks_left_out",
 ]  # fmt: skip
 CALIBRATION_COLUMNS = ["point", "before_case", "sample", "time_s"]
 

@@ -72,9 +72,10 @@ def make_run(
     ``cases`` maps (layer, n) to overrides: samples, round_sizes (samples per round), status,
     flops, elements, peak, steps, path, device
     (the model the row names), calibration (that case's GEMM seconds), instructions and load
-    (the 1-minute load average it was measured under, on 2 CPUs) and faults (minor page
-    faults per call, every sample). The samples are split into ``rounds`` timing rounds,
-    written as a sweep writes them; ``meta`` goes into run.json (allocator, fault_cost_s).
+    (the 1-minute load average it was measured under, on 2 CPUs), faults (minor page
+    faults per call, every sample) and left_out (the blocks each round left out). The samples
+    are split into ``rounds`` timing rounds, written as a sweep writes them; ``meta`` goes
+    into run.json (allocator, fault_cost_s).
     """
     writer = ResultsWriter.create(path, CONFIG, {**ENV, **(env or {})})
     if calibration_s is not None:
@@ -91,12 +92,13 @@ def make_run(
             chunks = [list(c) for c in np.array_split(np.asarray(samples), rounds)]
         first = chunks[0]
         faults = spec.get("faults")
+        left = spec.get("left_out") or [None] * len(chunks)  # blocks each round left out
 
         def per_sample(chunk: list[float], faults: Any = faults) -> tuple[float, ...] | None:
             return None if faults is None else (float(faults),) * len(chunk)
 
         timing = (
-            TimingStats(tuple(first), 1, sum(first), faults=per_sample(first))
+            TimingStats(tuple(first), 1, sum(first), faults=per_sample(first), left_out=left[0])
             if status == "ok"
             else None
         )
@@ -136,7 +138,7 @@ def make_run(
                     case(layer, n).case_id,
                     r,
                     done,
-                    TimingStats(tuple(chunk), 1, 0, faults=per_sample(chunk)),
+                    TimingStats(tuple(chunk), 1, 0, faults=per_sample(chunk), left_out=left[r - 1]),
                 )
                 done += len(chunk)
     writer.finish()

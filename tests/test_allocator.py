@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from rich.console import Console
-from synthetic import cases_grid, make_run
+from synthetic import case, cases_grid, make_run
 from typer.testing import CliRunner
 
 from attnbench.cli import app
@@ -208,17 +208,21 @@ def test_a_settled_heap_that_grows_again_is_warm_up_not_a_sample() -> None:
     assert stats.faults is not None and max(stats.faults) <= 16 and stats.count == 8
     assert stats.calls_per_sample == 1  # 1 ms calls: a block is one
     assert tick.calls == 1 + 2 + 8 + 2  # warm-up, settle, 8 samples and 2 blocks left out
+    assert stats.left_out == 2  # and the round says so (samples.csv's blocks_left_out)
     often = Ticking([4098, 0, 0, *[0, 1025] * 300])  # grows every other call: all kept
     stats = time_call(often.fn, policy, clock=often.clock, faults=often.faults)
     assert stats.faults is not None and stats.count == 8 and often.calls == 1 + 2 + 8
     assert stats.faults == (0.0, 1025.0) * 4  # past the third, the three held come back
+    assert stats.left_out == 0
     assert MAX_GREW == 3
     probe = Ticking([4098, 0, 0, 1025, *[0] * 300])  # the block that sizes the blocks grew
     stats = time_call(probe.fn, policy, clock=probe.clock, faults=probe.faults)
     assert stats.faults is not None and max(stats.faults) == 0 and probe.calls == 1 + 2 + 1 + 8
+    assert stats.left_out == 1  # the probe block
     never = Ticking([300])  # never settles: every block a sample
     stats = time_call(never.fn, policy, clock=never.clock, faults=never.faults)
     assert stats.faults is not None and min(stats.faults) == 300 and never.calls == 1 + 20 + 8
+    assert stats.left_out == 0
 
 
 def test_the_warm_ups_quiet_calls_count_toward_a_settled_heap() -> None:
@@ -298,6 +302,32 @@ def test_the_summary_flags_a_case_whose_faults_cost_much_of_its_time(tmp_path: P
     assert fault_notes(gpu) == [
         "page faults are not counted on cuda:0: its tensors live in device memory"
     ]
+
+
+def test_the_summary_counts_the_blocks_left_out_and_samples_csv_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """A round that leaves blocks out of its samples (its heap grew again in them) records how
+    many in samples.csv, for each of its samples; the summary counts them, and says nothing
+    where none was, or none was recorded (an older folder)."""
+    grid = cases_grid(conv_64={"left_out": [2, 0, 1, 0, 0]}, rnn_128={"left_out": [0, 3, 0, 0, 0]})
+    run = make_run(tmp_path / "left", grid)
+    conv = run.samples[run.samples["case_id"] == case("conv", 64).case_id]
+    assert conv.groupby("round")["blocks_left_out"].unique().map(list).tolist() == [
+        [2.0],
+        [0.0],
+        [1.0],
+        [0.0],
+        [0.0],
+    ]
+    (note,) = [n for n in fault_notes(run) if "left out" in n]
+    assert note.startswith("6 timed block(s) in 3 round(s) of 2 case(s) were left out")
+    assert "(samples.csv's blocks_left_out)" in note
+    none = make_run(tmp_path / "none", cases_grid(conv_64={"left_out": [0] * 5}))
+    assert not [n for n in fault_notes(none) if "left out" in n]
+    unrecorded = make_run(tmp_path / "old", cases_grid())  # written without a count
+    assert unrecorded.samples["blocks_left_out"].isna().all()
+    assert not [n for n in fault_notes(unrecorded) if "left out" in n]
 
 
 def test_compare_warns_when_the_two_runs_measured_in_different_states(tmp_path: Path) -> None:

@@ -137,6 +137,24 @@ def test_a_result_from_a_partner_that_sends_less_reads_as_not_recorded() -> None
     assert (done.load_1m, done.process, done.ended, done.lost) == (None, "", "", "it died")
     timing = timing_from_wire({"samples_s": [1.0, 2.0], "calls_per_sample": 1, "total_s": 3.0})
     assert timing is not None and timing.clocks_mhz is None and timing.references_s is None
+    assert timing.left_out is None  # a partner that did not count the blocks it left out
+
+
+def test_a_version_6_folder_gets_its_blocks_left_out_as_not_recorded() -> None:
+    """Version 7 counts the blocks a round left out (its heap grew again in them); a version-6
+    round left them out too, uncounted: the column is empty, not 0."""
+    samples = pd.DataFrame({"case_id": ["conv/n=64"], "sample": ["0"], "time_s": ["1e-05"]})
+    raw = RawRun(
+        meta={"schema_version": 6},
+        results=pd.DataFrame({"case_id": ["conv/n=64"], "time_s": ["1e-05"]}),
+        samples=samples,
+        calibration=None,
+        theories={},
+    )
+    done = migrate_run(raw, "v6")
+    assert done.meta["schema_version"] == FORMAT_VERSION == 7
+    assert done.samples["blocks_left_out"].tolist() == [""]
+    assert "blocks_left_out" not in raw.samples  # the folder as read is left as it was
 
 
 def test_old_ceilings_and_partners_read_in_todays_shape() -> None:

@@ -20,7 +20,7 @@ from attnbench.estimators import IMPRECISE_REL_CI, QUIET_FACTOR, rel_ci
 from attnbench.fits.outliers import TREND_FACTOR, trend_outliers
 from attnbench.measure.timing.contention import busy_cores
 from attnbench.measure.timing.faults import FAULT_SHARE
-from attnbench.measure.timing.loop import is_imprecise
+from attnbench.measure.timing.loop import MAX_GREW, SETTLED_FAULTS, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
 from attnbench.results.run import BUSY_NOTE, LOAD_SLACK, RunResults
 from attnbench.schema import (
@@ -385,6 +385,9 @@ def fault_notes(run: RunResults) -> list[str]:
             f"(up to {heavy.max():.0%}, at {cost * 1e6:.2g} µs a fault; {layers}) with the "
             f"allocator {run.allocator}: {advice}; see the page_faults column"
         )
+    left = _left_out(run.samples)
+    if left:
+        notes.append(left)
     measured = run.measured
     if "page_faults" in measured:
         uncounted = measured.loc[measured["page_faults"].isna(), "device"].dropna()
@@ -395,3 +398,20 @@ def fault_notes(run: RunResults) -> list[str]:
                 "device memory"
             )
     return notes
+
+
+def _left_out(samples: pd.DataFrame) -> str:
+    """How many timed blocks the rounds left out of their samples as warm-up, their settled
+    heap grown again in them (``measure.timing.loop._kept``): a time that drops blocks says
+    so ("" where none did, or none was recorded)."""
+    rounds = samples.drop_duplicates(["case_id", "round"])
+    blocks = numeric_column(rounds, "blocks_left_out").fillna(0)
+    if not blocks.gt(0).any():
+        return ""
+    cases = rounds.loc[blocks.gt(0), "case_id"].nunique()
+    return (
+        f"{int(blocks.sum())} timed block(s) in {int(blocks.gt(0).sum())} round(s) of {cases} "
+        f"case(s) were left out of their samples as warm-up: the process's heap, settled, grew "
+        f"again in them (over {SETTLED_FAULTS} page faults a call), which times the allocator, "
+        f"not the layer; past {MAX_GREW} in a round none is (samples.csv's blocks_left_out)"
+    )

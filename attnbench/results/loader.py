@@ -206,7 +206,14 @@ def _typed_tables(path: Path, raw: RawRun) -> tuple[pd.DataFrame, pd.DataFrame, 
     calibration["point"] = pd.to_numeric(calibration["point"]).astype("int64")
     samples["round"] = pd.to_numeric(samples["round"]).astype("int64")
     samples["process"] = pd.to_numeric(samples["process"]).astype("int64")
-    for column in ("load_1m", "page_faults", "sm_clock_mhz", "reference_s", "others_cores"):
+    for column in (
+        "load_1m",
+        "page_faults",
+        "sm_clock_mhz",
+        "reference_s",
+        "others_cores",
+        "blocks_left_out",
+    ):
         samples[column] = pd.to_numeric(samples[column].where(samples[column] != ""))
     return _typed_results(frame), samples[SAMPLE_COLUMNS], calibration
 

@@ -208,8 +208,9 @@ class ResultsWriter:
         refs = timing.references_s or (None,) * timing.count
         others = timing.others_cores or (None,) * timing.count
         number = self.processes.setdefault(process, self.first_process + len(self.processes))
+        left = timing.left_out
         lines = [
-            csv_line([case_id, first + i, s, round_, load, f, c, number, r, o])
+            csv_line([case_id, first + i, s, round_, load, f, c, number, r, o, left])
             for i, (s, f, c, r, o) in enumerate(
                 zip(timing.samples_s, faults, clocks, refs, others, strict=True)
             )

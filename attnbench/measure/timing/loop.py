@@ -91,6 +91,9 @@ class TimingStats:
     # stop_of``; None: not recorded): ``overall_stop`` reads it.
     rounds_stop: Stop | None = None
     precision: float = DEFAULT_PRECISION  # the run's --precision: rounds were added until it
+    # Blocks of the round left out of its samples as warm-up, its settled heap grown again in
+    # them (``_kept``); samples.csv's ``blocks_left_out`` (None: not recorded).
+    left_out: int | None = None
 
     def per_call(self, calls: int) -> TimingStats:
         """These statistics with each sample divided among ``calls`` calls (a sample that
@@ -305,6 +308,7 @@ def time_call(
         major_faults=sum(major for _, major in per_block) if faults else None,
         stop=stop,
         clocks_mhz=tuple(clocks) if read_clock is not None else None,
+        left_out=len(times) - len(kept),
     )
 
 
@@ -460,6 +464,7 @@ def sample_until(
         total_s=total,
         stop=stop,
         clocks_mhz=tuple(clocks) if read_clock is not None else None,
+        left_out=0,  # a sample that times itself has no block to leave out
     )
 
 

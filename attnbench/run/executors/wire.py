@@ -21,11 +21,12 @@ from attnbench.run.executors.fresh import Ending, Outcome
 from attnbench.schema import Status
 from attnbench.spec import Case
 
-# 7: a timing carries the other processes' CPU beside its round; 6: a job's policy carries
+# 8: a timing carries the blocks its round left out; 7: a timing carries the other processes'
+# CPU beside its round; 6: a job's policy carries
 # the machine's quiet level and a round's wait, a timing the seconds it waited (5: a fork
 # server (start's "fresh"), a job's wall limit, a result's process and how a watched process
 # ended; 4: a job's policy names its timer, a result its clocks)
-PROTOCOL = 7
+PROTOCOL = 8
 
 
 def timing_to_wire(timing: TimingStats | None) -> dict[str, Any] | None:
@@ -48,6 +49,7 @@ def timing_from_wire(data: dict[str, Any] | None) -> TimingStats | None:
         references_s=None if refs is None else tuple(refs),
         others_cores=None if data["others_cores"] is None else tuple(data["others_cores"]),
         waited_s=float(data["waited_s"]),
+        left_out=data["left_out"],
     )
 
 
