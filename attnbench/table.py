@@ -14,6 +14,7 @@ import pandas as pd
 
 from attnbench.fits import Analysis, analyse
 from attnbench.fits.exponents import SETTLED_RULE, counted_work, line_rates
+from attnbench.measure.counts.ops import fused_names
 from attnbench.measure.counts.structure import NO_MIXING
 from attnbench.provenance import Source, sources
 from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES, overhead_bound
@@ -347,6 +348,8 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             parts.append(f"time ~ d{grows} fitted across d at n={row.time_d_fit_n_at}")
         if row.left_out_cases:
             parts.append(_left_out(run, str(row.layer), int(row.left_out_cases)))
+        if row.time_fit_n:
+            parts += _kernels_along_n(run, str(row.layer), int(row.time_fit_d_at))
         notes.append(f"{row.layer}: " + "; ".join(parts or ["too few measured cases to fit"]))
     notes.extend(check_notes(table))
     if "decode form" in table.columns:
@@ -370,6 +373,28 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             "again when it is quiet)"
         )
     return notes
+
+
+def _kernels_along_n(run: RunResults, layer: str, d: int) -> list[str]:
+    """The convolution kernels torch chose along n, where it changed them: the time's slope
+    bends there (conv-dilated at n = 512 read faster than at 256 as oneDNN took over from
+    torch's reference kernel), which the exponent alone does not say; [] where one kernel
+    ran throughout, or none was recorded (the ``backend`` column)."""
+    frame = run.measured
+    if "backend" not in frame:
+        return []
+    line = frame[(frame["layer"] == layer) & (frame["d"] == d)].sort_values("n")
+    names = [
+        ", ".join(sorted(fused_names(v))) if isinstance(v, str) else "" for v in line["backend"]
+    ]
+    runs = [
+        (kernels, [int(n) for _, n in group])
+        for kernels, group in itertools.groupby(zip(names, line["n"], strict=True), lambda x: x[0])
+    ]
+    if len(runs) < 2 or not any(kernels for kernels, _ in runs):
+        return []
+    ran = "; ".join(f"{kernels or 'none recorded'} at n = {_lengths(ns)}" for kernels, ns in runs)
+    return [f"its convolution kernel changed with n: {ran} (the backend column)"]
 
 
 def _lengths(values: list[int]) -> str:

@@ -92,6 +92,31 @@ def test_the_table_puts_measured_exponents_beside_the_theory() -> None:
     )
 
 
+def test_the_notes_say_where_torch_changed_a_layers_convolution_kernel() -> None:
+    """conv-dilated read faster at n = 512 than at 256 as oneDNN took over from torch's
+    reference kernel: the backend column names it, and the notes say where the kernel changed
+    along n (a bend the exponent alone hides); one kernel throughout, or none, says nothing."""
+    run = _synthetic_run()
+    frame = run.frame
+    rnn = frame["layer"] == "rnn"
+    reference = "thnn_conv2d (torch's reference convolution)"
+    onednn = "mkldnn_convolution (oneDNN convolution)"
+    frame["backend"] = frame["backend"].astype(object)
+    frame.loc[rnn, "backend"] = np.where(frame.loc[rnn, "n"] >= 256, onednn, reference)
+    table = comparison_table(run).reset_index()
+    (note,) = [n for n in fit_notes(table, run) if n.startswith("rnn:")]
+    assert note.endswith(
+        "its convolution kernel changed with n: thnn_conv2d at n = 64..128; mkldnn_convolution "
+        "at n = 256..512 (the backend column)"
+    )
+    (other,) = [n for n in fit_notes(table, run) if n.startswith("attention: time ~")]
+    assert "kernel changed" not in other  # none recorded
+    frame.loc[rnn, "backend"] = onednn
+    assert not any(
+        "kernel changed" in n for n in fit_notes(comparison_table(run).reset_index(), run)
+    )
+
+
 def test_a_path_with_no_law_beyond_the_probes_gets_no_exponent() -> None:
     """Two measured paths (3, 7) and no law above them: fitting n^1.22 on those two would be the
     probes' exponent, not the layer's; the table says there is no law, and from where."""
