@@ -97,7 +97,7 @@ def _agrees(row: pd.Series | None) -> bool | None:
     return bool(row["agrees"])
 
 
-def _fixed_at(group: pd.DataFrame, by: str, over: str) -> int | None:
+def fixed_at(group: pd.DataFrame, by: str, over: str) -> int | None:
     """The largest value of ``by`` at which ``over`` takes at least two values."""
     counts = group.groupby(by)[over].nunique()
     usable = counts[counts >= 2]
@@ -140,8 +140,8 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
     for layer in dict.fromkeys(run.frame["layer"]):
         theory = analysis.layers.theory(layer)
         group = measured[measured["layer"] == layer]
-        d_fix = _fixed_at(group, "d", "n")
-        n_fix = _fixed_at(group, "n", "d")
+        d_fix = fixed_at(group, "d", "n")
+        n_fix = fixed_at(group, "n", "d")
         time_n = time_d = seq_n = path_n = unproven = overhead = None
         lengths: list[int] = []
         if d_fix is not None:

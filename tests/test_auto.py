@@ -400,6 +400,7 @@ def test_a_line_stopped_in_its_regime_whose_final_times_moved_off_it_is_named() 
         "layer": ["conv"] * 4 + ["rnn"] * 4, "d": [64] * 8, "n": ns * 2,
         "flops": work * 2, "elementwise": [0.0] * 8,
         "time_s": [*steady, *steady[:3], steady[3] * 1.5],  # rnn's last: 1.5x, out of the band
+        "kernel_share": [0.9] * 8,  # their kernels measured, and most of the time
     })  # fmt: skip
     lines = (
         AutoLine("conv", 64, Stopped.REGIME, 2048, ""),
@@ -413,6 +414,9 @@ def test_a_line_stopped_in_its_regime_whose_final_times_moved_off_it_is_named() 
         "settled over 4 lengths on their first rounds; on their final times 1 of them no "
         "longer reads settled, within 20% (rnn reads unsettled)"
     ) in note
+    # no kernels measured: the table reads an unsettled line by its slopes (a flat rate reads
+    # overhead-bound there), a fit the note does not make, so it claims nothing of it
+    assert "rnn" not in final_readings(lines, rows.assign(kernel_share=float("nan")))
     # its kernels under half the time at every length: overhead-bound, as the table reads it
     shares = rows.assign(kernel_share=[0.9] * 4 + [0.3] * 4)
     assert final_readings(lines, shares)["rnn"] is Reading.OVERHEAD
@@ -484,6 +488,7 @@ def test_a_line_stops_two_lengths_past_a_plateau_its_rate_fell_from() -> None:
     local = {64 * 2**i: rate for i, rate in enumerate(rates)}
     plan, ran = run_at_rates(local)
     assert ran[-1] == 16384 and "over n=512..4096" in plan.line(plan.grid.cases()[0]).why
+
     # a length whose rate was not read (its work not counted) is no fall past the plateau
     def uncounted(case, time_s):  # type: ignore[no-untyped-def]
         found = result(case, time_s)
@@ -570,7 +575,8 @@ def test_a_line_stopped_short_whose_final_times_settled_is_named_with_where() ->
     }
     work = [float(n) * 1e6 for n in ns]
     rows = pd.DataFrame([
-        {"layer": layer, "d": 64, "n": n, "flops": w, "elementwise": 0.0, "time_s": w / (r * 1e9)}
+        {"layer": layer, "d": 64, "n": n, "flops": w, "elementwise": 0.0, "time_s": w / (r * 1e9),
+         "kernel_share": 0.9}
         for layer, line in rates.items() for n, w, r in zip(ns, work, line, strict=True)
     ])  # fmt: skip
     lines = (
@@ -615,3 +621,30 @@ def test_a_line_stopped_short_whose_final_times_settled_is_named_with_where() ->
     rows.loc[(rows["layer"] == "ssm") & (rows["n"] == 16384), "flops"] = float("nan")
     rows.loc[(rows["layer"] == "ssm") & (rows["n"] == 16384), "elementwise"] = float("nan")
     assert final_readings(lines, rows)["ssm"] is Reading.TOP
+
+
+def test_the_note_claims_no_reading_of_a_width_the_table_does_not_read() -> None:
+    """attnbench table reads a layer at its largest width with two lengths: a line at another
+    width gets no reading, so the note does not say "attnbench table reads" it (an H200's auto
+    run: attention d=64 named unsettled where the table read d=128 alone). One line stopped
+    short reads "its", not "their"."""
+    import pandas as pd
+
+    from attnbench.cli.reach import Reading, auto_note, final_readings
+    from attnbench.results.record import AutoLine
+
+    ns = [256, 512, 1024, 2048]
+    rows = pd.DataFrame([
+        {"layer": "attention", "d": d, "n": n, "flops": n * 1e6, "elementwise": 0.0,
+         "time_s": n * 1e6 / (r * 1e9), "kernel_share": 0.9}
+        for d in (64, 128) for n, r in zip(ns, [20.0, 40.0, 60.0, 80.0], strict=True)
+    ])  # fmt: skip
+    lines = tuple(AutoLine("attention", d, Stopped.BUDGET, 2048, "") for d in (64, 128))
+    assert final_readings(lines, rows) == {"attention d=128": Reading.NONE}
+    one = (AutoLine("attention", 128, Stopped.BUDGET, 2048, ""),)
+    note = auto_note(one, {"attention": Reading.OVERHEAD})
+    assert "1 stopped short of it on its first rounds: attention at n=2048" in note
+    assert (
+        "On its final times (every round), attnbench table reads attention as overhead-bound"
+        in note
+    )

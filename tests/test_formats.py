@@ -33,11 +33,11 @@ from attnbench.formats import (
 )
 from attnbench.measure.counts.countcache import Counting
 from attnbench.measure.machine.ceilings import Ceilings
-from attnbench.measure.timing.loop import TimingPolicy
+from attnbench.measure.timing.loop import TimingPolicy, TimingStats
 from attnbench.results.loader import load_results
 from attnbench.results.store import ResultsWriter
 from attnbench.run.executors.base import Job
-from attnbench.run.executors.wire import done_from_wire, timing_from_wire
+from attnbench.run.executors.wire import done_from_wire, timing_from_wire, timing_to_wire
 from attnbench.schema import RESULT_COLUMNS
 from attnbench.spec import Case
 
@@ -138,6 +138,9 @@ def test_a_result_from_a_partner_that_sends_less_reads_as_not_recorded() -> None
     timing = timing_from_wire({"samples_s": [1.0, 2.0], "calls_per_sample": 1, "total_s": 3.0})
     assert timing is not None and timing.clocks_mhz is None and timing.references_s is None
     assert timing.left_out is None  # a partner that did not count the blocks it left out
+    sent = TimingStats((1.0, 2.0), 1, 3.0, left_out=2)
+    back = timing_from_wire(json.loads(json.dumps(timing_to_wire(sent))))
+    assert back is not None and back.left_out == 2  # a worker's count reaches the writer
 
 
 def test_a_version_6_folder_gets_its_blocks_left_out_as_not_recorded() -> None:

@@ -12,6 +12,7 @@ from attnbench.fits.exponents import counted_work, line_rates, settled_line
 from attnbench.regime import REGIME_BAND, REGIME_SIZES, overhead_bound
 from attnbench.results.record import SHORT_OF_REGIME, AutoLine, Stopped
 from attnbench.schema import numeric_column
+from attnbench.table import fixed_at
 
 
 class Reading(enum.StrEnum):
@@ -25,30 +26,37 @@ class Reading(enum.StrEnum):
 
 def final_readings(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> dict[str, Reading]:
     """Each stopped line's reading on its final times (``measured``: a case's later rounds
-    move its time), as ``attnbench table`` reads it, by its label (``_label``)."""
+    move its time), as ``attnbench table`` reads it, by its label (``_label``). A line the
+    table does not read (its layer at another width than the table's) or reads by a fit this
+    note does not make (no kernels measured: a flat rate reads overhead-bound there) gets
+    none: the note claims nothing of it."""
     frame = measured[numeric_column(measured, "time_s") > 0]
     work = counted_work(frame)
     found = {}
     for line in auto:
         if line.stopped is None:
             continue
+        if line.d != fixed_at(measured[measured["layer"] == line.layer], "d", "n"):
+            continue  # the table reads the layer at its largest width with two lengths
         rows = frame[(frame["layer"] == line.layer) & (frame["d"] == line.d)]
         if rows.empty:
             continue  # nothing measured: nothing to read
         settled = settled_line(rows, "n", work)
         if settled is None:
-            found[_label(line, auto)] = Reading.OVERHEAD if _overhead(rows) else Reading.NONE
+            overhead = _overhead(rows)
+            if overhead is not None:
+                found[_label(line, auto)] = Reading.OVERHEAD if overhead else Reading.NONE
         else:  # its top: the largest size with a rate to read
             top = settled["n"].max() >= line_rates(rows, "n", work).index.max()
             found[_label(line, auto)] = Reading.TOP if top else Reading.BELOW
     return found
 
 
-def _overhead(rows: pd.DataFrame) -> bool:
-    """Whether every length's kernels ran under half its time, where they were measured: the
-    table reads such a line overhead-bound, not unsettled (``table._time_cell``)."""
+def _overhead(rows: pd.DataFrame) -> bool | None:
+    """Whether every length's kernels ran under half its time: the table reads such a line
+    overhead-bound, not unsettled (``table._time_cell``); None where no kernels were measured."""
     if "kernel_share" not in rows or rows["kernel_share"].isna().all():
-        return False
+        return None
     return bool(overhead_bound(numeric_column(rows, "kernel_share")).all())
 
 
@@ -128,7 +136,8 @@ def _final_times(short: list[str], read: Mapping[str, Reading]) -> str | None:
                 ),
             }[kind]
         )
-    return f"On their final times (every round), attnbench table reads {'; '.join(parts)}"
+    their = _they([x for x in short if x in read])["their"]  # of the lines read, not all
+    return f"On {their} final times (every round), attnbench table reads {'; '.join(parts)}"
 
 
 def auto_note(lines: tuple[AutoLine, ...], read: Mapping[str, Reading] | None = None) -> str:
@@ -177,6 +186,6 @@ def auto_note(lines: tuple[AutoLine, ...], read: Mapping[str, Reading] | None = 
             f"{head}; {stopped} stopped short of it, so what {they['they']} measured is read "
             f"below it (a rate still moving reads unsettled): {'; '.join(parts)}"
         )
-    return (
-        f"{head}; {stopped} stopped short of it on their first rounds: {'; '.join(parts)}. {final}"
-    )
+    their = "its" if stopped == 1 else "their"
+    cut = f"{stopped} stopped short of it on {their} first rounds: {'; '.join(parts)}"
+    return f"{head}; {cut}. {final}"

@@ -60,17 +60,22 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
     return text
 
 
-# An interval whose farther end reaches this many times as far as its nearer one is shown by
-# both ends, "-45.2/+8.1%": a busy machine's reaches down to a quiet re-run, and "±45.2%" read
-# as though a re-run might be 45% slower (a new user's conv n=128: -54.5%/+34.0%).
+# A wide interval (past the mark's ±5%) whose one end reaches this many times as far as the
+# other on a log scale, where the interval is taken, is shown by both ends, "-45.2/+8.1%": a
+# busy machine's reaches down to a quiet re-run, and "±45.2%" read as though a re-run might
+# be 45% slower (a new user's conv n=128: -54.5%/+34.0%). A log interval's own lean (-44.6%
+# is +80.4% on a log scale) reads as one ±, the farther end.
 LOPSIDED = 1.5
 
 
 def _reach(time: float, low: float, high: float) -> str:
     """How far an interval reaches from its time: "±3.3%", or "-45.2/+8.1%" where lopsided."""
     down, up = (time - low) / time, (high - time) / time
-    if min(down, up) > 0 and max(down, up) > LOPSIDED * min(down, up):
-        return f"-{down:.1%}".removesuffix("%") + f"/+{up:.1%}"
+    wide = max(down, up) > IMPRECISE_REL_CI
+    if wide and low > 0 and high >= time >= low:
+        below, above = math.log(time / low), math.log(high / time)
+        if max(below, above) > LOPSIDED * min(below, above):
+            return f"-{down:.1%}".removesuffix("%") + f"/+{up:.1%}"
     return f"±{max(down, up):.1%}"
 
 

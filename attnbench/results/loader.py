@@ -206,15 +206,10 @@ def _typed_tables(path: Path, raw: RawRun) -> tuple[pd.DataFrame, pd.DataFrame, 
     calibration["point"] = pd.to_numeric(calibration["point"]).astype("int64")
     samples["round"] = pd.to_numeric(samples["round"]).astype("int64")
     samples["process"] = pd.to_numeric(samples["process"]).astype("int64")
-    for column in (
-        "load_1m",
-        "page_faults",
-        "sm_clock_mhz",
-        "reference_s",
-        "others_cores",
-        "blocks_left_out",
-    ):
+    for column in ("load_1m", "page_faults", "sm_clock_mhz", "reference_s", "others_cores"):
         samples[column] = pd.to_numeric(samples[column].where(samples[column] != ""))
+    left = samples["blocks_left_out"]  # a count: "2" stays 2 when a resume writes it again
+    samples["blocks_left_out"] = pd.to_numeric(left.where(left != "")).astype("Int64")
     return _typed_results(frame), samples[SAMPLE_COLUMNS], calibration
 
 
