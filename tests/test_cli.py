@@ -227,16 +227,27 @@ def test_a_lopsided_interval_reads_by_both_ends() -> None:
     assert _reach(1.0, 0.99, 1.04) == "±4.0%"  # within the mark's ±5%: one figure is enough
 
 
-def test_the_advice_for_the_other_cases_reads_as_one_sentence() -> None:
-    from attnbench.cli.imprecise import _for_the_other
+def test_the_advice_names_only_the_cases_more_processes_narrow() -> None:
+    """A new user's note: "37 had fewer than two quiet rounds ...; 2 had their processes read
+    far apart; 15 ran most of their rounds on a disturbed machine. For the other 17: ...
+    --max-processes 26": the 17 counted the 15 a disturbed machine widened, which more
+    processes do not narrow. The advice is for the far apart and the few rounds alone."""
+    from attnbench.cli.imprecise import _for_those, _reasons
 
-    busy = pd.Series([True, False, False])
+    marked = pd.DataFrame({
+        "rounds": [6, 2, 6, 3], "rounds_disturbed": [0, 4, 0, 0],
+        "spread_between": [0.03, 0.02, 0.12, 0.01],
+    })  # fmt: skip
+    busy = pd.Series([True, False, False, False])
+    _, disturbed, apart, few = _reasons(marked, busy)
+    assert list(disturbed) == [False, True, False, False]
+    assert list(apart | few) == [False, False, True, True]
     advice = "At the median spread between their processes, 6.0%, a case needs about 12."
-    assert _for_the_other(busy, advice) == (
-        "For the other 2: at the median spread between their processes, 6.0%, a case needs "
-        "about 12."
+    assert _for_those(apart | few, advice) == (
+        "For the 2 more processes narrow: at the median spread between their processes, 6.0%, "
+        "a case needs about 12."
     )
-    assert _for_the_other(busy & False, advice) == advice
+    assert _for_those(pd.Series([True, True]), advice) == advice
 
 
 def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # type: ignore[no-untyped-def]
@@ -282,14 +293,18 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
         "typical spread widened."
     )
     assert _why_imprecise(marked.assign(rounds_disturbed=[4, 2]), neither) == (
-        "Of them, 2 ran most of their rounds on a disturbed machine."
+        "Of them, 2 ran most of their rounds on a disturbed machine, left out, so their "
+        "interval is mostly the run's typical spread over the rounds kept (alike for cases "
+        "that kept as many; a quieter machine narrows it)."
     )
     # every round kept, one of them read quiet: its interval reaches down, more rounds or not
     first = pd.Series([True, False], index=marked.index)
     assert _why_imprecise(marked.assign(rounds_disturbed=[5, 2]), first) == (
         "Of them, 1 had fewer than two quiet rounds, so its ±95% reaches down to what a quiet "
         "re-run finds (no more processes narrow that; a quieter machine does); 1 ran most of "
-        "its rounds on a disturbed machine."
+        "its rounds on a disturbed machine, left out, so its interval is mostly the run's "
+        "typical spread over the rounds kept (alike for cases that kept as many; a quieter "
+        "machine narrows it)."
     )
     # an interval reaching 50% up and 1% down reads by both ends, not as ±50.0%
     assert "-1.0/+50.0% !" in text and "±50.0%" not in text

@@ -6,6 +6,7 @@ how many cases are finished when the signal lands does not depend on the machine
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,13 +49,27 @@ def _plugin(tmp_path: Path) -> tuple[str, Path]:
     return f"{path}:make", release
 
 
-def _start(out: Path, layer: str) -> subprocess.Popen[bytes]:
+def _start(out: Path, layer: str, group: bool = False) -> subprocess.Popen[bytes]:
+    """The sweep; ``group``: in a process group of its own, which a test signals whole."""
     cmd = [sys.executable, "-m", "attnbench", "sweep", "--layers", layer, "--n", "8..512"]
     cmd += ["--d", "8", "--device", "cpu", "--time-budget", "0.02", "--no-charts"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if group:  # the default executor's fork servers, where the tests run cases in-process
+        env["ATTNBENCH_EXECUTOR"] = "fork"
     return subprocess.Popen(
-        [*cmd, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        [*cmd, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=group,
+        # SIGINT as a terminal's job has it: a shell runs a background job (this test, under
+        # some runners) with SIGINT ignored, which its children would inherit
+        preexec_fn=_default_sigint if group else None,
     )
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_rows(out: Path, rows: int) -> None:
@@ -114,6 +129,35 @@ def test_a_signal_keeps_every_finished_case_and_resume_completes_the_sweep(
     assert (run.frame["status"] == "ok").all() and run.status == "complete"
     for row in run.frame.itertuples():
         assert len(samples_for(run, row.case_id)) == row.samples
+
+
+@pytest.mark.slow
+def test_a_terminals_ctrl_c_lets_the_case_in_flight_finish(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C goes to its whole foreground process group: the fork servers and
+    the process timing the case got it too, and died in the case the sweep had said it would
+    finish ("stopping after gru n=512 ...", then "the worker ... died ... KeyboardInterrupt",
+    and no gru n=512 in results.csv). The workers are out of that group: the case finishes."""
+    out = tmp_path / "run"
+    layer, release = _plugin(tmp_path)
+    proc = _start(out, layer, group=True)
+    try:
+        _wait_for_rows(out, FREE)
+        time.sleep(2.0)  # every job but a held one takes milliseconds: one is in flight now
+        os.killpg(proc.pid, signal.SIGINT)  # the whole group, as a terminal sends it
+        time.sleep(0.3)
+        release.touch()
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    text = stderr.decode()
+    assert proc.returncode == 130, text
+    assert "died" not in text and "KeyboardInterrupt" not in text, text
+    stopping = re.search(r"stopping after \S+ n=(\d+)", text)
+    assert stopping is not None, text
+    stopped = load_results(out)
+    assert int(stopping.group(1)) >= 128  # the held case, in flight when the signal came
+    assert int(stopping.group(1)) in set(stopped.frame["n"])  # and finished, kept
+    assert (stopped.frame["status"] == "ok").all()
 
 
 @pytest.mark.slow

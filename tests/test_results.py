@@ -108,6 +108,20 @@ def test_out_under_a_file_is_refused(tmp_path: Path) -> None:
         prepare_out_dir(blocker / "sub")
 
 
+def test_a_value_that_is_not_a_number_names_its_column_and_case(tmp_path: Path) -> None:
+    """A new user's mangled results.csv read "Unable to parse string 'abc' at position 2",
+    naming neither the column nor the row."""
+    out = _write(tmp_path)
+    frame = pd.read_csv(out / "results.csv", dtype=str, keep_default_na=False)
+    frame.loc[0, "time_s"] = "abc"
+    frame.to_csv(out / "results.csv", index=False)
+    with pytest.raises(
+        AttnbenchError, match="corrupt: column 'time_s' holds 'abc', not a number"
+    ) as err:
+        load_results(out)
+    assert f"(case {frame.loc[0, 'case_id']!r})" in err.value.message
+
+
 @pytest.mark.parametrize("damage", ["no_dir", "not_results", "bad_json", "schema", "columns"])
 def test_loader_refuses_what_is_not_a_valid_results_folder(tmp_path: Path, damage: str) -> None:
     out = _write(tmp_path)

@@ -17,12 +17,14 @@ def imprecise_note(run: RunResults, imprecise: pd.DataFrame) -> str:
     bound: how many, which reason holds for how many, and the advice that would narrow them."""
     busy = imprecise["case_id"].astype(str).isin(run.busy_cases())
     sweeps = wide_between_sweeps(run, imprecise["case_id"].astype(str), IMPRECISE_REL_CI)
+    _, _, apart, few = _reasons(imprecise, busy)
+    narrowed = apart | few  # those more processes narrow: not a busy or disturbed machine's
     advice = (
         f"{sweeps} of them move further than that between this machine's sweeps alone, "
         "which more processes in one sweep cannot narrow."
         if sweeps
-        else _for_the_other(busy, _more_processes(imprecise[~busy]))
-        if not busy.all()
+        else _for_those(narrowed, _more_processes(imprecise[narrowed]))
+        if narrowed.any()
         else ""
     )
     return (
@@ -40,16 +42,24 @@ MOST_PROCESSES_ADVISED = 30
 FEW_ROUNDS = DEFAULT_PROCESSES
 
 
-def _why_imprecise(imprecise: pd.DataFrame, busy: pd.Series) -> str:
-    """Which of the reasons a case is marked ! holds for how many of them: fewer than two quiet
-    rounds (``busy``: its interval reaches down to a quiet re-run), most of its rounds on a
-    disturbed machine, its processes far apart, or few rounds (the run's typical spread
-    widening theirs). A new user read the reasons as a list to guess from."""
+def _reasons(
+    imprecise: pd.DataFrame, busy: pd.Series
+) -> tuple[pd.Series, pd.Series, pd.Series, pd.Series]:
+    """The marked cases by the one reason that holds for each, in this order: fewer than two
+    quiet rounds (``busy``), most of its rounds on a disturbed machine, its processes far
+    apart, or few rounds (the run's typical spread widening theirs)."""
     rounds = numeric_column(imprecise, "rounds")
     disturbed = ~busy & (numeric_column(imprecise, "rounds_disturbed").fillna(0) * 2 > rounds)
     near = numeric_column(imprecise, "spread_between") < IMPRECISE_REL_CI  # not their own spread
     few = ~busy & ~disturbed & ((rounds <= FEW_ROUNDS) | near)
     apart = ~busy & ~disturbed & ~few
+    return busy, disturbed, apart, few
+
+
+def _why_imprecise(imprecise: pd.DataFrame, busy: pd.Series) -> str:
+    """Which of the reasons a case is marked ! holds for how many of them (``_reasons``): a new
+    user read the reasons as a list to guess from."""
+    busy, disturbed, apart, few = _reasons(imprecise, busy)
     parts = []
     if busy.any():
         parts.append(
@@ -64,8 +74,11 @@ def _why_imprecise(imprecise: pd.DataFrame, busy: pd.Series) -> str:
             + (_span(spread) if spread.notna().any() else "")
         )
     if disturbed.any():
+        their = _their(disturbed)
         parts.append(
-            f"{int(disturbed.sum())} ran most of {_their(disturbed)} rounds on a disturbed machine"
+            f"{int(disturbed.sum())} ran most of {their} rounds on a disturbed machine, left out, "
+            f"so {their} interval is mostly the run's typical spread over the rounds kept (alike "
+            "for cases that kept as many; a quieter machine narrows it)"
         )
     if few.any():
         parts.append(
@@ -85,12 +98,13 @@ def _span(spread: pd.Series) -> str:
     return f" (±{low:.1%})" if f"{low:.1%}" == f"{high:.1%}" else f" (±{low:.1%} to ±{high:.1%})"
 
 
-def _for_the_other(busy: pd.Series, advice: str) -> str:
-    """The advice for the marked cases more processes can narrow: those not ``busy``, named
-    "For the other 19: at the median spread ..." where some were."""
-    if not busy.any():
+def _for_those(narrowed: pd.Series, advice: str) -> str:
+    """The advice for the marked cases more processes narrow (``narrowed``), named "For the
+    19 more processes narrow: at the median spread ..." where others were marked too: "the
+    other 17" counted those a disturbed machine widened, which more processes do not."""
+    if narrowed.all():
         return advice
-    return f"For the other {int((~busy).sum())}: {advice[:1].lower()}{advice[1:]}"
+    return f"For the {int(narrowed.sum())} more processes narrow: {advice[:1].lower()}{advice[1:]}"
 
 
 def _more_processes(imprecise: pd.DataFrame) -> str:

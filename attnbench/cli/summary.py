@@ -418,5 +418,6 @@ def _left_out(samples: pd.DataFrame) -> str:
         f"{int(blocks.sum())} timed block(s) in {int(blocks.gt(0).sum())} round(s) of {cases} "
         f"case(s) were left out of their samples as warm-up: the process's heap, settled, grew "
         f"again in them (over {SETTLED_FAULTS} page faults a call), which times the allocator, "
-        f"not the layer; past {MAX_GREW} in a round none is (samples.csv's blocks_left_out)"
+        f"not the layer; a round in which it grew more than {MAX_GREW} times keeps them all, as "
+        "its heap grows with the layer (samples.csv's blocks_left_out)"
     )

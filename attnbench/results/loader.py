@@ -374,6 +374,21 @@ def _recorded_stop(value: str | None) -> Stop | None:
     return next((stop for stop in Stop if stop.value == value), None)
 
 
+def _numbers(frame: pd.DataFrame, col: str) -> pd.Series:
+    """A column of text as numbers ("" is missing); a value that is none names its column and
+    its case ("Unable to parse string 'abc' at position 2" named neither)."""
+    text = frame[col].where(frame[col] != "")
+    values = pd.to_numeric(text, errors="coerce")
+    bad = values.isna() & text.notna() & ~text.astype(str).str.strip().str.lower().eq("nan")
+    if bad.any():
+        first = bad.idxmax()
+        raise ValueError(
+            f"column {col!r} holds {text[first]!r}, not a number "
+            f"(case {frame.loc[first, 'case_id']!r})"
+        )
+    return values
+
+
 def _typed_results(frame: pd.DataFrame) -> pd.DataFrame:
     """Typed columns from the all-text read: nullable integers, floats and plain strings; the
     columns after the registry's are layer options (integers)."""
@@ -381,12 +396,12 @@ def _typed_results(frame: pd.DataFrame) -> pd.DataFrame:
     options = [c for c in frame.columns if c not in RESULT_COLUMNS]
     frame = frame[[*RESULT_COLUMNS, *options]]
     for col in [*columns_of("int"), *options]:
-        values = pd.to_numeric(frame[col].where(frame[col] != ""))
+        values = _numbers(frame, col)
         if not values.dropna().eq(values.dropna().round()).all():
             raise ValueError(f"column {col!r} holds a non-integer")
         frame[col] = values.astype("Int64")
     for col in columns_of("float"):
-        frame[col] = pd.to_numeric(frame[col].where(frame[col] != "")).astype("float64")
+        frame[col] = _numbers(frame, col).astype("float64")
     for col in columns_of("text"):
         frame[col] = frame[col].astype(str)
     return frame

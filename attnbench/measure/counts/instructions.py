@@ -144,7 +144,9 @@ class InstructionCounter:
             text=True,
             env=env,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a terminal's Ctrl-C is the sweep's to answer, not its
         )
+        self.asking = False  # a request sent and not yet answered
         answer = self._ask({"op": "start", "layers": layers, "allocator": allocator})
         if answer.get("op") != "ready":
             self.close()
@@ -153,9 +155,11 @@ class InstructionCounter:
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.process.stdin is not None and self.process.stdout is not None
         try:
+            self.asking = True  # until answered: a second Ctrl-C abandons it here (``close``)
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
             line = self.process.stdout.readline()
+            self.asking = False
         except (BrokenPipeError, OSError):
             line = ""
         if not line:
@@ -174,7 +178,8 @@ class InstructionCounter:
             assert self.process.stdin is not None
             self.process.stdin.close()  # the counter ends when its input does
             try:
-                self.process.wait(timeout=30)
+                # abandoned in a count (the sweep stopped at once): it would finish it first
+                self.process.wait(timeout=0 if self.asking else 30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

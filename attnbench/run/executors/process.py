@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,7 @@ class SubprocessExecutor:
         self._process: subprocess.Popen[str] | None = None
         self._start: dict[str, Any] = {}
         self._ready: dict[str, Any] = {}
+        self._busy = False  # a job sent and not yet answered
         self._record: dict[str, Any] = {}
 
     # -- the child
@@ -79,6 +81,10 @@ class SubprocessExecutor:
             # Not this directory: python -m puts its working directory first on sys.path, and
             # a checkout here would shadow the attnbench installed beside the child's Python.
             cwd=self._folder,
+            # A session (and process group) of its own: a terminal's Ctrl-C goes to its whole
+            # foreground group, and it killed the case in flight, which the sweep had said it
+            # would finish; the driver alone is told, and ends the child itself (``_stop``).
+            start_new_session=True,
         )
         stderr.close()
         self._send({"op": "start", **self._start})
@@ -215,7 +221,9 @@ class SubprocessExecutor:
 
     def send(self, job: Job, where: Placement) -> JobDone:
         """Run one job through the child; a child that dies in it is started again."""
+        self._busy = True  # until answered: a second Ctrl-C abandons it here (``_stop``)
         answer = self._ask({"op": "job", "job": job_to_wire(job)})
+        self._busy = False
         if answer is not None and answer.get("op") == "done":
             return done_from_wire(job, answer["done"])
         reason = self._why_not(answer) if answer else self._death()
@@ -229,22 +237,35 @@ class SubprocessExecutor:
         return f"the worker process exited with status {code}" + (f": {tail}" if tail else "")
 
     def _stop(self) -> None:
+        """Ask the child to stop; one abandoned in a job (the sweep stopped at once), or that
+        does not stop, is killed with the processes it forked (its process group)."""
         process, self._process = self._process, None
+        busy, self._busy = self._busy, False
         if process is None:
             return
         if process.poll() is None:
             try:
+                if busy:
+                    raise subprocess.TimeoutExpired(process.args, 0)  # it would finish first
                 assert process.stdin is not None
                 process.stdin.write(json.dumps({"op": "stop"}) + "\n")
                 process.stdin.close()
                 process.wait(timeout=30)
             except (OSError, subprocess.TimeoutExpired):
-                process.kill()
+                _kill_group(process)
                 process.wait()
 
     def close(self) -> None:
         self._stop()
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    """Kill a child started in a session of its own, and every process it forked."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()
 
 
 # Fork servers a fork executor runs: a fork shares its server's address-space layout (where
