@@ -120,6 +120,10 @@ def test_a_value_that_is_not_a_number_names_its_column_and_case(tmp_path: Path) 
     ) as err:
         load_results(out)
     assert f"(case {frame.loc[0, 'case_id']!r})" in err.value.message
+    frame.loc[0, "time_s"], frame.loc[0, "n"] = "1e-3", "-7"  # a size no sweep measures
+    frame.to_csv(out / "results.csv", index=False)
+    with pytest.raises(AttnbenchError, match="has n = -7, not a size of 1 or more"):
+        load_results(out)
 
 
 @pytest.mark.parametrize("damage", ["no_dir", "not_results", "bad_json", "schema", "columns"])

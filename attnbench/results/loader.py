@@ -236,6 +236,14 @@ def load_results(path: Path | str) -> RunResults:
     if frame["case_id"].duplicated().any():
         dup = frame.loc[frame["case_id"].duplicated(), "case_id"].iloc[0]
         raise AttnbenchError(f"results in {str(path)!r} are corrupt: case {dup!r} appears twice")
+    for size in ("n", "d", "batch"):  # no sweep measures a size under 1 (a hand edit: n = -7)
+        under = frame[frame[size].notna() & frame[size].lt(1)]
+        if len(under):
+            row = under.iloc[0]
+            raise AttnbenchError(
+                f"results in {str(path)!r} are corrupt: case {row['case_id']!r} has "
+                f"{size} = {row[size]}, not a size of 1 or more"
+            )
     keep = samples["case_id"].isin(set(frame["case_id"])).to_numpy()
     if not keep.all():
         warnings.append(f"ignored {int((~keep).sum())} sample(s) of a case that never finished")
