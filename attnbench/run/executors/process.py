@@ -264,7 +264,7 @@ def _kill_group(process: subprocess.Popen[str]) -> None:
     """Kill a child started in a session of its own, and every process it forked."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    except (ProcessLookupError, PermissionError, AttributeError):  # (no process groups: Windows)
         process.kill()
 
 
