@@ -55,7 +55,7 @@ def _label(row: pd.Series | None, var: str) -> str:
 FLAT_SHARE = 0.8
 
 
-def _overhead_bound(group: pd.DataFrame, d_fix: int) -> list[int] | None:
+def overhead_lengths(group: pd.DataFrame, d_fix: int) -> list[int] | None:
     """The lengths (at d_fix) whose kernels ran under half the time; None where no case of
     the layer measured its kernels."""
     line = group[group["d"] == d_fix]
@@ -146,7 +146,7 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
         lengths: list[int] = []
         if d_fix is not None:
             time_n = analysis.exponent(layer, "time_s", "n", d_fix)
-            overhead = _overhead_bound(group, d_fix)
+            overhead = overhead_lengths(group, d_fix)
             lengths = sorted(int(n) for n in group.loc[group["d"] == d_fix, "n"].unique())
             seq_n = analysis.exponent(layer, "seq_steps", "n", d_fix)
             # a decode step has no path of its own: a forward run measures the layer's

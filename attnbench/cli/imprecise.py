@@ -17,7 +17,8 @@ def imprecise_note(run: RunResults, imprecise: pd.DataFrame) -> str:
     bound: how many, which reason holds for how many, and the advice that would narrow them."""
     busy = imprecise["case_id"].astype(str).isin(run.busy_cases())
     sweeps = wide_between_sweeps(run, imprecise["case_id"].astype(str), IMPRECISE_REL_CI)
-    _, _, apart, few = _reasons(imprecise, busy)
+    reasons = _reasons(imprecise, busy)
+    _, _, apart, few = reasons
     narrowed = apart | few  # those more processes narrow: not a busy or disturbed machine's
     advice = (
         f"{sweeps} of them move further than that between this machine's sweeps alone, "
@@ -30,7 +31,7 @@ def imprecise_note(run: RunResults, imprecise: pd.DataFrame) -> str:
     return (
         f"{len(imprecise)} case(s) marked ! have a 95% interval wider than "
         f"±{IMPRECISE_REL_CI:.0%} (over their processes and this machine's sweeps). "
-        f"{_why_imprecise(imprecise, busy)} {advice}".rstrip()
+        f"{_why_imprecise(imprecise, reasons)} {advice}".rstrip()
     )
 
 
@@ -40,11 +41,10 @@ MOST_PROCESSES_ADVISED = 30
 # A marked case with this many rounds or fewer had the fewest a sweep gives: its interval leans
 # on the run's typical spread (``estimators.Prior``) more than on its own.
 FEW_ROUNDS = DEFAULT_PROCESSES
+Reasons = tuple[pd.Series, pd.Series, pd.Series, pd.Series]  # busy, disturbed, apart, few
 
 
-def _reasons(
-    imprecise: pd.DataFrame, busy: pd.Series
-) -> tuple[pd.Series, pd.Series, pd.Series, pd.Series]:
+def _reasons(imprecise: pd.DataFrame, busy: pd.Series) -> Reasons:
     """The marked cases by the one reason that holds for each, in this order: fewer than two
     quiet rounds (``busy``), most of its rounds on a disturbed machine, its processes far
     apart, or few rounds (the run's typical spread widening theirs)."""
@@ -56,10 +56,10 @@ def _reasons(
     return busy, disturbed, apart, few
 
 
-def _why_imprecise(imprecise: pd.DataFrame, busy: pd.Series) -> str:
+def _why_imprecise(imprecise: pd.DataFrame, reasons: Reasons) -> str:
     """Which of the reasons a case is marked ! holds for how many of them (``_reasons``): a new
     user read the reasons as a list to guess from."""
-    busy, disturbed, apart, few = _reasons(imprecise, busy)
+    busy, disturbed, apart, few = reasons
     parts = []
     if busy.any():
         parts.append(

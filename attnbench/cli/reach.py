@@ -9,10 +9,10 @@ from collections.abc import Mapping
 import pandas as pd
 
 from attnbench.fits.exponents import counted_work, line_rates, settled_line
-from attnbench.regime import REGIME_BAND, REGIME_SIZES, overhead_bound
+from attnbench.regime import REGIME_BAND, REGIME_SIZES
 from attnbench.results.record import SHORT_OF_REGIME, AutoLine, Stopped
 from attnbench.schema import numeric_column
-from attnbench.table import fixed_at
+from attnbench.table import fixed_at, overhead_lengths
 
 
 class Reading(enum.StrEnum):
@@ -43,7 +43,7 @@ def final_readings(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> dict[s
             continue  # nothing measured: nothing to read
         settled = settled_line(rows, "n", work)
         if settled is None:
-            overhead = _overhead(rows)
+            overhead = _overhead(rows, line.d)
             if overhead is not None:
                 found[_label(line, auto)] = Reading.OVERHEAD if overhead else Reading.NONE
         else:  # its top: the largest size with a rate to read
@@ -52,12 +52,11 @@ def final_readings(auto: tuple[AutoLine, ...], measured: pd.DataFrame) -> dict[s
     return found
 
 
-def _overhead(rows: pd.DataFrame) -> bool | None:
-    """Whether every length's kernels ran under half its time: the table reads such a line
-    overhead-bound, not unsettled (``table._time_cell``); None where no kernels were measured."""
-    if "kernel_share" not in rows or rows["kernel_share"].isna().all():
-        return None
-    return bool(overhead_bound(numeric_column(rows, "kernel_share")).all())
+def _overhead(rows: pd.DataFrame, d: int) -> bool | None:
+    """Whether every length's kernels ran under half its time, by the table's own rule
+    (``table.overhead_lengths``, ``table._time_cell``); None where no kernels were measured."""
+    bound = overhead_lengths(rows, d)
+    return None if bound is None else set(rows["n"].astype(int)) <= set(bound)
 
 
 def _label(line: AutoLine, lines: tuple[AutoLine, ...]) -> str:
