@@ -11,9 +11,14 @@ Prints, on this machine:
    and attnbench's (the profiler's cost out of each nested op, the floor out of each op);
 3. the checks the split is held to: one large matrix product (a Linear layer) reads a share
    above 0.9, and its kernel time agrees within 10% with that product timed alone
-   (``torch.mm``); a layer that loops in Python over tiny ops reads under 0.3.
+   (``torch.mm``); a layer that loops in Python over tiny ops reads under 0.3;
+4. with --compiled, attention and attention-sdpa at n = 64 and 1024, eager and under
+   torch.compile: the kernels' share as a sweep reads a compiled call (its ops unknown
+   before it is profiled), and the kernels' seconds a call against the eager call's. Reading
+   the profiler's cost per op on the compiled call's own few dozen ops made a busy machine's
+   noise its cost: 5% where the eager call read 47%.
 
-    python benchmarks/kernel_split.py [--repeat 3]
+    python benchmarks/kernel_split.py [--repeat 3] [--compiled]
 
 Every figure is a ratio inside one process, the sides measured back to back.
 """
@@ -64,11 +69,12 @@ def tiny_loop(steps: int = 200) -> Callable[[], object]:
     return call
 
 
-def layer_call(name: str, n: int, d: int = 64) -> Callable[[], object]:
+def layer_call(name: str, n: int, d: int = 64, compile: str = "") -> Callable[[], object]:
     from attnbench.measure.step import make_step
     from attnbench.options import build_grid
 
-    case = build_grid({"layers": name, "n": [n], "d": [d], "device": "cpu"}).cases()[0]
+    values = {"layers": name, "n": [n], "d": [d], "device": "cpu", "compile": compile}
+    case = build_grid(values).cases()[0]
     step = make_step(case, seed=0)
     step()
     return step
@@ -89,6 +95,7 @@ def shares(call: Callable[[], object]) -> tuple[float, float, float, float, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--compiled", action="store_true", help="also the compiled calls (4.)")
     args = parser.parse_args()
     set_allocator("pinned")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
@@ -131,6 +138,30 @@ def main() -> None:
           f"time / the product timed alone {ratio:.3f} (target within 10%; "
           f"{min(ratios):.3f}..{max(ratios):.3f} over {len(ratios)} pairs)")  # fmt: skip
     print(f"a Python loop of tiny ops: share {found['Python loop, 200 tiny']:.2f} (target < 0.3)")
+    if args.compiled:
+        compiled_shares(args.repeat)
+
+
+def compiled_shares(repeat: int) -> None:
+    """Eager and compiled calls of the same layer: the share a sweep reads of each (a compiled
+    call's ops unknown, as ``measure.case`` passes them), and the kernels' seconds."""
+    print("\n4. compiled calls (medians of the repeats; kernels: share x time)")
+    print(f"{'call':<28} {'time':>9} {'share':>6} {'kernels':>9} {'method':<24}")
+    for name, n in (("attention", 64), ("attention", 1024), ("attention-sdpa", 64),
+                    ("attention-sdpa", 1024)):  # fmt: skip
+        for mode in ("", "default"):
+            call = layer_call(name, n, compile=mode)
+            rows = []
+            for _ in range(repeat):
+                plain = time_call(call, POLICY).median_s
+                split = kernel_split(call, "cpu", plain, None)
+                rows.append((plain, split.share, split.method))
+            plain = statistics.median(r[0] for r in rows)
+            share = statistics.median(r[1] for r in rows)
+            how = "own calls" if any("unprofiled" in r[2] for r in rows) else "host's cost"
+            label = f"{name} n={n} {'compiled' if mode else 'eager'}"
+            print(f"{label:<28} {plain * 1e3:>7.3f}ms {share:>6.2f} "
+                  f"{share * plain * 1e6:>7.1f}µs {how:<24}")  # fmt: skip
 
 
 if __name__ == "__main__":

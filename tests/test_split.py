@@ -111,6 +111,30 @@ def test_a_call_of_many_small_ops_reads_the_profilers_cost_on_its_own_calls() ->
     assert "unprofiled around them" in found.method
 
 
+def test_a_call_of_unknown_ops_is_read_on_its_own_calls_only_where_its_ops_are_many() -> None:
+    """A compiled call's ops are unknown before it is profiled. Where the profile records few
+    (3 here, at the host's 1 us a recording, in a 1 ms call), the profiled calls' excess over
+    the plain ones around them is a busy machine's noise (0.4 ms here), not the recording's
+    cost: it is not spread over the ops, and the host's cost is taken out; where it records
+    many, their excess is read as before."""
+    few = [OpEvent("aten::linear", 3e-6, 2), OpEvent("aten::addmm", 500e-6, 0)]
+    few += [OpEvent("graph_0_cpp_fused_softmax_0", 200e-6, 0)]
+    noisy = Profiled(1, 1.4e-3, 1.0e-3, few, [])  # 0.4 ms apart: 133 us an op, if read per op
+    found = kernel_split(
+        lambda: None, "cpu", 1e-3, None, cost=COST, record=fake_recorder(noisy, [])
+    )
+    # linear 3 - 2 - 0.5, addmm 500 - 0.5, the generated kernel 200 - 0.5; over 1.4 ms less 3 us
+    assert found.share == pytest.approx((0.5e-6 + 499.5e-6 + 199.5e-6) / (1.4e-3 - 3e-6))
+    assert "against themselves" in found.method
+    many = [OpEvent("aten::linear", 2e-6, 1)] * 500 + [OpEvent("aten::addmm", 1.5e-6, 0)] * 500
+    read = kernel_split(
+        lambda: None, "cpu", 1.5e-3, None, cost=COST,
+        record=fake_recorder(Profiled(1, 3e-3, 1.5e-3, many, []), []),
+    )  # fmt: skip
+    assert read.share == pytest.approx(0.5e-3 / 1.5e-3)  # as with its 1000 ops known
+    assert "unprofiled around them" in read.method
+
+
 def large_product() -> torch.nn.Module:
     return torch.nn.Linear(1024, 1024, bias=False)
 
