@@ -145,8 +145,8 @@ def main() -> None:
 def compiled_shares(repeat: int) -> None:
     """Eager and compiled calls of the same layer: the share a sweep reads of each (a compiled
     call's ops unknown, as ``measure.case`` passes them), and the kernels' seconds."""
-    print("\n4. compiled calls (medians of the repeats; kernels: share x time)")
-    print(f"{'call':<28} {'time':>9} {'share':>6} {'kernels':>9} {'method':<24}")
+    print("\n4. compiled calls (medians of the repeats, the shares' range; kernels: share x time)")
+    print(f"{'call':<28} {'time':>9} {'share':>6} {'range':>11} {'kernels':>9}  method")
     for name, n in (("attention", 64), ("attention", 1024), ("attention-sdpa", 64),
                     ("attention-sdpa", 1024)):  # fmt: skip
         for mode in ("", "default"):
@@ -160,8 +160,9 @@ def compiled_shares(repeat: int) -> None:
             share = statistics.median(r[1] for r in rows)
             how = "own calls" if any("unprofiled" in r[2] for r in rows) else "host's cost"
             label = f"{name} n={n} {'compiled' if mode else 'eager'}"
-            print(f"{label:<28} {plain * 1e3:>7.3f}ms {share:>6.2f} "
-                  f"{share * plain * 1e6:>7.1f}µs {how:<24}")  # fmt: skip
+            low, high = min(r[1] for r in rows), max(r[1] for r in rows)
+            print(f"{label:<28} {plain * 1e3:>7.3f}ms {share:>6.2f} {low:>5.2f}..{high:<4.2f} "
+                  f"{share * plain * 1e6:>7.1f}µs  {how}")  # fmt: skip
 
 
 if __name__ == "__main__":
