@@ -375,23 +375,32 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
     return notes
 
 
-def _kernels_along_n(run: RunResults, layer: str, d: int) -> list[str]:
-    """The convolution kernels torch chose along n, where it changed them: the time's slope
-    bends there (conv-dilated at n = 512 read faster than at 256 as oneDNN took over from
-    torch's reference kernel), which the exponent alone does not say; [] where one kernel
-    ran throughout, or none was recorded (the ``backend`` column)."""
-    frame = run.measured
-    if "backend" not in frame:
+def kernel_runs(line: pd.DataFrame, along: str = "n") -> list[tuple[str, list[int]]]:
+    """The convolution kernels torch chose along ``along`` (a line's rows, its ``backend``
+    column), as runs of sizes that ran the same ones: [] where one kernel ran throughout or
+    none was recorded."""
+    if "backend" not in line:
         return []
-    line = frame[(frame["layer"] == layer) & (frame["d"] == d)].sort_values("n")
+    line = line.sort_values(along)
     names = [
         ", ".join(sorted(fused_names(v))) if isinstance(v, str) else "" for v in line["backend"]
     ]
     runs = [
-        (kernels, [int(n) for _, n in group])
-        for kernels, group in itertools.groupby(zip(names, line["n"], strict=True), lambda x: x[0])
+        (kernels, [int(size) for _, size in group])
+        for kernels, group in itertools.groupby(
+            zip(names, line[along], strict=True), lambda x: x[0]
+        )
     ]
-    if len(runs) < 2 or not any(kernels for kernels, _ in runs):
+    return runs if len(runs) >= 2 and any(kernels for kernels, _ in runs) else []
+
+
+def _kernels_along_n(run: RunResults, layer: str, d: int) -> list[str]:
+    """The convolution kernels torch chose along n, where it changed them: the time's slope
+    bends there (conv-dilated at n = 512 read faster than at 256 as oneDNN took over from
+    torch's reference kernel), which the exponent alone does not say (``kernel_runs``)."""
+    frame = run.measured
+    runs = kernel_runs(frame[(frame["layer"] == layer) & (frame["d"] == d)])
+    if not runs:
         return []
     ran = "; ".join(f"{kernels or 'none recorded'} at n = {_lengths(ns)}" for kernels, ns in runs)
     return [f"its convolution kernel changed with n: {ran} (the backend column)"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
@@ -511,3 +512,49 @@ def test_a_run_that_counted_instructions_draws_no_time_chart(wide_run):
     counted = dataclasses.replace(wide_run, frame=frame)
     found = build_charts(counted, analyse(counted), ["time", "flops"])
     assert list(found) == ["flops"]
+
+
+def test_a_change_of_convolution_kernel_is_marked_at_the_foot_of_its_panel():
+    """Where torch changed a layer's convolution kernel along n (the backend column), the time
+    chart marks the first length of the new one under the line, in the layer's colour, a row
+    up for each line of the panel marked before; the key says what the mark is. No mark, and
+    no key, where one kernel ran throughout."""
+    from matplotlib.figure import Figure as Fresh
+
+    from attnbench.render.kernels import CHANGE_FOOT, CHANGE_ROW, kernel_changes
+
+    ref, onednn = "thnn_conv2d (torch's reference convolution)", "mkldnn_convolution (oneDNN)"
+    line = pd.DataFrame(
+        {"n": [512, 64, 256, 128], "time_s": [4e-4, 1e-4, 3e-4, 2e-4],
+         "backend": [onednn, ref, onednn, ref]}
+    )  # fmt: skip
+    ax = Fresh().add_subplot()
+    style_ = {"color": "C1", "zorder": 3}
+    assert kernel_changes(ax, line, "n", style_) == 1
+    assert kernel_changes(ax, line.assign(n=line["n"] * 2), "n", style_, row=1) == 1
+    first, second = ax.get_lines()
+    assert list(first.get_xdata()) == [256] and first.get_marker() == "^"
+    assert list(first.get_ydata()) == [CHANGE_FOOT] and first.get_color() == "C1"
+    assert list(second.get_xdata()) == [512]
+    assert list(second.get_ydata()) == [pytest.approx(CHANGE_FOOT + CHANGE_ROW)]
+    assert kernel_changes(ax, line.assign(backend=ref), "n", style_) == 0  # one kernel
+    assert kernel_changes(ax, line.drop(columns="backend"), "n", style_) == 0  # not recorded
+    assert kernel_changes(ax, line.assign(backend=np.nan), "n", style_) == 0
+    assert len(ax.get_lines()) == 2
+
+
+@pytest.mark.slow
+def test_the_time_chart_keys_the_mark_of_a_changed_kernel(wide_run):
+    frame = wide_run.frame
+    conv = frame["layer"] == "conv"
+    switched = frame.assign(
+        backend=np.where(conv & (frame["n"] >= 64), "mkldnn_convolution (oneDNN)", "thnn_conv2d")
+    ).assign(backend=lambda f: f["backend"].where(conv))
+    run = dataclasses.replace(wide_run, frame=switched)
+    fig = build_charts(run, analyse(run), ["time"])["time"]
+    marks = [x for x in fig.get_axes()[-1].get_lines() if x.get_marker() == "^"]
+    assert [list(m.get_xdata()) for m in marks] == [[64]]
+    assert "its convolution kernel changed" in fig.get_suptitle()
+    plain = build_charts(wide_run, analyse(wide_run), ["time"])["time"]
+    assert "kernel changed" not in plain.get_suptitle()
+    assert not [x for x in plain.get_axes()[-1].get_lines() if x.get_marker() == "^"]

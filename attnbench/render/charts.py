@@ -29,7 +29,7 @@ from attnbench.fits import (
     time_ratios,
 )
 from attnbench.metrics import METRICS, Metric
-from attnbench.regime import overhead_bound
+from attnbench.render.kernels import kernel_changes, kernel_line
 from attnbench.render.machine import roofline_chart, time_split_chart
 from attnbench.render.parallel import DRAW_COST, draw_in_two
 from attnbench.render.style import (
@@ -51,7 +51,6 @@ from attnbench.schema import numeric_column
 from attnbench.units import fmt_exponent
 
 if TYPE_CHECKING:  # imported where a chart is drawn (render.style)
-    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 CHARTS_DIR = "charts"
@@ -129,15 +128,17 @@ def _time_chart(
     if not fixed_values or not numeric_column(frame, "time_s").notna().any():
         return None  # too few sizes, or a run that counted instructions instead of timing
     fig, cells = small_multiples(analysis.layers, frame, other, fixed_values, title)
-    models = kernels = 0
+    models = kernels = changes = 0
     for fixed, panel, ax in cells:
+        marked = 0  # this panel's lines that marked a change of kernel
         at = frame[(frame[other] == fixed) & frame["layer"].isin(panel.layers)]
         for layer, line in at.groupby("layer", sort=False):
             line = line.sort_values(along)
             style = layer_style(str(layer), line[along].nunique())
             label = _exponent_label(analysis, str(layer), "time_s", along, int(fixed))
             ax.plot(line[along], line["time_s"], label=label, linestyle="-", lw=1.2, **style)
-            kernels += _kernel_line(ax, line, along, style)
+            kernels += kernel_line(ax, line, along, style)
+            marked += kernel_changes(ax, line, along, style, marked)
             band = q.reindex(line["case_id"])
             ax.fill_between(
                 line[along],
@@ -151,6 +152,7 @@ def _time_chart(
             if xs is not None:
                 ax.plot(xs, ys, linestyle="--", lw=1, color=style["color"])
                 models += 1
+        changes += marked
         size = "sequence length n" if along == "n" else "width d"
         log_axes(ax, size, "time per call [s]")
         legend(ax)
@@ -161,36 +163,10 @@ def _time_chart(
     # the grid, or once under the title.
     cell = spare_cell(fig, [ax for _, _, ax in cells]) if len(cells) > 1 else None
     if cell is not None:
-        time_key(cell, bool(models), bool(kernels))
+        time_key(cell, bool(models), bool(kernels), bool(changes))
     else:
-        time_key_title(fig, title, bool(models), bool(kernels))
+        time_key_title(fig, title, bool(models), bool(kernels), bool(changes))
     return fig
-
-
-def _kernel_line(ax: Axes, line: pd.DataFrame, along: str, style: dict[str, Any]) -> int:
-    """The kernels' time beside the wall time (dotted), and the overhead-bound cases (their
-    kernels under half the time) drawn hollow over the wall-time line; 0 where the run did
-    not measure its kernels."""
-    if "kernel_time_s" not in line:
-        return 0
-    kernel = numeric_column(line, "kernel_time_s")
-    if not (kernel > 0).any():
-        return 0
-    color = style["color"]
-    ax.plot(line[along], kernel.where(kernel > 0), linestyle=":", lw=1.2, color=color)
-    share = numeric_column(line, "kernel_share")
-    bound = line[overhead_bound(share)]
-    ax.plot(
-        bound[along],
-        bound["time_s"],
-        linestyle="none",
-        marker=style["marker"],
-        markerfacecolor="white",
-        markeredgecolor=color,
-        markersize=6,
-        zorder=style["zorder"],  # over its own line, drawn just before at the same z-order
-    )
-    return 1
 
 
 def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:

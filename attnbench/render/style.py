@@ -272,19 +272,22 @@ def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> None:
 ONE_LINE_KEYS_W = 8.0  # inches: the time chart's two keys on one line need about 7
 
 
-def time_key_title(fig: Figure, title: str, models: bool, kernels: bool) -> None:
+def time_key_title(
+    fig: Figure, title: str, models: bool, kernels: bool, changes: bool = False
+) -> None:
     """The time chart's keys under its title, where its grid has no spare cell: one line, or
     one key a line where that would run past a narrow figure's edges (one panel: a new user's
     chart of three layers lost both ends of it)."""
     keys = ["dashed: fitted cost model"] * models + [
         "dotted: kernels' time, hollow: overhead-bound"
     ] * kernels
+    keys += ["▲ at the foot: its convolution kernel changed"] * changes
     if keys:
         joined = "\n".join(keys) if fig.get_figwidth() < ONE_LINE_KEYS_W else "; ".join(keys)
         fig.suptitle(f"{title}\n{joined}")
 
 
-def time_key(cell: Axes, models: bool, kernels: bool) -> None:
+def time_key(cell: Axes, models: bool, kernels: bool, changes: bool = False) -> None:
     """How to read a panel of the time chart, drawn in a spare cell of its grid."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -304,6 +307,9 @@ def time_key(cell: Axes, models: bool, kernels: bool) -> None:
                 "overhead-bound: kernels under half the time",
             ),
         ]
+    if changes:
+        foot = Line2D([], [], color=grey, marker="^", ls="none", markersize=7)
+        entries.append((foot, "at the foot: its convolution kernel changed"))
     handles, labels = zip(*entries, strict=True)
     cell.legend(
         handles,
