@@ -377,11 +377,12 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
 
 def kernel_runs(line: pd.DataFrame, along: str = "n") -> list[tuple[str, list[int]]]:
     """The convolution kernels torch chose along ``along`` (a line's rows, its ``backend``
-    column), as runs of sizes that ran the same ones: [] where one kernel ran throughout or
-    none was recorded."""
+    column), as runs of sizes that ran the same ones ("": none recorded there): [] unless at
+    least two different kernels were recorded (a line recorded at some sizes only, an older
+    count cache's, ran one kernel as far as anyone knows)."""
     if "backend" not in line:
         return []
-    line = line.sort_values(along)
+    line = line.sort_values(along, kind="stable")
     names = [
         ", ".join(sorted(fused_names(v))) if isinstance(v, str) else "" for v in line["backend"]
     ]
@@ -391,7 +392,18 @@ def kernel_runs(line: pd.DataFrame, along: str = "n") -> list[tuple[str, list[in
             zip(names, line[along], strict=True), lambda x: x[0]
         )
     ]
-    return runs if len(runs) >= 2 and any(kernels for kernels, _ in runs) else []
+    return runs if len({kernels for kernels, _ in runs if kernels}) >= 2 else []
+
+
+def kernel_changes(runs: list[tuple[str, list[int]]]) -> list[int]:
+    """The first size of each recorded kernel that differs from the last one recorded before
+    it (``kernel_runs``): a stretch recorded as none is no change, nor is its end."""
+    found, last = [], ""
+    for kernels, sizes in runs:
+        if kernels and last and kernels != last:
+            found.append(sizes[0])
+        last = kernels or last
+    return found
 
 
 def _kernels_along_n(run: RunResults, layer: str, d: int) -> list[str]:
@@ -403,7 +415,7 @@ def _kernels_along_n(run: RunResults, layer: str, d: int) -> list[str]:
     if not runs:
         return []
     ran = "; ".join(f"{kernels or 'none recorded'} at n = {_lengths(ns)}" for kernels, ns in runs)
-    return [f"its convolution kernel changed with n: {ran} (the backend column)"]
+    return [f"its convolution kernel changed with n: {ran} (results.csv's backend column)"]
 
 
 def _lengths(values: list[int]) -> str:

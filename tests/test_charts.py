@@ -322,12 +322,31 @@ def test_the_time_chart_names_dashed_lines_only_when_it_draws_them(wide_run, mon
 
 def test_a_one_panel_time_charts_keys_stand_a_line_each(wide_run):
     """One width and no spare cell: the keys go under the title, and on one line they ran
-    past both edges of a one-panel figure (a new user's chart of three layers)."""
+    past both edges of a one-panel figure (a new user's chart of three layers). They say
+    what the spare cell's key does, the band and the exponents' brackets too."""
     narrow = wide_run.without(set(wide_run.frame.loc[wide_run.frame["d"] == 8, "case_id"]))
     fig = build_charts(narrow, analyse(narrow), ["time"])["time"]
-    assert len(fig.get_axes()) == 1 and fig.get_figwidth() < style.ONE_LINE_KEYS_W
+    assert len(fig.get_axes()) == 1
     keys = fig.get_suptitle().splitlines()[1:]
-    assert keys == ["dashed: fitted cost model", "dotted: kernels' time, hollow: overhead-bound"]
+    assert keys == [
+        "dashed: fitted cost model",
+        "dotted: kernels' time, hollow: overhead-bound",
+        "band: its samples' quartiles",
+        "[lo, hi]: the fitted exponent's 95% interval",
+    ]
+
+
+def test_the_titles_keys_are_packed_into_lines_that_fit_the_figure():
+    """Three keys on one line took 10.07 inches, past a 10-inch figure's edges."""
+    keys = ["dashed: fitted cost model", "dotted: kernels' time, hollow: overhead-bound",
+            "a tick at the foot: a layer's convolution kernel changed"]  # fmt: skip
+    assert style.key_lines(keys, 30.0) == ["; ".join(keys)]
+    assert style.key_lines(keys, 10.0) == ["; ".join(keys[:2]), keys[2]]
+    assert style.key_lines(keys, 5.0) == keys
+    assert style.key_lines(["a" * 200], 5.0) == ["a" * 200]  # too long: alone on its line
+    for width in (5.0, 10.0, 15.0):
+        for line in style.key_lines(keys, width):
+            assert len(line) * style.KEY_CHAR_W <= width - style.KEY_MARGIN_W or "; " not in line
 
 
 def test_a_shorter_line_is_drawn_over_a_longer_one(wide_run):
@@ -517,11 +536,11 @@ def test_a_run_that_counted_instructions_draws_no_time_chart(wide_run):
 def test_a_change_of_convolution_kernel_is_marked_at_the_foot_of_its_panel():
     """Where torch changed a layer's convolution kernel along n (the backend column), the time
     chart marks the first length of the new one under the line, in the layer's colour, a row
-    up for each line of the panel marked before; the key says what the mark is. No mark, and
-    no key, where one kernel ran throughout."""
+    up for each line of the panel marked before. No mark where one kernel ran throughout, where
+    none was recorded, or where a stretch recorded none (an older count cache's rows)."""
     from matplotlib.figure import Figure as Fresh
 
-    from attnbench.render.kernels import CHANGE_FOOT, CHANGE_ROW, kernel_changes
+    from attnbench.render.kernels import CHANGE_FOOT, CHANGE_MARKER, CHANGE_ROW, kernel_changes
 
     ref, onednn = "thnn_conv2d (torch's reference convolution)", "mkldnn_convolution (oneDNN)"
     line = pd.DataFrame(
@@ -533,14 +552,36 @@ def test_a_change_of_convolution_kernel_is_marked_at_the_foot_of_its_panel():
     assert kernel_changes(ax, line, "n", style_) == 1
     assert kernel_changes(ax, line.assign(n=line["n"] * 2), "n", style_, row=1) == 1
     first, second = ax.get_lines()
-    assert list(first.get_xdata()) == [256] and first.get_marker() == "^"
+    assert list(first.get_xdata()) == [256] and first.get_marker() == CHANGE_MARKER
+    assert CHANGE_MARKER not in style._MARKERS  # no layer's marker
     assert list(first.get_ydata()) == [CHANGE_FOOT] and first.get_color() == "C1"
     assert list(second.get_xdata()) == [512]
     assert list(second.get_ydata()) == [pytest.approx(CHANGE_FOOT + CHANGE_ROW)]
-    assert kernel_changes(ax, line.assign(backend=ref), "n", style_) == 0  # one kernel
-    assert kernel_changes(ax, line.drop(columns="backend"), "n", style_) == 0  # not recorded
-    assert kernel_changes(ax, line.assign(backend=np.nan), "n", style_) == 0
-    assert len(ax.get_lines()) == 2
+    unmarked = [
+        line.assign(backend=ref),  # one kernel
+        line.drop(columns="backend"),  # not recorded
+        line.assign(backend=np.nan),
+        line.assign(backend=[np.nan, np.nan, ref, ref]),  # recorded from n = 128 on: one kernel
+        line.assign(backend=[ref, ref, 3.0, ref]),  # a stray value
+    ]
+    assert [kernel_changes(ax, frame, "n", style_) for frame in unmarked] == [0] * 5
+    gap = line.assign(backend=[onednn, ref, np.nan, ref])  # 64, 128 ref; 256 none; 512 oneDNN
+    assert kernel_changes(ax, gap, "n", style_) == 1
+    assert list(ax.get_lines()[-1].get_xdata()) == [512]  # not 256, where none was recorded
+
+
+def test_the_runs_of_kernels_along_a_line():
+    from attnbench.table import kernel_changes, kernel_runs
+
+    ref, onednn = "thnn_conv2d (reference)", "mkldnn_convolution (oneDNN)"
+    line = pd.DataFrame({"n": [64, 128, 256, 512], "backend": [ref, np.nan, onednn, ref]})
+    runs = kernel_runs(line)
+    assert runs == [
+        ("thnn_conv2d", [64]), ("", [128]), ("mkldnn_convolution", [256]), ("thnn_conv2d", [512])
+    ]  # fmt: skip
+    assert kernel_changes(runs) == [256, 512]
+    same = pd.DataFrame({"n": [64, 64, 128, 128], "backend": [ref, ref, onednn, onednn]})
+    assert kernel_changes(kernel_runs(same)) == [128]
 
 
 @pytest.mark.slow
@@ -552,9 +593,9 @@ def test_the_time_chart_keys_the_mark_of_a_changed_kernel(wide_run):
     ).assign(backend=lambda f: f["backend"].where(conv))
     run = dataclasses.replace(wide_run, frame=switched)
     fig = build_charts(run, analyse(run), ["time"])["time"]
-    marks = [x for x in fig.get_axes()[-1].get_lines() if x.get_marker() == "^"]
+    marks = [x for x in fig.get_axes()[-1].get_lines() if x.get_marker() == "|"]
     assert [list(m.get_xdata()) for m in marks] == [[64]]
-    assert "its convolution kernel changed" in fig.get_suptitle()
+    assert "a tick at the foot: a layer's convolution kernel changed" in fig.get_suptitle()
     plain = build_charts(wide_run, analyse(wide_run), ["time"])["time"]
     assert "kernel changed" not in plain.get_suptitle()
-    assert not [x for x in plain.get_axes()[-1].get_lines() if x.get_marker() == "^"]
+    assert not [x for x in plain.get_axes()[-1].get_lines() if x.get_marker() == "|"]

@@ -107,7 +107,7 @@ def test_the_notes_say_where_torch_changed_a_layers_convolution_kernel() -> None
     (note,) = [n for n in fit_notes(table, run) if n.startswith("rnn:")]
     assert note.endswith(
         "its convolution kernel changed with n: thnn_conv2d at n = 64..128; mkldnn_convolution "
-        "at n = 256..512 (the backend column)"
+        "at n = 256..512 (results.csv's backend column)"
     )
     (other,) = [n for n in fit_notes(table, run) if n.startswith("attention: time ~")]
     assert "kernel changed" not in other  # none recorded

@@ -11,13 +11,15 @@ import pandas as pd
 
 from attnbench.regime import overhead_bound
 from attnbench.schema import numeric_column
+from attnbench.table import kernel_changes as changed_at
 from attnbench.table import kernel_runs
 
 if TYPE_CHECKING:  # imported where a chart is drawn (render.style)
     from matplotlib.axes import Axes
 
 CHANGE_FOOT, CHANGE_ROW = 0.03, 0.05  # of the panel's height
-CHANGE_MARKER = "^"  # at the foot of the panel, under the first size of a new kernel
+CHANGE_MARKER = "|"  # at the foot of the panel, under the first size of a new kernel: a rug
+# tick, no layer's marker (``style._MARKERS``)
 
 
 def kernel_line(ax: Axes, line: pd.DataFrame, along: str, style: dict[str, Any]) -> int:
@@ -54,16 +56,16 @@ def kernel_changes(
     the line itself, where a tick would read as an error bar. ``row``: how many lines of the
     panel marked theirs before, each a row higher (conv and conv-dilated change at the same
     n). 1 where it marked, 0 where the kernel never changed."""
-    runs = kernel_runs(line, along)
-    if not runs:
+    starts = changed_at(kernel_runs(line, along))
+    if not starts:
         return 0
-    starts = sorted({sizes[0] for _, sizes in runs[1:]})
     ax.plot(
         starts,
         [CHANGE_FOOT + row * CHANGE_ROW] * len(starts),
         linestyle="none",
         marker=CHANGE_MARKER,
-        markersize=7,
+        markersize=10,
+        markeredgewidth=2,
         color=style["color"],
         transform=ax.get_xaxis_transform(),  # x in data, y in the panel's height
         clip_on=False,

@@ -269,22 +269,36 @@ def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> None:
         )
 
 
-ONE_LINE_KEYS_W = 8.0  # inches: the time chart's two keys on one line need about 7
+# The title's keys are packed into lines that fit the figure: about this many inches a
+# character (three keys, 115 characters, took 10.07 in at 100 dpi), and this much left free.
+KEY_CHAR_W, KEY_MARGIN_W = 0.0876, 0.8
+
+
+def key_lines(keys: list[str], width: float) -> list[str]:
+    """``keys`` packed in order into as few lines as fit ``width`` inches, "; " between them;
+    a key longer than the width alone on its line."""
+    lines: list[str] = []
+    for key in keys:
+        joined = f"{lines[-1]}; {key}" if lines else key
+        if lines and len(joined) * KEY_CHAR_W <= width - KEY_MARGIN_W:
+            lines[-1] = joined
+        else:
+            lines.append(key)
+    return lines
 
 
 def time_key_title(
     fig: Figure, title: str, models: bool, kernels: bool, changes: bool = False
 ) -> None:
-    """The time chart's keys under its title, where its grid has no spare cell: one line, or
-    one key a line where that would run past a narrow figure's edges (one panel: a new user's
-    chart of three layers lost both ends of it)."""
+    """The time chart's keys under its title, where its grid has no spare cell, packed into
+    lines that fit the figure (one panel: a new user's chart of three layers lost both ends
+    of a single line); what the spare cell's key says, the band and the brackets included."""
     keys = ["dashed: fitted cost model"] * models + [
         "dotted: kernels' time, hollow: overhead-bound"
     ] * kernels
-    keys += ["▲ at the foot: its convolution kernel changed"] * changes
-    if keys:
-        joined = "\n".join(keys) if fig.get_figwidth() < ONE_LINE_KEYS_W else "; ".join(keys)
-        fig.suptitle(f"{title}\n{joined}")
+    keys += ["a tick at the foot: a layer's convolution kernel changed"] * changes
+    keys += ["band: its samples' quartiles", "[lo, hi]: the fitted exponent's 95% interval"]
+    fig.suptitle("\n".join([title, *key_lines(keys, fig.get_figwidth())]))
 
 
 def time_key(cell: Axes, models: bool, kernels: bool, changes: bool = False) -> None:
@@ -308,7 +322,7 @@ def time_key(cell: Axes, models: bool, kernels: bool, changes: bool = False) -> 
             ),
         ]
     if changes:
-        foot = Line2D([], [], color=grey, marker="^", ls="none", markersize=7)
+        foot = Line2D([], [], color=grey, marker="|", ls="none", markersize=10, mew=2)
         entries.append((foot, "at the foot: its convolution kernel changed"))
     handles, labels = zip(*entries, strict=True)
     cell.legend(
