@@ -12,11 +12,11 @@ Prints, on this machine:
 3. the checks the split is held to: one large matrix product (a Linear layer) reads a share
    above 0.9, and its kernel time agrees within 10% with that product timed alone
    (``torch.mm``); a layer that loops in Python over tiny ops reads under 0.3;
-4. with --compiled, attention and attention-sdpa at n = 64 and 1024, eager and under
-   torch.compile: the kernels' share as a sweep reads a compiled call (its ops unknown
-   before it is profiled), and the kernels' seconds a call against the eager call's. Reading
-   the profiler's cost per op on the compiled call's own few dozen ops made a busy machine's
-   noise its cost: 5% where the eager call read 47%.
+4. with --compiled, attention and attention-sdpa at n = 64 and 1024, and torch's own
+   nn.MultiheadAttention at n = 64 and 256 (d = 64, 4 heads), eager and under torch.compile:
+   the kernels' share as a sweep reads each (an eager call with its dispatched ops known, a
+   compiled one with them unknown until it is profiled), which way the profiler's cost was
+   read, the shares' range over the repeats, and the kernels' seconds a call.
 
     python benchmarks/kernel_split.py [--repeat 3] [--compiled]
 
@@ -142,26 +142,60 @@ def main() -> None:
         compiled_shares(args.repeat)
 
 
+def mha_call(n: int, compile: str) -> Callable[[], object]:
+    """torch's nn.MultiheadAttention as a plugin would wrap it, eager or compiled."""
+    from attnbench.compiling import CompileSpec
+    from attnbench.measure.compiled import compiled
+
+    attention = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    spec = CompileSpec.parse(compile) if compile else None
+    model = attention if spec is None else compiled(attention, spec)
+    x = torch.randn(1, n, 64)
+
+    def call() -> object:
+        with torch.no_grad():
+            return model(x, x, x, need_weights=False)[0]
+
+    call()
+    return call
+
+
+def dispatched(call: Callable[[], object]) -> int:
+    """The ops an eager call dispatches, as a sweep's memory pass counts them."""
+    from attnbench.measure.counts.ops import recording_fused
+
+    ops: list[int] = []
+    recording_fused(call, set(), ops)()
+    return ops[0]
+
+
 def compiled_shares(repeat: int) -> None:
     """Eager and compiled calls of the same layer: the share a sweep reads of each (a compiled
     call's ops unknown, as ``measure.case`` passes them), and the kernels' seconds."""
-    print("\n4. compiled calls (medians of the repeats, the shares' range; kernels: share x time)")
-    print(f"{'call':<28} {'time':>9} {'share':>6} {'range':>11} {'kernels':>9}  method")
-    for name, n in (("attention", 64), ("attention", 1024), ("attention-sdpa", 64),
-                    ("attention-sdpa", 1024)):  # fmt: skip
+    print("\n4. eager and compiled (medians, the shares' range; kernels: share x time)")
+    print(f"{'call':<30} {'time':>9} {'share':>6} {'range':>11} {'kernels':>9}  cost read on")
+    cases = [("attention", 64), ("attention", 1024), ("attention-sdpa", 64),
+             ("attention-sdpa", 1024), ("nn.MultiheadAttention", 64),
+             ("nn.MultiheadAttention", 256)]  # fmt: skip
+    for name, n in cases:
         for mode in ("", "default"):
-            call = layer_call(name, n, compile=mode)
+            if name == "nn.MultiheadAttention":
+                call = mha_call(n, mode)
+            else:
+                call = layer_call(name, n, compile=mode)
+            ops = None if mode else dispatched(call)
             rows = []
             for _ in range(repeat):
                 plain = time_call(call, POLICY).median_s
-                split = kernel_split(call, "cpu", plain, None)
+                split = kernel_split(call, "cpu", plain, ops)
                 rows.append((plain, split.share, split.method))
             plain = statistics.median(r[0] for r in rows)
             share = statistics.median(r[1] for r in rows)
-            how = "own calls" if any("unprofiled" in r[2] for r in rows) else "host's cost"
-            label = f"{name} n={n} {'compiled' if mode else 'eager'}"
+            own = sum("unprofiled" in r[2] for r in rows)
+            how = f"own calls, {own} of {repeat}" if own else "the host's"
             low, high = min(r[1] for r in rows), max(r[1] for r in rows)
-            print(f"{label:<28} {plain * 1e3:>7.3f}ms {share:>6.2f} {low:>5.2f}..{high:<4.2f} "
+            label = f"{name} n={n} {'compiled' if mode else 'eager'}"
+            print(f"{label:<30} {plain * 1e3:>7.3f}ms {share:>6.2f} {low:>5.2f}..{high:<4.2f} "
                   f"{share * plain * 1e6:>7.1f}µs  {how}")  # fmt: skip
 
 
