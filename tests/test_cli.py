@@ -105,6 +105,22 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert len(lines) == 1 and lines[0].startswith("error:")
 
 
+def test_an_option_given_twice_is_warned_of_and_the_last_is_used() -> None:
+    """Click keeps the last of an option given twice, as most command lines do, and said
+    nothing: a new user's ``--layers mine.py:make ... --layers attention`` never swept the
+    plugin. The sweep now says which it uses and which it dropped."""
+    result = runner.invoke(
+        app, ["sweep", "--layers", "mine.py:make", "--n=64", "--out", "--n", "--layers", "nosuch"]
+    )
+    assert result.exit_code == 2  # the last --layers was read: an unknown layer
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: --layers is given 2 times; the last is used (--layers nosuch), not --layers "
+        "mine.py:make (give one, its values comma-separated: --layers conv,rnn)"
+    ]  # "--out --n" is a folder named "--n", not --n given again
+    assert "nosuch" in result.stderr.splitlines()[-1]
+
+
 def test_no_command_prints_the_help_and_no_error_line() -> None:
     result = runner.invoke(app, [])
     assert result.exit_code == 2 and "Usage: attnbench" in result.stdout

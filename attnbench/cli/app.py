@@ -63,6 +63,41 @@ class Command(typer.core.TyperCommand):
     def get_params(self, ctx: Any) -> list[Any]:
         return _untyped_flags(super().get_params(ctx))
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        for line in repeated_options(self.get_params(ctx), args):
+            console(stderr=True).print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
+        return super().parse_args(ctx, args)
+
+
+def repeated_options(params: list[Any], args: list[str]) -> list[str]:
+    """What to say of each option that takes one value and was given more than once: Click
+    keeps the last, as most command lines do, and dropped the others without a word (a new
+    user's ``--layers mine.py:make ... --layers attention`` never swept their layer)."""
+    names: dict[str, str] = {}
+    for param in params:
+        if getattr(param, "multiple", False) or getattr(param, "is_flag", False):
+            continue
+        for opt in (*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())):
+            if opt.startswith("-"):
+                names[opt] = param.name
+    given: dict[str, list[str]] = {}
+    tokens = iter(args)
+    for token in tokens:
+        if token == "--":
+            break
+        opt, equals, value = token.partition("=")
+        if opt not in names:
+            continue
+        if not equals:
+            value = next(tokens, "")  # its value, never read as an option ("--out --n")
+        given.setdefault(names[opt], []).append(f"{opt} {value}")
+    return [
+        f"{uses[-1].split()[0]} is given {len(uses)} times; the last is used ({uses[-1]}), "
+        f"not {', '.join(uses[:-1])} (give one, its values comma-separated: --layers conv,rnn)"
+        for uses in given.values()
+        if len(uses) > 1
+    ]
+
 
 class Group(typer.core.TyperGroup):
     def get_params(self, ctx: Any) -> list[Any]:
