@@ -29,6 +29,10 @@ class SweepInterrupted(AttnbenchError):
         self.total = total
 
 
+class NothingToPlot(AttnbenchError):
+    """A run with no chart's data (every line measured at one size): no retry draws one."""
+
+
 def first_line(exc: BaseException) -> str:
     """An exception as one line: its type and the first line of its message."""
     text = (str(exc).strip().splitlines() or [""])[0]

@@ -253,6 +253,24 @@ def test_a_chart_failure_keeps_the_results(tmp_path: Path, monkeypatch: pytest.M
     assert len(load_results(out).measured) == 4
 
 
+def test_a_run_with_nothing_to_chart_is_told_so_not_to_try_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Every line at one length: no retry draws a chart, so the sweep does not suggest one
+    (a new user's failing plugin left one length, and "try: attnbench plot" failed too)."""
+    import attnbench.cli.sweeping as cli
+    from attnbench.errors import NothingToPlot
+
+    def nothing(*args, **kwargs):
+        raise NothingToPlot("nothing to plot in X: each chart needs a layer measured at two sizes")
+
+    monkeypatch.setattr(cli, "plot_run", nothing)
+    result = runner.invoke(app, [*SWEEP[:-1], "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0
+    assert "note: no charts: nothing to plot in X" in result.output
+    assert "attnbench plot" not in result.output and "warning" not in result.stderr
+
+
 @pytest.mark.slow
 def test_the_split_reads_the_models_latency_share_at_both_ends_of_a_range(wide: Path):
     """Where the run recorded its ceilings, the reading gives the share of the machine model's

@@ -28,7 +28,7 @@ from attnbench.cli.options import (
 from attnbench.cli.render import Streams, SweepProgress
 from attnbench.cli.summary import summary_notes, summary_tables
 from attnbench.compare import Comparison, compare_runs
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, NothingToPlot
 from attnbench.measure.counts import extend
 from attnbench.measure.counts.countcache import Counting
 from attnbench.options import load_config
@@ -312,6 +312,10 @@ def _charts_after_sweep(run: RunResults, streams: Streams) -> list[str]:
     try:
         with drawing:
             paths = plot_run(run)
+    except NothingToPlot as exc:  # no retry draws one: no "try attnbench plot"
+        if notes is not None:
+            notes.print(f"note: no charts: {exc}", soft_wrap=True)
+        return []
     except Exception as exc:
         streams.err.print(
             f"[yellow]warning:[/] charts were not drawn ({exc}); the results are saved, "

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, NothingToPlot
 from attnbench.fits import (
     Analysis,
     analyse,
@@ -444,7 +444,7 @@ def plot_run(
                 figure.suptitle(f"{figure.get_suptitle()}\non {device}")
             written += save_charts(figures, out_dir / device_folder(device), formats)
         if not written:
-            raise AttnbenchError(
+            raise NothingToPlot(
                 f"nothing to plot in {run.path}: no device has a layer measured "
                 "at two sizes or more"
             )
@@ -463,9 +463,9 @@ def plot_run(
     written = draw_in_two(draw, asked, DRAW_COST)
     if not written and names:  # the charts asked for, each with its own reason
         reasons = "; ".join(f"{name}: {not_drawn_reason(name, run, layers)}" for name in names)
-        raise AttnbenchError(f"nothing to plot in {run.path}: {reasons}")
+        raise NothingToPlot(f"nothing to plot in {run.path}: {reasons}")
     if not written:
-        raise AttnbenchError(
+        raise NothingToPlot(
             f"nothing to plot in {run.path}: each chart needs a layer measured at two sizes or more"
         )
     return written
