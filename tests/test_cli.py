@@ -105,10 +105,10 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert len(lines) == 1 and lines[0].startswith("error:")
 
 
-def test_an_option_given_twice_is_warned_of_and_the_last_is_used() -> None:
+def test_an_option_given_twice_is_warned_of_and_the_last_is_used(tmp_path: Path) -> None:
     """Click keeps the last of an option given twice, as most command lines do, and said
     nothing: a new user's ``--layers mine.py:make ... --layers attention`` never swept the
-    plugin. The sweep now says which it uses and which it dropped."""
+    plugin. Now a warning names what was used and what dropped, once the arguments parse."""
     result = runner.invoke(
         app, ["sweep", "--layers", "mine.py:make", "--n=64", "--out", "--n", "--layers", "nosuch"]
     )
@@ -116,9 +116,35 @@ def test_an_option_given_twice_is_warned_of_and_the_last_is_used() -> None:
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert warnings == [
         "warning: --layers is given 2 times; the last is used (--layers nosuch), not --layers "
-        "mine.py:make (give one, its values comma-separated: --layers conv,rnn)"
+        "mine.py:make"
     ]  # "--out --n" is a folder named "--n", not --n given again
     assert "nosuch" in result.stderr.splitlines()[-1]
+    # a usage error stays one line, with no warning beside it
+    bad = runner.invoke(app, ["sweep", "--n", "1", "--n", "2", "--bogus"])
+    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1
+    helped = runner.invoke(app, ["sweep", "--n", "1", "--n", "2", "--help"])
+    assert helped.exit_code == 0 and "warning" not in helped.stderr
+    # a group's own options, up to its subcommand
+    history = runner.invoke(
+        app, ["history", "--history", str(tmp_path / "a"), "--history", str(tmp_path / "b")]
+    )  # fmt: skip
+    assert f"the last is used (--history {tmp_path / 'b'})" in history.stderr
+
+
+def test_a_repeated_short_count_or_many_valued_option_is_left_to_click():
+    from types import SimpleNamespace as Param
+
+    from attnbench.cli.app import repeated_options
+
+    seed = Param(name="seed", opts=["--seed"], secondary_opts=[], help="The random seed.")
+    count = Param(name="verbose", opts=["-v", "--verbose"], secondary_opts=[], count=True)
+    pair = Param(name="size", opts=["--size"], secondary_opts=[], nargs=2)
+    params = [seed, count, pair]
+    args = ["--seed", "1", "-v", "-v", "--size", "1", "2", "--seed=2", "--size", "3", "4"]
+    assert repeated_options(params, args) == [
+        "--seed is given 2 times; the last is used (--seed 2), not --seed 1"
+    ]
+    assert repeated_options(params, ["--seed", "1", "go", "--seed", "2"], stop={"go"}) == []
 
 
 def test_no_command_prints_the_help_and_no_error_line() -> None:

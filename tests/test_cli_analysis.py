@@ -175,6 +175,22 @@ def test_report_no_charts_embeds_those_already_drawn(wide: Path):
 
 
 @pytest.mark.slow
+def test_a_report_of_a_run_with_nothing_to_chart_is_written_without_charts(
+    wide: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import attnbench.cli.analysis as cli
+    from attnbench.errors import NothingToPlot
+
+    def nothing(*args, **kwargs):
+        raise NothingToPlot("nothing to plot: each line at one length")
+
+    monkeypatch.setattr(cli, "plot_run", nothing)
+    result = runner.invoke(app, ["report", str(wide)])
+    assert result.exit_code == 0, result.output
+    assert "## Charts" not in (wide / "report.md").read_text()
+
+
+@pytest.mark.slow
 def test_report_without_charts(wide: Path, tmp_path: Path):
     out = tmp_path / "elsewhere" / "r.md"
     result = runner.invoke(app, ["report", str(wide), "--no-charts", "--out", str(out)])

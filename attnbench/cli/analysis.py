@@ -21,7 +21,7 @@ from attnbench.cli.render import Streams, frame_table
 from attnbench.cli.summary import summary_notes, summary_tables
 from attnbench.cli.sweeping import records
 from attnbench.devices import DEVICE_CHOICES, resolve_device
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, NothingToPlot
 from attnbench.fits import analyse, run_catalog
 from attnbench.positional import relative_shift_error
 from attnbench.render.blocks import markdown_table
@@ -263,7 +263,10 @@ def report(
     run = _load(folder)
     analysis = analyse(run)
     if charts and not run.measured.empty:
-        paths = plot_run(run, analysis=analysis)
+        try:
+            paths = plot_run(run, analysis=analysis)
+        except NothingToPlot:  # a report without charts: every line at one length
+            paths = []
     else:  # embed the charts already drawn, if any
         paths = existing_charts(run.path / CHARTS_DIR)
     try:

@@ -64,44 +64,68 @@ class Command(typer.core.TyperCommand):
         return _untyped_flags(super().get_params(ctx))
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        for line in repeated_options(self.get_params(ctx), args):
-            console(stderr=True).print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
-        return super().parse_args(ctx, args)
+        given = list(args)  # Click's parser consumes the list
+        rest = super().parse_args(ctx, args)
+        _warn_repeated(ctx, self.get_params(ctx), given)
+        return rest
 
 
-def repeated_options(params: list[Any], args: list[str]) -> list[str]:
-    """What to say of each option that takes one value and was given more than once: Click
-    keeps the last, as most command lines do, and dropped the others without a word (a new
-    user's ``--layers mine.py:make ... --layers attention`` never swept their layer)."""
-    names: dict[str, str] = {}
+def _warn_repeated(ctx: Any, params: list[Any], args: list[str], stop: Any = ()) -> None:
+    """The warnings of ``repeated_options``, once the arguments parsed: none beside a usage
+    error (one line, as ``Group.main`` writes it), --help, or a shell's completion."""
+    if getattr(ctx, "resilient_parsing", False):
+        return
+    for line in repeated_options(params, args, stop):
+        console(stderr=True).print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
+
+
+def repeated_options(params: list[Any], args: list[str], stop: Any = ()) -> list[str]:
+    """What to say of each option that takes one value and was given more than once, up to
+    the first token in ``stop`` (a group's subcommands): Click keeps the last, as most command
+    lines do, and dropped the others without a word (a new user's ``--layers mine.py:make ...
+    --layers attention`` never swept their layer). Long options only (a short one may be
+    clustered). Its --help says whether it takes several values, comma-separated."""
+    names: dict[str, Any] = {}
     for param in params:
-        if getattr(param, "multiple", False) or getattr(param, "is_flag", False):
+        one_value = getattr(param, "nargs", 1) == 1 and not getattr(param, "count", False)
+        if getattr(param, "multiple", False) or getattr(param, "is_flag", False) or not one_value:
             continue
         for opt in (*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())):
-            if opt.startswith("-"):
-                names[opt] = param.name
-    given: dict[str, list[str]] = {}
+            if opt.startswith("--"):
+                names[opt] = param
+    given: dict[str, list[tuple[str, str]]] = {}
     tokens = iter(args)
     for token in tokens:
-        if token == "--":
+        if token == "--" or token in stop:
             break
         opt, equals, value = token.partition("=")
         if opt not in names:
             continue
         if not equals:
             value = next(tokens, "")  # its value, never read as an option ("--out --n")
-        given.setdefault(names[opt], []).append(f"{opt} {value}")
-    return [
-        f"{uses[-1].split()[0]} is given {len(uses)} times; the last is used ({uses[-1]}), "
-        f"not {', '.join(uses[:-1])} (give one, its values comma-separated: --layers conv,rnn)"
-        for uses in given.values()
-        if len(uses) > 1
-    ]
+        given.setdefault(names[opt].name, []).append((opt, value))
+    found = []
+    for uses in given.values():
+        if len(uses) < 2:
+            continue
+        (opt, value), dropped = uses[-1], ", ".join(f"{o} {v}" for o, v in uses[:-1])
+        found.append(
+            f"{opt} is given {len(uses)} times; the last is used ({opt} {value}), not {dropped}"
+        )
+    return found
 
 
 class Group(typer.core.TyperGroup):
     def get_params(self, ctx: Any) -> list[Any]:
         return _untyped_flags(super().get_params(ctx))
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """As Click's, and the group's own options given twice warned of (``history --last 3
+        --last 5``), up to its subcommand, whose options are its own."""
+        given = list(args)
+        rest = super().parse_args(ctx, args)
+        _warn_repeated(ctx, self.get_params(ctx), given, stop=set(self.commands))
+        return rest
 
     def main(
         self,
