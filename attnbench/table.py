@@ -378,8 +378,8 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
 def kernel_runs(line: pd.DataFrame, along: str = "n") -> list[tuple[str, list[int]]]:
     """The convolution kernels torch chose along ``along`` (a line's rows, its ``backend``
     column), as runs of sizes that ran the same ones ("": none recorded there): [] unless at
-    least two different kernels were recorded (a line recorded at some sizes only, an older
-    count cache's, ran one kernel as far as anyone knows)."""
+    least two different kernels were recorded (a line whose kernels were recorded at some
+    sizes only ran one kernel as far as anyone knows)."""
     if "backend" not in line:
         return []
     line = line.sort_values(along, kind="stable")
@@ -396,8 +396,9 @@ def kernel_runs(line: pd.DataFrame, along: str = "n") -> list[tuple[str, list[in
 
 
 def kernel_changes(runs: list[tuple[str, list[int]]]) -> list[int]:
-    """The first size of each recorded kernel that differs from the last one recorded before
-    it (``kernel_runs``): a stretch recorded as none is no change, nor is its end."""
+    """The first size of each recorded kernel that differs from the one at the nearest smaller
+    size that recorded any (``kernel_runs``): a stretch with none recorded is no change, nor is
+    its end."""
     found, last = [], ""
     for kernels, sizes in runs:
         if kernels and last and kernels != last:
