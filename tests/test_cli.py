@@ -325,32 +325,27 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
     marked = frame.loc[[0, 2]].assign(rounds=[6, 3], rounds_disturbed=[0, 0])
     marked["spread_between"] = [0.064, 0.08]
     neither = pd.Series([False, False], index=marked.index)
-    assert _why_imprecise(marked, _reasons(marked, neither)) == (
+
+    def why(frame: pd.DataFrame, quiet: pd.Series = neither) -> str:
+        return _why_imprecise(frame, _reasons(frame, quiet))
+
+    assert why(marked) == (
         "Of them, 1 had its processes read far apart (±6.4%); 1 had 3 rounds or fewer, or "
         "processes that read within ±5%, which the run's typical spread widened."
     )
     # six rounds whose processes read within ±5% are wide for the run's spread, not their own
-    assert _why_imprecise(
-        marked.assign(spread_between=[0.04, 0.08]),
-        _reasons(marked.assign(spread_between=[0.04, 0.08]), neither),
-    ) == (
+    assert why(marked.assign(spread_between=[0.04, 0.08])) == (
         "Of them, 2 had 3 rounds or fewer, or processes that read within ±5%, which the run's "
         "typical spread widened."
     )
-    assert _why_imprecise(
-        marked.assign(rounds_disturbed=[4, 2]),
-        _reasons(marked.assign(rounds_disturbed=[4, 2]), neither),
-    ) == (
+    assert why(marked.assign(rounds_disturbed=[4, 2])) == (
         "Of them, 2 ran most of their rounds on a disturbed machine, left out, so their "
         "interval is mostly the run's typical spread over the rounds kept (alike for cases "
         "that kept as many; a quieter machine narrows it)."
     )
     # every round kept, one of them read quiet: its interval reaches down, more rounds or not
     first = pd.Series([True, False], index=marked.index)
-    assert _why_imprecise(
-        marked.assign(rounds_disturbed=[5, 2]),
-        _reasons(marked.assign(rounds_disturbed=[5, 2]), first),
-    ) == (
+    assert why(marked.assign(rounds_disturbed=[5, 2]), first) == (
         "Of them, 1 had fewer than two quiet rounds, so its ±95% reaches down to what a quiet "
         "re-run finds (no more processes narrow that; a quieter machine does); 1 ran most of "
         "its rounds on a disturbed machine, left out, so its interval is mostly the run's "
