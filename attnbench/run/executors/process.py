@@ -243,21 +243,26 @@ class SubprocessExecutor:
         busy, self._busy = self._busy, False
         if process is None:
             return
-        if process.poll() is None:
-            try:
-                if busy:
-                    raise subprocess.TimeoutExpired(process.args, 0)  # it would finish first
-                assert process.stdin is not None
-                process.stdin.write(json.dumps({"op": "stop"}) + "\n")
-                process.stdin.close()
-                process.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                _kill_group(process)
-                process.wait()
+        # abandoned in a job, it would finish the job before it read the stop
+        if process.poll() is None and (busy or not _stopped(process)):
+            _kill_group(process)
+            process.wait()
 
     def close(self) -> None:
         self._stop()
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _stopped(process: subprocess.Popen[str]) -> bool:
+    """Whether a child asked to stop did so within 30 s."""
+    try:
+        assert process.stdin is not None
+        process.stdin.write(json.dumps({"op": "stop"}) + "\n")
+        process.stdin.close()
+        process.wait(timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return True
 
 
 def _kill_group(process: subprocess.Popen[str]) -> None:
