@@ -16,9 +16,13 @@ Prints, on this machine:
    nn.MultiheadAttention at n = 64 and 256 (d = 64, 4 heads), eager and under torch.compile:
    the kernels' share as a sweep reads each (an eager call with its dispatched ops known, a
    compiled one with them unknown until it is profiled), which way the profiler's cost was
-   read, the shares' range over the repeats, and the kernels' seconds a call.
+   read, the shares' range over the repeats, and the kernels' seconds a call;
+5. with --readings, what reading a split from up to three profiles (the median share kept)
+   buys over one: for calls of many tiny ops (ssm, rnn, gru) and of few large ones, each way
+   read ``--readings`` times in turn in one process, the shares' range and spread, and the
+   milliseconds a split costs.
 
-    python benchmarks/kernel_split.py [--repeat 3] [--compiled]
+    python benchmarks/kernel_split.py [--repeat 3] [--compiled] [--readings 8]
 
 Every figure is a ratio inside one process, the sides measured back to back.
 """
@@ -35,6 +39,9 @@ import torch
 from attnbench.measure.timing.allocator import set_allocator
 from attnbench.measure.timing.loop import TimingPolicy, time_call
 from attnbench.measure.timing.split import (
+    READINGS,
+    KernelSplit,
+    _read_split,
     _record,
     kernel_split,
     profiler_cost,
@@ -96,6 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--compiled", action="store_true", help="also the compiled calls (4.)")
+    parser.add_argument("--readings", type=int, default=0, help="5., each way this many times")
     args = parser.parse_args()
     set_allocator("pinned")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
@@ -140,6 +148,8 @@ def main() -> None:
     print(f"a Python loop of tiny ops: share {found['Python loop, 200 tiny']:.2f} (target < 0.3)")
     if args.compiled:
         compiled_shares(args.repeat)
+    if args.readings:
+        readings(args.readings)
 
 
 def mha_call(n: int, compile: str) -> Callable[[], object]:
@@ -197,6 +207,44 @@ def compiled_shares(repeat: int) -> None:
             label = f"{name} n={n} {'compiled' if mode else 'eager'}"
             print(f"{label:<30} {plain * 1e3:>7.3f}ms {share:>6.2f} {low:>5.2f}..{high:<4.2f} "
                   f"{share * plain * 1e6:>7.1f}µs  {how}")  # fmt: skip
+
+
+def readings(times: int) -> None:
+    """One profile against the split a sweep takes (up to ``READINGS``, the median), in turn."""
+
+    print(f"\n5. one profile against the median of up to {READINGS} ({times} splits each way, "
+          "in turn; spread: the shares' standard deviation)")  # fmt: skip
+    print(f"{'call':<22} {'time':>9} {'one: range':>12} {'spread':>7} {'cost':>7}   "
+          f"{'median: range':>13} {'spread':>7} {'cost':>7} {'profiles':>8}")  # fmt: skip
+    for name, n in (("ssm", 256), ("ssm", 1024), ("rnn", 256), ("gru", 256), ("lstm", 512),
+                    ("attention", 128), ("conv", 256), ("conv-dilated", 128)):  # fmt: skip
+        call = layer_call(name, n)
+        ops = dispatched(call)
+        plain = time_call(call, POLICY).median_s
+        ways: dict[str, list[tuple[float, float, int]]] = {"one": [], "median": []}
+        for _ in range(times):
+            for way, split in (("one", _one_profile), ("median", kernel_split)):
+                start = time.perf_counter()
+                found = split(call, "cpu", plain, ops)
+                ways[way].append((found.share, time.perf_counter() - start, found.calls))
+        cells = []
+        for rows in ways.values():
+            got = [r[0] for r in rows]
+            cost = statistics.median(r[1] for r in rows) * 1e3
+            cells.append(f"{min(got):>5.2f}..{max(got):<5.2f} {statistics.stdev(got):>7.3f} "
+                         f"{cost:>5.1f}ms")  # fmt: skip
+        per = statistics.mean(r[2] for r in ways["median"]) / statistics.mean(
+            r[2] for r in ways["one"]
+        )
+        print(f"{name + ' n=' + str(n):<22} {plain * 1e3:>7.3f}ms {cells[0]}   {cells[1]} "
+              f"{per:>8.1f}")  # fmt: skip
+
+
+def _one_profile(
+    call: Callable[[], object], device: str, plain: float, ops: int | None
+) -> KernelSplit:
+    """A split from one profile, as attnbench read it before 2026-11-30."""
+    return _read_split(call, device, plain, ops, None, None, time.perf_counter, lambda: None)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from attnbench.measure.timing.split import (
+    SPLIT_BUDGET_S,
     Interval,
     OpEvent,
     Profiled,
@@ -75,7 +76,8 @@ def test_cuda_reads_the_devices_busy_time_against_the_profiled_wall_time() -> No
         lambda: None, "cuda:0", 0.5e-3, 3, cost=COST,
         record=fake_recorder(Profiled(2, 206e-6, 180e-6, host * 2, kernels), seen),
     )  # fmt: skip
-    assert seen == [(10, "cuda:0")]  # 5 ms of calls at 0.5 ms each
+    # 5 ms of calls at 0.5 ms each, in two profiles that agree (``READINGS``)
+    assert seen == [(10, "cuda:0")] * 2
     assert found.kernel_s == pytest.approx(50e-6)  # per call: 100 us busy over 2 calls
     # 3 ops at 1 us are a sliver of a 0.5 ms call: the calls' own time is theirs
     # less the host's cost (206 - 6), not the 180 us of the plain calls around them
@@ -92,9 +94,57 @@ def test_the_cpu_reads_the_host_ops_and_profiles_at_least_one_call() -> None:
         lambda: None, "cpu", 1.0, 2, cost=COST,
         record=fake_recorder(Profiled(1, 102e-6, 90e-6, host, []), seen),
     )  # fmt: skip
-    assert seen == [(1, "cpu")]  # a call longer than the profiling time: one call
+    assert seen == [(1, "cpu")] * 2  # a call longer than the profiling time: one call
     # mm: 90 - 1 - 0.5; empty: 1 - 0.5; over the profiled 102 less 2 ops at 1 us
     assert found.share == pytest.approx((88.5e-6 + 0.5e-6) / 100e-6)
+
+
+def profiles_of(*kernel_us: float) -> Callable[..., Profiled]:
+    """A recorder whose successive profiles are one call of 100 us (101 profiled, its one op
+    recorded at 1 us) whose mm ran the next of ``kernel_us`` (less the floor of 0.5 us)."""
+    left = list(kernel_us)
+
+    def record(fn, calls, device):  # type: ignore[no-untyped-def]
+        own = left.pop(0) * 1e-6 + COST.op_floor_s
+        return Profiled(1, 101e-6, 100e-6, [OpEvent("aten::mm", own, 0)], [])
+
+    return record
+
+
+def test_a_split_keeps_the_median_of_three_profiles_where_two_disagree() -> None:
+    """One profile of a loop of tiny ops can read its kernels far off (0.82 among 0.37-0.59
+    for ssm): three profiles, the middle share kept, and the method says how far apart."""
+    found = kernel_split(lambda: None, "cpu", 1.0, 1, cost=COST, record=profiles_of(40, 82, 45))
+    assert found.share == pytest.approx(0.45)
+    assert found.kernel_s == pytest.approx(45e-6)
+    assert found.calls == 3
+    assert "the median of 3 profiles' shares (0.40..0.82)" in found.method
+    agreeing = kernel_split(
+        lambda: None, "cpu", 1.0, 1, cost=COST, record=profiles_of(40, 44, 99)
+    )  # two within 0.05: no third profile, their mean
+    assert agreeing.share == pytest.approx(0.42)
+    assert agreeing.calls == 2
+
+
+def test_no_profile_is_added_past_the_splits_budget() -> None:
+    """Profiles as long as the first are added only while the split stays within its budget:
+    at 0.1 s a profile, a second (0.2 s) but no third (0.3 s), though the two disagree."""
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    slow = profiles_of(40, 90, 45)
+
+    def record(fn, calls, device):  # type: ignore[no-untyped-def]
+        now[0] += 0.1
+        return slow(fn, calls, device)
+
+    assert 0.2 <= SPLIT_BUDGET_S < 0.3
+    found = kernel_split(lambda: None, "cpu", 1.0, 1, cost=COST, record=record, clock=clock)
+    assert found.calls == 2
+    assert found.share == pytest.approx(0.65)  # the mean of the two read
+    assert "the median of 2 profiles' shares (0.40..0.90)" in found.method
 
 
 def test_a_call_of_many_small_ops_reads_the_profilers_cost_on_its_own_calls() -> None:

@@ -331,6 +331,15 @@ def _measured_cost(repeats: int, loop: int) -> ProfilerCost:
     )
 
 
+# A split is read from up to this many profiles, and the median share kept: one profile of a
+# call of many tiny ops (ssm, a recurrence) read its kernels' share 0.37-0.82 over eight
+# profiles in one process (ssm, n = 256, 2026-11-30), where conv's and lstm's read within 0.02
+# (benchmarks/kernel_split.py --readings). Two readings this close end it at two (their mean), and no further profile is taken
+# where it would bring the split past ``SPLIT_BUDGET_S`` (a profile of thousands of events
+# costs tens of ms to read back).
+READINGS, AGREE, SPLIT_BUDGET_S = 3, 0.05, 0.25
+
+
 def kernel_split(
     fn: Callable[[], object],
     device: str,
@@ -343,11 +352,63 @@ def kernel_split(
     sync: Callable[[], None] = lambda: None,
 ) -> KernelSplit:
     """Profile a few calls of ``fn`` (one call takes about ``call_s`` and dispatches about
-    ``ops`` ops, where known) and split them.
+    ``ops`` ops, where known) and split them: up to ``READINGS`` profiles, the median share.
 
     ``cost`` (the host's calibrated profiler cost and op floor) and ``record`` (the profiler)
     are this host's by default; tests pass their own.
     """
+    start = clock()
+
+    def read() -> KernelSplit:
+        return _read_split(fn, device, call_s, ops, cost, record, clock, sync)
+
+    readings = [read()]
+    while len(readings) < READINGS:
+        spent = clock() - start
+        if spent * (len(readings) + 1) / len(readings) > SPLIT_BUDGET_S:
+            break  # another profile, as long as these, would pass the split's budget
+        if len(readings) == 2 and abs(readings[0].share - readings[1].share) <= AGREE:
+            break
+        readings.append(read())
+    return median_split(readings)
+
+
+def median_split(readings: list[KernelSplit]) -> KernelSplit:
+    """The reading of the median share (of two, their mean), its method saying how many
+    profiles were read and how far apart their shares lay."""
+    if len(readings) == 1:
+        return readings[0]
+    ordered = sorted(readings, key=lambda r: r.share)
+    low, high = ordered[0], ordered[-1]
+    if len(ordered) % 2:
+        middle = ordered[len(ordered) // 2]
+        share, kernel_s, wall_s = middle.share, middle.kernel_s, middle.wall_s
+    else:
+        pair = ordered[len(ordered) // 2 - 1 : len(ordered) // 2 + 1]
+        share = statistics.fmean(r.share for r in pair)
+        kernel_s = statistics.fmean(r.kernel_s for r in pair)
+        wall_s = statistics.fmean(r.wall_s for r in pair)
+    return KernelSplit(
+        share=share,
+        kernel_s=kernel_s,
+        wall_s=wall_s,
+        calls=sum(r.calls for r in readings),
+        method=f"{readings[0].method}; the median of {len(readings)} profiles' shares "
+        f"({low.share:.2f}..{high.share:.2f})",
+    )
+
+
+def _read_split(
+    fn: Callable[[], object],
+    device: str,
+    call_s: float,
+    ops: int | None,
+    cost: ProfilerCost | None,
+    record: Recorder | None,
+    clock: Clock,
+    sync: Callable[[], None],
+) -> KernelSplit:
+    """One profile of ``fn``'s calls, split (``kernel_split``)."""
     calls = min(MAX_PROFILED_CALLS, math.ceil(PROFILED_S / max(call_s, 1e-9)))
     if ops:
         calls = min(calls, MAX_PROFILED_OPS // ops)
