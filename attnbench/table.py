@@ -282,6 +282,23 @@ def _past_plateau(run: RunResults, layer: str, d: int, top: int) -> str:
     )
 
 
+def _crossing(run: RunResults, layer: str, d: int) -> str:
+    """How far a line's kernels' share ranged where it crossed ``OVERHEAD_SHARE`` more than
+    once along n: a list of lengths alone reads as a pattern ("" where it did not)."""
+    rows = run.measured
+    rows = rows[(rows["layer"] == layer) & (rows["d"] == d)].sort_values("n")
+    share = numeric_column(rows, "kernel_share")
+    known = share.notna()
+    bound = list(overhead_bound(share[known]))
+    if sum(a != b for a, b in itertools.pairwise(bound)) < 2:  # under it, then over it (or not)
+        return ""
+    sizes = rows.loc[known, "n"]
+    return (
+        f"; its share read {share.min():.0%} to {share.max():.0%} at n = {int(sizes.min())}.."
+        f"{int(sizes.max())}, back and forth across {OVERHEAD_SHARE:.0%}: its lengths lie near it"
+    )
+
+
 def _goes_on(run: RunResults, layer: str, row: Any) -> str:
     """What would measure an unsettled line further: --n auto, or, in an auto run whose
     line stopped short, a larger --auto-budget (or whatever else stopped it, as its note
@@ -337,9 +354,14 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             grows = (
                 "; its rate settled all the same: the overhead grows with the work" if same else ""
             )
+            crossing = (
+                _crossing(run, str(row.layer), int(row.time_fit_d_at))
+                if pd.notna(row.time_fit_d_at)
+                else ""
+            )
             parts.append(
                 f"overhead-bound at n = {_lengths(row.overhead_bound_n)} (its kernels under "
-                f"{OVERHEAD_SHARE:.0%} of the time{grows})"
+                f"{OVERHEAD_SHARE:.0%} of the time{grows}{crossing})"
             )
         if row.time_d_fit_n_at is not None:
             # the exponent itself: "time ~ d" read as a claim of linear growth beside d^0.48

@@ -307,6 +307,22 @@ def test_a_line_whose_overhead_grows_with_its_work_reads_settled_and_says_why() 
     assert "settled all the same" not in note
 
 
+def test_a_share_that_crosses_half_back_and_forth_says_how_far_it_ranged() -> None:
+    """ssm on a CPU: its kernels about half its time at every length, read 43%, 57%, 45%, 63%
+    and 46%. Its overhead-bound lengths (64, 256, 1024) read as a pattern alone; the note says
+    the share ranged about the line. A share that crosses once (rising with n) says nothing
+    more."""
+    steady = [3e-6 * n for n in (64, 128, 256, 512, 1024)]
+    run = _line(steady, [0.43, 0.57, 0.45, 0.63, 0.46], layer="ssm")
+    table = comparison_table(run)
+    (note,) = [n for n in fit_notes(table, run) if n.startswith("ssm:")]
+    assert "overhead-bound at n = 64, 256, 1024" in note
+    assert "its share read 43% to 63% at n = 64..1024, back and forth across 50%" in note
+    rising = _line(steady, [0.3, 0.45, 0.55, 0.6, 0.7], layer="conv")
+    (note,) = [n for n in fit_notes(comparison_table(rising), rising) if n.startswith("conv:")]
+    assert "overhead-bound at n = 64..128" in note and "back and forth" not in note
+
+
 def test_a_rate_still_climbing_reads_unsettled_and_a_settled_one_plain() -> None:
     climbing = [1e-4 * n**0.5 for n in (64, 128, 256, 512, 1024)]  # rate ~ n^0.5: not settled
     table = comparison_table(_line(climbing, [0.6, 0.7, 0.8, 0.9, 0.95])).set_index("layer")
