@@ -334,9 +334,9 @@ def _measured_cost(repeats: int, loop: int) -> ProfilerCost:
 # A split is read from up to this many profiles, and the median share kept: one profile of a
 # call of many tiny ops (ssm, a recurrence) read its kernels' share 0.37-0.82 over eight
 # profiles in one process (ssm, n = 256, 2026-11-30), where conv's and lstm's read within 0.02
-# (benchmarks/kernel_split.py --readings). Two readings this close end it at two (their mean), and no further profile is taken
-# where it would bring the split past ``SPLIT_BUDGET_S`` (a profile of thousands of events
-# costs tens of ms to read back).
+# (benchmarks/kernel_split.py --readings). Two readings within ``AGREE`` end it at two (their
+# mean), and no profile is added that would bring the split past ``SPLIT_BUDGET_S`` (one of
+# thousands of events costs tens of ms to read back).
 READINGS, AGREE, SPLIT_BUDGET_S = 3, 0.05, 0.25
 
 
