@@ -17,7 +17,7 @@ from attnbench.compare import REGRESSION, compare_runs
 from attnbench.options import build_grid
 from attnbench.render.verdicts import schema
 from attnbench.results.loader import load_results
-from attnbench.run.ab import ABListeners, ABStart, run_ab
+from attnbench.run.ab import ABListeners, ABStart, describe_sides, run_ab
 from attnbench.run.estimate import estimate_bounds
 from attnbench.run.executors.process import SubprocessExecutor
 from attnbench.run.queue import UNCALIBRATED
@@ -250,3 +250,25 @@ def test_every_job_of_either_side_is_a_fresh_process(tmp_path: Path) -> None:
         assert run.meta["cluster"]["executor"] == "fork"
     with pytest.raises(Exception, match="--processes must be >= 1"):
         run_ab({**grid, "processes": 0}, tmp_path / "ab0")
+
+
+def test_the_start_names_the_code_each_side_ran_where_one_name_is_two_copies() -> None:
+    """A module plugin installed in each side's interpreter is one name and two codes: the
+    start line says which each side ran (it named the layer alone, twice)."""
+    grid = build_grid({"layers": "conv", "n": [8], "d": [8]})
+    ran = {"base": "d5559a9b8dd8", "current": "d6fd2d1eb0b6"}
+    start = ABStart(
+        grids={"base": grid, "current": grid},
+        out_dir=Path("unused"),
+        clusters={
+            side: {"python": side, "layers": {"conv": {"kind": "module", "digest": code}}}
+            for side, code in ran.items()
+        },
+        environments={side: {} for side in ran},
+        estimate_s=0.0,
+    )
+    base, current = describe_sides(start)
+    assert base.endswith("layers conv (sha256 d5559a9b8dd8)")
+    assert current.endswith("layers conv (sha256 d6fd2d1eb0b6)")
+    start.clusters["base"]["layers"] = {}  # a built-in: its name alone
+    assert describe_sides(start)[0].endswith("layers conv")

@@ -293,6 +293,10 @@ def test_a_worker_refuses_a_module_that_is_not_the_drivers(
     assert not fresh.exists()
     plugins.receive(shipped, verify_modules=False)  # an ab side in another interpreter
     assert fresh.exists()
+    # ... which records, and keys the count cache by, the copy it ran, not the driver's: a
+    # base side recorded the current side's digest, and each side read the other's counts
+    ran = REGISTRY["marked"].source
+    assert ran.digest == plugins.digest(module) != shipped[0]["source"]["digest"]
 
 
 def test_locating_a_module_runs_none_of_its_packages(tmp_path: Path, fresh: Path) -> None:

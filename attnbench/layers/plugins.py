@@ -267,9 +267,12 @@ def receive(items: Iterable[Mapping[str, Any]], verify_modules: bool = True) -> 
                 if path not in sys.path:
                     sys.path.append(path)  # after this interpreter's own packages
             target, _, attr = source.spec.rpartition(":")
+            found = locate_module(target)
             if verify_modules:
-                found = locate_module(target)
                 _same_code(name, source, digest(found) if found else "", f"module {target}")
+            elif found is not None:  # its own copy: recorded as such, and cached as such
+                top = target.split(".")[0]
+                source = replace(source, digest=digest(found), distribution=_distribution_of(top))
             register(getattr(_import(target, source.spec), attr), name, source=source)
         else:
             load_installed(name)

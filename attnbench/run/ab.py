@@ -320,12 +320,22 @@ def describe_sides(start: ABStart) -> list[str]:
     lines = []
     for side in SIDES:
         env, cluster = start.environments[side], start.clusters[side]
-        layers = ", ".join(start.grids[side].layers)
+        sources = cluster.get("layers") or {}
+        layers = ", ".join(
+            _with_digest(name, sources.get(name)) for name in start.grids[side].layers
+        )
         lines.append(
             f"{side}: attnbench {env.get('attnbench_version')}, torch {env.get('torch_version')}, "
             f"Python {env.get('python_version')} ({cluster.get('python')}); layers {layers}"
         )
     return lines
+
+
+def _with_digest(name: str, source: Any) -> str:
+    """A layer as the start line names it: a plugin with the digest of the code its side ran
+    (two copies of one module under one name differ there alone)."""
+    found = source.get("digest") if isinstance(source, dict) else None
+    return f"{name} (sha256 {found})" if found else name
 
 
 __all__ = [
