@@ -492,12 +492,17 @@ def test_an_abs_pairs_with_a_busy_half_are_counted_and_judged_with_the_rest(
     paired = compare_runs(base, new, Thresholds(alpha=0.05), paired=True)
     row = paired.times.iloc[0]
     assert row["ratio_judged"] == pytest.approx(1.5) and row["rounds_new"] == 10
+    # the columns are over the pairs' rounds too (the run's time leaves the busy half out)
+    assert new.frame["time_s"].iloc[0] == pytest.approx(1e-3)
+    assert row["time_new_s"] == pytest.approx(1e-3 * 2**0.5)
+    assert row["time_base_s"] == pytest.approx(1e-3)
     assert row["pairs_disturbed"] == 5 and row["verdict"] == "regression"
     note = "5 pair(s) of 1 case(s) had a half read disturbed (its machine reference slow"
     assert any(w.startswith(note) for w in paired.warnings)
     # a move the quiet pairs alone do not show is named: the neighbour's halves carry it
     assert row["verdict_quiet_pairs"] == "unchanged"
-    named = f"1 case(s) moved on every pair but not on their quiet pairs alone: {case_id} ("
+    named = "1 case(s) moved, judged on all their pairs, but not on their quiet pairs alone: "
+    named += f"{case_id} ("
     assert any(w.startswith(named) for w in paired.warnings)
     strict = compare_runs(base, new, Thresholds(alpha=0.01), paired=True).times.iloc[0]
     assert strict["verdict"] != "regression" and strict["verdict_quiet_pairs"] == ""
@@ -601,7 +606,8 @@ def test_the_quiet_pairs_check_reads_both_sides_marks_and_only_pairs() -> None:
          "pairs_disturbed": [6, 2, 0, 1]}
     )  # fmt: skip
     assert quiet_pairs_note(times) == (
-        "1 case(s) moved on every pair but not on their quiet pairs alone: a (unchanged); "
+        "1 case(s) moved, judged on all their pairs, but not on their quiet pairs alone: a "
+        "(unchanged); "
         "their pairs with a disturbed half may carry the move (a neighbour that slowed one "
         "side's halves, or that side's own threads waiting for each other)"
     )

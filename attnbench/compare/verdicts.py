@@ -214,9 +214,9 @@ def quiet_pairs_note(times: pd.DataFrame) -> str | None:
         return None
     names = ", ".join(f"{r.case_id} ({r.verdict_quiet_pairs})" for r in apart.itertuples())
     return (
-        f"{len(apart)} case(s) moved on every pair but not on their quiet pairs alone: {names}; "
-        "their pairs with a disturbed half may carry the move (a neighbour that slowed one "
-        "side's halves, or that side's own threads waiting for each other)"
+        f"{len(apart)} case(s) moved, judged on all their pairs, but not on their quiet pairs "
+        f"alone: {names}; their pairs with a disturbed half may carry the move (a neighbour "
+        "that slowed one side's halves, or that side's own threads waiting for each other)"
     )
 
 
