@@ -376,6 +376,27 @@ def _two_models(slow_b: float = 1.0, gemm_b: float = 1e-3) -> dict[tuple[str, in
     return cases
 
 
+def test_a_gate_that_could_not_decide_says_so_not_no_regression(tmp_path: Path) -> None:
+    """A new user's three cases read 1.29-1.33x slower, none significant, and the gate printed
+    "no regression": it says what it could not decide instead (and passes: nothing was
+    shown), where the gate judges time; a gate on the counts alone does not speak of time."""
+    from attnbench.render.verdicts import headline
+
+    conv = {key: spec for key, spec in cases_grid().items() if key[0] == "conv"}
+    c = compare_runs(make_run(tmp_path / "a", conv), make_run(tmp_path / "b", conv))
+    assert c.undecided("time") == "" and headline(c, "time").startswith("no regression in")
+    times = c.times.copy()
+    times["verdict"] = [NOT_SIGNIFICANT] * (len(times) - 1) + [TOO_FEW]
+    unsure = dataclasses.replace(c, times=times)
+    words = unsure.undecided("time")
+    assert words.startswith(
+        f"{len(times) - 1} slower past the threshold, not significant at p < 0.01 and 1 with "
+        f"too few samples for a test, of {len(times)} case(s): undecided, not passed"
+    )
+    assert headline(unsure, "all") == f"no regression shown in {len(times)} shared cases: {words}"
+    assert unsure.undecided("deterministic") == "" and not unsure.failed("time")
+
+
 def test_an_overall_row_over_too_few_cases_says_so(tmp_path: Path) -> None:
     """Under 7 cases no overall test reaches alpha 0.01: said of the cases, not the samples (a
     new user's one-case ab read "too few samples" beside the case's own verdict)."""

@@ -395,6 +395,8 @@ def comparison_table(comparison: Comparison, gate: str, console: Console) -> Non
         console.print(f"[bold red]{len(found)} regression(s)[/] (--fail-on {gate}):")
         for line in found:
             console.print(f"  {escape(line)}", soft_wrap=True)
+    elif undecided := comparison.undecided(gate):
+        console.print(f"[yellow]no regression shown[/] (--fail-on {gate}): {escape(undecided)}")
     else:
         console.print(f"[green]no regression[/] (--fail-on {gate})")
 

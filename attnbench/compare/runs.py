@@ -19,6 +19,7 @@ from attnbench.compare.caveats import busy_warnings, environment_warnings
 from attnbench.compare.verdicts import (
     IMPROVEMENT,
     NOT_COMPARED,
+    NOT_SIGNIFICANT,
     REGRESSION,
     THROTTLED,
     TOO_FEW,
@@ -106,6 +107,30 @@ class Comparison:
                 for r in heavier.itertuples()
             ]
         return found
+
+    def undecided(self, gate: str = "all") -> str:
+        """Where ``gate`` judges time and no regression was found, the cases whose time it could
+        not decide, in words ("" where none): past the threshold but not significant, or too
+        few samples for any test to be. "No regression" alone read as "none slower" to a new
+        user whose three cases had read 1.29-1.33x, none significant."""
+        if gate not in ("all", "time") or self.regressions(gate):
+            return ""
+        verdicts = self.times["verdict"]
+        parts = [
+            f"{count} {why}"
+            for count, why in (
+                (int((verdicts == NOT_SIGNIFICANT).sum()), "slower past the threshold, not "
+                 f"significant at p < {self.thresholds.alpha:g}"),
+                (int((verdicts == TOO_FEW).sum()), "with too few samples for a test"),
+            )
+            if count
+        ]  # fmt: skip
+        if not parts:
+            return ""
+        return (
+            f"{' and '.join(parts)}, of {len(self.times)} case(s): undecided, not passed "
+            "(more pairs or rounds, --processes, decide them)"
+        )
 
     def failed(self, gate: str = "all") -> bool:
         return bool(self.regressions(gate))

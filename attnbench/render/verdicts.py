@@ -177,7 +177,12 @@ def headline(comparison: Comparison, gate: str) -> str:
     found = comparison.regressions(gate)
     cases = len(comparison.times)
     if not found:
-        return f"no regression in {cases} shared cases"
+        undecided = comparison.undecided(gate)
+        return (
+            f"no regression shown in {cases} shared cases: {undecided}"
+            if undecided
+            else (f"no regression in {cases} shared cases")
+        )
     return f"{len(found)} regression(s) in {cases} shared cases"
 
 
