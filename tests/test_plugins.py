@@ -166,13 +166,17 @@ BAD = {
     "not callable": ("{odd}:WORD", "str is neither a factory"),
     "clash": ("{odd}:ENTRY", "'attention' ({odd}:ENTRY) clashes with a built-in layer"),
     "no spec": ("mixer.py", "unknown layer 'mixer.py'"),
+    # two versions of one file (an old copy to race): one name, and the way out named
+    "two copies": ("{mixer}:make,{copy}:make", "copy one file under another name, or return"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_every_bad_plugin_is_one_line_and_exit_2_before_measuring(tmp_path: Path, case: str):
+    (tmp_path / "old").mkdir()
     files = {
         "mixer": plugin(tmp_path),
+        "copy": plugin(tmp_path / "old", MIXER + "\n# the old version\n"),
         "broken": plugin(tmp_path, "import nonexistent_pkg_xyz\n", "broken.py"),
         "odd": plugin(
             tmp_path,
