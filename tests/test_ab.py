@@ -127,7 +127,11 @@ def test_bad_ab_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["--base-python", str(bare / "bin" / "python")], "has no attnbench; install attnbench"),
         (["--layers", "conv,rnn", "--base-layers", "conv"], "--base-layers has 1 layer(s)"),
         (["--layers", "conv", "--base-layers", "nosuchmodule_x:make"], "cannot import"),
+        # refused before the sides start, and not pointed at a --resume ab does not have
+        (["--base-python", "/nonexistent/python"], "already holds an A/B run; choose a new"),
     ]
+    (tmp_path / "r4" / "base").mkdir(parents=True)
+    (tmp_path / "r4" / "base" / "run.json").write_text("{}")
     for i, (args, message) in enumerate(cases):
         result = runner.invoke(app, ["ab", *TINY, *args, "--out", str(tmp_path / f"r{i}")])
         assert result.exit_code == 2, (args, result.output)
