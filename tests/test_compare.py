@@ -644,3 +644,25 @@ def test_the_quiet_pairs_check_reads_both_sides_marks_and_only_pairs() -> None:
         "judged with the rest, as a pair's halves mostly share a neighbour's burst "
         "(pairs_disturbed in the JSON)"
     )
+
+
+def test_a_layers_code_that_differs_is_told_by_its_digest_and_the_same_code_elsewhere_so() -> None:
+    """Two builds of one package version read alike by their distribution alone; one file's
+    code copied elsewhere read as 'differs' with one sha256 twice (a new user's compare)."""
+    from attnbench.compare.caveats import layer_differences
+
+    def module(digest: str, spec: str = "convglu:make") -> dict[str, dict[str, str]]:
+        return {"convglu:make": {"kind": "module", "spec": spec, "digest": digest,
+                                 "distribution": "convglu 0.1.0"}}  # fmt: skip
+
+    (line,) = layer_differences(module("d5559a9b8dd8"), module("d6fd2d1eb0b6"))
+    assert line == (
+        "layer convglu:make differs: convglu:make (sha256 d5559a9b8dd8, convglu 0.1.0) in the "
+        "baseline, convglu:make (sha256 d6fd2d1eb0b6, convglu 0.1.0) in the current run"
+    )
+    (moved,) = layer_differences(module("d5559a9b8dd8", "a:make"), module("d5559a9b8dd8", "b:make"))
+    assert moved == (
+        "layer convglu:make ran the same code (sha256 d5559a9b8dd8) from another place: a:make "
+        "in the baseline, b:make in the current run"
+    )
+    assert layer_differences(module("d5559a9b8dd8"), module("d5559a9b8dd8")) == []

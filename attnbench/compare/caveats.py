@@ -54,12 +54,26 @@ def layer_differences(
     lines = []
     for name in [layer for layer in before if layer in after]:
         old, now = LayerSource(**before[name]), LayerSource(**after[name])
-        if old != now:
+        if old == now:
+            continue
+        if old.digest and old.digest == now.digest:  # one code, found elsewhere
             lines.append(
-                f"layer {name} differs: {old.describe()} in the baseline, "
-                f"{now.describe()} in the current run"
+                f"layer {name} ran the same code (sha256 {old.digest}) from another place: "
+                f"{old.spec} in the baseline, {now.spec} in the current run"
             )
+            continue
+        lines.append(
+            f"layer {name} differs: {_code(old)} in the baseline, {_code(now)} in the current run"
+        )
     return lines
+
+
+def _code(source: LayerSource) -> str:
+    """A layer's code in a line that sets two apart: its digest always (two builds of one
+    package version differ there alone), its distribution where it has one."""
+    found = [f"sha256 {source.digest}"] if source.digest else []
+    found += [source.distribution] if source.distribution else []
+    return f"{source.spec} ({', '.join(found)})" if found else source.spec
 
 
 def busy_warnings(
