@@ -185,8 +185,9 @@ def test_markdown_goes_to_stdout_and_to_the_job_summary_only_when_set(
     result = runner.invoke(app, ["compare", str(base), str(worse), "--markdown", "--quiet"])
     assert result.exit_code == 1
     assert result.stdout.startswith("## attnbench compare: 2 regression(s)")
-    assert "| layer | n | d | baseline | current | ratio | norm. ratio | p | time | exact |" in (
-        result.stdout
+    assert (
+        "| layer | n | d | baseline | current | ratio | norm. ratio | 95% CI | p | time | exact |"
+        in (result.stdout)
     )
     assert "| OVERALL |" in result.stdout
     summary = tmp_path / "summary.md"

@@ -666,3 +666,29 @@ def test_a_layers_code_that_differs_is_told_by_its_digest_and_the_same_code_else
         "in the baseline, b:make in the current run"
     )
     assert layer_differences(module("d5559a9b8dd8"), module("d5559a9b8dd8")) == []
+
+
+def test_a_judged_ratio_carries_its_95_percent_interval() -> None:
+    """A ratio read alone said nothing of its noise (an A/A ab read 1.50, "not significant").
+    ab's pairs: the median's order statistics (the 2nd and 9th of 10 ratios); compare's rounds:
+    Welch's interval on the logs, scipy's own where the sweeps add no spread."""
+    from scipy import stats
+
+    from attnbench.compare.verdicts import judge_pairs, judge_rounds
+
+    ratios = [0.9, 1.6, 1.1, 1.3, 1.2, 1.5, 1.0, 1.4, 1.25, 1.35]
+    base = {r: [1.0] for r in range(1, 11)}
+    paired = judge_pairs(base, {r: [x] for r, x in zip(range(1, 11), ratios, strict=True)})
+    assert paired.ratio == pytest.approx(1.275)
+    assert (paired.low, paired.high) == (pytest.approx(1.0), pytest.approx(1.5))
+    few = judge_pairs({1: [1.0], 2: [1.0]}, {1: [1.2], 2: [1.3]})
+    assert math.isnan(few.low) and math.isnan(few.high)  # no interval from two pairs
+    before = [[1.0, 1.01], [1.05, 1.04], [0.98, 0.99], [1.02, 1.0]]
+    after = [[1.3, 1.31], [1.2, 1.22], [1.4, 1.38]]
+    verdict, unit = judge_rounds(before, after)
+    logs = [np.log([float(np.median(r)) for r in side]) for side in (after, before)]
+    interval = stats.ttest_ind(*logs, equal_var=False).confidence_interval(0.95)
+    assert unit == "rounds"
+    assert verdict.low == pytest.approx(math.exp(interval.low))
+    assert verdict.high == pytest.approx(math.exp(interval.high))
+    assert verdict.low < verdict.ratio < verdict.high

@@ -92,7 +92,8 @@ class Comparison:
         if gate in ("all", "time"):
             slow = self.times[self.times["verdict"] == REGRESSION]
             found += [
-                f"{r.case_id}: time x{r.ratio_judged:.3f} (p = {r.p_value:.2g})"
+                f"{r.case_id}: time x{r.ratio_judged:.3f}{_within(r.ratio_low, r.ratio_high)} "
+                f"(p = {r.p_value:.2g})"
                 for r in slow.itertuples()
             ]
             overall = self.overall_verdict
@@ -200,6 +201,12 @@ def _clock_ratio(base: pd.Series, new: pd.Series) -> float:
 def _share(row: pd.Series) -> float | None:
     value = row.get("throttled_share")
     return None if value is None or pd.isna(value) else float(value)
+
+
+def _within(low: float, high: float) -> str:
+    """ " (95% CI 1.21..1.52)" where the ratio has an interval, else ""."""
+    known = all(isinstance(x, float | int) and math.isfinite(x) for x in (low, high))
+    return f" (95% CI {low:.2f}..{high:.2f})" if known else ""
 
 
 def _over_rounds(rounds: Mapping[int, list[float]]) -> float:
@@ -452,6 +459,8 @@ def _judged_pair(
         ratio=raw_ratio,
         ratio_normalized=raw_ratio * norm_new / norm_base,
         ratio_judged=judged.ratio,
+        ratio_low=judged.low,
+        ratio_high=judged.high,
         clock_ratio=clocks,
         pairs_disturbed=disturbed,
         verdict_quiet_pairs=quiet,

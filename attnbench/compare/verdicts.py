@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import comb
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from attnbench.estimators import Between, estimate, group_medians
+from attnbench.estimators import Between, estimate, group_medians, median_ci
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, cases_to_judge
 
 # Verdicts, worst first: what a case, a metric or the overall row can be judged.
@@ -52,6 +52,10 @@ class TimeVerdict:
     ratio: float
     p_value: float
     verdict: str
+    # the ratio's 95% interval (nan: none): the pairs' median's order statistics (ab), or the
+    # rounds' Welch interval on the logs (compare); a ratio read alone said nothing of its noise
+    low: float = math.nan
+    high: float = math.nan
 
 
 def smallest_p(n_base: int, n_new: int) -> float:
@@ -100,22 +104,23 @@ def judge_rounds(
         return TimeVerdict(ratio, math.nan, TOO_FEW), "rounds"
     sweeps = 2 * between.variance if between is not None and between.df > 0 else 0.0
     if not (np.ptp(base_logs) or np.ptp(new_logs) or sweeps):  # the medians say it all
-        p = 0.0 if ratio != 1 else 1.0
+        p, low, high = (0.0 if ratio != 1 else 1.0), ratio, ratio
     else:
-        p = _one_sided_p(new_logs, base_logs, ratio >= 1, sweeps, between)
-    return _verdict(ratio, p, thresholds), "rounds"
+        p, low, high = _welch(new_logs, base_logs, ratio >= 1, sweeps, between)
+    return replace(_verdict(ratio, p, thresholds), low=low, high=high), "rounds"
 
 
-def _one_sided_p(
+def _welch(
     new_logs: np.ndarray,
     base_logs: np.ndarray,
     slower: bool,
     sweeps: float,
     between: Between | None,
-) -> float:
+) -> tuple[float, float, float]:
     """Welch's t-test, one-sided in the direction the median moved, with ``sweeps`` added to
     the variance of the difference (Welch's own where it is 0: scipy's ``ttest_ind`` with
-    ``equal_var=False``, to the bit's rounding)."""
+    ``equal_var=False``, to the bit's rounding); its p, and the ratio's two-sided 95% interval
+    from the same t (of the geometric means: the logs' means)."""
     from scipy import stats  # lazy: scipy costs 0.8 s to import
 
     parts = [(float(np.var(x, ddof=1)) / x.size, x.size - 1.0) for x in (new_logs, base_logs)]
@@ -123,8 +128,11 @@ def _one_sided_p(
         parts.append((sweeps, between.df))
     variance = sum(v for v, _ in parts)
     df = variance**2 / sum(v**2 / d for v, d in parts)
-    t = (float(new_logs.mean()) - float(base_logs.mean())) / math.sqrt(variance)
-    return float(stats.t.sf(t, df) if slower else stats.t.cdf(t, df))
+    shift = float(new_logs.mean()) - float(base_logs.mean())
+    t = shift / math.sqrt(variance)
+    reach = float(stats.t.ppf(0.975, df)) * math.sqrt(variance)
+    p = float(stats.t.sf(t, df) if slower else stats.t.cdf(t, df))
+    return p, math.exp(shift - reach), math.exp(shift + reach)
 
 
 def _median_ratio(base: np.ndarray, new: np.ndarray) -> float:
@@ -234,14 +242,15 @@ def judge_pairs(
     if not ratios:
         return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
     ratio = float(np.median(ratios))
+    low, high = median_ci(ratios)  # distribution-free, as the Wilcoxon test is
     if len(ratios) < cases_to_judge(thresholds.alpha):  # its smallest p reaches no alpha
-        return TimeVerdict(ratio, math.nan, TOO_FEW)
+        return TimeVerdict(ratio, math.nan, TOO_FEW, low, high)
     logs = np.log(ratios)
     if not np.any(logs):
-        return TimeVerdict(ratio, 1.0, UNCHANGED)
+        return TimeVerdict(ratio, 1.0, UNCHANGED, low, high)
     alternative = "greater" if ratio >= 1 else "less"
     p = float(stats.wilcoxon(logs, alternative=alternative).pvalue)
-    return _verdict(ratio, p, thresholds)
+    return replace(_verdict(ratio, p, thresholds), low=low, high=high)
 
 
 def judge_overall(
@@ -280,7 +289,7 @@ def throttle(
     moved = moved and abs(math.log(clock_ratio)) > math.log1p(CLOCK_TOLERANCE)
     held = any(share is not None and share >= THROTTLED_MOST for share in throttled)
     if moved or held:
-        return TimeVerdict(verdict.ratio, verdict.p_value, THROTTLED)
+        return replace(verdict, verdict=THROTTLED)
     return verdict
 
 

@@ -58,6 +58,13 @@ def _ratio(x: float) -> str:
     return "–" if x is None or math.isnan(x) else f"{x:.3f}"
 
 
+def _interval(low: float, high: float) -> str:
+    """A ratio's 95% interval, as the table shows it ("–": none)."""
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return "–"
+    return f"{low:.2f}..{high:.2f}"
+
+
 def _p(x: float) -> str:
     return "–" if x is None or math.isnan(x) else f"{x:.2g}"
 
@@ -145,6 +152,7 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
         }
         if normalized:
             row["norm. ratio"] = _ratio(r.ratio_normalized)
+        row["95% CI"] = _interval(r.ratio_low, r.ratio_high)  # of the ratio judged, beside it
         exact = count_changes(comparison, r.case_id)
         if r.kernel_base != r.kernel_new:  # torch chose another kernel: why the time moved
             exact += f"; kernel {r.kernel_base or 'none'} -> {r.kernel_new or 'none'}"
@@ -165,6 +173,7 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
     }
     if normalized:
         last["norm. ratio"] = _ratio(overall["normalized"].ratio)
+    last["95% CI"] = ""
     verdict = "REGRESSION" if judged.verdict == REGRESSION else judged.verdict
     if judged.verdict == TOO_FEW:  # across cases: one case with a verdict read "too few samples"
         verdict = f"too few cases (needs {cases_to_judge(comparison.thresholds.alpha)})"
