@@ -282,11 +282,13 @@ def _past_plateau(run: RunResults, layer: str, d: int, top: int) -> str:
     )
 
 
-def _crossing(run: RunResults, layer: str, d: int) -> str:
+def _crossing(run: RunResults, layer: str, d: Any) -> str:
     """How far a line's kernels' share ranged where it crossed ``OVERHEAD_SHARE`` more than
     once along n: a list of lengths alone reads as a pattern ("" where it did not)."""
+    if pd.isna(d):
+        return ""
     rows = run.measured
-    rows = rows[(rows["layer"] == layer) & (rows["d"] == d)].sort_values("n")
+    rows = rows[(rows["layer"] == layer) & (rows["d"] == int(d))].sort_values("n")
     share = numeric_column(rows, "kernel_share")
     known = share.notna()
     bound = list(overhead_bound(share[known]))
@@ -295,7 +297,8 @@ def _crossing(run: RunResults, layer: str, d: int) -> str:
     sizes = rows.loc[known, "n"]
     return (
         f"; its share read {share.min():.0%} to {share.max():.0%} at n = {int(sizes.min())}.."
-        f"{int(sizes.max())}, back and forth across {OVERHEAD_SHARE:.0%}: its lengths lie near it"
+        f"{int(sizes.max())}, back and forth across {OVERHEAD_SHARE:.0%}: near the line, not "
+        "clearly on either side"
     )
 
 
@@ -354,11 +357,7 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
             grows = (
                 "; its rate settled all the same: the overhead grows with the work" if same else ""
             )
-            crossing = (
-                _crossing(run, str(row.layer), int(row.time_fit_d_at))
-                if pd.notna(row.time_fit_d_at)
-                else ""
-            )
+            crossing = _crossing(run, str(row.layer), row.time_fit_d_at)
             parts.append(
                 f"overhead-bound at n = {_lengths(row.overhead_bound_n)} (its kernels under "
                 f"{OVERHEAD_SHARE:.0%} of the time{grows}{crossing})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -58,6 +59,20 @@ def test_exit_0_when_nothing_regressed(pair: tuple[Path, Path, Path]) -> None:
     assert result.exit_code == 0, result.output
     assert "no regression" in result.stdout and "OVERALL" in result.stdout  # the product
     assert result.stderr == ""  # no warning: same grid, same environment, five rounds
+    assert "no regression shown" not in result.stdout
+
+
+def test_a_gate_that_could_not_decide_prints_so_and_passes(
+    pair: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The terminal's last line says "no regression shown" and what was undecided, exit 0."""
+    from attnbench.compare.runs import Comparison
+
+    monkeypatch.setattr(Comparison, "undecided", lambda self, gate: "time undecided for 1")
+    base, same, _ = pair
+    result = runner.invoke(app, ["compare", str(base), str(same)])
+    assert result.exit_code == 0, result.output
+    assert "no regression shown (--fail-on all): time undecided for 1" in result.stdout
 
 
 def test_exit_1_on_a_regression_with_each_named(pair: tuple[Path, Path, Path]) -> None:
@@ -186,10 +201,12 @@ def test_markdown_goes_to_stdout_and_to_the_job_summary_only_when_set(
     assert result.exit_code == 1
     assert result.stdout.startswith("## attnbench compare: 2 regression(s)")
     assert (
-        "| layer | n | d | baseline | current | ratio | norm. ratio | 95% CI | p | time | exact |"
+        "| layer | n | d | baseline | current | ratio | norm. ratio | 98% CI | p | time | exact |"
         in (result.stdout)
     )
     assert "| OVERALL |" in result.stdout
+    # the slower case's line carries the interval its test at 0.01 is dual to
+    assert re.search(r": time x1\.\d+ \(98% CI 1\.\d\d\.\.1\.\d\d\) \(p = ", result.stdout)
     summary = tmp_path / "summary.md"
     assert not summary.exists()
     monkeypatch.setenv(STEP_SUMMARY_ENV, str(summary))

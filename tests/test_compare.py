@@ -385,15 +385,20 @@ def test_a_gate_that_could_not_decide_says_so_not_no_regression(tmp_path: Path) 
     conv = {key: spec for key, spec in cases_grid().items() if key[0] == "conv"}
     c = compare_runs(make_run(tmp_path / "a", conv), make_run(tmp_path / "b", conv))
     assert c.undecided("time") == "" and headline(c, "time").startswith("no regression in")
+    assert to_json(c, "time")["undecided"] == ""
     times = c.times.copy()
-    times["verdict"] = [NOT_SIGNIFICANT] * (len(times) - 1) + [TOO_FEW]
+    assert len(times) >= 3
+    times["verdict"] = [NOT_SIGNIFICANT] * (len(times) - 2) + [TOO_FEW, THROTTLED]
     unsure = dataclasses.replace(c, times=times)
     words = unsure.undecided("time")
-    assert words.startswith(
-        f"{len(times) - 1} slower past the threshold, not significant at p < 0.01 and 1 with "
-        f"too few samples for a test, of {len(times)} case(s): undecided, not passed"
+    assert words == (
+        f"time undecided for {len(times)} of {len(times)} shared case(s) ({len(times) - 2} "
+        "slower than +10% but not significant at p < 0.01; 1 with too few samples for a test; "
+        "1 throttled: the GPU's clock moved): the gate passes them, and more --processes "
+        "would decide them"
     )
-    assert headline(unsure, "all") == f"no regression shown in {len(times)} shared cases: {words}"
+    assert headline(unsure, "all") == f"no regression shown: {words}"
+    assert to_json(unsure, "all")["undecided"] == words
     assert unsure.undecided("deterministic") == "" and not unsure.failed("time")
 
 
@@ -668,27 +673,45 @@ def test_a_layers_code_that_differs_is_told_by_its_digest_and_the_same_code_else
     assert layer_differences(module("d5559a9b8dd8"), module("d5559a9b8dd8")) == []
 
 
-def test_a_judged_ratio_carries_its_95_percent_interval() -> None:
-    """A ratio read alone said nothing of its noise (an A/A ab read 1.50, "not significant").
-    ab's pairs: the median's order statistics (the 2nd and 9th of 10 ratios); compare's rounds:
-    Welch's interval on the logs, scipy's own where the sweeps add no spread."""
+def test_a_judged_ratio_carries_the_interval_its_test_is_dual_to() -> None:
+    """A ratio read alone said nothing of its noise (an A/A ab read 1.50, "not significant");
+    a 95% interval beside a one-sided test at 0.01 contradicted it (a regression whose interval
+    held 1). The interval is the test's dual, two-sided at 1 - 2 alpha: a slowdown is
+    significant exactly where its low end is above 1. ab's pairs: the Walsh averages of the
+    log ratios (the Wilcoxon signed-rank's); compare's rounds: Welch's t, scipy's own where
+    the sweeps add no spread, and with a spread between sweeps as well."""
     from scipy import stats
 
-    from attnbench.compare.verdicts import judge_pairs, judge_rounds
+    from attnbench.compare.verdicts import judge_pairs, judge_rounds, walsh_interval
+    from attnbench.estimators import Between
 
     ratios = [0.9, 1.6, 1.1, 1.3, 1.2, 1.5, 1.0, 1.4, 1.25, 1.35]
     base = {r: [1.0] for r in range(1, 11)}
     paired = judge_pairs(base, {r: [x] for r, x in zip(range(1, 11), ratios, strict=True)})
-    assert paired.ratio == pytest.approx(1.275)
-    assert (paired.low, paired.high) == (pytest.approx(1.0), pytest.approx(1.5))
+    assert paired.ratio == pytest.approx(1.275) and paired.verdict == "regression"
+    assert (paired.low, paired.high) == walsh_interval(np.log(ratios), 0.01)
+    assert 1 < paired.low < paired.ratio < paired.high
     few = judge_pairs({1: [1.0], 2: [1.0]}, {1: [1.2], 2: [1.3]})
-    assert math.isnan(few.low) and math.isnan(few.high)  # no interval from two pairs
+    assert math.isnan(few.low) and math.isnan(few.high)  # no outcome of two pairs reaches 0.01
+    rng = np.random.default_rng(3)
+    for _ in range(300):  # significant exactly where the interval leaves 1 out
+        logs = rng.normal(rng.normal(0, 0.05), 0.1, size=int(rng.integers(7, 20)))
+        low, high = walsh_interval(logs, 0.01)
+        p = stats.wilcoxon(logs, alternative="greater", method="exact").pvalue
+        assert (p < 0.01) == (low > 1)
+        faster = stats.wilcoxon(logs, alternative="less", method="exact").pvalue
+        assert (faster < 0.01) == (high < 1)
     before = [[1.0, 1.01], [1.05, 1.04], [0.98, 0.99], [1.02, 1.0]]
     after = [[1.3, 1.31], [1.2, 1.22], [1.4, 1.38]]
     verdict, unit = judge_rounds(before, after)
     logs = [np.log([float(np.median(r)) for r in side]) for side in (after, before)]
-    interval = stats.ttest_ind(*logs, equal_var=False).confidence_interval(0.95)
+    interval = stats.ttest_ind(*logs, equal_var=False).confidence_interval(0.98)
     assert unit == "rounds"
     assert verdict.low == pytest.approx(math.exp(interval.low))
     assert verdict.high == pytest.approx(math.exp(interval.high))
-    assert verdict.low < verdict.ratio < verdict.high
+    for _ in range(300):  # the same duality with a spread between sweeps in the variance
+        base_r = [[float(x)] for x in np.exp(rng.normal(0, 0.04, size=4))]
+        new_r = [[float(x)] for x in np.exp(rng.normal(rng.normal(0.12, 0.05), 0.04, size=4))]
+        found, _ = judge_rounds(base_r, new_r, between=Between(0.0004, 6.0, 3))
+        if found.ratio > 1.1:  # past the threshold: significant decides the verdict
+            assert (found.verdict == "regression") == (found.low > 1), found

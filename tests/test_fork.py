@@ -211,7 +211,6 @@ def test_a_cases_rounds_go_to_different_fork_servers(
     assert sum(a[0] == b[0] for a, b in itertools.pairwise(seen)) < len(seen) / 3
 
 
-
 def test_a_spare_process_prepares_before_its_job_and_answers_it() -> None:
     """A server forks a job's process ahead: it makes what every job needs, then waits; the
     job's message reaches what it made; one whose server goes away ends with no answer."""

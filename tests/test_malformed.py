@@ -203,7 +203,7 @@ def read_mangled(good: Path, mangles: list[Mangle]) -> None:
 @pytest.mark.slow
 @settings(
     max_examples=20,  # a slow test already; 500 more were run while the loader was written
-    deadline=None,
+    # the list replaces the suite's profile's (conftest: too_slow), so it names it again
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(mangles=st.lists(MANGLES, min_size=1, max_size=2))

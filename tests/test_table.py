@@ -317,7 +317,7 @@ def test_a_share_that_crosses_half_back_and_forth_says_how_far_it_ranged() -> No
     table = comparison_table(run)
     (note,) = [n for n in fit_notes(table, run) if n.startswith("ssm:")]
     assert "overhead-bound at n = 64, 256, 1024" in note
-    assert "its share read 43% to 63% at n = 64..1024, back and forth across 50%" in note
+    assert "its share read 43% to 63% at n = 64..1024, back and forth across 50%: near" in note
     rising = _line(steady, [0.3, 0.45, 0.55, 0.6, 0.7], layer="conv")
     (note,) = [n for n in fit_notes(comparison_table(rising), rising) if n.startswith("conv:")]
     assert "overhead-bound at n = 64..128" in note and "back and forth" not in note

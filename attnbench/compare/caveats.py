@@ -7,11 +7,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pandas as pd
+
+from attnbench.compare.verdicts import NOT_SIGNIFICANT, THROTTLED, TOO_FEW
 from attnbench.layers.entry import LayerSource
 from attnbench.options import OPTIONS
 from attnbench.results.environment import compare_keys
 from attnbench.results.reruns import same_state, typical_reference
 from attnbench.results.run import BUSY_NOTE, RunResults
+from attnbench.thresholds import Thresholds
 
 
 def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
@@ -56,7 +60,7 @@ def layer_differences(
         old, now = LayerSource(**before[name]), LayerSource(**after[name])
         if old == now:
             continue
-        if old.digest and old.digest == now.digest:  # one code, found elsewhere
+        if old.digest and old.digest == now.digest and old.spec != now.spec:  # found elsewhere
             lines.append(
                 f"layer {name} ran the same code (sha256 {old.digest}) from another place: "
                 f"{old.spec} in the baseline, {now.spec} in the current run"
@@ -94,3 +98,28 @@ def busy_warnings(
     return [
         f"{' and '.join(busy)} {BUSY_NOTE}, and their verdicts may be the machine's, not the code's"
     ]
+
+
+def undecided_words(verdicts: pd.Series, thresholds: Thresholds) -> str:
+    """The cases whose time a gate could not decide, in words ("" where none): slower past the
+    threshold but not significant, too few samples for any test, or throttled (the GPU's clock
+    moved). "No regression" alone read as "none slower" to a new user whose three cases read
+    1.29-1.33x."""
+    parts = [
+        f"{count} {why}"
+        for count, why in (
+            (int((verdicts == NOT_SIGNIFICANT).sum()),
+             f"slower than +{thresholds.max_slowdown:.0%} but not significant at p < "
+             f"{thresholds.alpha:g}"),
+            (int((verdicts == TOO_FEW).sum()), "with too few samples for a test"),
+            (int((verdicts == THROTTLED).sum()), "throttled: the GPU's clock moved"),
+        )
+        if count
+    ]  # fmt: skip
+    if not parts:
+        return ""
+    count = sum(int(part.split()[0]) for part in parts)
+    return (
+        f"time undecided for {count} of {len(verdicts)} shared case(s) ({'; '.join(parts)}): "
+        "the gate passes them, and more --processes would decide them"
+    )

@@ -8,23 +8,23 @@ from one machine stays comparable on another.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
-from attnbench.compare.caveats import busy_warnings, environment_warnings
+from attnbench.compare.caveats import busy_warnings, environment_warnings, undecided_words
 from attnbench.compare.verdicts import (
     IMPROVEMENT,
     NOT_COMPARED,
-    NOT_SIGNIFICANT,
     REGRESSION,
     THROTTLED,
     TOO_FEW,
     UNCHANGED,
     TimeVerdict,
+    fmt_interval,
+    interval_level,
     judge_count,
     judge_overall,
     judge_pairs,
@@ -35,6 +35,7 @@ from attnbench.compare.verdicts import (
     throttle,
 )
 from attnbench.errors import AttnbenchError
+from attnbench.estimators import estimate
 from attnbench.measure.counts.ops import RECURRENT_OPS, fused_names
 from attnbench.metrics import EXACT_METRICS, METRIC
 from attnbench.results.run import RunResults
@@ -92,8 +93,7 @@ class Comparison:
         if gate in ("all", "time"):
             slow = self.times[self.times["verdict"] == REGRESSION]
             found += [
-                f"{r.case_id}: time x{r.ratio_judged:.3f}{_within(r.ratio_low, r.ratio_high)} "
-                f"(p = {r.p_value:.2g})"
+                f"{r.case_id}: time x{r.ratio_judged:.3f}{self._within(r)} (p = {r.p_value:.2g})"
                 for r in slow.itertuples()
             ]
             overall = self.overall_verdict
@@ -110,28 +110,16 @@ class Comparison:
         return found
 
     def undecided(self, gate: str = "all") -> str:
-        """Where ``gate`` judges time and no regression was found, the cases whose time it could
-        not decide, in words ("" where none): past the threshold but not significant, or too
-        few samples for any test to be. "No regression" alone read as "none slower" to a new
-        user whose three cases had read 1.29-1.33x, none significant."""
+        """Where ``gate`` judges time and found no regression, the cases whose time it could
+        not decide, in words ("" where none: ``caveats.undecided_words``)."""
         if gate not in ("all", "time") or self.regressions(gate):
             return ""
-        verdicts = self.times["verdict"]
-        parts = [
-            f"{count} {why}"
-            for count, why in (
-                (int((verdicts == NOT_SIGNIFICANT).sum()), "slower past the threshold, not "
-                 f"significant at p < {self.thresholds.alpha:g}"),
-                (int((verdicts == TOO_FEW).sum()), "with too few samples for a test"),
-            )
-            if count
-        ]  # fmt: skip
-        if not parts:
-            return ""
-        return (
-            f"{' and '.join(parts)}, of {len(self.times)} case(s): undecided, not passed "
-            "(more pairs or rounds, --processes, decide them)"
-        )
+        return undecided_words(self.times["verdict"], self.thresholds)
+
+    def _within(self, row: Any) -> str:
+        """ " (98% CI 1.21..1.52)" where a case's ratio has an interval, else ""."""
+        found = fmt_interval(row.ratio_low, row.ratio_high)
+        return f" ({interval_level(self.thresholds.alpha)} CI {found})" if found else ""
 
     def failed(self, gate: str = "all") -> bool:
         return bool(self.regressions(gate))
@@ -203,16 +191,12 @@ def _share(row: pd.Series) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
 
 
-def _within(low: float, high: float) -> str:
-    """ " (95% CI 1.21..1.52)" where the ratio has an interval, else ""."""
-    known = all(isinstance(x, float | int) and math.isfinite(x) for x in (low, high))
-    return f" (95% CI {low:.2f}..{high:.2f})" if known else ""
-
-
-def _over_rounds(rounds: Mapping[int, list[float]]) -> float:
-    """A time over its rounds as a run's ``time_s`` is: the geometric mean of their medians."""
-    medians = [statistics.median(r) for r in rounds.values() if r]
-    return math.exp(statistics.fmean(map(math.log, medians))) if medians else math.nan
+def _over_rounds(rounds: Mapping[int, list[float]], pairs: list[int]) -> float:
+    """A time over the rounds ``pairs`` as a run's ``time_s`` is (``estimators.estimate``'s
+    centre, every round kept): the geometric mean of their medians. An ab table's columns: a
+    side's ``time_s`` leaves out the disturbed halves its pairs judge, and under a busy
+    neighbour read 925 µs -> 537 µs beside a paired ratio of 1.29."""
+    return estimate([rounds[r] for r in pairs]).center_s if pairs else math.nan
 
 
 def _scaled(rounds: Mapping[int, list[float]], scale: float) -> dict[int, list[float]]:
@@ -424,7 +408,7 @@ def _judged_pair(
         base_of, new_of = sides.baseline.kept_rounds_of, sides.current.kept_rounds_of
     base_rounds = _scaled(base_of(base_id), scale_base) if timed else {}
     new_rounds = _scaled(new_of(case_id), scale_new) if timed else {}
-    disturbed, quiet, quiet_rounds = 0, "", list[int]()
+    disturbed, quiet, quiet_rounds, pairs = 0, "", list[int](), list[int]()
     if sides.paired:  # every pair judged; those with a disturbed half counted
         marks = (sides.baseline.disturbed_of(base_id), sides.current.disturbed_of(case_id))
         pairs, quiet_rounds = pair_rounds(base_rounds, new_rounds, marks)
@@ -443,10 +427,9 @@ def _judged_pair(
         base_q, new_q = ({r: side[r] for r in quiet_rounds} for side in (base_rounds, new_rounds))
         quiet = judge_pairs(base_q, new_q, thresholds).verdict if quiet_rounds else TOO_FEW
     time_base, time_new = (b["time_s"], n["time_s"]) if both_ok else (math.nan, math.nan)
-    if sides.paired and timed:
-        # each side over the rounds its pairs are: its time left out a disturbed half that
-        # the pairs judge, and under a busy neighbour read 925 µs -> 537 µs beside x1.29
-        time_base, time_new = _over_rounds(base_of(base_id)), _over_rounds(new_of(case_id))
+    if sides.paired and timed and pairs:  # over the pairs' rounds, as the ratio (_over_rounds)
+        time_base = _over_rounds(base_of(base_id), pairs)
+        time_new = _over_rounds(new_of(case_id), pairs)
     raw_ratio = time_new / time_base if both_ok else math.nan
     row.update(
         time_base_s=time_base,

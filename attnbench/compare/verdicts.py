@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from attnbench.estimators import Between, estimate, group_medians, median_ci
+from attnbench.estimators import Between, estimate, group_medians
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, cases_to_judge
 
 # Verdicts, worst first: what a case, a metric or the overall row can be judged.
@@ -52,10 +52,24 @@ class TimeVerdict:
     ratio: float
     p_value: float
     verdict: str
-    # the ratio's 95% interval (nan: none): the pairs' median's order statistics (ab), or the
-    # rounds' Welch interval on the logs (compare); a ratio read alone said nothing of its noise
+    # the ratio's interval (nan: none), the one its test is dual to: two-sided at 1 - 2 alpha
+    # (98% at alpha 0.01), so a slowdown is significant exactly where ``low`` is above 1 (and a
+    # speed-up where ``high`` is below it): Welch's t on the rounds' logs (compare), the
+    # Wilcoxon signed-rank's Walsh averages on the pairs' logs (ab). A ratio read alone said
+    # nothing of its noise; a 95% interval beside a test at 0.01 contradicted it.
     low: float = math.nan
     high: float = math.nan
+
+
+def interval_level(alpha: float) -> str:
+    """The level of the interval a one-sided test at ``alpha`` is dual to: "98%" at 0.01."""
+    return f"{1 - 2 * alpha:.0%}"
+
+
+def fmt_interval(low: Any, high: Any) -> str:
+    """A ratio's interval as text ("1.21..1.52"), "" where it has none."""
+    known = all(isinstance(x, float | int) and math.isfinite(x) for x in (low, high))
+    return f"{low:.2f}..{high:.2f}" if known else ""
 
 
 def smallest_p(n_base: int, n_new: int) -> float:
@@ -106,7 +120,7 @@ def judge_rounds(
     if not (np.ptp(base_logs) or np.ptp(new_logs) or sweeps):  # the medians say it all
         p, low, high = (0.0 if ratio != 1 else 1.0), ratio, ratio
     else:
-        p, low, high = _welch(new_logs, base_logs, ratio >= 1, sweeps, between)
+        p, low, high = _welch(new_logs, base_logs, ratio >= 1, sweeps, between, thresholds.alpha)
     return replace(_verdict(ratio, p, thresholds), low=low, high=high), "rounds"
 
 
@@ -116,11 +130,12 @@ def _welch(
     slower: bool,
     sweeps: float,
     between: Between | None,
+    alpha: float,
 ) -> tuple[float, float, float]:
     """Welch's t-test, one-sided in the direction the median moved, with ``sweeps`` added to
     the variance of the difference (Welch's own where it is 0: scipy's ``ttest_ind`` with
-    ``equal_var=False``, to the bit's rounding); its p, and the ratio's two-sided 95% interval
-    from the same t (of the geometric means: the logs' means)."""
+    ``equal_var=False``, to the bit's rounding); its p, and the ratio's interval from the same
+    t, two-sided at 1 - 2 ``alpha`` (of the geometric means: the logs' means)."""
     from scipy import stats  # lazy: scipy costs 0.8 s to import
 
     parts = [(float(np.var(x, ddof=1)) / x.size, x.size - 1.0) for x in (new_logs, base_logs)]
@@ -130,7 +145,7 @@ def _welch(
     df = variance**2 / sum(v**2 / d for v, d in parts)
     shift = float(new_logs.mean()) - float(base_logs.mean())
     t = shift / math.sqrt(variance)
-    reach = float(stats.t.ppf(0.975, df)) * math.sqrt(variance)
+    reach = float(stats.t.ppf(1 - alpha, df)) * math.sqrt(variance)
     p = float(stats.t.sf(t, df) if slower else stats.t.cdf(t, df))
     return p, math.exp(shift - reach), math.exp(shift + reach)
 
@@ -242,15 +257,38 @@ def judge_pairs(
     if not ratios:
         return TimeVerdict(math.nan, math.nan, NOT_COMPARED)
     ratio = float(np.median(ratios))
-    low, high = median_ci(ratios)  # distribution-free, as the Wilcoxon test is
     if len(ratios) < cases_to_judge(thresholds.alpha):  # its smallest p reaches no alpha
-        return TimeVerdict(ratio, math.nan, TOO_FEW, low, high)
+        return TimeVerdict(ratio, math.nan, TOO_FEW)
     logs = np.log(ratios)
+    low, high = walsh_interval(logs, thresholds.alpha)
     if not np.any(logs):
         return TimeVerdict(ratio, 1.0, UNCHANGED, low, high)
     alternative = "greater" if ratio >= 1 else "less"
     p = float(stats.wilcoxon(logs, alternative=alternative).pvalue)
     return replace(_verdict(ratio, p, thresholds), low=low, high=high)
+
+
+def walsh_interval(logs: np.ndarray, alpha: float) -> tuple[float, float]:
+    """The ratio's interval the one-sided Wilcoxon signed-rank tests at ``alpha`` are dual to
+    (two-sided at 1 - 2 alpha): the Walsh averages of the logs, (x_i + x_j) / 2 for i <= j,
+    between the ranks their exact null distribution gives (Hollander, Wolfe & Chicken,
+    *Nonparametric Statistical Methods*, 2014, §3.3); (nan, nan) where no outcome reaches
+    alpha. T+, the signed-rank statistic, is the count of positive Walsh averages."""
+    count = int(logs.size)
+    # the null distribution of T+: ways of summing distinct ranks 1..count to each total
+    ways = np.zeros(count * (count + 1) // 2 + 1)
+    ways[0] = 1.0
+    for rank in range(1, count + 1):
+        ways[rank:] = ways[rank:] + ways[:-rank].copy()
+    upper = np.cumsum(ways[::-1])[::-1] / ways.sum()  # P(T+ >= t)
+    critical = np.flatnonzero(upper <= alpha)
+    if critical.size == 0:
+        return math.nan, math.nan
+    c = int(critical[0])  # the least T+ the test rejects at
+    i, j = np.triu_indices(count)
+    walsh = np.sort((logs[i] + logs[j]) / 2)
+    total = walsh.size
+    return math.exp(float(walsh[total - c])), math.exp(float(walsh[c - 1]))
 
 
 def judge_overall(

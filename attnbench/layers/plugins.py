@@ -267,15 +267,24 @@ def receive(items: Iterable[Mapping[str, Any]], verify_modules: bool = True) -> 
                 if path not in sys.path:
                     sys.path.append(path)  # after this interpreter's own packages
             target, _, attr = source.spec.rpartition(":")
-            found = locate_module(target)
             if verify_modules:
+                found = locate_module(target)
                 _same_code(name, source, digest(found) if found else "", f"module {target}")
-            elif found is not None:  # its own copy: recorded as such, and cached as such
-                top = target.split(".")[0]
-                source = replace(source, digest=digest(found), distribution=_distribution_of(top))
-            register(getattr(_import(target, source.spec), attr), name, source=source)
+            module = _import(target, source.spec)
+            if not verify_modules:  # its own copy: recorded as such, and cached as such
+                source = _own_copy(source, module, target)
+            register(getattr(module, attr), name, source=source)
         else:
             load_installed(name)
+
+
+def _own_copy(source: LayerSource, module: ModuleType, target: str) -> LayerSource:
+    """The record of the module this interpreter imported for a shipped name (an ``ab`` side in
+    another interpreter): its own file's digest and distribution, and no digest where it has no
+    file to read (the driver's would key the count cache to the other side's code)."""
+    path = getattr(module, "__file__", None)
+    found = digest(Path(path)) if path else ""
+    return replace(source, digest=found, distribution=_distribution_of(target.split(".")[0]))
 
 
 def _inside(path: Path, folder: Path) -> bool:

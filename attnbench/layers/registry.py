@@ -117,9 +117,9 @@ def register(
     if old is not None and old.source != entry.source:
         raise AttnbenchError(
             f"layer name {name!r} is taken by {old.source.describe()}; "
-            f"{source.describe()} must be named otherwise (a factory's layer is named "
-            "file:factory: copy one file under another name, or return a LayerEntry with "
-            "a name of its own)"
+            f"{source.describe()} must be named otherwise (a factory's layer is named after "
+            "its file and factory, so copy one file under another name, or return a "
+            "LayerEntry with a name of its own)"
         )
     REGISTRY[name] = old or entry
     return REGISTRY[name]

@@ -30,6 +30,7 @@ from attnbench.compare import (
     TimeVerdict,
     cases_to_judge,
 )
+from attnbench.compare.verdicts import fmt_interval, interval_level
 from attnbench.metrics import DEVICE_FREE_COUNTS, EXACT_METRICS, METRIC
 from attnbench.render.blocks import Block
 from attnbench.render.blocks import to_markdown as blocks_to_markdown
@@ -56,13 +57,6 @@ def schema(name: str) -> dict[str, Any]:
 
 def _ratio(x: float) -> str:
     return "–" if x is None or math.isnan(x) else f"{x:.3f}"
-
-
-def _interval(low: float, high: float) -> str:
-    """A ratio's 95% interval, as the table shows it ("–": none)."""
-    if low is None or high is None or math.isnan(low) or math.isnan(high):
-        return "–"
-    return f"{low:.2f}..{high:.2f}"
 
 
 def _p(x: float) -> str:
@@ -136,6 +130,7 @@ UNJUDGED = (NOT_COMPARED, THROTTLED)  # verdicts the overall row leaves out
 def display_table(comparison: Comparison) -> pd.DataFrame:
     """One row of strings per shared case, then the OVERALL row: what people read."""
     normalized = bool(comparison.calibration)
+    level = f"{interval_level(comparison.thresholds.alpha)} CI"  # the test's dual interval
     rows = []
     for r in comparison.times.itertuples():
         row = {"layer": r.layer}
@@ -152,7 +147,7 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
         }
         if normalized:
             row["norm. ratio"] = _ratio(r.ratio_normalized)
-        row["95% CI"] = _interval(r.ratio_low, r.ratio_high)  # of the ratio judged, beside it
+        row[level] = fmt_interval(r.ratio_low, r.ratio_high) or "–"  # of the judged ratio
         exact = count_changes(comparison, r.case_id)
         if r.kernel_base != r.kernel_new:  # torch chose another kernel: why the time moved
             exact += f"; kernel {r.kernel_base or 'none'} -> {r.kernel_new or 'none'}"
@@ -173,7 +168,7 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
     }
     if normalized:
         last["norm. ratio"] = _ratio(overall["normalized"].ratio)
-    last["95% CI"] = ""
+    last[level] = ""
     verdict = "REGRESSION" if judged.verdict == REGRESSION else judged.verdict
     if judged.verdict == TOO_FEW:  # across cases: one case with a verdict read "too few samples"
         verdict = f"too few cases (needs {cases_to_judge(comparison.thresholds.alpha)})"
@@ -188,7 +183,7 @@ def headline(comparison: Comparison, gate: str) -> str:
     if not found:
         undecided = comparison.undecided(gate)
         return (
-            f"no regression shown in {cases} shared cases: {undecided}"
+            f"no regression shown: {undecided}"
             if undecided
             else (f"no regression in {cases} shared cases")
         )
@@ -326,6 +321,7 @@ def to_json(comparison: Comparison, gate: str = "all") -> dict[str, Any]:
         "gate": gate,
         "regressions": found,
         "failed": bool(found),
+        "undecided": comparison.undecided(gate),
     }
 
 

@@ -103,12 +103,17 @@ def check_columns(frame: pd.DataFrame, columns: Sequence[str], path: Path) -> No
 # ----------------------------------------------------------------------------- folders
 
 
+def holds_run(folder: Path) -> bool:
+    """Whether ``folder`` holds a run (results are never overwritten)."""
+    return (folder / RESULTS_FILE).exists() or (folder / RUN_FILE).exists()
+
+
 def prepare_out_dir(out_dir: Path) -> Path:
     """Create ``out_dir`` (and parents) and check it can take a new run without losing one."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise AttnbenchError(f"--out {str(out_dir)!r} is a file, not a folder")
-    if (out_dir / RESULTS_FILE).exists() or (out_dir / RUN_FILE).exists():  # never overwrite
+    if holds_run(out_dir):  # never overwrite
         raise AttnbenchError(
             f"--out {str(out_dir)!r} already holds a run; choose a new folder, or finish that "
             f"run with --resume {str(out_dir)!r} (results are never overwritten)"

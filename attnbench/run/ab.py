@@ -26,7 +26,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.measure.timing.allocator import run_state
 from attnbench.measure.timing.faults import fault_cost_s
 from attnbench.options import build_grid
-from attnbench.results.files import RESULTS_FILE, RUN_FILE, new_out_dir, prepare_out_dir
+from attnbench.results.files import holds_run, new_out_dir, prepare_out_dir
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
@@ -188,7 +188,7 @@ def run_ab(
     if warning:
         raise AttnbenchError(warning.replace("this sweep", "each side"))
     for side in SIDES:  # before either side starts (seconds): ab has no --resume to offer
-        if any((Path(out_dir) / side / name).exists() for name in (RESULTS_FILE, RUN_FILE)):
+        if holds_run(Path(out_dir) / side):
             raise AttnbenchError(
                 f"--out {str(out_dir)!r} already holds an A/B run; choose a new folder (an A/B "
                 "run does not resume: results are never overwritten)"

@@ -380,20 +380,14 @@ def median_split(readings: list[KernelSplit]) -> KernelSplit:
         return readings[0]
     ordered = sorted(readings, key=lambda r: r.share)
     low, high = ordered[0], ordered[-1]
-    if len(ordered) % 2:
-        middle = ordered[len(ordered) // 2]
-        share, kernel_s, wall_s = middle.share, middle.kernel_s, middle.wall_s
-    else:
-        pair = ordered[len(ordered) // 2 - 1 : len(ordered) // 2 + 1]
-        share = statistics.fmean(r.share for r in pair)
-        kernel_s = statistics.fmean(r.kernel_s for r in pair)
-        wall_s = statistics.fmean(r.wall_s for r in pair)
+    middle = ordered[(len(ordered) - 1) // 2 : len(ordered) // 2 + 1]  # one, or the two
     return KernelSplit(
-        share=share,
-        kernel_s=kernel_s,
-        wall_s=wall_s,
+        share=statistics.fmean(r.share for r in middle),
+        kernel_s=statistics.fmean(r.kernel_s for r in middle),
+        wall_s=statistics.fmean(r.wall_s for r in middle),
         calls=sum(r.calls for r in readings),
-        method=f"{readings[0].method}; the median of {len(readings)} profiles' shares "
+        # how the (first) middle profile was read: its calls, its floor, its cost per op
+        method=f"{middle[0].method}; the median of {len(readings)} profiles' shares "
         f"({low.share:.2f}..{high.share:.2f})",
     )
 
