@@ -279,32 +279,34 @@ class JobQueue:
             # blocks are not on disk), which says nothing of why they ended: not recorded.
             self.round_stops.setdefault(case_id, stop.value)
 
-    def _stop_now(self, case_id: str) -> Stop | None:
-        """What ends the case's rounds, read now (``Replication.stop_of``), or None."""
+    def _stop_now(self, case_id: str, read: tuple[Any, Any] | None = None) -> Stop | None:
+        """What ends the case's rounds, read now (``Replication.stop_of``), or None; ``read``:
+        the quiet level and prior, where the caller read them for many cases at once."""
         measured = sorted(self.samples.get(case_id, {}).items())
         mine, beside = self.references.get(case_id, {}), self.busy.get(case_id, ())
-        quiet = self.quiet()
+        quiet, prior = read or (self.quiet(), None)
         return self.replication.stop_of(
             [samples for _, samples in measured],
             len(self.rounds_done.get(case_id, ())),
             [mine.get(r) for r, _ in measured],
             quiet,
-            self.prior(quiet),
+            prior if read else self.prior(quiet),
             self.spent_s.get(case_id, 0.0),
             [r in beside for r, _ in measured],
         )
 
     def _second_look(self) -> bool:
-        """Once no round is left or out, the cases whose rounds stopped precise, read again: a
-        case stopped against the spread of the cases before it, and the interval written is
-        moderated by every case's (a default sweep's 22 such cases read ±5.1-7.7% in the end,
-        13 of them at three rounds). Those now wider get another round (within their budget)."""
+        """Once no round is left or out, the cases stopped precise against the spread of the
+        cases before them, read again against every case's, as the interval written is (22 of a
+        default sweep read ±5.1-7.7% in the end): those now wider get another round."""
         again = [
             case_id
             for case_id, why in self.round_stops.items()
             if why == Stop.PRECISE.value and case_id not in self.ended
         ]
-        again = [case_id for case_id in again if self._stop_now(case_id) is None]
+        quiet = self.quiet()
+        read = (quiet, self.prior(quiet))  # once: a prior reads every case's rounds
+        again = [case_id for case_id in again if self._stop_now(case_id, read) is None]
         for case_id in again:
             del self.round_stops[case_id]
             self._queue_next_round(case_id)
