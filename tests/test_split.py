@@ -126,6 +126,20 @@ def test_a_split_keeps_the_median_of_three_profiles_where_two_disagree() -> None
     assert agreeing.calls == 2
 
 
+def test_a_profile_whose_kernels_read_past_the_call_is_left_out_and_none_left_is_no_share() -> None:
+    """A new user's rnn at n = 256 read 100% kernels (clamped) in both profiles, between 31%
+    at n = 128 and 512: what the split takes out did not hold then. A profile whose kernels
+    read over 1.1x the call is left out; where every one does, the split fails (the case
+    records no share, and says why) rather than print 100%."""
+    found = kernel_split(lambda: None, "cpu", 1.0, 1, cost=COST, record=profiles_of(130, 40, 45))
+    assert found.share == pytest.approx(0.425)  # the two within the call, their mean
+    assert "1 profile(s) past the call left out" in found.method
+    with pytest.raises(ValueError, match=r"its kernels read 1\.30x the call's own time or more"):
+        kernel_split(lambda: None, "cpu", 1.0, 1, cost=COST, record=profiles_of(140, 130, 135))
+    steady = kernel_split(lambda: None, "cpu", 1.0, 1, cost=COST, record=profiles_of(99, 104))
+    assert steady.share == pytest.approx(0.995)  # a kernel-bound call's noise past 1 is kept
+
+
 def test_no_profile_is_added_past_the_splits_budget() -> None:
     """Profiles as long as the first are added only while the split stays within its budget:
     at 0.1 s a profile, a second (0.2 s) but no third (0.3 s), though the two disagree."""
