@@ -62,6 +62,12 @@ def parse_int_list(text: str | int | Iterable[int], name: str) -> tuple[int, ...
             while v <= end:
                 values.append(v)
                 v *= 2
+            if len(values) == 1 and end != start:  # a range that ran one length, unsaid
+                raise AttnbenchError(
+                    f"--{name}: range {text!r} holds {start} alone (it doubles, and "
+                    f"{2 * start} is past {end}); write {start} for one length, or an end of "
+                    f"{2 * start} or more"
+                )
         else:
             items = [t.strip() for t in text.split(",")]
             if not text or any(not re.fullmatch(r"-?\d+", t) for t in items):

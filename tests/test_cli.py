@@ -286,7 +286,8 @@ def test_the_advice_names_only_the_cases_more_processes_narrow() -> None:
     assert list(apart | few) == [False, False, True, True]
     advice = "At the median spread between their processes, 6.0%, a case needs about 12."
     assert _for_those(apart | few, advice) == (
-        "For the 2 more processes narrow: at the median spread between their processes, 6.0%, "
+        "For the 2 that more processes would narrow: at the median spread between their "
+        "processes, 6.0%, "
         "a case needs about 12."
     )
     assert _for_those(pd.Series([True, True]), advice) == advice

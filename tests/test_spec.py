@@ -43,6 +43,7 @@ def test_parse_int_list(text: object, expected: tuple[int, ...]) -> None:
         ("", "cannot read ''"),
         ("64,,128", "cannot read"),
         ("4096..64", "runs backwards"),
+        ("64..100", r"holds 64 alone \(it doubles, and 128 is past 100\); write 64"),
         ("0..8", "range start must be >= 1"),
         ("0,8", "values must be >= 1"),
         ("-4", "values must be >= 1"),

@@ -99,12 +99,15 @@ def _span(spread: pd.Series) -> str:
 
 
 def _for_those(narrowed: pd.Series, advice: str) -> str:
-    """The advice for the marked cases more processes narrow (``narrowed``), named "For the
-    19 more processes narrow: at the median spread ..." where others were marked too: "the
-    other 17" counted those a disturbed machine widened, which more processes do not."""
+    """The advice for the marked cases more processes narrow (``narrowed``), named "For the 19
+    that more processes would narrow: at the median spread ..." where others were marked too
+    ("the other 17" counted those a disturbed machine widened, which more processes do not)."""
     if narrowed.all():
         return advice
-    return f"For the {int(narrowed.sum())} more processes narrow: {advice[:1].lower()}{advice[1:]}"
+    return (
+        f"For the {int(narrowed.sum())} that more processes would narrow: "
+        f"{advice[:1].lower()}{advice[1:]}"
+    )
 
 
 def _more_processes(imprecise: pd.DataFrame) -> str:
