@@ -159,6 +159,18 @@ def test_no_profile_is_added_past_the_splits_budget() -> None:
     assert found.calls == 2
     assert found.share == pytest.approx(0.65)  # the mean of the two read
     assert "the median of 2 profiles' shares (0.40..0.90)" in found.method
+    # a profile that alone took the whole budget stands alone, unless it read at the top
+    now[0], slow = 0.0, profiles_of(40, 90)
+
+    def costly(fn, calls, device):  # type: ignore[no-untyped-def]
+        now[0] += 0.3
+        return slow(fn, calls, device)
+
+    alone = kernel_split(lambda: None, "cpu", 1.0, 1, cost=COST, record=costly, clock=clock)
+    assert alone.calls == 1 and alone.share == pytest.approx(0.40)
+    now[0], slow = 0.0, profiles_of(100, 45, 42)  # 100% alone: a second, past the budget
+    top = kernel_split(lambda: None, "cpu", 1.0, 1, cost=COST, record=costly, clock=clock)
+    assert top.calls == 2 and top.share == pytest.approx(0.725)
 
 
 def test_a_call_of_many_small_ops_reads_the_profilers_cost_on_its_own_calls() -> None:
