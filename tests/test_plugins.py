@@ -165,7 +165,8 @@ BAD = {
     ),
     "not callable": ("{odd}:WORD", "str is neither a factory"),
     "clash": ("{odd}:ENTRY", "'attention' ({odd}:ENTRY) clashes with a built-in layer"),
-    "no spec": ("mixer.py", "unknown layer 'mixer.py'"),
+    "no spec": ("mixer.py", "unknown layer 'mixer.py': a plugin file is named with the function"),
+    "no spec, a path": ("{mixer}", "as {mixer}:make (path/to/file.py:factory)"),
     # two versions of one file (an old copy to race): one name, and the way out named
     "two copies": ("{mixer}:make,{copy}:make", "copy one file under another name, or return"),
 }

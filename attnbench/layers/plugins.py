@@ -182,6 +182,11 @@ def resolve(name: str) -> LayerEntry:
         return load_installed(name, points[name])
     if ":" in name:
         return load(name)
+    if name.endswith(".py"):  # a plugin file named without its factory
+        raise AttnbenchError(
+            f"unknown layer {name!r}: a plugin file is named with the function that makes the "
+            f"layer, as {name}:make (path/to/file.py:factory)"
+        )
     raise AttnbenchError(
         f"unknown layer {name!r}; accepted: {', '.join([*REGISTRY, *points])}, "
         "module.path:factory or path/to/file.py:factory"
