@@ -105,20 +105,17 @@ def undecided_words(verdicts: pd.Series, thresholds: Thresholds) -> str:
     threshold but not significant, too few samples for any test, or throttled (the GPU's clock
     moved). "No regression" alone read as "none slower" to a new user whose three cases read
     1.29-1.33x."""
-    parts = [
-        f"{count} {why}"
-        for count, why in (
-            (int((verdicts == NOT_SIGNIFICANT).sum()),
-             f"slower than +{thresholds.max_slowdown:.0%} but not significant at p < "
-             f"{thresholds.alpha:g}"),
-            (int((verdicts == TOO_FEW).sum()), "with too few samples for a test"),
-            (int((verdicts == THROTTLED).sum()), "throttled: the GPU's clock moved"),
-        )
-        if count
+    counted = [
+        (int((verdicts == NOT_SIGNIFICANT).sum()),
+         f"slower than +{thresholds.max_slowdown:.0%} but not significant at p < "
+         f"{thresholds.alpha:g}"),
+        (int((verdicts == TOO_FEW).sum()), "with too few samples for a test"),
+        (int((verdicts == THROTTLED).sum()), "throttled: the GPU's clock moved"),
     ]  # fmt: skip
+    parts = [f"{count} {why}" for count, why in counted if count]
     if not parts:
         return ""
-    count = sum(int(part.split()[0]) for part in parts)
+    count = sum(count for count, _ in counted)
     return (
         f"time undecided for {count} of {len(verdicts)} shared case(s) ({'; '.join(parts)}): "
         "the gate passes them, and more --processes would decide them"

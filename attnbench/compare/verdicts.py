@@ -279,7 +279,7 @@ def walsh_interval(logs: np.ndarray, alpha: float) -> tuple[float, float]:
     ways = np.zeros(count * (count + 1) // 2 + 1)
     ways[0] = 1.0
     for rank in range(1, count + 1):
-        ways[rank:] = ways[rank:] + ways[:-rank].copy()
+        ways[rank:] = ways[rank:] + ways[:-rank]  # the right side is read whole first
     upper = np.cumsum(ways[::-1])[::-1] / ways.sum()  # P(T+ >= t)
     critical = np.flatnonzero(upper <= alpha)
     if critical.size == 0:

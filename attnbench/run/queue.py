@@ -269,7 +269,8 @@ class JobQueue:
         done = self.rounds_done.get(case_id, set())
         if any(round_ == 1 + max(done) for round_, _, i in self.later if i == self.index[case_id]):
             return
-        stop = self._stop_now(case_id)
+        quiet = self.quiet()
+        stop = self._stop_now(case_id, quiet, self.prior(quiet))
         if stop is None:
             key = (1 + max(done), self.shuffle.random(), self.index[case_id])
             heapq.heappush(self.later, key)
@@ -279,18 +280,17 @@ class JobQueue:
             # blocks are not on disk), which says nothing of why they ended: not recorded.
             self.round_stops.setdefault(case_id, stop.value)
 
-    def _stop_now(self, case_id: str, read: tuple[Any, Any] | None = None) -> Stop | None:
-        """What ends the case's rounds, read now (``Replication.stop_of``), or None; ``read``:
-        the quiet level and prior, where the caller read them for many cases at once."""
+    def _stop_now(self, case_id: str, quiet: float | None, prior: Prior | None) -> Stop | None:
+        """What ends the case's rounds, read now against ``quiet`` and ``prior`` (the caller's:
+        a prior reads every case's rounds, so a look at many cases reads it once)."""
         measured = sorted(self.samples.get(case_id, {}).items())
         mine, beside = self.references.get(case_id, {}), self.busy.get(case_id, ())
-        quiet, prior = read or (self.quiet(), None)
         return self.replication.stop_of(
             [samples for _, samples in measured],
             len(self.rounds_done.get(case_id, ())),
             [mine.get(r) for r, _ in measured],
             quiet,
-            prior if read else self.prior(quiet),
+            prior,
             self.spent_s.get(case_id, 0.0),
             [r in beside for r, _ in measured],
         )
@@ -305,8 +305,8 @@ class JobQueue:
             if why == Stop.PRECISE.value and case_id not in self.ended
         ]
         quiet = self.quiet()
-        read = (quiet, self.prior(quiet))  # once: a prior reads every case's rounds
-        again = [case_id for case_id in again if self._stop_now(case_id, read) is None]
+        prior = self.prior(quiet)
+        again = [case_id for case_id in again if self._stop_now(case_id, quiet, prior) is None]
         for case_id in again:
             del self.round_stops[case_id]
             self._queue_next_round(case_id)
