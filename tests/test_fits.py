@@ -259,6 +259,37 @@ def test_exponent_table_uses_overhead_rule_and_compares_with_theory():
     assert flops.agrees and flops.range_from == 64
 
 
+def test_the_chapters_order_stands_beside_the_formulas_slope():
+    """Attention's FLOPs grow slower than n² at short n (the n·d² projections): the formula
+    column reads that, the chapter column n² exactly, and in d the other way round."""
+    frame = synthetic("attention", lambda n, d: 5e-13 * n * n * d, noise=0.0)
+    table = exponent_table(frame)
+    in_n = table.query("metric == 'flops' and along == 'n' and fixed == 256").iloc[0]
+    in_d = table.query("metric == 'flops' and along == 'd' and fixed == 2048").iloc[0]
+    assert in_n.order == pytest.approx(2.0) and in_n.theory < 1.8
+    assert in_d.order == pytest.approx(1.0) and in_d.theory > 1.0
+    memory_rows = table.query("metric == 'time_s'")  # time has an order, peak memory none
+    assert memory_rows["order"].notna().all()
+
+
+def test_the_chapters_order_is_read_from_the_layers_theory(add_layer):  # type: ignore[no-untyped-def]
+    """A layer whose theory states another order reads another slope: nothing hard-coded."""
+    from attnbench.layers.recurrent import RECURRENT
+    from attnbench.theory import LayerTheory, Term
+
+    flops = (Term(2, "b·n·d²", lambda s: s["b"] * s["n"] * s["d"] ** 2),)
+    squared = LayerTheory("O(n^2 d)", flops, order=lambda s: s["n"] ** 2 * s["d"])
+    add_layer("sq", None, family=RECURRENT, theory=squared)
+    add_layer("none", None, family=RECURRENT, theory=LayerTheory("O(n d^2)", flops))
+    frame = pd.concat(
+        [synthetic(name, lambda n, d: 1e-9 * n * d, noise=0.0) for name in ("sq", "none")]
+    )
+    table = exponent_table(frame).query("metric == 'flops' and along == 'n' and fixed == 32")
+    order = dict(zip(table.layer, table.order, strict=True))
+    assert order["sq"] == pytest.approx(2.0)
+    assert math.isnan(order["none"])  # no order stated: no slope, not a 0
+
+
 def test_time_is_judged_against_all_the_work_flops_and_elementwise():
     """ssm-scan's Hillis-Steele scan is n·log n elementwise work beside products linear in n:
     its time's theory is the slope of both together, not of its FLOP formula alone."""
@@ -513,3 +544,34 @@ def test_a_cross_layer_model_reads_a_conv_of_kernel_1_without_failing() -> None:
     frame = pd.DataFrame({"batch": [1, 1], "n": [64, 64], "d": [8, 8], "k": [1, 3]})
     sizes = term_sizes(frame, theory.terms)
     assert math.isnan(sizes[0, 0]) and sizes[1, 0] == pytest.approx(4 * 64 * 3 * 8 * 8)
+
+
+def test_a_no_says_which_way_the_measure_missed_its_formula():
+    from attnbench.render.report import _agrees
+
+    assert _agrees(False, 1.89, low=1.93) == "no: steeper"  # attention, its rate fell
+    assert _agrees(False, 1.0, low=0.5) == "no: flatter"
+    assert _agrees(True, 1.0, low=0.9) == "yes"
+    assert _agrees(None, 1.0) == "can't tell"
+
+
+def test_a_better_model_is_named_by_the_terms_it_adds_not_by_its_layer():
+    """lstm's time, bending up at long n, fits self-attention's model best: the column says
+    what that model adds (a square term), not that lstm is attention."""
+    from attnbench.render.report import BETTER, model_display
+
+    class Fitted:
+        models = model_table(
+            model_fits(synthetic("lstm", lambda n, d: 1e-9 * n * d * d + 2e-11 * n * n, noise=0))
+        )
+
+    row = model_display(Fitted()).iloc[0]  # type: ignore[arg-type]
+    assert row["layer"] == "lstm"
+    assert row[BETTER].startswith("own + ") and "n²" in row[BETTER]
+    assert "self-attention" in row[BETTER]
+    plain = model_table(model_fits(synthetic("lstm", lambda n, d: 1e-9 * n * d * d, noise=0)))
+
+    class Own:
+        models = plain
+
+    assert model_display(Own()).iloc[0][BETTER] == "own"  # type: ignore[arg-type]

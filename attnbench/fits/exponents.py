@@ -134,6 +134,9 @@ EXPONENT_COLUMNS = [
     "ci_low",
     "ci_high",
     "theory",  # the theory's log-log slope over the same points (nan: no theory for the metric)
+    # the chapter's order's slope over the same points (attention's time: 2 in n, 1 in d; nan:
+    # a metric the table does not order): what a reader expects, beside the formula's slope
+    "order",
     "agrees",  # theory in the 95% interval (or within EXACT_TOLERANCE); None: cannot tell
     # time only: the slope of the machine model's predicted time over the same points (nan:
     # another metric, or a run without ceilings): the curve the counts and the machine explain
@@ -191,6 +194,28 @@ def theory_values(
             values.append(math.nan if moved is None else moved)
         else:
             values.append(theory.flops(case))
+    return pd.Series(values, index=frame.index, dtype=float)
+
+
+def order_values(
+    frame: pd.DataFrame, metric: str, layers: Layers | None = None
+) -> pd.Series | None:
+    """The chapter's order of ``metric`` for each case row (attention's time: n²·d), up to a
+    constant: the slope a reader expects from the table, where ``theory_values`` gives the
+    whole formula's (8·n·d² + 4·n²·d grows slower than n² at short n). None for a metric the
+    chapter's table does not order (memory, bytes, elementwise work)."""
+    law = METRIC[metric].theory
+    if law in ("sequential", "path"):
+        return theory_values(frame, metric, layers)  # the chapter's laws themselves
+    if law not in ("work", "flops"):
+        return None
+    known = layers_or_live(layers)
+    values = []
+    for layer, case in zip(frame["layer"], size_rows(frame, known), strict=True):
+        found = known.get(layer)
+        theory = found.theory if found is not None else None
+        order = math.nan if theory is None else float(theory.order(case))
+        values.append(order if order > 0 else math.nan)  # a layer whose order is not stated
     return pd.Series(values, index=frame.index, dtype=float)
 
 
@@ -377,6 +402,7 @@ def exponent_table(
             overheads = METRIC[metric].overheads
             values = numeric(group, metric)
             law = theory_values(values, metric, layers)
+            order = order_values(values, metric, layers)
             work = counted_work(values) if metric == "time_s" else None
             kept = ["n", "d", metric]  # the lines below take rows: no other column
             if metric == "time_s":  # and the intervals a time's exponent's reads
@@ -411,6 +437,7 @@ def exponent_table(
                             "ci_low": fit.low,
                             "ci_high": fit.high,
                             "theory": slope,
+                            "order": _slope_over(line, along, order),
                             "agrees": _agrees(fit, slope, line, along, metric, law),
                             "model": model,
                             **split,

@@ -40,11 +40,15 @@ def _interval(row: pd.Series) -> str:
     return f"{row.exponent:.2f} [{row.ci_low:.2f}, {row.ci_high:.2f}]"
 
 
-def _agrees(value: object, theory: float) -> str:
+def _agrees(value: object, theory: float, low: float = math.nan) -> str:
+    """The verdict, and on a "no" which way the measure went: a time above its formula's slope
+    grew faster than its work (its rate fell), which the split table then explains."""
     if value is True:
         return "yes"
     if value is False:
-        return "no"
+        if math.isnan(low):
+            return "no"
+        return "no: steeper" if low > theory else "no: flatter"
     return "–" if math.isnan(theory) else "can't tell"
 
 
@@ -72,8 +76,12 @@ def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
             "metric": e["metric"].map(lambda column: METRIC[column].display),
             f"at {other}": e["fixed"],
             "exponent [95% CI]": [_interval(r) for r in e.itertuples(index=False)],
-            "theory": e["theory"].map(_num),
-            "agrees": [_agrees(a, t) for a, t in zip(e["agrees"], e["theory"], strict=True)],
+            "chapter": e["order"].map(_num),
+            "formula": e["theory"].map(_num),
+            "agrees": [
+                _agrees(a, t, lo)
+                for a, t, lo in zip(e["agrees"], e["theory"], e["ci_low"], strict=True)
+            ],
             "model": e["model"].map(_num),
             f"fitted on {along}": [
                 f"{a}..{b}" for a, b in zip(e.range_from, e.range_to, strict=True)
@@ -298,11 +306,39 @@ def model_display(analysis: Analysis) -> pd.DataFrame:
                 "rel. RMS": f"{own.rms:.1%}",
                 # AICc weighs each case's relative error and the terms used; the RMS column is
                 # google-benchmark's, on absolute errors: the two can rank two models apart
-                "best by AICc": "own" if own.best else f"{best.model}: {best.formula}",
+                BETTER: _better(own, best),
                 "its rel. RMS": f"{best.rms:.1%}",
             }
         )
     return pd.DataFrame(rows)
+
+
+BETTER = "best by AICc"
+
+
+def _better(own: pd.Series, best: pd.Series) -> str:
+    """The model AICc ranks first, said by what it adds to the layer's own: lstm's time fitted
+    best by "self-attention: α·b·n·d² + β·b·n²·d + ..." read as if lstm were attention, where
+    what the ranking says is that a b·n²·d term its own formula lacks took some of its time."""
+    if own.best:
+        return "own"
+    extra = [t for t, a in best.coefficients.items() if a > 0 and t not in own.coefficients]
+    if extra:
+        return f"own + {' + '.join(extra)} (from {best.model}'s model)"
+    return f"{best.model}'s model: {best.formula}"
+
+
+def _better_note(analysis: Analysis) -> list[str]:
+    """How to read a layer whose own model is not the best: once, where one is not."""
+    display = model_display(analysis)
+    if display.empty or (display[BETTER] == "own").all():
+        return []
+    return [
+        f"{BETTER}: where a layer's own model is not the best, the one ranked first is named "
+        "by the terms it adds to the own (own + b·h·n²): part of the time grew as that term "
+        "does, which the layer's counted work does not (a cache outgrown, a kernel changed "
+        "with n, a per-call cost); the split table above says where its rate moved"
+    ]
 
 
 def crossover_display(analysis: Analysis) -> pd.DataFrame:
@@ -330,7 +366,7 @@ def model_notes(analysis: Analysis) -> list[str]:
     how to read time = work ÷ rate; then the machine model's effective ceilings."""
     unfitted = [f"no cost model for {layer}: {why}" for layer, why in analysis.unfitted.items()]
     split = [SPLIT_NOTE] if not _split_rows(analysis).empty else []
-    return unfitted + split + machine_notes(analysis)
+    return unfitted + _better_note(analysis) + split + machine_notes(analysis)
 
 
 def fit_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
@@ -405,9 +441,12 @@ def _blocks(run: RunResults, analysis: Analysis, charts: Sequence[Path], base: P
             "settled, the largest such sizes; a line whose rate never settled, where its fitted "
             "constant overhead is under half the time (at least the three largest sizes), "
             "marked unsettled; exact counts on every size. "
-            "'theory' is the slope of the theory's own formula over the same sizes; 'agrees' "
-            "means it lies in the 95% interval or within 0.05, and 'can't tell' that the "
-            "interval is wider than 1 (two or three noisy sizes). 'model' is the slope of the "
+            "'chapter' is the slope of the chapter's order (attention's n²·d: 2 in n) over the "
+            "same sizes, and 'formula' that of the layer's whole FLOP formula (8·n·d² + "
+            "4·n²·d grows slower than n² at short n), which 'agrees' judges: it lies in the 95% "
+            "interval or within 0.05; 'no: steeper' is a time that grew faster than its work "
+            "(its rate fell), and 'can't tell' an interval wider than 1 (two or three noisy "
+            "sizes). 'model' is the slope of the "
             "machine model's time (the counts over the measured ceilings, nothing fitted) over "
             "the same sizes: where it sits by the measured exponent and away from the theory's, "
             "the machine bends the curve, not the layer. Models are ranked by AICc on "
