@@ -203,6 +203,64 @@ def test_a_line_that_settles_early_leaves_its_share_to_the_lines_ahead_of_it() -
     assert len(ran["conv"]) == 7 and spent <= 16.0
 
 
+def interleaved(layers: str, times: dict[str, dict[int, float]], budget: float = 1000,
+                top: int = 4096) -> tuple[AutoPlan, dict[str, list[int]]]:  # fmt: skip
+    """Lines of ``layers`` at d = 64 run as the queue runs them, every line's n before any
+    line's 2n (each case 0.1 s of wall): the plan, and the lengths each line ran."""
+    g = build_grid({"layers": layers, "d": [64], "n": f"auto:64..{top}", "device": "cpu",
+                    "auto_budget": budget})  # fmt: skip
+    plan = AutoPlan(g)
+    ran: dict[str, list[int]] = {name: [] for name in times}
+    waiting = sorted(g.cases(), key=lambda c: c.n)
+    while waiting:  # a case told to wait is asked again, after the cases behind it
+        case = waiting.pop(0)
+        if plan.line(case).stopped is not None:
+            continue
+        go, why = plan.decide(case)
+        if not go and not why:
+            waiting.insert(1, case)
+            continue
+        if go:
+            plan.started(case)
+            plan.record(result(case, times[case.layer][case.n], wall_s=0.1))
+            ran[case.layer].append(case.n)
+            if case.n == g.ns[-1]:
+                plan.exhausted(case)
+    return plan, ran
+
+
+def test_a_rival_that_settles_is_carried_as_far_as_attention_goes() -> None:
+    """rnn settles at its fourth length; attention's rate keeps rising. Stopped there, rnn's
+    line would end at n = 512 and the chapter's chart would not show attention overtake it:
+    it is carried on, as far as attention goes, and records where it settled."""
+    plan, ran = interleaved("rnn,attention", {"rnn": STEADY, "attention": RISING})
+    assert ran["attention"] == list(LENGTHS)
+    assert ran["rnn"] == list(LENGTHS)  # not [64..512]
+    rnn = next(line for key, line in plan.lines.items() if key[0] == "rnn")
+    assert rnn.stopped is Stopped.REGIME and rnn.settled_n == 512
+    assert "n=64..512" in rnn.why and "carried on to n=4096" in rnn.why
+
+
+def test_a_carried_rival_stops_where_attention_stops() -> None:
+    """Attention's line stops on its call limit past n = 1024 (its call there 0.5 s, the next
+    predicted near 2 s): rnn, carried, waits for attention's word at each length and stops at
+    1024 too, not a length past it, and says where it settled."""
+    slow = {n: 2e-3 * (n / 64) ** 2 for n in LENGTHS}
+    plan, ran = interleaved("rnn,attention", {"rnn": STEADY, "attention": slow})
+    assert ran["attention"] == [64, 128, 256, 512, 1024]
+    assert ran["rnn"] == [64, 128, 256, 512, 1024]
+    rnn = next(line for key, line in plan.lines.items() if key[0] == "rnn")
+    assert rnn.stopped is Stopped.REGIME and "carried on to n=1024" in rnn.why
+
+
+def test_a_line_that_is_no_rival_or_has_no_attention_beside_it_stops_where_it_settles() -> None:
+    _, ran = interleaved("rnn,conv", {"rnn": STEADY, "conv": RISING})
+    assert ran["rnn"] == [64, 128, 256, 512]  # no attention line: nothing to carry it for
+    _, ran = interleaved("attention-local,attention",
+                             {"attention-local": STEADY, "attention": RISING})  # fmt: skip
+    assert ran["attention-local"] == [64, 128, 256, 512]  # not a rival family
+
+
 def test_a_line_reaches_three_lengths_whatever_its_share_but_not_past_a_calls_limit() -> None:
     """On a loaded machine a line's first case took its whole share, and attention's chart
     was one point: the budget stops a line only from its third length on. A call over

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 
 from attnbench.devices import DTYPES, available_bytes, device_kind
+from attnbench.errors import AttnbenchError
+from attnbench.layers import registry
 from attnbench.measure.record import CaseResult
 from attnbench.regime import (
     AUTO_BAND,
@@ -77,6 +79,10 @@ class Line:
     at_n: int | None = None  # the longest length it measured
     allowance_s: float = math.inf  # what it may spend in all, read as its next case would start
     reopened: bool = False  # the budget stopped it, and it was given what was left (once)
+    # its rate settled while an attention line of its width still went on: why it settled; it
+    # is carried on (``AutoPlan._carried``) and stops, for that reason, where attention does
+    settled: str = ""
+    settled_n: int = 0  # the length it settled at
 
     @property
     def wall_s(self) -> float:
@@ -185,13 +191,17 @@ class AutoPlan:
         line.at_n = line.points[-1].n
         rates = [p.rate for p in line.points]  # first rounds': AUTO_BAND leaves them room
         sizes = [p.n for p in line.points]
+        if line.settled:  # carried past its regime: its points only extend the line
+            return
         settled = settled_sizes(sizes, rates, AUTO_BAND, AUTO_TREND)
         if settled and settled[-1] == line.at_n:
-            line.stopped = Stopped.REGIME
-            line.why = (
+            line.settled = (
                 f"rate within {AUTO_BAND:.0%}, with no trend, over n={settled[0]}..{settled[-1]} "
                 f"({len(settled)} lengths)"
             )
+            line.settled_n = settled[-1]
+            if self._carried(line, 2 * line.at_n) is False:
+                line.stopped, line.why = Stopped.REGIME, line.settled
             return
         # a plateau the rate fell from, read as attnbench table reads one (``PAST_SIZES``)
         lower = settled_sizes(sizes, rates, REGIME_BAND)
@@ -258,11 +268,52 @@ class AutoPlan:
         line.allowance_s = self._share()
         if not line.points:
             return True, ""
+        if line.settled:
+            carried = self._carried(line, case.n)
+            if carried is None:  # an attention line of its width is yet to be told
+                return False, ""
+            if not carried:
+                line.stopped, line.why = Stopped.REGIME, self._carry_why(line)
+                return False, line.why
         stop = self._would_not_fit(case, line)
         if stop is not None:
             line.stopped, line.why = stop
+            if line.settled:  # it had settled: the carry ended, not the line short of it
+                line.stopped, line.why = Stopped.REGIME, self._carry_why(line, stop[1])
             return False, line.why
         return True, ""
+
+    def _carried(self, line: Line, n: int) -> bool | None:
+        """Whether a line whose rate settled goes on to ``n``: a rival of attention (the
+        families its crossovers are read against) while a pairwise line of its width reached
+        ``n`` or is measuring it (True); None while such a line has yet to be told whether it
+        goes to ``n`` (the rival waits for that); False otherwise. Stopped where it settled,
+        rnn's line ended at n = 512 while attention's went to 1024: the sweep's first chart,
+        the chapter's, did not show attention overtake it, and ``fit`` read their crossover
+        "above 512"."""
+        key = next(k for k, v in self.lines.items() if v is line)
+        if not _family(key[0], "rival"):
+            return False
+        pending = False
+        for other, found in self.lines.items():
+            if other[1] != key[1] or not _family(other[0], "pairwise"):
+                continue
+            reached = found.at_n or 0
+            if reached >= n or (found.running and 2 * reached >= n):
+                return True
+            pending = pending or (found.stopped is None and not found.running)
+        return None if pending else False
+
+    @staticmethod
+    def _carry_why(line: Line, ended: str = "") -> str:
+        """A carried line's stop: where it settled, and how far it went past that."""
+        if not line.points or line.points[-1].n <= line.settled_n:
+            return line.settled if not ended else f"{line.settled}; {ended}"
+        went = (
+            f"{line.settled}; carried on to n={line.at_n} beside attention's lines, so that "
+            "their crossover is measured"
+        )
+        return f"{went} ({ended})" if ended else went
 
     def reopen(self, dropped: list[Case]) -> list[Case]:
         """Once every line has stopped, the lines the budget stopped go on with what the budget
@@ -290,6 +341,8 @@ class AutoPlan:
         line = self.line(case)
         if line.stopped is None and not line.running:
             line.stopped, line.why = Stopped.LONGEST, f"n={case.n} is the ladder's last"
+            if line.settled:
+                line.stopped, line.why = Stopped.REGIME, self._carry_why(line)
 
     def _would_not_fit(self, case: Case, line: Line) -> tuple[Stopped, str] | None:
         last = line.points[-1]
@@ -392,6 +445,15 @@ class AutoPlan:
             ),
             "lines": lines,
         }
+
+
+def _family(layer: str, flag: str) -> bool:
+    """Whether ``layer``'s family is marked ``flag`` ("rival", "pairwise"); False for a name
+    the registry does not hold (a resumed run's plugin not loaded)."""
+    try:
+        return bool(getattr(registry.entry(layer).family, flag))
+    except AttnbenchError:
+        return False
 
 
 def _held(result: CaseResult) -> int | None:
