@@ -715,3 +715,19 @@ def test_a_judged_ratio_carries_the_interval_its_test_is_dual_to() -> None:
         found, _ = judge_rounds(base_r, new_r, between=Between(0.0004, 6.0, 3))
         if found.ratio > 1.1:  # past the threshold: significant decides the verdict
             assert (found.verdict == "regression") == (found.low > 1), found
+
+
+def test_a_significant_move_under_the_threshold_says_it_moved(tmp_path: Path) -> None:
+    """A +4.5% slowdown at p < 0.01 beside a +10% threshold passes the gate, but read plain
+    "unchanged" as if nothing had moved: the words now say how far, and that it was
+    significant; a move the test could not tell from noise stays "unchanged"."""
+    c = compare_runs(make_run(tmp_path / "a", cases_grid()), make_run(tmp_path / "b", cases_grid()))
+    times = c.times.copy()
+    first, second = times.index[0], times.index[1]
+    times.loc[[first, second], "verdict"] = UNCHANGED
+    times.loc[first, ["ratio", "ratio_judged", "p_value"]] = [1.045, 1.045, 0.001]
+    times.loc[second, ["ratio", "ratio_judged", "p_value"]] = [1.045, 1.045, 0.2]
+    shown = display_table(dataclasses.replace(c, times=times))
+    assert shown["time"].iloc[0] == "unchanged (+4.5%, significant; under the 10% threshold)"
+    assert shown["time"].iloc[1] == "unchanged"
+    assert not dataclasses.replace(c, times=times).failed("time")  # the gate still passes it

@@ -35,6 +35,7 @@ from attnbench.metrics import DEVICE_FREE_COUNTS, EXACT_METRICS, METRIC
 from attnbench.render.blocks import Block
 from attnbench.render.blocks import to_markdown as blocks_to_markdown
 from attnbench.schema import Status
+from attnbench.thresholds import Thresholds
 from attnbench.units import fmt_bytes, fmt_count, fmt_seconds
 
 JSON_SCHEMA_ID = "attnbench-compare/1"
@@ -116,12 +117,24 @@ def count_changes(comparison: Comparison, case_id: str) -> str:
     return "same"
 
 
-def _case_verdict(row: Any) -> str:
+def _case_verdict(row: Any, thresholds: Thresholds) -> str:
     if row.status_verdict == REGRESSION:
         return f"REGRESSION ({row.status_base} -> {row.status_new})"
     if row.status_base != Status.OK or row.status_new != Status.OK:
         return f"not compared ({row.status_base} -> {row.status_new})"
+    if row.verdict == UNCHANGED and row.p_value < thresholds.alpha:
+        return f"{UNCHANGED} {_within(row, thresholds)}"
     return "REGRESSION" if row.verdict == REGRESSION else row.verdict
+
+
+def _within(row: Any, thresholds: Thresholds) -> str:
+    """What an "unchanged" that its test found significant moved by: a +4.5% slowdown at p <
+    0.01 read plain "unchanged" beside a +10% threshold, as if nothing had moved. The gate
+    still passes it (the threshold is the maintainer's); the words say it moved."""
+    ratio = row.ratio_judged if row.unit == "pairs" else row.ratio
+    limit = thresholds.max_slowdown
+    way = f"+{ratio - 1:.1%}" if ratio >= 1 else f"-{1 - ratio:.1%}"
+    return f"({way}, significant; under the {limit:.0%} threshold)"
 
 
 UNJUDGED = (NOT_COMPARED, THROTTLED)  # verdicts the overall row leaves out
@@ -151,7 +164,7 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
         exact = count_changes(comparison, r.case_id)
         if r.kernel_base != r.kernel_new:  # torch chose another kernel: why the time moved
             exact += f"; kernel {r.kernel_base or 'none'} -> {r.kernel_new or 'none'}"
-        row.update(p=_p(r.p_value), time=_case_verdict(r), exact=exact)
+        row.update(p=_p(r.p_value), time=_case_verdict(r, comparison.thresholds), exact=exact)
         rows.append(row)
     overall: Mapping[str, TimeVerdict] = comparison.overall
     judged = comparison.overall_verdict
