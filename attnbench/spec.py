@@ -25,6 +25,13 @@ MODE_HELP = {
     "train": "forward + backward over n tokens",
     "decode": "one generation step: the token after n, its state holding the n before",
 }
+# What a train run's table says of the columns that stay the forward's (``step.forward``).
+TRAIN_NOTE = (
+    "train mode: time, FLOPs and memory are of forward + backward (FLOPs about three forward "
+    "passes, and what a fused kernel's backward computes again: attention-sdpa's scores, so its "
+    "FLOPs read over 3x its forward's); sequential ops and path length are of the forward call, "
+    "as the chapter's table states them (the backward is not traced)"
+)
 # Rounds a case is timed in at the least (``--processes``), and how many times that a sweep may
 # reach while the case's interval is still wider than its target (``run.queue``).
 DEFAULT_PROCESSES = 3

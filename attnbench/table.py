@@ -21,6 +21,7 @@ from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES, overhead
 from attnbench.results.record import SHORT_OF_REGIME, Stopped
 from attnbench.results.run import BUSY_NOTE, RunResults
 from attnbench.schema import failed_a_check, numeric_column
+from attnbench.spec import TRAIN_NOTE
 from attnbench.units import fmt_exponent
 
 COLUMNS = [
@@ -374,11 +375,10 @@ def fit_notes(table: pd.DataFrame, run: RunResults) -> list[str]:
         notes.append(f"{row.layer}: " + "; ".join(parts or ["too few measured cases to fit"]))
     notes.extend(check_notes(table))
     if "decode form" in table.columns:
-        notes += [
-            f"{r['layer']} decodes as {r['decode form']}"
-            for r in table.to_dict("records")
-            if r["decode form"]
-        ]
+        rows = table.to_dict("records")
+        notes += [f"{r['layer']} decodes as {r['decode form']}" for r in rows if r["decode form"]]
+    if run.mode == "train":  # the chapter's columns are the forward's (``step.forward``)
+        notes.append(TRAIN_NOTE)
     extended = (sources(run.measured["path_len_method"]) == Source.EXTENDED).sum()
     if extended:
         notes.append(

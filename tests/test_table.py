@@ -378,3 +378,17 @@ def test_an_unsettled_lines_note_says_what_stopped_it_and_no_exponent_reads_minu
 
     assert (fmt_exponent(-0.001), fmt_exponent(-0.006), fmt_exponent(0.004)) == (
         "0.00", "-0.01", "0.00")  # fmt: skip
+
+
+def test_a_train_runs_table_says_which_columns_stay_the_forwards(tiny_run: RunResults) -> None:
+    """seq_steps and path_len are traced on the forward call in every mode (``step.forward``):
+    a train run's table, its time and FLOPs forward + backward, says so, and why attention-sdpa's
+    FLOPs read over 3x its forward's; a forward run's says nothing of it."""
+    from attnbench.spec import TRAIN_NOTE
+
+    table = comparison_table(tiny_run)
+    assert TRAIN_NOTE not in fit_notes(table, tiny_run)
+    train = replace(tiny_run, frame=tiny_run.frame.assign(mode="train"))
+    assert train.mode == "train"
+    assert TRAIN_NOTE in fit_notes(comparison_table(train), train)
+    assert "sequential ops and path length are of the forward call" in TRAIN_NOTE
