@@ -669,3 +669,19 @@ def test_a_compiled_check_is_held_to_the_dtype_and_an_eager_fallback_is_not_coun
     assert fast_path_notes(fused.assign(status=["ok"])) == []  # compiled: compile_notes says so
     lstm = "lstm (torch's recurrent op: one call from Python, its steps run in C++)"
     assert fast_path_notes(eager.assign(fused_path=[lstm])) == []  # a recurrent op: not a module's
+
+
+def test_a_compiled_run_says_which_columns_are_the_eager_layers() -> None:
+    """A compiled attention's peak (the compiled call's) read 85.5 KiB beside a kernels column
+    that lists the eager layer's ops: the summary says which columns describe which call."""
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {"layer": ["attention"], "status": ["ok"], "compiled": ["default"],
+         "compile_graphs": [1], "compile_breaks": [0]}
+    )  # fmt: skip
+    (note,) = compile_notes(frame)
+    assert note.startswith("a compiled case's time, kernels' share and peak memory are the ")
+    assert "counted on the eager layer" in note
+    assert compile_notes(frame.assign(compiled=[None])) == []  # an eager run: nothing to say
+    assert compile_notes(frame.assign(status=["failed"])) == []  # nothing measured compiled
