@@ -719,15 +719,25 @@ def test_a_judged_ratio_carries_the_interval_its_test_is_dual_to() -> None:
 
 def test_a_significant_move_under_the_threshold_says_it_moved(tmp_path: Path) -> None:
     """A +4.5% slowdown at p < 0.01 beside a +10% threshold passes the gate, but read plain
-    "unchanged" as if nothing had moved: the words now say how far, and that it was
-    significant; a move the test could not tell from noise stays "unchanged"."""
+    "unchanged" as if nothing had moved: the words now say how far, by the ratio the test
+    judged (with --normalize the calibrated one: a normalized +9.1% had read "+0.6%"), and
+    that it was significant; a move the test could not tell from noise stays "unchanged"."""
     c = compare_runs(make_run(tmp_path / "a", cases_grid()), make_run(tmp_path / "b", cases_grid()))
     times = c.times.copy()
-    first, second = times.index[0], times.index[1]
-    times.loc[[first, second], "verdict"] = UNCHANGED
-    times.loc[first, ["ratio", "ratio_judged", "p_value"]] = [1.045, 1.045, 0.001]
+    first, second, third = times.index[0], times.index[1], times.index[2]
+    times.loc[[first, second, third], "verdict"] = UNCHANGED
+    times.loc[first, ["ratio", "ratio_judged", "p_value"]] = [1.006, 1.045, 0.001]
     times.loc[second, ["ratio", "ratio_judged", "p_value"]] = [1.045, 1.045, 0.2]
-    shown = display_table(dataclasses.replace(c, times=times))
+    times.loc[third, ["ratio", "ratio_judged", "p_value"]] = [1.0, 0.9996, 0.001]
+    moved = dataclasses.replace(c, times=times)
+    shown = display_table(moved)
     assert shown["time"].iloc[0] == "unchanged (+4.5%, significant; under the 10% threshold)"
     assert shown["time"].iloc[1] == "unchanged"
-    assert not dataclasses.replace(c, times=times).failed("time")  # the gate still passes it
+    assert shown["time"].iloc[2] == (
+        "unchanged (by under 0.1%, significant; under the 10% threshold)"
+    )
+    assert not moved.failed("time")  # the gate still passes it
+    normalized = dataclasses.replace(
+        moved, thresholds=dataclasses.replace(c.thresholds, normalize=True)
+    )
+    assert display_table(normalized)["time"].iloc[0].startswith("unchanged (normalized, +4.5%,")

@@ -130,11 +130,14 @@ def _case_verdict(row: Any, thresholds: Thresholds) -> str:
 def _within(row: Any, thresholds: Thresholds) -> str:
     """What an "unchanged" that its test found significant moved by: a +4.5% slowdown at p <
     0.01 read plain "unchanged" beside a +10% threshold, as if nothing had moved. The gate
-    still passes it (the threshold is the maintainer's); the words say it moved."""
-    ratio = row.ratio_judged if row.unit == "pairs" else row.ratio
-    limit = thresholds.max_slowdown
-    way = f"+{ratio - 1:.1%}" if ratio >= 1 else f"-{1 - ratio:.1%}"
-    return f"({way}, significant; under the {limit:.0%} threshold)"
+    still passes it (the threshold is the maintainer's); the words say it moved, by the ratio
+    the test judged (the pairs', or with --normalize the calibrated one, not the raw ratio:
+    a normalized +9.1% had read "+0.6%, significant")."""
+    ratio = row.ratio_judged
+    moved = abs(ratio - 1)
+    way = f"{'+' if ratio >= 1 else '-'}{moved:.1%}" if moved >= 0.001 else "by under 0.1%"
+    basis = "normalized, " if thresholds.normalize else ""
+    return f"({basis}{way}, significant; under the {thresholds.max_slowdown:.0%} threshold)"
 
 
 UNJUDGED = (NOT_COMPARED, THROTTLED)  # verdicts the overall row leaves out
