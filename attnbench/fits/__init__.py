@@ -242,7 +242,7 @@ def analyse(run: RunResults, layers: Sequence[str] | None = None) -> Analysis:
         frame=frame,
         fits=found,
         exponents=exponent_table(frame, found, known, predicted),
-        models=model_table(found),
+        models=model_table(found, known),
         crossovers=crossover_table(frame, known)
         if len(frame)
         else pd.DataFrame(columns=CROSSOVER_COLUMNS),
