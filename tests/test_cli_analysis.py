@@ -117,8 +117,11 @@ def test_fit_prints_tables_and_json(wide: Path):
     for title in ("Growth in n", "Why time grows as it does", "Cost models of time", "Crossovers"):
         assert title in result.stdout
     assert "time = work ÷ rate on the same sizes" in " ".join(result.stderr.split())
+    # what the exponent table's columns mean, said where the table is printed
+    assert "'chapter' is the slope of the chapter's order" in " ".join(result.stderr.split())
     payload = json.loads(runner.invoke(app, ["fit", str(wide), "--json"]).stdout)
     times = [e for e in payload["exponents"] if e["metric"] == "time_s" and e["along"] == "n"]
+    assert all("order" in e for e in payload["exponents"])
     assert times and all(  # the real run's counted work splits every time exponent exactly
         e["exponent"] == pytest.approx(e["work_exponent"] - e["rate_exponent"]) for e in times
     )

@@ -558,20 +558,36 @@ def test_a_no_says_which_way_the_measure_missed_its_formula():
 def test_a_better_model_is_named_by_the_terms_it_adds_not_by_its_layer():
     """lstm's time, bending up at long n, fits self-attention's model best: the column says
     what that model adds (a square term), not that lstm is attention."""
-    from attnbench.render.report import BETTER, model_display
+    from attnbench.layers.registry import REGISTRY
+    from attnbench.render.costmodels import BETTER, model_display
 
-    class Fitted:
-        models = model_table(
-            model_fits(synthetic("lstm", lambda n, d: 1e-9 * n * d * d + 2e-11 * n * n, noise=0))
-        )
+    frame = synthetic("lstm", lambda n, d: 1e-9 * n * d * d + 2e-11 * n * n, noise=0)
+
+    class Fitted:  # what model_display reads of an Analysis
+        models = model_table(model_fits(frame))
+        layers = REGISTRY
+
+    Fitted.frame = frame  # type: ignore[attr-defined]
 
     row = model_display(Fitted()).iloc[0]  # type: ignore[arg-type]
     assert row["layer"] == "lstm"
-    assert row[BETTER].startswith("own + ") and "n²" in row[BETTER]
-    assert "self-attention" in row[BETTER]
+    # the term it adds, read as its growth in n over lstm's lengths: a square
+    assert row[BETTER].startswith("own + a term in n^2.00 (") and "n²" in row[BETTER]
+    assert row[BETTER].endswith("from self-attention's model")
     plain = model_table(model_fits(synthetic("lstm", lambda n, d: 1e-9 * n * d * d, noise=0)))
 
     class Own:
         models = plain
 
     assert model_display(Own()).iloc[0][BETTER] == "own"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("layer", ["rnn", "gru", "lstm"])
+def test_a_shared_models_throughput_is_read_with_the_layers_own_count(layer: str) -> None:
+    """rnn, gru and lstm share one cost model, named and counted after rnn (4·b·n·d²): gru's
+    12·b·n·d² priced at rnn's count read a third of the rate its sweep ran at."""
+    frame = synthetic(layer, lambda n, d: 0.0, noise=0.0)
+    frame["time_s"] = frame["flops"] / 4e9  # every FLOP at 4 GFLOP/s
+    table = model_table(model_fits(frame))
+    own = table[(table.layer == layer) & table.own].iloc[0]
+    assert own.gflops_per_s["b·n·d²"] == pytest.approx(4.0, rel=0.02)

@@ -392,3 +392,20 @@ def test_a_train_runs_table_says_which_columns_stay_the_forwards(tiny_run: RunRe
     assert train.mode == "train"
     assert TRAIN_NOTE in fit_notes(comparison_table(train), train)
     assert "sequential ops and path length are of the forward call" in TRAIN_NOTE
+
+
+def test_fit_marks_a_time_whose_rate_did_not_settle_as_table_does(tiny_run: RunResults) -> None:
+    """table read conv-dilated "n^0.88 (unsettled)" while fit gave a firm "no: flatter" with
+    nothing to say why: fit's 'where' now reads 'rate unsettled' on such a time, and only
+    there (exact counts and memory keep their rule)."""
+    from attnbench.fits.exponents import RangeKind
+    from attnbench.render.report import exponent_display
+
+    analysis = analyse(tiny_run)
+    shown = exponent_display(analysis, "n").reset_index(drop=True)
+    e = analysis.exponents[analysis.exponents["along"] == "n"].reset_index(drop=True)
+    e = e[e["fixed"] == e.groupby("layer")["fixed"].transform("max")].reset_index(drop=True)
+    for row, where in zip(e.itertuples(), shown["where"], strict=True):
+        unsettled = row.metric == "time_s" and row.range_rule.kind != RangeKind.SETTLED
+        assert (where == "rate unsettled") == unsettled
+    assert (shown["where"] == "rate unsettled").any()  # the tiny run's lines are too short

@@ -39,7 +39,7 @@ from attnbench.render.charts import (
     select_layers,
 )
 from attnbench.render.pe import parse_columns, pe_figures
-from attnbench.render.report import fit_tables, model_notes, write_report
+from attnbench.render.report import EXPONENT_NOTE, fit_tables, model_notes, write_report
 from attnbench.results.environment import environment
 from attnbench.results.files import latest_results
 from attnbench.results.loader import load_results
@@ -234,7 +234,8 @@ def fit(
     # (a new user's FLOPs declared 2x read "agrees: yes" here and a mismatch only in table)
     table = comparison_table(run, analysis)  # its rows for the layers fitted: their notes
     table = table if chosen is None else table[table["layer"].isin(chosen)]
-    for note in [*model_notes(analysis), *check_notes(table)]:
+    read = [EXPONENT_NOTE] if len(analysis.exponents) else []
+    for note in [*read, *model_notes(analysis), *check_notes(table)]:
         streams.err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 

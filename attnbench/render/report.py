@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.fits import LETTERS, Analysis
+from attnbench.fits import Analysis
 from attnbench.fits.exponents import RangeKind, RangeRule
 from attnbench.measure.counts.ops import fused_names
 from attnbench.metrics import METRIC
 from attnbench.render.blocks import Block, to_html, to_markdown
+from attnbench.render.costmodels import better_note, model_display
 from attnbench.results.run import RunResults
 from attnbench.storage import write_text_atomic
 from attnbench.table import comparison_table, display, fit_notes
@@ -86,9 +87,32 @@ def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
             f"fitted on {along}": [
                 f"{a}..{b}" for a, b in zip(e.range_from, e.range_to, strict=True)
             ],
-            "where": e["range_rule"].map(_where),
+            "where": [
+                "rate unsettled" if _unsettled(metric, rule) else _where(rule)
+                for metric, rule in zip(e["metric"], e["range_rule"], strict=True)
+            ],
         }
     )
+
+
+def _unsettled(metric: str, rule: object) -> bool:
+    """A time fitted where its rate did not settle, which ``table`` marks "(unsettled)": a
+    conv-dilated line read "n^0.88 (unsettled)" there and a firm "no: flatter" here, with
+    nothing beside it to say why the two differ."""
+    kind = getattr(rule, "kind", None)
+    return metric == "time_s" and kind is not None and kind != RangeKind.SETTLED
+
+
+EXPONENT_NOTE = (
+    "exponents: 'chapter' is the slope of the chapter's order (attention's n²·d: 2 in n) over "
+    "the sizes fitted, 'formula' that of the layer's whole formula, which 'agrees' judges (the "
+    "95% interval holds it, or an exact count is within 0.05 of it or is the law up to a scale "
+    "and a constant); 'model' is the slope of the machine model's time (the counts over the "
+    "measured ceilings, nothing fitted), not a cost model's; 'rate unsettled': a time fitted "
+    "where its rate (work per second) had not settled (on its upper half of sizes, or where "
+    "its fitted overhead is under half the time), so its slope is the machine's as much as "
+    "the layer's, as attnbench table marks it"
+)
 
 
 # A rate exponent this close to 0 is a rate that held over the range.
@@ -271,76 +295,6 @@ def machine_notes(analysis: Analysis) -> list[str]:
     return notes
 
 
-def _rate(row: pd.Series, term: str) -> str:
-    """A term's implied throughput: GFLOP/s for a FLOP term, G elements/s for the others."""
-    if term in row.gflops_per_s:
-        return f"{row.gflops_per_s[term]:.3g} GFLOP/s"
-    return f"{row.gelements_per_s[term]:.3g} G elements/s"
-
-
-def _coefficients(row: pd.Series) -> str:
-    parts = [
-        f"{letter}={value:.3g} s ({_rate(row, term)})"
-        if value > 0
-        else f"{letter}=0 (no time seen for {term})"
-        for letter, (term, value) in zip(LETTERS, row.coefficients.items(), strict=False)
-    ]
-    return ", ".join([*parts, f"γ={row.constant_s * 1e6:.0f} µs"])
-
-
-def model_display(analysis: Analysis) -> pd.DataFrame:
-    """Per layer: its own model's fit, and the model that fits best."""
-    m = analysis.models
-    rows = []
-    for layer, group in m.groupby("layer", sort=False):
-        own = group[group["own"]]
-        best = group[group["best"]].iloc[0]
-        if own.empty:
-            continue
-        own = own.iloc[0]
-        rows.append(
-            {
-                "layer": layer,
-                "own model": own.formula,
-                "coefficients": _coefficients(own),
-                "rel. RMS": f"{own.rms:.1%}",
-                # AICc weighs each case's relative error and the terms used; the RMS column is
-                # google-benchmark's, on absolute errors: the two can rank two models apart
-                BETTER: _better(own, best),
-                "its rel. RMS": f"{best.rms:.1%}",
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-BETTER = "best by AICc"
-
-
-def _better(own: pd.Series, best: pd.Series) -> str:
-    """The model AICc ranks first, said by what it adds to the layer's own: lstm's time fitted
-    best by "self-attention: α·b·n·d² + β·b·n²·d + ..." read as if lstm were attention, where
-    what the ranking says is that a b·n²·d term its own formula lacks took some of its time."""
-    if own.best:
-        return "own"
-    extra = [t for t, a in best.coefficients.items() if a > 0 and t not in own.coefficients]
-    if extra:
-        return f"own + {' + '.join(extra)} (from {best.model}'s model)"
-    return f"{best.model}'s model: {best.formula}"
-
-
-def _better_note(analysis: Analysis) -> list[str]:
-    """How to read a layer whose own model is not the best: once, where one is not."""
-    display = model_display(analysis)
-    if display.empty or (display[BETTER] == "own").all():
-        return []
-    return [
-        f"{BETTER}: where a layer's own model is not the best, the one ranked first is named "
-        "by the terms it adds to the own (own + b·h·n²): part of the time grew as that term "
-        "does, which the layer's counted work does not (a cache outgrown, a kernel changed "
-        "with n, a per-call cost); the split table above says where its rate moved"
-    ]
-
-
 def crossover_display(analysis: Analysis) -> pd.DataFrame:
     c = analysis.crossovers
     if c.empty:
@@ -366,7 +320,7 @@ def model_notes(analysis: Analysis) -> list[str]:
     how to read time = work ÷ rate; then the machine model's effective ceilings."""
     unfitted = [f"no cost model for {layer}: {why}" for layer, why in analysis.unfitted.items()]
     split = [SPLIT_NOTE] if not _split_rows(analysis).empty else []
-    return unfitted + _better_note(analysis) + split + machine_notes(analysis)
+    return unfitted + better_note(analysis) + split + machine_notes(analysis)
 
 
 def fit_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
