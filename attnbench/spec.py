@@ -27,10 +27,12 @@ MODE_HELP = {
 }
 # What a train run's table says of the columns that stay the forward's (``step.forward``).
 TRAIN_NOTE = (
-    "train mode: time, FLOPs and memory are of forward + backward (FLOPs about three forward "
-    "passes, and what a fused kernel's backward computes again: attention-sdpa's scores, so its "
-    "FLOPs read over 3x its forward's); sequential ops and path length are of the forward call, "
-    "as the chapter's table states them (the backward is not traced)"
+    "train mode: time, FLOPs, bytes moved and memory are of forward + backward (FLOPs about "
+    "three forward passes, and what a fused kernel's backward computes again: attention-sdpa's "
+    "scores, so its FLOPs read over 3x its forward's); elementwise work, sequential ops and "
+    "path length are the forward call's, as the chapter's table and each layer's elementwise "
+    "formula state them (the backward is not traced for them), so the work a time is read "
+    "against is the forward's elementwise work beside the whole step's FLOPs"
 )
 # Rounds a case is timed in at the least (``--processes``), and how many times that a sweep may
 # reach while the case's interval is still wider than its target (``run.queue``).

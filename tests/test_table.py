@@ -391,7 +391,7 @@ def test_a_train_runs_table_says_which_columns_stay_the_forwards(tiny_run: RunRe
     train = replace(tiny_run, frame=tiny_run.frame.assign(mode="train"))
     assert train.mode == "train"
     assert TRAIN_NOTE in fit_notes(comparison_table(train), train)
-    assert "sequential ops and path length are of the forward call" in TRAIN_NOTE
+    assert "elementwise work, sequential ops and path length are the forward call" in TRAIN_NOTE
 
 
 def test_fit_marks_a_time_whose_rate_did_not_settle_as_table_does(tiny_run: RunResults) -> None:

@@ -31,6 +31,7 @@ from attnbench.schema import (
     failed_a_check,
     numeric_column,
 )
+from attnbench.spec import TRAIN_NOTE
 
 
 def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()) -> str:
@@ -176,6 +177,7 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
         *correctness_notes(run.frame),
         *compile_notes(run.frame),
         *fast_path_notes(run.frame),
+        *([TRAIN_NOTE] if run.mode == "train" else []),  # which columns are the step's
     ]:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     reach = auto_note(run.record.auto, final_readings(run.record.auto, run.measured))
