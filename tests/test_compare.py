@@ -741,3 +741,11 @@ def test_a_significant_move_under_the_threshold_says_it_moved(tmp_path: Path) ->
         moved, thresholds=dataclasses.replace(c.thresholds, normalize=True)
     )
     assert display_table(normalized)["time"].iloc[0].startswith("unchanged (normalized, +4.5%,")
+
+
+def test_a_run_compared_with_itself_is_warned_of(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "a", cases_grid())
+    same = compare_runs(run, run)
+    assert any("every case is compared with itself" in w for w in same.warnings)
+    other = compare_runs(run, make_run(tmp_path / "b", cases_grid()))
+    assert not any("compared with itself" in w for w in other.warnings)

@@ -24,6 +24,11 @@ def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
     code of each layer both measured."""
     config_keys = {o.field: o.key for o in OPTIONS if o.compare}
     warnings = []
+    if base.path.resolve() == new.path.resolve():  # a typo a new user's A/A check made
+        warnings.append(
+            f"both runs are {str(new.path)!r}: every case is compared with itself, so nothing "
+            "can move; give the baseline and the current run as two folders"
+        )
     sides: list[tuple[Mapping[str, Any], Mapping[str, Any], dict[str, str]]] = [
         (base.record.config, new.record.config, config_keys),
         (base.record.environment, new.record.environment, compare_keys()),
