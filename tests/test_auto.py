@@ -204,60 +204,116 @@ def test_a_line_that_settles_early_leaves_its_share_to_the_lines_ahead_of_it() -
 
 
 def interleaved(layers: str, times: dict[str, dict[int, float]], budget: float = 1000,
-                top: int = 4096) -> tuple[AutoPlan, dict[str, list[int]]]:  # fmt: skip
-    """Lines of ``layers`` at d = 64 run as the queue runs them, every line's n before any
-    line's 2n (each case 0.1 s of wall): the plan, and the lengths each line ran."""
-    g = build_grid({"layers": layers, "d": [64], "n": f"auto:64..{top}", "device": "cpu",
+                fail: tuple[str, int] | None = None, wall_s: float = 0.1,
+                ) -> tuple[AutoPlan, dict[str, list[int]]]:  # fmt: skip
+    """Lines of ``layers`` at d = 64, n = 64..4096, run as the queue runs them (every line's n
+    before any line's 2n, each case ``wall_s`` of wall; ``fail``: a case that fails), then
+    what ``reopen`` gives back, as the queue does: the plan, and the lengths each line ran."""
+    g = build_grid({"layers": layers, "d": [64], "n": "auto:64..4096", "device": "cpu",
                     "auto_budget": budget})  # fmt: skip
     plan = AutoPlan(g)
     ran: dict[str, list[int]] = {name: [] for name in times}
-    waiting = sorted(g.cases(), key=lambda c: c.n)
-    while waiting:  # a case told to wait is asked again, after the cases behind it
+    waiting, dropped = sorted(g.cases(), key=lambda c: c.n), []
+    while waiting:
         case = waiting.pop(0)
-        if plan.line(case).stopped is not None:
-            continue
         go, why = plan.decide(case)
-        if not go and not why:
-            waiting.insert(1, case)
+        assert go or why  # a serial queue never waits
+        if not go:
+            dropped.append(case)
             continue
-        if go:
-            plan.started(case)
-            plan.record(result(case, times[case.layer][case.n], wall_s=0.1))
+        plan.started(case)
+        failed = fail == (case.layer, case.n)
+        plan.record(result(case, times[case.layer][case.n], wall_s=wall_s,
+                           status="failed" if failed else "ok"))  # fmt: skip
+        if not failed:
             ran[case.layer].append(case.n)
-            if case.n == g.ns[-1]:
-                plan.exhausted(case)
+        if case.n == g.ns[-1]:
+            plan.exhausted(case)
+        if not waiting:
+            waiting = plan.reopen(dropped)
+            dropped = [c for c in dropped if c not in waiting]
     return plan, ran
 
 
+def line_of(plan: AutoPlan, layer: str) -> Any:
+    return next(line for key, line in plan.lines.items() if key[0] == layer)
+
+
+SLOW_RNN = {n: 1e-3 * n / 64 for n in LENGTHS}  # settled, and slower than attention throughout
+QUADRATIC = {n: 1e-4 * (n / 64) ** 2 for n in LENGTHS}  # overtakes SLOW_RNN at n = 1024
+
+
 def test_a_rival_that_settles_is_carried_as_far_as_attention_goes() -> None:
-    """rnn settles at its fourth length; attention's rate keeps rising. Stopped there, rnn's
-    line would end at n = 512 and the chapter's chart would not show attention overtake it:
-    it is carried on, as far as attention goes, and records where it settled."""
-    plan, ran = interleaved("rnn,attention", {"rnn": STEADY, "attention": RISING})
-    assert ran["attention"] == list(LENGTHS)
-    assert ran["rnn"] == list(LENGTHS)  # not [64..512]
-    rnn = next(line for key, line in plan.lines.items() if key[0] == "rnn")
+    """rnn settles at its fourth length; attention's rate keeps rising and it stays faster.
+    Stopped there, rnn's line would end at n = 512 and the chapter's chart would not show the
+    two lines side by side: it is carried on as far as attention goes, and says so."""
+    plan, ran = interleaved("rnn,attention", {"rnn": SLOW_RNN, "attention": RISING})
+    assert ran["attention"] == list(LENGTHS) and ran["rnn"] == list(LENGTHS)
+    rnn = line_of(plan, "rnn")
     assert rnn.stopped is Stopped.REGIME and rnn.settled_n == 512
     assert "n=64..512" in rnn.why and "carried on to n=4096" in rnn.why
+    assert plan.describe()["lines"][0]["settled_n"] == 512
 
 
-def test_a_carried_rival_stops_where_attention_stops() -> None:
-    """Attention's line stops on its call limit past n = 1024 (its call there 0.5 s, the next
-    predicted near 2 s): rnn, carried, waits for attention's word at each length and stops at
-    1024 too, not a length past it, and says where it settled."""
-    slow = {n: 2e-3 * (n / 64) ** 2 for n in LENGTHS}
-    plan, ran = interleaved("rnn,attention", {"rnn": STEADY, "attention": slow})
-    assert ran["attention"] == [64, 128, 256, 512, 1024]
+def test_a_carried_rival_stops_once_attention_overtakes_it() -> None:
+    """Attention's time passes rnn's at n = 1024: the crossover is measured, and rnn, carried
+    from n = 512, stops there while attention goes on."""
+    plan, ran = interleaved("rnn,attention", {"rnn": SLOW_RNN, "attention": QUADRATIC})
     assert ran["rnn"] == [64, 128, 256, 512, 1024]
-    rnn = next(line for key, line in plan.lines.items() if key[0] == "rnn")
-    assert rnn.stopped is Stopped.REGIME and "carried on to n=1024" in rnn.why
+    assert ran["attention"] == list(LENGTHS)
+    assert "carried on to n=1024" in line_of(plan, "rnn").why
+
+
+def test_a_carried_rival_goes_at_most_a_length_past_where_attention_stops() -> None:
+    """Attention's case at n = 1024 fails, which stops its line at 512: rnn, whose 1024 was
+    decided first, never waits for attention's word, and stops at 2048's decision."""
+    plan, ran = interleaved("rnn,attention", {"rnn": SLOW_RNN, "attention": RISING},
+                            fail=("attention", 1024))  # fmt: skip
+    assert ran["attention"] == [64, 128, 256, 512]
+    assert ran["rnn"] == [64, 128, 256, 512, 1024]
+    assert line_of(plan, "rnn").stopped is Stopped.REGIME
+
+
+def test_a_carried_rival_takes_no_share_of_the_budget_from_attention() -> None:
+    """Settled, a carried rnn had kept an equal share of the budget, and attention, the line
+    it went on for, stopped short: a settled line's spend is counted as spent and it takes
+    no share of what is left."""
+    plan, _ = interleaved("rnn,attention", {"rnn": SLOW_RNN, "attention": RISING}, budget=1000)
+    rnn, attention = line_of(plan, "rnn"), line_of(plan, "attention")
+    assert rnn.settled and rnn.wall_s > 0
+    rnn.stopped = attention.stopped = None  # as while both went on, rnn carried
+    assert plan._share() == pytest.approx(1000 - rnn.wall_s)  # attention's, all that is left
+    rnn.settled = ""  # a line not settled shares what is left with attention
+    assert plan._share() == pytest.approx(1000 / 2)
+
+
+def test_a_carried_rival_goes_on_with_attention_when_the_budget_reopens_it() -> None:
+    """Attention stops on its share of the budget at n = 512, so rnn, carried from there,
+    stops too; once every line has stopped, attention goes on with what the budget left, and
+    the rnn carried beside it goes on with it rather than stay at 512."""
+    g = build_grid({"layers": "rnn,attention", "d": [64], "n": "auto:64..4096",
+                    "device": "cpu", "auto_budget": 100})  # fmt: skip
+    plan = AutoPlan(g)
+    cases = sorted(g.cases(), key=lambda c: c.n)
+    for case in [c for c in cases if c.n <= 512]:
+        assert plan.decide(case)[0]
+        plan.started(case)
+        times = SLOW_RNN if case.layer == "rnn" else RISING
+        plan.record(result(case, times[case.n], wall_s=0.1))
+    attention, rnn = line_of(plan, "attention"), line_of(plan, "rnn")
+    attention.stopped, attention.why = Stopped.BUDGET, "its share ran out"  # as decide does
+    later = [c for c in cases if c.n > 512]
+    assert plan.decide(later[0]) == (False, rnn.why) and rnn.stopped is Stopped.REGIME
+    back = plan.reopen(later)
+    assert {c.layer for c in back} == {"rnn", "attention"}
+    assert rnn.stopped is None and attention.stopped is None
 
 
 def test_a_line_that_is_no_rival_or_has_no_attention_beside_it_stops_where_it_settles() -> None:
     _, ran = interleaved("rnn,conv", {"rnn": STEADY, "conv": RISING})
     assert ran["rnn"] == [64, 128, 256, 512]  # no attention line: nothing to carry it for
     _, ran = interleaved("attention-local,attention",
-                             {"attention-local": STEADY, "attention": RISING})  # fmt: skip
+                         {"attention-local": STEADY, "attention": RISING})  # fmt: skip
     assert ran["attention-local"] == [64, 128, 256, 512]  # not a rival family
 
 
@@ -415,6 +471,11 @@ def test_the_summary_names_the_lines_an_auto_sweep_stopped_short_of_their_regime
         AutoLine("conv", 64, Stopped.LONGEST, 512, "last"),
         AutoLine("gru", 32, None, None, ""),
     )
+    # a rival carried past its regime beside attention is named, with how far it went
+    carried = AutoLine("rnn", 64, Stopped.REGIME, 2048, "", settled_n=512)
+    note = auto_note((carried, line("attention", Stopped.BUDGET, 2048)))
+    assert "carried on past it beside attention" in note and "rnn from n=512 to 2048" in note
+    assert "carried" not in auto_note(settled)
 
 
 def test_an_interrupted_auto_sweep_records_how_far_its_lines_got(tmp_path: Path) -> None:

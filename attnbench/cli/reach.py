@@ -99,6 +99,10 @@ def _stopped_on_first_rounds(lines: tuple[AutoLine, ...], read: Mapping[str, Rea
             f"; {', '.join(lower)} settled lower down, on a plateau {their} rate then fell "
             f"from ({their} {_fitted(lower)} there)"
         )
+    carried = [x for x in lines if x.settled_n and x.at_n and x.at_n > x.settled_n]
+    if carried:  # what its final times read there is the carried lengths' too
+        rule += "; carried on past it beside attention, to measure where attention overtakes: "
+        rule += ", ".join(f"{_label(x, lines)} from n={x.settled_n} to {x.at_n}" for x in carried)
     return rule
 
 

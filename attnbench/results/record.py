@@ -49,6 +49,7 @@ class AutoLine:
     stopped: Stopped | None
     at_n: int | None
     why: str
+    settled_n: int | None = None  # where its rate settled, a rival carried on past it
 
     @classmethod
     def parse(cls, line: Mapping[str, Any]) -> AutoLine:
@@ -59,6 +60,7 @@ class AutoLine:
             stopped=Stopped(raw) if raw in tuple(Stopped) else None,
             at_n=None if line.get("at_n") is None else int(line["at_n"]),
             why=str(line.get("why") or ""),
+            settled_n=int(line["settled_n"]) if line.get("settled_n") else None,
         )
 
 

@@ -191,7 +191,7 @@ class AutoPlan:
         line.at_n = line.points[-1].n
         rates = [p.rate for p in line.points]  # first rounds': AUTO_BAND leaves them room
         sizes = [p.n for p in line.points]
-        if line.settled:  # carried past its regime: its points only extend the line
+        if line.settled:  # settled, and carried past it: its points only extend the line
             return
         settled = settled_sizes(sizes, rates, AUTO_BAND, AUTO_TREND)
         if settled and settled[-1] == line.at_n:
@@ -200,9 +200,7 @@ class AutoPlan:
                 f"({len(settled)} lengths)"
             )
             line.settled_n = settled[-1]
-            if self._carried(line, 2 * line.at_n) is False:
-                line.stopped, line.why = Stopped.REGIME, line.settled
-            return
+            return  # it stops at its next case's ``decide``, unless it is carried on
         # a plateau the rate fell from, read as attnbench table reads one (``PAST_SIZES``)
         lower = settled_sizes(sizes, rates, REGIME_BAND)
         read = [n for n, r in zip(sizes, rates, strict=True) if math.isfinite(r) and r > 0]
@@ -236,6 +234,10 @@ class AutoPlan:
                 line.stopped, line.why = Stopped.FAILED, f"n={row['n']} {row['status']}"
         for raw in recorded or ():
             found = self._recorded_line(raw)
+            if found is not None and raw.get("settled_n") and not found.settled:
+                # it settled on its first rounds (and was carried on): its final times may not
+                found.settled_n = int(raw["settled_n"])
+                found.settled = f"rate settled at n={found.settled_n} on its first rounds"
             stop = raw.get("stopped")
             if found is None or not stop or Stopped(stop) is Stopped.FAILED:
                 continue
@@ -248,7 +250,8 @@ class AutoPlan:
 
     def _recorded_line(self, raw: Any) -> Line | None:
         """The line a run.json ``auto`` entry names (its layer, width and options)."""
-        fixed = {"layer", "d", "stopped", "at_n", "why", "wall_s", "allowance_s", "reopened"}
+        fixed = {"layer", "d", "stopped", "at_n", "why", "wall_s", "allowance_s", "reopened",
+                 "settled_n"}  # fmt: skip
         options = {k: v for k, v in raw.items() if k not in fixed}
         for (layer, d, line_options), line in self.lines.items():
             if layer == raw.get("layer") and d == raw.get("d") and dict(line_options) == options:
@@ -268,13 +271,9 @@ class AutoPlan:
         line.allowance_s = self._share()
         if not line.points:
             return True, ""
-        if line.settled:
-            carried = self._carried(line, case.n)
-            if carried is None:  # an attention line of its width is yet to be told
-                return False, ""
-            if not carried:
-                line.stopped, line.why = Stopped.REGIME, self._carry_why(line)
-                return False, line.why
+        if line.settled and not self._carried(line, case.n):
+            line.stopped, line.why = Stopped.REGIME, self._carry_why(line)
+            return False, line.why
         stop = self._would_not_fit(case, line)
         if stop is not None:
             line.stopped, line.why = stop
@@ -283,26 +282,29 @@ class AutoPlan:
             return False, line.why
         return True, ""
 
-    def _carried(self, line: Line, n: int) -> bool | None:
-        """Whether a line whose rate settled goes on to ``n``: a rival of attention (the
-        families its crossovers are read against) while a pairwise line of its width reached
-        ``n`` or is measuring it (True); None while such a line has yet to be told whether it
-        goes to ``n`` (the rival waits for that); False otherwise. Stopped where it settled,
-        rnn's line ended at n = 512 while attention's went to 1024: the sweep's first chart,
-        the chapter's, did not show attention overtake it, and ``fit`` read their crossover
-        "above 512"."""
-        key = next(k for k, v in self.lines.items() if v is line)
+    def _carried(self, line: Line, n: int) -> bool:
+        """Whether a settled line goes on to ``n``: a rival of attention while a pairwise line
+        of its width goes on (or reached ``n``) and was not yet slower than it at their longest
+        shared length. Stopped where it settled, rnn ended at n = 512 while attention went to
+        1024, and the chapter's chart did not show attention overtake it. It never waits for
+        attention (a rival that did stranded its case in the queue when attention's was dropped
+        in the same pass), so it goes at most one length past where attention stops."""
+        key = self._key(line)
         if not _family(key[0], "rival"):
             return False
-        pending = False
         for other, found in self.lines.items():
-            if other[1] != key[1] or not _family(other[0], "pairwise"):
+            if other == key or other[1] != key[1] or not _family(other[0], "pairwise"):
                 continue
-            reached = found.at_n or 0
-            if reached >= n or (found.running and 2 * reached >= n):
+            if found.settled and _family(other[0], "rival"):
+                continue  # carried itself: it carries no other
+            if found.stopped is not None and (found.at_n or 0) < n:
+                continue  # it goes no further than the rival has
+            if not _overtaken(line, found):
                 return True
-            pending = pending or (found.stopped is None and not found.running)
-        return None if pending else False
+        return False
+
+    def _key(self, line: Line) -> tuple[Any, ...]:
+        return next(k for k, v in self.lines.items() if v is line)
 
     @staticmethod
     def _carry_why(line: Line, ended: str = "") -> str:
@@ -310,8 +312,8 @@ class AutoPlan:
         if not line.points or line.points[-1].n <= line.settled_n:
             return line.settled if not ended else f"{line.settled}; {ended}"
         went = (
-            f"{line.settled}; carried on to n={line.at_n} beside attention's lines, so that "
-            "their crossover is measured"
+            f"{line.settled}; carried on to n={line.at_n} beside attention's lines, to "
+            "measure where attention overtakes it"
         )
         return f"{went} ({ended})" if ended else went
 
@@ -332,6 +334,17 @@ class AutoPlan:
             self.lines[key].reopened = True
         if sum(line.wall_s for line in self.lines.values()) >= self.grid.auto_budget_s:
             return []
+        # the rivals carried beside a reopened attention line go on with it (or stop at once,
+        # its time past theirs): carried rnn had stayed at n = 512 while attention went to 2048
+        widths = {key[1] for key in reopened if _family(key[0], "pairwise")}
+        reopened |= {
+            key
+            for key, line in self.lines.items()
+            if line.settled
+            and line.stopped is Stopped.REGIME
+            and key[1] in widths
+            and _family(key[0], "rival")
+        }
         for key in reopened:
             self.lines[key].stopped, self.lines[key].why = None, ""
         return sorted((c for c in dropped if line_key(c) in reopened), key=lambda c: c.n)
@@ -410,8 +423,12 @@ class AutoPlan:
         and leave their share to the rest; line by line, the first lines had only their equal
         share (5.5 s of 60) while the last was left 16 s it did not need."""
         lines = self.lines.values()
-        finished = sum(line.wall_s for line in lines if line.stopped is not None)
-        going = sum(line.stopped is None for line in lines)
+        # a settled line is done with its own share, carried or not: its spend is counted as
+        # spent, and it takes no share of what is left (a carried rnn had kept one, and
+        # attention, whose crossover it went on for, stopped at n = 1024, not 4096)
+        done = [line.stopped is not None or bool(line.settled) for line in lines]
+        finished = sum(line.wall_s for line, over in zip(lines, done, strict=True) if over)
+        going = done.count(False)
         return max(0.0, self.grid.auto_budget_s - finished) / max(1, going)
 
     def describe(self) -> dict[str, Any]:
@@ -431,6 +448,7 @@ class AutoPlan:
                     if math.isfinite(line.allowance_s)
                     else None,
                     "reopened": line.reopened,
+                    "settled_n": line.settled_n or None,  # where it settled (carried past it)
                 }
             )
         return {
@@ -441,10 +459,19 @@ class AutoPlan:
                 f"and falls under that at the {PAST_SIZES} lengths past, or the "
                 f"next case would take over {self.max_call_s:g} s a call, need over "
                 f"{MEMORY_SHARE:.0%} of the free memory, or overrun its share of "
-                f"{self.grid.auto_budget_s:g} s"
+                f"{self.grid.auto_budget_s:g} s; a settled rival of attention goes on while "
+                "an attention line of its width goes on and is not yet slower than it"
             ),
             "lines": lines,
         }
+
+
+def _overtaken(rival: Line, attention: Line) -> bool:
+    """Whether ``attention`` was slower than ``rival`` at the longest length both measured
+    (their crossover measured: the rival need go no further for it)."""
+    theirs = {p.n: p.time_s for p in attention.points}
+    shared = [p for p in rival.points if p.n in theirs]
+    return bool(shared) and theirs[shared[-1].n] >= shared[-1].time_s
 
 
 def _family(layer: str, flag: str) -> bool:
