@@ -731,10 +731,10 @@ def test_a_significant_move_under_the_threshold_says_it_moved(tmp_path: Path) ->
     times.loc[third, ["ratio", "ratio_judged", "p_value"]] = [1.0, 0.9996, 0.001]
     moved = dataclasses.replace(c, times=times)
     shown = display_table(moved)
-    assert shown["time"].iloc[0] == "unchanged (+4.5%, significant; under the 10% threshold)"
+    assert shown["time"].iloc[0] == "unchanged (+4.5%, significant; under the +10% threshold)"
     assert shown["time"].iloc[1] == "unchanged"
     assert shown["time"].iloc[2] == (
-        "unchanged (by under 0.1%, significant; under the 10% threshold)"
+        "unchanged (by under 0.1%, significant; short of the -9.1% threshold)"
     )
     assert not moved.failed("time")  # the gate still passes it
     normalized = dataclasses.replace(

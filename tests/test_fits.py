@@ -263,13 +263,15 @@ def test_the_chapters_order_stands_beside_the_formulas_slope():
     """Attention's FLOPs grow slower than n² at short n (the n·d² projections): the formula
     column reads that, the chapter column n² exactly, and in d the other way round."""
     frame = synthetic("attention", lambda n, d: 5e-13 * n * n * d, noise=0.0)
+    frame["peak_bytes"] = 4.0 * frame["n"] * frame["n"]
     table = exponent_table(frame)
+    assert len(table.query("metric == 'peak_bytes'"))
     in_n = table.query("metric == 'flops' and along == 'n' and fixed == 256").iloc[0]
     in_d = table.query("metric == 'flops' and along == 'd' and fixed == 2048").iloc[0]
     assert in_n.order == pytest.approx(2.0) and in_n.theory < 1.8
     assert in_d.order == pytest.approx(1.0) and in_d.theory > 1.0
-    memory_rows = table.query("metric == 'time_s'")  # time has an order, peak memory none
-    assert memory_rows["order"].notna().all()
+    assert table.query("metric == 'time_s'")["order"].notna().all()  # time has an order
+    assert table.query("metric == 'peak_bytes'")["order"].isna().all()  # peak memory none
 
 
 def test_the_chapters_order_is_read_from_the_layers_theory(add_layer):  # type: ignore[no-untyped-def]
@@ -591,3 +593,16 @@ def test_a_shared_models_throughput_is_read_with_the_layers_own_count(layer: str
     table = model_table(model_fits(frame))
     own = table[(table.layer == layer) & table.own].iloc[0]
     assert own.gflops_per_s["b·n·d²"] == pytest.approx(4.0, rel=0.02)
+
+
+def test_a_better_model_that_lacks_the_own_terms_is_not_called_own_plus():
+    """conv's best on a reference run was state space's model, which has no b·n·k·d²: "own +
+    b·n·d·N" claimed conv's formula held plus a term; it reads as another model instead."""
+    from attnbench.render.costmodels import _better
+
+    own = pd.Series({"layer": "conv", "best": False, "coefficients": {"b·n·k·d²": 1e-11}})
+    best = pd.Series({"model": "state space", "formula": "α·b·n·d·N + β·d·N + γ",
+                      "coefficients": {"b·n·d·N": 1e-9, "d·N": 0.0}})  # fmt: skip
+    assert _better(own, best) == "state space's model instead (adds b·n·d·N; lacks b·n·k·d²)"
+    both = pd.Series({**best.to_dict(), "coefficients": {"b·n·k·d²": 1e-11, "b·n·d·N": 1e-9}})
+    assert _better(own, both) == "own + b·n·d·N, from state space's model"

@@ -64,13 +64,18 @@ def _better(own: pd.Series, best: pd.Series, analysis: Analysis | None = None) -
     if own.best:
         return "own"
     extra = [t for t, a in best.coefficients.items() if a > 0 and t not in own.coefficients]
-    if not extra:
-        return f"{best.model}'s model: {best.formula}"
+    # the own terms that carried time and the best model has not (conv's best, state space's
+    # model, lacks b·n·k·d²): then it is another curve, not the own one plus a term
+    lacks = [t for t, a in own.coefficients.items() if a > 0 and t not in best.coefficients]
     words = []
     for term in extra:
         slope = _term_growth(analysis, str(own.layer), str(best.model), term) if analysis else None
         grows = f"a term in n^{fmt_exponent(slope)} ({term})" if slope is not None else term
         words.append(grows)
+    if lacks or not words:
+        adds = f"adds {' + '.join(words)}; " if words else ""
+        lacking = f"lacks {', '.join(lacks)}" if lacks else f"{best.formula}"
+        return f"{best.model}'s model instead ({adds}{lacking})"
     return f"own + {' + '.join(words)}, from {best.model}'s model"
 
 
@@ -94,7 +99,9 @@ def better_note(analysis: Analysis) -> list[str]:
     return [
         f"{BETTER}: where a layer's own model is not the best, the one ranked first is named "
         "by the terms it adds to the own, each by its growth in n over the layer's lengths "
-        "(own + a term in n^2.00 (b·h·n²)): part of the time grew that way, which the layer's "
+        "(own + a term in n^2.00 (b·h·n²)), or, where it lacks an own term that took time, "
+        "as another model instead (adds ...; lacks ...): part of the time grew that way, "
+        "which the layer's "
         "counted work does not (a cache outgrown, a kernel changed with n, a per-call cost), "
         "and the term's sizes (k, L, h) need not be the layer's; the cost models are fitted on "
         "every length, the exponents only where the rate settled, and the split table above "

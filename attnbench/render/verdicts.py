@@ -137,7 +137,10 @@ def _within(row: Any, thresholds: Thresholds) -> str:
     moved = abs(ratio - 1)
     way = f"{'+' if ratio >= 1 else '-'}{moved:.1%}" if moved >= 0.001 else "by under 0.1%"
     basis = "normalized, " if thresholds.normalize else ""
-    return f"({basis}{way}, significant; under the {thresholds.max_slowdown:.0%} threshold)"
+    limit = thresholds.max_slowdown
+    # an improvement is a ratio under 1 / (1 + limit): -9.1%, not -10%, beside +10%
+    bound = f"under the +{limit:.0%}" if ratio >= 1 else f"short of the -{1 - 1 / (1 + limit):.1%}"
+    return f"({basis}{way}, significant; {bound} threshold)"
 
 
 UNJUDGED = (NOT_COMPARED, THROTTLED)  # verdicts the overall row leaves out
