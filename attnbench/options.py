@@ -267,8 +267,10 @@ OPTIONS: tuple[Option, ...] = (
            "steps every 100 ms, as an H200's does. CUDA only, with NVML (pip install "
            "'attnbench[gpu]'); empty, and energy_method says why, where it cannot be read."),
     Option("allocator", "allocator", str, check_allocator,
-           "pinned: glibc keeps freed memory mapped, so a time does not depend on what ran "
-           "before; system: glibc's defaults, what your own program pays (page faults)."),
+           "pinned: glibc keeps freed memory mapped and torch puts tensors of 2 MiB or more "
+           "on huge pages, so a time does not depend on what ran before or on where a "
+           "process's pages landed; system: glibc's and torch's defaults, what your own "
+           "program pays (page faults)."),
 )  # fmt: skip  # the option table, one option to a paragraph
 OPTION = {o.key: o for o in OPTIONS}
 # Keys a config file may hold: the sweep options, and where the results go.

@@ -5,6 +5,7 @@ demand. Nothing here is timed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -64,23 +65,27 @@ def fresh_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+def no_thp() -> str:
+    return ""
+
+
 def test_pinned_sets_the_three_glibc_parameters(fresh_process: None) -> None:
     libc = FakeLibc()
-    state = set_allocator("pinned", libc)
+    state = set_allocator("pinned", libc, huge=no_thp)
     assert libc.calls == [(M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1), (M_ARENA_MAX, 1)]
     assert state.to_dict() == {
         "state": "pinned",
         "mechanism": "mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1, M_ARENA_MAX=1",
         "libc": "glibc 2.36",
     }
-    assert set_allocator("pinned", libc) is state and len(libc.calls) == 3  # once a process
+    assert set_allocator("pinned", libc, huge=no_thp) is state and len(libc.calls) == 3
 
 
 def test_system_touches_nothing_and_a_pinned_process_cannot_go_back(fresh_process: None) -> None:
     libc = FakeLibc()
     state = set_allocator("system", libc)
     assert libc.calls == [] and state.state == "system" and state.libc == "glibc 2.36"
-    set_allocator("pinned", libc)  # system -> pinned: from now on
+    set_allocator("pinned", libc, huge=no_thp)  # system -> pinned: from now on
     with pytest.raises(AttnbenchError, match="pinned already; --allocator system needs a fresh"):
         set_allocator("system", libc)
 
@@ -88,10 +93,64 @@ def test_system_touches_nothing_and_a_pinned_process_cannot_go_back(fresh_proces
 def test_a_refused_mallopt_and_a_libc_that_is_not_glibc(fresh_process: None) -> None:
     with pytest.raises(AttnbenchError, match=r"glibc 2\.36 refused mallopt M_MMAP_MAX"):
         set_allocator("pinned", FakeLibc(accepts=False))
-    elsewhere = set_allocator("pinned", FakeLibc(version=None))
+    elsewhere = set_allocator("pinned", FakeLibc(version=None), huge=no_thp)
     assert elsewhere.state == "system" and elsewhere.mechanism.startswith("not glibc")
     with pytest.raises(AttnbenchError, match="--allocator 'jemalloc': accepted: pinned, system"):
         set_allocator("jemalloc", FakeLibc())
+
+
+def test_pinned_asks_for_huge_pages_and_records_what_took(
+    fresh_process: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six fresh processes timed ssm-scan at n = 512 24-28% apart on 4 KiB pages and 3-7% on
+    huge ones: pinned asks torch for them (its THP_MEM_ALLOC_ENABLE) and says what took."""
+    monkeypatch.delenv(allocator.THP_ENV, raising=False)
+    took = allocator.ask_huge_pages(kernel=lambda: "madvise", marked=lambda: True)
+    assert took == (
+        "; huge pages for tensors of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1, the kernel's "
+        "THP: madvise)"
+    )
+    assert os.environ[allocator.THP_ENV] == "1"  # for this process's torch and its children
+    never = allocator.ask_huge_pages(kernel=lambda: "never", marked=lambda: True)
+    assert never == "; no huge pages (the kernel's THP: never)"
+    late = allocator.ask_huge_pages(kernel=lambda: "madvise", marked=lambda: False)
+    assert "no huge pages (torch had allocated in this process before" in late
+    monkeypatch.delenv(allocator.THP_ENV)
+    assert allocator.ask_huge_pages(kernel=lambda: None, marked=lambda: True) == ""  # not Linux
+    assert allocator.THP_ENV not in os.environ
+    state = set_allocator("pinned", FakeLibc(), huge=lambda: "; huge")
+    assert state.mechanism.endswith("M_ARENA_MAX=1; huge")
+    monkeypatch.setattr(allocator, "_current", None)
+    assert set_allocator("system", FakeLibc(), huge=lambda: "; huge").mechanism.startswith(
+        "glibc's defaults"
+    )  # system asks for nothing
+
+
+HUGE_IN_A_FRESH_PROCESS = """
+import json, torch
+from attnbench.measure.timing import allocator
+state = allocator.set_allocator("pinned")
+print(json.dumps({"mechanism": state.mechanism, "marked": allocator._marked_huge()}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's smaps")
+def test_a_fresh_pinned_processs_large_tensors_are_marked_for_huge_pages() -> None:
+    """What a job's process does, in a fresh one: its large tensors' mapping carries smaps'
+    hg flag where the kernel allows THP, and the record says so either way."""
+    if allocator.glibc_version(allocator._libc()) is None:
+        pytest.skip("not glibc: nothing is pinned")
+    env = {k: v for k, v in os.environ.items() if k != allocator.THP_ENV}
+    done = subprocess.run(
+        [sys.executable, "-c", HUGE_IN_A_FRESH_PROCESS],
+        capture_output=True, text=True, check=True, env=env,
+    )  # fmt: skip
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    mode = allocator._kernel_thp()
+    if mode in ("madvise", "always"):
+        assert found["marked"] is True and "huge pages for tensors of 2 MiB" in found["mechanism"]
+    else:
+        assert "huge pages for" not in found["mechanism"]
 
 
 def test_the_run_records_its_workers_state() -> None:
@@ -417,3 +476,18 @@ def test_a_pinned_process_keeps_nothing_of_the_ceilings_copy() -> None:
     )
     grew = json.loads(done.stdout.strip().splitlines()[-1])["grew"]
     assert grew < 128 * 2**20
+
+
+def test_compare_warns_when_one_run_had_huge_pages_and_the_other_not(tmp_path: Path) -> None:
+    """A baseline from before attnbench asked for huge pages reads memory-bound cases slower:
+    the comparison says so, and says nothing when both runs took the same pages."""
+    huge = "mallopt M_MMAP_MAX=0; huge pages for tensors of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1)"
+    runs = {}
+    for name, mechanism in (("old", "mallopt M_MMAP_MAX=0"), ("new", huge), ("again", huge)):
+        record = {"state": "pinned", "mechanism": mechanism, "libc": "glibc 2.36"}
+        runs[name] = make_run(tmp_path / name, cases_grid(), meta={"allocator": record})
+    (warning,) = [w for w in compare_runs(runs["old"], runs["new"]).warnings if "huge" in w]
+    assert warning.startswith(
+        "huge pages differ: none asked in the baseline, 'huge pages for tensors of 2 MiB or more'"
+    )
+    assert not [w for w in compare_runs(runs["new"], runs["again"]).warnings if "huge" in w]

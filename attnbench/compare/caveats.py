@@ -46,6 +46,12 @@ def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
             "current run; CPU times under one state pay page faults the other does not "
             "(see --allocator)"
         )
+    elif _huge_pages(base) != _huge_pages(new):
+        warnings.append(
+            f"huge pages differ: {_huge_pages(base)} in the baseline, {_huge_pages(new)} in "
+            "the current run; a memory-bound case's CPU time moved 5-17% with them (attnbench "
+            "asks for them since 2026-12-01: docs/metrics.md)"
+        )
     level, level_now = typical_reference(base.samples), typical_reference(new.samples)
     if not same_state(level, level_now):
         warnings.append(
@@ -54,6 +60,14 @@ def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
             "machine's state, which no verdict here tells from the code"
         )
     return warnings + layer_differences(base.record.layers, new.record.layers)
+
+
+def _huge_pages(run: RunResults) -> str:
+    """What the run's allocator record says of huge pages ("none asked" where its mechanism
+    names none: the system state, or an attnbench that did not ask for them yet)."""
+    mechanism = str(run.record.allocator.get("mechanism", ""))
+    found = [part for part in mechanism.split("; ") if "huge pages" in part]
+    return repr(found[0].split(" (")[0]) if found else "none asked"
 
 
 def layer_differences(
