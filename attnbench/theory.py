@@ -92,7 +92,7 @@ class DecodeTheory:
     terms: tuple[Term, ...]
     state: tuple[Term, ...]
     form: str
-    order: SizeFn = _one
+    order: SizeFn = _zero  # not stated: its fits read no chapter order
     sequential: str = "O(1)"  # sequential operations of one step
     elementwise: tuple[Term, ...] | None = None
     sequential_law: SizeFn = _one  # the step's sequential steps, up to a constant

@@ -327,6 +327,12 @@ def test_the_decode_theories_state_their_orders() -> None:
         assert len(orders) == 1, name  # the same at any context
     assert {_decode_theory(n).memory for n in ("rnn", "gru", "lstm")} == {"O(d)"}
     assert _decode_theory("attention").memory == "O(n d)"
+    # a plugin's step that states no order has none: not a constant, which would read n^0
+    unstated = DecodeTheory("O(d^2)", "O(d)", _decode_theory("rnn").terms, (), "causal")
+    rnn = entry("rnn").theory
+    assert rnn is not None
+    read = replace(rnn, decode=unstated).generation()
+    assert read is not None and read.order(_sizes("rnn", 100)) == 0  # order_values: not stated
 
 
 def test_a_decode_run_reads_each_layer_with_its_steps_theory() -> None:
