@@ -394,7 +394,7 @@ def test_crossover_table_measured_and_predicted_side_by_side():
     assert (row.layer, row.versus) == ("attention", "rnn")
     assert row.measured_n == pytest.approx(512)  # n² = 512 n
     assert row.measured == "≈ 512"
-    assert row.theory_order_n == pytest.approx(64) and row.theory_flops == "every n"
+    assert row.theory_order_n == pytest.approx(64) and row.theory_flops == "from n = 1"
 
 
 def test_a_rival_that_declares_no_order_gets_no_order_crossover(add_layer):  # type: ignore[no-untyped-def]
@@ -408,7 +408,7 @@ def test_a_rival_that_declares_no_order_gets_no_order_crossover(add_layer):  # t
     row = crossover_table(pd.concat([att, mine])).iloc[0]
     assert row.versus == "myrnn" and row.measured == "≈ 512"  # measured all the same
     assert math.isnan(row.theory_order_n) and row.theory_order == "no order declared"
-    assert row.theory_flops == "every n"  # its FLOP formula still predicts (2nd² is cheap)
+    assert row.theory_flops == "from n = 1"  # its FLOP formula still predicts (2nd² is cheap)
 
 
 def test_fit_frame_fills_options_from_the_run(tiny_run: RunResults):
@@ -606,3 +606,15 @@ def test_a_better_model_that_lacks_the_own_terms_is_not_called_own_plus():
     assert _better(own, best) == "state space's model instead (adds b·n·d·N; lacks b·n·k·d²)"
     both = pd.Series({**best.to_dict(), "coefficients": {"b·n·k·d²": 1e-11, "b·n·d·N": 1e-9}})
     assert _better(own, both) == "own + b·n·d·N, from state space's model"
+
+
+def test_a_crossover_outside_the_measured_sizes_says_which_side_it_lies_on() -> None:
+    """Attention slower at every n measured crosses at or below the shortest, faster at the
+    longest above it: the words say which, not a bare bound."""
+    ns = [64, 128, 256]
+    assert fits.describe_crossover(-math.inf, ns) == "≤ 64 (slower at every n measured)"
+    assert fits.describe_crossover(math.inf, ns) == "> 256 (faster at the longest n measured)"
+    assert fits.describe_crossover(181.0, ns) == "≈ 181"
+    assert fits.describe_crossover(fits.measured_crossover(ns, [2.0, 3.0, 4.0]), ns).startswith(
+        "≤ 64"
+    )

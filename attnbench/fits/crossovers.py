@@ -81,16 +81,18 @@ def formula_crossover(cost: Callable[[float], float], upper: float = 2.0**40) ->
 
 def _predicted(n: float) -> str:
     if n == 0:
-        return "every n"
+        return "from n = 1"  # the formulas make attention the costlier at every n
     return "never" if math.isnan(n) else f"≈ {n:.0f}"
 
 
 def describe_crossover(n: float, ns: Sequence[int]) -> str:
-    """A measured crossover in words, within the sizes measured: "≈ 362", "below 64"..."""
+    """A measured crossover in words, within the sizes measured: "≈ 362"; where attention was
+    the slower at every n measured, at or below the shortest, and where it was the faster at
+    the longest, above it, each saying which."""
     if n == -math.inf:
-        return f"below {min(ns)}"
+        return f"≤ {min(ns)} (slower at every n measured)"
     if n == math.inf:
-        return f"above {max(ns)}"
+        return f"> {max(ns)} (faster at the longest n measured)"
     return f"≈ {n:.0f}"
 
 
