@@ -22,6 +22,7 @@ from attnbench.options import build_grid, load_config
 from attnbench.render.verdicts import (
     STEP_SUMMARY_ENV,
     append_step_summary,
+    by_length,
     github_action_benchmark,
     schema,
     to_json,
@@ -235,6 +236,21 @@ def test_one_side_only_cases_and_warnings_are_printed(tmp_path: Path) -> None:
     assert "only in the current run: rnn/n=512" in result.stderr
     assert "warning: torch differs" in result.stderr
     assert "Only in the current run (1):" in result.stdout
+
+
+def test_cases_only_on_one_side_are_read_one_line_per_length_series() -> None:
+    """A sweep compared with a shorter one has dozens of cases on one side only: one line per
+    case that differs only in n, its lengths joined."""
+    ids = [
+        f"{layer}/n={n}/d=64/b=1/float32/cpu/forward"
+        for layer in ("rnn", "conv")
+        for n in (512, 1024)
+    ]
+    assert by_length([*ids, "odd"]) == (
+        "rnn/n=512,1024/d=64/b=1/float32/cpu/forward",
+        "conv/n=512,1024/d=64/b=1/float32/cpu/forward",
+        "odd",
+    )
 
 
 # ----------------------------------------------------------------------------- sweep --baseline

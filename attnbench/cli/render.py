@@ -27,7 +27,7 @@ from attnbench._version import __version__
 from attnbench.compare import Comparison
 from attnbench.compare.verdicts import IMPROVEMENT, REGRESSION
 from attnbench.measure.timing.loop import TimingStats
-from attnbench.render.verdicts import display_table, row_marks
+from attnbench.render.verdicts import by_length, display_table, row_marks
 from attnbench.run.ab import ABStart, describe_sides
 from attnbench.run.estimate import CEILINGS_S, Busy
 from attnbench.run.events import ProgressEvent, SweepStart
@@ -388,8 +388,8 @@ def comparison_table(comparison: Comparison, gate: str, console: Console) -> Non
         ("only in the baseline", comparison.only_baseline),
         ("only in the current run", comparison.only_current),
     ):
-        for case_id in cases:
-            console.print(f"  {label}: {escape(case_id)}", soft_wrap=True)
+        for line in by_length(cases):
+            console.print(f"  {label}: {escape(line)}", soft_wrap=True)
     found = comparison.regressions(gate)
     if found:
         console.print(f"[bold red]{len(found)} regression(s)[/] (--fail-on {gate}):")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
@@ -146,6 +146,12 @@ def _within(row: Any, thresholds: Thresholds) -> str:
 UNJUDGED = (NOT_COMPARED, THROTTLED)  # verdicts the overall row leaves out
 
 
+def _judged(row: Any, otherwise: float) -> float:
+    """The ratio the case's test judged, or ``otherwise`` where none was judged."""
+    judged = row.ratio_judged
+    return float(judged) if judged is not None and math.isfinite(judged) else otherwise
+
+
 def display_table(comparison: Comparison) -> pd.DataFrame:
     """One row of strings per shared case, then the OVERALL row: what people read."""
     normalized = bool(comparison.calibration)
@@ -161,11 +167,13 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
             "d": str(r.d),
             "baseline": fmt_seconds(r.time_base_s),
             "current": fmt_seconds(r.time_new_s),
-            # An interleaved run is judged on its pairs: their median ratio, not the samples'.
-            "ratio": _ratio(r.ratio_judged if r.unit == "pairs" else r.ratio),
+            # The ratio the words and the interval read: the pairs' median ratio for an
+            # interleaved run, the rounds' for two runs (their kept rounds, not the samples');
+            # normalized, the raw ratio stays beside the judged one.
+            "ratio": _ratio(r.ratio if normalized else _judged(r, r.ratio)),
         }
         if normalized:
-            row["norm. ratio"] = _ratio(r.ratio_normalized)
+            row["norm. ratio"] = _ratio(_judged(r, r.ratio_normalized))
         row[level] = fmt_interval(r.ratio_low, r.ratio_high) or "–"  # of the judged ratio
         exact = count_changes(comparison, r.case_id)
         if r.kernel_base != r.kernel_new:  # torch chose another kernel: why the time moved
@@ -282,8 +290,24 @@ def blocks(comparison: Comparison, gate: str = "all") -> list[Block]:
         ("Only in the current run", comparison.only_current),
     ):
         if cases:
-            out += [Block("p", f"{label} ({len(cases)}):"), Block("list", items=cases)]
+            out += [Block("p", f"{label} ({len(cases)}):"), Block("list", items=by_length(cases))]
     return out
+
+
+def by_length(case_ids: Sequence[str]) -> tuple[str, ...]:
+    """Case ids that differ only in n, one line each: "rnn/n=512,1024/d=64/…" (a sweep
+    compared with a shorter one has dozens only on one side, which one line each buried)."""
+    lengths: dict[tuple[str, ...], list[str]] = {}
+    for case_id in case_ids:
+        parts = case_id.split("/")
+        at = next((i for i, p in enumerate(parts) if p.startswith("n=")), None)
+        key = tuple(parts) if at is None else (*parts[:at], "n=", *parts[at + 1 :])
+        lengths.setdefault(key, []).append("" if at is None else parts[at][2:])
+    lines = []
+    for key, ns in lengths.items():
+        joined = "n=" + ",".join(ns)
+        lines.append("/".join(joined if part == "n=" else part for part in key))
+    return tuple(lines)
 
 
 def to_markdown(comparison: Comparison, gate: str = "all") -> str:
