@@ -309,6 +309,32 @@ def test_a_carried_rival_goes_on_with_attention_when_the_budget_reopens_it() -> 
     assert rnn.stopped is None and attention.stopped is None
 
 
+def test_a_carried_rival_at_the_ladders_end_stays_stopped_when_attention_is_reopened() -> None:
+    """rnn, carried, reached the ladder's last length; attention's last was refused on its
+    share. Reopening attention gives rnn nothing to run: it stays stopped, or a finished run
+    would read one line 'not stopped'."""
+    g = build_grid({"layers": "rnn,attention", "d": [64], "n": "auto:64..4096",
+                    "device": "cpu", "auto_budget": 100})  # fmt: skip
+    plan = AutoPlan(g)
+    cases = sorted(g.cases(), key=lambda c: c.n)
+    last = [c for c in cases if c.n == 4096]
+    for case in [c for c in cases if c.n < 4096]:
+        assert plan.decide(case)[0]
+        plan.started(case)
+        times = SLOW_RNN if case.layer == "rnn" else RISING
+        plan.record(result(case, times[case.n], wall_s=0.1))
+    rnn_last = next(c for c in last if c.layer == "rnn")
+    assert plan.decide(rnn_last)[0]  # carried: attention is still faster
+    plan.started(rnn_last)
+    plan.record(result(rnn_last, SLOW_RNN[4096], wall_s=0.1))
+    plan.exhausted(rnn_last)
+    attention = line_of(plan, "attention")
+    attention.stopped, attention.why = Stopped.BUDGET, "its share ran out"  # as decide does
+    dropped = [c for c in last if c.layer == "attention"]
+    assert plan.reopen(dropped) == dropped
+    assert line_of(plan, "rnn").stopped is Stopped.REGIME and attention.stopped is None
+
+
 def test_a_line_that_is_no_rival_or_has_no_attention_beside_it_stops_where_it_settles() -> None:
     _, ran = interleaved("rnn,conv", {"rnn": STEADY, "conv": RISING})
     assert ran["rnn"] == [64, 128, 256, 512]  # no attention line: nothing to carry it for

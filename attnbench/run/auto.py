@@ -345,6 +345,8 @@ class AutoPlan:
             and key[1] in widths
             and _family(key[0], "rival")
         }
+        # only a line with a length left goes on (a carried rnn at the ladder's end stays)
+        reopened &= {line_key(c) for c in dropped}
         for key in reopened:
             self.lines[key].stopped, self.lines[key].why = None, ""
         return sorted((c for c in dropped if line_key(c) in reopened), key=lambda c: c.n)
