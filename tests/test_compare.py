@@ -749,25 +749,3 @@ def test_a_run_compared_with_itself_is_warned_of(tmp_path: Path) -> None:
     assert any("every case is compared with itself" in w for w in same.warnings)
     other = compare_runs(run, make_run(tmp_path / "b", cases_grid()))
     assert not any("compared with itself" in w for w in other.warnings)
-
-
-def test_the_ratio_column_is_the_ratio_the_words_read(tmp_path: Path) -> None:
-    """Two runs are judged on their kept rounds' medians: where that ratio and the raw one
-    (each run's reported times) differ, the column shows the judged one, which the words and
-    the interval read; normalized, the raw ratio stays and the norm. column is the judged."""
-    base = make_run(tmp_path / "a", cases_grid())
-    comparison = compare_runs(base, make_run(tmp_path / "b", cases_grid()))
-    comparison = dataclasses.replace(comparison, calibration={})  # not normalized
-    times = comparison.times.assign(ratio=1.10, ratio_judged=1.20, ratio_normalized=1.05)
-    shown = display_table(dataclasses.replace(comparison, times=times))
-    assert set(shown["ratio"].iloc[:-1]) == {"1.200"}
-    times = times.assign(ratio_judged=math.nan)  # nothing judged: the raw ratio
-    assert set(display_table(dataclasses.replace(comparison, times=times))["ratio"].iloc[:-1]) == {
-        "1.100"
-    }
-    normalized = dataclasses.replace(
-        comparison, times=times.assign(ratio_judged=1.20), calibration={"ratio": 1.0}
-    )
-    table = display_table(normalized)
-    assert set(table["ratio"].iloc[:-1]) == {"1.100"}
-    assert set(table["norm. ratio"].iloc[:-1]) == {"1.200"}

@@ -19,7 +19,7 @@ CROSSOVER_COLUMNS = [
     "layer",
     "versus",
     "measured_n",  # interpolated in log-log between the sweep's sizes (nan: not inside the range)
-    "measured",  # the same, in words: "≈ 362", "below 64", "above 1024"
+    "measured",  # the same, in words: "≈ 362", "≤ 64 (slower at every n measured)", "> 1024 (…)"
     "theory_flops_n",  # where the full FLOP formulas cross (0: from n = 1 on; nan: never)
     "theory_flops",
     "theory_order_n",  # where the chapter's orders cross: n²·d = n·d² gives n = d

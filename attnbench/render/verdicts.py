@@ -146,12 +146,6 @@ def _within(row: Any, thresholds: Thresholds) -> str:
 UNJUDGED = (NOT_COMPARED, THROTTLED)  # verdicts the overall row leaves out
 
 
-def _judged(row: Any, otherwise: float) -> float:
-    """The ratio the case's test judged, or ``otherwise`` where none was judged."""
-    judged = row.ratio_judged
-    return float(judged) if judged is not None and math.isfinite(judged) else otherwise
-
-
 def display_table(comparison: Comparison) -> pd.DataFrame:
     """One row of strings per shared case, then the OVERALL row: what people read."""
     normalized = bool(comparison.calibration)
@@ -167,13 +161,11 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
             "d": str(r.d),
             "baseline": fmt_seconds(r.time_base_s),
             "current": fmt_seconds(r.time_new_s),
-            # The ratio the words and the interval read: the pairs' median ratio for an
-            # interleaved run, the rounds' for two runs (their kept rounds, not the samples');
-            # normalized, the raw ratio stays beside the judged one.
-            "ratio": _ratio(r.ratio if normalized else _judged(r, r.ratio)),
+            # An interleaved run is judged on its pairs: their median ratio, not the samples'.
+            "ratio": _ratio(r.ratio_judged if r.unit == "pairs" else r.ratio),
         }
         if normalized:
-            row["norm. ratio"] = _ratio(_judged(r, r.ratio_normalized))
+            row["norm. ratio"] = _ratio(r.ratio_normalized)
         row[level] = fmt_interval(r.ratio_low, r.ratio_high) or "–"  # of the judged ratio
         exact = count_changes(comparison, r.case_id)
         if r.kernel_base != r.kernel_new:  # torch chose another kernel: why the time moved
