@@ -105,32 +105,65 @@ def test_pinned_asks_for_huge_pages_and_records_what_took(
     """Six fresh processes timed ssm-scan at n = 512 24-28% apart on 4 KiB pages and 3-7% on
     huge ones: pinned asks torch for them (its THP_MEM_ALLOC_ENABLE) and says what took."""
     monkeypatch.delenv(allocator.THP_ENV, raising=False)
-    took = allocator.ask_huge_pages(kernel=lambda: "madvise", marked=lambda: True)
+    took = allocator.ask_huge_pages(kernel=lambda: "madvise", probe=lambda: allocator.TAKEN)
     assert took == (
         "; huge pages for tensors of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1, the kernel's "
         "THP: madvise)"
     )
     assert os.environ[allocator.THP_ENV] == "1"  # for this process's torch and its children
-    never = allocator.ask_huge_pages(kernel=lambda: "never", marked=lambda: True)
+    never = allocator.ask_huge_pages(kernel=lambda: "never", probe=lambda: allocator.TAKEN)
     assert never == "; no huge pages (the kernel's THP: never)"
-    late = allocator.ask_huge_pages(kernel=lambda: "madvise", marked=lambda: False)
+    late = allocator.ask_huge_pages(kernel=lambda: "madvise", probe=lambda: allocator.UNADVISED)
     assert "no huge pages (torch had allocated in this process before" in late
+    off = allocator.ask_huge_pages(kernel=lambda: "madvise", probe=lambda: allocator.REFUSED)
+    assert "no huge pages (THP is off for this process" in off  # advised, not eligible
+    unread = allocator.ask_huge_pages(kernel=lambda: "madvise", probe=lambda: None)
+    assert unread.startswith("; huge pages asked for (THP_MEM_ALLOC_ENABLE=1), not verified")
     monkeypatch.delenv(allocator.THP_ENV)
-    assert allocator.ask_huge_pages(kernel=lambda: None, marked=lambda: True) == ""  # not Linux
-    assert allocator.THP_ENV not in os.environ
+    assert allocator.ask_huge_pages(kernel=lambda: None, probe=lambda: allocator.TAKEN) == ""
+    assert allocator.THP_ENV not in os.environ  # not Linux: nothing asked
     state = set_allocator("pinned", FakeLibc(), huge=lambda: "; huge")
     assert state.mechanism.endswith("M_ARENA_MAX=1; huge")
     monkeypatch.setattr(allocator, "_current", None)
-    assert set_allocator("system", FakeLibc(), huge=lambda: "; huge").mechanism.startswith(
-        "glibc's defaults"
-    )  # system asks for nothing
+    system = set_allocator("system", FakeLibc(), huge=lambda: "; huge").mechanism
+    assert system == "glibc's defaults (dynamic mmap and trim thresholds)"  # asks for nothing
+    monkeypatch.setattr(allocator, "_current", None)
+    monkeypatch.setenv(allocator.THP_ENV, "1")  # the user's shell asked: the record says so
+    system = set_allocator("system", FakeLibc(), huge=lambda: "; huge").mechanism
+    assert system.endswith("; THP_MEM_ALLOC_ENABLE=1 from the environment")
+
+
+SMAPS_LINES = """\
+55d0a000-55d0c000 rw-p 00000000 00:00 0                          [heap]
+Size:                  8 kB
+THPeligible:           0
+VmFlags: rd wr mr mw me ac
+7f0000000000-7f0000800000 rw-p 00000000 00:00 0
+Size:               8192 kB
+AnonHugePages:      8192 kB
+THPeligible:           1
+VmFlags: rd wr mr mw me ac hg
+7f0000800000-7f0000900000 r--p 00000000 08:01 42                 /usr/lib/libc.so.6
+VmFlags: rd mr mw me
+""".splitlines()
+
+
+def test_the_smaps_mapping_holding_an_address_is_read_field_by_field() -> None:
+    fields = allocator._mapping_fields(0x7F0000400000, SMAPS_LINES)
+    assert fields is not None
+    assert fields["THPeligible"] == "1" and "hg" in fields["VmFlags"].split()
+    assert fields["AnonHugePages"] == "8192 kB"
+    heap = allocator._mapping_fields(0x55D0A100, SMAPS_LINES)
+    assert heap is not None and heap["THPeligible"] == "0"
+    assert allocator._mapping_fields(0x7F0000800000, SMAPS_LINES) == {"VmFlags": "rd mr mw me"}
+    assert allocator._mapping_fields(0x1000, SMAPS_LINES) is None
 
 
 HUGE_IN_A_FRESH_PROCESS = """
 import json, torch
 from attnbench.measure.timing import allocator
 state = allocator.set_allocator("pinned")
-print(json.dumps({"mechanism": state.mechanism, "marked": allocator._marked_huge()}))
+print(json.dumps({"mechanism": state.mechanism, "pages": allocator._probe_pages()}))
 """
 
 
@@ -148,7 +181,8 @@ def test_a_fresh_pinned_processs_large_tensors_are_marked_for_huge_pages() -> No
     found = json.loads(done.stdout.strip().splitlines()[-1])
     mode = allocator._kernel_thp()
     if mode in ("madvise", "always"):
-        assert found["marked"] is True and "huge pages for tensors of 2 MiB" in found["mechanism"]
+        assert found["pages"] == allocator.TAKEN
+        assert "huge pages for tensors of 2 MiB" in found["mechanism"]
     else:
         assert "huge pages for" not in found["mechanism"]
 
@@ -483,11 +517,14 @@ def test_compare_warns_when_one_run_had_huge_pages_and_the_other_not(tmp_path: P
     the comparison says so, and says nothing when both runs took the same pages."""
     huge = "mallopt M_MMAP_MAX=0; huge pages for tensors of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1)"
     runs = {}
-    for name, mechanism in (("old", "mallopt M_MMAP_MAX=0"), ("new", huge), ("again", huge)):
+    never = "mallopt M_MMAP_MAX=0; no huge pages (the kernel's THP: never)"
+    mechanisms = (("old", "mallopt M_MMAP_MAX=0"), ("new", huge), ("again", huge), ("off", never))
+    for name, mechanism in mechanisms:
         record = {"state": "pinned", "mechanism": mechanism, "libc": "glibc 2.36"}
         runs[name] = make_run(tmp_path / name, cases_grid(), meta={"allocator": record})
     (warning,) = [w for w in compare_runs(runs["old"], runs["new"]).warnings if "huge" in w]
     assert warning.startswith(
-        "huge pages differ: none asked in the baseline, 'huge pages for tensors of 2 MiB or more'"
+        "huge pages differ: not taken in the baseline, taken in the current run"
     )
     assert not [w for w in compare_runs(runs["new"], runs["again"]).warnings if "huge" in w]
+    assert not [w for w in compare_runs(runs["old"], runs["off"]).warnings if "huge" in w]

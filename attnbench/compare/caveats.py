@@ -63,11 +63,13 @@ def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
 
 
 def _huge_pages(run: RunResults) -> str:
-    """What the run's allocator record says of huge pages ("none asked" where its mechanism
-    names none: the system state, or an attnbench that did not ask for them yet)."""
+    """Whether the run's torch took huge pages, from its allocator record: "taken", "not
+    taken" (its mechanism names none taken: the system state, a kernel or process without
+    THP, or an attnbench that did not ask yet), or "asked, not verified"."""
     mechanism = str(run.record.allocator.get("mechanism", ""))
-    found = [part for part in mechanism.split("; ") if "huge pages" in part]
-    return repr(found[0].split(" (")[0]) if found else "none asked"
+    if "huge pages for tensors" in mechanism:
+        return "taken"
+    return "asked, not verified" if "huge pages asked for" in mechanism else "not taken"
 
 
 def layer_differences(

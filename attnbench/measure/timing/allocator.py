@@ -105,29 +105,50 @@ def _kernel_thp() -> str | None:
     return found.group(1) if found else None
 
 
-def _marked_huge() -> bool | None:
-    """Whether a CPU tensor of ``PROBE_BYTES`` lies in a mapping marked for huge pages (smaps'
-    ``hg`` flag: what torch's madvise sets); None where smaps cannot be read."""
+# What the probe found of torch's huge pages (``_probe_pages``).
+TAKEN, UNADVISED, REFUSED = "taken", "unadvised", "refused"
+
+
+def _mapping_fields(address: int, lines: list[str]) -> dict[str, str] | None:
+    """The smaps fields ("Rss", "THPeligible", "VmFlags"...) of the mapping holding
+    ``address``; None where none holds it."""
+    fields: dict[str, str] | None = None
+    for line in lines:
+        head, _, rest = line.partition(" ")
+        if "-" in head and not head.endswith(":"):  # a mapping's first line: low-high perms...
+            if fields is not None:
+                return fields
+            low, _, high = head.partition("-")
+            fields = {} if int(low, 16) <= address < int(high, 16) else None
+        elif fields is not None:
+            fields[head.rstrip(":")] = rest.strip()
+    return fields
+
+
+def _probe_pages() -> str | None:
+    """Whether a CPU tensor of ``PROBE_BYTES``, touched and held while smaps is read, lies in
+    a mapping torch advised for huge pages that the kernel may back with them: ``TAKEN``;
+    ``UNADVISED`` (no ``hg`` flag: torch had allocated before it was asked), ``REFUSED``
+    (advised, but ``THPeligible: 0``: THP is off for this process, a prctl a launcher set);
+    None where smaps cannot be read."""
     import torch
 
-    address = torch.empty(PROBE_BYTES // 4).data_ptr()
+    probe = torch.zeros(PROBE_BYTES // 4)  # (2 Mi,) float32, its pages touched
     try:
         lines = SMAPS.read_text().splitlines()
     except OSError:
         return None
-    inside = False
-    for line in lines:
-        head = line.split(" ", 1)[0]
-        if "-" in head and not head.endswith(":"):
-            low, _, high = head.partition("-")
-            inside = int(low, 16) <= address < int(high, 16)
-        elif inside and line.startswith("VmFlags"):
-            return "hg" in line.split()
-    return None
+    fields = _mapping_fields(probe.data_ptr(), lines)
+    del probe
+    if fields is None or "VmFlags" not in fields:
+        return None
+    if "hg" not in fields["VmFlags"].split():
+        return UNADVISED
+    return REFUSED if fields.get("THPeligible", "1") == "0" else TAKEN
 
 
 def ask_huge_pages(
-    kernel: Callable[[], str | None] = _kernel_thp, marked: Callable[[], bool | None] = _marked_huge
+    kernel: Callable[[], str | None] = _kernel_thp, probe: Callable[[], str | None] = _probe_pages
 ) -> str:
     """Ask this process's torch for huge pages for its large CPU tensors (``THP_ENV``), and say
     what took, for the record ("" where the platform has no THP to ask: not Linux)."""
@@ -137,12 +158,21 @@ def ask_huge_pages(
     os.environ[THP_ENV] = "1"  # read at torch's first allocation: children inherit it too
     if mode == "never":
         return "; no huge pages (the kernel's THP: never)"
-    taken = marked()
-    if taken is None:
-        return ""
-    if not taken:
+    found = probe()
+    if found is None:
+        return f"; huge pages asked for ({THP_ENV}=1), not verified: smaps could not be read"
+    if found == UNADVISED:
         return "; no huge pages (torch had allocated in this process before it was asked)"
+    if found == REFUSED:
+        return "; no huge pages (THP is off for this process: its mappings read THPeligible 0)"
     return f"; huge pages for tensors of 2 MiB or more ({THP_ENV}=1, the kernel's THP: {mode})"
+
+
+def _inherited_thp() -> str:
+    """A system run's word on huge pages its environment asked torch for: what the user's
+    own program, started the same way, pays too."""
+    value = os.environ.get(THP_ENV)
+    return f"; {THP_ENV}={value} from the environment" if value else ""
 
 
 def set_allocator(
@@ -168,7 +198,7 @@ def set_allocator(
         _current = AllocatorState(SYSTEM, "not glibc: the platform's allocator, unchanged", "")
         return _current
     if state == SYSTEM:
-        mechanism = "glibc's defaults (dynamic mmap and trim thresholds)"
+        mechanism = "glibc's defaults (dynamic mmap and trim thresholds)" + _inherited_thp()
         _current = AllocatorState(SYSTEM, mechanism, f"glibc {version}")
         return _current
     refused = [name for name, param, value in PINNED_SETTINGS if libc.mallopt(param, value) != 1]
