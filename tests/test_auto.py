@@ -700,6 +700,28 @@ def test_a_line_whose_chance_was_taken_is_not_reopened_on_resume() -> None:
         assert again.reopen(conv[3:]) == []
 
 
+def test_a_resumed_carried_line_is_not_judged_again_on_its_final_times() -> None:
+    """rnn settled at n = 512 on its first rounds and was carried on beside attention when the
+    run was cut off. Its final times, more rounds in, read a rate that falls past 512: replayed
+    before its record, they stopped it as a fallen plateau, and the resumed run measured less
+    than a run straight through. The record's settled length is applied first."""
+    plan, _ = interleaved("rnn,attention", {"rnn": SLOW_RNN, "attention": RISING})
+    recorded = [dict(line, stopped=None, why="") for line in plan.describe()["lines"]]
+    assert next(r for r in recorded if r["layer"] == "rnn")["settled_n"] == 512
+    g = plan.grid
+    rnn = sorted((c for c in g.cases() if c.layer == "rnn" and c.n <= 2048), key=lambda c: c.n)
+    # a rate within 20% (not 15%) to n = 512, then falling: a plateau it fell from
+    rate = {64: 1.0, 128: 1.18, 256: 1.0, 512: 1.18, 1024: 0.6, 2048: 0.4, 4096: 0.3}
+    falling = {n: SLOW_RNN[n] / rate[n] for n in LENGTHS}
+    again = AutoPlan(g)
+    again.restore(rows_of(rnn, falling, 0.1), recorded, g.auto_budget_s)
+    line = line_of(again, "rnn")
+    assert line.stopped is None and line.settled_n == 512  # carried on, as straight through
+    fresh = AutoPlan(g)
+    fresh.restore(rows_of(rnn, falling, 0.1), None, g.auto_budget_s)
+    assert line_of(fresh, "rnn").stopped is Stopped.REGIME  # what the final times alone read
+
+
 def test_a_line_stopped_short_whose_final_times_settled_is_named_with_where() -> None:
     """A line can pass a plateau and fall off it at longer lengths (attention-linear's
     rate held over n = 512..4096 and fell to 0.73x by 32768): the budget stops it short of a

@@ -218,11 +218,15 @@ class AutoPlan:
     ) -> None:
         """The lines of a resumed run, from its rows (in length order), and what stopped each
         as its run.json ``auto`` recorded (``recorded``: its lines; the run's --auto-budget,
-        ``recorded_budget_s``), so that a resumed run
-        measures the cases a run straight through would: a line the budget stopped stays
-        stopped (its spend counted as a finished line's) unless the budget grew, and one whose
-        rate settled on its first rounds is not read again on its final times. A failed line
-        is its rows' to say (``--retry`` measures it again)."""
+        ``recorded_budget_s``), so a resumed run measures what one straight through would: a
+        line the budget stopped stays stopped (its spend counted as a finished line's) unless
+        the budget grew, and one whose rate settled on its first rounds is not read again on
+        its final times. A failed line is its rows' to say (``--retry`` measures it again)."""
+        for raw in recorded or ():  # settled on its first rounds: its final times only extend it
+            found = self._recorded_line(raw)
+            if found is not None and raw.get("settled_n"):
+                found.settled_n = int(raw["settled_n"])
+                found.settled = f"rate settled at n={found.settled_n} on its first rounds"
         for row in frame.sort_values("n").to_dict("records"):
             key = self.keys.get(str(row["case_id"]))
             if key is None:
@@ -234,10 +238,6 @@ class AutoPlan:
                 line.stopped, line.why = Stopped.FAILED, f"n={row['n']} {row['status']}"
         for raw in recorded or ():
             found = self._recorded_line(raw)
-            if found is not None and raw.get("settled_n") and not found.settled:
-                # it settled on its first rounds (and was carried on): its final times may not
-                found.settled_n = int(raw["settled_n"])
-                found.settled = f"rate settled at n={found.settled_n} on its first rounds"
             stop = raw.get("stopped")
             if found is None or not stop or Stopped(stop) is Stopped.FAILED:
                 continue
