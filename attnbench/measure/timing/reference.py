@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from attnbench.measure.timing.loop import Clock, TimingPolicy
 T = TypeVar("T")
 CALLS = 7  # calls each side of a round: about 2 ms on a 2-core CPU
 STEPS = 20  # a call: this many small products, each through a tanh
-POLL_S = 0.25  # a waiting round reads the reference again after this long
+POLL_S = 0.05  # a waiting round reads the reference again after this long, kept busy
 
 
 @functools.cache  # once a process: the same tensors every reading
@@ -61,21 +62,33 @@ def read_reference(clock: Clock = time.perf_counter) -> float:
     return statistics.median(times)
 
 
+def keep_busy(seconds: float, clock: Clock = time.perf_counter) -> None:
+    """Run reference calls for ``seconds``. A vCPU that sat idle runs slow for its first
+    0.1-0.2 s of work: on this project's 2-core VM (2026-12-01) the reference read 136-209 µs
+    right after a 0.25 s sleep and 125-134 µs after 0.2 s of calls, against 126-129 µs read
+    back to back. A round that slept while it waited read the machine disturbed again for
+    that alone, and the default sweep waited 12-57 s for quiet."""
+    end = clock() + seconds
+    while clock() < end:
+        reference_call()
+
+
 def settle(
     quiet_s: float | None,
     wait_s: float,
     clock: Clock = time.perf_counter,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] = keep_busy,
 ) -> tuple[float, float]:
     """Read the reference; while it reads the machine disturbed against ``quiet_s`` and
-    ``wait_s`` seconds allow, sleep ``POLL_S`` and read again: the last reading and the
-    seconds slept (a busy stretch lasts seconds to a minute here)."""
-    reading, waited = read_reference(clock), 0.0
-    while is_disturbed(reading, quiet_s) and waited + POLL_S <= wait_s:
+    ``wait_s`` seconds allow, pass ``POLL_S`` (busy: ``keep_busy``) and read again: the last
+    reading and the seconds waited (a busy stretch lasts seconds to a minute here)."""
+    reading, polls = read_reference(clock), 0
+    most = math.floor(wait_s / POLL_S + 1e-9)  # whole polls within the wait allowed
+    while is_disturbed(reading, quiet_s) and polls < most:
         sleep(POLL_S)
-        waited += POLL_S
+        polls += 1
         reading = read_reference(clock)
-    return reading, waited
+    return reading, polls * POLL_S
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +107,7 @@ def around(
     clock: Clock = time.perf_counter,
     quiet_s: float | None = None,
     wait_s: float = 0.0,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] = keep_busy,
 ) -> tuple[T, Around]:
     """Run ``timing`` between two readings of the reference, after waiting up to ``wait_s``
     for the machine to read quiet (``settle``): its result and what it ran beside."""
