@@ -250,6 +250,12 @@ def test_the_reading_says_whether_the_machine_model_follows_the_bend() -> None:
     switched = _reading(row(np.nan), None, ("thnn_conv2d", "mkldnn_convolution"))
     assert switched == "rate fell ÷2 with n; kernel thnn_conv2d → mkldnn_convolution"
     assert _reading(row(np.nan), None, ("mkldnn_convolution",) * 2) == "rate fell ÷2 with n"
+    flat = pd.Series({"rate_from": 42.6, "rate_to": 42.0, "rate_exponent": 0.01,
+                      "exponent": 1.0, "model": np.nan})  # fmt: skip
+    assert _reading(flat) == "rate steady: time follows the work"
+    assert _reading(flat, spread=1.83) == (
+        "rate moved ×1.8 inside the range, with no trend end to end"
+    )  # 42.6, 78.1, ..., 42 G/s: not steady
 
 
 def _line(times: list[float], shares: list[float] | None, layer: str = "conv") -> RunResults:

@@ -16,9 +16,10 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.fits import Analysis
-from attnbench.fits.exponents import RangeKind, RangeRule
+from attnbench.fits.exponents import RangeKind, RangeRule, counted_work, line_rates
 from attnbench.measure.counts.ops import fused_names
 from attnbench.metrics import METRIC
+from attnbench.regime import REGIME_BAND
 from attnbench.render.blocks import Block, to_html, to_markdown
 from attnbench.render.costmodels import better_note, model_display
 from attnbench.results.run import RunResults
@@ -123,14 +124,19 @@ def _reading(
     row: pd.Series,
     latency: tuple[float, float] | None = None,
     backends: tuple[str, str] | None = None,
+    spread: float = 1.0,
 ) -> str:
     """How the rate moved over a time line's range, and whether the machine model's slope
     follows the measured one (within 0.1), with the share of the model's time that is latency
     (per-op costs and set-up) at both ends of the range, where it was predicted; and the
     convolution implementations at both ends, where they differ (torch chose another kernel
-    as the input grew)."""
+    as the input grew). ``spread``: the range's highest rate over its lowest; a rate with no
+    trend end to end that moved past the regime's band inside is not "steady" (conv read
+    42.6, 78.1, ..., 42 G/s: "rate steady" beside "rate unsettled")."""
     change = row.rate_to / row.rate_from if row.rate_from > 0 else math.nan
-    if abs(row.rate_exponent) < STEADY_RATE:
+    if abs(row.rate_exponent) < STEADY_RATE and spread > 1 + REGIME_BAND:
+        text = f"rate moved ×{spread:.2g} inside the range, with no trend end to end"
+    elif abs(row.rate_exponent) < STEADY_RATE:
         text = "rate steady: time follows the work"
     elif row.rate_exponent > 0:
         text = f"rate rose ×{change:.2g} with n"
@@ -164,6 +170,15 @@ def _backends(analysis: Analysis, row: pd.Series) -> tuple[str, str] | None:
         return ", ".join(sorted(fused_names(found.iloc[0]))) if len(found) else ""
 
     return at(int(row.range_from)), at(int(row.range_to))
+
+
+def _spread(analysis: Analysis, row: pd.Series) -> float:
+    """A time line's highest rate (counted work per second) over its lowest, on the sizes
+    its exponent was fitted on (1 where fewer than two read)."""
+    line = _line(analysis, row)
+    line = line[line["n"].between(row.range_from, row.range_to)]
+    rate = line_rates(line, "n", counted_work(line))
+    return float(rate.max() / rate.min()) if len(rate) >= 2 else 1.0
 
 
 def _latency_shares(analysis: Analysis, row: pd.Series) -> tuple[float, float] | None:
@@ -214,7 +229,9 @@ def split_display(analysis: Analysis) -> pd.DataFrame:
                 for a, b in zip(e.rate_from, e.rate_to, strict=True)
             ],
             "reading": [
-                _reading(r, _latency_shares(analysis, r), _backends(analysis, r))
+                _reading(
+                    r, _latency_shares(analysis, r), _backends(analysis, r), _spread(analysis, r)
+                )
                 for _, r in e.iterrows()
             ],
         }
