@@ -528,3 +528,18 @@ def test_compare_warns_when_one_run_had_huge_pages_and_the_other_not(tmp_path: P
     )
     assert not [w for w in compare_runs(runs["new"], runs["again"]).warnings if "huge" in w]
     assert not [w for w in compare_runs(runs["old"], runs["off"]).warnings if "huge" in w]
+
+
+def test_the_record_of_huge_pages_is_read_back_in_its_own_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What ask_huge_pages writes, huge_pages reads: one set of words for both."""
+    monkeypatch.delenv(allocator.THP_ENV, raising=False)  # restored after the test
+    written = {
+        "taken": allocator.ask_huge_pages(lambda: "madvise", lambda: allocator.TAKEN),
+        "asked, not verified": allocator.ask_huge_pages(lambda: "madvise", lambda: None),
+        "not taken": allocator.ask_huge_pages(lambda: "never", lambda: allocator.TAKEN),
+    }
+    for read, words in written.items():
+        assert allocator.huge_pages({"mechanism": "mallopt M_MMAP_MAX=0" + words}) == read
+    assert allocator.huge_pages({}) == "not taken"  # an older record

@@ -11,6 +11,7 @@ import pandas as pd
 
 from attnbench.compare.verdicts import NOT_SIGNIFICANT, THROTTLED, TOO_FEW
 from attnbench.layers.entry import LayerSource
+from attnbench.measure.timing.allocator import huge_pages
 from attnbench.options import OPTIONS
 from attnbench.results.environment import compare_keys
 from attnbench.results.reruns import same_state, typical_reference
@@ -46,9 +47,10 @@ def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
             "current run; CPU times under one state pay page faults the other does not "
             "(see --allocator)"
         )
-    elif _huge_pages(base) != _huge_pages(new):
+    elif huge_pages(base.record.allocator) != huge_pages(new.record.allocator):
         warnings.append(
-            f"huge pages differ: {_huge_pages(base)} in the baseline, {_huge_pages(new)} in "
+            f"huge pages differ: {huge_pages(base.record.allocator)} in the baseline, "
+            f"{huge_pages(new.record.allocator)} in "
             "the current run; a memory-bound case's CPU time moved 5-17% with them (attnbench "
             "asks for them since 2026-12-01: docs/metrics.md)"
         )
@@ -60,16 +62,6 @@ def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
             "machine's state, which no verdict here tells from the code"
         )
     return warnings + layer_differences(base.record.layers, new.record.layers)
-
-
-def _huge_pages(run: RunResults) -> str:
-    """Whether the run's torch took huge pages, from its allocator record: "taken", "not
-    taken" (its mechanism names none taken: the system state, a kernel or process without
-    THP, or an attnbench that did not ask yet), or "asked, not verified"."""
-    mechanism = str(run.record.allocator.get("mechanism", ""))
-    if "huge pages for tensors" in mechanism:
-        return "taken"
-    return "asked, not verified" if "huge pages asked for" in mechanism else "not taken"
 
 
 def layer_differences(

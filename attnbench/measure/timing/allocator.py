@@ -107,6 +107,10 @@ def _kernel_thp() -> str | None:
 
 # What the probe found of torch's huge pages (``_probe_pages``).
 TAKEN, UNADVISED, REFUSED = "taken", "unadvised", "refused"
+# The record's words for pages taken and for pages asked for but not verified, which
+# ``huge_pages`` reads back (``compare``'s caveat).
+TAKEN_WORDS = "huge pages for tensors of 2 MiB or more"
+UNVERIFIED_WORDS = "huge pages asked for"
 
 
 def _mapping_fields(address: int, lines: list[str]) -> dict[str, str] | None:
@@ -160,12 +164,22 @@ def ask_huge_pages(
         return "; no huge pages (the kernel's THP: never)"
     found = probe()
     if found is None:
-        return f"; huge pages asked for ({THP_ENV}=1), not verified: smaps could not be read"
+        return f"; {UNVERIFIED_WORDS} ({THP_ENV}=1), not verified: smaps could not be read"
     if found == UNADVISED:
         return "; no huge pages (torch had allocated in this process before it was asked)"
     if found == REFUSED:
         return "; no huge pages (THP is off for this process: its mappings read THPeligible 0)"
-    return f"; huge pages for tensors of 2 MiB or more ({THP_ENV}=1, the kernel's THP: {mode})"
+    return f"; {TAKEN_WORDS} ({THP_ENV}=1, the kernel's THP: {mode})"
+
+
+def huge_pages(record: dict[str, Any]) -> str:
+    """Whether a run's torch took huge pages, from its allocator record (run.json's
+    ``allocator``): "taken", "asked, not verified", or "not taken" (the system state, a kernel
+    or process without THP, or an attnbench that did not ask yet)."""
+    mechanism = str(record.get("mechanism", ""))
+    if TAKEN_WORDS in mechanism:
+        return "taken"
+    return "asked, not verified" if UNVERIFIED_WORDS in mechanism else "not taken"
 
 
 def _inherited_thp() -> str:
