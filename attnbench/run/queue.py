@@ -23,8 +23,7 @@ import torch
 
 from attnbench.estimators import (
     Prior,
-    kept_rounds,
-    log_variance,
+    kept_log_variance,
     prior_of,
     quiet_level,
     quieter,
@@ -329,9 +328,9 @@ class JobQueue:
         variances = []
         for case_id, rounds in self.samples.items():
             mine, beside = self.references.get(case_id, {}), self.busy.get(case_id, set())
-            references, busy = [mine.get(r) for r in rounds], [r in beside for r in rounds]
-            kept, _, _ = kept_rounds(list(rounds.values()), references, quiet, busy)
-            variances.append(log_variance(kept))
+            groups = tuple(tuple(samples) for samples in rounds.values())
+            refs, busy = tuple(mine.get(r) for r in rounds), tuple(r in beside for r in rounds)
+            variances.append(kept_log_variance(groups, refs, quiet, busy))
         return prior_of(variances)
 
     def take(self, where: Placement) -> Job | None:
