@@ -309,6 +309,36 @@ def test_a_carried_rival_goes_on_with_attention_when_the_budget_reopens_it() -> 
     assert rnn.stopped is None and attention.stopped is None
 
 
+def test_may_return_says_which_dropped_cases_a_reopening_can_bring_back() -> None:
+    """The progress counts the cases a sweep may still measure ("at most"): a case of a line
+    the budget stopped, or of the rival carried beside it, may come back while the budget has
+    some left; once reopened, or with the budget spent, it may not (it had grown 139 -> 151)."""
+    g = build_grid({"layers": "rnn,attention,attention-local", "d": [64], "n": "auto:64..4096",
+                    "device": "cpu", "auto_budget": 100})  # fmt: skip
+    plan = AutoPlan(g)
+    cases = sorted(g.cases(), key=lambda c: c.n)
+    for case in [c for c in cases if c.n <= 512]:
+        assert plan.decide(case)[0]
+        plan.started(case)
+        times = {"rnn": SLOW_RNN, "attention": RISING, "attention-local": STEADY}[case.layer]
+        plan.record(result(case, times[case.n], wall_s=0.1))
+    attention, rnn, local = (line_of(plan, x) for x in ("attention", "rnn", "attention-local"))
+    attention.stopped, attention.why = Stopped.BUDGET, "its share ran out"  # as decide does
+    later = [c for c in cases if c.n > 512]
+    for case in later:
+        plan.decide(case)
+    assert rnn.stopped is Stopped.REGIME and local.stopped is Stopped.REGIME
+    back = {c.layer for c in later if plan.may_return(c)}
+    assert back == {"attention", "rnn"}  # attention-local settled, and is no rival
+    assert {c.layer for c in plan.reopen(later)} == back  # what reopen then takes on
+    attention.stopped = Stopped.BUDGET  # stopped again: its chance was taken
+    rnn.stopped = Stopped.REGIME
+    assert not any(plan.may_return(c) for c in later)
+    attention.reopened = False
+    attention.points[-1] = replace(attention.points[-1], wall_s=1000.0)  # the budget spent
+    assert not any(plan.may_return(c) for c in later)
+
+
 def test_a_carried_rival_at_the_ladders_end_stays_stopped_when_attention_is_reopened() -> None:
     """rnn, carried, reached the ladder's last length; attention's last was refused on its
     share. Reopening attention gives rnn nothing to run: it stays stopped, or a finished run

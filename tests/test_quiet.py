@@ -629,3 +629,26 @@ def test_a_line_the_budget_stopped_is_taken_up_again_once_every_line_stopped(
     assert jobs.auto is not None
     conv = next(line for key, line in jobs.auto.lines.items() if key[0] == "conv")
     assert conv.reopened and conv.at_n == 64
+
+
+def test_the_progress_count_of_an_auto_sweep_never_grows_when_a_line_is_reopened(
+    tmp_path: Path,
+) -> None:
+    """The progress shows "at most N" cases: conv's share runs out and its later cases are
+    dropped, then reopened once rnn settles. Counting only what no line will reach, N falls
+    and never rises (it had grown from 139 to 151 in a default sweep)."""
+    jobs = job_queue(tmp_path, tiny_grid(layers="conv,rnn", n="auto:8..512", auto_budget=8))
+    counts: list[int] = []
+    jobs.progress = lambda event: counts.append(event.total)  # what the counter shows
+
+    def climbs(case: Any) -> bool:
+        return bool(case.layer == "conv")
+
+    order = first_rounds(  # rnn's rate climbs to n = 64, then settles over 64..512
+        jobs,
+        lambda case, i: 1e-6 * (case.n**0.5 if climbs(case) else max(case.n, 64)),
+        lambda case: 1.0 if climbs(case) else 0.05,
+    )
+    assert order[-1] == ("conv", 64) and ("rnn", 512) in order  # reopened once rnn stopped
+    assert counts == sorted(counts, reverse=True)
+    assert counts[-1] >= len(order)

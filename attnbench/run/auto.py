@@ -11,14 +11,10 @@ their wall time outside the timed calls.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-import torch
-
-from attnbench.devices import DTYPES, available_bytes, device_kind
 from attnbench.errors import AttnbenchError
 from attnbench.layers import registry
 from attnbench.measure.record import CaseResult
@@ -31,6 +27,7 @@ from attnbench.regime import (
     settled_sizes,
 )
 from attnbench.results.record import Stopped
+from attnbench.run.lines import Line, Point, case_work, finite, free_memory, held_bytes, line_key
 from attnbench.run.rounds import cost_of
 from attnbench.schema import Status
 from attnbench.spec import Case, Grid
@@ -47,82 +44,6 @@ UNTIMED_CALLS = 6  # calls a case makes outside its timed blocks, about
 # machine a line's first case (cold: its first call, the counts traced, the memory pass)
 # took its whole share, and attention's line was one point.
 LEAST_POINTS = 3
-
-
-@dataclass(frozen=True)
-class Point:
-    """A finished case of a line, as the predictions read it."""
-
-    n: int
-    time_s: float
-    work: float  # counted FLOPs and elementwise work (nan where not counted)
-    peak_bytes: float  # nan where not measured
-    wall_s: float  # the whole case, its first round
-    timed_s: float  # inside its timed calls
-    # what its later rounds may cost (``rounds.cost_of``): as many as a case may get
-    # (``Grid.most_rounds``), so that the budget bounds the sweep whatever its intervals ask
-    later_s: float = 0.0
-
-    @property
-    def rate(self) -> float:
-        return self.work / self.time_s if self.time_s > 0 else math.nan
-
-
-@dataclass
-class Line:
-    """One layer at one width (and its options)."""
-
-    points: list[Point] = field(default_factory=list)
-    running: bool = False
-    stopped: Stopped | None = None
-    why: str = ""
-    at_n: int | None = None  # the longest length it measured
-    allowance_s: float = math.inf  # what it may spend in all, read as its next case would start
-    reopened: bool = False  # the budget stopped it, and it was given what was left (once)
-    # its rate settled while an attention line of its width still went on: why it settled; it
-    # is carried on (``AutoPlan._carried``) and stops, for that reason, where attention does
-    settled: str = ""
-    settled_n: int = 0  # the length it settled at
-
-    @property
-    def wall_s(self) -> float:
-        """What the line's cases cost, their later rounds included."""
-        return sum(p.wall_s + p.later_s for p in self.points)
-
-
-def line_key(case: Case) -> tuple[Any, ...]:
-    return (case.layer, case.d, case.options)
-
-
-def case_work(case: Case) -> float | None:
-    """The work the layer's theory gives a case (FLOPs and elementwise work), None without a
-    theory: what the next case's call is predicted from."""
-    flops = case.analytic_flops()
-    if flops is None:
-        return None
-    return flops + (case.analytic_elements() or 0.0)
-
-
-def free_memory(device: str) -> int | None:
-    """Bytes free on the device now (None where it cannot be read)."""
-    if device_kind(device) == "cuda":
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
-    if device == "cpu":
-        found = available_bytes()
-        if found is not None:
-            return found
-        pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else None
-        return None if pages is None else int(pages * os.sysconf("SC_PAGE_SIZE"))
-    return None
-
-
-def _finite(value: Any) -> float:
-    try:
-        found = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return found
 
 
 class AutoPlan:
@@ -165,7 +86,7 @@ class AutoPlan:
                 "time_s": result.timing.median_s,
                 "flops": result.flops,
                 "elementwise": result.elementwise,
-                "peak_bytes": _held(result),
+                "peak_bytes": held_bytes(result),
                 "wall_s": result.wall_s,
                 "time_total_s": result.timing.total_s,
             },
@@ -175,15 +96,15 @@ class AutoPlan:
     def add(self, n: int, row: Any, line: Line) -> None:
         """A measured case (a results row or its values): a point; the line stops where its
         rate has settled."""
-        elements = _finite(row["elementwise"])
-        seconds, timed = _finite(row["time_s"]), _finite(row["time_total_s"])
+        elements = finite(row["elementwise"])
+        seconds, timed = finite(row["time_s"]), finite(row["time_total_s"])
         later = (self.grid.most_rounds - 1) * self._round(timed, seconds)
         point = Point(
             n,
             seconds,
-            _finite(row["flops"]) + (elements if math.isfinite(elements) else 0.0),
-            _finite(row["peak_bytes"]),
-            _finite(row["wall_s"]),
+            finite(row["flops"]) + (elements if math.isfinite(elements) else 0.0),
+            finite(row["peak_bytes"]),
+            finite(row["wall_s"]),
             timed,
             later if math.isfinite(later) else 0.0,
         )
@@ -325,19 +246,32 @@ class AutoPlan:
         of 60 s while the lines that settled after it left 8 s unspent."""
         if any(line.stopped is None for line in self.lines.values()):
             return []
-        reopened = {
-            key
-            for key, line in self.lines.items()
-            if line.stopped is Stopped.BUDGET and not line.reopened
-        }
+        reopened = self._reopening()
         for key in reopened:  # their chance, taken or not: run.json says so, for a resume
-            self.lines[key].reopened = True
-        if sum(line.wall_s for line in self.lines.values()) >= self.grid.auto_budget_s:
+            self.lines[key].reopened |= self.lines[key].stopped is Stopped.BUDGET
+        if not self._budget_left():
             return []
-        # the rivals carried beside a reopened attention line go on with it (or stop at once,
-        # its time past theirs): carried rnn had stayed at n = 512 while attention went to 2048
-        widths = {key[1] for key in reopened if _family(key[0], "pairwise")}
-        reopened |= {
+        # only a line with a length left goes on (a carried rnn at the ladder's end stays)
+        reopened &= {line_key(c) for c in dropped}
+        for key in reopened:
+            self.lines[key].stopped, self.lines[key].why = None, ""
+        return sorted((c for c in dropped if line_key(c) in reopened), key=lambda c: c.n)
+
+    def may_return(self, case: Case) -> bool:
+        """Whether a case no line was to reach may yet be measured: its line is one that
+        ``reopen`` would take on, and the budget has some left (the progress's "at most")."""
+        return self._budget_left() and line_key(case) in self._reopening()
+
+    def _budget_left(self) -> bool:
+        return sum(line.wall_s for line in self.lines.values()) < self.grid.auto_budget_s
+
+    def _reopening(self) -> set[tuple[Any, ...]]:
+        """The lines ``reopen`` takes on: those the budget stopped, not reopened before, and
+        the rivals carried beside such an attention line, which go on with it (or stop at once,
+        its time past theirs): carried rnn had stayed at n = 512 while attention went to 2048."""
+        keys = {k for k, v in self.lines.items() if v.stopped is Stopped.BUDGET and not v.reopened}
+        widths = {key[1] for key in keys if _family(key[0], "pairwise")}
+        return keys | {
             key
             for key, line in self.lines.items()
             if line.settled
@@ -345,11 +279,6 @@ class AutoPlan:
             and key[1] in widths
             and _family(key[0], "rival")
         }
-        # only a line with a length left goes on (a carried rnn at the ladder's end stays)
-        reopened &= {line_key(c) for c in dropped}
-        for key in reopened:
-            self.lines[key].stopped, self.lines[key].why = None, ""
-        return sorted((c for c in dropped if line_key(c) in reopened), key=lambda c: c.n)
 
     def exhausted(self, case: Case) -> None:
         """The ladder has no length after ``case``'s: its line stops there unless it did."""
@@ -483,17 +412,6 @@ def _family(layer: str, flag: str) -> bool:
         return bool(getattr(registry.entry(layer).family, flag))
     except AttnbenchError:
         return False
-
-
-def _held(result: CaseResult) -> int | None:
-    """The memory a case needs at its peak: its call's, and in decode mode what its process
-    holds for the step besides (the state, and the input of its n + 1 tokens), which grow
-    with n where a step's own peak does not."""
-    if result.peak_bytes is None or result.case.mode != "decode":
-        return result.peak_bytes
-    case = result.case
-    tokens = case.batch * case.tokens * case.d * DTYPES[case.dtype].itemsize
-    return result.peak_bytes + (result.state_bytes or 0) + tokens
 
 
 def _with_n(case: Case, n: int) -> Case:

@@ -221,8 +221,9 @@ class JobQueue:
 
     @property
     def planned(self) -> int:
-        """Cases the sweep will measure: the grid's, less those an auto sweep will not reach."""
-        return len(self.cases) - len(self.dropped)
+        """Cases the sweep may measure: the grid's, less those no auto line will reach."""
+        auto, cases = self.auto, [self.cases[self.index[c]] for c in self.dropped]
+        return len(self.cases) - sum(not (auto and auto.may_return(c)) for c in cases)
 
     @property
     def completed(self) -> int:
