@@ -468,6 +468,16 @@ def failed_a_check(frame: pd.DataFrame) -> pd.Series:
     return (frame["status"] == Status.FAILED) & numeric_column(frame, "time_s").notna()
 
 
+def first_reasons(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each layer's first row without measurements whose error says why (a new user's decode
+    sweep said only "skipped": the layer had no decode step)."""
+    if "error" not in frame:
+        return frame.iloc[0:0]
+    errors = frame["error"].where(frame["error"].notna(), "").astype(str)
+    unmeasured = (frame["status"] != Status.OK) & numeric_column(frame, "time_s").isna()
+    return frame[unmeasured & (errors != "")].drop_duplicates("layer")
+
+
 # What a smaller case's outcome says of larger ones of its layer: they would fail the same way.
 BLOCKING: dict[Status, str] = {Status.OOM: "ran out of memory", Status.TIMEOUT: "ran out of time"}
 

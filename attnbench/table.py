@@ -20,7 +20,7 @@ from attnbench.provenance import Source, sources
 from attnbench.regime import OVERHEAD_SHARE, REGIME_BAND, REGIME_SIZES, overhead_bound
 from attnbench.results.record import SHORT_OF_REGIME, Stopped
 from attnbench.results.run import BUSY_NOTE, RunResults
-from attnbench.schema import failed_a_check, numeric_column
+from attnbench.schema import failed_a_check, first_reasons, numeric_column
 from attnbench.spec import TRAIN_NOTE
 from attnbench.units import fmt_exponent
 
@@ -262,7 +262,8 @@ def _left_out(run: RunResults, layer: str, count: int) -> str:
     correctness check (decoded tokens, a compiled output), which keeps its figures."""
     frame = run.frame[run.frame["layer"] == layer]
     failed = min(int(failed_a_check(frame).sum()), count)
-    parts = [f"{count - failed} unmeasured case(s)"] if count > failed else []
+    why = "".join(f" ({row.status}: {row.error})" for row in first_reasons(frame).itertuples())
+    parts = [f"{count - failed} unmeasured case(s){why}"] if count > failed else []
     parts += [f"{failed} case(s) that failed a correctness check"] if failed else []
     return " and ".join(parts) + " left out"
 

@@ -62,7 +62,8 @@ def _synthetic_run() -> RunResults:
                         "path_len_method": "measured",
                     }
                 )
-    rows.append({"case_id": "rnn/n=1024/d=64", "layer": "rnn", "n": 1024, "d": 64, "status": "oom"})
+    rows.append({"case_id": "rnn/n=1024/d=64", "layer": "rnn", "n": 1024, "d": 64, "status": "oom",
+                 "error": "the process grew past 4 GiB"})  # fmt: skip
     frame = pd.DataFrame(rows).reindex(columns=RESULT_COLUMNS)
     frame["path_len_method"] = frame["path_len_method"].fillna("")
     return RunResults(Path("synthetic"), frame, pd.DataFrame(), {})
@@ -87,8 +88,9 @@ def test_the_table_puts_measured_exponents_beside_the_theory() -> None:
         "| layer | complexity | measured | sequential ops | measured | max path length | measured |"
     )
     assert "| rnn | O(n d^2) | n^1.00 d^2.00 | O(n) | n^1.00 | O(n) | n^1.00 |" in markdown
+    notes = fit_notes(table.reset_index(), run)  # with why, as the sweep's summary says it
     assert any(
-        "1 unmeasured case(s) left out" in note for note in fit_notes(table.reset_index(), run)
+        "1 unmeasured case(s) (oom: the process grew past 4 GiB) left out" in x for x in notes
     )
 
 

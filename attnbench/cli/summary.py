@@ -29,6 +29,7 @@ from attnbench.schema import (
     RunStatus,
     Status,
     failed_a_check,
+    first_reasons,
     numeric_column,
 )
 from attnbench.spec import TRAIN_NOTE
@@ -208,14 +209,7 @@ REASONS_SHOWN = 5
 def _why_unmeasured(frame: pd.DataFrame) -> list[str]:
     """Each layer's reason for its first case without measurements, from the error column (a
     new user's decode sweep said only "skipped": the layer had no decode step)."""
-    if "error" not in frame:
-        return []
-    errors = frame["error"].where(frame["error"].notna(), "").astype(str)
-    unmeasured = frame[
-        (frame["status"] != Status.OK) & numeric_column(frame, "time_s").isna() & (errors != "")
-    ]
-    first = unmeasured.drop_duplicates("layer")
-    lines = [f"{row.layer}: {row.error}" for row in first.itertuples()]
+    lines = [f"{row.layer}: {row.error}" for row in first_reasons(frame).itertuples()]
     if len(lines) > REASONS_SHOWN:
         left = len(lines) - REASONS_SHOWN
         lines = [*lines[:REASONS_SHOWN], f"and {left} more layer(s): the error column says why"]
