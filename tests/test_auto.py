@@ -323,8 +323,11 @@ def test_may_return_says_which_dropped_cases_a_reopening_can_bring_back() -> Non
         times = {"rnn": SLOW_RNN, "attention": RISING, "attention-local": STEADY}[case.layer]
         plan.record(result(case, times[case.n], wall_s=0.1))
     attention, rnn, local = (line_of(plan, x) for x in ("attention", "rnn", "attention-local"))
+    rnn.stopped = Stopped.REGIME  # settled while attention still goes: the budget may stop
+    later = [c for c in cases if c.n > 512]  # attention, and reopen it and rnn beside it
+    assert {c.layer for c in later if plan.may_return(c)} == {"rnn"}  # (not dropped: "attention")
+    rnn.stopped = None
     attention.stopped, attention.why = Stopped.BUDGET, "its share ran out"  # as decide does
-    later = [c for c in cases if c.n > 512]
     for case in later:
         plan.decide(case)
     assert rnn.stopped is Stopped.REGIME and local.stopped is Stopped.REGIME

@@ -267,10 +267,12 @@ class AutoPlan:
 
     def _reopening(self) -> set[tuple[Any, ...]]:
         """The lines ``reopen`` takes on: those the budget stopped, not reopened before, and
-        the rivals carried beside such an attention line, which go on with it (or stop at once,
-        its time past theirs): carried rnn had stayed at n = 512 while attention went to 2048."""
+        the rivals carried beside such an attention line (or one still going, which the budget
+        may yet stop), which go on with it (or stop at once, its time past theirs): carried rnn
+        had stayed at n = 512 while attention went to 2048."""
         keys = {k for k, v in self.lines.items() if v.stopped is Stopped.BUDGET and not v.reopened}
-        widths = {key[1] for key in keys if _family(key[0], "pairwise")}
+        going = {k for k, v in self.lines.items() if v.stopped is None}  # none, as reopen reads
+        widths = {key[1] for key in keys | going if _family(key[0], "pairwise")}
         return keys | {
             key
             for key, line in self.lines.items()
