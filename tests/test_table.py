@@ -258,6 +258,9 @@ def test_the_reading_says_whether_the_machine_model_follows_the_bend() -> None:
     assert _reading(flat, spread=1.83) == (
         "rate moved ×1.8 inside the range, with no trend end to end"
     )  # 42.6, 78.1, ..., 42 G/s: not steady
+    assert _reading(flat, settled=False) == (  # as the growth table beside it reads it
+        "rate held here, but not settled as table reads it (4 lengths within 20%, no trend)"
+    )
 
 
 def _line(times: list[float], shares: list[float] | None, layer: str = "conv") -> RunResults:

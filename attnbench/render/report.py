@@ -19,7 +19,7 @@ from attnbench.fits import Analysis
 from attnbench.fits.exponents import RangeKind, RangeRule, counted_work, line_rates
 from attnbench.measure.counts.ops import fused_names
 from attnbench.metrics import METRIC
-from attnbench.regime import REGIME_BAND
+from attnbench.regime import REGIME_BAND, REGIME_SIZES
 from attnbench.render.blocks import Block, to_html, to_markdown
 from attnbench.render.costmodels import better_note, model_display
 from attnbench.results.run import RunResults
@@ -125,6 +125,7 @@ def _reading(
     latency: tuple[float, float] | None = None,
     backends: tuple[str, str] | None = None,
     spread: float = 1.0,
+    settled: bool = True,
 ) -> str:
     """How the rate moved over a time line's range, and whether the machine model's slope
     follows the measured one (within 0.1), with the share of the model's time that is latency
@@ -132,10 +133,17 @@ def _reading(
     convolution implementations at both ends, where they differ (torch chose another kernel
     as the input grew). ``spread``: the range's highest rate over its lowest; a rate with no
     trend end to end that moved past the regime's band inside is not "steady" (conv read
-    42.6, 78.1, ..., 42 G/s: "rate steady" beside "rate unsettled")."""
+    42.6, 78.1, ..., 42 G/s: "rate steady" beside "rate unsettled"); nor is one fitted where
+    it had not ``settled`` as ``table`` reads it (ssm-scan over three lengths read "rate
+    steady" here and "rate unsettled" in the growth table above it)."""
     change = row.rate_to / row.rate_from if row.rate_from > 0 else math.nan
     if abs(row.rate_exponent) < STEADY_RATE and spread > 1 + REGIME_BAND:
         text = f"rate moved ×{spread:.2g} inside the range, with no trend end to end"
+    elif abs(row.rate_exponent) < STEADY_RATE and not settled:
+        text = (
+            f"rate held here, but not settled as table reads it ({REGIME_SIZES} lengths within "
+            f"{REGIME_BAND:.0%}, no trend)"
+        )
     elif abs(row.rate_exponent) < STEADY_RATE:
         text = "rate steady: time follows the work"
     elif row.rate_exponent > 0:
@@ -230,7 +238,11 @@ def split_display(analysis: Analysis) -> pd.DataFrame:
             ],
             "reading": [
                 _reading(
-                    r, _latency_shares(analysis, r), _backends(analysis, r), _spread(analysis, r)
+                    r,
+                    _latency_shares(analysis, r),
+                    _backends(analysis, r),
+                    _spread(analysis, r),
+                    not _unsettled("time_s", r.range_rule),
                 )
                 for _, r in e.iterrows()
             ],
