@@ -188,3 +188,25 @@ def test_an_atomic_write_gets_the_umasks_mode_not_mkstemps(
     monkeypatch.setattr(storage, "FILE_MODE", 0o644)
     storage.write_text_atomic(tmp_path / "x.json", "{}")
     assert (tmp_path / "x.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_the_newest_run_is_the_one_started_last_not_the_file_written_last(tmp_path: Path) -> None:
+    """``table`` with no folder reads the run started last, as run.json records it: in a fresh
+    clone every committed run.json is as new as its checkout, and one of them (a GPU run) was
+    shown to a new user before any sweep of theirs."""
+    import json
+    import os
+
+    from attnbench.results.files import latest_results
+
+    for name, started, written in (("mine", "2026-12-01T07:00:00+00:00", 100),
+                                   ("committed", "2026-11-26T05:52:29+00:00", 200)):  # fmt: skip
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "run.json").write_text(json.dumps({"start_time": started}))
+        os.utime(folder / "run.json", (written, written))
+    assert latest_results(tmp_path).name == "mine"
+    (tmp_path / "mine" / "run.json").write_text("{}")  # no record: the file's time decides
+    assert latest_results(tmp_path).name == "mine"  # written now, after the other started
+    os.utime(tmp_path / "mine" / "run.json", (300, 300))
+    assert latest_results(tmp_path).name == "committed"

@@ -165,4 +165,15 @@ def latest_results(root: Path = Path("results")) -> Path:
             f"no results folder under {str(root)!r}; run attnbench sweep first, or name a "
             "results folder"
         )
-    return max(candidates, key=lambda p: (p / RUN_FILE).stat().st_mtime)
+    return max(candidates, key=_started)
+
+
+def _started(folder: Path) -> float:
+    """When a run started, as its run.json records it: a file's time is when it was written
+    last, or, in a fresh clone, checked out (``table`` there showed a committed GPU run); the
+    file's time where the record has none."""
+    try:
+        stamp = json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))["start_time"]
+        return datetime.fromisoformat(stamp).timestamp()
+    except (OSError, ValueError, KeyError, TypeError):
+        return (folder / RUN_FILE).stat().st_mtime
