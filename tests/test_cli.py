@@ -216,6 +216,7 @@ def test_no_help_shows_a_type_beside_an_on_off_flag() -> None:
         assert "<bool>" not in shown and "--help " in shown, command
     sweep = runner.invoke(app, ["sweep", "--help"], terminal_width=200).stdout
     assert "<int>" in next(line for line in sweep.splitlines() if "--seed" in line)
+    assert "'attnbench[gpu]'" in sweep  # not read as markup (it showed 'attnbench')
     # the defaults a help states are those set (it said 60 after the CPU's became 100)
     from attnbench.options import CPU_DEFAULT_AUTO_BUDGET_S
     from attnbench.spec import Grid

@@ -32,6 +32,7 @@ def _flag(key: str) -> str:
 def _parameter(
     key: str, kind: type, help_text: str, envvar: str | None = None
 ) -> inspect.Parameter:
+    help_text = help_text.replace("[", "\\[")  # rich read 'attnbench[gpu]' as markup: gone
     if kind is bool:  # a switch: --normalize / --no-normalize, off unless given
         option = typer.Option(help=help_text)
         return inspect.Parameter(
