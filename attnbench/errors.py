@@ -18,9 +18,16 @@ class AttnbenchError(Exception):
 class SweepInterrupted(AttnbenchError):
     """A sweep stopped by SIGINT or SIGTERM: every finished case is on disk in ``out_dir``."""
 
-    def __init__(self, out_dir: str, done: int, total: int, signal_name: str) -> None:
+    def __init__(
+        self, out_dir: str, done: int, total: int, signal_name: str, short: int = 0,
+        upto: bool = False,
+    ) -> None:  # fmt: skip
+        # "20 of 20 cases" read as finished where 12 still wanted timing rounds; an auto
+        # sweep's total is the most it may still measure
+        rounds = f" ({short} of them short of their timing rounds)" if short else ""
+        most = "at most " if upto else ""
         super().__init__(
-            f"{signal_name}: stopped with {done} of {total} cases in {out_dir}; "
+            f"{signal_name}: stopped with {done} of {most}{total} cases{rounds} in {out_dir}; "
             f"finish it with: attnbench sweep --resume {out_dir}",
             exit_code=130,
         )

@@ -134,20 +134,26 @@ def test_an_interrupted_round_is_finished_by_resume(tmp_path: Path) -> None:
         if event.kind == "done" and event.round == 2:  # the first of round 2
             os.kill(os.getpid(), signal.SIGINT)
 
-    with pytest.raises(SweepInterrupted):
+    with pytest.raises(SweepInterrupted) as info:
         run_sweep(
             _grid(),
             out,
             listeners=Listeners(progress=stop_in_round_two),
             measuring=UNCALIBRATED,
         )
+    # every case on disk, none with its rounds: not "4 of 4 cases" alone, which read finished
+    assert "stopped with 4 of 4 cases (4 of them short of their timing rounds)" in str(info.value)
     stopped = load_results(out)
     assert len(stopped.frame) == 4  # every row was written in round 1
+    from attnbench.cli.render import _short_of_rounds  # what the resume's first line says
+
+    assert _short_of_rounds(stopped) == ", 4 short of their timing rounds"
     assert sorted(stopped.samples.groupby("round")["case_id"].nunique()) == [1, 4]
     resumed = resume_sweep(out, measuring=UNCALIBRATED)
     per_round = resumed.samples.groupby("round")["case_id"].nunique()
     assert {r: per_round[r] for r in (1, 2, 3)} == {1: 4, 2: 4, 3: 4}
     assert not resumed.samples.duplicated(["case_id", "sample"]).any()
+    assert _short_of_rounds(resumed) == ""
     assert resumed.status == "complete"
     # a resume charges the earlier rounds the whole budget: that is no reason to read budget
     assert "budget" not in resumed.record.round_stops.values()

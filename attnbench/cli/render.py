@@ -28,6 +28,7 @@ from attnbench.compare import Comparison
 from attnbench.compare.verdicts import IMPROVEMENT, REGRESSION
 from attnbench.measure.timing.loop import TimingStats
 from attnbench.render.verdicts import by_length, display_table, row_marks
+from attnbench.results.run import RunResults
 from attnbench.run.ab import ABStart, describe_sides
 from attnbench.run.estimate import CEILINGS_S, Busy
 from attnbench.run.events import ProgressEvent, SweepStart
@@ -114,6 +115,7 @@ class SweepProgress:
             self.console.print(
                 f"attnbench {__version__}: resuming {start.out_dir} ({previous.status}, "
                 f"{len(previous.frame)} of {previous.cases_total} cases on disk"
+                f"{_short_of_rounds(previous)}"
                 f"{f', {start.retried} to measure again' if start.retried else ''})",
                 soft_wrap=True,
             )
@@ -304,6 +306,14 @@ def duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def _short_of_rounds(run: RunResults) -> str:
+    """How many of a stopped run's measured cases have fewer timing rounds than every case
+    gets (--processes): "20 of 20 cases on disk" read finished where 12 had."""
+    least = int((run.meta.get("config") or {}).get("processes") or 1)
+    short = int((run.rounds_ran() < least).sum())
+    return f", {short} short of their timing rounds" if short else ""
 
 
 def shared_cpu_nodes(cluster: dict[str, Any], device: str) -> str:

@@ -423,9 +423,12 @@ def _sweep(
             if stopped is not None:
                 stopped()
             writer.finish(RunStatus.INTERRUPTED)
+            least, ran = queue.replication.least, queue.rounds_done
+            short = sum(len(ran.get(c, ())) < least for c in queue.ok)
             raise SweepInterrupted(
-                str(writer.out_dir), queue.completed, len(queue.cases), str(stop.signal_name)
-            )
+                str(writer.out_dir), queue.completed, queue.planned, str(stop.signal_name),
+                short, upto=queue.auto is not None,
+            )  # fmt: skip
     if queue.auto is not None:  # the cases it reached, and what stopped each line
         writer.update(cases_total=queue.completed, auto=queue.auto.describe())
     left = bool(writer.meta.get("reruns_left"))  # a completed run resumed: already left
