@@ -190,3 +190,55 @@ def test_a_sweep_says_it_measures_the_ceilings_first_and_counts_them_in_its_esti
     assert resumed.exit_code == 0, resumed.output
     assert "resuming" in resumed.stderr and "ceilings first" in resumed.stderr
     assert measured == [1, 1] and load_results(tmp_path / "b").ceilings is not None
+
+
+def test_a_fork_sweep_measures_the_ceilings_while_its_servers_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork servers import torch as they start (1.8 s of a cold default sweep, waited for
+    before): the ceilings are measured meanwhile, said before the start line, and recorded
+    with the run's own page-fault cost, as measured after."""
+    import os
+
+    from attnbench.measure.machine import ceilings_file
+    from attnbench.measure.machine import probes as machine
+    from attnbench.measure.machine.ceilings import Ceilings
+
+    monkeypatch.setenv("ATTNBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    real = machine.measure_ceilings
+    servers: list[int] = []
+
+    def quick(device: str, dtype: str, threads: int, probes: object = None) -> Ceilings:
+        servers.append(_children_running("attnbench.run.executors.child", os.getpid()))
+        small = machine.Probes(
+            gemm_side=32, stream_numel=1000, passes=1, elementwise_ops=("add",),
+            curve_widths={"gemm": (8,), "conv": (8,), "attention": (8,), "recurrent": (8,)},
+        )  # fmt: skip
+        return real(device, dtype, threads, probes=small)
+
+    monkeypatch.setattr(ceilings_file, "measure_ceilings", quick)
+    args = ["sweep", "--layers", "conv", "--n", "16", "--d", "8", "--device", "cpu",
+            "--threads", "1", "--time-budget", "0.002", "--no-charts", "--executor", "fork",
+            "--processes", "1", "--out", str(tmp_path / "a")]  # fmt: skip
+    found = runner.invoke(app, args)
+    assert found.exit_code == 0, found.output
+    said = found.stderr
+    assert said.index("ceilings first") < said.index("attnbench ")  # then the start line
+    assert servers == [2]  # both fork servers were starting while they were measured
+    meta = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert meta["ceilings"]["page_fault_s"] == meta["fault_cost_s"]
+
+
+def _children_running(module: str, parent: int) -> int:
+    """The processes of ``parent`` running ``python -m module`` (read from /proc)."""
+    found = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        found += ppid == parent and module.encode() in command
+    return found

@@ -102,6 +102,11 @@ class SweepProgress:
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
 
+    def measuring_ceilings(self) -> None:
+        """Said before the start line, where the ceilings are measured as the workers start."""
+        if not self.quiet:
+            self.console.print(CEILINGS_LINE, soft_wrap=True)
+
     def started(self, start: SweepStart) -> None:
         """The start line: what is measured where, how long it should take, and where it goes."""
         self.where = start.cluster.get("executor") not in ("serial", "fork")  # else: here
@@ -143,12 +148,7 @@ class SweepProgress:
             if busy:
                 self.console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)
         if not start.ceilings_cached:
-            self.console.print(
-                "measuring this machine's ceilings first (once per machine and thread count, "
-                "a few seconds on a quiet machine, longer on a busy one; attnbench machine shows "
-                "them)",
-                soft_wrap=True,
-            )
+            self.console.print(CEILINGS_LINE, soft_wrap=True)
         shared = shared_cpu_nodes(start.cluster, grid.device)
         if shared:
             self.console.print(
@@ -306,6 +306,12 @@ def duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+CEILINGS_LINE = (
+    "measuring this machine's ceilings first (once per machine and thread count, a few seconds "
+    "on a quiet machine, longer on a busy one; attnbench machine shows them)"
+)
 
 
 def _short_of_rounds(run: RunResults) -> str:

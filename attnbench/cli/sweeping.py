@@ -181,7 +181,7 @@ def sweep(
             SweepProgress(streams.err, quiet=quiet) as progress,
         ):
             measuring = Measuring(counting=Counting(cache=not no_cache, full_trace=full_trace))
-            listeners = Listeners(progress, progress.started)
+            listeners = Listeners(progress, progress.started, progress.measuring_ceilings)
             if resume is not None:
                 run = resume_sweep(
                     resume,

@@ -66,11 +66,13 @@ StartCallback = Callable[[SweepStart], None]
 
 @dataclass(frozen=True)
 class Listeners:
-    """Who hears what a sweep does, from its caller: ``progress`` each case's events, and
-    ``on_start`` what the sweep is about to do once its workers are up (None: nobody)."""
+    """Who hears what a sweep does, from its caller: ``progress`` each case's events,
+    ``on_start`` what the sweep is about to do once its workers are up, and ``on_ceilings``
+    that it measures the machine's ceilings while they start (None: nobody)."""
 
     progress: ProgressCallback | None = None
     on_start: StartCallback | None = None
+    on_ceilings: Callable[[], None] | None = None
 
 
 NO_LISTENERS = Listeners()
