@@ -325,21 +325,23 @@ def test_may_return_says_which_dropped_cases_a_reopening_can_bring_back() -> Non
     attention, rnn, local = (line_of(plan, x) for x in ("attention", "rnn", "attention-local"))
     rnn.stopped = Stopped.REGIME  # settled while attention still goes: the budget may stop
     later = [c for c in cases if c.n > 512]  # attention, and reopen it and rnn beside it
-    assert {c.layer for c in later if plan.may_return(c)} == {"rnn"}  # (not dropped: "attention")
+    assert {c.layer for c in later if plan.may_return([c.case_id])} == {
+        "rnn"
+    }  # (not dropped: attention)
     rnn.stopped = None
     attention.stopped, attention.why = Stopped.BUDGET, "its share ran out"  # as decide does
     for case in later:
         plan.decide(case)
     assert rnn.stopped is Stopped.REGIME and local.stopped is Stopped.REGIME
-    back = {c.layer for c in later if plan.may_return(c)}
+    back = {c.layer for c in later if plan.may_return([c.case_id])}
     assert back == {"attention", "rnn"}  # attention-local settled, and is no rival
     assert {c.layer for c in plan.reopen(later)} == back  # what reopen then takes on
     attention.stopped = Stopped.BUDGET  # stopped again: its chance was taken
     rnn.stopped = Stopped.REGIME
-    assert not any(plan.may_return(c) for c in later)
+    assert plan.may_return(c.case_id for c in later) == 0
     attention.reopened = False
     attention.points[-1] = replace(attention.points[-1], wall_s=1000.0)  # the budget spent
-    assert not any(plan.may_return(c) for c in later)
+    assert plan.may_return(c.case_id for c in later) == 0
 
 
 def test_a_carried_rival_at_the_ladders_end_stays_stopped_when_attention_is_reopened() -> None:

@@ -11,7 +11,7 @@ their wall time outside the timed calls.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -257,10 +257,14 @@ class AutoPlan:
             self.lines[key].stopped, self.lines[key].why = None, ""
         return sorted((c for c in dropped if line_key(c) in reopened), key=lambda c: c.n)
 
-    def may_return(self, case: Case) -> bool:
-        """Whether a case no line was to reach may yet be measured: its line is one that
-        ``reopen`` would take on, and the budget has some left (the progress's "at most")."""
-        return self._budget_left() and line_key(case) in self._reopening()
+    def may_return(self, case_ids: Iterable[str]) -> int:
+        """How many of the cases no line was to reach may yet be measured: their line is one
+        that ``reopen`` would take on, and the budget has some left (the progress's "at most";
+        read at every event: the lines' spend and the lines reopening are read once)."""
+        if not self._budget_left():
+            return 0
+        back = self._reopening()
+        return sum(self.keys[case_id] in back for case_id in case_ids)
 
     def _budget_left(self) -> bool:
         return sum(line.wall_s for line in self.lines.values()) < self.grid.auto_budget_s

@@ -222,8 +222,8 @@ class JobQueue:
     @property
     def planned(self) -> int:
         """Cases the sweep may measure: the grid's, less those no auto line will reach."""
-        auto, cases = self.auto, [self.cases[self.index[c]] for c in self.dropped]
-        return len(self.cases) - sum(not (auto and auto.may_return(c)) for c in cases)
+        back = self.auto.may_return(self.dropped) if self.auto is not None else 0
+        return len(self.cases) - len(self.dropped) + back
 
     @property
     def completed(self) -> int:
