@@ -146,7 +146,9 @@ def _layer_option(option: LayerOption) -> Option:
 # 60 s, seven sweeps read 7-10 of the 11 time exponents agreeing with the chapter (10 in four)
 # in 55-74 s of wall time (benchmarks/default_sweep.py); on 100 s, four read 9-11 (median 10)
 # in 57-96 s (median 78 s): no more often, for longer. On two threads (2026-11-29) 100 s had
-# read 10 and 8 of 11, and 60 s 6 of 11.
+# read 10 and 8 of 11, and 60 s 6 of 11. On 45 s (2026-12-01, taking turns with 60 s), three
+# read 7-9 agreeing of 8-10 judged in 39-44 s (lstm, attention-local, conv-dilated, ssm-scan
+# short of their regime), against 9-10 of 9-11 in 56-57 s on 60 s.
 CPU_DEFAULT_D = (64,)
 CPU_DEFAULT_AUTO_BUDGET_S = 60.0
 # The CPU's threads where --threads is not given: one, as torch.utils.benchmark times by
