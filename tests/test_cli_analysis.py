@@ -142,12 +142,15 @@ def test_fit_says_why_a_layer_has_no_cost_model(wide: Path):
     frame = pd.read_csv(wide / "results.csv", keep_default_na=False)
     frame[(frame["d"] == 16) | (frame["layer"] != "attention")].to_csv(
         wide / "results.csv", index=False
-    )  # attention at one width, four lengths: its model needs seven cases
+    )  # attention at one width, four lengths: its model, three parameters there, needs five
     result = runner.invoke(app, ["fit", str(wide)])
     assert result.exit_code == 0, result.output
     note = " ".join(result.stderr.split())
     assert "no cost model for attention: its model" in note
-    assert "needs 7 measured cases; the run has 4, all at d=16" in note
+    assert (
+        "2 a multiple of another there) and needs 5 measured cases; the run has 4, all at d=16"
+        in note
+    )
     payload = json.loads(runner.invoke(app, ["fit", str(wide), "--json"]).stdout)
     assert list(payload["unfitted"]) == ["attention"]
 

@@ -148,26 +148,58 @@ def test_coefficients_are_never_negative():
     assert min(fit.coefficients) >= 0 and fit.constant >= 0
 
 
+def test_at_one_width_terms_that_are_multiples_of_another_are_fitted_as_one():
+    """At d = 64 attention's b·n·d is its b·n·d² over 64 and its b·h·n² its b·n²·d over 16:
+    five parameters are three, and five lengths fit them (the default CPU sweep's attention
+    had no model: "needs 7"). The twins say which; no "no time seen" is said of them."""
+    from attnbench.render.costmodels import _coefficients
+
+    a, b, c = 2e-11, 5e-13, 1e-4
+    frame = synthetic("attention", lambda n, d: a * n * d * d + b * n * n * d + c, noise=0)
+    one = frame[(frame["d"] == 64) & (frame["n"] <= 1024)]  # five lengths
+    model = model_named("self-attention")
+    fit = fit_cost_model(one, model)
+    assert fit is not None and fit.rms < 1e-6
+    assert dict(fit.twins) == {"b·n·d": "b·n·d²", "b·h·n²": "b·n²·d"}
+    found = dict(zip((t.name for t in model.terms), fit.coefficients, strict=True))
+    assert found["b·n·d"] == found["b·h·n²"] == 0  # their time is their twins'
+    assert fit.predict(np.array([[64 * 64 * 64, 64 * 64 * 64, 64 * 64, 4 * 64 * 64, 0]]))[
+        0
+    ] == pytest.approx(a * 64**3 + b * 64**3 + c)
+    row = model_table({"attention": [fit]}).iloc[0]
+    shown = _coefficients(row)
+    assert "δ in α's (a multiple of b·n·d² here)" in shown
+    assert "ε in β's (a multiple of b·n²·d here)" in shown and "no time seen for b·n·d" not in shown
+    assert fit_cost_model(frame, model).twins == ()  # four widths tell them all apart
+    ssm = synthetic("rnn", lambda n, d: 1e-9 * n * d * 16 + 1e-4, noise=0)  # (sizes only)
+    ssm = ssm.assign(layer="ssm", state=16)
+    ssm_fit = fit_cost_model(ssm[ssm["d"] == 64], model_named("state space"))
+    assert ssm_fit is not None and dict(ssm_fit.twins)["d·N"] == "γ"
+    shown = _coefficients(model_table({"ssm": [ssm_fit]}).iloc[0])
+    assert "δ in γ (d·N is constant here)" in shown
+
+
 def test_too_few_points_give_no_fit():
     frame = synthetic("attention", lambda n, d: 1e-9 * n * n * d).head(3)
     assert fit_cost_model(frame, model_named("self-attention")) is None
 
 
 def test_a_layer_without_its_cost_model_is_told_why():
-    """One width and four lengths: the RNN's model (3 parameters) needs 5 cases. The note names
-    the count, the width and the options that would give the fit enough."""
+    """One width and three lengths: the RNN's model, whose b·n·d is a multiple of its b·n·d²
+    at one width (2 parameters), needs 4 cases. The note names the count, the width and the
+    options that would give the fit enough."""
     rnn = synthetic("rnn", lambda n, d: 3e-10 * n * d * d + 2e-4)
-    one_width = rnn[(rnn["d"] == 64) & (rnn["n"] <= 512)]
+    one_width = rnn[(rnn["d"] == 64) & (rnn["n"] <= 256)]
     model = model_named("recurrent")
     assert fit_cost_model(one_width, model) is None
     why = fits.why_unfitted(one_width, model)
     assert why == (
-        f"its model {model.formula} has 3 parameters here (1 of its terms zero at every size "
-        "measured) and needs 5 measured cases; the run has 4, all at d=64: more lengths (--n) or "
-        "widths (--d) give it enough"
+        f"its model {model.formula} has 2 parameters here (1 of its terms zero at every size "
+        "measured; 1 a multiple of another there) and needs 4 measured cases; the run has 3, all "
+        "at d=64: more lengths (--n) or widths (--d) give it enough"
     )
-    assert fits.why_unfitted(rnn[rnn["n"] <= 128].head(4), model).endswith(
-        "the run has 4: more lengths (--n) or widths (--d) give it enough"
+    assert fits.why_unfitted(rnn[rnn["n"] <= 128].head(3), model).endswith(
+        "the run has 3: more lengths (--n) or widths (--d) give it enough"
     )  # two widths: no width named
     assert fits.why_unfitted(rnn, model) is None  # it fits
     slow = one_width.assign(time_s=0.0)

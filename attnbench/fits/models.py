@@ -94,6 +94,9 @@ class ModelFit:
     rms: float  # RMS of the residuals divided by the mean time, as google-benchmark reports it
     aicc: float  # corrected Akaike criterion on the relative residuals (lower is better)
     points: int
+    # (term, the term or "γ" it is a multiple of over the sizes fitted): not told apart from
+    # it, so not fitted apart (``_twins``); its coefficient is 0, and its time is the other's
+    twins: tuple[tuple[str, str], ...] = ()
 
     def predict(self, sizes: np.ndarray) -> np.ndarray:
         """Time for rows of term sizes, shape (points, terms)."""
@@ -141,16 +144,39 @@ def term_sizes(
 
 def _system(
     frame: pd.DataFrame, model: CostModel, metric: str, layers: Layers | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The times y (N,), the design matrix with a constant column (N, p), and which columns
-    can be fitted: a term that is zero on every case (the causal mask of a run without
-    --causal) keeps a zero coefficient and does not count as a parameter."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, int]]:
+    """The times y (N,), the design matrix with a constant column (N, p), which columns can
+    be fitted, and the twins left out of them (``_twins``): a term that is zero on every case
+    (the causal mask of a run without --causal) keeps a zero coefficient and does not count
+    as a parameter, nor does a multiple of another."""
     values = numeric(frame, metric)
     y = values[metric].to_numpy(dtype=float)
     design = np.column_stack([term_sizes(values, model.terms, layers), np.ones(len(y))])  # (N, p)
     present = np.abs(design).max(axis=0) > 0 if len(y) else np.ones(design.shape[1], bool)
     present[-1] = True
-    return y, design, present
+    twins = _twins(design, present) if np.isfinite(design).all() else {}
+    present[list(twins)] = False
+    return y, design, present, twins
+
+
+def _twins(design: np.ndarray, present: np.ndarray) -> dict[int, int]:
+    """Each column that is a multiple of another over these cases, to that one (the constant
+    first, then the terms in order): at one width b·n·d is b·n·d² over d, and d·N a constant,
+    so no fit can tell their times apart. NNLS had split it anyway and "no time seen" was
+    said of the term it left at zero: attention's five parameters at one d are three."""
+    if not len(design):
+        return {}
+    order = [design.shape[1] - 1, *range(design.shape[1] - 1)]  # (p,): the constant's first
+    unit = design / np.where(present, np.abs(design).max(axis=0), 1.0)  # (N, p)
+    kept: list[int] = []
+    twins: dict[int, int] = {}
+    for j in (j for j in order if present[j]):
+        same = [i for i in kept if np.allclose(unit[:, j], unit[:, i], rtol=1e-9, atol=1e-12)]
+        if same:
+            twins[j] = same[0]
+        else:
+            kept.append(j)
+    return twins
 
 
 def fit_cost_model(
@@ -164,7 +190,7 @@ def fit_cost_model(
     """
     from scipy import optimize  # lazy: scipy costs 0.8 s to import
 
-    y, design, present = _system(frame, model, metric, layers)
+    y, design, present, twins = _system(frame, model, metric, layers)
     if not np.isfinite(design).all():
         return None
     params = int(present.sum())
@@ -187,7 +213,11 @@ def fit_cost_model(
     # attention's model, fitted with two terms, lost to a two-term model 5x its RMS.
     k = max(1, int(np.count_nonzero(solution)))
     aicc = n * math.log(rss / n) + 2 * k + 2 * k * (k + 1) / (n - k - 1)
-    return ModelFit(model, tuple(float(a) for a in coef[:-1]), float(coef[-1]), rms, aicc, n)
+    names = [t.name for t in model.terms] + ["γ"]
+    paired = tuple((names[j], names[i]) for j, i in sorted(twins.items()))
+    return ModelFit(
+        model, tuple(float(a) for a in coef[:-1]), float(coef[-1]), rms, aicc, n, paired
+    )
 
 
 def why_unfitted(
@@ -198,7 +228,7 @@ def why_unfitted(
     The fit needs two more measured cases than parameters (terms present, and the constant),
     so the residual has degrees of freedom left for AICc.
     """
-    y, design, present = _system(frame, model, metric, layers)
+    y, design, present, twins = _system(frame, model, metric, layers)
     if not np.isfinite(design).all():
         return "its terms are not known at every measured size"
     if (y <= 0).any():
@@ -208,8 +238,10 @@ def why_unfitted(
         return None
     widths = sorted({int(d) for d in frame["d"]})
     where = f", all at d={widths[0]}" if len(widths) == 1 else ""
-    zero = int((~present).sum())  # terms zero at every case (a batch of 1, no --causal)
-    held = f" here ({zero} of its terms zero at every size measured)" if zero else ""
+    zero = int((~present).sum()) - len(twins)  # zero at every case (a batch of 1, no --causal)
+    why = [f"{zero} of its terms zero at every size measured"] if zero else []
+    why += [f"{len(twins)} a multiple of another there"] if twins else []
+    held = f" here ({'; '.join(why)})" if why else ""
     return (
         f"its model {model.formula} has {params} parameters{held} and needs {params + 2} "
         f"measured cases; the run has {len(y)}{where}: more lengths (--n) or widths (--d) give "
@@ -245,6 +277,7 @@ MODEL_COLUMNS = [
     "gflops_per_s",  # {FLOP term: implied GFLOP/s}
     "gelements_per_s",  # {elementwise term: implied billions of elements/s}
     "points",
+    "twins",  # {term: the term or "γ" it was not told apart from}
 ]
 
 
@@ -287,6 +320,7 @@ def model_table(fits: Mapping[str, list[ModelFit]], layers: Layers | None = None
                         t: g / 1e9 for t, g in f.throughput("element", counts).items()
                     },
                     "points": f.points,
+                    "twins": dict(f.twins),
                 }
             )
     return pd.DataFrame(rows, columns=MODEL_COLUMNS)

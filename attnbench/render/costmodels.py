@@ -18,13 +18,24 @@ def _rate(row: pd.Series, term: str) -> str:
 
 
 def _coefficients(row: pd.Series) -> str:
+    twins = row.twins if isinstance(row.get("twins"), dict) else {}
     parts = [
         f"{letter}={value:.3g} s ({_rate(row, term)})"
         if value > 0
+        else _twin(letter, term, twins[term], row)
+        if term in twins
         else f"{letter}=0 (no time seen for {term})"
         for letter, (term, value) in zip(LETTERS, row.coefficients.items(), strict=False)
     ]
     return ", ".join([*parts, f"γ={row.constant_s * 1e6:.0f} µs"])
+
+
+def _twin(letter: str, term: str, twin: str, row: pd.Series) -> str:
+    """A term fitted as part of another (``ModelFit.twins``): where its time went, and why."""
+    if twin == "γ":
+        return f"{letter} in γ ({term} is constant here)"
+    names = list(row.coefficients)
+    return f"{letter} in {LETTERS[names.index(twin)]}'s (a multiple of {twin} here)"
 
 
 def model_display(analysis: Analysis) -> pd.DataFrame:
