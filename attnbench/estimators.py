@@ -300,6 +300,7 @@ def log_variance(groups: Sequence[Sequence[float]]) -> float | None:
     return statistics.variance([math.log(m) for m in medians])
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def kept_log_variance(
     groups: tuple[tuple[float, ...], ...],
     references: tuple[float | None, ...],
@@ -309,16 +310,6 @@ def kept_log_variance(
     """``log_variance`` of the groups ``kept_rounds`` keeps, remembered: a sweep reads its
     prior after every round, over every case so far, and most cases have not changed since
     (recomputed each time, it took 2 s of a default sweep's driver, between the rounds)."""
-    return _kept_log_variance(groups, references, quiet, busy)
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _kept_log_variance(
-    groups: tuple[tuple[float, ...], ...],
-    references: tuple[float | None, ...],
-    quiet: float | None,
-    busy: tuple[bool, ...],
-) -> float | None:
     kept, _, _ = kept_rounds(groups, references, quiet, busy)
     return log_variance(kept)
 

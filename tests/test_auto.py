@@ -287,19 +287,26 @@ def test_a_carried_rival_takes_no_share_of_the_budget_from_attention() -> None:
     assert plan._share() == pytest.approx(1000 / 2)
 
 
-def test_a_carried_rival_goes_on_with_attention_when_the_budget_reopens_it() -> None:
-    """Attention stops on its share of the budget at n = 512, so rnn, carried from there,
-    stops too; once every line has stopped, attention goes on with what the budget left, and
-    the rnn carried beside it goes on with it rather than stay at 512."""
-    g = build_grid({"layers": "rnn,attention", "d": [64], "n": "auto:64..4096",
-                    "device": "cpu", "auto_budget": 100})  # fmt: skip
+def run_to_512(layers: str) -> tuple[AutoPlan, list[Any]]:
+    """Lines of ``layers`` (rnn slow and settled, attention rising, others steady) on a 100 s
+    budget, run to n = 512: the plan, and every case by length."""
+    g = build_grid({"layers": layers, "d": [64], "n": "auto:64..4096", "device": "cpu",
+                    "auto_budget": 100})  # fmt: skip
     plan = AutoPlan(g)
     cases = sorted(g.cases(), key=lambda c: c.n)
     for case in [c for c in cases if c.n <= 512]:
         assert plan.decide(case)[0]
         plan.started(case)
-        times = SLOW_RNN if case.layer == "rnn" else RISING
+        times = {"rnn": SLOW_RNN, "attention": RISING}.get(case.layer, STEADY)
         plan.record(result(case, times[case.n], wall_s=0.1))
+    return plan, cases
+
+
+def test_a_carried_rival_goes_on_with_attention_when_the_budget_reopens_it() -> None:
+    """Attention stops on its share of the budget at n = 512, so rnn, carried from there,
+    stops too; once every line has stopped, attention goes on with what the budget left, and
+    the rnn carried beside it goes on with it rather than stay at 512."""
+    plan, cases = run_to_512("rnn,attention")
     attention, rnn = line_of(plan, "attention"), line_of(plan, "rnn")
     attention.stopped, attention.why = Stopped.BUDGET, "its share ran out"  # as decide does
     later = [c for c in cases if c.n > 512]
@@ -313,15 +320,7 @@ def test_may_return_says_which_dropped_cases_a_reopening_can_bring_back() -> Non
     """The progress counts the cases a sweep may still measure ("at most"): a case of a line
     the budget stopped, or of the rival carried beside it, may come back while the budget has
     some left; once reopened, or with the budget spent, it may not (it had grown 139 -> 151)."""
-    g = build_grid({"layers": "rnn,attention,attention-local", "d": [64], "n": "auto:64..4096",
-                    "device": "cpu", "auto_budget": 100})  # fmt: skip
-    plan = AutoPlan(g)
-    cases = sorted(g.cases(), key=lambda c: c.n)
-    for case in [c for c in cases if c.n <= 512]:
-        assert plan.decide(case)[0]
-        plan.started(case)
-        times = {"rnn": SLOW_RNN, "attention": RISING, "attention-local": STEADY}[case.layer]
-        plan.record(result(case, times[case.n], wall_s=0.1))
+    plan, cases = run_to_512("rnn,attention,attention-local")
     attention, rnn, local = (line_of(plan, x) for x in ("attention", "rnn", "attention-local"))
     rnn.stopped = Stopped.REGIME  # settled while attention still goes: the budget may stop
     later = [c for c in cases if c.n > 512]  # attention, and reopen it and rnn beside it

@@ -238,7 +238,6 @@ def test_kept_log_variance_is_the_kept_rounds_spread_and_remembers_it() -> None:
     """The sweep's prior reads every case after every round: the memo gives what
     ``kept_rounds`` then ``log_variance`` give, leaves the disturbed round out as they do,
     and computes a case that has not changed only once."""
-    from attnbench import estimators
     from attnbench.estimators import kept_log_variance, kept_rounds, log_variance
 
     groups = ((1.0, 1.1, 0.9), (1.2, 1.3, 1.25), (2.0, 2.1, 2.2), (1.05, 1.0, 1.1))
@@ -248,7 +247,7 @@ def test_kept_log_variance_is_the_kept_rounds_spread_and_remembers_it() -> None:
     assert kept_log_variance(groups, refs, 1e-4, busy) == log_variance(kept)
     everything = log_variance([list(g) for g in groups])
     assert log_variance(kept) != pytest.approx(everything)  # the disturbed round mattered
-    before = estimators._kept_log_variance.cache_info().hits
+    before = kept_log_variance.cache_info().hits
     kept_log_variance(groups, refs, 1e-4, busy)
-    assert estimators._kept_log_variance.cache_info().hits == before + 1
+    assert kept_log_variance.cache_info().hits == before + 1
     assert kept_log_variance(groups[:1], refs[:1], 1e-4, busy[:1]) is None  # one round

@@ -163,11 +163,7 @@ def test_a_sweep_says_it_measures_the_ceilings_first_and_counts_them_in_its_esti
 
     def quick(device: str, dtype: str, threads: int, probes: object = None) -> Ceilings:
         measured.append(threads)
-        small = machine.Probes(
-            gemm_side=32, stream_numel=1000, passes=1, elementwise_ops=("add",),
-            curve_widths={"gemm": (8,), "conv": (8,), "attention": (8,), "recurrent": (8,)},
-        )  # fmt: skip
-        return real(device, dtype, threads, probes=small)
+        return real(device, dtype, threads, probes=SMALL_PROBES)
 
     monkeypatch.setattr(ceilings_file, "measure_ceilings", quick)
     args = ["sweep", "--layers", "conv", "--n", "16,32", "--d", "8", "--device", "cpu",
@@ -210,11 +206,7 @@ def test_a_fork_sweep_measures_the_ceilings_while_its_servers_start(
 
     def quick(device: str, dtype: str, threads: int, probes: object = None) -> Ceilings:
         servers.append(_children_running("attnbench.run.executors.child", os.getpid()))
-        small = machine.Probes(
-            gemm_side=32, stream_numel=1000, passes=1, elementwise_ops=("add",),
-            curve_widths={"gemm": (8,), "conv": (8,), "attention": (8,), "recurrent": (8,)},
-        )  # fmt: skip
-        return real(device, dtype, threads, probes=small)
+        return real(device, dtype, threads, probes=SMALL_PROBES)
 
     monkeypatch.setattr(ceilings_file, "measure_ceilings", quick)
     args = ["sweep", "--layers", "conv", "--n", "16", "--d", "8", "--device", "cpu",
@@ -227,6 +219,18 @@ def test_a_fork_sweep_measures_the_ceilings_while_its_servers_start(
     assert servers == [2]  # both fork servers were starting while they were measured
     meta = json.loads((tmp_path / "a" / "run.json").read_text())
     assert meta["ceilings"]["page_fault_s"] == meta["fault_cost_s"]
+
+
+def _small_probes() -> object:
+    from attnbench.measure.machine import probes as machine
+
+    return machine.Probes(
+        gemm_side=32, stream_numel=1000, passes=1, elementwise_ops=("add",),
+        curve_widths={"gemm": (8,), "conv": (8,), "attention": (8,), "recurrent": (8,)},
+    )  # fmt: skip
+
+
+SMALL_PROBES = _small_probes()  # ceilings in a blink: what a sweep's test needs of them
 
 
 def _children_running(module: str, parent: int) -> int:
