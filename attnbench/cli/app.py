@@ -7,13 +7,15 @@ it into one line on stderr and its exit code, never a traceback.
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import functools
 import inspect
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.markup import escape
@@ -326,4 +328,37 @@ def main() -> None:
 
         if typer.rich_utils.MAX_WIDTH is None:  # TERMINAL_WIDTH says otherwise
             typer.rich_utils.MAX_WIDTH = OFF_TERMINAL_WIDTH
-    app()
+    try:
+        app()
+    except SystemExit as exc:
+        exit_now(exc.code)
+    exit_now(0)
+
+
+def exit_now(
+    code: object,
+    *,
+    finish: Callable[[], None] = atexit._run_exitfuncs,
+    end: Callable[[int], NoReturn] = os._exit,
+) -> NoReturn:
+    """End the command with ``code`` (``SystemExit``'s: None, a number or a message) once
+    its atexit handlers have run and its output is flushed, without the interpreter's
+    teardown of every module: after torch and matplotlib that took 0.4-0.5 s of every command
+    on this project's 2-core CPU (2026-12-01), with nothing left to write. Where a thread
+    other than this one still runs, the interpreter ends as usual, since it waits for them."""
+    if threading.active_count() > 1:
+        raise SystemExit(code)
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # a message, as sys.exit("...") gives: printed, status 1
+        print(code, file=sys.stderr)
+        status = 1
+    finish()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (| head): as Python's own exit, 120
+            status = status or 120
+    end(status)
