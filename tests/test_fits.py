@@ -160,7 +160,7 @@ def test_at_one_width_terms_that_are_multiples_of_another_are_fitted_as_one():
     model = model_named("self-attention")
     fit = fit_cost_model(one, model)
     assert fit is not None and fit.rms < 1e-6
-    assert dict(fit.twins) == {"b·n·d": "b·n·d²", "b·h·n²": "b·n²·d"}
+    assert dict(fit.twins) == {"b·n·d": "b·n·d²", "b·h·n²": "b·n²·d", "causal·b·h·n²": "0"}
     found = dict(zip((t.name for t in model.terms), fit.coefficients, strict=True))
     assert found["b·n·d"] == found["b·h·n²"] == 0  # their time is their twins'
     assert fit.predict(np.array([[64 * 64 * 64, 64 * 64 * 64, 64 * 64, 4 * 64 * 64, 0]]))[
@@ -170,7 +170,9 @@ def test_at_one_width_terms_that_are_multiples_of_another_are_fitted_as_one():
     shown = _coefficients(row)
     assert "δ in α's (a multiple of b·n·d² here)" in shown
     assert "ε in β's (a multiple of b·n²·d here)" in shown and "no time seen for b·n·d" not in shown
-    assert fit_cost_model(frame, model).twins == ()  # four widths tell them all apart
+    # without --causal its mask's term is 0 at every size: no time to see, and said so
+    assert "ζ=0 (causal·b·h·n² is 0 at every size here)" in shown and "no time seen" not in shown
+    assert dict(fit_cost_model(frame, model).twins) == {"causal·b·h·n²": "0"}  # four widths
     ssm = synthetic("rnn", lambda n, d: 1e-9 * n * d * 16 + 1e-4, noise=0)  # (sizes only)
     ssm = ssm.assign(layer="ssm", state=16)
     ssm_fit = fit_cost_model(ssm[ssm["d"] == 64], model_named("state space"))

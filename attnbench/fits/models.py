@@ -84,6 +84,9 @@ def cost_models(layers: Layers | None = None) -> tuple[CostModel, ...]:
     return tuple(models.values())
 
 
+ZERO_TERM = "0"  # a twin of nothing: a term zero at every size fitted (``ModelFit.twins``)
+
+
 @dataclass(frozen=True)
 class ModelFit:
     """A cost model fitted to one layer's medians over all its measured sizes."""
@@ -95,7 +98,9 @@ class ModelFit:
     aicc: float  # corrected Akaike criterion on the relative residuals (lower is better)
     points: int
     # (term, the term or "γ" it is a multiple of over the sizes fitted): not told apart from
-    # it, so not fitted apart (``_twins``); its coefficient is 0, and its time is the other's
+    # it, so not fitted apart (``_twins``); its coefficient is 0, and its time is the other's.
+    # ``ZERO_TERM`` in place of the other: the term is 0 at every size (a batch of 1, a run
+    # without --causal), with no time to fit.
     twins: tuple[tuple[str, str], ...] = ()
 
     def predict(self, sizes: np.ndarray) -> np.ndarray:
@@ -214,7 +219,9 @@ def fit_cost_model(
     k = max(1, int(np.count_nonzero(solution)))
     aicc = n * math.log(rss / n) + 2 * k + 2 * k * (k + 1) / (n - k - 1)
     names = [t.name for t in model.terms] + ["γ"]
-    paired = tuple((names[j], names[i]) for j, i in sorted(twins.items()))
+    other = {j: names[i] for j, i in twins.items()}
+    other |= {int(j): ZERO_TERM for j in np.flatnonzero(~present) if j not in twins}  # b = 1
+    paired = tuple((names[j], other[j]) for j in sorted(other))
     return ModelFit(
         model, tuple(float(a) for a in coef[:-1]), float(coef[-1]), rms, aicc, n, paired
     )

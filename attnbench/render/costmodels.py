@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.fits import LETTERS, Analysis, cost_models, loglog_slope
-from attnbench.fits.models import term_sizes
+from attnbench.fits.models import ZERO_TERM, term_sizes
 from attnbench.units import fmt_exponent
 
 
@@ -32,6 +32,8 @@ def _coefficients(row: pd.Series) -> str:
 
 def _twin(letter: str, term: str, twin: str, row: pd.Series) -> str:
     """A term fitted as part of another (``ModelFit.twins``): where its time went, and why."""
+    if twin == ZERO_TERM:
+        return f"{letter}=0 ({term} is 0 at every size here)"
     if twin == "γ":
         return f"{letter} in γ ({term} is constant here)"
     names = list(row.coefficients)
