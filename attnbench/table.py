@@ -86,8 +86,7 @@ def _value(row: pd.Series | None, column: str) -> Any:
     return None if row is None else row[column]
 
 
-def _finite(value: Any) -> float | None:
-    """A float, or None for a missing or nan one (what JSON can hold)."""
+def _finite(value: Any) -> float | None:  # None for a missing or nan one (what JSON holds)
     return None if value is None or pd.isna(value) else float(value)
 
 
@@ -484,11 +483,12 @@ def check_notes(table: pd.DataFrame) -> list[str]:
                 f"{layer}: max path length has no law proven at n ≥ {int(unproven)} (see "
                 "path_len_method), so no exponent is fitted"
             )
-        if row.get("time_agrees_n") is False and row.get("time_settled_n"):
+        if row.get("time_agrees_n") is False:
+            where = "where the rate settled" if row.get("time_settled_n") else "(unsettled)"
             notes.append(
-                f"{layer}: time measured n^{fmt_exponent(row['time_exponent_n'])} where the "
-                "rate settled disagrees with the theory's "
-                f"n^{fmt_exponent(row['time_theory_exponent_n'])} over the same lengths"
+                f"{layer}: time measured n^{fmt_exponent(row['time_exponent_n'])} {where} "
+                f"disagrees with the theory's n^{fmt_exponent(row['time_theory_exponent_n'])} "
+                "over the same lengths"
             )
         for column, what in (("seq_steps", "sequential ops"), ("path_len", "max path length")):
             if row.get(f"{column}_agrees") is False:

@@ -377,10 +377,11 @@ def test_an_unsettled_lines_note_says_what_stopped_it_and_no_exponent_reads_minu
     run = _line(climbing, [0.9] * 5, layer="attention")
     lines = [{"layer": "attention", "d": 64, "stopped": "budget", "at_n": 1024, "why": "x"}]
     stopped = RunResults(run.path, run.frame, run.samples, {"auto": {"lines": lines}})
-    (note,) = [n for n in fit_notes(comparison_table(stopped), stopped) if "attention:" in n]
+    found = fit_notes(comparison_table(stopped), stopped)
+    (note,) = [n for n in found if n.startswith("attention: time ~")]
     assert "--n auto stopped it at n=1024 on its share of the budget, and a larger " \
         "--auto-budget takes it on)" in note  # fmt: skip
-    (plain,) = [n for n in fit_notes(comparison_table(run), run) if "attention:" in n]
+    (plain,) = [n for n in fit_notes(comparison_table(run), run) if "attention: time ~" in n]
     assert plain.endswith("of each other: --n auto goes on until it is)")
     flat = _line([1e-8 * n * (1 + 1e-4 * i) for i, n in enumerate(ns)], [0.9] * 5)
     (note,) = [n for n in fit_notes(comparison_table(flat), flat) if "conv:" in n]
@@ -420,3 +421,26 @@ def test_fit_marks_a_time_whose_rate_did_not_settle_as_table_does(tiny_run: RunR
         unsettled = row.metric == "time_s" and row.range_rule.kind != RangeKind.SETTLED
         assert (where == "rate unsettled") == unsettled
     assert (shown["where"] == "rate unsettled").any()  # the tiny run's lines are too short
+
+
+def test_a_time_exponent_that_disagrees_is_said_settled_or_not() -> None:
+    """`table --json` judged an unsettled line's exponent (time_agrees_n false) and the table
+    marked it "(unsettled)" only: a new user read attention-linear's n^0.85 as passing. A
+    disagreement is now a note whether the rate settled or not; an agreement is none."""
+    from attnbench.table import check_notes
+
+    rows = pd.DataFrame(
+        {
+            "layer": ["attention-linear", "conv", "rnn"],
+            "time_agrees_n": [False, False, True],
+            "time_settled_n": [False, True, False],
+            "time_exponent_n": [0.85, 0.7, 1.0],
+            "time_theory_exponent_n": [1.0, 1.0, 1.0],
+        }
+    )
+    assert check_notes(rows) == [
+        "attention-linear: time measured n^0.85 (unsettled) disagrees with the theory's n^1.00 "
+        "over the same lengths",
+        "conv: time measured n^0.70 where the rate settled disagrees with the theory's n^1.00 "
+        "over the same lengths",
+    ]
