@@ -222,6 +222,16 @@ def test_machine_charts_need_the_runs_ceilings(wide_run, tmp_path):
         charts.plot_run(old, names=["roofline"], out_dir=tmp_path)
 
 
+def test_the_state_chart_on_a_forward_run_says_it_is_decodes(wide_run, tmp_path):
+    assert wide_run.mode == "forward"
+    assert build_charts(wide_run, analyse(wide_run), ["state"]) == {}
+    reason = charts.not_drawn_reason("state", wide_run)
+    assert reason.startswith("it is a decode-mode chart and this run was swept in forward mode")
+    with pytest.raises(AttnbenchError, match=r"state: it is a decode-mode chart"):
+        charts.plot_run(wide_run, names=["state"], out_dir=tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing half-written
+
+
 def test_layers_and_chart_selection(wide_run):
     analysis = analyse(wide_run, layers=["rnn"])
     figures = build_charts(wide_run, analysis, ["time", "crossover"])

@@ -285,6 +285,11 @@ def not_drawn_reason(name: str, run: RunResults, layers: Sequence[str] | None = 
                 "convolutional or state-space layer"
             )
         return "attention and a rival were not both measured at two lengths of one width"
+    if name == "state" and run.mode != "decode":
+        return (
+            f"it is a decode-mode chart and this run was swept in {run.mode} mode "
+            "(attnbench sweep --mode decode)"
+        )
     if name in ("roofline", "time-split") and run.ceilings is None:
         return (
             "the run recorded no machine ceilings (sweep it again, or see attnbench predict "
