@@ -173,6 +173,29 @@ def test_crossover_chart_plots_ratios_against_n_over_d_with_the_line_one(figures
     assert np.allclose(rnn8.get_ydata(), m["attention"] / m["rnn"])
 
 
+@pytest.mark.parametrize(
+    ("span", "labels"),
+    [
+        ((0.15, 30), ["0.2", "0.5", "1", "2", "5", "10", "20"]),  # 10⁰ and 10¹ alone before
+        ((0.004, 900), ["0.01", "0.1", "1", "10", "100", "1000"]),  # 1-2-5 would crowd: decades
+    ],
+)
+def test_a_ratio_axis_labels_plain_numbers(span, labels, tmp_path):
+    from matplotlib.figure import Figure
+
+    from attnbench.render.style import log_axes, ratio_axis
+
+    ax = Figure().add_subplot()
+    ax.plot([1, 16], span)
+    log_axes(ax, "n / d", "ratio")
+    ratio_axis(ax)
+    ax.figure.savefig(tmp_path / "r.svg")  # ticks and labels settle when drawn
+    low, high = ax.get_ylim()
+    shown = [t.get_text() for t in ax.get_yticklabels() if low <= t.get_position()[1] <= high]
+    assert shown == labels
+    assert not [t for t in ax.yaxis.get_minorticklabels() if t.get_text()]
+
+
 def test_roofline_places_each_case_by_its_intensity_and_achieved_rate(figures, wide_run):
     """One point per case at (FLOPs / bytes, FLOPs / time), under min(peak, bandwidth x I)."""
     (ax,) = figures["roofline"].get_axes()

@@ -41,6 +41,7 @@ from attnbench.render.style import (
     log_axes,
     order_guides,
     panels,
+    ratio_axis,
     small_multiples,
     spare_cell,
     time_key,
@@ -265,6 +266,7 @@ def _crossover_chart(analysis: Analysis) -> Figure | None:
         text = " n = d (chapter: n²d = nd²)"
         ax.text(1.0, y, text, transform=ax.get_xaxis_transform(), fontsize=7, color="grey", va=va)
         log_axes(ax, "n / d", f"{layer} time / rival time")
+        ratio_axis(ax)
         ax.set_title(f"{layer}: above 1, attention is slower", fontsize=9)
         legend(ax)
     return fig if drew else None
