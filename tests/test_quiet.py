@@ -217,6 +217,13 @@ def test_the_summary_says_what_was_waited_and_which_times_are_a_busy_machines(
     (run.path / "run.json").write_text(json.dumps(meta))
     notes = replication_notes(load_results(run.path))
     assert any("waited under a second in all" in n for n in notes)
+    # every round disturbed after so short a wait: the note says how both hold
+    assert any("can be disturbed while it times" in n for n in notes)
+    samples["reference_s"] = QUIET
+    samples.to_csv(run.path / "samples.csv", index=False)
+    notes = replication_notes(load_results(run.path))
+    waited = [n for n in notes if "waited under a second" in n]
+    assert waited and "disturbed" not in waited[0]
 
 
 def test_the_start_estimate_holds_what_the_rounds_may_wait_for_quiet(

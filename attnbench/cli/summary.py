@@ -334,8 +334,14 @@ def replication_notes(run: RunResults) -> list[str]:
     if waited:
         notes.append(
             f"the rounds waited {f'{waited:.0f} s' if waited >= 1 else 'under a second'} in "
-            "all for the machine to read quiet "
+            "all for the machine to read quiet before they timed "
             f"(--wait-quiet {run.record.config.get('wait_quiet_s', 0):g})"
+            + (
+                "; a round that read quiet then can be disturbed while it times, and is "
+                "judged by its reading after too"
+                if disturbed.sum()
+                else ""
+            )
         )
     alone = measured[(run.rounds_ran() == 1) & numeric_column(measured, "time_s").notna()]
     if len(alone):
