@@ -443,6 +443,32 @@ def test_summary_tables_cut_no_cell_in_a_log(
     assert max(map(len, narrow.getvalue().splitlines())) <= 60
 
 
+def test_a_layer_whose_cases_were_all_skipped_keeps_its_title_on_one_line(
+    tiny_run,  # type: ignore[no-untyped-def]
+) -> None:
+    """Its table has three narrow columns (n, d, "skipped"), and Rich wrapped the title "(decode:
+    one generated token at context n)" to their width, over three lines."""
+    import io
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from attnbench.cli.summary import summary_tables
+
+    frame = tiny_run.frame.copy()
+    first = frame["layer"] == frame["layer"].iloc[0]
+    frame.loc[first, "status"] = "skipped"
+    frame["mode"] = "decode"
+    out = io.StringIO()
+    summary_tables(replace(tiny_run, frame=frame), Console(file=out, width=120))
+    lines = out.getvalue().splitlines()
+    title = f"{frame['layer'].iloc[0]} (decode: one generated token at context n)"
+    assert lines[0] == title and lines[1].startswith("┏━━")
+    # a table wider than its title keeps the title above it, in the table
+    others = [x for x in lines if "(decode: one generated token at context n)" in x]
+    assert len(others) == frame["layer"].nunique()
+
+
 def test_config_with_wrong_types_or_unknown_keys_is_one_line(tmp_path: Path) -> None:
     for text, message in [
         ("layers = 5\n", "--layers: expected layer names, got 5"),

@@ -135,6 +135,10 @@ def summary_tables(run: RunResults, console: Console) -> None:
                 continue
             cells = [_summary_cell(column.name, row, off_trend) for column in shown]
             table.add_row(str(row.n), str(row.d), *cells)
+        wide = console.measure(table, options=console.options.update_width(10_000)).maximum
+        if wide < len(title):  # narrow (its cases all skipped): Rich wraps a title to its width
+            table.title = None
+            console.print(escape(title), style="bold", soft_wrap=True)
         print_whole(table, console)
         for row in group.sort_values(["d", "n"]).itertuples():
             # a skipped case's reason is the case above
