@@ -51,8 +51,7 @@ def _label(row: pd.Series | None, var: str) -> str:
     return "–" if row is None else f"{var}^{fmt_exponent(row.exponent)}"
 
 
-# A line with no kernels measured reads as overhead-bound where its rate grew at least this
-# share as fast as its work: its time hardly moved while the work grew.
+# No kernels measured: overhead-bound where its rate grew at least this share as fast as its work
 FLAT_SHARE = 0.8
 
 
@@ -483,7 +482,8 @@ def check_notes(table: pd.DataFrame) -> list[str]:
                 f"{layer}: max path length has no law proven at n ≥ {int(unproven)} (see "
                 "path_len_method), so no exponent is fitted"
             )
-        if row.get("time_agrees_n") is False:
+        bound = str(row.get("compute (measured)", "")).startswith("overhead-bound")  # not read
+        if row.get("time_agrees_n") is False and not bound:
             where = "where the rate settled" if row.get("time_settled_n") else "(unsettled)"
             notes.append(
                 f"{layer}: time measured n^{fmt_exponent(row['time_exponent_n'])} {where} "
