@@ -178,6 +178,8 @@ def test_crossover_chart_plots_ratios_against_n_over_d_with_the_line_one(figures
     [
         ((0.15, 30), ["0.2", "0.5", "1", "2", "5", "10", "20"]),  # 10⁰ and 10¹ alone before
         ((0.004, 900), ["0.01", "0.1", "1", "10", "100", "1000"]),  # 1-2-5 would crowd: decades
+        ((0.6, 3), ["0.6", "0.7", "0.8", "0.9", "1", "2", "3"]),  # under a decade: every one
+        ((0.95, 1.05), ["0.96", "0.98", "1", "1.02", "1.04"]),  # too narrow for two: linear
     ],
 )
 def test_a_ratio_axis_labels_plain_numbers(span, labels, tmp_path):

@@ -151,19 +151,29 @@ def ratio_label(x: float, pos: int | None = None) -> str:
     return f"{x:.10g}"
 
 
+def ratio_subs(decades: float) -> tuple[float, ...]:
+    """Which multiples of each power of ten a ratio axis spanning ``decades`` labels: every
+    one under a decade (0.6, 0.7, ... 3), 1-2-5 up to ``RATIO_SUBS_DECADES``, then 1."""
+    if decades > RATIO_SUBS_DECADES:
+        return (1.0,)
+    return RATIO_SUBS if decades > 1 else tuple(float(k) for k in range(1, 10))
+
+
 def ratio_axis(ax: Axes) -> None:
-    """The y axis of a log-scaled ratio: plain numbers at 1, 2 and 5 of each decade where it
-    spans three decades or fewer, at the powers of ten past them (where 1-2-5 would crowd). A
-    ratio often spans two, where matplotlib labels only the powers of ten (a panel read 10⁰ and
-    10¹ alone)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    """The y axis of a log-scaled ratio in plain numbers, at least two of them in view (a plain
+    linear spacing where the span is too narrow for two on the log ladder, 0.95-1.05). A ratio
+    often spans two decades, where matplotlib labels only the powers of ten (a panel read 10⁰
+    and 10¹ alone)."""
+    from matplotlib.ticker import AutoLocator, FuncFormatter, LogLocator, NullFormatter
 
     class RatioLocator(LogLocator):
         def tick_values(self, vmin: float, vmax: float) -> Any:
             low, high = sorted((abs(vmin) or 1e-300, abs(vmax) or 1e-300))
-            near = np.log10(high / low) <= RATIO_SUBS_DECADES
-            self.set_params(subs=RATIO_SUBS if near else (1.0,))
-            return super().tick_values(vmin, vmax)
+            self.set_params(subs=ratio_subs(float(np.log10(high / low))))
+            ticks = np.asarray(super().tick_values(vmin, vmax), dtype=float)
+            if ((ticks >= low) & (ticks <= high)).sum() < 2:
+                return AutoLocator().tick_values(low, high)
+            return ticks
 
     ax.yaxis.set_major_locator(RatioLocator(base=10, numticks=12))
     ax.yaxis.set_major_formatter(FuncFormatter(ratio_label))
