@@ -775,42 +775,57 @@ def test_a_command_ends_with_its_code_after_its_atexit_handlers(
 
     ran: list[str] = []
     with pytest.raises(_Ended) as ended:
-        exit_now(code, finish=lambda: ran.append("atexit"), end=_end)
+        exit_now(code, finish=lambda: ran.append("atexit"), end=_end, running=lambda: 0)
     assert ended.value.args == (status,) and ran == ["atexit"]
     assert capsys.readouterr().err == ("bad\n" if code == "bad" else "")
 
 
 def test_a_command_with_a_thread_still_running_ends_as_usual() -> None:
-    """The interpreter waits for a running (non-daemon) thread; ``os._exit`` would kill it."""
+    """The interpreter waits for a running (non-daemon) thread; ``os._exit`` would kill it. A
+    daemon it does not wait for, and neither does ``exit_now``."""
     import threading
 
-    from attnbench.cli.app import exit_now
+    from attnbench.cli.app import exit_now, running_threads
 
+    with pytest.raises(SystemExit) as raised:
+        exit_now(4, finish=lambda: None, end=_end, running=lambda: 1)
+    assert raised.value.code == 4
     release = threading.Event()
+    before = running_threads()  # what earlier tests left running, if anything
+    daemon = threading.Thread(target=release.wait, daemon=True)
     worker = threading.Thread(target=release.wait)
-    worker.start()
+    daemon.start()
     try:
-        with pytest.raises(SystemExit) as raised:
-            exit_now(4, finish=lambda: None, end=_end)
-        assert raised.value.code == 4
+        assert running_threads() == before
+        worker.start()
+        assert running_threads() == before + 1
     finally:
         release.set()
         worker.join()
+        daemon.join()
+    assert running_threads() == before
 
 
 @pytest.mark.slow
 def test_the_real_exit_runs_atexit_and_flushes_its_output(tmp_path: Path) -> None:
     """Through ``main``: an atexit handler registered by the process still writes its file,
-    the buffered output arrives whole when piped, and the status is the command's."""
-    marker = tmp_path / "atexit"
+    the buffered output arrives whole when piped, and the status is the command's; the
+    interpreter's teardown, which would collect a module's objects, did not run."""
+    marker, torn = tmp_path / "atexit", tmp_path / "torn"
     block = (
-        "import atexit, pathlib, sys; "
-        f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'ran'); "
-        "from attnbench.cli import main; main()"
+        "import atexit, pathlib, sys\n"
+        f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'ran')\n"
+        "class Kept:\n"
+        f"    def __del__(self, p=pathlib.Path({str(torn)!r})): p.write_text('torn')\n"
+        "kept = Kept()  # collected by the teardown, which a sys.exit runs\n"
+        "from attnbench.cli import main; main()\n"
     )
     ok = subprocess.run([sys.executable, "-c", block, "layers"], capture_output=True, text=True)
     assert ok.returncode == 0 and "attention-sdpa" in ok.stdout, ok.stderr
-    assert marker.read_text() == "ran"
+    assert marker.read_text() == "ran" and not torn.exists()
+    plain = block.replace("from attnbench.cli import main; main()", "sys.exit(0)")
+    assert subprocess.run([sys.executable, "-c", plain]).returncode == 0
+    assert torn.read_text() == "torn"  # the marker itself tells a teardown apart
     bad = subprocess.run(
         [sys.executable, "-c", block, "table", str(tmp_path / "none")],
         capture_output=True,

@@ -318,7 +318,7 @@ app.command("bisect", cls=Command, help=help_text(history.bisect_command.__doc__
 OFF_TERMINAL_WIDTH = 120
 
 
-def main() -> None:
+def main() -> NoReturn:
     # Kineto, the profiler's tracer, logs two lines a profiling session to stderr, through the
     # progress lines; set here, before any session, so every worker process inherits it.
     os.environ.setdefault("KINETO_LOG_LEVEL", "10")
@@ -335,18 +335,27 @@ def main() -> None:
     exit_now(0)
 
 
+def running_threads() -> int:
+    """Threads other than this one that the interpreter would wait for (not daemons)."""
+    me = threading.current_thread()
+    return sum(t is not me and not t.daemon and t.is_alive() for t in threading.enumerate())
+
+
 def exit_now(
     code: object,
     *,
     finish: Callable[[], None] = atexit._run_exitfuncs,
     end: Callable[[int], NoReturn] = os._exit,
+    running: Callable[[], int] = running_threads,
 ) -> NoReturn:
     """End the command with ``code`` (``SystemExit``'s: None, a number or a message) once
     its atexit handlers have run and its output is flushed, without the interpreter's
     teardown of every module: after torch and matplotlib that took 0.4-0.5 s of every command
-    on this project's 2-core CPU (2026-12-01), with nothing left to write. Where a thread
-    other than this one still runs, the interpreter ends as usual, since it waits for them."""
-    if threading.active_count() > 1:
+    on this project's 2-core CPU (2026-12-01), with nothing left to write (every results file
+    is written and closed in a ``with``; what a C library holds in its own buffers is not
+    flushed). Where a thread that is not a daemon still runs, the interpreter ends as usual,
+    since it waits for it."""
+    if running():
         raise SystemExit(code)
     if code is None:
         status = 0
@@ -359,6 +368,6 @@ def exit_now(
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe (| head): as Python's own exit, 120
-            status = status or 120
+        except (OSError, ValueError):  # a closed pipe (| head): 120 as Python's own exit,
+            status = status or 120  # unless the command had failed already
     end(status)
