@@ -191,3 +191,15 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture
+def read_as_a_user_reads() -> Iterator[None]:
+    """A committed run is read with the default busy threshold, as ``attnbench table`` reads
+    it: the suite's "never busy" (above) is for its own sweeps, whose workers are each other's
+    neighbours, and kept a round the run's reading leaves out."""
+    from attnbench.measure.timing.contention import BUSY_ENV
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(BUSY_ENV, raising=False)
+        yield

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +88,8 @@ def test_chart_data_tells_two_figures_apart_by_a_point_a_colour_or_a_label() -> 
     assert first_difference(drawn(label="d"), drawn()).startswith("/axes/0/legend/texts/0")
 
 
-@pytest.fixture(autouse=True)
-def _read_as_a_user_reads() -> Iterator[None]:
-    """A committed run is read with the default busy threshold, as ``attnbench table`` reads
-    it: the suite's "never busy" (conftest) is for its own sweeps, whose workers are each
-    other's neighbours, and kept a round the run's reading leaves out."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.delenv(BUSY_ENV, raising=False)
-        yield
+# committed runs read as a user's shell reads them (conftest's read_as_a_user_reads)
+pytestmark = pytest.mark.usefixtures("read_as_a_user_reads")
 
 
 @pytest.mark.slow
@@ -133,6 +127,7 @@ def main() -> None:
     """Write each run's golden data and the digests of the files it was written from; refuse,
     before writing any, a chart whose data moved while its committed file did not (re-plot the
     run first, and pass --replotted)."""
+    os.environ.pop(BUSY_ENV, None)  # as the tests read them: read_as_a_user_reads
     GOLDEN.mkdir(exist_ok=True)
     written, stale = {}, []
     for folder in PLOTTED:

@@ -8,8 +8,8 @@ in the commit.
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +46,8 @@ def test_every_golden_run_is_in_the_checkout() -> None:
     assert not missing, f"committed runs missing from the checkout (.gitignore?): {missing}"
 
 
-@pytest.fixture(autouse=True)
-def _read_as_a_user_reads() -> Iterator[None]:
-    """A committed run is read with the default busy threshold, as ``attnbench table`` reads
-    it: the suite's "never busy" (conftest) is for its own sweeps, whose workers are each
-    other's neighbours, and kept a round the run's reading leaves out."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.delenv(BUSY_ENV, raising=False)
-        yield
+# committed runs read as a user's shell reads them (conftest's read_as_a_user_reads)
+pytestmark = pytest.mark.usefixtures("read_as_a_user_reads")
 
 
 @pytest.mark.slow
@@ -71,6 +65,7 @@ def same_readings(found: dict[str, Any], golden: dict[str, Any]) -> str | None:
 
 
 def main() -> None:
+    os.environ.pop(BUSY_ENV, None)  # as the tests read them: read_as_a_user_reads
     GOLDEN.mkdir(exist_ok=True)
     runs = sorted(p for p in (ROOT / "results").iterdir() if (p / "results.csv").exists())
     for folder in runs:

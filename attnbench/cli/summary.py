@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import pandas as pd
+from rich.cells import cell_len
 from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
@@ -136,9 +137,9 @@ def summary_tables(run: RunResults, console: Console) -> None:
             cells = [_summary_cell(column.name, row, off_trend) for column in shown]
             table.add_row(str(row.n), str(row.d), *cells)
         wide = console.measure(table, options=console.options.update_width(10_000)).maximum
-        if wide < len(title):  # narrow (its cases all skipped): Rich wraps a title to its width
+        if wide < cell_len(title):  # narrow (its cases all skipped): Rich wraps a title to it
             table.title = None
-            console.print(escape(title), style="bold", soft_wrap=True)
+            console.print(escape(title), style="bold", soft_wrap=True, highlight=False)
         print_whole(table, console)
         for row in group.sort_values(["d", "n"]).itertuples():
             # a skipped case's reason is the case above

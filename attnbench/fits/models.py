@@ -284,7 +284,7 @@ MODEL_COLUMNS = [
     "gflops_per_s",  # {FLOP term: implied GFLOP/s}
     "gelements_per_s",  # {elementwise term: implied billions of elements/s}
     "points",
-    "twins",  # {term: the term or "γ" it was not told apart from}
+    "twins",  # {term: the term or "γ" it was not told apart from, or "0": zero at every size}
 ]
 
 
