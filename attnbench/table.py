@@ -53,6 +53,7 @@ def _label(row: pd.Series | None, var: str) -> str:
 
 # No kernels measured: overhead-bound where its rate grew at least this share as fast as its work
 FLAT_SHARE = 0.8
+OVERHEAD_BOUND = "overhead-bound"  # a time cell not read against the theory (check_notes)
 
 
 def overhead_lengths(group: pd.DataFrame, d_fix: int) -> list[int] | None:
@@ -77,7 +78,7 @@ def _time_cell(row: pd.Series | None, overhead: list[int] | None, lengths: list[
     work, rate = _finite(row["work_exponent"]), _finite(row["rate_exponent"])
     flat = overhead is None and work and rate is not None and rate >= FLAT_SHARE * work > 0
     if flat or (overhead is not None and lengths and set(lengths) <= set(overhead)):
-        return "overhead-bound"
+        return OVERHEAD_BOUND
     return f"{_label(row, 'n')} (unsettled)"
 
 
@@ -441,9 +442,7 @@ def _kernels_along_n(run: RunResults, layer: str, d: int) -> list[str]:
 
 def _lengths(values: list[int]) -> str:
     """Lengths in words: one, a doubling run as a range, or a list."""
-    if len(values) == 1:
-        return str(values[0])
-    doubling = all(b == 2 * a for a, b in itertools.pairwise(values))
+    doubling = len(values) > 1 and all(b == 2 * a for a, b in itertools.pairwise(values))
     return f"{values[0]}..{values[-1]}" if doubling else ", ".join(map(str, values))
 
 
@@ -482,7 +481,7 @@ def check_notes(table: pd.DataFrame) -> list[str]:
                 f"{layer}: max path length has no law proven at n ≥ {int(unproven)} (see "
                 "path_len_method), so no exponent is fitted"
             )
-        bound = str(row.get("compute (measured)", "")).startswith("overhead-bound")  # not read
+        bound = str(row.get("compute (measured)", "")).startswith(OVERHEAD_BOUND)
         if row.get("time_agrees_n") is False and not bound:
             where = "where the rate settled" if row.get("time_settled_n") else "(unsettled)"
             notes.append(

@@ -29,6 +29,9 @@ from attnbench.measure.timing.contention import BUSY_ENV
 from attnbench.render.charts import build_charts, save_charts
 from attnbench.results.loader import load_results
 
+# committed runs read as a user's shell reads them (conftest's read_as_a_user_reads)
+pytestmark = pytest.mark.usefixtures("read_as_a_user_reads")
+
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "charts"
 # The committed runs, by name (the golden files name them): never whatever a user's own sweep
@@ -86,10 +89,6 @@ def test_chart_data_tells_two_figures_apart_by_a_point_a_colour_or_a_label() -> 
     assert first_difference(drawn(y=2.5), drawn()) == "/axes/0/lines/0/y/1: 2.5 != 2.0"
     assert first_difference(drawn(color="C1"), drawn()).startswith("/axes/0/legend/handles/0")
     assert first_difference(drawn(label="d"), drawn()).startswith("/axes/0/legend/texts/0")
-
-
-# committed runs read as a user's shell reads them (conftest's read_as_a_user_reads)
-pytestmark = pytest.mark.usefixtures("read_as_a_user_reads")
 
 
 @pytest.mark.slow

@@ -20,6 +20,10 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.measure.timing.contention import BUSY_ENV
 
+# committed runs read as a user's shell reads them (conftest's read_as_a_user_reads)
+pytestmark = pytest.mark.usefixtures("read_as_a_user_reads")
+
+
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
 # Held by the golden files, not by what this checkout has: a run the .gitignore keeps out of a
@@ -44,10 +48,6 @@ def readings(folder: Path) -> dict[str, Any]:
 def test_every_golden_run_is_in_the_checkout() -> None:
     missing = [name for name in HELD if not (ROOT / "results" / name / "results.csv").exists()]
     assert not missing, f"committed runs missing from the checkout (.gitignore?): {missing}"
-
-
-# committed runs read as a user's shell reads them (conftest's read_as_a_user_reads)
-pytestmark = pytest.mark.usefixtures("read_as_a_user_reads")
 
 
 @pytest.mark.slow
