@@ -126,6 +126,25 @@ def test_a_value_that_is_not_a_number_names_its_column_and_case(tmp_path: Path) 
         load_results(out)
 
 
+def test_a_sample_that_is_not_a_time_is_left_out_and_said(tmp_path: Path) -> None:
+    """A hand-edited samples.csv with an infinite, a negative and an empty time: the run still
+    reads (it crashed with "'float' object has no attribute 'numerator'"), those samples are
+    left out with a warning, and every case keeps a finite time."""
+    import math
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(Path(__file__).parents[1] / "results" / "ci-reference", out)
+    samples = pd.read_csv(out / "samples.csv", dtype=str, keep_default_na=False)
+    samples.loc[[0, 5], "time_s"] = ["inf", "-1e-3"]
+    samples.loc[9, "time_s"] = ""
+    samples.to_csv(out / "samples.csv", index=False)
+    run = load_results(out)
+    assert any(w.startswith("ignored 3 sample(s) whose time is not a time") for w in run.warnings)
+    assert len(run.samples) == len(samples) - 3
+    assert all(math.isfinite(t) and t > 0 for t in run.measured["time_s"])
+
+
 @pytest.mark.parametrize("damage", ["no_dir", "not_results", "bad_json", "schema", "columns"])
 def test_loader_refuses_what_is_not_a_valid_results_folder(tmp_path: Path, damage: str) -> None:
     out = _write(tmp_path)

@@ -248,6 +248,14 @@ def load_results(path: Path | str) -> RunResults:
     if not keep.all():
         warnings.append(f"ignored {int((~keep).sum())} sample(s) of a case that never finished")
         samples = samples[keep].reset_index(drop=True)
+    timed = samples["time_s"]  # no clock reads a time under 0, nor an infinite one: a hand edit
+    odd = ~(timed.ge(0) & timed.lt(math.inf)).to_numpy()
+    if odd.any():
+        first = samples.loc[odd, "time_s"].iloc[0]
+        warnings.append(
+            f"ignored {int(odd.sum())} sample(s) whose time is not a time ({first!r} the first)"
+        )
+        samples = samples[~odd].reset_index(drop=True)
     sweeps = SweepsFound()
     if len(samples) and (samples["round"].max() > 1 or frame["time_ci_high_s"].isna().all()):
         frame, sweeps = _with_all_rounds(frame, samples, RunRecord.parse(raw.meta))
