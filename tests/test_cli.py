@@ -283,9 +283,9 @@ def test_the_advice_names_only_the_cases_more_processes_narrow() -> None:
         "spread_between": [0.03, 0.02, 0.12, 0.01],
     })  # fmt: skip
     busy = pd.Series([True, False, False, False])
-    _, disturbed, apart, few = _reasons(marked, busy)
+    _, disturbed, apart, few, one = _reasons(marked, busy)
     assert list(disturbed) == [False, True, False, False]
-    assert list(apart | few) == [False, False, True, True]
+    assert list(apart | few) == [False, False, True, True] and not one.any()
     advice = "At the median spread between their processes, 6.0%, a case needs about 12."
     assert _for_those(apart | few, advice) == (
         "For the 2 that more processes would narrow: at the median spread between their "
@@ -341,19 +341,25 @@ def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # typ
         "Of them, 2 had 3 rounds or fewer, or processes that read within ±5%, which the run's "
         "typical spread widened."
     )
-    assert why(marked.assign(rounds_disturbed=[4, 2])) == (
+    # 6 kept, 4 left out: under half of the 10 it ran; 3 kept, 2 left out: under half of 5
+    assert "disturbed" not in why(marked.assign(rounds_disturbed=[4, 2]))
+    assert why(marked.assign(rounds_disturbed=[7, 4])) == (
         "Of them, 2 ran most of their rounds on a disturbed machine, left out, so their "
         "interval is mostly the run's typical spread over the rounds kept (alike for cases "
         "that kept as many; a quieter machine narrows it)."
     )
     # every round kept, one of them read quiet: its interval reaches down, more rounds or not
     first = pd.Series([True, False], index=marked.index)
-    assert why(marked.assign(rounds_disturbed=[5, 2]), first) == (
+    assert why(marked.assign(rounds_disturbed=[5, 4]), first) == (
         "Of them, 1 had fewer than two quiet rounds, so its ±95% reaches down to what a quiet "
         "re-run finds (no more processes narrow that; a quieter machine does); 1 ran most of "
         "its rounds on a disturbed machine, left out, so its interval is mostly the run's "
         "typical spread over the rounds kept (alike for cases that kept as many; a quieter "
         "machine narrows it)."
+    )
+    # a case of one round has a reason of its own, not "3 rounds or fewer ... widened"
+    assert why(marked.assign(rounds=[6, 1])) == (
+        "Of them, 1 had its processes read far apart (±6.4%); 1 was timed in one process."
     )
     # an interval reaching 50% up and 1% down reads by both ends, not as ±50.0%
     assert "-1.0/+50.0% !" in text and "±50.0%" not in text

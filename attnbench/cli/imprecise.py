@@ -18,8 +18,8 @@ def imprecise_note(run: RunResults, imprecise: pd.DataFrame) -> str:
     busy = imprecise["case_id"].astype(str).isin(run.busy_cases())
     sweeps = wide_between_sweeps(run, imprecise["case_id"].astype(str), IMPRECISE_REL_CI)
     reasons = _reasons(imprecise, busy)
-    _, _, apart, few = reasons
-    narrowed = apart | few  # those more processes narrow: not a busy or disturbed machine's
+    _, _, apart, few, one = reasons
+    narrowed = apart | few | one  # those more processes narrow: not a busy or disturbed machine's
     advice = (
         f"{sweeps} of them move further than that between this machine's sweeps alone, "
         "which more processes in one sweep cannot narrow."
@@ -41,25 +41,28 @@ MOST_PROCESSES_ADVISED = 30
 # A marked case with this many rounds or fewer had the fewest a sweep gives: its interval leans
 # on the run's typical spread (``estimators.Prior``) more than on its own.
 FEW_ROUNDS = DEFAULT_PROCESSES
-Reasons = tuple[pd.Series, pd.Series, pd.Series, pd.Series]  # busy, disturbed, apart, few
+# busy, disturbed, apart, few, one
+Reasons = tuple[pd.Series, pd.Series, pd.Series, pd.Series, pd.Series]
 
 
 def _reasons(imprecise: pd.DataFrame, busy: pd.Series) -> Reasons:
     """The marked cases by the one reason that holds for each, in this order: fewer than two
-    quiet rounds (``busy``), most of its rounds on a disturbed machine, its processes far
-    apart, or few rounds (the run's typical spread widening theirs)."""
-    rounds = numeric_column(imprecise, "rounds")
-    disturbed = ~busy & (numeric_column(imprecise, "rounds_disturbed").fillna(0) * 2 > rounds)
+    quiet rounds (``busy``), most of its rounds on a disturbed machine, one process alone,
+    its processes far apart, or few rounds (the run's typical spread widening theirs)."""
+    rounds = numeric_column(imprecise, "rounds")  # those its time is over, those left out not
+    left_out = numeric_column(imprecise, "rounds_disturbed").fillna(0)  # where not busy
+    disturbed = ~busy & (left_out > rounds)  # over half of the rounds it ran
+    one = ~busy & ~disturbed & rounds.fillna(0).le(1)
     near = numeric_column(imprecise, "spread_between") < IMPRECISE_REL_CI  # not their own spread
-    few = ~busy & ~disturbed & ((rounds <= FEW_ROUNDS) | near)
-    apart = ~busy & ~disturbed & ~few
-    return busy, disturbed, apart, few
+    few = ~busy & ~disturbed & ~one & ((rounds <= FEW_ROUNDS) | near)
+    apart = ~busy & ~disturbed & ~one & ~few
+    return busy, disturbed, apart, few, one
 
 
 def _why_imprecise(imprecise: pd.DataFrame, reasons: Reasons) -> str:
     """Which of the reasons a case is marked ! holds for how many of them (``_reasons``): a new
     user read the reasons as a list to guess from."""
-    busy, disturbed, apart, few = reasons
+    busy, disturbed, apart, few, one = reasons
     parts = []
     if busy.any():
         parts.append(
@@ -79,6 +82,10 @@ def _why_imprecise(imprecise: pd.DataFrame, reasons: Reasons) -> str:
             f"{int(disturbed.sum())} ran most of {their} rounds on a disturbed machine, left out, "
             f"so {their} interval is mostly the run's typical spread over the rounds kept (alike "
             "for cases that kept as many; a quieter machine narrows it)"
+        )
+    if one.any():
+        parts.append(
+            f"{int(one.sum())} {'was' if int(one.sum()) == 1 else 'were'} timed in one process"
         )
     if few.any():
         parts.append(
