@@ -53,6 +53,13 @@ MEMORY_SHARE = 0.85
 METRICS = ("time", "instructions")  # what a sweep measures of each call
 
 
+def spread_group(case_id: str) -> str:
+    """The cases whose rounds share a typical spread (``priors.Priors``): a case's id without
+    its sizes (``Case.case_id``'s n and d), a layer with its options, dtype, device and mode."""
+    parts = case_id.split("/")
+    return "/".join(parts[:1] + parts[3:])
+
+
 @dataclass(frozen=True)
 class Case:
     """One measurement: a layer at one (n, d) with everything that changes its cost.

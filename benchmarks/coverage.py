@@ -38,17 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attnbench.estimators import (
-    estimate,
-    kept_rounds,
-    log_variance,
-    median_ci,
-    prior_of,
-    quieter,
-)
+from attnbench.estimators import estimate, kept_rounds, log_variance, median_ci, quieter
+from attnbench.priors import priors_of
 from attnbench.results.loader import load_results
 from attnbench.results.reruns import run_level, same_state, typical_reference
 from attnbench.results.run import RunResults
+from attnbench.spec import spread_group
 
 WAYS = {
     "processes": [],
@@ -172,10 +167,11 @@ def attnbench_over(run: RunResults, first: int | None = None) -> dict[str, Inter
     case's spread moderated by the run's (``estimators.Prior``)."""
     cases = [str(c) for c in run.measured["case_id"]]
     rounds = {c: rounds_of(run, c, first) for c in cases}
-    prior = prior_of([log_variance(kept_rounds(*r)[0]) for r in rounds.values()])
+    kept = {c: kept_rounds(*r)[0] for c, r in rounds.items()}
+    priors = priors_of((spread_group(c), log_variance(k), len(k) - 1.0) for c, k in kept.items())
     out = {}
     for case, (groups, refs, quiet) in rounds.items():
-        found = estimate(groups, refs, quiet, prior)
+        found = estimate(groups, refs, quiet, priors.of(spread_group(case)))
         out[case] = (found.center_s, found.low_s, found.high_s)
     return out
 

@@ -23,6 +23,7 @@ FLOORS: list[tuple[str, ...]] = [
         "attnbench.units",
         "attnbench.storage",
         "attnbench.vcs",
+        "attnbench.priors",
     ),
     (
         "attnbench.positional",

@@ -380,7 +380,7 @@ def test_the_marks_note_says_how_many_processes_would_narrow_a_typical_case(  # 
     tiny_run,
 ) -> None:
     """82 of a new user's 83 cases read !, their processes a median 5.4% apart: the note says
-    what would narrow them (about 10 processes), from the estimator's own interval; where the
+    what would narrow them (about 12 processes), from the estimator's own interval; where the
     run already gave as many, it says only that more narrow it."""
     import io
     from dataclasses import replace
@@ -397,8 +397,8 @@ def test_the_marks_note_says_how_many_processes_would_narrow_a_typical_case(  # 
     frame["time_stop"] = "max rounds"
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
-    said = "a case needs about 10 processes to reach ±5% on this machine as it was"
-    assert f"between their processes, 5.4%, {said}: --max-processes 10 " in buf.getvalue()
+    said = "a case needs about 12 processes to reach ±5% on this machine as it was"
+    assert f"between their processes, 5.4%, {said}: --max-processes 12 " in buf.getvalue()
     assert "ran out of --time-budget" not in buf.getvalue()
     # where the budget ended some of their rounds, more processes alone would not reach them
     frame["time_stop"] = ["budget", "budget", *["max rounds"] * (len(frame) - 2)]

@@ -109,19 +109,24 @@ def test_the_interval_widens_with_the_spread_between_processes() -> None:
     assert np.median([e.between_rel for e in close]) < np.median([e.within_rel for e in close])
 
 
-@pytest.mark.parametrize("spread", [0.01, 0.027, 0.054, 0.1])
-def test_processes_for_is_the_fewest_whose_interval_reaches_the_target(spread: float) -> None:
-    """k processes whose medians' logs spread by ``spread``, in a run whose other cases carry
-    the same variance (a moderated t of many degrees of freedom), reach ±5%; k - 1 do not."""
-    from attnbench.estimators import Prior, processes_for
+@pytest.mark.parametrize("spread", [0.01, 0.025, 0.054, 0.1])
+@pytest.mark.parametrize("prior_df", [0.0, 3.0])
+def test_processes_for_is_the_fewest_whose_interval_reaches_the_target(
+    spread: float, prior_df: float
+) -> None:
+    """k processes whose medians' logs spread by ``spread`` (alone, or in a run whose prior of
+    ``prior_df`` carries the same variance) read within ±5% through ``estimate``; k - 1 do not."""
+    from attnbench.estimators import processes_for
+    from attnbench.priors import Prior
 
     def reach(k: int) -> float:
         logs = np.linspace(-1, 1, k)
         logs = logs / np.std(logs, ddof=1) * spread  # their sample deviation: ``spread``
-        found = estimate([[float(np.exp(x))] * 3 for x in logs], prior=Prior(spread**2, 1e6))
+        prior = Prior(spread**2, prior_df) if prior_df else None
+        found = estimate([[float(np.exp(x))] * 3 for x in logs], prior=prior)
         return math.log(found.high_s / found.center_s)
 
-    k = processes_for(spread, 0.05)
+    k = processes_for(spread, 0.05, prior_df)
     assert k is not None and reach(k) <= math.log1p(0.05)
     if k > 2:
         assert reach(k - 1) > math.log1p(0.05)
@@ -165,7 +170,7 @@ def test_a_moderated_variance_adds_the_priors_degrees_of_freedom_to_the_cases() 
     """Three rounds (2 degrees of freedom) and a prior of 4: the t of 6."""
     from scipy import stats
 
-    from attnbench.estimators import Prior
+    from attnbench.priors import Prior
 
     logs = [0.0, 0.1, -0.1]
     groups = [[math.exp(x)] * 3 for x in logs]
@@ -244,10 +249,10 @@ def test_kept_log_variance_is_the_kept_rounds_spread_and_remembers_it() -> None:
     refs = (1e-4, 1e-4, 3e-4, 1e-4)  # the third read 3x the quiet level: left out
     busy = (False, False, False, False)
     kept, _, _ = kept_rounds(groups, refs, 1e-4, busy)
-    assert kept_log_variance(groups, refs, 1e-4, busy) == log_variance(kept)
+    assert kept_log_variance(groups, refs, 1e-4, busy) == (log_variance(kept), 2.0)
     everything = log_variance([list(g) for g in groups])
     assert log_variance(kept) != pytest.approx(everything)  # the disturbed round mattered
     before = kept_log_variance.cache_info().hits
     kept_log_variance(groups, refs, 1e-4, busy)
     assert kept_log_variance.cache_info().hits == before + 1
-    assert kept_log_variance(groups[:1], refs[:1], 1e-4, busy[:1]) is None  # one round
+    assert kept_log_variance(groups[:1], refs[:1], 1e-4, busy[:1]) == (None, 0.0)  # one round

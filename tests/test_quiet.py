@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import own_cache
 
-from attnbench.estimators import QUIET_FACTOR, quieter
+from attnbench.estimators import QUIET_FACTOR, quieter, t_quantile
 from attnbench.measure.timing import reference
 from attnbench.options import build_grid
 from attnbench.results.loader import load_results
@@ -410,6 +412,46 @@ def test_a_run_timed_in_one_process_a_case_says_its_intervals_hold_that_process_
     notes = replication_notes(load_results(run.path))
     timed = len(run.measured)
     assert [n for n in notes if n.startswith(f"{timed} case(s) were timed in one process")]
+
+
+def test_a_case_of_one_round_beside_cases_of_several_takes_their_spread(
+    tmp_path: Path, cache: Path
+) -> None:
+    """One case's rounds but one failed (here: its samples folded into one round), its
+    neighbours' kept: its interval is the spread between processes typical of theirs, not its
+    one process's samples, and the summary says so."""
+    from attnbench.cli.summary import replication_notes
+    from attnbench.estimators import estimate
+    from attnbench.priors import prior_of
+
+    grid = tiny_grid(n="8,16,32,64")
+    run = run_sweep(grid, tmp_path / "run", measuring=queue_module.UNCALIBRATED)
+    samples = run.samples.copy()
+    alone = samples["case_id"].eq(samples["case_id"].iloc[0])
+    samples.loc[alone, "round"] = 1
+    samples["reference_s"], samples["others_cores"] = 1e-4, 0.0  # every round read quiet
+    samples.to_csv(run.path / "samples.csv", index=False)
+    read = load_results(run.path)
+    (note,) = [n for n in replication_notes(read) if "one process" in n]
+    assert note.startswith("1 case(s) were timed in one process (one round): their ±95% is the")
+    row = read.measured[read.measured["case_id"].eq(samples["case_id"].iloc[0])].iloc[0]
+    others = read.measured[read.measured["rounds"].ge(2)]
+    assert row["rounds"] == 1 and len(others) == 3
+    own = estimate([list(samples.loc[alone, "time_s"])])  # its samples' order statistics
+    assert (row["time_ci_low_s"], row["time_ci_high_s"]) != (own.low_s, own.high_s)
+    logs = [
+        (
+            float(np.var(np.log(g.groupby("round")["time_s"].median()), ddof=1)),
+            g["round"].nunique() - 1.0,
+        )
+        for _, g in samples[~alone].groupby("case_id")
+    ]
+    prior = prior_of(logs)
+    assert prior is not None
+    reach = math.log(row["time_ci_high_s"] / row["time_s"])
+    assert reach == pytest.approx(
+        t_quantile(0.975, prior.df) * math.sqrt(2 * prior.variance), rel=1e-6
+    )
 
 
 def test_a_resumed_run_keeps_its_level_and_its_waits(

@@ -17,15 +17,10 @@ from conftest import own_cache
 from rich.console import Console
 
 from attnbench.cli.summary import summary_notes
-from attnbench.estimators import (
-    Between,
-    Prior,
-    between_sweeps,
-    estimate,
-    moderated_between,
-)
+from attnbench.estimators import Between, between_sweeps, estimate, moderated_between
 from attnbench.measure.timing import reference
 from attnbench.options import build_grid
+from attnbench.priors import Prior
 from attnbench.results.loader import load_results
 from attnbench.results.reruns import betweens, parse_entries, rerun_key, same_state, sweep_entry
 from attnbench.run import queue as queue_module

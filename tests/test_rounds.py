@@ -353,12 +353,13 @@ def test_cases_stopped_precise_are_read_again_once_the_sweep_knows_its_spread(
     against the sweep's spread then, and gets rounds while it is wide: here the spread is
     known small until the last round and large after, so both cases stop at 2 rounds, then
     get their most (4)."""
-    from attnbench.estimators import Estimate, Prior
+    from attnbench.estimators import Estimate
+    from attnbench.priors import Prior, Priors
     from attnbench.run import queue as queue_module
     from attnbench.run import rounds as rounds_module
 
-    def prior(self: queue_module.JobQueue, quiet: float | None) -> Prior:
-        return Prior(1.0 if not (self.first or self.later or self.running) else 0.0)
+    def prior(self: queue_module.JobQueue, quiet: float | None) -> Priors:
+        return Priors(run=Prior(1.0 if not (self.first or self.later or self.running) else 0.0))
 
     def estimate_(rounds, references, quiet, prior, **kwargs):  # type: ignore[no-untyped-def]
         reach = 1.0 if prior is not None and prior.variance >= 0.5 else 0.01

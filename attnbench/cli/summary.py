@@ -349,7 +349,13 @@ def replication_notes(run: RunResults) -> list[str]:
             )
         )
     alone = measured[(run.rounds_ran() == 1) & numeric_column(measured, "time_s").notna()]
-    if len(alone):
+    if len(alone) and numeric_column(measured, "rounds").ge(2).any():
+        notes.append(  # the run's prior gave theirs (``estimators.estimate``)
+            f"{len(alone)} case(s) were timed in one process (one round): their ±95% is the "
+            "spread between processes typical of their layer's other cases (or the run's), "
+            "which one process's samples cannot show"
+        )
+    elif len(alone):
         notes.append(
             f"{len(alone)} case(s) were timed in one process (one round): their ±95% holds that "
             "process's samples only, and a re-run in another process lands outside it more "

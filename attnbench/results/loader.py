@@ -18,11 +18,11 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.estimators import prior_of
 from attnbench.formats import RawRun, folder_version, migrate_run
 from attnbench.measure.record import timing_columns
 from attnbench.measure.timing.clocks import median_clock, throttled_share
 from attnbench.measure.timing.loop import Stop, TimingStats
+from attnbench.priors import priors_of
 from attnbench.results.files import (
     CALIBRATION_FILE,
     RESULTS_FILE,
@@ -50,7 +50,7 @@ from attnbench.schema import (
     Status,
     columns_of,
 )
-from attnbench.spec import DEFAULT_PRECISION
+from attnbench.spec import DEFAULT_PRECISION, spread_group
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
@@ -348,12 +348,14 @@ def _with_all_rounds(
             rounds_stop=_recorded_stop(record.round_stops.get(str(row["case_id"]))),
             precision=float(record.config.get("precision", DEFAULT_PRECISION)),
         )
-    prior = prior_of([timing.kept_variance() for timing in stats.values()])
+    group = {i: spread_group(str(frame.loc[i, "case_id"])) for i in stats}  # a layer's cases
+    priors = priors_of((group[i], *timing.kept_variance()) for i, timing in stats.items())
+    prior = {i: priors.of(group[i]) for i in stats}
     own_level = None if math.isnan(state) else state  # a sweep in a slower state is not busy
     cases = {  # for what the sweep leaves: its rounds judged against its own state's level
         str(frame.loc[i, "case_id"]): (
             frame.loc[i].to_dict(),
-            replace(stats[i], prior=prior, quiet_s=own_level).estimate,
+            replace(stats[i], prior=prior[i], quiet_s=own_level).estimate,
         )
         for i in ok
     }
@@ -362,7 +364,7 @@ def _with_all_rounds(
     for i in ok:
         row = frame.loc[i]
         own = by_id[str(row["case_id"])]
-        every = replace(stats[i], prior=prior, between=found.between.get(str(row["case_id"])))
+        every = replace(stats[i], prior=prior[i], between=found.between.get(str(row["case_id"])))
         flops = row["flops"]
         columns = timing_columns(every)
         cells = {name: columns[name] for name in OVER_ROUNDS}

@@ -26,13 +26,12 @@ from attnbench.estimators import (
     QUIET_FACTOR,
     Between,
     Estimate,
-    Prior,
     between_sweeps,
     moderated_between,
-    prior_of,
     quiet_level,
     quieter,
 )
+from attnbench.priors import Prior, typical_of
 
 # A sweep's log time of a case, that log time's variance within the sweep, and the sweep's
 # typical reference (``typical_reference``, seconds; nan: not read): the machine's state it ran in.
@@ -216,7 +215,7 @@ def betweens(
     others = {**(other_code or {}), **{k: v for k, v in past.items() if k not in own}}
     elsewhere_found = [_between(level, entries) for entries in others.values()]
     machine = [b for b in [*found.values(), *elsewhere_found] if b is not None]
-    typical = prior_of([b.variance for b in machine])
+    typical = typical_of([b.variance for b in machine])
     sweeps = max((b.sweeps for b in machine), default=0)
     if typical is not None:  # the cases' moments are mostly the sweeps' own, shared: the
         # typical knows no more than its sweeps do (4 degrees of freedom read 77% for 95% at

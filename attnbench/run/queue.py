@@ -21,18 +21,13 @@ from typing import Any
 import pandas as pd
 import torch
 
-from attnbench.estimators import (
-    Prior,
-    kept_log_variance,
-    prior_of,
-    quiet_level,
-    quieter,
-)
+from attnbench.estimators import kept_log_variance, quiet_level, quieter
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import DIED_ERROR, WORKER_DIED_ERROR, CaseResult
 from attnbench.measure.timing.calibration import DEFAULT_CALIBRATION, Calibration
 from attnbench.measure.timing.contention import is_busy
 from attnbench.measure.timing.loop import Stop, TimingPolicy, TimingStats
+from attnbench.priors import Priors, priors_of
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
 from attnbench.run.auto import AutoPlan
@@ -44,7 +39,7 @@ from attnbench.run.quiet import wait_left
 from attnbench.run.rounds import Replication, budget_spent, round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import Status
-from attnbench.spec import Case, Grid
+from attnbench.spec import Case, Grid, spread_group
 
 # The most a round waits for the machine to read quiet (``measure.timing.reference.settle``),
 # within what is left of the sweep's ``--wait-quiet``.
@@ -280,7 +275,7 @@ class JobQueue:
             # blocks are not on disk), which says nothing of why they ended: not recorded.
             self.round_stops.setdefault(case_id, stop.value)
 
-    def _stop_now(self, case_id: str, quiet: float | None, prior: Prior | None) -> Stop | None:
+    def _stop_now(self, case_id: str, quiet: float | None, prior: Priors) -> Stop | None:
         """What ends the case's rounds, read now against ``quiet`` and ``prior`` (the caller's:
         a prior reads every case's rounds, so a look at many cases reads it once)."""
         measured = sorted(self.samples.get(case_id, {}).items())
@@ -290,7 +285,7 @@ class JobQueue:
             len(self.rounds_done.get(case_id, ())),
             [mine.get(r) for r, _ in measured],
             quiet,
-            prior,
+            prior.of(spread_group(case_id)),
             self.spent_s.get(case_id, 0.0),
             [r in beside for r, _ in measured],
         )
@@ -324,15 +319,15 @@ class JobQueue:
         where that is quieter (a sweep busy throughout)."""
         return quieter(self.own_quiet(), self.machine_quiet)
 
-    def prior(self, quiet: float | None) -> Prior | None:
-        """The sweep's typical spread between a case's rounds so far (``estimators.Prior``)."""
-        variances = []
+    def prior(self, quiet: float | None) -> Priors:
+        """The sweep's typical spread between a case's rounds so far (``priors.Priors``)."""
+        spreads = []
         for case_id, rounds in self.samples.items():
             mine, beside = self.references.get(case_id, {}), self.busy.get(case_id, set())
             groups = tuple(tuple(samples) for samples in rounds.values())
             refs, busy = tuple(mine.get(r) for r in rounds), tuple(r in beside for r in rounds)
-            variances.append(kept_log_variance(groups, refs, quiet, busy))
-        return prior_of(variances)
+            spreads.append((spread_group(case_id), *kept_log_variance(groups, refs, quiet, busy)))
+        return priors_of(spreads)
 
     def take(self, where: Placement) -> Job | None:
         """The next job for a worker at ``where``, or None when there is none for it now."""

@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass
 
 from attnbench.devices import device_kind
-from attnbench.estimators import Prior, estimate, is_disturbed
+from attnbench.estimators import estimate, is_disturbed
 from attnbench.measure.timing.loop import DEFAULT_POLICY, Stop, TimingPolicy, TimingStats
+from attnbench.priors import Prior
 from attnbench.spec import DEFAULT_PRECISION, ENERGY_S, MORE_PROCESSES, Grid
 
 # What a round's process times before its first sample, past the layer's first call: a fresh

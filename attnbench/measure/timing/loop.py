@@ -20,7 +20,6 @@ from attnbench.estimators import (
     IMPRECISE_REL_CI,
     Between,
     Estimate,
-    Prior,
     estimate,
     iqr,
     kept_rounds,
@@ -30,6 +29,7 @@ from attnbench.estimators import (
 )
 from attnbench.measure.timing.contention import is_busy
 from attnbench.measure.timing.faults import FaultCounter
+from attnbench.priors import Prior
 from attnbench.schema import Timer
 from attnbench.spec import DEFAULT_PRECISION
 
@@ -154,11 +154,12 @@ class TimingStats:
         rounds = self._rounds()
         return [s for s, _, _ in rounds], [r for _, r, _ in rounds], [b for _, _, b in rounds]
 
-    def kept_variance(self) -> float | None:
-        """The variance of the logs of its kept rounds' medians (a run's ``Prior`` reads it)."""
+    def kept_variance(self) -> tuple[float | None, float]:
+        """The variance of the logs of its kept rounds' medians and its degrees of freedom (a
+        run's ``Prior`` reads them, ``estimators.prior_of``)."""
         samples, references, busy = self._by_round()
         kept, _, _ = kept_rounds(samples, references, self.quiet_s, busy)
-        return log_variance(kept)
+        return log_variance(kept), len(kept) - 1.0
 
     @property
     def median_s(self) -> float:
