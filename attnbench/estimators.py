@@ -398,7 +398,8 @@ def processes_for(spread: float, target_rel: float, prior_df: float = 0.0) -> in
     if not (spread > 0 and math.isfinite(spread)):
         return None
     bound = math.log1p(target_rel)
-    k = 2
+    z = t_quantile((1 + CONFIDENCE) / 2, math.inf)
+    k = max(2, math.ceil(2 * (z * spread / bound) ** 2))  # the normal's count: t's is no fewer
     while t_quantile((1 + CONFIDENCE) / 2, k - 1 + prior_df) * spread * math.sqrt(2 / k) > bound:
         k += 1
     return k

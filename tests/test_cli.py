@@ -419,7 +419,7 @@ def test_the_marks_note_says_how_many_processes_would_narrow_a_typical_case(  # 
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
     said = " ".join(buf.getvalue().split())
-    assert "would need about 713 processes to reach ±5%: too many to give, as an" in said
+    assert "would need about 716 processes to reach ±5%: too many to give, as an" in said
     assert "--max-processes" not in said and "a sweep on a quieter machine reads them" in said
 
 
