@@ -391,8 +391,9 @@ def processes_for(spread: float, target_rel: float, prior_df: float = 0.0) -> in
     where its processes' medians spread by ``spread`` (the standard deviation of their logs):
     the least k with ``t(k - 1 + prior_df) * spread * sqrt(2 / k) <= log(1 + target_rel)``, the
     prediction interval for a re-run of as many, with the prior's degrees of freedom added to
-    the case's own (none by default: the count that reaches it on the case's own spread, which
-    a run's prior only lowers). The normal's z in place of t (before 2026-12-02) advised counts
+    the case's own (none by default: the count that reaches it on the case's own spread alone,
+    which a prior no wider than that spread lowers). The normal's z in place of t (before
+    2026-12-02) advised counts
     that still read wider (3 for a spread of 2.5%, whose interval then reads ±5.1%). None for a
     spread that is not positive and finite: nothing to narrow."""
     if not (spread > 0 and math.isfinite(spread)):

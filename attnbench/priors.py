@@ -4,13 +4,15 @@ differential expression", 2004).
 
 A case gets three rounds or so, two degrees of freedom: its own spread is a guess, and the
 run's other cases say what is typical. Which others: a layer's cases share its ops, and with
-them its noise (the committed runs, each layer's median spread between a case's rounds:
-cpu-reference's ssm and ssm-scan 6.5-6.9% where the rest read 1.5-3.6%, ci-reference's
-attention 27% where most read 1-3%), so each case is shrunk toward its own layer's cases
-(``Priors``), the run's where its layer has too few. Shrunk toward the whole run's, a noisy
-layer's intervals held a re-run 79-82% of the time in a simulation of nine layers at 2% and
-two at 8% (three rounds a case, three to six cases a layer), where by layer every layer's held
-93-95%, and the quiet layers' read narrower (``tests/test_priors.py``).
+them its noise (the committed runs, each layer's median spread between a case's kept rounds:
+cpu-reference's ssm and ssm-scan 6.4-6.7% where the rest read 1.5-3.4%, ci-reference's
+attention-local 12.5% and ssm 8.9% where the rest read 1.1-2.6%), so each case is shrunk
+toward its own layer's cases (``Priors``; a layer with its options, dtype, device, mode and
+compile: ``spec.spread_group``), the run's where its layer has too few (ci-reference's two a
+layer). Shrunk toward the whole run's, a noisy layer's intervals held a re-run 79-82% of the
+time in a simulation of nine layers at 2% and two at 8% (three rounds a case, three to six
+cases a layer), where by layer every layer's held 93-95%, and the quiet layers' read narrower
+(``tests/test_priors.py``).
 """
 
 from __future__ import annotations
@@ -78,10 +80,11 @@ def prior_of(entries: Sequence[tuple[float | None, float]]) -> Prior | None:
         float(special.polygamma(1, h)) for h in halves
     )
     pooled = sum(df for _, df in found)
-    # No more spread than sampling alone gives: one variance for every case (infinite degrees
-    # of freedom, cut to the cases' own).
-    df = pooled if excess <= 0 else min(2 * _trigamma_inverse(excess), pooled)
-    return Prior(math.exp(center + float(special.digamma(df / 2)) - math.log(df / 2)), df)
+    if excess <= 0:  # no more spread than sampling gives: one variance, the cases' pooled
+        return Prior(sum(v * df for v, df in found) / pooled, pooled)
+    df = 2 * _trigamma_inverse(excess)  # the scale is read at the estimated weight; the
+    scale = math.exp(center + float(special.digamma(df / 2)) - math.log(df / 2))
+    return Prior(scale, min(df, pooled))  # weight cut to what the cases themselves hold
 
 
 def _trigamma_inverse(x: float) -> float:

@@ -115,6 +115,7 @@ CONFIG_TYPES: dict[str, tuple[type, ...]] = {
     "device": (str,),
     "mode": (str,),
     "rounds": (int,),
+    "processes": (int, _OPTIONAL),
     "metric": (str,),
 }
 SOURCE_KEYS = ("kind", "spec", "digest", "distribution")
@@ -253,7 +254,8 @@ def load_results(path: Path | str) -> RunResults:
     if odd.any():
         first = samples.loc[odd, "time_s"].iloc[0]
         warnings.append(
-            f"ignored {int(odd.sum())} sample(s) whose time is not a time ({first!r} the first)"
+            f"ignored {int(odd.sum())} sample(s) whose time is not a time ({float(first)!r} the "
+            "first)"
         )
         samples = samples[~odd].reset_index(drop=True)
     sweeps = SweepsFound()
@@ -350,7 +352,11 @@ def _with_all_rounds(
         )
     group = {i: spread_group(str(frame.loc[i, "case_id"])) for i in stats}  # a layer's cases
     priors = priors_of((group[i], *timing.kept_variance()) for i, timing in stats.items())
-    prior = {i: priors.of(group[i]) for i in stats}
+    # A case of one round takes its layer's spread between processes where the sweep gave
+    # each case several (``estimators.estimate``), not under --processes 1, whose cases of more
+    # than one had a disturbed round to replace and read that spread in theirs.
+    several = int(record.config.get("processes", 1) or 1) > 1
+    prior = {i: priors.of(group[i]) if several or _rounds(stats[i]) > 1 else None for i in stats}
     own_level = None if math.isnan(state) else state  # a sweep in a slower state is not busy
     cases = {  # for what the sweep leaves: its rounds judged against its own state's level
         str(frame.loc[i, "case_id"]): (
@@ -423,3 +429,8 @@ def _typed_results(frame: pd.DataFrame) -> pd.DataFrame:
     for col in columns_of("text"):
         frame[col] = frame[col].astype(str)
     return frame
+
+
+def _rounds(timing: TimingStats) -> int:
+    """The rounds a case's samples came in."""
+    return len(set(timing.rounds)) if timing.rounds else 1
