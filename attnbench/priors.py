@@ -9,10 +9,10 @@ cpu-reference's ssm and ssm-scan 6.4-6.7% where the rest read 1.5-3.4%, ci-refer
 attention-local 12.5% and ssm 8.9% where the rest read 1.1-2.6%), so each case is shrunk
 toward its own layer's cases (``Priors``; a layer with its options, dtype, device, mode and
 compile: ``spec.spread_group``), the run's where its layer has too few (ci-reference's two a
-layer). Shrunk toward the whole run's, a noisy layer's intervals held a re-run 79-82% of the
+layer). Shrunk toward the whole run's, a noisy layer's intervals held a re-run 80-82% of the
 time in a simulation of nine layers at 2% and two at 8% (three rounds a case, three to six
-cases a layer), where by layer every layer's held 93-95%, and the quiet layers' read narrower
-(``tests/test_priors.py``).
+cases a layer), where by layer every layer's held 92-94%, and the quiet layers' read ±3.5%
+where the run's read ±4.3% (``benchmarks/priors.py``; ``tests/test_priors.py`` holds it).
 """
 
 from __future__ import annotations
@@ -114,9 +114,9 @@ def _trigamma_inverse(x: float) -> float:
 
 
 # The cases a group needs for a prior of its own (else the run's): in the simulation above,
-# groups of three held a re-run 92.5-93% of the time, of two 91-93%, and the cases of a
-# grid of two lengths per layer, cut to two rounds each, 88% (``benchmarks/coverage.py``,
-# 2026-12-02) where the run's prior held 98%.
+# groups of three held a re-run 92-93% of the time (``benchmarks/priors.py``); the cases of a
+# grid of two lengths a layer, cut to two rounds each and shrunk by layer, 88% where the run's
+# prior held 98% (``benchmarks/coverage.py --analyse``, 2026-12-02).
 LEAST_GROUP = 3
 
 
