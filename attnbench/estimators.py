@@ -350,8 +350,9 @@ def estimate(
         return Estimate(math.nan, math.nan, math.nan, 0)
     within = [w for w in map(_within, kept) if math.isfinite(w)]
     within_rel = statistics.median(within) if within else math.nan
-    known = prior is not None and math.isfinite(prior.variance)
-    if len(kept) == 1 and not (known and prior is not None and prior.variance > 0):
+    if prior is not None and not math.isfinite(prior.variance):
+        prior = None  # no prior at all
+    if len(kept) == 1 and (prior is None or prior.variance <= 0):
         # one process, and no other case's processes to go by: its samples' interval
         center = statistics.median(kept[0])
         low, high = median_ci(kept[0])
@@ -365,7 +366,7 @@ def estimate(
     # One round of several cases' (a case whose other rounds failed): the run's spread
     # between processes alone, which its own samples cannot show.
     variance, df = (spread**2, len(logs) - 1.0) if len(logs) > 1 else (0.0, 0.0)
-    if prior is not None and known:
+    if prior is not None:
         variance, df = moderated(variance, df, prior)
     future = rerun or len(logs)
     spread_variance = variance * (1 / len(logs) + 1 / future)
@@ -393,9 +394,8 @@ def processes_for(spread: float, target_rel: float, prior_df: float = 0.0) -> in
     prediction interval for a re-run of as many, with the prior's degrees of freedom added to
     the case's own (none by default: the count that reaches it on the case's own spread alone,
     which a prior no wider than that spread lowers). The normal's z in place of t (before
-    2026-12-02) advised counts
-    that still read wider (3 for a spread of 2.5%, whose interval then reads ±5.1%). None for a
-    spread that is not positive and finite: nothing to narrow."""
+    2026-12-02) advised counts that still read wider (3 for a spread of 2.5%, whose interval
+    then reads ±5.1%). None for a spread that is not positive and finite: nothing to narrow."""
     if not (spread > 0 and math.isfinite(spread)):
         return None
     bound = math.log1p(target_rel)

@@ -3,13 +3,14 @@ run pools every case, and a noisy layer keeps its own spread."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
-import statistics
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from attnbench.estimators import estimate, log_variance
 from attnbench.priors import LEAST_GROUP, prior_of, priors_of
 from attnbench.spec import spread_group
 
@@ -72,36 +73,23 @@ def test_a_cases_group_is_its_id_without_its_sizes() -> None:
     )
 
 
-def _coverage(by_layer: bool, trials: int = 120) -> dict[float, float]:
-    """How often each layer's stated interval holds a re-run of as many rounds, nine layers at
-    2% between processes and two at 8%, four cases a layer, three rounds a case."""
-    rng = np.random.default_rng(5)
-    spreads = [0.02] * 9 + [0.08] * 2
-    held: dict[float, list[bool]] = {0.02: [], 0.08: []}
-    for _ in range(trials):
-        layers = [
-            [[[float(math.exp(rng.normal(0, s)))] for _ in range(3)] for _ in range(4)]
-            for s in spreads
-        ]
-        entries = [
-            (str(j) if by_layer else "all", log_variance(case), 2.0)
-            for j, cases in enumerate(layers)
-            for case in cases
-        ]
-        priors = priors_of(entries)
-        for j, (s, cases) in enumerate(zip(spreads, layers, strict=True)):
-            prior = priors.of(str(j) if by_layer else "all")
-            for case in cases:
-                found = estimate(case, prior=prior)
-                rerun = math.exp(statistics.fmean(rng.normal(0, s, 3)))
-                held[s].append(found.low_s <= rerun <= found.high_s)
-    return {s: float(np.mean(h)) for s, h in held.items()}
+def _simulated() -> Any:
+    """``benchmarks/priors.py``, whose simulation this test holds."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "priors.py"
+    spec = importlib.util.spec_from_file_location("benchmark_priors", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_a_noisy_layer_keeps_its_own_spread_and_its_intervals_hold_a_re_run() -> None:
     """Shrunk toward its own layer's cases, every layer's 95% interval holds a re-run about 95%
     of the time; toward the whole run's, the noisy layers' hold far less often (the fixed weight
     before 2026-12-02 did the same)."""
-    by_layer, whole = _coverage(True), _coverage(False)
-    assert by_layer[0.02] > 0.9 and by_layer[0.08] > 0.9
-    assert whole[0.08] < 0.86
+    spreads = [0.02] * 9 + [0.08] * 2  # nine layers at 2%, two at 8%, four cases a layer
+    coverage = _simulated().coverage
+    by_layer, whole = coverage(spreads, 4, True, 120), coverage(spreads, 4, False, 120)
+    assert by_layer[0.02][0] > 0.9 and by_layer[0.08][0] > 0.9
+    assert whole[0.08][0] < 0.86
+    assert by_layer[0.02][1] < whole[0.02][1]  # the quiet layers' intervals narrower

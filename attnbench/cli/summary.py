@@ -350,7 +350,7 @@ def replication_notes(run: RunResults) -> list[str]:
         )
     alone = measured[(run.rounds_ran() == 1) & numeric_column(measured, "time_s").notna()]
     several = numeric_column(measured, "spread_between").gt(0).sum() >= 2  # a prior was read
-    if len(alone) and several and int(run.record.config.get("processes") or 1) > 1:
+    if len(alone) and several and run.record.processes > 1:
         notes.append(  # the prior gave theirs (``estimators.estimate``, the loader)
             f"{len(alone)} case(s) were timed in one process (one round): their ±95% is the "
             "spread between processes typical of their layer's other cases (or the run's), "

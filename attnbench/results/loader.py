@@ -355,7 +355,7 @@ def _with_all_rounds(
     # A case of one round takes its layer's spread between processes where the sweep gave
     # each case several (``estimators.estimate``), not under --processes 1, whose cases of more
     # than one had a disturbed round to replace and read that spread in theirs.
-    several = int(record.config.get("processes", 1) or 1) > 1
+    several = record.processes > 1
     prior = {i: priors.of(group[i]) if several or _rounds(stats[i]) > 1 else None for i in stats}
     own_level = None if math.isnan(state) else state  # a sweep in a slower state is not busy
     cases = {  # for what the sweep leaves: its rounds judged against its own state's level

@@ -102,6 +102,12 @@ class RunRecord:
     # precise, budget or max rounds; absent where not recorded, as before it was).
     round_stops: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def processes(self) -> int:
+        """``--processes``: the rounds the sweep gave each case at the least (1 where run.json
+        does not say)."""
+        return int(self.config.get("processes") or 1)
+
     @classmethod
     def parse(cls, meta: Mapping[str, Any]) -> RunRecord:
         """The record of a run.json mapping, whose types the loader has checked
