@@ -262,6 +262,11 @@ def round_marks(
 
 
 LEAST_QUIET = 2  # rounds an estimate needs to leave the disturbed ones out
+# The degrees of freedom an interval needs, its own and its prior's together: below one (a
+# one-round case whose layer's cases read far apart, so its prior's weight came out 0.2-0.9),
+# the t quantile runs from 23 at 0.8 to 1e12 at 0.1, and the interval read 1e-10 to 1e10
+# seconds (a re-run's spread no one measured): that case gets no interval, and reads !.
+LEAST_DF = 1.0
 
 
 def kept_of(disturbed: Sequence[bool], least: int = LEAST_QUIET) -> list[int]:
@@ -313,7 +318,8 @@ def estimate(
 
     One group: its median, and the order-statistic interval of that median (``median_ci``), or,
     where the run's other cases give a ``prior``, the interval that prior's spread between
-    processes gives (a process's samples cannot show its own speed). Several:
+    processes gives (a process's samples cannot show its own speed), none where that prior's
+    weight is under one degree of freedom (``LEAST_DF``). Several:
     each group is summarised by its median, and the time is their geometric mean; the analysis of
     cluster means, exact for a nested design whose cluster effects are log-normal, and valid from
     two clusters (Cameron & Miller, "A Practitioner's Guide to Cluster-Robust Inference", 2015,
@@ -368,6 +374,9 @@ def estimate(
     variance, df = (spread**2, len(logs) - 1.0) if len(logs) > 1 else (0.0, 0.0)
     if prior is not None:
         variance, df = moderated(variance, df, prior)
+    if df < LEAST_DF:  # one round, and a prior of under one degree of freedom: no interval
+        return Estimate(math.exp(mean), math.nan, math.nan, len(logs), within_rel=within_rel,
+                        mean_variance=variance / len(logs), **counted)  # fmt: skip
     future = rerun or len(logs)
     spread_variance = variance * (1 / len(logs) + 1 / future)
     if between is not None and between.variance > 0 and between.df > 0:

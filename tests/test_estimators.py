@@ -180,6 +180,29 @@ def test_a_moderated_variance_adds_the_priors_degrees_of_freedom_to_the_cases() 
     assert math.log(found.high_s / found.center_s) == pytest.approx(reach)
 
 
+def test_one_round_on_a_prior_of_under_one_degree_of_freedom_gets_no_interval() -> None:
+    """A layer whose cases' variances read 1e-10 and 1e-3 has a prior of 0.2 degrees of
+    freedom: a one-round case of it read 1e-10 to 1e10 seconds, and now no interval (marked
+    !); on a prior of one degree of freedom, the t of one."""
+    from scipy import stats
+
+    from attnbench.measure.timing.loop import is_imprecise
+    from attnbench.priors import Prior, prior_of
+
+    samples = [[1.0, 1.01, 0.99, 1.02]]
+    prior = prior_of([(1e-10, 2.0), (1e-3, 2.0), (1e-3, 2.0)])
+    assert prior is not None and prior.df < 1
+    found = estimate(samples, prior=prior)
+    assert found.groups == 1 and found.center_s == pytest.approx(1.005)
+    assert math.isnan(found.low_s) and math.isnan(found.high_s)
+    assert is_imprecise(found.center_s, found.low_s, found.high_s)
+    cauchy = estimate(samples, prior=Prior(1e-4, 1.0))
+    reach = float(stats.t.ppf(0.975, 1.0)) * math.sqrt(2e-4)
+    assert math.log(cauchy.high_s / cauchy.center_s) == pytest.approx(reach)
+    two = estimate([[1.0] * 3, [1.02] * 3], prior=prior)  # a round's own degree: an interval
+    assert math.isfinite(two.low_s) and math.isfinite(two.high_s)
+
+
 def test_a_busy_machines_interval_reaches_down_to_a_quiet_re_run() -> None:
     """Every round read 1.6x the quiet level (none quiet, so every one is kept): the low end is
     the rounds' own divided by 1.6, the high end theirs. Fake busy processes whose times ran
