@@ -416,11 +416,13 @@ def test_the_marks_note_says_how_many_processes_would_narrow_a_typical_case(  # 
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
     assert "More --processes narrow them, a quieter machine more." in buf.getvalue()
     frame["rounds"], frame["spread_between"] = 2, 0.47  # a busy machine (a new user read 758)
+    frame["time_stop"] = "budget"  # no "raise it as well": a budget buys processes, too many
     buf = io.StringIO()
     summary_notes(replace(tiny_run, frame=frame), Console(file=buf, width=2000))
     said = " ".join(buf.getvalue().split())
-    assert "would need about 716 processes to reach ±5%: too many to give, as an" in said
-    assert "--max-processes" not in said and "a sweep on a quieter machine reads them" in said
+    assert "A quieter machine narrows them: at the median spread between their processes" in said
+    assert "would need about 716 processes to reach ±5%, too many to give, as an" in said
+    assert "--max-processes" not in said and "--time-budget" not in said
 
 
 def test_summary_tables_cut_no_cell_in_a_log(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -322,7 +323,7 @@ def test_a_busy_machines_start_scales_the_estimate_and_says_what_a_quiet_one_tak
     bounds it, its lines' first lengths apart."""
     from rich.console import Console
 
-    from attnbench.cli.render import SweepProgress
+    from attnbench.cli.render import SweepProgress, busy_note
     from attnbench.run.estimate import estimate_bounds
     from attnbench.run.events import Listeners, SweepStart
 
@@ -353,15 +354,18 @@ def test_a_busy_machines_start_scales_the_estimate_and_says_what_a_quiet_one_tak
     SweepProgress(Console(file=line, width=1000), quiet=False).started(start)
     note = line.getvalue().splitlines()[1]
     assert note.startswith("note: the machine is busy (its reference reads 3.0x its quiet ")
-    assert (
-        "while it stays so its cases run at least 3.0x slower than on a quiet machine, ops "
-        "on several threads far slower; the estimate counts the 3.0x alone, and a quiet "
-        "machine would take " in note
+    assert grid.threads == 1  # the CPU's one thread: no word of ops on several (a new user
+    assert (  # on one read "ops on several threads far slower")
+        "while it stays so its cases run at least 3.0x slower than on a quiet machine; the "
+        "estimate counts the 3.0x alone, and a quiet machine would take " in note
     )
+    several = busy_note(start.busy, 1.0, 2.0, auto=False, threads=2)
+    assert "3.0x slower than on a quiet machine, ops on several threads far slower;" in several
+    assert "several threads" in busy_note(start.busy, 1.0, 2.0, auto=False)  # torch's own
     busy_auto = SweepStart(auto, tmp_path, {}, 1, 5.0, busy=start.busy, estimate_low_s=5.0)
     line = io.StringIO()
     SweepProgress(Console(file=line, width=1000), quiet=False).started(busy_auto)
-    assert "far slower, and its lines reach shorter lengths within" in line.getvalue()
+    assert "quiet machine, and its lines reach shorter lengths within" in line.getvalue()
 
 
 def test_the_ab_start_holds_what_both_sides_may_wait_for_quiet(tmp_path: Path) -> None:
@@ -655,6 +659,28 @@ def test_ab_sides_ask_for_their_pairs_and_no_more() -> None:
         side_grids({"layers": "conv", "n": "8", "d": "4", "max_processes": 20}, None, 0.01)
     with pytest.raises(AttnbenchError, match="--precision applies to sweep"):
         side_grids({"layers": "conv", "n": "8", "d": "4", "precision": "5%"}, None, 0.01)
+    with pytest.raises(AttnbenchError, match="not --n auto: --auto-budget applies to sweep"):
+        side_grids({"layers": "conv", "n": "8", "d": "4", "auto_budget": 5.0}, None, 0.01)
+
+
+def test_ab_help_lists_none_of_the_options_it_refuses() -> None:
+    """A new user read --auto-budget, --precision and --max-processes in ab --help as ab's: they
+    are hidden there, and still get ab's one-line reason when given."""
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    def rows(command: str) -> set[str]:  # the options its --help lists, each a row's first word
+        shown = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
+        return {m.group(1) for m in re.finditer(r"^│ (--[a-z-]+)", shown, re.MULTILINE)}
+
+    listed = rows("ab")
+    assert {"--processes", "--layers", "--n"} <= listed
+    assert not {"--auto-budget", "--precision", "--max-processes"} & listed
+    assert {"--auto-budget", "--precision", "--max-processes"} <= rows("sweep")
+    runner = CliRunner()
+    given = runner.invoke(app, ["ab", "--layers", "conv", "--n", "8", "--precision", "5%"])
+    assert given.exit_code == 2 and "--precision applies to sweep" in given.output
 
 
 def test_an_auto_grid_runs_every_lines_n_before_any_lines_2n(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ import typer
 
 from attnbench.cli.judge import show_verdicts
 from attnbench.cli.options import (
+    AB_GRID,
     GATE,
-    GRID,
     VERDICT_OUTPUT,
     ConfigFile,
     LargeRun,
@@ -78,7 +78,7 @@ RACED_NOTE = (
 )
 
 
-@with_options(before=GRID, after=(*GATE, *VERDICT_OUTPUT))
+@with_options(before=AB_GRID, after=(*GATE, *VERDICT_OUTPUT))
 def ab(
     base_python: BasePython = None,
     base_layers: BaseLayers = None,
@@ -106,7 +106,7 @@ def ab(
     fmt = verdict_format(options, as_json)
     output = options.get("output")
     values: dict[str, Any] = load_config(config) if config is not None else {}
-    values.update(pick(options, GRID))
+    values.update(pick(options, AB_GRID))
     values.pop("out", None)
     folder = out or default_out_dir(prefix="ab-")
     layers = [t.strip() for t in base_layers.split(",")] if base_layers else None

@@ -21,7 +21,8 @@ def imprecise_note(run: RunResults, imprecise: pd.DataFrame) -> str:
     _, _, apart, few, one = reasons
     narrowed = apart | few | one  # those more processes narrow: not a busy or disturbed machine's
     advice = (
-        f"{sweeps} of them move further than that between this machine's sweeps alone, "
+        f"{sweeps} of them {'moves' if sweeps == 1 else 'move'} further than that between "
+        "this machine's sweeps alone, "
         "which more processes in one sweep cannot narrow."
         if sweeps
         else _for_those(narrowed, _more_processes(imprecise[narrowed]))
@@ -138,12 +139,13 @@ def _more_processes(imprecise: pd.DataFrame) -> str:
     if needed is None or not pd.notna(rounds) or needed <= rounds:
         return f"More --processes narrow them, a quieter machine more{first}."
     if needed > MOST_PROCESSES_ADVISED:  # a new user's busy machine read "about 758"
+        # no "raise --time-budget as well": a budget buys processes, called too many to give
         return (
-            f"At the median spread between their processes, {spread:.1%}, a case would need "
-            f"about {needed} processes to reach ±{IMPRECISE_REL_CI:.0%}: too many to give, as "
-            "an interval narrows only as the square root of the processes. Processes read that "
-            "far apart on a busy machine, or where a round or two ran slow: a sweep on a "
-            f"quieter machine reads them nearer{first}."
+            f"A quieter machine narrows them: at the median spread between their processes, "
+            f"{spread:.1%}, a case would need about {needed} processes to reach "
+            f"±{IMPRECISE_REL_CI:.0%}, too many to give, as an interval narrows only as the "
+            "square root of the processes. Processes read that far apart on a busy machine, or "
+            "where a round or two ran slow."
         )
     return (
         f"At the median spread between their processes, {spread:.1%}, a case needs about "

@@ -30,15 +30,17 @@ def _flag(key: str) -> str:
 
 
 def _parameter(
-    key: str, kind: type, help_text: str, envvar: str | None = None
+    key: str, kind: type, help_text: str, envvar: str | None = None, hidden: bool = False
 ) -> inspect.Parameter:
     help_text = help_text.replace("[", "\\[")  # rich read 'attnbench[gpu]' as markup: gone
     if kind is bool:  # a switch: --normalize / --no-normalize, off unless given
-        option = typer.Option(help=help_text)
+        option = typer.Option(help=help_text, hidden=hidden)
         return inspect.Parameter(
             key, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, option]
         )
-    option = typer.Option(_flag(key), help=help_text, envvar=envvar, show_default=False)
+    option = typer.Option(
+        _flag(key), help=help_text, envvar=envvar, show_default=False, hidden=hidden
+    )
     return inspect.Parameter(
         key,
         inspect.Parameter.KEYWORD_ONLY,
@@ -48,6 +50,13 @@ def _parameter(
 
 
 GRID = tuple(_parameter(o.key, o.kind, o.full_help, o.envvar) for o in OPTIONS)
+# The grid options ab takes but refuses (it times each case in exactly --processes pairs, on
+# lengths given): accepted, so that they get ab's own one-line error, and out of its --help,
+# where a new user read them as ab's.
+AB_REFUSED = ("max_processes", "precision", "auto_budget")
+AB_GRID = tuple(
+    _parameter(o.key, o.kind, o.full_help, o.envvar, hidden=o.key in AB_REFUSED) for o in OPTIONS
+)
 GATE = tuple(_parameter(o.key, o.kind, o.full_help) for o in GATE_OPTIONS)
 VERDICT_FORMATS = ("table", *FORMATS)
 VERDICT_OUTPUT = (

@@ -144,7 +144,9 @@ class SweepProgress:
                 soft_wrap=True,
             )
             first = 0.0 if start.ceilings_cached else CEILINGS_S
-            busy = busy_note(start.busy, start.estimate_low_s, start.estimate_s, self.upto, first)
+            busy = busy_note(
+                start.busy, start.estimate_low_s, start.estimate_s, self.upto, first, grid.threads
+            )
             if busy:
                 self.console.print(f"[yellow]note:[/] {escape(busy)}", soft_wrap=True)
         if not start.ceilings_cached:
@@ -262,16 +264,25 @@ def estimate_range(low: float | None, high: float, waits_s: float = 0.0) -> str:
     return f"{span} (and up to {waits_s:.0f} s waiting for quiet)" if waits_s else span
 
 
-def busy_note(busy: Busy, low: float | None, high: float, auto: bool, first: float = 0.0) -> str:
+def busy_note(
+    busy: Busy,
+    low: float | None,
+    high: float,
+    auto: bool,
+    first: float = 0.0,
+    threads: int | None = None,
+) -> str:
     """The start's note on a busy machine ("" on a quiet one): the estimate said is its
     slowdown times a quiet machine's (``first``, the ceilings' seconds, aside), which is said
     too; an auto sweep's budget bounds its cases' time, so there its lines reach shorter
-    lengths instead."""
+    lengths instead. Ops on several threads slow further, said where the sweep's ``threads``
+    are several or torch's own (None), not on the CPU's default one."""
     if busy.slowdown <= 1.0:
         return ""
+    several = ", ops on several threads far slower" if threads is None or threads > 1 else ""
     slower = (
         f"the machine is busy ({busy.why}): while it stays so its cases run at least "
-        f"{busy.slowdown:.1f}x slower than on a quiet machine, ops on several threads far slower"
+        f"{busy.slowdown:.1f}x slower than on a quiet machine{several}"
     )
     if auto:
         return f"{slower}, and its lines reach shorter lengths within their budget"
@@ -468,7 +479,9 @@ class ABProgress:
         )
         for line in describe_sides(start):
             self.console.print(f"  {escape(line)}", soft_wrap=True)
-        busy = busy_note(start.busy, start.estimate_low_s, start.estimate_s, auto=False)
+        busy = busy_note(
+            start.busy, start.estimate_low_s, start.estimate_s, auto=False, threads=grid.threads
+        )
         for note in (busy, *start.notes) if busy else start.notes:
             self.console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 

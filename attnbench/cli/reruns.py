@@ -37,6 +37,8 @@ def sweeps_note(run: RunResults) -> str | None:
         "the ±95% adds that move for this sweep and for a re-run's, and more processes in one "
         f"sweep cannot narrow it{_few_sweeps(found)}{_elsewhere(run, cases)}"
     )
+    if all(b.spread < 0.0005 for b in found.values()):  # no move at all: nothing to widen
+        adds = f"the ±95% holds their processes' spread alone{_elsewhere(run, cases)}"
     if not own:  # no case of its own history: the machine's typical, borrowed
         spread = statistics.median(spreads.values())
         borrowed = (
@@ -61,8 +63,8 @@ def sweeps_note(run: RunResults) -> str | None:
         f"a case's time moves between sweeps, past its own processes' spread, by a standard "
         f"deviation of {typical_spread:.1%} typically, {most} at most ({_name(widest)})"
         if typical_spread >= 0.0005
-        else "their sweeps read most cases no further apart than their own processes did "
-        f"(the most past it: {most}, {_name(widest)})"
+        else "their sweeps read most cases no further apart than their own processes did"
+        + (f" (the most past it: {most}, {_name(widest)})" if spreads[widest] >= 0.0005 else "")
     )
     return (
         f"{len(found)} case(s)' ±95% hold how far this machine's sweeps moved them ({read}): "

@@ -114,12 +114,11 @@ def side_grids(
     given = dict(options)
     if given.get("processes") is None and given.get("metric") != "instructions":
         given["processes"] = rounds_to_reach(alpha)
-    for extra in ("max_processes", "precision"):
+    why = "ab times each case in exactly --processes pairs and adds none"
+    for extra, reason in (("max_processes", why), ("precision", why),
+                          ("auto_budget", "ab races the lengths given, not --n auto")):  # fmt: skip
         if given.get(extra) is not None:
-            raise AttnbenchError(
-                "ab times each case in exactly --processes pairs and adds none: "
-                f"--{extra.replace('_', '-')} applies to sweep"
-            )
+            raise AttnbenchError(f"{reason}: --{extra.replace('_', '-')} applies to sweep")
     given["max_processes"] = given.get("processes")  # the pairs asked for, no more
     current = build_grid(given)
     if current.n_auto is not None:
