@@ -99,6 +99,28 @@ def test_existing_run_is_never_overwritten(tmp_path: Path) -> None:
         prepare_out_dir(out)
 
 
+def test_a_folder_with_a_stray_results_file_is_refused_without_advice_to_resume_it(
+    tmp_path: Path,
+) -> None:
+    """A new user's folder held a results.csv alone: --out said "finish that run with
+    --resume", and --resume then said it was no results folder. Neither file is touched."""
+    stray = tmp_path / "mydata"
+    stray.mkdir()
+    (stray / "results.csv").write_text("mine\n")
+    with pytest.raises(AttnbenchError) as refused:
+        prepare_out_dir(stray)
+    said = str(refused.value)
+    assert "already holds a results.csv but no run.json" in said and "--resume" in said
+    assert "finish that run" not in said
+    with pytest.raises(AttnbenchError, match=r"results folder \(no run.json\)$"):
+        load_results(stray)
+    assert (stray / "results.csv").read_text() == "mine\n"
+    (stray / "results.csv").unlink()
+    (stray / "run.json").write_text("{}")
+    with pytest.raises(AttnbenchError, match=r"already holds a run\.json but no results\.csv"):
+        prepare_out_dir(stray)
+
+
 def test_out_under_a_file_is_refused(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -114,6 +114,13 @@ def prepare_out_dir(out_dir: Path) -> Path:
     if out_dir.exists() and not out_dir.is_dir():
         raise AttnbenchError(f"--out {str(out_dir)!r} is a file, not a folder")
     if holds_run(out_dir):  # never overwrite
+        missing = [name for name in (RUN_FILE, RESULTS_FILE) if not (out_dir / name).exists()]
+        if missing:  # --resume needs both: a new user followed its advice into an error
+            held = RESULTS_FILE if missing == [RUN_FILE] else RUN_FILE
+            raise AttnbenchError(
+                f"--out {str(out_dir)!r} already holds a {held} but no {missing[0]}, so no run "
+                "--resume can finish; choose a new folder (results are never overwritten)"
+            )
         raise AttnbenchError(
             f"--out {str(out_dir)!r} already holds a run; choose a new folder, or finish that "
             f"run with --resume {str(out_dir)!r} (results are never overwritten)"

@@ -57,9 +57,10 @@ def _read_meta(path: Path) -> dict[str, Any]:
     if not path.is_dir():
         raise AttnbenchError(f"{str(path)!r} is not a folder")
     run_file = path / RUN_FILE
-    if not run_file.is_file() or not (path / RESULTS_FILE).is_file():
+    missing = [name for name in (RUN_FILE, RESULTS_FILE) if not (path / name).is_file()]
+    if missing:
         raise AttnbenchError(
-            f"{str(path)!r} is not an attnbench results folder (no {RUN_FILE} / {RESULTS_FILE})"
+            f"{str(path)!r} is not an attnbench results folder (no {' and no '.join(missing)})"
         )
     try:
         meta = json.loads(run_file.read_text(encoding="utf-8"))
