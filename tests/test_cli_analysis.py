@@ -320,3 +320,24 @@ def test_the_split_reads_the_models_latency_share_at_both_ends_of_a_range(wide: 
     )
     readings = split_display(analysis)["reading"]
     assert readings.str.contains(r"\(latency \d+% → \d+% of it\)").all()
+
+
+def test_a_plugin_without_a_family_is_named_where_the_crossover_is_not_drawn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new user raced a factory-only plugin against attention and read "no rival family"
+    alone: the reason names the plugin and how to declare it a rival."""
+    from types import SimpleNamespace
+
+    from attnbench.layers import CUSTOM
+    from attnbench.layers.registry import REGISTRY
+    from attnbench.render import charts
+
+    known = {"attention": REGISTRY["attention"], "mine:make": SimpleNamespace(family=CUSTOM)}
+    monkeypatch.setattr(charts, "run_catalog", lambda run: known)
+    run = SimpleNamespace(measured=pd.DataFrame({"layer": ["mine:make", "attention"]}))
+    why = charts.not_drawn_reason("crossover", run)  # type: ignore[arg-type]
+    assert why.startswith("the run has no rival family to race attention against")
+    assert "(mine:make: a plugin's factory alone has no family; a LayerEntry with family=" in why
+    known["mine:make"] = SimpleNamespace(family=REGISTRY["attention-local"].family)
+    assert "LayerEntry" not in charts.not_drawn_reason("crossover", run)  # type: ignore[arg-type]

@@ -282,9 +282,17 @@ def not_drawn_reason(name: str, run: RunResults, layers: Sequence[str] | None = 
         if not quadratic_layers(names, known):
             return "the run has no self-attention layer to race"
         if not rival_layers(names, known):
+            plain = [x for x in names if x in known and known[x].family.row == "custom"]
+            declare = (
+                f" ({', '.join(plain)}: a plugin's factory alone has no family; a LayerEntry "
+                "with family=RECURRENT, CONVOLUTIONAL, STATE_SPACE or LINEAR makes it a rival, "
+                "docs/own-layer.md)"
+                if plain
+                else ""
+            )
             return (
                 "the run has no rival family to race attention against: no recurrent, "
-                "convolutional or state-space layer"
+                f"convolutional, state-space or linear layer{declare}"
             )
         return "attention and a rival were not both measured at two lengths of one width"
     if name == "state" and run.mode != "decode":

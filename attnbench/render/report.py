@@ -285,8 +285,8 @@ def machine_display(analysis: Analysis) -> pd.DataFrame:
             "cases": m["cases"],
             "bound (cases)": m["bounds"],
             "model rel. RMS": m["model_rms"].map(_share),
-            "of it, kernels": m["kernel_rms"].map(_share),
-            "of it, overhead": m["overhead_rms"].map(_share),
+            "kernels' miss": m["kernel_rms"].map(_share),
+            "overhead's miss": m["overhead_rms"].map(_share),
             "all-layer NNLS rel. RMS": m["nnls_rms"].map(_share),
             "rounds' rel. RMS (the floor)": m["rounds_rms"].map(_share),
         }
@@ -314,6 +314,12 @@ def machine_notes(analysis: Analysis) -> list[str]:
             f"{'–' if bandwidth is None else f'{bandwidth / 1e9:.3g} GB/s'}, "
             f"{found.op_latency_s * 1e6:.3g} µs per op, "
             f"{found.page_fault_s * 1e6:.3g} µs per page fault"
+        )
+    if analysis.machine_table()["kernel_rms"].notna().any():  # a new user read them as parts
+        notes.append(  # of the model's, one of them past it: they cancel in the whole call
+            "kernels' miss, overhead's miss: the model's miss of the kernels' measured time and "
+            "of the rest (the overhead), each as a share of the layer's time; the two can "
+            "cancel in the whole call, so either may exceed the model's rel. RMS"
         )
     if analysis.rounds.notna().any():
         notes.append(
