@@ -222,8 +222,14 @@ def test_roofline_places_each_case_by_its_intensity_and_achieved_rate(figures, w
 @pytest.mark.slow
 def test_time_split_draws_the_models_terms_and_the_measured_time(figures, wide_run):
     analysis = analyse(wide_run)
-    axes = figures["time-split"].get_axes()
+    every = figures["time-split"].get_axes()
+    axes = [ax for ax in every if ax.get_title()]  # the panels; a spare cell holds the key
     assert [ax.get_title() for ax in axes] == [f"{x}, d = 16" for x in LAYERS]
+    # one key for every panel (eleven copies ran into each other), the series named once
+    (key,) = [ax.get_legend() for ax in every if ax.get_legend() is not None]
+    said = [t.get_text() for t in key.get_texts()]
+    assert len(said) == len(set(said)) and said[-2:] == ["predicted (their sum)", "measured"]
+    assert "latency: ops x op latency, + a fused kernel's set-up" in said
     ax = axes[1]  # rnn: many small ops, so latency is drawn
     lines = {line.get_label(): line for line in ax.get_lines()}
     rows = analysis.frame[(analysis.frame.layer == "rnn") & (analysis.frame.d == 16)]

@@ -8,16 +8,19 @@ measured time, so a reader sees which term each layer's time follows and where i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from attnbench.devices import is_asynchronous
 from attnbench.fits import Analysis
-from attnbench.render.style import layer_style, legend, log_axes, panels
+from attnbench.render.style import layer_style, legend, log_axes, panels, spare_cell
 from attnbench.schema import numeric_column
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 TERM_STYLE = {
@@ -130,5 +133,35 @@ def time_split_chart(analysis: Analysis) -> Figure | None:
         )
         log_axes(ax, "sequence length n", "seconds per call")
         ax.set_title(f"{layer}, d = {int(line['d'].iloc[0])}", fontsize=9)
-        legend(ax)
+    shared_key(fig, axes)
     return fig
+
+
+def shared_key(fig: Figure, axes: Sequence[Axes]) -> None:
+    """One key for panels that draw the same series (a new user read eleven copies of it, each
+    wider than its panel, running into the next one's and cut at the image's edge): in a
+    spare cell of the grid, else under the last panel; a series drawn in some panels only
+    (the faults) is named once too."""
+    if len(axes) == 1:
+        legend(axes[0])
+        return
+    named: dict[str, Artist] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            named.setdefault(label, handle)
+    # the terms first, as each panel draws them; then the total and the measured points
+    last = [label for label in named if label.startswith("predicted") or label == "measured"]
+    named = {label: named[label] for label in [*(x for x in named if x not in last), *last]}
+    cell = spare_cell(fig, axes)
+    if cell is not None:
+        cell.legend(list(named.values()), list(named), loc="center", fontsize=9, frameon=False)
+        return
+    axes[-1].legend(
+        list(named.values()),
+        list(named),
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
+        ncol=2,
+        frameon=False,
+    )
