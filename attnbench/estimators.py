@@ -313,29 +313,28 @@ def estimate(
     """The time and the interval a re-run's time lands in, from samples in groups;
     ``references``, one a group, with the run's ``quiet`` level, and ``busy``, one a group
     (a neighbour's CPU beside it), leave out the groups taken on a disturbed machine (while two
-    or more undisturbed ones remain); ``prior``, the run's,
-    moderates the groups' own variance.
+    or more undisturbed ones remain); ``prior``, the run's, moderates the groups' own variance.
 
     One group: its median, and the order-statistic interval of that median (``median_ci``), or,
     where the run's other cases give a ``prior``, the interval that prior's spread between
-    processes gives (a process's samples cannot show its own speed), none where that prior's
-    weight is under one degree of freedom (``LEAST_DF``). Several:
-    each group is summarised by its median, and the time is their geometric mean; the analysis of
-    cluster means, exact for a nested design whose cluster effects are log-normal, and valid from
-    two clusters (Cameron & Miller, "A Practitioner's Guide to Cluster-Robust Inference", 2015,
-    §VI). The interval is a Student-t *prediction* interval on their logs for the mean of a re-run's
-    ``rerun`` groups (as many as these by default): ``t * s * sqrt(1/k + 1/m)`` (Hahn, Meeker &
-    Escobar, *Statistical Intervals*, 2017, §4.7), since what a user checks an interval against is a
-    re-run, whose own processes scatter as much as these did; a confidence interval for the mean
-    (``sqrt(1/k)``) held the other runs' median in 71% of quiet cases where this held 85%
-    (``benchmarks/coverage.py``; with the machine's quiet level and waiting, 91-98% of all). The
-    variance of a group's median holds both the between-process spread and its own sampling noise,
-    so both are inside the interval. The order statistics of the group medians would need six groups
-    for any 95% interval, and a bootstrap over groups covers too little with a few
-    (``benchmarks/coverage.py`` compares them on the same runs). Logs, because a process's speed and
-    a busy machine scale a time rather than add to it. With a few rounds a case's own variance may
-    come out small by chance, and the run's other cases say what is typical: the moderated variance
-    (``Prior``) is their weighted mean, with their degrees of freedom added.
+    processes gives (a process's samples cannot show its own speed; none on a prior of under
+    ``LEAST_DF``). Several: each group is summarised by its median, and the time is their geometric
+    mean; the analysis of cluster means, exact for a nested design whose cluster effects are
+    log-normal, and valid from two clusters (Cameron & Miller, "A Practitioner's Guide to
+    Cluster-Robust Inference", 2015, §VI). The interval is a Student-t *prediction* interval on
+    their logs for the mean of a re-run's ``rerun`` groups (as many as these by default): ``t * s *
+    sqrt(1/k + 1/m)`` (Hahn, Meeker & Escobar, *Statistical Intervals*, 2017, §4.7), since what a
+    user checks an interval against is a re-run, whose own processes scatter as much as these did;
+    a confidence interval for the mean (``sqrt(1/k)``) held the other runs' median in 71% of quiet
+    cases where this held 85% (``benchmarks/coverage.py``; with the machine's quiet level and
+    waiting, 91-98% of all). The variance of a group's median holds both the between-process spread
+    and its own sampling noise, so both are inside the interval. The order statistics of the group
+    medians would need six groups for any 95% interval, and a bootstrap over groups covers too
+    little with a few (``benchmarks/coverage.py`` compares them on the same runs). Logs, because a
+    process's speed and a busy machine scale a time rather than add to it. With a few rounds a
+    case's own variance may come out small by chance, and the run's other cases say what is
+    typical: the moderated variance (``Prior``) is their weighted mean, with their degrees of
+    freedom added.
 
     ``between``, the case's spread between sweeps on this machine (``between_sweeps``), widens
     the interval by what a re-run's own sweep and this one each add: ``2 * between.variance``,
@@ -356,11 +355,9 @@ def estimate(
         return Estimate(math.nan, math.nan, math.nan, 0)
     within = [w for w in map(_within, kept) if math.isfinite(w)]
     within_rel = statistics.median(within) if within else math.nan
-    if prior is not None and not math.isfinite(prior.variance):
-        prior = None  # no prior at all
-    if len(kept) == 1 and (prior is None or prior.variance <= 0):
-        # one process, and no other case's processes to go by: its samples' interval
-        center = statistics.median(kept[0])
+    prior = prior if prior is not None and math.isfinite(prior.variance) else None  # else none
+    if len(kept) == 1 and (prior is None or prior.variance <= 0):  # one process, no others':
+        center = statistics.median(kept[0])  # its samples' interval
         low, high = median_ci(kept[0])
         return Estimate(center, low / slower, high, 1, within_rel=within_rel, **counted)
     medians = group_medians(kept)
@@ -375,8 +372,7 @@ def estimate(
     if prior is not None:
         variance, df = moderated(variance, df, prior)
     if df < LEAST_DF:  # one round, and a prior of under one degree of freedom: no interval
-        return Estimate(math.exp(mean), math.nan, math.nan, len(logs), within_rel=within_rel,
-                        mean_variance=variance / len(logs), **counted)  # fmt: skip
+        df = math.nan  # (t, and the interval's ends, nan)
     future = rerun or len(logs)
     spread_variance = variance * (1 / len(logs) + 1 / future)
     if between is not None and between.variance > 0 and between.df > 0:
