@@ -399,7 +399,7 @@ def test_the_machine_table_and_predict_show_how_far_the_rounds_are(
     in ``fit --json``'s machine rows and in ``predict``'s per-layer lines."""
     from attnbench.fits import analyse
     from attnbench.fits.roofline import rounds_rms
-    from attnbench.render.report import machine_display
+    from attnbench.render.report import machine_display, machine_notes
 
     first = wide_run.samples[wide_run.samples["round"] == 1]
     single = replace(wide_run, samples=first)
@@ -420,6 +420,9 @@ def test_the_machine_table_and_predict_show_how_far_the_rounds_are(
     assert rounds_rms(two.samples, two.measured).to_dict() == table["rounds_rms"].to_dict()
     shown = machine_display(analysis)
     assert shown["rounds' rel. RMS (the floor)"].str.endswith("%").all()
+    # the located misses are not parts of the model's (a new user read "of it" so): they cancel
+    assert {"kernels' miss", "overhead's miss"} <= set(shown.columns)
+    assert any("either may exceed the model's rel. RMS" in n for n in machine_notes(analysis))
     assert (machine_display(analyse(single))["rounds' rel. RMS (the floor)"] == "–").all()
     folder = tmp_path / "two-rounds"
     shutil.copytree(wide_run.path, folder)
