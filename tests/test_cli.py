@@ -647,7 +647,7 @@ def test_drawing_the_charts_after_a_sweep_is_said_in_a_terminal(tiny_run, monkey
 
     seen: list[bool] = []
 
-    def plot(run):  # type: ignore[no-untyped-def]
+    def plot(run, analysis=None):  # type: ignore[no-untyped-def]
         seen.append(bool(shown))  # a status was up while they were drawn
         return [Path("run/charts/time.png")]
 
@@ -669,6 +669,56 @@ def test_drawing_the_charts_after_a_sweep_is_said_in_a_terminal(tiny_run, monkey
         text = Text.from_ansi(buffer.getvalue()).plain
         assert bool(shown) is terminal and all("drawing the charts" in m for m in shown)
         assert "charts: 1 files in run/charts" in text
+
+
+@pytest.mark.usefixtures("read_as_a_user_reads")
+def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
+    tiny_run,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new user could not tell from the notes whether the first sweep worked: its last
+    line says how many time exponents agree with the chapter's orders, as table judges them
+    (those not judged left out), from the one analysis the charts draw from."""
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from attnbench.cli import sweeping
+    from attnbench.cli.render import Streams
+    from attnbench.fits import analyse
+    from attnbench.results.loader import load_results
+    from attnbench.table import comparison_table
+
+    committed = load_results(Path(__file__).parents[1] / "results" / "cpu-reference")
+    judged = comparison_table(committed)["time_agrees_n"].dropna()
+    assert len(judged) >= 3
+    line = sweeping.chapter_line(committed, analyse(committed)) or ""
+    assert line.startswith(f"the chapter's table: {int(judged.sum())} of {len(judged)} time ")
+    assert f"attnbench table {committed.path}" in line
+    analysis = analyse(tiny_run)
+    rows = pd.DataFrame({"time_agrees_n": [True, False, None, True]})
+    monkeypatch.setattr(sweeping, "comparison_table", lambda run, analysis: rows)
+    said = sweeping.chapter_line(tiny_run, analysis) or ""
+    assert "table: 2 of 3 time exponents in n agree" in said
+    assert "over the lengths measured, 1 layer(s) not judged (attnbench table" in said
+    none = pd.DataFrame({"time_agrees_n": [None, None]})
+    monkeypatch.setattr(sweeping, "comparison_table", lambda run, analysis: none)
+    assert sweeping.chapter_line(tiny_run, analysis) is None
+    drawn: list[object] = []
+    monkeypatch.setattr(sweeping, "comparison_table", lambda run, analysis: rows)
+    monkeypatch.setattr(
+        sweeping,
+        "plot_run",
+        lambda run, analysis=None: drawn.append(analysis) or [Path("run/charts/time.png")],
+    )
+    buffer = io.StringIO()
+    notes = Console(file=buffer, width=300)
+    judging = sweeping._Judging(None, None, "time", "table", None)  # type: ignore[arg-type]
+    streams = Streams(out=notes, err=notes, notes=notes, human=None)
+    sweeping._finished(tiny_run, streams, judging, charts=True, as_json=False)
+    assert drawn and drawn[0] is not None  # the charts were given the analysis, not left to redo it
+    assert "the chapter's table: 2 of 3 time exponents" in buffer.getvalue()
 
 
 def test_ctrl_c_while_the_results_print_says_the_run_is_complete(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, cast
 
+import pandas as pd
 import typer
 
 from attnbench.cli.judge import show_verdicts
@@ -29,6 +30,7 @@ from attnbench.cli.render import Streams, SweepProgress
 from attnbench.cli.summary import summary_notes, summary_tables
 from attnbench.compare import Comparison, compare_runs
 from attnbench.errors import AttnbenchError, NothingToPlot
+from attnbench.fits import Analysis, analyse
 from attnbench.measure.counts import extend
 from attnbench.measure.counts.countcache import Counting
 from attnbench.options import load_config
@@ -41,6 +43,7 @@ from attnbench.run.executors import EXECUTORS, default_executor, make_executor
 from attnbench.run.queue import Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.schema import Status
+from attnbench.table import comparison_table
 from attnbench.thresholds import Thresholds, gate_from
 
 FULL_TRACE_HELP = (
@@ -226,7 +229,11 @@ def _finished(
         summary_tables(run, streams.human)
     if streams.notes is not None:
         summary_notes(run, streams.notes)
-    drawn = _charts_after_sweep(run, streams) if charts else []
+    analysis = _analysis(run) if charts else None  # the charts' and the headline's, once
+    drawn = _charts_after_sweep(run, streams, analysis) if charts else []
+    headline = chapter_line(run, analysis) if analysis is not None else None
+    if headline and streams.notes is not None:
+        streams.notes.print(headline, soft_wrap=True)
     comparison = judging.judge(run, streams)
     if as_json:
         payload: dict[str, Any] = {"path": str(run.path), "results": records(run), "charts": drawn}
@@ -297,7 +304,38 @@ def _check_resume(resume: Path | None, values: dict[str, Any], *, force: bool, r
         raise AttnbenchError("--resume continues a run in its own folder; leave out --out")
 
 
-def _charts_after_sweep(run: RunResults, streams: Streams) -> list[str]:
+def _analysis(run: RunResults) -> Analysis | None:
+    """The fits of a finished sweep, for its charts and its headline; None where there is
+    nothing to fit, or fitting failed (the charts then say why, and the results stay saved)."""
+    if run.measured.empty:
+        return None
+    try:
+        return analyse(run)
+    except Exception:
+        return None
+
+
+def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
+    """What a newcomer asks of the first sweep, in a line: how many time exponents in n agree
+    with the chapter's orders (``table``'s ``time_agrees_n``, those judged); None where none
+    is judged (one length a layer). A new user could not tell from the notes whether it
+    worked."""
+    rows = comparison_table(run, analysis)
+    judged = [a for a in rows.get("time_agrees_n", []) if a is not None and not pd.isna(a)]
+    if not judged:
+        return None
+    agree, left = sum(bool(a) for a in judged), len(rows) - len(judged)
+    unjudged = f", {left} layer(s) not judged" if left else ""
+    return (
+        f"the chapter's table: {agree} of {len(judged)} time exponents in n agree with its "
+        f"orders over the lengths measured{unjudged} (attnbench table {run.path}: each one, "
+        "which are unsettled, and why)"
+    )
+
+
+def _charts_after_sweep(
+    run: RunResults, streams: Streams, analysis: Analysis | None = None
+) -> list[str]:
     """Charts of a finished sweep; a failure here is reported, and the results stay saved."""
     if run.measured.empty:
         return []
@@ -311,7 +349,7 @@ def _charts_after_sweep(run: RunResults, streams: Streams) -> list[str]:
     )
     try:
         with drawing:
-            paths = plot_run(run)
+            paths = plot_run(run, analysis=analysis)
     except NothingToPlot as exc:  # no retry draws one: no "try attnbench plot"
         if notes is not None:
             notes.print(f"note: no charts: {exc}", soft_wrap=True)
