@@ -338,6 +338,6 @@ def test_a_plugin_without_a_family_is_named_where_the_crossover_is_not_drawn(
     run = SimpleNamespace(measured=pd.DataFrame({"layer": ["mine:make", "attention"]}))
     why = charts.not_drawn_reason("crossover", run)  # type: ignore[arg-type]
     assert why.startswith("the run has no rival family to race attention against")
-    assert "(mine:make: a plugin's factory alone has no family; a LayerEntry with family=" in why
+    assert "(mine:make: a plugin without a family, as a factory alone is; a LayerEntry" in why
     known["mine:make"] = SimpleNamespace(family=REGISTRY["attention-local"].family)
     assert "LayerEntry" not in charts.not_drawn_reason("crossover", run)  # type: ignore[arg-type]

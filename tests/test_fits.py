@@ -88,6 +88,19 @@ def test_the_exponents_interval_is_no_narrower_than_its_points_intervals_allow()
     assert loglog_exponent(x, noisy, se).high == loglog_exponent(x, noisy).high
 
 
+def test_two_points_one_without_an_interval_leave_the_exponent_unknown():
+    """A time with no interval (a one-round case on a prior of under one degree of freedom)
+    read as exact: two lengths' exponent then rested on the other point's error alone. Now it
+    is unknown; with a third point the residuals still bound it."""
+    x, y = [512.0, 1024.0], [1e-3, 4e-3]
+    two = loglog_exponent(x, y, [0.05, float("nan")])
+    assert two.slope == pytest.approx(2.0) and math.isnan(two.low) and math.isnan(two.high)
+    both = loglog_exponent(x, y, [0.05, 0.05])
+    assert math.isfinite(both.low) and both.low < 2.0 < both.high
+    three = loglog_exponent([*x, 2048.0], [*y, 1.5e-2], [0.05, float("nan"), 0.05])
+    assert math.isfinite(three.low) and three.low < three.slope < three.high
+
+
 def test_constant_metric_has_zero_exponent_and_zero_width():
     fit = loglog_exponent([64, 128, 256], [13.0, 13.0, 13.0])
     assert (fit.slope, fit.low, fit.high) == (0.0, 0.0, 0.0)

@@ -323,7 +323,8 @@ def test_a_busy_machines_start_scales_the_estimate_and_says_what_a_quiet_one_tak
     bounds it, its lines' first lengths apart."""
     from rich.console import Console
 
-    from attnbench.cli.render import SweepProgress, busy_note
+    from attnbench.cli.render import SweepProgress
+    from attnbench.cli.startline import busy_note
     from attnbench.run.estimate import estimate_bounds
     from attnbench.run.events import Listeners, SweepStart
 

@@ -267,7 +267,7 @@ def test_the_estimates_low_end_stops_each_stable_case_at_the_minimum_timing() ->
     """A quiet machine's rounds stop at their minimum time, a busy one's spend the budget and
     add rounds up to --max-processes: the start line gives both ends (the fixed grid: 110
     cases, three rounds each at the least, each a process of its own)."""
-    from attnbench.cli.render import estimate_range
+    from attnbench.cli.startline import estimate_range
     from attnbench.run.rounds import ROUND_PROCESS_S, ROUND_WARMUP_S, round_policy
 
     grid = build_grid({"device": "cpu", "n": "64..1024"})

@@ -36,6 +36,7 @@ def imprecise_note(run: RunResults, imprecise: pd.DataFrame) -> str:
     )
 
 
+QUIETER = "A quieter machine narrows them"  # the advice where processes cannot
 # Beyond this many processes a case, "--max-processes k" is no advice (each is a fork, a first
 # call and a warm-up: about 0.1 s on a quiet CPU, more on a busy one, for every case).
 MOST_PROCESSES_ADVISED = 30
@@ -109,8 +110,9 @@ def _span(spread: pd.Series) -> str:
 def _for_those(narrowed: pd.Series, advice: str) -> str:
     """The advice for the marked cases more processes narrow (``narrowed``), named "For the 19
     that more processes would narrow: at the median spread ..." where others were marked too
-    ("the other 17" counted those a disturbed machine widened, which more processes do not)."""
-    if narrowed.all():
+    ("the other 17" counted those a disturbed machine widened, which more processes do not);
+    not where the advice is that no number of processes to give narrows them."""
+    if narrowed.all() or advice.startswith(QUIETER):
         return advice
     return (
         f"For the {int(narrowed.sum())} that more processes would narrow: "
@@ -141,7 +143,7 @@ def _more_processes(imprecise: pd.DataFrame) -> str:
     if needed > MOST_PROCESSES_ADVISED:  # a new user's busy machine read "about 758"
         # no "raise --time-budget as well": a budget buys processes, called too many to give
         return (
-            f"A quieter machine narrows them: at the median spread between their processes, "
+            f"{QUIETER}: at the median spread between their processes, "
             f"{spread:.1%}, a case would need about {needed} processes to reach "
             f"±{IMPRECISE_REL_CI:.0%}, too many to give, as an interval narrows only as the "
             "square root of the processes. Processes read that far apart on a busy machine, or "

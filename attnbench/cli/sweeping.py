@@ -11,6 +11,7 @@ from typing import Annotated, Any, cast
 
 import pandas as pd
 import typer
+from rich.markup import escape
 
 from attnbench.cli.judge import show_verdicts
 from attnbench.cli.options import (
@@ -43,7 +44,7 @@ from attnbench.run.executors import EXECUTORS, default_executor, make_executor
 from attnbench.run.queue import Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.schema import Status
-from attnbench.table import comparison_table
+from attnbench.table import OVERHEAD_BOUND, comparison_table
 from attnbench.thresholds import Thresholds, gate_from
 
 FULL_TRACE_HELP = (
@@ -229,11 +230,8 @@ def _finished(
         summary_tables(run, streams.human)
     if streams.notes is not None:
         summary_notes(run, streams.notes)
-    analysis = _analysis(run) if charts else None  # the charts' and the headline's, once
-    drawn = _charts_after_sweep(run, streams, analysis) if charts else []
-    headline = chapter_line(run, analysis) if analysis is not None else None
-    if headline and streams.notes is not None:
-        streams.notes.print(headline, soft_wrap=True)
+    drawn, analysis = _charts_after_sweep(run, streams) if charts else ([], None)
+    _headline(run, analysis, streams)
     comparison = judging.judge(run, streams)
     if as_json:
         payload: dict[str, Any] = {"path": str(run.path), "results": records(run), "charts": drawn}
@@ -306,8 +304,9 @@ def _check_resume(resume: Path | None, values: dict[str, Any], *, force: bool, r
 
 def _analysis(run: RunResults) -> Analysis | None:
     """The fits of a finished sweep, for its charts and its headline; None where there is
-    nothing to fit, or fitting failed (the charts then say why, and the results stay saved)."""
-    if run.measured.empty:
+    nothing to fit, the cases ran on several device models (each model's charts are fitted
+    apart), or fitting failed (the charts then say why, and the results stay saved)."""
+    if run.measured.empty or len(run.devices) > 1:
         return None
     try:
         return analyse(run)
@@ -317,28 +316,54 @@ def _analysis(run: RunResults) -> Analysis | None:
 
 def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
     """What a newcomer asks of the first sweep, in a line: how many time exponents in n agree
-    with the chapter's orders (``table``'s ``time_agrees_n``, those judged); None where none
-    is judged (one length a layer). A new user could not tell from the notes whether it
-    worked."""
+    with the theory's slope over the lengths measured, as ``table`` reads them (its
+    ``time_agrees_n``; an overhead-bound layer, which the table shows no exponent for, and one
+    not judged are counted apart); None where none is judged. A new user could not tell from
+    the notes whether it worked."""
     rows = comparison_table(run, analysis)
-    judged = [a for a in rows.get("time_agrees_n", []) if a is not None and not pd.isna(a)]
+    if rows.empty or "time_agrees_n" not in rows:
+        return None
+    cells = rows.get("compute (measured)", pd.Series("", index=rows.index)).astype(str)
+    bound = cells.str.startswith(OVERHEAD_BOUND)
+    verdicts = rows["time_agrees_n"]
+    judged = [bool(a) for a, b in zip(verdicts, bound, strict=True) if not b and _given(a)]
     if not judged:
         return None
-    agree, left = sum(bool(a) for a in judged), len(rows) - len(judged)
-    unjudged = f", {left} layer(s) not judged" if left else ""
+    left = len(rows) - len(judged) - int(bound.sum())
+    apart = "".join(
+        f", {count} {what}"
+        for count, what in ((int(bound.sum()), "overhead-bound"), (left, "not judged"))
+        if count
+    )
     return (
-        f"the chapter's table: {agree} of {len(judged)} time exponents in n agree with its "
-        f"orders over the lengths measured{unjudged} (attnbench table {run.path}: each one, "
-        "which are unsettled, and why)"
+        f"the chapter's table: {sum(judged)} of {len(judged)} time exponents in n agree with the "
+        f"theory over the lengths measured{apart} (attnbench table {run.path}: each one, which "
+        "are unsettled, and why)"
     )
 
 
-def _charts_after_sweep(
-    run: RunResults, streams: Streams, analysis: Analysis | None = None
-) -> list[str]:
-    """Charts of a finished sweep; a failure here is reported, and the results stay saved."""
+def _given(verdict: object) -> bool:
+    return verdict is not None and not pd.isna(verdict)
+
+
+def _headline(run: RunResults, analysis: Analysis | None, streams: Streams) -> None:
+    """The sweep's last line (``chapter_line``), where there is one; a failure here costs
+    the line, never the results or the --json payload after it."""
+    if analysis is None or streams.notes is None:
+        return
+    try:
+        line = chapter_line(run, analysis)
+    except Exception:
+        return
+    if line:
+        streams.notes.print(line, soft_wrap=True, markup=False)  # a path may hold [brackets]
+
+
+def _charts_after_sweep(run: RunResults, streams: Streams) -> tuple[list[str], Analysis | None]:
+    """Charts of a finished sweep, and the analysis they were drawn from (for the headline);
+    a failure here is reported, and the results stay saved."""
     if run.measured.empty:
-        return []
+        return [], None
     # A few seconds to ten or more after the tables (the default run: 22 files): said in a
     # terminal while it lasts, where a silent prompt would look hung; a log gets the line after.
     notes = streams.notes
@@ -347,23 +372,27 @@ def _charts_after_sweep(
         if notes is not None and notes.is_terminal
         else contextlib.nullcontext()
     )
+    analysis = None
     try:
-        with drawing:
+        with drawing:  # the fits too, under the status: 1-2 s on a default run
+            analysis = _analysis(run)
             paths = plot_run(run, analysis=analysis)
     except NothingToPlot as exc:  # no retry draws one: no "try attnbench plot"
         if notes is not None:
-            notes.print(f"note: no charts: {exc}", soft_wrap=True)
-        return []
+            notes.print(f"note: no charts: {exc}", soft_wrap=True, markup=False)
+        return [], analysis
     except Exception as exc:
         streams.err.print(
-            f"[yellow]warning:[/] charts were not drawn ({exc}); the results are saved, "
-            f"try: attnbench plot {run.path}",
+            f"[yellow]warning:[/] charts were not drawn ({escape(str(exc))}); the results are "
+            f"saved, try: attnbench plot {escape(str(run.path))}",
             soft_wrap=True,
         )
-        return []
+        return [], None
     if streams.notes is not None:
-        streams.notes.print(f"charts: {len(paths)} files in {paths[0].parent}", soft_wrap=True)
-    return [str(p) for p in paths]
+        streams.notes.print(
+            f"charts: {len(paths)} files in {paths[0].parent}", soft_wrap=True, markup=False
+        )
+    return [str(p) for p in paths], analysis
 
 
 def records(run: RunResults) -> list[dict[str, Any]]:

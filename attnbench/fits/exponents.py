@@ -51,7 +51,8 @@ def loglog_exponent(
     standard errors imply (``log_se``: of log y, one a point; a time's, from its interval over
     processes): four points that happen to fall on a line do not make the slope known better
     than each point is. Non-positive values (a constant zero, say) cannot be logged and are
-    left out.
+    left out. Two points, one of them with no error where the others have one (a time with no
+    interval), leave the slope unknown: its interval would rest on the other point alone.
     """
     from scipy import stats  # lazy: scipy costs 0.8 s to import
 
@@ -69,7 +70,10 @@ def loglog_exponent(
     reach = normal_quantile(0.975) * measured
     if len(points) > 2:
         reach = max(reach, t_quantile(0.975, len(points) - 2) * fit.stderr)
-    known = len(points) > 2 or measured > 0  # two points alone leave no residuals
+    unknown = log_se is not None and any(  # a point whose error no interval gave
+        not np.isfinite(e) for a, b, e in zip(x, y, log_se, strict=True) if a > 0 and b > 0
+    )
+    known = len(points) > 2 or (measured > 0 and not unknown)  # two alone leave no residuals
     low, high = (fit.slope - reach, fit.slope + reach) if known else (math.nan, math.nan)
     return Exponent(float(fit.slope), float(low), float(high), len(points), xs[0], xs[-1])
 

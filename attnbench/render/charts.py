@@ -284,15 +284,15 @@ def not_drawn_reason(name: str, run: RunResults, layers: Sequence[str] | None = 
         if not rival_layers(names, known):
             plain = [x for x in names if x in known and known[x].family.row == "custom"]
             declare = (
-                f" ({', '.join(plain)}: a plugin's factory alone has no family; a LayerEntry "
-                "with family=RECURRENT, CONVOLUTIONAL, STATE_SPACE or LINEAR makes it a rival, "
-                "docs/own-layer.md)"
+                f" ({', '.join(plain)}: a plugin without a family, as a factory alone is; a "
+                "LayerEntry with family=RECURRENT, CONVOLUTIONAL, STATE_SPACE or LINEAR makes "
+                "it a rival, docs/own-layer.md)"
                 if plain
                 else ""
             )
             return (
                 "the run has no rival family to race attention against: no recurrent, "
-                f"convolutional, state-space or linear layer{declare}"
+                f"convolutional, state-space or linear-attention layer{declare}"
             )
         return "attention and a rival were not both measured at two lengths of one width"
     if name == "state" and run.mode != "decode":
