@@ -714,7 +714,7 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
     monkeypatch.setattr(sweeping, "comparison_table", table)
     said = sweeping.chapter_line(tiny_run, analyse(tiny_run)) or ""
     assert "table: 2 of 3 time exponents in n agree with the theory" in said
-    assert "measured, 1 overhead-bound, 1 not judged (attnbench table" in said
+    assert "measured, 1 overhead-bound, 1 not judged: an interval too wide to tell, or no " in said
     none = pd.DataFrame(
         {"time_agrees_n": [None, False], "compute (measured)": ["?", "overhead-bound"]}
     )

@@ -332,7 +332,10 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
     left = len(rows) - len(judged) - int(bound.sum())
     apart = "".join(
         f", {count} {what}"
-        for count, what in ((int(bound.sum()), "overhead-bound"), (left, "not judged"))
+        for count, what in (
+            (int(bound.sum()), "overhead-bound"),
+            (left, "not judged: an interval too wide to tell, or no theory"),
+        )
         if count
     )
     return (
