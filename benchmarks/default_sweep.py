@@ -41,8 +41,7 @@ def agreeing(out: Path) -> tuple[int, int]:
     judged = [
         r["time_agrees_n"]
         for r in rows
-        if r.get("time_agrees_n") is not None
-        and not str(r.get("compute (measured)", "")).startswith("overhead-bound")
+        if r.get("time_agrees_n") is not None and not r.get("time_overhead_bound_n")
     ]
     return sum(bool(a) for a in judged), len(judged)
 

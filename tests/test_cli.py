@@ -702,7 +702,7 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
     rows = pd.DataFrame(
         {
             "time_agrees_n": [True, False, None, True, False],
-            "compute (measured)": ["n^1.00", "n^0.5", "?", "n^2.0", "overhead-bound"],
+            "time_overhead_bound_n": [False, False, False, False, True],
         }
     )
     used: list[object] = []
@@ -715,9 +715,7 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
     said = sweeping.chapter_line(tiny_run, analyse(tiny_run)) or ""
     assert "table: 2 of 3 time exponents in n agree with the theory" in said
     assert "measured, 1 overhead-bound, 1 not judged: an interval too wide to tell, or no " in said
-    none = pd.DataFrame(
-        {"time_agrees_n": [None, False], "compute (measured)": ["?", "overhead-bound"]}
-    )
+    none = pd.DataFrame({"time_agrees_n": [None, False], "time_overhead_bound_n": [False, True]})
     monkeypatch.setattr(sweeping, "comparison_table", lambda run, analysis: none)
     assert sweeping.chapter_line(tiny_run, analyse(tiny_run)) is None
     monkeypatch.setattr(sweeping, "comparison_table", table)

@@ -437,6 +437,7 @@ def test_a_time_exponent_that_disagrees_is_said_settled_or_not() -> None:
             "time_settled_n": [False, True, False, False],
             "time_exponent_n": [0.85, 0.7, 1.0, 0.0],
             "time_theory_exponent_n": [1.0, 1.0, 1.0, 1.66],
+            "time_overhead_bound_n": [False, False, False, True],
         }
     )  # an overhead-bound line (a GPU's attention at small n) is not read against the theory
     assert check_notes(rows) == [

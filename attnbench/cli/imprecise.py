@@ -25,7 +25,7 @@ def imprecise_note(run: RunResults, imprecise: pd.DataFrame) -> str:
         "this machine's sweeps alone, "
         "which more processes in one sweep cannot narrow."
         if sweeps
-        else _for_those(narrowed, _more_processes(imprecise[narrowed]))
+        else _for_those(narrowed, *_more_processes(imprecise[narrowed]))
         if narrowed.any()
         else ""
     )
@@ -36,7 +36,6 @@ def imprecise_note(run: RunResults, imprecise: pd.DataFrame) -> str:
     )
 
 
-QUIETER = "A quieter machine narrows them"  # the advice where processes cannot
 # Beyond this many processes a case, "--max-processes k" is no advice (each is a fork, a first
 # call and a warm-up: about 0.1 s on a quiet CPU, more on a busy one, for every case).
 MOST_PROCESSES_ADVISED = 30
@@ -107,12 +106,12 @@ def _span(spread: pd.Series) -> str:
     return f" (±{low:.1%})" if f"{low:.1%}" == f"{high:.1%}" else f" (±{low:.1%} to ±{high:.1%})"
 
 
-def _for_those(narrowed: pd.Series, advice: str) -> str:
+def _for_those(narrowed: pd.Series, advice: str, narrows: bool = True) -> str:
     """The advice for the marked cases more processes narrow (``narrowed``), named "For the 19
     that more processes would narrow: at the median spread ..." where others were marked too
     ("the other 17" counted those a disturbed machine widened, which more processes do not);
-    not where the advice is that no number of processes to give narrows them."""
-    if narrowed.all() or advice.startswith(QUIETER):
+    not where no number of processes to give narrows them (``narrows`` false)."""
+    if narrowed.all() or not narrows:
         return advice
     return (
         f"For the {int(narrowed.sum())} that more processes would narrow: "
@@ -120,7 +119,7 @@ def _for_those(narrowed: pd.Series, advice: str) -> str:
     )
 
 
-def _more_processes(imprecise: pd.DataFrame) -> str:
+def _more_processes(imprecise: pd.DataFrame) -> tuple[str, bool]:
     """How many processes would narrow a typical marked case to the mark's bound here: from
     the median spread between their processes (``estimators.processes_for``); and which of
     them --time-budget stopped first, where more processes alone would not reach them."""
@@ -139,20 +138,22 @@ def _more_processes(imprecise: pd.DataFrame) -> str:
                 "it as well"
             )
     if needed is None or not pd.notna(rounds) or needed <= rounds:
-        return f"More --processes narrow them, a quieter machine more{first}."
+        return f"More --processes narrow them, a quieter machine more{first}.", True
     if needed > MOST_PROCESSES_ADVISED:  # a new user's busy machine read "about 758"
         # no "raise --time-budget as well": a budget buys processes, called too many to give
         return (
-            f"{QUIETER}: at the median spread between their processes, "
+            "A quieter machine narrows them: at the median spread between their processes, "
             f"{spread:.1%}, a case would need about {needed} processes to reach "
             f"±{IMPRECISE_REL_CI:.0%}, too many to give, as an interval narrows only as the "
             "square root of the processes. Processes read that far apart on a busy machine, or "
-            "where a round or two ran slow."
+            "where a round or two ran slow.",
+            False,
         )
     return (
         f"At the median spread between their processes, {spread:.1%}, a case needs about "
         f"{needed} processes to reach ±{IMPRECISE_REL_CI:.0%} on this machine as it was: "
         f"--max-processes {needed} gives them to the cases whose interval is wide (an auto "
         f"sweep charges each case that many, so give it a larger --auto-budget too); a "
-        f"quieter machine needs fewer{first}."
+        f"quieter machine needs fewer{first}.",
+        True,
     )

@@ -49,14 +49,18 @@ def _parameter(
     )
 
 
-GRID = tuple(_parameter(o.key, o.kind, o.full_help, o.envvar) for o in OPTIONS)
+def _grid(hidden: Iterable[str] = ()) -> tuple[inspect.Parameter, ...]:
+    """The grid's options as parameters, those in ``hidden`` taken but out of --help."""
+    return tuple(
+        _parameter(o.key, o.kind, o.full_help, o.envvar, hidden=o.key in hidden) for o in OPTIONS
+    )
+
+
+GRID = _grid()
 # The grid options ab takes but refuses (it times each case in exactly --processes pairs, on
 # lengths given): accepted, so that they get ab's own one-line error, and out of its --help,
 # where a new user read them as ab's.
-AB_REFUSED = ("max_processes", "precision", "auto_budget")
-AB_GRID = tuple(
-    _parameter(o.key, o.kind, o.full_help, o.envvar, hidden=o.key in AB_REFUSED) for o in OPTIONS
-)
+AB_GRID = _grid(hidden=("max_processes", "precision", "auto_budget"))
 GATE = tuple(_parameter(o.key, o.kind, o.full_help) for o in GATE_OPTIONS)
 VERDICT_FORMATS = ("table", *FORMATS)
 VERDICT_OUTPUT = (

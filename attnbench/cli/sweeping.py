@@ -44,7 +44,7 @@ from attnbench.run.executors import EXECUTORS, default_executor, make_executor
 from attnbench.run.queue import Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.schema import Status
-from attnbench.table import OVERHEAD_BOUND, comparison_table
+from attnbench.table import comparison_table
 from attnbench.thresholds import Thresholds, gate_from
 
 FULL_TRACE_HELP = (
@@ -321,12 +321,10 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
     not judged are counted apart); None where none is judged. A new user could not tell from
     the notes whether it worked."""
     rows = comparison_table(run, analysis)
-    if rows.empty or "time_agrees_n" not in rows:
+    if rows.empty:
         return None
-    cells = rows.get("compute (measured)", pd.Series("", index=rows.index)).astype(str)
-    bound = cells.str.startswith(OVERHEAD_BOUND)
-    verdicts = rows["time_agrees_n"]
-    judged = [bool(a) for a, b in zip(verdicts, bound, strict=True) if not b and _given(a)]
+    bound = rows["time_overhead_bound_n"].astype(bool)
+    judged = [bool(a) for a in rows.loc[~bound, "time_agrees_n"] if pd.notna(a)]
     if not judged:
         return None
     left = len(rows) - len(judged) - int(bound.sum())
@@ -343,10 +341,6 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
         f"theory over the lengths measured{apart} (attnbench table {run.path}: each one, which "
         "are unsettled, and why)"
     )
-
-
-def _given(verdict: object) -> bool:
-    return verdict is not None and not pd.isna(verdict)
 
 
 def _headline(run: RunResults, analysis: Analysis | None, streams: Streams) -> None:

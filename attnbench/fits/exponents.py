@@ -66,13 +66,12 @@ def loglog_exponent(
         return Exponent(0.0, 0.0, 0.0, len(points), xs[0], xs[-1])
     fit = stats.linregress(lx, ly)
     weights = (lx - lx.mean()) / np.sum((lx - lx.mean()) ** 2)  # slope = sum(w_i log y_i)
-    measured = float(np.sqrt(np.sum((weights * np.array([e for _, _, e in points])) ** 2)))
+    errors = np.array([e for _, _, e in points])  # nan: a point no interval gave an error
+    measured = float(np.sqrt(np.sum((weights * np.nan_to_num(errors)) ** 2)))
     reach = normal_quantile(0.975) * measured
     if len(points) > 2:
         reach = max(reach, t_quantile(0.975, len(points) - 2) * fit.stderr)
-    unknown = log_se is not None and any(  # a point whose error no interval gave
-        not np.isfinite(e) for a, b, e in zip(x, y, log_se, strict=True) if a > 0 and b > 0
-    )
+    unknown = log_se is not None and not np.isfinite(errors).all()
     known = len(points) > 2 or (measured > 0 and not unknown)  # two alone leave no residuals
     low, high = (fit.slope - reach, fit.slope + reach) if known else (math.nan, math.nan)
     return Exponent(float(fit.slope), float(low), float(high), len(points), xs[0], xs[-1])
@@ -101,10 +100,11 @@ def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float | None:
 def _loggable(
     x: Sequence[float], y: Sequence[float], log_se: Sequence[float] | None
 ) -> list[tuple[float, float, float]]:
-    """The points (x, y, the error of log y: 0 where unknown) that can be logged."""
+    """The points (x, y, the error of log y: nan where unknown, 0 where none is given) that
+    can be logged."""
     errors = list(log_se) if log_se is not None else [0.0] * len(x)
     return [
-        (a, b, e if np.isfinite(e) else 0.0)
+        (a, b, e)
         for a, b, e in zip(x, y, errors, strict=True)
         if a > 0 and b > 0 and np.isfinite(b)
     ]

@@ -156,12 +156,4 @@ def shared_key(fig: Figure, axes: Sequence[Axes]) -> None:
     if cell is not None:
         cell.legend(list(named.values()), list(named), loc="center", fontsize=9, frameon=False)
         return
-    axes[-1].legend(
-        list(named.values()),
-        list(named),
-        fontsize=8,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.16),
-        ncol=2,
-        frameon=False,
-    )
+    legend(axes[-1], named)

@@ -15,6 +15,7 @@ import pandas as pd
 from attnbench.layers import BUILTIN, CUSTOM, LayerEntry
 
 if TYPE_CHECKING:  # matplotlib is imported where a chart is drawn: a sweep starts 0.4 s sooner
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from matplotlib.ticker import Formatter
@@ -210,12 +211,21 @@ def last(values: Iterable[int], limit: int = MAX_PANELS) -> list[int]:
     return sorted(set(values))[-limit:]
 
 
-def legend(ax: Axes) -> None:
-    """Below the panel, so that it never hides a series."""
-    handles, _ = ax.get_legend_handles_labels()
+def legend(ax: Axes, named: Mapping[str, Artist] | None = None) -> None:
+    """Below the panel, so that it never hides a series: its own, or ``named`` (label to
+    handle: a key for several panels)."""
+    handles, labels = ax.get_legend_handles_labels() if named is None else ([], [])
+    if named is not None:
+        labels, handles = list(named), list(named.values())
     if handles:
         ax.legend(
-            fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False
+            handles,
+            labels,
+            fontsize=8,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.16),
+            ncol=2,
+            frameon=False,
         )
 
 
