@@ -150,6 +150,24 @@ def test_a_plugin_that_fails_in_a_case_fails_that_case_only(tmp_path: Path) -> N
     assert failed == "ValueError: too long for this mixer"  # the error's first line
 
 
+def test_strict_fails_a_sweep_in_which_a_case_broke(tmp_path: Path) -> None:
+    """A CI job gating on a sweep passed while a layer failed at every n past the first (the
+    sweep exits 0 when it measured anything, as asv run does): --strict exits 1 then, in one
+    line naming the count and where the reasons are, and the cases measured stay saved."""
+    path = plugin(tmp_path, fail_above=8)
+    out = tmp_path / "run"
+    result = sweep("--layers", f"{path}:make", "--out", str(out), "--strict")
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.stderr.split())
+    reasons = f"(each one's reason is in its row's error: attnbench show {out})"
+    assert f"--strict: 1 failed {reasons}" in said
+    assert "Traceback" not in result.output
+    assert sorted(load_results(out).frame["status"]) == ["failed", "ok"]
+    healthy = plugin(tmp_path, name="fine.py")
+    fine = sweep("--layers", f"{healthy}:make", "--out", str(tmp_path / "fine"), "--strict")
+    assert fine.exit_code == 0, fine.output  # nothing broke: --strict changes nothing
+
+
 BAD = {
     "no module": ("nosuchmodule_xyz:make", "cannot import 'nosuchmodule_xyz': ModuleNotFoundError"),
     "import fails": ("{broken}:make", "failed: ModuleNotFoundError: No module named 'nonexistent_"),

@@ -131,6 +131,15 @@ Workers = Annotated[
 FullTrace = Annotated[
     bool, typer.Option("--full-trace", help=FULL_TRACE_HELP, envvar="ATTNBENCH_FULL_TRACE")
 ]
+Strict = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="Exit 1 when any case ended failed, oom or timeout (as asv run --strict), so a "
+        "CI job fails on a layer that broke; without it a sweep that measured anything exits "
+        "0 and its notes name the broken cases.",
+    ),
+]
 
 
 @with_options(before=GRID, after=(*GATE, *VERDICT_OUTPUT))
@@ -150,6 +159,7 @@ def sweep(
     workers: Workers = None,
     no_cache: NoCache = False,
     full_trace: FullTrace = False,
+    strict: Strict = False,
     **options: Any,
 ) -> None:
     """Measure time, memory, FLOPs, elementwise work, bytes, steps and path length over n x d.
@@ -210,7 +220,7 @@ def sweep(
         raise typer.Exit(130) from None
     judging = _Judging(base_run, thresholds, gate, fmt, cast("Path | None", output))
     try:
-        _finished(run, streams, judging, charts=charts, as_json=as_json)
+        _finished(run, streams, judging, charts=charts, as_json=as_json, strict=strict)
     except KeyboardInterrupt:  # the run is complete on disk: say so, and how to see it
         streams.err.print(
             f"[bold yellow]interrupted:[/] while showing the results; the run is complete, saved "
@@ -222,10 +232,17 @@ def sweep(
 
 
 def _finished(
-    run: RunResults, streams: Streams, judging: _Judging, *, charts: bool, as_json: bool
+    run: RunResults,
+    streams: Streams,
+    judging: _Judging,
+    *,
+    charts: bool,
+    as_json: bool,
+    strict: bool = False,
 ) -> None:
     """What a finished sweep shows: its tables and notes, its charts, the baseline's verdicts
-    and, with --json, all of them as data; exit 1 where the baseline's gate failed."""
+    and, with --json, all of them as data; exit 1 where the baseline's gate failed, or with
+    --strict where a case broke."""
     if streams.human is not None:
         summary_tables(run, streams.human)
     if streams.notes is not None:
@@ -256,6 +273,15 @@ def _finished(
         raise AttnbenchError(
             f"no case measured ({ended}): each one's reason is in its row's error "
             f"(attnbench show {run.path}; {again})"
+        )
+    if strict and broke:
+        ended = ", ".join(
+            f"{counts[s]} {s}" for s in (Status.FAILED, Status.OOM, Status.TIMEOUT) if counts.get(s)
+        )
+        raise AttnbenchError(
+            f"--strict: {ended} (each one's reason is in its row's error: attnbench show "
+            f"{run.path}); the cases measured are saved there",
+            exit_code=1,
         )
 
 
