@@ -1,7 +1,8 @@
 """The committed runs under results/ are what the tool makes of them today: every committed
 chart's data (lines, bands, markers, labels, scales, limits) is what the tool builds from its
 run, held to golden files written from those very chart files; the charts the README and the
-manual show are drawn again byte for byte; the README's tables are theirs. Not held: what only
+manual show are drawn again byte for byte; the README's tables are theirs, and each committed
+report.md is what ``attnbench report`` writes. Not held: what only
 drawing settles in a chart no page links (ticks, font sizes, where a legend sits).
 
 After a change that means to move what a chart shows: ``attnbench plot results/<run>`` for
@@ -26,7 +27,8 @@ from matplotlib.figure import Figure
 
 from attnbench.fits import analyse
 from attnbench.measure.timing.contention import BUSY_ENV
-from attnbench.render.charts import build_charts, save_charts
+from attnbench.render.charts import build_charts, existing_charts, save_charts
+from attnbench.render.report import report_markdown
 from attnbench.results.loader import load_results
 
 # committed runs read as a user's shell reads them (conftest's read_as_a_user_reads)
@@ -111,6 +113,25 @@ def test_a_committed_runs_charts_show_what_the_tool_draws_today(folder: Path, tm
     drawn = save_charts(seen, tmp_path, ["svg"])
     differ = [p.name for p in drawn if p.read_bytes() != (folder / "charts" / p.name).read_bytes()]
     assert not differ, f"attnbench plot {folder.name} draws other charts: {differ}"
+
+
+REPORTS = sorted((ROOT / "results").glob("*/report.md"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", REPORTS, ids=lambda p: p.parent.name)
+def test_a_committed_report_is_what_attnbench_report_writes_today(path: Path) -> None:
+    """The committed reports (the manual links results/cpu-wide/report.md) went stale once,
+    after a change to the notes, with nothing to catch it: now they are held to the text."""
+    run = load_results(path.parent)
+    charts = existing_charts(path.parent / "charts")
+    text = report_markdown(run, analyse(run), charts, path.parent)
+    lines, old = text.splitlines(), path.read_text().splitlines()
+    differ = [i + 1 for i, pair in enumerate(zip(lines, old, strict=False)) if len(set(pair)) > 1]
+    assert lines == old, (
+        f"attnbench report results/{path.parent.name} writes other text (line "
+        f"{(differ or [min(len(lines), len(old)) + 1])[0]}): run it, and say why in the commit"
+    )
 
 
 @pytest.mark.slow

@@ -463,8 +463,7 @@ def write_report(
     Only the PNG charts are embedded (one image per chart; the SVGs sit beside them).
     """
     path = out or run.path / REPORT_FILE
-    images = [p for p in charts if p.suffix == ".png"] or list(charts)
-    blocks = _blocks(run, analysis, images, path.parent)
+    blocks = _blocks(run, analysis, _images(charts), path.parent)
     write_text_atomic(path, to_markdown(blocks))
     written = [path]
     if html_too:
@@ -472,3 +471,15 @@ def write_report(
         write_text_atomic(page, to_html(blocks))
         written.append(page)
     return written
+
+
+def report_markdown(
+    run: RunResults, analysis: Analysis, charts: Sequence[Path], folder: Path
+) -> str:
+    """The Markdown ``write_report`` writes into ``folder``: a committed report is held to it."""
+    return to_markdown(_blocks(run, analysis, _images(charts), folder))
+
+
+def _images(charts: Sequence[Path]) -> list[Path]:
+    """The charts a report embeds: the PNGs (the SVGs sit beside them), else what there is."""
+    return [p for p in charts if p.suffix == ".png"] or list(charts)
