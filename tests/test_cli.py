@@ -449,6 +449,15 @@ def test_summary_tables_cut_no_cell_in_a_log(
     narrow = io.StringIO()
     summary_tables(run, Console(file=narrow, width=60, force_terminal=True, color_system=None))
     assert max(map(len, narrow.getvalue().splitlines())) <= 60
+    # Rich squeezed every column, and n and d went first: at 80 and 100 columns a new user's
+    # rows read "│ … │  │ 29.6… │". The last columns are left out instead, and a line says which.
+    rows = [line.split("│") for line in narrow.getvalue().splitlines() if line.startswith("│")]
+    assert [row[1].strip() for row in rows[:2]] == ["16", "32"]
+    assert {row[2].strip() for row in rows} == {"8"} and all("±14.3% !" in r[4] for r in rows)
+    said = " ".join(narrow.getvalue().split())
+    assert "columns left out to fit this terminal's 60 columns: faults/call" not in said
+    assert "columns left out to fit this terminal's 60 columns:" in said
+    assert "…" not in said and "path" in said.split("columns left out")[0]
 
 
 def test_a_layer_whose_cases_were_all_skipped_keeps_its_title_on_one_line(

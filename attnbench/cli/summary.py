@@ -98,7 +98,7 @@ def print_whole(table: Table, console: Console) -> None:
     width it needs, since a cut cell reads as another value ("1638…" for 16383) or loses its
     mark ("±14.3%…" for "±14.3% !"). A terminal's width is the user's: there Rich cuts what
     does not fit (minimum widths for the marked columns made it overflow the rows instead)."""
-    needed = console.measure(table, options=console.options.update_width(10_000)).maximum
+    needed = _width(console, table)
     if console.is_terminal or needed <= console.width:
         console.print(table)
         return
@@ -109,36 +109,42 @@ def print_whole(table: Table, console: Console) -> None:
         console.width = kept
 
 
+# On a terminal too narrow for every column, the columns kept longest after n, d, the time and
+# its interval: the chapter's (steps, path, FLOPs) and memory, then the time's readings; the
+# rest (faults, elementwise work) go first.
+KEEP_LONGEST = {
+    name: rank
+    for rank, name in enumerate(
+        reversed(["path_len", "seq_steps", "flops", "peak_bytes", "instructions", "state_bytes",
+                  "spread_between", "kernel_share", "flops_check", "flops_per_s", "energy_j"])
+    )
+}  # fmt: skip
+
+
 def summary_tables(run: RunResults, console: Console) -> None:
     """One table per layer (per layer and device model when the cases ran on several), and a
     line counting the cases by status."""
     frame = run.frame
     off_trend = frozenset(trend_outliers(run.measured)["case_id"])
     keys = ["layer", "device_name"] if len(run.devices) > 1 else ["layer"]
+    left_out: dict[str, None] = {}
     for key, group in frame.groupby(keys, sort=False):
         layer, *device = key if isinstance(key, tuple) else (key,)
         title = f"{layer} on {device[0] or 'no device (not run)'}" if device else f"{layer}"
         title += _calls(group)
-        table = Table(title=escape(title), title_justify="left", title_style="bold")
-        table.add_column("n", justify="right", no_wrap=True)
-        table.add_column("d", justify="right", no_wrap=True)
         # The columns this layer measured (a time run has no instructions, and the reverse).
         ok = group[group["status"] == Status.OK]
-        shown = [c for c in SUMMARY_COLUMNS if ok[c.name].notna().any()] or SUMMARY_COLUMNS[:1]
-        for column in shown:
-            justify: JustifyMethod = "left" if column.kind == "text" else "right"
-            table.add_column(column.summary, justify=justify, no_wrap=True)
-        for row in group.sort_values(["d", "n"]).itertuples():
-            if row.status != Status.OK:
-                color = "yellow" if row.status == Status.SKIPPED else "red"
-                blank = [""] * (len(shown) - 1)
-                table.add_row(str(row.n), str(row.d), f"[{color}]{row.status}[/]", *blank)
-                continue
-            cells = [_summary_cell(column.name, row, off_trend) for column in shown]
-            table.add_row(str(row.n), str(row.d), *cells)
-        wide = console.measure(table, options=console.options.update_width(10_000)).maximum
-        if wide < cell_len(title):  # narrow (its cases all skipped): Rich wraps a title to it
-            table.title = None
+        shown = [c.name for c in SUMMARY_COLUMNS if ok[c.name].notna().any()] or ["time_s"]
+        table = _layer_table(title, group, shown, off_trend)
+        # A terminal too narrow for them all: the last columns are left out, not every column
+        # squeezed (Rich emptied n and d first, at 80 and 100 columns, and a row read as no case)
+        while console.is_terminal and len(shown) > 2 and _width(console, table) > console.width:
+            dropped = min(shown[2:], key=lambda name: KEEP_LONGEST.get(name, -1))
+            left_out.update({_header(dropped): None})
+            shown.remove(dropped)
+            table = _layer_table(title, group, shown, off_trend)
+        if _width(console, table) < cell_len(title):  # narrow (its cases all skipped)
+            table.title = None  # Rich would wrap the title to the table's width
             console.print(escape(title), style="bold", soft_wrap=True, highlight=False)
         print_whole(table, console)
         for row in group.sort_values(["d", "n"]).itertuples():
@@ -151,6 +157,44 @@ def summary_tables(run: RunResults, console: Console) -> None:
         f"{count} {'measured' if status == 'ok' else status}" for status, count in counts.items()
     )
     console.print(f"{len(frame)} of {run.cases_total} cases: {summary}")
+    if left_out:
+        console.print(
+            f"columns left out to fit this terminal's {console.width} columns: "
+            f"{', '.join(left_out)} (a wider terminal shows them; so does attnbench "
+            f"show {run.path} | less -S, and results.csv holds them all)",
+            markup=False,
+            highlight=False,
+        )
+
+
+def _header(column: str) -> str:
+    return next(c.summary for c in SUMMARY_COLUMNS if c.name == column)
+
+
+def _width(console: Console, table: Table) -> int:
+    """The width ``table`` takes with nothing cut."""
+    return console.measure(table, options=console.options.update_width(10_000)).maximum
+
+
+def _layer_table(
+    title: str, group: pd.DataFrame, shown: list[str], off_trend: frozenset[str]
+) -> Table:
+    """A layer's cases, a row each (by d, then n), in the ``shown`` summary columns."""
+    table = Table(title=escape(title), title_justify="left", title_style="bold")
+    table.add_column("n", justify="right", no_wrap=True)
+    table.add_column("d", justify="right", no_wrap=True)
+    for column in (c for c in SUMMARY_COLUMNS if c.name in shown):
+        justify: JustifyMethod = "left" if column.kind == "text" else "right"
+        table.add_column(column.summary, justify=justify, no_wrap=True)
+    for row in group.sort_values(["d", "n"]).itertuples():
+        if row.status != Status.OK:
+            color = "yellow" if row.status == Status.SKIPPED else "red"
+            blank = [""] * (len(shown) - 1)
+            table.add_row(str(row.n), str(row.d), f"[{color}]{row.status}[/]", *blank)
+            continue
+        cells = [_summary_cell(name, row, off_trend) for name in shown]
+        table.add_row(str(row.n), str(row.d), *cells)
+    return table
 
 
 def busy_while_measuring(run: RunResults) -> str:
