@@ -585,6 +585,18 @@ def test_show_prints_a_saved_run_and_refuses_what_is_not_one(  # type: ignore[no
     shutil.copytree(tiny_run.path, tmp_path / "results" / "newest")
     newest = runner.invoke(app, ["show"])
     assert newest.exit_code == 0 and newest.stdout == shown.stdout
+    assert "committed to this repository" not in newest.stderr
+    # a fresh clone's newest run is one the manual shows, not the user's: table read it as
+    # though it were, before any sweep of theirs; a note says so (the output is the same)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "results"], check=True)
+    subprocess.run([*git, "commit", "-qm", "runs"], check=True)
+    committed = runner.invoke(app, ["show"])
+    assert committed.exit_code == 0 and committed.stdout == shown.stdout
+    said = " ".join(committed.stderr.split())
+    assert "note: results/newest is the newest run under results, one committed to this" in said
+    assert "not a sweep made here: attnbench sweep makes one, or name a results folder" in said
     as_json = runner.invoke(app, ["show", str(tiny_run.path), "--json"])
     assert json.loads(as_json.stdout)["status"] == "complete"
     for folder, message in [

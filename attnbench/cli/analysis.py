@@ -41,17 +41,21 @@ from attnbench.render.charts import (
 from attnbench.render.pe import parse_columns, pe_figures
 from attnbench.render.report import EXPONENT_NOTE, fit_tables, model_notes, write_report
 from attnbench.results.environment import environment
-from attnbench.results.files import latest_results
+from attnbench.results.files import committed_run_note, latest_results
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.table import HEADERS, check_notes, comparison_table, display, fit_notes
 
 
-def _load(folder: Path | None) -> RunResults:
+def load_saved(folder: Path | None) -> RunResults:
     """A saved run. Its plugin layers are never imported: a results folder is data, and their
     theories are read from the run's own record (``theory.json``)."""
-    run = load_results(folder if folder is not None else latest_results())
     err = Streams.make().err
+    if folder is None:
+        folder = latest_results()
+        if note := committed_run_note(folder):
+            err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    run = load_results(folder)
     for note in run_catalog(run).notes:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     return run
@@ -71,7 +75,7 @@ def show(
     as_json: Annotated[bool, json_flag("the results")] = False,
 ) -> None:
     """Print the tables of a saved run (finished or not), with its case counts."""
-    run = _load(folder)
+    run = load_saved(folder)
     if as_json:
         _echo_json({"path": str(run.path), "status": run.status, "results": records(run)})
         return
@@ -106,9 +110,9 @@ def table(
     """
     if markdown and as_json:
         raise AttnbenchError("--markdown and --json both print on stdout: choose one")
-    run = _load(folder)
+    run = load_saved(folder)
     if beside is not None:
-        _beside(_load(beside), run, markdown, as_json)
+        _beside(load_saved(beside), run, markdown, as_json)
         return
     rows = comparison_table(run)
     streams = Streams.make()
@@ -179,7 +183,7 @@ def plot(
     """Draw a run's comparison charts (log-log, theory dashed) as PNG and SVG files."""
     names = parse_charts(metric)
     formats = parse_formats(fmt)
-    run = _load(folder)
+    run = load_saved(folder)
     chosen = select_layers(run, layers)
     paths = plot_run(run, names=names, layers=chosen, formats=formats, out_dir=out)
     drawn = sorted({p.stem for p in paths})
@@ -209,7 +213,7 @@ def fit(
     as_json: Annotated[bool, json_flag("the exponents, models and crossovers")] = False,
 ) -> None:
     """Fit the theory to a run: exponents with 95% intervals, cost models, crossovers."""
-    run = _load(folder)
+    run = load_saved(folder)
     chosen = select_layers(run, layers)
     analysis = analyse(run, chosen)
     if as_json:
@@ -261,7 +265,7 @@ def report(
 
     Commit it next to the results: the charts are linked relative to it.
     """
-    run = _load(folder)
+    run = load_saved(folder)
     analysis = analyse(run)
     if charts and not run.measured.empty:
         try:

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import pandas as pd
 import typer
 
+from attnbench.cli.analysis import load_saved
 from attnbench.cli.options import SavedRun, json_flag
 from attnbench.cli.render import Streams, frame_table
 from attnbench.devices import DEVICE_CHOICES, DTYPES, check_threads, device_kind, local_device
@@ -24,8 +25,6 @@ from attnbench.measure.machine.probes import PASSES
 from attnbench.options import default_threads
 from attnbench.render.charts import build_charts, save_charts
 from attnbench.render.report import crossover_display
-from attnbench.results.files import latest_results
-from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
 from attnbench.units import fmt_seconds
 
@@ -206,7 +205,7 @@ def predict(
     says which method ran, how far it is and where the time goes, then the crossovers on that
     machine; --charts draws the run as it would look there.
     """
-    run = load_results(folder if folder is not None else latest_results())
+    run = load_saved(folder)
     ceilings = _ceilings_for(run, machine_file)
     found = predict_run(run, ceilings, method)
     table, options, analysis = found.table, found.options, found.analysis

@@ -28,6 +28,7 @@ import pandas as pd
 
 from attnbench.errors import AttnbenchError
 from attnbench.storage import write_text_atomic
+from attnbench.vcs import git_output
 
 RESULTS_FILE = "results.csv"
 SAMPLES_FILE = "samples.csv"
@@ -173,6 +174,20 @@ def latest_results(root: Path = Path("results")) -> Path:
             "results folder"
         )
     return max(candidates, key=_started)
+
+
+def committed_run_note(folder: Path) -> str:
+    """A line where ``folder``, read because it is the newest run, is committed to the checkout
+    it sits in: a fresh clone's results/ holds the runs the manual shows, and before a first
+    sweep ``table`` read one of them as though it were the user's (empty where it is not, or
+    where git or a checkout is missing)."""
+    if git_output(folder, "ls-files", "--error-unmatch", "--", RUN_FILE) is None:
+        return ""
+    return (
+        f"{folder} is the newest run under {folder.parent}, one committed to this repository "
+        "(as the runs the manual shows), not a sweep made here: attnbench sweep makes one, "
+        "or name a results folder"
+    )
 
 
 def _started(folder: Path) -> float:
