@@ -54,7 +54,8 @@ METRICS: tuple[Metric, ...] = (
         "peak_bytes", "peak memory", "peak", "bytes", exact=True, device_bound=True,
         overheads=True, tolerance="memory_tolerance",
         chart=Chart(
-            "memory", "peak memory above baseline against n, one panel per d",
+            "memory",
+            "peak memory above baseline against n, a panel per kin of layers at each d",
             "peak memory above baseline [bytes]",
             "Peak memory of one call against sequence length",
         ),
@@ -62,7 +63,9 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         "flops", "FLOPs", "FLOPs", "FLOPs", exact=True, theory="flops",
         chart=Chart(
-            "flops", "counted FLOPs against n, one panel per d, with the analytic formula",
+            "flops",
+            "counted FLOPs against n, a panel per kin of layers at each d, with the analytic "
+            "formula",
             "FLOPs per call (counted)", "FLOPs against sequence length",
             theory_note="analytic formula",
         ),
@@ -71,7 +74,8 @@ METRICS: tuple[Metric, ...] = (
         "elementwise", "elementwise work", "elem.", "elements", exact=True, theory="elementwise",
         chart=Chart(
             "elementwise",
-            "counted elementwise work against n, one panel per d, with the analytic formula",
+            "counted elementwise work against n, a panel per kin of layers at each d, with the "
+            "analytic formula",
             "elements per call (counted)", "Elementwise work against sequence length",
             theory_note="analytic formula",
         ),

@@ -665,3 +665,20 @@ def test_a_crossover_outside_the_measured_sizes_says_which_side_it_lies_on() -> 
     assert fits.describe_crossover(fits.measured_crossover(ns, [2.0, 3.0, 4.0]), ns).startswith(
         "≤ 64"
     )
+
+
+def test_a_model_ranked_first_with_the_larger_rms_is_explained() -> None:
+    """ssm-scan's "best by AICc: convolutional's model instead, its rel. RMS 59.6%" beside its
+    own 34.4% read as a contradiction to a new user: AICc ranks on relative errors, the RMS is
+    google-benchmark's, on absolute ones. A note names the layers where the two part."""
+    from attnbench.render.costmodels import BETTER, _ranked_apart
+
+    display = pd.DataFrame(
+        {"layer": ["conv", "ssm-scan", "lstm"], "rel. RMS": ["30.5%", "34.4%", "9.0%"],
+         BETTER: ["own", "convolutional's model instead", "own + b·n²·d"],
+         "its rel. RMS": ["30.5%", "59.6%", "2.4%"]}
+    )  # fmt: skip
+    (note,) = _ranked_apart(display)
+    assert note.startswith(f"{BETTER} ranks by each case's relative error")
+    assert note.endswith("as for ssm-scan (59.6% against its own 34.4%)")
+    assert _ranked_apart(display[display["layer"] != "ssm-scan"]) == []

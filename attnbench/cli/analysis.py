@@ -180,7 +180,8 @@ def plot(
     ] = None,
     as_json: Annotated[bool, json_flag("the written paths")] = False,
 ) -> None:
-    """Draw a run's comparison charts (log-log, theory dashed) as PNG and SVG files."""
+    """Draw a run's comparison charts as PNG and SVG files: log-log, each layer beside its
+    theory or its fitted model."""
     names = parse_charts(metric)
     formats = parse_formats(fmt)
     run = load_saved(folder)

@@ -61,7 +61,8 @@ DEFAULT_FORMATS = ("png", "svg")
 # name -> what the chart shows (also the --metric choices and the file stems): time's two
 # charts, one per metric that the registry gives a chart, and the two drawn from time and theory.
 CHARTS: dict[str, str] = {
-    "time": "time per call against n, one panel per d, with the fitted cost model",
+    "time": "time per call against n, a panel per kin of layers at each d, with the fitted "
+    "cost model",
     "time-d": "time per call against d, one panel per n, with the fitted cost model",
     **{m.chart.name: m.chart.description for m in METRICS if m.chart is not None},
     "normalized": "time divided by the analytic FLOPs against n: flat where the theory holds",
