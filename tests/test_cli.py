@@ -722,8 +722,11 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
     assert line.startswith("the chapter's table: ") and f" of {judged} time exponents" in line
     rows = pd.DataFrame(
         {
+            "layer": ["a", "b", "c", "d", "e"],
             "time_agrees_n": [True, False, None, True, False],
             "time_overhead_bound_n": [False, False, False, False, True],
+            "time_exponent_n": [1.0, 0.812, 1.5, 2.0, 1.0],
+            "time_theory_exponent_n": [1.0, 1.0, 1.0, 2.0, 1.0],
         }
     )
     used: list[object] = []
@@ -735,8 +738,11 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
     monkeypatch.setattr(sweeping, "comparison_table", table)
     said = sweeping.chapter_line(tiny_run, analyse(tiny_run)) or ""
     assert "table: 2 of 3 time exponents in n agree with the theory" in said
-    assert "measured, 1 overhead-bound, 1 not judged: an interval too wide to tell, or no " in said
-    none = pd.DataFrame({"time_agrees_n": [None, False], "time_overhead_bound_n": [False, True]})
+    # by name: "9 of 10 agree" sent a new user looking for the one that did not
+    assert "measured (not: b n^0.81 against n^1.00), 1 overhead-bound (e), 1 not judged" in said
+    assert "interval too wide to tell, or no theory (c) (attnbench table" in said
+    none = pd.DataFrame({"layer": ["a", "b"], "time_agrees_n": [None, False],
+                         "time_overhead_bound_n": [False, True]})  # fmt: skip
     monkeypatch.setattr(sweeping, "comparison_table", lambda run, analysis: none)
     assert sweeping.chapter_line(tiny_run, analyse(tiny_run)) is None
     monkeypatch.setattr(sweeping, "comparison_table", table)

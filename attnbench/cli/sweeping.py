@@ -46,6 +46,7 @@ from attnbench.run.sweep import resume_sweep, run_sweep
 from attnbench.schema import Status
 from attnbench.table import comparison_table
 from attnbench.thresholds import Thresholds, gate_from
+from attnbench.units import fmt_exponent
 
 FULL_TRACE_HELP = (
     "Trace every case's counts at its own n. By default a case of a recurrent layer longer "
@@ -350,23 +351,38 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
     if rows.empty:
         return None
     bound = rows["time_overhead_bound_n"].astype(bool)
-    judged = [bool(a) for a in rows.loc[~bound, "time_agrees_n"] if pd.notna(a)]
+    agrees = rows["time_agrees_n"]
+    judged = [bool(a) for a in agrees[~bound] if pd.notna(a)]
     if not judged:
         return None
-    left = len(rows) - len(judged) - int(bound.sum())
+    # which ones, by name: "9 of 10 agree" sent a new user looking for the one that did not
+    wrong = rows[~bound & agrees.notna() & ~agrees.fillna(True).astype(bool)]
+    unjudged = rows[~bound & agrees.isna()]
+    said = [
+        f"{row.layer} n^{fmt_exponent(row.time_exponent_n)} against n^"
+        f"{fmt_exponent(row.time_theory_exponent_n)}"
+        for row in wrong.itertuples()
+    ]
     apart = "".join(
-        f", {count} {what}"
-        for count, what in (
-            (int(bound.sum()), "overhead-bound"),
-            (left, "not judged: an interval too wide to tell, or no theory"),
+        f", {len(which)} {what} ({_some(list(which['layer']))})"
+        for which, what in (
+            (rows[bound], "overhead-bound"),
+            (unjudged, "not judged: an interval too wide to tell, or no theory"),
         )
-        if count
+        if len(which)
     )
+    against = f" (not: {_some(said)})" if said else ""
     return (
         f"the chapter's table: {sum(judged)} of {len(judged)} time exponents in n agree with the "
-        f"theory over the lengths measured{apart} (attnbench table {run.path}: each one, which "
-        "are unsettled, and why)"
+        f"theory over the lengths measured{against}{apart} (attnbench table {run.path}: each "
+        "one, which are unsettled, and why)"
     )
+
+
+def _some(names: list[str], most: int = 3) -> str:
+    """Up to ``most`` names, then how many more."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 def _headline(run: RunResults, analysis: Analysis | None, streams: Streams) -> None:
