@@ -62,6 +62,9 @@ def test_config_file_with_options_overriding_it(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--layers", "transformer"], "unknown layer 'transformer'; accepted: conv"),
+        # a close misspelling is named; a far one (cnn is not rnn) is not
+        (["--layers", "atention"], "unknown layer 'atention' (did you mean 'attention'?); acc"),
+        (["--layers", "cnn"], "unknown layer 'cnn'; accepted: conv"),
         (["--n", "64.."], "--n: cannot read '64..'"),
         (["--n", "a,b"], "--n: cannot read 'a,b'"),
         (["--d", "4096..64"], "runs backwards"),
@@ -188,7 +191,8 @@ def test_unwritable_or_taken_out_is_refused(tmp_path: Path) -> None:
     )
     before = (out / "results.csv").read_text()
     again = runner.invoke(app, ["sweep", *TINY, "--layers", "conv", "--out", str(out)])
-    assert again.exit_code == 2 and "already holds a run" in again.stderr
+    assert again.exit_code == 2 and "already holds a complete run" in again.stderr
+    assert "--resume" not in again.stderr  # nothing to finish: a new user was sent to resume it
     assert (out / "results.csv").read_text() == before
 
 

@@ -95,7 +95,11 @@ def test_the_run_records_its_seconds_start_to_finish_over_every_session(
 
 def test_existing_run_is_never_overwritten(tmp_path: Path) -> None:
     out = _write(tmp_path)
-    with pytest.raises(AttnbenchError, match="already holds a run"):
+    with pytest.raises(AttnbenchError, match="already holds a complete run; choose a new"):
+        prepare_out_dir(out)
+    meta = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))
+    with pytest.raises(AttnbenchError, match=r"already holds a run; .* finish that run with"):
         prepare_out_dir(out)
 
 

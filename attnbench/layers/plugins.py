@@ -12,6 +12,7 @@ can load it again and tell whether it changed, and a worker in another process c
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.machinery
@@ -187,8 +188,10 @@ def resolve(name: str) -> LayerEntry:
             f"unknown layer {name!r}: a plugin file is named with the function that makes the "
             f"layer, as {name}:make (path/to/file.py:factory)"
         )
+    close = difflib.get_close_matches(name, [*REGISTRY, *points], n=1, cutoff=0.75)
+    meant = f" (did you mean {close[0]!r}?)" if close else ""
     raise AttnbenchError(
-        f"unknown layer {name!r}; accepted: {', '.join([*REGISTRY, *points])}, "
+        f"unknown layer {name!r}{meant}; accepted: {', '.join([*REGISTRY, *points])}, "
         "module.path:factory or path/to/file.py:factory"
     )
 

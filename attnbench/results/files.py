@@ -109,6 +109,14 @@ def holds_run(folder: Path) -> bool:
     return (folder / RESULTS_FILE).exists() or (folder / RUN_FILE).exists()
 
 
+def _status(folder: Path) -> str | None:
+    """A run's status as its run.json records it (None where unreadable)."""
+    try:
+        return str(json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))["status"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def prepare_out_dir(out_dir: Path) -> Path:
     """Create ``out_dir`` (and parents) and check it can take a new run without losing one."""
     out_dir = Path(out_dir)
@@ -121,6 +129,11 @@ def prepare_out_dir(out_dir: Path) -> Path:
             raise AttnbenchError(
                 f"--out {str(out_dir)!r} already holds a {held} but no {missing[0]}, so no run "
                 "--resume can finish; choose a new folder (results are never overwritten)"
+            )
+        if _status(out_dir) == "complete":  # nothing for --resume to finish
+            raise AttnbenchError(
+                f"--out {str(out_dir)!r} already holds a complete run; choose a new folder "
+                "(without --out, a new results/<timestamp>): results are never overwritten"
             )
         raise AttnbenchError(
             f"--out {str(out_dir)!r} already holds a run; choose a new folder, or finish that "
