@@ -283,6 +283,7 @@ def small_multiples(
 
 
 NEAR_TOP = 1.5  # a guide's end this close to the panel's longest time has no room above
+BACK = 1.5  # a label with no room at its guide's end sits this factor in n back along it
 
 
 def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> None:
@@ -306,16 +307,20 @@ def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> None:
         # attention's own line), else under it
         under = ys[-1] * NEAR_TOP >= top
         right = under and ns[-1] * 2 <= n1  # a doubling's room for the label, at least
+        xy, offset, ha, va = (ns[-1], ys[-1]), (0, 0), "right", "bottom"
+        if right:  # clear of the marker the guide ends on (attention's last point, 6 pt wide)
+            offset, ha, va = (6, -1), "left", "top"
+        elif under and power and ns[-1] / BACK > n0:
+            # no room above the end nor right of it: above the guide a step back along it,
+            # where its own line (rising to the right) does not cross the label
+            back = ns[-1] / BACK
+            xy, offset = (back, min(t0 * (back / n0) ** power, top)), (-2, 2)
+        elif under:
+            offset, va = (-3, -1), "top"
         ax.annotate(
-            name,
-            (ns[-1], ys[-1]),
-            xytext=(3, -1) if right else (-3, -1) if under else (0, 0),
-            textcoords="offset points",
-            fontsize=8,
-            color="0.45",
-            ha="left" if right else "right",
-            va="top" if under else "bottom",
-        )
+            name, xy, xytext=offset, textcoords="offset points", fontsize=8, color="0.45",
+            ha=ha, va=va,
+        )  # fmt: skip
 
 
 # The title's keys are packed into lines that fit the figure: about this many inches a
