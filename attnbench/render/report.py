@@ -80,7 +80,7 @@ def exponent_display(analysis: Analysis, along: str) -> pd.DataFrame:
             "exponent [95% CI]": [_interval(r) for r in e.itertuples(index=False)],
             "chapter": e["order"].map(_num),
             "formula": e["theory"].map(_num),
-            "agrees": [
+            "agrees with formula": [
                 _agrees(a, t, lo)
                 for a, t, lo in zip(e["agrees"], e["theory"], e["ci_low"], strict=True)
             ],
