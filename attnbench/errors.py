@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class AttnbenchError(Exception):
     """A problem the user can fix (bad input, unavailable device, unwritable folder).
@@ -38,6 +41,17 @@ class SweepInterrupted(AttnbenchError):
 
 class NothingToPlot(AttnbenchError):
     """A run with no chart's data (every line measured at one size): no retry draws one."""
+
+
+# How alike a mistyped name must be to be offered: difflib's ratio. Click's parser suggests
+# from 0.6, where ``--bogus`` read "(Possible options: --out)" and ``--layer`` "--layers, --yes".
+SUGGEST_CUTOFF = 0.75
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """ " (did you mean 'attention'?)" for a name close to one of ``choices``, else ""."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=SUGGEST_CUTOFF)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def first_line(exc: BaseException) -> str:

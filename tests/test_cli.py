@@ -459,8 +459,9 @@ def test_summary_tables_cut_no_cell_in_a_log(
     assert [row[1].strip() for row in rows[:2]] == ["16", "32"]
     assert {row[2].strip() for row in rows} == {"8"} and all("±14.3% !" in r[4] for r in rows)
     said = " ".join(narrow.getvalue().split())
-    assert "columns left out to fit this terminal's 60 columns: faults/call" not in said
-    assert "columns left out to fit this terminal's 60 columns:" in said
+    # the chapter's columns (path, steps, FLOPs) and memory are the last to go
+    left = said.split("columns left out to fit this terminal's 60 columns: ")[1].split(" (")[0]
+    assert left.split(", ")[:2] == ["elem.", "faults/call"] and "path" not in left
     assert "…" not in said and "path" in said.split("columns left out")[0]
 
 
@@ -592,15 +593,16 @@ def test_show_prints_a_saved_run_and_refuses_what_is_not_one(  # type: ignore[no
     assert "committed to this repository" not in newest.stderr
     # a fresh clone's newest run is one the manual shows, not the user's: table read it as
     # though it were, before any sweep of theirs; a note says so (the output is the same)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    git += ["-C", str(tmp_path)]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "results"], check=True)
     subprocess.run([*git, "commit", "-qm", "runs"], check=True)
     committed = runner.invoke(app, ["show"])
     assert committed.exit_code == 0 and committed.stdout == shown.stdout
     said = " ".join(committed.stderr.split())
-    assert "note: results/newest is the newest run under results, one committed to this" in said
-    assert "not a sweep made here: attnbench sweep makes one, or name a results folder" in said
+    assert "note: results/newest, the newest run under results, is one committed to this" in said
+    assert "(in a fresh clone, a run the manual shows, not yours): name a results folder" in said
     as_json = runner.invoke(app, ["show", str(tiny_run.path), "--json"])
     assert json.loads(as_json.stdout)["status"] == "complete"
     for folder, message in [
@@ -939,3 +941,15 @@ def test_the_real_exit_runs_atexit_and_flushes_its_output(tmp_path: Path) -> Non
         text=True,
     )
     assert bad.returncode == 2 and "is not a folder" in bad.stderr
+
+
+def test_a_misspelled_layer_of_a_saved_run_is_offered_the_one_meant(  # type: ignore[no-untyped-def]
+    tiny_run,
+) -> None:
+    """plot and fit --layers named the run's layers but not the one a typo meant."""
+    result = runner.invoke(app, ["plot", str(tiny_run.path), "--layers", "atention"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    said = " ".join(result.stderr.split())
+    assert f"layer atention is not in {tiny_run.path} (did you mean 'attention'?); it has" in said
+    far = runner.invoke(app, ["plot", str(tiny_run.path), "--layers", "transformer"])
+    assert far.exit_code == 2 and "did you mean" not in far.stderr

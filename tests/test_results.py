@@ -95,9 +95,16 @@ def test_the_run_records_its_seconds_start_to_finish_over_every_session(
 
 def test_existing_run_is_never_overwritten(tmp_path: Path) -> None:
     out = _write(tmp_path)
-    with pytest.raises(AttnbenchError, match="already holds a complete run; choose a new"):
+    # complete: nothing to finish, but its failed case can be measured again
+    retry = f"measure its 1 broken case\\(s\\) again with --resume '{out}' --retry"
+    with pytest.raises(AttnbenchError, match="already holds a complete run; choose a new") as e:
         prepare_out_dir(out)
+    assert "--retry" in str(e.value)
     meta = json.loads((out / "run.json").read_text())
+    # a run.json without a status is complete where it has an end time (as formats reads it)
+    (out / "run.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "status"}))
+    with pytest.raises(AttnbenchError, match=retry):
+        prepare_out_dir(out)
     (out / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))
     with pytest.raises(AttnbenchError, match=r"already holds a run; .* finish that run with"):
         prepare_out_dir(out)

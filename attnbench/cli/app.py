@@ -23,7 +23,7 @@ from rich.markup import escape
 from attnbench._version import __version__
 from attnbench.cli import ab, analysis, catalog, history, judge, machine, sweeping
 from attnbench.cli.render import console
-from attnbench.errors import AttnbenchError, SweepInterrupted, first_line
+from attnbench.errors import SUGGEST_CUTOFF, AttnbenchError, SweepInterrupted, first_line
 
 # What a command raises to end with its own exit code or a usage error: passed on untouched.
 # Typer from 0.29 stands without Click; before it, its exits are Click's.
@@ -157,12 +157,6 @@ class Group(typer.core.TyperGroup):
             console(stderr=True).print("[red]Aborted.[/]")  # as Typer writes it
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
-
-
-# How alike a misspelt option and a real one must read (difflib's ratio) to be suggested: Click
-# suggests from 0.6, where ``--bogus`` read "(Possible options: --out)" and ``--layer``
-# "--layers, --yes".
-SUGGEST_CUTOFF = 0.75
 
 
 def _closer(exc: Exception) -> str | None:

@@ -136,8 +136,10 @@ def summary_tables(run: RunResults, console: Console) -> None:
         ok = group[group["status"] == Status.OK]
         shown = [c.name for c in SUMMARY_COLUMNS if ok[c.name].notna().any()] or ["time_s"]
         table = _layer_table(title, group, shown, off_trend)
-        # A terminal too narrow for them all: the last columns are left out, not every column
-        # squeezed (Rich emptied n and d first, at 80 and 100 columns, and a row read as no case)
+        # A terminal too narrow for them all: columns are left out, not every column squeezed
+        # (Rich emptied n and d first, at 80 and 100 columns, and a row read as no case). The
+        # first two (the time and its interval; an instructions run's first two) always stay:
+        # under about 40 columns Rich squeezes those again.
         while console.is_terminal and len(shown) > 2 and _width(console, table) > console.width:
             dropped = min(shown[2:], key=lambda name: KEEP_LONGEST.get(name, -1))
             left_out.update({_header(dropped): None})

@@ -12,7 +12,6 @@ can load it again and tell whether it changed, and a worker in another process c
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import importlib
 import importlib.machinery
@@ -26,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from attnbench.errors import AttnbenchError, first_line
+from attnbench.errors import AttnbenchError, did_you_mean, first_line
 from attnbench.layers.entry import LayerEntry, LayerSource
 from attnbench.layers.registry import REGISTRY, register
 
@@ -188,10 +187,9 @@ def resolve(name: str) -> LayerEntry:
             f"unknown layer {name!r}: a plugin file is named with the function that makes the "
             f"layer, as {name}:make (path/to/file.py:factory)"
         )
-    close = difflib.get_close_matches(name, [*REGISTRY, *points], n=1, cutoff=0.75)
-    meant = f" (did you mean {close[0]!r}?)" if close else ""
+    known = [*REGISTRY, *points]
     raise AttnbenchError(
-        f"unknown layer {name!r}{meant}; accepted: {', '.join([*REGISTRY, *points])}, "
+        f"unknown layer {name!r}{did_you_mean(name, known)}; accepted: {', '.join(known)}, "
         "module.path:factory or path/to/file.py:factory"
     )
 

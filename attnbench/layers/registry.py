@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from attnbench._version import __version__
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, did_you_mean
 from attnbench.layers.entry import CUSTOM, Family, LayerEntry, LayerOption, LayerSource
 from attnbench.theory import LayerTheory
 
@@ -136,7 +136,8 @@ def entry(name: str) -> LayerEntry:
     found = REGISTRY.get(name)
     if found is None:
         raise AttnbenchError(
-            f"unknown layer {name!r}; accepted: {', '.join(REGISTRY)}, an installed plugin's "
+            f"unknown layer {name!r}{did_you_mean(name, REGISTRY)}; accepted: "
+            f"{', '.join(REGISTRY)}, an installed plugin's "
             "name, module.path:factory or path/to/file.py:factory"
         )
     return found

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from attnbench.errors import AttnbenchError, NothingToPlot
+from attnbench.errors import AttnbenchError, NothingToPlot, did_you_mean
 from attnbench.fits import (
     Analysis,
     analyse,
@@ -63,7 +63,8 @@ DEFAULT_FORMATS = ("png", "svg")
 CHARTS: dict[str, str] = {
     "time": "time per call against n, a panel per kin of layers at each d, with the fitted "
     "cost model",
-    "time-d": "time per call against d, one panel per n, with the fitted cost model",
+    "time-d": "time per call against d, a panel per kin of layers at each n, with the fitted "
+    "cost model",
     **{m.chart.name: m.chart.description for m in METRICS if m.chart is not None},
     "normalized": "time divided by the analytic FLOPs against n: flat where the theory holds",
     "crossover": "attention's time over each rival's (recurrent, convolutional, ...) against "
@@ -428,8 +429,9 @@ def select_layers(run: RunResults, text: str | None) -> list[str] | None:
     present = list(dict.fromkeys(run.frame["layer"]))
     missing = [x for x in names if x not in present]
     if missing or not names:
+        meant = did_you_mean(missing[0], present) if len(missing) == 1 else ""
         raise AttnbenchError(
-            f"layer {', '.join(missing) or repr(text)} is not in {run.path}; "
+            f"layer {', '.join(missing) or repr(text)} is not in {run.path}{meant}; "
             f"it has {', '.join(present)}"
         )
     return names

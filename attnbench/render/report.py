@@ -106,7 +106,8 @@ def _unsettled(metric: str, rule: object) -> bool:
 
 EXPONENT_NOTE = (
     "exponents: 'chapter' is the slope of the chapter's order (attention's n²·d: 2 in n) over "
-    "the sizes fitted, 'formula' that of the layer's whole formula, which 'agrees' judges (the "
+    "the sizes fitted, 'formula' that of the layer's whole formula, which 'agrees with formula' "
+    "judges (the "
     "95% interval holds it, or an exact count is within 0.05 of it or is the law up to a scale "
     "and a constant); 'model' is the slope of the machine model's time (the counts over the "
     "measured ceilings, nothing fitted), not a cost model's; 'rate unsettled': a time fitted "

@@ -27,6 +27,8 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
+from attnbench.results.record import run_status
+from attnbench.schema import RunStatus, Status
 from attnbench.storage import write_text_atomic
 from attnbench.vcs import git_output
 
@@ -109,12 +111,23 @@ def holds_run(folder: Path) -> bool:
     return (folder / RESULTS_FILE).exists() or (folder / RUN_FILE).exists()
 
 
-def _status(folder: Path) -> str | None:
-    """A run's status as its run.json records it (None where unreadable)."""
+def _complete(folder: Path) -> bool:
+    """Whether the run in ``folder`` is complete, as its run.json records it."""
     try:
-        return str(json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))["status"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        meta = json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))
+        return run_status(meta) is RunStatus.COMPLETE
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+
+
+def _broken(folder: Path) -> int:
+    """How many of the run's cases ended failed, oom or timeout (0 where unreadable)."""
+    broken = {Status.FAILED, Status.OOM, Status.TIMEOUT}
+    try:
+        with (folder / RESULTS_FILE).open(newline="", encoding="utf-8") as f:
+            return sum(row.get("status") in broken for row in csv.DictReader(f))
+    except (OSError, ValueError, csv.Error):
+        return 0
 
 
 def prepare_out_dir(out_dir: Path) -> Path:
@@ -130,10 +143,18 @@ def prepare_out_dir(out_dir: Path) -> Path:
                 f"--out {str(out_dir)!r} already holds a {held} but no {missing[0]}, so no run "
                 "--resume can finish; choose a new folder (results are never overwritten)"
             )
-        if _status(out_dir) == "complete":  # nothing for --resume to finish
+        if _complete(out_dir):  # nothing for --resume to finish, but maybe to retry
+            broken = _broken(out_dir)
+            retry = (
+                f", or measure its {broken} broken case(s) again with --resume "
+                f"{str(out_dir)!r} --retry"
+                if broken
+                else ""
+            )
             raise AttnbenchError(
                 f"--out {str(out_dir)!r} already holds a complete run; choose a new folder "
-                "(without --out, a new results/<timestamp>): results are never overwritten"
+                f"(without --out, a new results/<timestamp>){retry}: results are never "
+                "overwritten"
             )
         raise AttnbenchError(
             f"--out {str(out_dir)!r} already holds a run; choose a new folder, or finish that "
@@ -197,9 +218,9 @@ def committed_run_note(folder: Path) -> str:
     if git_output(folder, "ls-files", "--error-unmatch", "--", RUN_FILE) is None:
         return ""
     return (
-        f"{folder} is the newest run under {folder.parent}, one committed to this repository "
-        "(as the runs the manual shows), not a sweep made here: attnbench sweep makes one, "
-        "or name a results folder"
+        f"{folder}, the newest run under {folder.parent}, is one committed to this repository "
+        "(in a fresh clone, a run the manual shows, not yours): name a results folder to read "
+        "another, or attnbench sweep makes one"
     )
 
 

@@ -64,6 +64,15 @@ class AutoLine:
         )
 
 
+def run_status(meta: Mapping[str, Any]) -> RunStatus:
+    """A run.json's status; one that holds none is complete where it has an end time (as
+    ``formats`` reads such a folder), else it was killed before it finished (running)."""
+    raw = meta.get("status")
+    if raw in tuple(RunStatus):
+        return RunStatus(raw)
+    return RunStatus.COMPLETE if meta.get("end_time") else RunStatus.RUNNING
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """What run.json says of a run (``RunResults.record``)."""
@@ -112,11 +121,7 @@ class RunRecord:
     def parse(cls, meta: Mapping[str, Any]) -> RunRecord:
         """The record of a run.json mapping, whose types the loader has checked
         (``results.loader.META_TYPES``); a run killed before it finished reads ``running``."""
-        raw = meta.get("status")
-        if raw in tuple(RunStatus):
-            status = RunStatus(raw)
-        else:
-            status = RunStatus.COMPLETE if meta.get("end_time") else RunStatus.RUNNING
+        status = run_status(meta)
         ceilings = meta.get("ceilings")
         quiet = meta.get("quiet") or {}
         return cls(
