@@ -404,3 +404,17 @@ def test_the_product_goes_to_stdout_and_moves_aside_for_a_format(
     assert "OVERALL" in as_json.stderr
     quiet = runner.invoke(app, ["compare", str(base), str(worse), "--json", "--quiet"])
     assert quiet.stderr == "" and json.loads(quiet.stdout)["failed"] is True
+
+
+def test_the_method_note_names_the_test_that_judged() -> None:
+    """The Markdown job summary said a one-sided Mann-Whitney U test judged the rounds' medians
+    and printed p = 2.6e-10, which Mann-Whitney cannot give on 5 against 5: the rounds are
+    judged by Welch's t-test on their logs (``judge_rounds``), and the note says so."""
+    from attnbench.render.verdicts import method_note
+
+    run = load_results(Path(__file__).parents[1] / "results" / "ci-reference")
+    comparison = compare_runs(run, run)
+    assert not comparison.paired
+    note = method_note(comparison)
+    assert "a one-sided Welch t-test with p < 0.01 on the logs of the timing rounds'" in note
+    assert "else a one-sided Mann-Whitney U test on the raw samples (at least" in note

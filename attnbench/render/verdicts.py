@@ -222,9 +222,11 @@ def method_note(comparison: Comparison) -> str:
         )
     else:
         test = (
-            "a one-sided Mann-Whitney U test with p < {alpha:g}, over the medians of the timing "
-            "rounds where both runs have enough rounds (5 a side at p < 0.01), else over the raw "
-            f"samples (at least {t.min_samples} a side)"
+            "a one-sided Welch t-test with p < {alpha:g} on the logs of the timing rounds' "
+            "medians (each round a process; the case's spread between this machine's sweeps "
+            "added where the runs record it) where both runs have two rounds or more, else a "
+            "one-sided Mann-Whitney U test on the raw samples (at least "
+            f"{t.min_samples} a side)"
         )
     note = (
         f"A time regression needs a median ratio above {1 + t.max_slowdown:.2f} and "
