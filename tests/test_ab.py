@@ -109,7 +109,8 @@ def test_the_cli_gates_a_slowed_layer_and_passes_an_unchanged_one(
     assert verdicts["gate"] == "time"
     assert any("the sides run different layers" in w for w in verdicts["warnings"])
     assert "the sides run different layers" in (out / "verdicts.md").read_text()
-    assert (out / "verdicts.md").read_text().startswith("## attnbench compare: 1 regression(s)")
+    # ab's own heading (its job summary read "attnbench compare")
+    assert (out / "verdicts.md").read_text().startswith("## attnbench ab: 1 regression(s)")
     for side in ("base", "current"):  # two ordinary results folders
         shown = runner.invoke(app, ["show", str(out / side)])
         assert shown.exit_code == 0 and "1 of 1 cases" in shown.stdout

@@ -120,8 +120,8 @@ def undecided_words(verdicts: pd.Series, thresholds: Thresholds) -> str:
     1.29-1.33x."""
     counted = [
         (int((verdicts == NOT_SIGNIFICANT).sum()),
-         f"slower than +{thresholds.max_slowdown:.0%} but not significant at p < "
-         f"{thresholds.alpha:g}"),
+         f"slower than +{thresholds.max_slowdown:.0%}, or with an interval reaching past it, "
+         f"but not significant at p < {thresholds.alpha:g}"),
         (int((verdicts == TOO_FEW).sum()), "with too few samples for a test"),
         (int((verdicts == THROTTLED).sum()), "throttled: the GPU's clock moved"),
     ]  # fmt: skip

@@ -29,7 +29,8 @@ from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, cases_to_judge
 REGRESSION = "regression"
 IMPROVEMENT = "improvement"
 UNCHANGED = "unchanged"
-NOT_SIGNIFICANT = "not significant"  # past the threshold, but the samples could be noise
+# past the threshold, or its interval reaching over it, but the samples could be noise
+NOT_SIGNIFICANT = "not significant"
 TOO_FEW = "too few samples"  # no test at this alpha can be significant with so few
 NOT_COMPARED = "not compared"  # missing on a side, not measured, or another device
 THROTTLED = "throttled"  # moved, but the GPU's clock moved too: the card's state, not the code
@@ -121,7 +122,7 @@ def judge_rounds(
         p, low, high = (0.0 if ratio != 1 else 1.0), ratio, ratio
     else:
         p, low, high = _welch(new_logs, base_logs, ratio >= 1, sweeps, between, thresholds.alpha)
-    return replace(_verdict(ratio, p, thresholds), low=low, high=high), "rounds"
+    return _bounded(_verdict(ratio, p, thresholds), low, high, thresholds), "rounds"
 
 
 def _welch(
@@ -166,6 +167,16 @@ def _judge(
     slower = ratio >= 1
     p = float(stats.mannwhitneyu(new_a, base_a, alternative="greater" if slower else "less").pvalue)
     return _verdict(ratio, p, thresholds)
+
+
+def _bounded(verdict: TimeVerdict, low: float, high: float, thresholds: Thresholds) -> TimeVerdict:
+    """``verdict`` with its interval; an "unchanged" the test could not tell from a slowdown
+    past the threshold (not significant, the interval reaching over it) is "not significant":
+    a new user's ab read "unchanged" at a ratio of 1.039 whose 98% interval ran to 1.76."""
+    reaches = math.isfinite(high) and high > 1 + thresholds.max_slowdown
+    undecided = verdict.verdict == UNCHANGED and not verdict.p_value < thresholds.alpha
+    kind = NOT_SIGNIFICANT if undecided and reaches else verdict.verdict
+    return replace(verdict, verdict=kind, low=low, high=high)
 
 
 def _verdict(ratio: float, p: float, thresholds: Thresholds) -> TimeVerdict:
@@ -235,12 +246,24 @@ def quiet_pairs_note(times: pd.DataFrame) -> str | None:
     apart = checked[checked["verdict_quiet_pairs"] != checked["verdict"]]
     if apart.empty:
         return None
-    names = ", ".join(f"{r.case_id} ({r.verdict_quiet_pairs})" for r in apart.itertuples())
-    return (
-        f"{len(apart)} case(s) moved, judged on all their pairs, but not on their quiet pairs "
-        f"alone: {names}; their pairs with a disturbed half may carry the move (a neighbour "
-        "that slowed one side's halves, or that side's own threads waiting for each other)"
-    )
+    # too few quiet pairs for the test is no check made, not a move unseen: a new user's
+    # 1.92x slowdown read "not on their quiet pairs alone (too few samples)"
+    few = apart[apart["verdict_quiet_pairs"] == TOO_FEW]
+    seen = apart[apart["verdict_quiet_pairs"] != TOO_FEW]
+    notes = []
+    if not seen.empty:
+        names = ", ".join(f"{r.case_id} ({r.verdict_quiet_pairs})" for r in seen.itertuples())
+        notes.append(
+            f"{len(seen)} case(s) moved, judged on all their pairs, but not on their quiet pairs "
+            f"alone: {names}; their pairs with a disturbed half may carry the move (a neighbour "
+            "that slowed one side's halves, or that side's own threads waiting for each other)"
+        )
+    if not few.empty:
+        notes.append(
+            f"{len(few)} case(s) moved, judged on all their pairs, had too few quiet pairs for "
+            f"the test to check the move on them alone: {', '.join(few['case_id'])}"
+        )
+    return "; ".join(notes)
 
 
 def judge_pairs(
@@ -265,7 +288,7 @@ def judge_pairs(
         return TimeVerdict(ratio, 1.0, UNCHANGED, low, high)
     alternative = "greater" if ratio >= 1 else "less"
     p = float(stats.wilcoxon(logs, alternative=alternative).pvalue)
-    return replace(_verdict(ratio, p, thresholds), low=low, high=high)
+    return _bounded(_verdict(ratio, p, thresholds), low, high, thresholds)
 
 
 def walsh_interval(logs: np.ndarray, alpha: float) -> tuple[float, float]:

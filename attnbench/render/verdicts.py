@@ -263,7 +263,11 @@ def _run_line(label: str, run: Any) -> str:
 def blocks(comparison: Comparison, gate: str = "all") -> list[Block]:
     """The comparison as report blocks (heading, runs, method, warnings, table, lists)."""
     out = [
-        Block("h2", f"attnbench compare: {headline(comparison, gate)}"),
+        # ab's pairs, or two runs compared (ab's summary was headed "attnbench compare")
+        Block(
+            "h2",
+            f"attnbench {'ab' if comparison.paired else 'compare'}: {headline(comparison, gate)}",
+        ),
         Block(
             "list",
             items=(
