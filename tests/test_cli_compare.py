@@ -193,6 +193,21 @@ def test_the_benchmark_list_skips_what_a_run_lacks(tmp_path: Path) -> None:
     assert all(e["unit"] in ("ms", "bytes") for e in entries)
 
 
+def test_the_benchmark_list_reads_an_ab_case_as_its_table_does(tmp_path: Path) -> None:
+    """An ab case's entry said "ratio 1.030" (current over baseline over the pairs' rounds)
+    beside a value under its baseline, while the table read the pairs' median: the entry says
+    the paired ratio the verdict judged, and which times it sits between."""
+    base = make_run(tmp_path / "a", cases_grid(), calibration_s=None)
+    new = make_run(tmp_path / "b", cases_grid(), calibration_s=None)
+    comparison = compare_runs(base, new)
+    times = comparison.times.assign(unit="pairs", ratio=1.265, ratio_judged=1.039)
+    entries = github_action_benchmark(replace(comparison, times=times))
+    extra = entries[0]["extra"]
+    assert ", over the pairs' rounds, paired ratio 1.039, p " in extra and "1.265" not in extra
+    plain = github_action_benchmark(comparison)[0]["extra"]
+    assert "paired" not in plain and ", ratio " in plain
+
+
 @pytest.mark.slow
 def test_markdown_goes_to_stdout_and_to_the_job_summary_only_when_set(
     pair: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -388,8 +388,22 @@ def github_action_benchmark(comparison: Comparison) -> list[dict[str, Any]]:
         extra = f"{r.samples} samples"
         if r.case_id in judged.index:
             j = judged.loc[r.case_id]
+            # as the table reads it: an ab case's ratio is its pairs' median (the JSON's
+            # ratio_judged), not current over baseline (a new user's read 1.030 beside a value
+            # under the baseline); its times are over the pairs' rounds, not this value's
+            paired = j["unit"] == "pairs"
+            ratio = (
+                f"paired ratio {_ratio(j['ratio_judged'])}"
+                if paired
+                else (f"ratio {_ratio(j['ratio'])}")
+            )
+            over = (
+                f", current {fmt_seconds(j['time_new_s'])}, over the pairs' rounds"
+                if paired
+                else ""
+            )
             extra = (
-                f"baseline {fmt_seconds(j['time_base_s'])}, ratio {_ratio(j['ratio'])}, "
+                f"baseline {fmt_seconds(j['time_base_s'])}{over}, {ratio}, "
                 f"p {_p(j['p_value'])}: {j['verdict']}; {extra}"
             )
         entries.append(
