@@ -88,7 +88,16 @@ def parse_layer_options(text: Any) -> dict[str, int]:
             raise AttnbenchError(
                 f"--option {name}: no registered layer takes it; options: {', '.join(known)}"
             )
-    return {name: known[name].check(value, "--option", (), ()) for name, value in pairs}
+    return {
+        name: known[name].check(value, "--option", (), (), given=_given(name))
+        for name, value in pairs
+    }
+
+
+def _given(name: str) -> str:
+    """How a layer option is set on the command line: its own flag (--k), or, for a plugin's,
+    --option NAME."""
+    return f"--{name}" if name in OPTION else f"--option {name}"
 
 
 # ----------------------------------------------------------------------------- the option table
@@ -384,7 +393,7 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
         found = entry(name)
         resolved = found.resolve(layer_options)
         for option in found.options:
-            option.check(resolved[option.name], name, grid.ns, grid.ds)
+            option.check(resolved[option.name], name, grid.ns, grid.ds, given=_given(option.name))
         if found.source.kind in plugins.CHECKED:
             small = min(min(grid.ns), max(16, 2 * found.reach(resolved) + 1))
             checks.check_output(found, min(grid.ds), (small, min(grid.ns)), resolved)

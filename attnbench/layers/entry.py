@@ -32,20 +32,28 @@ class LayerOption:
     reach: bool = False  # it sets how far one application reaches (path probes start above it)
     flag: bool = False  # on (1) or off (0): a switch on the command line, in case ids when on
 
-    def check(self, value: Any, layer: str, ns: Iterable[int], ds: Iterable[int]) -> int:
-        """The value, or a one-line error naming the layer that refuses it."""
+    def check(
+        self,
+        value: Any,
+        layer: str,
+        ns: Iterable[int],
+        ds: Iterable[int],
+        given: str = "",
+    ) -> int:
+        """The value, or a one-line error naming the layer that refuses it. ``given``: how
+        the user set it ("--option width" for a plugin's, which has no flag of its own; a new
+        user's --option expansion=0 read "--expansion must be >= 1"), by default its flag."""
+        said = given or f"--{self.name}"
         if self.flag:
             if value not in (0, 1):  # True and False are 1 and 0
-                raise AttnbenchError(f"--{self.name}: expected on or off (1 or 0), got {value!r}")
+                raise AttnbenchError(f"{said}: expected on or off (1 or 0), got {value!r}")
             return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise AttnbenchError(f"--{self.name}: expected an integer, got {value!r}")
+            raise AttnbenchError(f"{said}: expected an integer, got {value!r}")
         if value < self.minimum:
             if self.minimum == 1:
-                raise AttnbenchError(f"--{self.name} must be >= 1, got {value}")
-            raise AttnbenchError(
-                f"--{self.name} {value}: {layer} needs {self.name} >= {self.minimum}"
-            )
+                raise AttnbenchError(f"{said} must be >= 1, got {value}")
+            raise AttnbenchError(f"{said} {value}: {layer} needs {self.name} >= {self.minimum}")
         bad = [d for d in ds if self.divides_d and d % value]
         if bad:
             raise AttnbenchError(
@@ -55,7 +63,7 @@ class LayerOption:
         shortest = min(ns, default=value)
         if self.at_most_n and value > shortest:
             raise AttnbenchError(
-                f"--{self.name} {value} is larger than n={shortest}; {layer} needs "
+                f"{said} {value} is larger than n={shortest}; {layer} needs "
                 f"{self.name} <= the smallest n"
             )
         return value
