@@ -262,3 +262,21 @@ def test_the_newest_run_is_the_one_started_last_not_the_file_written_last(tmp_pa
     assert latest_results(tmp_path).name == "mine"  # written now, after the other started
     os.utime(tmp_path / "mine" / "run.json", (300, 300))
     assert latest_results(tmp_path).name == "committed"
+
+
+def test_an_ab_folder_is_told_apart_and_its_sides_named(tmp_path: Path) -> None:
+    """table on an ab run's folder said only that it was no results folder: its two sides are."""
+    from attnbench.results.loader import load_results
+
+    for side in ("base", "current"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "run.json").write_text("{}")
+    with pytest.raises(AttnbenchError) as caught:
+        load_results(tmp_path)
+    said = caught.value.message
+    assert "results folder (no run.json and no results.csv); it holds an ab run, whose" in said
+    base, current = tmp_path / "base", tmp_path / "current"
+    assert said.endswith(f"sides are results folders: {base} and {current}")
+    (tmp_path / "current" / "run.json").unlink()
+    with pytest.raises(AttnbenchError, match=r"results\.csv\)$"):
+        load_results(tmp_path)

@@ -59,8 +59,14 @@ def _read_meta(path: Path) -> dict[str, Any]:
     run_file = path / RUN_FILE
     missing = [name for name in (RUN_FILE, RESULTS_FILE) if not (path / name).is_file()]
     if missing:
+        sides = [path / side for side in ("base", "current")]
+        ab = (
+            f"; it holds an ab run, whose sides are results folders: {sides[0]} and {sides[1]}"
+            if all((side / RUN_FILE).is_file() for side in sides)
+            else ""
+        )  # a new user's table on an ab folder was told only what it is not
         raise AttnbenchError(
-            f"{str(path)!r} is not an attnbench results folder (no {' and no '.join(missing)})"
+            f"{str(path)!r} is not an attnbench results folder (no {' and no '.join(missing)})" + ab
         )
     try:
         meta = json.loads(run_file.read_text(encoding="utf-8"))
