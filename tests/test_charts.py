@@ -44,6 +44,12 @@ def test_every_built_in_layer_has_a_style_of_its_own():
     styles = [style.layer_style(x) for x in BUILTIN]  # plugins of other tests may be present
     assert len({s["color"] for s in styles}) == len(styles) == 11
     assert len({s["marker"] for s in styles}) == len(styles)
+    # a plugin is never drawn as a built-in layer (a new user's mixer read as attention, in
+    # its brown), and it is drawn alike in every process
+    plugins = [style.layer_style(f"mine{i}.py:make") for i in range(40)]
+    assert not {s["color"] for s in plugins} & {s["color"] for s in styles}
+    assert not {s["marker"] for s in plugins} & {s["marker"] for s in styles}
+    assert style.layer_style("mine0.py:make") == plugins[0]
 
 
 @pytest.mark.slow

@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # matplotlib is imported where a chart is drawn: a sweep star
 # eleven differ in colour alone.
 _COLOURS = (*(f"C{i}" for i in range(10)), "black", "navy")
 _MARKERS = "osD^v<>Px*h"
+# plugins' own, none of them a built-in layer's (tab10's ten, black, navy, and their markers)
+_PLUGIN_COLOURS = ("magenta", "teal", "goldenrod", "darkred", "limegreen", "slateblue", "sienna")
+_PLUGIN_MARKERS = "pHd8X"
 _PANEL_W, _PANEL_H = 5.0, 4.0
 MAX_PANELS = 4
 MAX_X_TICKS = 9  # labelled sizes on a log axis, at most about
@@ -75,10 +78,15 @@ def layer_style(layer: str, points: int | None = None) -> dict[str, Any]:
     """The same colour and marker for a layer in every chart; for its line of ``points``
     sizes, a z-order that draws a shorter line over a longer one (matplotlib's lines sit at 2),
     which would otherwise hide it where the two read alike (ssm under ssm-scan)."""
-    names = BUILTIN  # a plugin's style must not depend on what else this process loaded
-    # zlib.crc32, not hash(): the same colour in every process, so re-plotting is reproducible.
-    i = names.index(layer) if layer in names else len(names) + zlib.crc32(layer.encode()) % 10
-    style = {"color": _COLOURS[i % len(_COLOURS)], "marker": _MARKERS[i % len(_MARKERS)]}
+    if layer in BUILTIN:
+        i = BUILTIN.index(layer)
+        style = {"color": _COLOURS[i % len(_COLOURS)], "marker": _MARKERS[i % len(_MARKERS)]}
+    else:  # a plugin's style must not depend on what else this process loaded; zlib.crc32,
+        # not hash(): the same in every process, so re-plotting is reproducible. Its own
+        # palette: a plugin drawn in attention's brown read as attention beside it
+        j = zlib.crc32(layer.encode())
+        style = {"color": _PLUGIN_COLOURS[j % len(_PLUGIN_COLOURS)],
+                 "marker": _PLUGIN_MARKERS[j % len(_PLUGIN_MARKERS)]}  # fmt: skip
     return style if points is None else {**style, "zorder": 2 + 1 / (1 + points)}
 
 
