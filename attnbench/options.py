@@ -86,7 +86,8 @@ def parse_layer_options(text: Any) -> dict[str, int]:
     for name, _ in pairs:
         if name not in known:
             raise AttnbenchError(
-                f"--option {name}: no registered layer takes it; options: {', '.join(known)}"
+                f"--option {name}: no registered layer takes it; options: {', '.join(known)} "
+                "(a factory's parameter is an option where its default is an integer)"
             )
     return {
         name: known[name].check(value, "--option", (), (), given=_given(name))

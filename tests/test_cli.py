@@ -728,11 +728,11 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
     assert line.startswith("the chapter's table: ") and f" of {judged} time exponents" in line
     rows = pd.DataFrame(
         {
-            "layer": ["a", "b", "c", "d", "e"],
-            "time_agrees_n": [True, False, None, True, False],
-            "time_overhead_bound_n": [False, False, False, False, True],
-            "time_exponent_n": [1.0, 0.812, 1.5, 2.0, 1.0],
-            "time_theory_exponent_n": [1.0, 1.0, 1.0, 2.0, 1.0],
+            "layer": ["a", "b", "c", "d", "e", "f"],
+            "time_agrees_n": [True, False, None, True, False, None],
+            "time_overhead_bound_n": [False, False, False, False, True, False],
+            "time_exponent_n": [1.0, 0.812, 1.5, 2.0, 1.0, 1.2],
+            "time_theory_exponent_n": [1.0, 1.0, 1.0, 2.0, 1.0, None],
         }
     )
     used: list[object] = []
@@ -746,7 +746,8 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
     assert "table: 2 of 3 time exponents in n agree with the theory" in said
     # by name: "9 of 10 agree" sent a new user looking for the one that did not
     assert "measured (not: b n^0.81 against n^1.00), 1 overhead-bound (e), 1 not judged" in said
-    assert "interval too wide to tell, or no theory (c) (attnbench table" in said
+    # each reason with its own layers (a plugin without a theory read beside a wide interval)
+    assert "interval too wide to tell (c), 1 not judged: no theory (f) (attnbench table" in said
     none = pd.DataFrame({"layer": ["a", "b"], "time_agrees_n": [None, False],
                          "time_overhead_bound_n": [False, True]})  # fmt: skip
     monkeypatch.setattr(sweeping, "comparison_table", lambda run, analysis: none)

@@ -119,6 +119,9 @@ def test_a_plugin_option_is_set_with_option(tmp_path: Path) -> None:
     assert set(run.frame["flops"]) == {2 * 2 * 8 * 8 * 24, 2 * 2 * 16 * 8 * 24}
     bad = sweep("--layers", f"{path}:make", "--option", "depth=3")
     assert bad.exit_code == 2 and "--option depth: no registered layer takes it" in bad.stderr
+    # a float parameter (scale: float = 0.5) was silently no option: the error says what is one
+    said = " ".join(bad.stderr.split())
+    assert "(a factory's parameter is an option where its default is an integer)" in said
     # named as it was given: a plugin's option has no flag (a new user read "--expansion")
     zero = sweep("--layers", f"{path}:make", "--option", "width=0")
     assert zero.exit_code == 2 and "error: --option width must be >= 1, got 0" in zero.stderr

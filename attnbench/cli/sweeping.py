@@ -359,6 +359,7 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
     # which ones, by name: "9 of 10 agree" sent a new user looking for the one that did not
     wrong = rows[~bound & agrees.notna() & ~agrees.fillna(True).astype(bool)]
     unjudged = rows[~bound & agrees.isna()]
+    theory = pd.to_numeric(unjudged["time_theory_exponent_n"], errors="coerce").notna()
     said = [
         f"{row.layer} n^{fmt_exponent(row.time_exponent_n)} against n^"
         f"{fmt_exponent(row.time_theory_exponent_n)}"
@@ -368,7 +369,8 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
         f", {len(which)} {what} ({_some(list(which['layer']))})"
         for which, what in (
             (rows[bound], "overhead-bound"),
-            (unjudged, "not judged: an interval too wide to tell, or no theory"),
+            (unjudged[theory], "not judged: an interval too wide to tell"),
+            (unjudged[~theory], "not judged: no theory"),
         )
         if len(which)
     )
