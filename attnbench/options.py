@@ -98,7 +98,8 @@ def parse_layer_options(text: Any) -> dict[str, int]:
 def _given(name: str) -> str:
     """How a layer option is set on the command line: its own flag (--k), or, for a plugin's,
     --option NAME."""
-    return f"--{name}" if name in OPTION else f"--option {name}"
+    layer_flag = name in OPTION and not OPTION[name].field  # --seed is the sweep's, not a layer's
+    return f"--{name}" if layer_flag else f"--option {name}"
 
 
 # ----------------------------------------------------------------------------- the option table

@@ -196,6 +196,14 @@ def test_an_unchanged_ratio_whose_interval_reaches_past_the_threshold_is_undecid
     assert wide.verdict == NOT_SIGNIFICANT
     narrow = judge_pairs(*rounds(*[0.99, 0.995, 1.0, 1.0, 1.005, 1.01, 1.0, 0.998, 1.002, 1.0]))
     assert narrow.high < 1.1 and narrow.verdict == UNCHANGED
+    # undecided for its interval, not for a move: a GPU clock that moved does not take it
+    # (throttled cases leave OVERALL and are blamed on the clock)
+    from attnbench.compare.verdicts import throttle
+
+    assert throttle(wide, clock_ratio=1.2).verdict == NOT_SIGNIFICANT
+    past = judge_pairs(*rounds(*[0.9, 0.95, 1.2, 1.25, 1.3, 1.3, 1.35, 1.4, 2.5, 0.8]))
+    assert past.verdict == NOT_SIGNIFICANT and past.ratio > 1.1
+    assert throttle(past, clock_ratio=1.2).verdict == "throttled"
 
 
 def test_the_pairs_needed_for_a_verdict() -> None:

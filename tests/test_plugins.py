@@ -125,6 +125,11 @@ def test_a_plugin_option_is_set_with_option(tmp_path: Path) -> None:
     # named as it was given: a plugin's option has no flag (a new user read "--expansion")
     zero = sweep("--layers", f"{path}:make", "--option", "width=0")
     assert zero.exit_code == 2 and "error: --option width must be >= 1, got 0" in zero.stderr
+    from attnbench.options import _given
+
+    # a layer's own flag where it has one; a plugin's parameter named as a sweep flag is not it
+    assert (_given("k"), _given("seed")) == ("--k", "--option seed")
+    assert _given("width") == "--option width"
 
 
 @pytest.mark.slow

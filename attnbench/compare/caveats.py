@@ -115,9 +115,9 @@ def busy_warnings(
 
 def undecided_words(verdicts: pd.Series, thresholds: Thresholds) -> str:
     """The cases whose time a gate could not decide, in words ("" where none): slower past the
-    threshold but not significant, too few samples for any test, or throttled (the GPU's clock
-    moved). "No regression" alone read as "none slower" to a new user whose three cases read
-    1.29-1.33x."""
+    threshold, or with an interval reaching past it, but not significant; too few samples for
+    any test; or throttled (the GPU's clock moved). "No regression" alone read as "none
+    slower" to a new user whose three cases read 1.29-1.33x."""
     counted = [
         (int((verdicts == NOT_SIGNIFICANT).sum()),
          f"slower than +{thresholds.max_slowdown:.0%}, or with an interval reaching past it, "

@@ -422,7 +422,7 @@ def _judged_pair(
             sides.current.between.get(case_id) or sides.baseline.between.get(base_id),
         )
     clocks = _clock_ratio(b, n) if timed else math.nan
-    judged = throttle(judged, clocks, (_share(b), _share(n)))
+    judged = throttle(judged, clocks, (_share(b), _share(n)), thresholds.max_slowdown)
     if disturbed and judged.verdict in (REGRESSION, IMPROVEMENT):  # the quiet pairs' too
         base_q, new_q = ({r: side[r] for r in quiet_rounds} for side in (base_rounds, new_rounds))
         quiet = judge_pairs(base_q, new_q, thresholds).verdict if quiet_rounds else TOO_FEW

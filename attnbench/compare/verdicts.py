@@ -338,6 +338,7 @@ def throttle(
     verdict: TimeVerdict,
     clock_ratio: float,
     throttled: tuple[float | None, float | None] = (None, None),
+    max_slowdown: float = DEFAULT_THRESHOLDS.max_slowdown,
 ) -> TimeVerdict:
     """A time that moved (a regression, an improvement, or past the threshold without
     significance) while the GPU's SM clock moved more than ``CLOCK_TOLERANCE`` between the
@@ -346,6 +347,8 @@ def throttle(
     changed, so the move says nothing of the code."""
     if verdict.verdict not in (REGRESSION, IMPROVEMENT, NOT_SIGNIFICANT):
         return verdict
+    if verdict.verdict == NOT_SIGNIFICANT and not verdict.ratio > 1 + max_slowdown:
+        return verdict  # undecided for its wide interval, not for a move the clock explains
     moved = math.isfinite(clock_ratio) and clock_ratio > 0
     moved = moved and abs(math.log(clock_ratio)) > math.log1p(CLOCK_TOLERANCE)
     held = any(share is not None and share >= THROTTLED_MOST for share in throttled)

@@ -25,8 +25,8 @@ if TYPE_CHECKING:  # matplotlib is imported where a chart is drawn: a sweep star
 _COLOURS = (*(f"C{i}" for i in range(10)), "black", "navy")
 _MARKERS = "osD^v<>Px*h"
 # plugins' own, none of them a built-in layer's (tab10's ten, black, navy, and their markers)
-_PLUGIN_COLOURS = ("magenta", "teal", "goldenrod", "darkred", "limegreen", "slateblue", "sienna")
-_PLUGIN_MARKERS = "pHd8X"
+_PLUGIN_COLOURS = ("magenta", "teal", "gold", "lime", "darkviolet")  # none near a built-in's
+_PLUGIN_MARKERS = ("p", "1", "2", "3", "4")  # a pentagon, tri-stars: no built-in shape
 _PANEL_W, _PANEL_H = 5.0, 4.0
 MAX_PANELS = 4
 MAX_X_TICKS = 9  # labelled sizes on a log axis, at most about

@@ -392,11 +392,15 @@ def github_action_benchmark(comparison: Comparison) -> list[dict[str, Any]]:
             # ratio_judged), not current over baseline (a new user's read 1.030 beside a value
             # under the baseline); its times are over the pairs' rounds, not this value's
             paired = j["unit"] == "pairs"
-            ratio = (
-                f"paired ratio {_ratio(j['ratio_judged'])}"
+            # the ratio the verdict judged, as the table names it
+            kind, column = (
+                ("paired ", "ratio_judged")
                 if paired
-                else (f"ratio {_ratio(j['ratio'])}")
+                else ("normalised ", "ratio_normalized")
+                if comparison.thresholds.normalize
+                else ("", "ratio")
             )
+            ratio = f"{kind}ratio {_ratio(j[column])}"
             over = (
                 f", current {fmt_seconds(j['time_new_s'])}, over the pairs' rounds"
                 if paired
