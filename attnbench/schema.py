@@ -452,6 +452,9 @@ class Status(StrEnum):
     FAILED = "failed"
 
 
+# The outcomes of a case that broke (a skip is a consequence of one, or a stated skip).
+BROKEN = (Status.FAILED, Status.OOM, Status.TIMEOUT)
+
 STATUSES: dict[Status, str] = {
     Status.OK: "measured",
     Status.OOM: "ran out of memory",

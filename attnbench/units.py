@@ -47,3 +47,9 @@ def fmt_exponent(value: float) -> str:
     (a new user read "rate n^-0.00" as a sign)."""
     text = f"{value:.2f}"
     return "0.00" if text == "-0.00" else text
+
+
+def some_of(names: list[str], most: int = 3) -> str:
+    """Up to ``most`` names, then how many more: "a, b, c and 2 more"."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more

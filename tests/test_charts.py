@@ -50,6 +50,7 @@ def test_every_built_in_layer_has_a_style_of_its_own():
     assert not {s["color"] for s in plugins} & {s["color"] for s in styles}
     assert not {s["marker"] for s in plugins} & {s["marker"] for s in styles}
     assert style.layer_style("mine0.py:make") == plugins[0]
+    assert len({(s["color"], s["marker"]) for s in plugins}) > 10  # not five styles, locked
 
 
 @pytest.mark.slow

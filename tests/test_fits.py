@@ -673,12 +673,12 @@ def test_a_model_ranked_first_with_the_larger_rms_is_explained() -> None:
     google-benchmark's, on absolute ones. A note names the layers where the two part."""
     from attnbench.render.costmodels import BETTER, _ranked_apart
 
-    display = pd.DataFrame(
-        {"layer": ["conv", "ssm-scan", "lstm"], "rel. RMS": ["30.5%", "34.4%", "9.0%"],
-         BETTER: ["own", "convolutional's model instead", "own + b·n²·d"],
-         "its rel. RMS": ["30.5%", "59.6%", "2.4%"]}
+    models = pd.DataFrame(
+        {"layer": ["conv", "ssm-scan", "ssm-scan", "lstm", "lstm"],
+         "own": [True, True, False, True, False], "best": [True, False, True, False, True],
+         "rms": [0.305, 0.344, 0.596, 0.09, 0.024]}
     )  # fmt: skip
-    (note,) = _ranked_apart(display)
+    (note,) = _ranked_apart(models)
     assert note.startswith(f"{BETTER} ranks by each case's relative error")
     assert note.endswith("as for ssm-scan (59.6% against its own 34.4%)")
-    assert _ranked_apart(display[display["layer"] != "ssm-scan"]) == []
+    assert _ranked_apart(models[models["layer"] != "ssm-scan"]) == []

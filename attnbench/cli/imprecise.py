@@ -10,6 +10,7 @@ from attnbench.estimators import IMPRECISE_REL_CI, processes_for
 from attnbench.results.run import RunResults
 from attnbench.schema import numeric_column
 from attnbench.spec import DEFAULT_PROCESSES
+from attnbench.units import some_of
 
 
 def imprecise_note(run: RunResults, imprecise: pd.DataFrame) -> str:
@@ -131,11 +132,9 @@ def _more_processes(imprecise: pd.DataFrame) -> tuple[str, bool]:
         budget = imprecise["time_stop"].eq("budget") & numeric_column(imprecise, "rounds").ge(2)
         spent = imprecise[budget]
         if len(spent):
-            named = ", ".join(f"{r.layer} n={r.n}" for r in spent.head(3).itertuples())
-            more = f" and {len(spent) - 3} more" if len(spent) > 3 else ""
+            named = some_of([f"{r.layer} n={r.n}" for r in spent.itertuples()])
             first = (
-                f". {len(spent)} of them ({named}{more}) ran out of --time-budget first: raise "
-                "it as well"
+                f". {len(spent)} of them ({named}) ran out of --time-budget first: raise it as well"
             )
     if needed is None or not pd.notna(rounds) or needed <= rounds:
         return f"More --processes narrow them, a quieter machine more{first}.", True

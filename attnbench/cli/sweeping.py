@@ -43,10 +43,10 @@ from attnbench.run.events import Listeners
 from attnbench.run.executors import EXECUTORS, default_executor, make_executor
 from attnbench.run.queue import Measuring
 from attnbench.run.sweep import resume_sweep, run_sweep
-from attnbench.schema import Status
+from attnbench.schema import BROKEN, Status
 from attnbench.table import comparison_table
 from attnbench.thresholds import Thresholds, gate_from
-from attnbench.units import fmt_exponent
+from attnbench.units import fmt_exponent, some_of
 
 FULL_TRACE_HELP = (
     "Trace every case's counts at its own n. By default a case of a recurrent layer longer "
@@ -263,7 +263,7 @@ def _finished(
     # a sweep that measured nothing because its cases broke failed (against a baseline, the
     # exit code is compare's); one whose every case was a stated skip (a layer without a
     # decode step) did what it was asked, and its notes say why
-    broke = any(counts.get(s) for s in (Status.OOM, Status.FAILED, Status.TIMEOUT))
+    broke = any(counts.get(s) for s in BROKEN)
     if comparison is None and broke and not counts.get(Status.OK):
         ended = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
         again = (  # out of memory again at the same sizes (the larger ones skipped after it)
@@ -277,9 +277,7 @@ def _finished(
             f"(attnbench show {run.path}; {again})"
         )
     if strict and broke:
-        ended = ", ".join(
-            f"{counts[s]} {s}" for s in (Status.FAILED, Status.OOM, Status.TIMEOUT) if counts.get(s)
-        )
+        ended = ", ".join(f"{counts[s]} {s}" for s in BROKEN if counts.get(s))
         raise AttnbenchError(
             f"--strict: {ended} (each one's reason is in its row's error: attnbench show "
             f"{run.path}); the cases measured are saved there",
@@ -366,7 +364,7 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
         for row in wrong.itertuples()
     ]
     apart = "".join(
-        f", {len(which)} {what} ({_some(list(which['layer']))})"
+        f", {len(which)} {what} ({some_of(list(which['layer']))})"
         for which, what in (
             (rows[bound], "overhead-bound"),
             (unjudged[theory], "not judged: an interval too wide to tell"),
@@ -374,18 +372,12 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
         )
         if len(which)
     )
-    against = f" (not: {_some(said)})" if said else ""
+    against = f" (not: {some_of(said)})" if said else ""
     return (
         f"the chapter's table: {sum(judged)} of {len(judged)} time exponents in n agree with the "
         f"theory over the lengths measured{against}{apart} (attnbench table {run.path}: each "
         "one, which are unsettled, and why)"
     )
-
-
-def _some(names: list[str], most: int = 3) -> str:
-    """Up to ``most`` names, then how many more."""
-    more = f" and {len(names) - most} more" if len(names) > most else ""
-    return ", ".join(names[:most]) + more
 
 
 def _headline(run: RunResults, analysis: Analysis | None, streams: Streams) -> None:

@@ -119,24 +119,26 @@ def better_note(analysis: Analysis) -> list[str]:
         "and the term's sizes (k, L, h) need not be the layer's; the cost models are fitted on "
         "every length, the exponents only where the rate settled, and the split table above "
         "says where the rate moved",
-        *_ranked_apart(display),
+        *_ranked_apart(analysis.models),
     ]
 
 
-def _ranked_apart(display: pd.DataFrame) -> list[str]:
-    """A line where the model ranked first reads a larger rel. RMS than the layer's own: a new
-    user read ssm-scan's "best by AICc ... 59.6%" beside its own 34.4% as a contradiction."""
-    own = display["rel. RMS"].str.rstrip("%").astype(float)
-    apart = display[display["its rel. RMS"].str.rstrip("%").astype(float) > own]
-    if apart.empty:
+def _ranked_apart(models: pd.DataFrame) -> list[str]:
+    """A line where the model ranked first reads a larger rel. RMS than the layer's own (the
+    model table's rows): a new user read ssm-scan's "best by AICc ... 59.6%" beside its own
+    34.4% as a contradiction."""
+    named = []
+    for layer, group in models.groupby("layer", sort=False):
+        own, best = group[group["own"]], group[group["best"]]
+        if len(own) and len(best) and best["rms"].iloc[0] > own["rms"].iloc[0]:
+            named.append(
+                f"{layer} ({best['rms'].iloc[0]:.1%} against its own {own['rms'].iloc[0]:.1%})"
+            )
+    if not named:
         return []
-    named = ", ".join(
-        f"{row['layer']} ({row['its rel. RMS']} against its own {row['rel. RMS']})"
-        for _, row in apart.iterrows()
-    )
     return [
         f"{BETTER} ranks by each case's relative error, every length weighed alike, as the "
         "models are fitted; the rel. RMS columns are google-benchmark's, on absolute errors, "
         "which the longest times dominate: so the model ranked first can read the larger "
-        f"rel. RMS, as for {named}"
+        f"rel. RMS, as for {', '.join(named)}"
     ]

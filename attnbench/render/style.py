@@ -85,8 +85,9 @@ def layer_style(layer: str, points: int | None = None) -> dict[str, Any]:
         # not hash(): the same in every process, so re-plotting is reproducible. Its own
         # palette: a plugin drawn in attention's brown read as attention beside it
         j = zlib.crc32(layer.encode())
-        style = {"color": _PLUGIN_COLOURS[j % len(_PLUGIN_COLOURS)],
-                 "marker": _PLUGIN_MARKERS[j % len(_PLUGIN_MARKERS)]}  # fmt: skip
+        colours = len(_PLUGIN_COLOURS)  # colour and marker drawn apart: 25 styles, not 5
+        style = {"color": _PLUGIN_COLOURS[j % colours],
+                 "marker": _PLUGIN_MARKERS[j // colours % len(_PLUGIN_MARKERS)]}  # fmt: skip
     return style if points is None else {**style, "zorder": 2 + 1 / (1 + points)}
 
 

@@ -388,11 +388,10 @@ def github_action_benchmark(comparison: Comparison) -> list[dict[str, Any]]:
         extra = f"{r.samples} samples"
         if r.case_id in judged.index:
             j = judged.loc[r.case_id]
-            # as the table reads it: an ab case's ratio is its pairs' median (the JSON's
-            # ratio_judged), not current over baseline (a new user's read 1.030 beside a value
-            # under the baseline); its times are over the pairs' rounds, not this value's
+            # the ratio the verdict judged, as the table names it: an ab case's is its pairs'
+            # median, not current over baseline (a new user's read 1.030 beside a value under
+            # the baseline), and its times are over the pairs' rounds, not this value's
             paired = j["unit"] == "pairs"
-            # the ratio the verdict judged, as the table names it
             kind, column = (
                 ("paired ", "ratio_judged")
                 if paired

@@ -28,7 +28,7 @@ import pandas as pd
 
 from attnbench.errors import AttnbenchError
 from attnbench.results.record import run_status
-from attnbench.schema import RunStatus, Status
+from attnbench.schema import BROKEN, RunStatus
 from attnbench.storage import write_text_atomic
 from attnbench.vcs import git_output
 
@@ -122,10 +122,9 @@ def _complete(folder: Path) -> bool:
 
 def _broken(folder: Path) -> int:
     """How many of the run's cases ended failed, oom or timeout (0 where unreadable)."""
-    broken = {Status.FAILED, Status.OOM, Status.TIMEOUT}
     try:
         with (folder / RESULTS_FILE).open(newline="", encoding="utf-8") as f:
-            return sum(row.get("status") in broken for row in csv.DictReader(f))
+            return sum(row.get("status") in BROKEN for row in csv.DictReader(f))
     except (OSError, ValueError, csv.Error):
         return 0
 
