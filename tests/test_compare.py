@@ -393,7 +393,7 @@ def test_a_gate_that_could_not_decide_says_so_not_no_regression(tmp_path: Path) 
     words = unsure.undecided("time")
     assert words == (
         f"time undecided for {len(times)} of {len(times)} shared case(s) ({len(times) - 2} "
-        "slower than +10%, or with an interval reaching past it, but not significant at p < 0.01; "
+        "slower than +10% but not significant at p < 0.01, or with an interval reaching past it; "
         "1 with too few samples for a test; "
         "1 throttled: the GPU's clock moved): the gate passes them, and more --processes "
         "would decide them"
@@ -745,6 +745,10 @@ def test_a_significant_move_under_the_threshold_says_it_moved(tmp_path: Path) ->
         moved, thresholds=dataclasses.replace(c.thresholds, normalize=True)
     )
     assert display_table(normalized)["time"].iloc[0].startswith("unchanged (normalized, +4.5%,")
+    wide = times.copy()
+    wide.loc[first, ["verdict", "ratio_high"]] = [NOT_SIGNIFICANT, 1.3]  # reaches past +10%
+    reaching = display_table(dataclasses.replace(c, times=wide))["time"].iloc[0]
+    assert reaching == "not significant past +10% (+4.5%, significant; its interval reaches +30.0%)"
 
 
 def test_a_run_compared_with_itself_is_warned_of(tmp_path: Path) -> None:

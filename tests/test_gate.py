@@ -206,6 +206,16 @@ def test_an_unchanged_ratio_whose_interval_reaches_past_the_threshold_is_undecid
     assert throttle(past, clock_ratio=1.2).verdict == "throttled"
 
 
+def test_a_significant_move_whose_interval_reaches_past_the_threshold_is_undecided() -> None:
+    """Every pair slower, so the move is significant (p 0.5^10), and its median +4.75% is
+    under +10%, but three pairs read +30-50%: its interval reaches past +10%, which the test
+    cannot tell from a regression. It read "unchanged (..., significant; under the +10%
+    threshold)", which only its estimate was; it is "not significant" past the threshold."""
+    found = judge_pairs(*rounds(*[1.01, 1.02, 1.03, 1.04, 1.045, 1.05, 1.06, 1.3, 1.4, 1.5]))
+    assert found.ratio < 1.1 and found.p_value == pytest.approx(0.5**10) and found.high > 1.1
+    assert found.verdict == NOT_SIGNIFICANT
+
+
 def test_the_pairs_needed_for_a_verdict() -> None:
     six = judge_pairs(*rounds(*spread(1.5, 6)))  # 0.5^6 = 0.016: no outcome reaches 0.01
     assert six.verdict == TOO_FEW and math.isnan(six.p_value)

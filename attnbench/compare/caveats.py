@@ -115,13 +115,13 @@ def busy_warnings(
 
 def undecided_words(verdicts: pd.Series, thresholds: Thresholds) -> str:
     """The cases whose time a gate could not decide, in words ("" where none): slower past the
-    threshold, or with an interval reaching past it, but not significant; too few samples for
+    threshold but not significant, or with an interval reaching past it; too few samples for
     any test; or throttled (the GPU's clock moved). "No regression" alone read as "none
     slower" to a new user whose three cases read 1.29-1.33x."""
     counted = [
         (int((verdicts == NOT_SIGNIFICANT).sum()),
-         f"slower than +{thresholds.max_slowdown:.0%}, or with an interval reaching past it, "
-         f"but not significant at p < {thresholds.alpha:g}"),
+         f"slower than +{thresholds.max_slowdown:.0%} but not significant at p < "
+         f"{thresholds.alpha:g}, or with an interval reaching past it"),
         (int((verdicts == TOO_FEW).sum()), "with too few samples for a test"),
         (int((verdicts == THROTTLED).sum()), "throttled: the GPU's clock moved"),
     ]  # fmt: skip

@@ -29,7 +29,8 @@ from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, cases_to_judge
 REGRESSION = "regression"
 IMPROVEMENT = "improvement"
 UNCHANGED = "unchanged"
-# past the threshold, or its interval reaching over it, but the samples could be noise
+# past the threshold but the samples could be noise, or its interval reaching over it (a move
+# the test found, under the threshold, may still be one past it)
 NOT_SIGNIFICANT = "not significant"
 TOO_FEW = "too few samples"  # no test at this alpha can be significant with so few
 NOT_COMPARED = "not compared"  # missing on a side, not measured, or another device
@@ -170,12 +171,14 @@ def _judge(
 
 
 def _bounded(verdict: TimeVerdict, low: float, high: float, thresholds: Thresholds) -> TimeVerdict:
-    """``verdict`` with its interval; an "unchanged" the test could not tell from a slowdown
-    past the threshold (not significant, the interval reaching over it) is "not significant":
-    a new user's ab read "unchanged" at a ratio of 1.039 whose 98% interval ran to 1.76."""
+    """``verdict`` with its interval; an "unchanged" whose interval reaches past the threshold
+    is "not significant": the test cannot tell it from a slowdown past the threshold, whether
+    or not it found a move (a new user's ab read "unchanged" at a ratio of 1.039 whose 98%
+    interval ran to 1.76; a significant +4.5% whose interval ran to +30% read "unchanged
+    (+4.5%, significant; under the +10% threshold)", which only its estimate was)."""
     reaches = math.isfinite(high) and high > 1 + thresholds.max_slowdown
-    undecided = verdict.verdict == UNCHANGED and not verdict.p_value < thresholds.alpha
-    kind = NOT_SIGNIFICANT if undecided and reaches else verdict.verdict
+    # (a significant speed-up's interval ends under 1, the test's dual, so never reaches it)
+    kind = NOT_SIGNIFICANT if verdict.verdict == UNCHANGED and reaches else verdict.verdict
     return replace(verdict, verdict=kind, low=low, high=high)
 
 

@@ -22,6 +22,7 @@ import pandas as pd
 
 from attnbench.compare import (
     NOT_COMPARED,
+    NOT_SIGNIFICANT,
     REGRESSION,
     THROTTLED,
     TOO_FEW,
@@ -124,6 +125,8 @@ def _case_verdict(row: Any, thresholds: Thresholds) -> str:
         return f"not compared ({row.status_base} -> {row.status_new})"
     if row.verdict == UNCHANGED and row.p_value < thresholds.alpha:
         return f"{UNCHANGED} {_within(row, thresholds)}"
+    if row.verdict == NOT_SIGNIFICANT and row.p_value < thresholds.alpha:
+        return f"{NOT_SIGNIFICANT} {_reaching(row, thresholds)}"
     return "REGRESSION" if row.verdict == REGRESSION else row.verdict
 
 
@@ -141,6 +144,17 @@ def _within(row: Any, thresholds: Thresholds) -> str:
     # an improvement is a ratio under 1 / (1 + limit): -9.1%, not -10%, beside +10%
     bound = f"under the +{limit:.0%}" if ratio >= 1 else f"short of the -{1 - 1 / (1 + limit):.1%}"
     return f"({basis}{way}, significant; {bound} threshold)"
+
+
+def _reaching(row: Any, thresholds: Thresholds) -> str:
+    """A move its test found, under the threshold at its estimate, whose interval reaches past
+    it: past the threshold is what was not shown (``compare.verdicts._bounded``)."""
+    ratio, limit = row.ratio_judged, thresholds.max_slowdown
+    basis = "normalized, " if thresholds.normalize else ""
+    return (
+        f"past +{limit:.0%} ({basis}{ratio - 1:+.1%}, significant; "
+        f"its interval reaches {row.ratio_high - 1:+.1%})"
+    )
 
 
 UNJUDGED = (NOT_COMPARED, THROTTLED)  # verdicts the overall row leaves out
