@@ -260,6 +260,8 @@ def migrate_ceilings(data: Mapping[str, Any], where: str) -> dict[str, Any]:
             found[curve] = {"1": rate}
     for key in LATER_CEILINGS:
         found.setdefault(key, None)
+    # Until 2026-12-02 the peak was the square GEMM's own rate, which a curve could beat.
+    found.setdefault("square_flops_per_s", found.get("peak_flops_per_s"))
     return found
 
 

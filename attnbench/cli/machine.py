@@ -90,13 +90,29 @@ def machine(
     streams.err.print(f"{where} in {cache_dir()} (--remeasure measures again)", markup=False)
 
 
+def _peak_source(found: Ceilings) -> str:
+    """The product the peak was read on: the square GEMM, or a curve's faster one
+    (``probes.peak_rate``)."""
+    curves = {
+        "matrix product": found.gemm_rates,
+        "Conv1d": found.conv_rates,
+        "attention": found.attention_rates,
+        "LSTM": found.recurrent_rates,
+    }
+    for kind, curve in curves.items():
+        for width, rate in (curve or {}).items():
+            if rate == found.peak_flops_per_s:
+                return f"{kind} of width {width} (faster than the {found.gemm_side}-side square)"
+    return f"{found.gemm_side}x{found.gemm_side} matrix product"
+
+
 def _ceiling_rows(found: Ceilings) -> list[tuple[str, str, str]]:
     """Each ceiling, its value and what measured it, for people."""
     return [
         (
             "peak FLOP/s",
             f"{found.peak_flops_per_s / 1e9:.1f} GFLOP/s",
-            f"{found.gemm_side}x{found.gemm_side} matrix product, {found.dtype}",
+            f"{_peak_source(found)}, {found.dtype}",
         ),
         (
             "memory bandwidth",

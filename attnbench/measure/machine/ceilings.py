@@ -1,7 +1,8 @@
 """What one device can do, measured: the machine's ceilings, and the rates read off them.
 
-- ``peak_flops_per_s``: a large square matrix product at the run's dtype and threads, the
-  fastest thing the device does with arithmetic;
+- ``peak_flops_per_s``: the fastest thing the device does with arithmetic: a large square
+  matrix product at the run's dtype and threads, or any product of the curves below that ran
+  faster (a CPU's cache-resident GEMM can beat the square one by 2-3x);
 - ``bandwidth_bytes_per_s``: a STREAM-like copy of arrays well beyond the last-level cache;
 - ``op_latency_s``: one dispatched operation on one-element tensors, the price every op of a
   call pays before it does any work (on CUDA, that includes the kernel launch);
@@ -64,6 +65,9 @@ class Ceilings:
     # Seconds the host spends per op dispatched inside a module call (Python, the module, the
     # dispatcher, a launch), nothing synchronised per call (None: not measured).
     host_op_s: float | None = None
+    # FLOP/s of the square GEMM (``gemm_side``) itself, which the peak may exceed (the rate
+    # curves' fastest product, ``probes.peak_rate``); None: not measured apart.
+    square_flops_per_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,7 +86,8 @@ class Ceilings:
         }.get(kind)
         if not curve:
             return peak
-        points = {self.gemm_side: peak, **curve} if kind == "gemm" else dict(curve)
+        square = self.square_flops_per_s or peak
+        points = {self.gemm_side: square, **curve} if kind == "gemm" else dict(curve)
         if width is None:  # a run that kept no widths: a GEMM at the peak, else the widest
             return peak if kind == "gemm" else points[max(points)]
         return _interpolate(points, width, log_values=True)
