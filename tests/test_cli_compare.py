@@ -129,6 +129,23 @@ def test_a_folder_that_is_not_a_run_exits_2(pair: tuple[Path, Path, Path], tmp_p
     assert result.exit_code == 2 and "not an attnbench results folder" in result.stderr
 
 
+def test_an_unfinished_run_is_refused_not_judged(
+    pair: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """A CI job killed part way and then compared went green: its unmeasured cases were only
+    listed as in the baseline alone. Either side unfinished is one line and exit 2."""
+    base, same, _ = pair
+    half = tmp_path / "half"
+    shutil.copytree(same, half)
+    meta = json.loads((half / "run.json").read_text())
+    (half / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))
+    for args, role in (([base, half], "current"), ([half, base], "baseline")):
+        result = runner.invoke(app, ["compare", *map(str, args)])
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1
+        assert f"the {role} run" in result.stderr and "unfinished (interrupted)" in result.stderr
+        assert f"attnbench sweep --resume {half}" in result.stderr
+
+
 def test_json_verdicts_follow_their_schema(pair: tuple[Path, Path, Path]) -> None:
     base, _, worse = pair
     result = runner.invoke(app, ["compare", str(base), str(worse), "--json", "--quiet"])

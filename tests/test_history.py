@@ -76,6 +76,37 @@ def test_a_run_without_a_commit_asks_for_one(tmp_path: Path) -> None:
         add_run(run, tmp_path / "h", repo=tmp_path)
 
 
+def test_a_commit_its_repository_lacks_or_an_unfinished_run_is_refused(tmp_path: Path) -> None:
+    """A maintainer's runs, filed from their layer's repository without --commit, went under
+    attnbench's own commit (run.json's), which that repository lacks: twelve runs read as one
+    commit and no step. An interrupted run's missing cases would read as gone. Both are
+    refused in one line; a dirty checkout's run is filed with a note."""
+    repo = new_repo(tmp_path / "repo")
+    (commit,) = commit_line(repo, 1)
+    run = make_run(tmp_path / "run", {("conv", 64): {}}, env={"git_commit": "474a0027f7"})
+    with pytest.raises(AttnbenchError, match=r"'474a0027f7' \(that its run\.json records\) is not"):
+        add_run(run, tmp_path / "h", repo=repo)
+    with pytest.raises(AttnbenchError, match="'deadbeef' \\(given\\) is not in the git"):
+        add_run(run, tmp_path / "h", commit="deadbeef", repo=repo)
+    assert add_run(run, tmp_path / "h", commit=commit, repo=repo).commit == commit
+    env = {"git_dirty": True, "git_commit": commit}  # --commit would vouch for the tree
+    dirty = make_run(tmp_path / "dirty", {("conv", 64): {}}, env=env)
+    done = runner.invoke(
+        app, ["history", "add", str(dirty.path), "--history", str(tmp_path / "h"),
+              "--repo", str(repo)],
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert "uncommitted changes" in done.stderr and "filed" in done.stdout
+    meta = json.loads((run.path / "run.json").read_text())
+    (run.path / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))
+    refused = runner.invoke(
+        app, ["history", "add", str(run.path), "--history", str(tmp_path / "h"),
+              "--commit", commit, "--repo", str(repo)],
+    )  # fmt: skip
+    assert refused.exit_code == 2 and "unfinished (interrupted)" in refused.stderr
+    assert refused.stderr.count("\n") == 1 and "--resume" in refused.stderr
+
+
 def test_a_step_is_found_where_it_was_put_and_an_outlier_is_not_one() -> None:
     (step,) = find_steps(stepped())
     assert step.index == 25 and step.ratio == pytest.approx(1.3, rel=0.05)

@@ -180,6 +180,12 @@ def add(
     """File a run in the history under its commit and machine (one JSON file)."""
     filed = add_run(load_results(run), history, commit=commit, machine=machine, repo=repo)
     typer.echo(f"filed {run} as {filed.commit[:10]} on {filed.machine!r}: {filed.path}")
+    if filed.dirty:
+        Streams.make().err.print(
+            f"[yellow]note:[/] the run was measured on a checkout with uncommitted changes: "
+            f"its times may not be {filed.commit[:10]}'s (--commit names the commit it measured)",
+            soft_wrap=True,
+        )
 
 
 def publish_site(

@@ -39,7 +39,7 @@ from attnbench.estimators import estimate
 from attnbench.measure.counts.ops import RECURRENT_OPS, fused_names
 from attnbench.metrics import EXACT_METRICS, METRIC
 from attnbench.results.run import RunResults
-from attnbench.schema import Status
+from attnbench.schema import RunStatus, Status
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, check_gate
 
 
@@ -123,6 +123,16 @@ class Comparison:
 
     def failed(self, gate: str = "all") -> bool:
         return bool(self.regressions(gate))
+
+
+def _check_finished(role: str, run: RunResults) -> None:
+    """A run stopped part way is refused, not judged: a CI job killed by its time limit and
+    then compared went green, its unmeasured cases listed as on one side only."""
+    if run.status != RunStatus.COMPLETE:
+        raise AttnbenchError(
+            f"the {role} run {str(run.path)!r} is unfinished ({run.status}): finish it with "
+            f"attnbench sweep --resume {run.path}, then compare"
+        )
 
 
 # Calibration kernels timed this far apart between two runs say the machine's speed moved.
@@ -234,6 +244,8 @@ def compare_runs(
     two layers against each other); ``paired`` judges time on the paired per-round ratios of an
     interleaved run instead of comparing the two runs' samples.
     """
+    for role, run in (("baseline", baseline), ("current", current)):
+        _check_finished(role, run)
     calibration = _calibration(baseline, current, thresholds.normalize)
     base = baseline.frame.set_index("case_id")
     new = current.frame.set_index("case_id")

@@ -24,7 +24,7 @@ import pandas as pd
 from attnbench.errors import AttnbenchError
 from attnbench.metrics import EXACT_METRICS
 from attnbench.results.run import RunResults
-from attnbench.schema import Status
+from attnbench.schema import RunStatus, Status
 from attnbench.storage import write_text_atomic
 from attnbench.vcs import git_output
 
@@ -55,6 +55,7 @@ class Filed:
     path: Path
     machine: str
     commit: str
+    dirty: bool = False  # measured on a checkout with changes not committed
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,11 @@ def entry_of(
 ) -> dict[str, Any]:
     """The history entry of a run: its commit (``commit``, else the one run.json records),
     its machine (``machine``, else named from its environment) and its cases."""
+    if run.status != RunStatus.COMPLETE:  # its missing cases would read as gone at this commit
+        raise AttnbenchError(
+            f"{str(run.path)!r} is unfinished ({run.status}): finish it with attnbench sweep "
+            f"--resume {run.path}, then file it"
+        )
     record = run.record
     env = record.environment
     given = commit or env.get("git_commit")
@@ -102,6 +108,14 @@ def entry_of(
             f"{str(run.path)!r} records no git commit: give the commit it measured (--commit)"
         )
     found = git_commit_info(str(given), repo)
+    if found is None and git_output(repo, "rev-parse", "--git-dir", timeout=10) is not None:
+        # a run filed under a commit its repository lacks reads as one point of its own (a
+        # series of them as one commit), with no date to order it by
+        whose = "given" if commit else "that its run.json records"
+        raise AttnbenchError(
+            f"commit {str(given)!r} ({whose}) is not in the git repository {str(repo)!r}: "
+            "give the commit the run measured (--commit) and its repository (--repo)"
+        )
     full, when, subject = found if found else (str(given), str(run.meta.get("start_time")), "")
     config = record.config
     series = {
@@ -163,7 +177,7 @@ def add_run(
         write_text_atomic(path, json.dumps(entry, indent=1) + "\n")
     except OSError as exc:
         raise AttnbenchError(f"cannot write to the history {str(history)!r}: {exc}") from None
-    return Filed(path, entry["machine"], entry["commit"])
+    return Filed(path, entry["machine"], entry["commit"], bool(entry["dirty"]))
 
 
 def _problem(entry: Any) -> str | None:
