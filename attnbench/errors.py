@@ -25,18 +25,25 @@ class SweepInterrupted(AttnbenchError):
         self, out_dir: str, done: int, total: int, signal_name: str, short: int = 0,
         upto: bool = False,
     ) -> None:  # fmt: skip
-        # "20 of 20 cases" read as finished where 12 still wanted timing rounds; an auto
-        # sweep's total is the most it may still measure
-        rounds = f" ({short} of them short of their timing rounds)" if short else ""
+        # "20 of 20 cases" read as finished where 12 still wanted timing rounds, and so did
+        # "(20 of them short of their timing rounds)"; an auto sweep's total is the most it
+        # may still measure
         most = "at most " if upto else ""
+        begun = f" timed in full and {short} begun, short of their timing rounds," if short else ""
         super().__init__(
-            f"{signal_name}: stopped with {done} of {most}{total} cases{rounds} in {out_dir}; "
-            f"finish it with: attnbench sweep --resume {out_dir}",
-            exit_code=130,
+            f"{signal_name}: stopped with {done - short} of {most}{total} cases{begun} in "
+            f"{out_dir}; finish it with: attnbench sweep --resume {out_dir}",
+            exit_code=signal_exit_code(signal_name),
         )
         self.out_dir = out_dir
         self.done = done
         self.total = total
+
+
+def signal_exit_code(signal_name: str) -> int:
+    """128 + the signal's number, as a shell reports a process a signal ended: 130 after
+    SIGINT, 143 after SIGTERM (a CI runner's cancel, which read 130 as if typed Ctrl-C)."""
+    return 143 if signal_name == "SIGTERM" else 130
 
 
 class NothingToPlot(AttnbenchError):

@@ -141,8 +141,10 @@ def test_an_interrupted_round_is_finished_by_resume(tmp_path: Path) -> None:
             listeners=Listeners(progress=stop_in_round_two),
             measuring=UNCALIBRATED,
         )
-    # every case on disk, none with its rounds: not "4 of 4 cases" alone, which read finished
-    assert "stopped with 4 of 4 cases (4 of them short of their timing rounds)" in str(info.value)
+    # every case on disk, none with its rounds: not "4 of 4 cases", which read finished
+    assert "stopped with 0 of 4 cases timed in full and 4 begun, short of their timing rounds," in (
+        str(info.value)
+    )
     stopped = load_results(out)
     assert len(stopped.frame) == 4  # every row was written in round 1
     from attnbench.cli.render import _short_of_rounds  # what the resume's first line says

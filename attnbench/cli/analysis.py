@@ -44,12 +44,14 @@ from attnbench.results.environment import environment
 from attnbench.results.files import committed_run_note, latest_results
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
+from attnbench.schema import RunStatus
 from attnbench.table import HEADERS, check_notes, comparison_table, display, fit_notes
 
 
-def load_saved(folder: Path | None) -> RunResults:
+def load_saved(folder: Path | None, *, unfinished_note: bool = True) -> RunResults:
     """A saved run. Its plugin layers are never imported: a results folder is data, and their
-    theories are read from the run's own record (``theory.json``)."""
+    theories are read from the run's own record (``theory.json``). An unfinished run is said
+    to be (``unfinished_note``): a new user's table of an interrupted sweep read as final."""
     err = Streams.make().err
     if folder is None:
         folder = latest_results()
@@ -58,6 +60,12 @@ def load_saved(folder: Path | None) -> RunResults:
     run = load_results(folder)
     for note in run_catalog(run).notes:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    if unfinished_note and run.status != RunStatus.COMPLETE:
+        err.print(
+            f"[yellow]note:[/] this run is unfinished ({run.status}): these are the cases "
+            f"measured so far; finish it with attnbench sweep --resume {run.path}",
+            soft_wrap=True,
+        )
     return run
 
 
@@ -75,7 +83,7 @@ def show(
     as_json: Annotated[bool, json_flag("the results")] = False,
 ) -> None:
     """Print the tables of a saved run (finished or not), with its case counts."""
-    run = load_saved(folder)
+    run = load_saved(folder, unfinished_note=False)  # said at the end, with the notes
     if as_json:
         _echo_json({"path": str(run.path), "status": run.status, "results": records(run)})
         return

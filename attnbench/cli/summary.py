@@ -403,11 +403,18 @@ def replication_notes(run: RunResults) -> list[str]:
             "which one process's samples cannot show"
         )
     elif len(alone):
+        asked = run.record.processes
+        remedy = (
+            "; --processes 3 or more gives an interval that holds a re-run"
+            if asked <= 1
+            else f"; attnbench sweep --resume {run.path} gives them the {asked} processes asked"
+            if run.status != RunStatus.COMPLETE
+            else ""
+        )  # a new user's interrupted sweep was told to ask for the 3 it had asked for
         notes.append(
             f"{len(alone)} case(s) were timed in one process (one round): their ±95% holds that "
             "process's samples only, and a re-run in another process lands outside it more "
-            "often than not (a process has a speed of its own); --processes 3 or more gives "
-            "an interval that holds a re-run"
+            f"often than not (a process has a speed of its own){remedy}"
         )
     between = numeric_column(measured, "spread_between")
     wider = measured[between > numeric_column(measured, "spread_within")]

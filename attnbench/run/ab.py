@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from attnbench.devices import check_threads
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, signal_exit_code
 from attnbench.measure.timing.allocator import run_state
 from attnbench.measure.timing.faults import fault_cost_s
 from attnbench.options import build_grid
@@ -310,7 +310,7 @@ def _interleave(
             raise AttnbenchError(
                 f"{stop.signal_name}: stopped after {pair} pair(s); what was measured is in "
                 f"{out}/base and {out}/current (an A/B run does not resume: run it again)",
-                exit_code=130,
+                exit_code=signal_exit_code(str(stop.signal_name)),
             )
 
 
