@@ -341,3 +341,16 @@ def test_a_plugin_without_a_family_is_named_where_the_crossover_is_not_drawn(
     assert "(mine:make: a plugin without a family, as a factory alone is; a LayerEntry" in why
     known["mine:make"] = SimpleNamespace(family=REGISTRY["attention-local"].family)
     assert "LayerEntry" not in charts.not_drawn_reason("crossover", run)  # type: ignore[arg-type]
+
+
+def test_an_unfinished_run_is_said_to_be_one_where_it_is_read(wide: Path):
+    """A new user's table of an interrupted sweep read as final; show said so and table did
+    not. Every command that reads a saved run says it, once, with the --resume."""
+    meta = json.loads((wide / "run.json").read_text())
+    (wide / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))
+    for command in (["table"], ["fit"], ["show"]):
+        result = runner.invoke(app, [*command, str(wide)])
+        assert result.exit_code == 0, result.output
+        said = " ".join(result.stderr.split())
+        assert said.count("this run is unfinished (interrupted)") == 1, command
+        assert f"attnbench sweep --resume {wide}" in said
