@@ -269,7 +269,9 @@ def test_a_lopsided_interval_reads_by_both_ends() -> None:
     assert _reach(1.0, 0.55, 1.08) == "-45.0/+8.0%"
     assert _reach(1.0, 0.92, 1.45) == "-8.0/+45.0%"
     assert _reach(1.0, 1 / 1.1, 1.1) == "±10.0%"  # a log interval's: -9.1%/+10.0%
-    assert _reach(1.0, 1 / 1.804, 1.804) == "±80.4%"  # -44.6/+80.4% is symmetric in logs
+    # symmetric in logs, but "±80.4%" read as reaching near zero: both ends
+    assert _reach(1.0, 1 / 1.804, 1.804) == "-44.6/+80.4%"
+    assert _reach(1.0, 1 / 1.2, 1.2) == "±20.0%"  # -16.7/+20.0%: one ± is near enough
     assert _reach(1.0, 0.9, 1.12) == "±12.0%"
     assert _reach(1.0, 1.0, 1.2) == "-0.0/+20.0%"  # it does not reach down at all
     assert _reach(1.0, 0.99, 1.04) == "±4.0%"  # within the mark's ±5%: one figure is enough

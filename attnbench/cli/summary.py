@@ -64,21 +64,20 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
 
 
 # A wide interval (past the mark's ±5%) whose one end reaches this many times as far as the
-# other on a log scale, where the interval is taken, is shown by both ends, "-45.2/+8.1%": a
-# busy machine's reaches down to a quiet re-run, and "±45.2%" read as though a re-run might
-# be 45% slower (a new user's conv n=128: -54.5%/+34.0%). A log interval's own lean (-44.6%
-# is +80.4% on a log scale) reads as one ±, the farther end.
-LOPSIDED = 1.5
+# other is shown by both ends, "-45.2/+8.1%": a busy machine's reaches down to a quiet re-run,
+# and "±45.2%" read as though a re-run might be 45% slower (a new user's conv n=128:
+# -54.5%/+34.0%). So is a wide log interval's own lean: "±99.0%" read as "could be almost
+# zero" to a student, where the interval was -50.8/+99.0% (narrow ones, -9.1/+10.0%, read as
+# one ±, the farther end).
+LOPSIDED = 1.25
 
 
 def _reach(time: float, low: float, high: float) -> str:
     """How far an interval reaches from its time: "±3.3%", or "-45.2/+8.1%" where lopsided."""
     down, up = (time - low) / time, (high - time) / time
     wide = max(down, up) > IMPRECISE_REL_CI
-    if wide and low > 0 and high >= time >= low:
-        below, above = math.log(time / low), math.log(high / time)
-        if max(below, above) > LOPSIDED * min(below, above):
-            return f"-{down:.1%}".removesuffix("%") + f"/+{up:.1%}"
+    if wide and high >= time >= low and max(down, up) > LOPSIDED * min(down, up):
+        return f"-{down:.1%}".removesuffix("%") + f"/+{up:.1%}"
     return f"±{max(down, up):.1%}"
 
 
