@@ -146,6 +146,26 @@ def test_an_unfinished_run_is_refused_not_judged(
         assert f"attnbench sweep --resume {half}" in result.stderr
 
 
+def test_cases_gone_from_the_current_run_are_not_a_plain_pass(
+    pair: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """A maintainer's current run swept one layer of the baseline's two and read plain "no
+    regression": the gate passes (nothing regressed that was judged), but says what it did
+    not judge, under every gate but none."""
+    base = pair[0]
+    grid = cases_grid()
+    partial = make_run(tmp_path / "partial", {k: v for k, v in grid.items() if k[0] != "rnn"})
+    gone = sum(k[0] == "rnn" for k in grid)
+    for gate in ("all", "time", "deterministic"):
+        result = runner.invoke(app, ["compare", str(base), str(partial.path), "--fail-on", gate])
+        assert result.exit_code == 0, result.output
+        said = " ".join(result.stdout.split())
+        assert f"no regression shown (--fail-on {gate}):" in said
+        assert f"{gone} baseline case(s) not in the current run, not judged" in said
+    quiet = runner.invoke(app, ["compare", str(base), str(partial.path), "--fail-on", "none"])
+    assert "not in the current run, not judged" not in quiet.stdout
+
+
 def test_json_verdicts_follow_their_schema(pair: tuple[Path, Path, Path]) -> None:
     base, _, worse = pair
     result = runner.invoke(app, ["compare", str(base), str(worse), "--json", "--quiet"])

@@ -111,10 +111,20 @@ class Comparison:
 
     def undecided(self, gate: str = "all") -> str:
         """Where ``gate`` judges time and found no regression, the cases whose time it could
-        not decide, in words ("" where none: ``caveats.undecided_words``)."""
-        if gate not in ("all", "time") or self.regressions(gate):
+        not decide, in words ("" where none: ``caveats.undecided_words``); under any gate,
+        the baseline's cases the current run lacks (a layer dropped from a CI config, or one
+        that no longer imports, read plain "no regression")."""
+        if check_gate(gate) == "none" or self.regressions(gate):
             return ""
-        return undecided_words(self.times["verdict"], self.thresholds)
+        words = (
+            undecided_words(self.times["verdict"], self.thresholds)
+            if gate != "deterministic"
+            else ""
+        )
+        if self.only_baseline:
+            gone = f"{len(self.only_baseline)} baseline case(s) not in the current run, not judged"
+            words = f"{words}; {gone}" if words else gone
+        return words
 
     def _within(self, row: Any) -> str:
         """ " (98% CI 1.21..1.52)" where a case's ratio has an interval, else ""."""
