@@ -11,15 +11,22 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from histories import history, score
 from synthetic import make_run, noisy
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.compare.changes import exact_steps, find_steps, history_steps
+from attnbench.compare.changes import (
+    confirm_note,
+    confirmable_side,
+    exact_steps,
+    find_steps,
+    history_steps,
+)
 from attnbench.errors import AttnbenchError
-from attnbench.results.history import SCHEMA, add_run, load_history
+from attnbench.results.history import SCHEMA, SERIES_KEYS, add_run, load_history
 from attnbench.results.run import RunResults
 
 runner = CliRunner()
@@ -105,6 +112,24 @@ def test_a_commit_its_repository_lacks_or_an_unfinished_run_is_refused(tmp_path:
     )  # fmt: skip
     assert refused.exit_code == 2 and "unfinished (interrupted)" in refused.stderr
     assert refused.stderr.count("\n") == 1 and "--resume" in refused.stderr
+
+
+def test_a_step_too_near_a_series_end_to_confirm_is_said_to_be() -> None:
+    """A maintainer's 3.5x step at the 6th of 10 commits read "0 change points", silently: the
+    exact two-sided Mann-Whitney on 5 a side cannot go under 2/252 = 0.0079, and a step is
+    confirmed under 0.003. It needs 6 a side, which the history now says."""
+    assert confirmable_side() == 6
+    assert find_steps(stepped(10, 5, 2.5)) == []  # 5 a side: no test can confirm it
+    (step,) = find_steps(stepped(12, 6, 2.5))  # 6 a side: found, where it was put
+    assert step.index == 6
+    frame = pd.DataFrame({"machine": "box", "case_id": "c", "commit": [f"c{i}" for i in range(10)]})
+    for key in SERIES_KEYS:
+        frame[key] = "x"
+    note = confirm_note(frame)
+    assert "6 commits on each side" in note and "the last 5 commits of a series" in note
+    assert "the longest series has 10 commit(s), under 12" in note
+    longer = pd.concat([frame, frame.assign(commit=[f"d{i}" for i in range(10)])])
+    assert "longest" not in confirm_note(longer)
 
 
 def test_a_step_is_found_where_it_was_put_and_an_outlier_is_not_one() -> None:

@@ -15,7 +15,7 @@ from rich.markup import escape
 from attnbench.cli.options import json_flag
 from attnbench.cli.render import Streams, frame_table
 from attnbench.compare.bisect import Race, bisect
-from attnbench.compare.changes import history_steps
+from attnbench.compare.changes import confirm_note, history_steps
 from attnbench.errors import AttnbenchError
 from attnbench.metrics import DEVICE_FREE_COUNTS
 from attnbench.render.dashboard import github_commit_url, publish
@@ -80,7 +80,7 @@ def show(
     frame = loaded.frame
     steps = _chosen(history_steps(frame), metric, last)
     if markdown:
-        typer.echo(markdown_table(steps, int(frame["file"].nunique())))
+        typer.echo(markdown_table(steps, int(frame["file"].nunique()), confirm_note(frame)))
         return
     if as_json:
         typer.echo(json.dumps(_history_json(history, frame, steps), indent=1, default=str))
@@ -90,6 +90,8 @@ def show(
         f"{frame['file'].nunique()} run(s) of {frame['commit'].nunique()} commit(s), "
         f"{frame['machine'].nunique()} machine(s): {len(steps)} change point(s)"
     )
+    if streams.notes is not None:
+        streams.notes.print(f"[yellow]note:[/] {escape(confirm_note(frame))}", soft_wrap=True)
     if not steps.empty:
         frame_table(_steps_display(steps), out)
 
@@ -138,9 +140,11 @@ def warn(warnings: tuple[str, ...], streams: Streams) -> None:
             streams.notes.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
 
 
-def markdown_table(steps: pd.DataFrame, runs: int) -> str:
-    """The change points as Markdown: one row a step, slower ones first."""
+def markdown_table(steps: pd.DataFrame, runs: int, note: str = "") -> str:
+    """The change points as Markdown: one row a step, slower ones first; ``note`` (what the
+    history's length lets it show) under the head."""
     head = f"**attnbench history**: {len(steps)} change point(s) over {runs} run(s)\n"
+    head += f"\n_{note}_\n" if note else ""
     if steps.empty:
         return head
     lines = [

@@ -121,6 +121,33 @@ def exact_steps(values: Sequence[float]) -> list[Step]:
     return out
 
 
+def confirmable_side() -> int:
+    """The fewest points either side of a step whose test can reach ``CONFIRM_P``: the exact
+    two-sided Mann-Whitney's least p-value is 2 / C(2k, k), 0.0079 at ``MIN_SIZE``'s 5, so a
+    step needs 6 (a maintainer's 3.5x step at the 6th of 10 commits read "0 change points")."""
+    side = MIN_SIZE
+    while 2 / math.comb(2 * side, side) >= CONFIRM_P:
+        side += 1
+    return side
+
+
+def confirm_note(frame: pd.DataFrame) -> str:
+    """What a history's length lets the time steps show: none within ``confirmable_side`` - 1
+    commits of a series' end, none at all in a series shorter than twice it."""
+    from attnbench.results.history import SERIES_KEYS
+
+    side = confirmable_side()
+    keys = ["machine", *SERIES_KEYS, "case_id"]
+    longest = int(frame.groupby(keys, dropna=False)["commit"].nunique().max()) if len(frame) else 0
+    note = (
+        f"a step in time is confirmed with {side} commits on each side of it (p < "
+        f"{CONFIRM_P:g}): none can show yet in the last {side - 1} commits of a series"
+    )
+    if longest < 2 * side:
+        note += f", and none in these: the longest series has {longest} commit(s), under {2 * side}"
+    return note
+
+
 def history_steps(frame: pd.DataFrame) -> pd.DataFrame:
     """Every step of every series in a history (``results.history.load_history``'s frame): one
     row per step, with its series, case, metric, the last commit before and the first after it,
