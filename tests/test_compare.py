@@ -460,6 +460,13 @@ def test_normalising_uses_each_models_own_calibration(tmp_path: Path) -> None:
     rnn = normalized.times[normalized.times["layer"] == "rnn"]
     assert rnn["ratio_normalized"].between(0.9, 1.1).all()
     assert rnn["ratio"].between(1.8, 2.2).all()
+    # the table's interval and the normalised ratio it brackets are the judged ones, and the
+    # header says so: "98% CI" had switched to the normalised ratio beside a raw one, unsaid
+    shown = display_table(normalized).iloc[:-1]
+    assert "98% CI (norm.)" in shown and "98% CI" not in shown
+    for r, judged in zip(shown.itertuples(), normalized.times.itertuples(), strict=True):
+        assert float(r[shown.columns.get_loc("norm. ratio") + 1]) == round(judged.ratio_judged, 3)
+    assert "98% CI" in display_table(raw)
 
 
 def test_a_terminals_marks_come_from_the_verdicts_not_the_words(tmp_path: Path) -> None:

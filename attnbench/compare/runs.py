@@ -91,9 +91,11 @@ class Comparison:
             f"{r.case_id}: {r.status_base} -> {r.status_new}" for r in status.itertuples()
         ]  # a case that breaks fails every gate
         if gate in ("all", "time"):
+            normalized = " (normalized)" if self.thresholds.normalize else ""
             slow = self.times[self.times["verdict"] == REGRESSION]
             found += [
-                f"{r.case_id}: time x{r.ratio_judged:.3f}{self._within(r)} (p = {r.p_value:.2g})"
+                f"{r.case_id}: time{normalized} x{r.ratio_judged:.3f}{self._within(r)} "
+                f"(p = {r.p_value:.2g})"
                 for r in slow.itertuples()
             ]
             overall = self.overall_verdict
@@ -313,7 +315,10 @@ def compare_runs(
     # An interleaved run's cases are judged on their paired ratios, and so is the whole: the
     # ratio of two pooled medians weighs each round by the samples it took, and a run whose
     # machine changed state between rounds moves it while every pair reads 1.
-    overall = {"raw": judge_overall(ok["ratio_judged" if paired else "ratio"].tolist(), thresholds)}
+    # (unnormalised, the judged ratios, as the table shows them: not the ratio of two times
+    # over rounds the test weighed otherwise)
+    raw = "ratio" if thresholds.normalize and not paired else "ratio_judged"
+    overall = {"raw": judge_overall(ok[raw].tolist(), thresholds)}
     if calibration:
         overall["normalized"] = judge_overall(ok["ratio_normalized"].tolist(), thresholds)
     return Comparison(
