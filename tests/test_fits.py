@@ -647,12 +647,19 @@ def test_a_better_model_that_lacks_the_own_terms_is_not_called_own_plus():
     b·n·d·N" claimed conv's formula held plus a term; it reads as another model instead."""
     from attnbench.render.costmodels import _better
 
-    own = pd.Series({"layer": "conv", "best": False, "coefficients": {"b·n·k·d²": 1e-11}})
+    own = pd.Series({"layer": "conv", "best": False, "coefficients": {"b·n·k·d²": 1e-11},
+                     "rms": 0.2})  # fmt: skip
     best = pd.Series({"model": "state space", "formula": "α·b·n·d·N + β·d·N + γ",
-                      "coefficients": {"b·n·d·N": 1e-9, "d·N": 0.0}})  # fmt: skip
+                      "coefficients": {"b·n·d·N": 1e-9, "d·N": 0.0}, "rms": 0.1})  # fmt: skip
     assert _better(own, best) == "state space's model instead (adds b·n·d·N; lacks b·n·k·d²)"
     both = pd.Series({**best.to_dict(), "coefficients": {"b·n·k·d²": 1e-11, "b·n·d·N": 1e-9}})
     assert _better(own, both) == "own + b·n·d·N, from state space's model"
+    # ranked first by AICc but with the larger rel. RMS: best on neither alone, said so (a
+    # student read attention's own 6.3% beside a "best" at 100.6% as not quadratic)
+    worse = pd.Series({**best.to_dict(), "rms": 1.006})
+    assert _better(own, worse) == (
+        "own by rel. RMS; by AICc, state space's model instead (adds b·n·d·N; lacks b·n·k·d²)"
+    )
 
 
 def test_a_crossover_outside_the_measured_sizes_says_which_side_it_lies_on() -> None:
