@@ -650,3 +650,25 @@ def _failing_after(append, cases: int, monkeypatch: pytest.MonkeyPatch):  # type
         return append(self, result, calibration, process)
 
     return wrapped
+
+
+def test_the_bar_follows_the_cases_an_auto_sweep_may_still_measure() -> None:
+    """A new user's bar planned 495 units (165 cases, 3 rounds) at its first event and ended
+    the sweep at 168 of them: --n auto drops the lengths a settled line will not reach. The
+    total follows each event's, so a finished sweep ends its bar full."""
+    import io
+
+    from rich.console import Console
+
+    from attnbench.cli.render import SweepProgress
+
+    console = Console(file=io.StringIO(), width=200, force_terminal=True)
+    case = _grid().cases()[0]
+    with SweepProgress(console) as progress:
+        assert progress.bar is not None
+        progress(ProgressEvent("start", 0, 165, case, rounds=3))
+        task = progress.bar.tasks[0]
+        assert task.total == 495
+        progress(ProgressEvent("done", 0, 56, case, rounds=3, units_done=168))
+        task = progress.bar.tasks[0]
+        assert task.total == 168 and task.completed == 168  # full: every planned unit done

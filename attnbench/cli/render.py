@@ -191,16 +191,19 @@ class SweepProgress:
             )
             return
         if self.bar is not None:
+            # One unit per case and timing round, of the cases the sweep may still measure:
+            # under --n auto that shrinks as lines settle (a new user's bar was left at 168 of
+            # the 495 its first event planned, at the end of the sweep).
+            total = max(event.total * event.rounds, event.units_done)
             if self.task is None:
-                total = event.total * event.rounds  # one unit per case and timing round
                 self.task = self.bar.add_task("sweep", total=total, completed=event.units_done)
             if event.kind == "start":
                 prefix = f"round {event.round} " if event.round > 1 else ""
                 if event.running > 1:
                     prefix = f"{event.running} running, latest: {prefix}"
-                self.bar.update(self.task, description=prefix + event.case.label())
+                self.bar.update(self.task, total=total, description=prefix + event.case.label())
             else:
-                self.bar.update(self.task, completed=event.units_done)
+                self.bar.update(self.task, total=total, completed=event.units_done)
         elif event.kind == "done" and not self.quiet:
             line = case_line(
                 event, where=self.where, upto=self.upto, most=self.most, width=self.width
