@@ -465,6 +465,14 @@ def test_summary_tables_cut_no_cell_in_a_log(
     left = said.split("columns left out to fit this terminal's 60 columns: ")[1].split(" (")[0]
     assert left.split(", ")[:2] == ["elem.", "faults/call"] and "path" not in left
     assert "…" not in said and "path" in said.split("columns left out")[0]
+    # a column one table lost and another kept says whose: a new user read "between" as gone
+    # from all eleven where conv's table alone had lost it
+    from attnbench.cli.summary import left_out_names
+
+    found = left_out_names(
+        {"elem.": ["conv", "rnn"], "between": ["conv"]}, {"elem.": 2, "between": 11}
+    )
+    assert found == ["elem.", "between (conv's)"]
 
 
 def test_a_layer_whose_cases_were_all_skipped_keeps_its_title_on_one_line(

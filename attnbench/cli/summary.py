@@ -34,6 +34,7 @@ from attnbench.schema import (
     numeric_column,
 )
 from attnbench.spec import TRAIN_NOTE
+from attnbench.units import some_of
 
 
 def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()) -> str:
@@ -126,7 +127,8 @@ def summary_tables(run: RunResults, console: Console) -> None:
     frame = run.frame
     off_trend = frozenset(trend_outliers(run.measured)["case_id"])
     keys = ["layer", "device_name"] if len(run.devices) > 1 else ["layer"]
-    left_out: dict[str, None] = {}
+    left_out: dict[str, list[str]] = {}  # each column left out, by the tables it left
+    had: dict[str, int] = {}  # the tables each column would have been in
     for key, group in frame.groupby(keys, sort=False):
         layer, *device = key if isinstance(key, tuple) else (key,)
         title = f"{layer} on {device[0] or 'no device (not run)'}" if device else f"{layer}"
@@ -134,6 +136,8 @@ def summary_tables(run: RunResults, console: Console) -> None:
         # The columns this layer measured (a time run has no instructions, and the reverse).
         ok = group[group["status"] == Status.OK]
         shown = [c.name for c in SUMMARY_COLUMNS if ok[c.name].notna().any()] or ["time_s"]
+        for name in shown:
+            had[_header(name)] = had.get(_header(name), 0) + 1
         table = _layer_table(title, group, shown, off_trend)
         # A terminal too narrow for them all: columns are left out, not every column squeezed
         # (Rich emptied n and d first, at 80 and 100 columns, and a row read as no case). The
@@ -141,7 +145,7 @@ def summary_tables(run: RunResults, console: Console) -> None:
         # under about 40 columns Rich squeezes those again.
         while console.is_terminal and len(shown) > 2 and _width(console, table) > console.width:
             dropped = min(shown[2:], key=lambda name: KEEP_LONGEST.get(name, -1))
-            left_out.update({_header(dropped): None})
+            left_out.setdefault(_header(dropped), []).append(str(layer))
             shown.remove(dropped)
             table = _layer_table(title, group, shown, off_trend)
         if _width(console, table) < cell_len(title):  # narrow (its cases all skipped)
@@ -159,13 +163,24 @@ def summary_tables(run: RunResults, console: Console) -> None:
     )
     console.print(f"{len(frame)} of {run.cases_total} cases: {summary}")
     if left_out:
+        # a column left out of some tables only says which (a new user read "between" as
+        # gone from every table where conv's alone had lost it)
+        named = left_out_names(left_out, had)
         console.print(
             f"columns left out to fit this terminal's {console.width} columns: "
-            f"{', '.join(left_out)} (a wider terminal shows them; so does attnbench "
+            f"{', '.join(named)} (a wider terminal shows them; so does attnbench "
             f"show {run.path} | less -S, and results.csv holds them all)",
             markup=False,
             highlight=False,
         )
+
+
+def left_out_names(left_out: dict[str, list[str]], had: dict[str, int]) -> list[str]:
+    """Each column left out, with the tables that lost it where others kept it."""
+    return [
+        name if len(tables) >= had.get(name, 0) else f"{name} ({some_of(tables)}'s)"
+        for name, tables in left_out.items()
+    ]
 
 
 def _header(column: str) -> str:
