@@ -470,3 +470,14 @@ def test_the_method_note_names_the_test_that_judged() -> None:
     note = method_note(comparison)
     assert "a one-sided Welch t-test with p < 0.01 on the logs of the timing rounds'" in note
     assert "else a one-sided Mann-Whitney U test on the raw samples (at least" in note
+
+
+def test_sweep_json_with_output_is_pointed_at_format_json(
+    pair: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """On sweep, --json prints the run: --output with it was told it needed "--markdown, --json
+    or --format", --json given. It now names --format json, the verdicts as JSON."""
+    args = ["sweep", "--baseline", str(pair[0]), "--json", "--output", str(tmp_path / "v.json")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "--format (json for them as JSON" in result.stderr and "--json or" not in result.stderr

@@ -100,10 +100,13 @@ def pick(options: Mapping[str, Any], group: Iterable[inspect.Parameter]) -> dict
     return {key: value for key, value in options.items() if key in keys and value is not None}
 
 
-def verdict_format(options: Mapping[str, Any], as_json: bool = False) -> str:
+def verdict_format(
+    options: Mapping[str, Any], as_json: bool = False, *, json_is_verdicts: bool = True
+) -> str:
     """The one format a judging command prints: ``--format``, or ``--markdown`` / ``--json``.
 
-    ``as_json`` is the command's own ``--json`` when it means the verdicts (``compare``).
+    ``as_json`` is the command's own ``--json`` when it means the verdicts (``compare``);
+    ``json_is_verdicts`` False where it means something else (``sweep``'s, the run).
     """
     chosen = {options.get("format") or "table"} - {"table"}
     chosen |= {"markdown"} if options.get("markdown") else set()
@@ -116,7 +119,12 @@ def verdict_format(options: Mapping[str, Any], as_json: bool = False) -> str:
             f"--format {options.get('format')!r}: accepted: {', '.join(VERDICT_FORMATS)}"
         )
     if options.get("output") is not None and name == "table":
-        raise AttnbenchError("--output needs --markdown, --json or --format (not table)")
+        if json_is_verdicts:
+            raise AttnbenchError("--output needs --markdown, --json or --format (not table)")
+        raise AttnbenchError(  # a maintainer's --json --output on sweep was told to add --json
+            "--output writes the verdicts: it needs --markdown or --format (json for them as "
+            "JSON; sweep's own --json prints the run, on stdout)"
+        )
     return name
 
 

@@ -172,7 +172,7 @@ def sweep(
     with --strict a case that ended failed, oom or timeout exits 1 too.
     """
     thresholds, gate = gate_from(options)
-    fmt = verdict_format(options)
+    fmt = verdict_format(options, json_is_verdicts=False)
     output = options.get("output")
     _check_flags(fmt, output, baseline=baseline, as_json=as_json)
     # Checked before measuring: a mistyped baseline must not cost a whole sweep.
