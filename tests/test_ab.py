@@ -277,3 +277,13 @@ def test_the_start_names_the_code_each_side_ran_where_one_name_is_two_copies() -
     assert current.endswith("layers conv (sha256 d6fd2d1eb0b6)")
     start.clusters["base"]["layers"] = {}  # a built-in: its name alone
     assert describe_sides(start)[0].endswith("layers conv")
+    # two checkouts of one version, attention edited on one, read alike: where the sides'
+    # code differs, each line gives its digest and commit
+    start.environments["base"] = {"code_digest": "aa" * 32, "git_commit": "474a0027f7e1"}
+    start.environments["current"] = {"code_digest": "bb" * 32, "git_commit": "474a0027f7e1",
+                                     "git_dirty": True}  # fmt: skip
+    base, current = describe_sides(start)
+    assert "(code sha256 aaaaaaaaaaaa, commit 474a0027f7)," in base
+    assert "(code sha256 bbbbbbbbbbbb, commit 474a0027f7, with changes)," in current
+    start.environments["current"] = start.environments["base"]
+    assert "sha256 aaaa" not in describe_sides(start)[0]  # the same code: not said

@@ -321,7 +321,10 @@ def _once(job: Job) -> Callable[[Placement], Job | None]:
 
 
 def describe_sides(start: ABStart) -> list[str]:
-    """What is being compared: each side's interpreter, attnbench, torch and layers."""
+    """What is being compared: each side's interpreter, attnbench (with its code's digest and
+    commit where the sides' code differs: a maintainer's two checkouts of one version, attention
+    edited on one, read alike), torch and layers."""
+    digests = {str(start.environments[side].get("code_digest") or "") for side in SIDES}
     lines = []
     for side in SIDES:
         env, cluster = start.environments[side], start.clusters[side]
@@ -329,11 +332,25 @@ def describe_sides(start: ABStart) -> list[str]:
         layers = ", ".join(
             _with_digest(name, sources.get(name)) for name in start.grids[side].layers
         )
+        code = _code(env) if len(digests) > 1 else ""
         lines.append(
-            f"{side}: attnbench {env.get('attnbench_version')}, torch {env.get('torch_version')}, "
+            f"{side}: attnbench {env.get('attnbench_version')}{code}, "
+            f"torch {env.get('torch_version')}, "
             f"Python {env.get('python_version')} ({cluster.get('python')}); layers {layers}"
         )
     return lines
+
+
+def _code(env: Mapping[str, Any]) -> str:
+    """ " (code sha256 1a2b3c4d5e6f, commit 474a0027f7, with changes)" from a side's
+    environment; the parts it does not record are left out."""
+    parts = []
+    if env.get("code_digest"):
+        parts.append(f"code sha256 {str(env['code_digest'])[:12]}")
+    if env.get("git_commit"):
+        dirty = ", with changes" if env.get("git_dirty") else ""
+        parts.append(f"commit {str(env['git_commit'])[:10]}{dirty}")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _with_digest(name: str, source: Any) -> str:
