@@ -264,7 +264,7 @@ def test_every_commands_help_wraps_at_the_terminals_width() -> None:
 def test_a_lopsided_interval_reads_by_both_ends() -> None:
     """A busy machine's interval reaches down to a quiet re-run: "±45.0%" read as though a
     re-run might be 45% slower. A log interval's own slight lean still reads as one ±."""
-    from attnbench.cli.summary import _reach
+    from attnbench.cli.imprecise import reach_text as _reach
 
     assert _reach(1.0, 0.55, 1.08) == "-45.0/+8.0%"
     assert _reach(1.0, 0.92, 1.45) == "-8.0/+45.0%"

@@ -1,5 +1,6 @@
 """The summary's note on the cases marked ``!``: why each one's interval is wide, and what
-would narrow it (more processes, a quieter machine, or nothing a sweep gives)."""
+would narrow it (more processes, a quieter machine, or nothing a sweep gives); and how far an
+interval reaches, as the ±95% column shows it."""
 
 from __future__ import annotations
 
@@ -161,3 +162,21 @@ def _more_processes(imprecise: pd.DataFrame) -> tuple[str, bool]:
         f"quieter machine needs fewer{first}.",
         True,
     )
+
+
+# A wide interval (past the mark's ±5%) whose one end reaches this many times as far as the
+# other is shown by both ends, "-45.2/+8.1%": a busy machine's reaches down to a quiet re-run,
+# and "±45.2%" read as though a re-run might be 45% slower (a new user's conv n=128:
+# -54.5%/+34.0%). So is a wide log interval's own lean: "±99.0%" read as "could be almost
+# zero" to a student, where the interval was -50.8/+99.0% (narrow ones, -9.1/+10.0%, read as
+# one ±, the farther end).
+LOPSIDED = 1.25
+
+
+def reach_text(time: float, low: float, high: float) -> str:
+    """How far an interval reaches from its time: "±3.3%", or "-45.2/+8.1%" where lopsided."""
+    down, up = (time - low) / time, (high - time) / time
+    wide = max(down, up) > IMPRECISE_REL_CI
+    if wide and high >= time >= low and max(down, up) > LOPSIDED * min(down, up):
+        return f"-{down:.1%}".removesuffix("%") + f"/+{up:.1%}"
+    return f"±{max(down, up):.1%}"

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnbench.cli.correctness import compile_notes, correctness_notes, fast_path_notes
-from attnbench.cli.imprecise import imprecise_note
+from attnbench.cli.imprecise import imprecise_note, reach_text
 from attnbench.cli.reach import auto_note, final_readings
 from attnbench.cli.reruns import moved_note, sweeps_note
 from attnbench.estimators import IMPRECISE_REL_CI, QUIET_FACTOR, rel_ci
@@ -51,7 +51,7 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
         text = (
             "-"
             if reach == float("inf")
-            else _reach(row.time_s, row.time_ci_low_s, row.time_ci_high_s)
+            else reach_text(row.time_s, row.time_ci_low_s, row.time_ci_high_s)
         )
         if 1 <= reach < float("inf") and row.time_ci_low_s > 0:  # a log interval this wide
             factor = max(row.time_ci_high_s / row.time_s, row.time_s / row.time_ci_low_s)
@@ -62,24 +62,6 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
     if column == "path_len" and Provenance.parse(row.path_len_method).extended:
         return f"{text}*"
     return text
-
-
-# A wide interval (past the mark's ±5%) whose one end reaches this many times as far as the
-# other is shown by both ends, "-45.2/+8.1%": a busy machine's reaches down to a quiet re-run,
-# and "±45.2%" read as though a re-run might be 45% slower (a new user's conv n=128:
-# -54.5%/+34.0%). So is a wide log interval's own lean: "±99.0%" read as "could be almost
-# zero" to a student, where the interval was -50.8/+99.0% (narrow ones, -9.1/+10.0%, read as
-# one ±, the farther end).
-LOPSIDED = 1.25
-
-
-def _reach(time: float, low: float, high: float) -> str:
-    """How far an interval reaches from its time: "±3.3%", or "-45.2/+8.1%" where lopsided."""
-    down, up = (time - low) / time, (high - time) / time
-    wide = max(down, up) > IMPRECISE_REL_CI
-    if wide and high >= time >= low and max(down, up) > LOPSIDED * min(down, up):
-        return f"-{down:.1%}".removesuffix("%") + f"/+{up:.1%}"
-    return f"±{max(down, up):.1%}"
 
 
 def _calls(group: pd.DataFrame) -> str:

@@ -1,6 +1,7 @@
 """What differs between two runs that changes what comparing them means, each in one line:
 their settings and environment, their layers' code, the machine's state in each, and the cases
-whose time is a busy machine's. ``compare_runs`` puts them before its verdicts."""
+whose time is a busy machine's. ``compare_runs`` puts them before its verdicts; a run that is
+unfinished, or not calibrated where --normalize asks for it, it refuses."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from typing import Any
 import pandas as pd
 
 from attnbench.compare.verdicts import NOT_SIGNIFICANT, THROTTLED, TOO_FEW
+from attnbench.errors import AttnbenchError
 from attnbench.layers.entry import LayerSource
 from attnbench.measure.timing.allocator import huge_pages
 from attnbench.options import OPTIONS
 from attnbench.results.environment import compare_keys
 from attnbench.results.reruns import same_state, typical_reference
 from attnbench.results.run import BUSY_NOTE, RunResults
+from attnbench.schema import RunStatus
 from attnbench.thresholds import Thresholds
 
 
@@ -133,3 +136,52 @@ def undecided_words(verdicts: pd.Series, thresholds: Thresholds) -> str:
         f"time undecided for {count} of {len(verdicts)} shared case(s) ({'; '.join(parts)}): "
         "the gate passes them, and more --processes would decide them"
     )
+
+
+def check_finished(baseline: RunResults, current: RunResults) -> None:
+    """A run stopped part way is refused, not judged: a CI job killed by its time limit and
+    then compared went green, its unmeasured cases listed as on one side only."""
+    for role, run in (("baseline", baseline), ("current", current)):
+        if run.status != RunStatus.COMPLETE:
+            raise AttnbenchError(
+                f"the {role} run {str(run.path)!r} is unfinished ({run.status}): finish it with "
+                f"attnbench sweep --resume {run.path}, then compare"
+            )
+
+
+# Calibration kernels timed this far apart between two runs say the machine's speed moved.
+CALIBRATION_APART = 1.25
+
+
+def calibration_of(base: RunResults, new: RunResults, normalize: bool) -> dict[str, float]:
+    base_s, new_s = base.calibration_s, new.calibration_s
+    same_kernel = base.record.calibration == new.record.calibration
+    if normalize:
+        for run, value in ((base, base_s), (new, new_s)):
+            if value is None:
+                raise AttnbenchError(
+                    f"--normalize: {str(run.path)!r} has no calibration samples (a run made "
+                    "before attnbench timed them); re-run it, or compare without --normalize"
+                )
+        if not same_kernel:
+            raise AttnbenchError(
+                "--normalize: the two runs timed different calibration kernels "
+                f"({base.record.calibration} and {new.record.calibration})"
+            )
+    if base_s is None or new_s is None or not same_kernel:
+        return {}
+    return {"base_s": base_s, "new_s": new_s, "ratio": new_s / base_s}
+
+
+def normalizing_scales(run: RunResults, run_s: float | None, by_device: bool) -> dict[str, float]:
+    """What normalising multiplies a case's times by: one over the median calibration GEMM, per
+    device model when the runs span several ("" for the whole run); empty without calibration."""
+    if run_s is None:
+        return {}
+    scales = {"": 1 / run_s}
+    if by_device:
+        for device in run.devices:
+            own = run.for_device(device).calibration_s
+            if own is not None:
+                scales[device] = 1 / own
+    return scales

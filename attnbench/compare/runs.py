@@ -14,7 +14,15 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.compare.caveats import busy_warnings, environment_warnings, undecided_words
+from attnbench.compare.caveats import (
+    CALIBRATION_APART,
+    busy_warnings,
+    calibration_of,
+    check_finished,
+    environment_warnings,
+    normalizing_scales,
+    undecided_words,
+)
 from attnbench.compare.verdicts import (
     IMPROVEMENT,
     NOT_COMPARED,
@@ -39,7 +47,7 @@ from attnbench.estimators import estimate
 from attnbench.measure.counts.ops import RECURRENT_OPS, fused_names
 from attnbench.metrics import EXACT_METRICS, METRIC
 from attnbench.results.run import RunResults
-from attnbench.schema import RunStatus, Status
+from attnbench.schema import Status
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, check_gate
 
 
@@ -137,54 +145,6 @@ class Comparison:
         return bool(self.regressions(gate))
 
 
-def _check_finished(role: str, run: RunResults) -> None:
-    """A run stopped part way is refused, not judged: a CI job killed by its time limit and
-    then compared went green, its unmeasured cases listed as on one side only."""
-    if run.status != RunStatus.COMPLETE:
-        raise AttnbenchError(
-            f"the {role} run {str(run.path)!r} is unfinished ({run.status}): finish it with "
-            f"attnbench sweep --resume {run.path}, then compare"
-        )
-
-
-# Calibration kernels timed this far apart between two runs say the machine's speed moved.
-CALIBRATION_APART = 1.25
-
-
-def _calibration(base: RunResults, new: RunResults, normalize: bool) -> dict[str, float]:
-    base_s, new_s = base.calibration_s, new.calibration_s
-    same_kernel = base.record.calibration == new.record.calibration
-    if normalize:
-        for run, value in ((base, base_s), (new, new_s)):
-            if value is None:
-                raise AttnbenchError(
-                    f"--normalize: {str(run.path)!r} has no calibration samples (a run made "
-                    "before attnbench timed them); re-run it, or compare without --normalize"
-                )
-        if not same_kernel:
-            raise AttnbenchError(
-                "--normalize: the two runs timed different calibration kernels "
-                f"({base.record.calibration} and {new.record.calibration})"
-            )
-    if base_s is None or new_s is None or not same_kernel:
-        return {}
-    return {"base_s": base_s, "new_s": new_s, "ratio": new_s / base_s}
-
-
-def _scales(run: RunResults, run_s: float | None, by_device: bool) -> dict[str, float]:
-    """What normalising multiplies a case's times by: one over the median calibration GEMM, per
-    device model when the runs span several ("" for the whole run); empty without calibration."""
-    if run_s is None:
-        return {}
-    scales = {"": 1 / run_s}
-    if by_device:
-        for device in run.devices:
-            own = run.for_device(device).calibration_s
-            if own is not None:
-                scales[device] = 1 / own
-    return scales
-
-
 def _kernels(row: pd.Series, recorded: bool) -> str:
     """The fused paths and convolution implementations a case's timed call ran, by name
     ("mkldnn_convolution, mkldnn_rnn_layer"; empty where none, or not recorded): a change
@@ -256,11 +216,9 @@ def compare_runs(
     two layers against each other); ``paired`` judges time on the paired per-round ratios of an
     interleaved run instead of comparing the two runs' samples.
     """
-    for role, run in (("baseline", baseline), ("current", current)):
-        _check_finished(role, run)
-    calibration = _calibration(baseline, current, thresholds.normalize)
-    base = baseline.frame.set_index("case_id")
-    new = current.frame.set_index("case_id")
+    check_finished(baseline, current)
+    calibration = calibration_of(baseline, current, thresholds.normalize)
+    base, new = baseline.frame.set_index("case_id"), current.frame.set_index("case_id")
     shared, only_baseline, only_current = _matched(baseline, current, base, new, pairs)
     devices = list(dict.fromkeys([*baseline.devices, *current.devices]))
     by_device = len(devices) > 1
@@ -274,9 +232,9 @@ def compare_runs(
         same_device=baseline.record.environment.get("device_name")
         == current.record.environment.get("device_name"),
         by_device=by_device,
-        # Empty when the runs cannot be normalised against each other (see _calibration).
-        scales_base=_scales(baseline, calibration.get("base_s"), by_device),
-        scales_new=_scales(current, calibration.get("new_s"), by_device),
+        # Empty when the runs cannot be normalised against each other (calibration_of).
+        scales_base=normalizing_scales(baseline, calibration.get("base_s"), by_device),
+        scales_new=normalizing_scales(current, calibration.get("new_s"), by_device),
         # The kernels a case ran are compared only where both runs recorded the convolution's
         # (``backend``): a run that did not would read as a change of kernel.
         recorded=not {"backend"} & {*baseline.record.unrecorded, *current.record.unrecorded},
@@ -315,9 +273,7 @@ def compare_runs(
     # An interleaved run's cases are judged on their paired ratios, and so is the whole: the
     # ratio of two pooled medians weighs each round by the samples it took, and a run whose
     # machine changed state between rounds moves it while every pair reads 1.
-    # (unnormalised, the judged ratios, as the table shows them: not the ratio of two times
-    # over rounds the test weighed otherwise)
-    raw = "ratio" if thresholds.normalize and not paired else "ratio_judged"
+    raw = "ratio" if thresholds.normalize and not paired else "ratio_judged"  # as shown
     overall = {"raw": judge_overall(ok[raw].tolist(), thresholds)}
     if calibration:
         overall["normalized"] = judge_overall(ok["ratio_normalized"].tolist(), thresholds)

@@ -147,13 +147,11 @@ def _within(row: Any, thresholds: Thresholds) -> str:
 
 
 def _reaching(row: Any, thresholds: Thresholds) -> str:
-    """A move its test found, under the threshold at its estimate, whose interval reaches past
-    it: past the threshold is what was not shown (``compare.verdicts._bounded``)."""
-    ratio, limit = row.ratio_judged, thresholds.max_slowdown
+    """A move its test found whose interval reaches past the threshold (``_bounded``)."""
     basis = "normalized, " if thresholds.normalize else ""
     return (
-        f"past +{limit:.0%} ({basis}{ratio - 1:+.1%}, significant; "
-        f"its interval reaches {row.ratio_high - 1:+.1%})"
+        f"past +{thresholds.max_slowdown:.0%} ({basis}{row.ratio_judged - 1:+.1%}, significant;"
+        f" its interval reaches {row.ratio_high - 1:+.1%})"
     )
 
 
@@ -164,8 +162,7 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
     """One row of strings per shared case, then the OVERALL row: what people read."""
     normalized = bool(comparison.calibration)
     level = f"{interval_level(comparison.thresholds.alpha)} CI"  # the test's dual interval
-    if comparison.thresholds.normalize:  # of the normalised ratio, which the test judged
-        level += " (norm.)"
+    level += " (norm.)" if comparison.thresholds.normalize else ""  # of the ratio judged
     rows = []
     for r in comparison.times.itertuples():
         row = {"layer": r.layer}
@@ -177,9 +174,8 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
             "d": str(r.d),
             "baseline": fmt_seconds(r.time_base_s),
             "current": fmt_seconds(r.time_new_s),
-            # The ratio the test judged, which its interval and p are of: an interleaved run's
-            # pairs' median, the rounds' geometric means, one round's samples' medians (a
-            # maintainer's one-round case read 2.650 in the table and x2.598 in its verdict).
+            # The ratio the test judged, which its interval and p are of (a maintainer's
+            # one-round case read 2.650 in the table and x2.598 in its verdict).
             "ratio": _ratio(r.ratio if comparison.thresholds.normalize else r.ratio_judged),
         }
         if normalized:  # under --normalize, the judged ratio is the normalised one
