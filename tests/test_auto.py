@@ -507,7 +507,8 @@ def test_the_summary_names_the_lines_an_auto_sweep_stopped_short_of_their_regime
         *settled, line("attention", Stopped.BUDGET, 4096), line("lstm", Stopped.BUDGET, 512),
         line("ssm", Stopped.TIME, 2048), line("gru", None, 256),
     ))  # fmt: skip
-    assert note.startswith("--n auto: 2 of 6 lines reached their regime (")
+    # the lines that did are named (a new user looked for the one)
+    assert note.startswith("--n auto: 2 of 6 lines reached their regime (conv, rnn: counted")
     assert ", 1 had not stopped (the run is unfinished); 3 stopped short of it" in note
     assert (
         "attention at n=4096, lstm at n=512 on their share of the budget (a larger "

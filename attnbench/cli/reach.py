@@ -13,6 +13,7 @@ from attnbench.regime import REGIME_BAND, REGIME_SIZES
 from attnbench.results.record import SHORT_OF_REGIME, AutoLine, Stopped
 from attnbench.schema import numeric_column
 from attnbench.table import fixed_at, overhead_lengths
+from attnbench.units import some_of
 
 
 class Reading(enum.StrEnum):
@@ -172,7 +173,9 @@ def auto_note(lines: tuple[AutoLine, ...], read: Mapping[str, Reading] | None = 
         parts.append(part + (f" ({further.format(**words)})" if further else ""))
     going = sum(line.stopped is None for line in lines)
     stopped = len(lines) - settled - going
-    head = f"--n auto: {settled} of {len(lines)} lines reached their regime ({rule})"
+    reached = [_label(line, lines) for line in lines if line.stopped is Stopped.REGIME]
+    which = f"{some_of(reached)}: " if reached else ""  # a new user looked for the one
+    head = f"--n auto: {settled} of {len(lines)} lines reached their regime ({which}{rule})"
     if going:
         head += f", {going} had not stopped (the run is unfinished)"
     if not stopped:
