@@ -132,6 +132,7 @@ def _time_chart(
         return None  # too few sizes, or a run that counted instructions instead of timing
     fig, cells = small_multiples(analysis.layers, frame, other, fixed_values, title)
     models = kernels = changes = 0
+    guides = ""  # the order guides drawn, named for the key
     for fixed, panel, ax in cells:
         marked = 0  # this panel's lines that marked a change of kernel
         at = frame[(frame[other] == fixed) & frame["layer"].isin(panel.layers)]
@@ -161,14 +162,14 @@ def _time_chart(
         legend(ax)
         if panel.chapter and along == "n":
             ax.set_title(f"{ax.get_title()}\n{_claim(analysis, panel)}", fontsize=9)
-            order_guides(ax, at, decode=analysis.mode == "decode")
+            guides = order_guides(ax, at, decode=analysis.mode == "decode") or guides
     # The key names the dashed and dotted lines only where some were drawn: in a spare cell of
     # the grid, or once under the title.
     cell = spare_cell(fig, [ax for _, _, ax in cells]) if len(cells) > 1 else None
     if cell is not None:
-        time_key(cell, bool(models), bool(kernels), bool(changes))
+        time_key(cell, bool(models), bool(kernels), bool(changes), guides)
     else:
-        time_key_title(fig, title, bool(models), bool(kernels), bool(changes))
+        time_key_title(fig, title, bool(models), bool(kernels), bool(changes), guides)
     return fig
 
 

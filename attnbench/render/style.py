@@ -295,14 +295,15 @@ NEAR_TOP = 1.5  # a guide's end this close to the panel's longest time has no ro
 BACK = 1.5  # a label with no room at its guide's end sits this factor in n back along it
 
 
-def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> None:
+def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> str:
     """Faint slopes of n and n² from the panel's fastest first point, so the chapter's two
     orders can be read off the lines at a glance (the fits' exponents are in the legend); in a
-    decode run, the orders of one step: flat, and n."""
+    decode run, the orders of one step: flat, and n. Returns their names, for the key ("":
+    none drawn)."""
     n0, n1 = float(at["n"].min()), float(at["n"].max())
     t0, top = float(at.loc[at["n"] == n0, "time_s"].min()), float(at["time_s"].max())
     if not (n1 > n0 and top > t0 > 0):
-        return
+        return ""
     orders = ((0, "∝ 1"), (1, "∝ n")) if decode else ((1, "∝ n"), (2, "∝ n²"))
     for power, name in orders:
         # up to the panel's longest time: a guide never widens the shared scale
@@ -330,6 +331,7 @@ def order_guides(ax: Axes, at: pd.DataFrame, *, decode: bool = False) -> None:
             name, xy, xytext=offset, textcoords="offset points", fontsize=8, color="0.45",
             ha=ha, va=va,
         )  # fmt: skip
+    return ", ".join(name for _, name in orders)
 
 
 # The title's keys are packed into lines that fit the figure: about this many inches a
@@ -351,7 +353,7 @@ def key_lines(keys: list[str], width: float) -> list[str]:
 
 
 def time_key_title(
-    fig: Figure, title: str, models: bool, kernels: bool, changes: bool = False
+    fig: Figure, title: str, models: bool, kernels: bool, changes: bool = False, guides: str = ""
 ) -> None:
     """The time chart's keys under its title, where its grid has no spare cell, packed into
     lines that fit the figure (one panel: a new user's chart of three layers lost both ends
@@ -360,12 +362,17 @@ def time_key_title(
         "dotted: kernels' time, hollow: overhead-bound"
     ] * kernels
     keys += ["a tick at the foot: a layer's convolution kernel changed"] * changes
+    keys += [f"grey dash-dot: slopes {guides} from the fastest first point"] * bool(guides)
     keys += ["band: its samples' quartiles", "[lo, hi]: the fitted exponent's 95% interval"]
     fig.suptitle("\n".join([title, *key_lines(keys, fig.get_figwidth())]))
 
 
-def time_key(cell: Axes, models: bool, kernels: bool, changes: bool = False) -> None:
-    """How to read a panel of the time chart, drawn in a spare cell of its grid."""
+def time_key(
+    cell: Axes, models: bool, kernels: bool, changes: bool = False, guides: str = ""
+) -> None:
+    """How to read a panel of the time chart, drawn in a spare cell of its grid; ``guides``:
+    the slopes ``order_guides`` drew ("∝ n, ∝ n²"; a student found the lines that show the
+    quadratic missing from the key, beside a dashed model line that looks alike)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -387,6 +394,9 @@ def time_key(cell: Axes, models: bool, kernels: bool, changes: bool = False) -> 
     if changes:
         foot = Line2D([], [], color=grey, marker="|", ls="none", markersize=10, mew=2)
         entries.append((foot, "at the foot: its convolution kernel changed"))
+    if guides:
+        guide = Line2D([], [], color="0.6", ls="-.", lw=0.8)
+        entries.append((guide, f"slopes {guides} from the fastest first point"))
     handles, labels = zip(*entries, strict=True)
     cell.legend(
         handles,
