@@ -187,7 +187,10 @@ def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
     if not ds:
         return None
     ds = ds if chart.per_d else ds[-1:]
-    title = chart.title + (f"\n(dashed: {chart.theory_note})" if chart.theory_note else "")
+    # where the counts are the formula's, its dashes lie under the points: said, or a student
+    # looked for lines that the chart did not seem to draw
+    dashed = f"\n(dashed: {chart.theory_note}; hidden under the points where they agree)"
+    title = chart.title + (dashed if chart.theory_note else "")
     fig, cells = small_multiples(analysis.layers, frame, "d", ds, title)
     for d, panel, ax in cells:
         at = frame[(frame["d"] == d) & frame["layer"].isin(panel.layers)]
