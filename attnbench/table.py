@@ -487,8 +487,8 @@ def check_notes(table: pd.DataFrame) -> list[str]:
             where = "where the rate settled" if row.get("time_settled_n") else "(unsettled)"
             notes.append(
                 f"{layer}: time measured n^{fmt_exponent(row['time_exponent_n'])} {where} "
-                f"disagrees with the theory's n^{fmt_exponent(row['time_theory_exponent_n'])} "
-                "over the same lengths"
+                f"disagrees with n^{fmt_exponent(row['time_theory_exponent_n'])}, its "
+                "complexity formula's slope over the same lengths (lower terms included)"
             )
         for column, what in (("seq_steps", "sequential ops"), ("path_len", "max path length")):
             if row.get(f"{column}_agrees") is False:

@@ -753,9 +753,9 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
 
     monkeypatch.setattr(sweeping, "comparison_table", table)
     said = sweeping.chapter_line(tiny_run, analyse(tiny_run)) or ""
-    assert "table: 2 of 3 time exponents in n agree with the theory" in said
+    assert "table: 2 of 3 time exponents in n agree with their complexity formula's slope" in said
     # by name: "9 of 10 agree" sent a new user looking for the one that did not
-    assert "measured (not: b n^0.81 against n^1.00), 1 overhead-bound (e), 1 not judged" in said
+    assert "past d) (not: b n^0.81 against n^1.00), 1 overhead-bound (e), 1 not" in said
     # each reason with its own layers (a plugin without a theory read beside a wide interval)
     assert "interval too wide to tell (c), 1 not judged: no theory (f) (attnbench table" in said
     none = pd.DataFrame({"layer": ["a", "b"], "time_agrees_n": [None, False],

@@ -441,8 +441,8 @@ def test_a_time_exponent_that_disagrees_is_said_settled_or_not() -> None:
         }
     )  # an overhead-bound line (a GPU's attention at small n) is not read against the theory
     assert check_notes(rows) == [
-        "attention-linear: time measured n^0.85 (unsettled) disagrees with the theory's n^1.00 "
-        "over the same lengths",
-        "conv: time measured n^0.70 where the rate settled disagrees with the theory's n^1.00 "
-        "over the same lengths",
+        "attention-linear: time measured n^0.85 (unsettled) disagrees with n^1.00, its complexity "
+        "formula's slope over the same lengths (lower terms included)",
+        "conv: time measured n^0.70 where the rate settled disagrees with n^1.00, its complexity "
+        "formula's slope over the same lengths (lower terms included)",
     ]

@@ -374,9 +374,10 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
     )
     against = f" (not: {some_of(said)})" if said else ""
     return (
-        f"the chapter's table: {sum(judged)} of {len(judged)} time exponents in n agree with the "
-        f"theory over the lengths measured{against}{apart} (attnbench table {run.path}: each "
-        "one, which are unsettled, and why)"
+        f"the chapter's table: {sum(judged)} of {len(judged)} time exponents in n agree with "
+        "their complexity formula's slope over the lengths measured, lower terms included "
+        f"(attention's n²·d + n·d² under n² until n is well past d){against}{apart} "
+        f"(attnbench table {run.path}: each one, which are unsettled, and why)"
     )
 
 
