@@ -665,7 +665,7 @@ def test_a_narrow_terminal_folds_cells_and_keeps_layer_names_whole() -> None:
     text = buffer.getvalue()
     assert "…" not in text
     rows = [line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│")]
-    column = ["".join(row[i].strip() for row in rows) for i in range(4)]  # each cell, unfolded
+    column = ["".join(row[i] for row in rows).replace(" ", "") for i in range(4)]  # unfolded
     assert column[0] == name
     assert column[3] == source.replace(" ", "")
 
@@ -875,6 +875,18 @@ def test_a_table_under_the_chapters_headers_folds_cells_too() -> None:
     rows = [line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│")]
     column = ["".join(row[i] for row in rows).replace(" ", "") for i in range(len(cells))]
     assert column == [cell.replace(" ", "") for cell in cells]  # each cell whole, unfolded
+    # no word split where the table has room for every word: Rich narrowed the widest columns
+    # first, and a student's table read "complexi ty" and "(exac t)"
+    lines = "\n".join(line for line in text.splitlines())
+    for word in ("complexity", "(unsettled)", "attention-linear", "sequential"):
+        assert word in lines
+    # a terminal too narrow for every word gets a row at a time, each cell named
+    narrow = io.StringIO()
+    frame_table(frame, Console(file=narrow, width=60, force_terminal=True, color_system=None),
+                headers=HEADERS)  # fmt: skip
+    said = narrow.getvalue().splitlines()
+    assert said[0] == "attention-linear" and "  complexity: O(k n d^2 log_k n)" in said
+    assert "  sequential ops, measured: n^0.15" in said
 
 
 class _Ended(Exception):

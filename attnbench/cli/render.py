@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
+from rich.cells import cell_len
 from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.progress import (
@@ -385,12 +386,63 @@ def frame_table(
     generation table's) a long run path folded it onto three lines."""
     if title:
         console.print(Text(title, style="table.title"))
+    names = [str(h) for h in (list(headers) or list(frame.columns))]
+    cells = [[name, *map(str, frame.iloc[:, i])] for i, name in enumerate(names)]
+    words = [_longest_word(column) for column in cells]
+    frame_w = 1 + 3 * len(names)  # a border, and each column's padding and border
+    if console.is_terminal and frame_w + sum(words) > console.width:
+        _stacked(frame, names, console)  # a student's 80 columns read "complexi ty", "(exac t)"
+        return
+    room = max(console.width, frame_w + sum(words)) - frame_w  # a pipe's: no word cut either
     table = Table()
-    for header in list(headers) or list(frame.columns):
-        table.add_column(escape(str(header)), overflow="fold")
+    for name, width in zip(names, _widths(cells, words, room), strict=True):
+        table.add_column(escape(name), overflow="fold", width=width)
     for row in frame.itertuples(index=False):
         table.add_row(*[escape(str(v)) for v in row])
-    console.print(table)
+    kept, console.width = console.width, frame_w + room
+    try:
+        console.print(table)
+    finally:
+        console.width = kept
+
+
+# A word longer than this (a path, a formula) may be folded: no column is held wider for it.
+LONGEST_WORD = 24
+
+
+def _longest_word(cells: Iterable[str]) -> int:
+    return min(LONGEST_WORD, max((cell_len(w) for c in cells for w in c.split()), default=1))
+
+
+def _widths(cells: list[list[str]], words: list[int], room: int) -> list[int]:
+    """Each column's width in ``room`` characters: its widest line where all fit, else its
+    longest word and a share of what is left by how much more it would take. Rich narrows the
+    widest columns first, whatever their words, and split "complexity" where the table had
+    room to keep every word whole."""
+    natural = [
+        max(max(cell_len(c) for c in column), w) for column, w in zip(cells, words, strict=True)
+    ]
+    if sum(natural) <= room:
+        return natural
+    spare, wants = room - sum(words), [n - w for n, w in zip(natural, words, strict=True)]
+    return [w + spare * want // max(1, sum(wants)) for w, want in zip(words, wants, strict=True)]
+
+
+def _stacked(frame: pd.DataFrame, names: list[str], console: Console) -> None:
+    """A table too wide for the terminal's columns, a row at a time: its first cell as a
+    heading, then each other cell under its column's name."""
+    # a header that repeats ("measured" after each column of the chapter's table) is said
+    # with the one before it: "sequential ops, measured"
+    labels = [
+        f"{names[i - 1]}, {name}" if names.count(name) > 1 and i > 0 else name
+        for i, name in enumerate(names)
+    ]
+    for row in frame.itertuples(index=False):
+        first, *rest = (str(v) for v in row)
+        console.print(Text(first, style="bold"))
+        for name, value in zip(labels[1:], rest, strict=True):
+            if value:
+                console.print(Text(f"  {name}: {value}"), soft_wrap=False)
 
 
 class ABProgress:
