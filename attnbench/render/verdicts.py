@@ -131,11 +131,9 @@ def _case_verdict(row: Any, thresholds: Thresholds) -> str:
 
 
 def _within(row: Any, thresholds: Thresholds) -> str:
-    """What an "unchanged" that its test found significant moved by: a +4.5% slowdown at p <
-    0.01 read plain "unchanged" beside a +10% threshold, as if nothing had moved. The gate
-    still passes it (the threshold is the maintainer's); the words say it moved, by the ratio
-    the test judged (the pairs', or with --normalize the calibrated one, not the raw ratio:
-    a normalized +9.1% had read "+0.6%, significant")."""
+    """What an "unchanged" that its test found significant moved by (a +4.5% slowdown at p <
+    0.01 read plain "unchanged"), by the ratio the test judged (the pairs', or with
+    --normalize the calibrated one: a normalized +9.1% had read "+0.6%, significant")."""
     ratio = row.ratio_judged
     moved = abs(ratio - 1)
     way = f"{'+' if ratio >= 1 else '-'}{moved:.1%}" if moved >= 0.001 else "by under 0.1%"
@@ -219,7 +217,7 @@ def headline(comparison: Comparison, gate: str) -> str:
         return (
             f"no regression shown: {undecided}"
             if undecided
-            else (f"no regression in {cases} shared cases")
+            else f"no regression in {cases} shared cases"
         )
     return f"{len(found)} regression(s) in {cases} shared cases"
 
@@ -247,7 +245,9 @@ def method_note(comparison: Comparison) -> str:
         f"A time regression needs a median ratio above {1 + t.max_slowdown:.2f} and "
         + test.format(alpha=t.alpha)
         + "; OVERALL is the geometric mean of the ratios, tested with a one-sided Wilcoxon "
-        f"signed-rank test. Judged on {basis}. The exact counts ({_COUNTED}) fail on any increase"
+        f"signed-rank test. Each p is one-sided in the direction its ratio moved (a speed-up's "
+        f"p tests faster, not slower). Judged on {basis}. The exact counts ({_COUNTED}) fail on "
+        "any increase"
     )
     note += (
         f", peak memory on growth above {t.memory_tolerance:.1%}"
