@@ -314,8 +314,10 @@ def machine_notes(analysis: Analysis) -> list[str]:
             f"{'–' if peak is None else f'{peak / 1e9:.3g} GFLOP/s'}, "
             f"{'–' if bandwidth is None else f'{bandwidth / 1e9:.3g} GB/s'}, "
             f"{found.op_latency_s * 1e6:.3g} µs per op, "
-            f"{found.page_fault_s * 1e6:.3g} µs per page fault"
-        )
+            f"{found.page_fault_s * 1e6:.3g} µs per page fault; fitted, not measured: each "
+            "takes whatever time grows with its count across the layers, so they need not "
+            "match the device's own (attnbench machine)"
+        )  # a student read 130 µs a fault here against the machine's measured 2.7 µs
     if analysis.machine_table()["kernel_rms"].notna().any():  # a new user read them as parts
         notes.append(  # of the model's, one of them past it: they cancel in the whole call
             "kernels' miss, overhead's miss: the model's miss of the kernels' measured time and "
