@@ -260,8 +260,17 @@ def migrate_ceilings(data: Mapping[str, Any], where: str) -> dict[str, Any]:
             found[curve] = {"1": rate}
     for key in LATER_CEILINGS:
         found.setdefault(key, None)
-    # Until 2026-12-02 the peak was the square GEMM's own rate, which a curve could beat.
-    found.setdefault("square_flops_per_s", found.get("peak_flops_per_s"))
+    # Until 2026-12-02 the peak was the square GEMM's own rate, which a curve could beat: it
+    # is the square's, and the peak the fastest of it and the curves (``probes.peak_rate``).
+    if "square_flops_per_s" not in found:
+        found["square_flops_per_s"] = found.get("peak_flops_per_s")
+        rates = [found.get("peak_flops_per_s")]
+        for key in ("gemm_rates", "conv_rates", "attention_rates", "recurrent_rates"):
+            curve = found.get(key)
+            rates += list(curve.values()) if isinstance(curve, dict) else []
+        numbers = [r for r in rates if isinstance(r, int | float) and not isinstance(r, bool)]
+        if numbers and all(r > 0 for r in numbers):
+            found["peak_flops_per_s"] = max(numbers)
     return found
 
 

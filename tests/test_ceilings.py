@@ -299,14 +299,21 @@ def test_a_products_rate_is_read_off_its_kinds_curve_at_its_width() -> None:
     # the fake's large product is 8 wide too, where the curve's own point wins
     wide = replace(found, gemm_side=64)
     assert wide.rate("gemm", 64) == pytest.approx(found.square_flops_per_s)
-    assert found.rate("gemm") == found.peak_flops_per_s
+    assert found.rate("gemm") == found.square_flops_per_s  # the large GEMM's, not the peak
     assert found.rate("conv", 1000) == pytest.approx(found.conv_rates[4])
     assert found.rate("conv") == found.conv_rates[4]  # unknown width: the curve's widest
-    # a file from before the curves: its single rates, and the GEMM's peak where it has none
+    # a file from before the curves: its single rates, and the large GEMM's where it has none
     data = {**found.to_dict(), "attention_rates": None, "conv_rates": None}
     older = ceilings_from({**data, "attention_flops_per_s": 3e10, "conv_flops_per_s": None})
     assert older.rate("attention", 8) == pytest.approx(3e10) and older.rate("attention") == 3e10
-    assert older.rate("conv", 8) == found.peak_flops_per_s
+    assert older.rate("conv", 8) == found.square_flops_per_s
+    # a file from before the square was kept apart: its peak was the square's; the peak is
+    # then the fastest of it and its curves, as measured today
+    before = {k: v for k, v in found.to_dict().items() if k != "square_flops_per_s"}
+    before["peak_flops_per_s"] = found.square_flops_per_s
+    migrated = ceilings_from(json.loads(json.dumps(before)))
+    assert migrated.square_flops_per_s == found.square_flops_per_s
+    assert migrated.peak_flops_per_s == pytest.approx(found.peak_flops_per_s)
 
 
 def test_the_rate_curves_travel_through_a_file_and_bad_ones_are_one_clear_error(

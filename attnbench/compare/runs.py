@@ -276,7 +276,8 @@ def compare_runs(
     raw = "ratio" if thresholds.normalize and not paired else "ratio_judged"  # as shown
     overall = {"raw": judge_overall(ok[raw].tolist(), thresholds)}
     if calibration:
-        overall["normalized"] = judge_overall(ok["ratio_normalized"].tolist(), thresholds)
+        judged = "ratio_judged" if thresholds.normalize else "ratio_normalized"  # as shown
+        overall["normalized"] = judge_overall(ok[judged].tolist(), thresholds)
     return Comparison(
         baseline=baseline,
         current=current,

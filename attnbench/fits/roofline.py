@@ -315,7 +315,9 @@ def effective_ceilings(
         found = predict(frame, ceilings)
         terms = found[[f"{b}_s" for b in BOUNDS]].astype(float)
         units = {
-            "compute_s": ceilings.peak_flops_per_s,
+            # the large GEMM's rate, which the effective peak is read against (not the fastest
+            # curve's, ``Ceilings.peak_flops_per_s``: a unit, the compute terms its own rates)
+            "compute_s": ceilings.square_flops_per_s or ceilings.peak_flops_per_s,
             "memory_s": ceilings.bandwidth_bytes_per_s,
             "latency_s": ceilings.op_latency_s,
             "faults_s": ceilings.page_fault_s or 0.0,

@@ -407,14 +407,9 @@ def github_action_benchmark(comparison: Comparison) -> list[dict[str, Any]]:
             # median, not current over baseline (a new user's read 1.030 beside a value under
             # the baseline), and its times are over the pairs' rounds, not this value's
             paired = j["unit"] == "pairs"
-            kind, column = (
-                ("paired ", "ratio_judged")
-                if paired
-                else ("normalised ", "ratio_normalized")
-                if comparison.thresholds.normalize
-                else ("", "ratio")
-            )
-            ratio = f"{kind}ratio {_ratio(j[column])}"
+            normalized = comparison.thresholds.normalize
+            kind = "paired " if paired else "normalised " if normalized else ""
+            ratio = f"{kind}ratio {_ratio(j['ratio_judged'])}"  # the table's, the p's
             over = (
                 f", current {fmt_seconds(j['time_new_s'])}, over the pairs' rounds"
                 if paired

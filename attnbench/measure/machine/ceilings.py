@@ -75,9 +75,10 @@ class Ceilings:
     def rate(self, kind: str, width: int | None = None) -> float:
         """FLOP/s of a product of ``kind`` ("gemm", "conv", "attention", "recurrent") whose
         narrow dimension is ``width``: read off its curve (interpolated in log-log, held flat
-        beyond its ends; for an unknown width, the GEMM's peak or the curve's widest); the
-        GEMM's peak for a kind not measured."""
-        peak = self.peak_flops_per_s
+        beyond its ends; for an unknown width, the large square GEMM's or the curve's widest);
+        the square GEMM's for a kind not measured (not the peak: the fastest curve's, which a
+        product outside the cache does not reach)."""
+        square = self.square_flops_per_s or self.peak_flops_per_s  # a large GEMM's own rate
         curve = {
             "gemm": self.gemm_rates,
             "conv": self.conv_rates,
@@ -85,11 +86,10 @@ class Ceilings:
             "recurrent": self.recurrent_rates,
         }.get(kind)
         if not curve:
-            return peak
-        square = self.square_flops_per_s or peak
+            return square
         points = {self.gemm_side: square, **curve} if kind == "gemm" else dict(curve)
-        if width is None:  # a run that kept no widths: a GEMM at the peak, else the widest
-            return peak if kind == "gemm" else points[max(points)]
+        if width is None:  # a run that kept no widths: the large GEMM's, else the widest
+            return square if kind == "gemm" else points[max(points)]
         return _interpolate(points, width, log_values=True)
 
     def recurrent_call(self, width: int) -> float:
