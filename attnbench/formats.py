@@ -266,8 +266,7 @@ def migrate_ceilings(data: Mapping[str, Any], where: str) -> dict[str, Any]:
         found["square_flops_per_s"] = found.get("peak_flops_per_s")
         rates = [found.get("peak_flops_per_s")]
         for key in ("gemm_rates", "conv_rates", "attention_rates", "recurrent_rates"):
-            curve = found.get(key)
-            rates += list(curve.values()) if isinstance(curve, dict) else []
+            rates += list(found[key].values()) if isinstance(found.get(key), dict) else []
         numbers = [r for r in rates if isinstance(r, int | float) and not isinstance(r, bool)]
         if numbers and all(r > 0 for r in numbers):
             found["peak_flops_per_s"] = max(numbers)
