@@ -29,7 +29,7 @@ class SweepInterrupted(AttnbenchError):
         # "(20 of them short of their timing rounds)"; an auto sweep's total is the most it
         # may still measure
         most = "at most " if upto else ""
-        begun = f" timed in full and {short} begun, short of their timing rounds," if short else ""
+        begun = f" done and {short} begun, short of their timing rounds," if short else ""
         super().__init__(
             f"{signal_name}: stopped with {done - short} of {most}{total} cases{begun} in "
             f"{out_dir}; finish it with: attnbench sweep --resume {out_dir}",

@@ -472,7 +472,7 @@ def test_summary_tables_cut_no_cell_in_a_log(
     found = left_out_names(
         {"elem.": ["conv", "rnn"], "between": ["conv"]}, {"elem.": 2, "between": 11}
     )
-    assert found == ["elem.", "between (conv's)"]
+    assert found == ["elem.", "between (in conv)"]
 
 
 def test_a_layer_whose_cases_were_all_skipped_keeps_its_title_on_one_line(
@@ -743,6 +743,7 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
             "time_overhead_bound_n": [False, False, False, False, True, False],
             "time_exponent_n": [1.0, 0.812, 1.5, 2.0, 1.0, 1.2],
             "time_theory_exponent_n": [1.0, 1.0, 1.0, 2.0, 1.0, None],
+            "compute (theory)": ["O(n d^2)", "O(n d^2)", "O(n d^2)", "O(n^2 d)", "", ""],
         }
     )
     used: list[object] = []
@@ -758,6 +759,10 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
     assert "past d) (not: b n^0.81 against n^1.00), 1 overhead-bound (e), 1 not" in said
     # each reason with its own layers (a plugin without a theory read beside a wide interval)
     assert "interval too wide to tell (c), 1 not judged: no theory (f) (attnbench table" in said
+    # attention's lower term is said only where a quadratic layer was judged (d, here)
+    rows.loc[3, "compute (theory)"] = "O(n d^2)"
+    assert "n²·d + n·d²" not in (sweeping.chapter_line(tiny_run, analyse(tiny_run)) or "")
+    rows.loc[3, "compute (theory)"] = "O(n^2 d)"
     none = pd.DataFrame({"layer": ["a", "b"], "time_agrees_n": [None, False],
                          "time_overhead_bound_n": [False, True]})  # fmt: skip
     monkeypatch.setattr(sweeping, "comparison_table", lambda run, analysis: none)

@@ -481,3 +481,20 @@ def test_sweep_json_with_output_is_pointed_at_format_json(
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
     assert "--format (json for them as JSON" in result.stderr and "--json or" not in result.stderr
+
+
+def test_sweep_refuses_an_unfinished_baseline_before_it_measures(
+    pair: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sweep --baseline refused an unfinished baseline only after the whole sweep: it is
+    refused before the first case, as a mistyped one is."""
+    from attnbench.cli import sweeping
+
+    half = tmp_path / "half"
+    shutil.copytree(pair[0], half)
+    meta = json.loads((half / "run.json").read_text())
+    (half / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))
+    monkeypatch.setattr(sweeping, "run_sweep", lambda *a, **k: pytest.fail("it measured"))
+    result = runner.invoke(app, ["sweep", "--baseline", str(half), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "the baseline run" in result.stderr
+    assert "unfinished (interrupted)" in result.stderr

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.compare.changes import (
     confirm_note,
-    confirmable_side,
+    confirmable,
     exact_steps,
     find_steps,
     history_steps,
@@ -116,17 +116,23 @@ def test_a_commit_its_repository_lacks_or_an_unfinished_run_is_refused(tmp_path:
 
 def test_a_step_too_near_a_series_end_to_confirm_is_said_to_be() -> None:
     """A maintainer's 3.5x step at the 6th of 10 commits read "0 change points", silently: the
-    exact two-sided Mann-Whitney on 5 a side cannot go under 2/252 = 0.0079, and a step is
-    confirmed under 0.003. It needs 6 a side, which the history now says."""
-    assert confirmable_side() == 6
+    exact two-sided Mann-Whitney's least p on 5 and 5 is 2/252 = 0.0079, and a step is
+    confirmed under 0.003. It takes 12 commits in all, 5 or more a side (5 and 7, 6 and 6),
+    which the history now says."""
+    assert not confirmable(5, 5) and not confirmable(6, 5) and not confirmable(4, 20)
+    assert confirmable(7, 5) and confirmable(6, 6) and confirmable(20, 5)
     assert find_steps(stepped(10, 5, 2.5)) == []  # 5 a side: no test can confirm it
-    (step,) = find_steps(stepped(12, 6, 2.5))  # 6 a side: found, where it was put
-    assert step.index == 6
+    assert find_steps(stepped(11, 6, 2.5)) == []  # 6 and 5: 2/462 = 0.0043
+    for count, at in ((12, 7), (12, 6), (25, 20)):  # 7 and 5, 6 and 6, 20 and 5: found
+        (step,) = find_steps(stepped(count, at, 2.5))
+        assert step.index == at
     frame = pd.DataFrame({"machine": "box", "case_id": "c", "commit": [f"c{i}" for i in range(10)]})
     for key in SERIES_KEYS:
         frame[key] = "x"
     note = confirm_note(frame)
-    assert "6 commits on each side" in note and "the last 5 commits of a series" in note
+    assert "at least 5 commits after it and 12 in all" in note
+    assert "none can show yet in the last 4 commits of a series" in note
+    assert "one 5 from the end only with 7 before it" in note
     assert "the longest series has 10 commit(s), under 12" in note
     longer = pd.concat([frame, frame.assign(commit=[f"d{i}" for i in range(10)])])
     assert "longest" not in confirm_note(longer)

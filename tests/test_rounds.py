@@ -142,7 +142,7 @@ def test_an_interrupted_round_is_finished_by_resume(tmp_path: Path) -> None:
             measuring=UNCALIBRATED,
         )
     # every case on disk, none with its rounds: not "4 of 4 cases", which read finished
-    assert "stopped with 0 of 4 cases timed in full and 4 begun, short of their timing rounds," in (
+    assert "stopped with 0 of 4 cases done and 4 begun, short of their timing rounds," in (
         str(info.value)
     )
     stopped = load_results(out)

@@ -112,7 +112,12 @@ def _history_json(history: Path, frame: pd.DataFrame, steps: pd.DataFrame) -> di
     records = steps.to_dict(orient="records")
     for r in records:
         r.update({k: None for k, v in r.items() if isinstance(v, float) and math.isnan(v)})
-    return {"history": str(history), "runs": int(frame["file"].nunique()), "change_points": records}
+    return {
+        "history": str(history),
+        "runs": int(frame["file"].nunique()),
+        "change_points": records,
+        "note": confirm_note(frame),  # what the history's length lets it show
+    }
 
 
 def _steps_display(steps: pd.DataFrame) -> pd.DataFrame:

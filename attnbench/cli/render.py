@@ -429,8 +429,13 @@ def _widths(cells: list[list[str]], words: list[int], room: int) -> list[int]:
 
 
 def _stacked(frame: pd.DataFrame, names: list[str], console: Console) -> None:
-    """A table too wide for the terminal's columns, a row at a time: its first cell as a
-    heading, then each other cell under its column's name."""
+    """A table too wide for the terminal, a row at a time: its first cell as a heading, then
+    each other cell under its column's name (a one-column table: its name, then its cells)."""
+    if len(names) == 1 or frame.empty:
+        console.print(Text(names[0] if len(names) == 1 else ", ".join(names), style="bold"))
+        for row in frame.itertuples(index=False):
+            console.print(Text(f"  {', '.join(str(v) for v in row)}"))
+        return
     # a header that repeats ("measured" after each column of the chapter's table) is said
     # with the one before it: "sequential ops, measured"
     labels = [

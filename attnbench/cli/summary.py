@@ -127,7 +127,10 @@ def summary_tables(run: RunResults, console: Console) -> None:
         # under about 40 columns Rich squeezes those again.
         while console.is_terminal and len(shown) > 2 and _width(console, table) > console.width:
             dropped = min(shown[2:], key=lambda name: KEEP_LONGEST.get(name, -1))
-            left_out.setdefault(_header(dropped), []).append(str(layer))
+            left_out.setdefault(_header(dropped), [])
+            left_out[_header(dropped)] += [str(layer)] * (
+                str(layer) not in left_out[_header(dropped)]
+            )
             shown.remove(dropped)
             table = _layer_table(title, group, shown, off_trend)
         if _width(console, table) < cell_len(title):  # narrow (its cases all skipped)
@@ -160,7 +163,7 @@ def summary_tables(run: RunResults, console: Console) -> None:
 def left_out_names(left_out: dict[str, list[str]], had: dict[str, int]) -> list[str]:
     """Each column left out, with the tables that lost it where others kept it."""
     return [
-        name if len(tables) >= had.get(name, 0) else f"{name} ({some_of(tables)}'s)"
+        name if len(tables) >= had.get(name, 0) else f"{name} (in {some_of(tables)})"
         for name, tables in left_out.items()
     ]
 

@@ -138,11 +138,12 @@ def undecided_words(verdicts: pd.Series, thresholds: Thresholds) -> str:
     )
 
 
-def check_finished(baseline: RunResults, current: RunResults) -> None:
+def check_finished(baseline: RunResults, current: RunResults | None = None) -> None:
     """A run stopped part way is refused, not judged: a CI job killed by its time limit and
-    then compared went green, its unmeasured cases listed as on one side only."""
+    then compared went green, its unmeasured cases listed as on one side only. (``current``
+    None: the baseline alone, checked before ``sweep --baseline`` measures anything.)"""
     for role, run in (("baseline", baseline), ("current", current)):
-        if run.status != RunStatus.COMPLETE:
+        if run is not None and run.status != RunStatus.COMPLETE:
             raise AttnbenchError(
                 f"the {role} run {str(run.path)!r} is unfinished ({run.status}): finish it with "
                 f"attnbench sweep --resume {run.path}, then compare"

@@ -121,30 +121,32 @@ def exact_steps(values: Sequence[float]) -> list[Step]:
     return out
 
 
-def confirmable_side() -> int:
-    """The fewest points either side of a step whose test can reach ``CONFIRM_P``: the exact
-    two-sided Mann-Whitney's least p-value is 2 / C(2k, k), 0.0079 at ``MIN_SIZE``'s 5, so a
-    step needs 6 (a maintainer's 3.5x step at the 6th of 10 commits read "0 change points")."""
-    side = MIN_SIZE
-    while 2 / math.comb(2 * side, side) >= CONFIRM_P:
-        side += 1
-    return side
+def confirmable(before: int, after: int) -> bool:
+    """Whether a step with ``before`` and ``after`` points either side can pass: PELT keeps
+    ``MIN_SIZE`` a side, and the exact two-sided Mann-Whitney's least p-value is
+    2 / C(before + after, after), which must be under ``CONFIRM_P`` (5 and 5: 0.0079)."""
+    least = min(before, after)
+    return least >= MIN_SIZE and 2 / math.comb(before + after, least) < CONFIRM_P
 
 
 def confirm_note(frame: pd.DataFrame) -> str:
-    """What a history's length lets the time steps show: none within ``confirmable_side`` - 1
-    commits of a series' end, none at all in a series shorter than twice it."""
+    """What a history's length lets its time steps show (a maintainer's 3.5x step at the 6th
+    of 10 commits read "0 change points" and nothing more): none in a series' last
+    ``MIN_SIZE`` - 1 commits, one ``MIN_SIZE`` from the end only with enough before it, and
+    none in a series too short for any."""
     from attnbench.results.history import SERIES_KEYS
 
-    side = confirmable_side()
     keys = ["machine", *SERIES_KEYS, "case_id"]
     longest = int(frame.groupby(keys, dropna=False)["commit"].nunique().max()) if len(frame) else 0
+    total = next(t for t in range(2 * MIN_SIZE, 200) if confirmable(t - t // 2, t // 2))
+    before = next(b for b in range(MIN_SIZE, 200) if confirmable(b, MIN_SIZE))
     note = (
-        f"a step in time is confirmed with {side} commits on each side of it (p < "
-        f"{CONFIRM_P:g}): none can show yet in the last {side - 1} commits of a series"
+        f"a step in time is confirmed (p < {CONFIRM_P:g}) with at least {MIN_SIZE} commits "
+        f"after it and {total} in all: none can show yet in the last {MIN_SIZE - 1} commits of "
+        f"a series, and one {MIN_SIZE} from the end only with {before} before it"
     )
-    if longest < 2 * side:
-        note += f", and none in these: the longest series has {longest} commit(s), under {2 * side}"
+    if longest < total:
+        note += f"; none in these: the longest series has {longest} commit(s), under {total}"
     return note
 
 

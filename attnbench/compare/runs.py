@@ -109,7 +109,8 @@ class Comparison:
             overall = self.overall_verdict
             if overall.verdict == REGRESSION:
                 found.append(
-                    f"OVERALL: geometric mean x{overall.ratio:.3f} (p = {overall.p_value:.2g})"
+                    f"OVERALL: geometric mean{normalized} x{overall.ratio:.3f} "
+                    f"(p = {overall.p_value:.2g})"
                 )
         if gate in ("all", "deterministic"):
             heavier = self.counts[self.counts["verdict"] == REGRESSION]
@@ -270,14 +271,13 @@ def compare_runs(
     if by_device:  # grouped by device model, grid order within each
         times = times.sort_values("device_new", kind="stable").reset_index(drop=True)
     ok = times[~times["verdict"].isin((NOT_COMPARED, THROTTLED))]
-    # An interleaved run's cases are judged on their paired ratios, and so is the whole: the
-    # ratio of two pooled medians weighs each round by the samples it took, and a run whose
-    # machine changed state between rounds moves it while every pair reads 1.
-    raw = "ratio" if thresholds.normalize and not paired else "ratio_judged"  # as shown
+    # The whole is judged on the ratios the table shows, each case's judged one (an interleaved
+    # run's pairs', not two pooled medians, which a machine's change of state moves).
+    raw = "ratio" if thresholds.normalize and not paired else "ratio_judged"
     overall = {"raw": judge_overall(ok[raw].tolist(), thresholds)}
     if calibration:
-        judged = "ratio_judged" if thresholds.normalize else "ratio_normalized"  # as shown
-        overall["normalized"] = judge_overall(ok[judged].tolist(), thresholds)
+        shown = "ratio_judged" if thresholds.normalize else "ratio_normalized"
+        overall["normalized"] = judge_overall(ok[shown].tolist(), thresholds)
     return Comparison(
         baseline=baseline,
         current=current,
