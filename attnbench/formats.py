@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
+from attnbench.measure.machine.ceilings import RATE_CURVES, fastest_rate
 from attnbench.schema import CALIBRATION_COLUMNS
 
 FORMAT_VERSION = 7  # of a results folder, in run.json's ``schema_version``
@@ -261,15 +262,13 @@ def migrate_ceilings(data: Mapping[str, Any], where: str) -> dict[str, Any]:
     for key in LATER_CEILINGS:
         found.setdefault(key, None)
     # Until 2026-12-02 the peak was the square GEMM's own rate, which a curve could beat: it
-    # is the square's, and the peak the fastest of it and the curves (``probes.peak_rate``).
-    if "square_flops_per_s" not in found:
-        found["square_flops_per_s"] = found.get("peak_flops_per_s")
-        rates = [found.get("peak_flops_per_s")]
-        for key in ("gemm_rates", "conv_rates", "attention_rates", "recurrent_rates"):
-            rates += list(found[key].values()) if isinstance(found.get(key), dict) else []
-        numbers = [r for r in rates if isinstance(r, int | float) and not isinstance(r, bool)]
-        if numbers and all(r > 0 for r in numbers):
-            found["peak_flops_per_s"] = max(numbers)
+    # is the square's, and the peak the fastest of it and the curves (``ceilings.fastest_rate``).
+    square = found.get("peak_flops_per_s")
+    if "square_flops_per_s" not in found and isinstance(square, int | float):
+        found["square_flops_per_s"] = square
+        if not isinstance(square, bool) and square > 0:  # a bad peak is the check's to name
+            curves = [v if isinstance(v, dict) else None for v in map(found.get, RATE_CURVES)]
+            found["peak_flops_per_s"] = fastest_rate(float(square), curves)
     return found
 
 

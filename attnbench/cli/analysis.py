@@ -44,7 +44,6 @@ from attnbench.results.environment import environment
 from attnbench.results.files import committed_run_note, latest_results
 from attnbench.results.loader import load_results
 from attnbench.results.run import RunResults
-from attnbench.schema import RunStatus
 from attnbench.table import HEADERS, check_notes, comparison_table, display, fit_notes
 
 
@@ -60,10 +59,10 @@ def load_saved(folder: Path | None, *, unfinished_note: bool = True) -> RunResul
     run = load_results(folder)
     for note in run_catalog(run).notes:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    if unfinished_note and run.status != RunStatus.COMPLETE:
+    if unfinished_note and run.unfinished:
         err.print(
-            f"[yellow]note:[/] this run is unfinished ({run.status}): these are the cases "
-            f"measured so far; finish it with attnbench sweep --resume {run.path}",
+            f"[yellow]note:[/] this run is {escape(run.unfinished)} (these are the cases "
+            "measured so far)",
             soft_wrap=True,
         )
     return run

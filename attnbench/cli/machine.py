@@ -92,17 +92,13 @@ def machine(
 
 def _peak_source(found: Ceilings) -> str:
     """The product the peak was read on: the square GEMM, or a curve's faster one
-    (``probes.peak_rate``)."""
-    curves = {
-        "matrix product": found.gemm_rates,
-        "Conv1d": found.conv_rates,
-        "attention": found.attention_rates,
-        "LSTM": found.recurrent_rates,
-    }
-    for kind, curve in curves.items():
+    (``ceilings.fastest_rate``)."""
+    names = {"gemm": "matrix product", "conv": "Conv1d", "recurrent": "LSTM"}
+    for kind, curve in found.curves.items():
         for width, rate in (curve or {}).items():
             if rate == found.peak_flops_per_s:
-                return f"{kind} of width {width} (faster than the {found.gemm_side}-side square)"
+                what = names.get(kind, kind)
+                return f"{what} of width {width} (faster than the {found.gemm_side}-side square)"
     return f"{found.gemm_side}x{found.gemm_side} matrix product"
 
 

@@ -5,6 +5,7 @@ paths, counts that differ from their formulas, page faults, load)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -27,7 +28,6 @@ from attnbench.results.run import BUSY_NOTE, LOAD_SLACK, RunResults
 from attnbench.schema import (
     STATUSES,
     SUMMARY_COLUMNS,
-    RunStatus,
     Status,
     failed_a_check,
     first_reasons,
@@ -109,7 +109,7 @@ def summary_tables(run: RunResults, console: Console) -> None:
     frame = run.frame
     off_trend = frozenset(trend_outliers(run.measured)["case_id"])
     keys = ["layer", "device_name"] if len(run.devices) > 1 else ["layer"]
-    left_out: dict[str, list[str]] = {}  # each column left out, by the tables it left
+    left_out: dict[str, dict[str, None]] = {}  # each column left out: the tables it left
     had: dict[str, int] = {}  # the tables each column would have been in
     for key, group in frame.groupby(keys, sort=False):
         layer, *device = key if isinstance(key, tuple) else (key,)
@@ -127,10 +127,7 @@ def summary_tables(run: RunResults, console: Console) -> None:
         # under about 40 columns Rich squeezes those again.
         while console.is_terminal and len(shown) > 2 and _width(console, table) > console.width:
             dropped = min(shown[2:], key=lambda name: KEEP_LONGEST.get(name, -1))
-            left_out.setdefault(_header(dropped), [])
-            left_out[_header(dropped)] += [str(layer)] * (
-                str(layer) not in left_out[_header(dropped)]
-            )
+            left_out.setdefault(_header(dropped), {})[str(layer)] = None
             shown.remove(dropped)
             table = _layer_table(title, group, shown, off_trend)
         if _width(console, table) < cell_len(title):  # narrow (its cases all skipped)
@@ -160,11 +157,12 @@ def summary_tables(run: RunResults, console: Console) -> None:
         )
 
 
-def left_out_names(left_out: dict[str, list[str]], had: dict[str, int]) -> list[str]:
+def left_out_names(left_out: Mapping[str, Iterable[str]], had: Mapping[str, int]) -> list[str]:
     """Each column left out, with the tables that lost it where others kept it."""
+    named = {name: list(tables) for name, tables in left_out.items()}
     return [
         name if len(tables) >= had.get(name, 0) else f"{name} (in {some_of(tables)})"
-        for name, tables in left_out.items()
+        for name, tables in named.items()
     ]
 
 
@@ -244,12 +242,8 @@ def summary_notes(run: RunResults, console: Console, *, verb: str = "written to"
     took = run.record.duration_s
     after = f", {took:.0f} s of sweeping" if took and verb == "written to" else ""
     console.print(f"results {verb} [bold]{run.path}[/] (results.csv, samples.csv, run.json){after}")
-    if run.status != RunStatus.COMPLETE:
-        console.print(
-            f"[yellow]this run is unfinished ({run.status}):[/] finish it with "
-            f"attnbench sweep --resume {run.path}",
-            soft_wrap=True,
-        )
+    if run.unfinished:
+        console.print(f"[yellow]this run is[/] {escape(run.unfinished)}", soft_wrap=True)
 
 
 # How many layers' reasons the note on unmeasured cases lists (results.csv has every case's).
@@ -407,7 +401,7 @@ def replication_notes(run: RunResults) -> list[str]:
             "; --processes 3 or more gives an interval that holds a re-run"
             if asked <= 1
             else f"; attnbench sweep --resume {run.path} gives them the {asked} processes asked"
-            if run.status != RunStatus.COMPLETE
+            if run.unfinished
             else ""
         )  # a new user's interrupted sweep was told to ask for the 3 it had asked for
         notes.append(

@@ -378,8 +378,8 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
     against = f" (not: {some_of(said)})" if said else ""
     # where a quadratic layer was judged in a forward run: its lower term is why it reads
     # under n² (a student took attention's n^1.66 beside O(n^2 d) for a typo)
-    theory = rows.get("compute (theory)", pd.Series("", index=rows.index))
-    quadratic = theory.astype(str).str.contains("n^2", regex=False)
+    orders = rows.get("compute (theory)", pd.Series("", index=rows.index))
+    quadratic = orders.astype(str).str.contains("n^2", regex=False)
     why = (
         " (attention's n²·d + n·d² under n² until n is well past d)"
         if (quadratic & ~bound & agrees.notna()).any() and run.record.config.get("mode") != "decode"

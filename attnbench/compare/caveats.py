@@ -18,7 +18,6 @@ from attnbench.options import OPTIONS
 from attnbench.results.environment import compare_keys
 from attnbench.results.reruns import same_state, typical_reference
 from attnbench.results.run import BUSY_NOTE, RunResults
-from attnbench.schema import RunStatus
 from attnbench.thresholds import Thresholds
 
 
@@ -143,10 +142,9 @@ def check_finished(baseline: RunResults, current: RunResults | None = None) -> N
     then compared went green, its unmeasured cases listed as on one side only. (``current``
     None: the baseline alone, checked before ``sweep --baseline`` measures anything.)"""
     for role, run in (("baseline", baseline), ("current", current)):
-        if run is not None and run.status != RunStatus.COMPLETE:
+        if run is not None and run.unfinished:
             raise AttnbenchError(
-                f"the {role} run {str(run.path)!r} is unfinished ({run.status}): finish it with "
-                f"attnbench sweep --resume {run.path}, then compare"
+                f"the {role} run {str(run.path)!r} is {run.unfinished}, then compare"
             )
 
 

@@ -24,7 +24,7 @@ import pandas as pd
 from attnbench.errors import AttnbenchError
 from attnbench.metrics import EXACT_METRICS
 from attnbench.results.run import RunResults
-from attnbench.schema import RunStatus, Status
+from attnbench.schema import Status
 from attnbench.storage import write_text_atomic
 from attnbench.vcs import git_output
 
@@ -95,11 +95,8 @@ def entry_of(
 ) -> dict[str, Any]:
     """The history entry of a run: its commit (``commit``, else the one run.json records),
     its machine (``machine``, else named from its environment) and its cases."""
-    if run.status != RunStatus.COMPLETE:  # its missing cases would read as gone at this commit
-        raise AttnbenchError(
-            f"{str(run.path)!r} is unfinished ({run.status}): finish it with attnbench sweep "
-            f"--resume {run.path}, then file it"
-        )
+    if run.unfinished:  # its missing cases would read as gone at this commit
+        raise AttnbenchError(f"{str(run.path)!r} is {run.unfinished}, then file it")
     record = run.record
     env = record.environment
     given = commit or env.get("git_commit")

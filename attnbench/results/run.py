@@ -199,6 +199,15 @@ class RunResults:
         return self.record.status
 
     @property
+    def unfinished(self) -> str:
+        """ "" for a complete run; else what it is and how to finish it, the words every
+        command that refuses or reads such a run says ("unfinished (interrupted): finish it
+        with attnbench sweep --resume DIR")."""
+        if self.status == RunStatus.COMPLETE:
+            return ""
+        return f"unfinished ({self.status}): finish it with attnbench sweep --resume {self.path}"
+
+    @property
     def cases_total(self) -> int:
         """Cases the run's grid holds (those on disk, for a record that does not say)."""
         return self.record.cases_total or len(self.frame)

@@ -23,7 +23,7 @@ Measured by ``measure.machine.probes``, cached and read from files by
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -66,11 +66,22 @@ class Ceilings:
     # dispatcher, a launch), nothing synchronised per call (None: not measured).
     host_op_s: float | None = None
     # FLOP/s of the square GEMM (``gemm_side``) itself, which the peak may exceed (the rate
-    # curves' fastest product, ``probes.peak_rate``); None: not measured apart.
+    # curves' fastest product, ``fastest_rate``); None: not measured apart.
     square_flops_per_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def curves(self) -> dict[str, dict[int, float] | None]:
+        """Each kind of product's rate curve, by kind ("gemm", "conv", "attention",
+        "recurrent"; None: not measured)."""
+        return {
+            "gemm": self.gemm_rates,
+            "conv": self.conv_rates,
+            "attention": self.attention_rates,
+            "recurrent": self.recurrent_rates,
+        }
 
     def rate(self, kind: str, width: int | None = None) -> float:
         """FLOP/s of a product of ``kind`` ("gemm", "conv", "attention", "recurrent") whose
@@ -79,12 +90,7 @@ class Ceilings:
         the square GEMM's for a kind not measured (not the peak: the fastest curve's, which a
         product outside the cache does not reach)."""
         square = self.square_flops_per_s or self.peak_flops_per_s  # a large GEMM's own rate
-        curve = {
-            "gemm": self.gemm_rates,
-            "conv": self.conv_rates,
-            "attention": self.attention_rates,
-            "recurrent": self.recurrent_rates,
-        }.get(kind)
+        curve = self.curves.get(kind)
         if not curve:
             return square
         points = {self.gemm_side: square, **curve} if kind == "gemm" else dict(curve)
@@ -114,3 +120,19 @@ def _interpolate(points: Mapping[int, float], width: int, *, log_values: bool) -
     values = [math.log(points[w]) if log_values else points[w] for w in widths]
     at = float(np.interp(math.log2(max(width, 1)), [math.log2(w) for w in widths], values))
     return math.exp(at) if log_values else at
+
+
+def fastest_rate(square: float, curves: Iterable[Mapping[Any, Any] | None]) -> float:
+    """The peak: the fastest FLOP/s any product reached, the square GEMM's or a curve's past
+    it. A ceiling a measured rate exceeds is no ceiling: here the 1024-side GEMM, its operands
+    out of the core's cache, read 36 GFLOP/s where a (rows x 256) one read 102 and conv 99, and
+    the roofline drew conv's 62 above its roof. (A curve read from a file may hold anything:
+    only its positive numbers count.)"""
+    rates = [square]
+    for curve in curves:
+        rates += [
+            float(r)
+            for r in (curve or {}).values()
+            if isinstance(r, int | float) and not isinstance(r, bool) and math.isfinite(r) and r > 0
+        ]
+    return max(rates)

@@ -8,7 +8,6 @@ fake clock. What each policy and size was chosen on is in docs/machine.md.
 
 from __future__ import annotations
 
-import math
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -29,7 +28,7 @@ from attnbench.devices import (
 )
 from attnbench.measure.counts.ops import recording_fused
 from attnbench.measure.machine import rates
-from attnbench.measure.machine.ceilings import Ceilings
+from attnbench.measure.machine.ceilings import Ceilings, fastest_rate
 from attnbench.measure.machine.rates import KernelTimer
 from attnbench.measure.timing.allocator import release_freed
 from attnbench.measure.timing.faults import fault_cost_s
@@ -156,7 +155,9 @@ def measure_ceilings(
     del src, dst
     release_freed()  # a pinned allocator would keep the copy's arrays mapped for the whole run
     return Ceilings(
-        peak_flops_per_s=peak_rate(2 * side**3 / gemm, curves, recurrent),
+        peak_flops_per_s=fastest_rate(
+            2 * side**3 / gemm, [*curves.values(), recurrent and recurrent[0]]
+        ),
         square_flops_per_s=2 * side**3 / gemm,
         bandwidth_bytes_per_s=2 * numel * torch_dtype.itemsize / copy,
         op_latency_s=tiny,
@@ -176,21 +177,6 @@ def measure_ceilings(
         recurrent_rates=recurrent[0] if recurrent else None,
         recurrent_call_s=recurrent[1] if recurrent else None,
     )
-
-
-def peak_rate(
-    square: float,
-    curves: Mapping[str, Mapping[int, float] | None],
-    recurrent: tuple[Mapping[int, float], Mapping[int, float]] | None,
-) -> float:
-    """The fastest FLOP/s any product reached: the square GEMM's, or a curve's past it. A
-    ceiling a measured rate exceeds is no ceiling: here the 1024-side GEMM, its operands out of
-    the core's cache, read 36 GFLOP/s where a (rows x 256) one read 102 and conv 99, and the
-    roofline drew conv's 62 above its roof."""
-    rates = [square]
-    for curve in (*curves.values(), recurrent[0] if recurrent else None):
-        rates += [r for r in (curve or {}).values() if math.isfinite(r)]
-    return max(rates)
 
 
 def _tiny_op_s(device: str, dtype: torch.dtype, timed: KernelTimer) -> float:
