@@ -368,6 +368,18 @@ def test_the_time_chart_names_dashed_lines_only_when_it_draws_them(wide_run, mon
         assert ax.get_title().startswith("d = ")
 
 
+def test_a_one_panel_count_charts_dashed_note_is_packed_to_its_width(wide_run):
+    """A new user's one-panel FLOPs chart cut its "(dashed: ...; hidden under the points
+    where they agree)" line at both ends: it is packed as the time chart's keys are."""
+    from attnbench.render import style
+
+    narrow = wide_run.without(set(wide_run.frame.loc[wide_run.frame["d"] == 8, "case_id"]))
+    fig = build_charts(narrow, analyse(narrow), ["flops"])["flops"]
+    lines = fig.get_suptitle().splitlines()[1:]
+    assert lines == ["dashed: analytic formula", "hidden under the points where they agree"]
+    assert all(len(line) * style.KEY_CHAR_W <= fig.get_figwidth() for line in lines)
+
+
 def test_a_one_panel_time_charts_keys_stand_a_line_each(wide_run):
     """One width and no spare cell: the keys go under the title, and on one line they ran
     past both edges of a one-panel figure (a new user's chart of three layers). They say

@@ -35,6 +35,7 @@ from attnbench.render.parallel import DRAW_COST, draw_in_two
 from attnbench.render.style import (
     Panel,
     in_decode_words,
+    key_lines,
     last,
     layer_style,
     legend,
@@ -187,11 +188,12 @@ def _metric_chart(analysis: Analysis, metric: Metric) -> Figure | None:
     if not ds:
         return None
     ds = ds if chart.per_d else ds[-1:]
-    # where the counts are the formula's, its dashes lie under the points: said, or a student
-    # looked for lines that the chart did not seem to draw
-    dashed = f"\n(dashed: {chart.theory_note}; hidden under the points where they agree)"
-    title = chart.title + (dashed if chart.theory_note else "")
-    fig, cells = small_multiples(analysis.layers, frame, "d", ds, title)
+    fig, cells = small_multiples(analysis.layers, frame, "d", ds, chart.title)
+    if chart.theory_note:  # packed to the figure's width, as the time chart's keys (one
+        # panel cut it at both ends); the dashes lie under the points where the counts are
+        # the formula's: said, or a student looked for lines the chart did not seem to draw
+        keys = [f"dashed: {chart.theory_note}", "hidden under the points where they agree"]
+        fig.suptitle("\n".join([chart.title, *key_lines(keys, fig.get_figwidth())]))
     for d, panel, ax in cells:
         at = frame[(frame["d"] == d) & frame["layer"].isin(panel.layers)]
         for layer, line in at.groupby("layer", sort=False):
