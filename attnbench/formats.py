@@ -34,7 +34,6 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.measure.machine.ceilings import RATE_CURVES, fastest_rate
 from attnbench.schema import CALIBRATION_COLUMNS
 
 FORMAT_VERSION = 7  # of a results folder, in run.json's ``schema_version``
@@ -262,13 +261,8 @@ def migrate_ceilings(data: Mapping[str, Any], where: str) -> dict[str, Any]:
     for key in LATER_CEILINGS:
         found.setdefault(key, None)
     # Until 2026-12-02 the peak was the square GEMM's own rate, which a curve could beat: it
-    # is the square's, and the peak the fastest of it and the curves (``ceilings.fastest_rate``).
-    square = found.get("peak_flops_per_s")
-    if "square_flops_per_s" not in found and isinstance(square, int | float):
-        found["square_flops_per_s"] = square
-        if not isinstance(square, bool) and square > 0:  # a bad peak is the check's to name
-            curves = [v if isinstance(v, dict) else None for v in map(found.get, RATE_CURVES)]
-            found["peak_flops_per_s"] = fastest_rate(float(square), curves)
+    # is the square's (``ceilings_file.ceilings_from`` reads the peak by today's rule).
+    found.setdefault("square_flops_per_s", found.get("peak_flops_per_s"))
     return found
 
 

@@ -13,7 +13,7 @@ import os
 import platform
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,13 @@ from attnbench.devices import device_name
 from attnbench.errors import AttnbenchError
 from attnbench.formats import migrate_ceilings
 from attnbench.measure.machine import rates
-from attnbench.measure.machine.ceilings import CALL_CURVES, CEILING_KEYS, RATE_CURVES, Ceilings
+from attnbench.measure.machine.ceilings import (
+    CALL_CURVES,
+    CEILING_KEYS,
+    RATE_CURVES,
+    Ceilings,
+    fastest_rate,
+)
 from attnbench.measure.machine.probes import PASSES, Probes, measure_ceilings
 from attnbench.storage import write_text_atomic
 
@@ -141,6 +147,7 @@ def ceilings_from(data: Any, where: str = "ceilings") -> Ceilings:
     whatever shape it was written in; one clear error if they are not ceilings."""
     if not isinstance(data, dict):
         raise AttnbenchError(f"{where}: not a JSON object of ceilings")
+    square_apart = "square_flops_per_s" in data
     data = migrate_ceilings(data, where)
     for key in CEILING_KEYS:
         value = data.get(key)
@@ -169,7 +176,13 @@ def ceilings_from(data: Any, where: str = "ceilings") -> Ceilings:
         isinstance(host, bool) or not isinstance(host, int | float) or host <= 0
     ):
         raise AttnbenchError(f"{where}: host_op_s must be a positive number (got {host!r})")
-    return Ceilings(**{**{k: data[k] for k in names if k in data}, **curves})
+    found = Ceilings(**{**{k: data[k] for k in names if k in data}, **curves})
+    if square_apart or found.square_flops_per_s is None:
+        return found
+    # a file whose peak was the square's own: the peak by today's rule, the fastest product
+    return replace(
+        found, peak_flops_per_s=fastest_rate(found.square_flops_per_s, found.curves.values())
+    )
 
 
 def _curve(value: Any, where: str, positive: bool = True) -> dict[int, float] | None:
