@@ -244,6 +244,14 @@ def bisect_command(
     max_slowdown: Annotated[
         str, typer.Option(help="The slowdown that makes a commit slower (as ab's gate).")
     ] = "10%",
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Pairs of processes a race (ab's default: enough for its test at alpha "
+            "0.01); an undecided race is raced once more with twice as many.",
+        ),
+    ] = None,
     repo: RepoOption = Path("."),
     as_json: Annotated[bool, json_flag("the races and the first slower commit")] = False,
 ) -> None:
@@ -251,16 +259,21 @@ def bisect_command(
 
     Each commit is checked out in a worktree of its own (your checkout is not touched; it must
     have no uncommitted changes) and raced against GOOD with ab's gate: BAD first, then the
-    commits between halved, about log2 of them races in all.
+    commits between halved, about log2 of them races in all. A race reads slower, as fast or
+    undecided (a move the pairs cannot tell from noise); an undecided race is raced again with
+    twice the pairs, and one still undecided stops the search with the commits it narrowed to.
+
+    Exit status: 0 with the first slower commit, 3 when a race stayed undecided, 2 on bad
+    input or when BAD is not slower than GOOD.
     """
     slowdown = parse_fraction(max_slowdown, "--max-slowdown")
     streams = Streams.make(stdout_taken=as_json)
 
     def heard(race: Race) -> None:
         if streams.notes is not None:
-            verdict = "slower" if race.slower else "as fast"
             streams.notes.print(
-                f"raced {race.commit[:10]} ({race.subject[:60]}): x{race.ratio:.3f}, {verdict}",
+                f"raced {race.commit[:10]} ({race.subject[:60]}) in {race.pairs} pairs: "
+                f"x{race.ratio:.3f} (p = {race.p_value:.2g}), {race.outcome}",
                 soft_wrap=True,
             )
 
@@ -270,6 +283,7 @@ def bisect_command(
         "d": d,
         "device": device,
         "time_budget": time_budget,
+        "processes": processes,
     }
     found = bisect(
         good,
@@ -286,7 +300,7 @@ def bisect_command(
                     "first_bad": found.first_bad,
                     "subject": found.subject,
                     "commits": found.commits,
-                    "races": [r.__dict__ for r in found.races],
+                    "races": [r.to_dict() for r in found.races],
                 },
                 indent=1,
             )

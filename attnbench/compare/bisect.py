@@ -6,6 +6,12 @@ processes whose Python path starts with their worktree, a layer given as a file 
 repository (``layers.py:factory``) read from each side's worktree. BAD is raced first (it must
 be slower than GOOD, or there is nothing to find), then the commits between are halved: about
 log2 of them races in all, as ``git bisect`` and asv's ``find`` do.
+
+A race has three outcomes, not two: slower (a case's verdict is a regression), as fast (every
+case judged unchanged or faster), or undecided (a move past the threshold that could be noise,
+too few pairs, a throttled GPU). An undecided race is raced again with twice the pairs; one
+still undecided stops the search with the commits it narrowed to, since counting it as fast
+named a docs-only commit as the culprit of a 2.3x step on a busy machine.
 """
 
 from __future__ import annotations
@@ -20,23 +26,104 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.compare.runs import compare_runs
-from attnbench.compare.verdicts import REGRESSION
+from attnbench.compare.verdicts import IMPROVEMENT, NOT_COMPARED, REGRESSION, UNCHANGED
 from attnbench.errors import AttnbenchError
 from attnbench.run.ab import ABSides, run_ab
 from attnbench.run.executors.process import ForkExecutor
-from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds
+from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, rounds_to_reach
 from attnbench.vcs import run_git
+
+SLOWER, AS_FAST, UNDECIDED = "slower", "as fast", "undecided"
+# An undecided race is raced again this many times, each with twice the pairs of the last.
+RETRIES = 1
+UNDECIDED_EXIT = 3  # bisect's exit status when a race stays undecided (2 is bad input)
 
 
 @dataclass(frozen=True)
 class Race:
-    """One commit raced against GOOD: the slowest case's paired ratio and its verdict."""
+    """One commit raced against GOOD: the slowest case's paired ratio, its one-sided p, the
+    race's outcome (``SLOWER``, ``AS_FAST``, ``UNDECIDED``) and the pairs it ran."""
 
     commit: str
     subject: str
     ratio: float
     p_value: float
-    slower: bool
+    outcome: str
+    pairs: int = 0
+
+    @property
+    def slower(self) -> bool:
+        return self.outcome == SLOWER
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "slower": self.slower}
+
+
+def outcome_of(verdicts: Sequence[str]) -> str:
+    """A race's outcome from its cases' time verdicts: slower where any regressed; as fast
+    where every case compared reads unchanged or faster (its interval short of the
+    threshold); undecided otherwise."""
+    if REGRESSION in verdicts:
+        return SLOWER
+    compared = [v for v in verdicts if v != NOT_COMPARED]
+    if compared and all(v in (UNCHANGED, IMPROVEMENT) for v in compared):
+        return AS_FAST
+    return UNDECIDED
+
+
+class Undecided(AttnbenchError):
+    """A race that stayed undecided: the search stops with the commits it narrowed to."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exit_code=UNDECIDED_EXIT)
+
+
+def search(
+    path: Sequence[str],
+    race: Callable[[str, int], Race],
+    good: str,
+    retries: int = RETRIES,
+) -> str:
+    """The first commit of ``path`` (oldest first, BAD last) whose race reads slower, every
+    commit before it as fast: BAD first, then halving. ``race(commit, attempt)`` races one
+    commit, attempt 0 first; an undecided one is raced again up to ``retries`` times."""
+
+    def decided(commit: str) -> Race:
+        for attempt in range(retries + 1):
+            found = race(commit, attempt)
+            if found.outcome != UNDECIDED:
+                return found
+        return found
+
+    first = decided(path[-1])
+    if first.outcome == AS_FAST:
+        raise AttnbenchError(
+            f"{path[-1][:10]} is not slower than {good[:10]} (x{first.ratio:.3f}, "
+            f"p = {first.p_value:.2g}): nothing to bisect"
+        )
+    if first.outcome == UNDECIDED:
+        raise Undecided(
+            f"{path[-1][:10]} against {good[:10]} stayed undecided over {first.pairs} pairs "
+            f"(x{first.ratio:.3f}, p = {first.p_value:.2g}): give more --processes, on a "
+            "quieter machine, or a larger step"
+        )
+    low, high = -1, len(path) - 1  # path[low] is as fast as GOOD (-1: GOOD), path[high] slower
+    while high - low > 1:
+        middle = (low + high) // 2
+        found = decided(path[middle])
+        if found.outcome == UNDECIDED:
+            after = good if low < 0 else path[low]
+            raise Undecided(
+                f"{path[middle][:10]} stayed undecided over {found.pairs} pairs "
+                f"(x{found.ratio:.3f}, p = {found.p_value:.2g}): the first slower commit is "
+                f"one of the {high - low} after {after[:10]} up to {path[high][:10]}; bisect "
+                f"those with more --processes, or on a quieter machine"
+            )
+        if found.slower:
+            high = middle
+        else:
+            low = middle
+    return path[high]
 
 
 @dataclass(frozen=True)
@@ -157,9 +244,16 @@ def bisect(
         kept = ForkExecutor(base_python, label=f"the base side ({base_python})")
         stack.callback(kept.close)
 
-        def race(commit: str) -> bool:
+        processes = int(options.get("processes") or rounds_to_reach(thresholds.alpha))
+
+        def race(commit: str, attempt: int) -> Race:
             here = tree(commit)
-            current = {**options, "layers": ",".join(layers_at(layers, repo, here, commit))}
+            pairs = processes * 2**attempt
+            current = {
+                **options,
+                "layers": ",".join(layers_at(layers, repo, here, commit)),
+                "processes": pairs,
+            }
             sides = ABSides(
                 base_layers=layers_at(layers, repo, base, good_full),
                 base_python=base_python,
@@ -180,29 +274,20 @@ def bisect(
                 subject,
                 float(worst["ratio_judged"]),
                 float(worst["p_value"]),
-                bool((judged.times["verdict"] == REGRESSION).any()),
+                outcome_of(list(judged.times["verdict"])),
+                pairs,
             )
             races.append(found)
             if on_race is not None:
                 on_race(found)
-            return found.slower
+            return found
 
-        if not race(path[-1]):
-            last = races[-1]
-            raise AttnbenchError(
-                f"{bad} is not slower than {good} (x{last.ratio:.3f}, p = {last.p_value:.2g}): "
-                "nothing to bisect"
-            )
-        low, high = -1, len(path) - 1  # path[low] is as fast as GOOD (-1: GOOD), path[high] slower
-        while high - low > 1:
-            middle = (low + high) // 2
-            if race(path[middle]):
-                high = middle
-            else:
-                low = middle
-    first = path[high]
+        first = search(path, race, good_full)
     subject = next(r.subject for r in races if r.commit == first)
     return Bisected(first, subject, tuple(races), len(path))
 
 
-__all__ = ["Bisected", "Race", "bisect", "commits_between", "layers_at"]
+__all__ = [
+    "AS_FAST", "SLOWER", "UNDECIDED", "Bisected", "Race", "Undecided", "bisect",
+    "commits_between", "layers_at", "outcome_of", "search",
+]  # fmt: skip

@@ -1,0 +1,92 @@
+"""bisect's search on fake races: three outcomes, an undecided race raced again with twice the
+pairs, and one still undecided stopping the search with the commits it narrowed to (counting
+it as fast named a docs-only commit as the culprit of a 2.3x step on a busy machine)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import pytest
+
+from attnbench.compare.bisect import (
+    AS_FAST,
+    SLOWER,
+    UNDECIDED,
+    UNDECIDED_EXIT,
+    Race,
+    Undecided,
+    outcome_of,
+    search,
+)
+from attnbench.compare.verdicts import (
+    IMPROVEMENT,
+    NOT_COMPARED,
+    NOT_SIGNIFICANT,
+    REGRESSION,
+    THROTTLED,
+    TOO_FEW,
+    UNCHANGED,
+)
+from attnbench.errors import AttnbenchError
+
+PATH = [f"c{i:02d}" + "0" * 8 for i in range(1, 17)]  # 16 commits after GOOD, BAD last
+
+
+def races(
+    first_bad: int, undecided: Mapping[str, int] | None = None
+) -> tuple[Callable[[str, int], Race], list[tuple[str, int]]]:
+    """A fake race: slower from PATH[first_bad] on; a commit in ``undecided`` reads undecided
+    on its first that-many attempts."""
+    seen: list[tuple[str, int]] = []
+    stubborn = dict(undecided or {})
+
+    def race(commit: str, attempt: int) -> Race:
+        seen.append((commit, attempt))
+        if attempt < stubborn.get(commit, 0):
+            outcome = UNDECIDED
+        else:
+            outcome = SLOWER if PATH.index(commit) >= first_bad else AS_FAST
+        return Race(commit, "s", 1.3, 0.05, outcome, 10 * 2**attempt)
+
+    return race, seen
+
+
+def test_the_outcome_is_three_valued() -> None:
+    assert outcome_of([UNCHANGED, REGRESSION, NOT_SIGNIFICANT]) == SLOWER
+    assert outcome_of([UNCHANGED, IMPROVEMENT, NOT_COMPARED]) == AS_FAST
+    for unsure in (NOT_SIGNIFICANT, TOO_FEW, THROTTLED):
+        assert outcome_of([UNCHANGED, unsure]) == UNDECIDED
+    assert outcome_of([NOT_COMPARED]) == UNDECIDED  # nothing judged is not "as fast"
+
+
+@pytest.mark.parametrize("first_bad", [0, 1, 7, 15])
+def test_the_search_finds_the_first_slower_commit(first_bad: int) -> None:
+    race, seen = races(first_bad)
+    assert search(PATH, race, "good") == PATH[first_bad]
+    assert len(seen) <= 1 + 4 and seen[0] == (PATH[-1], 0)  # BAD, then log2(16) halvings
+
+
+def test_an_undecided_race_is_raced_again_and_its_answer_used() -> None:
+    race, seen = races(5, undecided={PATH[7]: 1})
+    assert search(PATH, race, "good") == PATH[5]
+    assert (PATH[7], 0) in seen and (PATH[7], 1) in seen
+
+
+def test_a_race_still_undecided_stops_with_the_commits_narrowed_to() -> None:
+    race, _ = races(5, undecided={PATH[7]: 2})  # undecided on both attempts
+    with pytest.raises(Undecided) as stop:
+        search(PATH, race, "good")
+    assert stop.value.exit_code == UNDECIDED_EXIT
+    message = stop.value.message
+    assert "c08" in message and "20 pairs" in message  # the second attempt's pairs
+    assert "one of the 16 after good up to c16" in message  # nothing narrowed yet below BAD
+
+
+def test_bad_as_fast_or_undecided_is_no_bisect() -> None:
+    race, _ = races(99)  # nothing is slower
+    with pytest.raises(AttnbenchError, match=r"is not slower than .*nothing to bisect") as fast:
+        search(PATH, race, "good")
+    assert fast.value.exit_code == 2
+    race, _ = races(3, undecided={PATH[-1]: 5})
+    with pytest.raises(Undecided, match="stayed undecided over 20 pairs"):
+        search(PATH, race, "good")
