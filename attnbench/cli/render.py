@@ -362,9 +362,9 @@ def comparison_table(comparison: Comparison, gate: str, console: Console) -> Non
     ):
         for line in by_length(cases):
             console.print(f"  {label}: {escape(line)}", soft_wrap=True)
-    found = comparison.regressions(gate)
-    if found:
-        console.print(f"[bold red]{len(found)} regression(s)[/] (--fail-on {gate}):")
+    if found := comparison.regressions(gate):  # under --fail-on none shown, failing nothing
+        gating = ("bold red", "") if comparison.failed(gate) else ("yellow", ", not gating")
+        console.print(f"[{gating[0]}]{len(found)} regression(s){gating[1]}[/] (--fail-on {gate}):")
         for line in found:
             console.print(f"  {escape(line)}", soft_wrap=True)
     elif undecided := comparison.undecided(gate):

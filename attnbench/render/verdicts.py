@@ -219,7 +219,8 @@ def headline(comparison: Comparison, gate: str) -> str:
             if undecided
             else f"no regression in {cases} shared cases"
         )
-    return f"{len(found)} regression(s) in {cases} shared cases"
+    gating = "" if comparison.failed(gate) else f", not gating (--fail-on {gate})"
+    return f"{len(found)} regression(s) in {cases} shared cases{gating}"
 
 
 def method_note(comparison: Comparison) -> str:
@@ -297,7 +298,11 @@ def blocks(comparison: Comparison, gate: str = "all") -> list[Block]:
     out.append(Block("table", table=display_table(comparison)))
     found = comparison.regressions(gate)
     if found:
-        out += [Block("p", f"Regressions (--fail-on {gate}):"), Block("list", items=tuple(found))]
+        gating = "" if comparison.failed(gate) else ", not gating"
+        out += [
+            Block("p", f"Regressions (--fail-on {gate}{gating}):"),
+            Block("list", items=tuple(found)),
+        ]
     for label, cases in (
         ("Only in the baseline", comparison.only_baseline),
         ("Only in the current run", comparison.only_current),
@@ -376,7 +381,7 @@ def to_json(comparison: Comparison, gate: str = "all") -> dict[str, Any]:
         "only_current": list(comparison.only_current),
         "gate": gate,
         "regressions": found,
-        "failed": bool(found),
+        "failed": comparison.failed(gate),
         "undecided": comparison.undecided(gate),
     }
 
