@@ -217,3 +217,33 @@ TRAIN_FLOP_FACTOR = 3
 def sizes(batch: Any, n: Any, d: Any, options: Mapping[str, Any]) -> dict[str, Any]:
     """The mapping a theory reads: batch, length and width, and the layer's options."""
     return {"b": batch, "n": n, "d": d, **options}
+
+
+def theory_problem(theory: LayerTheory, at: Sizes) -> str | None:
+    """The first of a theory's formulas that fails at the sizes ``at`` (or gives no finite
+    number), in words, else None: a plugin's term reading ``s["h"]`` where the sizes say
+    ``heads`` stopped a sweep with a traceback from its first estimate."""
+    step = theory.decode
+    formulas: list[tuple[str, str, SizeFn]] = [
+        *(("term", t.name, t.size) for t in theory.terms),
+        *(("elementwise term", t.name, t.size) for t in theory.elementwise or ()),
+        *(("traffic term", t.name, t.size) for t in theory.traffic or ()),
+        *(("recompute term", t.name, t.size) for t in theory.recompute),
+        ("law", "order", theory.order),
+        ("law", "sequential_law", theory.sequential_law),
+        ("law", "path_law", theory.path_law),
+    ]
+    if step is not None:
+        formulas += [("decode term", t.name, t.size) for t in (*step.terms, *step.state)]
+        formulas += [("decode term", t.name, t.size) for t in step.elementwise or ()]
+        formulas += [("decode law", "order", step.order)]
+        formulas += [("decode law", "sequential_law", step.sequential_law)]
+    for kind, name, size in formulas:
+        try:
+            value = float(size(at))
+        except Exception as exc:  # a plugin's own code: any error is its formula's
+            found = f"{type(exc).__name__}: {exc}"
+            return f"its theory's {kind} {name!r} fails: {found} (the sizes read: {', '.join(at)})"
+        if value != value or value in (float("inf"), float("-inf")):
+            return f"its theory's {kind} {name!r} gives {value} at {dict(at)}"
+    return None

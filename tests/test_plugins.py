@@ -132,6 +132,39 @@ def test_a_plugin_option_is_set_with_option(tmp_path: Path) -> None:
     assert _given("width") == "--option width"
 
 
+def test_a_theory_that_reads_a_size_it_lacks_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A term read s["w"], the option's tag, where the sizes name it "width": a researcher's
+    sweep stopped with a KeyError traceback from its first estimate."""
+    wrong = WITH_THEORY.replace('s["width"] * s["d"] * s["d"]),)', 's["w"] * s["d"] * s["d"]),)')
+    assert wrong != WITH_THEORY
+    path = plugin(tmp_path, wrong)
+    result = sweep("--layers", f"{path}:ENTRY", "--out", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    said = " ".join(result.stderr.split())
+    assert "layer 'mixer'" in said
+    assert (
+        "its theory's term 'b·n·w·d²' fails: KeyError: 'w' (the sizes read: b, n, d, width)" in said
+    )
+    assert not (tmp_path / "run").exists()  # before anything is measured
+    nan = WITH_THEORY.replace(
+        'order=lambda s: s["n"] * s["d"] * s["d"]', 'order=lambda s: float("nan")'
+    )
+    result = sweep("--layers", f"{plugin(tmp_path, nan, 'nan_order.py')}:ENTRY")
+    assert result.exit_code == 2 and "its theory's law 'order' gives nan" in result.stderr
+
+
+def test_a_file_plugin_imports_a_file_beside_it(tmp_path: Path) -> None:
+    """A layer split over two files: `python mixer.py` finds its sibling, and so does
+    --layers path/mixer.py:make from another folder (it read ModuleNotFoundError)."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "mixer_parts.py").write_text(textwrap.dedent(MIXER.replace("{fail_above}", "99")))
+    (folder / "mixer_entry.py").write_text("from mixer_parts import make\n")
+    result = runner.invoke(app, ["layers", "--layers", f"{folder / 'mixer_entry.py'}:make"])
+    assert result.exit_code == 0, result.output
+    assert "mixer_entry:make" in result.stdout
+
+
 @pytest.mark.slow
 def test_a_module_plugin_from_the_current_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

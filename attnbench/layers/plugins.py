@@ -114,6 +114,10 @@ def _run_file(path: Path, spec: str, text: str | None = None) -> ModuleType:
     module = ModuleType(name)
     module.__file__ = str(path)
     sys.modules[name] = module
+    # A file beside it imports, as under `python file.py` (a layer split over two files read
+    # ModuleNotFoundError); at the end of the path, so it shadows no installed module.
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
     try:
         exec(compile(text, str(path), "exec"), module.__dict__)
     except Exception as exc:

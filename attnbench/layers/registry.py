@@ -23,7 +23,7 @@ from torch import nn
 from attnbench._version import __version__
 from attnbench.errors import AttnbenchError, did_you_mean
 from attnbench.layers.entry import CUSTOM, Family, LayerEntry, LayerOption, LayerSource
-from attnbench.theory import LayerTheory
+from attnbench.theory import LayerTheory, sizes, theory_problem
 
 # The package's modules that hold the machinery rather than layers.
 _MACHINERY = {"entry", "registry", "plugins", "checks", "decoding"}
@@ -89,6 +89,9 @@ def as_entry(obj: Any, name: str, source: LayerSource) -> LayerEntry:
     )
 
 
+PROBE_N = 64  # n and d at which a plugin's theory is tried once, as it is registered
+
+
 def register(
     obj: LayerEntry | Callable[..., nn.Module],
     name: str | None = None,
@@ -109,6 +112,10 @@ def register(
     if not name or "/" in name or "," in name:
         raise AttnbenchError(f"layer name {name!r}: give a name without '/' or ','")
     entry = as_entry(obj, name, source)
+    if entry.theory is not None:
+        at = sizes(1, PROBE_N, PROBE_N, entry.resolve({}))
+        if (problem := theory_problem(entry.theory, at)) is not None:
+            raise AttnbenchError(f"layer {name!r} ({source.spec}): {problem}")
     if name in BUILTIN:
         raise AttnbenchError(
             f"layer name {name!r} ({source.spec}) clashes with a built-in layer; name it otherwise"
