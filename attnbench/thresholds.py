@@ -57,17 +57,20 @@ def parse_fraction(text: str | float, name: str) -> float:
     """``10%`` or ``0.1`` as 0.1; anything else is a one-line error naming the option."""
     raw = str(text).strip()
     try:
-        if raw.endswith("%"):
-            value = float(raw[:-1]) / 100
-        else:
-            value = float(raw)
-            if value >= 1:
-                raise ValueError
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
+        value = math.nan
+    # 1.5 is a ratio (50%) or 150%: ask, not guess (a fraction is under 1)
+    if math.isfinite(value) and not raw.endswith("%") and value >= 1:
+        raise AttnbenchError(
+            f"{name} {raw!r}: a fraction is under 1; write {value - 1:.0%} for a ratio of "
+            f"{value:g}, or {value:.0%}"
+        )
+    if not math.isfinite(value):
         raise AttnbenchError(
             f"{name} {raw!r}: write a percentage such as 10% (or a fraction such as 0.1)"
-        ) from None
-    if not math.isfinite(value) or value < 0:
+        )
+    if value < 0:
         raise AttnbenchError(f"{name} {raw!r} must be a percentage of at least 0%")
     return value
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from dataclasses import replace
@@ -130,6 +131,28 @@ def test_usage_errors_exit_2_in_one_line(
 def test_a_folder_that_is_not_a_run_exits_2(pair: tuple[Path, Path, Path], tmp_path: Path):
     result = runner.invoke(app, ["compare", str(pair[0]), str(tmp_path)])
     assert result.exit_code == 2 and "not an attnbench results folder" in result.stderr
+
+
+def test_a_killed_run_reads_gone_not_running(pair: tuple[Path, Path, Path], tmp_path: Path):
+    """A sweep SIGKILLed (a CI job's time limit) leaves status "running": on the machine that
+    ran it, its recorded process is looked for, and a dead one is said to be gone."""
+    import socket
+    import subprocess
+    import sys
+
+    base, same, _ = pair
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    for pid, words in ((int(dead.stdout), "is gone: killed or crashed"),
+                       (os.getpid(), "running: its process")):  # fmt: skip
+        half = tmp_path / f"half-{pid}"
+        shutil.copytree(same, half)
+        meta = json.loads((half / "run.json").read_text())
+        meta["environment"]["hostname"] = socket.gethostname()
+        (half / "run.json").write_text(json.dumps({**meta, "status": "running", "pid": pid}))
+        result = runner.invoke(app, ["compare", str(base), str(half)])
+        assert result.exit_code == 2 and f"its process {pid} " in result.stderr, result.stderr
+        assert words in result.stderr
 
 
 def test_an_unfinished_run_is_refused_not_judged(

@@ -389,14 +389,18 @@ def test_a_gate_that_could_not_decide_says_so_not_no_regression(tmp_path: Path) 
     times = c.times.copy()
     assert len(times) >= 3
     times["verdict"] = [NOT_SIGNIFICANT] * (len(times) - 2) + [TOO_FEW, THROTTLED]
+    # one past the threshold; the others under it, their intervals reaching past it (a run
+    # compared with itself, every ratio 1.000, read "slower than +10%")
+    times["ratio_judged"] = [1.3] + [1.0] * (len(times) - 1)
     unsure = dataclasses.replace(c, times=times)
     words = unsure.undecided("time")
     assert words == (
-        f"time undecided for {len(times)} of {len(times)} shared case(s) ({len(times) - 2} "
-        "slower than +10% but not significant at p < 0.01, or with an interval reaching past it; "
+        f"time undecided for {len(times)} of {len(times)} shared case(s) (1 "
+        "slower than +10% but not significant at p < 0.01; "
+        f"{len(times) - 3} under +10% with an interval reaching past it; "
         "1 with too few samples for a test; "
-        "1 throttled: the GPU's clock moved): the gate passes them, and more --processes "
-        "would decide them"
+        "1 throttled: the GPU's clock moved): the gate passes them, and sweeps with more "
+        "--processes would decide them"
     )
     assert headline(unsure, "all") == f"no regression shown: {words}"
     assert to_json(unsure, "all")["undecided"] == words

@@ -371,9 +371,16 @@ def test_gate_and_fraction_errors_and_the_pairs_ab_needs() -> None:
     with pytest.raises(AttnbenchError) as bad:
         check_gate("bogus")
     assert bad.value.message == "--fail-on 'bogus': accepted: all, deterministic, time, none"
-    for text in ("1", "1.5"):  # a bare number is a fraction below 1; 100% is written as such
-        with pytest.raises(AttnbenchError, match="write a percentage such as 10%"):
+    # a bare number is a fraction below 1; 1.5 could be a ratio or 150%, and the error asks
+    for text, ratio, percent in (("1", "0%", "100%"), ("1.5", "50%", "150%")):
+        with pytest.raises(AttnbenchError) as asked:
             parse_fraction(text, "--max-slowdown")
+        assert asked.value.message == (
+            f"--max-slowdown '{text}': a fraction is under 1; write {ratio} for a ratio of "
+            f"{text}, or {percent}"
+        )
+    with pytest.raises(AttnbenchError, match="write a percentage such as 10%"):
+        parse_fraction("inf", "--max-slowdown")
     assert parse_fraction("100%", "--max-slowdown") == 1.0
     assert parse_fraction("0.25", "--max-slowdown") == 0.25
     assert rounds_to_reach(0.01) == 10 and rounds_to_reach(1 / 16) == 7  # slack 8 by default

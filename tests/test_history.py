@@ -298,12 +298,31 @@ def test_runs_are_ordered_by_ancestry_and_by_date_where_git_cannot_place_them(
     assert "2 of 12 commit(s) are not in the git repository" in warning
     assert early[:10] in warning and late[:10] in warning
 
+    (tmp_path / "plain").mkdir()
     done = runner.invoke(app, ["history", "--history", str(tmp_path / "h"), "--repo",
-                               str(tmp_path / "nowhere"), "--json"])  # fmt: skip
+                               str(tmp_path / "plain"), "--json"])  # fmt: skip
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)["runs"] == 12
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("warning:") and "is not a git repository" in line
+    # a mistyped --repo is an error, not a warning over a table ordered by date
+    typo = runner.invoke(app, ["history", "--history", str(tmp_path / "h"), "--repo",
+                               str(tmp_path / "nowhere")])  # fmt: skip
+    assert typo.exit_code == 2 and "--repo" in typo.stderr and "does not exist" in typo.stderr
+
+
+def test_commits_of_one_second_outside_git_go_by_when_their_runs_started(tmp_path: Path) -> None:
+    """With no repository to order them, commits of one commit date follow their runs' start
+    times (a scripted series benchmarked in turn), not their files' names."""
+    for i in range(4):
+        made = {**entry(i, 1e-3), "commit_time": "2026-01-01T00:00:00+00:00",
+                "run": {"start_time": f"2026-01-02T00:00:0{i}+00:00"}}  # fmt: skip
+        path = tmp_path / "h" / "box" / f"{9 - i:04d}.json"  # names in the other order
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(made))
+    (tmp_path / "plain").mkdir()
+    loaded = load_history(tmp_path / "h", repo=tmp_path / "plain")
+    assert list(loaded.frame["commit"]) == [f"{i:040x}" for i in range(4)]
 
 
 @pytest.mark.parametrize(

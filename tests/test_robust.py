@@ -535,6 +535,20 @@ def test_a_corrupted_value_gives_a_clear_error(
         load_results(saved_run)
 
 
+@pytest.mark.parametrize("keep", [25, 5])  # cut in the third row; in the header
+def test_a_finished_run_cut_short_is_corruption(saved_run: Path, keep: int) -> None:
+    """A kill leaves a torn line only in an unfinished run: a finished run's results.csv cut
+    short passed compare's gate, its lost cases listed as in the baseline alone."""
+    path = saved_run / RESULTS_FILE
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + lines[1] + lines[2][:keep] if keep > 5 else lines[0][:keep])
+    total = json.loads((saved_run / RUN_FILE).read_text())["cases_total"]
+    held = 1 if keep > 5 else 0  # the torn row is dropped; a header cut holds no rows
+    assert total > 2
+    with pytest.raises(AttnbenchError, match=f"holds {held} of the {total} cases its finished"):
+        load_results(saved_run)
+
+
 def test_a_duplicated_case_is_corruption(saved_run: Path) -> None:
     path = saved_run / RESULTS_FILE
     lines = path.read_text().splitlines(keepends=True)

@@ -168,8 +168,9 @@ def sweep(
 
     Every finished case is written at once. Cases that run out of memory or time are recorded
     (oom, timeout) and the larger cases of their layer skipped. Ctrl-C or SIGTERM stops after
-    the current case and exits 130; --resume DIR finishes the run. With --baseline DIR the run
-    is compared with DIR when it completes, and the exit code is compare's (0, 1 on regression);
+    the current case and exits 130 (143 after SIGTERM); --resume DIR finishes the run. With
+    --baseline DIR the run is compared with DIR when it completes, and the exit code is
+    compare's (0, 1 on regression);
     with --strict a case that ended failed, oom or timeout exits 1 too.
     """
     thresholds, gate = gate_from(options)

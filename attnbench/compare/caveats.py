@@ -115,15 +115,19 @@ def busy_warnings(
     ]
 
 
-def undecided_words(verdicts: pd.Series, thresholds: Thresholds) -> str:
+def undecided_words(times: pd.DataFrame, thresholds: Thresholds, paired: bool = False) -> str:
     """The cases whose time a gate could not decide, in words ("" where none): slower past the
-    threshold but not significant, or with an interval reaching past it; too few samples for
-    any test; or throttled (the GPU's clock moved). "No regression" alone read as "none
-    slower" to a new user whose three cases read 1.29-1.33x."""
+    threshold but not significant; under it, with an interval reaching past it; too few
+    samples for any test; or throttled (the GPU's clock moved). "No regression" alone read as
+    "none slower" to a new user whose three cases read 1.29-1.33x; a run compared with itself,
+    every ratio 1.000, read "2 slower than +10%"."""
+    verdicts, past = times["verdict"], times["ratio_judged"] > 1 + thresholds.max_slowdown
+    unsure = verdicts == NOT_SIGNIFICANT
+    slowdown = f"+{thresholds.max_slowdown:.0%}"
     counted = [
-        (int((verdicts == NOT_SIGNIFICANT).sum()),
-         f"slower than +{thresholds.max_slowdown:.0%} but not significant at p < "
-         f"{thresholds.alpha:g}, or with an interval reaching past it"),
+        (int((unsure & past).sum()),
+         f"slower than {slowdown} but not significant at p < {thresholds.alpha:g}"),
+        (int((unsure & ~past).sum()), f"under {slowdown} with an interval reaching past it"),
         (int((verdicts == TOO_FEW).sum()), "with too few samples for a test"),
         (int((verdicts == THROTTLED).sum()), "throttled: the GPU's clock moved"),
     ]  # fmt: skip
@@ -131,9 +135,10 @@ def undecided_words(verdicts: pd.Series, thresholds: Thresholds) -> str:
     if not parts:
         return ""
     count = sum(count for count, _ in counted)
+    more = "more --processes" if paired else "sweeps with more --processes"
     return (
         f"time undecided for {count} of {len(verdicts)} shared case(s) ({'; '.join(parts)}): "
-        "the gate passes them, and more --processes would decide them"
+        f"the gate passes them, and {more} would decide them"
     )
 
 

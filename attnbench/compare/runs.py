@@ -130,7 +130,7 @@ class Comparison:
         if self.regressions(gate):
             return ""
         words = (
-            undecided_words(self.times["verdict"], self.thresholds)
+            undecided_words(self.times, self.thresholds, self.paired)
             if gate != "deterministic"
             else ""
         )

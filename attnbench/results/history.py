@@ -210,6 +210,8 @@ def load_history(history: Path, *, repo: Path = Path(".")) -> LoadedHistory:
     history = Path(history)
     if not history.is_dir():
         raise AttnbenchError(f"history {str(history)!r} is not a folder (attnbench history add)")
+    if not Path(repo).exists():  # a mistyped --repo ordered the runs by date, and wrongly
+        raise AttnbenchError(f"--repo {str(repo)!r} does not exist: name the git repository")
     rows: list[dict[str, Any]] = []
     for path in sorted(history.glob("*/*.json")):
         try:
@@ -226,6 +228,7 @@ def load_history(history: Path, *, repo: Path = Path(".")) -> LoadedHistory:
             "subject": entry.get("subject", ""),
             "machine": entry["machine"],
             "file": str(path),
+            "run_start": str((entry.get("run") or {}).get("start_time") or ""),
             **{key: entry["series"].get(key) for key in SERIES_KEYS},
         }
         # every metric a column, empty where a case holds none (a forward run's state)
@@ -234,7 +237,10 @@ def load_history(history: Path, *, repo: Path = Path(".")) -> LoadedHistory:
         raise AttnbenchError(f"history {str(history)!r} holds no runs (attnbench history add)")
     frame = pd.DataFrame(rows)
     frame["when"] = pd.to_datetime(frame["commit_time"], utc=True, errors="coerce")
-    by_date = frame.sort_values(["when", "file"], kind="stable").drop_duplicates("commit")
+    # commits of one second (a scripted series) by when their runs started, where no ancestry
+    # orders them
+    by_date = frame.sort_values(["when", "run_start", "file"], kind="stable")
+    by_date = by_date.drop_duplicates("commit")
     dated = [
         (str(commit), math.inf if pd.isna(when) else float(when.timestamp()))
         for commit, when in zip(by_date["commit"], by_date["when"], strict=True)

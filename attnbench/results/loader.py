@@ -235,6 +235,14 @@ def load_results(path: Path | str) -> RunResults:
     except (OSError, UnicodeDecodeError, ValueError, TypeError, pd.errors.ParserError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise AttnbenchError(f"results in {str(path)!r} are corrupt: {message}") from None
+    total = raw.meta.get("cases_total")
+    if raw.meta.get("status") == "complete" and isinstance(total, int) and len(frame) < total:
+        # a kill leaves a torn line only in an unfinished run: a finished one cut short passed
+        # a gate, its lost cases listed as on one side only
+        raise AttnbenchError(
+            f"results in {str(path)!r} are corrupt: {RESULTS_FILE} holds {len(frame)} of the "
+            f"{total} cases its finished run recorded (a file cut short?)"
+        )
     unknown = sorted(set(frame["status"]) - set(STATUSES))
     if unknown:
         raise AttnbenchError(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -205,7 +207,21 @@ class RunResults:
         with attnbench sweep --resume DIR")."""
         if self.status == RunStatus.COMPLETE:
             return ""
-        return f"unfinished ({self.status}): finish it with attnbench sweep --resume {self.path}"
+        return f"unfinished ({self._state()}): finish it with attnbench sweep --resume {self.path}"
+
+    def _state(self) -> str:
+        """The status, and for a run that reads running on this machine whether its process
+        is: a sweep killed by a CI job's time limit read "running" as if still going."""
+        pid, host = self.record.pid, self.record.environment.get("hostname")
+        if self.status != RunStatus.RUNNING or pid is None or host != socket.gethostname():
+            return str(self.status)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return f"its process {pid} is gone: killed or crashed"
+        except OSError:  # another user's process: alive
+            pass
+        return f"running: its process {pid} is still sweeping it"
 
     @property
     def cases_total(self) -> int:
