@@ -132,6 +132,30 @@ def test_a_plugin_option_is_set_with_option(tmp_path: Path) -> None:
     assert _given("width") == "--option width"
 
 
+def test_a_layer_whose_output_is_nan_is_refused_and_its_path_not_read_as_none(
+    tmp_path: Path,
+) -> None:
+    """A researcher's broken layer (its output times NaN) was measured `ok` at every n, and one
+    mixing every position read "no output depends on another position's input"."""
+    from torch import nn
+
+    from attnbench.measure.counts.structure import NonFinite, dependency_pattern
+
+    out = "return self.down(torch.relu(self.up(mixed)))"
+    broken = MIXER.replace(out, f"{out} * float('nan')")
+    assert broken != MIXER
+    result = sweep("--layers", f"{plugin(tmp_path, broken)}:make")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "to NaN or inf (" in result.stderr
+
+    class Mixing(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (1, n, d) -> (1, n, d)
+            return x + x.mean(dim=1, keepdim=True) * float("nan")
+
+    with pytest.raises(NonFinite, match="NaN or inf"):
+        dependency_pattern(Mixing(), 8, 4)
+
+
 def test_a_theory_that_reads_a_size_it_lacks_is_refused_in_one_line(tmp_path: Path) -> None:
     """A term read s["w"], the option's tag, where the sizes name it "width": a researcher's
     sweep stopped with a KeyError traceback from its first estimate."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -195,14 +196,60 @@ class GlobalToken(nn.Module):
         return self.conv(x.transpose(1, 2)).transpose(1, 2) + x[:, :1]
 
 
-def test_no_law_no_extension() -> None:
+def longest_route(n: int, depends: Callable[[int, int], bool]) -> int:
+    """By breadth-first search: the most mixing steps on the shortest route from an input
+    position j to an output i reached from it (``depends(i, k)``: y_i reads x_k, one step)."""
+    reads = [[i for i in range(n) if depends(i, k)] for k in range(n)]
+    most = 0
+    for j in range(n):
+        reached: dict[int, int] = {}
+        frontier, step = [j], 0
+        while frontier:
+            step += 1
+            nxt = [i for k in frontier for i in reads[k] if i not in reached]
+            reached.update(dict.fromkeys(nxt, step))
+            frontier = list(dict.fromkeys(nxt))
+        most = max(most, *reached.values())
+    return most
+
+
+def test_no_law_no_extension_but_a_measurement_at_n() -> None:
+    """No band or block law holds at the probes: nothing is extended, and the pattern is
+    measured at n itself, where it fits."""
+
     def build(n: int) -> nn.Module:
         torch.manual_seed(0)
         return GlobalToken(D)
 
     assert path_length(build, 40, D).method == "measured"
     far = path_length(build, 200, D)
-    assert far.value is None and far.method.startswith("none")
+    assert far.method == "measured"
+    assert far.value == longest_route(200, lambda i, j: abs(i - j) <= 1 or j == 0)
+
+
+class MultiScale(nn.Module):
+    """Kernel 3 at dilations 1, 2 and 4, summed: offsets 0, ±1, ±2, ±4, a band with gaps (a
+    researcher's multi-scale convolution read "none" past n = 64, even with --full-trace)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(
+            nn.Conv1d(d, d, 3, padding=r, dilation=r, groups=d) for r in (1, 2, 4)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, n, d) -> (B, n, d)
+        h = x.transpose(1, 2)  # (B, d, n)
+        return sum(conv(h) for conv in self.convs).transpose(1, 2)  # type: ignore[union-attr]
+
+
+def test_a_band_with_gaps_is_measured_at_n() -> None:
+    def build(n: int) -> nn.Module:
+        torch.manual_seed(0)
+        return MultiScale(D)
+
+    found = path_length(build, 256, D)
+    assert found.method == "measured"
+    assert found.value == longest_route(256, lambda i, j: abs(i - j) in (0, 1, 2, 4)) == 65
 
 
 class BlockedAttention(nn.Module):

@@ -65,5 +65,10 @@ def check_output(
                 f"layer {entry.name} maps a {shape} input {problem}; a layer must map "
                 "(batch, n, d) to (batch, n, d) in the input's dtype"
             )
+        if not bool(torch.isfinite(out).all()):  # its times would be raced as a layer's
+            raise AttnbenchError(
+                f"layer {entry.name} maps a {shape} input of finite values to NaN or inf "
+                f"({int((~torch.isfinite(out)).sum())} of {out.numel()} values)"
+            )
         return
     raise AttnbenchError(failures[-1] if failures else "no length to check the layer at")

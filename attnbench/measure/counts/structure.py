@@ -115,10 +115,14 @@ def dependency_pattern(
         probe = torch.zeros(len(at), 1, n, d, dtype=dtype)  # (c, 1, n, d)
         probe[torch.arange(len(at)), 0, at] = cotangents[at]
         grad = batched_vjp(y, x, probe)  # (c, 1, n_in, d)
+        if not bool(torch.isfinite(grad).all()):
+            raise NonFinite("its gradients hold NaN or inf: no dependency to read from them")
         return (grad[:, 0].abs().amax(dim=-1) > 0).numpy()
 
     with unfused():
         y = module(x)  # (1, n, d)
+        if not bool(torch.isfinite(y).all()):  # NaN compares as no dependence: "mixes none"
+            raise NonFinite("its output holds NaN or inf: no dependency to read from it")
         # A few positions first, under the allocator's watch: what one costs sizes the chunks
         # after them, and stops a pattern that would not fit.
         done = min(n, FIRST_CHUNK)
@@ -129,6 +133,11 @@ def dependency_pattern(
         for first in range(done, n, chunk):
             found.append(rows_of(first, chunk))
     return np.concatenate(found)
+
+
+class NonFinite(ArithmeticError):
+    """A layer whose output or gradients hold NaN or inf: a NaN Jacobian read as no dependence
+    at all, and a layer that mixes every position was said to mix none."""
 
 
 class PatternTooCostly(RuntimeError):
@@ -400,15 +409,13 @@ def path_length(
     if all(path is None for path in probe_paths.values()):  # no probe mixed: nor does n
         return PathLength(None, NO_MIXING)
     if shape is None:
-        return PathLength(
-            None, f"{PATH_NONE}: the pattern has no single band or block shape at the probes"
-        )
+        return _measured_at(build, n, d, route, "no single band or block shape at the probes")
     recurrent = route.kind == "recurrence"
     # The law must reproduce every probe's measured path before it is trusted at n.
     for p, measured in probe_paths.items():
         if shape.path(p, recurrent, _stage_count(build, p, d)) != measured:
             why = f"the {'band' if shape.is_band else 'block'} law does not reproduce the probes"
-            return PathLength(None, f"{PATH_NONE}: {why}")
+            return _measured_at(build, n, d, route, why)
     stages = _stage_count(build, n, d)
     value = shape.path(n, recurrent, stages)
     span = f"n={probes[0]}..{probes[-1]}"
@@ -416,6 +423,19 @@ def path_length(
         return PathLength(None, f"{PATH_NONE}: no path law for {shape.describe()} at {span}")
     law = f"{shape.describe()} at {span}, {stages} stage(s) at n={n}"
     return PathLength(value, f"{PATH_EXTENDED}: {law}")
+
+
+def _measured_at(
+    build: Callable[[int], nn.Module], n: int, d: int, route: Route, why: str
+) -> PathLength:
+    """The path at n from the pattern measured at n, where no law from the probes holds (a
+    multi-scale convolution's band has gaps: offsets 0, 1, 2, 4); "none" only where that
+    pattern would not fit its memory or time (``PatternTooCostly``)."""
+    try:
+        value = _path_of(build, n, d, route)
+    except PatternTooCostly as exc:
+        return PathLength(None, f"{PATH_NONE}: {why}, and {exc}")
+    return PathLength(None, NO_MIXING) if value is None else PathLength(value, PATH_MEASURED)
 
 
 def fallback_probes(n: int) -> list[tuple[int, ...]]:
