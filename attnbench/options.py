@@ -228,7 +228,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_case_seconds", "max_case_s", float,
            lambda v: read.positive_seconds(v, "max-case-seconds"),
            "A case whose single call takes longer is recorded as timeout and the larger cases "
-           "of its layer are skipped.", default_text="no limit"),
+           "of its layer are skipped. A call that never returns is ended with its process, "
+           "which may run a minute plus twenty calls (60 + 20 x this seconds; 600 s without "
+           "a limit): it also counts and warms up.", default_text="no limit"),
     Option("max_case_memory", "max_case_memory", str,
            lambda v: read.positive_bytes(v, "max-case-memory"),
            "A case whose process grows past this (4GiB, 512MiB) is ended and recorded oom, and "

@@ -301,6 +301,30 @@ def test_the_advice_names_only_the_cases_more_processes_narrow() -> None:
     assert _for_those(pd.Series([True, True]), advice) == advice
 
 
+def test_a_case_that_failed_a_check_shows_the_figures_it_kept(tiny_run) -> None:  # type: ignore[no-untyped-def]
+    """A decode case whose tokens differ from the parallel output keeps its time, FLOPs and
+    state (results.csv has them, as the docs say); the table printed a bare "failed" row."""
+    import io
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from attnbench.cli.summary import summary_tables
+
+    frame = tiny_run.frame.copy()
+    frame.loc[0, "status"] = "failed"
+    frame.loc[0, "error"] = "its decoded tokens differ from the causal layer's output by 1"
+    buf = io.StringIO()
+    summary_tables(replace(tiny_run, frame=frame), Console(file=buf, width=200))
+    row = next(line for line in buf.getvalue().splitlines() if " failed " in line and "│" in line)
+    from attnbench.units import fmt_seconds
+
+    assert f"{fmt_seconds(float(frame.loc[0, 'time_s']))} failed" in row
+    cells = [cell.strip() for cell in row.split("│")[1:-1]]
+    assert len(cells) > 5 and all(cells[:5]), cells  # n, d, time, ±95%, and on: its figures
+    assert "its decoded tokens differ" in buf.getvalue()
+
+
 def test_summary_marks_noisy_cases_and_flop_mismatches(tiny_run) -> None:  # type: ignore[no-untyped-def]
     import io
     from dataclasses import replace

@@ -116,7 +116,7 @@ def summary_tables(run: RunResults, console: Console) -> None:
         title = f"{layer} on {device[0] or 'no device (not run)'}" if device else f"{layer}"
         title += _calls(group)
         # The columns this layer measured (a time run has no instructions, and the reverse).
-        ok = group[group["status"] == Status.OK]
+        ok = group[(group["status"] == Status.OK) | failed_a_check(group)]
         shown = [c.name for c in SUMMARY_COLUMNS if ok[c.name].notna().any()] or ["time_s"]
         for name in shown:
             had[_header(name)] = had.get(_header(name), 0) + 1
@@ -185,7 +185,12 @@ def _layer_table(
     for column in (c for c in SUMMARY_COLUMNS if c.name in shown):
         justify: JustifyMethod = "left" if column.kind == "text" else "right"
         table.add_column(column.summary, justify=justify, no_wrap=True)
+    checked = failed_a_check(group)  # failed a correctness check: its figures kept, and shown
     for row in group.sort_values(["d", "n"]).itertuples():
+        if checked.get(row.Index, False):
+            cells = [_summary_cell(name, row, off_trend) for name in shown]
+            table.add_row(str(row.n), str(row.d), f"[red]{cells[0]} failed[/]", *cells[1:])
+            continue
         if row.status != Status.OK:
             color = "yellow" if row.status == Status.SKIPPED else "red"
             blank = [""] * (len(shown) - 1)

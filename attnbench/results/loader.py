@@ -221,11 +221,13 @@ def _typed_tables(path: Path, raw: RawRun) -> tuple[pd.DataFrame, pd.DataFrame, 
     return _typed_results(frame), samples[SAMPLE_COLUMNS], calibration
 
 
-def load_results(path: Path | str) -> RunResults:
+def load_results(path: Path | str, *, resuming: bool = False) -> RunResults:
     """Load a results folder written by ``attnbench sweep``; clear errors for anything else.
 
     A torn last line (a kill in the middle of an append) is dropped with a warning, and so are
-    samples whose case has no row: every complete case is kept.
+    samples whose case has no row: every complete case is kept. A finished run that holds
+    fewer cases than it recorded is corrupt, except to ``--resume`` (``resuming``), which
+    measures the missing cases again.
     """
     path = Path(path)
     warnings: list[str] = []
@@ -236,7 +238,8 @@ def load_results(path: Path | str) -> RunResults:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise AttnbenchError(f"results in {str(path)!r} are corrupt: {message}") from None
     total = raw.meta.get("cases_total")
-    if raw.meta.get("status") == "complete" and isinstance(total, int) and len(frame) < total:
+    finished = raw.meta.get("status") == "complete" and not resuming
+    if finished and isinstance(total, int) and len(frame) < total:
         # a kill leaves a torn line only in an unfinished run: a finished one cut short passed
         # a gate, its lost cases listed as on one side only
         raise AttnbenchError(

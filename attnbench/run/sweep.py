@@ -280,7 +280,7 @@ def resume_sweep(
     ``executor``, ``measuring``, ``listeners`` and ``clock`` are as ``run_sweep`` takes them.
     """
     out_dir = Path(out_dir)
-    run, died, retried = _left_to_measure(load_results(out_dir), retry)
+    run, died, retried = _left_to_measure(load_results(out_dir, resuming=True), retry)
     layer_changes, pid = _may_resume(run, out_dir, overrides, force)
     with _executor(executor, clock) as runs_on:
         try:
