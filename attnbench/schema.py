@@ -459,8 +459,8 @@ STATUSES: dict[Status, str] = {
     Status.OK: "measured",
     Status.OOM: "ran out of memory",
     Status.TIMEOUT: "one call took longer than --max-case-seconds",
-    Status.SKIPPED: "not run: a smaller case of the same layer ran out of memory or time, or "
-    "(decode mode) the layer has no decode step",
+    Status.SKIPPED: "not run: a smaller case of the same layer broke (failed, crashed, ran out "
+    "of memory or time; its error says which), or (decode mode) the layer has no decode step",
     Status.FAILED: "raised an error (see the error column)",
 }
 

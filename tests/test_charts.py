@@ -53,6 +53,21 @@ def test_every_built_in_layer_has_a_style_of_its_own():
     assert len({(s["color"], s["marker"]) for s in plugins}) > 10  # not five styles, locked
 
 
+def test_the_plugins_of_one_run_never_share_a_colour():
+    """Two plugins of a researcher's run (gla:make, gla:msconv: one crc32 slot) both drew
+    lime: among a run's plugins, a taken slot moves to the next free one, the same in every
+    chart of the run, and a plugin alone keeps its own."""
+    alone = [colour(name) for name in ("gla:make", "gla:msconv")]
+    assert alone[0] == alone[1]  # the collision, out of any run
+    names = ["gla:make", "gla:msconv", *(f"mine{i}.py:make" for i in range(3))]
+    with style.plugins_drawn([*names, "attention"]):
+        drawn = [colour(name) for name in names]
+    assert len(set(drawn)) == 5 and drawn[0] == alone[0]  # the first by name keeps its slot
+    with style.plugins_drawn(reversed(names)):  # the same set, in any order: the same colours
+        assert [colour(name) for name in names] == drawn
+    assert colour("gla:msconv") == alone[1]  # the run's set is gone once its charts are
+
+
 @pytest.mark.slow
 def test_every_chart_is_built_for_a_full_run(figures):
     # every chart a forward run has data for: the state is a decode run's

@@ -150,6 +150,16 @@ def test_an_interrupted_round_is_finished_by_resume(tmp_path: Path) -> None:
     from attnbench.cli.render import _short_of_rounds  # what the resume's first line says
 
     assert _short_of_rounds(stopped) == ", 4 short of their timing rounds"
+    import io
+
+    from rich.console import Console
+
+    from attnbench.cli.summary import summary_tables  # what show says: not "4 measured" alone
+
+    buf = io.StringIO()
+    summary_tables(stopped, Console(file=buf, width=200))
+    assert "4 measured" in buf.getvalue()
+    assert "(4 of them short of their timing rounds: --resume finishes them)" in buf.getvalue()
     assert sorted(stopped.samples.groupby("round")["case_id"].nunique()) == [1, 4]
     resumed = resume_sweep(out, measuring=UNCALIBRATED)
     per_round = resumed.samples.groupby("round")["case_id"].nunique()

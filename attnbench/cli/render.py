@@ -273,8 +273,7 @@ CEILINGS_LINE = (
 def _short_of_rounds(run: RunResults) -> str:
     """How many of a stopped run's measured cases have fewer timing rounds than every case
     gets (--processes): "20 of 20 cases on disk" read finished where 12 had."""
-    least = int((run.meta.get("config") or {}).get("processes") or 1)
-    short = int((run.rounds_ran() < least).sum())
+    short = run.short_of_rounds()
     return f", {short} short of their timing rounds" if short else ""
 
 

@@ -143,7 +143,9 @@ def summary_tables(run: RunResults, console: Console) -> None:
     summary = ", ".join(
         f"{count} {'measured' if status == 'ok' else status}" for status, count in counts.items()
     )
-    console.print(f"{len(frame)} of {run.cases_total} cases: {summary}")
+    short = run.short_of_rounds() if run.unfinished else 0
+    begun = f" ({short} of them short of their timing rounds: --resume finishes them)"
+    console.print(f"{len(frame)} of {run.cases_total} cases: {summary}{begun if short else ''}")
     if left_out:
         # a column left out of some tables only says which (a new user read "between" as
         # gone from every table where conv's alone had lost it)
@@ -286,7 +288,8 @@ def _time_notes(run: RunResults, console: Console) -> None:
         console.print(
             f"[yellow]note:[/] {kept} case(s) failed a correctness check (their error says "
             "which: decoded tokens, or a compiled output, not the layer's) and keep their "
-            "measurements in results.csv; tables of figures, fits and charts leave them out",
+            "measurements in results.csv (the tables show them marked failed); fits and "
+            "charts leave them out",
             soft_wrap=True,
         )
     measured = run.measured

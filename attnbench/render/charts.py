@@ -42,6 +42,7 @@ from attnbench.render.style import (
     log_axes,
     order_guides,
     panels,
+    plugins_drawn,
     ratio_axis,
     small_multiples,
     spare_cell,
@@ -291,16 +292,14 @@ def not_drawn_reason(name: str, run: RunResults, layers: Sequence[str] | None = 
             return "the run has no self-attention layer to race"
         if not rival_layers(names, known):
             plain = [x for x in names if x in known and known[x].family.row == "custom"]
-            declare = (
+            declare = plain and (
                 f" ({', '.join(plain)}: a plugin without a family, as a factory alone is; a "
                 "LayerEntry with family=RECURRENT, CONVOLUTIONAL, STATE_SPACE or LINEAR makes "
                 "it a rival, docs/own-layer.md)"
-                if plain
-                else ""
             )
             return (
                 "the run has no rival family to race attention against: no recurrent, "
-                f"convolutional, state-space or linear-attention layer{declare}"
+                f"convolutional, state-space or linear-attention layer{declare or ''}"
             )
         return "attention and a rival were not both measured at two lengths of one width"
     if name == "state" and run.mode != "decode":
@@ -337,10 +336,11 @@ def build_charts(
         "time-split": lambda: time_split_chart(analysis),
     }
     figures = {}
-    for name in names or CHARTS:
-        figure = builders[name]()
-        if figure is not None:
-            figures[name] = in_decode_words(figure) if run.mode == "decode" else figure
+    with plugins_drawn(analysis.frame["layer"].astype(str)):
+        for name in names or CHARTS:
+            figure = builders[name]()
+            if figure is not None:
+                figures[name] = in_decode_words(figure) if run.mode == "decode" else figure
     return figures
 
 

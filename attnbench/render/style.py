@@ -3,9 +3,10 @@ multiples of kin, legends, and the time chart's key and guides."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,8 @@ _COLOURS = (*(f"C{i}" for i in range(10)), "black", "navy")
 _MARKERS = "osD^v<>Px*h"
 # plugins' own, none of them a built-in layer's (tab10's ten, black, navy, and their markers)
 _PLUGIN_COLOURS = ("magenta", "teal", "gold", "lime", "darkviolet")  # none near a built-in's
-_PLUGIN_MARKERS = ("p", "1", "2", "3", "4")  # a pentagon, tri-stars: no built-in shape
+# filled shapes no built-in draws (the tri-stars 1-4 were all but invisible at chart size)
+_PLUGIN_MARKERS = ("p", "X", "d", "H", "8")
 _PANEL_W, _PANEL_H = 5.0, 4.0
 MAX_PANELS = 4
 MAX_X_TICKS = 9  # labelled sizes on a log axis, at most about
@@ -86,9 +88,42 @@ def layer_style(layer: str, points: int | None = None) -> dict[str, Any]:
         # palette: a plugin drawn in attention's brown read as attention beside it
         j = zlib.crc32(layer.encode())
         colours = len(_PLUGIN_COLOURS)  # colour and marker drawn apart: 25 styles, not 5
-        style = {"color": _PLUGIN_COLOURS[j % colours],
+        style = {"color": _PLUGIN_COLOURS[_plugin_colour(layer, j)],
                  "marker": _PLUGIN_MARKERS[j // colours % len(_PLUGIN_MARKERS)]}  # fmt: skip
     return style if points is None else {**style, "zorder": 2 + 1 / (1 + points)}
+
+
+_DRAWN: tuple[str, ...] = ()  # the plugins of the run being drawn (``plugins_drawn``), by name
+
+
+@contextlib.contextmanager
+def plugins_drawn(layers: Iterable[str]) -> Iterator[None]:
+    """While a run's charts are drawn: its plugins, so that no two of them share a colour
+    (two plugins of a researcher's run both drew lime, from crc32's five slots)."""
+    global _DRAWN
+    before, _DRAWN = _DRAWN, tuple(sorted({str(x) for x in layers} - set(BUILTIN)))
+    try:
+        yield
+    finally:
+        _DRAWN = before
+
+
+def _plugin_colour(layer: str, j: int) -> int:
+    """crc32's colour slot for a plugin; among the plugins drawn, taken in name order, the
+    next free slot where one before it took its own: the same colours for the same plugins
+    in every chart and run, and none shared while there are five or fewer."""
+    slots = len(_PLUGIN_COLOURS)
+    if layer not in _DRAWN:
+        return j % slots
+    used: set[int] = set()
+    for name in _DRAWN:
+        slot = zlib.crc32(name.encode()) % slots
+        while slot in used and len(used) < slots:
+            slot = (slot + 1) % slots
+        used.add(slot)
+        if name == layer:
+            return slot
+    return j % slots
 
 
 def power_of_two(x: float, _pos: int) -> str:

@@ -152,6 +152,13 @@ class RunResults:
         """The rows with measurements (status ``ok``): what charts, fits and comparisons use."""
         return self.frame[self.frame["status"] == Status.OK]
 
+    def short_of_rounds(self) -> int:
+        """Measured cases with fewer timing rounds than every case gets (--processes): those a
+        stopped run began, which --resume finishes ("4 measured" beside "0 of 6 cases done
+        and 4 begun" read as a contradiction)."""
+        least = int((self.meta.get("config") or {}).get("processes") or 1)
+        return int((self.rounds_ran() < least).sum())
+
     def rounds_ran(self) -> pd.Series:
         """Every round each measured case ran, aligned with ``measured`` (``rounds`` counts
         those its time is over, the ones left out not; a row without samples: its ``rounds``)."""
