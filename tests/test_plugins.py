@@ -189,6 +189,32 @@ def test_a_file_plugin_imports_a_file_beside_it(tmp_path: Path) -> None:
     assert "mixer_entry:make" in result.stdout
 
 
+def test_resume_sees_an_edit_to_a_file_the_plugin_imports(tmp_path: Path) -> None:
+    """Only the plugin file's own text was digested: a researcher edited the module it imported
+    beside it, resumed, and the run mixed rounds of old and new code without a word."""
+    from attnbench.layers.plugins import _now, file_digest, load, siblings, text_digest
+
+    folder = tmp_path / "mine"
+    (folder / "pkg").mkdir(parents=True)
+    parts = folder / "mixer_parts.py"
+    parts.write_text(textwrap.dedent(MIXER.replace("{fail_above}", "99")) + "import pkg.sub\n")
+    (folder / "pkg" / "__init__.py").write_text("")
+    (folder / "pkg" / "sub.py").write_text("X = 1\n")
+    entry = folder / "mixer_entry.py"
+    entry.write_text("import os\nfrom mixer_parts import make\n")
+    assert siblings(entry, entry.read_text()) == sorted(
+        [parts, folder / "pkg" / "__init__.py", folder / "pkg" / "sub.py"]
+    )  # what it imports beside it, and what that imports in turn; os is no file beside it
+    alone = folder / "alone.py"
+    alone.write_text("import torch\n")
+    assert file_digest(alone, alone.read_text()) == text_digest(alone.read_bytes())
+
+    recorded = load(f"{entry}:make").source
+    assert _now("mixer_entry:make", recorded)[0].digest == recorded.digest
+    (folder / "pkg" / "sub.py").write_text("X = 2\n")  # two imports away
+    assert _now("mixer_entry:make", recorded)[0].digest != recorded.digest
+
+
 @pytest.mark.slow
 def test_a_module_plugin_from_the_current_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

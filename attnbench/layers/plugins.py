@@ -12,6 +12,7 @@ can load it again and tell whether it changed, and a worker in another process c
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.machinery
@@ -42,6 +43,52 @@ def digest(path: Path) -> str:
 
 def text_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
+
+
+def file_digest(path: Path, text: str) -> str:
+    """The digest of a plugin file's text and of the files beside it that it imports (read,
+    not run: ``siblings``), so that --resume sees an edit to either: the file's text alone was
+    digested, and a resumed run mixed rounds of its imported module's old and new code. A
+    file that imports none beside it keeps the digest of its text alone."""
+    found = siblings(path, text)
+    if not found:
+        return text_digest(text.encode())
+    parts = [text.encode()]
+    parts += [f"\0{p.relative_to(path.parent)}\0".encode() + p.read_bytes() for p in found]
+    return text_digest(b"".join(parts))
+
+
+def siblings(path: Path, text: str) -> list[Path]:
+    """The files beside ``path`` (a module ``name.py``, or every file of a package ``name/``)
+    that its text imports, and those they import in turn, found by parsing, not running."""
+    folder, found = path.parent, dict[Path, None]()
+    todo = [text]
+    while todo:
+        for top in _imported(todo.pop()):
+            package = folder / top
+            files = sorted(package.rglob("*.py")) if (package / "__init__.py").is_file() else []
+            files += [folder / f"{top}.py"]
+            for file in files:
+                if file.is_file() and file.resolve() != path.resolve() and file not in found:
+                    found[file] = None
+                    todo.append(file.read_bytes().decode("utf-8", "replace"))
+    return sorted(found)
+
+
+def _imported(source: str) -> set[str]:
+    """The top-level names a module's absolute imports name (``import a.b``, ``from a import
+    b``: "a"); none where it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
 
 
 def _read(path: Path, spec: str) -> str:
@@ -141,7 +188,7 @@ def load(spec: str) -> LayerEntry:
         text = _read(path, spec)
         module = _run_file(path, spec, text)
         stem = path.stem
-        source = LayerSource("file", f"{path}:{attr}", text_digest(text.encode()))
+        source = LayerSource("file", f"{path}:{attr}", file_digest(path, text))
     else:
         module = _import(target, spec)
         file = getattr(module, "__file__", None)
@@ -236,7 +283,7 @@ def shipment(names: Iterable[str], portable: bool = False) -> list[dict[str, Any
         if kind == "file":
             path = Path(entry.source.spec.rpartition(":")[0])
             item["text"] = _read(path, entry.source.spec)
-            _same_code(name, entry.source, text_digest(item["text"].encode()), "its file")
+            _same_code(name, entry.source, file_digest(path, item["text"]), "its file")
         elif kind == "module":
             item["sys_path"] = [os.getcwd()]  # importable as here; the rest is the worker's own
         elif kind == "python":
@@ -268,8 +315,9 @@ def receive(items: Iterable[Mapping[str, Any]], verify_modules: bool = True) -> 
         if "entry" in item:
             register(item["entry"], name, source=source)
         elif source.kind == "file":
-            _same_code(name, source, text_digest(item["text"].encode()), "the shipped file")
             target, _, attr = source.spec.rpartition(":")
+            shipped = file_digest(Path(target), item["text"])
+            _same_code(name, source, shipped, "the shipped file")
             module = _run_file(Path(target), source.spec, item["text"])
             register(getattr(module, attr), name, source=source)
         elif source.kind == "module":
@@ -312,7 +360,7 @@ def _now(name: str, recorded: LayerSource) -> tuple[LayerSource, Path | None]:
     if recorded.kind == "file":
         path = Path(target)
         text = _read(path, recorded.spec)
-        return replace(recorded, digest=text_digest(text.encode())), path
+        return replace(recorded, digest=file_digest(path, text)), path
     if recorded.kind == "module":
         found = locate_module(target)
         if found is None:
@@ -400,7 +448,7 @@ def _register_recorded(name: str, recorded: LayerSource) -> None:
         module = _run_file(path, recorded.spec, text)
         if not hasattr(module, attr):
             raise AttnbenchError(f"layer {name}: {target!r} has no attribute {attr!r}")
-        source = LayerSource("file", recorded.spec, text_digest(text.encode()))
+        source = LayerSource("file", recorded.spec, file_digest(path, text))
         register(getattr(module, attr), name, source=source)
     elif recorded.kind == "module":
         load(recorded.spec)
