@@ -197,6 +197,18 @@ def test_the_cli_lists_change_points_as_a_table_and_as_json(tmp_path: Path) -> N
     ]
     table = runner.invoke(app, ["history", "--history", str(tmp_path / "h")])
     assert table.exit_code == 0 and "3 change point(s)" in table.stdout
+    # peak memory is stored and exact within a series (one machine and device): a step at the
+    # 36th commit is one, as compare and ab gate on it (+89% went unreported)
+    for i in range(36, len(times)):
+        path = tmp_path / "h" / "box" / f"{i:04d}.json"
+        made = json.loads(path.read_text())
+        made["cases"][0]["peak_bytes"] = 18.9
+        path.write_text(json.dumps(made))
+    peak = runner.invoke(app, ["history", "--history", str(tmp_path / "h"), "--metric",
+                               "peak_bytes", "--json"])  # fmt: skip
+    assert peak.exit_code == 0, peak.output
+    steps = json.loads(peak.stdout)["change_points"]
+    assert [(c["index"], round(c["ratio"], 2)) for c in steps] == [(36, 1.89)]
 
 
 START = 1767225600  # 2026-01-01T00:00:00Z, seconds since the epoch

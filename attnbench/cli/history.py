@@ -15,9 +15,8 @@ from rich.markup import escape
 from attnbench.cli.options import json_flag
 from attnbench.cli.render import Streams, frame_table
 from attnbench.compare.bisect import Race, bisect
-from attnbench.compare.changes import confirm_note, history_steps
+from attnbench.compare.changes import EXACT, confirm_note, history_steps
 from attnbench.errors import AttnbenchError
-from attnbench.metrics import DEVICE_FREE_COUNTS
 from attnbench.render.dashboard import github_commit_url, publish
 from attnbench.results.history import add_run, load_history
 from attnbench.results.loader import load_results
@@ -25,7 +24,7 @@ from attnbench.thresholds import Thresholds, parse_fraction
 from attnbench.vcs import git_output
 
 # What a history's change points are found in: the time, and the counts the same on any device.
-HISTORY_METRICS = ("time_s", *DEVICE_FREE_COUNTS)
+HISTORY_METRICS = ("time_s", *EXACT)
 
 DEFAULT_HISTORY = Path("attnbench-history")
 HistoryOption = Annotated[
