@@ -208,6 +208,19 @@ def test_too_few_rounds_are_announced_with_what_they_mean(rounds: int, says: str
     assert _too_few(counted, 0.01) == ()
 
 
+def test_a_gate_on_time_that_could_never_fail_is_refused(tmp_path: Path) -> None:
+    """--processes 3 --fail-on time: every time verdict is "too few samples", and a
+    maintainer's 2x step passed with a note its only word. Refused before anything runs; a
+    gate on the counts too (all) still gates them, with the note."""
+    args = ["ab", "--layers", "conv", "--n", "16", "--d", "8", "--out", str(tmp_path / "ab")]
+    refused = runner.invoke(app, [*args, "--processes", "6", "--fail-on", "time"])
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    said = " ".join(refused.stderr.split())
+    assert "--processes 6 with --fail-on time: the paired test cannot reach alpha 0.01 with" in said
+    assert "fewer than 7 pairs, so this gate could never fail" in said
+    assert not (tmp_path / "ab").exists()
+
+
 def test_an_interleaved_runs_overall_is_judged_on_its_pairs(tmp_path: Path) -> None:
     """Every round of every case reads the same on both sides (each pair's ratio is 1), but
     the sides took their samples in other proportions across three rounds of another speed:

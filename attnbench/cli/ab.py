@@ -27,13 +27,14 @@ from attnbench.cli.options import (
 )
 from attnbench.cli.render import ABProgress, Streams
 from attnbench.compare import compare_runs
+from attnbench.errors import AttnbenchError
 from attnbench.measure.counts.countcache import Counting
 from attnbench.options import load_config
 from attnbench.render.verdicts import to_json, to_markdown
 from attnbench.results.files import default_out_dir
 from attnbench.run.ab import AB_MEASURING, ABListeners, ABSides, run_ab
 from attnbench.storage import write_text_atomic
-from attnbench.thresholds import gate_from
+from attnbench.thresholds import cases_to_judge, gate_from, rounds_to_reach
 
 BasePython = Annotated[
     str | None,
@@ -71,6 +72,20 @@ AbOut = Annotated[
 ]
 
 
+def _can_fail(gate: str, options: dict[str, Any], alpha: float) -> None:
+    """Refuse a gate on time alone whose pairs are too few for any time verdict: it could
+    never fail (a maintainer's --processes 3 passed a 2x step, a note its only word)."""
+    pairs = options.get("processes")
+    if gate != "time" or pairs is None or options.get("metric") == "instructions":
+        return
+    if int(pairs) < (least := cases_to_judge(alpha)):
+        raise AttnbenchError(
+            f"--processes {pairs} with --fail-on time: the paired test cannot reach alpha "
+            f"{alpha:g} with fewer than {least} pairs, so this gate could never fail; give "
+            f"--processes {least} or more ({rounds_to_reach(alpha)} by default)"
+        )
+
+
 # Where the sides run different layers and --fail-on was not given: the gate is time.
 RACED_NOTE = (
     "the sides run different layers, whose exact counts differ by design: only time fails "
@@ -103,6 +118,7 @@ def ab(
     --metric instructions, Callgrind's instruction counts are compared as compare does.
     """
     thresholds, gate = gate_from(options)
+    _can_fail(gate, options, thresholds.alpha)
     fmt = verdict_format(options, as_json)
     output = options.get("output")
     values: dict[str, Any] = load_config(config) if config is not None else {}

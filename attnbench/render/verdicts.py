@@ -161,6 +161,8 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
     normalized = bool(comparison.calibration)
     level = f"{interval_level(comparison.thresholds.alpha)} CI"  # the test's dual interval
     level += " (norm.)" if comparison.thresholds.normalize else ""  # of the ratio judged
+    # ab's is its pairs' median ratio: 1.067 read beside a current time under the baseline's
+    ratio = "pairs' ratio" if comparison.paired else "ratio"
     rows = []
     for r in comparison.times.itertuples():
         row = {"layer": r.layer}
@@ -172,9 +174,8 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
             "d": str(r.d),
             "baseline": fmt_seconds(r.time_base_s),
             "current": fmt_seconds(r.time_new_s),
-            # The ratio the test judged, which its interval and p are of (a maintainer's
-            # one-round case read 2.650 in the table and x2.598 in its verdict).
-            "ratio": _ratio(r.ratio if comparison.thresholds.normalize else r.ratio_judged),
+            # the ratio judged, its interval's and p's (2.650 here read x2.598 in a verdict)
+            ratio: _ratio(r.ratio if comparison.thresholds.normalize else r.ratio_judged),
         }
         if normalized:  # under --normalize, the judged ratio is the normalised one
             judged = r.ratio_judged if comparison.thresholds.normalize else r.ratio_normalized
@@ -196,7 +197,7 @@ def display_table(comparison: Comparison) -> pd.DataFrame:
         "baseline": "",
         # the cases judge_overall took: neither uncompared nor throttled (compare.runs)
         "current": f"geomean of {int((~comparison.times['verdict'].isin(UNJUDGED)).sum())}",
-        "ratio": _ratio(overall["raw"].ratio),
+        ratio: _ratio(overall["raw"].ratio),
     }
     if normalized:
         last["norm. ratio"] = _ratio(overall["normalized"].ratio)
