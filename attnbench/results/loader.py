@@ -162,9 +162,14 @@ def _meta_problem(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _read_raw(path: Path, meta: dict[str, Any], warnings: list[str]) -> RawRun:
+def _read_raw(
+    path: Path, meta: dict[str, Any], warnings: list[str], resuming: bool = False
+) -> RawRun:
     """The folder's files as text, in the format its run.json states; a torn last line of each
-    table is dropped."""
+    table is dropped. A kill leaves one only in an unfinished run: a finished run's results
+    cut short (mid-row, or in the header) are corrupt, except to --resume (``resuming``),
+    which measures the lost cases again; a finished run cut short passed a gate, its lost
+    cases listed as on one side only."""
     tables: list[pd.DataFrame | None] = []
     for name, what in (
         (RESULTS_FILE, "results file"),
@@ -181,6 +186,12 @@ def _read_raw(path: Path, meta: dict[str, Any], warnings: list[str]) -> RawRun:
         table, torn = read_csv(path / name, what)
         if table is None:  # not even a header: a file cut at its creation holds no rows
             table = pd.DataFrame(columns=CALIBRATION_COLUMNS) if name == CALIBRATION_FILE else None
+        cut = name == RESULTS_FILE and (torn or table is None)
+        if cut and meta.get("status") == "complete" and not resuming:
+            raise AttnbenchError(
+                f"results in {str(path)!r} are corrupt: the {name} of a finished run is cut "
+                f"short ({'in its header' if table is None else 'in its last row'})"
+            )
         if torn:
             warnings.append(
                 f"dropped a torn last line of {name}"
@@ -225,27 +236,18 @@ def load_results(path: Path | str, *, resuming: bool = False) -> RunResults:
     """Load a results folder written by ``attnbench sweep``; clear errors for anything else.
 
     A torn last line (a kill in the middle of an append) is dropped with a warning, and so are
-    samples whose case has no row: every complete case is kept. A finished run that holds
-    fewer cases than it recorded is corrupt, except to ``--resume`` (``resuming``), which
-    measures the missing cases again.
+    samples whose case has no row: every complete case is kept. A finished run's results cut
+    short are corrupt, except to ``--resume`` (``resuming``; ``_read_raw``). Rows removed
+    whole (a run filtered by hand) are read as they are.
     """
     path = Path(path)
     warnings: list[str] = []
     try:
-        raw = migrate_run(_read_raw(path, _read_meta(path), warnings), str(path))
+        raw = migrate_run(_read_raw(path, _read_meta(path), warnings, resuming), str(path))
         frame, samples, calibration = _typed_tables(path, raw)
     except (OSError, UnicodeDecodeError, ValueError, TypeError, pd.errors.ParserError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise AttnbenchError(f"results in {str(path)!r} are corrupt: {message}") from None
-    total = raw.meta.get("cases_total")
-    finished = raw.meta.get("status") == "complete" and not resuming
-    if finished and isinstance(total, int) and len(frame) < total:
-        # a kill leaves a torn line only in an unfinished run: a finished one cut short passed
-        # a gate, its lost cases listed as on one side only
-        raise AttnbenchError(
-            f"results in {str(path)!r} are corrupt: {RESULTS_FILE} holds {len(frame)} of the "
-            f"{total} cases its finished run recorded (a file cut short?)"
-        )
     unknown = sorted(set(frame["status"]) - set(STATUSES))
     if unknown:
         raise AttnbenchError(
