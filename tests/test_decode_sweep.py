@@ -574,7 +574,7 @@ def test_the_summary_names_a_decode_run_and_a_case_that_failed_its_check(tmp_pat
     # on one line, however narrow the terminal: a note piped to a file broke mid-sentence
     assert (
         "2 case(s) failed a correctness check (their error says which: decoded tokens, or a "
-        "compiled output, not the layer's) and keep their measurements in results.csv; tables"
+        "compiled output, not the layer's) and keep their measurements in results.csv (the tables"
     ) in done.stderr
     assert "have no measurements" not in done.stderr
     # the check's figure is in the summary, not only in results.csv: rnn passed, zeros did not

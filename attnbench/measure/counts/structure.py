@@ -48,6 +48,7 @@ from attnbench.measure.memory import peak_bytes
 from attnbench.provenance import Source
 
 PATH_MEASURE_MAX = 64  # measure the dependency pattern directly up to this length
+PATH_FALLBACK_MAX = 256  # ... and up to this one where no law from the probes holds
 # What one dependency pattern may take: its cotangents, gradients and the backward passes'
 # intermediates, batched over output positions, grow as n^2 d and more (a windowed plugin's at
 # n = 1024 grew past 17 GB at once). Output positions are taken in chunks that fit the smaller
@@ -431,6 +432,8 @@ def _measured_at(
     """The path at n from the pattern measured at n, where no law from the probes holds (a
     multi-scale convolution's band has gaps: offsets 0, 1, 2, 4); "none" only where that
     pattern would not fit its memory or time (``PatternTooCostly``)."""
+    if n > PATH_FALLBACK_MAX:  # the closure over n x n grows about as n^4 (45 s at 512)
+        return PathLength(None, f"{PATH_NONE}: {why}, and n > {PATH_FALLBACK_MAX} to measure")
     try:
         value = _path_of(build, n, d, route)
     except PatternTooCostly as exc:
