@@ -57,6 +57,7 @@ def test_the_outcome_is_three_valued() -> None:
     for unsure in (NOT_SIGNIFICANT, TOO_FEW, THROTTLED):
         assert outcome_of([UNCHANGED, unsure]) == UNDECIDED
     assert outcome_of([NOT_COMPARED]) == UNDECIDED  # nothing judged is not "as fast"
+    assert outcome_of([NOT_COMPARED], broke=True) == SLOWER  # it measured, now it fails
 
 
 @pytest.mark.parametrize("first_bad", [0, 1, 7, 15])

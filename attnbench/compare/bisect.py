@@ -59,11 +59,13 @@ class Race:
         return {**self.__dict__, "slower": self.slower}
 
 
-def outcome_of(verdicts: Sequence[str]) -> str:
-    """A race's outcome from its cases' time verdicts: slower where any regressed; as fast
+def outcome_of(verdicts: Sequence[str], broke: bool = False) -> str:
+    """A race's outcome from its cases' time verdicts: slower where any regressed, or a case
+    broke (``broke``: it measured at GOOD and fails at the commit, a regression under every
+    gate, whose time is not compared); as fast
     where every case compared reads unchanged or faster (its interval short of the
     threshold); undecided otherwise."""
-    if REGRESSION in verdicts:
+    if broke or REGRESSION in verdicts:
         return SLOWER
     compared = [v for v in verdicts if v != NOT_COMPARED]
     if compared and all(v in (UNCHANGED, IMPROVEMENT) for v in compared):
@@ -274,7 +276,10 @@ def bisect(
                 subject,
                 float(worst["ratio_judged"]),
                 float(worst["p_value"]),
-                outcome_of(list(judged.times["verdict"])),
+                outcome_of(
+                    list(judged.times["verdict"]),
+                    broke=bool((judged.times["status_verdict"] == REGRESSION).any()),
+                ),
                 pairs,
             )
             races.append(found)

@@ -228,7 +228,7 @@ def load_history(history: Path, *, repo: Path = Path(".")) -> LoadedHistory:
             "subject": entry.get("subject", ""),
             "machine": entry["machine"],
             "file": str(path),
-            "run_start": str((entry.get("run") or {}).get("start_time") or ""),
+            "run_start": _run_start(entry),
             **{key: entry["series"].get(key) for key in SERIES_KEYS},
         }
         # every metric a column, empty where a case holds none (a forward run's state)
@@ -237,6 +237,7 @@ def load_history(history: Path, *, repo: Path = Path(".")) -> LoadedHistory:
         raise AttnbenchError(f"history {str(history)!r} holds no runs (attnbench history add)")
     frame = pd.DataFrame(rows)
     frame["when"] = pd.to_datetime(frame["commit_time"], utc=True, errors="coerce")
+    frame["run_start"] = pd.to_datetime(frame["run_start"], utc=True, errors="coerce")
     # commits of one second (a scripted series) by when their runs started, where no ancestry
     # orders them
     by_date = frame.sort_values(["when", "run_start", "file"], kind="stable")
@@ -249,6 +250,12 @@ def load_history(history: Path, *, repo: Path = Path(".")) -> LoadedHistory:
     frame["order"] = frame["commit"].map({commit: i for i, commit in enumerate(order)})
     frame = frame.sort_values(["order", "file"], kind="stable").reset_index(drop=True)
     return LoadedHistory(frame, () if warning is None else (warning,))
+
+
+def _run_start(entry: Mapping[str, Any]) -> str | None:
+    """When an entry's run started, as it recorded it (None: not recorded)."""
+    run = entry.get("run")
+    return str(run.get("start_time")) if isinstance(run, dict) and run.get("start_time") else None
 
 
 def ancestry(commits: Iterable[str], repo: Path) -> list[str] | None:

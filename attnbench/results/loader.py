@@ -32,7 +32,7 @@ from attnbench.results.files import (
     check_columns,
     read_csv,
 )
-from attnbench.results.record import RunRecord
+from attnbench.results.record import RunRecord, run_status
 from attnbench.results.reruns import (
     SweepsFound,
     judging_level,
@@ -47,6 +47,7 @@ from attnbench.schema import (
     RESULT_COLUMNS,
     SAMPLE_COLUMNS,
     STATUSES,
+    RunStatus,
     Status,
     columns_of,
 )
@@ -187,7 +188,7 @@ def _read_raw(
         if table is None:  # not even a header: a file cut at its creation holds no rows
             table = pd.DataFrame(columns=CALIBRATION_COLUMNS) if name == CALIBRATION_FILE else None
         cut = name == RESULTS_FILE and (torn or table is None)
-        if cut and meta.get("status") == "complete" and not resuming:
+        if cut and run_status(meta) == RunStatus.COMPLETE and not resuming:
             raise AttnbenchError(
                 f"results in {str(path)!r} are corrupt: the {name} of a finished run is cut "
                 f"short ({'in its header' if table is None else 'in its last row'})"

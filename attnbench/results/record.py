@@ -7,6 +7,8 @@ recorded (an empty mapping, None). The writer keeps the mapping it writes (``res
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -116,6 +118,23 @@ class RunRecord:
         """``--processes``: the rounds the sweep gave each case at the least (1 where run.json
         does not say)."""
         return int(self.config.get("processes") or 1)
+
+    def on_this_host(self) -> bool:
+        """Whether the run recorded running on this machine (a pid means something here)."""
+        return self.pid is not None and self.environment.get("hostname") == socket.gethostname()
+
+    def live_pid(self) -> int | None:
+        """The pid of a live process on this host, not this one, that may still be writing
+        the run (None: none, or not a running run of this host)."""
+        if self.status != RunStatus.RUNNING or not self.on_this_host() or self.pid == os.getpid():
+            return None
+        try:
+            os.kill(self.pid, 0)  # type: ignore[arg-type]  # signal 0: only asks if it exists
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass  # it exists, under another user
+        return self.pid
 
     @classmethod
     def parse(cls, meta: Mapping[str, Any]) -> RunRecord:

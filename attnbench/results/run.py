@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
-from attnbench.estimators import QUIET_FACTOR, Between, kept_of, round_marks
+from attnbench.estimators import QUIET_FACTOR, Between, kept_of, quiet_level, round_marks
 from attnbench.measure.machine.ceilings import Ceilings
 from attnbench.measure.machine.ceilings_file import ceilings_from
 from attnbench.measure.record import died_in
@@ -74,7 +73,8 @@ class RunResults:
     @property
     def calibration_s(self) -> float | None:
         """Median seconds of one calibration GEMM over the run's quiet points (those whose
-        median is within ``QUIET_FACTOR`` of the fastest point's); None without samples.
+        median is within ``QUIET_FACTOR`` of their quiet level, ``quiet_level``, as a round's
+        reference is judged); None without samples.
 
         The case times leave out the rounds a disturbed machine slowed, so the kernel that
         normalises them leaves out its disturbed points: a median over every point took in a
@@ -83,7 +83,10 @@ class RunResults:
         if self.calibration.empty:
             return None
         points = self.calibration.groupby("point")["time_s"].median()
-        quiet = points.index[points <= QUIET_FACTOR * points.min()]
+        level = quiet_level(points.tolist())  # as the rounds' references are judged
+        if level != level:  # no finite time at all
+            return None
+        quiet = points.index[points <= QUIET_FACTOR * level]
         return float(self.calibration.loc[self.calibration["point"].isin(quiet), "time_s"].median())
 
     def rounds_of(self, case_id: str) -> dict[int, list[float]]:
@@ -227,15 +230,11 @@ class RunResults:
     def _state(self) -> str:
         """The status, and for a run that reads running on this machine whether its process
         is: a sweep killed by a CI job's time limit read "running" as if still going."""
-        pid, host = self.record.pid, self.record.environment.get("hostname")
-        if self.status != RunStatus.RUNNING or pid is None or host != socket.gethostname():
+        pid = self.record.pid
+        if self.status != RunStatus.RUNNING or not self.record.on_this_host():
             return str(self.status)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if pid != os.getpid() and self.record.live_pid() is None:
             return f"its process {pid} is gone: killed or crashed"
-        except OSError:  # another user's process: alive
-            pass
         return f"running: its process {pid} is still sweeping it"
 
     @property

@@ -10,8 +10,6 @@ results. The runner starts the executor, prepares the folder and loads a resumed
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -30,7 +28,6 @@ from attnbench.options import build_grid, grid_from_config, grid_options
 from attnbench.results.environment import changes, resume_keys
 from attnbench.results.files import default_out_dir, new_out_dir, now_iso
 from attnbench.results.loader import load_results
-from attnbench.results.record import RunRecord
 from attnbench.results.reruns import code_of
 from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
@@ -232,23 +229,6 @@ def _executor(executor: Executor | None, clock: Clock) -> Iterator[Executor]:
         serial.close()
 
 
-def _still_running(run: RunRecord) -> int | None:
-    """The pid of a live process on this host that may still be writing the run, if any."""
-    pid = run.pid
-    host = run.environment.get("hostname")
-    if run.status != RunStatus.RUNNING or pid is None or pid == os.getpid():
-        return None
-    if host != socket.gethostname():
-        return None
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # it exists, under another user
-    return pid
-
-
 def grid_for(options: Mapping[str, Any], runs_on: Executor) -> Grid:
     """``build_grid`` of ``options`` on the executor's devices. An executor that places a case
     per --threads CPUs (Ray: ``keeps_torch_threads``) keeps torch's own threads where none are
@@ -341,7 +321,7 @@ def _may_resume(
         results=out_dir,
         named=plugins.named_files(named.split(",") if isinstance(named, str) else named),
     )
-    pid = _still_running(run.record)
+    pid = run.record.live_pid()
     if pid is not None and not force:
         raise AttnbenchError(
             f"--resume {str(out_dir)!r}: process {pid} on this machine may still be writing "
