@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.compare import REGRESSION, compare_runs
+from attnbench.errors import AttnbenchError
 from attnbench.options import build_grid
 from attnbench.render.verdicts import schema
 from attnbench.results.loader import load_results
@@ -217,8 +218,30 @@ def test_a_gate_on_time_that_could_never_fail_is_refused(tmp_path: Path) -> None
     assert refused.exit_code == 2 and "Traceback" not in refused.output
     said = " ".join(refused.stderr.split())
     assert "--processes 6 with --fail-on time: the paired test cannot reach alpha 0.01 with" in said
-    assert "fewer than 7 pairs, so this gate could never fail" in said
+    assert "fewer than 7 pairs, so no time could ever fail" in said
     assert not (tmp_path / "ab").exists()
+    # the default gate (all) judges time too, and so does a config file's --processes
+    (tmp_path / "few.toml").write_text("processes = 3\n")
+    for more in (["--processes", "3"], ["--config", str(tmp_path / "few.toml")]):
+        refused = runner.invoke(app, [*args, *more])
+        assert refused.exit_code == 2, refused.output
+        assert "--processes 3 with the default gate" in " ".join(refused.stderr.split())
+    raced = runner.invoke(app, [*args, "--processes", "3", "--base-layers", "rnn"])
+    assert "the default gate (time: the sides run different layers)" in " ".join(
+        raced.stderr.split()
+    )
+    assert not (tmp_path / "ab").exists()
+
+
+def test_a_gate_on_the_counts_alone_runs_with_few_pairs() -> None:
+    from attnbench.cli.ab import _can_fail
+
+    for gate in ("deterministic", "none"):
+        _can_fail(gate, {"processes": 2, "fail_on": gate}, 0.01, None)  # no error
+    _can_fail("all", {"processes": 7}, 0.01, None)  # enough pairs
+    _can_fail("all", {"processes": 1, "metric": "instructions"}, 0.01, None)
+    with pytest.raises(AttnbenchError, match="--fail-on deterministic to gate the exact"):
+        _can_fail("all", {"processes": 6, "fail_on": "all"}, 0.01, None)
 
 
 def test_an_interleaved_runs_overall_is_judged_on_its_pairs(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ it as fast named a docs-only commit as the culprit of a 2.3x step on a busy mach
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 
 import pytest
@@ -81,6 +82,40 @@ def test_a_race_still_undecided_stops_with_the_commits_narrowed_to() -> None:
     message = stop.value.message
     assert "c08" in message and "20 pairs" in message  # the second attempt's pairs
     assert "one of the 16 after good up to c16" in message  # nothing narrowed yet below BAD
+    assert stop.value.candidates == tuple(PATH)
+
+
+def test_the_candidates_narrow_as_the_search_goes() -> None:
+    race, _ = races(5, undecided={PATH[3]: 2})  # c16 slower, c08 slower, c04 undecided
+    with pytest.raises(Undecided) as stop:
+        search(PATH, race, "good")
+    assert stop.value.candidates == tuple(PATH[:8])  # after good up to c08, the slower one
+
+
+def test_bisect_json_still_prints_the_races_when_undecided(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Exit 3 with --json: stdout is the races run and the commits the culprit is among (it
+    printed nothing, and a script parsing it failed on empty input)."""
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app, history
+
+    ran = [Race(PATH[-1], "s", 1.4, 0.001, SLOWER, 10), Race(PATH[7], "s", 1.1, 0.2, UNDECIDED, 20)]
+
+    def stuck(*_: object, **__: object) -> None:
+        raise Undecided("c08 stayed undecided", candidates=PATH[:8], races=ran)
+
+    monkeypatch.setattr(history, "bisect", stuck)
+    done = CliRunner().invoke(app, [
+        "bisect", "good", "bad", "--layers", "conv", "--n", "16", "--d", "8", "--json",
+    ])  # fmt: skip
+    assert done.exit_code == UNDECIDED_EXIT
+    found = json.loads(done.stdout)
+    assert found["outcome"] == "undecided" and found["first_bad"] is None
+    assert found["candidates"] == PATH[:8]
+    assert [r["commit"] for r in found["races"]] == [PATH[-1], PATH[7]]
+    assert "c08 stayed undecided" in done.stderr
 
 
 def test_bad_as_fast_or_undecided_is_no_bisect() -> None:

@@ -220,7 +220,7 @@ def test_ab_races_an_eager_side_against_a_compiled_side(tmp_path) -> None:  # ty
         [
             "ab", "--layers", "conv", "--base-compile", "none", "--compile", "default",
             "--n", "16", "--d", "8", "--processes", "3", "--time-budget", "0.02",
-            "--threads", "1", "--out", str(out), "--json",
+            "--threads", "1", "--out", str(out), "--json", "--fail-on", "deterministic",
         ],
     )  # fmt: skip
     assert done.exit_code in (0, 1), done.output

@@ -72,18 +72,34 @@ AbOut = Annotated[
 ]
 
 
-def _can_fail(gate: str, options: dict[str, Any], alpha: float) -> None:
-    """Refuse a gate on time alone whose pairs are too few for any time verdict: it could
-    never fail (a maintainer's --processes 3 passed a 2x step, a note its only word)."""
-    pairs = options.get("processes")
-    if gate != "time" or pairs is None or options.get("metric") == "instructions":
+def _can_fail(gate: str, values: dict[str, Any], alpha: float, base_layers: str | None) -> None:
+    """Refuse a gate that judges time when the pairs are too few for any time verdict: its
+    time half could never fail (a maintainer's --processes 3 passed a 2x step, a note its only
+    word). ``all`` judges time too, and so does the default gate when the sides run different
+    layers (it becomes time); only ``deterministic`` and ``none`` judge no time."""
+    pairs = values.get("processes")
+    if pairs is None or values.get("metric") == "instructions":
         return
-    if int(pairs) < (least := cases_to_judge(alpha)):
-        raise AttnbenchError(
-            f"--processes {pairs} with --fail-on time: the paired test cannot reach alpha "
-            f"{alpha:g} with fewer than {least} pairs, so this gate could never fail; give "
-            f"--processes {least} or more ({rounds_to_reach(alpha)} by default)"
-        )
+    if gate not in ("all", "time") or int(pairs) >= (least := cases_to_judge(alpha)):
+        return
+    given = values.get("fail_on")
+    which = f"--fail-on {given}" if given is not None else "the default gate"
+    if (
+        given is None
+        and base_layers is not None
+        and _names(base_layers) != _names(values.get("layers"))
+    ):
+        which += " (time: the sides run different layers)"
+    raise AttnbenchError(
+        f"--processes {pairs} with {which}: the paired test cannot reach alpha {alpha:g} with "
+        f"fewer than {least} pairs, so no time could ever fail; give --processes {least} or "
+        f"more ({rounds_to_reach(alpha)} by default), or --fail-on deterministic to gate the "
+        "exact counts alone"
+    )
+
+
+def _names(layers: object) -> list[str]:
+    return [t.strip() for t in str(layers or "").split(",") if t.strip()]
 
 
 # Where the sides run different layers and --fail-on was not given: the gate is time.
@@ -118,11 +134,11 @@ def ab(
     --metric instructions, Callgrind's instruction counts are compared as compare does.
     """
     thresholds, gate = gate_from(options)
-    _can_fail(gate, options, thresholds.alpha)
     fmt = verdict_format(options, as_json)
     output = options.get("output")
     values: dict[str, Any] = load_config(config) if config is not None else {}
     values.update(pick(options, AB_GRID))
+    _can_fail(gate, {**values, "fail_on": options.get("fail_on")}, thresholds.alpha, base_layers)
     values.pop("out", None)
     folder = out or default_out_dir(prefix="ab-")
     layers = [t.strip() for t in base_layers.split(",")] if base_layers else None

@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from attnbench.cli.options import json_flag
 from attnbench.cli.render import Streams, frame_table
-from attnbench.compare.bisect import Race, bisect
+from attnbench.compare.bisect import Race, Undecided, bisect
 from attnbench.compare.changes import EXACT, confirm_note, history_steps
 from attnbench.errors import AttnbenchError
 from attnbench.render.dashboard import github_commit_url, publish
@@ -284,21 +284,28 @@ def bisect_command(
         "time_budget": time_budget,
         "processes": processes,
     }
-    found = bisect(
-        good,
-        bad,
-        options,
-        repo=repo,
-        thresholds=Thresholds(max_slowdown=slowdown),
-        on_race=heard,
-    )
+    try:
+        found = bisect(
+            good,
+            bad,
+            options,
+            repo=repo,
+            thresholds=Thresholds(max_slowdown=slowdown),
+            on_race=heard,
+        )
+    except Undecided as stopped:
+        if as_json:  # a script reading stdout gets the races run and where the search stopped
+            typer.echo(json.dumps(_undecided_json(stopped), indent=1))
+        raise
     if as_json:
         typer.echo(
             json.dumps(
                 {
+                    "outcome": "found",
                     "first_bad": found.first_bad,
                     "subject": found.subject,
                     "commits": found.commits,
+                    "candidates": [found.first_bad],
                     "races": [r.to_dict() for r in found.races],
                 },
                 indent=1,
@@ -309,6 +316,18 @@ def bisect_command(
         f"first slower commit: {found.first_bad} {found.subject} "
         f"({len(found.races)} races over {found.commits} commits)"
     )
+
+
+def _undecided_json(stopped: Undecided) -> dict[str, Any]:
+    """``bisect --json`` when a race stayed undecided (exit 3): no first slower commit, the
+    commits it is among, and every race run."""
+    return {
+        "outcome": "undecided",
+        "first_bad": None,
+        "message": stopped.message,
+        "candidates": list(stopped.candidates),
+        "races": [r.to_dict() for r in stopped.races],
+    }
 
 
 __all__ = ["add", "bisect_command", "publish_site", "show"]

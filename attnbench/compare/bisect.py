@@ -74,10 +74,19 @@ def outcome_of(verdicts: Sequence[str], broke: bool = False) -> str:
 
 
 class Undecided(AttnbenchError):
-    """A race that stayed undecided: the search stops with the commits it narrowed to."""
+    """A race that stayed undecided: the search stops with the commits it narrowed to
+    (``candidates``, oldest first: the first slower commit is one of them) and the races run
+    so far, which ``bisect --json`` still prints."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        candidates: Sequence[str] = (),
+        races: Sequence[Race] = (),
+    ) -> None:
         super().__init__(message, exit_code=UNDECIDED_EXIT)
+        self.candidates = tuple(candidates)
+        self.races = tuple(races)
 
 
 def search(
@@ -107,7 +116,8 @@ def search(
         raise Undecided(
             f"{path[-1][:10]} against {good[:10]} stayed undecided over {first.pairs} pairs "
             f"(x{first.ratio:.3f}, p = {first.p_value:.2g}): give more --processes, on a "
-            "quieter machine, or a larger step"
+            "quieter machine, or a larger step",
+            candidates=path,
         )
     low, high = -1, len(path) - 1  # path[low] is as fast as GOOD (-1: GOOD), path[high] slower
     while high - low > 1:
@@ -119,7 +129,8 @@ def search(
                 f"{path[middle][:10]} stayed undecided over {found.pairs} pairs "
                 f"(x{found.ratio:.3f}, p = {found.p_value:.2g}): the first slower commit is "
                 f"one of the {high - low} after {after[:10]} up to {path[high][:10]}; bisect "
-                f"those with more --processes, or on a quieter machine"
+                f"those with more --processes, or on a quieter machine",
+                candidates=path[low + 1 : high + 1],
             )
         if found.slower:
             high = middle
@@ -287,7 +298,10 @@ def bisect(
                 on_race(found)
             return found
 
-        first = search(path, race, good_full)
+        try:
+            first = search(path, race, good_full)
+        except Undecided as stopped:
+            raise Undecided(str(stopped), stopped.candidates, races) from None
     subject = next(r.subject for r in races if r.commit == first)
     return Bisected(first, subject, tuple(races), len(path))
 
