@@ -155,6 +155,33 @@ def test_a_killed_run_reads_gone_not_running(pair: tuple[Path, Path, Path], tmp_
         assert words in result.stderr
 
 
+def test_a_reused_pid_reads_gone(pair: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """A run killed long ago whose pid the kernel has given to another process (a sleeping
+    child, here): the recorded start tells them apart. It read "running" while anything held
+    the pid; a start that is recorded and matches still reads running."""
+    import socket
+    import subprocess
+
+    from attnbench.results.record import process_start
+
+    base, same, _ = pair
+    with subprocess.Popen(["sleep", "60"]) as other:
+        try:
+            now = process_start(other.pid)
+            assert now is not None and now.count(":") == 1
+            for start, words in (("0-not-this-boot:1", "is gone"), (now, "still sweeping")):
+                half = tmp_path / f"half-{start[:4]}"
+                shutil.copytree(same, half)
+                meta = json.loads((half / "run.json").read_text())
+                meta["environment"]["hostname"] = socket.gethostname()
+                meta.update(status="running", pid=other.pid, pid_start=start)
+                (half / "run.json").write_text(json.dumps(meta))
+                result = runner.invoke(app, ["compare", str(base), str(half)])
+                assert result.exit_code == 2 and words in result.stderr, result.stderr
+        finally:
+            other.kill()
+
+
 def test_an_unfinished_run_is_refused_not_judged(
     pair: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:

@@ -94,6 +94,7 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "duration_s": (float, int, _OPTIONAL),
     "status": (str, _OPTIONAL),
     "pid": (int, _OPTIONAL),
+    "pid_start": (str, _OPTIONAL),
     "current_case": (str, _OPTIONAL),
     "cases_total": (int, _OPTIONAL),
     "resumes": (list,),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -75,6 +76,20 @@ def run_status(meta: Mapping[str, Any]) -> RunStatus:
     return RunStatus.COMPLETE if meta.get("end_time") else RunStatus.RUNNING
 
 
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` started, as this boot's id and its start in clock ticks since boot
+    (``/proc/<pid>/stat``'s 22nd field): with the pid, one process on this machine ever (a pid
+    alone is reused once its process is gone, so a run killed days ago read "running" while an
+    unrelated process held its pid). None where /proc cannot say (macOS, a process gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": the comm may hold spaces
+    return f"{boot}:{fields[19]}" if len(fields) > 19 else None
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """What run.json says of a run (``RunResults.record``)."""
@@ -86,6 +101,9 @@ class RunRecord:
     start_time: str | None = None
     end_time: str | None = None
     pid: int | None = None
+    # The process's start (``process_start``): a pid the kernel gave to another process since
+    # reads as gone (None: an older run, or a system without /proc; the pid alone is asked).
+    pid_start: str | None = None
     current_case: str | None = None  # the case being measured when it last wrote
     cases_total: int | None = None
     duration_s: float | None = None
@@ -134,6 +152,8 @@ class RunRecord:
             return None
         except PermissionError:
             pass  # it exists, under another user
+        if self.pid_start is not None and process_start(self.pid) not in (None, self.pid_start):
+            return None  # the pid is another process's now (the run's was killed, long ago)
         return self.pid
 
     @classmethod
@@ -151,6 +171,7 @@ class RunRecord:
             start_time=meta.get("start_time"),
             end_time=meta.get("end_time"),
             pid=meta.get("pid"),
+            pid_start=meta.get("pid_start"),
             current_case=meta.get("current_case"),
             cases_total=meta.get("cases_total") or None,
             duration_s=meta.get("duration_s"),

@@ -31,6 +31,7 @@ from attnbench.results.files import (
     write_json_atomic,
 )
 from attnbench.results.loader import load_results
+from attnbench.results.record import process_start
 from attnbench.results.run import RunResults
 from attnbench.schema import (
     CALIBRATION_COLUMNS,
@@ -101,6 +102,7 @@ class ResultsWriter:
             "end_time": None,
             "status": RunStatus.RUNNING,
             "pid": os.getpid(),
+            "pid_start": process_start(os.getpid()),
             "current_case": None,
             "cases_total": None,
             "resumes": [],
@@ -131,7 +133,12 @@ class ResultsWriter:
             rewrite_csv(run.path / name, columns, rows)
         meta = dict(run.meta)
         meta["resumes"] = [*meta.get("resumes", []), dict(resume)]
-        meta.update(status=RunStatus.RUNNING, pid=os.getpid(), end_time=None)
+        meta.update(
+            status=RunStatus.RUNNING,
+            pid=os.getpid(),
+            pid_start=process_start(os.getpid()),
+            end_time=None,
+        )
         points = int(run.calibration["point"].max()) + 1 if len(run.calibration) else 0
         writer = cls(Path(run.path), meta, points, header)
         writer.first_process = int(run.samples["process"].max()) + 1 if len(run.samples) else 0
