@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from attnbench.results.reruns import Entry, parse_entries
@@ -144,17 +144,23 @@ class RunRecord:
     def live_pid(self) -> int | None:
         """The pid of a live process on this host, not this one, that may still be writing
         the run (None: none, or not a running run of this host)."""
-        if self.status != RunStatus.RUNNING or not self.on_this_host() or self.pid == os.getpid():
+        pid = self.pid
+        if (
+            self.status != RunStatus.RUNNING
+            or not self.on_this_host()
+            or pid in (None, os.getpid())
+        ):
             return None
+        assert pid is not None  # on_this_host: a pid was recorded
         try:
-            os.kill(self.pid, 0)  # type: ignore[arg-type]  # signal 0: only asks if it exists
+            os.kill(pid, 0)  # signal 0: only asks if it exists
         except ProcessLookupError:
             return None
         except PermissionError:
             pass  # it exists, under another user
-        if self.pid_start is not None and process_start(self.pid) not in (None, self.pid_start):
+        if self.pid_start is not None and process_start(pid) not in (None, self.pid_start):
             return None  # the pid is another process's now (the run's was killed, long ago)
-        return self.pid
+        return pid
 
     @classmethod
     def parse(cls, meta: Mapping[str, Any]) -> RunRecord:
