@@ -23,6 +23,7 @@ from attnbench.options import build_grid
 from attnbench.results.environment import environment
 from attnbench.results.files import RESULTS_FILE, RUN_FILE, SAMPLES_FILE
 from attnbench.results.loader import load_results
+from attnbench.results.record import process_start
 from attnbench.results.store import ResultsWriter
 from attnbench.run.events import Listeners, ProgressEvent, SweepStart
 from attnbench.run.executors import serial as serial_module
@@ -378,7 +379,8 @@ def _killed_run(out: Path, grid: Grid, pid: int, done: int, died_in: int | None)
     if died_in is not None:
         writer.begin(grid.cases()[died_in])
     meta = json.loads((out / RUN_FILE).read_text())
-    meta["pid"] = pid
+    meta["pid"] = pid  # the process that wrote it, with its start (None: gone by now)
+    meta["pid_start"] = process_start(pid)
     (out / RUN_FILE).write_text(json.dumps(meta))
 
 

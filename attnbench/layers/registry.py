@@ -112,14 +112,14 @@ def register(
     if not name or "/" in name or "," in name:
         raise AttnbenchError(f"layer name {name!r}: give a name without '/' or ','")
     entry = as_entry(obj, name, source)
-    if entry.theory is not None:
-        at = sizes(1, PROBE_N, PROBE_N, entry.resolve({}))
-        if (problem := theory_problem(entry.theory, at)) is not None:
-            raise AttnbenchError(f"layer {name!r} ({source.spec}): {problem}")
     if name in BUILTIN:
         raise AttnbenchError(
             f"layer name {name!r} ({source.spec}) clashes with a built-in layer; name it otherwise"
         )
+    if entry.theory is not None:
+        at = sizes(1, PROBE_N, PROBE_N, entry.resolve({}))
+        if (problem := theory_problem(entry.theory, at)) is not None:
+            raise AttnbenchError(f"layer {name!r} ({source.spec}): {problem}")
     old = REGISTRY.get(name)
     if old is not None and old.source != entry.source:
         raise AttnbenchError(

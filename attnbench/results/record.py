@@ -102,7 +102,7 @@ class RunRecord:
     end_time: str | None = None
     pid: int | None = None
     # The process's start (``process_start``): a pid the kernel gave to another process since
-    # reads as gone (None: an older run, or a system without /proc; the pid alone is asked).
+    # reads as gone (None: not recorded, or a system without /proc; the pid alone is asked).
     pid_start: str | None = None
     current_case: str | None = None  # the case being measured when it last wrote
     cases_total: int | None = None
