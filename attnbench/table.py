@@ -82,6 +82,21 @@ def _time_cell(row: pd.Series | None, overhead: list[int] | None, lengths: list[
     return f"{_label(row, 'n')} (unsettled)"
 
 
+DISAGREES = "disagrees"  # a measured cell whose law the theory's excludes (check_notes: how)
+
+
+def _marked(cell: str, agrees: bool | None) -> str:
+    """A measured cell marked where its law disagrees with the theory's (not overhead-bound)."""
+    if agrees is not False or cell == OVERHEAD_BOUND:
+        return cell
+    return f"{cell[:-1]}, {DISAGREES})" if cell.endswith(")") else f"{cell} ({DISAGREES})"
+
+
+def _checked(group: pd.DataFrame, key: str, outcome: str) -> int:  # 0 where no such column
+    column = f"{key}_check"
+    return int((group[column] == outcome).sum()) if column in group else 0
+
+
 def _value(row: pd.Series | None, column: str) -> Any:
     return None if row is None else row[column]
 
@@ -155,7 +170,7 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 path_n = analysis.exponent(layer, "path_len", "n", d_fix)
         if n_fix is not None:
             time_d = analysis.exponent(layer, "time_s", "d", n_fix)
-        compute = _time_cell(time_n, overhead, lengths)
+        compute = _marked(_time_cell(time_n, overhead, lengths), _agrees(time_n))
         compute += "" if time_d is None else " " + _label(time_d, "d")
         decode = _decode_cells(analysis, group, layer, d_fix) if run.mode == "decode" else {}
         rows.append(
@@ -165,9 +180,11 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 "compute (theory)": theory.complexity if theory else "?",
                 "compute (measured)": compute,
                 "sequential ops (theory)": theory.sequential if theory else "?",
-                "sequential ops (measured)": _label(seq_n, "n"),
+                "sequential ops (measured)": _marked(_label(seq_n, "n"), _agrees(seq_n)),
                 "max path length (theory)": theory.path if theory else "?",
-                "max path length (measured)": _path_cell(group, path_n, unproven),
+                "max path length (measured)": _marked(
+                    _path_cell(group, path_n, unproven), _agrees(path_n)
+                ),
                 "time_exponent_n": _value(time_n, "exponent"),
                 "time_exponent_n_ci95": None if time_n is None else [time_n.ci_low, time_n.ci_high],
                 "time_exponent_d": _value(time_d, "exponent"),
@@ -185,14 +202,10 @@ def comparison_table(run: RunResults, analysis: Analysis | None = None) -> pd.Da
                 "seq_steps_agrees": _agrees(seq_n),
                 "path_len_agrees": _agrees(path_n),
                 "path_len_unproven_from": unproven,
-                "flops_mismatch_cases": int((group["flops_check"] == "mismatch").sum()),
-                "flops_incomplete_cases": int((group["flops_check"] == "incomplete").sum()),
-                "elementwise_mismatch_cases": int((group["elementwise_check"] == "mismatch").sum())
-                if "elementwise_check" in group
-                else 0,
-                "bytes_mismatch_cases": int((group["bytes_check"] == "mismatch").sum())
-                if "bytes_check" in group
-                else 0,
+                "flops_mismatch_cases": _checked(group, "flops", "mismatch"),
+                "flops_incomplete_cases": _checked(group, "flops", "incomplete"),
+                "elementwise_mismatch_cases": _checked(group, "elementwise", "mismatch"),
+                "bytes_mismatch_cases": _checked(group, "bytes", "mismatch"),
                 "time_fit_n": None
                 if time_n is None
                 else [int(time_n.range_from), int(time_n.range_to)],
@@ -217,35 +230,22 @@ def _decode_cells(
     state_n = None if d_fix is None else analysis.exponent(layer, "state_bytes", "n", d_fix)
     return {
         "state memory (theory)": step.memory if step else "?",
-        "state memory (measured)": _label(state_n, "n"),
+        "state memory (measured)": _marked(_label(state_n, "n"), _agrees(state_n)),
         "decode form": step.form if step else "",
         "state_bytes_exponent_n": _value(state_n, "exponent"),
         "state_agrees": _agrees(state_n),
-        "state_mismatch_cases": int((group["state_check"] == "mismatch").sum()),
+        "state_mismatch_cases": _checked(group, "state", "mismatch"),
     }
 
 
 # Headers as the chapter's table has them, each theory column followed by its measurement.
 HEADERS = [
-    "layer",
-    "complexity",
-    "measured",
-    "sequential ops",
-    "measured",
-    "max path length",
-    "measured",
-]
-
-
+    "layer", "complexity", "measured", "sequential ops", "measured", "max path length", "measured",
+]  # fmt: skip
 DECODE_HEADERS = [
-    "layer",
-    "compute per token",
-    "measured",
-    "state memory",
-    "measured",
-    "sequential ops per token",
-    "measured",
-]
+    "layer", "compute per token", "measured", "state memory", "measured",
+    "sequential ops per token", "measured",
+]  # fmt: skip
 
 
 def display(table: pd.DataFrame) -> pd.DataFrame:

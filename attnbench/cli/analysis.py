@@ -122,7 +122,7 @@ def table(
         _beside(load_saved(beside), run, markdown, as_json)
         return
     rows = comparison_table(run)
-    streams = Streams.make()
+    streams = Streams.make(width=140)  # off a terminal: the seven columns on one line each
     if as_json or markdown:  # the product on stdout, its notes on stderr, as in the table's
         typer.echo(
             rows.to_json(orient="records", indent=2) if as_json else markdown_table(display(rows)),
