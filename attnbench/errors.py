@@ -23,7 +23,7 @@ class SweepInterrupted(AttnbenchError):
 
     def __init__(
         self, out_dir: str, done: int, total: int, signal_name: str, short: int = 0,
-        upto: bool = False,
+        upto: bool = False, flags: str = "",
     ) -> None:  # fmt: skip
         # "20 of 20 cases" read as finished where 12 still wanted timing rounds, and so did
         # "(20 of them short of their timing rounds)"; an auto sweep's total is the most it
@@ -32,12 +32,18 @@ class SweepInterrupted(AttnbenchError):
         begun = f" done and {short} begun, short of their timing rounds," if short else ""
         super().__init__(
             f"{signal_name}: stopped with {done - short} of {most}{total} cases{begun} in "
-            f"{out_dir}; finish it with: attnbench sweep --resume {out_dir}",
+            f"{out_dir}; finish it with: attnbench sweep --resume {out_dir}{flags}",
             exit_code=signal_exit_code(signal_name),
         )
         self.out_dir = out_dir
         self.done = done
         self.total = total
+        self._args = (out_dir, done, total, signal_name, short, upto)
+
+    def resumed_with(self, flags: str) -> SweepInterrupted:
+        """The same stop, its --resume given the command-line flags a run does not record
+        (--no-charts): a resume without them drew the charts the first command declined."""
+        return SweepInterrupted(*self._args, flags=flags) if flags else self
 
 
 def signal_exit_code(signal_name: str) -> int:

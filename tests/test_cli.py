@@ -565,6 +565,27 @@ def test_yes_lets_a_large_sweep_start(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "stop here" in accepted.stderr and started == [15 * 7 * len(BUILTIN)]
 
 
+def test_a_stop_without_charts_is_resumed_without_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.json keeps the grid, not the command's display flags: the --resume a stopped
+    --no-charts sweep printed drew the charts its first command had declined."""
+    from attnbench.run.executors.serial import SerialExecutor
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SerialExecutor, "ceilings", stopped)
+    out = tmp_path / "r"
+    args = ["sweep", *TINY, "--layers", "conv", "--n", "8", "--out", str(out)]
+    declined = runner.invoke(app, [*args, "--no-charts"])
+    assert declined.exit_code == 130
+    assert declined.stderr.rstrip().endswith(f"--resume {out} --no-charts"), declined.stderr
+    drawn = runner.invoke(app, [*args[:-1], str(tmp_path / "s")])
+    assert drawn.exit_code == 130
+    assert drawn.stderr.rstrip().endswith(f"--resume {tmp_path / 's'}"), drawn.stderr
+
+
 @pytest.mark.slow
 def test_resume_through_the_cli(tmp_path: Path) -> None:
     out = tmp_path / "run"

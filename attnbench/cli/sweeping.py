@@ -31,7 +31,7 @@ from attnbench.cli.render import Streams, SweepProgress
 from attnbench.cli.summary import summary_notes, summary_tables
 from attnbench.compare import Comparison, compare_runs
 from attnbench.compare.caveats import check_finished
-from attnbench.errors import AttnbenchError, NothingToPlot
+from attnbench.errors import AttnbenchError, NothingToPlot, SweepInterrupted
 from attnbench.fits import Analysis, analyse
 from attnbench.measure.counts import extend
 from attnbench.measure.counts.countcache import Counting
@@ -221,6 +221,8 @@ def sweep(
                     listeners=listeners,
                     allow_large=yes,
                 )
+    except SweepInterrupted as exc:  # what run.json does not hold goes into its --resume
+        raise exc.resumed_with("" if charts else " --no-charts") from None
     except KeyboardInterrupt:  # before the first case started: nothing was measured yet
         streams.err.print("[bold yellow]interrupted:[/] before any case was measured")
         raise typer.Exit(130) from None
