@@ -45,6 +45,7 @@ from attnbench.spec import (
     Grid,
     plain,
 )
+from attnbench.theory import sizes, theory_problem
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -436,7 +437,26 @@ def build_grid(options: Mapping[str, Any], resolve: DeviceResolver | None = None
         raise AttnbenchError(
             f"--max-processes {grid.max_processes} is below --processes {grid.processes}"
         )
+    _check_theories(grid)
     return grid
+
+
+def _check_theories(grid: Grid) -> None:
+    """One line where a plugin's formula fails at a size the grid will measure: registering
+    tries n = 64 only, and a term like sqrt(100 - n) ended a sweep at n = 128 with a traceback
+    from its first time estimate."""
+    for name in grid.layers:
+        found = entry(name)
+        if found.theory is None or name in BUILTIN:
+            continue
+        resolved = found.resolve(dict(grid.options))
+        for n, d in itertools.product(grid.ns, grid.ds):
+            problem = theory_problem(found.theory, sizes(grid.batch, n, d, resolved))
+            if problem is not None:
+                raise AttnbenchError(
+                    f"layer {name!r} ({found.source.spec}) at n={n}, d={d}: {problem}; mend the "
+                    "formula, or sweep lengths and widths where it holds"
+                )
 
 
 def _check_compile(grid: Grid) -> None:

@@ -177,6 +177,28 @@ def test_a_theory_that_reads_a_size_it_lacks_is_refused_in_one_line(tmp_path: Pa
     assert result.exit_code == 2 and "its theory's law 'order' gives nan" in result.stderr
 
 
+def test_a_theory_that_fails_at_a_length_the_sweep_measures_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """Registering tries the formulas at n = 64: a term that fails only at longer lengths
+    (sqrt(100 - n)) passed, then ended the sweep at n = 128 with a traceback."""
+    narrow = WITH_THEORY.replace(
+        's["b"] * s["n"] * s["width"] * s["d"] * s["d"]),)',
+        's["b"] * s["n"] * s["width"] * s["d"] * s["d"] * math.sqrt(100 - s["n"])),)',
+    ).replace("from attnbench.theory", "import math\nfrom attnbench.theory")
+    assert narrow.count("math.") == 1
+    path = plugin(tmp_path, narrow)
+    fine = sweep("--layers", f"{path}:ENTRY", "--n", "64", "--out", str(tmp_path / "ok"))
+    assert fine.exit_code == 0, fine.output  # where the formula holds, the plugin is measured
+    out = tmp_path / "run"
+    result = sweep("--layers", f"{path}:ENTRY", "--n", "64,128", "--out", str(out))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    said = " ".join(result.stderr.split())
+    assert "layer 'mixer'" in said and "at n=128, d=" in said, said
+    assert "fails: ValueError: math domain error" in said
+    assert not out.exists()  # before anything is measured
+
+
 def test_a_file_plugin_imports_a_file_beside_it(tmp_path: Path) -> None:
     """A layer split over two files: `python mixer.py` finds its sibling, and so does
     --layers path/mixer.py:make from another folder (it read ModuleNotFoundError)."""
