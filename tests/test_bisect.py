@@ -52,12 +52,19 @@ def test_bisect_finds_the_commit_that_made_a_layer_slower(
     assert done.exit_code == 0, done.output
     found = json.loads(done.stdout)
     assert found["first_bad"] == commits[20] and found["subject"] == "commit 20: slower"
-    assert len(found["races"]) <= 6 and found["commits"] == 31
-    assert found["races"][0]["commit"] == commits[-1] and found["races"][0]["slower"]
-    # GOOD's servers serve every race; each race starts its own commit's
+    # BAD, then five halvings of 31 commits; a race that read undecided on a busy machine is
+    # raced again with twice the pairs (a CI run under load raced one commit twice: 7 races),
+    # which is the retry's doing, not the search's
+    raced = Counter(race["commit"] for race in found["races"])
+    decided = [race for race in found["races"] if race["outcome"] != "undecided"]
+    assert len(raced) <= 6 and len(decided) == len(raced) and found["commits"] == 31, raced
+    assert decided[0]["commit"] == commits[-1] and decided[0]["slower"]
+    # GOOD's servers serve every race; each race (a retry too) starts its own commit's
     by_commit = Counter(Path(p).name for p in launched)  # python-<commit>: a side's servers
-    assert len(by_commit) == len(found["races"]) + 1, launched
-    assert set(by_commit.values()) == {process.SERVERS}, launched
+    assert len(by_commit) == len(raced) + 1, launched
+    assert sorted(by_commit.values()) == sorted(
+        [process.SERVERS] + [process.SERVERS * times for times in raced.values()]
+    ), launched
     # the checkout is as it was, and no worktree is left behind
     assert (git(root, "rev-parse", "HEAD"), git(root, "status", "--porcelain")) == before
     assert len(git(root, "worktree", "list").splitlines()) == 1
