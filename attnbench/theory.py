@@ -223,6 +223,8 @@ def theory_problem(theory: LayerTheory, at: Sizes) -> str | None:
     """The first of a theory's formulas that fails at the sizes ``at`` (or gives no finite
     number), in words, else None: a plugin's term reading ``s["h"]`` where the sizes say
     ``heads`` stopped a sweep with a traceback from its first estimate."""
+    if (shape := _shape_problem(theory)) is not None:
+        return shape
     step = theory.decode
     formulas: list[tuple[str, str, SizeFn]] = [
         *(("term", t.name, t.size) for t in theory.terms),
@@ -247,3 +249,34 @@ def theory_problem(theory: LayerTheory, at: Sizes) -> str | None:
         if value != value or value in (float("inf"), float("-inf")):
             return f"its theory's {kind} {name!r} gives {value} at {dict(at)}"
     return None
+
+
+def _shape_problem(theory: object) -> str | None:
+    """What a theory's declaration gets wrong before any formula runs: an order that is not
+    an "O(...)" string (a plugin's None was written into theory.json, and every command then
+    refused the whole run, built-in layers' rows included), or a term that is not a ``Term``."""
+    if not isinstance(theory, LayerTheory):
+        return f"its theory is a {type(theory).__name__}, not a LayerTheory"
+    for label, order in (("complexity", theory.complexity), ("sequential", theory.sequential),
+                         ("path", theory.path)):  # fmt: skip
+        if not _big_o(order):
+            return f'its theory\'s {label} {order!r} is not an order such as "O(n d^2)"'
+    groups = (theory.terms, theory.elementwise or (), theory.traffic or (), theory.recompute)
+    if not all(isinstance(group, tuple) for group in groups):
+        return "its theory's terms are not tuples of Term"
+    if not all(isinstance(t, Term) and callable(t.size) for group in groups for t in group):
+        return "its theory's terms are not all Term(count, name, size)"
+    return None
+
+
+def _big_o(text: object) -> bool:
+    """``text`` reads "O(...)" with its brackets balanced: what the table prints as the
+    chapter's order."""
+    if not isinstance(text, str) or not (text.startswith("O(") and text.endswith(")")):
+        return False
+    depth = 0
+    for char in text[1:]:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            return False
+    return depth == 0 and text[2:-1].strip() != ""

@@ -177,6 +177,23 @@ def test_a_theory_that_reads_a_size_it_lacks_is_refused_in_one_line(tmp_path: Pa
     assert result.exit_code == 2 and "its theory's law 'order' gives nan" in result.stderr
 
 
+@pytest.mark.parametrize("order", ["None", '"O(n d^^2 banana"', '"n d^2"'])
+def test_a_theory_whose_order_is_no_order_is_refused_before_anything_is_measured(
+    tmp_path: Path, order: str
+) -> None:
+    """A plugin's LayerTheory(None, ...) was measured beside conv, then theory.json refused to
+    be written, and table, show, fit and --resume refused the whole run, conv's rows too."""
+    wrong = WITH_THEORY.replace('"O(n d^2)",', f"{order},", 1)
+    assert wrong != WITH_THEORY
+    out = tmp_path / "run"
+    result = sweep("--layers", f"{plugin(tmp_path, wrong)}:ENTRY,conv", "--out", str(out))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    said = " ".join(result.stderr.split())
+    assert "layer 'mixer'" in said and "its theory's complexity" in said, said
+    assert 'is not an order such as "O(n d^2)"' in said
+    assert not out.exists()
+
+
 def test_a_theory_that_fails_at_a_length_the_sweep_measures_is_refused_in_one_line(
     tmp_path: Path,
 ) -> None:
