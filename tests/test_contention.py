@@ -139,10 +139,16 @@ def test_a_saved_run_leaves_out_its_rounds_beside_a_busy_neighbour(
     quiet = load_results(run.path).measured.iloc[0]
     first = samples["round"] == samples["round"].min()
     samples.loc[first, "others_cores"] = 1.0  # a neighbour took a core from the first round
+    times = samples["time_s"].copy()
+    samples.loc[first, "time_s"] = times[first] * 2.0  # and the round ran slower for it
     samples.to_csv(run.path / "samples.csv", index=False)
     busy = load_results(run.path).measured.iloc[0]
     assert quiet["rounds_disturbed"] == 0 and busy["rounds_disturbed"] == 1
     assert busy["rounds"] == quiet["rounds"] - 1  # left out: the time is the others'
+    samples.loc[first, "time_s"] = times[first] * 0.5  # the faster for it: no sign of it
+    samples.to_csv(run.path / "samples.csv", index=False)
+    unmoved = load_results(run.path).measured.iloc[0]
+    assert unmoved["rounds_disturbed"] == 0 and unmoved["rounds"] == quiet["rounds"]
 
 
 @pytest.mark.slow
@@ -240,7 +246,12 @@ def test_the_live_queue_and_the_loader_leave_out_the_same_busy_round(
     run = run_sweep(grid, tmp_path / "run", measuring=queue_module.UNCALIBRATED)
     assert seen and all(s == {1} for s in seen)  # round 1, read busy as it came back
     row = run.measured.iloc[0]
-    assert row["rounds_disturbed"] == 1 and row["rounds"] == 2
+    # a round beside a busy neighbour that ran no slower than the quiet ones is kept (its own
+    # time shows no disturbance: estimators.round_marks), by the queue and the loader alike
+    medians = run.samples.groupby("round")["time_s"].median()
+    slow = bool(medians[1] > max(medians[2], medians[3]))
+    assert row["rounds_disturbed"] == int(slow) and row["rounds"] == 3 - int(slow)
+    assert run.disturbed_of(str(row["case_id"])) == {1: slow, 2: False, 3: False}
     by_round = run.samples.groupby("round")["others_cores"].first().tolist()
     assert by_round == [1.0, 0.0, 0.0]
 

@@ -279,3 +279,25 @@ def test_kept_log_variance_is_the_kept_rounds_spread_and_remembers_it() -> None:
     kept_log_variance(groups, refs, 1e-4, busy)
     assert kept_log_variance.cache_info().hits == before + 1
     assert kept_log_variance(groups[:1], refs[:1], 1e-4, busy[:1]) == (None, 0.0)  # one round
+
+
+def test_a_round_read_disturbed_that_ran_no_slower_than_the_quiet_ones_is_kept() -> None:
+    """A new user's conv at n = 64: round medians 98, 70, 29, 29, 30 and 31 µs, the first and
+    the three at 29-30 read disturbed by their references. Left out, its time was 46 µs ×/÷6.3
+    over 70 and 31; a re-run read 29. A disturbance slows a round: one that ran no slower
+    than the slowest quiet round shows none, and is kept."""
+    us = [98.3, 69.8, 28.6, 29.4, 30.3, 30.8]
+    groups = [[t * 1e-6] * 5 for t in us]
+    references = [2.0, 1.0, 2.0, 2.0, 2.0, 1.0]  # quiet level 1: a factor of 2 reads disturbed
+    found = estimate(groups, references, quiet=1.0)
+    assert (found.disturbed, found.left_out, found.groups) == (1, 1, 5)  # 98.3 alone left out
+    assert found.center_s == pytest.approx(math.exp(np.mean(np.log(us[1:]))) * 1e-6)
+    assert found.center_s < 40e-6 and found.low_s < 30e-6
+    # a disturbed round slower than every quiet one is left out, as before
+    slow = estimate(groups, [1.0, 1.0, 2.0, 1.0, 1.0, 2.0], quiet=1.0)
+    assert slow.left_out == 0 and slow.disturbed == 0  # 28.6 and 30.8: no slower than 98.3
+    late = estimate([[t * 1e-6] * 5 for t in [30.0, 29.0, 45.0, 31.0]], [1, 1, 2, 1], quiet=1.0)
+    assert (late.disturbed, late.left_out, late.groups) == (1, 1, 3)
+    # fewer than two quiet rounds: a busy machine's, every round kept and marked as read
+    busy = estimate(groups, [2.0, 1.0, 2.0, 2.0, 2.0, 2.0], quiet=1.0)
+    assert (busy.disturbed, busy.left_out, busy.groups) == (5, 0, 6)

@@ -104,7 +104,7 @@ def test_what_a_sweep_leaves_of_a_case() -> None:
     assert sweep_entry(estimate([[1.0] * 10]), 1.0) is None  # one round: no variance of its own
     busy = estimate(groups, [2.0, 2.0, 1.0], quiet=1.0)  # two of three disturbed: all kept
     assert busy.disturbed == 2 and busy.left_out == 0 and sweep_entry(busy, 1.0) is None
-    quiet_kept = estimate([*groups, [1.0, 1.0]], [2.0, 1.0, 1.0, 1.0], quiet=1.0)
+    quiet_kept = estimate([*groups, [1.0, 1.0]], [1.0, 2.0, 1.0, 1.0], quiet=1.0)  # 1.2 left
     assert quiet_kept.left_out == 1 and sweep_entry(quiet_kept, 1.0) is not None
 
 

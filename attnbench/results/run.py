@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -104,7 +105,9 @@ class RunResults:
         rounds = self.samples[self.samples["case_id"] == case_id].drop_duplicates("round")
         references = [None if pd.isna(r) else float(r) for r in rounds["reference_s"]]
         busy = [is_busy(None if pd.isna(o) else float(o)) for o in rounds["others_cores"]]
-        marks = round_marks(references, self._judging_level, busy)
+        every = self.rounds_of(case_id)
+        medians = [statistics.median(every[int(r)]) for r in rounds["round"]]
+        marks = round_marks(references, self._judging_level, busy, medians)
         return dict(zip((int(r) for r in rounds["round"]), marks, strict=True))
 
     def kept_rounds_of(self, case_id: str) -> dict[int, list[float]]:
