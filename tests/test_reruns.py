@@ -793,3 +793,29 @@ def test_a_borrowed_typical_move_of_nil_is_not_said_to_be_a_standard_deviation_o
     assert "(run.json's reruns and reruns_other): none past their processes' spread" in nil
     assert nil.endswith("so it adds nothing yet") and "a standard deviation of 0.0%" not in nil
     assert "a standard deviation of 3.0%; the ±95% adds that move" in note(0.03**2)
+
+
+def test_a_typical_move_is_never_said_to_be_over_its_most(tmp_path: Path) -> None:
+    """A new user read "a standard deviation of 1.1% typically, 1.0% at most": the typical was
+    the median over every case, the machine's borrowed typical too, and the most over the
+    cases with sweeps of their own. Both are now over the latter."""
+    import dataclasses
+
+    from attnbench.cli.reruns import sweeps_note
+    from attnbench.estimators import Between
+
+    run = run_sweep(
+        build_grid({"layers": "conv", "n": "8,16,32", "d": "4", "device": "cpu", "processes": 2}),
+        tmp_path / "run",
+        measuring=queue_module.UNCALIBRATED,
+    )
+    cases = [str(c) for c in run.frame["case_id"]]
+    between = {  # two of their own at 0.5% and 1.0%, one borrowing the machine's 3%
+        cases[0]: Between(0.005**2, 2.0, 3),
+        cases[1]: Between(0.010**2, 2.0, 3),
+        cases[2]: Between(0.03**2, 4.0, 0),
+    }
+    note = " ".join((sweeps_note(dataclasses.replace(run, between=between)) or "").split())
+    assert "(2 from 3 sweeps of their own, 1 from the machine's typical)" in note, note
+    assert "by a standard deviation of 0.8% typically, 1.0% at most (" in note, note
+    assert "among the cases with sweeps of their own" in note
