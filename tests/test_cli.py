@@ -813,9 +813,15 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
     assert "n²·d + n·d²" not in (sweeping.chapter_line(tiny_run, analyse(tiny_run)) or "")
     rows.loc[3, "compute (theory)"] = "O(n^2 d)"
     none = pd.DataFrame({"layer": ["a", "b"], "time_agrees_n": [None, False],
-                         "time_overhead_bound_n": [False, True]})  # fmt: skip
+                         "time_overhead_bound_n": [False, True],
+                         "time_exponent_n": [None, 0.1], "time_theory_exponent_n": [None, 1.0],
+                         "compute (theory)": ["O(n d^2)", "O(n d^2)"]})  # fmt: skip
     monkeypatch.setattr(sweeping, "comparison_table", lambda run, analysis: none)
-    assert sweeping.chapter_line(tiny_run, analyse(tiny_run)) is None
+    # none judged: the line the README promises still ends the sweep, and says why
+    assert (sweeping.chapter_line(tiny_run, analyse(tiny_run)) or "").startswith(
+        "the chapter's table: no time exponent in n judged: 1 overhead-bound (b), 1 fewer than "
+        "two lengths measured (a) (attnbench table "
+    )
     monkeypatch.setattr(sweeping, "comparison_table", table)
     drawn: list[object] = []
     monkeypatch.setattr(

@@ -350,7 +350,7 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
     """What a newcomer asks of the first sweep, in a line: how many time exponents in n agree
     with their formula's slope over the lengths measured, as ``table`` reads them (its
     ``time_agrees_n``; an overhead-bound layer, which the table shows no exponent for, and one
-    not judged are counted apart); None where none is judged. A new user could not tell from
+    not judged are counted apart; where none is judged, why). A new user could not tell from
     the notes whether it worked."""
     rows = comparison_table(run, analysis)
     if rows.empty:
@@ -358,12 +358,12 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
     bound = rows["time_overhead_bound_n"].astype(bool)
     agrees = rows["time_agrees_n"]
     judged = [bool(a) for a in agrees[~bound] if pd.notna(a)]
-    if not judged:
-        return None
     # which ones, by name: "9 of 10 agree" sent a new user looking for the one that did not
     wrong = rows[~bound & agrees.notna() & ~agrees.fillna(True).astype(bool)]
     unjudged = rows[~bound & agrees.isna()]
-    theory = pd.to_numeric(unjudged["time_theory_exponent_n"], errors="coerce").notna()
+    orders = rows.get("compute (theory)", pd.Series("", index=rows.index)).astype(str)
+    theory = ~orders[unjudged.index].isin(["?", ""])
+    fitted = pd.to_numeric(unjudged["time_exponent_n"], errors="coerce").notna()
     said = [
         f"{row.layer} n^{fmt_exponent(row.time_exponent_n)} against n^"
         f"{fmt_exponent(row.time_theory_exponent_n)}"
@@ -373,16 +373,22 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
         f", {len(which)} {what} ({some_of(list(which['layer']))})"
         for which, what in (
             (rows[bound], "overhead-bound"),
-            (unjudged[theory], "not judged: an interval too wide to tell"),
+            (unjudged[theory & fitted], "not judged: an interval too wide to tell"),
+            (unjudged[theory & ~fitted], "not judged: fewer than two lengths measured"),
             (unjudged[~theory], "not judged: no theory"),
         )
         if len(which)
     )
+    if not judged:  # the README promises the line: a sweep that ended without it read cut off
+        why_not = apart.removeprefix(", ").replace("not judged: ", "")
+        return (
+            f"the chapter's table: no time exponent in n judged: {why_not} (attnbench table "
+            f"{run.path}: each one and why; more lengths, or --n auto, give them)"
+        )
     against = f" (not: {some_of(said)})" if said else ""
     # where a quadratic layer was judged in a forward run: its lower term is why it reads
     # under n² (a student took attention's n^1.66 beside O(n^2 d) for a typo)
-    orders = rows.get("compute (theory)", pd.Series("", index=rows.index))
-    quadratic = orders.astype(str).str.contains("n^2", regex=False)
+    quadratic = orders.str.contains("n^2", regex=False)
     why = (
         " (attention's n²·d + n·d² under n² until n is well past d)"
         if (quadratic & ~bound & agrees.notna()).any() and run.record.config.get("mode") != "decode"
