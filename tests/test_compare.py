@@ -768,3 +768,14 @@ def test_a_run_compared_with_itself_is_warned_of(tmp_path: Path) -> None:
     assert any("every case is compared with itself" in w for w in same.warnings)
     other = compare_runs(run, make_run(tmp_path / "b", cases_grid()))
     assert not any("compared with itself" in w for w in other.warnings)
+
+
+def test_an_interval_past_a_hundredfold_reads_as_such_not_as_digits() -> None:
+    """Two kept rounds a side gave a ratio's interval of 2e-06..194200: "0.00..194200.00",
+    cut at the column's edge."""
+    from attnbench.compare.verdicts import fmt_interval
+
+    assert fmt_interval(2e-06, 194200.0) == "<0.01..>100"
+    assert fmt_interval(0.95, 1.08) == "0.95..1.08"
+    assert fmt_interval(0.5, 150.0) == "0.50..>100"
+    assert fmt_interval(float("nan"), 1.0) == ""

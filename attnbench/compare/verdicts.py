@@ -69,9 +69,15 @@ def interval_level(alpha: float) -> str:
 
 
 def fmt_interval(low: Any, high: Any) -> str:
-    """A ratio's interval as text ("1.21..1.52"), "" where it has none."""
+    """A ratio's interval as text ("1.21..1.52"), "" where it has none. An end past 100x either
+    way reads "<0.01" or ">100": two kept rounds a side gave 2e-06..194200, which printed
+    "0.00..194200.00" and was cut at the column's edge."""
     known = all(isinstance(x, float | int) and math.isfinite(x) for x in (low, high))
-    return f"{low:.2f}..{high:.2f}" if known else ""
+    return f"{_end(low)}..{_end(high)}" if known else ""
+
+
+def _end(x: float) -> str:
+    return "<0.01" if x < 0.01 else ">100" if x > 100 else f"{x:.2f}"
 
 
 def smallest_p(n_base: int, n_new: int) -> float:
