@@ -63,8 +63,18 @@ SUGGEST_CUTOFF = 0.75
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """ " (did you mean 'attention'?)" for a name close to one of ``choices``, else ""."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=SUGGEST_CUTOFF)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    options = list(choices)
+    close = difflib.get_close_matches(name, options, n=1, cutoff=SUGGEST_CUTOFF)
+    # an abbreviation ("attn", "ssmscan") is too far by difflib's ratio: the shortest choice
+    # that holds its letters in order
+    spelled = [c for c in options if len(name) >= 3 and _in_order(name.lower(), c.lower())]
+    found = close or sorted(spelled, key=len)[:1]
+    return f" (did you mean {found[0]!r}?)" if found else ""
+
+
+def _in_order(letters: str, word: str) -> bool:
+    rest = iter(word)
+    return all(char in rest for char in letters)
 
 
 def first_line(exc: BaseException) -> str:

@@ -65,6 +65,9 @@ def test_config_file_with_options_overriding_it(tmp_path: Path) -> None:
         # a close misspelling is named; a far one (cnn is not rnn) is not
         (["--layers", "atention"], "unknown layer 'atention' (did you mean 'attention'?); acc"),
         (["--layers", "cnn"], "unknown layer 'cnn'; accepted: conv"),
+        # an abbreviation, its letters in order, is named too
+        (["--layers", "attn"], "unknown layer 'attn' (did you mean 'attention'?); acc"),
+        (["--layers", "ssmscan"], "unknown layer 'ssmscan' (did you mean 'ssm-scan'?); acc"),
         (["--n", "64.."], "--n: cannot read '64..'"),
         (["--n", "a,b"], "--n: cannot read 'a,b'"),
         (["--d", "4096..64"], "runs backwards"),
