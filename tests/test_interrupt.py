@@ -111,7 +111,7 @@ def test_a_signal_keeps_every_finished_case_and_resume_completes_the_sweep(
     assert proc.returncode == 128 + sig, stderr.decode()  # 130 for SIGINT, 143 for SIGTERM
     text = stderr.decode()
     # Answered whenever the signal lands: inside a case ("stopping after ...") or between two
-    # ("stopping now: no case is running").
+    # ("stopping: no round is timing").
     assert "stopping" in text and "Traceback" not in text
     assert f"attnbench sweep --resume {out}" in text.replace("\n", "")
     stopped = load_results(out)
@@ -152,7 +152,7 @@ def test_a_terminals_ctrl_c_lets_the_case_in_flight_finish(tmp_path: Path) -> No
     text = stderr.decode()
     assert proc.returncode == 130, text
     assert "died" not in text and "KeyboardInterrupt" not in text, text
-    stopping = re.search(r"stopping after \S+ n=(\d+)", text)
+    stopping = re.search(r"stopping after the round of \S+ n=(\d+)", text)
     assert stopping is not None, text
     stopped = load_results(out)
     assert int(stopping.group(1)) >= 128  # the held case, in flight when the signal came

@@ -565,9 +565,9 @@ def test_a_duplicated_case_is_corruption(saved_run: Path) -> None:
 @pytest.mark.parametrize(
     ("running", "said"),
     [
-        (0, "stopping now: no case is running"),
-        (1, "stopping after conv n=8 d=8 k=3"),
-        (2, "stopping after the 2 running cases"),
+        (0, "stopping: no round is timing, and no new one starts"),
+        (1, "stopping after the round of conv n=8 d=8 k=3 now timing"),
+        (2, "stopping after the 2 rounds now timing"),
     ],
 )
 def test_a_stop_request_is_always_answered(running: int, said: str) -> None:

@@ -171,14 +171,16 @@ class SweepProgress:
     def __call__(self, event: ProgressEvent) -> None:
         if event.kind == "stopping":
             # Printed even with --quiet: the user pressed Ctrl-C and is waiting for an answer.
+            # in rounds, which a sweep interleaves across its cases: "stopping after rnn n=128"
+            # read as a case's end beside "0 of 9 cases done and 9 begun"
             if event.running == 0:
-                what = "stopping now: no case is running"
+                what = "stopping: no round is timing, and no new one starts"
             elif event.running == 1:
-                what = f"stopping after {event.case.label()}"
+                what = f"stopping after the round of {event.case.label()} now timing"
             else:
-                what = f"stopping after the {event.running} running cases"
+                what = f"stopping after the {event.running} rounds now timing"
             self.console.print(
-                f"[yellow]{escape(what)} (every finished case is kept; press Ctrl-C again to "
+                f"[yellow]{escape(what)} (every finished round is kept; press Ctrl-C again to "
                 "stop at once)[/]",
                 soft_wrap=True,
             )

@@ -12,8 +12,8 @@ from typing import Any
 
 
 class GracefulStop:
-    """SIGINT / SIGTERM: the first asks the sweep to stop after the current case, a second one
-    stops it at once (KeyboardInterrupt).  Signals that arrive while a case is being written are
+    """SIGINT / SIGTERM: the first asks the sweep to stop after the rounds now timing, a second
+    one stops it at once (KeyboardInterrupt).  Signals that arrive while a case is being written are
     held until the write is done, so a stop never tears a file."""
 
     def __init__(self, on_request: Callable[[str], None] | None = None) -> None:
