@@ -123,7 +123,7 @@ def make_run(
                 product_bytes=spec.get("product_bytes", 32 * n) if ok else None,
                 seq_steps=spec.get("steps", 1) if ok else None,
                 path_len=spec.get("path", n // 2) if ok else None,
-                error="" if ok else "RuntimeError: out of memory",
+                error="" if ok else spec.get("error", "RuntimeError: out of memory"),
                 device_name=spec.get("device", ""),
                 instructions=spec.get("instructions") if ok else None,
                 load_1m=spec.get("load", 0.5),

@@ -288,6 +288,20 @@ def test_a_case_that_stops_measuring_fails_every_gate(tmp_path: Path) -> None:
     assert not c.failed("none")
     # And the reverse (it measures now) is an improvement, not a failure.
     assert not compare_runs(new, base).failed()
+    # the table says why it broke, beside the baseline's time (ab and compare read
+    # "baseline -  current -  REGRESSION (ok -> failed)", the error in results.csv alone)
+    broke = make_run(
+        tmp_path / "c", cases_grid(conv_256={"status": "failed", "error": "ValueError: regressed"})
+    )
+    judged = compare_runs(base, broke)
+    shown = display_table(judged).set_index(["layer", "n"]).loc[("conv", "256")]
+    assert shown["time"] == "REGRESSION (ok -> failed: ValueError: regressed)"
+    assert shown["baseline"] not in ("", "–", "-") and shown["current"] in ("", "–", "-")
+    assert shown["ratio"] == "–"
+    jsonschema.validate(to_json(judged), schema("compare"))
+    assert judged.times.set_index("case_id").loc[case("conv", 256).case_id, "error_new"] == (
+        "ValueError: regressed"
+    )
 
 
 @pytest.mark.slow

@@ -171,8 +171,7 @@ class SweepProgress:
     def __call__(self, event: ProgressEvent) -> None:
         if event.kind == "stopping":
             # Printed even with --quiet: the user pressed Ctrl-C and is waiting for an answer.
-            # in rounds, which a sweep interleaves across its cases: "stopping after rnn n=128"
-            # read as a case's end beside "0 of 9 cases done and 9 begun"
+            # in rounds, which a sweep interleaves: "stopping after rnn n=128" read as a case's end
             if event.running == 0:
                 what = "stopping: no round is timing, and no new one starts"
             elif event.running == 1:

@@ -374,11 +374,7 @@ def _judged_pair(
         **ident,
         "device_base": device_base,
         "device_new": device_new,
-        "status_base": b["status"],
-        "status_new": n["status"],
-        "status_verdict": UNCHANGED,
-        "kernel_base": _kernels(b, sides.recorded),
-        "kernel_new": _kernels(n, sides.recorded),
+        **_statuses(b, n, sides.recorded),
     }
     both_ok = b["status"] == Status.OK and n["status"] == Status.OK
     timed = both_ok and (same_model or not sides.by_device)
@@ -413,7 +409,8 @@ def _judged_pair(
     if disturbed and judged.verdict in (REGRESSION, IMPROVEMENT):  # the quiet pairs' too
         base_q, new_q = ({r: side[r] for r in quiet_rounds} for side in (base_rounds, new_rounds))
         quiet = judge_pairs(base_q, new_q, thresholds).verdict if quiet_rounds else TOO_FEW
-    time_base, time_new = (b["time_s"], n["time_s"]) if both_ok else (math.nan, math.nan)
+    # each side's own time where it measured: a case that broke blanked the baseline's too
+    time_base, time_new = (s["time_s"] if s["status"] == Status.OK else math.nan for s in (b, n))
     if sides.paired and timed and pairs:  # over the pairs' rounds, as the ratio (_over_rounds)
         time_base = _over_rounds(base_of(base_id), pairs)
         time_new = _over_rounds(new_of(case_id), pairs)
@@ -439,6 +436,27 @@ def _judged_pair(
     )
     comparable = (both_ok, both_ok and same_model)  # for every count, for device-bound ones
     return row, _count_rows(sides.thresholds, ident, b, n, comparable), timed
+
+
+def _statuses(b: pd.Series, n: pd.Series, recorded: bool) -> dict[str, Any]:
+    """Each side's status, kernels and error: why a case broke (ab and compare read "baseline -
+    current - REGRESSION (ok -> failed)", the error in results.csv alone)."""
+    return {
+        "status_base": b["status"],
+        "status_new": n["status"],
+        "status_verdict": UNCHANGED,
+        "kernel_base": _kernels(b, recorded),
+        "kernel_new": _kernels(n, recorded),
+        "error_base": _error(b),
+        "error_new": _error(n),
+    }
+
+
+def _error(row: pd.Series) -> str:
+    """A case's error's first line where it did not measure, else "" (and where a run has no
+    such column)."""
+    found = row.get("error")
+    return "" if row["status"] == Status.OK or not isinstance(found, str) else found
 
 
 def _count_rows(

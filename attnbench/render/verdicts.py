@@ -45,10 +45,8 @@ STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 
 def schema(name: str) -> dict[str, Any]:
     """A JSON Schema shipped with the package: ``compare`` or ``github-action-benchmark``.
-
     The compare schema's per-case ``metrics`` object requires exactly the registry's exact
-    metrics (the shipped file lists them too; a test keeps the two equal).
-    """
+    metrics (the shipped file lists them too; a test keeps the two equal)."""
     text = resources.files("attnbench").joinpath(f"schemas/{name}.schema.json").read_text()
     loaded = json.loads(text)
     if name == "compare":
@@ -120,7 +118,8 @@ def count_changes(comparison: Comparison, case_id: str) -> str:
 
 def _case_verdict(row: Any, thresholds: Thresholds) -> str:
     if row.status_verdict == REGRESSION:
-        return f"REGRESSION ({row.status_base} -> {row.status_new})"
+        why = f": {row.error_new}" if row.error_new else ""  # why it broke: a blank read none
+        return f"REGRESSION ({row.status_base} -> {row.status_new}{why})"
     if row.status_base != Status.OK or row.status_new != Status.OK:
         return f"not compared ({row.status_base} -> {row.status_new})"
     if row.verdict == UNCHANGED and row.p_value < thresholds.alpha:
