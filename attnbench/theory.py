@@ -13,6 +13,8 @@ layer's options by name (``k``, ``heads``, ``window``, ``causal``...).
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -280,3 +282,58 @@ def _big_o(text: object) -> bool:
         if depth < 0:
             return False
     return depth == 0 and text[2:-1].strip() != ""
+
+
+def order_problem(theory: LayerTheory, at: Sizes) -> str | None:
+    """Where an order written in words grows in n otherwise than the law judged against it: the
+    table prints the words ("O(n^2 d)") and the verdicts read the law (``order``, ``path_law``,
+    ``sequential_law``), so a plugin's "O(n^2 d)" beside an order of n·d² was shown quadratic
+    and judged linear. Compared over n = 2^16..2^17 at ``at``'s other sizes, within a quarter
+    (a log n factor adds 0.09 there); an order whose words do not read, or a law not given
+    (an order of 0), is not compared."""
+    pairs = (
+        ("complexity", theory.complexity, "order", theory.order),
+        ("sequential", theory.sequential, "sequential_law", theory.sequential_law),
+        ("path", theory.path, "path_law", theory.path_law),
+    )
+    for label, words, name, law in pairs:
+        written, grown = n_power(words), _slope(law, at)
+        if written is not None and grown is not None and abs(written - grown) > 0.25:
+            return (
+                f"its theory's {label} {words!r} grows as n^{written:g}, its {name} as "
+                f"n^{grown:.2f}: the table shows the one and the verdicts read the other; "
+                f"make them agree (a {name} not given is a constant)"
+            )
+    return None
+
+
+# n, n^2, n^1.5, /n: a power of n in a product; log n and log_k n are left out before
+_N_POWER = re.compile(r"(/\s*)?(?<![A-Za-z_0-9])n(?:\^(\d+(?:\.\d+)?))?(?![A-Za-z_0-9^²³])")
+_LOG = re.compile(r"log(?:_[A-Za-z0-9]+)?\s*\(?\s*n\s*\)?")
+
+
+def n_power(words: str) -> float | None:
+    """The power of n an order in words grows as ("O(k n d^2 log_k n)": 1; "O(n^2 d + n d^2)":
+    2), None where its words do not read so (a superscript, a bracket inside)."""
+    if not _big_o(words):
+        return None
+    inner = _LOG.sub("", words[2:-1])
+    if "(" in inner or ")" in inner:
+        return None
+    powers = []
+    for term in inner.split("+"):
+        found = _N_POWER.findall(term)
+        if re.search(r"(?<![A-Za-z_0-9])n", _N_POWER.sub("", term)):
+            return None  # an n not read as a power ("n²")
+        powers.append(sum(((-1.0 if slash else 1.0) * float(p or 1) for slash, p in found), 0.0))
+    return max(powers)
+
+
+def _slope(law: SizeFn, at: Sizes) -> float | None:
+    try:
+        low, high = float(law({**at, "n": 2.0**16})), float(law({**at, "n": 2.0**17}))
+    except Exception:  # a formula's own failure is theory_problem's to say
+        return None
+    if not (low > 0 and high > 0 and math.isfinite(low) and math.isfinite(high)):
+        return None
+    return math.log2(high / low)

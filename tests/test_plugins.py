@@ -194,6 +194,33 @@ def test_a_theory_whose_order_is_no_order_is_refused_before_anything_is_measured
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [  # the words the table shows, against the law the verdicts read
+        (('"O(n d^2)",', '"O(n^2 d)",'), "complexity 'O(n^2 d)' grows as n^2, its order as n^1.00"),
+        (
+            (
+                'order=lambda s: s["n"] * s["d"] * s["d"],',
+                'order=lambda s: s["n"] * s["d"] * s["d"], path="O(n)",',
+            ),
+            "path 'O(n)' grows as n^1, its path_law as n^0.00",
+        ),
+    ],
+)
+def test_an_order_in_words_that_grows_otherwise_than_its_law_is_refused(
+    tmp_path: Path, change: tuple[str, str], said: str
+) -> None:
+    """A plugin's "O(n^2 d)" beside an order of n·d² was shown quadratic in the table and judged
+    linear; a path "O(n)" without its law was judged against a constant."""
+    wrong = WITH_THEORY.replace(*change, 1)
+    assert wrong != WITH_THEORY
+    result = sweep("--layers", f"{plugin(tmp_path, wrong)}:ENTRY", "--out", str(tmp_path / "r"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    text = " ".join(result.stderr.split())
+    assert said in text and "make them agree" in text, text
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_theory_that_fails_at_a_length_the_sweep_measures_is_refused_in_one_line(
     tmp_path: Path,
 ) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 from attnbench._version import __version__
 from attnbench.errors import AttnbenchError, did_you_mean
 from attnbench.layers.entry import CUSTOM, Family, LayerEntry, LayerOption, LayerSource
-from attnbench.theory import LayerTheory, sizes, theory_problem
+from attnbench.theory import LayerTheory, order_problem, sizes, theory_problem
 
 # The package's modules that hold the machinery rather than layers.
 _MACHINERY = {"entry", "registry", "plugins", "checks", "decoding"}
@@ -118,7 +118,8 @@ def register(
         )
     if entry.theory is not None:
         at = sizes(1, PROBE_N, PROBE_N, entry.resolve({}))
-        if (problem := theory_problem(entry.theory, at)) is not None:
+        problem = theory_problem(entry.theory, at) or order_problem(entry.theory, at)
+        if problem is not None:
             raise AttnbenchError(f"layer {name!r} ({source.spec}): {problem}")
     old = REGISTRY.get(name)
     if old is not None and old.source != entry.source:
