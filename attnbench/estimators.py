@@ -267,7 +267,8 @@ def round_marks(
     """Which rounds read disturbed: their reference over ``QUIET_FACTOR`` of the quiet level,
     or beside a busy neighbour (``busy``, ``measure.timing.contention``). Given the rounds'
     ``medians``, where ``LEAST_QUIET`` or more read quiet, a round so read that ran no slower
-    than the slowest of those is not: a disturbance slows a round, and its own time shows none.
+    than the slowest of those (nor than ``QUIET_FACTOR`` times their median: one slow quiet
+    round kept them all) is not: a disturbance slows a round, and its own time shows none.
     A new user's conv at n = 64 read 98, 70, 29, 29, 30 and 31 µs, the three at 29-30 read
     disturbed by their references: its time was 46 µs ×/÷6.3 over the two others, where a
     re-run read 29."""
@@ -277,7 +278,8 @@ def round_marks(
     calm = [m for m, bad in zip(medians, marks, strict=True) if not bad]
     if len(calm) < LEAST_QUIET:  # a busy machine's case: kept_of keeps every round
         return marks
-    return [bad and m > max(calm) for m, bad in zip(medians, marks, strict=True)]
+    bound = min(max(calm), QUIET_FACTOR * statistics.median(calm))
+    return [bad and m > bound for m, bad in zip(medians, marks, strict=True)]
 
 
 LEAST_QUIET = 2  # rounds an estimate needs to leave the disturbed ones out

@@ -293,9 +293,13 @@ def test_a_round_read_disturbed_that_ran_no_slower_than_the_quiet_ones_is_kept()
     assert (found.disturbed, found.left_out, found.groups) == (1, 1, 5)  # 98.3 alone left out
     assert found.center_s == pytest.approx(math.exp(np.mean(np.log(us[1:]))) * 1e-6)
     assert found.center_s < 40e-6 and found.low_s < 30e-6
-    # a disturbed round slower than every quiet one is left out, as before
-    slow = estimate(groups, [1.0, 1.0, 2.0, 1.0, 1.0, 2.0], quiet=1.0)
-    assert slow.left_out == 0 and slow.disturbed == 0  # 28.6 and 30.8: no slower than 98.3
+    # read disturbed at 28.6 and 30.8 µs, no slower than the quiet rounds: kept
+    fast = estimate(groups, [1.0, 1.0, 2.0, 1.0, 1.0, 2.0], quiet=1.0)
+    assert fast.left_out == 0 and fast.disturbed == 0
+    # one slow quiet round (70) does not keep disturbed ones at 60 and 65: the bound is the
+    # lower of the slowest quiet round and 1.25x their median (31 here)
+    odd = estimate([[t * 1e-6] * 5 for t in [30.0, 31.0, 70.0, 60.0, 65.0]], [1, 1, 1, 2, 2], 1.0)
+    assert (odd.disturbed, odd.left_out, odd.groups) == (2, 2, 3)
     late = estimate([[t * 1e-6] * 5 for t in [30.0, 29.0, 45.0, 31.0]], [1, 1, 2, 1], quiet=1.0)
     assert (late.disturbed, late.left_out, late.groups) == (1, 1, 3)
     # fewer than two quiet rounds: a busy machine's, every round kept and marked as read

@@ -208,7 +208,8 @@ def test_every_rounds_cost_counts_toward_the_time_budget(
     monkeypatch.setattr(queue_module, "budget_spent", lambda timing: 1.0)
     wide = Estimate(1e-3, 5e-4, 2e-3, 2)  # ±100%
     monkeypatch.setattr(rounds_module, "estimate", lambda *args, **kwargs: wide)
-    monkeypatch.setattr(rounds_module, "is_disturbed", lambda *args: False)  # a busy neighbour
+    # a busy neighbour: no round read disturbed
+    monkeypatch.setattr(rounds_module, "round_marks", lambda refs, *args: [False] * len(refs))
     grid = build_grid(
         {"layers": "conv", "n": "8", "d": "4", "device": "cpu", "processes": 2,
          "max_processes": 6, "time_budget": 2.5}
@@ -379,7 +380,7 @@ def test_cases_stopped_precise_are_read_again_once_the_sweep_knows_its_spread(
 
     monkeypatch.setattr(queue_module.JobQueue, "prior", prior)
     monkeypatch.setattr(rounds_module, "estimate", estimate_)
-    monkeypatch.setattr(rounds_module, "is_disturbed", lambda *args: False)
+    monkeypatch.setattr(rounds_module, "round_marks", lambda refs, *args: [False] * len(refs))
     grid = build_grid(
         {"layers": "conv", "n": "8,16", "d": "4", "device": "cpu", "processes": 2,
          "max_processes": 4, "time_budget": 60.0}
@@ -387,3 +388,17 @@ def test_cases_stopped_precise_are_read_again_once_the_sweep_knows_its_spread(
     run = run_sweep(grid, tmp_path / "run", measuring=UNCALIBRATED)
     assert run.samples.groupby("case_id")["round"].nunique().tolist() == [4, 4]
     assert set(run.record.round_stops.values()) == {"max rounds"}
+
+
+def test_a_round_read_disturbed_that_ran_no_slower_counts_toward_processes() -> None:
+    """The stop rule reads a round's disturbance as the estimate does (``round_marks``): a
+    round whose reference read slow but whose time did not is kept, and counts toward
+    --processes, where it had been given another round while the estimate kept it."""
+    from attnbench.run.rounds import Replication
+
+    rule = Replication(least=3, most=6, target_rel_ci=0.5, budget_s=60.0)
+    quiet = [[1.0e-3] * 5, [1.01e-3] * 5]
+    fast = rule.stop_of([*quiet, [0.99e-3] * 5], 3, [1.0, 1.0, 2.0], 1.0)
+    slow = rule.stop_of([*quiet, [1.6e-3] * 5], 3, [1.0, 1.0, 2.0], 1.0)
+    assert fast is not None  # three rounds count: its interval decides
+    assert slow is None  # two count: a third is owed

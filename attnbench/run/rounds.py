@@ -8,10 +8,11 @@ will cost) and the size guard (how long a sweep should take).
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from attnbench.devices import device_kind
-from attnbench.estimators import estimate, is_disturbed
+from attnbench.estimators import estimate, round_marks
 from attnbench.measure.timing.loop import DEFAULT_POLICY, Stop, TimingPolicy, TimingStats
 from attnbench.priors import Prior
 from attnbench.spec import DEFAULT_PRECISION, ENERGY_S, MORE_PROCESSES, Grid
@@ -110,7 +111,10 @@ class Replication:
         where fewer than two rounds measured)."""
         if done >= self.most:
             return Stop.MAX_ROUNDS
-        disturbed = sum(is_disturbed(r, quiet) for r in references or ())
+        refs = list(references or ())  # read as the estimate reads them (round_marks)
+        whole = len(rounds) == len(refs) and all(len(g) for g in rounds)
+        medians = [statistics.median(g) for g in rounds] if whole else None
+        disturbed = sum(round_marks(refs, quiet, [False] * len(refs), medians))
         if done - disturbed < self.least:
             return None
         if len(rounds) < 2:
