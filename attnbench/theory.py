@@ -259,8 +259,15 @@ def _shape_problem(theory: object) -> str | None:
     refused the whole run, built-in layers' rows included), or a term that is not a ``Term``."""
     if not isinstance(theory, LayerTheory):
         return f"its theory is a {type(theory).__name__}, not a LayerTheory"
-    for label, order in (("complexity", theory.complexity), ("sequential", theory.sequential),
-                         ("path", theory.path)):  # fmt: skip
+    step: object = theory.decode  # a plugin's, whatever it holds
+    orders = [("complexity", theory.complexity), ("sequential", theory.sequential),
+              ("path", theory.path)]  # fmt: skip
+    if isinstance(step, DecodeTheory):  # the generation table's orders
+        orders += [("decode compute", step.compute), ("decode memory", step.memory),
+                   ("decode sequential", step.sequential)]  # fmt: skip
+    elif step is not None:
+        return f"its theory's decode is a {type(step).__name__}, not a DecodeTheory"
+    for label, order in orders:
         if not _big_o(order):
             return f'its theory\'s {label} {order!r} is not an order such as "O(n d^2)"'
     groups = (theory.terms, theory.elementwise or (), theory.traffic or (), theory.recompute)
@@ -308,8 +315,8 @@ def order_problem(theory: LayerTheory, at: Sizes) -> str | None:
 
 
 # n, n^2, n^1.5, /n: a power of n in a product; log n and log_k n are left out before
-_N_POWER = re.compile(r"(/\s*)?(?<![A-Za-z_0-9])n(?:\^(\d+(?:\.\d+)?))?(?![A-Za-z_0-9^²³])")
-_LOG = re.compile(r"log(?:_[A-Za-z0-9]+)?\s*\(?\s*n\s*\)?")
+_N_POWER = re.compile(r"(/\s*)?(?<![A-Za-z_])n(?:\^(\d+(?:\.\d+)?))?(?![A-Za-z_0-9^²³])")
+_LOG = re.compile(r"(?:log|lg|ln)(?:_?\{?[A-Za-z0-9]+\}?)?(?:\^\d+|[²³])?\s*\(?\s*n\s*\)?")
 
 
 def n_power(words: str) -> float | None:
@@ -318,13 +325,14 @@ def n_power(words: str) -> float | None:
     if not _big_o(words):
         return None
     inner = _LOG.sub("", words[2:-1])
-    if "(" in inner or ")" in inner:
+    if any(char in inner for char in "()√-−"):  # a root, a difference: not read here
         return None
     powers = []
     for term in inner.split("+"):
         found = _N_POWER.findall(term)
-        if re.search(r"(?<![A-Za-z_0-9])n", _N_POWER.sub("", term)):
-            return None  # an n not read as a power ("n²")
+        rest = _N_POWER.sub(" ", term)
+        if "n" in rest.replace("N", ""):
+            return None  # an n not read as a power ("n²", "kn")
         powers.append(sum(((-1.0 if slash else 1.0) * float(p or 1) for slash, p in found), 0.0))
     return max(powers)
 
