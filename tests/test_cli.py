@@ -822,8 +822,8 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
     monkeypatch.setattr(sweeping, "comparison_table", lambda run, analysis: none)
     # none judged: the line the README promises still ends the sweep, and says why
     assert (sweeping.chapter_line(tiny_run, analyse(tiny_run)) or "").startswith(
-        "the chapter's table: no time exponent in n judged: 1 overhead-bound (b), 1 fewer than "
-        "two lengths measured (a) (attnbench table "
+        "the chapter's table: no time exponent in n judged: 1 overhead-bound (b), 1 no exponent "
+        "fitted (too few lengths) (a) (attnbench table "
     )
     monkeypatch.setattr(sweeping, "comparison_table", table)
     drawn: list[object] = []

@@ -168,7 +168,7 @@ def sweep(
 
     Every finished case is written at once. Cases that run out of memory or time are recorded
     (oom, timeout) and the larger cases of their layer skipped. Ctrl-C or SIGTERM stops after
-    the current case and exits 130 (143 after SIGTERM); --resume DIR finishes the run. With
+    the rounds now timing and exits 130 (143 after SIGTERM); --resume DIR finishes the run. With
     --baseline DIR the run is compared with DIR when it completes, and the exit code is
     compare's (0, 1 on regression);
     with --strict a case that ended failed, oom or timeout exits 1 too.
@@ -364,6 +364,7 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
     orders = rows.get("compute (theory)", pd.Series("", index=rows.index)).astype(str)
     theory = ~orders[unjudged.index].isin(["?", ""])
     fitted = pd.to_numeric(unjudged["time_exponent_n"], errors="coerce").notna()
+    law = pd.to_numeric(unjudged["time_theory_exponent_n"], errors="coerce").notna()
     said = [
         f"{row.layer} n^{fmt_exponent(row.time_exponent_n)} against n^"
         f"{fmt_exponent(row.time_theory_exponent_n)}"
@@ -373,17 +374,18 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
         f", {len(which)} {what} ({some_of(list(which['layer']))})"
         for which, what in (
             (rows[bound], "overhead-bound"),
-            (unjudged[theory & fitted], "not judged: an interval too wide to tell"),
-            (unjudged[theory & ~fitted], "not judged: fewer than two lengths measured"),
-            (unjudged[~theory], "not judged: no theory"),
+            (unjudged[theory & fitted & law], "not judged: an interval too wide to tell"),
+            (unjudged[theory & ~fitted], "not judged: no exponent fitted (too few lengths)"),
+            (unjudged[~theory | (fitted & ~law)], "not judged: no theory"),
         )
         if len(which)
     )
     if not judged:  # the README promises the line: a sweep that ended without it read cut off
         why_not = apart.removeprefix(", ").replace("not judged: ", "")
+        more = "; more lengths, or --n auto, give them" if (theory | bound).any() else ""
         return (
             f"the chapter's table: no time exponent in n judged: {why_not} (attnbench table "
-            f"{run.path}: each one and why; more lengths, or --n auto, give them)"
+            f"{run.path}: each one and why{more})"
         )
     against = f" (not: {some_of(said)})" if said else ""
     # where a quadratic layer was judged in a forward run: its lower term is why it reads

@@ -456,7 +456,9 @@ def _error(row: pd.Series) -> str:
     """A case's error's first line where it did not measure, else "" (and where a run has no
     such column)."""
     found = row.get("error")
-    return "" if row["status"] == Status.OK or not isinstance(found, str) else found
+    if row["status"] == Status.OK or not isinstance(found, str):
+        return ""
+    return (found.strip().splitlines() or [""])[0]
 
 
 def _count_rows(

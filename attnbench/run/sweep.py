@@ -2,7 +2,7 @@
 
 A sweep survives its own cases: out-of-memory and over-long cases are recorded and the larger
 cases of that layer skipped; a worker that dies loses only its job, which is run once more
-elsewhere; SIGINT / SIGTERM stop it after the running cases; ``resume_sweep`` finishes it.
+elsewhere; SIGINT / SIGTERM stop it after the rounds now timing; ``resume_sweep`` finishes it.
 Which executor ran a case is known only to the executors: the runner hands out jobs and writes
 results. The runner starts the executor, prepares the folder and loads a resumed run once each.
 """
