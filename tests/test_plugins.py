@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from attnbench import build_grid, register_layer, run_sweep
 from attnbench.cli import app
+from attnbench.errors import AttnbenchError
 from attnbench.layers import REGISTRY
 from attnbench.results.files import RESULTS_FILE
 from attnbench.results.loader import load_results
@@ -279,6 +280,42 @@ def test_resume_sees_an_edit_to_a_file_the_plugin_imports(tmp_path: Path) -> Non
     assert _now("mixer_entry:make", recorded)[0].digest == recorded.digest
     (folder / "pkg" / "sub.py").write_text("X = 2\n")  # two imports away
     assert _now("mixer_entry:make", recorded)[0].digest != recorded.digest
+
+
+def test_a_worker_without_the_files_beside_a_plugin_gets_them_shipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ray worker on another machine has the plugin's text shipped but not the files it
+    imports beside it: it read the file as "changed since it was loaded" and ran nothing."""
+    from attnbench.layers import plugins as plugins_module
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "beside_parts.py").write_text(textwrap.dedent(MIXER.replace("{fail_above}", "99")))
+    entry = folder / "beside_entry.py"
+    entry.write_text("from beside_parts import make\n")
+    recorded = plugins_module.load(f"{entry}:make").source
+    shipped = json.loads(json.dumps(plugins_module.shipment(["beside_entry:make"])))
+    assert set(shipped[0]["beside"]) == {"beside_parts.py"}
+    # the worker: none of the folder, a fresh registry and import state
+    (folder / "beside_parts.py").unlink()
+    entry.unlink()
+    del REGISTRY["beside_entry:make"]
+    for name in [m for m in sys.modules if m == "beside_parts" or "beside_entry" in m]:
+        monkeypatch.delitem(sys.modules, name)  # the driver's run of both files, forgotten
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(folder)])
+    plugins_module.receive(shipped)
+    assert REGISTRY["beside_entry:make"].source.digest == recorded.digest
+    assert REGISTRY["beside_entry:make"].build(8) is not None  # its sibling imported, and built
+    copied = Path(sys.modules["beside_parts"].__file__ or "")
+    assert copied.parent.name.startswith("attnbench-beside-") and copied.read_text() == (
+        textwrap.dedent(MIXER.replace("{fail_above}", "99"))
+    )
+    # a sibling edited in transit is refused, as the file itself is
+    edited = [{**shipped[0], "beside": {"beside_parts.py": "X = 1\n"}}]
+    del REGISTRY["beside_entry:make"]
+    with pytest.raises(AttnbenchError, match="the shipped file changed since it was loaded"):
+        plugins_module.receive(edited)
 
 
 @pytest.mark.slow

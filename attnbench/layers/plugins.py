@@ -20,6 +20,7 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -50,11 +51,20 @@ def file_digest(path: Path, text: str) -> str:
     not run: ``siblings``), so that --resume sees an edit to either: the file's text alone was
     digested, and a resumed run mixed rounds of its imported module's old and new code. A
     file that imports none beside it keeps the digest of its text alone."""
-    found = siblings(path, text)
-    if not found:
+    return texts_digest(text, beside_files(path, text))
+
+
+def beside_files(path: Path, text: str) -> dict[str, bytes]:
+    """The files beside ``path`` that its text imports (``siblings``), by their path relative
+    to its folder, in the order the digest reads them."""
+    return {str(p.relative_to(path.parent)): p.read_bytes() for p in siblings(path, text)}
+
+
+def texts_digest(text: str, beside: Mapping[str, bytes]) -> str:
+    """``file_digest`` of a file's text and the texts beside it, wherever they are read."""
+    if not beside:
         return text_digest(text.encode())
-    parts = [text.encode()]
-    parts += [f"\0{p.relative_to(path.parent)}\0".encode() + p.read_bytes() for p in found]
+    parts = [text.encode(), *(f"\0{rel}\0".encode() + data for rel, data in beside.items())]
     return text_digest(b"".join(parts))
 
 
@@ -283,7 +293,11 @@ def shipment(names: Iterable[str], portable: bool = False) -> list[dict[str, Any
         if kind == "file":
             path = Path(entry.source.spec.rpartition(":")[0])
             item["text"] = _read(path, entry.source.spec)
-            _same_code(name, entry.source, file_digest(path, item["text"]), "its file")
+            beside = beside_files(path, item["text"])
+            _same_code(name, entry.source, texts_digest(item["text"], beside), "its file")
+            # the files it imports beside it travel too: a worker on another machine has none
+            # (it read the file as "changed" and ran nothing), and JSON takes text, not bytes
+            item["beside"] = {k: v.decode("utf-8", "surrogateescape") for k, v in beside.items()}
         elif kind == "module":
             item["sys_path"] = [os.getcwd()]  # importable as here; the rest is the worker's own
         elif kind == "python":
@@ -316,8 +330,16 @@ def receive(items: Iterable[Mapping[str, Any]], verify_modules: bool = True) -> 
             register(item["entry"], name, source=source)
         elif source.kind == "file":
             target, _, attr = source.spec.rpartition(":")
-            shipped = file_digest(Path(target), item["text"])
+            beside = {
+                k: v.encode("utf-8", "surrogateescape") for k, v in item.get("beside", {}).items()
+            }
+            shipped = (
+                texts_digest(item["text"], beside)
+                if "beside" in item
+                else file_digest(Path(target), item["text"])
+            )
             _same_code(name, source, shipped, "the shipped file")
+            _place_beside(Path(target).parent, beside)
             module = _run_file(Path(target), source.spec, item["text"])
             register(getattr(module, attr), name, source=source)
         elif source.kind == "module":
@@ -334,6 +356,27 @@ def receive(items: Iterable[Mapping[str, Any]], verify_modules: bool = True) -> 
             register(getattr(module, attr), name, source=source)
         else:
             load_installed(name)
+
+
+def _place_beside(folder: Path, beside: Mapping[str, bytes]) -> None:
+    """Where the shipped files beside a plugin are not here as shipped (a worker on another
+    machine), they are written to a folder of their own, put on the import path before the
+    plugin's folder, so its imports find the driver's code."""
+    if all(_holds(folder / rel, data) for rel, data in beside.items()):
+        return
+    copy = Path(tempfile.mkdtemp(prefix="attnbench-beside-"))
+    for rel, data in beside.items():
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        (copy / rel).write_bytes(data)
+    here = str(folder)
+    sys.path.insert(sys.path.index(here) if here in sys.path else len(sys.path), str(copy))
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    try:
+        return path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def _own_copy(source: LayerSource, module: ModuleType, target: str) -> LayerSource:
