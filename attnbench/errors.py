@@ -35,15 +35,17 @@ class SweepInterrupted(AttnbenchError):
             f"{out_dir}; finish it with: attnbench sweep --resume {out_dir}{flags}",
             exit_code=signal_exit_code(signal_name),
         )
-        self.out_dir = out_dir
-        self.done = done
-        self.total = total
-        self._args = (out_dir, done, total, signal_name, short, upto)
+        self.out_dir, self.done, self.total = out_dir, done, total
+        self.signal_name, self.short, self.upto = signal_name, short, upto
 
     def resumed_with(self, flags: str) -> SweepInterrupted:
         """The same stop, its --resume given the command-line flags a run does not record
         (--no-charts): a resume without them drew the charts the first command declined."""
-        return SweepInterrupted(*self._args, flags=flags) if flags else self
+        if not flags:
+            return self
+        return SweepInterrupted(
+            self.out_dir, self.done, self.total, self.signal_name, self.short, self.upto, flags
+        )
 
 
 def signal_exit_code(signal_name: str) -> int:

@@ -224,10 +224,7 @@ def kept_rounds(
     beside = list(busy) if busy is not None else [False] * len(groups)
     measured = [t for t in zip(groups, refs, beside, strict=True) if len(t[0])]
     marks = round_marks(
-        [r for _, r, _ in measured],
-        quiet,
-        [b for _, _, b in measured],
-        [statistics.median(g) for g, _, _ in measured],
+        [r for _, r, _ in measured], quiet, [b for _, _, b in measured], [g for g, _, _ in measured]
     )
     kept = [list(measured[i][0]) for i in kept_of(marks)]
     return kept, sum(marks), len(marks) - len(kept)
@@ -262,19 +259,21 @@ def round_marks(
     references: Sequence[float | None],
     quiet: float | None,
     busy: Sequence[bool],
-    medians: Sequence[float] | None = None,
+    groups: Sequence[Sequence[float]] | None = None,
 ) -> list[bool]:
     """Which rounds read disturbed: their reference over ``QUIET_FACTOR`` of the quiet level,
     or beside a busy neighbour (``busy``, ``measure.timing.contention``). Given the rounds'
-    ``medians``, where ``LEAST_QUIET`` or more read quiet, a round so read that ran no slower
-    than the slowest of those (nor than ``QUIET_FACTOR`` times their median: one slow quiet
-    round kept them all) is not: a disturbance slows a round, and its own time shows none.
+    samples (``groups``, none empty), where ``LEAST_QUIET`` or more read quiet, a round so
+    read that ran no slower than the slowest of those (nor than ``QUIET_FACTOR`` times their
+    median: one slow quiet round kept them all) is not: a disturbance slows a round, and its
+    own time shows none.
     A new user's conv at n = 64 read 98, 70, 29, 29, 30 and 31 µs, the three at 29-30 read
     disturbed by their references: its time was 46 µs ×/÷6.3 over the two others, where a
     re-run read 29."""
     marks = [is_disturbed(r, quiet) or b for r, b in zip(references, busy, strict=True)]
-    if medians is None:
+    if groups is None:
         return marks
+    medians = group_medians(groups)
     calm = [m for m, bad in zip(medians, marks, strict=True) if not bad]
     if len(calm) < LEAST_QUIET:  # a busy machine's case: kept_of keeps every round
         return marks

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -106,8 +105,8 @@ class RunResults:
         references = [None if pd.isna(r) else float(r) for r in rounds["reference_s"]]
         busy = [is_busy(None if pd.isna(o) else float(o)) for o in rounds["others_cores"]]
         every = self.rounds_of(case_id)
-        medians = [statistics.median(every[int(r)]) for r in rounds["round"]]
-        marks = round_marks(references, self._judging_level, busy, medians)
+        groups = [every[int(r)] for r in rounds["round"]]
+        marks = round_marks(references, self._judging_level, busy, groups)
         return dict(zip((int(r) for r in rounds["round"]), marks, strict=True))
 
     def kept_rounds_of(self, case_id: str) -> dict[int, list[float]]:

@@ -8,7 +8,6 @@ will cost) and the size guard (how long a sweep should take).
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 from attnbench.devices import device_kind
@@ -113,8 +112,7 @@ class Replication:
             return Stop.MAX_ROUNDS
         refs = list(references or ())  # read as the estimate reads them (round_marks)
         whole = len(rounds) == len(refs) and all(len(g) for g in rounds)
-        medians = [statistics.median(g) for g in rounds] if whole else None
-        disturbed = sum(round_marks(refs, quiet, [False] * len(refs), medians))
+        disturbed = sum(round_marks(refs, quiet, [False] * len(refs), rounds if whole else None))
         if done - disturbed < self.least:
             return None
         if len(rounds) < 2:
