@@ -825,6 +825,14 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
         "the chapter's table: no time exponent in n judged: 1 overhead-bound (b), 1 no exponent "
         "fitted (too few lengths) (a) (attnbench table "
     )
+    # a layer whose every case was skipped (a decode run's layer without a step) read "no theory"
+    import dataclasses
+
+    frame = tiny_run.frame.copy()
+    frame["layer"] = frame["layer"].where(frame["layer"] != "conv", "a")
+    frame.loc[frame["layer"] == "a", "status"] = "skipped"
+    skipped = dataclasses.replace(tiny_run, frame=frame)
+    assert "1 no case measured (a)" in (sweeping.chapter_line(skipped, None) or "")  # type: ignore[arg-type]
     monkeypatch.setattr(sweeping, "comparison_table", table)
     drawn: list[object] = []
     monkeypatch.setattr(

@@ -365,6 +365,8 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
     theory = ~orders[unjudged.index].isin(["?", ""])
     fitted = pd.to_numeric(unjudged["time_exponent_n"], errors="coerce").notna()
     law = pd.to_numeric(unjudged["time_theory_exponent_n"], errors="coerce").notna()
+    idle = set(run.frame["layer"]) - set(run.measured["layer"])  # a decode run skips a layer
+    ran = ~unjudged["layer"].isin(idle)
     said = [
         f"{row.layer} n^{fmt_exponent(row.time_exponent_n)} against n^"
         f"{fmt_exponent(row.time_theory_exponent_n)}"
@@ -374,15 +376,16 @@ def chapter_line(run: RunResults, analysis: Analysis) -> str | None:
         f", {len(which)} {what} ({some_of(list(which['layer']))})"
         for which, what in (
             (rows[bound], "overhead-bound"),
-            (unjudged[theory & fitted & law], "not judged: an interval too wide to tell"),
-            (unjudged[theory & ~fitted], "not judged: no exponent fitted (too few lengths)"),
-            (unjudged[~theory | (fitted & ~law)], "not judged: no theory"),
+            (unjudged[~ran], "not judged: no case measured"),
+            (unjudged[ran & theory & fitted & law], "not judged: an interval too wide to tell"),
+            (unjudged[ran & theory & ~fitted], "not judged: no exponent fitted (too few lengths)"),
+            (unjudged[ran & (~theory | (fitted & ~law))], "not judged: no theory"),
         )
         if len(which)
     )
     if not judged:  # the README promises the line: a sweep that ended without it read cut off
         why_not = apart.removeprefix(", ").replace("not judged: ", "")
-        more = "; more lengths, or --n auto, give them" if (theory | bound).any() else ""
+        more = "; more lengths, or --n auto, give them" if theory.any() or bound.any() else ""
         return (
             f"the chapter's table: no time exponent in n judged: {why_not} (attnbench table "
             f"{run.path}: each one and why{more})"
