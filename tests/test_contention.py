@@ -5,6 +5,7 @@ core left out of its case's time as a round whose reference read slow is."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnbench import estimators
 from attnbench.estimators import estimate, kept_rounds
 from attnbench.measure.timing import contention, reference
 from attnbench.measure.timing.contention import CpuMark, is_busy, others_cores
@@ -246,10 +248,13 @@ def test_the_live_queue_and_the_loader_leave_out_the_same_busy_round(
     run = run_sweep(grid, tmp_path / "run", measuring=queue_module.UNCALIBRATED)
     assert seen and all(s == {1} for s in seen)  # round 1, read busy as it came back
     row = run.measured.iloc[0]
-    # a round beside a busy neighbour that ran no slower than the quiet ones is kept (its own
-    # time shows no disturbance: estimators.round_marks), by the queue and the loader alike
+    # a round beside a busy neighbour is kept where it ran no slower than the slowest quiet
+    # round nor than QUIET_FACTOR times their median (estimators.round_marks: quiet rounds of
+    # 1.0 and 2.0 ms bound it at 1.875, so one at 1.9 reads disturbed), by queue and loader alike
     medians = run.samples.groupby("round")["time_s"].median()
-    slow = bool(medians[1] > max(medians[2], medians[3]))
+    quiet = [medians[2], medians[3]]
+    bound = min(max(quiet), estimators.QUIET_FACTOR * statistics.median(quiet))
+    slow = bool(medians[1] > bound)
     assert row["rounds_disturbed"] == int(slow) and row["rounds"] == 3 - int(slow)
     assert run.disturbed_of(str(row["case_id"])) == {1: slow, 2: False, 3: False}
     by_round = run.samples.groupby("round")["others_cores"].first().tolist()
