@@ -222,6 +222,20 @@ def test_a_signal_stops_after_the_current_case_and_resume_finishes(
     assert len(run.meta["resumes"]) == 1 and not run.meta["resumes"][0]["forced"]
 
 
+def test_a_signal_after_the_last_round_leaves_the_run_complete(tmp_path: Path) -> None:
+    """Ctrl-C heard once every case had its rows: nothing is left for a --resume (its stop
+    had said to finish the run with one), so the run ends complete."""
+    grid, out = _grid(layers="conv", n="8,16"), tmp_path / "run"
+    before = signal.getsignal(signal.SIGINT)
+    run = run_sweep(grid, out, listeners=Listeners(progress=_signal_after(2, signal.SIGINT)))
+    assert run.status == "complete" and list(run.frame["status"]) == ["ok", "ok"]
+    assert signal.getsignal(signal.SIGINT) is before
+    # one case short of the last: the stop is a stop
+    early = Listeners(progress=_signal_after(1, signal.SIGINT))
+    with pytest.raises(SweepInterrupted, match="stopped with 1 of 2 cases"):
+        run_sweep(grid, tmp_path / "early", listeners=early)
+
+
 def test_ctrl_c_while_the_ceilings_are_measured_is_a_recorded_stop_and_resume_records_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

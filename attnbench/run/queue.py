@@ -101,10 +101,9 @@ class Previous:
 class JobQueue:
     """The sweep's state, and the jobs it hands to idle workers in order: retries first, then
     each case's first round in grid order (an auto grid's by length, every line's n before any
-    line's 2n), then later rounds (round by round, shuffled with the
-    grid's seed, each on the device model its first round ran on).  Cases covered by a failure
-    of a smaller one, and one the previous process died in, are written as they come up,
-    without a worker."""
+    line's 2n), then later rounds (round by round, shuffled with the grid's seed, each on the
+    device model its first round ran on). Cases covered by a failure of a smaller one, and one
+    the previous process died in, are written as they come up, without a worker."""
 
     def __init__(
         self,

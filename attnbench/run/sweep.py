@@ -205,6 +205,14 @@ def _start(
     return _sweep(writer, grid, previous, measuring, listeners, executor=runs_on, quiet=quiet)
 
 
+def _drained(queue: JobQueue) -> bool:
+    """No round queued, out or to retry, and a row for every case the sweep may measure: a
+    stop heard after the last round ended leaves the run complete (its message had said to
+    finish it with --resume, which found nothing to do)."""
+    left = queue.first or queue.later or queue.running or queue.retries
+    return not left and queue.completed == queue.planned
+
+
 @contextlib.contextmanager
 def _stopped_before_cases(writer: ResultsWriter, total: int, done: int = 0) -> Iterator[None]:
     """Ctrl-C before the first case (the ceilings take seconds): the run is recorded
@@ -430,7 +438,7 @@ def _sweep(
         own = queue.own_quiet()
         if own is not None and previous is None:  # a resumed run's first session left it
             write_quiet(machine, known.after(own))
-        if stop.requested:
+        if stop.requested and not _drained(queue):
             # The executor ran out of jobs because none were handed out: its workers stopped.
             stopped = getattr(executor, "stopped", None)
             if stopped is not None:
