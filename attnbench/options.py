@@ -185,7 +185,8 @@ _AUTO_BUDGET_S = next(f.default for f in fields(Grid) if f.name == "auto_budget_
 OPTIONS: tuple[Option, ...] = (
     Option("layers", "layers", str, parse_layers,
            f"Comma-separated layers: {', '.join(BUILTIN)}; or plugins: an installed plugin's "
-           "name, module.path:factory, path/to/file.py:factory.", default_text="every built-in"),
+           "name, module.path:factory, path/to/file.py:factory; NAME= before one names it "
+           "(before=old/mine.py:make).", default_text="every built-in"),
     Option("n", "ns", str, parse_lengths,
            "Sequence lengths (in --mode decode, the context: the tokens before the step): "
            "a list 64,128, a doubling range 64..4096, or auto: for each "

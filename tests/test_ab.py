@@ -121,6 +121,25 @@ def test_the_cli_gates_a_slowed_layer_and_passes_an_unchanged_one(
     assert same.exit_code == 0, same.output
 
 
+def test_two_versions_of_one_plugin_file_race_each_under_its_side(
+    tmp_path: Path, plugin: Path
+) -> None:
+    """old/timed.py:fast against timed.py:fast (the file edited since): both are timed:fast,
+    one name a process holds, so the base side's is timed:fast@base, and the race is run."""
+    (tmp_path / "old").mkdir()
+    old = tmp_path / "old" / "timed.py"
+    old.write_text(LINEAR)
+    plugin.write_text(LINEAR.replace("return Timed(d, 0.0)", "return Timed(d, 2e-3)"))
+    out = tmp_path / "versions"
+    layers = ["--layers", f"{plugin}:fast", "--base-layers", f"{old}:fast"]
+    result = runner.invoke(app, ["ab", *TINY, *layers, "--out", str(out), "--json"])
+    assert result.exit_code == 1, result.output  # the edit slowed it
+    case = json.loads(result.stdout)["cases"][0]
+    assert case["layer"] == "timed:fast@base -> timed:fast" and case["verdict"] == REGRESSION
+    base = load_results(out / "base")
+    assert base.meta["layers"]["timed:fast@base"]["spec"] == f"{old}:fast"
+
+
 def test_bad_ab_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)

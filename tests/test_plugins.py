@@ -259,7 +259,8 @@ def test_a_file_plugin_imports_a_file_beside_it(tmp_path: Path) -> None:
 def test_resume_sees_an_edit_to_a_file_the_plugin_imports(tmp_path: Path) -> None:
     """Only the plugin file's own text was digested: a researcher edited the module it imported
     beside it, resumed, and the run mixed rounds of old and new code without a word."""
-    from attnbench.layers.plugins import _now, file_digest, load, siblings, text_digest
+    from attnbench.layers.digests import file_digest, siblings, text_digest
+    from attnbench.layers.plugins import _now, load
 
     folder = tmp_path / "mine"
     (folder / "pkg").mkdir(parents=True)
@@ -383,8 +384,43 @@ BAD = {
     "no spec": ("mixer.py", "unknown layer 'mixer.py': a plugin file is named with the function"),
     "no spec, a path": ("{mixer}", "as {mixer}:make (path/to/file.py:factory)"),
     # two versions of one file (an old copy to race): one name, and the way out named
-    "two copies": ("{mixer}:make,{copy}:make", "copy one file under another name, or return"),
+    "two copies": ("{mixer}:make,{copy}:make", "a name of its own: --layers mixer-2={copy}:make"),
+    "no alias": ("={mixer}:make", "--layers ={mixer}:make: NAME= names a plugin, as mine-2="),
+    "alias of a built-in": ("fast=attention", "--layers fast=attention: NAME= names a plugin"),
+    "alias a built-in's": ("conv={mixer}:make", "'conv' ({mixer}:make) clashes with a built-in"),
+    "alias with a slash": ("a/b={mixer}:make", "layer name 'a/b': give a name without '/'"),
 }
+
+
+def test_two_versions_of_one_file_sweep_side_by_side_under_names_of_their_own(
+    tmp_path: Path,
+) -> None:
+    """old/mixer.py and mixer.py are both mixer:make: NAME= before a spec names each, and the
+    run, read again in a process that never loaded them, is of both, each with its own code."""
+    from attnbench.layers import plugins
+
+    (tmp_path / "old").mkdir()
+    new, old = plugin(tmp_path), plugin(tmp_path / "old", MIXER.replace("width=2", "width=1"))
+    out = tmp_path / "run"
+    result = sweep("--layers", f"before={old}:make,after={new}:make", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    run = load_results(out)
+    assert sorted(run.frame["layer"].unique()) == ["after", "before"]
+    flops = run.frame.set_index(["layer", "n"])["flops"]
+    assert flops["after", 16] == 2 * flops["before", 16] > 0  # width 2 against width 1
+    sources = run.meta["layers"]
+    assert sources["before"]["spec"] == f"{old}:make" and sources["after"]["spec"] == f"{new}:make"
+    assert sources["before"]["digest"] != sources["after"]["digest"]
+    with registry_restored():  # a fresh process: restored under the recorded names
+        for name in ("before", "after"):
+            REGISTRY.pop(name, None)
+        plugins.restore(sources)
+        assert REGISTRY["before"].source.spec == f"{old}:make"
+    # an A/B side's spec: renamed where the other side's layer holds its own name
+    plugins.load(f"{new}:make")
+    assert plugins.side_named(f"{new}:make", "base") == f"{new}:make"  # the same code
+    assert plugins.side_named(f"{old}:make", "base") == f"mixer:make@base={old}:make"
+    assert plugins.side_named("conv", "base") == "conv"
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

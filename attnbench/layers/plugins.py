@@ -2,6 +2,7 @@
 
 - ``module.path:factory`` imports a module (the current directory is importable);
 - ``path/to/file.py:factory`` runs a file as a module of its own;
+- ``NAME=`` before either names the layer (two versions of one file, side by side);
 - an installed package lists its layers in the ``attnbench.layers`` entry-point group, and each
   appears under its entry point's name.
 The object named is a ``LayerEntry`` (with its theory) or a factory ``factory(d, **options)``.
@@ -12,7 +13,6 @@ can load it again and tell whether it changed, and a worker in another process c
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib
 import importlib.machinery
@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from attnbench.errors import AttnbenchError, did_you_mean, first_line
+from attnbench.layers.digests import beside_files, digest, file_digest, texts_digest
 from attnbench.layers.entry import LayerEntry, LayerSource
 from attnbench.layers.registry import REGISTRY, register
 
@@ -35,70 +36,6 @@ GROUP = "attnbench.layers"
 # Plugins whose output shape is checked before a sweep: those named on the command line or
 # installed (a layer registered from Python is the caller's own object).
 CHECKED = ("module", "file", "entry point")
-
-
-def digest(path: Path) -> str:
-    """The first 12 hex digits of a file's sha256: which version of a layer's code ran."""
-    return text_digest(path.read_bytes())
-
-
-def text_digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:12]
-
-
-def file_digest(path: Path, text: str) -> str:
-    """The digest of a plugin file's text and of the files beside it that it imports (read,
-    not run: ``siblings``), so that --resume sees an edit to either: the file's text alone was
-    digested, and a resumed run mixed rounds of its imported module's old and new code. A
-    file that imports none beside it keeps the digest of its text alone."""
-    return texts_digest(text, beside_files(path, text))
-
-
-def beside_files(path: Path, text: str) -> dict[str, bytes]:
-    """The files beside ``path`` that its text imports (``siblings``), by their path relative
-    to its folder, in the order the digest reads them."""
-    return {str(p.relative_to(path.parent)): p.read_bytes() for p in siblings(path, text)}
-
-
-def texts_digest(text: str, beside: Mapping[str, bytes]) -> str:
-    """``file_digest`` of a file's text and the texts beside it, wherever they are read."""
-    if not beside:
-        return text_digest(text.encode())
-    parts = [text.encode(), *(f"\0{rel}\0".encode() + data for rel, data in beside.items())]
-    return text_digest(b"".join(parts))
-
-
-def siblings(path: Path, text: str) -> list[Path]:
-    """The files beside ``path`` (a module ``name.py``, or every file of a package ``name/``)
-    that its text imports, and those they import in turn, found by parsing, not running."""
-    folder, found = path.parent, dict[Path, None]()
-    todo = [text]
-    while todo:
-        for top in _imported(todo.pop()):
-            package = folder / top
-            files = sorted(package.rglob("*.py")) if (package / "__init__.py").is_file() else []
-            files += [folder / f"{top}.py"]
-            for file in files:
-                if file.is_file() and file.resolve() != path.resolve() and file not in found:
-                    found[file] = None
-                    todo.append(file.read_bytes().decode("utf-8", "replace"))
-    return sorted(found)
-
-
-def _imported(source: str) -> set[str]:
-    """The top-level names a module's absolute imports name (``import a.b``, ``from a import
-    b``: "a"); none where it does not parse."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return set()
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names
 
 
 def _read(path: Path, spec: str) -> str:
@@ -185,13 +122,30 @@ def _run_file(path: Path, spec: str, text: str | None = None) -> ModuleType:
     return module
 
 
-def load(spec: str) -> LayerEntry:
+def load(spec: str, name: str | None = None) -> LayerEntry:
     """Load and register the layer that ``spec`` names (``module:factory`` or
-    ``path/to/file.py:factory``); a one-line error for anything wrong."""
+    ``path/to/file.py:factory``), as ``name`` where given; a one-line error for anything wrong."""
+    obj, own, source = _loaded(spec)
+    return register(obj, name or own, source=source)
+
+
+def side_named(spec: str, side: str) -> str:
+    """``spec`` as one side of an A/B run names it: a plugin whose own name a layer of other
+    code holds (the other side's: old/mine.py against mine.py) as ``NAME@side=spec``."""
+    if "=" in spec or ":" not in spec or spec in REGISTRY:
+        return spec
+    _, own, source = _loaded(spec)
+    held = REGISTRY.get(own)
+    return spec if held is None or held.source == source else f"{own}@{side}={spec}"
+
+
+def _loaded(spec: str) -> tuple[Any, str, LayerSource]:
+    """The object ``spec`` names, the name it gives itself, and where it came from."""
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
         raise AttnbenchError(
-            f"--layers {spec}: write module.path:factory or path/to/file.py:factory"
+            f"--layers {spec}: write module.path:factory or path/to/file.py:factory (NAME= "
+            "before it names the layer)"
         )
     if _is_file(target):
         path = Path(target).resolve()
@@ -208,8 +162,7 @@ def load(spec: str) -> LayerEntry:
     if not hasattr(module, attr):
         raise AttnbenchError(f"--layers {spec}: {target!r} has no attribute {attr!r}")
     obj = getattr(module, attr)
-    name = obj.name if isinstance(obj, LayerEntry) and obj.name else f"{stem}:{attr}"
-    return register(obj, name, source=source)
+    return obj, obj.name if isinstance(obj, LayerEntry) and obj.name else f"{stem}:{attr}", source
 
 
 def _is_file(target: str) -> bool:
@@ -241,6 +194,14 @@ def resolve(name: str) -> LayerEntry:
     points = installed()
     if name in points:
         return load_installed(name, points[name])
+    if "=" in name:  # NAME=spec: two versions of one file (old/mine.py, mine.py) side by side
+        alias, _, spec = (part.strip() for part in name.partition("="))
+        if not alias or ":" not in spec:
+            raise AttnbenchError(
+                f"--layers {name}: NAME= names a plugin, as mine-2=path/to/file.py:factory or "
+                "mine-2=module.path:factory"
+            )
+        return load(spec, alias)
     if ":" in name:
         return load(name)
     if name.endswith(".py"):  # a plugin file named without its factory
@@ -494,6 +455,6 @@ def _register_recorded(name: str, recorded: LayerSource) -> None:
         source = LayerSource("file", recorded.spec, file_digest(path, text))
         register(getattr(module, attr), name, source=source)
     elif recorded.kind == "module":
-        load(recorded.spec)
+        load(recorded.spec, name)
     else:
         load_installed(name)

@@ -123,11 +123,15 @@ def register(
             raise AttnbenchError(f"layer {name!r} ({source.spec}): {problem}")
     old = REGISTRY.get(name)
     if old is not None and old.source != entry.source:
+        hint = (
+            f"give it a name of its own: --layers {name.partition(':')[0]}-2={source.spec}"
+            if source.kind in ("file", "module")
+            else "register it under a name of its own"
+        )
         raise AttnbenchError(
             f"layer name {name!r} is taken by {old.source.describe()}; "
-            f"{source.describe()} must be named otherwise (a factory's layer is named after "
-            "its file and factory, so copy one file under another name, or return a "
-            "LayerEntry with a name of its own)"
+            f"{source.describe()} must be named otherwise ({hint}; a factory's layer is named "
+            "after its file and factory)"
         )
     REGISTRY[name] = old or entry
     return REGISTRY[name]

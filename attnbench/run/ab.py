@@ -23,6 +23,7 @@ import torch
 
 from attnbench.devices import check_threads
 from attnbench.errors import AttnbenchError, signal_exit_code
+from attnbench.layers import plugins
 from attnbench.measure.timing.allocator import run_state
 from attnbench.measure.timing.faults import fault_cost_s
 from attnbench.options import build_grid
@@ -126,7 +127,9 @@ def side_grids(
             "ab races the same cases on both sides, and --n auto chooses each side's lengths "
             "as it goes: give the lengths (--n 256,1024, say)"
         )
-    apart = {"layers": base_layers} if base_layers else {}
+    # old/mine.py:make against mine.py:make: both are mine:make, one name a process holds
+    named = [plugins.side_named(spec, "base") for spec in base_layers or ()]
+    apart = {"layers": ",".join(named)} if named else {}
     apart |= {} if base_compile is None else {"compile": base_compile}
     base = build_grid({**given, **apart}) if apart else current
     if len(base.layers) != len(current.layers):
