@@ -4,6 +4,7 @@ resumed like a built-in one; bad plugins are refused in one line before anything
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -421,6 +422,68 @@ def test_two_versions_of_one_file_sweep_side_by_side_under_names_of_their_own(
     assert plugins.side_named(f"{new}:make", "base") == f"{new}:make"  # the same code
     assert plugins.side_named(f"{old}:make", "base") == f"mixer:make@base={old}:make"
     assert plugins.side_named("conv", "base") == "conv"
+
+
+USES_HELPER = """
+from torch import nn
+from mixhelp import mix
+
+
+class Mixed(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):  # (B, n, d)
+        return self.proj(mix(x))
+
+
+def make(d):
+    return Mixed(d)
+"""
+# the old helper mixes nothing; the new one mixes every position into each: 2·n²·d FLOPs more
+OLD_HELPER, NEW_HELPER = (
+    "def mix(x):\n    return x\n",
+    (
+        "import torch\n\n\ndef mix(x):  # (B, n, d)\n"
+        "    return torch.ones(x.shape[1], x.shape[1]) @ x\n"
+    ),
+)
+
+
+def test_two_versions_each_run_the_helper_beside_it_and_none_other(tmp_path: Path) -> None:
+    """old/mine.py and mine.py each import mixhelp.py beside them: each runs its own, in
+    either order (both had run the first one loaded, with two digests recorded), and a
+    version whose helper is not beside it is refused, where it had run the other's."""
+    (tmp_path / "old").mkdir()
+    new, old = (
+        plugin(tmp_path, USES_HELPER, "mine.py"),
+        plugin(tmp_path / "old", USES_HELPER, "mine.py"),
+    )
+    plugin(tmp_path, NEW_HELPER, "mixhelp.py")
+    helper = plugin(tmp_path / "old", OLD_HELPER, "mixhelp.py")
+    for order, name in (
+        (f"before={old}:make,after={new}:make", "a"),
+        (f"after={new}:make,before={old}:make", "b"),
+    ):
+        result = sweep("--layers", order, "--out", str(tmp_path / name), "--no-cache")
+        assert result.exit_code == 0, result.output
+        flops = load_results(tmp_path / name).frame.set_index(["layer", "n"])["flops"]
+        for n in (8, 16):
+            assert flops["after", n] - flops["before", n] == 2 * n * n * 8  # the mixing
+    helper.unlink()  # old/ holds the layer without its helper: not run with the new one's
+    # (the console script, as a user runs it: `python -m` puts the current directory first)
+    for layers in (f"after={new}:make,older={old}:make", f"older={old}:make"):
+        found = subprocess.run(
+            [Path(sys.executable).parent / "attnbench", "layers", "--layers", layers],
+            capture_output=True, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        assert found.returncode == 2 and "Traceback" not in found.stderr
+        said = " ".join(found.stderr.split())
+        if "after" in layers:  # mixhelp is loaded, from beside another plugin
+            assert "it imports mixhelp, which is not beside it; the mixhelp loaded is" in said
+        else:  # none loaded: it is in the current directory, not beside it
+            assert "No module named 'mixhelp' (mixhelp.py is in the current directory" in said
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -47,7 +47,7 @@ def siblings(path: Path, text: str) -> list[Path]:
     folder, found = path.parent, dict[Path, None]()
     todo = [text]
     while todo:
-        for top in _imported(todo.pop()):
+        for top in imported(todo.pop()):
             package = folder / top
             files = sorted(package.rglob("*.py")) if (package / "__init__.py").is_file() else []
             files += [folder / f"{top}.py"]
@@ -58,7 +58,7 @@ def siblings(path: Path, text: str) -> list[Path]:
     return sorted(found)
 
 
-def _imported(source: str) -> set[str]:
+def imported(source: str) -> set[str]:
     """The top-level names a module's absolute imports name (``import a.b``, ``from a import
     b``: "a"); none where it does not parse."""
     try:
