@@ -134,10 +134,21 @@ def test_two_versions_of_one_plugin_file_race_each_under_its_side(
     layers = ["--layers", f"{plugin}:fast", "--base-layers", f"{old}:fast"]
     result = runner.invoke(app, ["ab", *TINY, *layers, "--out", str(out), "--json"])
     assert result.exit_code == 1, result.output  # the edit slowed it
-    case = json.loads(result.stdout)["cases"][0]
+    verdicts = json.loads(result.stdout)
+    case = verdicts["cases"][0]
     assert case["layer"] == "timed:fast@base -> timed:fast" and case["verdict"] == REGRESSION
+    # one layer at two versions, not two layers: its counts are gated as well as its time
+    assert verdicts["gate"] != "time" and not any(
+        "different layers" in w for w in verdicts["warnings"]
+    )
     base = load_results(out / "base")
     assert base.meta["layers"]["timed:fast@base"]["spec"] == f"{old}:fast"
+    # compare reads the two folders as ab did: the case ids differ, the pairs are recorded
+    again = runner.invoke(app, ["compare", str(out / "base"), str(out / "current"), "--json"])
+    assert again.exit_code == 1, again.output
+    judged = json.loads(again.stdout)["cases"][0]
+    assert judged["layer"] == case["layer"] and judged["unit"] == "pairs"
+    assert judged["ratio_judged"] == pytest.approx(case["ratio_judged"])
 
 
 def test_bad_ab_input_is_one_line_and_exit_2(tmp_path: Path) -> None:

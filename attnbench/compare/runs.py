@@ -221,6 +221,9 @@ def compare_runs(
     interleaved run instead of comparing the two runs' samples.
     """
     check_finished(baseline, current)
+    raced = baseline.meta.get("ab_pairs")  # the two sides of one ab run: judged as it judged
+    if pairs is None and raced and raced == current.meta.get("ab_pairs"):
+        pairs, paired = [(b, c) for b, c in raced], True
     calibration = calibration_of(baseline, current, thresholds.normalize)
     base, new = baseline.frame.set_index("case_id"), current.frame.set_index("case_id")
     shared, only_baseline, only_current = _matched(baseline, current, base, new, pairs)

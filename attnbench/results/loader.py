@@ -102,6 +102,7 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "layers": (dict,),
     "calibration": (dict, _OPTIONAL),
     "ab": (int,),
+    "ab_pairs": (list, _OPTIONAL),  # an ab side's: (base case id, current case id), both sides'
     "allocator": (dict,),
     "fault_cost_s": (float, _OPTIONAL),
     "ceilings": (dict, _OPTIONAL),

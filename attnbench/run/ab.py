@@ -195,6 +195,8 @@ def run_ab(
                 f"--out {str(out_dir)!r} already holds an A/B run; choose a new folder (an A/B "
                 "run does not resume: results are never overwritten)"
             )
+    ids = {side: [c.case_id for c in grids[side].cases()] for side in SIDES}
+    pairs = tuple(zip(ids["base"], ids["current"], strict=True))
     pythons = {"base": sides.base_python, "current": sides.current_python}
     labels = {side: f"the {side} side ({pythons[side] or 'this interpreter'})" for side in SIDES}
     with contextlib.ExitStack() as stack:
@@ -226,6 +228,7 @@ def run_ab(
                 cluster=clusters[side],
                 layers=executors[side].layers,
                 ab=SIDES.index(side),
+                ab_pairs=[list(pair) for pair in pairs],  # compare reads the sides as ab did
                 allocator=run_state(clusters[side].get("workers", [])),
                 fault_cost_s=cost,
             )
@@ -243,8 +246,6 @@ def run_ab(
             )
         _interleave(grids, writers, executors, clusters, listeners.progress, measuring)
     runs = {side: load_results(out_dir / side) for side in SIDES}
-    ids = {side: [c.case_id for c in grids[side].cases()] for side in SIDES}
-    pairs = tuple(zip(ids["base"], ids["current"], strict=True))
     return ABRun(runs["base"], runs["current"], pairs, out_dir)
 
 
