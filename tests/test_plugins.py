@@ -389,7 +389,7 @@ BAD = {
     "no alias": ("={mixer}:make", "--layers ={mixer}:make: NAME= names a plugin, as mine-2="),
     "alias of a built-in": ("fast=attention", "--layers fast=attention: NAME= names a plugin"),
     "alias a built-in's": ("conv={mixer}:make", "'conv' ({mixer}:make) clashes with a built-in"),
-    "alias with a slash": ("a/b={mixer}:make", "layer name 'a/b': give a name without '/'"),
+    "alias with a slash": ("a/b={mixer}:make", "there is no file"),  # a path, as lr=0.1/
 }
 
 
@@ -449,6 +449,22 @@ OLD_HELPER, NEW_HELPER = (
         "    return torch.ones(x.shape[1], x.shape[1]) @ x\n"
     ),
 )
+
+
+def test_a_path_that_holds_an_equals_sign_names_a_file_not_a_layer(tmp_path: Path) -> None:
+    """A Hydra run's folder (outputs/lr=0.1/) is a path: NAME= is read only where the part
+    before '=' holds no '/' and the whole is no file (a name holds no '/')."""
+    from attnbench.layers import plugins
+
+    folder = tmp_path / "lr=0.1"
+    folder.mkdir()
+    mine = plugin(folder)
+    assert plugins.split_alias(f"{mine}:make") == (None, f"{mine}:make")
+    assert plugins.split_alias(f"fast={mine}:make") == ("fast", f"{mine}:make")
+    assert plugins.split_alias("conv") == (None, "conv")
+    assert plugins.resolve(f"{mine}:make").name == "mixer:make"
+    assert plugins.resolve(f"fast={mine}:make").source.spec == f"{mine}:make"
+    assert plugins.named_files([f"fast={mine}:make", f"{mine}:make"]) == {mine.resolve()}
 
 
 def test_two_versions_each_run_the_helper_beside_it_and_none_other(tmp_path: Path) -> None:

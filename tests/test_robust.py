@@ -236,6 +236,29 @@ def test_a_signal_after_the_last_round_leaves_the_run_complete(tmp_path: Path) -
         run_sweep(grid, tmp_path / "early", listeners=early)
 
 
+def test_a_second_signal_as_a_round_is_written_is_a_stop_with_rounds_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two Ctrl-C as round 2 is written: the second lands before the queue has decided the
+    case's next round, with nothing queued: the run is left to --resume, not marked complete."""
+    from attnbench.results.store import ResultsWriter
+
+    real = ResultsWriter.append_round
+
+    def twice(self, case_id, round_, *args, **kwargs):  # type: ignore[no-untyped-def]
+        written = real(self, case_id, round_, *args, **kwargs)
+        if round_ == 2:  # the second, held while the round is written, is raised after it
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return written
+
+    monkeypatch.setattr(ResultsWriter, "append_round", twice)
+    grid = _grid(layers="conv", n="8", processes=2, max_processes=6, precision="0.0001")
+    with pytest.raises(SweepInterrupted, match="finish it with: attnbench sweep --resume"):
+        run_sweep(grid, tmp_path / "run", measuring=UNCALIBRATED)
+    assert load_results(tmp_path / "run").status == "interrupted"
+
+
 def test_ctrl_c_while_the_ceilings_are_measured_is_a_recorded_stop_and_resume_records_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 from attnbench.compare.runs import compare_runs
 from attnbench.compare.verdicts import IMPROVEMENT, NOT_COMPARED, REGRESSION, UNCHANGED
 from attnbench.errors import AttnbenchError
+from attnbench.layers import plugins
 from attnbench.run.ab import ABSides, run_ab
 from attnbench.run.executors.process import ForkExecutor
 from attnbench.thresholds import DEFAULT_THRESHOLDS, Thresholds, rounds_to_reach
@@ -210,7 +211,8 @@ def layers_at(layers: Sequence[str], repo: Path, tree: Path, commit: str) -> lis
     copy beside it named for the commit (``path__<commit>.py``): two sides' files of one name
     would be one layer name in the driver."""
     out = []
-    for spec in layers:
+    for named in layers:
+        spec = plugins.split_alias(named)[1]
         path, colon, factory = spec.rpartition(":")
         if colon and path.endswith(".py"):
             file = Path(path)
@@ -220,9 +222,9 @@ def layers_at(layers: Sequence[str], repo: Path, tree: Path, commit: str) -> lis
                 raise AttnbenchError(f"{inside} is not in the repository at {commit[:10]}")
             copy = source.with_name(f"{source.stem}__{commit[:10]}.py")
             copy.write_bytes(source.read_bytes())
-            out.append(f"{copy}:{factory}")
+            out.append(f"{copy}:{factory}")  # a NAME= dropped: each side's copy names its own
         else:
-            out.append(spec)
+            out.append(named)
     return out
 
 

@@ -221,14 +221,12 @@ def compare_runs(
     interleaved run instead of comparing the two runs' samples.
     """
     check_finished(baseline, current)
-    raced = baseline.meta.get("ab_pairs")  # the two sides of one ab run: judged as it judged
-    if pairs is None and raced and raced == current.meta.get("ab_pairs"):
-        pairs, paired = [(b, c) for b, c in raced], True
+    if pairs is None and (raced := _raced(baseline, current)):  # judged as ab judged them
+        pairs, paired = raced, True
     calibration = calibration_of(baseline, current, thresholds.normalize)
     base, new = baseline.frame.set_index("case_id"), current.frame.set_index("case_id")
     shared, only_baseline, only_current = _matched(baseline, current, base, new, pairs)
     devices = list(dict.fromkeys([*baseline.devices, *current.devices]))
-    by_device = len(devices) > 1
     sides = _Sides(
         baseline=baseline,
         current=current,
@@ -238,7 +236,7 @@ def compare_runs(
         paired=paired,
         same_device=baseline.record.environment.get("device_name")
         == current.record.environment.get("device_name"),
-        by_device=by_device,
+        by_device=(by_device := len(devices) > 1),
         # Empty when the runs cannot be normalised against each other (calibration_of).
         scales_base=normalizing_scales(baseline, calibration.get("base_s"), by_device),
         scales_new=normalizing_scales(current, calibration.get("new_s"), by_device),
@@ -267,8 +265,7 @@ def compare_runs(
         count_rows += counts
         other_model += row["status_base"] == row["status_new"] == Status.OK and not timed
     times = pd.DataFrame(time_rows)
-    for note in (pairs_note(times), quiet_pairs_note(times)):
-        warnings += [note] if note is not None else []
+    warnings += [n for n in (pairs_note(times), quiet_pairs_note(times)) if n is not None]
     if other_model:
         warnings.append(
             f"{other_model} case(s) ran on another device model in each run: their times are "
@@ -297,6 +294,13 @@ def compare_runs(
         calibration=calibration,
         paired=paired,
     )
+
+
+def _raced(baseline: RunResults, current: RunResults) -> list[tuple[str, str]]:
+    """The pairs of cases the two sides of one ``ab`` run raced (run.json's ``ab_pairs``);
+    none for two other runs."""
+    raced = baseline.meta.get("ab_pairs")
+    return [(b, c) for b, c in raced] if raced and raced == current.meta.get("ab_pairs") else []
 
 
 def _matched(

@@ -13,7 +13,6 @@ can load it again and tell whether it changed, and a worker in another process c
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.machinery
 import importlib.metadata
@@ -21,7 +20,7 @@ import importlib.util
 import os
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -32,27 +31,17 @@ from attnbench.layers.digests import (
     beside_files,
     digest,
     file_digest,
-    imported,
     siblings,
     texts_digest,
 )
 from attnbench.layers.entry import LayerEntry, LayerSource
+from attnbench.layers.files import read_plugin, run_file
 from attnbench.layers.registry import REGISTRY, register
 
 GROUP = "attnbench.layers"
 # Plugins whose output shape is checked before a sweep: those named on the command line or
 # installed (a layer registered from Python is the caller's own object).
 CHECKED = ("module", "file", "entry point")
-
-
-def _read(path: Path, spec: str) -> str:
-    """A plugin file's text, exactly as its bytes (its digest is of these bytes)."""
-    if not path.is_file():
-        raise AttnbenchError(f"--layers {spec}: there is no file {str(path)!r}")
-    try:
-        return path.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise AttnbenchError(f"--layers {spec}: cannot read {str(path)!r}: {exc}") from None
 
 
 def _distribution_of(top: str) -> str:
@@ -105,88 +94,6 @@ def _import(target: str, spec: str) -> ModuleType:
         ) from None
 
 
-def _run_file(path: Path, spec: str, text: str | None = None) -> ModuleType:
-    """Run a plugin file (or its shipped text) as a module of its own, named by its digest
-    (its text and the files beside it that it imports)."""
-    if text is None:
-        text = _read(path, spec)
-    name = f"attnbench_plugin_{path.stem}_{file_digest(path, text)}"
-    if name in sys.modules:
-        return sys.modules[name]
-    module = ModuleType(name)
-    module.__file__ = str(path)
-    sys.modules[name] = module
-    # A file beside it imports, as under `python file.py` (a layer split over two files read
-    # ModuleNotFoundError); at the end of the path, so it shadows no installed module.
-    if str(path.parent) not in sys.path:
-        sys.path.append(str(path.parent))
-    try:
-        with _own_siblings(path, text, spec):
-            exec(compile(text, str(path), "exec"), module.__dict__)
-    except Exception as exc:
-        del sys.modules[name]
-        if isinstance(exc, AttnbenchError):
-            raise
-        raise AttnbenchError(
-            f"--layers {spec}: running {str(path)!r} failed: {first_line(exc)}{_hint(exc, path)}"
-        ) from None
-    return module
-
-
-_FOLDERS: set[Path] = set()  # the folders of the plugin files run in this process
-
-
-@contextlib.contextmanager
-def _own_siblings(path: Path, text: str, spec: str) -> Iterator[None]:
-    """The files beside ``path`` that its text imports are imported from beside it, not taken
-    from an earlier plugin's folder: two versions of one layer (old/mine.py, mine.py) that each
-    import their own mixhelp.py had both run the first one's, with two digests recorded. A
-    module it imports that another plugin's folder gave, where none is beside it, is refused."""
-    folder = path.parent.resolve()
-    mine = {p.relative_to(path.parent).parts[0].removesuffix(".py") for p in siblings(path, text)}
-    held = {}
-    for top in sorted(imported(text) | mine):
-        where = _home(sys.modules.get(top))
-        if where is None:
-            continue
-        if top in mine and where != folder:
-            for key in [k for k in sys.modules if k == top or k.startswith(f"{top}.")]:
-                held[key] = sys.modules.pop(key)
-        elif top not in mine and where in _FOLDERS - {folder}:
-            raise AttnbenchError(
-                f"--layers {spec}: it imports {top}, which is not beside it; the {top} loaded "
-                f"is {where}'s, beside another plugin: put the version it should run beside it"
-            )
-    _FOLDERS.add(folder)
-    sys.path.insert(0, str(path.parent))  # its own first, while it runs
-    try:
-        yield
-    finally:
-        sys.path.remove(str(path.parent))
-        sys.modules.update(held)  # the earlier plugin's, for whoever imports them later
-
-
-def _home(module: ModuleType | None) -> Path | None:
-    """The folder a module was imported from (a package's: the folder holding it); None for
-    one not from a file."""
-    file = getattr(module, "__file__", None)
-    if not isinstance(file, str) or not os.path.isabs(file):  # built in, or "<string>"
-        return None
-    return Path(file).resolve().parents[1 if file.endswith("__init__.py") else 0]
-
-
-def _hint(exc: Exception, path: Path) -> str:
-    """Where a module a plugin file could not import is: in the current directory, not
-    beside it (an old version copied into old/ without the helper it imports)."""
-    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
-    if missing and Path(f"{missing}.py").is_file() and Path.cwd() != path.parent.resolve():
-        return (
-            f" ({missing}.py is in the current directory; a file a plugin imports is read "
-            f"from beside it, {str(path.parent)!r}: put the version it should run there)"
-        )
-    return ""
-
-
 def load(spec: str, name: str | None = None) -> LayerEntry:
     """Load and register the layer that ``spec`` names (``module:factory`` or
     ``path/to/file.py:factory``), as ``name`` where given; a one-line error for anything wrong."""
@@ -197,7 +104,7 @@ def load(spec: str, name: str | None = None) -> LayerEntry:
 def side_named(spec: str, side: str) -> str:
     """``spec`` as one side of an A/B run names it: a plugin whose own name a layer of other
     code holds (the other side's: old/mine.py against mine.py) as ``NAME@side=spec``."""
-    if "=" in spec or ":" not in spec or spec in REGISTRY:
+    if split_alias(spec)[0] is not None or ":" not in spec or spec in REGISTRY:
         return spec
     _, own, source = _loaded(spec)
     held = REGISTRY.get(own)
@@ -214,8 +121,8 @@ def _loaded(spec: str) -> tuple[Any, str, LayerSource]:
         )
     if _is_file(target):
         path = Path(target).resolve()
-        text = _read(path, spec)
-        module = _run_file(path, spec, text)
+        text = read_plugin(path, spec)
+        module = run_file(path, spec, text)
         stem = path.stem
         source = LayerSource("file", f"{path}:{attr}", file_digest(path, text))
     else:
@@ -259,8 +166,8 @@ def resolve(name: str) -> LayerEntry:
     points = installed()
     if name in points:
         return load_installed(name, points[name])
-    if "=" in name:  # NAME=spec: two versions of one file (old/mine.py, mine.py) side by side
-        alias, _, spec = (part.strip() for part in name.partition("="))
+    alias, spec = split_alias(name)
+    if alias is not None:  # two versions of one file (old/mine.py, mine.py) side by side
         if not alias or ":" not in spec:
             raise AttnbenchError(
                 f"--layers {name}: NAME= names a plugin, as mine-2=path/to/file.py:factory or "
@@ -318,7 +225,7 @@ def shipment(names: Iterable[str], portable: bool = False) -> list[dict[str, Any
         item: dict[str, Any] = {"name": name, "source": entry.source.to_dict()}
         if kind == "file":
             path = Path(entry.source.spec.rpartition(":")[0])
-            item["text"] = _read(path, entry.source.spec)
+            item["text"] = read_plugin(path, entry.source.spec)
             beside = beside_files(path, item["text"])
             _same_code(name, entry.source, texts_digest(item["text"], beside), "its file")
             # the files it imports beside it travel too: a worker on another machine has none
@@ -366,7 +273,7 @@ def receive(items: Iterable[Mapping[str, Any]], verify_modules: bool = True) -> 
             )
             _same_code(name, source, shipped, "the shipped file")
             _place_beside(Path(target).parent, beside)
-            module = _run_file(Path(target), source.spec, item["text"])
+            module = run_file(Path(target), source.spec, item["text"])
             register(getattr(module, attr), name, source=source)
         elif source.kind == "module":
             for path in item.get("sys_path", []):
@@ -428,7 +335,7 @@ def _now(name: str, recorded: LayerSource) -> tuple[LayerSource, Path | None]:
     target = recorded.spec.rpartition(":")[0]
     if recorded.kind == "file":
         path = Path(target)
-        text = _read(path, recorded.spec)
+        text = read_plugin(path, recorded.spec)
         return replace(recorded, digest=file_digest(path, text)), path
     if recorded.kind == "module":
         found = locate_module(target)
@@ -456,11 +363,17 @@ def _now(name: str, recorded: LayerSource) -> tuple[LayerSource, Path | None]:
 
 def named_files(specs: Iterable[str]) -> set[Path]:
     """The plugin files a user named on the command line (``--layers``), resolved."""
-    return {
-        Path(spec.rpartition(":")[0]).resolve()
-        for spec in specs
-        if ":" in spec and _is_file(spec.rpartition(":")[0])
-    }
+    targets = [split_alias(spec)[1].rpartition(":")[0] for spec in specs]
+    return {Path(target).resolve() for target in targets if target and _is_file(target)}
+
+
+def split_alias(text: str) -> tuple[str | None, str]:
+    """``NAME=spec`` as (NAME, spec), a spec as (None, spec): a path that holds '=' (a Hydra
+    run's outputs/lr=0.1/mine.py:make) names a file, not a layer, as a name holds no '/'."""
+    alias, eq, spec = text.partition("=")
+    if not eq or "/" in alias or os.sep in alias or Path(text.rpartition(":")[0]).is_file():
+        return None, text
+    return alias.strip(), spec.strip()
 
 
 def restore(
@@ -498,8 +411,9 @@ def restore(
             same = (now.digest, now.distribution) == (recorded.digest, recorded.distribution)
             if not same and not force:
                 raise AttnbenchError(
-                    f"layer {name}: its code changed since the run ({recorded.describe()} "
-                    f"-> {now.describe()}); it was not run: pass --force to resume with "
+                    f"layer {name}: its code{_beside_too(recorded, file)} changed since the run "
+                    f"({recorded.describe()} -> {now.describe()}); it was not run: pass --force "
+                    "to resume with "
                     "the new code (the change is recorded in run.json)"
                 )
             _register_recorded(name, recorded)
@@ -509,12 +423,24 @@ def restore(
     return changed
 
 
+def _beside_too(recorded: LayerSource, file: Path | None) -> str:
+    """Where a file plugin's digest also reads the files beside it that it imports: an edit to
+    one of those alone read as an edit to the file named."""
+    if (
+        recorded.kind != "file"
+        or file is None
+        or not siblings(file, read_plugin(file, recorded.spec))
+    ):
+        return ""
+    return " (its file, or a file beside it that it imports)"
+
+
 def _register_recorded(name: str, recorded: LayerSource) -> None:
     target, _, attr = recorded.spec.rpartition(":")
     if recorded.kind == "file":
         path = Path(target)
-        text = _read(path, recorded.spec)
-        module = _run_file(path, recorded.spec, text)
+        text = read_plugin(path, recorded.spec)
+        module = run_file(path, recorded.spec, text)
         if not hasattr(module, attr):
             raise AttnbenchError(f"layer {name}: {target!r} has no attribute {attr!r}")
         source = LayerSource("file", recorded.spec, file_digest(path, text))

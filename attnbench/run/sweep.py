@@ -208,7 +208,8 @@ def _start(
 def _drained(queue: JobQueue) -> bool:
     """No round queued, out or to retry, and a row for every case the sweep may measure: a
     stop heard after the last round ended leaves the run complete (its message had said to
-    finish it with --resume, which found nothing to do)."""
+    finish it with --resume, which found nothing to do). Its cases get no second look
+    (``JobQueue._second_look``), as a resume would give them none."""
     left = queue.first or queue.later or queue.running or queue.retries
     return not left and queue.completed == queue.planned
 
@@ -419,11 +420,12 @@ def _sweep(
         writer.update(cases_total=len(queue.cases), quiet=_quiet_record(level, known, waited))
         if calibration is not None:
             writer.update(calibration=calibration.describe())
+        hard = False  # a second signal, which may land between a round's row and its next
         try:
             for done in executor.run(queue.take):
                 queue.finish(done)
         except KeyboardInterrupt:
-            stop.signal_name = stop.signal_name or "SIGINT"
+            stop.signal_name, hard = stop.signal_name or "SIGINT", True
         except AttnbenchError as exc:
             with contextlib.suppress(AttnbenchError):  # a full disk takes run.json too
                 writer.update(round_stops=queue.round_stops)
@@ -438,7 +440,7 @@ def _sweep(
         own = queue.own_quiet()
         if own is not None and previous is None:  # a resumed run's first session left it
             write_quiet(machine, known.after(own))
-        if stop.requested and not _drained(queue):
+        if stop.requested and (hard or not _drained(queue)):
             # The executor ran out of jobs because none were handed out: its workers stopped.
             stopped = getattr(executor, "stopped", None)
             if stopped is not None:
