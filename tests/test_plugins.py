@@ -320,6 +320,34 @@ def test_a_worker_without_the_files_beside_a_plugin_gets_them_shipped(
         plugins_module.receive(edited)
 
 
+def test_a_worker_runs_each_version_with_its_own_shipped_helper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two versions side by side, shipped to a worker that has neither folder: each runs the
+    helper shipped beside it, each from a copy of its own."""
+    from attnbench.layers import plugins as plugins_module
+
+    for version, helper in (("old", OLD_HELPER), ("new", NEW_HELPER)):
+        (tmp_path / version).mkdir()
+        plugin(tmp_path / version, USES_HELPER, "mine.py")
+        plugin(tmp_path / version, helper, "mixhelp.py")
+    plugins_module.resolve(f"before={tmp_path / 'old' / 'mine.py'}:make")
+    plugins_module.resolve(f"after={tmp_path / 'new' / 'mine.py'}:make")
+    shipped = json.loads(json.dumps(plugins_module.shipment(["before", "after"])))
+    for version in ("old", "new"):  # the worker: none of the folders, a fresh import state
+        for file in (tmp_path / version).iterdir():
+            file.unlink()
+    for name in ("before", "after"):
+        del REGISTRY[name]
+    for name in [m for m in sys.modules if m == "mixhelp" or "attnbench_plugin_mine" in m]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    plugins_module.receive(shipped)
+    x = torch.ones(1, 3, 2)  # (B, n, d)
+    mixed = {name: REGISTRY[name].build.__globals__["mix"](x) for name in ("before", "after")}
+    assert torch.equal(mixed["before"], x) and torch.equal(mixed["after"], 3 * x)
+
+
 @pytest.mark.slow
 def test_a_module_plugin_from_the_current_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

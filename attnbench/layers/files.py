@@ -25,12 +25,15 @@ def read_plugin(path: Path, spec: str) -> str:
         raise AttnbenchError(f"--layers {spec}: cannot read {str(path)!r}: {exc}") from None
 
 
-def run_file(path: Path, spec: str, text: str | None = None) -> ModuleType:
+def run_file(
+    path: Path, spec: str, text: str | None = None, home: Path | None = None
+) -> ModuleType:
     """Run a plugin file (or its shipped text) as a module of its own, named by its digest
     (its text and the files beside it that it imports)."""
     if text is None:
         text = read_plugin(path, spec)
-    name = f"attnbench_plugin_{path.stem}_{file_digest(path, text)}"
+    home = home or path.parent  # where the files beside it are (a worker's copy of them)
+    name = f"attnbench_plugin_{path.stem}_{file_digest(home / path.name, text)}"
     if name in sys.modules:
         return sys.modules[name]
     module = ModuleType(name)
@@ -41,7 +44,7 @@ def run_file(path: Path, spec: str, text: str | None = None) -> ModuleType:
     if str(path.parent) not in sys.path:
         sys.path.append(str(path.parent))
     try:
-        with _own_siblings(path, text, spec):
+        with _own_siblings(path, text, spec, home):
             exec(compile(text, str(path), "exec"), module.__dict__)
     except Exception as exc:
         del sys.modules[name]
@@ -57,13 +60,14 @@ _FOLDERS: set[Path] = set()  # the folders of the plugin files run in this proce
 
 
 @contextlib.contextmanager
-def _own_siblings(path: Path, text: str, spec: str) -> Iterator[None]:
+def _own_siblings(path: Path, text: str, spec: str, home: Path) -> Iterator[None]:
     """The files beside ``path`` that its text imports are imported from beside it, not taken
     from an earlier plugin's folder: two versions of one layer (old/mine.py, mine.py) that each
     import their own mixhelp.py had both run the first one's, with two digests recorded. A
-    module it imports that another plugin's folder gave, where none is beside it, is refused."""
-    folder = path.parent.resolve()
-    mine = {p.relative_to(path.parent).parts[0].removesuffix(".py") for p in siblings(path, text)}
+    module it imports that another plugin's folder gave, where none is beside it, is refused.
+    ``home``: where those files are (a worker's copy of the driver's, ``plugins.receive``)."""
+    folder, found = home.resolve(), siblings(home / path.name, text)
+    mine = {p.relative_to(home).parts[0].removesuffix(".py") for p in found}
     held = {}
     for top in sorted(imported(text) | mine):
         where = _home(sys.modules.get(top))
@@ -78,11 +82,11 @@ def _own_siblings(path: Path, text: str, spec: str) -> Iterator[None]:
                 f"is {where}'s, beside another plugin: put the version it should run beside it"
             )
     _FOLDERS.add(folder)
-    sys.path.insert(0, str(path.parent))  # its own first, while it runs
+    sys.path.insert(0, str(home))  # its own first, while it runs
     try:
         yield
     finally:
-        sys.path.remove(str(path.parent))
+        sys.path.remove(str(home))
         sys.modules.update(held)  # the earlier plugin's, for whoever imports them later
 
 

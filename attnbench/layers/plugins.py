@@ -272,8 +272,8 @@ def receive(items: Iterable[Mapping[str, Any]], verify_modules: bool = True) -> 
                 else file_digest(Path(target), item["text"])
             )
             _same_code(name, source, shipped, "the shipped file")
-            _place_beside(Path(target).parent, beside)
-            module = run_file(Path(target), source.spec, item["text"])
+            home = _place_beside(Path(target).parent, beside)
+            module = run_file(Path(target), source.spec, item["text"], home)
             register(getattr(module, attr), name, source=source)
         elif source.kind == "module":
             for path in item.get("sys_path", []):
@@ -291,18 +291,20 @@ def receive(items: Iterable[Mapping[str, Any]], verify_modules: bool = True) -> 
             load_installed(name)
 
 
-def _place_beside(folder: Path, beside: Mapping[str, bytes]) -> None:
+def _place_beside(folder: Path, beside: Mapping[str, bytes]) -> Path:
     """Where the shipped files beside a plugin are not here as shipped (a worker on another
     machine), they are written to a folder of their own, put on the import path before the
-    plugin's folder, so its imports find the driver's code."""
+    plugin's folder, so its imports find the driver's code. Where they are: ``folder`` or the
+    copy."""
     if all(_holds(folder / rel, data) for rel, data in beside.items()):
-        return
+        return folder
     copy = Path(tempfile.mkdtemp(prefix="attnbench-beside-"))
     for rel, data in beside.items():
         (copy / rel).parent.mkdir(parents=True, exist_ok=True)
         (copy / rel).write_bytes(data)
     here = str(folder)
     sys.path.insert(sys.path.index(here) if here in sys.path else len(sys.path), str(copy))
+    return copy
 
 
 def _holds(path: Path, data: bytes) -> bool:
