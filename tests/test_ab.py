@@ -149,6 +149,8 @@ def test_two_versions_of_one_plugin_file_race_each_under_its_side(
     judged = json.loads(again.stdout)["cases"][0]
     assert judged["layer"] == case["layer"] and judged["unit"] == "pairs"
     assert judged["ratio_judged"] == pytest.approx(case["ratio_judged"])
+    said = json.loads(again.stdout)["warnings"]  # and names the code that differs
+    assert any(w.startswith("layer timed:fast differs: ") for w in said), said
 
 
 def test_bad_ab_input_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -414,8 +414,8 @@ BAD = {
     "no spec, a path": ("{mixer}", "as {mixer}:make (path/to/file.py:factory)"),
     # two versions of one file (an old copy to race): one name, and the way out named
     "two copies": ("{mixer}:make,{copy}:make", "a name of its own: --layers mixer-2={copy}:make"),
-    "no alias": ("={mixer}:make", "--layers ={mixer}:make: NAME= names a plugin, as mine-2="),
-    "alias of a built-in": ("fast=attention", "--layers fast=attention: NAME= names a plugin"),
+    "no alias": ("={mixer}:make", "--layers ={mixer}:make: NAME= names a plugin given by its"),
+    "alias of a built-in": ("fast=attention", "as fast=path/to/file.py:factory or fast=module"),
     "alias a built-in's": ("conv={mixer}:make", "'conv' ({mixer}:make) clashes with a built-in"),
     "alias with a slash": ("a/b={mixer}:make", "there is no file"),  # a path, as lr=0.1/
 }

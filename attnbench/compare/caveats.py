@@ -69,10 +69,14 @@ def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
 def layer_differences(
     before: Mapping[str, Mapping[str, str]], after: Mapping[str, Mapping[str, str]]
 ) -> list[str]:
-    """One line per layer whose code differs between two runs' records (run.json ``layers``)."""
+    """One line per layer whose code differs between two runs' records (run.json ``layers``);
+    an ``ab`` base side's ``NAME@base`` (the base version of one plugin) is read as NAME."""
     lines = []
-    for name in [layer for layer in before if layer in after]:
-        old, now = LayerSource(**before[name]), LayerSource(**after[name])
+    for base_name, record in before.items():
+        name = base_name.removesuffix("@base")
+        if name not in after or (base_name != name and base_name in after):
+            continue
+        old, now = LayerSource(**record), LayerSource(**after[name])
         if old == now:
             continue
         if old.digest and old.digest == now.digest and old.spec != now.spec:  # found elsewhere

@@ -170,8 +170,9 @@ def resolve(name: str) -> LayerEntry:
     if alias is not None:  # two versions of one file (old/mine.py, mine.py) side by side
         if not alias or ":" not in spec:
             raise AttnbenchError(
-                f"--layers {name}: NAME= names a plugin, as mine-2=path/to/file.py:factory or "
-                "mine-2=module.path:factory"
+                f"--layers {name}: NAME= names a plugin given by its file or module, as "
+                f"{alias or 'mine'}=path/to/file.py:factory or {alias or 'mine'}="
+                "module.path:factory; a built-in or installed layer keeps its own name"
             )
         return load(spec, alias)
     if ":" in name:
