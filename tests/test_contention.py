@@ -141,13 +141,15 @@ def test_a_saved_run_leaves_out_its_rounds_beside_a_busy_neighbour(
     quiet = load_results(run.path).measured.iloc[0]
     first = samples["round"] == samples["round"].min()
     samples.loc[first, "others_cores"] = 1.0  # a neighbour took a core from the first round
-    times = samples["time_s"].copy()
-    samples.loc[first, "time_s"] = times[first] * 2.0  # and the round ran slower for it
+    # and the round ran slower for it: twice the slowest sample, past round_marks' bound
+    # whatever the real rounds read (doubled, a fast first round had stayed under it)
+    slowest, fastest = samples["time_s"].max(), samples["time_s"].min()
+    samples.loc[first, "time_s"] = 2.0 * slowest
     samples.to_csv(run.path / "samples.csv", index=False)
     busy = load_results(run.path).measured.iloc[0]
     assert quiet["rounds_disturbed"] == 0 and busy["rounds_disturbed"] == 1
     assert busy["rounds"] == quiet["rounds"] - 1  # left out: the time is the others'
-    samples.loc[first, "time_s"] = times[first] * 0.5  # the faster for it: no sign of it
+    samples.loc[first, "time_s"] = 0.5 * fastest  # the faster for it: no sign of it
     samples.to_csv(run.path / "samples.csv", index=False)
     unmoved = load_results(run.path).measured.iloc[0]
     assert unmoved["rounds_disturbed"] == 0 and unmoved["rounds"] == quiet["rounds"]
