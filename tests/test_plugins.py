@@ -447,9 +447,10 @@ def test_two_versions_of_one_file_sweep_side_by_side_under_names_of_their_own(
         assert REGISTRY["before"].source.spec == f"{old}:make"
     # an A/B side's spec: renamed where the other side's layer holds its own name
     plugins.load(f"{new}:make")
-    assert plugins.side_named(f"{new}:make", "base") == f"{new}:make"  # the same code
-    assert plugins.side_named(f"{old}:make", "base") == f"mixer:make@base={old}:make"
-    assert plugins.side_named("conv", "base") == "conv"
+    assert plugins.side_named(f"{new}:make") == f"{new}:make"  # the same code
+    assert plugins.side_named(f"{old}:make") == f"mixer:make@base={old}:make"
+    assert plugins.side_named("conv") == "conv"
+    assert plugins.unversioned("mixer:make@base") == plugins.unversioned("mixer:make")
 
 
 USES_HELPER = """

@@ -28,6 +28,7 @@ from attnbench.cli.options import (
 from attnbench.cli.render import ABProgress, Streams
 from attnbench.compare import compare_runs
 from attnbench.errors import AttnbenchError
+from attnbench.layers.plugins import unversioned
 from attnbench.measure.counts.countcache import Counting
 from attnbench.options import load_config
 from attnbench.render.verdicts import to_json, to_markdown
@@ -158,8 +159,8 @@ def ab(
         )
     comparison = compare_runs(run.base, run.current, thresholds, pairs=run.pairs, paired=True)
     # two versions of one plugin (old/mine.py, mine.py: mine:make@base) are one layer
-    sides = [[str(n).removesuffix("@base") for n in run.base.record.config.get("layers", [])]]
-    sides.append(list(run.current.record.config.get("layers", [])))
+    runs = (run.base, run.current)
+    sides = [[unversioned(str(n)) for n in r.record.config.get("layers", [])] for r in runs]
     if options.get("fail_on") is None and sides[0] != sides[1]:
         gate = "time"  # two layers: their counts differ by design, shown and not gated
         comparison = replace(comparison, warnings=(*comparison.warnings, RACED_NOTE))

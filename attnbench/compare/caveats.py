@@ -13,6 +13,7 @@ import pandas as pd
 from attnbench.compare.verdicts import NOT_SIGNIFICANT, THROTTLED, TOO_FEW
 from attnbench.errors import AttnbenchError
 from attnbench.layers.entry import LayerSource
+from attnbench.layers.plugins import unversioned
 from attnbench.measure.timing.allocator import huge_pages
 from attnbench.options import OPTIONS
 from attnbench.results.environment import compare_keys
@@ -73,7 +74,7 @@ def layer_differences(
     an ``ab`` base side's ``NAME@base`` (the base version of one plugin) is read as NAME."""
     lines = []
     for base_name, record in before.items():
-        name = base_name.removesuffix("@base")
+        name = unversioned(base_name)
         if name not in after or (base_name != name and base_name in after):
             continue
         old, now = LayerSource(**record), LayerSource(**after[name])

@@ -101,14 +101,23 @@ def load(spec: str, name: str | None = None) -> LayerEntry:
     return register(obj, name or own, source=source)
 
 
-def side_named(spec: str, side: str) -> str:
-    """``spec`` as one side of an A/B run names it: a plugin whose own name a layer of other
-    code holds (the other side's: old/mine.py against mine.py) as ``NAME@side=spec``."""
+# The mark of an ``ab`` base side's version of a plugin the current side holds the name of
+BASE_VERSION = "@base"
+
+
+def side_named(spec: str) -> str:
+    """``spec`` as an ``ab`` base side names it: a plugin whose own name a layer of other code
+    holds (the current side's: old/mine.py against mine.py) as ``NAME@base=spec``."""
     if split_alias(spec)[0] is not None or ":" not in spec or spec in REGISTRY:
         return spec
     _, own, source = _loaded(spec)
     held = REGISTRY.get(own)
-    return spec if held is None or held.source == source else f"{own}@{side}={spec}"
+    return spec if held is None or held.source == source else f"{own}{BASE_VERSION}={spec}"
+
+
+def unversioned(name: str) -> str:
+    """The layer a base side's ``NAME@base`` is a version of (any other name: itself)."""
+    return name.removesuffix(BASE_VERSION)
 
 
 def _loaded(spec: str) -> tuple[Any, str, LayerSource]:

@@ -128,7 +128,7 @@ def side_grids(
             "as it goes: give the lengths (--n 256,1024, say)"
         )
     # old/mine.py:make against mine.py:make: both are mine:make, one name a process holds
-    named = [plugins.side_named(spec, "base") for spec in base_layers or ()]
+    named = [plugins.side_named(spec) for spec in base_layers or ()]
     apart = {"layers": ",".join(named)} if named else {}
     apart |= {} if base_compile is None else {"compile": base_compile}
     base = build_grid({**given, **apart}) if apart else current
