@@ -31,6 +31,7 @@ from attnbench.compare import (
 from attnbench.errors import AttnbenchError
 from attnbench.render.verdicts import display_table, schema, to_json
 from attnbench.results.loader import load_results
+from attnbench.results.run import RunResults
 from attnbench.thresholds import Thresholds, parse_fraction, rounds_to_reach
 
 # ----------------------------------------------------------------------------- time verdicts
@@ -700,6 +701,35 @@ def test_a_layers_code_that_differs_is_told_by_its_digest_and_the_same_code_else
         "in the baseline, b:make in the current run"
     )
     assert layer_differences(module("d5559a9b8dd8"), module("d5559a9b8dd8")) == []
+
+
+def test_cases_that_ran_another_code_than_the_record_names_are_told(tiny_run: RunResults) -> None:
+    """A --resume --force of a finished run after an edit rewrote run.json's layers, measuring
+    nothing, and compare then named no code difference; one that went on left two codes."""
+    from attnbench.compare.caveats import code_ran_differences
+
+    layer = str(tiny_run.frame["layer"].iloc[0])
+    ran = tiny_run.codes_ran[layer]
+    assert len(ran) == 1 and tiny_run.mixed_code() == []
+
+    def ran_code(code: str, rows: int | None = None) -> RunResults:
+        frame = tiny_run.frame.copy()
+        at = frame.index[frame["layer"] == layer][:rows]
+        frame.loc[at, "layer_source"] = code
+        return dataclasses.replace(tiny_run, frame=frame)
+
+    mixed = ran_code("mine.py:make (sha256 aaaaaaaaaaaa)", rows=1)
+    assert mixed.codes_ran[layer] == ["mine.py:make (sha256 aaaaaaaaaaaa)", ran[0]]
+    (line,) = mixed.mixed_code()
+    assert line.startswith(f"layer {layer}'s cases ran 2 codes (mine.py:make (sha256 aaaa")
+    assert code_ran_differences(tiny_run, mixed) == [f"{line} (the current run)"]
+    other = ran_code("mine.py:make (sha256 bbbbbbbbbbbb)")
+    assert code_ran_differences(other, tiny_run) == [
+        f"layer {layer}'s cases ran other code: mine.py:make (sha256 bbbbbbbbbbbb) in the "
+        f"baseline, {ran[0]} in the current run, where both run.json files name one (a "
+        "--resume --force rewrote one's record)"
+    ]
+    assert code_ran_differences(tiny_run, tiny_run) == []
 
 
 def test_a_judged_ratio_carries_the_interval_its_test_is_dual_to() -> None:

@@ -215,6 +215,28 @@ def test_resume_refuses_a_changed_plugin_file_before_it_runs(tmp_path: Path, fre
 
 
 @pytest.mark.slow
+def test_a_forced_resume_names_the_code_its_cases_ran(tmp_path: Path, fresh: Path) -> None:
+    """A --resume --force of a finished run after an edit rewrote run.json's layers, measuring
+    nothing, and compare against a baseline of the new code named no difference."""
+    plugin, run = sweep_marked(tmp_path, "--n", "8,16", "--d", "8", "--no-charts")
+    ran = load_results(run).record.layers["marked"]["digest"]
+    plugin.write_text(plugin.read_text() + "\n# changed\n")
+    forget_plugin()
+    assert resume(run, "--force").exit_code == 0
+    assert load_results(run).record.layers["marked"]["digest"] == ran  # nothing ran the edit
+    forget_plugin()
+    grown = resume(run, "--force", "--n", "8,16,32")  # a case more: the edit runs
+    assert grown.exit_code == 0, grown.output
+    after = load_results(run)
+    assert after.record.layers["marked"]["digest"] not in ("", ran)
+    (mixed,) = after.mixed_code()
+    assert mixed.startswith("layer marked's cases ran 2 codes (") and ran in mixed
+    forget_plugin()
+    told = runner.invoke(app, ["fit", str(run)])
+    assert told.exit_code == 0 and "layer marked's cases ran 2 codes" in told.stderr
+
+
+@pytest.mark.slow
 def test_resume_refuses_a_changed_module_before_importing_it(
     tmp_path: Path, fresh: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

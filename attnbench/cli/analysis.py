@@ -47,10 +47,11 @@ from attnbench.results.run import RunResults
 from attnbench.table import HEADERS, check_notes, comparison_table, display, fit_notes
 
 
-def load_saved(folder: Path | None, *, unfinished_note: bool = True) -> RunResults:
+def load_saved(folder: Path | None, *, state_notes: bool = True) -> RunResults:
     """A saved run. Its plugin layers are never imported: a results folder is data, and their
     theories are read from the run's own record (``theory.json``). An unfinished run is said
-    to be (``unfinished_note``): a new user's table of an interrupted sweep read as final."""
+    to be, and a layer whose cases ran two codes (``state_notes``): a new user's table of an
+    interrupted sweep read as final."""
     err = Streams.make().err
     if folder is None:
         folder = latest_results()
@@ -59,12 +60,14 @@ def load_saved(folder: Path | None, *, unfinished_note: bool = True) -> RunResul
     run = load_results(folder)
     for note in run_catalog(run).notes:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    if unfinished_note and run.unfinished:
+    if state_notes and run.unfinished:
         err.print(
             f"[yellow]note:[/] this run is {escape(run.unfinished)} (these are the cases "
             "measured so far)",
             soft_wrap=True,
         )
+    for note in run.mixed_code() if state_notes else []:
+        err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     return run
 
 
@@ -82,7 +85,7 @@ def show(
     as_json: Annotated[bool, json_flag("the results")] = False,
 ) -> None:
     """Print the tables of a saved run (finished or not), with its case counts."""
-    run = load_saved(folder, unfinished_note=False)  # said at the end, with the notes
+    run = load_saved(folder, state_notes=False)  # said at the end, with the notes
     if as_json:
         _echo_json({"path": str(run.path), "status": run.status, "results": records(run)})
         return

@@ -298,7 +298,7 @@ def _time_notes(run: RunResults, console: Console) -> None:
     imprecise = timed[is_imprecise(timed["time_s"], low, high)]
     if len(imprecise):
         console.print(f"[yellow]note:[/] {escape(imprecise_note(run, imprecise))}", soft_wrap=True)
-    for note in [*replication_notes(run), sweeps_note(run), moved_note(run)]:
+    for note in [*replication_notes(run), sweeps_note(run), moved_note(run), *run.mixed_code()]:
         if note:
             console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     outliers = trend_outliers(run.measured)

@@ -64,7 +64,11 @@ def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
             f"{level_now / level:.2f}x the baseline's): a layer's time moves with the "
             "machine's state, which no verdict here tells from the code"
         )
-    return warnings + layer_differences(base.record.layers, new.record.layers)
+    return [
+        *warnings,
+        *layer_differences(base.record.layers, new.record.layers),
+        *code_ran_differences(base, new),
+    ]
 
 
 def layer_differences(
@@ -89,6 +93,29 @@ def layer_differences(
         lines.append(
             f"layer {name} differs: {_code(old)} in the baseline, {_code(now)} in the current run"
         )
+    return lines
+
+
+def code_ran_differences(base: RunResults, new: RunResults) -> list[str]:
+    """What the runs' cases ran where their records do not say it (``RunResults.codes_ran``):
+    a layer whose cases ran two codes, and one that ran other code in each run where run.json
+    names the same (a --resume --force of a finished run rewrote it, measuring nothing)."""
+    lines = [
+        f"{line} (the {side})"
+        for side, run in (("baseline", base), ("current run", new))
+        for line in run.mixed_code()
+    ]
+    before, after = base.codes_ran, new.codes_ran
+    for base_name, codes in before.items():
+        name = unversioned(base_name)
+        recorded = base.record.layers.get(base_name), new.record.layers.get(name)
+        now = after.get(name, [])
+        if len(codes) == len(now) == 1 and codes != now and recorded[0] == recorded[1]:
+            lines.append(
+                f"layer {name}'s cases ran other code: {codes[0]} in the baseline, {now[0]} "
+                "in the current run, where both run.json files name one (a --resume --force "
+                "rewrote one's record)"
+            )
     return lines
 
 

@@ -157,6 +157,28 @@ class RunResults:
         """The rows with measurements (status ``ok``): what charts, fits and comparisons use."""
         return self.frame[self.frame["status"] == Status.OK]
 
+    @property
+    def codes_ran(self) -> dict[str, list[str]]:
+        """Each layer's code as its cases ran it (results.csv's ``layer_source``, in the order
+        first run). run.json's ``layers`` names the code a resume loads: a --resume --force
+        after an edit leaves cases of two codes, or rewrites it where nothing ran again."""
+        if "layer_source" not in self.frame:
+            return {}
+        ran = self.frame[self.frame["layer_source"].fillna("").astype(str) != ""]
+        return {
+            str(layer): list(dict.fromkeys(group["layer_source"].astype(str)))
+            for layer, group in ran.groupby("layer", sort=False)
+        }
+
+    def mixed_code(self) -> list[str]:
+        """One line per layer whose cases ran more than one code (``codes_ran``)."""
+        return [
+            f"layer {name}'s cases ran {len(codes)} codes ({'; '.join(codes)}): a --resume "
+            "--force went on after an edit, so each case's time and counts are its own code's"
+            for name, codes in self.codes_ran.items()
+            if len(codes) > 1
+        ]
+
     def short_of_rounds(self) -> int:
         """Measured cases with fewer timing rounds than every case gets (--processes): those a
         stopped run began, which --resume finishes ("4 measured" beside "0 of 6 cases done

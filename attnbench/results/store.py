@@ -64,6 +64,9 @@ class ResultsWriter:
         self.opened = time.monotonic()  # this session's start: duration_s adds it up at the end
         self.processes: dict[str, int] = {}  # a worker process's name -> its number here
         self.first_process = 0  # numbers go on from an earlier session's (a resume)
+        # A layer's code that run.json names once this session runs the layer (``_runs``): a
+        # --resume --force after an edit, until then, names the code its cases ran
+        self.code_to_come: dict[str, dict[str, str]] = {}
 
     @classmethod
     def create(
@@ -172,6 +175,7 @@ class ResultsWriter:
         """Persist one case: the calibration point taken before it, its samples (taken by
         ``process``, a worker's name), then its row (a row always has its samples)."""
         row = result.to_row()
+        self._runs(str(row["layer"]))
         self._append_calibration(row["case_id"], calibration)
         if result.timing is not None:
             self._append_samples(row["case_id"], 1, 0, result.timing, result.load_1m, process)
@@ -189,8 +193,17 @@ class ResultsWriter:
     ) -> None:
         """Persist a later timing round of a case already on disk: its calibration point and
         its samples, numbered on from ``first_sample``."""
+        self._runs(case_id.split("/")[0])  # a case id begins with its layer's name
         self._append_calibration(case_id, calibration)
         self._append_samples(case_id, round_, first_sample, timing, load_1m, process)
+
+    def _runs(self, layer: str) -> None:
+        """``layer`` is run by this session: run.json names the code it runs now. A forced
+        resume of a finished run after an edit had named the new code, nothing measured by it,
+        and compare then saw no difference from a baseline of the new code."""
+        source = self.code_to_come.pop(layer, None)
+        if source is not None:
+            self.update(layers={**self.meta.get("layers", {}), layer: source})
 
     def _append_calibration(self, case_id: str, calibration: TimingStats | None) -> None:
         if calibration is None:

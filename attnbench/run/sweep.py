@@ -343,7 +343,10 @@ def _reopened(run: RunResults, grid: Grid, resumed: dict[str, Any]) -> ResultsWr
     """The run's folder opened again for its missing cases, with what this resume is (listed
     under ``resumes``), the layers and theories of both processes, and a forced grid."""
     writer = ResultsWriter.reopen(run, resumed, grid.option_names())
-    writer.update(layers={**run.record.layers, **grid.sources()})
+    now, ran = grid.sources(), run.record.layers
+    writer.code_to_come = {name: now[name] for name in now if ran.get(name, now[name]) != now[name]}
+    # a layer whose code changed (a forced resume) keeps the code its cases ran until it runs
+    writer.update(layers={**ran, **now, **{name: ran[name] for name in writer.code_to_come}})
     writer.record_theories(merge(run.theories, record(grid)))
     if resumed["config_changes"]:
         writer.update(config=grid.to_dict())
