@@ -605,7 +605,8 @@ def test_a_plugin_with_theory_fits_plots_compares_and_resumes(tmp_path: Path) ->
     assert len(json.loads(resumed.stdout)["results"]) == len(run.frame)
 
     path.write_text(path.read_text() + "\n# changed\n")  # the plugin's code changed since
-    (out / RESULTS_FILE).write_text("".join(lines[:-1]))
+    last_mixer = max(i for i, line in enumerate(lines) if line.startswith("mixer/"))
+    (out / RESULTS_FILE).write_text("".join(lines[:last_mixer] + lines[last_mixer + 1 :]))
     REGISTRY.pop("mixer", None)
     refused = runner.invoke(app, ["sweep", "--resume", str(out), "--no-charts"])
     assert refused.exit_code == 2 and "layer mixer" in refused.stderr
@@ -617,6 +618,7 @@ def test_a_plugin_with_theory_fits_plots_compares_and_resumes(tmp_path: Path) ->
     REGISTRY.pop("mixer", None)
     changed = runner.invoke(app, ["compare", str(base), str(out), "--fail-on", "none"])
     assert "layer mixer differs" in changed.stderr  # what is compared is named
+    assert "layer mixer's cases ran 2 codes" in changed.stderr  # and that the run mixes them
 
 
 def test_a_layer_registered_from_python_sweeps(tmp_path: Path) -> None:
