@@ -18,7 +18,6 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-import pandas as pd
 import torch
 
 from attnbench.estimators import kept_log_variance, quiet_level, quieter
@@ -28,14 +27,14 @@ from attnbench.measure.timing.calibration import DEFAULT_CALIBRATION, Calibratio
 from attnbench.measure.timing.contention import is_busy
 from attnbench.measure.timing.loop import Stop, TimingPolicy, TimingStats
 from attnbench.priors import Priors, priors_of
-from attnbench.results.run import RunResults
 from attnbench.results.store import ResultsWriter
 from attnbench.run.auto import AutoPlan
-from attnbench.run.blocks import Block, block_of
+from attnbench.run.blocks import block_of
 from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.executors.fresh import Ending
 from attnbench.run.quiet import wait_left
+from attnbench.run.resumed import Previous, restored
 from attnbench.run.rounds import Replication, budget_spent, round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import Status
@@ -64,11 +63,6 @@ def _first(references: tuple[float | None, ...] | None) -> float | None:
     return references[0] if references else None
 
 
-def _reference(value: Any) -> float | None:
-    """A reference read back from samples.csv (NaN: not read)."""
-    return None if value is None or pd.isna(value) else float(value)
-
-
 @dataclass(frozen=True)
 class Measuring:
     """What every case of a sweep is measured with, the same on every worker: ``policy`` how
@@ -85,17 +79,6 @@ class Measuring:
 
 DEFAULT_MEASURING = Measuring()
 UNCALIBRATED = Measuring(calibration=None)  # no calibration GEMM between the cases
-
-
-@dataclass(frozen=True)
-class Previous:
-    """What a resumed run brings to its queue: the rows and samples already on disk, the case
-    its process died in (recorded failed unless retried), and how many cases ``retry`` measures
-    again."""
-
-    run: RunResults
-    died: str | None = None
-    retried: int = 0
 
 
 class JobQueue:
@@ -135,51 +118,21 @@ class JobQueue:
         self.policy = measuring.policy or round_policy(grid)
         self.calibration, self.counting = measuring.calibration, measuring.counting
         self.in_process = in_process
-        self.done: set[str] = set()
-        self.ok: set[str] = set()
-        self.rounds_done: dict[str, set[int]] = {}  # case_id -> rounds finished (or failed)
-        self.samples: dict[str, dict[int, list[float]]] = {}  # case_id -> round -> samples
-        self.references: dict[str, dict[int, float | None]] = {}  # its rounds' references
-        self.busy: dict[str, set[int]] = {}  # its rounds beside a busy neighbour (contention)
-        self.spent_s: dict[str, float] = {}  # case_id -> its rounds' timed seconds (budget_spent)
+        state = restored(previous)  # a new run's: empty
+        self.done, self.ok, self.device_of = state.done, state.ok, state.device_of
+        self.blocks, self.rounds_done = state.blocks, state.rounds_done  # rounds ended, by case
+        self.samples, self.references = state.samples, state.references  # by case, by round
+        self.busy = state.busy  # case_id -> its rounds beside a busy neighbour (contention)
+        self.spent_s = state.spent_s  # case_id -> its rounds' timed seconds (budget_spent)
+        self.next_sample = state.next_sample
         self.replication = replication or Replication.of(grid)
         self.shuffle = random.Random(grid.seed)  # the later rounds' order: shuffled, seeded
-        self.next_sample: dict[str, int] = {}
-        self.device_of: dict[str, str] = {}  # case_id -> device model of its first round
-        self.blocks: list[Block] = []
         self.running: dict[tuple[str, int], float] = {}  # (case_id, round) out: its wait
         self.retries: deque[Job] = deque()
         self.later: list[tuple[int, float, int]] = []  # heap of (round, shuffled key, grid index)
-        if previous is not None:
-            for row in previous.run.frame.itertuples():
-                self.done.add(row.case_id)
-                if row.status == Status.OK:
-                    self.ok.add(row.case_id)
-                    self.device_of[row.case_id] = row.device_name
-                block = block_of(row, Status(row.status), row.case_id in previous.run.died_cases)
-                if block is not None:
-                    self.blocks.append(block)
-            for case_id, group in previous.run.samples.groupby("case_id"):
-                self.rounds_done[str(case_id)] = set(group["round"].tolist())
-                self.next_sample[str(case_id)] = int(group["sample"].max()) + 1
-                self.samples[str(case_id)] = {
-                    int(r): g["time_s"].tolist() for r, g in group.groupby("round")
-                }
-                self.references[str(case_id)] = {
-                    int(r): _reference(g["reference_s"].iloc[0]) for r, g in group.groupby("round")
-                }
-                self.busy[str(case_id)] = {
-                    int(r)
-                    for r, g in group.groupby("round")
-                    if is_busy(_reference(g["others_cores"].iloc[0]))
-                }
-                # Its budget counts as spent: each round's block size is not on disk to charge
-                # it again, and a guess below the live run's gave a complete run more rounds.
-                # A resumed case gets the rounds it lacks of --processes, no more.
-                self.spent_s[str(case_id)] = math.inf
-            for case_id in self.ok:
-                if case_id in self.index:
-                    self._queue_next_round(case_id)
+        for case_id in self.ok:
+            if case_id in self.index:
+                self._queue_next_round(case_id)
         # --n auto: which lengths of each line run is decided as its cases finish
         self.auto = AutoPlan(grid, fresh=not in_process) if grid.n_auto is not None else None
         self.dropped: set[str] = set()  # auto cases no line will reach: never written
@@ -191,6 +144,15 @@ class JobQueue:
         if self.auto is not None:  # every line's n before any line's 2n (``AutoPlan._share``)
             first.sort(key=lambda i: self.cases[i].n)
         self.first = deque(first)
+
+    @property
+    def drained(self) -> bool:
+        """No round queued, out or to retry, and a row for every case the sweep may measure: a
+        stop heard after the last round ended leaves the run complete (its message had said to
+        finish it with --resume, which found nothing to do). Its cases get no second look
+        (``_second_look``), as a resume would give them none."""
+        left = self.first or self.later or self.running or self.retries
+        return not left and self.completed == self.planned
 
     def notify(self, kind: Any, case: Case, result: CaseResult | None = None, **more: Any) -> None:
         """Tell the caller's progress callback what happened to ``case``."""

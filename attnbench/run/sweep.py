@@ -43,9 +43,10 @@ from attnbench.run.estimate import (
 from attnbench.run.events import NO_LISTENERS, Listeners, SweepStart
 from attnbench.run.executors.base import Executor
 from attnbench.run.executors.serial import SerialExecutor
-from attnbench.run.queue import DEFAULT_MEASURING, JobQueue, Measuring, Previous
+from attnbench.run.queue import DEFAULT_MEASURING, JobQueue, Measuring
 from attnbench.run.quiet import MachineQuiet, quiet_file, read_quiet, wait_left, write_quiet
 from attnbench.run.reruns import of_layers, other_code, read_reruns, reruns_file, write_reruns
+from attnbench.run.resumed import Previous
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import RunStatus, Status
 from attnbench.spec import Grid
@@ -203,15 +204,6 @@ def _start(
         with _stopped_before_cases(writer, total, done):
             writer.update(**runs_on.ceilings(grid, fault_cost))
     return _sweep(writer, grid, previous, measuring, listeners, executor=runs_on, quiet=quiet)
-
-
-def _drained(queue: JobQueue) -> bool:
-    """No round queued, out or to retry, and a row for every case the sweep may measure: a
-    stop heard after the last round ended leaves the run complete (its message had said to
-    finish it with --resume, which found nothing to do). Its cases get no second look
-    (``JobQueue._second_look``), as a resume would give them none."""
-    left = queue.first or queue.later or queue.running or queue.retries
-    return not left and queue.completed == queue.planned
 
 
 @contextlib.contextmanager
@@ -443,7 +435,7 @@ def _sweep(
         own = queue.own_quiet()
         if own is not None and previous is None:  # a resumed run's first session left it
             write_quiet(machine, known.after(own))
-        if stop.requested and (hard or not _drained(queue)):
+        if stop.requested and (hard or not queue.drained):
             # The executor ran out of jobs because none were handed out: its workers stopped.
             stopped = getattr(executor, "stopped", None)
             if stopped is not None:
