@@ -823,3 +823,24 @@ def test_an_interval_past_a_hundredfold_reads_as_such_not_as_digits() -> None:
     assert fmt_interval(0.95, 1.08) == "0.95..1.08"
     assert fmt_interval(0.5, 150.0) == "0.50..>100"
     assert fmt_interval(float("nan"), 1.0) == ""
+
+
+def test_the_comparison_table_folds_a_long_layer_name_never_cuts_it(
+    tmp_path: Path,
+    add_layer,  # type: ignore[no-untyped-def]
+) -> None:
+    """ab's table read "mylayer:mak… -> mylayer:make" at 100 columns: a name is read whole."""
+    from rich.console import Console
+
+    from attnbench.cli.render import comparison_table
+
+    name = "a_plugin_with_a_long_name:make_the_layer"
+    add_layer(name)
+    base = make_run(tmp_path / "a", {(name, 64): {}})
+    new = make_run(tmp_path / "b", {(name, 64): {}})
+    console = Console(width=80, record=True)
+    comparison_table(compare_runs(base, new), "time", console)
+    text = console.export_text()
+    assert "…" not in text
+    column = "".join(line.split("│")[1].strip() for line in text.splitlines() if "│" in line)
+    assert name in column

@@ -345,7 +345,7 @@ def comparison_table(comparison: Comparison, gate: str, console: Console) -> Non
     )
     for column in frame.columns:
         justify: JustifyMethod = "left" if column in ("layer", "time", "exact") else "right"
-        grid.add_column(column, justify=justify)
+        grid.add_column(column, justify=justify, overflow="fold")  # a name read whole
     for row, mark in zip(frame.itertuples(index=False), row_marks(comparison), strict=True):
         cells = [escape(str(v)) for v in row]
         if mark.time == REGRESSION:
