@@ -224,16 +224,48 @@ def test_a_forced_resume_names_the_code_its_cases_ran(tmp_path: Path, fresh: Pat
     forget_plugin()
     assert resume(run, "--force").exit_code == 0
     assert load_results(run).record.layers["marked"]["digest"] == ran  # nothing ran the edit
+    assert load_results(run).theories["layers"]["marked"]["source"]["digest"] == ran
     forget_plugin()
     grown = resume(run, "--force", "--n", "8,16,32")  # a case more: the edit runs
     assert grown.exit_code == 0, grown.output
     after = load_results(run)
     assert after.record.layers["marked"]["digest"] not in ("", ran)
+    assert after.theories["layers"]["marked"]["source"] == after.record.layers["marked"]
     (mixed,) = after.mixed_code()
     assert mixed.startswith("layer marked's cases ran 2 codes (") and ran in mixed
     forget_plugin()
     told = runner.invoke(app, ["fit", str(run)])
     assert told.exit_code == 0 and "layer marked's cases ran 2 codes" in told.stderr
+
+
+@pytest.mark.slow
+def test_a_forced_resume_that_runs_none_of_the_edit_names_the_code_that_ran(
+    tmp_path: Path, fresh: Path
+) -> None:
+    """A row a resume writes without running it (the case the process died in) switched
+    run.json to the edit and read as a second code; a round a resume added ran the edit
+    inside a case of the earlier code, which nothing could tell (found by a review)."""
+    plugin, run = sweep_marked(tmp_path, "--n", "8,16", "--d", "8", "--no-charts")
+    ran = load_results(run).record.layers["marked"]["digest"]
+    lines = (run / RESULTS_FILE).read_text().splitlines(keepends=True)
+    died = min(i for i, line in enumerate(lines) if line.startswith("marked/"))
+    (run / RESULTS_FILE).write_text("".join(lines[:died] + lines[died + 1 :]))
+    meta = json.loads((run / RUN_FILE).read_text())
+    rounds_left = "marked/n=16/d=8/w=2/b=1/float32/cpu/forward"  # its rounds not ended
+    meta["round_stops"].pop(rounds_left)
+    meta.update(status="running", current_case=lines[died].split(",")[0], pid=999999)
+    (run / RUN_FILE).write_text(json.dumps(meta))
+    samples = (run / "samples.csv").read_text().splitlines(keepends=True)
+    kept = [s for s in samples if not (s.startswith(rounds_left) and s.split(",")[3] == "3")]
+    (run / "samples.csv").write_text("".join(kept))
+    rounds = set(load_results(run).samples.query("case_id == @rounds_left")["round"])
+    plugin.write_text(plugin.read_text() + "\n# changed\n")
+    forget_plugin()
+    assert resume(run, "--force").exit_code == 0
+    after = load_results(run)
+    assert after.record.layers["marked"]["digest"] == ran
+    assert after.mixed_code() == []
+    assert set(after.samples.query("case_id == @rounds_left")["round"]) == rounds  # none added
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 from rich.cells import cell_len
-from rich.console import Console, JustifyMethod
+from rich.console import Console, OverflowMethod
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -338,14 +338,12 @@ def comparison_warnings(comparison: Comparison, console: Console | None) -> None
 def comparison_table(comparison: Comparison, gate: str, console: Console) -> None:
     """The comparison's table, the cases found on one side only, and the verdict."""
     frame = display_table(comparison)
-    grid = Table(
-        title=f"{escape(str(comparison.baseline.path))} -> {escape(str(comparison.current.path))}"
-        f" ({comparison.judged_on} times)",
-        title_justify="left",
-    )
-    for column in frame.columns:
-        justify: JustifyMethod = "left" if column in ("layer", "time", "exact") else "right"
-        grid.add_column(column, justify=justify, overflow="fold")  # a name read whole
+    paths = f"{escape(str(comparison.baseline.path))} -> {escape(str(comparison.current.path))}"
+    grid = Table(title=f"{paths} ({comparison.judged_on} times)", title_justify="left")
+    for column in frame.columns:  # text folded, read whole; a number cut
+        text = column in ("layer", "device", "time", "exact")
+        fold: OverflowMethod = "fold" if text else "ellipsis"
+        grid.add_column(column, justify="left" if text else "right", overflow=fold)
     for row, mark in zip(frame.itertuples(index=False), row_marks(comparison), strict=True):
         cells = [escape(str(v)) for v in row]
         if mark.time == REGRESSION:

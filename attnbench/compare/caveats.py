@@ -91,7 +91,8 @@ def layer_differences(
             )
             continue
         lines.append(
-            f"layer {name} differs: {_code(old)} in the baseline, {_code(now)} in the current run"
+            f"layer {name} differs: {old.describe()} in the baseline, {now.describe()} in the "
+            "current run"
         )
     return lines
 
@@ -110,21 +111,14 @@ def code_ran_differences(base: RunResults, new: RunResults) -> list[str]:
         name = unversioned(base_name)
         recorded = base.record.layers.get(base_name), new.record.layers.get(name)
         now = after.get(name, [])
-        if len(codes) == len(now) == 1 and codes != now and recorded[0] == recorded[1]:
+        named = recorded[0] is not None and recorded[0] == recorded[1]
+        if len(codes) == len(now) == 1 and codes != now and named:
             lines.append(
                 f"layer {name}'s cases ran other code: {codes[0]} in the baseline, {now[0]} "
                 "in the current run, where both run.json files name one (a --resume --force "
                 "rewrote one's record)"
             )
     return lines
-
-
-def _code(source: LayerSource) -> str:
-    """A layer's code in a line that sets two apart: its digest always (two builds of one
-    package version differ there alone), its distribution where it has one."""
-    found = [f"sha256 {source.digest}"] if source.digest else []
-    found += [source.distribution] if source.distribution else []
-    return f"{source.spec} ({', '.join(found)})" if found else source.spec
 
 
 def busy_warnings(

@@ -103,9 +103,12 @@ class LayerSource:
     distribution: str = ""  # the installed package and its version: "mypkg 1.2.0"
 
     def describe(self) -> str:
-        """One line for the results' ``layer_source`` column."""
-        found = self.distribution or (f"sha256 {self.digest}" if self.digest else "")
-        return f"{self.spec} ({found})" if found else self.spec
+        """One line for the results' ``layer_source`` column: its digest always (two builds of
+        one package version, an edit under ``pip install -e``, differ there alone), its
+        distribution where it has one."""
+        found = [f"sha256 {self.digest}"] if self.digest else []
+        found += [self.distribution] if self.distribution else []
+        return f"{self.spec} ({', '.join(found)})" if found else self.spec
 
     def to_dict(self) -> dict[str, str]:
         return {

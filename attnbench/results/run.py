@@ -159,12 +159,13 @@ class RunResults:
 
     @property
     def codes_ran(self) -> dict[str, list[str]]:
-        """Each layer's code as its cases ran it (results.csv's ``layer_source``, in the order
-        first run). run.json's ``layers`` names the code a resume loads: a --resume --force
-        after an edit leaves cases of two codes, or rewrites it where nothing ran again."""
-        if "layer_source" not in self.frame:
+        """Each layer's code as its measured cases ran it (results.csv's ``layer_source``, in
+        the order first run): a --resume --force after an edit can leave two. A skipped row,
+        or one a process died in, written by a later session, names that session's code."""
+        measured = self.measured
+        if "layer_source" not in measured:
             return {}
-        ran = self.frame[self.frame["layer_source"].fillna("").astype(str) != ""]
+        ran = measured[measured["layer_source"].fillna("").astype(str) != ""]
         return {
             str(layer): list(dict.fromkeys(group["layer_source"].astype(str)))
             for layer, group in ran.groupby("layer", sort=False)

@@ -38,6 +38,7 @@ from attnbench.schema import (
     RESULT_COLUMNS,
     SAMPLE_COLUMNS,
     RunStatus,
+    Status,
 )
 from attnbench.spec import Case
 from attnbench.storage import append_synced, create_synced, write_text_atomic
@@ -64,9 +65,11 @@ class ResultsWriter:
         self.opened = time.monotonic()  # this session's start: duration_s adds it up at the end
         self.processes: dict[str, int] = {}  # a worker process's name -> its number here
         self.first_process = 0  # numbers go on from an earlier session's (a resume)
-        # A layer's code that run.json names once this session runs the layer (``_runs``): a
-        # --resume --force after an edit, until then, names the code its cases ran
-        self.code_to_come: dict[str, dict[str, str]] = {}
+        # A layer's code (run.json's ``layers``) and theory (theory.json's) that the run names
+        # once this session runs the layer (``_runs``): a --resume --force after an edit,
+        # until then, names the code its cases ran
+        self.code_to_come: dict[str, tuple[dict[str, str], Any]] = {}
+        self.theories: dict[str, Any] = {}  # theory.json as written
 
     @classmethod
     def create(
@@ -156,6 +159,7 @@ class ResultsWriter:
 
     def record_theories(self, record: Mapping[str, Any]) -> None:
         """Write theory.json: what reading the run needs of its plugin layers (no code)."""
+        self.theories = dict(record)
         text = json.dumps(record, separators=(",", ":"), allow_nan=False)
         write_text_atomic(self.out_dir / THEORY_FILE, text + "\n")
 
@@ -175,11 +179,12 @@ class ResultsWriter:
         """Persist one case: the calibration point taken before it, its samples (taken by
         ``process``, a worker's name), then its row (a row always has its samples)."""
         row = result.to_row()
-        self._runs(str(row["layer"]))
         self._append_calibration(row["case_id"], calibration)
         if result.timing is not None:
             self._append_samples(row["case_id"], 1, 0, result.timing, result.load_1m, process)
         self._append(RESULTS_FILE, csv_line([row.get(column) for column in self.columns]))
+        if result.status != Status.SKIPPED and not result.died:  # a row this session ran
+            self._runs(str(row["layer"]))
 
     def append_round(
         self,
@@ -193,17 +198,21 @@ class ResultsWriter:
     ) -> None:
         """Persist a later timing round of a case already on disk: its calibration point and
         its samples, numbered on from ``first_sample``."""
-        self._runs(case_id.split("/")[0])  # a case id begins with its layer's name
         self._append_calibration(case_id, calibration)
         self._append_samples(case_id, round_, first_sample, timing, load_1m, process)
+        self._runs(case_id.split("/")[0])  # a case id begins with its layer's name
 
     def _runs(self, layer: str) -> None:
         """``layer`` is run by this session: run.json names the code it runs now. A forced
         resume of a finished run after an edit had named the new code, nothing measured by it,
         and compare then saw no difference from a baseline of the new code."""
-        source = self.code_to_come.pop(layer, None)
-        if source is not None:
-            self.update(layers={**self.meta.get("layers", {}), layer: source})
+        if layer not in self.code_to_come:
+            return
+        source, theory = self.code_to_come.pop(layer)
+        self.update(layers={**self.meta.get("layers", {}), layer: source})
+        if theory is not None:
+            layers = {**self.theories.get("layers", {}), layer: theory}
+            self.record_theories({**self.theories, "layers": layers})
 
     def _append_calibration(self, case_id: str, calibration: TimingStats | None) -> None:
         if calibration is None:

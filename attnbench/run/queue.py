@@ -119,6 +119,9 @@ class JobQueue:
         self.calibration, self.counting = measuring.calibration, measuring.counting
         self.in_process = in_process
         state = restored(previous)  # a new run's: empty
+        # a case's rounds are one code's: a forced resume after an edit adds none to the cases
+        # the earlier code ran (samples.csv could not tell its rounds apart)
+        self.ended |= {c for c in state.done if c.split("/")[0] in writer.code_to_come}
         self.done, self.ok, self.device_of = state.done, state.ok, state.device_of
         self.blocks, self.rounds_done = state.blocks, state.rounds_done  # rounds ended, by case
         self.samples, self.references = state.samples, state.references  # by case, by round

@@ -336,10 +336,15 @@ def _reopened(run: RunResults, grid: Grid, resumed: dict[str, Any]) -> ResultsWr
     under ``resumes``), the layers and theories of both processes, and a forced grid."""
     writer = ResultsWriter.reopen(run, resumed, grid.option_names())
     now, ran = grid.sources(), run.record.layers
-    writer.code_to_come = {name: now[name] for name in now if ran.get(name, now[name]) != now[name]}
-    # a layer whose code changed (a forced resume) keeps the code its cases ran until it runs
-    writer.update(layers={**ran, **now, **{name: ran[name] for name in writer.code_to_come}})
-    writer.record_theories(merge(run.theories, record(grid)))
+    theories, before = record(grid), run.theories.get("layers", {})
+    # A layer whose code changed (a forced resume) keeps naming the code its cases ran, and
+    # that code's theory, until this session runs it (``ResultsWriter.code_to_come``).
+    changed = [name for name in now if ran.get(name, now[name]) != now[name]]
+    writer.code_to_come = {name: (now[name], theories["layers"].get(name)) for name in changed}
+    writer.update(layers={**ran, **now, **{name: ran[name] for name in changed}})
+    merged = merge(run.theories, theories)
+    merged["layers"].update({name: before[name] for name in changed if name in before})
+    writer.record_theories(merged)
     if resumed["config_changes"]:
         writer.update(config=grid.to_dict())
     return writer
