@@ -40,7 +40,8 @@ class SweepInterrupted(AttnbenchError):
 
     def resumed_with(self, flags: str) -> SweepInterrupted:
         """The same stop, its --resume given the command-line flags a run does not record
-        (--no-charts): a resume without them drew the charts the first command declined."""
+        (--no-charts, --baseline): a resume without them drew the charts the first command
+        declined, and left out its gate."""
         if not flags:
             return self
         return SweepInterrupted(

@@ -573,6 +573,7 @@ def test_a_stop_without_charts_is_resumed_without_them(
 ) -> None:
     """run.json keeps the grid, not the command's display flags: the --resume a stopped
     --no-charts sweep printed drew the charts its first command had declined."""
+    from attnbench.cli import sweeping
     from attnbench.run.executors.serial import SerialExecutor
 
     def stopped(*args: object, **kwargs: object) -> None:
@@ -587,6 +588,15 @@ def test_a_stop_without_charts_is_resumed_without_them(
     drawn = runner.invoke(app, [*args[:-1], str(tmp_path / "s")])
     assert drawn.exit_code == 130
     assert drawn.stderr.rstrip().endswith(f"--resume {tmp_path / 's'}"), drawn.stderr
+    # a CI job's gate is not in run.json either: its resume compared nothing and exited 0
+    base = tmp_path / "base dir"
+    gated = [*args[:-1], str(tmp_path / "g"), "--baseline", str(base), "--fail-on=time"]
+    monkeypatch.setattr(sweeping, "load_results", lambda path: None)  # no baseline to read
+    stopped_ci = runner.invoke(app, [*gated, "--strict", "--no-charts", "--quiet"])
+    assert stopped_ci.exit_code == 130
+    assert stopped_ci.stderr.rstrip().endswith(
+        f"--resume {tmp_path / 'g'} --baseline '{base}' --fail-on=time --strict --no-charts --quiet"
+    ), stopped_ci.stderr
 
 
 @pytest.mark.slow

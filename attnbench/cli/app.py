@@ -67,6 +67,7 @@ class Command(typer.core.TyperCommand):
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         given = list(args)  # Click's parser consumes the list
+        ctx.meta["attnbench.given"] = given  # as typed: a stopped sweep's --resume repeats some
         rest = super().parse_args(ctx, args)
         _warn_repeated(ctx, self.get_params(ctx), given)
         return rest

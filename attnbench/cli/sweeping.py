@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,7 @@ Strict = Annotated[
 
 @with_options(before=GRID, after=(*GATE, *VERDICT_OUTPUT))
 def sweep(
+    ctx: typer.Context,
     out: Out = None,
     config: ConfigFile = None,
     resume: Resume = None,
@@ -222,7 +224,7 @@ def sweep(
                     allow_large=yes,
                 )
     except SweepInterrupted as exc:  # what run.json does not hold goes into its --resume
-        raise exc.resumed_with("" if charts else " --no-charts") from None
+        raise exc.resumed_with(unrecorded_flags(ctx)) from None
     except KeyboardInterrupt:  # before the first case started: nothing was measured yet
         streams.err.print("[bold yellow]interrupted:[/] before any case was measured")
         raise typer.Exit(130) from None
@@ -322,6 +324,29 @@ def _check_flags(fmt: str, output: object, *, baseline: Path | None, as_json: bo
         raise AttnbenchError(f"{flag} prints the comparison: it needs --baseline DIR")
     if as_json and fmt != "table" and output is None:
         raise AttnbenchError(f"--json and --format {fmt} both print on stdout: choose one")
+
+
+# What run.json records (the grid, from the command line or --config, and its folder), and the
+# flags of a resume itself: none of them is repeated in a stopped sweep's --resume.
+RECORDED = {p.name for p in GRID} | {"out", "config", "resume", "force", "retry", "yes"}
+
+
+def unrecorded_flags(ctx: typer.Context) -> str:
+    """The flags of this command line that run.json does not hold (--no-charts, --baseline and
+    the gate's, --strict, --json, --executor, ...), as typed, for a stopped sweep's --resume:
+    a CI job resumed as its stop said had lost its --baseline gate, and exited 0."""
+    found: dict[str, Any] = {}
+    for param in ctx.command.get_params(ctx):
+        found |= dict.fromkeys((*param.opts, *getattr(param, "secondary_opts", ())), param)
+    tokens, kept = iter(ctx.meta.get("attnbench.given", ())), []
+    for token in tokens:
+        option, equals, _ = token.partition("=")
+        given = found.get(option)
+        if given is None:
+            continue
+        words = [token] if equals or getattr(given, "is_flag", False) else [token, next(tokens, "")]
+        kept += [] if given.name in RECORDED else words
+    return "".join(f" {shlex.quote(word)}" for word in kept)
 
 
 def _check_resume(resume: Path | None, values: dict[str, Any], *, force: bool, retry: bool) -> None:
