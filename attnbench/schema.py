@@ -119,8 +119,9 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "time_stop", "text", _MEASURE,
         "which rule ended the sampling: precise (the 95% interval within the target of the "
-        "time), budget (--time-budget spent first), max samples, or max rounds (as many "
-        "rounds as a sweep adds, the interval still wider than the target)",
+        "time), budget (--time-budget spent first), max samples, max rounds (as many "
+        "rounds as a sweep adds, the interval still wider than the target), or code changed "
+        "(a resume found its layer's code changed since its rounds began)",
     ),
     Column(
         "rounds", "int", _MEASURE,

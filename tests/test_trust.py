@@ -266,6 +266,21 @@ def test_a_forced_resume_that_runs_none_of_the_edit_names_the_code_that_ran(
     assert after.record.layers["marked"]["digest"] == ran
     assert after.mixed_code() == []
     assert set(after.samples.query("case_id == @rounds_left")["round"]) == rounds  # none added
+    assert after.record.round_stops[rounds_left] == "code changed"
+    # a plain resume of the run after a forced one (its record now the edit's, as a run made
+    # before round_stops said why) had gone on with the edit's rounds in the case (a new user)
+    assert resume(run, "--force", "--retry").exit_code == 0  # the died case runs the edit
+    assert load_results(run).record.layers["marked"]["digest"] != ran
+    meta = json.loads((run / RUN_FILE).read_text())
+    del meta["round_stops"][rounds_left]
+    meta.update(status="interrupted")
+    (run / RUN_FILE).write_text(json.dumps(meta))
+    forget_plugin()
+    plain = resume(run)
+    assert plain.exit_code == 0, plain.output
+    again = load_results(run)
+    assert set(again.samples.query("case_id == @rounds_left")["round"]) == rounds
+    assert again.record.round_stops[rounds_left] == "code changed"
 
 
 @pytest.mark.slow

@@ -175,7 +175,8 @@ class RunResults:
         """One line per layer whose cases ran more than one code (``codes_ran``)."""
         return [
             f"layer {name}'s cases ran {len(codes)} codes ({'; '.join(codes)}): a --resume "
-            "--force went on after an edit, so each case's time and counts are its own code's"
+            "--force went on after an edit; each case's rounds are one code's, but the layer's "
+            "growth in table and fit is fitted over both (sweep it into a new folder for one's)"
             for name, codes in self.codes_ran.items()
             if len(codes) > 1
         ]

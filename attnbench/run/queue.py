@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from attnbench.estimators import is_disturbed, kept_log_variance, quiet_level, quieter
+from attnbench.layers.registry import REGISTRY, entry
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import DIED_ERROR, WORKER_DIED_ERROR, CaseResult
 from attnbench.measure.timing.calibration import DEFAULT_CALIBRATION, Calibration
@@ -35,7 +36,7 @@ from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.executors.fresh import Ending
 from attnbench.run.quiet import wait_left
-from attnbench.run.resumed import Previous, restored
+from attnbench.run.resumed import Previous, code_of, restored
 from attnbench.run.rounds import Replication, budget_spent, round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import Status
@@ -127,9 +128,12 @@ class JobQueue:
         self.calibration, self.counting = measuring.calibration, measuring.counting
         self.in_process = in_process
         state = restored(previous)  # a new run's: empty
-        # a case's rounds are one code's: a forced resume after an edit adds none to the cases
-        # the earlier code ran (samples.csv could not tell its rounds apart)
-        self.ended |= {c for c in state.done if c.split("/")[0] in writer.code_to_come}
+        # A case's rounds are one code's: a resume adds none to a case that other code began
+        # (after a forced resume over an edit, an unforced one had gone on with the edit's).
+        for case_id, ran in state.ran.items():
+            if ran and self._code(case_id) != code_of(ran) and case_id not in self.ended:
+                self.ended.add(case_id)
+                self.round_stops[case_id] = Stop.CODE_CHANGED.value
         self.done, self.ok, self.device_of = state.done, state.ok, state.device_of
         self.blocks, self.rounds_done = state.blocks, state.rounds_done  # rounds ended, by case
         self.samples, self.references = state.samples, state.references  # by case, by round
@@ -155,6 +159,13 @@ class JobQueue:
         if self.auto is not None:  # every line's n before any line's 2n (``AutoPlan._share``)
             first.sort(key=lambda i: self.cases[i].n)
         self.first = deque(first)
+
+    def _code(self, case_id: str) -> str | None:
+        """The code a round of the case would run now (``code_of``); None: not in the grid."""
+        if case_id not in self.index:
+            return None
+        layer = self.cases[self.index[case_id]].layer
+        return code_of(entry(layer).source.describe()) if layer in REGISTRY else None
 
     @property
     def drained(self) -> bool:

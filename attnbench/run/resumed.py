@@ -41,6 +41,14 @@ class Restored:
     references: dict[str, dict[int, float | None]] = field(default_factory=dict)  # by round
     busy: dict[str, set[int]] = field(default_factory=dict)  # rounds beside a busy neighbour
     spent_s: dict[str, float] = field(default_factory=dict)  # case_id -> its rounds' seconds
+    ran: dict[str, str] = field(default_factory=dict)  # case_id -> its layer_source: the code
+
+
+def code_of(layer_source: str) -> str:
+    """What of a row's ``layer_source`` names its code: the digest and distribution in its
+    parentheses, not the spec before them (a Ray worker may run a shipped copy elsewhere)."""
+    text = layer_source.strip()
+    return text[text.rfind(" (") + 2 : -1] if text.endswith(")") and " (" in text else text
 
 
 def reference(value: Any) -> float | None:
@@ -61,6 +69,7 @@ def restored(previous: Previous | None) -> Restored:
         if row.status == Status.OK:
             state.ok.add(row.case_id)
             state.device_of[row.case_id] = row.device_name
+            state.ran[row.case_id] = str(getattr(row, "layer_source", "") or "")
         block = block_of(row, Status(row.status), row.case_id in run.died_cases)
         if block is not None:
             state.blocks.append(block)

@@ -43,6 +43,7 @@ class Stop(str, enum.Enum):
     BUDGET = "budget"  # the timing budget was spent first
     MAX_SAMPLES = "max samples"
     MAX_ROUNDS = "max rounds"  # the rounds a sweep adds ran out, the interval still wide
+    CODE_CHANGED = "code changed"  # its layer's code changed since its rounds began (a resume)
 
 
 def is_imprecise(time_s: Any, ci_low_s: Any, ci_high_s: Any) -> Any:
