@@ -1057,3 +1057,16 @@ def test_a_misspelled_layer_of_a_saved_run_is_offered_the_one_meant(  # type: ig
     assert f"layer atention is not in {tiny_run.path} (did you mean 'attention'?); it has" in said
     far = runner.invoke(app, ["plot", str(tiny_run.path), "--layers", "transformer"])
     assert far.exit_code == 2 and "did you mean" not in far.stderr
+
+
+def test_a_first_rounds_line_reads_an_interval_past_100_percent_as_a_factor() -> None:
+    """A progress line read "365 µs ±777.7%" where the table beside it read "×/÷8.78"."""
+    from attnbench.cli.imprecise import interval_text
+    from attnbench.cli.render import _timed
+    from attnbench.measure.timing.loop import TimingStats
+
+    assert interval_text(1.0, 0.5, 3.0) == "×/÷3"
+    assert interval_text(1.0, 0.97, 1.03) == "±3.0%"
+    spread = TimingStats((1e-4,) * 3 + (1e-2,) * 3 + (1e-3,) * 6, 1, 0.03)
+    line = _timed(spread)
+    assert "×/÷" in line and "%" not in line, line

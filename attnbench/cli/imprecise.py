@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnbench.cli.reruns import wide_between_sweeps
-from attnbench.estimators import IMPRECISE_REL_CI, processes_for
+from attnbench.estimators import IMPRECISE_REL_CI, processes_for, rel_ci
 from attnbench.results.run import RunResults
 from attnbench.schema import numeric_column
 from attnbench.spec import DEFAULT_PROCESSES
@@ -171,6 +171,15 @@ def _more_processes(imprecise: pd.DataFrame) -> tuple[str, bool]:
 # zero" to a student, where the interval was -50.8/+99.0% (narrow ones, -9.1/+10.0%, read as
 # one ±, the farther end).
 LOPSIDED = 1.25
+
+
+def interval_text(time: float, low: float, high: float) -> str:
+    """An interval as the tables show it: ``reach_text``, or where it reaches 100% or more of
+    the time, the factor it spans ("×/÷8.78": a progress line read "365 µs ±777.7%" where the
+    table beside it read the factor)."""
+    if rel_ci(time, low, high) >= 1 and low > 0:
+        return f"×/÷{max(high / time, time / low):.3g}"
+    return reach_text(time, low, high)
 
 
 def reach_text(time: float, low: float, high: float) -> str:

@@ -25,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnbench._version import __version__
+from attnbench.cli.imprecise import interval_text
 from attnbench.cli.startline import busy_note, cpu_threads, estimate_range
 from attnbench.compare import Comparison
 from attnbench.compare.verdicts import IMPROVEMENT, REGRESSION
@@ -260,8 +261,7 @@ def _timed(t: TimingStats, rounds: int = 1) -> str:
     which a new user read as the case's ("72.5 µs ±3.8%" here, "43.1 µs ±14.3%" there)."""
     if rounds > 1:
         return f"round 1: {fmt_seconds(t.median_s)} ({t.count} samples)"
-    reach = t.rel_ci
-    precision = "" if reach == float("inf") else f" ±{reach:.1%}"
+    precision = "" if t.rel_ci == float("inf") else f" {interval_text(t.median_s, *t.ci_s)}"
     return f"{fmt_seconds(t.median_s)}{precision} ({t.count} samples)"
 
 

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnbench.cli.correctness import compile_notes, correctness_notes, fast_path_notes
-from attnbench.cli.imprecise import imprecise_note, reach_text
+from attnbench.cli.imprecise import imprecise_note, interval_text
 from attnbench.cli.reach import auto_note, final_readings
 from attnbench.cli.reruns import moved_note, sweeps_note
 from attnbench.estimators import IMPRECISE_REL_CI, QUIET_FACTOR, rel_ci
@@ -49,14 +49,8 @@ def _summary_cell(column: str, row: Any, off_trend: frozenset[str] = frozenset()
         return f"±{row.spread_between:.1%}" if wider and not pd.isna(wider) else ""
     if column == "time_ci_high_s":
         reach = rel_ci(row.time_s, row.time_ci_low_s, row.time_ci_high_s)
-        text = (
-            "-"
-            if reach == float("inf")
-            else reach_text(row.time_s, row.time_ci_low_s, row.time_ci_high_s)
-        )
-        if 1 <= reach < float("inf") and row.time_ci_low_s > 0:  # a log interval this wide
-            factor = max(row.time_ci_high_s / row.time_s, row.time_s / row.time_ci_low_s)
-            text = f"×/÷{factor:.3g}"  # reads as a factor, not ±%
+        bounds = row.time_s, row.time_ci_low_s, row.time_ci_high_s
+        text = "-" if reach == float("inf") else interval_text(*bounds)
         return f"[yellow]{text} ![/]" if reach > IMPRECISE_REL_CI else text
     if column == "flops_check" and text != "ok":
         return f"[yellow]{text}[/]"

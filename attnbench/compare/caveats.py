@@ -22,10 +22,11 @@ from attnbench.results.run import BUSY_NOTE, RunResults
 from attnbench.thresholds import Thresholds
 
 
-def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
+def environment_warnings(base: RunResults, new: RunResults, paired: bool = False) -> list[str]:
     """What differs between the runs that changes what the comparison means: the grid's device,
     dtype, mode and batch (recorded by field), the environment keys compare watches, and the
-    code of each layer both measured."""
+    code of each layer both measured. Two sides of one interleaved run (``paired``: ab's)
+    shared the machine's state pair by pair: no state is said to differ between them."""
     config_keys = {o.field: o.key for o in OPTIONS if o.compare}
     warnings = []
     if base.path.resolve() == new.path.resolve():  # a typo a new user's A/A check made
@@ -58,7 +59,7 @@ def environment_warnings(base: RunResults, new: RunResults) -> list[str]:
             "asks for them since 2026-12-01: docs/metrics.md)"
         )
     level, level_now = typical_reference(base.samples), typical_reference(new.samples)
-    if not same_state(level, level_now):
+    if not paired and not same_state(level, level_now):
         warnings.append(
             "the machine ran in another state in each run (its reference read "
             f"{level_now / level:.2f}x the baseline's): a layer's time moves with the "

@@ -334,7 +334,7 @@ def _warnings(
     only: tuple[int, int],
 ) -> list[str]:
     """What a reader of the comparison should know before its verdicts."""
-    warnings = environment_warnings(sides.baseline, sides.current)
+    warnings = environment_warnings(sides.baseline, sides.current, sides.paired)
     if sides.by_device:
         warnings.append(
             f"the runs span {len(devices)} device models ({', '.join(devices)}): each case is "
