@@ -7,12 +7,7 @@ Each run is the real command in a fresh process; ``--cold`` gives each run a cac
 its own (``ATTNBENCH_CACHE_DIR``), so the machine's ceilings and the exact counts are measured
 as on a first run.
 
-``--vain-waits`` takes turns between the sweep as it is and one whose rounds wait whatever
-came before (``run.queue.VAIN_WAITS`` out of reach): what giving up waits in vain saves on a
-busy host, and what it costs in `!` and agreeing exponents.
-
-    python benchmarks/default_sweep.py [--repeat 1] [--cold] [--keep DIR] [--vain-waits]
-        [-- extra sweep options]
+    python benchmarks/default_sweep.py [--repeat 1] [--cold] [--keep DIR] [-- extra sweep options]
 """
 
 from __future__ import annotations
@@ -51,24 +46,13 @@ def agreeing(out: Path) -> tuple[int, int]:
     return sum(bool(a) for a in judged), len(judged)
 
 
-# The command as a user runs it, or with rounds that never give up waiting (``--vain-waits``).
-COMMAND = [sys.executable, "-m", "attnbench"]
-ALWAYS_WAITING = [
-    sys.executable,
-    "-c",
-    "import attnbench.run.queue as q; q.VAIN_WAITS = 10**9; from attnbench.cli import main; main()",
-]
-
-
-def one(
-    extra: list[str], cold: bool, keep: Path | None = None, command: list[str] = COMMAND
-) -> dict[str, float]:
+def one(extra: list[str], cold: bool, keep: Path | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = keep if keep is not None else Path(tmp) / "run"
         env = {**os.environ, **({"ATTNBENCH_CACHE_DIR": str(Path(tmp) / "cache")} if cold else {})}
         start = time.perf_counter()
         subprocess.run(
-            [*command, "sweep", "--quiet", "--out", str(out), *extra],
+            [sys.executable, "-m", "attnbench", "sweep", "--quiet", "--out", str(out), *extra],
             check=True,
             env=env,
         )
@@ -83,7 +67,6 @@ def one(
         return {
             "wall": wall,
             "waited": float((run.meta.get("quiet") or {}).get("waited_s") or 0.0),
-            "unwaited": float((run.meta.get("quiet") or {}).get("unwaited") or 0),
             "ran": float(run.meta.get("duration_s") or 0.0),
             "charged": sum(line["wall_s"] for line in auto["lines"]),
             "budget": float(run.meta["config"].get("auto_budget_s") or 0.0),
@@ -99,25 +82,21 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--cold", action="store_true", help="a cache folder of its own a run")
     parser.add_argument("--keep", type=Path, help="keep each run here, as run-0, run-1, ...")
-    parser.add_argument("--vain-waits", action="store_true", help="odd runs never stop waiting")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     print(
         f"{'run':>3} {'wall s':>7} {'waited s':>8} {'ran s':>6} {'charged s':>9} {'budget s':>8} "
-        f"{'cases':>5} {'marked !':>8} {'agree':>6} {'unwaited':>8} way"
+        f"{'cases':>5} {'marked !':>8} {'agree':>6}"
     )
     rows = []
     for rep in range(args.repeat):
-        always = args.vain_waits and rep % 2 == 1
-        keep = args.keep / f"run-{rep}" if args.keep else None
-        r = one(extra, args.cold, keep, ALWAYS_WAITING if always else COMMAND)
+        r = one(extra, args.cold, args.keep / f"run-{rep}" if args.keep else None)
         r["ran"] -= r["waited"]
         rows.append(r)
         print(
             f"{rep:>3} {r['wall']:>7.1f} {r['waited']:>8.1f} {r['ran']:>6.1f} {r['charged']:>9.1f} "
             f"{r['budget']:>8.0f} {r['cases']:>5.0f} {r['marked']:>8.0f} "
-            f"{r['agree']:>3.0f}/{r['judged']:<2.0f} {r['unwaited']:>8.0f} "
-            f"{'always waits' if always else 'as it is'}"
+            f"{r['agree']:>3.0f}/{r['judged']:<2.0f}"
         )
     middle = sorted(rows, key=lambda r: r["wall"])[len(rows) // 2]
     print(

@@ -25,7 +25,6 @@ from attnbench.measure.timing.faults import FAULT_SHARE
 from attnbench.measure.timing.loop import MAX_GREW, SETTLED_FAULTS, is_imprecise
 from attnbench.provenance import Provenance, Source, sources
 from attnbench.results.run import BUSY_NOTE, LOAD_SLACK, RunResults
-from attnbench.run.queue import VAIN_WAITS
 from attnbench.schema import (
     STATUSES,
     SUMMARY_COLUMNS,
@@ -352,23 +351,6 @@ def _count_notes(frame: pd.DataFrame, console: Console) -> None:
         )
 
 
-def _waited_note(run: RunResults, disturbed: bool) -> str:
-    """How long the rounds waited for quiet, and how many timed at once after waits in vain."""
-    waited, unwaited = run.record.waited_s, run.record.unwaited
-    gave_up = (
-        f"; {unwaited} round(s) then timed at once, after {VAIN_WAITS} in a row had waited "
-        "all they could in vain (the machine busy throughout)"
-    )
-    after = "; a round that read quiet then can be disturbed while it times, and is judged by "
-    return (
-        f"the rounds waited {f'{waited:.0f} s' if waited >= 1 else 'under a second'} in all "
-        "for the machine to read quiet before they timed "
-        f"(--wait-quiet {run.record.config.get('wait_quiet_s', 0):g})"
-        + (gave_up if unwaited else "")
-        + (after + "its reading after too" if disturbed else "")
-    )
-
-
 def replication_notes(run: RunResults) -> list[str]:
     """What the rounds say of the machine: rounds left out because it was disturbed, cases
     whose processes spread more than their samples did, and a run whose rounds shared one
@@ -396,7 +378,17 @@ def replication_notes(run: RunResults) -> list[str]:
             "quiet re-run too (sweep them again when it is quiet, or give --wait-quiet more)"
         )
     if waited:
-        notes.append(_waited_note(run, bool(disturbed.sum())))
+        notes.append(
+            f"the rounds waited {f'{waited:.0f} s' if waited >= 1 else 'under a second'} in "
+            "all for the machine to read quiet before they timed "
+            f"(--wait-quiet {run.record.config.get('wait_quiet_s', 0):g})"
+            + (
+                "; a round that read quiet then can be disturbed while it times, and is "
+                "judged by its reading after too"
+                if disturbed.sum()
+                else ""
+            )
+        )
     alone = measured[(run.rounds_ran() == 1) & numeric_column(measured, "time_s").notna()]
     several = numeric_column(measured, "spread_between").gt(0).sum() >= 2  # a prior was read
     if len(alone) and several and run.record.processes > 1:

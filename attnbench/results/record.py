@@ -116,7 +116,6 @@ class RunRecord:
     # (``run.quiet``; None: no sweep had kept one), and what its rounds waited for quiet.
     machine_quiet_s: float | None = None
     waited_s: float = 0.0
-    unwaited: int = 0  # rounds that timed at once after waits in vain (``run.queue.VAIN_WAITS``)
     # The entries of this machine's earlier sweeps the run found (``results.reruns``), by case
     # key: what its cases' spread between sweeps is read from (empty: none known).
     reruns: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
@@ -190,7 +189,6 @@ class RunRecord:
             unrecorded=tuple(meta.get("unrecorded") or ()),
             machine_quiet_s=quiet.get("machine_s"),
             waited_s=float(quiet.get("waited_s") or 0.0),
-            unwaited=int(quiet.get("unwaited") or 0),
             reruns=parse_entries(meta.get("reruns")),
             reruns_other=parse_entries(meta.get("reruns_other")),
             auto=_auto_lines(meta.get("auto") or {}),

@@ -20,14 +20,13 @@ from typing import Any
 
 import torch
 
-from attnbench.estimators import is_disturbed, kept_log_variance, quiet_level, quieter
+from attnbench.estimators import kept_log_variance, quiet_level, quieter
 from attnbench.layers.registry import REGISTRY, entry
 from attnbench.measure.counts.countcache import DEFAULT_COUNTING, Counting
 from attnbench.measure.record import DIED_ERROR, WORKER_DIED_ERROR, CaseResult
 from attnbench.measure.timing.calibration import DEFAULT_CALIBRATION, Calibration
 from attnbench.measure.timing.contention import is_busy
 from attnbench.measure.timing.loop import Stop, TimingPolicy, TimingStats
-from attnbench.measure.timing.reference import POLL_S
 from attnbench.priors import Priors, priors_of
 from attnbench.results.store import ResultsWriter
 from attnbench.run.auto import AutoPlan
@@ -45,11 +44,6 @@ from attnbench.spec import Case, Grid, spread_group
 # The most a round waits for the machine to read quiet (``measure.timing.reference.settle``),
 # within what is left of the sweep's ``--wait-quiet``.
 ROUND_WAIT_S = 10.0
-# Rounds in a row that waited all they were allowed and still read disturbed: the machine is
-# busy throughout, and the rounds after them time at once until one reads quiet (four cold
-# default sweeps beside a neighbour holding a core waited 60 s each, and 49 of 63 cases still
-# had fewer than two quiet rounds).
-VAIN_WAITS = 2
 # How a job whose process the fork server ended for its memory or its time is recorded: no
 # retry, since the next process would end the same way.
 ENDED_STATUS = {Ending.OOM.value: Status.OOM, Ending.TIMEOUT.value: Status.TIMEOUT}
@@ -110,8 +104,6 @@ class JobQueue:
         self.grid, self.writer, self.progress, self.stop = grid, writer, progress, stop
         self.machine_quiet = measuring.quiet_s
         self.waited_s = 0.0  # what the rounds waited for a quiet machine, in all
-        self.vain = 0  # rounds in a row that waited in vain (``VAIN_WAITS``)
-        self.unwaited = 0  # rounds that timed at once after them
         # case_id -> the rule that ended its rounds (``Replication.stop_of``), a resume's too
         self.round_stops: dict[str, str] = (
             dict(previous.run.record.round_stops) if previous is not None else {}
@@ -225,9 +217,7 @@ class JobQueue:
         # Jobs out at once (Ray's workers) and retries share what is left of --wait-quiet
         held = sum(self.running.values()) + sum(j.policy.wait_s for j in self.retries)
         left = wait_left(self.grid.wait_quiet_s, self.waited_s + held)
-        wait = min(ROUND_WAIT_S, left) if self.vain < VAIN_WAITS else 0.0
-        self.unwaited += bool(left) and self.vain >= VAIN_WAITS
-        policy = replace(self.policy, quiet_s=self.quiet(), wait_s=wait)
+        policy = replace(self.policy, quiet_s=self.quiet(), wait_s=min(ROUND_WAIT_S, left))
         return Job(
             case=case,
             round=round_,
@@ -405,6 +395,8 @@ class JobQueue:
             if self.auto is not None:
                 self.writer.update(auto=self.auto.describe())
         self.done.add(case.case_id)
+        if result.timing is not None:
+            self.waited_s += result.timing.waited_s
         if result.status == Status.OK and result.timing is not None:
             self.ok.add(case.case_id)
             self.rounds_done[case.case_id] = {1}
@@ -417,27 +409,12 @@ class JobQueue:
             self._queue_next_round(case.case_id)
         self.notify("done", case, result)
 
-    def _waited(self, allowed: float, timing: TimingStats | None) -> None:
-        """What a round waited for quiet, added up; and whether in vain: all it was allowed,
-        and its reference still read disturbed (``VAIN_WAITS``). One that read quiet ends a
-        run of them."""
-        if timing is None:
-            return
-        self.waited_s += timing.waited_s
-        if not is_disturbed(_first(timing.references_s), self.quiet()):
-            self.vain = 0
-        elif allowed > 0 and timing.waited_s >= allowed - POLL_S:
-            self.vain += 1
-
     def finish(self, done: JobDone) -> None:
         """Write what a worker sends back. A job whose worker died runs once more elsewhere;
         one whose process was ended for its memory or its time is recorded so at once."""
         job = done.job
         case = job.case
         self.running.pop((case.case_id, job.round), None)  # what it waited counts instead
-        if not done.lost:  # a round's timing, or the first round's, in its result
-            opening = done.result.timing if done.result is not None else None
-            self._waited(job.policy.wait_s, done.timing or opening)
         ended = ENDED_STATUS.get(done.ended)
         if done.lost and job.attempt == 1 and ended is None:
             self.retries.append(replace(job, attempt=2))
@@ -451,6 +428,7 @@ class JobQueue:
             return
         timing = None if done.lost else done.timing
         if timing is not None:
+            self.waited_s += timing.waited_s
             first = self.next_sample.get(case.case_id, 0)
             with self.stop.writing():
                 self.writer.append_round(

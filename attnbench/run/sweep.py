@@ -417,7 +417,6 @@ def _sweep(
             stop=stop,
         )
         queue.waited_s = waited  # --wait-quiet is the whole run's, resumes included
-        queue.unwaited = previous.run.record.unwaited if previous is not None else 0
         writer.update(cases_total=len(queue.cases), quiet=_quiet_record(level, known, waited))
         if calibration is not None:
             writer.update(calibration=calibration.describe())
@@ -436,8 +435,7 @@ def _sweep(
                 f"attnbench sweep --resume {writer.out_dir}"
             ) from None
         writer.update(
-            quiet=_quiet_record(level, known, queue.waited_s, queue.unwaited),
-            round_stops=queue.round_stops,
+            quiet=_quiet_record(level, known, queue.waited_s), round_stops=queue.round_stops
         )
         own = queue.own_quiet()
         if own is not None and previous is None:  # a resumed run's first session left it
@@ -478,12 +476,8 @@ class _Quiet:
     level: float | None
 
 
-def _quiet_record(
-    level: float | None, known: MachineQuiet, waited_s: float, unwaited: int = 0
-) -> dict[str, Any]:
+def _quiet_record(level: float | None, known: MachineQuiet, waited_s: float) -> dict[str, Any]:
     """run.json's ``quiet``: the machine's quiet level its rounds were judged against as well
-    as the sweep's own (``run.quiet``; null: none kept yet), from how many sweeps, the
-    seconds its rounds waited for a quiet machine (a resumed run's: every session's), and the
-    rounds that timed at once after waits in vain (``JobQueue.unwaited``)."""
-    waited = {"waited_s": round(waited_s, 3), "unwaited": unwaited}
-    return {"machine_s": level, "sweeps": len(known.levels), **waited}
+    as the sweep's own (``run.quiet``; null: none kept yet), from how many sweeps, and the
+    seconds its rounds waited for a quiet machine (a resumed run's: every session's)."""
+    return {"machine_s": level, "sweeps": len(known.levels), "waited_s": round(waited_s, 3)}
