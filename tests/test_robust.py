@@ -358,8 +358,8 @@ def test_resume_refuses_changes_unless_forced(
         return {**real(device), "torch_version": "9.9.9"}
 
     monkeypatch.setattr(serial_module, "environment", other_torch)
-    with pytest.raises(AttnbenchError, match=r"environment differs .*torch_version"):
-        resume_sweep(out)
+    with pytest.raises(AttnbenchError, match=r"environment differs .*\(torch '2\..*' -> '9.9.9'"):
+        resume_sweep(out)  # named as a line says it: torch, attnbench's code, not their keys
     run = resume_sweep(out, {"n": "8,16"}, force=True)
     assert list(run.frame["case_id"]) == _ids(_grid(n="8,16"))  # the forced grid
     resume = run.meta["resumes"][0]

@@ -58,6 +58,11 @@ def resume_keys() -> list[str]:
     return [k.key for k in ENVIRONMENT_KEYS if k.resume]
 
 
+def key_labels() -> dict[str, str]:
+    """Every recorded key's name as a line says it ("attnbench's code" for code_digest)."""
+    return {k.key: k.label for k in ENVIRONMENT_KEYS}
+
+
 def compare_keys() -> dict[str, str]:
     return {k.key: k.label for k in ENVIRONMENT_KEYS if k.compare}
 

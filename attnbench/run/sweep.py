@@ -25,7 +25,7 @@ from attnbench.measure.timing.allocator import run_state
 from attnbench.measure.timing.faults import fault_cost_s
 from attnbench.measure.timing.loop import Clock
 from attnbench.options import build_grid, grid_from_config, grid_options
-from attnbench.results.environment import changes, resume_keys
+from attnbench.results.environment import changes, key_labels, resume_keys
 from attnbench.results.files import default_out_dir, new_out_dir, now_iso
 from attnbench.results.loader import load_results
 from attnbench.results.reruns import code_of
@@ -373,8 +373,10 @@ def _refuse_changes(
     --force, a resumed run is the same sweep on the same machine)."""
     if not (config_changes or env_changes):
         return
+    said = key_labels()  # "attnbench's code", not code_digest (a new user could not tell)
     listed = ", ".join(
-        f"{key} {old!r} -> {new!r}" for key, (old, new) in {**config_changes, **env_changes}.items()
+        f"{said.get(key, key)} {old!r} -> {new!r}"
+        for key, (old, new) in {**config_changes, **env_changes}.items()
     )
     what = "configuration" if config_changes else "environment"
     raise AttnbenchError(
