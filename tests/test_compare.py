@@ -853,3 +853,15 @@ def test_the_comparison_table_folds_a_long_layer_name_never_cuts_it(
     text = console.export_text()
     column = "".join(line.split("│")[1].strip() for line in text.splitlines() if "│" in line)
     assert name in column
+
+
+def test_two_ab_runs_of_one_grid_are_not_read_as_one_runs_pairs(tmp_path: Path) -> None:
+    """compare of one ab run's two folders is judged on its pairs; two ab runs on two days
+    had been too, their rounds paired as if interleaved and their machine states unsaid."""
+    pairs = [[case("conv").case_id, case("conv").case_id]]
+    grid = {("conv", 64): {}}
+    base = make_run(tmp_path / "one" / "base", grid, meta={"ab": 0, "ab_pairs": pairs})
+    same = make_run(tmp_path / "one" / "current", grid, meta={"ab": 1, "ab_pairs": pairs})
+    other = make_run(tmp_path / "two" / "current", grid, meta={"ab": 1, "ab_pairs": pairs})
+    assert compare_runs(base, same).paired
+    assert not compare_runs(base, other).paired

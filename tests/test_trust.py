@@ -382,3 +382,19 @@ def test_locating_a_module_runs_none_of_its_packages(tmp_path: Path, fresh: Path
     finally:
         sys.path.remove(str(tmp_path))
     assert not fresh.exists()
+
+
+def test_two_rows_name_one_code_by_their_digest_or_else_what_they_name() -> None:
+    """A resume ends the rounds of a case other code began (``JobQueue``): a row written before
+    a module's digest was named beside its distribution, or by a Ray worker's shipped copy
+    elsewhere, names the same code."""
+    from attnbench.run.resumed import same_code
+
+    now = "/a/mine.py:make (sha256 09cd0bf5789e, mypkg 1.0)"
+    assert same_code(now, "/b/mine.py:make (sha256 09cd0bf5789e, mypkg 1.0)")  # elsewhere
+    assert not same_code(now, "/a/mine.py:make (sha256 c246b67e8be3, mypkg 1.0)")  # edited
+    assert same_code(now, "mypkg.mine:make (mypkg 1.0)")  # written before the digest was named
+    assert not same_code(now, "mypkg.mine:make (mypkg 1.1)")
+    built_in = "attnbench.layers.conv (attnbench 0.1.0)"
+    assert same_code(built_in, built_in)
+    assert same_code("test_plugins:Scale", "test_plugins:Scale")  # registered from Python

@@ -297,10 +297,13 @@ def compare_runs(
 
 
 def _raced(baseline: RunResults, current: RunResults) -> list[tuple[str, str]]:
-    """The pairs of cases the two sides of one ``ab`` run raced (run.json's ``ab_pairs``);
-    none for two other runs."""
-    raced = baseline.meta.get("ab_pairs")
-    return [(b, c) for b, c in raced] if raced and raced == current.meta.get("ab_pairs") else []
+    """The pairs of cases the two sides of one ``ab`` run raced (run.json's ``ab_pairs``),
+    its base and current side in one folder; none for two other runs (two ab runs of one grid
+    raced nothing against each other)."""
+    raced = baseline.meta.get("ab_pairs") or []
+    one = baseline.path.resolve().parent == current.path.resolve().parent
+    one &= (baseline.meta.get("ab"), current.meta.get("ab")) == (0, 1)
+    return [(b, c) for b, c in raced] if one and raced == current.meta.get("ab_pairs") else []
 
 
 def _matched(

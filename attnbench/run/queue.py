@@ -35,7 +35,7 @@ from attnbench.run.events import ProgressCallback, ProgressEvent
 from attnbench.run.executors.base import Job, JobDone, Placement
 from attnbench.run.executors.fresh import Ending
 from attnbench.run.quiet import wait_left
-from attnbench.run.resumed import Previous, code_of, restored
+from attnbench.run.resumed import Previous, restored, same_code
 from attnbench.run.rounds import Replication, budget_spent, round_policy
 from attnbench.run.signals import GracefulStop
 from attnbench.schema import Status
@@ -123,7 +123,8 @@ class JobQueue:
         # A case's rounds are one code's: a resume adds none to a case that other code began
         # (after a forced resume over an edit, an unforced one had gone on with the edit's).
         for case_id, ran in state.ran.items():
-            if ran and self._code(case_id) != code_of(ran) and case_id not in self.ended:
+            now = self._code(case_id)  # None: a case out of this grid, never timed here
+            if ran and now is not None and not same_code(now, ran) and case_id not in self.ended:
                 self.ended.add(case_id)
                 self.round_stops[case_id] = Stop.CODE_CHANGED.value
         self.done, self.ok, self.device_of = state.done, state.ok, state.device_of
@@ -153,11 +154,11 @@ class JobQueue:
         self.first = deque(first)
 
     def _code(self, case_id: str) -> str | None:
-        """The code a round of the case would run now (``code_of``); None: not in the grid."""
+        """The code a round of the case would run now (``layer_source``); None: not here."""
         if case_id not in self.index:
             return None
         layer = self.cases[self.index[case_id]].layer
-        return code_of(entry(layer).source.describe()) if layer in REGISTRY else None
+        return entry(layer).source.describe() if layer in REGISTRY else None
 
     @property
     def drained(self) -> bool:

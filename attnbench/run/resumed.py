@@ -44,11 +44,23 @@ class Restored:
     ran: dict[str, str] = field(default_factory=dict)  # case_id -> its layer_source: the code
 
 
-def code_of(layer_source: str) -> str:
-    """What of a row's ``layer_source`` names its code: the digest and distribution in its
-    parentheses, not the spec before them (a Ray worker may run a shipped copy elsewhere)."""
+def _named(layer_source: str) -> tuple[str, ...]:
+    """What a row's ``layer_source`` names in its parentheses: its sha256, its distribution."""
     text = layer_source.strip()
-    return text[text.rfind(" (") + 2 : -1] if text.endswith(")") and " (" in text else text
+    inside = text[text.rfind(" (") + 2 : -1] if text.endswith(")") and " (" in text else text
+    return tuple(part.strip() for part in inside.split(","))
+
+
+def same_code(one: str, other: str) -> bool:
+    """Whether two ``layer_source`` texts name one code: by their sha256 where both name one,
+    else by the rest their parentheses name (a row written before a module's digest was named
+    beside its distribution); never by the spec before them (a Ray worker may run a shipped
+    copy elsewhere)."""
+    a, b = _named(one), _named(other)
+    digests = [next((p for p in x if p.startswith("sha256 ")), None) for x in (a, b)]
+    if digests[0] and digests[1]:
+        return digests[0] == digests[1]
+    return [p for p in a if p not in digests] == [p for p in b if p not in digests]
 
 
 def reference(value: Any) -> float | None:

@@ -373,7 +373,9 @@ def _refuse_changes(
     --force, a resumed run is the same sweep on the same machine)."""
     if not (config_changes or env_changes):
         return
-    said = key_labels()  # "attnbench's code", not code_digest (a new user could not tell)
+    # "attnbench's code", not code_digest (a new user could not tell); a label that is also a
+    # setting changed beside it ("threads") keeps its key
+    said = {key: label for key, label in key_labels().items() if label not in config_changes}
     listed = ", ".join(
         f"{said.get(key, key)} {old!r} -> {new!r}"
         for key, (old, new) in {**config_changes, **env_changes}.items()
@@ -449,7 +451,7 @@ def _sweep(
                 stopped()
             writer.finish(RunStatus.INTERRUPTED)
             least, ran = queue.replication.least, queue.rounds_done
-            short = sum(len(ran.get(c, ())) < least for c in queue.ok)
+            short = sum(len(ran.get(c, ())) < least for c in queue.ok - queue.ended)
             raise SweepInterrupted(
                 str(writer.out_dir), queue.completed, queue.planned, str(stop.signal_name),
                 short, upto=queue.auto is not None,
