@@ -53,9 +53,8 @@ def _named(layer_source: str) -> tuple[str, ...]:
 
 def same_code(one: str, other: str) -> bool:
     """Whether two ``layer_source`` texts name one code: by their sha256 where both name one,
-    else by the rest their parentheses name (a row written before a module's digest was named
-    beside its distribution); never by the spec before them (a Ray worker may run a shipped
-    copy elsewhere)."""
+    else by the rest their parentheses name (a row that names a module's distribution alone);
+    never by the spec before them (a Ray worker may run a shipped copy elsewhere)."""
     a, b = _named(one), _named(other)
     digests = [next((p for p in x if p.startswith("sha256 ")), None) for x in (a, b)]
     if digests[0] and digests[1]:
