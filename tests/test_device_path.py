@@ -79,7 +79,7 @@ def test_the_path_of_a_case_counted_on_the_cpu_follows_the_cpu_steps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On the H200, GRU and LSTM read path 1: the path was measured from CUDA's fused steps
-    (2 a position, not the CPU's 10) mixed with the CPU's probes, which made the route look
+    (2 a position, not the CPU's 9) mixed with the CPU's probes, which made the route look
     direct, and the per-layer probe cache kept that for the CPU recount. A device trace (faked
     with those steps) must not be what the path reads."""
     monkeypatch.setattr(structure, "_PROBE_CACHE", OrderedDict())
@@ -95,7 +95,7 @@ def test_the_path_of_a_case_counted_on_the_cpu_follows_the_cpu_steps(
     n = 64  # a probe length of the route law: the case's own steps are read there
     gpu = dataclasses.replace(small_case("gru", n=n, d=8, batch=1), device="cuda:0")
     found, _ = trace_counts(gpu, None, 0, fused=frozenset({"_thnn_fused_gru_cell"}))
-    assert found.seq_steps == 10 * n + 2
+    assert found.seq_steps == 9 * n + 1
     assert found.path_len == n
 
 

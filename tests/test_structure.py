@@ -76,6 +76,24 @@ def test_parallel_layers_take_the_same_steps_at_every_n(name: str, options: dict
     assert len(steps) == 1, steps
 
 
+def test_a_view_or_a_rename_of_memory_adds_no_step() -> None:
+    """A bias-free nn.Linear or a matmul on a (B, n, d) input runs view -> mm -> _unsafe_view:
+    one op that moves data, so one step (the tracer had counted the closing rename as a
+    second)."""
+    linear = nn.Linear(D, D, bias=False)
+    x, w = torch.randn(2, 5, D), torch.randn(D, D)
+    assert sequential_steps(lambda: x @ w) == 1
+    assert sequential_steps(lambda: linear(x)) == 1
+    assert sequential_steps(lambda: linear(x).reshape(2, 5 * D).view(10, D).t()) == 1
+    assert sequential_steps(lambda: linear(linear(x)).relu()) == 3
+
+
+def test_an_elman_rnn_takes_three_steps_a_position_and_its_stack() -> None:
+    """Hand count of the unfused tanh RNN: per position h @ W_hh (addmm), + the input's
+    projection (add_), tanh; the input projection runs beside the first, the stack closes."""
+    assert [_seq("rnn", n) for n in (1, 2, 8)] == [3 * n + 1 for n in (1, 2, 8)]
+
+
 @pytest.mark.parametrize("k", [2, 3])
 def test_dilated_stack_steps_follow_its_depth(k: int) -> None:
     per_layer = {_seq("conv-dilated", n, k=k) / dilated_depth(n, k) for n in (8, 64, 512)}

@@ -11,7 +11,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from attnbench.measure.counts.ops import (
     ObservingMode,
-    is_view,
+    moves_data,
     storage_of,
     tensors,
     unfused,
@@ -46,7 +46,7 @@ class ChainTracer(ObservingMode):
         inputs = tensors((args, kwargs))
         if inputs:
             base = max(self._of(t) for t in inputs)
-            depth = base if is_view(func) else base + 1
+            depth = base + 1 if moves_data(func) else base  # views, renames: no step
             for t in tensors(out):
                 self.depth[t] = depth
             if self.buffers and writes_in_place(func):
