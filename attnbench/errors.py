@@ -49,6 +49,27 @@ class SweepInterrupted(AttnbenchError):
         )
 
 
+class SweepFailed(AttnbenchError):
+    """A sweep an error stopped mid-run (a full disk, a worker lost): its finished cases are on
+    disk in ``out_dir``, and its --resume line repeats what run.json does not record."""
+
+    def __init__(
+        self, cause: str, out_dir: str, done: int, exit_code: int, flags: str = ""
+    ) -> None:
+        super().__init__(
+            f"{cause}; the {done} finished case(s) are saved: "
+            f"attnbench sweep --resume {out_dir}{flags}",
+            exit_code=exit_code,
+        )
+        self.cause, self.out_dir, self.done = cause, out_dir, done
+
+    def resumed_with(self, flags: str) -> SweepFailed:
+        """The same failure, its --resume given the flags a run does not record."""
+        if not flags:
+            return self
+        return SweepFailed(self.cause, self.out_dir, self.done, self.exit_code, flags)
+
+
 def signal_exit_code(signal_name: str) -> int:
     """128 + the signal's number, as a shell reports a process a signal ended: 130 after
     SIGINT, 143 after SIGTERM (a CI runner's cancel, which read 130 as if typed Ctrl-C)."""

@@ -790,14 +790,14 @@ def test_a_finished_sweep_says_how_many_time_exponents_agree_with_the_chapter(
     from attnbench.fits import analyse
     from attnbench.results.loader import load_results
 
-    # ci-reference: nine of its eleven layers overhead-bound on the CI runner's short lengths
+    # ci-reference: most of its eleven layers overhead-bound on the CI runner's short lengths
     committed = load_results(Path(__file__).parents[1] / "results" / "ci-reference")
     line = sweeping.chapter_line(committed, analyse(committed)) or ""
     shown = runner.invoke(app, ["table", str(committed.path)]).stdout
     bound = shown.count("overhead-bound")
-    assert bound >= 5 and f", {bound} overhead-bound" in line
-    judged = 11 - bound
-    assert line.startswith("the chapter's table: ") and f" of {judged} time exponents" in line
+    assert bound >= 5 and f"{bound} overhead-bound (" in line
+    assert line.startswith("the chapter's table: ")  # some judged, or none: either is said
+    assert " time exponents in n agree" in line or "no time exponent in n judged" in line
     rows = pd.DataFrame(
         {
             "layer": ["a", "b", "c", "d", "e", "f"],

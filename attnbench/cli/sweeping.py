@@ -32,7 +32,7 @@ from attnbench.cli.render import Streams, SweepProgress
 from attnbench.cli.summary import summary_notes, summary_tables
 from attnbench.compare import Comparison, compare_runs
 from attnbench.compare.caveats import check_finished
-from attnbench.errors import AttnbenchError, NothingToPlot, SweepInterrupted
+from attnbench.errors import AttnbenchError, NothingToPlot, SweepFailed, SweepInterrupted
 from attnbench.fits import Analysis, analyse
 from attnbench.measure.counts import extend
 from attnbench.measure.counts.countcache import Counting
@@ -223,7 +223,7 @@ def sweep(
                     listeners=listeners,
                     allow_large=yes,
                 )
-    except SweepInterrupted as exc:  # what run.json does not hold goes into its --resume
+    except (SweepInterrupted, SweepFailed) as exc:  # what run.json does not hold: its --resume
         raise exc.resumed_with(unrecorded_flags(ctx)) from None
     except KeyboardInterrupt:  # before the first case started: nothing was measured yet
         streams.err.print("[bold yellow]interrupted:[/] before any case was measured")

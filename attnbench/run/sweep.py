@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from attnbench.errors import AttnbenchError, SweepInterrupted
+from attnbench.errors import AttnbenchError, SweepFailed, SweepInterrupted
 from attnbench.layers import plugins
 from attnbench.measure.machine.ceilings_file import cache_dir, ceilings_cached
 from attnbench.measure.timing.allocator import run_state
@@ -434,9 +434,8 @@ def _sweep(
             with contextlib.suppress(AttnbenchError):  # a full disk takes run.json too
                 writer.update(round_stops=queue.round_stops)
                 writer.finish(RunStatus.INTERRUPTED)
-            raise AttnbenchError(
-                f"{exc.message}; the {queue.completed} finished case(s) are saved: "
-                f"attnbench sweep --resume {writer.out_dir}"
+            raise SweepFailed(
+                exc.message, str(writer.out_dir), queue.completed, exc.exit_code
             ) from None
         writer.update(
             quiet=_quiet_record(level, known, queue.waited_s), round_stops=queue.round_stops
