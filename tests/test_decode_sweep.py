@@ -685,3 +685,78 @@ def test_a_compiled_run_says_which_columns_are_the_eager_layers() -> None:
     assert "counted on the eager layer" in note
     assert compile_notes(frame.assign(compiled=[None])) == []  # an eager run: nothing to say
     assert compile_notes(frame.assign(status=["failed"])) == []  # nothing measured compiled
+
+
+RUNNING_SUM = '''
+import torch
+from torch import nn
+
+from attnbench.layers import LINEAR, LayerEntry
+from attnbench.theory import DecodeTheory, LayerTheory, Term, values
+
+
+class RunningSum(nn.Module):
+    """Each output the projected sum of the tokens up to it: a d-value state."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):  # (B, n, d)
+        return self.proj(x.cumsum(1))
+
+    def causal_forward(self, x):
+        return self.forward(x)
+
+    def init_state(self, batch, capacity):
+        return {"sum": torch.zeros(batch, self.proj.weight.shape[0])}
+
+    def step(self, x, state, position):  # x: (B, d)
+        total = state["sum"] + x
+        return self.proj(total), {"sum": total}
+
+
+ENTRY = LayerEntry(
+    name="running-sum", build=RunningSum, family=LINEAR, description="a projected running sum",
+    theory=LayerTheory(
+        "O(n d^2)", (Term(2, "b·n·d²", lambda s: s["b"] * s["n"] * s["d"] ** 2),),
+        order=lambda s: s["n"] * s["d"] ** 2,
+        decode=DecodeTheory(
+            "O(d^2)", "O(d)", (Term(2, "b·d²", lambda s: s["b"] * s["d"] ** 2),),
+            (values(1, "b·d", lambda s: s["b"] * s["d"]),), form="its running sum",
+            order=lambda s: s["d"] ** 2,
+        ),
+    ),
+)
+'''
+
+
+def test_a_plugins_generation_theory_is_read_back_from_its_run(tmp_path: Path) -> None:
+    """A decode sweep checked a plugin's step against its DecodeTheory, but theory.json kept
+    only its forward theory: table and fit read '?' for its orders, with no word of why. The
+    step's theory is recorded, and a reader of the folder, with no code, finds it."""
+    path = tmp_path / "running_sum.py"
+    path.write_text(RUNNING_SUM)
+    out = tmp_path / "run"
+    with registry_restored():
+        done = runner.invoke(
+            app, ["sweep", *FAST, "--layers", f"{path}:ENTRY", "--n", "4,8,16", "--out", str(out)]
+        )
+    assert done.exit_code == 0, done.output
+    rows = pd.read_csv(out / "results.csv")
+    assert set(rows["state_check"]) == {"ok"} and set(rows["flops_check"]) == {"ok"}
+    recorded = json.loads((out / "theory.json").read_text())["layers"]["running-sum"]
+    assert recorded["theory"]["decode"]["memory"] == "O(d)"
+    with registry_restored():  # read as another process would: no plugin loaded
+        table = runner.invoke(app, ["table", str(out), "--json"])
+    assert table.exit_code == 0, table.output
+    rows = {row["layer"]: row for row in json.loads(table.stdout)}
+    mine = rows["running-sum"]
+    assert mine["compute (theory)"] == "O(d^2)"
+    assert mine["state memory (theory)"] == "O(d)" and mine["state_agrees"] is True
+    from attnbench.results.theories import record_problem
+
+    whole = json.loads((out / "theory.json").read_text())
+    assert record_problem(whole) is None
+    whole["layers"]["running-sum"]["theory"]["decode"]["points"][0]["values"].pop()
+    assert "its decode theory: a point does not hold 4 values" in str(record_problem(whole))

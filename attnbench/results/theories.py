@@ -23,7 +23,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.layers.entry import CUSTOM, Family, LayerEntry, LayerOption, LayerSource
 from attnbench.layers.registry import BUILTIN, REGISTRY
 from attnbench.spec import Grid
-from attnbench.theory import LayerTheory, SizeFn, Sizes, Term
+from attnbench.theory import DecodeTheory, LayerTheory, SizeFn, Sizes, Term
 
 RECORD_VERSION = 1
 # Where a crossover's formulas are evaluated between the sweep's sizes: 4 points per octave.
@@ -62,10 +62,9 @@ def _key(at: Mapping[str, Any], names: Sequence[str]) -> tuple[float, ...] | Non
         return None
 
 
-def _theory_record(entry: LayerEntry, grid: Grid) -> dict[str, Any]:
-    theory = entry.theory
-    assert theory is not None
-    laws = _laws(theory)
+def _evaluated(entry: LayerEntry, grid: Grid, laws: Sequence[SizeFn]) -> dict[str, Any]:
+    """``laws`` at each of the layer's cases (points) and along n on each of its lines
+    (curves), as a record holds them."""
     own = [o.name for o in entry.options]
     points, lines = [], {}
     for case in grid.cases():
@@ -79,6 +78,42 @@ def _theory_record(entry: LayerEntry, grid: Grid) -> dict[str, Any]:
     for line in lines.values():
         values = [[_value(fn, {**line, "n": float(n)}) for n in CURVE_N] for fn in laws]
         curves.append({"sizes": line, "values": values})
+    return {"points": points, "curves": curves}
+
+
+def _decode_laws(step: DecodeTheory) -> list[SizeFn]:
+    """A generation step's functions, in the order its record lists their values."""
+    return [
+        *(t.size for t in step.terms),
+        *(t.size for t in step.elementwise or ()),
+        *(t.size for t in step.state),
+        step.order,
+        step.sequential_law,
+    ]
+
+
+def _decode_record(entry: LayerEntry, step: DecodeTheory, grid: Grid) -> dict[str, Any]:
+    """A plugin's theory of one generation step (``DecodeTheory``): a decode run's table, fits
+    and state check read it, as they read a built-in's from attnbench's code."""
+    return {
+        "compute": step.compute,
+        "memory": step.memory,
+        "form": step.form,
+        "sequential": step.sequential,
+        "terms": _term_lists(step.terms),
+        "elementwise": None if step.elementwise is None else _term_lists(step.elementwise),
+        "state": _term_lists(step.state),
+        **_evaluated(entry, grid, _decode_laws(step)),
+    }
+
+
+def _term_lists(terms: Iterable[Term]) -> list[list[Any]]:
+    return [[t.count, t.name, t.unit] for t in terms]
+
+
+def _theory_record(entry: LayerEntry, grid: Grid) -> dict[str, Any]:
+    theory = entry.theory
+    assert theory is not None
     return {
         "complexity": theory.complexity,
         "sequential": theory.sequential,
@@ -90,8 +125,9 @@ def _theory_record(entry: LayerEntry, grid: Grid) -> dict[str, Any]:
         "traffic": None
         if theory.traffic is None
         else [[t.count, t.name, t.unit] for t in theory.traffic],
-        "points": points,
-        "curves": curves,
+        **_evaluated(entry, grid, _laws(theory)),
+        # a plugin's generation step: a decode run's table had read "?" for its orders
+        **({} if theory.decode is None else {"decode": _decode_record(entry, theory.decode, grid)}),
     }
 
 
@@ -168,7 +204,39 @@ def _theory_problem(theory: Any) -> str | None:
         return "it lacks an elementwise entry"
     if not (theory.get("traffic") is None or _terms_ok(theory["traffic"], ("value", "byte"))):
         return "its traffic terms are not [count, name, value or byte] lists"
-    count = _law_count(theory)
+    problem = _evaluations_problem(theory, _law_count(theory))
+    if problem is None and theory.get("decode") is not None:
+        problem = _decode_problem(theory["decode"])
+    return problem
+
+
+def _decode_problem(step: Any) -> str | None:
+    """What is wrong with a recorded generation step, in words; None when it reads."""
+    if not isinstance(step, dict):
+        return "its decode theory is not an object"
+    words = ("compute", "memory", "form", "sequential")
+    if any(not isinstance(step.get(k), str) for k in words):
+        return "its decode theory's orders are not strings"
+    units = ("FLOP", "element", "value", "byte")
+    elementwise = step.get("elementwise")
+    if not (
+        _terms_ok(step.get("terms"))
+        and _terms_ok(step.get("state"), units)
+        and (elementwise is None or _terms_ok(elementwise))
+    ):
+        return "its decode theory's terms are not [count, name, unit] lists"
+    problem = _evaluations_problem(step, _decode_count(step))
+    return None if problem is None else f"its decode theory: {problem}"
+
+
+def _decode_count(step: Mapping[str, Any]) -> int:
+    """How many laws a recorded generation step holds: its terms, elementwise and state terms,
+    its order and its sequential law."""
+    return len(step["terms"]) + len(step["elementwise"] or ()) + len(step["state"]) + 2
+
+
+def _evaluations_problem(theory: Mapping[str, Any], count: int) -> str | None:
+    """What is wrong with a record's points and curves of ``count`` laws; None if nothing."""
     for point in _list(theory.get("points")):
         if not isinstance(point, dict) or not _sizes_ok(point.get("sizes")):
             return "a point's sizes are not numbers"
@@ -273,7 +341,10 @@ def _terms(items: Iterable[Sequence[Any]], fns: Iterator[_Lookup]) -> tuple[Term
     return tuple(Term(float(c), str(name), next(fns), unit) for c, name, unit in items)
 
 
-def _theory(record: Mapping[str, Any], options: Sequence[LayerOption]) -> LayerTheory:
+def _lookups(
+    record: Mapping[str, Any], options: Sequence[LayerOption], count: int
+) -> Iterator[_Lookup]:
+    """The ``count`` laws of a record's points and curves, as functions of sizes, in order."""
     names = ["b", "n", "d", *(o.name for o in options)]
     points = {}
     for point in record["points"]:
@@ -285,7 +356,29 @@ def _theory(record: Mapping[str, Any], options: Sequence[LayerOption]) -> LayerT
         key = _key({**curve["sizes"], "n": 0}, names)
         if key is not None:
             curves[key[:1] + key[2:]] = [list(v) for v in curve["values"]]
-    fns = iter([_Lookup(names, points, curves, i) for i in range(_law_count(record))])
+    return iter([_Lookup(names, points, curves, i) for i in range(count)])
+
+
+def _decode(record: Mapping[str, Any], options: Sequence[LayerOption]) -> DecodeTheory:
+    fns = _lookups(record, options, _decode_count(record))
+    terms = _terms(record["terms"], fns)
+    elementwise = None if record["elementwise"] is None else _terms(record["elementwise"], fns)
+    state = _terms(record["state"], fns)
+    return DecodeTheory(
+        str(record["compute"]),
+        str(record["memory"]),
+        terms,
+        state,
+        str(record["form"]),
+        order=next(fns),
+        sequential=str(record["sequential"]),
+        elementwise=elementwise,
+        sequential_law=next(fns),
+    )
+
+
+def _theory(record: Mapping[str, Any], options: Sequence[LayerOption]) -> LayerTheory:
+    fns = _lookups(record, options, _law_count(record))
     terms = _terms(record["terms"], fns)
     elementwise = None if record["elementwise"] is None else _terms(record["elementwise"], fns)
     order, sequential_law, path_law = next(fns), next(fns), next(fns)
@@ -300,6 +393,7 @@ def _theory(record: Mapping[str, Any], options: Sequence[LayerOption]) -> LayerT
         path_law=path_law,
         elementwise=elementwise,
         traffic=None if traffic is None else _terms(traffic, fns),
+        decode=None if record.get("decode") is None else _decode(record["decode"], options),
     )
 
 
@@ -365,7 +459,7 @@ def live() -> Catalog:
 def catalog(layers: Iterable[str], recorded: Mapping[str, Any], mode: str = "forward") -> Catalog:
     """The layers of a run: every built-in layer (their cost models compete on every run), and
     the run's plugin layers from ``recorded`` (theory.json). A decode run reads each layer's
-    theory of one generation step (``LayerTheory.generation``; a plugin's is not recorded)."""
+    theory of one generation step (``LayerTheory.generation``; a plugin's as recorded)."""
     if mode == "decode":
         found = catalog(layers, recorded)
         steps = {n: replace(e, theory=_generation(e.theory)) for n, e in found.items()}
