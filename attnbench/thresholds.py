@@ -62,10 +62,13 @@ def parse_fraction(text: str | float, name: str) -> float:
         value = math.nan
     # 1.5 is a ratio (50%) or 150%: ask, not guess (a fraction is under 1)
     if math.isfinite(value) and not raw.endswith("%") and value >= 1:
-        raise AttnbenchError(
-            f"{name} {raw!r}: a fraction is under 1; write {value - 1:.0%} for a ratio of "
-            f"{value:g}, or {value:.0%}"
+        # a ratio past 10 is no one's threshold: "200" is 200 percent, not a ratio of 200
+        hint = (
+            f"write {value - 1:.0%} for a ratio of {value:g}, or {value:.0%}"
+            if value < 10
+            else f"write {raw}% for {raw} percent"
         )
+        raise AttnbenchError(f"{name} {raw!r}: a fraction is under 1 (0.05 is 5%); {hint}")
     if not math.isfinite(value):
         raise AttnbenchError(
             f"{name} {raw!r}: write a percentage such as 10% (or a fraction such as 0.1)"
