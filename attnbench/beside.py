@@ -75,6 +75,10 @@ def beside_table(first: RunResults, second: RunResults) -> pd.DataFrame:
                 "ratio_max": float(max(ratios)),
                 "compile_s_min": min(compile_s) if compile_s else None,
                 "compile_s_max": max(compile_s) if compile_s else None,
+                # a compiled run's layer that compiled no graph ran eager: its "faster" is two
+                # eager runs' processes, not compiling (rnn read 1.32-1.91x so)
+                "no_graph_first": _no_graph(first, layer, d),
+                "no_graph_second": _no_graph(second, layer, d),
             }
         )
     if not rows:
@@ -127,6 +131,33 @@ def _compile_seconds(run: RunResults, layer: str, d: int) -> list[float]:
     if "compile_s" not in rows:
         return []
     return [float(x) for x in numeric_column(rows, "compile_s").dropna()]
+
+
+def _no_graph(run: RunResults, layer: str, d: int) -> bool:
+    """Whether a compiled run's layer compiled no graph at any of its lengths at ``d``."""
+    rows = run.measured[(run.measured["layer"] == layer) & (run.measured["d"] == d)]
+    if not run.record.config.get("compile") or "compile_graphs" not in rows:
+        return False
+    graphs = numeric_column(rows, "compile_graphs").dropna()
+    return bool(len(graphs)) and bool((graphs == 0).all())
+
+
+def beside_notes(table: pd.DataFrame, first: str, second: str) -> list[str]:
+    """What the side-by-side's "faster" column does not say: a compiled side that compiled no
+    graph, and that two runs swept apart are not a paired race."""
+    notes = []
+    for side, label in (("first", first), ("second", second)):
+        eager = list(table.loc[table[f"no_graph_{side}"], "layer"])
+        if eager:
+            notes.append(
+                f"{', '.join(eager)} compiled no graph in the {label} run and ran eager there: "
+                f"its '{second} faster' is two eager runs apart, not what compiling does"
+            )
+    notes.append(
+        "the two runs were swept apart, each process at a speed of its own: a ratio near 1 may "
+        "be theirs, not the code's; attnbench ab --compile MODE races the two paired"
+    )
+    return notes
 
 
 def _largest(lengths: Any) -> int | None:

@@ -102,3 +102,22 @@ def test_runs_that_cannot_stand_side_by_side_are_refused(
         beside_table(wide_run, load_results(decode.path))
     done = CliRunner().invoke(app, ["table", str(tiny_run.path), "--beside", str(tmp_path / "x")])
     assert done.exit_code != 0 and "Traceback" not in done.output
+
+
+def test_a_layer_that_compiled_no_graph_is_named_beside_its_faster_column(
+    wide_run: RunResults, tmp_path: Path
+) -> None:
+    """A new user read rnn 'compiled faster 1.32-1.91x' where rnn compiled no graph and ran
+    eager: two eager runs' processes apart. The note names it, and says the runs are unpaired."""
+    compiled = faster_copy(wide_run, tmp_path / "compiled", 1.5, 0.1)
+    frame = pd.read_csv(compiled.path / "results.csv")
+    frame["compile_graphs"] = (frame["layer"] != "rnn").astype(int)  # rnn: 0 graphs
+    frame.to_csv(compiled.path / "results.csv", index=False)
+    table = beside_table(wide_run, load_results(compiled.path)).set_index("layer")
+    assert list(table["no_graph_second"]) == [False, True, False]
+    assert not table["no_graph_first"].any()  # the eager run compiles nothing to miss
+    done = CliRunner().invoke(app, ["table", str(compiled.path), "--beside", str(wide_run.path)])
+    assert done.exit_code == 0, done.output
+    said = " ".join(done.output.split())
+    assert "note: rnn compiled no graph in the compiled run and ran eager there" in said
+    assert "conv compiled no graph" not in said and "attnbench ab --compile MODE" in said

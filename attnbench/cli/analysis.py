@@ -15,7 +15,7 @@ import torch
 import typer
 from rich.markup import escape
 
-from attnbench.beside import beside_table, display_beside, run_label
+from attnbench.beside import beside_notes, beside_table, display_beside, run_label
 from attnbench.cli.options import RunLayers, SavedRun, json_flag
 from attnbench.cli.render import Streams, frame_table
 from attnbench.cli.summary import summary_notes, summary_tables
@@ -158,15 +158,18 @@ def _beside(first: RunResults, second: RunResults, markdown: bool, as_json: bool
     if names[0] == names[1]:
         names = (first.path.name, second.path.name)
     shown = display_beside(rows, *names)
+    streams = Streams.make()
     if markdown:
         typer.echo(markdown_table(shown), nl=False)
-        return
-    frame_table(
-        shown,
-        Streams.make().out,
-        title=f"{second.path} ({names[1]}) beside {first.path} ({names[0]}); faster: "
-        f"the {names[0]} time over the {names[1]} one, at each length both measured",
-    )  # a narrow terminal folds the cells rather than cutting columns
+    else:
+        frame_table(
+            shown,
+            streams.out,
+            title=f"{second.path} ({names[1]}) beside {first.path} ({names[0]}); faster: "
+            f"the {names[0]} time over the {names[1]} one, at each length both measured",
+        )  # a narrow terminal folds the cells rather than cutting columns
+    for note in beside_notes(rows, *names):
+        streams.err.print(f"note: {note}", soft_wrap=True, markup=False)
 
 
 def plot(
