@@ -4,7 +4,7 @@ The public Python API. Importing it loads the whole core (not the command line, 
 """
 
 from attnbench._version import __version__
-from attnbench.errors import AttnbenchError, SweepInterrupted
+from attnbench.errors import AttnbenchError, SweepFailed, SweepInterrupted
 from attnbench.layers import LayerEntry, build_layer, layer_names
 from attnbench.layers import register as register_layer
 from attnbench.measure.case import measure_case
@@ -26,6 +26,7 @@ __all__ = [
     "Measuring",
     "RunResults",
     "SinusoidalPositionalEncoding",
+    "SweepFailed",
     "SweepInterrupted",
     "__version__",
     "build_grid",

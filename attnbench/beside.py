@@ -79,6 +79,8 @@ def beside_table(first: RunResults, second: RunResults) -> pd.DataFrame:
                 # eager runs' processes, not compiling (rnn read 1.32-1.91x so)
                 "no_graph_first": _no_graph(first, layer, d),
                 "no_graph_second": _no_graph(second, layer, d),
+                "compiled_first": bool(first.record.config.get("compile")),
+                "compiled_second": bool(second.record.config.get("compile")),
             }
         )
     if not rows:
@@ -146,16 +148,24 @@ def beside_notes(table: pd.DataFrame, first: str, second: str) -> list[str]:
     """What the side-by-side's "faster" column does not say: a compiled side that compiled no
     graph, and that two runs swept apart are not a paired race."""
     notes = []
-    for side, label in (("first", first), ("second", second)):
-        eager = list(table.loc[table[f"no_graph_{side}"], "layer"])
-        if eager:
-            notes.append(
-                f"{', '.join(eager)} compiled no graph in the {label} run and ran eager there: "
-                f"its '{second} faster' is two eager runs apart, not what compiling does"
-            )
+    for side, other, label in (("first", "second", first), ("second", "first", second)):
+        eager = table[f"no_graph_{side}"]
+        # two eager runs where the other side ran eager too (an eager run, or no graph there)
+        both = eager & (table[f"no_graph_{other}"] | ~table[f"compiled_{other}"])
+        for layers, apart in (
+            (both, "two eager runs apart"),
+            (eager & ~both, "eager beside compiled code"),
+        ):
+            if layers.any():
+                notes.append(
+                    f"{', '.join(table.loc[layers, 'layer'])} compiled no graph in the {label} "
+                    f"run and ran eager there: its '{second} faster' is {apart}, not what "
+                    "compiling does"
+                )
     notes.append(
         "the two runs were swept apart, each process at a speed of its own: a ratio near 1 may "
-        "be theirs, not the code's; attnbench ab --compile MODE races the two paired"
+        "be theirs, not the code's; attnbench ab --base-compile none --compile MODE races "
+        "eager against compiled, paired"
     )
     return notes
 

@@ -63,10 +63,11 @@ def parse_fraction(text: str | float, name: str) -> float:
     # 1.5 is a ratio (50%) or 150%: ask, not guess (a fraction is under 1)
     if math.isfinite(value) and not raw.endswith("%") and value >= 1:
         # a ratio past 10 is no one's threshold: "200" is 200 percent, not a ratio of 200
+        percent = f"{value:g}% for {value:g} percent"  # "--precision 2" meant 2% most likely
         hint = (
-            f"write {value - 1:.0%} for a ratio of {value:g}, or {value:.0%}"
+            f"write {percent}, {value - 1:.0%} for a ratio of {value:g}, or {value:.0%}"
             if value < 10
-            else f"write {raw}% for {raw} percent"
+            else f"write {percent}"
         )
         raise AttnbenchError(f"{name} {raw!r}: a fraction is under 1 (0.05 is 5%); {hint}")
     if not math.isfinite(value):

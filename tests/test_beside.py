@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.beside import beside_table, display_beside, run_label
+from attnbench.beside import beside_notes, beside_table, display_beside, run_label
 from attnbench.cli import app
 from attnbench.errors import AttnbenchError
 from attnbench.results.loader import load_results
@@ -120,4 +120,15 @@ def test_a_layer_that_compiled_no_graph_is_named_beside_its_faster_column(
     assert done.exit_code == 0, done.output
     said = " ".join(done.output.split())
     assert "note: rnn compiled no graph in the compiled run and ran eager there" in said
-    assert "conv compiled no graph" not in said and "attnbench ab --compile MODE" in said
+    assert "conv compiled no graph" not in said
+    assert "attnbench ab --base-compile none --compile MODE races eager against compiled" in said
+    assert "its 'compiled faster' is two eager runs apart" in said
+    # both runs compiled, rnn's graph only in the other: one side ran eager, not two
+    other = faster_copy(wide_run, tmp_path / "other", 1.0, 0.1)
+    table = beside_table(other, load_results(compiled.path))
+    assert "eager beside compiled code" in " ".join(beside_notes(table, "other", "compiled"))
+    done = CliRunner().invoke(
+        app, ["table", str(compiled.path), "--beside", str(wide_run.path), "--json"]
+    )  # the notes go to stderr with --json too; stdout stays the JSON alone
+    assert json.loads(done.stdout)[1]["no_graph_second"] is True
+    assert "rnn compiled no graph" in " ".join(done.stderr.split())

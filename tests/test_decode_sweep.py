@@ -760,3 +760,5 @@ def test_a_plugins_generation_theory_is_read_back_from_its_run(tmp_path: Path) -
     assert record_problem(whole) is None
     whole["layers"]["running-sum"]["theory"]["decode"]["points"][0]["values"].pop()
     assert "its decode theory: a point does not hold 4 values" in str(record_problem(whole))
+    del whole["layers"]["running-sum"]["theory"]["decode"]["elementwise"]  # a note, not a crash
+    assert "its decode theory lacks an elementwise entry" in str(record_problem(whole))

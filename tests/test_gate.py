@@ -376,13 +376,16 @@ def test_gate_and_fraction_errors_and_the_pairs_ab_needs() -> None:
         with pytest.raises(AttnbenchError) as asked:
             parse_fraction(text, "--max-slowdown")
         assert asked.value.message == (
-            f"--max-slowdown '{text}': a fraction is under 1 (0.05 is 5%); write {ratio} for a "
-            f"ratio of {text}, or {percent}"
+            f"--max-slowdown '{text}': a fraction is under 1 (0.05 is 5%); write {text}% for "
+            f"{text} percent, {ratio} for a ratio of {text}, or {percent}"
         )
     # 200 is no ratio anyone gates on: a new user read "19900% for a ratio of 200" as nonsense
     with pytest.raises(AttnbenchError) as asked:
         parse_fraction("200", "--precision")
     assert asked.value.message.endswith("(0.05 is 5%); write 200% for 200 percent")
+    with pytest.raises(AttnbenchError) as asked:
+        parse_fraction("1e3", "--precision")  # as a number reads, not as typed
+    assert asked.value.message.endswith("write 1000% for 1000 percent")
     with pytest.raises(AttnbenchError, match="write a percentage such as 10%"):
         parse_fraction("inf", "--max-slowdown")
     assert parse_fraction("100%", "--max-slowdown") == 1.0

@@ -151,15 +151,14 @@ def table(
 def _beside(first: RunResults, second: RunResults, markdown: bool, as_json: bool) -> None:
     """``table --beside``: ``first`` (the other run) and ``second`` (this one) side by side."""
     rows = beside_table(first, second)
-    if as_json:
-        typer.echo(rows.to_json(orient="records", indent=2))
-        return
     names = run_label(first), run_label(second)
     if names[0] == names[1]:
         names = (first.path.name, second.path.name)
     shown = display_beside(rows, *names)
     streams = Streams.make()
-    if markdown:
+    if as_json:  # its notes on stderr all the same
+        typer.echo(rows.to_json(orient="records", indent=2))
+    elif markdown:
         typer.echo(markdown_table(shown), nl=False)
     else:
         frame_table(

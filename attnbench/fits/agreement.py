@@ -21,7 +21,7 @@ class Interval(Protocol):
     def high(self) -> float: ...
 
 
-# Exact counts carry lower-order terms (an RNN's 3n + 2 steps), which make a tiny interval miss
+# Exact counts carry lower-order terms (an RNN's 3n + 1 steps), which make a tiny interval miss
 # the order's exponent; within this distance the order still holds.
 EXACT_TOLERANCE = 0.05
 # An interval this wide cannot tell n from n² apart: such a fit is reported, but not judged.

@@ -264,7 +264,7 @@ def memory_pass(case: Case, seed: int, step: Step | None = None) -> countcache.P
     A compiled call gives its peak alone (dynamo would trace a dispatch mode around it); its
     fused paths are the eager layer's, read from one eager call: they decide where the counts,
     which are the eager layer's, are traced (on an H200 a compiled lstm read 2n + 1 steps where
-    its eager call, cuDNN's fused recurrence counted on the CPU, reads 8n + 1)."""
+    its eager call, cuDNN's fused recurrence counted on the CPU, reads 7n + 1)."""
     step = step or _called_step(case, seed)
     if step.model is not None:
         eager: set[str] = set()

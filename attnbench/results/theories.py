@@ -217,6 +217,8 @@ def _decode_problem(step: Any) -> str | None:
     words = ("compute", "memory", "form", "sequential")
     if any(not isinstance(step.get(k), str) for k in words):
         return "its decode theory's orders are not strings"
+    if "elementwise" not in step:
+        return "its decode theory lacks an elementwise entry"
     units = ("FLOP", "element", "value", "byte")
     elementwise = step.get("elementwise")
     if not (
