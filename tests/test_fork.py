@@ -214,6 +214,7 @@ def test_a_cases_rounds_go_to_different_fork_servers(
 def test_a_spare_process_prepares_before_its_job_and_answers_it() -> None:
     """A server forks a job's process ahead: it makes what every job needs, then waits; the
     job's message reaches what it made; one whose server goes away ends with no answer."""
+    from attnbench.run.executors import fresh
     from attnbench.run.executors.fresh import fork_spare, reap, run_spare
 
     def prepare():  # type: ignore[no-untyped-def]
@@ -226,7 +227,8 @@ def test_a_spare_process_prepares_before_its_job_and_answers_it() -> None:
     assert outcome.answer == {"op": "done", "made_in": spare.pid, "got": 42}
     idle = fork_spare(prepare)
     os.close(idle.jobs)  # the server gone before a job: the process leaves, saying nothing
-    assert os.read(idle.answers, 1) == b""
+    assert os.read(idle.answers, 8) == fresh.PREPARED  # but that it had prepared
+    assert os.read(idle.answers, 8) == b""
     _, status = os.waitpid(idle.pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     os.close(idle.answers)
@@ -253,3 +255,29 @@ def test_an_answer_comes_back_before_its_process_has_finished_exiting(
     assert fresh._exiting == []
     with pytest.raises(ChildProcessError):
         os.waitpid(spare.pid, os.WNOHANG)  # reaped
+
+
+def test_a_spare_forked_to_settle_has_prepared_before_the_server_goes_on(tmp_path: Path) -> None:
+    """A spare that set itself up while another server's job timed took a core from that job:
+    small cases read up to 1.5x slower and far noisier (benchmarks/spare_overlap.py). Forked to
+    settle, the server goes on only once the spare has prepared, and its answer still reads."""
+    from attnbench.run.executors import fresh
+
+    mark = tmp_path / "prepared"
+
+    def prepare():  # type: ignore[no-untyped-def]
+        time.sleep(0.3)  # a set-up long enough that a server not waiting would see no mark
+        mark.write_text(str(os.getpid()))
+        return lambda message: {"op": "done", "got": message["x"]}
+
+    spare = fresh.fork_spare(prepare, settle_s=30.0)
+    assert mark.read_text() == str(spare.pid)  # prepared before fork_spare returned
+    outcome = fresh.run_spare(spare, {"x": 5}, Limits(wall_s=10))
+    fresh.reap()
+    assert outcome.answer == {"op": "done", "got": 5}
+    unsettled = fresh.fork_spare(prepare)  # the default: forked, not waited for
+    assert fresh.run_spare(unsettled, {"x": 1}, Limits(wall_s=10)).answer == {
+        "op": "done",
+        "got": 1,
+    }
+    fresh.reap()

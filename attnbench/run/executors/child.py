@@ -76,11 +76,18 @@ def serve(incoming: IO[str], channel: IO[str]) -> int:
             worker = _worker(message)
             _reply(channel, _ready(worker, message, names))
         elif message["op"] == "job" and server is not None:
-            _reply(channel, server.answer(message["job"]))
-            server.ahead()  # the driver's next job is likely the other server's
+            answer = server.answer(message["job"])
+            # the next job's process forked, set up and the last one gone before the driver
+            # hears: done while another server's job timed, they took a core from it
+            server.ahead(settle_s=SETTLE_S)
+            _reply(channel, answer)
         elif message["op"] == "job" and worker is not None:
             _reply(channel, _run(worker, job_from_wire(message["job"])))
     return 0
+
+
+# How long a server waits for its next job's process to set itself up before it answers.
+SETTLE_S = 30.0
 
 
 class _ForkServer:
@@ -99,7 +106,7 @@ class _ForkServer:
         outcome = run_fresh(functools.partial(_describe, self.start, names), _LIMITS)
         if outcome.answer is None:
             raise AttnbenchError(f"the first worker process did not start: {outcome.reason}")
-        self.ahead()
+        self.ahead(settle_s=SETTLE_S)
         return outcome.answer
 
     def answer(self, wire: dict[str, Any]) -> dict[str, Any]:
@@ -122,13 +129,14 @@ class _ForkServer:
             self.start = {**self.start, PROFILER: cost}
         return answer
 
-    def ahead(self) -> None:
-        """Reap the processes that answered, then fork the next job's."""
+    def ahead(self, settle_s: float = 0.0) -> None:
+        """Reap the processes that answered, then fork the next job's (with ``settle_s``,
+        waiting up to that long for it to set itself up)."""
         from attnbench.run.executors.fresh import fork_spare, reap
 
         reap()
         if self.spare is None:
-            self.spare = fork_spare(functools.partial(_prepared, self.start))
+            self.spare = fork_spare(functools.partial(_prepared, self.start), settle_s)
 
     def stop(self) -> None:
         """End the waiting spare (it leaves on an empty message) and reap it."""

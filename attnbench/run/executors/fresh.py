@@ -74,10 +74,11 @@ class Spare:
     answers: int  # the read end of its answer's pipe
 
 
-def fork_spare(prepare: Prepare) -> Spare:
+def fork_spare(prepare: Prepare, settle_s: float = 0.0) -> Spare:
     """Fork a process that runs ``prepare`` now and waits for one message, then answers it
-    with what ``prepare`` returned and exits: a server forks the next job's process while the
-    driver is busy elsewhere, so the fork and the set-up are not the job's wait."""
+    with what ``prepare`` returned and exits: the fork and the set-up are not the job's wait.
+    With ``settle_s``, return once it has prepared (or after that many seconds): a spare that
+    set itself up while another server's job timed took a core from that job."""
     jobs_read, jobs_write = os.pipe()
     answers_read, answers_write = os.pipe()
     pid = os.fork()
@@ -87,7 +88,12 @@ def fork_spare(prepare: Prepare) -> Spare:
         _child(prepare, jobs_read, answers_write)
     os.close(jobs_read)
     os.close(answers_write)
+    if settle_s > 0 and select.select([answers_read], [], [], settle_s)[0]:
+        os.read(answers_read, len(PREPARED))  # its mark (or nothing: it died preparing)
     return Spare(pid, jobs_write, answers_read)
+
+
+PREPARED = b" "  # what a spare writes once prepared: whitespace before its JSON answer
 
 
 def _child(prepare: Prepare, jobs: int, out: int) -> None:
@@ -108,6 +114,7 @@ def _child(prepare: Prepare, jobs: int, out: int) -> None:
             work = prepare()
         except BaseException as exc:
             work = _failing(exc)
+        os.write(out, PREPARED)
         message = _read_all(jobs)
         if not message:  # the server went away before it had work for this process
             return
