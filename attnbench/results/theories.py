@@ -118,13 +118,9 @@ def _theory_record(entry: LayerEntry, grid: Grid) -> dict[str, Any]:
         "complexity": theory.complexity,
         "sequential": theory.sequential,
         "path": theory.path,
-        "terms": [[t.count, t.name, t.unit] for t in theory.terms],
-        "elementwise": None
-        if theory.elementwise is None
-        else [[t.count, t.name, t.unit] for t in theory.elementwise],
-        "traffic": None
-        if theory.traffic is None
-        else [[t.count, t.name, t.unit] for t in theory.traffic],
+        "terms": _term_lists(theory.terms),
+        "elementwise": None if theory.elementwise is None else _term_lists(theory.elementwise),
+        "traffic": None if theory.traffic is None else _term_lists(theory.traffic),
         **_evaluated(entry, grid, _laws(theory)),
         # a plugin's generation step: a decode run's table had read "?" for its orders
         **({} if theory.decode is None else {"decode": _decode_record(entry, theory.decode, grid)}),
